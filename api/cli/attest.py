@@ -1,0 +1,88 @@
+"""`sealed attest verify|inspect`: check real TEE evidence offline, with an explicit clock."""
+
+from __future__ import annotations
+
+import datetime as dt
+import importlib
+import json
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from attestation.errors import AttestationError, PolicyViolation
+
+TEES = ("snp", "tdx", "nvgpu")
+
+
+def _cli_module(tee: str) -> Any:
+    if tee not in TEES:
+        raise typer.BadParameter(f"--tee must be one of {', '.join(TEES)}")
+    return importlib.import_module(f"attestation.{tee}.cli")
+
+
+def _parse_time(at: str | None) -> dt.datetime:
+    if at is None:
+        return dt.datetime.now(dt.UTC)
+    moment = dt.datetime.fromisoformat(at.replace("Z", "+00:00"))
+    return moment if moment.tzinfo else moment.replace(tzinfo=dt.UTC)
+
+
+def verify(
+    tee: str = typer.Option(..., help="snp | tdx | nvgpu"),
+    evidence: Path = typer.Option(..., exists=True, help="report / quote / GPU evidence file"),
+    cert: list[Path] = typer.Option([], help="certificate files (VCEK/VLEK, chains); repeatable"),
+    collateral: list[Path] = typer.Option([], help="tcbInfo, qeIdentity, CRLs, RIMs; recognised by content"),
+    roots: Path = typer.Option(None, help="directory of pinned roots (default: shipped roots)"),
+    nonce: str = typer.Option(None, help="expected nonce / REPORT_DATA, hex"),
+    at: str = typer.Option(None, help="verification time, ISO 8601 (default: now)"),
+    policy: Path = typer.Option(None, exists=True, help="appraisal policy JSON"),
+    no_collateral: bool = typer.Option(False, "--no-collateral", help="signatures and chains only"),
+    as_json: bool = typer.Option(False, "--json", help="print the parsed claims as JSON"),
+) -> None:
+    """Verify evidence: exit 0 when verified, non-zero with the reasons when not."""
+    module = _cli_module(tee)
+    try:
+        claims = module.verify_for_cli(
+            evidence.read_bytes(), [c.read_bytes() for c in cert], [c.read_bytes() for c in collateral],
+            roots, bytes.fromhex(nonce) if nonce else None, _parse_time(at),
+            json.loads(policy.read_text()) if policy else None, not no_collateral,
+        )
+    except PolicyViolation as exc:
+        for violation in exc.violations:
+            typer.echo(f"policy violation: {violation}", err=True)
+        raise typer.Exit(2) from exc
+    except AttestationError as exc:
+        typer.echo(f"NOT verified: {type(exc).__name__}: {exc}", err=True)
+        raise typer.Exit(1) from exc
+    if as_json:
+        typer.echo(json.dumps(claims, indent=2, sort_keys=True, default=str))
+    else:
+        typer.echo(f"verified ({tee}); tcb_status={claims.get('tcb_status', 'n/a')} debug={claims.get('debug')}")
+
+
+def inspect(
+    file: Path = typer.Argument(..., exists=True),
+    tee: str = typer.Option(None, help="snp | tdx | nvgpu (default: detect)"),
+) -> None:
+    """Pretty-print any evidence (parse only; nothing is verified)."""
+    data = file.read_bytes()
+    tees = [tee] if tee else list(TEES)
+    errors = []
+    for name in tees:
+        try:
+            parsed = _cli_module(name).inspect_for_cli(data)
+        except (AttestationError, ImportError) as exc:
+            errors.append(f"{name}: {exc}")
+            continue
+        typer.echo(json.dumps({"tee": name, **parsed}, indent=2, sort_keys=True, default=str))
+        return
+    typer.echo("could not parse as any known evidence:\n  " + "\n  ".join(errors), err=True)
+    raise typer.Exit(1)
+
+
+def build() -> typer.Typer:
+    app = typer.Typer(no_args_is_help=True, help="Verify and inspect attestation evidence.")
+    app.command("verify")(verify)
+    app.command("inspect")(inspect)
+    return app

@@ -1,0 +1,27 @@
+"""`sealed`: the command line of the service (typer)."""
+
+from __future__ import annotations
+
+import typer
+
+from api.cli import attest, audit, bench, encrypt, keys, up
+
+
+def build() -> typer.Typer:
+    app = typer.Typer(no_args_is_help=True, add_completion=False,
+                      help="Sealed: confidential-compute private model hosting.")
+    app.command("up")(up.up)
+    app.command("encrypt")(encrypt.encrypt)
+    app.add_typer(attest.build(), name="attest")
+    app.add_typer(audit.build(), name="audit")
+    app.add_typer(keys.build(), name="keys")
+    app.command("bench", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(bench.bench)
+    return app
+
+
+def main() -> None:
+    build()()
+
+
+if __name__ == "__main__":
+    main()

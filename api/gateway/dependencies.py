@@ -1,0 +1,31 @@
+"""Authorization as chained dependencies: bearer key -> API key record -> tenant."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from fastapi import Depends, Request
+
+from api.gateway.errors import GatewayError
+from api.gateway.keys import ApiKey
+from api.gateway.service import GatewayService
+
+
+def get_service(request: Request) -> GatewayService:
+    return request.app.state.service
+
+
+def bearer_secret(request: Request) -> str:
+    header = request.headers.get("authorization", "")
+    scheme, _, secret = header.partition(" ")
+    if scheme.lower() != "bearer" or not secret.strip():
+        raise GatewayError(401, "Missing API key: send 'Authorization: Bearer <key>'.",
+                           code="invalid_api_key")
+    return secret.strip()
+
+
+def current_key(secret: str = Depends(bearer_secret), service: GatewayService = Depends(get_service)) -> ApiKey:
+    key = service.keys.lookup(secret)
+    if key is None or key.expired(dt.datetime.now(dt.UTC)):
+        raise GatewayError(401, "Incorrect API key provided.", code="invalid_api_key")
+    return key

@@ -1,0 +1,76 @@
+"""The on-disk layout of a one-machine deployment ($SEALED_HOME, default ~/.sealed)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from key_broker.fsutil import atomic_write
+
+
+def default_home() -> Path:
+    return Path(os.environ.get("SEALED_HOME") or Path.home() / ".sealed")
+
+
+@dataclass(frozen=True)
+class Home:
+    root: Path
+
+    @property
+    def broker(self) -> Path:
+        return self.root / "broker"
+
+    @property
+    def gateway(self) -> Path:
+        return self.root / "gateway"
+
+    @property
+    def audit(self) -> Path:
+        return self.root / "audit"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    @property
+    def sim_key(self) -> Path:
+        return self.root / "sim" / "platform.pem"
+
+    @property
+    def sim_public_key(self) -> Path:
+        return self.root / "sim" / "platform.pub.pem"
+
+    def tenant_signing_key(self, tenant: str) -> Path:
+        return self.root / "tenants" / tenant / "signing.pem"
+
+    def api_key_file(self, tenant: str) -> Path:
+        return self.root / tenant / "api-key"
+
+    def package(self, tenant: str, model: str, version: str) -> Path:
+        return self.root / "packages" / tenant / model / version
+
+    def create(self) -> None:
+        for d in (self.root, self.broker, self.gateway, self.audit, self.logs):
+            d.mkdir(parents=True, exist_ok=True, mode=0o700)
+
+
+def ed25519_key(path: Path) -> Ed25519PrivateKey:
+    """Load or create (0600) an Ed25519 private key in PEM."""
+    if path.exists():
+        key = serialization.load_pem_private_key(path.read_bytes(), password=None)
+        if not isinstance(key, Ed25519PrivateKey):
+            raise ValueError(f"{path} is not an Ed25519 key")
+        return key
+    key = Ed25519PrivateKey.generate()
+    atomic_write(path, key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                         serialization.NoEncryption()))
+    return key
+
+
+def write_public_key(key: Ed25519PrivateKey, path: Path) -> None:
+    atomic_write(path, key.public_key().public_bytes(serialization.Encoding.PEM,
+                                                     serialization.PublicFormat.SubjectPublicKeyInfo), mode=0o644)

@@ -1,0 +1,121 @@
+"""The evidence bundle a worker presents, and the REPORT_DATA binding of its runtime data.
+
+REPORT_DATA = SHA-512(domain || nonce || HPKE public key || SHA-384(GPU evidence)), so the CPU
+report vouches for the freshness nonce, the key that release will be sealed to, and the exact GPU
+evidence collected with the same nonce.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from attestation.errors import FreshnessError, ParseError
+
+_BINDING_DOMAIN = b"sealed-report-data-v1\x00"
+NONCE_BYTES = 32
+
+
+@dataclass(frozen=True)
+class RuntimeData:
+    nonce: bytes
+    hpke_public_key: bytes  # raw X25519 public key of the worker's ephemeral key pair
+
+    def __post_init__(self) -> None:
+        if len(self.nonce) != NONCE_BYTES:
+            raise ParseError(f"nonce must be {NONCE_BYTES} bytes, got {len(self.nonce)}")
+        if len(self.hpke_public_key) != 32:
+            raise ParseError("HPKE public key must be a 32-byte X25519 key")
+
+
+@dataclass(frozen=True)
+class GpuEvidence:
+    arch: str  # "hopper"
+    evidence: bytes  # SPDM GET_MEASUREMENTS request || response
+    certificate_chain: bytes  # PEM
+
+    def to_json(self) -> dict[str, str]:
+        return {
+            "arch": self.arch,
+            "evidence": base64.b64encode(self.evidence).decode(),
+            "certificate_chain": self.certificate_chain.decode(),
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> GpuEvidence:
+        try:
+            return cls(
+                arch=str(data["arch"]),
+                evidence=base64.b64decode(data["evidence"], validate=True),
+                certificate_chain=str(data["certificate_chain"]).encode(),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ParseError(f"malformed GPU evidence: {exc}") from exc
+
+
+@dataclass(frozen=True)
+class EvidenceBundle:
+    tee: str  # "snp" | "tdx" | "sim"
+    cpu_evidence: bytes
+    runtime_data: RuntimeData
+    cpu_certificates: tuple[bytes, ...] = ()
+    gpus: tuple[GpuEvidence, ...] = field(default_factory=tuple)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "tee": self.tee,
+            "cpu_evidence": base64.b64encode(self.cpu_evidence).decode(),
+            "cpu_certificates": [base64.b64encode(c).decode() for c in self.cpu_certificates],
+            "runtime_data": {
+                "nonce": self.runtime_data.nonce.hex(),
+                "hpke_public_key": self.runtime_data.hpke_public_key.hex(),
+            },
+            "gpus": [g.to_json() for g in self.gpus],
+        }
+
+    @classmethod
+    def from_json(cls, data: Any) -> EvidenceBundle:
+        if not isinstance(data, dict):
+            raise ParseError("evidence bundle must be a JSON object")
+        try:
+            rd = data["runtime_data"]
+            return cls(
+                tee=str(data["tee"]),
+                cpu_evidence=base64.b64decode(data["cpu_evidence"], validate=True),
+                cpu_certificates=tuple(base64.b64decode(c, validate=True) for c in data.get("cpu_certificates", [])),
+                runtime_data=RuntimeData(
+                    nonce=bytes.fromhex(rd["nonce"]), hpke_public_key=bytes.fromhex(rd["hpke_public_key"])
+                ),
+                gpus=tuple(GpuEvidence.from_json(g) for g in data.get("gpus", [])),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ParseError(f"malformed evidence bundle: {exc}") from exc
+
+    def digest(self) -> str:
+        """Stable digest for audit records (the evidence itself is never logged)."""
+        h = hashlib.sha256(self.cpu_evidence)
+        for gpu in self.gpus:
+            h.update(gpu.evidence)
+        h.update(self.runtime_data.nonce + self.runtime_data.hpke_public_key)
+        return h.hexdigest()
+
+
+def gpu_evidence_digest(gpus: tuple[GpuEvidence, ...]) -> bytes:
+    h = hashlib.sha384()
+    for gpu in gpus:
+        h.update(len(gpu.evidence).to_bytes(4, "big") + gpu.evidence)
+    return h.digest()
+
+
+def expected_report_data(runtime: RuntimeData, gpus: tuple[GpuEvidence, ...]) -> bytes:
+    return hashlib.sha512(
+        _BINDING_DOMAIN + runtime.nonce + runtime.hpke_public_key + gpu_evidence_digest(gpus)
+    ).digest()
+
+
+def check_binding(report_data: bytes, bundle: EvidenceBundle) -> None:
+    """The CPU report's REPORT_DATA must commit to exactly this bundle's runtime data."""
+    if report_data != expected_report_data(bundle.runtime_data, bundle.gpus):
+        raise FreshnessError("REPORT_DATA does not bind the runtime data (nonce, HPKE key, GPU evidence)")

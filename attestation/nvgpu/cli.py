@@ -1,0 +1,139 @@
+"""Entry points for `sealed attest verify|inspect --tee nvgpu` (wired by api/cli)."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import string
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from cryptography import x509
+
+from attestation.claims import GpuClaims
+from attestation.errors import ParseError
+from attestation.nvgpu.abi import GpuEvidence, parse_evidence
+from attestation.nvgpu.rim import parse_rim
+from attestation.nvgpu.validate import Policy, to_claims, validate
+from attestation.nvgpu.verify import VerifiedGpu, verify_gpu_list
+from attestation.x509chain import load_pem_chain
+
+_HEX = frozenset(string.hexdigits.encode() + b" \t\r\n")
+
+
+def _b64(text: Any, what: str) -> bytes:
+    if not isinstance(text, str):
+        raise ParseError(f"{what} must be a base64 string")
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise ParseError(f"{what} is not base64") from exc
+
+
+Item = tuple[GpuEvidence, list[x509.Certificate], str | None]
+
+
+def _split(evidence: bytes, certs: list[bytes]) -> list[Item]:
+    """Evidence as raw bytes, hex text, or NVIDIA's JSON list of {evidence, certificate, nonce}."""
+    text = evidence.strip()
+    if text.startswith(b"["):
+        try:
+            entries = json.loads(text)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ParseError(f"evidence list is not JSON: {exc}") from exc
+        if not isinstance(entries, list) or not entries or not all(isinstance(e, dict) for e in entries):
+            raise ParseError("evidence JSON must be a non-empty list of objects")
+        out = []
+        for i, e in enumerate(entries):
+            ev = parse_evidence(_b64(e.get("evidence"), f"entry {i} evidence"))
+            chain = load_pem_chain(_b64(e.get("certificate"), f"entry {i} certificate"))
+            claimed = e.get("nonce")
+            out.append((ev, chain, claimed if isinstance(claimed, str) else None))
+        return out
+    raw = bytes.fromhex(text.decode()) if text and all(c in _HEX for c in text) else evidence
+    if len(certs) != 1:
+        raise ParseError(f"one PEM certificate chain is needed for a single report, got {len(certs)}")
+    return [(parse_evidence(raw), load_pem_chain(certs[0]), None)]
+
+
+def _claims_json(c: GpuClaims, v: VerifiedGpu) -> dict[str, Any]:
+    return {
+        "index": c.index, "arch": c.arch, "cc_enabled": c.cc_enabled, "nonce": c.nonce.hex(),
+        "driver_version": c.driver_version, "vbios_version": c.vbios_version, "fwid": c.fwid.hex(),
+        "ueid": c.ueid, "rim_matched": c.rim_matched,
+        "rim_mismatches": {r.rim_version: list(r.mismatched) for r in v.rim_results},
+        "ocsp_status": str(v.ocsp_status), "feature_flag": v.evidence.feature_flag,
+        "measurements": {str(k): m.hex() for k, m in sorted(c.measurements.items())},
+    }
+
+
+def verify_for_cli(
+    evidence: bytes,
+    certs: list[bytes],
+    collateral: list[bytes],
+    roots_dir: Path | None,
+    nonce: bytes | None,
+    at: datetime,
+    policy: dict | None,
+    use_collateral: bool,
+) -> dict:
+    """Verify (and with `policy`, appraise) GPU evidence; returns JSON-able claims.
+
+    Without `nonce`, each report's own nonce is used (and any nonce the JSON list claims must
+    agree), so the result says `"fresh": false`: only a relying party's nonce proves freshness.
+    """
+    items = _split(evidence, certs)
+    rims: list[bytes] = []
+    for blob in collateral:
+        if b"SoftwareIdentity" not in blob[:4096]:
+            raise ParseError("unrecognised collateral: only SWID RIMs (.swidtag) are used for nvgpu")
+        parse_rim(blob)
+        if use_collateral:
+            rims.append(blob)
+    expected = nonce if nonce is not None else items[0][0].nonce
+    for i, (ev, _, claimed) in enumerate(items):
+        if claimed is not None and claimed.lower() != ev.nonce.hex():
+            raise ParseError(f"entry {i}: listed nonce {claimed} differs from the report's nonce")
+    policy_obj = Policy.from_dict(policy) if policy is not None else None
+    verified = verify_gpu_list(
+        [(ev, chain) for ev, chain, _ in items], nonce=expected, now=at, roots_dir=roots_dir, rims=rims
+    )
+    claims = validate(verified, policy_obj) if policy_obj is not None else [
+        to_claims(v, i) for i, v in enumerate(verified)
+    ]
+    return {
+        "tee": "nvgpu", "verified_at": at.isoformat(), "fresh": nonce is not None,
+        "appraised": policy_obj is not None,
+        "gpus": [_claims_json(c, v) for c, v in zip(claims, verified, strict=True)],
+    }
+
+
+def inspect_for_cli(evidence: bytes) -> dict:
+    """Decode without verifying anything (for humans; never for decisions)."""
+    text = evidence.strip()
+    if text.startswith(b"["):
+        try:
+            entries = json.loads(text)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ParseError(f"evidence list is not JSON: {exc}") from exc
+        if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+            raise ParseError("evidence JSON must be a list of objects")
+        reports = [parse_evidence(_b64(e.get("evidence"), f"entry {i}")) for i, e in enumerate(entries)]
+    elif text and all(c in _HEX for c in text):
+        reports = [parse_evidence(bytes.fromhex(text.decode()))]
+    else:
+        reports = [parse_evidence(evidence)]
+    return {"tee": "nvgpu", "verified": False, "gpus": [_inspect(i, r) for i, r in enumerate(reports)]}
+
+
+def _inspect(index: int, ev: GpuEvidence) -> dict[str, Any]:
+    return {
+        "index": index, "nonce": ev.nonce.hex(), "slot": ev.request.slot,
+        "responder_nonce": ev.responder_nonce.hex(), "driver_version": ev.driver_version,
+        "vbios_version": ev.vbios_version, "fwid": ev.fwid.hex(), "feature_flag": ev.feature_flag,
+        "opaque": ev.info(), "trailing_bytes": ev.trailing, "signature": ev.signature.hex(),
+        "measurements": {str(b.index): b.value.hex() for b in ev.blocks},
+    }
+

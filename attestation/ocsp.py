@@ -1,0 +1,158 @@
+"""Pluggable OCSP (RFC 6960) certificate status checking, with an offline default.
+
+Verifiers take an `OcspChecker` instead of reaching the network themselves, so tests and air-gapped
+verifiers stay deterministic. The offline checker answers UNKNOWN for everything; whether UNKNOWN is
+acceptable is a policy decision (appraisal), never the checker's. REVOKED always fails verification.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+import itertools
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from cryptography import x509
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
+from cryptography.hazmat.primitives.serialization import Encoding
+from cryptography.x509 import ocsp
+from cryptography.x509.oid import ExtendedKeyUsageOID
+
+from attestation.errors import ChainError, RevokedError
+
+NVIDIA_OCSP_URL = "https://ocsp.ndis.nvidia.com/"
+Fetch = Callable[[str, bytes], bytes]  # (url, DER OCSPRequest) -> DER OCSPResponse
+
+
+class OcspStatus(enum.StrEnum):
+    GOOD = "good"
+    REVOKED = "revoked"
+    UNKNOWN = "unknown"  # no answer (offline), or the responder does not know the certificate
+
+
+class OcspChecker(Protocol):
+    def status(self, cert: x509.Certificate, issuer: x509.Certificate, now: dt.datetime) -> OcspStatus: ...
+
+
+@dataclass(frozen=True)
+class OfflineOcspChecker:
+    """No network: every status is UNKNOWN, and policy decides whether that is acceptable."""
+
+    def status(self, cert: x509.Certificate, issuer: x509.Certificate, now: dt.datetime) -> OcspStatus:
+        return OcspStatus.UNKNOWN
+
+
+@dataclass(frozen=True)
+class StaticOcspChecker:
+    """Answers from fixed serial lists (a local deny list, or tests)."""
+
+    revoked: frozenset[int] = frozenset()
+    good: frozenset[int] = frozenset()
+
+    def status(self, cert: x509.Certificate, issuer: x509.Certificate, now: dt.datetime) -> OcspStatus:
+        if cert.serial_number in self.revoked:
+            return OcspStatus.REVOKED
+        return OcspStatus.GOOD if cert.serial_number in self.good else OcspStatus.UNKNOWN
+
+
+def _verify_signed_by(resp: ocsp.OCSPResponse, key_cert: x509.Certificate) -> None:
+    key = key_cert.public_key()
+    algo = resp.signature_hash_algorithm
+    if algo is None:
+        raise ChainError("OCSP response has no signature hash algorithm")
+    try:
+        if isinstance(key, ec.EllipticCurvePublicKey):
+            key.verify(resp.signature, resp.tbs_response_bytes, ec.ECDSA(algo))
+        elif isinstance(key, rsa.RSAPublicKey):
+            key.verify(resp.signature, resp.tbs_response_bytes, padding.PKCS1v15(), algo)
+        else:
+            raise ChainError("OCSP responder key type is not supported")
+    except InvalidSignature as exc:
+        raise ChainError("OCSP response signature does not verify") from exc
+
+
+@dataclass(frozen=True)
+class ResponderOcspChecker:
+    """Asks an OCSP responder through an injected `fetch`, and verifies what comes back.
+
+    Checks (RFC 6960 section 3.2): response status successful; signed by the issuer, or by a
+    responder certificate the issuer signed with the OCSPSigning EKU; the CertID is ours; the
+    nonce is echoed when the responder echoes one; thisUpdate <= now <= nextUpdate (+ skew).
+    """
+
+    fetch: Fetch
+    url: str = NVIDIA_OCSP_URL
+    skew: dt.timedelta = dt.timedelta(minutes=5)
+    nonce_factory: Callable[[], bytes] = field(default=lambda: os.urandom(16))
+
+    def status(self, cert: x509.Certificate, issuer: x509.Certificate, now: dt.datetime) -> OcspStatus:
+        nonce = self.nonce_factory()
+        request = (
+            ocsp.OCSPRequestBuilder()
+            .add_certificate(cert, issuer, hashes.SHA384())
+            .add_extension(x509.OCSPNonce(nonce), critical=False)
+            .build()
+        )
+        raw = self.fetch(self.url, request.public_bytes(Encoding.DER))
+        try:
+            resp = ocsp.load_der_ocsp_response(raw)
+        except ValueError as exc:
+            raise ChainError(f"OCSP response is malformed: {exc}") from exc
+        if resp.response_status != ocsp.OCSPResponseStatus.SUCCESSFUL:
+            raise ChainError(f"OCSP responder answered {resp.response_status.name}")
+        self._check_signer(resp, issuer, now)
+        if resp.serial_number != cert.serial_number or resp.issuer_key_hash != request.issuer_key_hash:
+            raise ChainError("OCSP response is for a different certificate")
+        try:
+            echoed = resp.extensions.get_extension_for_class(x509.OCSPNonce).value.nonce
+        except x509.ExtensionNotFound:
+            echoed = None  # NVIDIA's responder may pre-sign; freshness then rests on thisUpdate
+        if echoed is not None and echoed != nonce:
+            raise ChainError("OCSP response nonce does not match the request")
+        if now + self.skew < resp.this_update_utc:
+            raise ChainError("OCSP response is from the future")
+        if resp.next_update_utc is not None and now - self.skew > resp.next_update_utc:
+            raise ChainError("OCSP response is stale")
+        if resp.certificate_status == ocsp.OCSPCertStatus.REVOKED:
+            return OcspStatus.REVOKED
+        if resp.certificate_status == ocsp.OCSPCertStatus.GOOD:
+            return OcspStatus.GOOD
+        return OcspStatus.UNKNOWN
+
+    @staticmethod
+    def _check_signer(resp: ocsp.OCSPResponse, issuer: x509.Certificate, now: dt.datetime) -> None:
+        for responder in resp.certificates:
+            if responder.issuer != issuer.subject:
+                continue
+            try:
+                responder.verify_directly_issued_by(issuer)
+                eku = responder.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+            except (InvalidSignature, ValueError, TypeError, x509.ExtensionNotFound):
+                continue
+            if ExtendedKeyUsageOID.OCSP_SIGNING in eku and (
+                responder.not_valid_before_utc <= now <= responder.not_valid_after_utc
+            ):
+                _verify_signed_by(resp, responder)
+                return
+        _verify_signed_by(resp, issuer)
+
+
+def check_chain_ocsp(chain: Sequence[x509.Certificate], checker: OcspChecker, now: dt.datetime) -> OcspStatus:
+    """Status of every certificate below the top of `chain` (the root is not OCSP-checked).
+
+    Raises RevokedError on any REVOKED; returns GOOD only when every answer is GOOD.
+    """
+    answers = []
+    for cert, issuer in itertools.pairwise(chain):
+        answer = checker.status(cert, issuer, now)
+        if answer == OcspStatus.REVOKED:
+            raise RevokedError(f"certificate {cert.subject.rfc4514_string()} is revoked (OCSP)")
+        answers.append(answer)
+    if answers and all(a == OcspStatus.GOOD for a in answers):
+        return OcspStatus.GOOD
+    return OcspStatus.UNKNOWN

@@ -1,0 +1,126 @@
+"""Verify an evidence bundle: CPU evidence, GPU evidence, and the binding of the runtime data.
+
+The verifier is a pure function of the bundle, the expected nonce, the clock and the pinned trust
+anchors. It returns typed claims or raises; appraisal against a policy is a separate step.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+from attestation.bundle import EvidenceBundle, check_binding
+from attestation.claims import CpuClaims, GpuClaims, TcbStatus, TeeType
+from attestation.errors import FreshnessError, UnsupportedError
+from attestation.sim import verify_sim_report
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class VerifierTrust:
+    """Pinned trust anchors. A sim platform key is only present where simulated TEEs are accepted."""
+
+    roots_dir: Path | None = None
+    sim_platform_key: Ed25519PublicKey | None = None
+
+
+@dataclass(frozen=True)
+class AttestationResult:
+    cpu: CpuClaims
+    gpus: tuple[GpuClaims, ...]
+    nonce: bytes
+    hpke_public_key: bytes
+    evidence_digest: str
+
+    @property
+    def insecure(self) -> bool:
+        return self.cpu.tee is TeeType.SIM
+
+    def token_claims(self) -> dict[str, Any]:
+        return {
+            "eat_nonce": self.nonce.hex(),
+            "tee": self.cpu.tee.value,
+            "measurement": self.cpu.measurement.hex(),
+            "tcb_status": self.cpu.tcb_status.value,
+            "tcb": dict(self.cpu.tcb),
+            "debug": self.cpu.debug,
+            "report_data": self.cpu.report_data.hex(),
+            "runtime_data": {"nonce": self.nonce.hex(), "hpke_public_key": self.hpke_public_key.hex()},
+            "gpus": [
+                {
+                    "index": g.index,
+                    "arch": g.arch,
+                    "cc_enabled": g.cc_enabled,
+                    "driver_version": g.driver_version,
+                    "vbios_version": g.vbios_version,
+                    "ueid": g.ueid,
+                    "rim_matched": g.rim_matched,
+                }
+                for g in self.gpus
+            ],
+            "evidence_digest": self.evidence_digest,
+            "insecure": self.insecure,
+        }
+
+
+def _verify_cpu(bundle: EvidenceBundle, now: dt.datetime, trust: VerifierTrust) -> CpuClaims:
+    if bundle.tee == TeeType.SIM:
+        if trust.sim_platform_key is None:
+            raise UnsupportedError("simulated TEE evidence is not accepted by this verifier")
+        report = verify_sim_report(bundle.cpu_evidence, trust.sim_platform_key)
+        return CpuClaims(
+            tee=TeeType.SIM,
+            measurement=report.measurement,
+            report_data=report.report_data,
+            debug=report.debug,
+            tcb_status=TcbStatus.UNKNOWN,
+            tcb=report.tcb,
+        )
+    if bundle.tee == TeeType.SNP:
+        from attestation import snp
+
+        return snp.claims_from_bundle(bundle, now=now, roots_dir=trust.roots_dir)
+    if bundle.tee == TeeType.TDX:
+        from attestation import tdx
+
+        return tdx.claims_from_bundle(bundle, now=now, roots_dir=trust.roots_dir)
+    raise UnsupportedError(f"unknown TEE type {bundle.tee!r}")
+
+
+def _verify_gpus(bundle: EvidenceBundle, now: dt.datetime, trust: VerifierTrust) -> tuple[GpuClaims, ...]:
+    if not bundle.gpus:
+        return ()
+    from attestation import nvgpu
+
+    return tuple(
+        nvgpu.claims_from_bundle_entry(g, index=i, nonce=bundle.runtime_data.nonce, now=now,
+                                       roots_dir=trust.roots_dir)
+        for i, g in enumerate(bundle.gpus)
+    )
+
+
+def verify_bundle(
+    bundle: EvidenceBundle, *, expected_nonce: bytes, now: dt.datetime, trust: VerifierTrust
+) -> AttestationResult:
+    # 1. Freshness: the runtime data must carry the nonce the relying party issued.
+    if bundle.runtime_data.nonce != expected_nonce:
+        raise FreshnessError("evidence carries a different nonce than the one issued")
+    # 2. CPU evidence: signature, chain to pinned roots, TCB (per TEE).
+    cpu = _verify_cpu(bundle, now, trust)
+    # 3. Binding: REPORT_DATA commits to nonce, HPKE key and the GPU evidence.
+    check_binding(cpu.report_data, bundle)
+    # 4. GPU evidence, collected with the same nonce.
+    gpus = _verify_gpus(bundle, now, trust)
+    return AttestationResult(
+        cpu=cpu,
+        gpus=gpus,
+        nonce=bundle.runtime_data.nonce,
+        hpke_public_key=bundle.runtime_data.hpke_public_key,
+        evidence_digest=bundle.digest(),
+    )

@@ -1,0 +1,143 @@
+"""Certificate-chain walking for vendor PKIs (AMD KDS, Intel PCS, NVIDIA), with `now` injected.
+
+cryptography's `x509.verification` enforces the Web PKI profile, which vendor chains do not meet
+(AMD VCEKs have serial 0 and RSA-PSS issuers), so the walk is done here with the primitive checks.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import hashes, serialization
+
+from attestation.errors import ChainError, ParseError, RevokedError
+
+ROOTS_DIR = Path(__file__).with_name("roots")
+
+
+def load_der_or_pem(data: bytes) -> x509.Certificate:
+    """Load one certificate. AMD KDS certificates carry serial 0, which cryptography warns about."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            if data.lstrip().startswith(b"-----BEGIN"):
+                return x509.load_pem_x509_certificate(data)
+            return x509.load_der_x509_certificate(data)
+        except ValueError as exc:
+            raise ParseError(f"not a certificate: {exc}") from exc
+
+
+def load_pem_chain(data: bytes) -> list[x509.Certificate]:
+    """Load every certificate of a PEM bundle, in file order."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            certs = x509.load_pem_x509_certificates(data)
+        except ValueError as exc:
+            raise ParseError(f"not a PEM certificate bundle: {exc}") from exc
+    if not certs:
+        raise ParseError("empty certificate bundle")
+    return certs
+
+
+def load_pinned_roots(name: str, roots_dir: Path | None = None) -> list[x509.Certificate]:
+    """Certificates of a pinned bundle shipped in attestation/roots (or an injected directory)."""
+    path = (roots_dir or ROOTS_DIR) / name
+    try:
+        return load_pem_chain(path.read_bytes())
+    except OSError as exc:
+        raise ChainError(f"pinned roots {name!r} not found in {path.parent}") from exc
+
+
+def fingerprint(cert: x509.Certificate) -> bytes:
+    return cert.fingerprint(hashes.SHA256())
+
+
+def check_validity(cert: x509.Certificate, now: dt.datetime, what: str) -> None:
+    if now.tzinfo is None:
+        raise ValueError("now must be timezone-aware")
+    if now < cert.not_valid_before_utc:
+        raise ChainError(f"{what}: current time {now.isoformat()} is before {cert.not_valid_before_utc}")
+    if now > cert.not_valid_after_utc:
+        raise ChainError(f"{what}: current time {now.isoformat()} is after {cert.not_valid_after_utc}")
+
+
+def check_issued_by(child: x509.Certificate, issuer: x509.Certificate, what: str) -> None:
+    """Signature and name link from `child` to `issuer`; raises ChainError."""
+    if child.issuer != issuer.subject:
+        raise ChainError(f"{what}: issuer name does not match {issuer.subject.rfc4514_string()}")
+    try:
+        child.verify_directly_issued_by(issuer)
+    except (InvalidSignature, ValueError, TypeError) as exc:
+        raise ChainError(f"{what}: signature does not verify under its issuer: {exc}") from exc
+
+
+def verify_chain(
+    chain: Sequence[x509.Certificate],
+    trusted_roots: Sequence[x509.Certificate],
+    now: dt.datetime,
+) -> None:
+    """Verify `chain` = [leaf, intermediate..., root-or-last-intermediate] up to a pinned root.
+
+    The chain's last certificate must either be byte-identical to a pinned root, or be issued by
+    one. Every link's signature and every certificate's validity at `now` is checked.
+    """
+    if not chain:
+        raise ChainError("empty certificate chain")
+    if not trusted_roots:
+        raise ChainError("no pinned roots")
+    pinned = {fingerprint(r): r for r in trusted_roots}
+    for i, cert in enumerate(chain):
+        check_validity(cert, now, f"certificate {i} ({cert.subject.rfc4514_string()})")
+    for i in range(len(chain) - 1):
+        check_issued_by(chain[i], chain[i + 1], f"certificate {i} ({chain[i].subject.rfc4514_string()})")
+    top = chain[-1]
+    if fingerprint(top) in pinned:
+        check_issued_by(top, top, "root (self-signature)")
+        return
+    for root in trusted_roots:
+        if top.issuer == root.subject:
+            check_validity(root, now, f"pinned root ({root.subject.rfc4514_string()})")
+            check_issued_by(top, root, f"top of chain ({top.subject.rfc4514_string()})")
+            return
+    raise ChainError(f"chain does not end at a pinned root (top: {top.subject.rfc4514_string()})")
+
+
+def load_crl(data: bytes) -> x509.CertificateRevocationList:
+    try:
+        if data.lstrip().startswith(b"-----BEGIN"):
+            return x509.load_pem_x509_crl(data)
+        return x509.load_der_x509_crl(data)
+    except ValueError as exc:
+        raise ParseError(f"not a CRL: {exc}") from exc
+
+
+def check_crl(
+    crl: x509.CertificateRevocationList,
+    issuer: x509.Certificate,
+    certs: Sequence[x509.Certificate],
+    now: dt.datetime,
+) -> None:
+    """CRL signed by `issuer`, current at `now`, and listing none of `certs` that `issuer` issued."""
+    if crl.issuer != issuer.subject:
+        raise ChainError(f"CRL issuer {crl.issuer.rfc4514_string()} is not {issuer.subject.rfc4514_string()}")
+    if not crl.is_signature_valid(issuer.public_key()):  # type: ignore[arg-type]
+        raise ChainError("CRL signature does not verify under its issuer")
+    if now < crl.last_update_utc:
+        raise ChainError(f"CRL not yet valid at {now.isoformat()}")
+    if crl.next_update_utc is not None and now > crl.next_update_utc:
+        raise ChainError(f"CRL expired at {crl.next_update_utc.isoformat()} (now {now.isoformat()})")
+    for cert in certs:
+        if cert.issuer == issuer.subject and crl.get_revoked_certificate_by_serial_number(cert.serial_number):
+            raise RevokedError(f"certificate {cert.subject.rfc4514_string()} is revoked")
+
+
+def public_key_der(cert: x509.Certificate) -> bytes:
+    return cert.public_key().public_bytes(
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    )

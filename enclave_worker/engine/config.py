@@ -1,0 +1,90 @@
+"""Frozen configuration and request dataclasses of the engine's public API."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .errors import InvalidRequestError
+
+DTYPES = ("float32", "bfloat16", "float16", "int8", "int4")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    device: str = "cpu"
+    dtype: str = "float32"  # float32 | bfloat16 | float16 | int8 | int4 (weight-only)
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    max_model_len: int | None = None  # default: min(model context, 4096)
+    block_size: int = 16
+    kv_cache_memory_bytes: int = 512 * 1024 * 1024
+    enable_prefix_caching: bool = True
+    num_threads: int | None = None  # torch intra-op threads on CPU; default: all cores
+    int4_group_size: int = 32
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, not {self.dtype!r}")
+        if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1 or self.block_size < 1:
+            raise ValueError("max_num_seqs, max_num_batched_tokens and block_size must be >= 1")
+        if self.kv_cache_memory_bytes <= 0:
+            raise ValueError("kv_cache_memory_bytes must be positive")
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    logprobs: int | None = None  # number of top alternatives returned with each sampled token
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        def bad(msg: str) -> None:
+            raise InvalidRequestError(msg)
+
+        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            bad("max_tokens must be an integer >= 1")
+        if not isinstance(self.temperature, int | float) or not math.isfinite(self.temperature) \
+                or self.temperature < 0:
+            bad("temperature must be a finite number >= 0")
+        if not isinstance(self.top_p, int | float) or not (0 < self.top_p <= 1):
+            bad("top_p must be in (0, 1]")
+        if not isinstance(self.top_k, int) or self.top_k < 0:
+            bad("top_k must be an integer >= 0 (0 = off)")
+        if self.seed is not None and not isinstance(self.seed, int):
+            bad("seed must be an integer")
+        if isinstance(self.stop, str) or not all(isinstance(s, str) and s for s in self.stop):
+            bad("stop must be a tuple of non-empty strings")
+        if not all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids):
+            bad("stop_token_ids must be non-negative integers")
+        if self.logprobs is not None and (not isinstance(self.logprobs, int) or not 0 <= self.logprobs <= 20):
+            bad("logprobs must be an integer in [0, 20]")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...]  # (token id, logprob) alternatives, best first
+
+
+@dataclass(frozen=True)
+class RequestOutput:
+    request_id: str
+    delta_text: str
+    delta_token_ids: tuple[int, ...]
+    finished: bool
+    finish_reason: str | None  # "stop" | "length" | "abort"
+    prompt_tokens: int
+    completion_tokens: int
+    logprobs: tuple[TokenLogprob, ...] | None = None

@@ -1,0 +1,1 @@
+"""Model building blocks: attention, linear (incl. quantized), rotary, norm, sampler."""

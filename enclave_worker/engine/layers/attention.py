@@ -1,0 +1,56 @@
+"""Paged attention: write K/V into the block pool by slot, attend through block tables with SDPA."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass(frozen=True)
+class PrefillChunk:
+    token_start: int  # offset in the flat batch
+    num_tokens: int
+    slots: torch.Tensor  # [context_len] cache slots of positions 0..context_len-1
+    mask: torch.Tensor | None  # [num_tokens, context_len] bool, None when plain causal
+
+
+@dataclass(frozen=True)
+class AttentionMetadata:
+    slot_mapping: torch.Tensor  # [tokens] cache slot of each new token
+    decode_index: torch.Tensor | None  # [decodes] positions in the flat batch of single-token decodes
+    decode_slots: torch.Tensor | None  # [decodes, max_context] cache slots to attend to (padded)
+    decode_mask: torch.Tensor | None  # [decodes, 1, 1, max_context] bool
+    prefills: tuple[PrefillChunk, ...]
+
+
+class PagedAttention(torch.nn.Module):
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.scale = head_dim**-0.5
+        self.k_cache: torch.Tensor | None = None  # [slots, kv_heads, head_dim], bound by the runner
+        self.v_cache: torch.Tensor | None = None
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """q: [T, H, D]; k, v: [T, Hkv, D] -> [T, H*D]."""
+        kc, vc = self.k_cache, self.v_cache
+        kc.index_copy_(0, meta.slot_mapping, k)
+        vc.index_copy_(0, meta.slot_mapping, v)
+        out = torch.empty_like(q)
+        if meta.decode_index is not None:
+            qd = q[meta.decode_index].unsqueeze(2)  # [B, H, 1, D]
+            kd = kc[meta.decode_slots].transpose(1, 2)  # [B, Hkv, L, D]
+            vd = vc[meta.decode_slots].transpose(1, 2)
+            o = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=meta.decode_mask, scale=self.scale,
+                                               enable_gqa=True)
+            out[meta.decode_index] = o.squeeze(2)
+        for p in meta.prefills:
+            qp = q[p.token_start : p.token_start + p.num_tokens].transpose(0, 1).unsqueeze(0)
+            kp = kc[p.slots].transpose(0, 1).unsqueeze(0)
+            vp = vc[p.slots].transpose(0, 1).unsqueeze(0)
+            o = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=p.mask, is_causal=p.mask is None,
+                                               scale=self.scale, enable_gqa=True)
+            out[p.token_start : p.token_start + p.num_tokens] = o.squeeze(0).transpose(0, 1)
+        return out.reshape(q.shape[0], -1)

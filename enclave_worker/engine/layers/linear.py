@@ -1,0 +1,102 @@
+"""Linear layers: dense (fp32/bf16/fp16) and weight-only int8 / int4 quantized matmuls."""
+
+from __future__ import annotations
+
+import torch
+
+
+class Linear(torch.nn.Module):
+    """Dense y = x W^T (+ b); the weight is used in place (no copy) when dtype and device match."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype, device: str) -> None:
+        super().__init__()
+        self.weight = weight.to(device=device, dtype=dtype)
+        self.bias = None if bias is None else bias.to(device=device, dtype=dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.linear(x, self.weight, self.bias)
+
+
+class Int8Linear(torch.nn.Module):
+    """Per-output-channel symmetric int8 weights; activations stay in float."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype, device: str) -> None:
+        super().__init__()
+        w = weight.float()
+        scale = (w.abs().amax(dim=1) / 127.0).clamp(min=1e-12)
+        self.qweight = torch.round(w / scale[:, None]).clamp(-128, 127).to(torch.int8).to(device)
+        self.scale = scale.to(device=device, dtype=dtype)
+        self.bias = None if bias is None else bias.to(device=device, dtype=dtype)
+        self.fused = _int8_op_works(device, dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x2 = x.reshape(-1, shape[-1])
+        if self.fused:
+            y = torch.ops.aten._weight_int8pack_mm(x2, self.qweight, self.scale)
+        else:
+            y = (x2 @ self.qweight.to(x.dtype).T) * self.scale
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*shape[:-1], y.shape[-1])
+
+
+class Int4Linear(torch.nn.Module):
+    """Group-wise asymmetric 4-bit weights (torch int4pack layout), float activations."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype, device: str,
+                 group_size: int = 32) -> None:
+        super().__init__()
+        n, k = weight.shape
+        if k % group_size:
+            raise ValueError(f"in_features {k} not divisible by int4 group size {group_size}")
+        wg = weight.float().reshape(n, k // group_size, group_size)
+        lo, hi = wg.amin(-1), wg.amax(-1)
+        scale = ((hi - lo) / 15.0).clamp(min=1e-12)
+        q = torch.round((wg - lo[..., None]) / scale[..., None]).clamp(0, 15).to(torch.int32).reshape(n, k)
+        zeros = lo + 8.0 * scale  # the kernel computes (q - 8) * scale + zero
+        self.group_size = group_size
+        self.out_features = n
+        self.device_type = torch.device(device).type
+        if self.device_type == "cpu":
+            self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 2)
+            self.scales_zeros = torch.stack([scale.T, zeros.T], -1).contiguous().to(dtype)
+        else:  # CUDA kernel wants bf16 activations and the uint8 [n, k/2] input layout
+            qu8 = (q[:, ::2] << 4 | q[:, 1::2]).to(torch.uint8).to(device)
+            self.packed = torch.ops.aten._convert_weight_to_int4pack(qu8, 8)
+            self.scales_zeros = torch.stack([scale.T, zeros.T], -1).contiguous().to(device, torch.bfloat16)
+        self.bias = None if bias is None else bias.to(device=device, dtype=dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x2 = x.reshape(-1, shape[-1])
+        if self.device_type == "cpu":
+            y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2, self.packed, self.group_size, self.scales_zeros)
+        else:
+            y = torch.ops.aten._weight_int4pack_mm(
+                x2.to(torch.bfloat16), self.packed, self.group_size, self.scales_zeros
+            ).to(x.dtype)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*shape[:-1], self.out_features)
+
+
+def _int8_op_works(device: str, dtype: torch.dtype) -> bool:
+    try:
+        x = torch.ones(1, 8, device=device, dtype=dtype)
+        w = torch.ones(8, 8, device=device, dtype=torch.int8)
+        s = torch.ones(8, device=device, dtype=dtype)
+        torch.ops.aten._weight_int8pack_mm(x, w, s)
+        return True
+    except (RuntimeError, NotImplementedError):
+        return False
+
+
+def make_linear(weight: torch.Tensor, bias: torch.Tensor | None, quant: str, dtype: torch.dtype, device: str,
+                group_size: int = 32) -> torch.nn.Module:
+    """quant: "none" | "int8" | "int4"."""
+    if quant == "int8":
+        return Int8Linear(weight, bias, dtype, device)
+    if quant == "int4":
+        return Int4Linear(weight, bias, dtype, device, group_size)
+    return Linear(weight, bias, dtype, device)

@@ -1,0 +1,238 @@
+"""LLMEngine: requests in, streamed deltas out; a background thread steps the batch."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import threading
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+import torch
+
+from .block_manager import BlockManager
+from .checkpoint import Checkpoint
+from .config import EngineConfig, RequestOutput, SamplingParams
+from .errors import EngineDeadError, EngineError, InvalidRequestError
+from .kv_cache import KVCacheSpec, allocate_kv_cache
+from .model_runner import ModelRunner
+from .models import ARCHITECTURES
+from .models.llama import BuildOptions
+from .output_processor import OutputProcessor
+from .scheduler import ScheduledSeq, Scheduler
+from .sequence import Sequence
+from .tokenizer import Tokenizer
+
+_TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+                 "int8": torch.float32, "int4": torch.float32}
+
+
+@dataclass
+class _Request:
+    seq: Sequence
+    sink: Callable[[RequestOutput | BaseException], None]
+
+
+class LLMEngine:
+    def __init__(self, checkpoint: Checkpoint, config: EngineConfig) -> None:
+        cfg = checkpoint.config
+        arch = (cfg.get("architectures") or ["LlamaForCausalLM"])[0]
+        if arch not in ARCHITECTURES:
+            raise EngineError(f"unsupported architecture {arch!r}")
+        if config.device == "cpu":
+            torch.set_num_threads(config.num_threads or os.cpu_count() or 1)
+        self.config = config
+        dtype = _TORCH_DTYPES[config.dtype]
+        quant = config.dtype if config.dtype in ("int8", "int4") else "none"
+        model_len = min(config.max_model_len or min(cfg.get("max_position_embeddings", 4096), 4096),
+                        cfg.get("max_position_embeddings", 1 << 30))
+        opts = BuildOptions(quant, dtype, config.device, model_len, config.int4_group_size)
+        with torch.inference_mode():
+            self.model = ARCHITECTURES[arch](cfg, checkpoint.tensors, opts).eval()
+        spec = KVCacheSpec(len(self.model.layers), self.model.num_kv_heads, self.model.head_dim,
+                           config.block_size, dtype)
+        num_blocks = spec.num_blocks(config.kv_cache_memory_bytes)
+        if num_blocks < 1:
+            raise EngineError("kv_cache_memory_bytes is smaller than one KV block")
+        self.max_model_len = min(model_len, num_blocks * config.block_size)
+        self.blocks = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        self.scheduler = Scheduler(self.blocks, config.max_num_seqs, config.max_num_batched_tokens)
+        self.runner = ModelRunner(self.model, allocate_kv_cache(spec, num_blocks, config.device),
+                                  config.block_size, config.device)
+        self.tokenizer = Tokenizer(checkpoint.tokenizer_json, checkpoint.chat_template, cfg)
+        self.vocab_size = int(cfg["vocab_size"])
+        self.output = OutputProcessor(self.tokenizer)
+        self._requests: dict[str, _Request] = {}
+        self._next_seq_id = 0
+        self._cond = threading.Condition(threading.Lock())
+        self._thread: threading.Thread | None = None
+        self._stopped = False
+        self._dead: BaseException | None = None
+
+    # ------------------------------------------------------------ requests
+
+    def _validate(self, request_id: str, prompt: list[int], params: SamplingParams, cache_salt: bytes) -> None:
+        if not isinstance(params, SamplingParams):
+            raise InvalidRequestError("params must be SamplingParams")
+        if not isinstance(request_id, str) or not request_id:
+            raise InvalidRequestError("request_id must be a non-empty string")
+        if not isinstance(cache_salt, bytes):
+            raise InvalidRequestError("cache_salt must be bytes")
+        if not prompt:
+            raise InvalidRequestError("prompt must not be empty")
+        if not all(isinstance(t, int) and 0 <= t < self.vocab_size for t in prompt):
+            raise InvalidRequestError(f"prompt token ids must be integers in [0, {self.vocab_size})")
+        if len(prompt) >= self.max_model_len:
+            raise InvalidRequestError(
+                f"prompt has {len(prompt)} tokens; the context holds {self.max_model_len} (prompt + output)")
+        bad = [t for t in params.stop_token_ids if t >= self.vocab_size]
+        if bad:
+            raise InvalidRequestError(f"unknown stop token ids {bad}")
+
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                    sink: Callable[[RequestOutput | BaseException], None], cache_salt: bytes = b"") -> None:
+        """Queue a request; `sink` receives its outputs (from the stepping thread)."""
+        prompt = list(prompt_token_ids)
+        self._validate(request_id, prompt, params, cache_salt)
+        gen = None
+        if not params.greedy:
+            gen = torch.Generator(device=self.config.device)
+            gen.manual_seed(params.seed if params.seed is not None else secrets.randbits(63))
+        with self._cond:
+            if self._stopped or self._dead is not None:
+                raise EngineDeadError("engine is shut down")
+            if request_id in self._requests:
+                raise InvalidRequestError(f"duplicate request id {request_id!r}")
+            max_tokens = min(params.max_tokens, self.max_model_len - len(prompt))
+            seq = Sequence(self._next_seq_id, request_id, prompt, len(prompt), params, max_tokens,
+                           cache_salt, gen)
+            self._next_seq_id += 1
+            self._requests[request_id] = _Request(seq, sink)
+            self.scheduler.add(seq)
+            self._cond.notify()
+
+    def abort(self, request_id: str) -> None:
+        """Cancel a request and free its KV blocks at once."""
+        with self._cond:
+            req = self._requests.pop(request_id, None)
+            if req is None:
+                return
+            self.scheduler.finish(req.seq, "abort")
+            out = self.output.emit(req.seq)
+        req.sink(out)
+
+    # ------------------------------------------------------------ stepping
+
+    def step(self) -> list[RequestOutput]:
+        """Schedule, run the model once, and post-process; returns this step's outputs."""
+        with self._cond:
+            batch = self.scheduler.schedule()
+            if not batch:
+                return []
+            inputs = self.runner.prepare(batch)
+        tokens, records = self.runner.execute(batch, *inputs)
+        with self._cond:
+            delivered = self._postprocess(batch, tokens, records)
+        for sink, out in delivered:
+            sink(out)
+        return [out for _, out in delivered]
+
+    def _postprocess(self, batch: list[ScheduledSeq], tokens: list[int], records: list) -> list:
+        delivered = []
+        sampled = iter(zip(tokens, records, strict=True))
+        for s in batch:
+            tok, rec = next(sampled) if s.samples else (None, None)
+            seq = s.seq
+            req = self._requests.get(seq.request_id)
+            if seq.is_finished or req is None:
+                continue  # aborted while the step ran
+            seq.num_computed_tokens += s.num_tokens
+            self.blocks.commit(seq)
+            if tok is None:
+                continue
+            reason = self.output.append(seq, tok, rec, self.tokenizer.eos_token_ids)
+            if reason is not None:
+                self.scheduler.finish(seq, reason)
+                del self._requests[seq.request_id]
+            delivered.append((req.sink, self.output.emit(seq)))
+        return delivered
+
+    def has_unfinished_requests(self) -> bool:
+        with self._cond:
+            return bool(self._requests)
+
+    def stats(self) -> dict:
+        with self._cond:
+            b = self.blocks
+            return {
+                "num_running": len(self.scheduler.running),
+                "num_waiting": len(self.scheduler.waiting),
+                "kv_cache_usage_perc": 100.0 * b.usage(),
+                "num_kv_blocks": b.num_blocks,
+                "num_free_kv_blocks": b.num_free_blocks,
+                "block_size": b.block_size,
+                "max_model_len": self.max_model_len,
+                "prefix_cache_hits": b.prefix_hits,
+                "prefix_cache_queries": b.prefix_queries,
+                "num_preemptions": self.scheduler.num_preemptions,
+            }
+
+    # ------------------------------------------------------------ async serving
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._stopped and not self.scheduler.has_work():
+                    self._cond.wait()
+                if self._stopped:
+                    return
+            try:
+                self.step()
+            except BaseException as exc:  # the engine is unusable; fail every request
+                with self._cond:
+                    self._dead = exc
+                    reqs, self._requests = list(self._requests.values()), {}
+                for req in reqs:
+                    req.sink(EngineDeadError(f"engine step failed: {exc!r}"))
+                return
+
+    def _ensure_thread(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="llm-engine", daemon=True)
+            self._thread.start()
+
+    async def generate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                       cache_salt: bytes = b"") -> AsyncIterator[RequestOutput]:
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
+
+        def sink(item: RequestOutput | BaseException) -> None:
+            loop.call_soon_threadsafe(queue.put_nowait, item)
+
+        self.add_request(request_id, prompt_token_ids, params, sink, cache_salt)
+        self._ensure_thread()
+        finished = False
+        try:
+            while True:
+                item = await queue.get()
+                if isinstance(item, BaseException):
+                    finished = True
+                    raise item
+                finished = item.finished
+                yield item
+                if finished:
+                    return
+        finally:
+            if not finished:
+                self.abort(request_id)
+
+    async def shutdown(self) -> None:
+        with self._cond:
+            self._stopped = True
+            ids = list(self._requests)
+            self._cond.notify_all()
+        for rid in ids:
+            self.abort(rid)
+        if self._thread is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self._thread.join)

@@ -1,0 +1,87 @@
+"""Model runner: turns a scheduled batch into flat tensors + attention metadata, runs the model, samples."""
+
+from __future__ import annotations
+
+import torch
+
+from .config import TokenLogprob
+from .layers.attention import AttentionMetadata, PrefillChunk
+from .layers.sampler import sample
+from .scheduler import ScheduledSeq
+
+
+class ModelRunner:
+    def __init__(self, model: torch.nn.Module, kv_cache: torch.Tensor, block_size: int, device: str) -> None:
+        self.model = model
+        self.block_size = block_size
+        self.device = device
+        for i, layer in enumerate(model.layers):
+            layer.attn.k_cache = kv_cache[0, i]
+            layer.attn.v_cache = kv_cache[1, i]
+        self.kv_cache = kv_cache
+
+    def _slots(self, block_table: list[int], start: int, end: int) -> torch.Tensor:
+        bs = self.block_size
+        blocks = torch.tensor(block_table, dtype=torch.long)
+        pos = torch.arange(start, end)
+        return blocks[pos // bs] * bs + pos % bs
+
+    def prepare(self, batch: list[ScheduledSeq]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[int]]:
+        ids: list[int] = []
+        positions: list[torch.Tensor] = []
+        slot_mapping: list[torch.Tensor] = []
+        logits_index: list[int] = []
+        decodes: list[tuple[int, ScheduledSeq]] = []
+        prefills: list[PrefillChunk] = []
+        for s in batch:
+            offset, end = len(ids), s.start + s.num_tokens
+            ids.extend(s.seq.token_ids[s.start : end])
+            positions.append(torch.arange(s.start, end))
+            slot_mapping.append(self._slots(s.seq.block_table, s.start, end))
+            if s.samples:
+                logits_index.append(offset + s.num_tokens - 1)
+            if s.num_tokens == 1:
+                decodes.append((offset, s))
+                continue
+            mask = None
+            if s.start > 0:
+                q_pos = torch.arange(s.start, end)[:, None]
+                mask = (torch.arange(end)[None, :] <= q_pos).to(self.device)
+            prefills.append(PrefillChunk(offset, s.num_tokens, self._slots(s.seq.block_table, 0, end).to(self.device),
+                                         mask))
+        meta = AttentionMetadata(torch.cat(slot_mapping).to(self.device), *self._decode_meta(decodes),
+                                 tuple(prefills))
+        input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
+        pos = torch.cat(positions).to(self.device)
+        return input_ids, pos, meta, logits_index
+
+    def _decode_meta(self, decodes: list[tuple[int, ScheduledSeq]]) -> tuple:
+        if not decodes:
+            return None, None, None
+        bs = self.block_size
+        lens = [s.start + 1 for _, s in decodes]
+        max_blocks = -(-max(lens) // bs)
+        table = torch.zeros(len(decodes), max_blocks, dtype=torch.long)
+        for i, (_, s) in enumerate(decodes):
+            bt = s.seq.block_table[:max_blocks]
+            table[i, : len(bt)] = torch.tensor(bt, dtype=torch.long)
+        max_len = max(lens)
+        slots = (table[:, :, None] * bs + torch.arange(bs)).reshape(len(decodes), -1)[:, :max_len]
+        mask = torch.arange(max_len)[None, :] < torch.tensor(lens)[:, None]
+        index = torch.tensor([o for o, _ in decodes], dtype=torch.long)
+        dev = self.device
+        return index.to(dev), slots.to(dev), mask[:, None, None, :].to(dev)
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+                logits_index: list[int]) -> torch.Tensor:
+        index = torch.tensor(logits_index, dtype=torch.long, device=self.device)
+        return self.model(input_ids, positions, meta, index)
+
+    @torch.inference_mode()
+    def execute(self, batch: list[ScheduledSeq], input_ids: torch.Tensor, positions: torch.Tensor,
+                meta: AttentionMetadata, logits_index: list[int]) -> tuple[list[int], list[TokenLogprob | None]]:
+        """Forward the batch; sample for sequences whose chunk reached their end (in batch order)."""
+        logits = self.forward(input_ids, positions, meta, logits_index)
+        sampled = [s.seq for s in batch if s.samples]
+        return sample(logits, [q.params for q in sampled], [q.generator for q in sampled])

@@ -1,0 +1,109 @@
+"""Llama-family decoder (SmolLM2, Llama 3.x, Mistral, Qwen2/2.5 with QKV bias), fused QKV and gate/up."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..layers.activation import silu_and_mul
+from ..layers.attention import AttentionMetadata, PagedAttention
+from ..layers.embedding import Embedding
+from ..layers.linear import make_linear
+from ..layers.norm import RMSNorm
+from ..layers.rotary import RotaryEmbedding
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    quant: str  # "none" | "int8" | "int4"
+    dtype: torch.dtype  # activation / dense weight dtype
+    device: str
+    max_positions: int
+    int4_group_size: int = 32
+
+
+class _Weights:
+    """Pops tensors from the checkpoint dict as they are consumed, so each source is dropped at once."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor]) -> None:
+        self.tensors = tensors
+
+    def take(self, name: str) -> torch.Tensor:
+        return self.tensors.pop(name)
+
+    def take_opt(self, name: str) -> torch.Tensor | None:
+        return self.tensors.pop(name, None)
+
+    def take_cat(self, names: list[str]) -> torch.Tensor:
+        parts = [self.tensors.pop(n) for n in names]
+        fused = torch.cat(parts, dim=0)
+        del parts
+        return fused
+
+    def take_cat_opt(self, names: list[str]) -> torch.Tensor | None:
+        return self.take_cat(names) if all(n in self.tensors for n in names) else None
+
+
+class DecoderLayer(torch.nn.Module):
+    def __init__(self, cfg: dict[str, Any], w: _Weights, prefix: str, opt: BuildOptions) -> None:
+        super().__init__()
+        self.num_heads = cfg["num_attention_heads"]
+        self.num_kv_heads = cfg.get("num_key_value_heads", self.num_heads)
+        self.head_dim = cfg.get("head_dim") or cfg["hidden_size"] // self.num_heads
+        eps, a, m = cfg["rms_norm_eps"], prefix + "self_attn.", prefix + "mlp."
+        lin = lambda wt, b=None: make_linear(wt, b, opt.quant, opt.dtype, opt.device, opt.int4_group_size)  # noqa: E731
+        self.input_norm = RMSNorm(w.take(prefix + "input_layernorm.weight").to(opt.device, opt.dtype), eps)
+        qkv = [a + "q_proj.", a + "k_proj.", a + "v_proj."]
+        self.qkv_proj = lin(w.take_cat([p + "weight" for p in qkv]), w.take_cat_opt([p + "bias" for p in qkv]))
+        self.o_proj = lin(w.take(a + "o_proj.weight"))
+        self.attn = PagedAttention(self.num_heads, self.num_kv_heads, self.head_dim)
+        self.post_norm = RMSNorm(w.take(prefix + "post_attention_layernorm.weight").to(opt.device, opt.dtype), eps)
+        self.gate_up_proj = lin(w.take_cat([m + "gate_proj.weight", m + "up_proj.weight"]))
+        self.down_proj = lin(w.take(m + "down_proj.weight"))
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, rope: RotaryEmbedding,
+                meta: AttentionMetadata) -> torch.Tensor:
+        t = x.shape[0]
+        qkv = self.qkv_proj(self.input_norm(x))
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = rope(positions, q.reshape(t, self.num_heads, self.head_dim))
+        k = rope(positions, k.reshape(t, self.num_kv_heads, self.head_dim))
+        v = v.reshape(t, self.num_kv_heads, self.head_dim)
+        x = x + self.o_proj(self.attn(q, k, v, meta))
+        return x + self.down_proj(silu_and_mul(self.gate_up_proj(self.post_norm(x))))
+
+
+class LlamaForCausalLM(torch.nn.Module):
+    def __init__(self, cfg: dict[str, Any], tensors: dict[str, torch.Tensor], opt: BuildOptions) -> None:
+        super().__init__()
+        w = _Weights(tensors)
+        self.embed = Embedding(w.take("model.embed_tokens.weight"), opt.quant, opt.dtype, opt.device)
+        self.layers = torch.nn.ModuleList(
+            DecoderLayer(cfg, w, f"model.layers.{i}.", opt) for i in range(cfg["num_hidden_layers"])
+        )
+        self.norm = RMSNorm(w.take("model.norm.weight").to(opt.device, opt.dtype), cfg["rms_norm_eps"])
+        lm_head = w.take_opt("lm_head.weight")
+        if cfg.get("tie_word_embeddings", False) or lm_head is None:
+            self.lm_head = None
+        else:
+            self.lm_head = make_linear(lm_head, None, "int8" if opt.quant != "none" else "none",
+                                       opt.dtype, opt.device)
+        del lm_head
+        layer0 = self.layers[0]
+        self.num_kv_heads, self.head_dim = layer0.num_kv_heads, layer0.head_dim
+        self.rope = RotaryEmbedding(layer0.head_dim, opt.max_positions, cfg.get("rope_theta", 10000.0),
+                                    cfg.get("rope_scaling"), opt.device)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+                logits_index: torch.Tensor) -> torch.Tensor:
+        """Hidden states for all tokens, logits (float32) only at `logits_index`."""
+        x = self.embed(input_ids)
+        for layer in self.layers:
+            x = layer(x, positions, self.rope, meta)
+        x = self.norm(x[logits_index])
+        logits = self.embed.as_lm_head(x) if self.lm_head is None else self.lm_head(x)
+        return logits.float()

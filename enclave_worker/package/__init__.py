@@ -1,0 +1,26 @@
+"""Encrypted model packages: manifest + AES-256-GCM segments, decrypted straight into tensor memory."""
+
+from enclave_worker.package.errors import (
+    PackageError,
+    PackageFormatError,
+    PackageIntegrityError,
+    PackageSignatureError,
+    WrongKeyError,
+)
+from enclave_worker.package.format import Manifest, TensorEntry
+from enclave_worker.package.reader import DecryptedModel, decrypt_package, read_manifest
+from enclave_worker.package.writer import write_package
+
+__all__ = [
+    "DecryptedModel",
+    "Manifest",
+    "PackageError",
+    "PackageFormatError",
+    "PackageIntegrityError",
+    "PackageSignatureError",
+    "TensorEntry",
+    "WrongKeyError",
+    "decrypt_package",
+    "read_manifest",
+    "write_package",
+]

@@ -1,0 +1,116 @@
+"""Tenant side: encrypt a model's tensors into a package (runs on the tenant's own machine)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import secrets
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+from enclave_worker.package.format import (
+    DEFAULT_SEGMENT_SIZE,
+    Manifest,
+    TensorEntry,
+    aligned,
+    associated_data,
+    key_check_value,
+    metadata_to_bytes,
+    nonce_for,
+    segment_key,
+)
+from enclave_worker.package.signing import sign_manifest, signer_identity
+
+_DTYPE_NAMES = {
+    torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16",
+    torch.int8: "int8", torch.uint8: "uint8", torch.int32: "int32", torch.int64: "int64",
+}
+
+
+def _tensor_bytes(t: torch.Tensor) -> memoryview:
+    flat = t.detach().contiguous().reshape(-1)
+    return memoryview(flat.view(torch.uint8).numpy())
+
+
+def _plaintext_chunks(meta: bytes, tensors: Sequence[tuple[str, torch.Tensor]],
+                      entries: Sequence[TensorEntry]) -> Iterator[memoryview | bytes]:
+    yield meta
+    cursor = len(meta)
+    for (_, tensor), entry in zip(tensors, entries, strict=True):
+        if entry.offset > cursor:
+            yield bytes(entry.offset - cursor)
+        yield _tensor_bytes(tensor)
+        cursor = entry.offset + entry.nbytes
+
+
+def _segments(chunks: Iterator[memoryview | bytes], size: int) -> Iterator[bytes]:
+    pending = bytearray()
+    for chunk in chunks:
+        view = memoryview(chunk)
+        while len(view):
+            take = min(size - len(pending), len(view))
+            pending += view[:take]
+            view = view[take:]
+            if len(pending) == size:
+                yield bytes(pending)
+                pending.clear()
+    if pending:
+        yield bytes(pending)
+
+
+def write_package(
+    out_dir: Path,
+    *,
+    metadata: dict[str, Any],
+    tensors: Sequence[tuple[str, torch.Tensor]],
+    data_key: bytes,
+    key_id: str,
+    tenant: str,
+    model: str,
+    version: str,
+    signing_key: Ed25519PrivateKey,
+    segment_size: int = DEFAULT_SEGMENT_SIZE,
+    progress: Callable[[int], None] | None = None,
+) -> Manifest:
+    """Write manifest.json, manifest.sig and payload.bin. Plaintext never touches the disk."""
+    meta = metadata_to_bytes(metadata)
+    entries: list[TensorEntry] = []
+    cursor = len(meta)
+    for name, tensor in tensors:
+        offset = aligned(cursor)
+        nbytes = tensor.numel() * tensor.element_size()
+        entries.append(TensorEntry(name, _DTYPE_NAMES[tensor.dtype], tuple(tensor.shape), offset, nbytes))
+        cursor = offset + nbytes
+    digest = hashlib.sha256()
+    for chunk in _plaintext_chunks(meta, tensors, entries):
+        digest.update(chunk)
+    package_id = secrets.token_hex(16)
+    manifest = Manifest(
+        package_id=package_id, tenant=tenant, model=model, version=version, key_id=key_id,
+        segment_size=segment_size, num_segments=max(1, -(-cursor // segment_size)),
+        plaintext_bytes=cursor, plaintext_sha256=digest.hexdigest(), metadata_bytes=len(meta),
+        key_check=key_check_value(data_key, package_id), signer=signer_identity(signing_key.public_key()),
+        tensors=tuple(entries),
+    )
+    manifest_bytes = manifest.to_bytes()
+    manifest_digest = hashlib.sha256(manifest_bytes).digest()
+    aead = AESGCM(segment_key(data_key, package_id))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tmp = out_dir / "payload.bin.partial"
+    with open(tmp, "wb") as fh:
+        for i, segment in enumerate(_segments(_plaintext_chunks(meta, tensors, entries), segment_size)):
+            final = i == manifest.num_segments - 1
+            fh.write(aead.encrypt(nonce_for(i, final), segment, associated_data(manifest_digest, i, final)))
+            if progress:
+                progress(len(segment))
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, out_dir / "payload.bin")
+    (out_dir / "manifest.json").write_bytes(manifest_bytes)
+    sign_manifest(out_dir, manifest_bytes, signing_key)
+    return manifest

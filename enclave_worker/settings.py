@@ -1,0 +1,40 @@
+"""Worker settings: frozen, explicit, and part of the measured configuration."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    broker_url: str
+    package_dir: Path
+    tenant: str
+    model: str
+    version: str
+    tee: str = "sim"
+    sim_platform_key: Path | None = None  # the simulated TEE's signing key (sim only)
+    # Replaces the computed simulated measurement (tests of a worker the policy does not allow).
+    unsafe_sim_measurement: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 8002
+    max_num_seqs: int = 16
+    max_model_len: int = 2048
+    kv_cache_memory_bytes: int = 256 << 20
+    engine_dtype: str = "float32"
+
+    def measured_config(self) -> dict[str, Any]:
+        """The part of the configuration that changes what the worker does, hence its measurement."""
+        return {
+            "tenant": self.tenant,
+            "model": self.model,
+            "version": self.version,
+            "tee": self.tee,
+            "engine": {
+                "max_num_seqs": self.max_num_seqs,
+                "max_model_len": self.max_model_len,
+                "dtype": self.engine_dtype,
+            },
+        }

@@ -1,0 +1,53 @@
+"""Worker-side client of the key-release protocol (runs inside the attested worker)."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import httpx
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
+from attestation.bundle import EvidenceBundle, RuntimeData
+from key_broker.errors import ReleaseRefused
+from key_broker.sealing import open_sealed, raw_public_key, release_info
+
+
+@dataclass(frozen=True)
+class ReleasedKey:
+    data_key: bytes
+    token: str
+    token_id: str
+    bundle: EvidenceBundle
+    receipt: dict
+
+
+def _post(client: httpx.Client, path: str, body: dict | None = None) -> dict:
+    response = client.post(path, json=body or {})
+    if response.status_code == 403:
+        raise ReleaseRefused("the key broker refused the request")
+    response.raise_for_status()
+    return response.json()
+
+
+def obtain_data_key(
+    client: httpx.Client,
+    *,
+    tenant: str,
+    model: str,
+    version: str,
+    make_bundle: Callable[[RuntimeData], EvidenceBundle],
+) -> ReleasedKey:
+    """Challenge -> evidence bound to a fresh HPKE key -> token -> sealed data key -> open it."""
+    ephemeral = X25519PrivateKey.generate()
+    challenge = _post(client, "/v1/challenge")
+    runtime = RuntimeData(nonce=bytes.fromhex(challenge["nonce"]), hpke_public_key=raw_public_key(ephemeral))
+    bundle = make_bundle(runtime)
+    scope = {"tenant": tenant, "model": model, "version": version}
+    token = _post(client, "/v1/attest", {"session_id": challenge["session_id"], "evidence": bundle.to_json(),
+                                         **scope})["token"]
+    released = _post(client, "/v1/key", {"token": token, **scope})
+    data_key = open_sealed(base64.b64decode(released["sealed_key"]), ephemeral,
+                           release_info(tenant, model, version, released["token_id"]))
+    return ReleasedKey(data_key, token, released["token_id"], bundle, released["receipt"])

@@ -1,0 +1,26 @@
+"""One error tree for the key broker. At the HTTP edge every refusal becomes one opaque error."""
+
+
+class KeyBrokerError(Exception):
+    """Base of every key broker failure."""
+
+
+class ReleaseRefused(KeyBrokerError):
+    """A challenge, attestation or key request was refused. The precise reason goes to the audit log
+    only; callers see the same opaque refusal for every cause."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(reason)
+
+
+class KeyStoreError(KeyBrokerError):
+    """The key store cannot perform an operation (unknown tenant, revoked key, corrupt entry)."""
+
+
+class TenantKeyRevoked(KeyStoreError):
+    """The tenant's key was revoked: no new releases."""
+
+
+class InvalidName(KeyBrokerError, ValueError):
+    """A tenant, model or version name is not of the allowed form."""

@@ -1,0 +1,200 @@
+"""Key stores: tenant key-encryption keys (KEKs) that wrap per-model-version data keys.
+
+LocalKeyStore (the default) keeps each tenant's KEK encrypted under a master key, in 0600 files
+written atomically. Data keys are stored only wrapped; the context (tenant, model, version) is the
+AEAD's associated data, so a wrapped key cannot be moved to another model.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+from key_broker.errors import KeyStoreError, TenantKeyRevoked
+from key_broker.fsutil import atomic_write
+from key_broker.names import check_name
+
+MASTER_KEY_ENV = "SEALED_MASTER_KEY"
+
+
+@dataclass(frozen=True)
+class DataKeyRecord:
+    tenant: str
+    model: str
+    version: str
+    key_id: str
+    wrapped: bytes
+    kek_version: int
+    signer: str | None
+    model_digest: str  # the signed plaintext digest of the package this key decrypts
+
+
+class KeyStore(Protocol):
+    def create_tenant_key(self, tenant: str) -> None: ...
+    def wrap(self, tenant: str, context: bytes, data_key: bytes) -> tuple[bytes, int]: ...
+    def unwrap(self, tenant: str, context: bytes, wrapped: bytes, kek_version: int) -> bytes: ...
+    def rotate_tenant_key(self, tenant: str) -> int: ...
+    def revoke_tenant_key(self, tenant: str) -> None: ...
+    def is_revoked(self, tenant: str) -> bool: ...
+
+
+def load_master_key(path: Path | None) -> bytes:
+    """The master key comes from SEALED_MASTER_KEY (hex) or a 0600 file (created when absent)."""
+    env = os.environ.get(MASTER_KEY_ENV)
+    if env:
+        key = bytes.fromhex(env.strip())
+    elif path is not None:
+        if not path.exists():
+            atomic_write(path, secrets.token_bytes(32).hex().encode())
+        key = bytes.fromhex(path.read_text().strip())
+    else:
+        raise KeyStoreError(f"no master key: set {MASTER_KEY_ENV} or give a master key file")
+    if len(key) != 32:
+        raise KeyStoreError("master key must be 32 bytes (64 hex characters)")
+    return key
+
+
+def data_key_context(tenant: str, model: str, version: str) -> bytes:
+    return f"sealed-dek-v1|{tenant}|{model}|{version}".encode()
+
+
+class LocalKeyStore:
+    def __init__(self, root: Path, master_key: bytes) -> None:
+        self._root = root
+        self._master = AESGCM(master_key)
+
+    def _kek_path(self, tenant: str) -> Path:
+        return self._root / "tenants" / check_name(tenant, "tenant") / "kek.json"
+
+    def _load(self, tenant: str) -> dict:
+        path = self._kek_path(tenant)
+        try:
+            return json.loads(path.read_text())
+        except FileNotFoundError as exc:
+            raise KeyStoreError(f"no key for tenant {tenant}") from exc
+        except (OSError, ValueError) as exc:
+            raise KeyStoreError(f"tenant key file unreadable: {exc}") from exc
+
+    def _save(self, tenant: str, doc: dict) -> None:
+        atomic_write(self._kek_path(tenant), json.dumps(doc, sort_keys=True).encode())
+
+    def _seal_kek(self, tenant: str, version: int, kek: bytes) -> str:
+        nonce = secrets.token_bytes(12)
+        ct = self._master.encrypt(nonce, kek, f"kek|{tenant}|{version}".encode())
+        return base64.b64encode(nonce + ct).decode()
+
+    def _kek(self, tenant: str, doc: dict, version: int) -> bytes:
+        try:
+            blob = base64.b64decode(doc["versions"][str(version)])
+            return self._master.decrypt(blob[:12], blob[12:], f"kek|{tenant}|{version}".encode())
+        except (KeyError, ValueError, InvalidTag) as exc:
+            raise KeyStoreError(f"tenant key version {version} unavailable") from exc
+
+    def create_tenant_key(self, tenant: str) -> None:
+        if self._kek_path(tenant).exists():
+            raise KeyStoreError(f"tenant {tenant} already has a key")
+        self._save(tenant, {"current": 1, "revoked": False,
+                            "versions": {"1": self._seal_kek(tenant, 1, secrets.token_bytes(32))}})
+
+    def has_tenant_key(self, tenant: str) -> bool:
+        return self._kek_path(tenant).exists()
+
+    def wrap(self, tenant: str, context: bytes, data_key: bytes) -> tuple[bytes, int]:
+        doc = self._load(tenant)
+        if doc["revoked"]:
+            raise TenantKeyRevoked(f"tenant {tenant} key is revoked")
+        version = int(doc["current"])
+        nonce = secrets.token_bytes(12)
+        return nonce + AESGCM(self._kek(tenant, doc, version)).encrypt(nonce, data_key, context), version
+
+    def unwrap(self, tenant: str, context: bytes, wrapped: bytes, kek_version: int) -> bytes:
+        doc = self._load(tenant)
+        if doc["revoked"]:
+            raise TenantKeyRevoked(f"tenant {tenant} key is revoked")
+        try:
+            return AESGCM(self._kek(tenant, doc, kek_version)).decrypt(wrapped[:12], wrapped[12:], context)
+        except InvalidTag as exc:
+            raise KeyStoreError("wrapped data key does not authenticate in this context") from exc
+
+    def rotate_tenant_key(self, tenant: str) -> int:
+        doc = self._load(tenant)
+        if doc["revoked"]:
+            raise TenantKeyRevoked(f"tenant {tenant} key is revoked")
+        version = int(doc["current"]) + 1
+        doc["versions"][str(version)] = self._seal_kek(tenant, version, secrets.token_bytes(32))
+        doc["current"] = version
+        self._save(tenant, doc)
+        return version
+
+    def retire_versions_below(self, tenant: str, version: int) -> None:
+        doc = self._load(tenant)
+        doc["versions"] = {v: blob for v, blob in doc["versions"].items() if int(v) >= version}
+        self._save(tenant, doc)
+
+    def revoke_tenant_key(self, tenant: str) -> None:
+        doc = self._load(tenant)
+        doc["revoked"] = True
+        self._save(tenant, doc)
+
+    def is_revoked(self, tenant: str) -> bool:
+        return bool(self._load(tenant)["revoked"])
+
+
+class DataKeyRegistry:
+    """Wrapped data keys per (tenant, model, version), one 0600 JSON file each."""
+
+    def __init__(self, root: Path, keystore: KeyStore) -> None:
+        self._root = root
+        self._keystore = keystore
+
+    def _path(self, tenant: str, model: str, version: str) -> Path:
+        return (self._root / "datakeys" / check_name(tenant, "tenant") / check_name(model, "model")
+                / f"{check_name(version, 'version')}.json")
+
+    def register(self, tenant: str, model: str, version: str, data_key: bytes, key_id: str,
+                 signer: str | None, model_digest: str) -> DataKeyRecord:
+        wrapped, kek_version = self._keystore.wrap(tenant, data_key_context(tenant, model, version), data_key)
+        record = DataKeyRecord(tenant, model, version, key_id, wrapped, kek_version, signer, model_digest)
+        self._write(record)
+        return record
+
+    def _write(self, r: DataKeyRecord) -> None:
+        doc = {"key_id": r.key_id, "wrapped": base64.b64encode(r.wrapped).decode(),
+               "kek_version": r.kek_version, "signer": r.signer, "model_digest": r.model_digest}
+        atomic_write(self._path(r.tenant, r.model, r.version), json.dumps(doc, sort_keys=True).encode())
+
+    def get(self, tenant: str, model: str, version: str) -> DataKeyRecord:
+        try:
+            doc = json.loads(self._path(tenant, model, version).read_text())
+        except FileNotFoundError as exc:
+            raise KeyStoreError(f"no data key for {tenant}/{model}/{version}") from exc
+        return DataKeyRecord(tenant, model, version, doc["key_id"], base64.b64decode(doc["wrapped"]),
+                             int(doc["kek_version"]), doc.get("signer"), str(doc["model_digest"]))
+
+    def data_key(self, tenant: str, model: str, version: str) -> tuple[bytes, DataKeyRecord]:
+        record = self.get(tenant, model, version)
+        key = self._keystore.unwrap(tenant, data_key_context(tenant, model, version), record.wrapped,
+                                    record.kek_version)
+        return key, record
+
+    def records(self, tenant: str) -> list[DataKeyRecord]:
+        base = self._root / "datakeys" / check_name(tenant, "tenant")
+        return [self.get(tenant, p.parent.name, p.stem) for p in sorted(base.glob("*/*.json"))]
+
+    def rewrap_all(self, tenant: str) -> int:
+        """After a rotation: re-wrap every data key of the tenant under the current KEK version."""
+        count = 0
+        for record in self.records(tenant):
+            key, _ = self.data_key(tenant, record.model, record.version)
+            self.register(tenant, record.model, record.version, key, record.key_id, record.signer,
+                          record.model_digest)
+            count += 1
+        return count

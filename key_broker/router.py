@@ -1,0 +1,67 @@
+"""HTTP routes of the key broker. Every refusal is the same opaque 403."""
+
+from __future__ import annotations
+
+import base64
+
+from fastapi import APIRouter, Depends
+from fastapi.responses import JSONResponse
+
+from attestation.bundle import EvidenceBundle
+from attestation.errors import ParseError
+from key_broker.dependencies import get_service
+from key_broker.errors import ReleaseRefused
+from key_broker.schemas import AttestRequest, AttestResponse, ChallengeResponse, KeyRequest, KeyResponse
+from key_broker.service import KeyBrokerService
+
+router = APIRouter()
+
+REFUSED = {"error": {"type": "refused", "message": "request refused"}}
+
+
+def refused() -> JSONResponse:
+    return JSONResponse(status_code=403, content=REFUSED)
+
+
+@router.post("/v1/challenge", response_model=ChallengeResponse)
+def challenge(service: KeyBrokerService = Depends(get_service)) -> ChallengeResponse | JSONResponse:
+    try:
+        c = service.challenge()
+    except ReleaseRefused:
+        return refused()
+    return ChallengeResponse(session_id=c.session_id, nonce=c.nonce.hex(), expires_at=c.expires_at.isoformat())
+
+
+@router.post("/v1/attest", response_model=AttestResponse)
+def attest(body: AttestRequest, service: KeyBrokerService = Depends(get_service)) -> AttestResponse | JSONResponse:
+    try:
+        bundle = EvidenceBundle.from_json(body.evidence)
+    except ParseError:
+        return JSONResponse(status_code=400, content={"error": {"type": "invalid_request",
+                                                                "message": "malformed evidence bundle"}})
+    try:
+        token = service.attest(session_id=body.session_id, bundle=bundle, tenant=body.tenant,
+                               model=body.model, version=body.version)
+    except ReleaseRefused:
+        return refused()
+    return AttestResponse(token=token)
+
+
+@router.post("/v1/key", response_model=KeyResponse)
+def key(body: KeyRequest, service: KeyBrokerService = Depends(get_service)) -> KeyResponse | JSONResponse:
+    try:
+        sealed = service.release(token=body.token, tenant=body.tenant, model=body.model, version=body.version)
+    except ReleaseRefused:
+        return refused()
+    return KeyResponse(sealed_key=base64.b64encode(sealed.sealed).decode(), token_id=sealed.token_id,
+                       receipt=sealed.receipt)
+
+
+@router.get("/.well-known/jwks.json")
+def jwks(service: KeyBrokerService = Depends(get_service)) -> dict:
+    return service.issuer.jwks()
+
+
+@router.get("/healthz")
+def healthz() -> dict:
+    return {"status": "ok"}

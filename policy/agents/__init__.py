@@ -1,0 +1,16 @@
+"""Agent controls: tool allowlists, argument constraints, call caps, approvals, kill switch."""
+
+from policy.agents.tools import (
+    KillSwitch,
+    SessionState,
+    ToolCall,
+    ToolCallVerdict,
+    ToolCallVerdicts,
+    check_tool_calls,
+)
+from policy.agents.urls import UrlRejected, check_url, normalize_host
+
+__all__ = [
+    "KillSwitch", "SessionState", "ToolCall", "ToolCallVerdict", "ToolCallVerdicts", "UrlRejected",
+    "check_tool_calls", "check_url", "normalize_host",
+]

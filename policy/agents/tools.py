@@ -1,0 +1,158 @@
+"""Tool-call checks the worker runs before an answer (with tool calls) leaves the trust boundary.
+
+Facts come from Python (argument schema, URL allowlist, call counts, kill switch); the decision
+comes from Cedar: ``call_tool`` says whether the call may happen at all, ``auto_execute`` whether
+it may happen without a human approving it first.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import jsonschema
+
+from policy.agents.urls import UrlRejected, check_url
+from policy.decision import Decision
+from policy.engine import authorize, uid
+from policy.model import ToolRule
+from policy.policyset import PolicySet
+
+ALLOW, DENY, REQUIRES_APPROVAL = "allow", "deny", "requires_approval"
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    name: str
+    arguments: Mapping[str, Any] | str  # OpenAI sends a JSON string; parsed here, never trusted
+
+
+@dataclass(frozen=True)
+class ToolCallVerdict:
+    call: ToolCall
+    outcome: str  # "allow" | "deny" | "requires_approval" (not executed until a human approves)
+    decision: Decision
+    details: tuple[str, ...] = ()  # validator findings (field paths, rejected host), no argument values
+
+
+@dataclass(frozen=True)
+class ToolCallVerdicts:
+    verdicts: tuple[ToolCallVerdict, ...]
+
+    @property
+    def all_allowed(self) -> bool:
+        return all(v.outcome == ALLOW for v in self.verdicts)
+
+    def by_outcome(self, outcome: str) -> list[ToolCallVerdict]:
+        return [v for v in self.verdicts if v.outcome == outcome]
+
+
+class SessionState:
+    """Per agent session: tool calls counted so far. Thread-safe; lives as long as the session."""
+
+    def __init__(self, session_id: str, calls: int = 0) -> None:
+        self.session_id = session_id
+        self._calls = calls
+        self._lock = threading.Lock()
+
+    @property
+    def calls(self) -> int:
+        with self._lock:
+            return self._calls
+
+    def reserve(self, n: int) -> int:
+        """Count ``n`` more calls; returns the count before them (atomic across threads)."""
+        with self._lock:
+            before = self._calls
+            self._calls += n
+            return before
+
+
+class KillSwitch:
+    """Agent keys switched off at runtime. A flip is visible to the very next check (no caching),
+    without publishing a new policy version."""
+
+    def __init__(self) -> None:
+        self._killed: set[str] = set()
+        self._lock = threading.Lock()
+
+    def kill(self, agent_key: str) -> None:
+        with self._lock:
+            self._killed.add(agent_key)
+
+    def revive(self, agent_key: str) -> None:
+        with self._lock:
+            self._killed.discard(agent_key)
+
+    def is_killed(self, agent_key: str) -> bool:
+        with self._lock:
+            return agent_key in self._killed
+
+
+@functools.lru_cache(maxsize=1024)
+def _validator(schema_json: str) -> jsonschema.protocols.Validator:
+    schema = json.loads(schema_json)
+    cls = jsonschema.validators.validator_for(schema)
+    return cls(schema)
+
+
+def _check_args(rule: ToolRule | None, arguments: Mapping[str, Any] | str) -> tuple[bool, bool, list[str]]:
+    """(args_valid, urls_allowed, details). Unknown tools pass here; the policy denies them."""
+    if rule is None:
+        return True, True, []
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except ValueError:
+            return False, True, ["arguments are not valid JSON"]
+    if not isinstance(arguments, Mapping):
+        return False, True, ["arguments must be a JSON object"]
+    details: list[str] = []
+    args_valid = True
+    if rule.args_schema is not None:
+        validator = _validator(json.dumps(rule.args_schema, sort_keys=True))
+        for err in validator.iter_errors(dict(arguments)):
+            args_valid = False
+            details.append(f"schema: {'/'.join(map(str, err.absolute_path)) or '<root>'}: {err.validator}")
+    urls_allowed = True
+    for name in rule.url_args:
+        if name not in arguments:
+            continue
+        try:
+            check_url(arguments[name], rule.allowed_domains)
+        except UrlRejected as exc:
+            urls_allowed = False
+            details.append(f"url {name}: {exc}")
+    return args_valid, urls_allowed, details
+
+
+def check_tool_calls(policy_set: PolicySet, agent_key: str, session_state: SessionState,
+                     tool_calls: Sequence[ToolCall], *,
+                     kill_switch: KillSwitch | None = None) -> ToolCallVerdicts:
+    """One verdict per call, in order. Every call counts against the request and session caps,
+    denied ones included, so a looping agent cannot probe forever."""
+    agent = policy_set.agents.get(agent_key)
+    before = session_state.reserve(len(tool_calls))
+    killed = kill_switch.is_killed(agent_key) if kill_switch is not None else False
+    entities = [{"uid": uid("Agent", agent_key), "attrs": {}, "parents": [uid("Tenant", policy_set.tenant)]}]
+    out: list[ToolCallVerdict] = []
+    for index, call in enumerate(tool_calls):
+        rule = agent.tools.get(call.name) if agent else None
+        args_valid, urls_allowed, details = _check_args(rule, call.arguments)
+        context = {"killed": killed, "args_valid": args_valid, "urls_allowed": urls_allowed,
+                   "request_calls": index + 1, "session_calls": before + index + 1}
+        common: dict[str, Any] = {"policy_id": policy_set.policy_id, "version": policy_set.version,
+                                  "principal": uid("Agent", agent_key), "resource": uid("Tool", call.name),
+                                  "context": context, "entities": entities}
+        decision = authorize(policy_set.compiled, action="call_tool", **common)
+        outcome = ALLOW if decision.allowed else DENY
+        if decision.allowed:
+            auto = authorize(policy_set.compiled, action="auto_execute", **common)
+            if not auto.allowed:
+                outcome, decision = REQUIRES_APPROVAL, auto
+        out.append(ToolCallVerdict(call, outcome, decision, tuple(details)))
+    return ToolCallVerdicts(tuple(out))

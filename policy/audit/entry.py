@@ -1,0 +1,146 @@
+"""One audit entry, its canonical encoding, hash and signature.
+
+An entry's hash covers every field except the hash and signature themselves, including the
+previous entry's hash, so editing, deleting, inserting or reordering any entry breaks the chain.
+The component signs the hash with its Ed25519 key, so a writer without the key cannot re-forge
+the chain after an edit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from types import MappingProxyType
+from typing import Any
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+FORMAT_VERSION = 1
+GENESIS = "0" * 64
+_DOMAIN = b"sealed-audit-entry-v1\x00"  # domain separation: an entry hash is never a checkpoint hash
+
+MetaValue = str | int | float | bool | None
+
+# Entries hold decisions and metadata only. These names are refused so that a careless caller
+# cannot put a prompt, completion or key into the log; long strings are refused for the same reason.
+_FORBIDDEN_KEY_PARTS = ("prompt", "completion", "message", "content", "secret", "password",
+                        "passphrase", "private", "plaintext", "data_key", "credential")
+_FORBIDDEN_KEYS = frozenset({"key", "text", "input", "output", "body", "api_key", "token"})
+_KEY_RE = re.compile(r"^[a-z0-9_.-]{1,64}$")
+MAX_META_STR = 256
+MAX_REASON = 512
+MAX_META_KEYS = 32
+
+
+def validate_metadata(metadata: Mapping[str, MetaValue] | None) -> dict[str, MetaValue]:
+    """A checked copy of ``metadata``; raises ValueError for anything that may carry content."""
+    if metadata is None:
+        return {}
+    if len(metadata) > MAX_META_KEYS:
+        raise ValueError(f"at most {MAX_META_KEYS} metadata keys")
+    out: dict[str, MetaValue] = {}
+    for key, value in metadata.items():
+        if not isinstance(key, str) or not _KEY_RE.match(key):
+            raise ValueError(f"metadata key {key!r} must match {_KEY_RE.pattern}")
+        if key in _FORBIDDEN_KEYS or any(part in key for part in _FORBIDDEN_KEY_PARTS):
+            raise ValueError(f"metadata key {key!r} may carry content or secrets; not logged")
+        if value is not None and not isinstance(value, str | int | float | bool):
+            raise ValueError(f"metadata value for {key!r} must be a scalar")
+        if isinstance(value, float) and value != value:  # NaN has no stable JSON form
+            raise ValueError(f"metadata value for {key!r} is NaN")
+        if isinstance(value, str) and (len(value) > MAX_META_STR or "-----BEGIN" in value):
+            raise ValueError(f"metadata value for {key!r} is too long or looks like key material")
+        out[key] = value
+    return out
+
+
+def canonical(obj: Mapping[str, Any]) -> bytes:
+    """Deterministic JSON: sorted keys, no spaces, ASCII only."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True,
+                      allow_nan=False).encode("ascii")
+
+
+def format_ts(ts: datetime) -> str:
+    return ts.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def parse_ts(text: str) -> datetime:
+    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
+
+
+@dataclass(frozen=True)
+class AuditEntry:
+    """A decision record. ``index`` is its position in its own log file (== seq)."""
+
+    seq: int
+    ts: datetime
+    component: str
+    tenant: str
+    action: str
+    decision: str
+    reason: str
+    metadata: Mapping[str, MetaValue]
+    prev: str
+    hash: str
+    sig: str
+
+    def body(self) -> dict[str, Any]:
+        """Everything the hash covers."""
+        return {
+            "v": FORMAT_VERSION, "seq": self.seq, "ts": format_ts(self.ts),
+            "component": self.component, "tenant": self.tenant, "action": self.action,
+            "decision": self.decision, "reason": self.reason, "metadata": dict(self.metadata),
+            "prev": self.prev,
+        }
+
+    def to_json(self) -> str:
+        return canonical({**self.body(), "hash": self.hash, "sig": self.sig}).decode("ascii")
+
+
+def entry_hash(body: Mapping[str, Any]) -> bytes:
+    return hashlib.sha256(_DOMAIN + canonical(body)).digest()
+
+
+def make_entry(signer: Ed25519PrivateKey, *, seq: int, ts: datetime, component: str, tenant: str,
+               action: str, decision: str, reason: str, metadata: dict[str, MetaValue],
+               prev: str) -> AuditEntry:
+    """Build, hash and sign an entry (metadata must already be validated)."""
+    draft = AuditEntry(seq, ts, component, tenant, action, decision, reason,
+                       MappingProxyType(metadata), prev, "", "")
+    digest = entry_hash(draft.body())
+    return AuditEntry(seq, ts, component, tenant, action, decision, reason,
+                      MappingProxyType(metadata), prev, digest.hex(), signer.sign(digest).hex())
+
+
+def parse_entry(line: str) -> tuple[AuditEntry, dict[str, Any]]:
+    """Parse one JSONL line; returns the entry and the raw body (for re-hashing as written)."""
+    raw = json.loads(line)
+    if not isinstance(raw, dict):
+        raise ValueError("entry is not a JSON object")
+    if raw.get("v") != FORMAT_VERSION:
+        raise ValueError(f"unknown entry format version {raw.get('v')!r}")
+    expected = {"v", "seq", "ts", "component", "tenant", "action", "decision", "reason",
+                "metadata", "prev", "hash", "sig"}
+    if set(raw) != expected:
+        raise ValueError(f"entry fields {sorted(set(raw) ^ expected)} unexpected or missing")
+    body = {k: v for k, v in raw.items() if k not in ("hash", "sig")}
+    if not isinstance(raw["metadata"], dict) or not isinstance(raw["seq"], int):
+        raise ValueError("malformed entry fields")
+    entry = AuditEntry(raw["seq"], parse_ts(raw["ts"]), str(raw["component"]), str(raw["tenant"]),
+                       str(raw["action"]), str(raw["decision"]), str(raw["reason"]),
+                       MappingProxyType(raw["metadata"]), str(raw["prev"]), str(raw["hash"]),
+                       str(raw["sig"]))
+    return entry, body
+
+
+def check_signature(entry: AuditEntry, digest: bytes, key: Ed25519PublicKey) -> bool:
+    try:
+        key.verify(bytes.fromhex(entry.sig), digest)
+    except (InvalidSignature, ValueError):
+        return False
+    return True

@@ -1,0 +1,221 @@
+"""The append-only audit log writer: hash-chained, signed entries with group-committed fsync.
+
+Durability (``fsync``):
+- ``"batch"`` (default): each append is written to the kernel at once (one ``write``), so a
+  killed process loses nothing it appended; a background flusher fsyncs at most every
+  ``batch_interval_s`` or after ``batch_max`` pending entries, so power loss loses at most that
+  window. ``flush()`` blocks until everything appended so far is on disk.
+- ``"group"``: ``append`` returns only after its entry is fsynced; concurrent appenders share one
+  fsync (group commit), so throughput grows with the number of writers.
+- ``"always"``: fsync inside every append (slow; for tests and paranoid deployments).
+Checkpoints are only ever published over fsynced entries, so a crash cannot leave a checkpoint
+that covers entries the log lost.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+from pathlib import Path
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from policy.audit.checkpoint import checkpoint_path, read_checkpoints, sign_checkpoint
+from policy.audit.entry import GENESIS, AuditEntry, MetaValue, make_entry, parse_entry, validate_metadata
+from policy.audit.merkle import CompactRange
+from policy.decision import Decision
+from policy.errors import AuditIntegrityError, PolicyError
+
+FSYNC_MODES = ("batch", "group", "always")
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+class AuditLog:
+    """One component's audit log file. Thread-safe; one writer process per file (flock)."""
+
+    def __init__(self, path: Path, signer: Ed25519PrivateKey, component: str, *, fsync: str = "batch",
+                 batch_interval_s: float = 0.05, batch_max: int = 512, checkpoint_every: int = 1000,
+                 checkpoint_interval_s: float = 60.0, clock: Callable[[], datetime] = _now) -> None:
+        if fsync not in FSYNC_MODES:
+            raise ValueError(f"fsync must be one of {FSYNC_MODES}")
+        if not component:
+            raise ValueError("component must be non-empty")
+        self.path = Path(path)
+        self.component = component
+        self._signer = signer
+        self._mode = fsync
+        self._interval = batch_interval_s
+        self._batch_max = batch_max
+        self._ckpt_every = checkpoint_every
+        self._ckpt_interval = checkpoint_interval_s
+        self._clock = clock
+        self._cond = threading.Condition(threading.Lock())
+        self._fsync_lock = threading.Lock()  # serializes fsync + checkpoint publication
+        self._range = CompactRange()
+        self._prev = GENESIS
+        self._closed = False
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            # Two writers on one file would fork the chain; refuse rather than corrupt.
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            self._recover()
+        except BaseException:
+            os.close(self._fd)
+            raise
+        self._written = self._synced = self._range.size
+        ckpts = read_checkpoints(self.path)
+        self._ckpt_size = ckpts[-1].tree_size if ckpts else 0
+        self._ckpt_time = time.monotonic()
+        self._flusher = threading.Thread(target=self._flush_loop, name=f"audit-{component}", daemon=True)
+        self._flusher.start()
+
+    def _recover(self) -> None:
+        """Continue an existing chain; drop a torn (newline-less) tail left by a crash mid-write."""
+        data = os.pread(self._fd, os.fstat(self._fd).st_size, 0)
+        end = data.rfind(b"\n") + 1
+        if end < len(data):
+            os.ftruncate(self._fd, end)
+            os.fsync(self._fd)
+        for index, line in enumerate(data[:end].splitlines()):
+            try:
+                entry, _ = parse_entry(line.decode("ascii"))
+            except (ValueError, UnicodeDecodeError) as exc:
+                raise AuditIntegrityError(index, f"unreadable entry: {exc}", str(self.path)) from exc
+            if entry.seq != index or entry.prev != self._prev:
+                raise AuditIntegrityError(index, "chain broken; refusing to append", str(self.path))
+            if entry.component != self.component:
+                raise PolicyError(f"{self.path} belongs to component {entry.component!r}")
+            self._range.push(bytes.fromhex(entry.hash))
+            self._prev = entry.hash
+        ckpts = read_checkpoints(self.path)
+        if ckpts and ckpts[-1].tree_size > self._range.size:
+            raise AuditIntegrityError(self._range.size, "log is shorter than its last checkpoint",
+                                      str(self.path))
+
+    def append(self, *, tenant: str, action: str, decision: str, reason: str = "",
+               metadata: Mapping[str, MetaValue] | None = None) -> AuditEntry:
+        """Record one decision; returns the signed entry. Raises ValueError for content-like metadata."""
+        meta = validate_metadata(metadata)
+        if len(reason) > 512:
+            raise ValueError("reason is limited to 512 characters (decisions, not content)")
+        with self._cond:
+            if self._closed:
+                raise PolicyError("audit log is closed")
+            entry = make_entry(self._signer, seq=self._range.size, ts=self._clock(),
+                               component=self.component, tenant=tenant, action=action,
+                               decision=decision, reason=reason, metadata=meta, prev=self._prev)
+            line = (entry.to_json() + "\n").encode("ascii")
+            # One write per entry: a kill -9 after it returns cannot lose the entry (it is in the
+            # kernel); a partial write can only be a torn tail, which _recover drops.
+            view = memoryview(line)
+            while view:
+                view = view[os.write(self._fd, view):]
+            self._range.push(bytes.fromhex(entry.hash))
+            self._prev = entry.hash
+            self._written += 1
+            target = self._written
+            if self._mode == "always":
+                os.fsync(self._fd)
+                self._synced = target
+            elif self._mode == "group" or target - self._synced >= self._batch_max:
+                self._cond.notify_all()  # wake the flusher now
+        if self._mode == "group":
+            with self._cond:
+                while self._synced < target and not self._closed:
+                    self._cond.wait()
+        return entry
+
+    def append_decision(self, *, tenant: str, action: str, decision: Decision,
+                        metadata: Mapping[str, MetaValue] | None = None) -> AuditEntry:
+        """Record a policy ``Decision`` with the policy id, version and rule that made it."""
+        meta: dict[str, MetaValue] = {**(metadata or {}), "policy_id": decision.policy_id,
+                                      "policy_version": decision.policy_version, "rule": decision.rule}
+        return self.append(tenant=tenant, action=action, decision=decision.verdict,
+                           reason="; ".join(decision.reasons)[:512], metadata=meta)
+
+    def _sync(self) -> None:
+        """fsync everything written so far; publish a checkpoint if one is due."""
+        with self._fsync_lock:
+            with self._cond:
+                target, root, head = self._written, self._range.root(), self._prev
+            os.fsync(self._fd)  # outside the entry lock: appenders keep going during the fsync
+            with self._cond:
+                self._synced = max(self._synced, target)
+                self._cond.notify_all()
+            due = target - self._ckpt_size >= self._ckpt_every or (
+                target > self._ckpt_size and time.monotonic() - self._ckpt_time >= self._ckpt_interval)
+            if due:
+                self._publish(target, root, head)
+
+    def _publish(self, size: int, root: bytes, head: str) -> None:
+        ckpt = sign_checkpoint(self._signer, component=self.component, log=self.path.name,
+                               tree_size=size, root=root, last_hash=head, ts=self._clock())
+        fd = os.open(checkpoint_path(self.path), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            os.write(fd, (ckpt.to_json() + "\n").encode("ascii"))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        self._ckpt_size, self._ckpt_time = size, time.monotonic()
+
+    def _flush_loop(self) -> None:
+        while True:
+            with self._cond:
+                if self._closed:
+                    return
+                pending = self._written - self._synced
+                if pending == 0 or (self._mode == "batch" and pending < self._batch_max):
+                    # Sleep until the batch window closes (or a full batch / group waiter wakes us).
+                    self._cond.wait(timeout=self._interval if pending else min(self._interval * 20, 1.0))
+                if self._closed:
+                    return
+                pending = self._written - self._synced
+            if pending or time.monotonic() - self._ckpt_time >= self._ckpt_interval:
+                self._sync()
+
+    def checkpoint(self) -> None:
+        """Fsync and publish a signed checkpoint now (e.g. before handing the log to an auditor)."""
+        with self._fsync_lock:
+            with self._cond:
+                size, root, head = self._written, self._range.root(), self._prev
+            os.fsync(self._fd)
+            with self._cond:
+                self._synced = max(self._synced, size)
+                self._cond.notify_all()
+            if size > self._ckpt_size:
+                self._publish(size, root, head)
+
+    def flush(self) -> None:
+        """Block until every entry appended so far is durable on disk."""
+        self._sync()
+
+    @property
+    def size(self) -> int:
+        with self._cond:
+            return self._written
+
+    def close(self) -> None:
+        """Flush, publish a final checkpoint, release the file. Idempotent."""
+        with self._cond:
+            if self._closed:
+                return
+        self.checkpoint()
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        self._flusher.join()
+        os.close(self._fd)
+
+    def __enter__(self) -> AuditLog:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,107 @@
+"""A tenant's whole policy: the typed sections plus custom Cedar rules, compiled once to Cedar."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from policy.engine import CedarPolicies, compile_cedar, validate_against_schema
+from policy.errors import PolicyInvalid
+from policy.model import AgentPolicy, DataPolicy, Limits, _check_keys, _frozen, _name
+from policy.release import ReleasePolicy
+from policy.schema import CEDAR_SCHEMA
+
+_KEYS = {"policy_id", "version", "tenant", "admission", "key_overrides", "agents", "data", "release", "cedar"}
+
+
+@dataclass(frozen=True)
+class PolicySet:
+    """Everything one tenant decided, at one version. Absent sections permit nothing."""
+
+    policy_id: str
+    version: int
+    tenant: str
+    admission: Limits | None = None
+    key_overrides: Mapping[str, Limits] = field(default_factory=dict)  # API key id -> override
+    agents: Mapping[str, AgentPolicy] = field(default_factory=dict)  # agent key id -> controls
+    data: DataPolicy | None = None
+    release: tuple[ReleasePolicy, ...] = ()
+    cedar: str = ""  # extra tenant rules: forbid-only, each with @id (they can narrow, never widen)
+
+    def __post_init__(self) -> None:
+        _name(self.policy_id, "policy_id")
+        _name(self.tenant, "tenant")
+        if type(self.version) is not int or self.version < 1:
+            raise PolicyInvalid("version must be a positive int")
+        for rp in self.release:
+            if rp.tenant != self.tenant:
+                raise PolicyInvalid(f"release policy {rp.policy_id} names another tenant")
+        object.__setattr__(self, "key_overrides", _frozen(self.key_overrides))
+        object.__setattr__(self, "agents", _frozen(self.agents))
+        if self.cedar.strip():
+            custom = compile_cedar(self.cedar)
+            if any(effect != "forbid" for effect in custom.effects.values()):
+                # A custom permit could re-open what a typed section closed; only forbids may be added.
+                raise PolicyInvalid("custom Cedar policies may only forbid")
+            validate_against_schema(self.cedar, CEDAR_SCHEMA)
+        self.compiled  # noqa: B018 - compile now so an invalid policy fails at upload, not at use
+
+    @functools.cached_property
+    def compiled(self) -> CedarPolicies:
+        """The Cedar form of the whole set (parsed once; cached on the frozen instance)."""
+        from policy.compile import compile_policy_set
+
+        return compile_cedar(compile_policy_set(self))
+
+    def limits_for(self, api_key: str) -> Limits:
+        """Effective admission limits for one API key (its override over the tenant default)."""
+        base = self.admission or Limits()
+        override = self.key_overrides.get(api_key)
+        return override.over(base) if override else base
+
+    def release_for(self, model: str, model_version: str) -> ReleasePolicy | None:
+        """The most specific release policy covering a model version (exact version first)."""
+        exact = [p for p in self.release if p.model == model and p.model_version == model_version]
+        anyv = [p for p in self.release if p.model == model and p.model_version is None]
+        return (exact or anyv or [None])[0]
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> PolicySet:
+        d = _check_keys(d, _KEYS, "policy set")
+        missing = {"policy_id", "version", "tenant"} - set(d)
+        if missing:
+            raise PolicyInvalid(f"missing policy set keys: {sorted(missing)}")
+        overrides = _check_keys(d.get("key_overrides", {}), set(d.get("key_overrides", {})), "overrides")
+        agents = _check_keys(d.get("agents", {}), set(d.get("agents", {})), "agents")
+        release = d.get("release", [])
+        if not isinstance(release, list):
+            raise PolicyInvalid("release must be a list")
+        cedar = d.get("cedar", "")
+        if not isinstance(cedar, str):
+            raise PolicyInvalid("cedar must be a string")
+        return cls(
+            policy_id=d["policy_id"], version=d["version"], tenant=d["tenant"],
+            admission=Limits.from_dict(d["admission"]) if d.get("admission") is not None else None,
+            key_overrides={_name(k, "API key id"): Limits.from_dict(v) for k, v in overrides.items()},
+            agents={_name(k, "agent key id"): AgentPolicy.from_dict(v) for k, v in agents.items()},
+            data=DataPolicy.from_dict(d["data"]) if d.get("data") is not None else None,
+            release=tuple(ReleasePolicy.from_dict(r) for r in release), cedar=cedar,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"policy_id": self.policy_id, "version": self.version, "tenant": self.tenant}
+        if self.admission is not None:
+            out["admission"] = self.admission.to_dict()
+        if self.key_overrides:
+            out["key_overrides"] = {k: v.to_dict() for k, v in sorted(self.key_overrides.items())}
+        if self.agents:
+            out["agents"] = {k: v.to_dict() for k, v in sorted(self.agents.items())}
+        if self.data is not None:
+            out["data"] = self.data.to_dict()
+        if self.release:
+            out["release"] = [r.to_dict() for r in self.release]
+        if self.cedar:
+            out["cedar"] = self.cedar
+        return out

@@ -1,0 +1,165 @@
+"""Key-release policy: may the key broker release a model's data key to this attested worker?
+
+The typed ``ReleasePolicy`` is what tenants write; ``evaluate_release`` appraises the verifier's
+facts against it. Default deny: every empty allow-set allows nothing, and every failing condition
+is listed in the decision's reasons so an operator sees all problems at once, not one per retry.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from types import MappingProxyType
+from typing import Any
+
+from policy.decision import Decision
+from policy.engine import CedarPolicies, authorize, compile_cedar, uid
+from policy.errors import PolicyInvalid
+
+log = logging.getLogger(__name__)
+
+KNOWN_TEES = frozenset({"snp", "tdx", "sim"})
+_HEX = frozenset("0123456789abcdef")
+
+
+def _frozen_map(m: Mapping[str, int]) -> Mapping[str, int]:
+    # A read-only copy: a caller mutating its dict later must not change a frozen policy.
+    return MappingProxyType(dict(m))
+
+
+@dataclass(frozen=True)
+class ReleasePolicy:
+    """A tenant's release policy for one model (optionally one version of it)."""
+
+    policy_id: str
+    version: int
+    tenant: str
+    model: str
+    model_version: str | None = None  # None = any version of the model
+    allowed_tee: frozenset[str] = frozenset()
+    allowed_measurements: frozenset[str] = frozenset()  # lower-case hex
+    min_tcb: Mapping[str, int] = field(default_factory=dict)
+    allow_debug: bool = False
+    require_gpu_cc: bool = False
+    required_signer: str | None = None
+    unsafe_allow_simulated_tee: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.policy_id or not self.tenant or not self.model:
+            raise PolicyInvalid("policy_id, tenant and model must be non-empty")
+        if type(self.version) is not int or self.version < 1:
+            raise PolicyInvalid(f"version must be a positive int, got {self.version!r}")
+        tees = frozenset(self.allowed_tee)
+        if not tees <= KNOWN_TEES:
+            raise PolicyInvalid(f"unknown TEE types {sorted(tees - KNOWN_TEES)}")
+        measurements = frozenset(m.lower() for m in self.allowed_measurements)
+        bad = [m for m in measurements if not m or not set(m) <= _HEX]
+        if bad:
+            raise PolicyInvalid(f"measurements must be hex: {sorted(bad)}")
+        for name, floor in self.min_tcb.items():
+            if type(floor) is not int or floor < 0:
+                raise PolicyInvalid(f"min_tcb[{name!r}] must be a non-negative int")
+        for flag in ("allow_debug", "require_gpu_cc", "unsafe_allow_simulated_tee"):
+            if type(getattr(self, flag)) is not bool:
+                raise PolicyInvalid(f"{flag} must be a bool")
+        object.__setattr__(self, "allowed_tee", tees)
+        object.__setattr__(self, "allowed_measurements", measurements)
+        object.__setattr__(self, "min_tcb", _frozen_map(self.min_tcb))
+        if self.unsafe_allow_simulated_tee:
+            log.warning("release policy %s v%s sets unsafe_allow_simulated_tee: simulated TEEs "
+                        "(no hardware protection) may receive keys", self.policy_id, self.version)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ReleasePolicy:
+        """Build from a JSON-shaped mapping; unknown keys are rejected (a typo must not widen access)."""
+        if not isinstance(d, Mapping):
+            raise PolicyInvalid("release policy must be a JSON object")
+        known = {f.name for f in fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise PolicyInvalid(f"unknown release policy keys: {sorted(unknown)}")
+        missing = {"policy_id", "version", "tenant", "model"} - set(d)
+        if missing:
+            raise PolicyInvalid(f"missing release policy keys: {sorted(missing)}")
+        args = dict(d)
+        for key in ("allowed_tee", "allowed_measurements"):
+            if key in args:
+                value = args[key]
+                if isinstance(value, str) or not all(isinstance(v, str) for v in value):
+                    raise PolicyInvalid(f"{key} must be a list of strings")
+                args[key] = frozenset(value)
+        if "min_tcb" in args and not isinstance(args["min_tcb"], Mapping):
+            raise PolicyInvalid("min_tcb must be an object")
+        for key in ("policy_id", "tenant", "model"):
+            if not isinstance(args[key], str):
+                raise PolicyInvalid(f"{key} must be a string")
+        for key in ("model_version", "required_signer"):
+            if args.get(key) is not None and not isinstance(args[key], str):
+                raise PolicyInvalid(f"{key} must be a string or null")
+        try:
+            return cls(**args)
+        except TypeError as exc:  # defensive: a field of the wrong shape
+            raise PolicyInvalid(str(exc)) from exc
+
+    @functools.cached_property
+    def compiled(self) -> CedarPolicies:
+        """This policy as parsed Cedar (compiled once per policy object)."""
+        from policy.compile import compile_release
+
+        return compile_cedar(compile_release(self))
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-shaped, sorted lists so the same policy always serializes (and signs) the same."""
+        return {
+            "policy_id": self.policy_id,
+            "version": self.version,
+            "tenant": self.tenant,
+            "model": self.model,
+            "model_version": self.model_version,
+            "allowed_tee": sorted(self.allowed_tee),
+            "allowed_measurements": sorted(self.allowed_measurements),
+            "min_tcb": dict(sorted(self.min_tcb.items())),
+            "allow_debug": self.allow_debug,
+            "require_gpu_cc": self.require_gpu_cc,
+            "required_signer": self.required_signer,
+            "unsafe_allow_simulated_tee": self.unsafe_allow_simulated_tee,
+        }
+
+
+@dataclass(frozen=True)
+class ReleaseFacts:
+    """What the verifier established about the requesting worker and the model it asks for."""
+
+    tenant: str
+    model: str
+    model_version: str
+    tee: str
+    measurement: str  # hex
+    debug: bool
+    tcb: Mapping[str, int]
+    gpu_cc: bool
+    insecure: bool
+    signer: str | None
+
+
+def _context(policy: ReleasePolicy, facts: ReleaseFacts) -> dict[str, Any]:
+    return {
+        "tenant": facts.tenant, "model": facts.model, "model_version": facts.model_version,
+        "tee": facts.tee, "measurement": facts.measurement.lower(), "debug": bool(facts.debug),
+        "tcb": {str(k): int(v) for k, v in facts.tcb.items()}, "gpu_cc": bool(facts.gpu_cc),
+        "insecure": bool(facts.insecure), "signer": facts.signer or "",
+    }
+
+
+def evaluate_release(policy: ReleasePolicy, facts: ReleaseFacts) -> Decision:
+    """Appraise ``facts`` against ``policy`` with the Cedar engine; never raises for a deny (call
+    ``.require()``). Every failing condition is one Cedar forbid, so all of them are listed."""
+    decision = authorize(policy.compiled, policy_id=policy.policy_id, version=policy.version,
+                         principal=uid("Tenant", facts.tenant), action="release",
+                         resource=uid("Model", facts.model), context=_context(policy, facts))
+    if decision.allowed and (facts.insecure or facts.tee == "sim"):
+        log.warning("releasing under %s v%s to a simulated TEE (unsafe_allow_simulated_tee)",
+                    policy.policy_id, policy.version)
+    return decision

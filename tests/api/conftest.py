@@ -1,0 +1,75 @@
+"""A real stack, started exactly as `sealed up` starts it, shared by the end-to-end tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from api.stack import DEMO_MODEL, free_port
+
+
+@dataclass(frozen=True)
+class RunningStack:
+    url: str
+    api_key: str
+    home: Path
+    tmpdir: Path
+    proc: subprocess.Popen
+
+
+def start_sealed_up(root: Path, timeout: float = 420.0) -> RunningStack:
+    home, tmpdir = root / "home", root / "tmp"
+    tmpdir.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    env = {**os.environ, "SEALED_HOME": str(home), "TMPDIR": str(tmpdir), "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "api.cli.main", "up", "--port", str(port)],
+        env=env, stdout=open(root / "up.log", "wb"), stderr=subprocess.STDOUT,  # noqa: SIM115
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"sealed up exited: {(root / 'up.log').read_text()[-3000:]}")
+        try:
+            if httpx.get(f"{url}/readyz", timeout=2.0).status_code == 200:
+                key = (home / "demo" / "api-key").read_text().strip()
+                return RunningStack(url, key, home, tmpdir, proc)
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    proc.kill()
+    raise TimeoutError("stack did not become ready")
+
+
+def stop_sealed_up(stack: RunningStack, timeout: float = 30.0) -> int:
+    stack.proc.send_signal(signal.SIGINT)
+    return stack.proc.wait(timeout)
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningStack]:
+    running = start_sealed_up(tmp_path_factory.mktemp("stack"))
+    yield running
+    if running.proc.poll() is None:
+        stop_sealed_up(running)
+
+
+@pytest.fixture()
+def model_id() -> str:
+    return DEMO_MODEL
+
+
+@pytest.fixture()
+def sealed_up():  # type: ignore[no-untyped-def]
+    """(start, stop) for tests that need their own `sealed up`."""
+    return start_sealed_up, stop_sealed_up

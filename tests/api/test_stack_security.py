@@ -1,0 +1,116 @@
+"""Security properties of the running stack: no plaintext on disk, refusal of unattested workers,
+no content in logs, clean shutdown."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any as RunningStack  # the `stack` fixture's type lives in conftest.py
+
+import httpx
+import openai
+import pytest
+
+from api.home import Home
+from api.stack import DEMO_MODEL, free_port, launch
+from api.tenant_tools import default_model_path
+from enclave_worker.engine.checkpoint import load_gguf
+
+PROMPT = "Please name the capital city of France, zebra-quartz."
+
+
+@pytest.fixture(scope="module")
+def weight_needles() -> list[bytes]:
+    """Bytes of known tensors as the worker holds them (fp32) and as the GGUF stores them."""
+    checkpoint = load_gguf(default_model_path())
+    needles = []
+    for name in ("model.layers.0.self_attn.q_proj.weight", "model.layers.7.mlp.down_proj.weight",
+                 "model.norm.weight"):
+        raw = checkpoint.tensors[name].contiguous().numpy().tobytes()
+        middle = len(raw) // 2
+        needles.append(raw[middle: middle + 64])
+    gguf = default_model_path().read_bytes()
+    needles.append(gguf[len(gguf) // 2: len(gguf) // 2 + 64])
+    return needles
+
+
+def _files_written(stack: RunningStack) -> list[Path]:
+    return [p for root in (stack.home, stack.tmpdir) for p in root.rglob("*") if p.is_file()]
+
+
+def test_no_plaintext_weights_in_any_file_the_stack_wrote(stack: RunningStack, weight_needles: list[bytes]) -> None:
+    files = _files_written(stack)
+    assert any(p.name == "payload.bin" for p in files), "the scan must cover the encrypted package"
+    for path in files:
+        data = path.read_bytes()
+        for needle in weight_needles:
+            assert needle not in data, f"plaintext weight bytes found in {path}"
+
+
+def test_logs_and_audit_hold_no_prompts_or_completions(stack: RunningStack) -> None:
+    client = openai.OpenAI(base_url=f"{stack.url}/v1", api_key=stack.api_key, max_retries=0)
+    answer = client.chat.completions.create(model=DEMO_MODEL, messages=[{"role": "user", "content": PROMPT}],
+                                            temperature=0, max_tokens=24).choices[0].message.content
+    completion_words = [w for w in answer.split() if len(w) > 6]
+    logs = [p for p in _files_written(stack) if p.suffix in (".log", ".jsonl")]
+    assert logs, "expected process logs and audit logs"
+    for path in logs:
+        text = path.read_text(errors="replace")
+        assert "zebra-quartz" not in text, f"prompt found in {path}"
+        for word in completion_words:
+            assert word not in text, f"completion text {word!r} found in {path}"
+
+
+def test_no_key_material_in_logs(stack: RunningStack) -> None:
+    secrets = [(stack.home / "broker" / "master.key").read_text().strip(), stack.api_key]
+    for path in _files_written(stack):
+        if path.suffix in (".log", ".jsonl"):
+            text = path.read_text(errors="replace")
+            for secret in secrets:
+                assert secret not in text, f"key material found in {path}"
+
+
+@pytest.fixture(scope="module")
+def refused_stack(stack: RunningStack, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    """A second deployment whose worker presents a measurement the release policy does not allow."""
+    root = tmp_path_factory.mktemp("refused")
+    shutil.copytree(stack.home, root, dirs_exist_ok=True,
+                    ignore=shutil.ignore_patterns("audit", "logs", "run"))
+    home = Home(root)
+    home.create()
+    running = launch(home, port=free_port(), unsafe_sim_measurement="ab" * 48)
+    yield home, running
+    running.stop()
+
+
+def test_worker_with_unallowed_measurement_gets_no_key_and_gateway_says_unavailable(refused_stack) -> None:  # type: ignore[no-untyped-def]
+    home, running = refused_stack
+    assert running.wait_ready(timeout=120) == "failed"
+    key = (home.root / "demo" / "api-key").read_text().strip()
+    client = openai.OpenAI(base_url=f"{running.gateway_url}/v1", api_key=key, max_retries=0, timeout=30)
+    started = time.monotonic()
+    with pytest.raises(openai.APIStatusError) as err:
+        client.chat.completions.create(model=DEMO_MODEL, messages=[{"role": "user", "content": "hi"}])
+    assert time.monotonic() - started < 10, "refusal must be prompt, not a hang"
+    assert err.value.status_code == 503
+    assert "model unavailable" in err.value.body["message"]
+    entries = [json.loads(line) for line in (home.audit / "key-broker.audit.jsonl").read_text().splitlines()]
+    assert any(e["action"] == "attest" and e["decision"] == "deny" and "measurement" in e["reason"]
+               for e in entries)
+    assert not any(e["action"] == "release" and e["decision"] == "allow" for e in entries)
+
+
+def test_ctrl_c_stops_every_process(stack: RunningStack, tmp_path: Path, sealed_up) -> None:  # type: ignore[no-untyped-def]
+    start_sealed_up, stop_sealed_up = sealed_up
+    shutil.copytree(stack.home, tmp_path / "home", ignore=shutil.ignore_patterns("audit", "logs", "run"))
+    running = start_sealed_up(tmp_path)
+    pids = json.loads((running.home / "run" / "pids.json").read_text())
+    assert stop_sealed_up(running) == 0
+    for name in ("key-broker", "worker", "gateway"):
+        with pytest.raises(ProcessLookupError):
+            os.kill(pids[name], 0)
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(f"{running.url}/healthz", timeout=2)

@@ -1,0 +1,37 @@
+"""Suite-wide fixtures and the opt-in markers (gpu, tee, online are skipped by default)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+_OPT_IN_MARKERS = ("gpu", "tee", "online")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    for marker in _OPT_IN_MARKERS:
+        parser.addoption(f"--run-{marker}", action="store_true", help=f"run tests marked {marker}")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for marker in _OPT_IN_MARKERS:
+        if config.getoption(f"--run-{marker}"):
+            continue
+        skip = pytest.mark.skip(reason=f"needs --run-{marker} ({marker} hardware or network)")
+        for item in items:
+            if marker in item.keywords:
+                item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def testvectors() -> Path:
+    """The shared real attestation evidence (../shared/testvectors/attestation beside the checkout)."""
+    env = os.environ.get("SEALED_TESTVECTORS")
+    path = Path(env) if env else REPO_ROOT.parent / "shared" / "testvectors" / "attestation"
+    if not path.is_dir():
+        pytest.skip(f"attestation test vectors not found at {path}; set SEALED_TESTVECTORS")
+    return path
