@@ -23,7 +23,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             continue
         skip = pytest.mark.skip(reason=f"needs --run-{marker} ({marker} hardware or network)")
         for item in items:
-            if marker in item.keywords:
+            if item.get_closest_marker(marker) is not None:
                 item.add_marker(skip)
 
 

@@ -1,8 +1,10 @@
 """NVIDIA Hopper GPU attestation report: SPDM 1.1 GET_MEASUREMENTS request + MEASUREMENTS response.
 
-Layout from DMTF DSP0274 (SPDM) 1.1.x, section 10.11 (GET_MEASUREMENTS table 39, MEASUREMENTS table
-41, measurement block table 43, DMTF measurement field table 45) and NVIDIA's opaque-data TLVs
-(nvtrust local_gpu_verifier, spdm_msrt_resp_msg.py). Every length is checked; nothing is skipped.
+Layout from DMTF DSP0274 (SPDM) 1.1, clause "GET_MEASUREMENTS request and MEASUREMENTS response
+messages" (cited below as [GM]: the request and response message tables, "Measurement block" and
+"DMTF measurement specification format"), plus NVIDIA's opaque-data TLVs (nvtrust local GPU
+verifier, spdm_msrt_resp_msg.py). Table numbers differ between 1.1.x errata, so clause names are
+cited. Every length is checked; nothing is skipped.
 """
 
 from __future__ import annotations
@@ -17,9 +19,9 @@ GET_MEASUREMENTS = 0xE0
 MEASUREMENTS = 0x60
 REQUEST_LEN = 37  # 4 header + 32 nonce + 1 SlotIDParam (present because a signature is requested)
 NONCE_LEN = 32
-SIGNATURE_LEN = 96  # ECDSA P-384 r||s, big-endian (SPDM 1.1 section 14: raw, not DER)
+SIGNATURE_LEN = 96  # ECDSA P-384 r||s, big-endian (DSP0274 1.1 "Signature generation": raw, not DER)
 SHA384_LEN = 48
-MAX_OPAQUE_LEN = 1024  # DSP0274 1.1 table 41: OpaqueLength shall not exceed 1024
+MAX_OPAQUE_LEN = 1024  # [GM] response table: OpaqueLength shall not exceed 1024
 # Trustee's CoCo sample (MANIFEST 3b) ends with exactly one 0x00 after the signature; the driver
 # pads its buffer. One zero byte is tolerated and nothing more, so appended data cannot hide.
 MAX_TRAILING_ZEROS = 1
@@ -41,7 +43,7 @@ FEATURE_FLAGS = {0: "SPT", 1: "MPT", 2: "PPCIE"}
 
 @dataclass(frozen=True)
 class MeasurementRequest:
-    """GET_MEASUREMENTS (DSP0274 1.1 table 39)."""
+    """GET_MEASUREMENTS request ([GM] request table)."""
 
     version: int
     code: int
@@ -53,7 +55,7 @@ class MeasurementRequest:
 
 @dataclass(frozen=True)
 class MeasurementBlock:
-    """One measurement block in DMTF format (tables 43 and 45)."""
+    """One measurement block ([GM] "Measurement block", "DMTF measurement specification format")."""
 
     index: int
     spec: int
@@ -156,7 +158,7 @@ def _ascii(value: bytes, name: str) -> str:
 
 
 def parse_request(data: bytes) -> MeasurementRequest:
-    """GET_MEASUREMENTS, DSP0274 1.1 section 10.11.1 table 39."""
+    """Step 1: GET_MEASUREMENTS request, [GM] request table, 37 bytes."""
     if len(data) != REQUEST_LEN:
         raise ParseError(f"GET_MEASUREMENTS request must be {REQUEST_LEN} bytes, got {len(data)}")
     version, code, param1, param2 = data[0], data[1], data[2], data[3]
@@ -164,10 +166,10 @@ def parse_request(data: bytes) -> MeasurementRequest:
         raise ParseError(f"request SPDMVersion 0x{version:02x}, expected 0x11")
     if code != GET_MEASUREMENTS:
         raise ParseError(f"request code 0x{code:02x} is not GET_MEASUREMENTS (0xe0)")
-    # Step: table 40, Param1 bit 0 = signature requested; without it the response is unsigned.
+    # Step 1a: [GM] request attributes, Param1 bit 0 = signature requested; else nothing is signed.
     if param1 != 0x01:
         raise ParseError(f"request Param1 0x{param1:02x}: a signed measurement (0x01) is required")
-    # Step: Param2 0xFF = all measurement blocks, the only mode NVIDIA's verifier appraises.
+    # Step 1b: Param2 0xFF = all measurement blocks, the only mode NVIDIA's verifier appraises.
     if param2 != 0xFF:
         raise ParseError(f"request Param2 0x{param2:02x}: all measurements (0xff) are required")
     slot = data[36]
@@ -177,7 +179,7 @@ def parse_request(data: bytes) -> MeasurementRequest:
 
 
 def _parse_blocks(record: bytes, count: int) -> tuple[MeasurementBlock, ...]:
-    """MeasurementRecord: `count` blocks (table 43), each a DMTF measurement field (table 45)."""
+    """Step 3: MeasurementRecord, `count` measurement blocks, each a DMTF measurement field ([GM])."""
     blocks: list[MeasurementBlock] = []
     seen: set[int] = set()
     off = 0
@@ -245,7 +247,7 @@ def parse_evidence(data: bytes) -> GpuEvidence:
     data = bytes(data)
     request = parse_request(data[:REQUEST_LEN])
     resp = data[REQUEST_LEN:]
-    # Step: MEASUREMENTS response, DSP0274 1.1 section 10.11.2 table 41, fixed 8-byte header.
+    # Step 2: MEASUREMENTS response header ([GM] response table), fixed 8 bytes.
     if len(resp) < 8:
         raise ParseError("evidence ends inside the MEASUREMENTS header")
     version, code, param1, param2, count = resp[0], resp[1], resp[2], resp[3], resp[4]
@@ -265,7 +267,7 @@ def parse_evidence(data: bytes) -> GpuEvidence:
         raise ParseError(f"MeasurementRecordLength {record_len} overruns the evidence")
     blocks = _parse_blocks(resp[off : off + record_len], count)
     off += record_len
-    # Step: 32-byte responder nonce, then OpaqueLength u16 and OpaqueData (table 41).
+    # Step 4: 32-byte responder nonce, then OpaqueLength u16 and OpaqueData ([GM] response table).
     if len(resp) - off < NONCE_LEN + 2:
         raise ParseError("evidence ends before the responder nonce and OpaqueLength")
     responder_nonce = bytes(resp[off : off + NONCE_LEN])
@@ -275,7 +277,7 @@ def parse_evidence(data: bytes) -> GpuEvidence:
         raise ParseError(f"OpaqueLength {opaque_len} exceeds the limit or the evidence")
     opaque = _parse_opaque(resp[off : off + opaque_len])
     off += opaque_len
-    # Step: signature (table 41, present because Param1 bit 0 was set), then tolerated padding.
+    # Step 5: Signature ([GM], present because Param1 bit 0 was set), then tolerated padding.
     if len(resp) - off < SIGNATURE_LEN:
         raise ParseError("evidence ends inside the 96-byte signature")
     signature = bytes(resp[off : off + SIGNATURE_LEN])

@@ -63,6 +63,7 @@ class Rim:
 
 @dataclass(frozen=True)
 class RimComparison:
+    kind: str  # "vbios" or "driver": nvtrust appraises a GPU against one RIM of each
     rim_version: str
     checked: tuple[int, ...]  # RIM (0-based) indices compared
     mismatched: tuple[int, ...]  # RIM indices whose report value is none of the alternatives
@@ -203,7 +204,7 @@ def verify_rim(
     )
 
 
-def compare_rim(rim: Rim, measurements: Mapping[int, bytes]) -> RimComparison:
+def compare_rim(rim: Rim, measurements: Mapping[int, bytes], kind: str = "vbios") -> RimComparison:
     """Every active RIM index i must equal one alternative at report block i + 1 (nvtrust rule)."""
     checked: list[int] = []
     mismatched: list[int] = []
@@ -212,5 +213,5 @@ def compare_rim(rim: Rim, measurements: Mapping[int, bytes]) -> RimComparison:
         value = measurements.get(index + 1)
         if value is None or value not in ref.alternatives:
             mismatched.append(index)
-    return RimComparison(rim.version, tuple(checked), tuple(mismatched))
+    return RimComparison(kind, rim.version, tuple(checked), tuple(mismatched))
 

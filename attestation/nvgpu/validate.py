@@ -137,9 +137,12 @@ def _gpu_violations(v: VerifiedGpu, claims: GpuClaims, policy: Policy) -> list[s
     elif not vb:
         out.append(f"{tag}: VBIOS version {claims.vbios_version} is not allowed")
     if policy.require_rim_match:
+        kinds = {r.kind for r in v.rim_results}
         if claims.rim_matched is None:
             out.append(f"{tag}: no RIM was provided to appraise the measurements")
-        elif not claims.rim_matched:
+        else:
+            out.extend(f"{tag}: no {k} RIM was provided" for k in ("driver", "vbios") if k not in kinds)
+        if claims.rim_matched is False:
             bad = [f"{r.rim_version} index {i}" for r in v.rim_results for i in r.mismatched]
             out.append(f"{tag}: measurements do not match the RIM ({', '.join(bad)})")
     if policy.expected_nonce is not None and claims.nonce != policy.expected_nonce:

@@ -128,7 +128,7 @@ def verify_gpu_evidence(
     if now.tzinfo is None:
         raise ValueError("now must be timezone-aware")
     checker = ocsp if ocsp is not None else OfflineOcspChecker()
-    # Step 1: parse request || MEASUREMENTS at exact offsets (DSP0274 1.1 10.11, tables 39/41).
+    # Step 1: parse request || MEASUREMENTS at exact offsets (DSP0274 1.1 GET_MEASUREMENTS clause).
     ev = evidence if isinstance(evidence, GpuEvidence) else parse_evidence(evidence)
     # Step 2: chain shape. A root alone cannot sign anything (trustee case 2).
     certs = list(chain)
@@ -144,12 +144,13 @@ def verify_gpu_evidence(
         raise ChainError(f"GPU certificate chain has {len(certs)} certificates, expected {CHAIN_LEN}")
     # Step 5: OCSP for every certificate below the root; REVOKED raises RevokedError.
     status = check_chain_ocsp(certs, checker, now)
-    # Step 6: SPDM 1.1 section 14 signature: ECDSA P-384 over SHA-384(request || response - sig).
+    # Step 6: DSP0274 1.1 measurement signature (L1/L2 transcript = request || response minus
+    # Signature), ECDSA P-384 with SHA-384, as NVIDIA negotiates.
     _check_signature(ev, certs[0])
     # Step 7: freshness, the requester's nonce (GET_MEASUREMENTS offset 4) is the one we issued.
-    if len(nonce) != NONCE_LEN:
+    if not isinstance(nonce, bytes) or len(nonce) != NONCE_LEN:
         raise FreshnessError(f"expected nonce must be {NONCE_LEN} bytes, got {len(nonce)}")
-    if not hmac.compare_digest(ev.nonce, nonce):
+    if not isinstance(nonce, bytes) or not hmac.compare_digest(ev.nonce, nonce):
         raise FreshnessError(f"GPU evidence nonce {ev.nonce.hex()} is not the expected {nonce.hex()}")
     # Step 8: the signed opaque FWID (type 20) binds this report to the leaf certificate's FWID.
     if ev.field("FWID") is None:
@@ -163,25 +164,33 @@ def verify_gpu_evidence(
         pinned_rim = list(rim_roots) if rim_roots is not None else load_pinned_roots(RIM_ROOT, roots_dir)
         for blob in rims:
             rim = verify_rim(blob, pinned_rim, now, checker)
-            _check_rim_applies(rim, ev)
+            kind = _rim_kind(rim, ev)
+            if any(r.kind == kind for r in results):
+                raise CollateralError(f"more than one {kind} RIM for one GPU")
             verified_rims.append(rim)
-            results.append(compare_rim(rim, ev.measurements))
+            results.append(compare_rim(rim, ev.measurements, kind))
             if rim.ocsp_status != OcspStatus.GOOD:
                 status = OcspStatus.UNKNOWN
+        # Driver and VBIOS RIMs own disjoint indices; an overlap means one could mask the other.
+        if len(verified_rims) == 2 and set(verified_rims[0].active()) & set(verified_rims[1].active()):
+            raise CollateralError("driver and VBIOS RIMs both claim the same measurement index")
     return VerifiedGpu(
         evidence=ev, chain=tuple(certs), ueid=str(certs[0].serial_number), ocsp_status=status,
         rims=tuple(verified_rims), rim_results=tuple(results),
     )
 
 
-def _check_rim_applies(rim: Rim, ev: GpuEvidence) -> None:
+def _rim_kind(rim: Rim, ev: GpuEvidence) -> str:
     """A RIM is for one VBIOS or driver version; appraising against another one is meaningless."""
     version = rim.version.upper()
-    if version not in (ev.vbios_version.upper(), ev.driver_version.upper()):
-        raise CollateralError(
-            f"RIM version {rim.version} is neither the report's VBIOS {ev.vbios_version} "
-            f"nor its driver {ev.driver_version}"
-        )
+    if version == ev.vbios_version.upper():
+        return "vbios"
+    if version == ev.driver_version.upper():
+        return "driver"
+    raise CollateralError(
+        f"RIM version {rim.version} is neither the report's VBIOS {ev.vbios_version} "
+        f"nor its driver {ev.driver_version}"
+    )
 
 
 def verify_gpu_list(

@@ -1,0 +1,75 @@
+"""Appraisal of attestation results against a relying party's typed, default-deny policy.
+
+Used by clients before they send a prompt (and by `sealed attest verify --policy`). The key broker
+appraises through policy.release instead, which adds tenant, model and signer conditions.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from attestation.errors import PolicyViolation
+
+log = logging.getLogger(__name__)
+
+_ACCEPTABLE_TCB_DEFAULT = frozenset({"UpToDate"})
+
+
+@dataclass(frozen=True)
+class AppraisalPolicy:
+    allowed_tee: frozenset[str] = frozenset()  # empty allows nothing
+    allowed_measurements: frozenset[str] = frozenset()  # lower-case hex; empty allows nothing
+    acceptable_tcb_status: frozenset[str] = _ACCEPTABLE_TCB_DEFAULT
+    min_tcb: Mapping[str, int] = field(default_factory=dict)
+    allow_debug: bool = False
+    require_gpu_cc: bool = False
+    unsafe_allow_simulated_tee: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "allowed_measurements", frozenset(m.lower() for m in self.allowed_measurements))
+        if self.unsafe_allow_simulated_tee:
+            log.warning("appraisal policy accepts the simulated TEE: no hardware protection")
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> AppraisalPolicy:
+        known = {f.name for f in fields(cls)}
+        unknown = set(doc) - known
+        if unknown:
+            raise PolicyViolation([f"unknown policy keys: {sorted(unknown)}"])
+        args: dict[str, Any] = dict(doc)
+        for key in ("allowed_tee", "allowed_measurements", "acceptable_tcb_status"):
+            if key in args:
+                args[key] = frozenset(args[key])
+        return cls(**args)
+
+
+def appraise(claims: Mapping[str, Any], policy: AppraisalPolicy) -> None:
+    """Raise PolicyViolation listing every violated condition; return only when all hold.
+
+    `claims` is an attestation token's claim set (see AttestationResult.token_claims).
+    """
+    violations: list[str] = []
+    tee = claims.get("tee")
+    if tee not in policy.allowed_tee:
+        violations.append(f"TEE {tee!r} is not allowed")
+    if str(claims.get("measurement", "")).lower() not in policy.allowed_measurements:
+        violations.append("measurement is not in the allowed set")
+    insecure = bool(claims.get("insecure")) or tee == "sim"
+    if insecure and not policy.unsafe_allow_simulated_tee:
+        violations.append("evidence comes from a simulated (insecure) TEE")
+    if not insecure and claims.get("tcb_status") not in policy.acceptable_tcb_status:
+        violations.append(f"TCB status {claims.get('tcb_status')!r} is not acceptable")
+    tcb = claims.get("tcb") or {}
+    for name, floor in sorted(policy.min_tcb.items()):
+        if int(tcb.get(name, -1)) < floor:
+            violations.append(f"TCB component {name} below {floor}")
+    if claims.get("debug") and not policy.allow_debug:
+        violations.append("debug mode is on")
+    gpus = claims.get("gpus") or []
+    if policy.require_gpu_cc and (not gpus or not all(g.get("cc_enabled") for g in gpus)):
+        violations.append("GPU confidential computing is not on for every GPU")
+    if violations:
+        raise PolicyViolation(violations)
