@@ -28,6 +28,7 @@ class VerifierTrust:
 
     roots_dir: Path | None = None
     sim_platform_key: Ed25519PublicKey | None = None
+    snp_fetcher: Any = None  # attestation.snp.CollateralFetcher (KDS, cached/offline); None: certs in bundle
 
 
 @dataclass(frozen=True)
@@ -85,7 +86,10 @@ def _verify_cpu(bundle: EvidenceBundle, now: dt.datetime, trust: VerifierTrust) 
     if bundle.tee == TeeType.SNP:
         from attestation import snp
 
-        return snp.claims_from_bundle(bundle, now=now, roots_dir=trust.roots_dir)
+        # The VCEK/VLEK (and optionally ASK/ARK) travel in the bundle; roots stay pinned here.
+        verified = snp.verify_report(bundle.cpu_evidence, now=now, certs=bundle.cpu_certificates,
+                                     roots_dir=trust.roots_dir, fetcher=trust.snp_fetcher)
+        return snp.to_claims(verified)
     if bundle.tee == TeeType.TDX:
         from attestation import tdx
 
