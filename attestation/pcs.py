@@ -53,14 +53,19 @@ def _json_top(data: bytes) -> dict[str, object] | None:
 
 def _crl_der(data: bytes) -> bytes | None:
     """The DER of a CRL given as DER, PEM or hex text (PCS has served all three), else None."""
+    candidates = [data]  # raw first: stripping "whitespace" would cut bytes off a DER signature
     text = data.strip()
-    if text and len(text) % 2 == 0 and set(text) <= _HEX:
-        text = bytes.fromhex(text.decode())
-    try:
-        crl = load_crl(text)
-    except AttestationError:
-        return None
-    return crl.public_bytes(Encoding.DER) if text.lstrip().startswith(b"-----") else text
+    if text.startswith(b"-----BEGIN"):
+        candidates = [text]
+    elif text and len(text) % 2 == 0 and set(text) <= _HEX:
+        candidates.append(bytes.fromhex(text.decode()))
+    for candidate in candidates:
+        try:
+            crl = load_crl(candidate)
+        except AttestationError:
+            continue
+        return crl.public_bytes(Encoding.DER)
+    return None
 
 
 def classify_collateral(data: bytes) -> CollateralKind:
@@ -168,16 +173,16 @@ class PcsFetcher:
     def tdx_collateral(self, fmspc: bytes, ca: str) -> Collateral:
         if ca not in _CA_CN:
             raise CollateralError(f"unknown PCK CA kind {ca!r}")
-        if not self.refresh or self.offline:
+        if self.offline:
+            # Missing CRLs are left for the verifier to refuse (or accept under unsafe_skip_crls).
+            return collateral_from_items(self._cached(), fmspc, ca)
+        if not self.refresh:
             try:
                 found = collateral_from_items(self._cached(), fmspc, ca)
-                if found.pck_crl is not None and found.root_crl is not None:
-                    return found
             except CollateralError:
-                if self.offline:
-                    raise
-        if self.offline:
-            raise CollateralError(f"offline: CRLs for FMSPC {fmspc.hex()} ({ca}) missing from the bundle")
+                found = None
+            if found is not None and found.pck_crl is not None and found.root_crl is not None:
+                return found
         return self._fetch(fmspc, ca)
 
     def _get(self, url: str, params: dict[str, str] | None, chain_header: str | None) -> tuple[bytes, bytes]:

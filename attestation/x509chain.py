@@ -67,8 +67,19 @@ def check_validity(cert: x509.Certificate, now: dt.datetime, what: str) -> None:
         raise ChainError(f"{what}: current time {now.isoformat()} is after {cert.not_valid_after_utc}")
 
 
+def check_is_ca(cert: x509.Certificate, what: str) -> None:
+    """An issuer must be a CA: otherwise a leaf's key could sign a forged certificate below it."""
+    try:
+        constraints = cert.extensions.get_extension_for_class(x509.BasicConstraints).value
+    except x509.ExtensionNotFound as exc:
+        raise ChainError(f"{what}: issuer has no BasicConstraints, so it is not a CA") from exc
+    if not constraints.ca:
+        raise ChainError(f"{what}: issuer is not a CA")
+
+
 def check_issued_by(child: x509.Certificate, issuer: x509.Certificate, what: str) -> None:
-    """Signature and name link from `child` to `issuer`; raises ChainError."""
+    """Signature and name link from `child` to `issuer` (which must be a CA); raises ChainError."""
+    check_is_ca(issuer, what)
     if child.issuer != issuer.subject:
         raise ChainError(f"{what}: issuer name does not match {issuer.subject.rfc4514_string()}")
     try:

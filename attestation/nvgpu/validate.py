@@ -109,7 +109,7 @@ def _version_ok(value: str, allowed: frozenset[str], minimum: str | None, key: A
     """True/False, or None when the policy has no constraint at all (default deny)."""
     if not allowed and minimum is None:
         return None
-    if value in allowed or value.upper() in allowed:
+    if value.upper() in {a.upper() for a in allowed}:  # VBIOS hex digits print in either case
         return True
     if minimum is None:
         return False

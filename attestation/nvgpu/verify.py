@@ -23,7 +23,7 @@ from attestation.errors import ChainError, CollateralError, FreshnessError, Pars
 from attestation.nvgpu.abi import NONCE_LEN, SIGNATURE_LEN, GpuEvidence, parse_evidence
 from attestation.nvgpu.rim import Rim, RimComparison, compare_rim, parse_rim, verify_rim
 from attestation.ocsp import OcspChecker, OcspStatus, OfflineOcspChecker, check_chain_ocsp
-from attestation.x509chain import load_pinned_roots, verify_chain
+from attestation.x509chain import load_pem_chain, load_pinned_roots, verify_chain
 
 DEVICE_ROOT = "nvidia_device_identity_ca.pem"
 RIM_ROOT = "nvidia_rim_root.pem"
@@ -114,7 +114,7 @@ def _check_signature(evidence: GpuEvidence, leaf: x509.Certificate) -> None:
 
 def verify_gpu_evidence(
     evidence: bytes | GpuEvidence,
-    chain: Sequence[x509.Certificate],
+    chain: Sequence[x509.Certificate] | bytes,
     *,
     nonce: bytes,
     now: dt.datetime,
@@ -131,7 +131,7 @@ def verify_gpu_evidence(
     # Step 1: parse request || MEASUREMENTS at exact offsets (DSP0274 1.1 GET_MEASUREMENTS clause).
     ev = evidence if isinstance(evidence, GpuEvidence) else parse_evidence(evidence)
     # Step 2: chain shape. A root alone cannot sign anything (trustee case 2).
-    certs = list(chain)
+    certs = load_pem_chain(chain) if isinstance(chain, bytes) else list(chain)
     if len(certs) < 2:
         raise ChainError("certificate chain must hold at least the root CA and the signing certificate")
     # Step 3: the leaf must be the FMC layer that carries the FWID extension (trustee case 4).
@@ -149,8 +149,8 @@ def verify_gpu_evidence(
     _check_signature(ev, certs[0])
     # Step 7: freshness, the requester's nonce (GET_MEASUREMENTS offset 4) is the one we issued.
     if not isinstance(nonce, bytes) or len(nonce) != NONCE_LEN:
-        raise FreshnessError(f"expected nonce must be {NONCE_LEN} bytes, got {len(nonce)}")
-    if not isinstance(nonce, bytes) or not hmac.compare_digest(ev.nonce, nonce):
+        raise FreshnessError(f"expected nonce must be {NONCE_LEN} bytes, got {nonce!r:.80}")
+    if not hmac.compare_digest(ev.nonce, nonce):
         raise FreshnessError(f"GPU evidence nonce {ev.nonce.hex()} is not the expected {nonce.hex()}")
     # Step 8: the signed opaque FWID (type 20) binds this report to the leaf certificate's FWID.
     if ev.field("FWID") is None:
@@ -194,7 +194,7 @@ def _rim_kind(rim: Rim, ev: GpuEvidence) -> str:
 
 
 def verify_gpu_list(
-    items: Sequence[tuple[bytes | GpuEvidence, Sequence[x509.Certificate]]],
+    items: Sequence[tuple[bytes | GpuEvidence, Sequence[x509.Certificate] | bytes]],
     *,
     nonce: bytes,
     now: dt.datetime,

@@ -214,14 +214,14 @@ def _parse_pck_chain(pem: bytes) -> tuple[x509.Certificate, ...]:
     if len(certs) != 3:
         raise ParseError(f"PCK chain must hold leaf, intermediate and root; got {len(certs)} certificates")
     for cert in certs:
-        _force_decode(cert)
+        force_decode(cert)
     canonical = b"".join(c.public_bytes(Encoding.PEM) for c in certs)
     if pem not in (canonical, canonical + b"\0"):
         raise ParseError("PCK certificate chain PEM is not in canonical form")
     return tuple(certs)
 
 
-def _force_decode(cert: x509.Certificate) -> None:
+def force_decode(cert: x509.Certificate) -> None:
     # cryptography decodes names, keys and extensions lazily; decode them now so a damaged
     # certificate is a ParseError here instead of a stray ValueError deep inside chain checks.
     try:

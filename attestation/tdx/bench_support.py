@@ -17,7 +17,7 @@ from pathlib import Path
 from cryptography import x509
 
 from attestation import x509chain
-from attestation.tdx import testpki
+from attestation.tdx import testcollateral, testpki
 from attestation.tdx.verify import INTEL_ROOT_FILE, Collateral, TdxVerifier, VerifiedQuote
 
 
@@ -34,7 +34,7 @@ def synthetic_case() -> TdxBenchCase:
     """A v5 (TDX 1.5 body) quote under a throwaway test PKI; needs no test vectors."""
     pki = testpki.make_pki()
     quote = testpki.build_quote(pki, version=5, body_type=3, tee_tcb_svn=bytes([6, 1, 4]) + bytes(13))
-    return TdxBenchCase("tdx-synthetic-v5", quote, testpki.NOW, testpki.collateral(pki), (pki.root,))
+    return TdxBenchCase("tdx-synthetic-v5", quote, testpki.NOW, testcollateral.collateral(pki), (pki.root,))
 
 
 def vector_case(testvectors: Path) -> TdxBenchCase:

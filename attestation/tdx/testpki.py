@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
-import json
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -22,7 +20,6 @@ from cryptography.x509.oid import NameOID
 
 from attestation.tdx import abi
 from attestation.tdx.pck import SGX_EXTENSIONS_OID
-from attestation.tdx.verify import Collateral
 
 T0 = dt.datetime(2025, 1, 1, tzinfo=dt.UTC)
 NOW = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
@@ -155,7 +152,7 @@ def make_pki(
     return TestPki(keys[0], root, keys[1], ca, keys[2], leaf, keys[3], tcb)
 
 
-def _rs(key: ec.EllipticCurvePrivateKey, data: bytes) -> bytes:
+def rs_sign(key: ec.EllipticCurvePrivateKey, data: bytes) -> bytes:
     r, s = utils.decode_dss_signature(key.sign(data, ec.ECDSA(hashes.SHA256())))
     return r.to_bytes(32, "big") + s.to_bytes(32, "big")
 
@@ -215,143 +212,6 @@ def build_quote(
     qe[320:384] = binding
     chain = pki.pck_chain_pem() + b"\0"
     inner = struct.pack("<H", len(qe_auth)) + qe_auth + struct.pack("<HI", 5, len(chain)) + chain
-    cert_data = bytes(qe) + _rs(pki.pck_key, bytes(qe)) + inner
-    sig_data = _rs(key, signed) + pub + struct.pack("<HI", 6, len(cert_data)) + cert_data
+    cert_data = bytes(qe) + rs_sign(pki.pck_key, bytes(qe)) + inner
+    sig_data = rs_sign(key, signed) + pub + struct.pack("<HI", 6, len(cert_data)) + cert_data
     return signed + struct.pack("<I", len(sig_data)) + sig_data + trailing
-
-
-def _level(status: str, date: str, advisories: Sequence[str], **tcb: Any) -> dict[str, Any]:
-    out: dict[str, Any] = {"tcb": tcb, "tcbDate": date, "tcbStatus": status}
-    if advisories:
-        out["advisoryIDs"] = list(advisories)
-    return out
-
-
-def _comps(svns: Sequence[int]) -> list[dict[str, int]]:
-    return [{"svn": s} for s in svns]
-
-
-def default_tcb_levels() -> list[dict[str, Any]]:
-    up = _level(
-        "UpToDate",
-        "2025-06-01T00:00:00Z",
-        [],
-        sgxtcbcomponents=_comps(SGX_COMPS),
-        pcesvn=13,
-        tdxtcbcomponents=_comps([3, 0, 4] + [0] * 13),
-    )
-    old = _level(
-        "OutOfDate",
-        "2024-01-01T00:00:00Z",
-        ["INTEL-SA-00001"],
-        sgxtcbcomponents=_comps((2, 2, 2, 2, 3, 1, 0, 3) + (0,) * 8),
-        pcesvn=11,
-        tdxtcbcomponents=_comps([2, 0, 2] + [0] * 13),
-    )
-    return [up, old]
-
-
-def default_module_identities() -> list[dict[str, Any]]:
-    levels = [
-        _level("UpToDate", "2025-06-01T00:00:00Z", [], isvsvn=6),
-        _level("OutOfDate", "2024-01-01T00:00:00Z", ["INTEL-SA-00002"], isvsvn=2),
-    ]
-    return [
-        {
-            "id": "TDX_01",
-            "mrsigner": "00" * 48,
-            "attributes": "00" * 8,
-            "attributesMask": "FF" * 8,
-            "tcbLevels": levels,
-        }
-    ]
-
-
-def _signed(key: ec.EllipticCurvePrivateKey, name: str, inner: dict[str, Any]) -> bytes:
-    body = json.dumps(inner, separators=(",", ":")).encode()
-    return b'{"' + name.encode() + b'":' + body + b',"signature":"' + _rs(key, body).hex().encode() + b'"}'
-
-
-def _ts(t: dt.datetime) -> str:
-    return t.strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def tcb_info(
-    pki: TestPki,
-    *,
-    issue: dt.datetime = NOW - dt.timedelta(days=10),
-    days: int = 30,
-    fmspc: bytes = FMSPC,
-    levels: list[dict[str, Any]] | None = None,
-    identities: list[dict[str, Any]] | None = None,
-    **overrides: Any,
-) -> bytes:
-    inner: dict[str, Any] = {
-        "id": "TDX",
-        "version": 3,
-        "issueDate": _ts(issue),
-        "nextUpdate": _ts(issue + dt.timedelta(days=days)),
-        "fmspc": fmspc.hex(),
-        "pceId": "0000",
-        "tcbType": 0,
-        "tcbEvaluationDataNumber": 18,
-        "tdxModule": {"mrsigner": "00" * 48, "attributes": "00" * 8, "attributesMask": "FF" * 8},
-        "tdxModuleIdentities": default_module_identities() if identities is None else identities,
-        "tcbLevels": default_tcb_levels() if levels is None else levels,
-    }
-    return _signed(pki.tcb_key, "tcbInfo", {**inner, **overrides})
-
-
-def qe_identity(
-    pki: TestPki,
-    *,
-    issue: dt.datetime = NOW - dt.timedelta(days=10),
-    days: int = 30,
-    mrsigner: bytes = QE_MRSIGNER,
-    **overrides: Any,
-) -> bytes:
-    levels = [
-        _level("UpToDate", "2025-06-01T00:00:00Z", [], isvsvn=7),
-        _level("OutOfDate", "2024-01-01T00:00:00Z", ["INTEL-SA-00003"], isvsvn=4),
-    ]
-    inner: dict[str, Any] = {
-        "id": "TD_QE",
-        "version": 2,
-        "issueDate": _ts(issue),
-        "nextUpdate": _ts(issue + dt.timedelta(days=days)),
-        "tcbEvaluationDataNumber": 18,
-        "miscselect": "00000000",
-        "miscselectMask": "FFFFFFFF",
-        "attributes": "11" + "00" * 15,
-        "attributesMask": "FBFFFFFFFFFFFFFF" + "00" * 8,
-        "mrsigner": mrsigner.hex().upper(),
-        "isvprodid": 2,
-        "tcbLevels": levels,
-    }
-    return _signed(pki.tcb_key, "enclaveIdentity", {**inner, **overrides})
-
-
-def crl(
-    issuer: x509.Certificate,
-    key: ec.EllipticCurvePrivateKey,
-    revoked: Sequence[int] = (),
-    issue: dt.datetime = NOW - dt.timedelta(days=10),
-    days: int = 30,
-) -> bytes:
-    b = x509.CertificateRevocationListBuilder().issuer_name(issuer.subject)
-    b = b.last_update(issue).next_update(issue + dt.timedelta(days=days))
-    for serial in revoked:
-        b = b.add_revoked_certificate(
-            x509.RevokedCertificateBuilder().serial_number(serial).revocation_date(issue).build()
-        )
-    return b.sign(key, hashes.SHA256()).public_bytes(serialization.Encoding.DER)
-
-
-def collateral(pki: TestPki, *, revoked_pck: bool = False, **kw: Any) -> Collateral:
-    return Collateral(
-        tcb_info=tcb_info(pki, **kw),
-        qe_identity=qe_identity(pki),
-        signing_chain=pki.signing_chain_pem(),
-        pck_crl=crl(pki.ca, pki.ca_key, [pki.pck.serial_number] if revoked_pck else []),
-        root_crl=crl(pki.root, pki.root_key),
-    )

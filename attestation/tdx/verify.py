@@ -21,12 +21,12 @@ from pathlib import Path
 from typing import Protocol
 
 from cryptography import x509
-from cryptography.exceptions import InvalidSignature
+from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec, utils
 
 from attestation import x509chain
-from attestation.errors import ChainError, CollateralError, ParseError, SignatureError
+from attestation.errors import ChainError, CollateralError, ParseError, RevokedError, SignatureError
 from attestation.tdx import abi, tcb
 from attestation.tdx import collateral as coll
 from attestation.tdx.pck import PckExtensions, pck_extensions
@@ -181,6 +181,8 @@ class TdxVerifier:
 
     def _signing_chain(self, pem: bytes, now: dt.datetime) -> list[x509.Certificate]:
         certs = x509chain.load_pem_chain(pem)
+        for cert in certs:
+            abi.force_decode(cert)  # malformed certificates become ParseError, not stray ValueErrors
         key = hashlib.sha256(pem).digest()
         window = self._chains.get(key)
         if window is None or not window.holds(now):
@@ -195,8 +197,11 @@ class TdxVerifier:
         hit = self._crls.get(key)
         if hit is not None and hit[1].holds(now):
             return hit[0]
-        crl = x509chain.load_crl(data)
-        x509chain.check_crl(crl, issuer, [], now)
+        try:
+            crl = x509chain.load_crl(data)
+            x509chain.check_crl(crl, issuer, [], now)
+        except (ValueError, TypeError, UnsupportedAlgorithm, x509.InvalidVersion) as exc:
+            raise ParseError(f"CRL is malformed: {exc}") from exc
         end = crl.next_update_utc or dt.datetime.max.replace(tzinfo=dt.UTC)
         self._crls[key] = (crl, _Window(crl.last_update_utc, end))
         return crl
@@ -219,7 +224,7 @@ class TdxVerifier:
         pck_crl = self._crl(c.pck_crl, inter, now)
         for crl, cert in ((root_crl, inter), (pck_crl, leaf), *((root_crl, s) for s in signing[:-1])):
             if crl.get_revoked_certificate_by_serial_number(cert.serial_number) is not None:
-                raise x509chain.RevokedError(f"certificate {cert.subject.rfc4514_string()} is revoked")
+                raise RevokedError(f"certificate {cert.subject.rfc4514_string()} is revoked")
         return True
 
     def _signed_json(

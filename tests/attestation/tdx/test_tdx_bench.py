@@ -1,0 +1,21 @@
+"""bench_support stays runnable (no timing assertions: the numbers are for `sealed bench attest`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from attestation.claims import TcbStatus
+from attestation.tdx import bench_support
+
+
+def test_synthetic_case_runs() -> None:
+    case = bench_support.synthetic_case()
+    verified = bench_support.prepare(case)()
+    assert verified.tcb is not None and verified.tcb.status is TcbStatus.UP_TO_DATE
+    stats = bench_support.measure(case, iterations=5, warmup=1)
+    assert set(stats) >= {"p50_ms", "p90_ms", "p99_ms", "mean_ms"}
+
+
+def test_vector_case_runs(testvectors: Path) -> None:
+    verified = bench_support.prepare(bench_support.vector_case(testvectors))()
+    assert verified.tcb is not None and verified.tcb.status is TcbStatus.UP_TO_DATE and verified.crls_checked
