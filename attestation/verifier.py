@@ -29,6 +29,7 @@ class VerifierTrust:
     roots_dir: Path | None = None
     sim_platform_key: Ed25519PublicKey | None = None
     snp_fetcher: Any = None  # attestation.snp.CollateralFetcher (KDS, cached/offline); None: certs in bundle
+    tdx_collateral: Any = None  # attestation.tdx.CollateralSource, e.g. attestation.pcs.PcsFetcher
 
 
 @dataclass(frozen=True)
@@ -93,7 +94,13 @@ def _verify_cpu(bundle: EvidenceBundle, now: dt.datetime, trust: VerifierTrust) 
     if bundle.tee == TeeType.TDX:
         from attestation import tdx
 
-        return tdx.claims_from_bundle(bundle, now=now, roots_dir=trust.roots_dir)
+        # The PCK chain is inside the quote; tcbInfo/qeIdentity/CRLs come from the verifier's own
+        # collateral source (Intel PCS, cached or offline), never from the attester.
+        if trust.tdx_collateral is None:
+            raise UnsupportedError("no TDX collateral source configured for this verifier")
+        verified = tdx.verify_quote(bundle.cpu_evidence, now=now, roots_dir=trust.roots_dir,
+                                    fetcher=trust.tdx_collateral)
+        return tdx.to_claims(verified)
     raise UnsupportedError(f"unknown TEE type {bundle.tee!r}")
 
 

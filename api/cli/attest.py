@@ -81,8 +81,17 @@ def inspect(
     raise typer.Exit(1)
 
 
+def detect() -> None:
+    """Say which TEEs this machine can attest with, and why the others are unavailable."""
+    from attestation.detect import detect as run_detect
+
+    for cap in run_detect():
+        typer.echo(f"{cap.tee:6} {'available  ' if cap.available else 'unavailable'}  {cap.reason}")
+
+
 def build() -> typer.Typer:
     app = typer.Typer(no_args_is_help=True, help="Verify and inspect attestation evidence.")
+    app.command("detect")(detect)
     app.command("verify")(verify)
     app.command("inspect")(inspect)
     return app
