@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -49,10 +50,9 @@ def _nvml_state(load_nvml: Callable[[], Any]) -> Capability:
     except Exception as exc:
         return Capability("nvgpu", False, f"GPU does not report CC state: {type(exc).__name__}")
     finally:
-        try:
+        # A shutdown failure after a failed query changes nothing we report.
+        with contextlib.suppress(Exception):
             nvml.nvmlShutdown()
-        except Exception:  # shutdown failure after a failed query changes nothing we report
-            pass
 
 
 def _default_nvml() -> Any:

@@ -10,8 +10,10 @@ import typer
 BENCH_DIR = Path(__file__).resolve().parents[2] / "tests" / "benchmarks"
 
 
-def bench(ctx: typer.Context, name: str = typer.Argument(..., help="engine | attest | keyrelease | load | policy | serve")
-          ) -> None:
+def bench(
+    ctx: typer.Context,
+    name: str = typer.Argument(..., help="engine | attest | keyrelease | load | policy | serve"),
+) -> None:
     """Run a benchmark; it writes JSON with --json FILE. Needs a source checkout."""
     script = BENCH_DIR / f"bench_{name}.py"
     if not script.exists():
