@@ -76,6 +76,7 @@ class AdmissionGate:
         """After the answer: give back the part of the reservation that was not used."""
         limits = policy_set.limits_for(facts.api_key)
         if limits.tokens_per_day is not None:
-            reserved = facts.context_tokens + facts.max_output_tokens
+            reserved = max(0, facts.context_tokens) + max(0, facts.max_output_tokens)
+            unused = reserved - min(max(0, used_tokens), reserved)  # never refund more than reserved
             self.limiter.refund(f"tpd:{policy_set.tenant}/{facts.api_key}",
-                                TokenBucketLimiter.per_day(limits.tokens_per_day), reserved - used_tokens)
+                                TokenBucketLimiter.per_day(limits.tokens_per_day), unused)

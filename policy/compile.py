@@ -17,10 +17,13 @@ if TYPE_CHECKING:
     from policy.release import ReleasePolicy
 
 
-def _rule(rule_id: str, effect: str, scope: str, cond: str | None = None, reason: str | None = None) -> str:
+def _rule(rule_id: str, effect: str, scope: str, cond: str | None = None, reason: str | None = None,
+          kind: str | None = None) -> str:
     notes = f"@id({cedar_str(rule_id)})"
     if reason:
         notes += f" @reason({cedar_str(reason)})"
+    if kind:
+        notes += f" @kind({cedar_str(kind)})"
     body = f"{effect}({scope})"
     if cond:
         body += f" when {{ {cond} }}"
@@ -58,6 +61,10 @@ def compile_admission(ps: PolicySet) -> str:
             value = getattr(ps.key_overrides[key], field_name)
             scope = f"principal == {cedar_uid('ApiKey', key)}, {act}, resource"
             out.append(_rule(f"admission.key.{key}.{short}", "forbid", scope, violated(value), reason))
+    # Negative counts would turn a budget reservation into a refund.
+    out.append(_rule("admission.invalid_request", "forbid", f"principal, {act}, resource",
+                     "context.context_tokens < 0 || context.max_output_tokens < 0",
+                     "token counts must not be negative"))
     # The limiter (stateful) reports; the policy decides and names the rule.
     out.append(_rule("admission.rate_limit", "forbid", f"principal, {act}, resource",
                      "context.rate_limited", "request rate limit exceeded"))
@@ -95,7 +102,6 @@ def compile_agents(ps: PolicySet) -> str:
         return ""
     tenant = cedar_uid("Tenant", ps.tenant)
     call = 'action == Action::"call_tool"'
-    auto = 'action == Action::"auto_execute"'
     out = [
         _rule("agent.kill_switch", "forbid", f"principal, {call}, resource", "context.killed",
               "agent key disabled by kill switch"),
@@ -103,7 +109,6 @@ def compile_agents(ps: PolicySet) -> str:
               "tool arguments violate the tool's schema"),
         _rule("agent.url_allowlist", "forbid", f"principal, {call}, resource", "!context.urls_allowed",
               "URL argument is not on the tool's domain allowlist"),
-        _rule("agent.auto", "permit", f"principal in {tenant}, {auto}, resource"),
     ]
     for key, agent in sorted(ps.agents.items()):
         who = f"principal == {cedar_uid('Agent', key)}"
@@ -112,7 +117,7 @@ def compile_agents(ps: PolicySet) -> str:
                              "agent key disabled by policy"))
         if agent.tools:
             out.append(_rule(f"agent.{key}.tools", "permit", f"{who}, {call}, resource",
-                             f"{_in_list('Tool', list(agent.tools))}.contains(resource)"))
+                             f"principal in {tenant} && {_in_list('Tool', list(agent.tools))}.contains(resource)"))
         out.append(_rule(f"agent.{key}.max_per_request", "forbid", f"{who}, {call}, resource",
                          f"context.request_calls > {agent.max_calls_per_request}",
                          "too many tool calls in this request"))
@@ -121,9 +126,11 @@ def compile_agents(ps: PolicySet) -> str:
                          "too many tool calls in this session"))
         approval = sorted(n for n, t in agent.tools.items() if t.requires_approval)
         if approval:
-            out.append(_rule(f"agent.{key}.approval", "forbid", f"{who}, {auto}, resource",
-                             f"{_in_list('Tool', approval)}.contains(resource)",
-                             "tool requires human approval"))
+            # @kind("approval"): a forbid a human can lift (context.approved), so the worker answers
+            # requires_approval instead of deny when it is the only thing in the way.
+            out.append(_rule(f"agent.{key}.approval", "forbid", f"{who}, {call}, resource",
+                             f"{_in_list('Tool', approval)}.contains(resource) && !context.approved",
+                             "tool requires human approval", kind="approval"))
     return "".join(out)
 
 

@@ -58,6 +58,7 @@ class CedarPolicies:
     reasons: Mapping[str, str]  # positional name -> @reason (or the @id when none)
     effects: Mapping[str, str]  # positional name -> "permit" | "forbid"
     order: Mapping[str, int]  # positional name -> index in text (first-listed rule wins ties)
+    kinds: Mapping[str, str]  # positional name -> @kind ("approval" marks forbids a human can lift)
 
 
 def compile_cedar(text: str, *, require_ids: bool = True) -> CedarPolicies:
@@ -74,6 +75,7 @@ def compile_cedar(text: str, *, require_ids: bool = True) -> CedarPolicies:
     reasons: dict[str, str] = {}
     effects: dict[str, str] = {}
     order: dict[str, int] = {}
+    kinds: dict[str, str] = {}
     seen: set[str] = set()
     for name, pol in statics.items():
         annotations = pol.get("annotations", {})
@@ -86,14 +88,23 @@ def compile_cedar(text: str, *, require_ids: bool = True) -> CedarPolicies:
         seen.add(pid)
         ids[name], effects[name] = pid, pol["effect"]
         reasons[name] = annotations.get("reason") or pid
+        kinds[name] = annotations.get("kind", "")
         order[name] = int(name[len("policy"):]) if name.startswith("policy") else len(order)
-    return CedarPolicies(text, handle, ids, reasons, effects, order)
+    return CedarPolicies(text, handle, ids, reasons, effects, order, kinds)
 
 
 def authorize(policies: CedarPolicies, *, policy_id: str, version: int, principal: dict[str, str],
               action: str, resource: dict[str, str], context: Mapping[str, Any],
               entities: list[dict[str, Any]] | None = None) -> Decision:
     """Evaluate one request. Fails closed: an evaluation error never turns into an allow."""
+    return evaluate(policies, policy_id=policy_id, version=version, principal=principal, action=action,
+                    resource=resource, context=context, entities=entities)[0]
+
+
+def evaluate(policies: CedarPolicies, *, policy_id: str, version: int, principal: dict[str, str],
+             action: str, resource: dict[str, str], context: Mapping[str, Any],
+             entities: list[dict[str, Any]] | None = None) -> tuple[Decision, frozenset[str]]:
+    """``authorize`` plus the ``@kind`` of every forbid that decided a deny (empty otherwise)."""
     request = {"principal": principal, "action": uid("Action", action), "resource": resource,
                "context": dict(context)}
     result = cedarpy.is_authorized(request, policies.handle, entities or [])
@@ -102,14 +113,17 @@ def authorize(policies: CedarPolicies, *, policy_id: str, version: int, principa
     if result.allowed:
         if errors:
             # A forbid that errored was skipped by Cedar; treat that as "might have forbidden".
-            return Decision(False, policy_id, version, EVALUATION_ERROR, errors)
+            return Decision(False, policy_id, version, EVALUATION_ERROR, errors), frozenset()
         rule = policies.ids.get(matched[0], matched[0]) if matched else DEFAULT_DENY
-        return Decision(True, policy_id, version, rule, ())
+        return Decision(True, policy_id, version, rule, ()), frozenset()
     forbids = [n for n in matched if policies.effects.get(n) == "forbid"]
     if not forbids:
-        return Decision(False, policy_id, version, DEFAULT_DENY, ("no permit policy matched", *errors))
+        # With errors the request may not even have been evaluated; say so rather than default-deny.
+        rule = EVALUATION_ERROR if errors else DEFAULT_DENY
+        return Decision(False, policy_id, version, rule, ("no permit policy matched", *errors)), frozenset()
     reasons = tuple(policies.reasons.get(n, n) for n in forbids) + errors
-    return Decision(False, policy_id, version, policies.ids.get(forbids[0], forbids[0]), reasons)
+    kinds = frozenset("error" if errors else policies.kinds.get(n, "") for n in forbids)
+    return Decision(False, policy_id, version, policies.ids.get(forbids[0], forbids[0]), reasons), kinds
 
 
 def validate_against_schema(text: str, schema: str) -> None:

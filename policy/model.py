@@ -7,6 +7,7 @@ and default-deny: a section that is absent permits nothing.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -116,6 +117,14 @@ class ToolRule:
             raise PolicyInvalid("requires_approval must be a bool")
         return cls(_name(name, "tool"), schema, tuple(url_args),
                    frozenset(x.lower().rstrip(".") for x in domains), d.get("requires_approval", False))
+
+    @functools.cached_property
+    def validator(self) -> Any:
+        """The compiled JSON Schema validator for the arguments (built once per rule), or None."""
+        if self.args_schema is None:
+            return None
+        schema = dict(self.args_schema)
+        return jsonschema.validators.validator_for(schema)(schema)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"requires_approval": self.requires_approval}

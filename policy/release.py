@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, fields
-from types import MappingProxyType
 from typing import Any
 
 from policy.decision import Decision
@@ -24,9 +23,32 @@ KNOWN_TEES = frozenset({"snp", "tdx", "sim"})
 _HEX = frozenset("0123456789abcdef")
 
 
-def _frozen_map(m: Mapping[str, int]) -> Mapping[str, int]:
-    # A read-only copy: a caller mutating its dict later must not change a frozen policy.
-    return MappingProxyType(dict(m))
+class FrozenMap(Mapping[str, int]):
+    """A read-only, hashable copy, so a frozen policy stays hashable and a caller mutating its
+    dict later cannot change the policy."""
+
+    __slots__ = ("_data",)
+
+    def __init__(self, data: Mapping[str, int]) -> None:
+        self._data = dict(data)
+
+    def __getitem__(self, key: str) -> int:
+        return self._data[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __hash__(self) -> int:
+        return hash(frozenset(self._data.items()))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Mapping) and dict(self._data) == dict(other)
+
+    def __repr__(self) -> str:
+        return f"FrozenMap({self._data!r})"
 
 
 @dataclass(frozen=True)
@@ -66,7 +88,7 @@ class ReleasePolicy:
                 raise PolicyInvalid(f"{flag} must be a bool")
         object.__setattr__(self, "allowed_tee", tees)
         object.__setattr__(self, "allowed_measurements", measurements)
-        object.__setattr__(self, "min_tcb", _frozen_map(self.min_tcb))
+        object.__setattr__(self, "min_tcb", FrozenMap(self.min_tcb))
         if self.unsafe_allow_simulated_tee:
             log.warning("release policy %s v%s sets unsafe_allow_simulated_tee: simulated TEEs "
                         "(no hardware protection) may receive keys", self.policy_id, self.version)

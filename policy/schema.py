@@ -23,9 +23,9 @@ action "submit", "emit" appliesTo {
   principal: [ApiKey], resource: [Model],
   context: { pii: Set<String>, blocked_patterns: Set<String>, blocked_topics: Set<String> }
 };
-action "call_tool", "auto_execute" appliesTo {
+action "call_tool" appliesTo {
   principal: [Agent], resource: [Tool],
   context: { killed: Bool, args_valid: Bool, urls_allowed: Bool, request_calls: Long,
-             session_calls: Long }
+             session_calls: Long, approved: Bool }
 };
 """

@@ -1,24 +1,22 @@
 """Tool-call checks the worker runs before an answer (with tool calls) leaves the trust boundary.
 
 Facts come from Python (argument schema, URL allowlist, call counts, kill switch); the decision
-comes from Cedar: ``call_tool`` says whether the call may happen at all, ``auto_execute`` whether
-it may happen without a human approving it first.
+comes from Cedar (action ``call_tool``). Forbids annotated ``@kind("approval")`` are lifted by a
+human approval (``context.approved``): when they are the only thing in the way, the verdict is
+``requires_approval`` rather than ``deny``. Tenants can add such rules in custom Cedar too.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import jsonschema
-
 from policy.agents.urls import UrlRejected, check_url
 from policy.decision import Decision
-from policy.engine import authorize, uid
+from policy.engine import evaluate, uid
 from policy.model import ToolRule
 from policy.policyset import PolicySet
 
@@ -29,6 +27,7 @@ ALLOW, DENY, REQUIRES_APPROVAL = "allow", "deny", "requires_approval"
 class ToolCall:
     name: str
     arguments: Mapping[str, Any] | str  # OpenAI sends a JSON string; parsed here, never trusted
+    approved: bool = False  # set by the worker only after a human approved this exact call
 
 
 @dataclass(frozen=True)
@@ -93,13 +92,6 @@ class KillSwitch:
             return agent_key in self._killed
 
 
-@functools.lru_cache(maxsize=1024)
-def _validator(schema_json: str) -> jsonschema.protocols.Validator:
-    schema = json.loads(schema_json)
-    cls = jsonschema.validators.validator_for(schema)
-    return cls(schema)
-
-
 def _check_args(rule: ToolRule | None, arguments: Mapping[str, Any] | str) -> tuple[bool, bool, list[str]]:
     """(args_valid, urls_allowed, details). Unknown tools pass here; the policy denies them."""
     if rule is None:
@@ -113,9 +105,8 @@ def _check_args(rule: ToolRule | None, arguments: Mapping[str, Any] | str) -> tu
         return False, True, ["arguments must be a JSON object"]
     details: list[str] = []
     args_valid = True
-    if rule.args_schema is not None:
-        validator = _validator(json.dumps(rule.args_schema, sort_keys=True))
-        for err in validator.iter_errors(dict(arguments)):
+    if rule.validator is not None:
+        for err in rule.validator.iter_errors(dict(arguments)):
             args_valid = False
             details.append(f"schema: {'/'.join(map(str, err.absolute_path)) or '<root>'}: {err.validator}")
     urls_allowed = True
@@ -144,15 +135,17 @@ def check_tool_calls(policy_set: PolicySet, agent_key: str, session_state: Sessi
         rule = agent.tools.get(call.name) if agent else None
         args_valid, urls_allowed, details = _check_args(rule, call.arguments)
         context = {"killed": killed, "args_valid": args_valid, "urls_allowed": urls_allowed,
-                   "request_calls": index + 1, "session_calls": before + index + 1}
+                   "request_calls": index + 1, "session_calls": before + index + 1,
+                   "approved": call.approved}
         common: dict[str, Any] = {"policy_id": policy_set.policy_id, "version": policy_set.version,
-                                  "principal": uid("Agent", agent_key), "resource": uid("Tool", call.name),
-                                  "context": context, "entities": entities}
-        decision = authorize(policy_set.compiled, action="call_tool", **common)
+                                  "principal": uid("Agent", agent_key), "action": "call_tool",
+                                  "resource": uid("Tool", call.name), "entities": entities}
+        decision, kinds = evaluate(policy_set.compiled, context=context, **common)
         outcome = ALLOW if decision.allowed else DENY
-        if decision.allowed:
-            auto = authorize(policy_set.compiled, action="auto_execute", **common)
-            if not auto.allowed:
-                outcome, decision = REQUIRES_APPROVAL, auto
+        if kinds == {"approval"}:
+            # Only approval rules said no: would the call pass once approved? (A permit must match.)
+            lifted, _ = evaluate(policy_set.compiled, context={**context, "approved": True}, **common)
+            outcome = REQUIRES_APPROVAL if lifted.allowed else DENY
+            decision = decision if lifted.allowed else lifted
         out.append(ToolCallVerdict(call, outcome, decision, tuple(details)))
     return ToolCallVerdicts(tuple(out))

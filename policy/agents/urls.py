@@ -7,6 +7,7 @@ allowlists are bypassed), and compare canonical ASCII host names only.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import re
 from urllib.parse import unquote, urlsplit
@@ -24,17 +25,26 @@ class UrlRejected(ValueError):
     """Why a URL was refused (the message is safe to return to the agent)."""
 
 
+@functools.lru_cache(maxsize=4096)
 def normalize_host(host: str) -> str:
-    """Lower-case ASCII (punycode) form of a host name; raises UrlRejected when it is not one."""
+    """Lower-case ASCII (punycode) form of a host name; raises UrlRejected when it is not one.
+
+    Cached: allowlist entries and popular hosts repeat, and IDNA processing is the costliest step
+    of a tool-call check. Plain ASCII names without punycode labels skip IDNA (UTS 46 maps ASCII
+    to lower case and the label check below rejects everything else it would).
+    """
     host = host.rstrip(".") if host.endswith(".") and not host.endswith("..") else host
     if not host or ".." in host or host.startswith("."):
         raise UrlRejected("empty label in host")
-    try:
-        # UTS 46 mapping folds case and width variants the same way browsers do, then punycode.
-        ascii_host = idna.encode(host, uts46=True).decode("ascii")
-    except idna.IDNAError as exc:
-        raise UrlRejected(f"host is not a valid IDNA name: {exc}") from exc
-    ascii_host = ascii_host.lower()
+    if host.isascii() and "xn--" not in host.lower():
+        ascii_host = host.lower()
+    else:
+        try:
+            # UTS 46 folds case and width variants the way browsers do, then encodes punycode.
+            ascii_host = idna.encode(host, uts46=True).decode("ascii")
+        except idna.IDNAError as exc:
+            raise UrlRejected(f"host is not a valid IDNA name: {exc}") from exc
+        ascii_host = ascii_host.lower()
     for label in ascii_host.split("."):
         if not _LABEL.match(label):
             raise UrlRejected("invalid host label")

@@ -18,6 +18,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from policy.audit.entry import canonical, format_ts, parse_ts
+from policy.errors import AuditIntegrityError
 
 _DOMAIN = b"sealed-audit-checkpoint-v1\x00"
 
@@ -68,12 +69,16 @@ def read_checkpoints(log_path: Path) -> list[Checkpoint]:
     if not path.exists():
         return []
     out: list[Checkpoint] = []
-    for line in path.read_text(encoding="ascii").splitlines(keepends=True):
+    text = path.read_text(encoding="ascii", errors="replace")
+    for index, line in enumerate(text.splitlines(keepends=True)):
         if not line.endswith("\n"):
             break  # torn by a crash mid-write; the previous checkpoint still stands
-        raw = json.loads(line)
-        out.append(Checkpoint(raw["component"], raw["log"], int(raw["tree_size"]), raw["root"],
-                              raw["last_hash"], parse_ts(raw["ts"]), raw["sig"]))
+        try:
+            raw = json.loads(line)
+            out.append(Checkpoint(raw["component"], raw["log"], int(raw["tree_size"]), raw["root"],
+                                  raw["last_hash"], parse_ts(raw["ts"]), raw["sig"]))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise AuditIntegrityError(index, f"malformed checkpoint: {exc}", str(path)) from exc
     return out
 
 

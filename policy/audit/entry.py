@@ -8,6 +8,7 @@ the chain after an edit.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -37,18 +38,23 @@ MAX_REASON = 512
 MAX_META_KEYS = 32
 
 
+@functools.lru_cache(maxsize=4096)
+def _key_ok(key: str) -> bool:
+    # Cached: callers use a handful of key names, and this runs on every append.
+    return (bool(_KEY_RE.match(key)) and key not in _FORBIDDEN_KEYS
+            and not any(part in key for part in _FORBIDDEN_KEY_PARTS))
+
+
 def validate_metadata(metadata: Mapping[str, MetaValue] | None) -> dict[str, MetaValue]:
     """A checked copy of ``metadata``; raises ValueError for anything that may carry content."""
-    if metadata is None:
+    if not metadata:
         return {}
     if len(metadata) > MAX_META_KEYS:
         raise ValueError(f"at most {MAX_META_KEYS} metadata keys")
     out: dict[str, MetaValue] = {}
     for key, value in metadata.items():
-        if not isinstance(key, str) or not _KEY_RE.match(key):
-            raise ValueError(f"metadata key {key!r} must match {_KEY_RE.pattern}")
-        if key in _FORBIDDEN_KEYS or any(part in key for part in _FORBIDDEN_KEY_PARTS):
-            raise ValueError(f"metadata key {key!r} may carry content or secrets; not logged")
+        if not isinstance(key, str) or not _key_ok(key):
+            raise ValueError(f"metadata key {key!r} is malformed or may carry content/secrets; not logged")
         if value is not None and not isinstance(value, str | int | float | bool):
             raise ValueError(f"metadata value for {key!r} must be a scalar")
         if isinstance(value, float) and value != value:  # NaN has no stable JSON form
@@ -108,13 +114,22 @@ def entry_hash(body: Mapping[str, Any]) -> bytes:
 
 def make_entry(signer: Ed25519PrivateKey, *, seq: int, ts: datetime, component: str, tenant: str,
                action: str, decision: str, reason: str, metadata: dict[str, MetaValue],
-               prev: str) -> AuditEntry:
-    """Build, hash and sign an entry (metadata must already be validated)."""
-    draft = AuditEntry(seq, ts, component, tenant, action, decision, reason,
-                       MappingProxyType(metadata), prev, "", "")
-    digest = entry_hash(draft.body())
-    return AuditEntry(seq, ts, component, tenant, action, decision, reason,
-                      MappingProxyType(metadata), prev, digest.hex(), signer.sign(digest).hex())
+               prev: str) -> tuple[AuditEntry, bytes]:
+    """Build, hash and sign an entry (metadata must already be validated).
+
+    Returns the entry and its JSONL line. The line is the canonical body with hash and signature
+    appended, so the body is encoded once per append (this is the hot path of the log).
+    """
+    body = {"v": FORMAT_VERSION, "seq": seq, "ts": format_ts(ts), "component": component,
+            "tenant": tenant, "action": action, "decision": decision, "reason": reason,
+            "metadata": metadata, "prev": prev}
+    encoded = canonical(body)
+    digest = hashlib.sha256(_DOMAIN + encoded).digest()
+    digest_hex, sig_hex = digest.hex(), signer.sign(digest).hex()
+    line = encoded[:-1] + b',"hash":"' + digest_hex.encode() + b'","sig":"' + sig_hex.encode() + b'"}\n'
+    entry = AuditEntry(seq, ts, component, tenant, action, decision, reason,
+                       MappingProxyType(metadata), prev, digest_hex, sig_hex)
+    return entry, line
 
 
 def parse_entry(line: str) -> tuple[AuditEntry, dict[str, Any]]:

@@ -95,6 +95,15 @@ class AuditLog:
                 raise PolicyError(f"{self.path} belongs to component {entry.component!r}")
             self._range.push(bytes.fromhex(entry.hash))
             self._prev = entry.hash
+        ckpt_file = checkpoint_path(self.path)
+        if ckpt_file.exists():
+            # A crash mid-publication leaves a torn checkpoint line; drop it before appending more.
+            raw = ckpt_file.read_bytes()
+            keep = raw.rfind(b"\n") + 1
+            if keep < len(raw):
+                with open(ckpt_file, "r+b") as fh:
+                    fh.truncate(keep)
+                    os.fsync(fh.fileno())
         ckpts = read_checkpoints(self.path)
         if ckpts and ckpts[-1].tree_size > self._range.size:
             raise AuditIntegrityError(self._range.size, "log is shorter than its last checkpoint",
@@ -109,10 +118,9 @@ class AuditLog:
         with self._cond:
             if self._closed:
                 raise PolicyError("audit log is closed")
-            entry = make_entry(self._signer, seq=self._range.size, ts=self._clock(),
+            entry, line = make_entry(self._signer, seq=self._range.size, ts=self._clock(),
                                component=self.component, tenant=tenant, action=action,
                                decision=decision, reason=reason, metadata=meta, prev=self._prev)
-            line = (entry.to_json() + "\n").encode("ascii")
             # One write per entry: a kill -9 after it returns cannot lose the entry (it is in the
             # kernel); a partial write can only be a torn tail, which _recover drops.
             view = memoryview(line)
@@ -125,8 +133,10 @@ class AuditLog:
             if self._mode == "always":
                 os.fsync(self._fd)
                 self._synced = target
-            elif self._mode == "group" or target - self._synced >= self._batch_max:
-                self._cond.notify_all()  # wake the flusher now
+            elif self._mode == "group" or target - self._synced in (1, self._batch_max):
+                # Wake the flusher: the first pending entry opens the batch window, a full batch
+                # (or a group-commit waiter) closes it now.
+                self._cond.notify_all()
         if self._mode == "group":
             with self._cond:
                 while self._synced < target and not self._closed:
@@ -138,8 +148,10 @@ class AuditLog:
         """Record a policy ``Decision`` with the policy id, version and rule that made it."""
         meta: dict[str, MetaValue] = {**(metadata or {}), "policy_id": decision.policy_id,
                                       "policy_version": decision.policy_version, "rule": decision.rule}
+        # Reasons are rule annotations; engine error texts could quote request values, so not those.
+        reasons = ["evaluation error" if r.startswith("evaluation-error") else r for r in decision.reasons]
         return self.append(tenant=tenant, action=action, decision=decision.verdict,
-                           reason="; ".join(decision.reasons)[:512], metadata=meta)
+                           reason="; ".join(reasons)[:512], metadata=meta)
 
     def _sync(self) -> None:
         """fsync everything written so far; publish a checkpoint if one is due."""
@@ -203,15 +215,14 @@ class AuditLog:
             return self._written
 
     def close(self) -> None:
-        """Flush, publish a final checkpoint, release the file. Idempotent."""
+        """Refuse further appends, flush, publish a final checkpoint, release the file. Idempotent."""
         with self._cond:
             if self._closed:
                 return
-        self.checkpoint()
-        with self._cond:
-            self._closed = True
+            self._closed = True  # appends after this point raise instead of racing the checkpoint
             self._cond.notify_all()
         self._flusher.join()
+        self.checkpoint()
         os.close(self._fd)
 
     def __enter__(self) -> AuditLog:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import heapq
 import io
 from collections.abc import Iterator
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TextIO
 
@@ -19,7 +19,7 @@ from policy.errors import AuditIntegrityError
 
 
 def _iter_file(path: Path) -> Iterator[AuditEntry]:
-    with open(path, encoding="ascii") as fh:
+    with open(path, encoding="ascii", errors="replace") as fh:
         for index, line in enumerate(fh):
             if not line.endswith("\n"):
                 return  # torn tail left by a crash
@@ -40,6 +40,8 @@ def read_entries(path: Path, *, tenant: str | None = None, since: datetime | Non
                  component: str | None = None, decision: str | None = None) -> list[AuditEntry]:
     """Entries of one log file (or every log of a directory, merged by time) matching all filters."""
     path = Path(path)
+    if since is not None and since.tzinfo is None:
+        since = since.replace(tzinfo=UTC)  # entries are UTC; a naive bound is read as UTC, not local
     files = log_files(path) if path.is_dir() else [path]
     streams = [(e for e in _iter_file(f) if _matches(e, tenant, since, component, decision))
                for f in files]

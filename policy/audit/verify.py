@@ -17,7 +17,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from policy.audit.checkpoint import Checkpoint, read_checkpoints
 from policy.audit.entry import GENESIS, check_signature, entry_hash, parse_entry
-from policy.audit.merkle import CompactRange
+from policy.audit.merkle import CompactRange, inclusion_proof
 from policy.errors import AuditIntegrityError
 
 LOG_GLOB = "*.audit.jsonl"
@@ -104,3 +104,19 @@ def log_files(directory: Path) -> list[Path]:
 def verify_dir(directory: Path, public_keys: Mapping[str, Ed25519PublicKey]) -> list[AuditVerifyReport]:
     """Verify every log in ``directory``; raises on the first bad file (error names the file)."""
     return [verify_log(path, public_keys) for path in log_files(directory)]
+
+
+def entry_hashes(path: Path) -> list[bytes]:
+    """The leaf data (entry hashes) of a log, in order; a torn final line is skipped."""
+    data = Path(path).read_bytes()
+    lines = data[: data.rfind(b"\n") + 1].splitlines()
+    return [bytes.fromhex(parse_entry(line.decode("ascii"))[0].hash) for line in lines]
+
+
+def prove_inclusion(path: Path, index: int, tree_size: int) -> list[str]:
+    """RFC 6962 audit path (hex) proving entry ``index`` is in the first ``tree_size`` entries,
+    to check against a checkpoint an auditor already holds (``merkle.verify_inclusion``)."""
+    leaves = entry_hashes(path)
+    if tree_size > len(leaves):
+        raise AuditIntegrityError(len(leaves), f"log has fewer than {tree_size} entries", str(path))
+    return [p.hex() for p in inclusion_proof(leaves[:tree_size], index)]

@@ -11,6 +11,7 @@ import re
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 
 from policy.data.pii import detect_pii, redact
 from policy.decision import DEFAULT_DENY, Decision
@@ -38,6 +39,17 @@ def _topic_hits(data: DataPolicy, lowered: str) -> list[str]:
         if any(re.search(r"(?<!\w)" + re.escape(w) + r"(?!\w)", lowered) for w in words):
             hits.append(rid)
     return hits
+
+
+def retention_cutoff(policy_set: PolicySet, now: datetime) -> datetime | None:
+    """Oldest time from which this tenant's decision metadata must be kept; older may be purged.
+
+    None when the tenant declared no retention (keep per operator default). Content is never stored,
+    so there is nothing else to purge.
+    """
+    if policy_set.data is None or policy_set.data.retention_days <= 0:
+        return None
+    return now - timedelta(days=policy_set.data.retention_days)
 
 
 def check_content(policy_set: PolicySet, api_key: str, model: str, text: str, *,
