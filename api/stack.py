@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +27,7 @@ from enclave_worker.package import read_manifest
 from enclave_worker.package.signing import signer_identity
 from enclave_worker.settings import WorkerSettings
 from key_broker.errors import KeyStoreError
+from key_broker.fsutil import atomic_write
 from key_broker.keystore import DataKeyRegistry, LocalKeyStore, load_master_key
 from key_broker.policies import PolicyStore
 from policy.release import ReleasePolicy
@@ -104,6 +107,13 @@ def _ensure_release_policy(home: Home, tenant_signer: str) -> None:
     ))
 
 
+def _secret_file(path: Path) -> Path:
+    """A random shared secret (worker registration, management JWT key), made once, 0600."""
+    if not path.exists():
+        atomic_write(path, secrets.token_urlsafe(48).encode())
+    return path
+
+
 @dataclass
 class Stack:
     home: Home
@@ -111,21 +121,35 @@ class Stack:
     broker_url: str
     worker_url: str
     processes: list[subprocess.Popen] = field(default_factory=list)
+    # Workers are supervised apart from `processes`: one dying is replaced, it does not stop the stack.
+    workers: list[subprocess.Popen] = field(default_factory=list)
+    worker_urls: list[str] = field(default_factory=list)
+    _respawn: list[list[str]] = field(default_factory=list)
+    _stopping: threading.Event = field(default_factory=threading.Event)
 
     def stop(self, timeout: float = 10.0) -> None:
-        for proc in reversed(self.processes):
+        self._stopping.set()
+        every = [*self.workers, *self.processes]
+        for proc in reversed(every):
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + timeout
-        for proc in self.processes:
+        for proc in every:
             try:
                 proc.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
 
+    def keep_warm(self, interval: float = 1.0) -> None:
+        """Replace workers that exited (the minimum of warm workers per model), until stop()."""
+        while not self._stopping.wait(interval):
+            for i, proc in enumerate(self.workers):
+                if proc.poll() is not None and not self._stopping.is_set():
+                    self.workers[i] = _spawn(self.home, f"worker-{i}", self._respawn[i])
+
     def wait_ready(self, timeout: float = 300.0) -> str:
-        """Wait until the worker is ready or failed; returns its final status."""
+        """Wait until the first worker is ready or failed; returns its final status."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             for proc in self.processes:
@@ -161,36 +185,53 @@ def _wait_http(url: str, proc: subprocess.Popen, timeout: float = 60.0) -> None:
     raise TimeoutError(f"{url} did not come up")
 
 
+def worker_args(home: Home, broker_url: str, port: int, grpc_port: int, register_urls: list[str],
+                unsafe_sim_measurement: str | None = None) -> list[str]:
+    ws = worker_settings(home, broker_url, port, unsafe_sim_measurement)
+    args = ["enclave_worker.grpc_server", "--broker-url", broker_url, "--package-dir", str(ws.package_dir),
+            "--tenant", ws.tenant, "--model", ws.model, "--version", ws.version, "--tee", ws.tee,
+            "--sim-platform-key", str(home.sim_key), "--port", str(port), "--grpc-port", str(grpc_port),
+            "--register-token-file", str(_secret_file(home.gateway / "register-token"))]
+    for url in register_urls:
+        args += ["--register-url", url]
+    if unsafe_sim_measurement:
+        args += ["--unsafe-sim-measurement", unsafe_sim_measurement]
+    return args
+
+
 def launch(home: Home, *, host: str = "127.0.0.1", port: int = 8000,
-           unsafe_sim_measurement: str | None = None) -> Stack:
-    broker_port, worker_port = free_port(), free_port()
-    broker_url, worker_url = f"http://127.0.0.1:{broker_port}", f"http://127.0.0.1:{worker_port}"
-    stack = Stack(home, f"http://{host}:{port}", broker_url, worker_url)
+           unsafe_sim_measurement: str | None = None, num_workers: int = 1,
+           gateway_args: tuple[str, ...] = ()) -> Stack:
+    broker_port = free_port()
+    broker_url = f"http://127.0.0.1:{broker_port}"
+    local_gateway = f"http://127.0.0.1:{port}"  # workers register over loopback, whatever the public bind
+    worker_ports = [(free_port(), free_port()) for _ in range(num_workers)]
+    stack = Stack(home, f"http://{host}:{port}", broker_url, f"http://127.0.0.1:{worker_ports[0][0]}")
     try:
         broker = _spawn(home, "key-broker", ["key_broker", "--data-dir", str(home.broker), "--port",
                                              str(broker_port), "--sim-platform-key", str(home.sim_public_key)])
         stack.processes.append(broker)
         _wait_http(f"{broker_url}/healthz", broker)
-        ws = worker_settings(home, broker_url, worker_port, unsafe_sim_measurement)
-        worker_args = ["enclave_worker", "--broker-url", broker_url, "--package-dir", str(ws.package_dir),
-                       "--tenant", ws.tenant, "--model", ws.model, "--version", ws.version, "--tee", ws.tee,
-                       "--sim-platform-key", str(home.sim_key), "--port", str(worker_port)]
-        if unsafe_sim_measurement:
-            worker_args += ["--unsafe-sim-measurement", unsafe_sim_measurement]
-        worker = _spawn(home, "worker", worker_args)
-        stack.processes.append(worker)
         routes = home.gateway / "routes.json"
-        routes.write_text(json.dumps([{"url": worker_url, "tenant": ws.tenant, "model": ws.model,
-                                       "version": ws.version}]))
-        gateway = _spawn(home, "gateway", ["api.gateway", "--data-dir", str(home.gateway), "--routes",
-                                           str(routes), "--host", host, "--port", str(port)])
+        routes.write_text(json.dumps([{"tenant": DEMO_TENANT, "model": DEMO_MODEL, "version": DEMO_VERSION}]))
+        gateway = _spawn(home, "gateway", [
+            "api.gateway", "--data-dir", str(home.gateway), "--routes", str(routes), "--host", host,
+            "--port", str(port), "--register-token-file", str(_secret_file(home.gateway / "register-token")),
+            "--jwt-secret-file", str(_secret_file(home.gateway / "jwt-secret")), *gateway_args])
         stack.processes.append(gateway)
-        _wait_http(f"{stack.gateway_url}/healthz", gateway)
-        _wait_http(f"{worker_url}/internal/status", worker)
+        _wait_http(f"{local_gateway}/healthz", gateway)
+        for i, (http_port, grpc_port) in enumerate(worker_ports):
+            args = worker_args(home, broker_url, http_port, grpc_port, [local_gateway], unsafe_sim_measurement)
+            stack._respawn.append(args)
+            stack.workers.append(_spawn(home, "worker" if i == 0 else f"worker-{i}", args))
+            stack.worker_urls.append(f"http://127.0.0.1:{http_port}")
+        _wait_http(f"{stack.worker_url}/internal/status", stack.workers[0])
+        threading.Thread(target=stack.keep_warm, name="keep-warm", daemon=True).start()
         (home.root / "run").mkdir(exist_ok=True, mode=0o700)
         (home.root / "run" / "pids.json").write_text(json.dumps({
-            "key-broker": broker.pid, "worker": worker.pid, "gateway": gateway.pid,
-            "broker_url": broker_url, "worker_url": worker_url}))
+            "key-broker": broker.pid, "worker": stack.workers[0].pid, "gateway": gateway.pid,
+            "workers": [w.pid for w in stack.workers], "broker_url": broker_url,
+            "worker_url": stack.worker_url}))
     except BaseException:
         stack.stop()
         raise

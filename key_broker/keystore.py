@@ -11,6 +11,7 @@ import base64
 import json
 import os
 import secrets
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -38,19 +39,35 @@ class DataKeyRecord:
 
 
 class KeyStore(Protocol):
+    """Tenant key-encryption keys. Implementations: LocalKeyStore, vault.VaultTransitKeyStore."""
+
     def create_tenant_key(self, tenant: str) -> None: ...
+    def has_tenant_key(self, tenant: str) -> bool: ...
     def wrap(self, tenant: str, context: bytes, data_key: bytes) -> tuple[bytes, int]: ...
     def unwrap(self, tenant: str, context: bytes, wrapped: bytes, kek_version: int) -> bytes: ...
+    def rewrap(self, tenant: str, context: bytes, wrapped: bytes, kek_version: int) -> tuple[bytes, int]: ...
     def rotate_tenant_key(self, tenant: str) -> int: ...
+    def retire_versions_below(self, tenant: str, version: int) -> None: ...
     def revoke_tenant_key(self, tenant: str) -> None: ...
     def is_revoked(self, tenant: str) -> bool: ...
+
+
+# Well-known example values must never protect real keys (checked outside dev mode).
+_PLACEHOLDER_MASTER_KEYS = frozenset({bytes(32), b"\xff" * 32, bytes(range(32))})
+
+
+def is_placeholder_master_key(key: bytes) -> bool:
+    return key in _PLACEHOLDER_MASTER_KEYS or len(set(key)) <= 2
 
 
 def load_master_key(path: Path | None) -> bytes:
     """The master key comes from SEALED_MASTER_KEY (hex) or a 0600 file (created when absent)."""
     env = os.environ.get(MASTER_KEY_ENV)
     if env:
-        key = bytes.fromhex(env.strip())
+        try:
+            key = bytes.fromhex(env.strip())
+        except ValueError as exc:
+            raise KeyStoreError(f"{MASTER_KEY_ENV} is not hex") from exc
     elif path is not None:
         if not path.exists():
             atomic_write(path, secrets.token_bytes(32).hex().encode())
@@ -70,6 +87,8 @@ class LocalKeyStore:
     def __init__(self, root: Path, master_key: bytes) -> None:
         self._root = root
         self._master = AESGCM(master_key)
+        # Read-modify-write of a tenant's key file (rotate, retire, revoke) must not interleave.
+        self._lock = threading.RLock()
 
     def _kek_path(self, tenant: str) -> Path:
         return self._root / "tenants" / check_name(tenant, "tenant") / "kek.json"
@@ -99,10 +118,11 @@ class LocalKeyStore:
             raise KeyStoreError(f"tenant key version {version} unavailable") from exc
 
     def create_tenant_key(self, tenant: str) -> None:
-        if self._kek_path(tenant).exists():
-            raise KeyStoreError(f"tenant {tenant} already has a key")
-        self._save(tenant, {"current": 1, "revoked": False,
-                            "versions": {"1": self._seal_kek(tenant, 1, secrets.token_bytes(32))}})
+        with self._lock:
+            if self._kek_path(tenant).exists():
+                raise KeyStoreError(f"tenant {tenant} already has a key")
+            self._save(tenant, {"current": 1, "revoked": False,
+                                "versions": {"1": self._seal_kek(tenant, 1, secrets.token_bytes(32))}})
 
     def has_tenant_key(self, tenant: str) -> bool:
         return self._kek_path(tenant).exists()
@@ -124,25 +144,31 @@ class LocalKeyStore:
         except InvalidTag as exc:
             raise KeyStoreError("wrapped data key does not authenticate in this context") from exc
 
+    def rewrap(self, tenant: str, context: bytes, wrapped: bytes, kek_version: int) -> tuple[bytes, int]:
+        return self.wrap(tenant, context, self.unwrap(tenant, context, wrapped, kek_version))
+
     def rotate_tenant_key(self, tenant: str) -> int:
-        doc = self._load(tenant)
-        if doc["revoked"]:
-            raise TenantKeyRevoked(f"tenant {tenant} key is revoked")
-        version = int(doc["current"]) + 1
-        doc["versions"][str(version)] = self._seal_kek(tenant, version, secrets.token_bytes(32))
-        doc["current"] = version
-        self._save(tenant, doc)
-        return version
+        with self._lock:
+            doc = self._load(tenant)
+            if doc["revoked"]:
+                raise TenantKeyRevoked(f"tenant {tenant} key is revoked")
+            version = int(doc["current"]) + 1
+            doc["versions"][str(version)] = self._seal_kek(tenant, version, secrets.token_bytes(32))
+            doc["current"] = version
+            self._save(tenant, doc)
+            return version
 
     def retire_versions_below(self, tenant: str, version: int) -> None:
-        doc = self._load(tenant)
-        doc["versions"] = {v: blob for v, blob in doc["versions"].items() if int(v) >= version}
-        self._save(tenant, doc)
+        with self._lock:
+            doc = self._load(tenant)
+            doc["versions"] = {v: blob for v, blob in doc["versions"].items() if int(v) >= version}
+            self._save(tenant, doc)
 
     def revoke_tenant_key(self, tenant: str) -> None:
-        doc = self._load(tenant)
-        doc["revoked"] = True
-        self._save(tenant, doc)
+        with self._lock:
+            doc = self._load(tenant)
+            doc["revoked"] = True
+            self._save(tenant, doc)
 
     def is_revoked(self, tenant: str) -> bool:
         return bool(self._load(tenant)["revoked"])
@@ -176,6 +202,8 @@ class DataKeyRegistry:
             doc = json.loads(self._path(tenant, model, version).read_text())
         except FileNotFoundError as exc:
             raise KeyStoreError(f"no data key for {tenant}/{model}/{version}") from exc
+        except (OSError, ValueError) as exc:
+            raise KeyStoreError(f"data key file for {tenant}/{model}/{version} unreadable") from exc
         return DataKeyRecord(tenant, model, version, doc["key_id"], base64.b64decode(doc["wrapped"]),
                              int(doc["kek_version"]), doc.get("signer"), str(doc["model_digest"]))
 
@@ -189,12 +217,18 @@ class DataKeyRegistry:
         base = self._root / "datakeys" / check_name(tenant, "tenant")
         return [self.get(tenant, p.parent.name, p.stem) for p in sorted(base.glob("*/*.json"))]
 
+    def exists(self, tenant: str, model: str, version: str) -> bool:
+        return self._path(tenant, model, version).exists()
+
     def rewrap_all(self, tenant: str) -> int:
-        """After a rotation: re-wrap every data key of the tenant under the current KEK version."""
+        """After a rotation: re-wrap every data key of the tenant under the current KEK version.
+        Each file is replaced atomically, and old KEK versions stay until every key is re-wrapped,
+        so a crash half-way leaves every data key readable; rerunning finishes the job."""
         count = 0
-        for record in self.records(tenant):
-            key, _ = self.data_key(tenant, record.model, record.version)
-            self.register(tenant, record.model, record.version, key, record.key_id, record.signer,
-                          record.model_digest)
+        for r in self.records(tenant):
+            wrapped, kek_version = self._keystore.rewrap(tenant, data_key_context(tenant, r.model, r.version),
+                                                         r.wrapped, r.kek_version)
+            self._write(DataKeyRecord(tenant, r.model, r.version, r.key_id, wrapped, kek_version, r.signer,
+                                      r.model_digest))
             count += 1
         return count

@@ -1,35 +1,118 @@
-"""Release policies per (tenant, model), stored as JSON and loaded as typed ReleasePolicy data."""
+"""Release policies per (tenant, model), optionally per version, stored as JSON and loaded as typed
+ReleasePolicy data. A policy may reference a signed reference-values document by id; its
+measurements then join the policy's inline ones (after the document's signature verifies).
+
+Lookup: the version-specific policy wins; otherwise the model-wide one; otherwise nothing (deny).
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from key_broker.errors import KeyStoreError
 from key_broker.fsutil import atomic_write
 from key_broker.names import check_name
+from key_broker.refvals import ReferenceValues, ReferenceValuesStore
+from policy.errors import PolicyInvalid
 from policy.release import ReleasePolicy
+
+REFERENCE_KEY = "reference_values"
+
+
+@dataclass(frozen=True)
+class StoredPolicy:
+    policy: ReleasePolicy
+    reference_values: str | None = None  # id of a signed reference-values document of the tenant
+
+    def to_dict(self) -> dict[str, Any]:
+        doc = self.policy.to_dict()
+        if self.reference_values is not None:
+            doc[REFERENCE_KEY] = self.reference_values
+        return doc
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> StoredPolicy:
+        if not isinstance(doc, Mapping):
+            raise PolicyInvalid("release policy must be a JSON object")
+        rest = dict(doc)
+        ref = rest.pop(REFERENCE_KEY, None)
+        if ref is not None:
+            check_name(ref, "reference values id")
+        return cls(ReleasePolicy.from_dict(rest), ref)
+
+
+def effective_policy(stored: StoredPolicy, values: ReferenceValues | None) -> ReleasePolicy:
+    """The policy the decision uses: inline measurements plus the verified reference values."""
+    if values is None:
+        return stored.policy
+    return dataclasses.replace(stored.policy,
+                               allowed_measurements=stored.policy.allowed_measurements | values.measurements)
 
 
 class PolicyStore:
     def __init__(self, root: Path) -> None:
         self._root = root
+        # Parsed policies by file identity: every write is an atomic replace (new inode), so a
+        # changed file is always re-read, and the hot path skips JSON parsing and validation.
+        self._cache: dict[Path, tuple[tuple[int, int, int], StoredPolicy]] = {}
 
-    def _path(self, tenant: str, model: str) -> Path:
-        return self._root / "policies" / check_name(tenant, "tenant") / f"{check_name(model, 'model')}.json"
+    @property
+    def root(self) -> Path:
+        return self._root
 
-    def put(self, policy: ReleasePolicy) -> None:
+    def _path(self, tenant: str, model: str, version: str | None = None) -> Path:
+        base = self._root / "policies" / check_name(tenant, "tenant")
+        if version is None:
+            return base / f"{check_name(model, 'model')}.json"
+        return base / f"{check_name(model, 'model')}@{check_name(version, 'version')}.json"
+
+    def put(self, policy: ReleasePolicy | StoredPolicy) -> None:
         """Store a policy; versions only move forward, so an old policy cannot be replayed in."""
-        try:
-            current = self.get(policy.tenant, policy.model)
-        except KeyStoreError:
-            current = None
-        if current is not None and policy.version <= current.version:
-            raise KeyStoreError(f"policy version {policy.version} is not newer than {current.version}")
-        atomic_write(self._path(policy.tenant, policy.model), json.dumps(policy.to_dict(), sort_keys=True).encode())
+        stored = policy if isinstance(policy, StoredPolicy) else StoredPolicy(policy)
+        p = stored.policy
+        path = self._path(p.tenant, p.model, p.model_version)
+        current = self._read(path)
+        if current is not None and p.version <= current.policy.version:
+            raise KeyStoreError(f"policy version {p.version} is not newer than {current.policy.version}")
+        atomic_write(path, json.dumps(stored.to_dict(), sort_keys=True).encode())
 
-    def get(self, tenant: str, model: str) -> ReleasePolicy:
+    def _read(self, path: Path) -> StoredPolicy | None:
         try:
-            return ReleasePolicy.from_dict(json.loads(self._path(tenant, model).read_text()))
-        except FileNotFoundError as exc:
-            raise KeyStoreError(f"no release policy for {tenant}/{model}") from exc
+            st = path.stat()
+            ident = (st.st_ino, st.st_mtime_ns, st.st_size)
+            cached = self._cache.get(path)
+            if cached is not None and cached[0] == ident:
+                return cached[1]
+            stored = StoredPolicy.from_dict(json.loads(path.read_text()))
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as exc:  # PolicyInvalid is not a ValueError; let it propagate
+            raise KeyStoreError(f"policy file {path.name} unreadable") from exc
+        self._cache[path] = (ident, stored)
+        return stored
+
+    def lookup(self, tenant: str, model: str, version: str | None = None) -> StoredPolicy:
+        for path in ([self._path(tenant, model, version)] if version else []) + [self._path(tenant, model)]:
+            stored = self._read(path)
+            if stored is not None:
+                return stored
+        raise KeyStoreError(f"no release policy for {tenant}/{model}")
+
+    def get(self, tenant: str, model: str, version: str | None = None) -> ReleasePolicy:
+        return self.lookup(tenant, model, version).policy
+
+    def list(self, tenant: str) -> list[StoredPolicy]:
+        base = self._root / "policies" / check_name(tenant, "tenant")
+        return [s for p in sorted(base.glob("*.json")) if (s := self._read(p)) is not None]
+
+
+def resolve(store: PolicyStore, refvals: ReferenceValuesStore, tenant: str, model: str, version: str
+            ) -> tuple[ReleasePolicy, ReferenceValues | None]:
+    stored = store.lookup(tenant, model, version)
+    values = refvals.load(tenant, stored.reference_values) if stored.reference_values else None
+    return effective_policy(stored, values), values

@@ -1,4 +1,4 @@
-"""HTTP routes of the key broker. Every refusal is the same opaque 403."""
+"""Worker-facing routes of the key broker. Every refusal is the same opaque 403."""
 
 from __future__ import annotations
 
@@ -9,14 +9,23 @@ from fastapi.responses import JSONResponse
 
 from attestation.bundle import EvidenceBundle
 from attestation.errors import ParseError
-from key_broker.dependencies import get_service
+from key_broker.dependencies import client_address, get_service
 from key_broker.errors import ReleaseRefused
-from key_broker.schemas import AttestRequest, AttestResponse, ChallengeResponse, KeyRequest, KeyResponse
+from key_broker.schemas import (
+    AttestRequest,
+    AttestResponse,
+    ChallengeResponse,
+    KeyRequest,
+    KeyResponse,
+    KeyStatusRequest,
+    KeyStatusResponse,
+)
 from key_broker.service import KeyBrokerService
 
 router = APIRouter()
 
 REFUSED = {"error": {"type": "refused", "message": "request refused"}}
+STATUS_POLL_SECONDS = 30
 
 
 def refused() -> JSONResponse:
@@ -24,16 +33,19 @@ def refused() -> JSONResponse:
 
 
 @router.post("/v1/challenge", response_model=ChallengeResponse)
-def challenge(service: KeyBrokerService = Depends(get_service)) -> ChallengeResponse | JSONResponse:
+def challenge(service: KeyBrokerService = Depends(get_service),
+              client: str = Depends(client_address)) -> ChallengeResponse | JSONResponse:
     try:
-        c = service.challenge()
+        c = service.challenge(client)
     except ReleaseRefused:
         return refused()
-    return ChallengeResponse(session_id=c.session_id, nonce=c.nonce.hex(), expires_at=c.expires_at.isoformat())
+    return ChallengeResponse(session_id=c.session_id, nonce=c.nonce.hex(),
+                             expires_at=c.expires_at.isoformat())
 
 
 @router.post("/v1/attest", response_model=AttestResponse)
-def attest(body: AttestRequest, service: KeyBrokerService = Depends(get_service)) -> AttestResponse | JSONResponse:
+def attest(body: AttestRequest, service: KeyBrokerService = Depends(get_service),
+           client: str = Depends(client_address)) -> AttestResponse | JSONResponse:
     try:
         bundle = EvidenceBundle.from_json(body.evidence)
     except ParseError:
@@ -41,7 +53,7 @@ def attest(body: AttestRequest, service: KeyBrokerService = Depends(get_service)
                                                                 "message": "malformed evidence bundle"}})
     try:
         token = service.attest(session_id=body.session_id, bundle=bundle, tenant=body.tenant,
-                               model=body.model, version=body.version)
+                               model=body.model, version=body.version, client=client)
     except ReleaseRefused:
         return refused()
     return AttestResponse(token=token)
@@ -57,9 +69,28 @@ def key(body: KeyRequest, service: KeyBrokerService = Depends(get_service)) -> K
                        receipt=sealed.receipt)
 
 
+@router.post("/v1/key/status", response_model=KeyStatusResponse)
+def key_status(body: KeyStatusRequest,
+               service: KeyBrokerService = Depends(get_service)) -> KeyStatusResponse | JSONResponse:
+    """Polled by running workers with their attestation token: on "revoked" (or a refusal) the
+    worker drops the data key and stops serving the model."""
+    try:
+        status = service.key_status(token=body.token, tenant=body.tenant, model=body.model,
+                                    version=body.version)
+    except ReleaseRefused:
+        return refused()
+    return KeyStatusResponse(status=status, check_after_s=STATUS_POLL_SECONDS)
+
+
 @router.get("/.well-known/jwks.json")
 def jwks(service: KeyBrokerService = Depends(get_service)) -> dict:
     return service.issuer.jwks()
+
+
+@router.get("/v1/receipts/public-key")
+def receipt_public_key(service: KeyBrokerService = Depends(get_service)) -> dict:
+    """The broker's receipt-signing key (Ed25519 PEM); tenants pin it to verify receipts offline."""
+    return {"alg": "Ed25519", "public_key_pem": service.receipts.public_key_pem}
 
 
 @router.get("/healthz")

@@ -42,3 +42,12 @@ class KeyResponse(Strict):
     sealed_key: str
     token_id: str
     receipt: dict[str, Any]
+
+
+class KeyStatusRequest(KeyRequest):
+    pass
+
+
+class KeyStatusResponse(Strict):
+    status: str  # "active" | "revoked"
+    check_after_s: int

@@ -1,4 +1,4 @@
-"""The key broker's decisions: challenge -> attest (verify + release policy) -> sealed key release.
+"""The key broker's release protocol: challenge -> attest (verify + release policy) -> sealed key.
 
 Every refusal, whatever its cause, leaves as ReleaseRefused; the precise reason is written to the
 audit log, never to the caller. No key material ever reaches the audit log or an error.
@@ -6,30 +6,38 @@ audit log, never to the caller. No key material ever reaches the audit log or an
 
 from __future__ import annotations
 
-import base64
 import datetime as dt
+import json
 import logging
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import jwt
+
 from attestation.bundle import EvidenceBundle
 from attestation.errors import AttestationError
 from attestation.token import TokenIssuer, TokenVerifier
-from attestation.verifier import VerifierTrust, verify_bundle
-from key_broker.errors import KeyBrokerError, ReleaseRefused
+from attestation.verifier import AttestationResult, VerifierTrust, verify_bundle
+from key_broker.errors import KeyBrokerError, RateLimited, ReleaseRefused
 from key_broker.keystore import DataKeyRegistry, KeyStore
+from key_broker.limits import BrokerLimiter, RateLimits
 from key_broker.names import check_name
 from key_broker.nonces import Challenge, ChallengeStore
-from key_broker.policies import PolicyStore
+from key_broker.policies import PolicyStore, resolve
 from key_broker.receipts import ReceiptBook
+from key_broker.refvals import ReferenceValuesStore
 from key_broker.sealing import release_info, seal
 from policy.audit import AuditLog
 from policy.errors import PolicyError
-from policy.release import ReleaseFacts, evaluate_release
+from policy.release import ReleaseFacts, ReleasePolicy, evaluate_release
 
 log = logging.getLogger(__name__)
 COMPONENT = "key-broker"
+
+# (bundle, expected nonce, now) -> verified result; the default is attestation.verifier.verify_bundle.
+EvidenceVerifier = Callable[[EvidenceBundle, bytes, dt.datetime], AttestationResult]
 
 
 @dataclass(frozen=True)
@@ -39,55 +47,91 @@ class SealedKey:
     receipt: dict[str, Any]
 
 
+def _reason(exc: Exception) -> str:
+    decision = getattr(exc, "decision", None)
+    reason = getattr(exc, "reason", None) or "; ".join(getattr(decision, "reasons", ())) or str(exc)
+    return f"{type(exc).__name__}: {reason}"[:512]
+
+
 class KeyBrokerService:
     def __init__(
-        self,
-        *,
-        keystore: KeyStore,
-        datakeys: DataKeyRegistry,
-        policies: PolicyStore,
-        receipts: ReceiptBook,
-        trust: VerifierTrust,
-        issuer: TokenIssuer,
-        audit: AuditLog,
-        clock: Callable[[], dt.datetime],
-        challenge_ttl: dt.timedelta = dt.timedelta(seconds=60),
+        self, *, keystore: KeyStore, datakeys: DataKeyRegistry, policies: PolicyStore, receipts: ReceiptBook,
+        trust: VerifierTrust, issuer: TokenIssuer, audit: AuditLog, clock: Callable[[], dt.datetime],
+        challenge_ttl: dt.timedelta = dt.timedelta(seconds=60), refvals: ReferenceValuesStore | None = None,
+        limits: RateLimits | None = None, verify: EvidenceVerifier | None = None,
     ) -> None:
         self.keystore = keystore
         self.datakeys = datakeys
         self.policies = policies
         self.receipts = receipts
+        self.refvals = refvals or ReferenceValuesStore(policies.root)
         self._trust = trust
         self.issuer = issuer
-        self._audit = audit
-        self._clock = clock
+        self.audit = audit
+        self.clock = clock
         self._challenges = ChallengeStore(clock, challenge_ttl)
+        self._limiter = BrokerLimiter(limits or RateLimits())
+        self._verify = verify or (lambda b, nonce, now: verify_bundle(b, expected_nonce=nonce, now=now,
+                                                                      trust=trust))
+        self._verifier = TokenVerifier(issuer.jwks(), issuer.issuer)
+        self._compiled: dict[str, ReleasePolicy] = {}
+        # Tokens are single use for release. Released ids come back from the receipts on restart,
+        # so a token cannot be replayed across a restart either.
+        self._used_lock = threading.Lock()
+        horizon = clock() + issuer.ttl
+        self._used: dict[str, dt.datetime] = {  # token id -> when it can no longer verify anyway
+            jti: horizon for jti in receipts.token_ids_since(clock() - issuer.ttl - dt.timedelta(minutes=1))}
 
-    def _deny(self, tenant: str, action: str, reason: str, **metadata: Any) -> ReleaseRefused:
-        self._audit.append(tenant=tenant or "-", action=action, decision="deny", reason=reason, metadata=metadata)
+    def _deny(self, tenant: str, action: str, reason: str, meta: dict[str, Any]) -> ReleaseRefused:
+        self.audit.append(tenant=tenant or "-", action=action, decision="deny", reason=reason, metadata=meta)
         log.info("refused %s for tenant %s", action, tenant or "-")
         return ReleaseRefused(reason)
 
     def close(self) -> None:
-        self._audit.close()
+        self.receipts.close()
+        self.audit.close()
 
-    def challenge(self) -> Challenge:
+    def _policy(self, policy: ReleasePolicy) -> ReleasePolicy:
+        # Compiling Cedar costs more than evaluating it; effective policies are rebuilt per
+        # request (reference values may change), so reuse the compiled twin of an equal policy.
+        key = json.dumps(policy.to_dict(), sort_keys=True)
+        cached = self._compiled.get(key)
+        if cached is None:
+            if len(self._compiled) > 256:
+                self._compiled.clear()
+            self._compiled[key] = cached = policy
+        return cached
+
+    def _mark_used(self, jti: str, now: dt.datetime) -> None:
+        with self._used_lock:
+            if jti in self._used:
+                raise ReleaseRefused("token already used for a release")
+            if len(self._used) > 10_000:  # forget ids whose tokens have expired (they fail anyway)
+                self._used = {j: t for j, t in self._used.items() if t > now}
+            self._used[jti] = now + self.issuer.ttl + dt.timedelta(minutes=1)
+
+    def challenge(self, client: str = "-") -> Challenge:
+        self._limiter.check("challenge", client)
         return self._challenges.issue()
 
-    def attest(self, *, session_id: str, bundle: EvidenceBundle, tenant: str, model: str, version: str) -> str:
+    def attest(self, *, session_id: str, bundle: EvidenceBundle, tenant: str, model: str, version: str,
+               client: str = "-") -> str:
         """Verify evidence and appraise it under the tenant's release policy; returns a scoped token."""
+        self._limiter.check("attest", client)
         meta: dict[str, Any] = {"model": model, "version": version, "evidence_digest": bundle.digest(),
                                 "tee": bundle.tee}
         try:
             check_name(tenant, "tenant"), check_name(model, "model"), check_name(version, "version")
             # 1. The challenge is single use and short-lived: replays and stale bundles stop here.
             challenge = self._challenges.consume(session_id)
-            now = self._clock()
+            now = self.clock()
             # 2. Evidence: signatures, chains, binding of nonce + HPKE key + GPU evidence.
-            result = verify_bundle(bundle, expected_nonce=challenge.nonce, now=now, trust=self._trust)
+            result = self._verify(bundle, challenge.nonce, now)
             meta["measurement"] = result.cpu.measurement.hex()
-            # 3. The tenant's release policy for this model, default deny.
-            policy = self.policies.get(tenant, model)
+            # 3. The tenant's release policy for this model version, default deny.
+            policy, values = resolve(self.policies, self.refvals, tenant, model, version)
+            if values is not None:
+                meta.update(reference_values=values.id, reference_values_version=values.version)
             record = self.datakeys.get(tenant, model, version)
             if self.keystore.is_revoked(tenant):
                 raise ReleaseRefused("tenant key is revoked")
@@ -97,47 +141,82 @@ class KeyBrokerService:
                 gpu_cc=bool(result.gpus) and all(g.cc_enabled for g in result.gpus),
                 insecure=result.insecure, signer=record.signer,
             )
-            decision = evaluate_release(policy, facts)
-            meta.update(policy_id=decision.policy_id, policy_version=decision.policy_version, rule=decision.rule)
+            decision = evaluate_release(self._policy(policy), facts)
+            meta.update(policy_id=decision.policy_id, policy_version=decision.policy_version,
+                        rule=decision.rule)
             decision.require()
         except (AttestationError, KeyBrokerError, PolicyError, ValueError) as exc:
-            reason = getattr(exc, "reason", None) or "; ".join(getattr(getattr(exc, "decision", None),
-                                                                      "reasons", ())) or str(exc)
-            raise self._deny(tenant, "attest", f"{type(exc).__name__}: {reason}", **meta) from exc
+            raise self._deny(tenant, "attest", _reason(exc), meta) from exc
         claims = result.token_claims()
         claims["sealed"] = {"tenant": tenant, "model": model, "version": version,
-                            "policy_id": decision.policy_id, "policy_version": decision.policy_version}
+                            "policy_id": decision.policy_id, "policy_version": decision.policy_version,
+                            "chip_id": result.cpu.extra.get("chip_id", "")}
         token = self.issuer.issue(claims, now)
-        self._audit.append(tenant=tenant, action="attest", decision="allow", reason=decision.rule, metadata=meta)
+        self.audit.append(tenant=tenant, action="attest", decision="allow", reason=decision.rule,
+                          metadata=meta)
         return token
+
+    def _scoped_claims(self, token: str, tenant: str, model: str, version: str, now: dt.datetime,
+                       meta: dict[str, Any]) -> dict[str, Any]:
+        claims = self._verifier.verify(token, now)
+        scope = claims.get("sealed") or {}
+        if (scope.get("tenant"), scope.get("model"), scope.get("version")) != (tenant, model, version):
+            raise ReleaseRefused("token was issued for another tenant, model or version")
+        meta.update(measurement=claims["measurement"], tee=claims["tee"], token_id=claims["jti"],
+                    evidence_digest=claims.get("evidence_digest", ""), policy_id=scope.get("policy_id", ""),
+                    policy_version=scope.get("policy_version", 0))
+        return claims
 
     def release(self, *, token: str, tenant: str, model: str, version: str) -> SealedKey:
         """Seal the model version's data key to the HPKE key bound in the attestation token."""
         meta: dict[str, Any] = {"model": model, "version": version}
         try:
-            now = self._clock()
-            claims = TokenVerifier(self.issuer.jwks(), self.issuer.issuer).verify(token, now)
-            scope = claims.get("sealed") or {}
-            if (scope.get("tenant"), scope.get("model"), scope.get("version")) != (tenant, model, version):
-                raise ReleaseRefused("token was issued for another tenant, model or version")
-            meta.update(measurement=claims["measurement"], tee=claims["tee"], token_id=claims["jti"])
+            now = self.clock()
+            claims = self._scoped_claims(token, tenant, model, version, now, meta)
+            scope = claims["sealed"]
+            self._limiter.check("release", f"{claims['measurement']}|{scope.get('chip_id', '')}")
+            if self.keystore.is_revoked(tenant):
+                raise ReleaseRefused("tenant key is revoked")
+            current = self.policies.get(tenant, model, version)
+            if (current.policy_id, current.version) != (scope["policy_id"], scope["policy_version"]):
+                raise ReleaseRefused("the release policy changed since attestation; attest again")
+            self._mark_used(claims["jti"], now)
             data_key, record = self.datakeys.data_key(tenant, model, version)
             recipient = bytes.fromhex(claims["runtime_data"]["hpke_public_key"])
             sealed = seal(data_key, recipient, release_info(tenant, model, version, claims["jti"]))
-        except (AttestationError, KeyBrokerError, KeyError, ValueError) as exc:
-            raise self._deny(tenant, "release", f"{type(exc).__name__}: {getattr(exc, 'reason', exc)}",
-                             **meta) from exc
+        except RateLimited:
+            raise
+        except (AttestationError, KeyBrokerError, PolicyError, KeyError, ValueError) as exc:
+            raise self._deny(tenant, "release", _reason(exc), meta) from exc
         receipt = self.receipts.issue({
             "tenant": tenant, "model": model, "version": version, "key_id": record.key_id,
             "model_digest": record.model_digest, "signer": record.signer,
-            "measurement": claims["measurement"], "tee": claims["tee"], "insecure": bool(claims.get("insecure")),
-            "time": now.isoformat(), "policy_id": scope["policy_id"], "policy_version": scope["policy_version"],
-            "token_id": claims["jti"],
+            "measurement": claims["measurement"], "tee": claims["tee"],
+            "insecure": bool(claims.get("insecure")), "time": now.isoformat(),
+            "policy_id": scope["policy_id"], "policy_version": scope["policy_version"],
+            "token_id": claims["jti"], "evidence_digest": claims.get("evidence_digest", ""),
         })
-        self._audit.append(tenant=tenant, action="release", decision="allow", reason="sealed-to-attested-key",
-                           metadata=meta)
+        self.audit.append(tenant=tenant, action="release", decision="allow", reason="sealed-to-attested-key",
+                          metadata=meta)
         return SealedKey(sealed=sealed, token_id=claims["jti"], receipt=receipt)
 
-
-def b64(data: bytes) -> str:
-    return base64.b64encode(data).decode()
+    def key_status(self, *, token: str, tenant: str, model: str, version: str) -> str:
+        """What a running worker polls: "active", or "revoked" (drop the key now). The token's
+        signature and scope are checked, but not its expiry: a worker keeps polling long after its
+        attestation token expired, and learning "revoked" late would be worse."""
+        meta: dict[str, Any] = {"model": model, "version": version}
+        try:
+            # Verify "as of" the token's own issue time; the signature is still fully checked.
+            iat = jwt.decode(token, options={"verify_signature": False})["iat"]
+            claims = self._scoped_claims(token, tenant, model, version,
+                                         dt.datetime.fromtimestamp(int(iat), dt.UTC), meta)
+            self._limiter.check("status", f"{claims['measurement']}|{claims['sealed'].get('chip_id', '')}")
+        except RateLimited:
+            raise
+        except (AttestationError, jwt.PyJWTError, KeyError, TypeError, ValueError, ReleaseRefused) as exc:
+            raise self._deny(tenant, "key-status", _reason(exc), meta) from exc
+        try:
+            revoked = self.keystore.is_revoked(tenant) or not self.datakeys.exists(tenant, model, version)
+        except KeyBrokerError:
+            revoked = True
+        return "revoked" if revoked else "active"

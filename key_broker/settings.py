@@ -3,8 +3,19 @@
 from __future__ import annotations
 
 import datetime as dt
+import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
+
+from key_broker.auth import check_secret, hash_token
+from key_broker.errors import SettingsError
+
+log = logging.getLogger(__name__)
+
+ADMIN_TOKEN_ENV = "SEALED_BROKER_ADMIN_TOKEN"  # plaintext, hashed at startup, never stored
+VAULT_TOKEN_ENVS = ("SEALED_VAULT_TOKEN", "BAO_TOKEN", "VAULT_TOKEN")
 
 
 @dataclass(frozen=True)
@@ -18,3 +29,50 @@ class BrokerSettings:
     challenge_ttl: dt.timedelta = dt.timedelta(seconds=60)
     token_ttl: dt.timedelta = dt.timedelta(minutes=5)
     max_body_bytes: int = 1 << 20
+    rate_limit_per_minute: int = 600
+    # SHA-256 hex of the operator's admin token(s); empty = the admin API admits only tenant admins.
+    admin_token_sha256: frozenset[str] = frozenset()
+    keystore: Literal["local", "vault"] = "local"
+    vault_url: str | None = None
+    vault_token: str | None = None
+    vault_mount: str = "transit"
+    # Accept placeholder secrets (example master keys, short admin tokens, Vault dev tokens).
+    unsafe_dev_mode: bool = False
+
+    def __post_init__(self) -> None:
+        if self.keystore not in ("local", "vault"):
+            raise SettingsError(f"unknown key store {self.keystore!r}")
+        if self.keystore == "vault" and not (self.vault_url and self.vault_token):
+            raise SettingsError("the vault key store needs vault_url and a token (env SEALED_VAULT_TOKEN)")
+        if self.vault_token is not None:
+            check_secret(self.vault_token, "the Vault token", dev=self.unsafe_dev_mode)
+        if self.unsafe_dev_mode:
+            log.warning("UNSAFE dev mode: placeholder secrets are accepted; never use this in production")
+
+    def __repr__(self) -> str:  # the Vault token must not reach a log through a repr
+        return f"BrokerSettings(data_dir={self.data_dir!s}, keystore={self.keystore}, issuer={self.issuer})"
+
+
+def admin_token_hashes(env: dict[str, str] | None = None, hash_file: Path | None = None, *,
+                       dev: bool = False) -> frozenset[str]:
+    """Operator token hashes from a file of SHA-256 hex lines (hashed at rest) and/or the env var
+    (plaintext, refused when it looks like a placeholder outside dev mode)."""
+    env = dict(os.environ) if env is None else env
+    hashes: set[str] = set()
+    if hash_file is not None:
+        for line in hash_file.read_text().splitlines():
+            value = line.strip().lower()
+            if value and not value.startswith("#"):
+                if len(value) != 64 or any(c not in "0123456789abcdef" for c in value):
+                    raise SettingsError(f"{hash_file} must hold SHA-256 hex lines")
+                hashes.add(value)
+    plain = env.get(ADMIN_TOKEN_ENV)
+    if plain:
+        check_secret(plain, ADMIN_TOKEN_ENV, dev=dev)
+        hashes.add(hash_token(plain))
+    return frozenset(hashes)
+
+
+def vault_token_from_env(env: dict[str, str] | None = None) -> str | None:
+    env = dict(os.environ) if env is None else env
+    return next((env[name] for name in VAULT_TOKEN_ENVS if env.get(name)), None)

@@ -1,14 +1,19 @@
-"""`sealed encrypt SRC --tenant T --out PKG`: tenant-side encryption and signing of a model."""
+"""`sealed encrypt SRC --tenant T --out PKG`: tenant-side encryption and signing of a model.
+
+The data key never touches the disk in the clear: it is sealed (HPKE) to the key broker's
+published import key (`--broker-import-key`; with "hold your own key", the tenant's own broker).
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import typer
-from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
+from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
 
 from api.home import ed25519_key
-from api.tenant_tools import encrypt_model
+from api.tenant_tools import encrypt_checkpoint, load_source, seal_for_broker
+from enclave_worker.package.signing import ModelSigningKey
 from key_broker.fsutil import atomic_write
 
 
@@ -18,18 +23,32 @@ def encrypt(
     out: Path = typer.Option(..., help="package directory to write"),
     model: str = typer.Option(None, help="model id (default: SRC's name)"),
     version: str = typer.Option("v1", help="model version"),
-    signing_key: Path = typer.Option(..., help="tenant Ed25519 signing key (PEM; created if absent)"),
-    key_out: Path = typer.Option(..., help="where to write the data key (0600) for `sealed keys import`"),
+    signing_key: Path = typer.Option(None, help="tenant Ed25519 signing key (PEM; created if absent)"),
+    model_signing_key: Path = typer.Option(None, exists=True,
+                                           help="tenant EC private key (PEM): sign with OpenSSF model-signing"),
+    broker_import_key: Path = typer.Option(..., exists=True,
+                                           help="key broker's X25519 import public key (PEM or hex); "
+                                                "`sealed keys import-pubkey` prints the local broker's"),
+    sealed_key_out: Path = typer.Option(None, help="sealed data key file (default: PKG.datakey.json)"),
 ) -> None:
     """Encrypt and sign SRC into a package; plaintext never touches the disk."""
+    if (signing_key is None) == (model_signing_key is None):
+        raise typer.BadParameter("give exactly one of --signing-key (Ed25519) or --model-signing-key (EC)")
+    signer = ModelSigningKey(model_signing_key) if model_signing_key else ed25519_key(signing_key)
     name = model or src.stem.lower().replace("_", "-")
+    sealed_path = sealed_key_out or out.with_name(out.name + ".datakey.json")
     with Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
-                  TransferSpeedColumn()) as progress:
-        task = progress.add_task("encrypting", total=None)
-        result = encrypt_model(src, out, tenant=tenant, model=name, version=version,
-                               signing_key=ed25519_key(signing_key),
-                               progress=lambda n: progress.advance(task, n))
-    atomic_write(key_out, result.data_key.hex().encode())
+                  TransferSpeedColumn(), TimeRemainingColumn()) as progress:
+        task = progress.add_task("loading", total=None)
+        checkpoint = load_source(src)
+        total = sum(t.numel() * t.element_size() for t in checkpoint.tensors.values())
+        progress.update(task, description="encrypting", total=total)
+        result = encrypt_checkpoint(checkpoint, out, tenant=tenant, model=name, version=version,
+                                    signing_key=signer,
+                                    progress=lambda n: progress.advance(task, n))
+    sealed = seal_for_broker(result, broker_import_key)
+    atomic_write(sealed_path, sealed.to_json().encode())
     typer.echo(f"package {out}: {result.manifest.num_segments} segments, "
-               f"{result.manifest.plaintext_bytes} bytes, digest {result.manifest.plaintext_sha256}")
-    typer.echo(f"data key written to {key_out} (0600); register it with the key broker, then delete it")
+               f"{result.manifest.plaintext_bytes} bytes, digest {result.manifest.plaintext_digest}")
+    typer.echo(f"signed by {result.manifest.signer}")
+    typer.echo(f"data key sealed to broker import key {sealed.import_key_id}: {sealed_path}")

@@ -1,26 +1,107 @@
-"""`sealed keys ...`: tenant key operations and release receipts (one-machine mode)."""
+"""`sealed keys ...`: tenant keys, policies and release receipts.
+
+Key operations go through the broker's admin API (`--url`, default $SEALED_BROKER_URL or the
+local `sealed up` broker; bearer token from $SEALED_ADMIN_TOKEN, never from argv). `receipts
+--verify` works offline on a receipts file or the local broker's receipts.
+"""
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
+from typing import Any
 
+import httpx
 import typer
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from api.home import Home, default_home
-from key_broker.keystore import DataKeyRegistry, LocalKeyStore, load_master_key
 from key_broker.receipts import ReceiptBook, ReceiptError, verify_receipt
+
+TOKEN_ENV = "SEALED_ADMIN_TOKEN"
+URL_ENV = "SEALED_BROKER_URL"
 
 
 def _home(home: Path | None) -> Home:
     return Home(home or default_home())
 
 
+def _broker_url(url: str | None, home: Path | None) -> str:
+    if url or os.environ.get(URL_ENV):
+        return str(url or os.environ[URL_ENV])
+    pids = _home(home).root / "run" / "pids.json"
+    if pids.exists():
+        return str(json.loads(pids.read_text())["broker_url"])
+    raise typer.BadParameter(f"give --url or set {URL_ENV}")
+
+
+def _admin(method: str, path: str, url: str | None, home: Path | None, body: Any = None) -> Any:
+    token = os.environ.get(TOKEN_ENV)
+    if not token:
+        raise typer.BadParameter(f"set {TOKEN_ENV} to an admin or tenant-admin token")
+    response = httpx.request(method, f"{_broker_url(url, home)}/v1/admin{path}", json=body, timeout=30.0,
+                             headers={"Authorization": f"Bearer {token}"})
+    if response.status_code >= 400:
+        typer.echo(f"error {response.status_code}: {response.text[:500]}", err=True)
+        raise typer.Exit(1)
+    return response.json()
+
+
+URL = typer.Option(None, "--url", help=f"key broker URL (default ${URL_ENV} or the local `sealed up` broker)")
+HOME = typer.Option(None, help="data directory (default $SEALED_HOME or ~/.sealed)")
+TENANT = typer.Option(..., help="tenant id")
+
+
+def create(tenant: str = TENANT, url: str = URL, home: Path = HOME) -> None:
+    """Create the tenant's key-encryption key."""
+    typer.echo(json.dumps(_admin("POST", f"/tenants/{tenant}/key", url, home), indent=1))
+
+
+def rotate(tenant: str = TENANT, url: str = URL, home: Path = HOME) -> None:
+    """Rotate the tenant key and re-wrap every data key under the new version."""
+    typer.echo(json.dumps(_admin("POST", f"/tenants/{tenant}/key/rotate", url, home)))
+
+
+def revoke(tenant: str = TENANT, url: str = URL, home: Path = HOME,
+           yes: bool = typer.Option(False, "--yes", help="confirm: stop releases; workers drop keys")
+           ) -> None:
+    """Revoke the tenant key: no new releases; workers drop the key at their next status check."""
+    if not yes:
+        raise typer.BadParameter("revocation stops every release of this tenant's models; pass --yes")
+    typer.echo(json.dumps(_admin("POST", f"/tenants/{tenant}/key/revoke", url, home), indent=1))
+
+
+def status(tenant: str = TENANT, url: str = URL, home: Path = HOME) -> None:
+    """The tenant key's state and its data keys (metadata only)."""
+    typer.echo(json.dumps(_admin("GET", f"/tenants/{tenant}", url, home), indent=1))
+
+
+def policy(tenant: str = TENANT, file: Path = typer.Option(..., exists=True, help="release policy JSON"),
+           url: str = URL, home: Path = HOME) -> None:
+    """Upload a release policy (versions only move forward)."""
+    doc = json.loads(file.read_text())
+    typer.echo(json.dumps(_admin("PUT", f"/tenants/{tenant}/policies", url, home, doc)))
+
+
+def releases(tenant: str = TENANT, url: str = URL, home: Path = HOME,
+             out: Path = typer.Option(None, help="also write the signed receipts (JSONL) here")) -> None:
+    """List the tenant's key releases (fetched from the broker as signed receipts)."""
+    body = _admin("GET", f"/tenants/{tenant}/receipts", url, home)
+    if out is not None:
+        out.write_text("".join(json.dumps(line, sort_keys=True) + "\n" for line in body["receipts"]))
+        out.with_suffix(".broker.pem").write_text(body["broker_public_key_pem"])
+    for line in body["receipts"]:
+        r = line["receipt"]
+        typer.echo(f"{r['time']} {r['model']}/{r['version']} tee={r['tee']} "
+                   f"measurement={r['measurement'][:16]}... policy={r['policy_id']} v{r['policy_version']} "
+                   f"token={r['token_id']}")
+
+
 def receipts(
-    tenant: str = typer.Option(..., help="tenant id"),
-    home: Path = typer.Option(None, help="data directory (default $SEALED_HOME or ~/.sealed)"),
+    tenant: str = TENANT,
+    home: Path = HOME,
     file: Path = typer.Option(None, help="verify this receipts JSONL instead of the local broker's"),
     broker_key: Path = typer.Option(None, help="broker receipt public key (PEM) for --verify"),
     verify: bool = typer.Option(False, "--verify", help="verify every receipt's signature offline"),
@@ -45,10 +126,14 @@ def receipts(
     for i, line in enumerate(lines):
         if public is not None:
             try:
-                verify_receipt(line, public)
+                body = verify_receipt(line, public)
             except ReceiptError as exc:
                 bad += 1
                 typer.echo(f"receipt {i}: INVALID ({exc})", err=True)
+                continue
+            if body.get("tenant") != tenant:
+                bad += 1
+                typer.echo(f"receipt {i}: INVALID (for tenant {body.get('tenant')!r})", err=True)
                 continue
         typer.echo(json.dumps(line["receipt"], sort_keys=True))
     if bad:
@@ -59,27 +144,32 @@ def receipts(
 
 def import_key(
     tenant: str = typer.Option(...), model: str = typer.Option(...), version: str = typer.Option(...),
-    key_file: Path = typer.Option(..., exists=True, help="data key written by `sealed encrypt`"),
+    sealed_key: Path = typer.Option(..., exists=True, help="sealed data key written by `sealed encrypt`"),
     package: Path = typer.Option(..., exists=True, help="the package the key encrypts"),
     home: Path = typer.Option(None),
 ) -> None:
-    """Wrap a package's data key under the tenant key in the local key store, then delete the file."""
-    from enclave_worker.package import read_manifest
+    """Open a sealed data key with the local broker's import key; wrap it under the tenant key."""
+    from api.tenant_tools import import_sealed_key
 
-    layout = _home(home)
-    manifest, _, signer = read_manifest(package)
-    keystore = LocalKeyStore(layout.broker / "keystore", load_master_key(layout.broker / "master.key"))
-    if not keystore.has_tenant_key(tenant):
-        keystore.create_tenant_key(tenant)
-    DataKeyRegistry(layout.broker / "keystore", keystore).register(
-        tenant, model, version, bytes.fromhex(key_file.read_text().strip()), manifest.key_id, signer,
-        manifest.plaintext_sha256)
-    key_file.unlink()
-    typer.echo(f"data key for {tenant}/{model}/{version} wrapped and stored; {key_file} deleted")
+    names = import_sealed_key(_home(home).broker, sealed_key, package)
+    if names != f"{tenant}/{model}/{version}":
+        raise typer.BadParameter(f"the package is {names}")
+    typer.echo(f"data key for {names} opened, wrapped and stored")
+
+
+def import_pubkey(home: Path = typer.Option(None)) -> None:
+    """Print the local broker's X25519 import public key (PEM) for `sealed encrypt --broker-import-key`."""
+    from api.tenant_tools import broker_import_key_path
+    from enclave_worker.package.keywrap import load_or_create_import_key, public_pem
+
+    key = load_or_create_import_key(broker_import_key_path(_home(home).broker))
+    typer.echo(public_pem(key).decode(), nl=False)
 
 
 def build() -> typer.Typer:
-    app = typer.Typer(no_args_is_help=True, help="Tenant keys and release receipts.")
-    app.command("receipts")(receipts)
-    app.command("import")(import_key)
+    app = typer.Typer(no_args_is_help=True, help="Tenant keys, release policies and release receipts.")
+    for name, fn in (("create", create), ("rotate", rotate), ("revoke", revoke), ("status", status),
+                     ("policy", policy), ("releases", releases), ("receipts", receipts),
+                     ("import", import_key), ("import-pubkey", import_pubkey)):
+        app.command(name)(fn)
     return app

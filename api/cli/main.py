@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from api.cli import attest, audit, bench, encrypt, keys, up
+from api.cli import attest, audit, bench, encrypt, keys, up, upload
 
 
 def build() -> typer.Typer:
@@ -12,6 +12,7 @@ def build() -> typer.Typer:
                       help="Sealed: confidential-compute private model hosting.")
     app.command("up")(up.up)
     app.command("encrypt")(encrypt.encrypt)
+    app.command("upload")(upload.upload)
     app.add_typer(attest.build(), name="attest")
     app.add_typer(audit.build(), name="audit")
     app.add_typer(keys.build(), name="keys")

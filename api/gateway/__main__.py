@@ -1,4 +1,4 @@
-"""`python -m api.gateway --data-dir DIR --routes FILE --port N`: run the gateway."""
+"""`python -m api.gateway --data-dir DIR [--routes FILE] --port N`: run the gateway."""
 
 from __future__ import annotations
 
@@ -13,19 +13,34 @@ from api.gateway.app import create_app
 from api.gateway.settings import GatewaySettings, WorkerRoute
 
 
+def _secret(path: Path | None) -> str:
+    return path.read_text().strip() if path else ""
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m api.gateway")
     parser.add_argument("--data-dir", type=Path, required=True)
-    parser.add_argument("--routes", type=Path, required=True, help="JSON list of worker routes")
+    parser.add_argument("--routes", type=Path, default=None, help="JSON list of {tenant, model, version} served")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--dev", action="store_true")
+    parser.add_argument("--database-url", default=None, help="default: SQLite in --data-dir")
+    parser.add_argument("--redis-url", default=None, help="share limits and queues with other replicas")
+    parser.add_argument("--register-token-file", type=Path, default=None)
+    parser.add_argument("--jwt-secret-file", type=Path, default=None)
+    parser.add_argument("--max-inflight", type=int, default=256)
+    parser.add_argument("--max-queued", type=int, default=1024)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s gateway %(levelname)s %(message)s")
-    routes = tuple(WorkerRoute(**r) for r in json.loads(args.routes.read_text()))
-    settings = GatewaySettings(data_dir=args.data_dir, workers=routes, dev=args.dev)
+    routes = tuple(WorkerRoute(**r) for r in json.loads(args.routes.read_text())) if args.routes else ()
+    settings = GatewaySettings(data_dir=args.data_dir, workers=routes, dev=args.dev,
+                               database_url=args.database_url, redis_url=args.redis_url,
+                               register_token=_secret(args.register_token_file),
+                               jwt_secret=_secret(args.jwt_secret_file), max_inflight=args.max_inflight,
+                               max_queued=args.max_queued)
     # access_log off: request lines are metadata, but we keep the gateway's logs to decisions only.
-    uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level="warning", access_log=False)
+    uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level="warning", access_log=False,
+                timeout_graceful_shutdown=5)
     return 0
 
 

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 from collections.abc import AsyncIterator
 
-import httpx
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from api.gateway import internal
+from api.gateway.admission import AdmissionController
 from api.gateway.errors import (
     GatewayError,
     error_body,
@@ -18,15 +20,36 @@ from api.gateway.errors import (
     http_error_handler,
     validation_error_handler,
 )
-from api.gateway.keys import ApiKeyStore
+from api.gateway.limits import LocalQueueCounter, RedisLimiterStore, RedisQueueCounter
 from api.gateway.router import router
 from api.gateway.service import GatewayService
 from api.gateway.settings import GatewaySettings
+from api.store.db import make_engine, session_factory, upgrade
+from api.store.repo import Store
+from policy.limiter import TokenBucketLimiter
+
+
+def build_service(settings: GatewaySettings) -> GatewayService:
+    engine = make_engine(settings.db_url)
+    upgrade(engine)
+    store = Store(session_factory(engine))
+    if settings.redis_url:
+        import redis  # only fleets need it
+
+        client = redis.Redis.from_url(settings.redis_url)
+        limiter, counter = TokenBucketLimiter(RedisLimiterStore(client)), RedisQueueCounter(client)
+    else:
+        limiter, counter = TokenBucketLimiter(), LocalQueueCounter()
+    service = GatewayService(settings, store, AdmissionController(limiter, counter, settings.max_inflight,
+                                                                  settings.max_queued))
+    for route in settings.workers:
+        store.upsert_version(route.tenant, route.model, route.version)
+    service.bootstrap_keys()
+    return service
 
 
 def create_app(settings: GatewaySettings) -> FastAPI:
-    service = GatewayService(settings, ApiKeyStore(settings.data_dir / "api-keys.json"),
-                             httpx.AsyncClient(limits=httpx.Limits(max_connections=1024)))
+    service = build_service(settings)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -36,6 +59,11 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     app = FastAPI(title="Sealed gateway", lifespan=lifespan)
     app.state.service = service
     app.include_router(router)
+    app.include_router(internal.router)
+    if importlib.util.find_spec("api.management") is not None:
+        from api.management.app import management_router
+
+        app.include_router(management_router(settings, service), prefix="/admin/v1")
     app.add_exception_handler(GatewayError, gateway_error_handler)
     app.add_exception_handler(RequestValidationError, validation_error_handler)
     app.add_exception_handler(StarletteHTTPException, http_error_handler)

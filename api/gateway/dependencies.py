@@ -1,14 +1,14 @@
-"""Authorization as chained dependencies: bearer key -> API key record -> tenant."""
+"""Authorization as chained dependencies: bearer key -> API key record (-> tenant)."""
 
 from __future__ import annotations
 
-import datetime as dt
+import asyncio
 
 from fastapi import Depends, Request
 
 from api.gateway.errors import GatewayError
-from api.gateway.keys import ApiKey
 from api.gateway.service import GatewayService
+from api.store.repo import KeyRecord
 
 
 def get_service(request: Request) -> GatewayService:
@@ -24,8 +24,6 @@ def bearer_secret(request: Request) -> str:
     return secret.strip()
 
 
-def current_key(secret: str = Depends(bearer_secret), service: GatewayService = Depends(get_service)) -> ApiKey:
-    key = service.keys.lookup(secret)
-    if key is None or key.expired(dt.datetime.now(dt.UTC)):
-        raise GatewayError(401, "Incorrect API key provided.", code="invalid_api_key")
-    return key
+async def current_key(secret: str = Depends(bearer_secret), service: GatewayService = Depends(get_service)
+                      ) -> KeyRecord:
+    return await asyncio.to_thread(service.authenticate, secret)

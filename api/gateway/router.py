@@ -3,146 +3,220 @@
 from __future__ import annotations
 
 import json
-import secrets
 import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, Depends
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse
 
+from api.gateway import openai_format as fmt
 from api.gateway.dependencies import current_key, get_service
 from api.gateway.errors import GatewayError, error_body
-from api.gateway.keys import ApiKey
+from api.gateway.generation import CleanupStreamingResponse, Run, request_id
 from api.gateway.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
 from api.gateway.service import GatewayService
+from api.proto import worker_pb2
+from api.store.repo import KeyRecord
 
 router = APIRouter()
-DEFAULT_MAX_TOKENS = 256
 
 
-def _params(req: SamplingFields, max_tokens: int | None) -> dict[str, Any]:
-    return {
-        "max_tokens": max_tokens or DEFAULT_MAX_TOKENS,
-        "temperature": 1.0 if req.temperature is None else req.temperature,
-        "top_p": 1.0 if req.top_p is None else req.top_p,
-        "seed": req.seed,
-        "stop": req.stop_list(),
-    }
+def _params(req: SamplingFields, max_tokens: int, logprobs: int | None, extra_stop: list[str], index: int
+            ) -> worker_pb2.SamplingParams:
+    p = worker_pb2.SamplingParams(max_tokens=max_tokens, temperature=1.0 if req.temperature is None else
+                                  req.temperature, top_p=1.0 if req.top_p is None else req.top_p,
+                                  stop=req.stop_list() + extra_stop, ignore_eos=req.ignore_eos)
+    if req.seed is not None:
+        p.seed = req.seed + index  # n > 1 with a seed: distinct yet reproducible choices
+    if logprobs is not None:
+        p.logprobs = logprobs
+    return p
 
 
-def _tee_fields(status: dict[str, Any]) -> dict[str, Any]:
-    return {"tee": status.get("tee", "unknown"), "insecure": bool(status.get("insecure", True))}
+def _tee(service: GatewayService, tenant: str, model: str) -> dict[str, Any]:
+    workers = service.registry.ready(tenant, model)
+    insecure = any(w.insecure for w in workers) or not workers
+    tee = workers[0].tee if workers else "unknown"
+    return {"tee": tee, "insecure": insecure, "system_fingerprint": f"sealed-{tee}"}
 
 
-def _usage(last: dict[str, Any]) -> dict[str, int]:
-    p, c = int(last.get("prompt_tokens", 0)), int(last.get("completion_tokens", 0))
+def _usage(results: list[Any]) -> dict[str, int]:
+    p = max((r.prompt_tokens for r in results), default=0)
+    c = sum(r.completion_tokens for r in results)
     return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
 
 
+def _reserve(text_len: int, max_tokens: int, n: int) -> int:
+    return text_len // 3 + max_tokens * n  # worst-case estimate; the unused part is given back
+
+
+def _sse_bytes(doc: dict[str, Any]) -> bytes:
+    return f"data: {json.dumps(doc)}\n\n".encode()
+
+
 @router.get("/v1/models")
-def list_models(key: ApiKey = Depends(current_key), service: GatewayService = Depends(get_service)) -> dict:
+def list_models(key: KeyRecord = Depends(current_key), service: GatewayService = Depends(get_service)) -> dict:
     return {"object": "list", "data": [
-        {"id": r.model, "object": "model", "created": 0, "owned_by": r.tenant} for r in service.models_for(key)
-    ]}
-
-
-async def _run(service: GatewayService, key: ApiKey, model: str, body: dict[str, Any]
-               ) -> tuple[AsyncIterator[dict[str, Any]], dict[str, Any]]:
-    route, status = await service.pick_worker(service.resolve(key, model))
-    body = {"request_id": secrets.token_hex(12), "tenant": key.tenant, **body}
-    return await service.generate(route, body), status
-
-
-def _sse(chunks: AsyncIterator[dict[str, Any]]) -> StreamingResponse:
-    async def events() -> AsyncIterator[bytes]:
-        try:
-            async for chunk in chunks:
-                yield f"data: {json.dumps(chunk)}\n\n".encode()
-        except GatewayError as exc:
-            yield f"data: {json.dumps(error_body(exc.message, exc.type, exc.code))}\n\n".encode()
-            return
-        yield b"data: [DONE]\n\n"
-
-    return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-store"})
+        {"id": m, "object": "model", "created": 0, "owned_by": key.tenant} for m in service.models_for(key)]}
 
 
 @router.post("/v1/chat/completions", response_model=None)
-async def chat_completions(req: ChatCompletionRequest, key: ApiKey = Depends(current_key),
-                           service: GatewayService = Depends(get_service)) -> JSONResponse | StreamingResponse:
-    params = _params(req, req.max_completion_tokens or req.max_tokens)
-    messages = [{"role": m.role, "content": m.text()} for m in req.messages]
-    stream, status = await _run(service, key, req.model,
-                                {"kind": "chat", "messages": messages, "tools": req.tools, "params": params})
-    cid, created, tee = f"chatcmpl-{secrets.token_hex(12)}", int(time.time()), _tee_fields(status)
-    base = {"id": cid, "created": created, "model": req.model, "system_fingerprint": f"sealed-{tee['tee']}", **tee}
+async def chat_completions(req: ChatCompletionRequest, key: KeyRecord = Depends(current_key),
+                           service: GatewayService = Depends(get_service)):  # type: ignore[no-untyped-def]
+    split = service.resolve(key, req.model)
+    max_tokens = req.max_completion_tokens or req.max_tokens or service.settings.default_max_tokens
+    messages = [m.model_dump(exclude_none=True) for m in req.messages]
+    tools = [t.model_dump(exclude_none=True) for t in req.tools or []]
+    choice = req.tool_choice.model_dump() if hasattr(req.tool_choice, "model_dump") else req.tool_choice
+    use_tools = bool(tools) and choice != "none"
+    prefix, extra_stop = (fmt.tool_prefix(choice) if use_tools else ""), []
+    if isinstance(choice, dict) and use_tools:
+        tools = [t for t in tools if t["function"]["name"] == choice["function"].get("name")]
+        if not tools:
+            raise GatewayError(400, "tool_choice names a function that is not in tools", param="tool_choice")
+        extra_stop = ["</tool_call>"]
+    json_mode = req.response_format is not None and req.response_format.type != "text" and not use_tools
+    if json_mode:
+        hint = fmt.JSON_SYSTEM
+        if req.response_format and req.response_format.json_schema:
+            hint += " It must follow this JSON schema: " + json.dumps(req.response_format.json_schema.get("schema"))
+        messages = [{"role": "system", "content": hint}, *messages]
+        prefix = "{"
+    logprobs = (req.top_logprobs or 0) if req.logprobs else None
+    rid = request_id()
+    requests = [worker_pb2.GenerateRequest(
+        request_id=f"{rid}-{i}", tenant=key.tenant, key_id=key.key_id, kind="chat",
+        messages_json=json.dumps(messages), tools_json=json.dumps(tools) if use_tools else "",
+        assistant_prefix=prefix, params=_params(req, max_tokens, logprobs, extra_stop, i)) for i in range(req.n)]
+    ticket = service.ticket(key, _reserve(len(requests[0].messages_json), max_tokens, req.n), req.priority)
+    run = Run(service, key, req.model, ticket)
+    streams = await run.start(split, requests, affinity=json.dumps(messages[:2])[:4096])
+    base = {"id": f"chatcmpl-{rid}", "created": int(time.time()), "model": req.model,
+            **_tee(service, key.tenant, req.model)}
+    names = {t["function"]["name"] for t in tools}
+
+    def finish(text: str, reason: str | None) -> tuple[dict[str, Any], str | None]:
+        if use_tools:
+            content, calls = fmt.parse_tool_calls(prefix + text, names)
+            if calls:
+                return {"role": "assistant", "content": content, "tool_calls": calls}, "tool_calls"
+            return {"role": "assistant", "content": text}, reason
+        if json_mode:
+            return {"role": "assistant", "content": fmt.coerce_json(prefix + text)}, reason
+        return {"role": "assistant", "content": text}, reason
+
     if not req.stream:
-        text, last = [], {}
-        async for out in stream:
-            text.append(out["text"])
-            last = out
-        return JSONResponse({**base, "object": "chat.completion", "usage": _usage(last), "choices": [{
-            "index": 0, "message": {"role": "assistant", "content": "".join(text)},
-            "finish_reason": last.get("finish_reason"), "logprobs": None}]})
+        results = await run.collect(streams)
+        choices = []
+        for i, r in enumerate(results):
+            message, reason = finish(r.text, r.finish_reason)
+            choices.append({"index": i, "message": {**message, "refusal": None}, "finish_reason": reason,
+                            "logprobs": fmt.chat_logprobs(r.logprobs) if req.logprobs else None})
+        return JSONResponse({**base, "object": "chat.completion", "choices": choices, "usage": _usage(results)})
+
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
+    buffered = use_tools or json_mode  # the answer's shape is only known at its end
 
-    async def chunks() -> AsyncIterator[dict[str, Any]]:
-        first, last = True, {}
-        async for out in stream:
-            delta: dict[str, Any] = {"content": out["text"]}
-            if first:
-                delta["role"], first = "assistant", False
-            last = out
-            yield {**base, "object": "chat.completion.chunk", "choices": [
-                {"index": 0, "delta": delta, "finish_reason": out.get("finish_reason"), "logprobs": None}]}
+    async def events() -> AsyncIterator[bytes]:
+        chunk_base = {**base, "object": "chat.completion.chunk"}
+        texts, results = [""] * req.n, [worker_pb2.GenerateChunk()] * req.n
+        for i in range(req.n):
+            yield _sse_bytes({**chunk_base, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
+                                                         "finish_reason": None, "logprobs": None}]})
+        try:
+            async for i, out in run.merged(streams):
+                results[i] = out
+                texts[i] += out.text
+                lp = fmt.chat_logprobs(list(out.logprobs)) if req.logprobs else None
+                if not buffered and (out.text or out.finish_reason or lp):
+                    yield _sse_bytes({**chunk_base, "choices": [{"index": i, "delta": {"content": out.text},
+                                      "finish_reason": out.finish_reason or None, "logprobs": lp}]})
+                elif buffered and out.finish_reason:
+                    message, reason = finish(texts[i], out.finish_reason)
+                    message.pop("role")
+                    if "tool_calls" in message:
+                        message["tool_calls"] = [{"index": j, **c} for j, c in enumerate(message["tool_calls"])]
+                    yield _sse_bytes({**chunk_base, "choices": [{"index": i, "delta": message,
+                                                                 "finish_reason": reason, "logprobs": None}]})
+        except GatewayError as exc:
+            yield _sse_bytes(error_body(exc.message, exc.type, exc.code))
+            return
+        finally:
+            await run.close()
         if include_usage:
-            yield {**base, "object": "chat.completion.chunk", "choices": [], "usage": _usage(last)}
+            yield _sse_bytes({**chunk_base, "choices": [], "usage": _usage(results)})
+        yield b"data: [DONE]\n\n"
 
-    return _sse(chunks())
+    return CleanupStreamingResponse(events(), run.close, media_type="text/event-stream",
+                                    headers={"Cache-Control": "no-store"})
 
 
 @router.post("/v1/completions", response_model=None)
-async def completions(req: CompletionRequest, key: ApiKey = Depends(current_key),
-                      service: GatewayService = Depends(get_service)) -> JSONResponse | StreamingResponse:
-    params = _params(req, req.max_tokens or 16)
-    stream, status = await _run(service, key, req.model, {"kind": "completion", "prompt": req.prompt,
-                                                            "params": params})
-    tee = _tee_fields(status)
-    base = {"id": f"cmpl-{secrets.token_hex(12)}", "created": int(time.time()), "model": req.model,
-            "object": "text_completion", "system_fingerprint": f"sealed-{tee['tee']}", **tee}
+async def completions(req: CompletionRequest, key: KeyRecord = Depends(current_key),
+                      service: GatewayService = Depends(get_service)):  # type: ignore[no-untyped-def]
+    split = service.resolve(key, req.model)
+    prompts = [req.prompt] if isinstance(req.prompt, str) else list(req.prompt)
+    if not prompts or any(not p for p in prompts):
+        raise GatewayError(400, "prompt must not be empty", param="prompt")
+    max_tokens = req.max_tokens or 16
+    rid = request_id()
+    requests = [worker_pb2.GenerateRequest(
+        request_id=f"{rid}-{pi}-{j}", tenant=key.tenant, key_id=key.key_id, kind="completion", prompt=prompt,
+        params=_params(req, max_tokens, req.logprobs, [], j)) for pi, prompt in enumerate(prompts)
+        for j in range(req.n)]
+    ticket = service.ticket(key, _reserve(sum(map(len, prompts)), max_tokens, len(requests)), req.priority)
+    run = Run(service, key, req.model, ticket)
+    streams = await run.start(split, requests, affinity=prompts[0][:4096])
+    base = {"id": f"cmpl-{rid}", "created": int(time.time()), "model": req.model, "object": "text_completion",
+            **_tee(service, key.tenant, req.model)}
+
+    def echo(i: int) -> str:
+        return prompts[i // req.n] if req.echo else ""
+
     if not req.stream:
-        text, last = [], {}
-        async for out in stream:
-            text.append(out["text"])
-            last = out
-        return JSONResponse({**base, "usage": _usage(last), "choices": [{
-            "index": 0, "text": "".join(text), "finish_reason": last.get("finish_reason"), "logprobs": None}]})
+        results = await run.collect(streams)
+        choices = [{"index": i, "text": echo(i) + r.text, "finish_reason": r.finish_reason,
+                    "logprobs": fmt.completion_logprobs(r.logprobs, len(echo(i))) if req.logprobs is not None
+                    else None} for i, r in enumerate(results)]
+        usage = _usage(results)
+        usage["prompt_tokens"] = sum({i // req.n: r.prompt_tokens for i, r in enumerate(results)}.values())
+        usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+        return JSONResponse({**base, "choices": choices, "usage": usage})
+
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
 
-    async def chunks() -> AsyncIterator[dict[str, Any]]:
-        last: dict[str, Any] = {}
-        async for out in stream:
-            last = out
-            yield {**base, "choices": [{"index": 0, "text": out["text"], "finish_reason": out.get("finish_reason"),
-                                        "logprobs": None}]}
+    async def events() -> AsyncIterator[bytes]:
+        results, started = [worker_pb2.GenerateChunk()] * len(requests), set()
+        try:
+            async for i, out in run.merged(streams):
+                results[i] = out
+                text = out.text if i in started else echo(i) + out.text
+                started.add(i)
+                lp = fmt.completion_logprobs(list(out.logprobs)) if req.logprobs is not None else None
+                yield _sse_bytes({**base, "choices": [{"index": i, "text": text, "logprobs": lp,
+                                                       "finish_reason": out.finish_reason or None}]})
+        except GatewayError as exc:
+            yield _sse_bytes(error_body(exc.message, exc.type, exc.code))
+            return
+        finally:
+            await run.close()
         if include_usage:
-            yield {**base, "choices": [], "usage": _usage(last)}
+            yield _sse_bytes({**base, "choices": [], "usage": _usage(results)})
+        yield b"data: [DONE]\n\n"
 
-    return _sse(chunks())
+    return CleanupStreamingResponse(events(), run.close, media_type="text/event-stream",
+                                    headers={"Cache-Control": "no-store"})
+
+
+@router.get("/v1/usage")
+def usage(key: KeyRecord = Depends(current_key), service: GatewayService = Depends(get_service)) -> dict:
+    rows = service.store.usage_summary(key.tenant)
+    totals = {f: sum(r[f] for r in rows) for f in ("requests", "prompt_tokens", "completion_tokens",
+                                                   "worker_seconds")}
+    return {"object": "usage", "tenant": key.tenant, "totals": totals, "by_key": rows}
 
 
 @router.get("/.well-known/attestation")
 async def well_known_attestation(service: GatewayService = Depends(get_service)) -> dict:
     return {"workers": await service.attestation()}
-
-
-@router.get("/healthz")
-def healthz() -> dict:
-    return {"status": "ok"}
-
-
-@router.get("/readyz", response_model=None)
-async def readyz(service: GatewayService = Depends(get_service)) -> JSONResponse:
-    states = [(await service.worker_status(r)).get("status") for r in service.settings.workers]
-    ready = bool(states) and any(s == "ready" for s in states)
-    return JSONResponse(status_code=200 if ready else 503, content={"ready": ready, "workers": states})

@@ -20,11 +20,22 @@ class TextPart(Strict):
     text: str
 
 
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str = "{}"
+
+
+class ToolCallIn(BaseModel):
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
-    tool_calls: list[dict[str, Any]] | None = None
+    tool_calls: list[ToolCallIn] | None = None
     tool_call_id: str | None = None
 
     def text(self) -> str:
@@ -35,6 +46,28 @@ class ChatMessage(Strict):
         return "".join(p.text for p in self.content)
 
 
+class FunctionDef(BaseModel):
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_\-\.]+$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(Strict):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedToolChoice(Strict):
+    type: Literal["function"]
+    function: dict[str, str]
+
+
+class ResponseFormat(Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: dict[str, Any] | None = None
+
+
 class SamplingFields(Strict):
     model: str = Field(min_length=1, max_length=256)
     stream: bool = False
@@ -42,12 +75,14 @@ class SamplingFields(Strict):
     max_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    n: int = Field(default=1, ge=1, le=1)
+    n: int = Field(default=1, ge=1, le=16)
     seed: int | None = None
     stop: str | list[str] | None = None
     user: str | None = Field(default=None, max_length=256)
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    priority: int | None = Field(default=None, ge=-10, le=10)  # vLLM-style; capped by the key's priority
+    ignore_eos: bool = False  # vLLM extension: benchmarks need exact output lengths
 
     @field_validator("stop")
     @classmethod
@@ -66,13 +101,17 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
-    response_format: dict[str, Any] | None = None
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    response_format: ResponseFormat | None = None
     parallel_tool_calls: bool | None = None
+    metadata: dict[str, str] | None = None
+    store: bool | None = None
 
 
 class CompletionRequest(SamplingFields):
-    prompt: str = Field(max_length=1 << 20)
+    prompt: str | list[str] = Field(max_length=1 << 20)
     logprobs: int | None = Field(default=None, ge=0, le=5)
     echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = Field(default=None, ge=1, le=1)

@@ -1,111 +1,189 @@
-"""Gateway logic: resolve a tenant's model to a worker, check it is ready, relay its token stream.
+"""Gateway logic: keys -> tenant, catalog and rollouts, admission, routing, streaming, metering.
 
 The gateway is outside the trust boundary: it never sees weights or keys, and never logs content.
 """
 
 from __future__ import annotations
 
+import asyncio
+import datetime as dt
 import json
 import logging
 import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx
-
+from api.gateway.admission import AdmissionController, Ticket
 from api.gateway.errors import GatewayError
-from api.gateway.keys import ApiKey, ApiKeyStore
-from api.gateway.settings import GatewaySettings, WorkerRoute
+from api.gateway.grpc_client import WorkerClients, WorkerLost
+from api.gateway.metrics import Metrics
+from api.gateway.registry import WorkerInfo, WorkerRegistry
+from api.gateway.settings import GatewaySettings
+from api.gateway.usage import UsageRejected, verify_usage
+from api.proto import worker_pb2
+from api.store.models import Tenant
+from api.store.repo import KeyRecord, Store
 
 log = logging.getLogger(__name__)
+CACHE_S = 1.0
+
+
+def not_found(model: str) -> GatewayError:
+    # Same answer whether the model exists for another tenant or not at all.
+    return GatewayError(404, f"The model `{model}` does not exist or you do not have access to it.",
+                        code="model_not_found", param="model")
 
 
 class GatewayService:
-    def __init__(self, settings: GatewaySettings, keys: ApiKeyStore, http: httpx.AsyncClient) -> None:
+    def __init__(self, settings: GatewaySettings, store: Store, admission: AdmissionController) -> None:
         self.settings = settings
-        self.keys = keys
-        self._http = http
-        self._status: dict[str, tuple[float, dict[str, Any]]] = {}
+        self.store = store
+        self.admission = admission
+        self.registry = WorkerRegistry(settings.heartbeat_timeout_s)
+        self.clients = WorkerClients()
+        self.metrics = Metrics(lambda: float(admission.running), lambda: float(len(admission.queue)))
+        self._cache: dict[tuple, tuple[float, Any]] = {}
 
     async def close(self) -> None:
-        await self._http.aclose()
+        await self.clients.close()
 
-    def models_for(self, key: ApiKey) -> list[WorkerRoute]:
-        seen: dict[str, WorkerRoute] = {}
-        for route in self.settings.workers:
-            if route.tenant == key.tenant and (not key.models or route.model in key.models):
-                seen.setdefault(route.model, route)
-        return list(seen.values())
+    def forget(self) -> None:
+        """Drop cached catalog and tenant rows (after a management change; other replicas: within CACHE_S)."""
+        self._cache.clear()
 
-    def resolve(self, key: ApiKey, model: str) -> list[WorkerRoute]:
-        routes = [r for r in self.settings.workers
-                  if r.tenant == key.tenant and r.model == model and (not key.models or model in key.models)]
-        if not routes:
-            # Same answer whether the model exists for another tenant or not at all.
-            raise GatewayError(404, f"The model `{model}` does not exist or you do not have access to it.",
-                               code="model_not_found", param="model")
-        return routes
+    def _cached(self, key: tuple, compute):  # type: ignore[no-untyped-def]
+        hit = self._cache.get(key)
+        if hit and time.monotonic() - hit[0] < CACHE_S:
+            return hit[1]
+        value = compute()
+        self._cache[key] = (time.monotonic(), value)
+        return value
 
-    async def worker_status(self, route: WorkerRoute) -> dict[str, Any]:
-        cached = self._status.get(route.url)
-        if cached and time.monotonic() - cached[0] < self.settings.status_cache_s:
-            return cached[1]
+    # -- keys and catalog
+    def bootstrap_keys(self) -> None:
+        """Import hashes from the bootstrap file (`api-keys.json`, written by `sealed up`'s preparation)."""
+        path = self.settings.data_dir / "api-keys.json"
+        if not path.exists():
+            return
+        for key_hash, doc in json.loads(path.read_text()).items():
+            expires = dt.datetime.fromisoformat(doc["expires_at"]) if doc.get("expires_at") else None
+            self.store.import_key_hash(key_hash, doc["tenant"], doc["name"], tuple(doc.get("models", ())), expires)
+
+    def authenticate(self, secret: str) -> KeyRecord:
+        key = self.store.lookup_key(secret)
+        if key is None:
+            self.bootstrap_keys()
+            key = self.store.lookup_key(secret)
+        if key is None or key.expired(dt.datetime.now(dt.UTC)):
+            raise GatewayError(401, "Incorrect API key provided.", code="invalid_api_key")
+        return key
+
+    def split(self, tenant: str, model: str) -> dict[str, float]:
+        return self._cached(("split", tenant, model), lambda: {
+            v.version: v.traffic_percent for v in self.store.model_versions(tenant) if v.model == model})
+
+    def models_for(self, key: KeyRecord) -> list[str]:
+        names = {v.model for v in self.store.model_versions(key.tenant)}
+        names |= {w.model for w in self.registry.workers.values() if w.tenant == key.tenant}
+        return sorted(n for n in names if not key.models or n in key.models)
+
+    def resolve(self, key: KeyRecord, model: str) -> dict[str, float]:
+        if key.models and model not in key.models:
+            raise not_found(model)
+        split = self.split(key.tenant, model)
+        if not split and not self.registry.for_model(key.tenant, model):
+            raise not_found(model)
+        return split
+
+    # -- admission
+    def tenant(self, name: str) -> Tenant | None:
+        return self._cached(("tenant", name), lambda: self.store.tenant(name))
+
+    def ticket(self, key: KeyRecord, reserved_tokens: int, priority: int | None = None) -> Ticket:
+        t = self.tenant(key.tenant)
+        if t is not None and t.token_budget is not None:
+            used = self._cached(("used", key.tenant), lambda: self.store.tokens_used(key.tenant))
+            if used >= t.token_budget:
+                self.metrics.rejected.labels(key.tenant, "budget").inc()
+                raise GatewayError(429, "You exceeded your token budget.", type_="insufficient_quota",
+                                   code="insufficient_quota")
+        ticket = Ticket(tenant=key.tenant, key_id=key.key_id, weight=t.weight if t else 1.0,
+                        # A request may lower its priority, never raise it above its key's.
+                        priority=key.priority if priority is None else min(priority, key.priority),
+                        reserved_tokens=reserved_tokens,
+                        tenant_rpm=t.rpm if t else None, key_rpm=key.rpm, tenant_tpm=t.tpm if t else None,
+                        key_tpm=key.tpm, max_queued=(t.max_queued if t and t.max_queued else
+                                                     self.settings.max_queued))
         try:
-            response = await self._http.get(f"{route.url}/internal/status", timeout=5.0)
-            status = response.json() if response.status_code == 200 else {"status": "failed"}
-        except (httpx.HTTPError, ValueError):
-            status = {"status": "unreachable"}
-        self._status[route.url] = (time.monotonic(), status)
-        return status
+            self.admission.check_limits(ticket)
+        except GatewayError:
+            self.metrics.rejected.labels(key.tenant, "rate").inc()
+            raise
+        return ticket
 
-    async def pick_worker(self, routes: list[WorkerRoute]) -> tuple[WorkerRoute, dict[str, Any]]:
-        states = []
-        for route in routes:
-            status = await self.worker_status(route)
-            if status.get("status") == "ready":
-                return route, status
-            states.append(status.get("status", "unknown"))
-        raise GatewayError(503, f"model unavailable: no attested worker is serving it ({', '.join(states)})",
-                           type_="model_unavailable", code="model_unavailable")
-
-    async def generate(self, route: WorkerRoute, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
-        """Open the worker stream; errors before the first token become GatewayErrors."""
-        request = self._http.build_request("POST", f"{route.url}/internal/generate", json=body,
-                                           timeout=httpx.Timeout(self.settings.request_timeout_s, connect=5.0))
-        try:
-            response = await self._http.send(request, stream=True)
-        except httpx.HTTPError as exc:
-            raise GatewayError(503, "model unavailable: worker unreachable", type_="model_unavailable",
-                               code="model_unavailable") from exc
-        if response.status_code != 200:
-            raw = await response.aread()
-            await response.aclose()
+    # -- generation
+    async def stream(self, key: KeyRecord, model: str, split: dict[str, float],
+                     request: worker_pb2.GenerateRequest, affinity: str) -> AsyncIterator[worker_pb2.GenerateChunk]:
+        """One choice: pick a worker (another one if it fails before the first token), relay, meter."""
+        tried: set[str] = set()
+        while True:
+            worker = self.registry.pick(key.tenant, model, split, affinity, frozenset(tried))
+            worker.inflight += 1
             try:
-                message = json.loads(raw)["error"]["message"]
-            except (ValueError, KeyError, TypeError):
-                message = "worker error"
-            status = 400 if response.status_code == 400 else 503
-            raise GatewayError(status, message if status == 400 else "model unavailable",
-                               type_="invalid_request_error" if status == 400 else "model_unavailable")
-        return self._lines(response)
-
-    async def _lines(self, response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
+                first, rest = await self.clients.open(worker.grpc_address, request, self.settings.request_timeout_s)
+                break
+            except GatewayError as exc:
+                worker.inflight -= 1
+                if exc.status != 503:
+                    raise
+                self.registry.mark_dead(worker.worker_id)
+                tried.add(worker.worker_id)
         try:
-            async for line in response.aiter_lines():
-                if line.strip():
-                    yield json.loads(line)
-        except httpx.HTTPError as exc:
-            raise GatewayError(502, "worker stream ended unexpectedly", type_="server_error") from exc
+            chunk = first
+            yield first
+            async for chunk in rest:
+                yield chunk
+            if chunk.HasField("usage"):
+                await self._meter(chunk.usage, worker, request)
+        except WorkerLost:
+            self.registry.mark_dead(worker.worker_id)
+            log.warning("worker %s lost mid-stream", worker.worker_id)
+            raise
         finally:
-            await response.aclose()
+            worker.inflight -= 1
+
+    async def _meter(self, record: worker_pb2.UsageRecord, worker: WorkerInfo,
+                     request: worker_pb2.GenerateRequest) -> None:
+        try:
+            row = verify_usage(record, worker, request.request_id, request.tenant)
+        except UsageRejected as exc:
+            log.error("usage record refused from worker %s: %s", worker.worker_id, exc)
+            return
+        self.metrics.prompt_tokens.labels(row.tenant, row.model).inc(row.prompt_tokens)
+        self.metrics.generation_tokens.labels(row.tenant, row.model).inc(row.completion_tokens)
+        self.metrics.worker_seconds.labels(row.tenant).inc(row.worker_seconds)
+        await asyncio.to_thread(self.store.record_usage, row)
+
+    def heartbeat(self, doc: dict[str, Any]) -> None:
+        info = self.registry.heartbeat(doc)
+        stats = info.stats
+        if "kv_cache_usage_perc" in stats:
+            self.metrics.kv_cache.labels(info.worker_id, info.model).set(float(stats["kv_cache_usage_perc"]) / 100)
+            self.metrics.worker_waiting.labels(info.worker_id, info.model).set(float(stats.get("num_waiting", 0)))
 
     async def attestation(self) -> list[dict[str, Any]]:
+        import httpx
+
         out = []
-        for route in self.settings.workers:
-            try:
-                response = await self._http.get(f"{route.url}/internal/attestation", timeout=5.0)
-                doc = response.json() if response.status_code == 200 else {"status": "unavailable"}
-            except (httpx.HTTPError, ValueError):
-                doc = {"status": "unreachable"}
-            out.append({"model": route.model, "version": route.version, "tenant": route.tenant, **doc})
+        async with httpx.AsyncClient(timeout=5.0) as http:
+            for w in list(self.registry.workers.values()):
+                if not self.registry.alive(w):
+                    continue
+                try:
+                    response = await http.get(f"{w.http_url}/internal/attestation")
+                    doc = response.json() if response.status_code == 200 else {"status": "unavailable"}
+                except (httpx.HTTPError, ValueError):
+                    doc = {"status": "unreachable"}
+                out.append({"worker_id": w.worker_id, "model": w.model, "version": w.version, "tenant": w.tenant,
+                            "usage_public_key": w.usage_public_key, **doc})
         return out

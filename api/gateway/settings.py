@@ -5,15 +5,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+PLACEHOLDER_SECRETS = frozenset({"", "changeme", "change-me", "secret", "dev", "test", "password", "placeholder"})
+MIN_SECRET_LEN = 32
+
 
 @dataclass(frozen=True)
 class WorkerRoute:
-    """A worker serving one tenant's model version. `model` is the public model id."""
+    """A model version the gateway serves (the catalog); workers for it register by heartbeat."""
 
-    url: str
     tenant: str
     model: str
     version: str
+    url: str = ""  # legacy field of the first routes file; workers now announce their own address
 
 
 @dataclass(frozen=True)
@@ -21,6 +24,26 @@ class GatewaySettings:
     data_dir: Path
     workers: tuple[WorkerRoute, ...] = field(default_factory=tuple)
     dev: bool = False
+    database_url: str | None = None  # default: SQLite in data_dir
+    redis_url: str | None = None  # None: rate limits and queue counters in this process
+    register_token: str = ""  # workers present it with their heartbeats
+    jwt_secret: str = ""  # HS256 key of the management API's bearer tokens
     request_timeout_s: float = 600.0
-    status_cache_s: float = 1.0
+    heartbeat_timeout_s: float = 3.0
+    max_inflight: int = 256  # requests dispatched to workers at once (beyond: fair queue)
+    max_queued: int = 1024  # queued across tenants; and the default bound per tenant
+    default_max_tokens: int = 256
     max_body_bytes: int = 4 << 20
+
+    def __post_init__(self) -> None:
+        if self.dev:
+            return
+        for name in ("register_token", "jwt_secret"):
+            value = getattr(self, name)
+            if value.strip().lower() in PLACEHOLDER_SECRETS or len(value) < MIN_SECRET_LEN:
+                raise ValueError(f"{name} is a placeholder or too short ({MIN_SECRET_LEN}+ characters) "
+                                 "outside dev mode")
+
+    @property
+    def db_url(self) -> str:
+        return self.database_url or f"sqlite:///{self.data_dir / 'control-plane.db'}"

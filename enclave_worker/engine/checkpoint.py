@@ -59,7 +59,10 @@ _GGUF_GLOBAL_NAMES = {
 def tensor_specs(config: dict[str, Any], dtype: torch.dtype = torch.float32) -> list[TensorSpec]:
     """Names, shapes and dtypes an HF Llama-family checkpoint holds for this config."""
     h, inter, vocab = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
-    n_heads, n_kv = config["num_attention_heads"], config.get("num_key_value_heads", config["num_attention_heads"])
+    n_heads, n_kv = (
+        config["num_attention_heads"],
+        config.get("num_key_value_heads", config["num_attention_heads"]),
+    )
     head_dim = config.get("head_dim") or h // n_heads
     bias = bool(config.get("attention_bias", False))
     specs = [TensorSpec("model.embed_tokens.weight", (vocab, h), dtype)]
@@ -183,8 +186,15 @@ def rest_of(gguf_name: str) -> str:
 # ---------------------------------------------------------------- HF directory
 
 _ST_DTYPES = {
-    "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64,
-    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "F64": torch.float64,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
     "BOOL": torch.bool,
 }
 
@@ -209,7 +219,7 @@ def _read_safetensors(file: Path, out: dict[str, torch.Tensor]) -> None:
 
 
 def load_hf_dir(path: Path) -> Checkpoint:
-    """Load an HF model directory: config.json, (sharded) safetensors, tokenizer.json, tokenizer_config.json."""
+    """Load an HF model dir: config.json, (sharded) safetensors, tokenizer.json, tokenizer_config.json."""
     path = Path(path)
     try:
         config = json.loads((path / "config.json").read_text())

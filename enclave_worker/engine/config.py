@@ -50,8 +50,7 @@ class SamplingParams:
 
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
             bad("max_tokens must be an integer >= 1")
-        if not isinstance(self.temperature, int | float) or not math.isfinite(self.temperature) \
-                or self.temperature < 0:
+        if not isinstance(self.temperature, int | float) or not math.isfinite(self.temperature) or self.temperature < 0:
             bad("temperature must be a finite number >= 0")
         if not isinstance(self.top_p, int | float) or not (0 < self.top_p <= 1):
             bad("top_p must be in (0, 1]")

@@ -58,10 +58,16 @@ def gguf_tokenizer_json(field: Callable[..., Any]) -> str:
         )
     else:
         tok.post_processor = processors.ByteLevel(trim_offsets=False)
-    special = [AddedToken(t, special=True, normalized=False) for t, ty in zip(tokens, types, strict=False)
-               if ty == _TOKEN_CONTROL]
-    user = [AddedToken(t, special=False, normalized=False) for t, ty in zip(tokens, types, strict=False)
-            if ty == _TOKEN_USER_DEFINED]
+    special = [
+        AddedToken(t, special=True, normalized=False)
+        for t, ty in zip(tokens, types, strict=False)
+        if ty == _TOKEN_CONTROL
+    ]
+    user = [
+        AddedToken(t, special=False, normalized=False)
+        for t, ty in zip(tokens, types, strict=False)
+        if ty == _TOKEN_USER_DEFINED
+    ]
     if special:
         tok.add_special_tokens(special)
     if user:

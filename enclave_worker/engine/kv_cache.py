@@ -27,5 +27,4 @@ class KVCacheSpec:
 def allocate_kv_cache(spec: KVCacheSpec, num_blocks: int, device: str) -> torch.Tensor:
     """[2, layers, slots, kv_heads, head_dim]; untouched pages are not resident until written."""
     slots = num_blocks * spec.block_size
-    return torch.empty(2, spec.num_layers, slots, spec.num_kv_heads, spec.head_dim, dtype=spec.dtype,
-                       device=device)
+    return torch.empty(2, spec.num_layers, slots, spec.num_kv_heads, spec.head_dim, dtype=spec.dtype, device=device)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import secrets
 import threading
@@ -24,8 +25,13 @@ from .scheduler import ScheduledSeq, Scheduler
 from .sequence import Sequence
 from .tokenizer import Tokenizer
 
-_TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
-                 "int8": torch.float32, "int4": torch.float32}
+_TORCH_DTYPES = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "int8": torch.float32,
+    "int4": torch.float32,
+}
 
 
 @dataclass
@@ -45,27 +51,32 @@ class LLMEngine:
         self.config = config
         dtype = _TORCH_DTYPES[config.dtype]
         quant = config.dtype if config.dtype in ("int8", "int4") else "none"
-        model_len = min(config.max_model_len or min(cfg.get("max_position_embeddings", 4096), 4096),
-                        cfg.get("max_position_embeddings", 1 << 30))
+        model_len = min(
+            config.max_model_len or min(cfg.get("max_position_embeddings", 4096), 4096),
+            cfg.get("max_position_embeddings", 1 << 30),
+        )
         opts = BuildOptions(quant, dtype, config.device, model_len, config.int4_group_size)
         with torch.inference_mode():
             self.model = ARCHITECTURES[arch](cfg, checkpoint.tensors, opts).eval()
-        spec = KVCacheSpec(len(self.model.layers), self.model.num_kv_heads, self.model.head_dim,
-                           config.block_size, dtype)
+        spec = KVCacheSpec(
+            len(self.model.layers), self.model.num_kv_heads, self.model.head_dim, config.block_size, dtype
+        )
         num_blocks = spec.num_blocks(config.kv_cache_memory_bytes)
         if num_blocks < 1:
             raise EngineError("kv_cache_memory_bytes is smaller than one KV block")
         self.max_model_len = min(model_len, num_blocks * config.block_size)
         self.blocks = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.blocks, config.max_num_seqs, config.max_num_batched_tokens)
-        self.runner = ModelRunner(self.model, allocate_kv_cache(spec, num_blocks, config.device),
-                                  config.block_size, config.device)
+        self.runner = ModelRunner(
+            self.model, allocate_kv_cache(spec, num_blocks, config.device), config.block_size, config.device
+        )
         self.tokenizer = Tokenizer(checkpoint.tokenizer_json, checkpoint.chat_template, cfg)
         self.vocab_size = int(cfg["vocab_size"])
         self.output = OutputProcessor(self.tokenizer)
         self._requests: dict[str, _Request] = {}
         self._next_seq_id = 0
-        self._cond = threading.Condition(threading.Lock())
+        self._cond = threading.Condition(threading.Lock())  # guards scheduler and request state
+        self._step_lock = threading.Lock()  # one step at a time (background thread or a direct caller)
         self._thread: threading.Thread | None = None
         self._stopped = False
         self._dead: BaseException | None = None
@@ -85,13 +96,20 @@ class LLMEngine:
             raise InvalidRequestError(f"prompt token ids must be integers in [0, {self.vocab_size})")
         if len(prompt) >= self.max_model_len:
             raise InvalidRequestError(
-                f"prompt has {len(prompt)} tokens; the context holds {self.max_model_len} (prompt + output)")
+                f"prompt has {len(prompt)} tokens; the context holds {self.max_model_len} (prompt + output)"
+            )
         bad = [t for t in params.stop_token_ids if t >= self.vocab_size]
         if bad:
             raise InvalidRequestError(f"unknown stop token ids {bad}")
 
-    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                    sink: Callable[[RequestOutput | BaseException], None], cache_salt: bytes = b"") -> None:
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        sink: Callable[[RequestOutput | BaseException], None],
+        cache_salt: bytes = b"",
+    ) -> None:
         """Queue a request; `sink` receives its outputs (from the stepping thread)."""
         prompt = list(prompt_token_ids)
         self._validate(request_id, prompt, params, cache_salt)
@@ -105,8 +123,7 @@ class LLMEngine:
             if request_id in self._requests:
                 raise InvalidRequestError(f"duplicate request id {request_id!r}")
             max_tokens = min(params.max_tokens, self.max_model_len - len(prompt))
-            seq = Sequence(self._next_seq_id, request_id, prompt, len(prompt), params, max_tokens,
-                           cache_salt, gen)
+            seq = Sequence(self._next_seq_id, request_id, prompt, len(prompt), params, max_tokens, cache_salt, gen)
             self._next_seq_id += 1
             self._requests[request_id] = _Request(seq, sink)
             self.scheduler.add(seq)
@@ -126,14 +143,15 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         """Schedule, run the model once, and post-process; returns this step's outputs."""
-        with self._cond:
-            batch = self.scheduler.schedule()
-            if not batch:
-                return []
-            inputs = self.runner.prepare(batch)
-        tokens, records = self.runner.execute(batch, *inputs)
-        with self._cond:
-            delivered = self._postprocess(batch, tokens, records)
+        with self._step_lock:
+            with self._cond:
+                batch = self.scheduler.schedule()
+                if not batch:
+                    return []
+                inputs = self.runner.prepare(batch)
+            tokens, records = self.runner.execute(batch, *inputs)
+            with self._cond:
+                delivered = self._postprocess(batch, tokens, records)
         for sink, out in delivered:
             sink(out)
         return [out for _, out in delivered]
@@ -190,6 +208,7 @@ class LLMEngine:
             try:
                 self.step()
             except BaseException as exc:  # the engine is unusable; fail every request
+                logging.getLogger(__name__).exception("engine step failed")
                 with self._cond:
                     self._dead = exc
                     reqs, self._requests = list(self._requests.values()), {}
@@ -202,8 +221,9 @@ class LLMEngine:
             self._thread = threading.Thread(target=self._loop, name="llm-engine", daemon=True)
             self._thread.start()
 
-    async def generate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                       cache_salt: bytes = b"") -> AsyncIterator[RequestOutput]:
+    async def generate(
+        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, cache_salt: bytes = b""
+    ) -> AsyncIterator[RequestOutput]:
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
 

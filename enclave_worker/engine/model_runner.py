@@ -47,10 +47,10 @@ class ModelRunner:
             if s.start > 0:
                 q_pos = torch.arange(s.start, end)[:, None]
                 mask = (torch.arange(end)[None, :] <= q_pos).to(self.device)
-            prefills.append(PrefillChunk(offset, s.num_tokens, self._slots(s.seq.block_table, 0, end).to(self.device),
-                                         mask))
-        meta = AttentionMetadata(torch.cat(slot_mapping).to(self.device), *self._decode_meta(decodes),
-                                 tuple(prefills))
+            prefills.append(
+                PrefillChunk(offset, s.num_tokens, self._slots(s.seq.block_table, 0, end).to(self.device), mask)
+            )
+        meta = AttentionMetadata(torch.cat(slot_mapping).to(self.device), *self._decode_meta(decodes), tuple(prefills))
         input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
         pos = torch.cat(positions).to(self.device)
         return input_ids, pos, meta, logits_index
@@ -73,14 +73,25 @@ class ModelRunner:
         return index.to(dev), slots.to(dev), mask[:, None, None, :].to(dev)
 
     @torch.inference_mode()
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
-                logits_index: list[int]) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        logits_index: list[int],
+    ) -> torch.Tensor:
         index = torch.tensor(logits_index, dtype=torch.long, device=self.device)
         return self.model(input_ids, positions, meta, index)
 
     @torch.inference_mode()
-    def execute(self, batch: list[ScheduledSeq], input_ids: torch.Tensor, positions: torch.Tensor,
-                meta: AttentionMetadata, logits_index: list[int]) -> tuple[list[int], list[TokenLogprob | None]]:
+    def execute(
+        self,
+        batch: list[ScheduledSeq],
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        logits_index: list[int],
+    ) -> tuple[list[int], list[TokenLogprob | None]]:
         """Forward the batch; sample for sequences whose chunk reached their end (in batch order)."""
         logits = self.forward(input_ids, positions, meta, logits_index)
         sampled = [s.seq for s in batch if s.samples]

@@ -11,8 +11,9 @@ class OutputProcessor:
     def __init__(self, tokenizer: Tokenizer) -> None:
         self.tokenizer = tokenizer
 
-    def append(self, seq: Sequence, token: int, record: TokenLogprob | None,
-               eos_token_ids: tuple[int, ...]) -> str | None:
+    def append(
+        self, seq: Sequence, token: int, record: TokenLogprob | None, eos_token_ids: tuple[int, ...]
+    ) -> str | None:
         """Add a sampled token; returns the finish reason, if the sequence is now done."""
         seq.token_ids.append(token)
         if record is not None:
@@ -22,7 +23,8 @@ class OutputProcessor:
             return "stop"  # the stop token's text is not part of the output
         ids = seq.completion_ids
         text, seq.prefix_offset, seq.read_offset = self.tokenizer.decode_incremental(
-            ids, seq.prefix_offset, seq.read_offset)
+            ids, seq.prefix_offset, seq.read_offset
+        )
         if text:
             before = len(seq.output_text)
             seq.output_text += text
@@ -50,5 +52,13 @@ class OutputProcessor:
         lps = None
         if seq.params.logprobs is not None:
             lps, seq.pending_logprobs = tuple(seq.pending_logprobs), []
-        return RequestOutput(seq.request_id, delta, toks, final, seq.finish_reason if final else None,
-                             seq.num_prompt_tokens, seq.num_completion_tokens, lps)
+        return RequestOutput(
+            seq.request_id,
+            delta,
+            toks,
+            final,
+            seq.finish_reason if final else None,
+            seq.num_prompt_tokens,
+            seq.num_completion_tokens,
+            lps,
+        )

@@ -6,7 +6,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from .block_manager import BlockManager
-from .sequence import Sequence, SeqStatus
+from .sequence import SeqStatus, Sequence
 
 
 @dataclass(frozen=True)

@@ -38,17 +38,23 @@ class Tokenizer:
     def decode(self, ids: Any, skip_special_tokens: bool = True) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
-                            tools: list[dict] | None = None) -> str:
+    def apply_chat_template(
+        self, messages: list[dict], add_generation_prompt: bool = True, tools: list[dict] | None = None
+    ) -> str:
         if self._template is None:
             raise InvalidRequestError("this model has no chat template")
-        return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                     tools=tools, bos_token=self.bos_token, eos_token=self.eos_token)
+        return self._template.render(
+            messages=messages,
+            add_generation_prompt=add_generation_prompt,
+            tools=tools,
+            bos_token=self.bos_token,
+            eos_token=self.eos_token,
+        )
 
     def decode_incremental(self, ids: list[int], prefix_offset: int, read_offset: int) -> tuple[str, int, int]:
         """New stable text of `ids` since read_offset (held back while it ends in a partial character)."""
         prefix_text = self.decode(ids[prefix_offset:read_offset])
         new_text = self.decode(ids[prefix_offset:])
         if len(new_text) > len(prefix_text) and not new_text.endswith("\ufffd"):
-            return new_text[len(prefix_text):], read_offset, len(ids)
+            return new_text[len(prefix_text) :], read_offset, len(ids)
         return "", prefix_offset, read_offset

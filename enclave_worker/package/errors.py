@@ -1,4 +1,4 @@
-"""One error tree for model packages."""
+"""One error tree for model packages: every check in enclave_worker.package raises one of these."""
 
 
 class PackageError(Exception):
@@ -19,3 +19,11 @@ class WrongKeyError(PackageError):
 
 class PackageSignatureError(PackageError):
     """The manifest's signature does not verify, or the signer is not the one required."""
+
+
+class KeySealError(PackageError):
+    """A sealed data key (HPKE to a broker import key) cannot be opened or names another package."""
+
+
+class UploadError(PackageError):
+    """A package upload was refused: sizes or digests differ, or the package is invalid."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 import secrets
 from collections.abc import Callable, Iterator, Sequence
@@ -10,21 +9,24 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
+from enclave_worker.package.errors import PackageFormatError
 from enclave_worker.package.format import (
+    DEFAULT_DIGEST_ALG,
     DEFAULT_SEGMENT_SIZE,
     Manifest,
     TensorEntry,
+    ad_prefix,
     aligned,
     associated_data,
     key_check_value,
     metadata_to_bytes,
+    new_hasher,
     nonce_for,
     segment_key,
 )
-from enclave_worker.package.signing import sign_manifest, signer_identity
+from enclave_worker.package.signing import SIGNATURE_FILES, SigningKey, sign_manifest, signer_identity
 
 _DTYPE_NAMES = {
     torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16",
@@ -48,19 +50,22 @@ def _plaintext_chunks(meta: bytes, tensors: Sequence[tuple[str, torch.Tensor]],
         cursor = entry.offset + entry.nbytes
 
 
-def _segments(chunks: Iterator[memoryview | bytes], size: int) -> Iterator[bytes]:
-    pending = bytearray()
+def _segments(chunks: Iterator[memoryview | bytes], size: int) -> Iterator[memoryview]:
+    """Re-cut the plaintext stream into segments; one reused staging buffer, no per-segment copies."""
+    pending = bytearray(size)
+    filled = 0
     for chunk in chunks:
         view = memoryview(chunk)
         while len(view):
-            take = min(size - len(pending), len(view))
-            pending += view[:take]
+            take = min(size - filled, len(view))
+            pending[filled : filled + take] = view[:take]
+            filled += take
             view = view[take:]
-            if len(pending) == size:
-                yield bytes(pending)
-                pending.clear()
-    if pending:
-        yield bytes(pending)
+            if filled == size:
+                yield memoryview(pending)
+                filled = 0
+    if filled:
+        yield memoryview(pending)[:filled]
 
 
 def write_package(
@@ -73,44 +78,54 @@ def write_package(
     tenant: str,
     model: str,
     version: str,
-    signing_key: Ed25519PrivateKey,
+    signing_key: SigningKey,
     segment_size: int = DEFAULT_SEGMENT_SIZE,
     progress: Callable[[int], None] | None = None,
+    digest_alg: str = DEFAULT_DIGEST_ALG,
 ) -> Manifest:
-    """Write manifest.json, manifest.sig and payload.bin. Plaintext never touches the disk."""
+    """Write manifest.json, its signature and payload.bin. Plaintext never touches the disk.
+
+    `signing_key`: an Ed25519 private key, or a ModelSigningKey (OpenSSF model-signing, EC key).
+    """
     meta = metadata_to_bytes(metadata)
     entries: list[TensorEntry] = []
     cursor = len(meta)
     for name, tensor in tensors:
         offset = aligned(cursor)
         nbytes = tensor.numel() * tensor.element_size()
+        if tensor.dtype not in _DTYPE_NAMES:
+            raise PackageFormatError(f"tensor {name}: dtype {tensor.dtype} is not supported by the format")
         entries.append(TensorEntry(name, _DTYPE_NAMES[tensor.dtype], tuple(tensor.shape), offset, nbytes))
         cursor = offset + nbytes
-    digest = hashlib.sha256()
+    # First pass: the digest goes into the manifest, and the manifest into every segment's AD.
+    digest = new_hasher(digest_alg)
     for chunk in _plaintext_chunks(meta, tensors, entries):
         digest.update(chunk)
     package_id = secrets.token_hex(16)
     manifest = Manifest(
         package_id=package_id, tenant=tenant, model=model, version=version, key_id=key_id,
         segment_size=segment_size, num_segments=max(1, -(-cursor // segment_size)),
-        plaintext_bytes=cursor, plaintext_sha256=digest.hexdigest(), metadata_bytes=len(meta),
+        plaintext_bytes=cursor, plaintext_digest=f"{digest_alg}:{digest.hexdigest()}",
+        metadata_bytes=len(meta),
         key_check=key_check_value(data_key, package_id), signer=signer_identity(signing_key.public_key()),
         tensors=tuple(entries),
     )
     manifest_bytes = manifest.to_bytes()
-    manifest_digest = hashlib.sha256(manifest_bytes).digest()
+    prefix = ad_prefix(package_id, manifest_bytes)
     aead = AESGCM(segment_key(data_key, package_id))
     out_dir.mkdir(parents=True, exist_ok=True)
     tmp = out_dir / "payload.bin.partial"
     with open(tmp, "wb") as fh:
         for i, segment in enumerate(_segments(_plaintext_chunks(meta, tensors, entries), segment_size)):
             final = i == manifest.num_segments - 1
-            fh.write(aead.encrypt(nonce_for(i, final), segment, associated_data(manifest_digest, i, final)))
+            fh.write(aead.encrypt(nonce_for(i, final), segment, associated_data(prefix, i, final)))
             if progress:
                 progress(len(segment))
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, out_dir / "payload.bin")
     (out_dir / "manifest.json").write_bytes(manifest_bytes)
+    for stale in SIGNATURE_FILES:  # a rewritten package must not keep the other method's signature
+        (out_dir / stale).unlink(missing_ok=True)
     sign_manifest(out_dir, manifest_bytes, signing_key)
     return manifest

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
+from typing import Any as RunningStack  # the `stack` fixture's type lives in conftest.py
 
 import httpx
 import openai
 import pytest
 
 from api.stack import DEMO_MODEL
-from typing import Any as RunningStack  # the `stack` fixture's type lives in conftest.py
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 

@@ -43,14 +43,16 @@ class PagedAttention(torch.nn.Module):
             qd = q[meta.decode_index].unsqueeze(2)  # [B, H, 1, D]
             kd = kc[meta.decode_slots].transpose(1, 2)  # [B, Hkv, L, D]
             vd = vc[meta.decode_slots].transpose(1, 2)
-            o = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=meta.decode_mask, scale=self.scale,
-                                               enable_gqa=True)
+            o = F.scaled_dot_product_attention(
+                qd, kd, vd, attn_mask=meta.decode_mask, scale=self.scale, enable_gqa=True
+            )
             out[meta.decode_index] = o.squeeze(2)
         for p in meta.prefills:
             qp = q[p.token_start : p.token_start + p.num_tokens].transpose(0, 1).unsqueeze(0)
             kp = kc[p.slots].transpose(0, 1).unsqueeze(0)
             vp = vc[p.slots].transpose(0, 1).unsqueeze(0)
-            o = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=p.mask, is_causal=p.mask is None,
-                                               scale=self.scale, enable_gqa=True)
+            o = F.scaled_dot_product_attention(
+                qp, kp, vp, attn_mask=p.mask, is_causal=p.mask is None, scale=self.scale, enable_gqa=True
+            )
             out[p.token_start : p.token_start + p.num_tokens] = o.squeeze(0).transpose(0, 1)
         return out.reshape(q.shape[0], -1)

@@ -16,7 +16,9 @@ class Embedding(torch.nn.Module):
             scale = (w.abs().amax(dim=1) / 127.0).clamp(min=1e-12)
             self.weight = torch.round(w / scale[:, None]).clamp(-128, 127).to(torch.int8).to(device)
             self.scale = scale.to(device=device, dtype=dtype)
-            self.fused = _int8_op_works(device, dtype)
+            self.head_dtype = torch.bfloat16 if _int8_op_works(device, torch.bfloat16) else dtype
+            self.head_scale = scale.to(device=device, dtype=self.head_dtype)
+            self.fused = _int8_op_works(device, self.head_dtype)
         else:
             self.weight = weight.to(device=device, dtype=dtype)
         self.dtype = dtype
@@ -31,6 +33,7 @@ class Embedding(torch.nn.Module):
         """Tied LM head: logits = x E^T."""
         if not self.quantized:
             return torch.nn.functional.linear(x, self.weight)
+        xh = x.to(self.head_dtype)  # bf16 activations: the int8 kernel's fast path (see Int8Linear)
         if self.fused:
-            return torch.ops.aten._weight_int8pack_mm(x, self.weight, self.scale)
-        return (x @ self.weight.to(x.dtype).T) * self.scale
+            return torch.ops.aten._weight_int8pack_mm(xh, self.weight, self.head_scale).to(x.dtype)
+        return ((xh @ self.weight.to(xh.dtype).T) * self.head_scale).to(x.dtype)

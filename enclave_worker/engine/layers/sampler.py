@@ -20,8 +20,9 @@ def _filter(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
     return logits
 
 
-def sample(logits: torch.Tensor, params: list[SamplingParams],
-           generators: list[torch.Generator | None]) -> tuple[list[int], list[TokenLogprob | None]]:
+def sample(
+    logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
+) -> tuple[list[int], list[TokenLogprob | None]]:
     """logits: [B, V] float32. Returns the next token and its logprob record (if asked) per row."""
     greedy = logits.argmax(dim=-1).tolist()
     tokens: list[int] = []

@@ -65,8 +65,9 @@ class DecoderLayer(torch.nn.Module):
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, rope: RotaryEmbedding,
-                meta: AttentionMetadata) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, positions: torch.Tensor, rope: RotaryEmbedding, meta: AttentionMetadata
+    ) -> torch.Tensor:
         t = x.shape[0]
         qkv = self.qkv_proj(self.input_norm(x))
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
@@ -90,16 +91,25 @@ class LlamaForCausalLM(torch.nn.Module):
         if cfg.get("tie_word_embeddings", False) or lm_head is None:
             self.lm_head = None
         else:
-            self.lm_head = make_linear(lm_head, None, "int8" if opt.quant != "none" else "none",
-                                       opt.dtype, opt.device)
+            self.lm_head = make_linear(lm_head, None, "int8" if opt.quant != "none" else "none", opt.dtype, opt.device)
         del lm_head
         layer0 = self.layers[0]
         self.num_kv_heads, self.head_dim = layer0.num_kv_heads, layer0.head_dim
-        self.rope = RotaryEmbedding(layer0.head_dim, opt.max_positions, cfg.get("rope_theta", 10000.0),
-                                    cfg.get("rope_scaling"), opt.device)
+        self.rope = RotaryEmbedding(
+            layer0.head_dim,
+            opt.max_positions,
+            cfg.get("rope_theta", 10000.0),
+            cfg.get("rope_scaling"),
+            opt.device,
+        )
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
-                logits_index: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        logits_index: torch.Tensor,
+    ) -> torch.Tensor:
         """Hidden states for all tokens, logits (float32) only at `logits_index`."""
         x = self.embed(input_ids)
         for layer in self.layers:

@@ -1,0 +1,109 @@
+"""`sealed upload PKG`: send an encrypted package to the gateway's management API.
+
+Chunked and resumable: the server derives the upload id from the declared files, so running the
+command again after an interruption continues from the bytes already stored.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import typer
+from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
+
+from enclave_worker.package.errors import UploadError
+
+# manifest + payload + whichever signature method's files the package has
+PACKAGE_FILES = ("manifest.json", "manifest.sig", "model.sig", "signer.pub.pem", "payload.bin")
+DEFAULT_CHUNK = 4 << 20  # the gateway's default body limit; a 413 halves it
+_RETRIES = 5
+
+
+class UploadFailed(UploadError):
+    """The gateway refused the package or stayed unreachable."""
+
+
+def describe(pkg: Path) -> dict[str, dict[str, Any]]:
+    files = {}
+    for name in (n for n in PACKAGE_FILES if (pkg / n).is_file()):
+        digest = hashlib.sha256()
+        with open(pkg / name, "rb") as fh:
+            while chunk := fh.read(1 << 22):
+                digest.update(chunk)
+        files[name] = {"size": (pkg / name).stat().st_size, "sha256": digest.hexdigest()}
+    return files
+
+
+def _check(response: httpx.Response) -> dict[str, Any]:
+    if response.status_code >= 400:
+        raise UploadFailed(f"{response.request.method} {response.request.url.path}: "
+                           f"{response.status_code} {response.text[:300]}")
+    return response.json()
+
+
+def upload_package(pkg: Path, client: httpx.Client, *, chunk_bytes: int = DEFAULT_CHUNK,
+                   progress: Callable[[int], None] | None = None,
+                   on_start: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+    """Upload (or resume) `pkg` through `client` (base URL and auth already set); returns the record."""
+    files = describe(pkg)
+    declared = _check(client.post("/v1/packages/uploads", json={"files": files}))
+    upload_id, offsets = declared["upload_id"], declared["offsets"]
+    chunk_bytes = min(chunk_bytes, int(declared.get("max_chunk_bytes", chunk_bytes)))
+    if on_start:
+        on_start(sum(f["size"] for f in files.values()), sum(offsets.values()))
+    for name in files:
+        offset, size, failures = offsets[name], files[name]["size"], 0
+        with open(pkg / name, "rb") as fh:
+            while offset < size:
+                fh.seek(offset)
+                chunk = fh.read(chunk_bytes)
+                try:
+                    r = client.put(f"/v1/packages/uploads/{upload_id}/{name}", params={"offset": offset},
+                                   content=chunk, headers={"content-type": "application/octet-stream"})
+                except httpx.TransportError as exc:
+                    r = None
+                    failures += 1
+                    if failures > _RETRIES:
+                        raise UploadFailed(f"gateway unreachable: {exc}") from exc
+                    time.sleep(min(8.0, 0.5 * 2**failures))
+                if r is not None and r.status_code == 413 and chunk_bytes > 64 << 10:
+                    chunk_bytes //= 2  # a smaller body limit in front of the gateway
+                    continue
+                if r is None or r.status_code == 409:  # resync with what the server holds
+                    now = _check(client.get(f"/v1/packages/uploads/{upload_id}"))["offsets"][name]
+                else:
+                    now = int(_check(r)["offset"])
+                if progress and now > offset:
+                    progress(now - offset)
+                offset = now
+    return _check(client.post(f"/v1/packages/uploads/{upload_id}/complete"))
+
+
+def upload(
+    pkg: Path = typer.Argument(..., exists=True, file_okay=False, help="package directory (encrypt --out)"),
+    gateway: str = typer.Option("http://127.0.0.1:8000", envvar="SEALED_GATEWAY", help="gateway URL"),
+    api_key: str = typer.Option(None, envvar="SEALED_API_KEY", help="tenant API key (or $SEALED_API_KEY)"),
+    chunk_mib: int = typer.Option(4, min=1, help="chunk size in MiB"),
+) -> None:
+    """Upload an encrypted package: chunked, resumable (run it again to continue), with progress."""
+    if not api_key:
+        raise typer.BadParameter("an API key is required (--api-key or $SEALED_API_KEY)")
+    headers = {"authorization": f"Bearer {api_key}"}
+    with httpx.Client(base_url=gateway, headers=headers, timeout=120.0) as client, Progress(
+            "[progress.description]{task.description}", BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+            TimeRemainingColumn()) as bar:
+        task = bar.add_task("uploading", total=None)
+        try:
+            record = upload_package(pkg, client, chunk_bytes=chunk_mib << 20,
+                                    progress=lambda n: bar.advance(task, n),
+                                    on_start=lambda total, done: bar.update(task, total=total,
+                                                                            completed=done))
+        except UploadFailed as exc:
+            typer.echo(f"upload failed: {exc}", err=True)
+            raise typer.Exit(1) from exc
+    typer.echo(f"stored {record['tenant']}/{record['model']}/{record['version']} at {record['address']}")

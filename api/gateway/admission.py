@@ -1,0 +1,117 @@
+"""Admission: rate limits, token budgets, bounded fair queue, then a dispatch slot.
+
+Order of checks, cheapest first: per-tenant and per-key RPM, per-tenant and per-key TPM (the worst
+case, prompt estimate + max tokens, is reserved and the unused part given back), lifetime token
+budget, then the queue bound. Only then does the request wait, in weighted fair order, for one of
+`max_inflight` dispatch slots.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from api.gateway.errors import GatewayError
+from api.gateway.fairqueue import FairQueue, FairScheduler, QueueFull
+from api.gateway.limits import QueueCounter
+from policy.limiter import TokenBucketLimiter
+
+
+@dataclass(frozen=True)
+class Ticket:
+    tenant: str
+    key_id: str
+    weight: float
+    priority: int
+    reserved_tokens: int
+    tenant_rpm: int | None
+    key_rpm: int | None
+    tenant_tpm: int | None
+    key_tpm: int | None
+    max_queued: int
+
+
+def _rate_limited(message: str, retry_after: int, code: str = "rate_limit_exceeded") -> GatewayError:
+    return GatewayError(429, message, type_="rate_limit_error" if code != "insufficient_quota" else
+                        "insufficient_quota", code=code, headers={"Retry-After": str(retry_after)})
+
+
+class AdmissionController:
+    def __init__(self, limiter: TokenBucketLimiter, counter: QueueCounter, max_inflight: int,
+                 max_queued: int, reserved: int | None = None) -> None:
+        self.limiter = limiter
+        self.counter = counter
+        self.max_inflight = max_inflight
+        self.queue = FairQueue(max_queued=max_queued, max_queued_per_tenant=max_queued)
+        self.scheduler = FairScheduler(max_inflight, max(1, max_inflight // 8) if reserved is None else reserved,
+                                       self.queue)
+
+    @property
+    def running(self) -> int:
+        return self.scheduler.total_running
+
+    def check_limits(self, t: Ticket) -> None:
+        for scope, rpm in ((f"rpm:t:{t.tenant}", t.tenant_rpm), (f"rpm:k:{t.key_id}", t.key_rpm)):
+            if rpm is not None and not self.limiter.try_acquire(scope, TokenBucketLimiter.per_minute(rpm)):
+                raise _rate_limited("Rate limit reached for requests per minute.", max(1, int(60 / rpm) + 1))
+        taken: list[tuple[str, int]] = []
+        for scope, tpm in ((f"tpm:t:{t.tenant}", t.tenant_tpm), (f"tpm:k:{t.key_id}", t.key_tpm)):
+            if tpm is None:
+                continue
+            spec = TokenBucketLimiter.per_minute(tpm)
+            if not self.limiter.try_acquire(scope, spec, min(t.reserved_tokens, tpm)):
+                for s, n in taken:
+                    self.limiter.refund(s, TokenBucketLimiter.per_minute(n), min(t.reserved_tokens, n))
+                raise _rate_limited("Rate limit reached for tokens per minute.", 60)
+            taken.append((scope, tpm))
+
+    def settle(self, t: Ticket, used_tokens: int) -> None:
+        unused = max(0, t.reserved_tokens - used_tokens)
+        for scope, tpm in ((f"tpm:t:{t.tenant}", t.tenant_tpm), (f"tpm:k:{t.key_id}", t.key_tpm)):
+            if tpm is not None and unused:
+                self.limiter.refund(scope, TokenBucketLimiter.per_minute(tpm), min(unused, tpm))
+
+    def _retry_after(self) -> int:
+        return max(1, min(60, len(self.queue) // max(1, self.max_inflight) + 1))
+
+    def _dispatch(self) -> None:
+        while (got := self.scheduler.next()) is not None:
+            tenant, future = got
+            if future.done():  # cancelled while queued
+                self.scheduler.done(tenant)
+                continue
+            future.set_result(None)
+
+    @contextlib.asynccontextmanager
+    async def slot(self, t: Ticket) -> AsyncIterator[None]:
+        """Hold a dispatch slot for the duration of the request (including its stream)."""
+        if not self.counter.enter(t.tenant, t.max_queued):
+            raise _rate_limited("Too many queued requests for this tenant; retry later.", self._retry_after(),
+                                code="queue_full")
+        try:
+            future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            try:
+                entry = self.queue.push(t.tenant, future, weight=t.weight, priority=t.priority,
+                                        tenant_limit=t.max_queued)
+            except QueueFull as exc:
+                raise _rate_limited(f"Server queue is full ({exc.scope}); retry later.", self._retry_after(),
+                                    code="queue_full") from exc
+            self._dispatch()
+            try:
+                await future
+            except asyncio.CancelledError:
+                if future.done() and not future.cancelled():
+                    self.scheduler.done(t.tenant)  # got the slot just as the client left
+                    self._dispatch()
+                else:
+                    self.queue.cancel(entry)
+                raise
+            try:
+                yield
+            finally:
+                self.scheduler.done(t.tenant)
+                self._dispatch()
+        finally:
+            self.counter.leave(t.tenant)

@@ -1,0 +1,127 @@
+"""Weighted fair queueing across tenants, with strict priority classes and bounded queues.
+
+Start-time fair queueing (SFQ): each queued request gets a start tag max(V, the tenant's last finish
+tag) and a finish tag start + cost / weight; the queue serves the smallest start tag, and the
+virtual time V follows the start tag of the request last served. A tenant that floods the queue
+only pushes its own tags forward, so a quiet tenant's next request is served after at most about
+one request of every other backlogged tenant. Pure and synchronous: the asyncio layer and the
+simulation test both drive it.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class QueueFull(Exception):
+    def __init__(self, scope: str) -> None:
+        super().__init__(f"queue full ({scope})")
+        self.scope = scope
+
+
+@dataclass(order=True)
+class _Entry:
+    sort_key: tuple[int, float, int]
+    tenant: str = field(compare=False)
+    item: Any = field(compare=False)
+    start: float = field(compare=False)
+    cancelled: bool = field(default=False, compare=False)
+
+
+class FairQueue:
+    def __init__(self, max_queued: int = 1024, max_queued_per_tenant: int = 256) -> None:
+        self.max_queued = max_queued
+        self.max_queued_per_tenant = max_queued_per_tenant
+        self._heap: list[_Entry] = []
+        self._finish: dict[str, float] = {}
+        self._vtime = 0.0
+        self._seq = itertools.count()
+        self._per_tenant: Counter[str] = Counter()
+        self._size = 0
+
+    def __len__(self) -> int:
+        return self._size
+
+    def queued(self, tenant: str) -> int:
+        return self._per_tenant[tenant]
+
+    def push(self, tenant: str, item: Any, *, weight: float = 1.0, cost: float = 1.0, priority: int = 0,
+             tenant_limit: int | None = None) -> _Entry:
+        if self._size >= self.max_queued:
+            raise QueueFull("gateway")
+        if self._per_tenant[tenant] >= (tenant_limit or self.max_queued_per_tenant):
+            raise QueueFull("tenant")
+        start = max(self._vtime, self._finish.get(tenant, 0.0))
+        self._finish[tenant] = start + cost / max(weight, 1e-6)
+        entry = _Entry((-priority, start, next(self._seq)), tenant, item, start)
+        heapq.heappush(self._heap, entry)
+        self._per_tenant[tenant] += 1
+        self._size += 1
+        return entry
+
+    def cancel(self, entry: _Entry) -> None:
+        """Lazy removal (the caller gave up waiting); the slot in the bound is freed now."""
+        if not entry.cancelled:
+            entry.cancelled = True
+            self._per_tenant[entry.tenant] -= 1
+            self._size -= 1
+
+    def pop(self, eligible: Callable[[str], bool] = lambda _: True) -> tuple[str, Any] | None:
+        """The first (tenant, item) in fair order whose tenant is eligible; others keep their place."""
+        skipped, found = [], None
+        while self._heap:
+            entry = heapq.heappop(self._heap)
+            if entry.cancelled:
+                continue
+            if not eligible(entry.tenant):
+                skipped.append(entry)
+                continue
+            entry.cancelled = True  # popped: a later cancel() is a no-op
+            self._per_tenant[entry.tenant] -= 1
+            self._size -= 1
+            self._vtime = max(self._vtime, entry.start)
+            found = (entry.tenant, entry.item)
+            break
+        for entry in skipped:
+            heapq.heappush(self._heap, entry)
+        return found
+
+
+class FairScheduler:
+    """Dispatch slots over a FairQueue, keeping `reserved` slots for tenants with nothing running.
+
+    Slots are not preemptible, so fair order alone still makes a newcomer wait for a running request
+    to end. Holding back a few slots from tenants that already run something means a quiet tenant
+    finds a slot free at once, while a lone tenant still gets all but `reserved` of them.
+    """
+
+    def __init__(self, capacity: int, reserved: int, queue: FairQueue) -> None:
+        self.capacity, self.reserved, self.queue = capacity, min(reserved, max(0, capacity - 1)), queue
+        self.running: Counter[str] = Counter()
+
+    @property
+    def total_running(self) -> int:
+        return sum(self.running.values())
+
+    def _eligible(self, tenant: str) -> bool:
+        free = self.capacity - self.total_running
+        return free > 0 and (free > self.reserved or self.running[tenant] == 0)
+
+    def next(self) -> tuple[str, Any] | None:
+        """The next request to start now, if any may start; the caller must call done(tenant) later."""
+        if self.total_running >= self.capacity:
+            return None
+        got = self.queue.pop(self._eligible)
+        if got is not None:
+            self.running[got[0]] += 1
+        return got
+
+    def done(self, tenant: str) -> None:
+        self.running[tenant] -= 1
+        if self.running[tenant] <= 0:
+            del self.running[tenant]

@@ -1,0 +1,146 @@
+"""One OpenAI request as it runs: admission slot, n choices on workers, timing, clean-up.
+
+Everything up to each choice's first chunk happens before the HTTP response starts, so admission
+refusals, unavailable models and invalid prompts come back as proper status codes, not mid-stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from api.gateway.admission import Ticket
+from api.gateway.service import GatewayService
+from api.proto import worker_pb2
+from api.store.repo import KeyRecord
+
+
+@dataclass
+class ChoiceResult:
+    text: str = ""
+    finish_reason: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    logprobs: list[worker_pb2.TokenLogprob] = field(default_factory=list)
+
+
+class CleanupStreamingResponse(StreamingResponse):
+    """Runs `cleanup` even when the client leaves before the body iterator ever starts."""
+
+    def __init__(self, content: AsyncIterator[bytes], cleanup: Callable[[], Awaitable[None]], **kw: Any) -> None:
+        super().__init__(content, **kw)
+        self._cleanup = cleanup
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self._cleanup()
+
+
+class Run:
+    def __init__(self, service: GatewayService, key: KeyRecord, model: str, ticket: Ticket) -> None:
+        self.service, self.key, self.model, self.ticket = service, key, model, ticket
+        self.started = time.monotonic()
+        self._stack = contextlib.AsyncExitStack()
+        self.used_tokens = 0
+        self._closed = False
+
+    async def start(self, split: dict[str, float], requests: list[worker_pb2.GenerateRequest], affinity: str
+                    ) -> list[AsyncIterator[worker_pb2.GenerateChunk]]:
+        """Wait for a slot, open every choice and read its first chunk; returns the chunk streams."""
+        try:
+            await self._stack.enter_async_context(self.service.admission.slot(self.ticket))
+            streams = [self.service.stream(self.key, self.model, split, r, affinity) for r in requests]
+            for s in streams:
+                self._stack.push_async_callback(s.aclose)
+            firsts = await asyncio.gather(*(anext(s) for s in streams))
+        except BaseException:
+            await self.close()
+            raise
+        self.service.metrics.ttft.labels(self.model).observe(time.monotonic() - self.started)
+        return [_prepend(f, s) for f, s in zip(firsts, streams, strict=True)]
+
+    def account(self, chunk: worker_pb2.GenerateChunk) -> None:
+        if chunk.finish_reason:
+            self.used_tokens += chunk.prompt_tokens + chunk.completion_tokens
+            self.service.metrics.requests.labels(self.key.tenant, chunk.finish_reason).inc()
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            await self._stack.aclose()
+        finally:
+            self.service.admission.settle(self.ticket, self.used_tokens)
+            self.service.metrics.e2e.labels(self.model).observe(time.monotonic() - self.started)
+
+    async def collect(self, streams: list[AsyncIterator[worker_pb2.GenerateChunk]]) -> list[ChoiceResult]:
+        try:
+            results = await asyncio.gather(*(self._collect_one(s) for s in streams))
+        finally:
+            await self.close()
+        return list(results)
+
+    async def _collect_one(self, stream: AsyncIterator[worker_pb2.GenerateChunk]) -> ChoiceResult:
+        out, parts = ChoiceResult(), []
+        async for chunk in stream:
+            self.account(chunk)
+            parts.append(chunk.text)
+            out.logprobs.extend(chunk.logprobs)
+            out.prompt_tokens, out.completion_tokens = chunk.prompt_tokens, chunk.completion_tokens
+            out.finish_reason = chunk.finish_reason or None
+        out.text = "".join(parts)
+        return out
+
+    async def merged(self, streams: list[AsyncIterator[worker_pb2.GenerateChunk]]
+                     ) -> AsyncIterator[tuple[int, worker_pb2.GenerateChunk]]:
+        """(choice index, chunk) in arrival order; records inter-token latency."""
+        queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
+
+        async def pump(i: int, s: AsyncIterator[worker_pb2.GenerateChunk]) -> None:
+            try:
+                async for c in s:
+                    await queue.put((i, c))
+                await queue.put((i, None))
+            except Exception as exc:
+                await queue.put((i, exc))
+
+        tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+        last, remaining = time.monotonic(), len(tasks)
+        try:
+            while remaining:
+                i, item = await queue.get()
+                if item is None:
+                    remaining -= 1
+                    continue
+                if isinstance(item, Exception):
+                    raise item
+                now = time.monotonic()
+                self.service.metrics.itl.labels(self.model).observe(now - last)
+                last = now
+                self.account(item)
+                yield i, item
+        finally:
+            for t in tasks:
+                t.cancel()
+
+
+async def _prepend(first: worker_pb2.GenerateChunk, rest: AsyncIterator[worker_pb2.GenerateChunk]
+                   ) -> AsyncIterator[worker_pb2.GenerateChunk]:
+    yield first
+    async for chunk in rest:  # read to the end even after the last token: metering happens there
+        yield chunk
+
+
+def request_id() -> str:
+    return secrets.token_hex(12)

@@ -1,0 +1,77 @@
+"""The gateway's side of the worker protocol: one channel per worker, server-streaming Generate.
+
+Closing the iterator (client disconnected, error, shutdown) cancels the RPC, and the worker aborts
+the request in its engine. A worker that vanishes mid-stream surfaces as WorkerLost.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import grpc
+
+from api.gateway.errors import GatewayError
+from api.proto import worker_pb2, worker_pb2_grpc
+
+
+class WorkerLost(GatewayError):
+    def __init__(self) -> None:
+        super().__init__(502, "the worker serving this request stopped; the answer is incomplete",
+                         type_="server_error", code="worker_lost")
+
+
+class WorkerClients:
+    def __init__(self) -> None:
+        self._channels: dict[str, tuple[grpc.aio.Channel, worker_pb2_grpc.WorkerStub]] = {}
+
+    def stub(self, address: str) -> worker_pb2_grpc.WorkerStub:
+        if address not in self._channels:
+            channel = grpc.aio.insecure_channel(address, options=[("grpc.max_concurrent_streams", 4096)])
+            self._channels[address] = (channel, worker_pb2_grpc.WorkerStub(channel))
+        return self._channels[address][1]
+
+    async def close(self) -> None:
+        for channel, _ in self._channels.values():
+            await channel.close()
+        self._channels.clear()
+
+    async def open(self, address: str, request: worker_pb2.GenerateRequest, timeout_s: float
+                   ) -> tuple[worker_pb2.GenerateChunk, AsyncIterator[worker_pb2.GenerateChunk]]:
+        """Start generating and wait for the first chunk, so that errors before it can be retried."""
+        call = self.stub(address).Generate(request, timeout=timeout_s)
+        try:
+            first = await call.read()
+        except grpc.aio.AioRpcError as exc:
+            call.cancel()
+            raise _translate(exc, started=False) from exc
+        except BaseException:
+            call.cancel()
+            raise
+        if first is grpc.aio.EOF:
+            raise GatewayError(502, "the worker returned no output", type_="server_error")
+        return first, _rest(call)
+
+
+async def _rest(call: grpc.aio.UnaryStreamCall) -> AsyncIterator[worker_pb2.GenerateChunk]:
+    try:
+        while True:
+            chunk = await call.read()
+            if chunk is grpc.aio.EOF:
+                return
+            yield chunk
+    except grpc.aio.AioRpcError as exc:
+        raise _translate(exc, started=True) from exc
+    finally:
+        call.cancel()  # no-op when finished; otherwise propagates cancellation to the engine
+
+
+def _translate(exc: grpc.aio.AioRpcError, started: bool) -> GatewayError:
+    code = exc.code()
+    if code == grpc.StatusCode.INVALID_ARGUMENT:
+        return GatewayError(400, exc.details() or "invalid request", code="invalid_value")
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return GatewayError(504, "the worker did not finish in time", type_="server_error", code="timeout")
+    if started:
+        return WorkerLost()
+    return GatewayError(503, "model unavailable: worker unreachable", type_="model_unavailable",
+                        code="model_unavailable")

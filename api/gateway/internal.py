@@ -1,0 +1,69 @@
+"""Worker heartbeats (registration), health, readiness and Prometheus metrics."""
+
+from __future__ import annotations
+
+import hmac
+from typing import Any
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel, Field
+
+from api.gateway.dependencies import bearer_secret, get_service
+from api.gateway.errors import GatewayError
+from api.gateway.service import GatewayService
+
+router = APIRouter()
+
+
+class Heartbeat(BaseModel):
+    worker_id: str = Field(max_length=64)
+    grpc_address: str = Field(max_length=256)
+    http_url: str = Field(max_length=256)
+    tenant: str = Field(max_length=64)
+    model: str = Field(max_length=256)
+    version: str = Field(max_length=64)
+    status: str = Field(max_length=32)
+    tee: str = Field(max_length=16)
+    insecure: bool
+    usage_public_key: str = Field(min_length=64, max_length=64)
+    pid: int | None = None
+    stats: dict[str, Any] = Field(default_factory=dict)
+
+
+def worker_token(secret: str = Depends(bearer_secret), service: GatewayService = Depends(get_service)) -> None:
+    expected = service.settings.register_token
+    if not expected or not hmac.compare_digest(secret.encode(), expected.encode()):
+        raise GatewayError(401, "bad worker registration token", code="invalid_api_key")
+
+
+@router.post("/internal/workers/heartbeat", dependencies=[Depends(worker_token)])
+def heartbeat(body: Heartbeat, service: GatewayService = Depends(get_service)) -> dict:
+    service.heartbeat(body.model_dump())
+    return {"ok": True}
+
+
+@router.get("/healthz")
+def healthz() -> dict:
+    return {"status": "ok"}
+
+
+@router.get("/readyz", response_model=None)
+def readyz(service: GatewayService = Depends(get_service)) -> JSONResponse:
+    """Ready when every model version in the catalog has at least its minimum of warm workers."""
+    registry, models = service.registry, {}
+    for v in service.store.model_versions():
+        if v.traffic_percent <= 0:
+            continue
+        warm = sum(1 for w in registry.ready(v.tenant, v.model) if w.version == v.version)
+        models[f"{v.tenant}/{v.model}/{v.version}"] = {"warm": warm, "min_warm": v.min_warm}
+    workers = [w.status if registry.alive(w) else "unreachable" for w in registry.workers.values()]
+    ready = bool(models) and all(m["warm"] >= min(1, m["min_warm"]) for m in models.values())
+    return JSONResponse(status_code=200 if ready else 503,
+                        content={"ready": ready, "workers": workers, "models": models})
+
+
+@router.get("/metrics")
+def metrics(request: Request, service: GatewayService = Depends(get_service)) -> Response:
+    return Response(generate_latest(service.metrics.registry), media_type=CONTENT_TYPE_LATEST)

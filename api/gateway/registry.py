@@ -1,0 +1,103 @@
+"""Workers register by heartbeat; routing picks a healthy worker holding the model version.
+
+Version: by the rollout's traffic split (among versions that have a healthy worker). Worker: the
+least loaded, unless the prompt's prefix has an affinity worker (rendezvous hash) whose load is
+within `affinity_slack` of the least, so repeated prefixes hit the same prefix cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from api.gateway.errors import GatewayError
+
+
+@dataclass
+class WorkerInfo:
+    worker_id: str
+    grpc_address: str
+    http_url: str
+    tenant: str
+    model: str
+    version: str
+    status: str
+    tee: str
+    insecure: bool
+    usage_public_key: str
+    pid: int | None = None
+    stats: dict[str, Any] = field(default_factory=dict)
+    last_seen: float = 0.0
+    inflight: int = 0
+    dead: bool = False
+
+    def load(self) -> float:
+        return self.inflight + float(self.stats.get("num_waiting", 0))
+
+
+def unavailable(detail: str = "") -> GatewayError:
+    suffix = f" ({detail})" if detail else ""
+    return GatewayError(503, f"model unavailable: no attested worker is serving it{suffix}",
+                        type_="model_unavailable", code="model_unavailable")
+
+
+class WorkerRegistry:
+    def __init__(self, heartbeat_timeout_s: float = 3.0, affinity_slack: float = 2.0,
+                 rng: random.Random | None = None) -> None:
+        self.workers: dict[str, WorkerInfo] = {}
+        self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.affinity_slack = affinity_slack
+        self._rng = rng or random.Random()
+
+    def heartbeat(self, doc: dict[str, Any]) -> WorkerInfo:
+        wid = str(doc["worker_id"])
+        known = self.workers.get(wid)
+        if known is not None and known.usage_public_key != doc["usage_public_key"]:
+            # Pinned at first contact: a different process may not take over a worker's identity.
+            raise GatewayError(409, "worker identity changed", type_="invalid_request_error")
+        info = known or WorkerInfo(worker_id=wid, grpc_address=doc["grpc_address"], http_url=doc["http_url"],
+                                   tenant=doc["tenant"], model=doc["model"], version=doc["version"],
+                                   status=doc["status"], tee=doc["tee"], insecure=bool(doc["insecure"]),
+                                   usage_public_key=doc["usage_public_key"], pid=doc.get("pid"))
+        info.status, info.stats = doc["status"], doc.get("stats") or {}
+        info.last_seen, info.dead = time.monotonic(), False
+        self.workers[wid] = info
+        return info
+
+    def alive(self, w: WorkerInfo) -> bool:
+        return not w.dead and time.monotonic() - w.last_seen < self.heartbeat_timeout_s
+
+    def mark_dead(self, worker_id: str) -> None:
+        if worker_id in self.workers:
+            self.workers[worker_id].dead = True
+
+    def for_model(self, tenant: str, model: str) -> list[WorkerInfo]:
+        return [w for w in self.workers.values() if w.tenant == tenant and w.model == model and self.alive(w)]
+
+    def ready(self, tenant: str, model: str) -> list[WorkerInfo]:
+        return [w for w in self.for_model(tenant, model) if w.status == "ready"]
+
+    def pick(self, tenant: str, model: str, split: dict[str, float], affinity_key: str = "",
+             exclude: frozenset[str] = frozenset()) -> WorkerInfo:
+        ready = [w for w in self.ready(tenant, model) if w.worker_id not in exclude]
+        if not ready:
+            states = sorted({w.status for w in self.for_model(tenant, model)})
+            raise unavailable(", ".join(states) or "no worker registered")
+        versions = sorted({w.version for w in ready})
+        weights = [max(0.0, split.get(v, 0.0)) for v in versions]
+        if sum(weights) <= 0:
+            # No split covers a live version (e.g. the promoted one has no worker yet): keep serving.
+            weights = [1.0] * len(versions)
+        version = self._rng.choices(versions, weights)[0]
+        pool = [w for w in ready if w.version == version]
+        least = min(pool, key=lambda w: (w.load(), w.worker_id))
+        if affinity_key and len(pool) > 1:
+            def score(w: WorkerInfo) -> bytes:
+                return hashlib.sha256(f"{affinity_key}\0{w.worker_id}".encode()).digest()
+            preferred = max(pool, key=score)
+            if preferred.load() <= least.load() + self.affinity_slack:
+                return preferred
+        return least

@@ -1,0 +1,36 @@
+"""Signed usage records: the worker signs, the gateway checks the signature and the facts, then stores."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+from api.gateway.registry import WorkerInfo
+from api.proto import worker_pb2
+from api.store.models import UsageRow
+
+log = logging.getLogger(__name__)
+
+
+class UsageRejected(Exception):
+    pass
+
+
+def verify_usage(record: worker_pb2.UsageRecord, worker: WorkerInfo, request_id: str, tenant: str) -> UsageRow:
+    """Check a record against the key the worker registered with and the request it answers."""
+    if record.public_key.hex() != worker.usage_public_key:
+        raise UsageRejected("usage record signed by a key the worker did not register")
+    try:
+        Ed25519PublicKey.from_public_bytes(record.public_key).verify(record.signature, record.payload)
+    except (InvalidSignature, ValueError) as exc:
+        raise UsageRejected("bad usage signature") from exc
+    doc = json.loads(record.payload)
+    if doc.get("request_id") != request_id or doc.get("tenant") != tenant:
+        raise UsageRejected("usage record is for another request")
+    return UsageRow(request_id=request_id, tenant=tenant, key_id=str(doc.get("key_id", "")),
+                    model=str(doc["model"]), version=str(doc["version"]), worker_id=worker.worker_id,
+                    prompt_tokens=int(doc["prompt_tokens"]), completion_tokens=int(doc["completion_tokens"]),
+                    worker_seconds=float(doc["worker_seconds"]), signature=record.signature.hex())

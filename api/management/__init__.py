@@ -1,0 +1,1 @@
+"""Management API: tenants, API keys, model versions, rollouts, usage, policies (JWT roles)."""

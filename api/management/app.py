@@ -1,0 +1,116 @@
+"""Management routes (mounted under /admin/v1 by the gateway's create_app)."""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any
+
+from fastapi import APIRouter, Depends
+
+from api.gateway.errors import GatewayError
+from api.gateway.service import GatewayService
+from api.gateway.settings import GatewaySettings
+from api.management.auth import Principal, require, tenant_scope
+from api.management.schemas import KeyIn, ModelVersionIn, PolicyIn, RolloutIn, TenantIn
+
+OP, ADMIN, USER, AUDITOR = "operator", "tenant-admin", "tenant-user", "auditor"
+
+
+def _version(v: Any) -> dict[str, Any]:
+    return {"tenant": v.tenant, "model": v.model, "version": v.version, "traffic_percent": v.traffic_percent,
+            "min_warm": v.min_warm}
+
+
+def management_router(settings: GatewaySettings, service: GatewayService) -> APIRouter:
+    store = service.store
+    # Every change below invalidates this replica's caches at once (others refresh within a second).
+    r = APIRouter()
+
+    def changed() -> None:
+        service.forget()
+
+    @r.post("/tenants", status_code=201)
+    def create_tenant(body: TenantIn, _: Principal = Depends(require(OP))) -> dict:
+        changed()
+        t = store.ensure_tenant(body.name, **body.model_dump(exclude={"name"}))
+        return {"name": t.name, "weight": t.weight, "rpm": t.rpm, "tpm": t.tpm, "token_budget": t.token_budget}
+
+    @r.get("/tenants")
+    def list_tenants(_: Principal = Depends(require(OP, AUDITOR))) -> dict:
+        return {"data": [{"name": t.name, "weight": t.weight, "rpm": t.rpm, "tpm": t.tpm,
+                          "token_budget": t.token_budget} for t in store.tenants()]}
+
+    @r.post("/tenants/{tenant}/keys", status_code=201)
+    def create_key(tenant: str, body: KeyIn, _: Principal = Depends(tenant_scope(OP, ADMIN))) -> dict:
+        secret, rec = store.create_key(tenant, body.name, tuple(body.models), body.expires_at, body.rpm, body.tpm,
+                                       body.priority)
+        # The secret is shown once; only its hash is stored.
+        return {"key_id": rec.key_id, "secret": secret, "tenant": tenant, "models": list(rec.models),
+                "expires_at": body.expires_at.isoformat() if body.expires_at else None}
+
+    @r.get("/tenants/{tenant}/keys")
+    def list_keys(tenant: str, _: Principal = Depends(tenant_scope(OP, ADMIN, AUDITOR))) -> dict:
+        return {"data": [{"key_id": k.key_id, "name": k.name, "models": list(k.models), "rpm": k.rpm, "tpm": k.tpm,
+                          "priority": k.priority, "expires_at": k.expires_at.isoformat() if k.expires_at else None}
+                         for k in store.keys(tenant)]}
+
+    @r.delete("/tenants/{tenant}/keys/{key_id}")
+    def revoke_key(tenant: str, key_id: str, _: Principal = Depends(tenant_scope(OP, ADMIN))) -> dict:
+        changed()
+        if not store.revoke_key(tenant, key_id):
+            raise GatewayError(404, "no such key", code="not_found")
+        return {"revoked": key_id}
+
+    @r.get("/tenants/{tenant}/models")
+    def list_versions(tenant: str, _: Principal = Depends(tenant_scope(OP, ADMIN, USER, AUDITOR))) -> dict:
+        return {"data": [_version(v) for v in store.model_versions(tenant)]}
+
+    @r.post("/tenants/{tenant}/models", status_code=201)
+    def add_version(tenant: str, body: ModelVersionIn, _: Principal = Depends(tenant_scope(OP, ADMIN))) -> dict:
+        changed()
+        return _version(store.upsert_version(tenant, body.model, body.version, min_warm=body.min_warm))
+
+    @r.post("/tenants/{tenant}/models/{model}/rollout")
+    def rollout(tenant: str, model: str, body: RolloutIn, _: Principal = Depends(tenant_scope(OP, ADMIN))) -> dict:
+        try:
+            changed()
+            rows = store.set_rollout(tenant, model, body.version, body.percent)
+        except KeyError as exc:
+            raise GatewayError(404, "no such model version", code="not_found") from exc
+        return {"data": [_version(v) for v in rows]}
+
+    @r.post("/tenants/{tenant}/models/{model}/rollback")
+    def rollback(tenant: str, model: str, _: Principal = Depends(tenant_scope(OP, ADMIN))) -> dict:
+        changed()
+        return {"data": [_version(v) for v in store.rollback(tenant, model)]}
+
+    @r.get("/usage")
+    def usage(tenant: str | None = None, who: Principal = Depends(require(OP, ADMIN, USER, AUDITOR))) -> dict:
+        if who.role.startswith("tenant-"):
+            tenant = who.tenant
+        return {"data": store.usage_summary(tenant)}
+
+    @r.put("/tenants/{tenant}/policy")
+    def put_policy(tenant: str, body: PolicyIn, _: Principal = Depends(tenant_scope(OP, ADMIN))) -> dict:
+        changed()
+        return {"tenant": tenant, "version": store.put_policy(tenant, body.document)}
+
+    @r.get("/tenants/{tenant}/policy")
+    def get_policy(tenant: str, _: Principal = Depends(tenant_scope(OP, ADMIN, AUDITOR))) -> dict:
+        row = store.policy(tenant)
+        if row is None:
+            raise GatewayError(404, "no policy", code="not_found")
+        return {"tenant": tenant, "version": row.version, "document": row.document}
+
+    @r.get("/workers")
+    def workers(_: Principal = Depends(require(OP, AUDITOR))) -> dict:
+        reg = service.registry
+        return {"data": [{"worker_id": w.worker_id, "tenant": w.tenant, "model": w.model, "version": w.version,
+                          "status": w.status if reg.alive(w) else "unreachable", "inflight": w.inflight,
+                          "tee": w.tee, "insecure": w.insecure, "pid": w.pid} for w in reg.workers.values()]}
+
+    if importlib.util.find_spec("api.management.uploads") is not None:
+        from api.management.uploads import build_upload_router
+
+        r.include_router(build_upload_router(settings.data_dir / "uploads", require(OP, ADMIN)))
+    return r

@@ -1,0 +1,69 @@
+"""Management bearer tokens (JWT, HS256) and role checks as chained dependencies.
+
+Roles: operator (everything), tenant-admin (its own tenant: keys, models, rollouts, policies,
+usage), tenant-user (its own tenant's usage and models, read-only), auditor (read-only, all tenants).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import jwt
+from fastapi import Depends, Request
+
+from api.gateway.dependencies import bearer_secret
+from api.gateway.errors import GatewayError
+
+ROLES = ("operator", "tenant-admin", "tenant-user", "auditor")
+AUDIENCE = "sealed-management"
+
+
+@dataclass(frozen=True)
+class Principal:
+    subject: str
+    role: str
+    tenant: str | None
+
+
+def issue_token(secret: str, subject: str, role: str, tenant: str | None = None, ttl_s: int = 3600) -> str:
+    if role not in ROLES:
+        raise ValueError(f"role must be one of {ROLES}")
+    if role.startswith("tenant-") and not tenant:
+        raise ValueError("tenant roles need a tenant")
+    now = dt.datetime.now(dt.UTC)
+    return jwt.encode({"sub": subject, "role": role, "tenant": tenant, "aud": AUDIENCE, "iat": now,
+                       "exp": now + dt.timedelta(seconds=ttl_s)}, secret, algorithm="HS256")
+
+
+def principal(request: Request, token: str = Depends(bearer_secret)) -> Principal:
+    secret = request.app.state.service.settings.jwt_secret
+    if not secret:
+        raise GatewayError(503, "management API disabled: no JWT secret configured", type_="server_error")
+    try:
+        claims = jwt.decode(token, secret, algorithms=["HS256"], audience=AUDIENCE,
+                            options={"require": ["exp", "sub", "aud"]})
+    except jwt.PyJWTError as exc:
+        raise GatewayError(401, "invalid management token", code="invalid_token") from exc
+    if claims.get("role") not in ROLES:
+        raise GatewayError(403, "unknown role", type_="permission_error", code="forbidden")
+    return Principal(str(claims["sub"]), claims["role"], claims.get("tenant"))
+
+
+def require(*roles: str) -> Callable[..., Principal]:
+    def check(who: Principal = Depends(principal)) -> Principal:
+        if who.role not in roles:
+            raise GatewayError(403, f"role {who.role} may not do this", type_="permission_error", code="forbidden")
+        return who
+    return check
+
+
+def tenant_scope(*roles: str) -> Callable[..., Principal]:
+    """The role must be allowed, and tenant roles only reach their own tenant (path parameter `tenant`)."""
+    def check(tenant: str, who: Principal = Depends(require(*roles))) -> Principal:
+        if who.role.startswith("tenant-") and who.tenant != tenant:
+            # 404, not 403: another tenant's existence is not disclosed.
+            raise GatewayError(404, "no such tenant", code="not_found")
+        return who
+    return check

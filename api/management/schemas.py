@@ -1,0 +1,45 @@
+"""Management request bodies."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TenantIn(Strict):
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[a-z0-9][a-z0-9_\-]*$")
+    weight: float = Field(default=1.0, gt=0, le=1000)
+    rpm: int | None = Field(default=None, ge=1)
+    tpm: int | None = Field(default=None, ge=1)
+    token_budget: int | None = Field(default=None, ge=0)
+    max_queued: int | None = Field(default=None, ge=1)
+
+
+class KeyIn(Strict):
+    name: str = Field(min_length=1, max_length=128)
+    models: list[str] = Field(default_factory=list)
+    expires_at: dt.datetime | None = None
+    rpm: int | None = Field(default=None, ge=1)
+    tpm: int | None = Field(default=None, ge=1)
+    priority: int = Field(default=0, ge=-10, le=10)
+
+
+class ModelVersionIn(Strict):
+    model: str = Field(min_length=1, max_length=256)
+    version: str = Field(min_length=1, max_length=64)
+    min_warm: int = Field(default=1, ge=0, le=1000)
+
+
+class RolloutIn(Strict):
+    version: str
+    percent: float = Field(ge=0, le=100)
+
+
+class PolicyIn(Strict):
+    document: dict[str, Any]

@@ -1,0 +1,1 @@
+"""Gateway <-> worker protobuf definitions and their generated modules."""

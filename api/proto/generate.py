@@ -1,0 +1,31 @@
+"""Regenerate worker_pb2*.py from worker.proto: `python -m api.proto.generate` (needs grpcio-tools).
+
+The generated modules are committed so that running the service does not need grpcio-tools; this
+script makes them reproducible. Imports are rewritten to be package-relative.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def main() -> int:
+    from grpc_tools import protoc  # imported here: only this script needs grpcio-tools
+
+    rc = protoc.main(["grpc_tools.protoc", f"-I{HERE}", f"--python_out={HERE}", f"--grpc_python_out={HERE}",
+                      str(HERE / "worker.proto")])
+    if rc != 0:
+        return rc
+    grpc_module = HERE / "worker_pb2_grpc.py"
+    text = re.sub(r"^import worker_pb2 as", "from api.proto import worker_pb2 as", grpc_module.read_text(),
+                  flags=re.M)
+    grpc_module.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

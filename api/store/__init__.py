@@ -1,0 +1,1 @@
+"""Control-plane state: SQLAlchemy models and alembic migrations (SQLite default, PostgreSQL for fleets)."""

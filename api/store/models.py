@@ -1,0 +1,79 @@
+"""Control-plane tables. No prompts, completions, weights or keys in any of them; API keys are hashes."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from sqlalchemy import JSON, BigInteger, DateTime, Float, ForeignKey, Integer, String, UniqueConstraint
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+def utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Tenant(Base):
+    __tablename__ = "tenants"
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    weight: Mapped[float] = mapped_column(Float, default=1.0)  # share under weighted fair queueing
+    rpm: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    tpm: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    token_budget: Mapped[int | None] = mapped_column(BigInteger, nullable=True)  # lifetime tokens
+    max_queued: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class ApiKeyRow(Base):
+    __tablename__ = "api_keys"
+    key_hash: Mapped[str] = mapped_column(String(64), primary_key=True)
+    key_id: Mapped[str] = mapped_column(String(32), unique=True)
+    tenant: Mapped[str] = mapped_column(ForeignKey("tenants.name"), index=True)
+    name: Mapped[str] = mapped_column(String(128))
+    models: Mapped[list] = mapped_column(JSON, default=list)
+    expires_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    rpm: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    tpm: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    priority: Mapped[int] = mapped_column(Integer, default=0)  # higher is served first
+    revoked: Mapped[bool] = mapped_column(default=False)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class ModelVersion(Base):
+    __tablename__ = "model_versions"
+    __table_args__ = (UniqueConstraint("tenant", "model", "version"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    tenant: Mapped[str] = mapped_column(String(64), index=True)
+    model: Mapped[str] = mapped_column(String(256))
+    version: Mapped[str] = mapped_column(String(64))
+    traffic_percent: Mapped[float] = mapped_column(Float, default=0.0)
+    previous_percent: Mapped[float | None] = mapped_column(Float, nullable=True)  # for one-call rollback
+    min_warm: Mapped[int] = mapped_column(Integer, default=1)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class UsageRow(Base):
+    __tablename__ = "usage"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    request_id: Mapped[str] = mapped_column(String(64), index=True)
+    tenant: Mapped[str] = mapped_column(String(64), index=True)
+    key_id: Mapped[str] = mapped_column(String(32), index=True)
+    model: Mapped[str] = mapped_column(String(256))
+    version: Mapped[str] = mapped_column(String(64))
+    worker_id: Mapped[str] = mapped_column(String(64))
+    prompt_tokens: Mapped[int] = mapped_column(Integer)
+    completion_tokens: Mapped[int] = mapped_column(Integer)
+    worker_seconds: Mapped[float] = mapped_column(Float)
+    signature: Mapped[str] = mapped_column(String(256))  # hex Ed25519 over the record, verified before insert
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class PolicyRow(Base):
+    __tablename__ = "policies"
+    tenant: Mapped[str] = mapped_column(String(64), primary_key=True)
+    document: Mapped[dict] = mapped_column(JSON)
+    version: Mapped[int] = mapped_column(Integer, default=1)
+    updated_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

@@ -1,0 +1,208 @@
+"""Queries over the control-plane tables, used by the gateway and the management API."""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import hmac
+import secrets
+from dataclasses import dataclass
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from api.store.models import ApiKeyRow, ModelVersion, PolicyRow, Tenant, UsageRow
+
+KEY_PREFIX = "sk-sealed-"
+
+
+def hash_secret(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class KeyRecord:
+    key_id: str
+    tenant: str
+    name: str
+    models: tuple[str, ...]
+    expires_at: dt.datetime | None
+    rpm: int | None
+    tpm: int | None
+    priority: int
+
+    def expired(self, now: dt.datetime) -> bool:
+        if self.expires_at is None:
+            return False
+        exp = self.expires_at if self.expires_at.tzinfo else self.expires_at.replace(tzinfo=dt.UTC)
+        return now >= exp
+
+
+def _record(row: ApiKeyRow) -> KeyRecord:
+    return KeyRecord(row.key_id, row.tenant, row.name, tuple(row.models or ()), row.expires_at, row.rpm, row.tpm,
+                     row.priority)
+
+
+class Store:
+    def __init__(self, sessions: sessionmaker[Session]) -> None:
+        self.sessions = sessions
+
+    # -- tenants
+    def ensure_tenant(self, name: str, **fields: object) -> Tenant:
+        with self.sessions.begin() as s:
+            row = s.get(Tenant, name)
+            if row is None:
+                row = Tenant(name=name, weight=1.0)
+                s.add(row)
+            for k, v in fields.items():
+                setattr(row, k, v)
+            s.flush()
+            s.expunge(row)
+            return row
+
+    def tenant(self, name: str) -> Tenant | None:
+        with self.sessions() as s:
+            return s.get(Tenant, name)
+
+    def tenants(self) -> list[Tenant]:
+        with self.sessions() as s:
+            return list(s.scalars(select(Tenant).order_by(Tenant.name)))
+
+    # -- API keys
+    def create_key(self, tenant: str, name: str, models: tuple[str, ...] = (), expires_at: dt.datetime | None = None,
+                   rpm: int | None = None, tpm: int | None = None, priority: int = 0,
+                   secret: str | None = None) -> tuple[str, KeyRecord]:
+        self.ensure_tenant(tenant)
+        secret = secret or KEY_PREFIX + secrets.token_urlsafe(32)
+        row = ApiKeyRow(key_hash=hash_secret(secret), key_id=f"key_{secrets.token_hex(8)}", tenant=tenant, name=name,
+                        models=list(models), expires_at=expires_at, rpm=rpm, tpm=tpm, priority=priority)
+        with self.sessions.begin() as s:
+            s.add(row)
+        return secret, _record(row)
+
+    def import_key_hash(self, key_hash: str, tenant: str, name: str, models: tuple[str, ...],
+                        expires_at: dt.datetime | None) -> None:
+        """Bootstrap keys made before the database existed (`api-keys.json`): their hashes move over."""
+        self.ensure_tenant(tenant)
+        with self.sessions.begin() as s:
+            if s.get(ApiKeyRow, key_hash) is None:
+                s.add(ApiKeyRow(key_hash=key_hash, key_id=f"key_{key_hash[:16]}", tenant=tenant, name=name,
+                                models=list(models), expires_at=expires_at))
+
+    def lookup_key(self, secret: str) -> KeyRecord | None:
+        wanted = hash_secret(secret)
+        with self.sessions() as s:
+            row = s.get(ApiKeyRow, wanted)
+            if row is None or row.revoked or not hmac.compare_digest(row.key_hash, wanted):
+                return None
+            return _record(row)
+
+    def keys(self, tenant: str) -> list[KeyRecord]:
+        with self.sessions() as s:
+            rows = s.scalars(select(ApiKeyRow).where(ApiKeyRow.tenant == tenant, ApiKeyRow.revoked.is_(False)))
+            return [_record(r) for r in rows]
+
+    def revoke_key(self, tenant: str, key_id: str) -> bool:
+        with self.sessions.begin() as s:
+            row = s.scalar(select(ApiKeyRow).where(ApiKeyRow.tenant == tenant, ApiKeyRow.key_id == key_id))
+            if row is None:
+                return False
+            row.revoked = True
+            return True
+
+    # -- model versions and rollouts
+    def model_versions(self, tenant: str | None = None) -> list[ModelVersion]:
+        with self.sessions() as s:
+            q = select(ModelVersion).order_by(ModelVersion.tenant, ModelVersion.model, ModelVersion.version)
+            if tenant is not None:
+                q = q.where(ModelVersion.tenant == tenant)
+            return list(s.scalars(q))
+
+    def upsert_version(self, tenant: str, model: str, version: str, traffic_percent: float | None = None,
+                       min_warm: int | None = None) -> ModelVersion:
+        self.ensure_tenant(tenant)
+        with self.sessions.begin() as s:
+            row = s.scalar(select(ModelVersion).where(ModelVersion.tenant == tenant, ModelVersion.model == model,
+                                                      ModelVersion.version == version))
+            if row is None:
+                first = s.scalar(select(func.count()).select_from(ModelVersion).where(
+                    ModelVersion.tenant == tenant, ModelVersion.model == model)) == 0
+                row = ModelVersion(tenant=tenant, model=model, version=version,
+                                   traffic_percent=100.0 if first else 0.0, min_warm=1)
+                s.add(row)
+            if traffic_percent is not None:
+                row.traffic_percent = traffic_percent
+            if min_warm is not None:
+                row.min_warm = min_warm
+            s.flush()
+            s.expunge(row)
+            return row
+
+    def set_rollout(self, tenant: str, model: str, version: str, percent: float) -> list[ModelVersion]:
+        """Give `version` `percent` of the traffic; the other versions share the rest in proportion."""
+        with self.sessions.begin() as s:
+            rows = list(s.scalars(select(ModelVersion).where(ModelVersion.tenant == tenant,
+                                                             ModelVersion.model == model)))
+            if not any(r.version == version for r in rows):
+                raise KeyError(version)
+            others = [r for r in rows if r.version != version]
+            rest = sum(r.traffic_percent for r in others)
+            for r in rows:
+                r.previous_percent = r.traffic_percent
+                if r.version == version:
+                    r.traffic_percent = percent
+                else:
+                    share = (r.traffic_percent / rest) if rest > 0 else 1.0 / len(others)
+                    r.traffic_percent = (100.0 - percent) * share
+            s.flush()
+            for r in rows:
+                s.expunge(r)
+            return rows
+
+    def rollback(self, tenant: str, model: str) -> list[ModelVersion]:
+        """One call: every version of the model goes back to its split before the last rollout step."""
+        with self.sessions.begin() as s:
+            rows = list(s.scalars(select(ModelVersion).where(ModelVersion.tenant == tenant,
+                                                             ModelVersion.model == model)))
+            for r in rows:
+                if r.previous_percent is not None:
+                    r.traffic_percent, r.previous_percent = r.previous_percent, None
+            s.flush()
+            for r in rows:
+                s.expunge(r)
+            return rows
+
+    # -- usage
+    def record_usage(self, row: UsageRow) -> None:
+        with self.sessions.begin() as s:
+            s.add(row)
+
+    def tokens_used(self, tenant: str) -> int:
+        with self.sessions() as s:
+            return int(s.scalar(select(func.coalesce(func.sum(UsageRow.prompt_tokens + UsageRow.completion_tokens),
+                                                     0)).where(UsageRow.tenant == tenant)) or 0)
+
+    def usage_summary(self, tenant: str | None = None) -> list[dict]:
+        with self.sessions() as s:
+            q = select(UsageRow.tenant, UsageRow.key_id, func.count(), func.sum(UsageRow.prompt_tokens),
+                       func.sum(UsageRow.completion_tokens), func.sum(UsageRow.worker_seconds)
+                       ).group_by(UsageRow.tenant, UsageRow.key_id).order_by(UsageRow.tenant, UsageRow.key_id)
+            if tenant is not None:
+                q = q.where(UsageRow.tenant == tenant)
+            return [{"tenant": t, "key_id": k, "requests": int(n), "prompt_tokens": int(p or 0),
+                     "completion_tokens": int(c or 0), "worker_seconds": float(w or 0.0)}
+                    for t, k, n, p, c, w in s.execute(q)]
+
+    # -- policies
+    def put_policy(self, tenant: str, document: dict) -> int:
+        with self.sessions.begin() as s:
+            row = s.get(PolicyRow, tenant)
+            if row is None:
+                s.add(PolicyRow(tenant=tenant, document=document, version=1))
+                return 1
+            row.document, row.version = document, row.version + 1
+            return row.version
+
+    def policy(self, tenant: str) -> PolicyRow | None:
+        with self.sessions() as s:
+            return s.get(PolicyRow, tenant)

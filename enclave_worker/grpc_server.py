@@ -1,0 +1,189 @@
+"""The worker's gRPC service (server-streaming generation) and its process entry point.
+
+`python -m enclave_worker.grpc_server ...` runs the internal HTTP app (status, attestation) and the
+gRPC service in one event loop, and sends heartbeats to the gateways it is told about. Cancelling
+the gRPC call (client gone, gateway gave up) cancels the handler, and the engine stream's cleanup
+aborts the request in the engine, so its KV blocks are freed at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import secrets
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+import httpx
+import uvicorn
+from cryptography.hazmat.primitives import serialization
+
+from api.proto import worker_pb2, worker_pb2_grpc
+from enclave_worker.chat_format import render_chat
+from enclave_worker.engine import EngineError, InvalidRequestError, SamplingParams
+from enclave_worker.server import WorkerState, create_app
+from enclave_worker.settings import WorkerSettings
+
+log = logging.getLogger(__name__)
+
+
+def _sampling(p: worker_pb2.SamplingParams) -> SamplingParams:
+    return SamplingParams(
+        max_tokens=p.max_tokens or 16, temperature=p.temperature, top_p=p.top_p or 1.0, top_k=p.top_k,
+        seed=p.seed if p.HasField("seed") else None, stop=tuple(p.stop), stop_token_ids=tuple(p.stop_token_ids),
+        logprobs=p.logprobs if p.HasField("logprobs") else None, ignore_eos=p.ignore_eos)
+
+
+class WorkerServicer(worker_pb2_grpc.WorkerServicer):
+    def __init__(self, state: WorkerState) -> None:
+        self.state = state
+
+    async def Status(self, request: worker_pb2.StatusRequest, context: grpc.aio.ServicerContext
+                     ) -> worker_pb2.StatusReply:
+        s, booted = self.state.settings, self.state.booted
+        return worker_pb2.StatusReply(status=self.state.status, tenant=s.tenant, model=s.model, version=s.version,
+                                      tee=s.tee, insecure=s.tee == "sim",
+                                      stats_json=json.dumps(booted.engine.stats() if booted else {}))
+
+    def _prompt(self, request: worker_pb2.GenerateRequest) -> list[int]:
+        engine = self.state.booted.engine  # type: ignore[union-attr]
+        if request.kind == "chat":
+            text = render_chat(engine.tokenizer, engine.tokenizer.chat_template, json.loads(request.messages_json),
+                               json.loads(request.tools_json) if request.tools_json else None,
+                               request.assistant_prefix)
+        else:
+            text = request.prompt + request.assistant_prefix
+        ids = engine.tokenizer.encode(text)
+        if not ids:
+            raise InvalidRequestError("the prompt is empty")
+        return ids
+
+    def _logprobs(self, out_logprobs: tuple | None) -> list[worker_pb2.TokenLogprob]:
+        if not out_logprobs:
+            return []
+        tok = self.state.booted.engine.tokenizer  # type: ignore[union-attr]
+
+        def piece(tid: int) -> str:
+            return tok.decode([tid], skip_special_tokens=False)
+
+        return [worker_pb2.TokenLogprob(
+            token=piece(lp.token_id), logprob=lp.logprob, token_bytes=piece(lp.token_id).encode(),
+            top=[worker_pb2.TopLogprob(token=piece(t), logprob=v, token_bytes=piece(t).encode()) for t, v in lp.top],
+        ) for lp in out_logprobs]
+
+    async def Generate(self, request: worker_pb2.GenerateRequest, context: grpc.aio.ServicerContext
+                       ) -> AsyncIterator[worker_pb2.GenerateChunk]:
+        state = self.state
+        if state.booted is None:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "model unavailable")
+        engine = state.booted.engine  # type: ignore[union-attr]
+        started = time.monotonic()
+        try:
+            prompt_ids = self._prompt(request)
+            stream = engine.generate(request.request_id, prompt_ids, _sampling(request.params),
+                                     cache_salt=state.cache_salt(request.tenant))
+            first = await anext(stream)
+        except (InvalidRequestError, ValueError) as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except EngineError:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "engine unavailable")
+        out = first
+        try:
+            while True:
+                chunk = worker_pb2.GenerateChunk(
+                    text=out.delta_text, token_ids=list(out.delta_token_ids), finish_reason=out.finish_reason or "",
+                    prompt_tokens=out.prompt_tokens, completion_tokens=out.completion_tokens,
+                    logprobs=self._logprobs(out.logprobs))
+                if out.finished:
+                    chunk.usage.CopyFrom(state.sign_usage({
+                        "request_id": request.request_id, "tenant": request.tenant, "key_id": request.key_id,
+                        "model": state.settings.model, "version": state.settings.version,
+                        "prompt_tokens": out.prompt_tokens, "completion_tokens": out.completion_tokens,
+                        "worker_seconds": round(time.monotonic() - started, 6), "at": time.time()}))
+                yield chunk
+                if out.finished:
+                    return
+                out = await anext(stream)
+        except EngineError:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "engine failed")
+        finally:
+            await stream.aclose()  # aborts the engine request if it has not finished (cancellation)
+
+
+async def heartbeats(state: WorkerState, urls: list[str], token: str, grpc_address: str, http_url: str,
+                     interval: float = 1.0) -> None:
+    worker_id = f"w-{secrets.token_hex(6)}"
+    public = state.usage_key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    async with httpx.AsyncClient(timeout=2.0) as client:
+        while True:
+            s, booted = state.settings, state.booted
+            body = {"worker_id": worker_id, "grpc_address": grpc_address, "http_url": http_url,
+                    "tenant": s.tenant, "model": s.model, "version": s.version, "status": state.status,
+                    "tee": s.tee, "insecure": s.tee == "sim", "usage_public_key": public.hex(),
+                    "pid": os.getpid(), "stats": booted.engine.stats() if booted else {}}
+            for url in urls:
+                # The gateway may not be up yet, or restarting: keep beating.
+                with contextlib.suppress(httpx.HTTPError):
+                    await client.post(f"{url}/internal/workers/heartbeat", json=body,
+                                      headers={"Authorization": f"Bearer {token}"})
+            await asyncio.sleep(interval)
+
+
+async def serve(settings: WorkerSettings, grpc_port: int, register_urls: list[str], register_token: str) -> None:
+    state = WorkerState(settings)
+    app = create_app(settings, state)
+    server = grpc.aio.server(options=[("grpc.max_concurrent_streams", 4096)])
+    worker_pb2_grpc.add_WorkerServicer_to_server(WorkerServicer(state), server)
+    address = f"{settings.host}:{grpc_port}"
+    server.add_insecure_port(address)
+    await server.start()
+    beat = asyncio.create_task(heartbeats(state, register_urls, register_token, address,
+                                          f"http://{settings.host}:{settings.port}")) if register_urls else None
+    http = uvicorn.Server(uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning",
+                                         access_log=False))
+    try:
+        await http.serve()
+    finally:
+        if beat is not None:
+            beat.cancel()
+        await server.stop(grace=1.0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m enclave_worker.grpc_server")
+    parser.add_argument("--broker-url", required=True)
+    parser.add_argument("--package-dir", type=Path, required=True)
+    parser.add_argument("--tenant", required=True)
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--version", required=True)
+    parser.add_argument("--tee", default="sim", choices=["sim", "snp", "tdx"])
+    parser.add_argument("--sim-platform-key", type=Path, default=None)
+    parser.add_argument("--unsafe-sim-measurement", default=None)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8002)
+    parser.add_argument("--grpc-port", type=int, required=True)
+    parser.add_argument("--register-url", action="append", default=[], help="gateway to send heartbeats to")
+    parser.add_argument("--register-token-file", type=Path, default=None)
+    parser.add_argument("--max-num-seqs", type=int, default=16)
+    parser.add_argument("--max-model-len", type=int, default=2048)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s worker %(levelname)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per heartbeat otherwise
+    settings = WorkerSettings(
+        broker_url=args.broker_url, package_dir=args.package_dir, tenant=args.tenant, model=args.model,
+        version=args.version, tee=args.tee, sim_platform_key=args.sim_platform_key,
+        unsafe_sim_measurement=args.unsafe_sim_measurement, host=args.host, port=args.port,
+        max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len)
+    token = args.register_token_file.read_text().strip() if args.register_token_file else ""
+    asyncio.run(serve(settings, args.grpc_port, args.register_url, token))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

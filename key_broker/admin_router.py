@@ -1,0 +1,104 @@
+"""Admin API: the operator (admin token) and tenant admins (tenant-admin tokens) manage tenant
+keys, data keys, release policies, reference values and read release receipts."""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+from fastapi import APIRouter, Body, Depends
+
+from key_broker.admin_schemas import (
+    DataKeyUpload,
+    ReceiptsResponse,
+    ReferenceValuesResponse,
+    RotationResponse,
+    SigningKeyUpload,
+    TenantTokenResponse,
+)
+from key_broker.auth import Principal
+from key_broker.dependencies import get_admin, operator, tenant_manager
+from key_broker.tenants import TenantAdmin
+
+router = APIRouter(prefix="/v1/admin")
+T = "/tenants/{tenant}"
+
+
+@router.post(T + "/key", status_code=201)
+def create_tenant_key(tenant: str, who: Principal = Depends(tenant_manager),
+                      admin: TenantAdmin = Depends(get_admin)) -> dict:
+    admin.create_tenant_key(who, tenant)
+    return admin.status(tenant)
+
+
+@router.get(T)
+def tenant_status(tenant: str, _: Principal = Depends(tenant_manager),
+                  admin: TenantAdmin = Depends(get_admin)) -> dict:
+    return admin.status(tenant)
+
+
+@router.post(T + "/key/rotate", response_model=RotationResponse)
+def rotate_tenant_key(tenant: str, who: Principal = Depends(tenant_manager),
+                      admin: TenantAdmin = Depends(get_admin)) -> RotationResponse:
+    result = admin.rotate(who, tenant)
+    return RotationResponse(kek_version=result.kek_version, rewrapped=result.rewrapped)
+
+
+@router.post(T + "/key/revoke")
+def revoke_tenant_key(tenant: str, who: Principal = Depends(tenant_manager),
+                      admin: TenantAdmin = Depends(get_admin)) -> dict:
+    admin.revoke(who, tenant)
+    return admin.status(tenant)
+
+
+@router.put(T + "/models/{model}/versions/{version}/data-key", status_code=201)
+def put_data_key(tenant: str, model: str, version: str, body: DataKeyUpload,
+                 who: Principal = Depends(tenant_manager), admin: TenantAdmin = Depends(get_admin)) -> dict:
+    admin.put_data_key(who, tenant, model, version, base64.b64decode(body.data_key), body.key_id,
+                       body.signer, body.model_digest)
+    return {"tenant": tenant, "model": model, "version": version, "key_id": body.key_id}
+
+
+@router.put(T + "/policies")
+def put_policy(tenant: str, body: dict[str, Any] = Body(...), who: Principal = Depends(tenant_manager),
+               admin: TenantAdmin = Depends(get_admin)) -> dict:
+    return admin.put_policy(who, tenant, body).to_dict()
+
+
+@router.get(T + "/policies")
+def list_policies(tenant: str, _: Principal = Depends(tenant_manager),
+                  admin: TenantAdmin = Depends(get_admin)) -> list[dict]:
+    return [p.to_dict() for p in admin.policies.list(tenant)]
+
+
+@router.put(T + "/reference-value-keys/{key_id}", status_code=201)
+def add_refval_key(tenant: str, key_id: str, body: SigningKeyUpload, who: Principal = Depends(operator),
+                   admin: TenantAdmin = Depends(get_admin)) -> dict:
+    """Operator only: which tenant keys may sign reference values is pinned out of band."""
+    admin.add_refval_key(who, tenant, key_id, body.public_key_pem.encode())
+    return {"tenant": tenant, "key_id": key_id}
+
+
+@router.put(T + "/reference-values", response_model=ReferenceValuesResponse)
+def put_reference_values(tenant: str, body: dict[str, Any] = Body(...),
+                         who: Principal = Depends(tenant_manager),
+                         admin: TenantAdmin = Depends(get_admin)) -> ReferenceValuesResponse:
+    values = admin.put_reference_values(who, tenant, body)
+    return ReferenceValuesResponse(id=values.id, version=values.version,
+                                   measurements=sorted(values.measurements), digest=values.digest)
+
+
+@router.get(T + "/receipts", response_model=ReceiptsResponse)
+def receipts(tenant: str, _: Principal = Depends(tenant_manager),
+             admin: TenantAdmin = Depends(get_admin)) -> ReceiptsResponse:
+    """Every release of this tenant's keys, each signed by the broker (verify offline)."""
+    return ReceiptsResponse(tenant=tenant, broker_public_key_pem=admin.receipts.public_key_pem,
+                            receipts=admin.receipts.list(tenant))
+
+
+@router.post(T + "/admin-tokens", response_model=TenantTokenResponse, status_code=201)
+def issue_tenant_token(tenant: str, who: Principal = Depends(operator),
+                       admin: TenantAdmin = Depends(get_admin)) -> TenantTokenResponse:
+    # operator() runs before the path is validated; tenant names are checked in the store.
+    token_id, secret = admin.issue_tenant_token(who, tenant)
+    return TenantTokenResponse(token_id=token_id, token=secret)

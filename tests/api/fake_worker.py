@@ -1,0 +1,81 @@
+"""A stand-in worker process for routing tests: the real gRPC protocol, heartbeats and signed usage,
+with a canned answer instead of a model (so several can run on a small machine).
+
+`python -m tests.api.fake_worker --gateway URL --token-file F --version V --grpc-port P --http-port H`
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+import uvicorn
+from fastapi import FastAPI
+
+from api.proto import worker_pb2, worker_pb2_grpc
+from enclave_worker.grpc_server import heartbeats
+from enclave_worker.server import WorkerState
+from enclave_worker.settings import WorkerSettings
+
+
+class FakeServicer(worker_pb2_grpc.WorkerServicer):
+    def __init__(self, state: WorkerState, delay: float) -> None:
+        self.state, self.delay = state, delay
+
+    async def Generate(self, request: worker_pb2.GenerateRequest, context: grpc.aio.ServicerContext
+                       ) -> AsyncIterator[worker_pb2.GenerateChunk]:
+        n, started = request.params.max_tokens, time.monotonic()
+        for i in range(n):
+            await asyncio.sleep(self.delay)
+            last = i == n - 1
+            chunk = worker_pb2.GenerateChunk(text=f"{self.state.settings.version} ", prompt_tokens=3,
+                                             completion_tokens=i + 1, finish_reason="length" if last else "")
+            if last:
+                chunk.usage.CopyFrom(self.state.sign_usage({
+                    "request_id": request.request_id, "tenant": request.tenant, "key_id": request.key_id,
+                    "model": self.state.settings.model, "version": self.state.settings.version,
+                    "prompt_tokens": 3, "completion_tokens": n, "worker_seconds": time.monotonic() - started,
+                    "at": time.time()}))
+            yield chunk
+
+
+async def main_async(args: argparse.Namespace) -> None:
+    settings = WorkerSettings(broker_url="", package_dir=Path("."), tenant=args.tenant, model=args.model,
+                              version=args.version, host="127.0.0.1", port=args.http_port)
+    state = WorkerState(settings, status="ready")
+    server = grpc.aio.server()
+    worker_pb2_grpc.add_WorkerServicer_to_server(FakeServicer(state, args.delay), server)
+    address = f"127.0.0.1:{args.grpc_port}"
+    server.add_insecure_port(address)
+    await server.start()
+    token = Path(args.token_file).read_text().strip()
+    beat = asyncio.create_task(heartbeats(state, [args.gateway], token, address, f"http://127.0.0.1:{args.http_port}",
+                                          interval=0.3))
+    app = FastAPI()
+    app.get("/internal/attestation")(lambda: {"tee": "sim", "insecure": True, "evidence": None, "token": None})
+    try:
+        await uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=args.http_port, log_level="warning")).serve()
+    finally:
+        beat.cancel()
+        await server.stop(0)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--gateway", required=True)
+    p.add_argument("--token-file", required=True)
+    p.add_argument("--tenant", default="acme")
+    p.add_argument("--model", default="m")
+    p.add_argument("--version", default="v1")
+    p.add_argument("--grpc-port", type=int, required=True)
+    p.add_argument("--http-port", type=int, required=True)
+    p.add_argument("--delay", type=float, default=0.02)
+    asyncio.run(main_async(p.parse_args()))
+
+
+if __name__ == "__main__":
+    main()

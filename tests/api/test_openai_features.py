@@ -1,0 +1,121 @@
+"""The OpenAI surface beyond the basics, through the official client: n, seed, stop, logprobs,
+tools and tool_choice, JSON mode, usage, metrics, and cancellation reaching the engine."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any as RunningStack
+
+import httpx
+import openai
+
+from api.stack import DEMO_MODEL
+
+Q = [{"role": "user", "content": "What is the capital of France?"}]
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Get the current weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+
+
+def client(stack: RunningStack) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{stack.url}/v1", api_key=stack.api_key, max_retries=0, timeout=120)
+
+
+def test_n_seed_and_stop(stack: RunningStack) -> None:
+    c = client(stack)
+    a = c.chat.completions.create(model=DEMO_MODEL, messages=Q, n=2, seed=7, temperature=1.0, max_tokens=12)
+    b = c.chat.completions.create(model=DEMO_MODEL, messages=Q, n=2, seed=7, temperature=1.0, max_tokens=12)
+    assert [ch.index for ch in a.choices] == [0, 1]
+    assert [ch.message.content for ch in a.choices] == [ch.message.content for ch in b.choices]
+    assert a.usage.completion_tokens > 0
+    stopped = c.chat.completions.create(model=DEMO_MODEL, messages=Q, temperature=0, max_tokens=32, stop=["Paris"])
+    assert "Paris" not in stopped.choices[0].message.content
+    assert stopped.choices[0].finish_reason == "stop"
+
+
+def test_chat_logprobs_streaming_and_not(stack: RunningStack) -> None:
+    c = client(stack)
+    r = c.chat.completions.create(model=DEMO_MODEL, messages=Q, temperature=0, max_completion_tokens=5,
+                                  logprobs=True, top_logprobs=3)
+    content = r.choices[0].logprobs.content
+    assert len(content) == r.usage.completion_tokens
+    assert all(len(t.top_logprobs) == 3 and t.logprob <= 0 for t in content)
+    assert "".join(t.token for t in content) == r.choices[0].message.content
+    chunks = list(c.chat.completions.create(model=DEMO_MODEL, messages=Q, temperature=0, max_tokens=5,
+                                            logprobs=True, top_logprobs=2, stream=True))
+    streamed = [t for ch in chunks if ch.choices and ch.choices[0].logprobs for t in ch.choices[0].logprobs.content]
+    assert [t.token for t in streamed] == [t.token for t in content]
+
+
+def test_completions_logprobs_echo_and_streaming_usage(stack: RunningStack) -> None:
+    c = client(stack)
+    r = c.completions.create(model=DEMO_MODEL, prompt="The capital of France is", max_tokens=4, temperature=0,
+                             logprobs=2, echo=True)
+    assert r.choices[0].text.startswith("The capital of France is")
+    assert len(r.choices[0].logprobs.tokens) == r.usage.completion_tokens
+    chunks = list(c.completions.create(model=DEMO_MODEL, prompt=["Hello", "One, two,"], n=1, max_tokens=3,
+                                       temperature=0, stream=True, stream_options={"include_usage": True}))
+    assert {ch.choices[0].index for ch in chunks if ch.choices} == {0, 1}
+    assert chunks[-1].usage.completion_tokens > 0
+
+
+def test_forced_tool_call_is_parsed_into_tool_calls(stack: RunningStack) -> None:
+    c = client(stack)
+    messages = [{"role": "user", "content": "What's the weather like in Paris today?"}]
+    r = c.chat.completions.create(model=DEMO_MODEL, messages=messages, tools=[WEATHER], temperature=0,
+                                  max_tokens=40, tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    (call,) = choice.message.tool_calls
+    assert call.type == "function" and call.function.name == "get_weather"
+    assert isinstance(json.loads(call.function.arguments), dict)
+    # The round trip: the tool's answer goes back in, as the client SDK sends it.
+    follow = c.chat.completions.create(model=DEMO_MODEL, temperature=0, max_tokens=16, tools=[WEATHER], messages=[
+        *messages, choice.message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": '{"temperature_c": 21}'}], tool_choice="none")
+    assert follow.choices[0].message.content
+    streamed = list(c.chat.completions.create(model=DEMO_MODEL, messages=messages, tools=[WEATHER], temperature=0,
+                                              max_tokens=40, tool_choice="required", stream=True))
+    calls = [tc for ch in streamed if ch.choices and ch.choices[0].delta.tool_calls
+             for tc in ch.choices[0].delta.tool_calls]
+    reasons = [ch.choices[0].finish_reason for ch in streamed if ch.choices and ch.choices[0].finish_reason]
+    assert reasons == ["tool_calls"] and calls[0].function.name == "get_weather"
+
+
+def test_json_mode_returns_a_json_object(stack: RunningStack) -> None:
+    r = client(stack).chat.completions.create(
+        model=DEMO_MODEL, temperature=0, max_tokens=48, response_format={"type": "json_object"},
+        messages=[{"role": "user", "content": "Give the name and country of the capital of France as JSON."}])
+    assert isinstance(json.loads(r.choices[0].message.content), dict)
+
+
+def test_usage_endpoint_and_metrics(stack: RunningStack) -> None:
+    client(stack).chat.completions.create(model=DEMO_MODEL, messages=Q, temperature=0, max_tokens=4)
+    usage = httpx.get(f"{stack.url}/v1/usage", headers={"Authorization": f"Bearer {stack.api_key}"}).json()
+    assert usage["tenant"] == "demo" and usage["totals"]["requests"] >= 1
+    assert usage["totals"]["completion_tokens"] > 0 and usage["totals"]["worker_seconds"] > 0
+    text = httpx.get(f"{stack.url}/metrics").text
+    for name in ("time_to_first_token_seconds", "inter_token_latency_seconds", "e2e_request_latency_seconds",
+                 "num_requests_running", "num_requests_waiting", "kv_cache_usage_perc", "prompt_tokens_total",
+                 "generation_tokens_total"):
+        assert f"sealed:{name}" in text, name
+    assert 'tenant="demo"' in text
+
+
+def test_client_disconnect_cancels_the_request_in_the_engine(stack: RunningStack) -> None:
+    body = {"model": DEMO_MODEL, "prompt": "Count: 1, 2, 3,", "max_tokens": 1500, "stream": True,
+            "temperature": 0.8}
+    headers = {"Authorization": f"Bearer {stack.api_key}"}
+    with httpx.stream("POST", f"{stack.url}/v1/completions", json=body, headers=headers, timeout=60) as r:
+        for i, _ in enumerate(r.iter_lines()):
+            if i > 3:
+                break
+    worker_url = json.loads((stack.home / "run" / "pids.json").read_text())["worker_url"]
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        stats = httpx.get(f"{worker_url}/internal/status").json()["stats"]
+        if stats["num_running"] == 0 and stats["num_waiting"] == 0:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"the engine still runs the abandoned request: {stats}")

@@ -1,0 +1,82 @@
+"""Control-plane state through alembic-migrated SQLAlchemy: SQLite always, PostgreSQL where reachable."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from api.gateway.limits import RedisLimiterStore, RedisQueueCounter
+from api.store.db import make_engine, session_factory, upgrade
+from api.store.models import UsageRow
+from api.store.repo import Store
+from policy.limiter import TokenBucketLimiter
+from tests.api.fleet import postgres_database, redis_client
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    if request.param == "sqlite":
+        url, cleanup = f"sqlite:///{tmp_path / 'cp.db'}", None
+    else:
+        cleanup = postgres_database()
+        url = next(cleanup)
+    engine = make_engine(url)
+    upgrade(engine)
+    upgrade(engine)  # idempotent: a second replica starting finds the schema current
+    yield Store(session_factory(engine))
+    engine.dispose()
+    if cleanup is not None:
+        next(cleanup, None)
+
+
+def test_keys_are_hashed_scoped_expirable_and_revocable(store: Store) -> None:
+    secret, rec = store.create_key("acme", "ci", models=("m1",))
+    assert secret.startswith("sk-sealed-")
+    found = store.lookup_key(secret)
+    assert found is not None and found.tenant == "acme" and found.models == ("m1",)
+    assert store.lookup_key(secret + "x") is None
+    past = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=1)
+    old, _ = store.create_key("acme", "old", expires_at=past)
+    assert store.lookup_key(old).expired(dt.datetime.now(dt.UTC))  # type: ignore[union-attr]
+    assert store.revoke_key("acme", rec.key_id) and store.lookup_key(secret) is None
+
+
+def test_rollout_is_gradual_and_rollback_is_one_call(store: Store) -> None:
+    store.upsert_version("acme", "m", "v1")
+    store.upsert_version("acme", "m", "v2")
+    split = {v.version: v.traffic_percent for v in store.model_versions("acme")}
+    assert split == {"v1": 100.0, "v2": 0.0}
+    store.set_rollout("acme", "m", "v2", 10)
+    store.set_rollout("acme", "m", "v2", 50)
+    assert {v.version: v.traffic_percent for v in store.model_versions("acme")} == {"v1": 50.0, "v2": 50.0}
+    store.rollback("acme", "m")
+    assert {v.version: v.traffic_percent for v in store.model_versions("acme")} == {"v1": 90.0, "v2": 10.0}
+
+
+def test_usage_per_tenant_and_key(store: Store) -> None:
+    store.ensure_tenant("acme", token_budget=1000)
+    for key, (p, c) in (("k1", (10, 5)), ("k1", (3, 2)), ("k2", (1, 1))):
+        store.record_usage(UsageRow(request_id="r", tenant="acme", key_id=key, model="m", version="v1",
+                                    worker_id="w", prompt_tokens=p, completion_tokens=c, worker_seconds=0.5,
+                                    signature="00"))
+    rows = {r["key_id"]: r for r in store.usage_summary("acme")}
+    assert rows["k1"]["requests"] == 2 and rows["k1"]["prompt_tokens"] == 13 and rows["k2"]["completion_tokens"] == 1
+    assert store.tokens_used("acme") == 22
+
+
+def test_redis_limiter_store_is_shared_between_limiters() -> None:
+    client = redis_client()
+    prefix = f"sealed-test:{id(client)}:"
+    a = TokenBucketLimiter(RedisLimiterStore(client, prefix=prefix))
+    b = TokenBucketLimiter(RedisLimiterStore(client, prefix=prefix))
+    spec = TokenBucketLimiter.per_minute(3)
+    taken = [lim.try_acquire("rpm:k", spec) for lim in (a, b, a, b, a)]
+    assert taken == [True, True, True, False, False]
+    counter = RedisQueueCounter(client, prefix=prefix + "q:")
+    assert counter.enter("t", 1) and not counter.enter("t", 1)
+    counter.leave("t")
+    assert counter.enter("t", 1)
+    client.delete(*client.keys(prefix + "*"))

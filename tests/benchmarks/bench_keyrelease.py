@@ -1,0 +1,242 @@
+"""Key-release benchmark: full round trips (challenge -> attest -> sealed key -> open) with
+simulated evidence against a real broker process on localhost.
+
+Run: ``sealed bench keyrelease`` or ``python tests/benchmarks/bench_keyrelease.py --json out.json``.
+Reports sequential p50/p99 (target p99 <= 50 ms) and a burst of concurrent releases, checking that
+none is lost or duplicated (distinct token ids and receipts). No assertions on timing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import os
+import platform
+import secrets
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
+from attestation.bundle import EvidenceBundle, RuntimeData, expected_report_data
+from attestation.sim import SimTee
+from key_broker.client import obtain_data_key
+from key_broker.sealing import open_sealed, raw_public_key, release_info
+
+MEASUREMENT = bytes(range(48))
+SCOPE = {"tenant": "bench", "model": "m", "version": "v1"}
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_broker(
+    root: Path, platform_key: Ed25519PrivateKey, admin_token: str
+) -> tuple[subprocess.Popen, str]:
+    pub = root / "sim.pub.pem"
+    pub.write_bytes(
+        platform_key.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+    )
+    port = _port()
+    env = {**os.environ, "SEALED_BROKER_ADMIN_TOKEN": admin_token}
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "key_broker",
+            "--data-dir",
+            str(root / "broker"),
+            "--port",
+            str(port),
+            "--sim-platform-key",
+            str(pub),
+            "--rate-limit-per-minute",
+            "10000000",
+        ],
+        stdout=open(root / "broker.log", "wb"),  # noqa: SIM115 (owned by the child)
+        stderr=subprocess.STDOUT,
+        env=env,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError("broker did not start")
+
+
+def provision(url: str, admin_token: str) -> bytes:
+    data_key = secrets.token_bytes(32)
+    headers = {"Authorization": f"Bearer {admin_token}"}
+    with httpx.Client(base_url=f"{url}/v1/admin/tenants/bench", headers=headers, timeout=10) as c:
+        c.post("/key").raise_for_status()
+        c.put(
+            "/models/m/versions/v1/data-key",
+            json={
+                "data_key": base64.b64encode(data_key).decode(),
+                "key_id": "k1",
+                "signer": "bench",
+                "model_digest": "00" * 32,
+            },
+        ).raise_for_status()
+        c.put(
+            "/policies",
+            json={
+                "policy_id": "bench",
+                "version": 1,
+                "tenant": "bench",
+                "model": "m",
+                "allowed_tee": ["sim"],
+                "allowed_measurements": [MEASUREMENT.hex()],
+                "required_signer": "bench",
+                "unsafe_allow_simulated_tee": True,
+            },
+        ).raise_for_status()
+    return data_key
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+async def _one_async(client: httpx.AsyncClient, tee: SimTee) -> tuple[str, bytes]:
+    worker = X25519PrivateKey.generate()
+    ch = (await client.post("/v1/challenge")).json()
+    runtime = RuntimeData(bytes.fromhex(ch["nonce"]), raw_public_key(worker))
+    bundle = EvidenceBundle(
+        tee="sim", cpu_evidence=tee.get_report(expected_report_data(runtime, ())), runtime_data=runtime
+    )
+    r = await client.post(
+        "/v1/attest", json={"session_id": ch["session_id"], "evidence": bundle.to_json(), **SCOPE}
+    )
+    r.raise_for_status()
+    k = await client.post("/v1/key", json={"token": r.json()["token"], **SCOPE})
+    k.raise_for_status()
+    body = k.json()
+    key = open_sealed(
+        base64.b64decode(body["sealed_key"]),
+        worker,
+        release_info(SCOPE["tenant"], SCOPE["model"], SCOPE["version"], body["token_id"]),
+    )
+    return body["token_id"], key
+
+
+async def concurrent(url: str, tee: SimTee, n: int) -> dict[str, Any]:
+    limits = httpx.Limits(max_connections=n, max_keepalive_connections=n)
+    async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as client:
+        started = time.perf_counter()
+        results = await asyncio.gather(*(_one_async(client, tee) for _ in range(n)), return_exceptions=True)
+        elapsed = time.perf_counter() - started
+    ok = [r for r in results if not isinstance(r, BaseException)]
+    errors = [repr(r)[:200] for r in results if isinstance(r, BaseException)]
+    return {
+        "requested": n,
+        "succeeded": len(ok),
+        "failed": len(errors),
+        "errors": errors[:5],
+        "distinct_token_ids": len({t for t, _ in ok}),
+        "wall_s": round(elapsed, 3),
+        "releases_per_s": round(len(ok) / elapsed, 1),
+        "keys": {k for _, k in ok},
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="bench_keyrelease", description=__doc__)
+    parser.add_argument("--iterations", type=int, default=200, help="sequential round trips")
+    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--concurrency", type=int, default=200, help="concurrent releases in the burst")
+    parser.add_argument("--json", type=Path, default=None, help="write results here")
+    args = parser.parse_args(argv)
+
+    platform_key, admin_token = Ed25519PrivateKey.generate(), secrets.token_urlsafe(32)
+    tee = SimTee(platform_key, MEASUREMENT)
+
+    def make_bundle(runtime: RuntimeData) -> EvidenceBundle:
+        return EvidenceBundle(
+            tee="sim", cpu_evidence=tee.get_report(expected_report_data(runtime, ())), runtime_data=runtime
+        )
+
+    with tempfile.TemporaryDirectory(prefix="bench-keyrelease-") as tmp:
+        proc, url = start_broker(Path(tmp), platform_key, admin_token)
+        try:
+            data_key = provision(url, admin_token)
+            latencies: list[float] = []
+            with httpx.Client(base_url=url, timeout=30) as client:
+                for i in range(args.warmup + args.iterations):
+                    started = time.perf_counter()
+                    released = obtain_data_key(client, make_bundle=make_bundle, **SCOPE)
+                    if i >= args.warmup:
+                        latencies.append((time.perf_counter() - started) * 1000)
+                    assert released.data_key == data_key
+            burst = asyncio.run(concurrent(url, tee, args.concurrency))
+            receipts = httpx.get(
+                f"{url}/v1/admin/tenants/bench/receipts",
+                timeout=30,
+                headers={"Authorization": f"Bearer {admin_token}"},
+            ).json()["receipts"]
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(15)
+    receipt_ids = [line["receipt"]["token_id"] for line in receipts]
+    keys = burst.pop("keys")
+    result = {
+        "benchmark": "keyrelease",
+        "machine": {
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "cpu_count": os.cpu_count(),
+            "processor": platform.processor() or platform.machine(),
+        },
+        "sequential_ms": {
+            "n": len(latencies),
+            "p50": round(statistics.median(latencies), 2),
+            "p99": round(_percentile(latencies, 0.99), 2),
+            "mean": round(statistics.mean(latencies), 2),
+            "max": round(max(latencies), 2),
+        },
+        "concurrent": {**burst, "all_keys_correct": keys == {data_key}},
+        "receipts": {
+            "total": len(receipt_ids),
+            "distinct": len(set(receipt_ids)),
+            "expected": args.warmup + args.iterations + burst["succeeded"],
+        },
+        "target_p99_ms": 50,
+    }
+    text = json.dumps(result, indent=2)
+    print(text)
+    if args.json:
+        args.json.write_text(text + "\n")
+    lost_or_dup = (
+        burst["failed"]
+        or burst["distinct_token_ids"] != burst["succeeded"]
+        or len(set(receipt_ids)) != len(receipt_ids)
+        or len(receipt_ids) != result["receipts"]["expected"]
+    )
+    return 1 if lost_or_dup else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,197 @@
+"""`sealed bench serve`: load an OpenAI-compatible server and measure it as `vllm bench serve` does.
+
+Per request: TTFT (send -> first token), ITL (between successive streamed tokens), TPOT ((E2EL -
+TTFT) / (output tokens - 1)), E2EL (send -> last byte); mean, median, p99 of each in ms; request and
+token throughput; goodput (requests/s meeting every --goodput SLO). Arrivals are Poisson at
+--request-rate (or all at once with inf), capped by --max-concurrency. With --compare-url the same
+workload (same prompts, same seed) runs against a second server in the same invocation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+WORDS = (
+    "time", "person", "year", "way", "day", "thing", "man", "world", "life", "hand", "part", "child", "eye",
+    "woman", "place", "work", "week", "case", "point", "government", "company", "number", "group", "problem",
+    "fact", "river", "mountain", "cloud", "signal", "engine", "garden", "market", "letter", "window",
+    "story", "music", "paper", "system", "science", "ocean", "forest", "city", "bridge", "light", "winter",
+    "summer",
+)
+
+
+@dataclass
+class Result:
+    ok: bool
+    ttft: float = 0.0
+    e2el: float = 0.0
+    itl: list[float] = field(default_factory=list)
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    error: str = ""
+
+
+def make_prompts(n: int, input_len: int, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    # About 1.3 tokens per word with SmolLM2's tokenizer; the server reports the exact count.
+    return [" ".join(rng.choice(WORDS) for _ in range(max(1, int(input_len / 1.3)))) for _ in range(n)]
+
+
+async def one(client: httpx.AsyncClient, url: str, model: str, prompt: str, output_len: int,
+              ignore_eos: bool) -> Result:
+    body: dict[str, Any] = {"model": model, "prompt": prompt, "max_tokens": output_len, "temperature": 0.0,
+                            "stream": True, "stream_options": {"include_usage": True}}
+    if ignore_eos:
+        body["ignore_eos"] = True
+    res, start = Result(ok=False), time.perf_counter()
+    last = start
+    try:
+        async with client.stream("POST", f"{url}/v1/completions", json=body) as r:
+            if r.status_code != 200:
+                res.error = f"HTTP {r.status_code}: {(await r.aread())[:200]!r}"
+                return res
+            async for line in r.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                doc = json.loads(line[6:])
+                if "error" in doc:
+                    res.error = doc["error"].get("message", "stream error")
+                    return res
+                if doc.get("usage"):
+                    res.prompt_tokens = doc["usage"]["prompt_tokens"]
+                    res.output_tokens = doc["usage"]["completion_tokens"]
+                if doc.get("choices") and doc["choices"][0].get("text"):
+                    now = time.perf_counter()
+                    if res.ttft == 0.0:
+                        res.ttft = now - start
+                    else:
+                        res.itl.append(now - last)
+                    last = now
+        res.e2el = time.perf_counter() - start
+        res.ok = res.ttft > 0
+    except (httpx.HTTPError, ValueError) as exc:
+        res.error = f"{type(exc).__name__}: {exc}"
+    return res
+
+
+async def run_load(url: str, model: str, api_key: str, prompts: list[str], output_len: int, rate: float,
+                   max_concurrency: int | None, seed: int, ignore_eos: bool) -> tuple[list[Result], float]:
+    rng = random.Random(seed)
+    limit = asyncio.Semaphore(max_concurrency) if max_concurrency else None
+    limits = httpx.Limits(max_connections=max(len(prompts), 10), max_keepalive_connections=max(len(prompts), 10))
+    async with httpx.AsyncClient(timeout=httpx.Timeout(3600.0), limits=limits,
+                                 headers={"Authorization": f"Bearer {api_key}"}) as client:
+        async def limited(p: str) -> Result:
+            if limit is None:
+                return await one(client, url, model, p, output_len, ignore_eos)
+            async with limit:
+                return await one(client, url, model, p, output_len, ignore_eos)
+
+        tasks, start = [], time.perf_counter()
+        for p in prompts:
+            tasks.append(asyncio.create_task(limited(p)))
+            if rate != float("inf"):
+                await asyncio.sleep(rng.expovariate(rate))
+        results = await asyncio.gather(*tasks)
+    return list(results), time.perf_counter() - start
+
+
+def _stats(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {"mean": 0.0, "median": 0.0, "p99": 0.0}
+    ordered = sorted(values)
+    k = (len(ordered) - 1) * 0.99  # linear interpolation, as numpy.percentile
+    lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
+    p99 = ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+    return {"mean": statistics.fmean(values) * 1000, "median": statistics.median(values) * 1000, "p99": p99 * 1000}
+
+
+def summarize(results: list[Result], duration: float, slos: dict[str, float]) -> dict[str, Any]:
+    ok = [r for r in results if r.ok]
+    tpot = [(r.e2el - r.ttft) / (r.output_tokens - 1) for r in ok if r.output_tokens > 1]
+    good = 0
+    for r in ok:
+        t = (r.e2el - r.ttft) / (r.output_tokens - 1) if r.output_tokens > 1 else 0.0
+        measured = {"ttft": r.ttft * 1000, "tpot": t * 1000, "e2el": r.e2el * 1000}
+        good += all(measured[k] <= v for k, v in slos.items())
+    out_tokens, in_tokens = sum(r.output_tokens for r in ok), sum(r.prompt_tokens for r in ok)
+    summary = {
+        "completed": len(ok), "failed": len(results) - len(ok), "duration_s": duration,
+        "total_input_tokens": in_tokens, "total_output_tokens": out_tokens,
+        "request_throughput": len(ok) / duration, "output_throughput": out_tokens / duration,
+        "total_token_throughput": (in_tokens + out_tokens) / duration,
+        "ttft_ms": _stats([r.ttft for r in ok]), "tpot_ms": _stats(tpot),
+        "itl_ms": _stats([x for r in ok for x in r.itl]), "e2el_ms": _stats([r.e2el for r in ok]),
+        "errors": sorted({r.error for r in results if r.error})[:5],
+    }
+    if slos:
+        summary["goodput"] = good / duration
+        summary["slos_ms"] = slos
+    return summary
+
+
+def _print(name: str, s: dict[str, Any]) -> None:
+    print(f"============ Serving Benchmark Result: {name} ============")
+    print(f"Successful requests: {s['completed']}   failed: {s['failed']}   duration: {s['duration_s']:.2f} s")
+    print(f"Request throughput (req/s): {s['request_throughput']:.2f}   output tok/s: {s['output_throughput']:.2f}"
+          f"   total tok/s: {s['total_token_throughput']:.2f}")
+    if "goodput" in s:
+        print(f"Request goodput (req/s): {s['goodput']:.2f}")
+    for m in ("ttft", "tpot", "itl", "e2el"):
+        st = s[f"{m}_ms"]
+        print(f"{m.upper():5s} ms  mean {st['mean']:9.2f}  median {st['median']:9.2f}  p99 {st['p99']:9.2f}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="sealed bench serve", description=__doc__)
+    p.add_argument("--url", required=True, help="server base URL, without /v1")
+    p.add_argument("--model", required=True)
+    p.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY", "none"))
+    p.add_argument("--num-prompts", type=int, default=100)
+    p.add_argument("--request-rate", type=float, default=float("inf"))
+    p.add_argument("--max-concurrency", type=int, default=None)
+    p.add_argument("--random-input-len", type=int, default=64)
+    p.add_argument("--random-output-len", type=int, default=32)
+    p.add_argument("--ignore-eos", action="store_true", help="generate exactly --random-output-len tokens")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--goodput", nargs="*", default=[], metavar="KEY:MS", help="SLOs: ttft:MS tpot:MS e2el:MS")
+    p.add_argument("--compare-url", default=None, help="run the same workload against this server too")
+    p.add_argument("--compare-model", default=None)
+    p.add_argument("--compare-api-key", default="none")
+    p.add_argument("--label", default="sealed")
+    p.add_argument("--compare-label", default="compare")
+    p.add_argument("--json", type=Path, default=None)
+    args = p.parse_args(argv)
+    slos = {k: float(v) for k, v in (item.split(":", 1) for item in args.goodput)}
+    if any(k not in ("ttft", "tpot", "e2el") for k in slos):
+        p.error("--goodput keys are ttft, tpot, e2el")
+    prompts = make_prompts(args.num_prompts, args.random_input_len, args.seed)
+    targets = [(args.label, args.url, args.model, args.api_key)]
+    if args.compare_url:
+        targets.append((args.compare_label, args.compare_url, args.compare_model or args.model, args.compare_api_key))
+    report: dict[str, Any] = {"conditions": {k: v for k, v in vars(args).items() if "api_key" not in k and k != "json"}
+                              | {"json": str(args.json) if args.json else None}, "results": {}}
+    for label, url, model, key in targets:
+        results, duration = asyncio.run(run_load(url, model, key, prompts, args.random_output_len,
+                                                 args.request_rate, args.max_concurrency, args.seed, args.ignore_eos))
+        summary = summarize(results, duration, slos)
+        report["results"][label] = summary
+        _print(label, summary)
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=1, default=lambda o: asdict(o)))
+    return 0 if all(s["failed"] == 0 for s in report["results"].values()) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

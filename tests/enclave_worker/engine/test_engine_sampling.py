@@ -1,0 +1,92 @@
+"""Sampling parameters, stop conditions, logprobs and stream-safe text."""
+
+from __future__ import annotations
+
+import math
+
+from enclave_worker.engine import SamplingParams
+
+
+def _run(engine, h, prompt, params, rid="s"):
+    return h.run_sync(engine, [(rid, prompt, params)])[rid]
+
+
+def test_seed_reproducible_and_batch_independent(engine, h):
+    prompt = engine.tokenizer.encode("Write a poem about autumn:")
+    p = SamplingParams(max_tokens=12, temperature=0.9, top_p=0.95, top_k=50, seed=1234, ignore_eos=True)
+    a = h.tokens_of(_run(engine, h, prompt, p, "a"))
+    outs = h.run_sync(engine, [("b", prompt, p), ("c", engine.tokenizer.encode("Other prompt"), p)])
+    assert h.tokens_of(outs["b"]) == a
+    other = h.tokens_of(_run(engine, h, prompt, SamplingParams(**{**p.__dict__, "seed": 99}), "d"))
+    assert other != a
+
+
+def test_top_k_one_is_greedy(engine, h):
+    prompt = engine.tokenizer.encode("The sun rises in the")
+    greedy = h.tokens_of(_run(engine, h, prompt, SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)))
+    topk1 = h.tokens_of(_run(engine, h, prompt, SamplingParams(max_tokens=8, top_k=1, seed=5, ignore_eos=True)))
+    assert greedy == topk1
+
+
+def test_stop_string_truncates_and_holds_back(engine, h):
+    prompt = engine.tokenizer.encode("Count from one to ten: one, two, three,")
+    free = _run(engine, h, prompt, SamplingParams(max_tokens=24, temperature=0, ignore_eos=True))
+    text = "".join(o.delta_text for o in free)
+    assert "six" in text, text
+    outs = _run(engine, h, prompt, SamplingParams(max_tokens=24, temperature=0, stop=("six",)))
+    got = "".join(o.delta_text for o in outs)
+    assert outs[-1].finish_reason == "stop"
+    assert got == text[: text.index("six")]
+    assert all("six" not in o.delta_text for o in outs)
+
+
+def test_stop_token_id_and_max_tokens(engine, h):
+    prompt = engine.tokenizer.encode("Count from one to ten: one, two, three,")
+    free = h.tokens_of(_run(engine, h, prompt, SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)))
+    stop_id = free[3]
+    outs = _run(engine, h, prompt, SamplingParams(max_tokens=10, temperature=0, stop_token_ids=(stop_id,)))
+    assert h.tokens_of(outs) == free[: free.index(stop_id) + 1]
+    assert outs[-1].finish_reason == "stop"
+    outs = _run(engine, h, prompt, SamplingParams(max_tokens=3, temperature=0, ignore_eos=True))
+    assert outs[-1].finish_reason == "length" and outs[-1].completion_tokens == 3
+
+
+def test_eos_stops_unless_ignored(engine, h):
+    tok = engine.tokenizer
+    prompt = tok.encode(tok.apply_chat_template([{"role": "user", "content": "Say hi."}]))
+    outs = _run(engine, h, prompt, SamplingParams(max_tokens=64, temperature=0))
+    assert outs[-1].finish_reason == "stop"
+    assert h.tokens_of(outs)[-1] in tok.eos_token_ids
+    assert "<|im_end|>" not in "".join(o.delta_text for o in outs)
+
+
+def test_logprobs_with_alternatives(engine, h):
+    prompt = engine.tokenizer.encode("The capital of France is")
+    outs = _run(engine, h, prompt, SamplingParams(max_tokens=4, temperature=0, logprobs=3, ignore_eos=True))
+    records = [r for o in outs for r in o.logprobs]
+    assert [r.token_id for r in records] == h.tokens_of(outs)
+    for r in records:
+        assert len(r.top) == 3 and r.top[0][0] == r.token_id  # greedy picks the best
+        assert r.logprob <= 0 and math.isclose(r.logprob, r.top[0][1], rel_tol=1e-5)
+        assert r.top[0][1] >= r.top[1][1] >= r.top[2][1]
+
+
+def test_streamed_text_is_stable_with_multibyte_tokens(engine, h):
+    tok = engine.tokenizer
+    prompt = tok.encode(tok.apply_chat_template([{"role": "user", "content": "Reply with emoji: 🤖🎉 漢字"}]))
+    outs = _run(engine, h, prompt, SamplingParams(max_tokens=24, temperature=0.8, seed=3, ignore_eos=True))
+    text = "".join(o.delta_text for o in outs)
+    assert "\ufffd" not in text
+    assert text == tok.decode(h.tokens_of(outs))
+    # a token sequence that splits a multi-byte character across tokens
+    ids = tok.encode("🤖🎉")
+    pieces, prefix, read = [], 0, 0
+    for i in range(1, len(ids) + 1):
+        piece, prefix, read = tok.decode_incremental(ids[:i], prefix, read)
+        pieces.append(piece)
+    assert "".join(pieces) == "🤖🎉" and all("\ufffd" not in p for p in pieces)
+
+
+def test_chat_template(engine):
+    text = engine.tokenizer.apply_chat_template([{"role": "user", "content": "hi"}])
+    assert text.startswith("<|im_start|>system\n") and text.endswith("<|im_start|>assistant\n")

@@ -1,0 +1,91 @@
+"""Tenant CLI flow on HF directories (single file and sharded): encrypt with the data key sealed to
+the broker's import key, import it broker-side, decrypt; the clear key is never on disk."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from safetensors.torch import save_file
+from typer.testing import CliRunner
+
+from api.cli.main import build
+from api.home import Home
+from enclave_worker.package import decrypt_package
+from key_broker.keystore import DataKeyRegistry, LocalKeyStore, load_master_key
+
+CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 16,
+          "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "vocab_size": 40}
+
+
+def _hf_dir(root: Path, sharded: bool) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(3)
+    tensors = {"model.embed_tokens.weight": torch.randn(40, 16, generator=gen),
+               "model.norm.weight": torch.randn(16, generator=gen).to(torch.bfloat16),
+               "lm_head.weight": torch.randn(40, 16, generator=gen).to(torch.float16)}
+    root.mkdir()
+    (root / "config.json").write_text(json.dumps(CONFIG))
+    (root / "tokenizer.json").write_text('{"model": {"type": "BPE"}}')
+    (root / "tokenizer_config.json").write_text(json.dumps({"chat_template": "{{ messages }}"}))
+    if sharded:
+        names = sorted(tensors)
+        shards = {"model-00001-of-00002.safetensors": names[:1],
+                  "model-00002-of-00002.safetensors": names[1:]}
+        for file, keys in shards.items():
+            save_file({k: tensors[k] for k in keys}, str(root / file))
+        weight_map = {k: f for f, keys in shards.items() for k in keys}
+        (root / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    else:
+        save_file(tensors, str(root / "model.safetensors"))
+    return tensors
+
+
+def _signer_args(tmp_path: Path, method: str) -> list[str]:
+    if method == "ed25519":
+        return ["--signing-key", str(tmp_path / "signing.pem")]
+    key = ec.generate_private_key(ec.SECP256R1())
+    (tmp_path / "ec.pem").write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                                        serialization.PrivateFormat.PKCS8,
+                                                        serialization.NoEncryption()))
+    return ["--model-signing-key", str(tmp_path / "ec.pem")]
+
+
+@pytest.mark.parametrize(("sharded", "method"), [(False, "ed25519"), (True, "ed25519"), (False, "model-signing")],
+                         ids=["single", "sharded", "single-model-signing"])
+def test_encrypt_seal_import_decrypt(tmp_path: Path, sharded: bool, method: str,
+                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SEALED_MASTER_KEY", raising=False)
+    tensors = _hf_dir(tmp_path / "src", sharded)
+    home = tmp_path / "home"
+    runner, app = CliRunner(), build()
+    res = runner.invoke(app, ["keys", "import-pubkey", "--home", str(home)])
+    assert res.exit_code == 0, res.output
+    (tmp_path / "broker.pub").write_text(res.stdout)
+    pkg = tmp_path / "pkg"
+    res = runner.invoke(app, ["encrypt", str(tmp_path / "src"), "--tenant", "acme", "--out", str(pkg),
+                              "--model", "tiny", *_signer_args(tmp_path, method),
+                              "--broker-import-key", str(tmp_path / "broker.pub")])
+    assert res.exit_code == 0, res.output
+    sealed = tmp_path / "pkg.datakey.json"
+    assert sealed.exists()
+    res = runner.invoke(app, ["keys", "import", "--tenant", "acme", "--model", "tiny", "--version", "v1",
+                              "--sealed-key", str(sealed), "--package", str(pkg), "--home", str(home)])
+    assert res.exit_code == 0, res.output
+    layout = Home(home)
+    keystore = LocalKeyStore(layout.broker / "keystore", load_master_key(layout.broker / "master.key"))
+    data_key, record = DataKeyRegistry(layout.broker / "keystore", keystore).data_key("acme", "tiny", "v1")
+    model = decrypt_package(pkg, data_key)
+    assert record.model_digest == model.manifest.plaintext_digest
+    assert model.signer.startswith("ecdsa-" if method == "model-signing" else "ed25519:")
+    for name, t in tensors.items():
+        assert torch.equal(model.tensors[name], t)
+    assert model.metadata["chat_template"] == "{{ messages }}"
+    # The clear data key is in no file anywhere under the test's directory.
+    for path in tmp_path.rglob("*"):
+        if path.is_file():
+            blob = path.read_bytes()
+            assert data_key not in blob and data_key.hex().encode() not in blob, path

