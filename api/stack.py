@@ -21,6 +21,7 @@ import httpx
 
 from api.gateway.keys import ApiKeyStore
 from api.home import Home, ed25519_key, write_public_key
+from api.proto.tls import load_or_create
 from api.tenant_tools import default_model_path, encrypt_model
 from enclave_worker.measurement import simulated_measurement
 from enclave_worker.package import read_manifest
@@ -79,7 +80,7 @@ def prepare_demo(home: Home, model_path: Path | None = None, log: callable = pri
         encrypted = encrypt_model(model_path or default_model_path(), pkg, tenant=DEMO_TENANT, model=DEMO_MODEL,
                                   version=DEMO_VERSION, signing_key=tenant_key)
         datakeys.register(DEMO_TENANT, DEMO_MODEL, DEMO_VERSION, encrypted.data_key, encrypted.manifest.key_id,
-                          encrypted.manifest.signer, encrypted.manifest.plaintext_sha256)
+                          encrypted.manifest.signer, encrypted.manifest.plaintext_digest)
     _ensure_release_policy(home, tenant_signer=signer_identity(tenant_key.public_key()))
     key_file = home.api_key_file(DEMO_TENANT)
     if not key_file.exists():
@@ -185,13 +186,20 @@ def _wait_http(url: str, proc: subprocess.Popen, timeout: float = 60.0) -> None:
     raise TimeoutError(f"{url} did not come up")
 
 
+def gateway_client_cert(home: Home) -> Path:
+    """The gateway's mTLS client certificate (made by whichever of gateway or stack comes first)."""
+    load_or_create(home.gateway / "gateway-client.key", home.gateway / "gateway-client.pem")
+    return home.gateway / "gateway-client.pem"
+
+
 def worker_args(home: Home, broker_url: str, port: int, grpc_port: int, register_urls: list[str],
                 unsafe_sim_measurement: str | None = None) -> list[str]:
     ws = worker_settings(home, broker_url, port, unsafe_sim_measurement)
     args = ["enclave_worker.grpc_server", "--broker-url", broker_url, "--package-dir", str(ws.package_dir),
             "--tenant", ws.tenant, "--model", ws.model, "--version", ws.version, "--tee", ws.tee,
             "--sim-platform-key", str(home.sim_key), "--port", str(port), "--grpc-port", str(grpc_port),
-            "--register-token-file", str(_secret_file(home.gateway / "register-token"))]
+            "--register-token-file", str(_secret_file(home.gateway / "register-token")),
+            "--gateway-client-cert", str(gateway_client_cert(home))]
     for url in register_urls:
         args += ["--register-url", url]
     if unsafe_sim_measurement:

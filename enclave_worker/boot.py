@@ -38,12 +38,15 @@ def boot(settings: WorkerSettings) -> BootedWorker:
     with httpx.Client(base_url=settings.broker_url, timeout=30.0) as client:
         released = obtain_data_key(client, tenant=settings.tenant, model=settings.model,
                                    version=settings.version, make_bundle=make_bundle)
-    model = decrypt_package(settings.package_dir, released.data_key)
+    receipt = released.receipt.get("receipt", {})
+    # The signer the key was registered with (and the release policy checked) must have signed
+    # the manifest we decrypt; the control plane cannot swap in another tenant-signed package.
+    model = decrypt_package(settings.package_dir, released.data_key, required_signer=receipt.get("signer"))
     try:
         manifest = model.manifest
         if (manifest.tenant, manifest.model, manifest.version) != (settings.tenant, settings.model, settings.version):
             raise ValueError("package is for another tenant, model or version")
-        if released.receipt.get("receipt", {}).get("model_digest") not in (None, manifest.plaintext_sha256):
+        if receipt.get("model_digest") != manifest.plaintext_digest:
             raise ValueError("decrypted model digest differs from the digest the key was released for")
         checkpoint = Checkpoint(
             config=model.metadata["config"],
@@ -56,4 +59,4 @@ def boot(settings: WorkerSettings) -> BootedWorker:
         model.wipe()
         raise
     log.info("model %s/%s loaded (%d tensors); serving", settings.model, settings.version, len(model.tensors))
-    return BootedWorker(engine=engine, released=released, model_digest=model.manifest.plaintext_sha256)
+    return BootedWorker(engine=engine, released=released, model_digest=model.manifest.plaintext_digest)

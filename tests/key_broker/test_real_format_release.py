@@ -1,9 +1,9 @@
 """Key release with real-format evidence signed under test roots: an AMD SEV-SNP report (VCEK ->
 ASK -> ARK, test PKI) plus NVIDIA Hopper SPDM evidence with the same nonce (test device PKI).
 
-attestation.verifier's SNP path is not wired yet (it calls snp.claims_from_bundle, which the snp
-package does not export), so the broker here runs with an evidence verifier composed from the snp
-and nvgpu packages' public APIs, in the same steps as verify_bundle.
+Most tests run the broker with an evidence verifier composed from the snp and nvgpu packages'
+public APIs, in the same steps as verify_bundle; the last one goes through the broker's default
+verifier (attestation.verifier.verify_bundle) end to end.
 """
 
 from __future__ import annotations
@@ -188,10 +188,6 @@ def test_tcb_floor_and_simulated_evidence_under_an_snp_policy(real: Harness, pla
     assert "UnsupportedError" in real.last_denial()["reason"]
 
 
-@pytest.mark.skipif(
-    not hasattr(snp, "claims_from_bundle"),
-    reason="attestation.verifier's SNP path needs attestation.snp.claims_from_bundle (not exported yet)",
-)
 def test_snp_release_through_the_default_verifier(harness_factory: Any, platform: RealFormatPlatform) -> None:
     """Once verify_bundle's SNP path is wired, the broker's own verifier must accept the same evidence."""
     kb = harness_factory("default-verifier", roots_dir=platform.roots_dir)
