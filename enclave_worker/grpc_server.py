@@ -25,6 +25,7 @@ import uvicorn
 from cryptography.hazmat.primitives import serialization
 
 from api.proto import worker_pb2, worker_pb2_grpc
+from api.proto.tls import make_identity
 from enclave_worker.chat_format import render_chat
 from enclave_worker.engine import EngineError, InvalidRequestError, SamplingParams
 from enclave_worker.server import WorkerState, create_app
@@ -117,7 +118,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
 
 
 async def heartbeats(state: WorkerState, urls: list[str], token: str, grpc_address: str, http_url: str,
-                     interval: float = 1.0) -> None:
+                     interval: float = 1.0, tls_cert: str = "") -> None:
     worker_id = f"w-{secrets.token_hex(6)}"
     public = state.usage_key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
     async with httpx.AsyncClient(timeout=2.0) as client:
@@ -126,7 +127,7 @@ async def heartbeats(state: WorkerState, urls: list[str], token: str, grpc_addre
             body = {"worker_id": worker_id, "grpc_address": grpc_address, "http_url": http_url,
                     "tenant": s.tenant, "model": s.model, "version": s.version, "status": state.status,
                     "tee": s.tee, "insecure": s.tee == "sim", "usage_public_key": public.hex(),
-                    "pid": os.getpid(), "stats": booted.engine.stats() if booted else {}}
+                    "pid": os.getpid(), "tls_cert": tls_cert, "stats": booted.engine.stats() if booted else {}}
             for url in urls:
                 # The gateway may not be up yet, or restarting: keep beating.
                 with contextlib.suppress(httpx.HTTPError):
@@ -135,16 +136,27 @@ async def heartbeats(state: WorkerState, urls: list[str], token: str, grpc_addre
             await asyncio.sleep(interval)
 
 
-async def serve(settings: WorkerSettings, grpc_port: int, register_urls: list[str], register_token: str) -> None:
+async def serve(settings: WorkerSettings, grpc_port: int, register_urls: list[str], register_token: str,
+                gateway_client_cert: bytes | None = None) -> None:
     state = WorkerState(settings)
     app = create_app(settings, state)
     server = grpc.aio.server(options=[("grpc.max_concurrent_streams", 4096)])
     worker_pb2_grpc.add_WorkerServicer_to_server(WorkerServicer(state), server)
     address = f"{settings.host}:{grpc_port}"
-    server.add_insecure_port(address)
+    tls_cert = ""
+    if gateway_client_cert:
+        # Mutual TLS: a key made now and kept in memory; only the gateway's pinned certificate may call.
+        identity = make_identity()
+        server.add_secure_port(address, grpc.ssl_server_credentials(
+            [(identity.key_pem, identity.cert_pem)], root_certificates=gateway_client_cert,
+            require_client_auth=True))
+        tls_cert = identity.cert_pem.decode()
+    else:
+        server.add_insecure_port(address)
     await server.start()
     beat = asyncio.create_task(heartbeats(state, register_urls, register_token, address,
-                                          f"http://{settings.host}:{settings.port}")) if register_urls else None
+                                          f"http://{settings.host}:{settings.port}", tls_cert=tls_cert)
+                               ) if register_urls else None
     http = uvicorn.Server(uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning",
                                          access_log=False))
     try:
@@ -170,6 +182,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--grpc-port", type=int, required=True)
     parser.add_argument("--register-url", action="append", default=[], help="gateway to send heartbeats to")
     parser.add_argument("--register-token-file", type=Path, default=None)
+    parser.add_argument("--gateway-client-cert", type=Path, default=None,
+                        help="serve gRPC over mutual TLS, accepting only this gateway certificate")
     parser.add_argument("--max-num-seqs", type=int, default=16)
     parser.add_argument("--max-model-len", type=int, default=2048)
     args = parser.parse_args(argv)
@@ -181,7 +195,8 @@ def main(argv: list[str] | None = None) -> int:
         unsafe_sim_measurement=args.unsafe_sim_measurement, host=args.host, port=args.port,
         max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len)
     token = args.register_token_file.read_text().strip() if args.register_token_file else ""
-    asyncio.run(serve(settings, args.grpc_port, args.register_url, token))
+    client_cert = args.gateway_client_cert.read_bytes() if args.gateway_client_cert else None
+    asyncio.run(serve(settings, args.grpc_port, args.register_url, token, client_cert))
     return 0
 
 

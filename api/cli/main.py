@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from api.cli import attest, audit, bench, encrypt, keys, up, upload
+from api.cli import attest, audit, bench, encrypt, keys, up, upload, usage
 
 
 def build() -> typer.Typer:
@@ -13,6 +13,7 @@ def build() -> typer.Typer:
     app.command("up")(up.up)
     app.command("encrypt")(encrypt.encrypt)
     app.command("upload")(upload.upload)
+    app.command("usage")(usage.usage)
     app.add_typer(attest.build(), name="attest")
     app.add_typer(audit.build(), name="audit")
     app.add_typer(keys.build(), name="keys")

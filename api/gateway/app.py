@@ -61,9 +61,12 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     app.include_router(router)
     app.include_router(internal.router)
     if importlib.util.find_spec("api.management") is not None:
-        from api.management.app import management_router
+        from api.management.app import management_router, upload_router
 
         app.include_router(management_router(settings, service), prefix="/admin/v1")
+        uploads = upload_router(settings)
+        if uploads is not None:
+            app.include_router(uploads)
     app.add_exception_handler(GatewayError, gateway_error_handler)
     app.add_exception_handler(RequestValidationError, validation_error_handler)
     app.add_exception_handler(StarletteHTTPException, http_error_handler)

@@ -12,6 +12,7 @@ import grpc
 
 from api.gateway.errors import GatewayError
 from api.proto import worker_pb2, worker_pb2_grpc
+from api.proto.tls import TARGET_NAME, TlsIdentity
 
 
 class WorkerLost(GatewayError):
@@ -21,24 +22,35 @@ class WorkerLost(GatewayError):
 
 
 class WorkerClients:
-    def __init__(self) -> None:
-        self._channels: dict[str, tuple[grpc.aio.Channel, worker_pb2_grpc.WorkerStub]] = {}
+    def __init__(self, identity: TlsIdentity | None = None) -> None:
+        self._identity = identity
+        self._channels: dict[tuple[str, str], tuple[grpc.aio.Channel, worker_pb2_grpc.WorkerStub]] = {}
 
-    def stub(self, address: str) -> worker_pb2_grpc.WorkerStub:
-        if address not in self._channels:
-            channel = grpc.aio.insecure_channel(address, options=[("grpc.max_concurrent_streams", 4096)])
-            self._channels[address] = (channel, worker_pb2_grpc.WorkerStub(channel))
-        return self._channels[address][1]
+    def stub(self, address: str, worker_cert: str = "") -> worker_pb2_grpc.WorkerStub:
+        key = (address, worker_cert)
+        if key not in self._channels:
+            options = [("grpc.max_concurrent_streams", 4096)]
+            if worker_cert and self._identity is not None:
+                # Trust exactly the certificate this worker registered with, and present ours.
+                creds = grpc.ssl_channel_credentials(root_certificates=worker_cert.encode(),
+                                                     private_key=self._identity.key_pem,
+                                                     certificate_chain=self._identity.cert_pem)
+                channel = grpc.aio.secure_channel(address, creds,
+                                                  options=[*options, ("grpc.ssl_target_name_override", TARGET_NAME)])
+            else:
+                channel = grpc.aio.insecure_channel(address, options=options)
+            self._channels[key] = (channel, worker_pb2_grpc.WorkerStub(channel))
+        return self._channels[key][1]
 
     async def close(self) -> None:
         for channel, _ in self._channels.values():
             await channel.close()
         self._channels.clear()
 
-    async def open(self, address: str, request: worker_pb2.GenerateRequest, timeout_s: float
+    async def open(self, address: str, request: worker_pb2.GenerateRequest, timeout_s: float, worker_cert: str = ""
                    ) -> tuple[worker_pb2.GenerateChunk, AsyncIterator[worker_pb2.GenerateChunk]]:
         """Start generating and wait for the first chunk, so that errors before it can be retried."""
-        call = self.stub(address).Generate(request, timeout=timeout_s)
+        call = self.stub(address, worker_cert).Generate(request, timeout=timeout_s)
         try:
             first = await call.read()
         except grpc.aio.AioRpcError as exc:

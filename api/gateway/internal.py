@@ -29,6 +29,7 @@ class Heartbeat(BaseModel):
     insecure: bool
     usage_public_key: str = Field(min_length=64, max_length=64)
     pid: int | None = None
+    tls_cert: str = Field(default="", max_length=8192)  # PEM; empty: plaintext gRPC (loopback tests)
     stats: dict[str, Any] = Field(default_factory=dict)
 
 

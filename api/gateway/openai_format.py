@@ -23,6 +23,19 @@ def tool_prefix(tool_choice: str | dict[str, Any] | None) -> str:
     return ""
 
 
+def streamable_len(text: str) -> int:
+    """How much of a tools-enabled answer can be streamed as content: up to a <tool_call> marker, and
+    never a tail that could be the start of one."""
+    marker = "<tool_call>"
+    found = text.find(marker)
+    if found >= 0:
+        return found
+    for k in range(min(len(marker) - 1, len(text)), 0, -1):
+        if text.endswith(marker[:k]):
+            return len(text) - k
+    return len(text)
+
+
 def _calls_from(obj: Any) -> list[dict[str, Any]]:
     items = obj if isinstance(obj, list) else [obj]
     calls = []

@@ -29,6 +29,7 @@ class WorkerInfo:
     insecure: bool
     usage_public_key: str
     pid: int | None = None
+    tls_cert: str = ""
     stats: dict[str, Any] = field(default_factory=dict)
     last_seen: float = 0.0
     inflight: int = 0
@@ -55,13 +56,15 @@ class WorkerRegistry:
     def heartbeat(self, doc: dict[str, Any]) -> WorkerInfo:
         wid = str(doc["worker_id"])
         known = self.workers.get(wid)
-        if known is not None and known.usage_public_key != doc["usage_public_key"]:
+        if known is not None and (known.usage_public_key, known.tls_cert) != (doc["usage_public_key"],
+                                                                             doc.get("tls_cert", "")):
             # Pinned at first contact: a different process may not take over a worker's identity.
             raise GatewayError(409, "worker identity changed", type_="invalid_request_error")
         info = known or WorkerInfo(worker_id=wid, grpc_address=doc["grpc_address"], http_url=doc["http_url"],
                                    tenant=doc["tenant"], model=doc["model"], version=doc["version"],
                                    status=doc["status"], tee=doc["tee"], insecure=bool(doc["insecure"]),
-                                   usage_public_key=doc["usage_public_key"], pid=doc.get("pid"))
+                                   usage_public_key=doc["usage_public_key"], pid=doc.get("pid"),
+                                   tls_cert=doc.get("tls_cert", ""))
         info.status, info.stats = doc["status"], doc.get("stats") or {}
         info.last_seen, info.dead = time.monotonic(), False
         self.workers[wid] = info

@@ -116,11 +116,13 @@ async def chat_completions(req: ChatCompletionRequest, key: KeyRecord = Depends(
         return JSONResponse({**base, "object": "chat.completion", "choices": choices, "usage": _usage(results)})
 
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
-    buffered = use_tools or json_mode  # the answer's shape is only known at its end
+    # Forced tool calls and JSON mode: the answer's shape is only known at its end. Tools on `auto`:
+    # text streams until a <tool_call> marker could be starting, then the rest waits for the end.
+    buffered = bool(prefix)
 
     async def events() -> AsyncIterator[bytes]:
         chunk_base = {**base, "object": "chat.completion.chunk"}
-        texts, results = [""] * req.n, [worker_pb2.GenerateChunk()] * req.n
+        texts, sent, results = [""] * req.n, [0] * req.n, [worker_pb2.GenerateChunk()] * req.n
         for i in range(req.n):
             yield _sse_bytes({**chunk_base, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
                                                          "finish_reason": None, "logprobs": None}]})
@@ -129,16 +131,22 @@ async def chat_completions(req: ChatCompletionRequest, key: KeyRecord = Depends(
                 results[i] = out
                 texts[i] += out.text
                 lp = fmt.chat_logprobs(list(out.logprobs)) if req.logprobs else None
-                if not buffered and (out.text or out.finish_reason or lp):
-                    yield _sse_bytes({**chunk_base, "choices": [{"index": i, "delta": {"content": out.text},
-                                      "finish_reason": out.finish_reason or None, "logprobs": lp}]})
-                elif buffered and out.finish_reason:
+                if not buffered and not out.finish_reason:
+                    upto = fmt.streamable_len(texts[i]) if use_tools else len(texts[i])
+                    if upto > sent[i] or lp:
+                        yield _sse_bytes({**chunk_base, "choices": [{"index": i, "delta": {
+                            "content": texts[i][sent[i]:upto]}, "finish_reason": None, "logprobs": lp}]})
+                        sent[i] = max(sent[i], upto)
+                elif out.finish_reason:
                     message, reason = finish(texts[i], out.finish_reason)
                     message.pop("role")
                     if "tool_calls" in message:
                         message["tool_calls"] = [{"index": j, **c} for j, c in enumerate(message["tool_calls"])]
+                        message.pop("content", None)
+                    elif not buffered:
+                        message["content"] = texts[i][sent[i]:]
                     yield _sse_bytes({**chunk_base, "choices": [{"index": i, "delta": message,
-                                                                 "finish_reason": reason, "logprobs": None}]})
+                                                                 "finish_reason": reason, "logprobs": lp}]})
         except GatewayError as exc:
             yield _sse_bytes(error_body(exc.message, exc.type, exc.code))
             return

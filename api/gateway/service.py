@@ -21,6 +21,7 @@ from api.gateway.registry import WorkerInfo, WorkerRegistry
 from api.gateway.settings import GatewaySettings
 from api.gateway.usage import UsageRejected, verify_usage
 from api.proto import worker_pb2
+from api.proto.tls import load_or_create
 from api.store.models import Tenant
 from api.store.repo import KeyRecord, Store
 
@@ -40,7 +41,8 @@ class GatewayService:
         self.store = store
         self.admission = admission
         self.registry = WorkerRegistry(settings.heartbeat_timeout_s)
-        self.clients = WorkerClients()
+        self.clients = WorkerClients(load_or_create(settings.data_dir / "gateway-client.key",
+                                                    settings.data_dir / "gateway-client.pem"))
         self.metrics = Metrics(lambda: float(admission.running), lambda: float(len(admission.queue)))
         self._cache: dict[tuple, tuple[float, Any]] = {}
 
@@ -130,7 +132,8 @@ class GatewayService:
             worker = self.registry.pick(key.tenant, model, split, affinity, frozenset(tried))
             worker.inflight += 1
             try:
-                first, rest = await self.clients.open(worker.grpc_address, request, self.settings.request_timeout_s)
+                first, rest = await self.clients.open(worker.grpc_address, request, self.settings.request_timeout_s,
+                                                      worker.tls_cert)
                 break
             except GatewayError as exc:
                 worker.inflight -= 1
@@ -185,5 +188,5 @@ class GatewayService:
                 except (httpx.HTTPError, ValueError):
                     doc = {"status": "unreachable"}
                 out.append({"worker_id": w.worker_id, "model": w.model, "version": w.version, "tenant": w.tenant,
-                            "usage_public_key": w.usage_public_key, **doc})
+                            "usage_public_key": w.usage_public_key, "grpc_tls_cert": w.tls_cert or None, **doc})
         return out

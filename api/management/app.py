@@ -107,10 +107,15 @@ def management_router(settings: GatewaySettings, service: GatewayService) -> API
         reg = service.registry
         return {"data": [{"worker_id": w.worker_id, "tenant": w.tenant, "model": w.model, "version": w.version,
                           "status": w.status if reg.alive(w) else "unreachable", "inflight": w.inflight,
-                          "tee": w.tee, "insecure": w.insecure, "pid": w.pid} for w in reg.workers.values()]}
-
-    if importlib.util.find_spec("api.management.uploads") is not None:
-        from api.management.uploads import build_upload_router
-
-        r.include_router(build_upload_router(settings.data_dir / "uploads", require(OP, ADMIN)))
+                          "tee": w.tee, "insecure": w.insecure, "pid": w.pid, "grpc_address": w.grpc_address,
+                          "mtls": bool(w.tls_cert), "tls_cert": w.tls_cert} for w in reg.workers.values()]}
     return r
+
+
+def upload_router(settings: GatewaySettings) -> APIRouter | None:
+    """The package helper's upload routes (/v1/packages/...), for tenant admins, when present."""
+    if importlib.util.find_spec("api.management.uploads") is None:
+        return None
+    from api.management.uploads import build_upload_router
+
+    return build_upload_router(settings.data_dir / "package-store", require(ADMIN))

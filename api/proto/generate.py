@@ -13,14 +13,17 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    """`--out DIR` writes elsewhere (the drift test compares that with the committed modules)."""
     from grpc_tools import protoc  # imported here: only this script needs grpcio-tools
 
-    rc = protoc.main(["grpc_tools.protoc", f"-I{HERE}", f"--python_out={HERE}", f"--grpc_python_out={HERE}",
+    args = list(sys.argv[1:] if argv is None else argv)
+    out = Path(args[args.index("--out") + 1]) if "--out" in args else HERE
+    rc = protoc.main(["grpc_tools.protoc", f"-I{HERE}", f"--python_out={out}", f"--grpc_python_out={out}",
                       str(HERE / "worker.proto")])
     if rc != 0:
         return rc
-    grpc_module = HERE / "worker_pb2_grpc.py"
+    grpc_module = out / "worker_pb2_grpc.py"
     text = re.sub(r"^import worker_pb2 as", "from api.proto import worker_pb2 as", grpc_module.read_text(),
                   flags=re.M)
     grpc_module.write_text(text)

@@ -164,11 +164,8 @@ def load_gguf(path: Path) -> Checkpoint:
             name = f"model.layers.{idx}.{_GGUF_LAYER_NAMES[rest]}"
         else:
             continue  # rope_freqs etc.: derived from config
-        arr = dequantize(t.data, t.tensor_type).astype(np.float32, copy=False)
-        if not arr.flags.writeable:  # F32 tensors are views of the read-only mmap
-            arr = arr.copy()
         shape = tuple(int(d) for d in reversed(t.shape.tolist()))
-        w = torch.from_numpy(np.ascontiguousarray(arr)).reshape(shape)
+        w = _dequantize_into(t.data, t.tensor_type, shape, dequantize)
         if arch == "llama" and rest_of(t.name) in ("attn_q.weight", "attn_q.bias"):
             w = _unpermute(w, config["num_attention_heads"]).contiguous()
         elif arch == "llama" and rest_of(t.name) in ("attn_k.weight", "attn_k.bias"):
@@ -177,6 +174,18 @@ def load_gguf(path: Path) -> Checkpoint:
     tok_json = gguf_tokenizer_json(lambda k, d=None: _field(reader, k, d))
     template = _field(reader, "tokenizer.chat_template")
     return Checkpoint(config=config, tensors=tensors, tokenizer_json=tok_json, chat_template=template)
+
+
+def _dequantize_into(data: Any, qtype: Any, shape: tuple[int, ...], dequantize: Any) -> torch.Tensor:
+    """Dequantize to a preallocated float32 tensor in row chunks, bounding the transient memory."""
+    out = torch.empty(shape, dtype=torch.float32)
+    flat = out.view(-1, shape[-1])
+    rows = data.reshape(flat.shape[0], -1) if data.ndim > 1 or flat.shape[0] > 1 else data.reshape(1, -1)
+    step = 2048
+    for i in range(0, flat.shape[0], step):
+        chunk = dequantize(rows[i : i + step], qtype)
+        flat[i : i + step].copy_(torch.from_numpy(np.array(chunk, dtype=np.float32).reshape(-1, shape[-1])))
+    return out
 
 
 def rest_of(gguf_name: str) -> str:

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import ctypes
+import gc
 import logging
 import os
 import secrets
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
@@ -34,6 +38,13 @@ _TORCH_DTYPES = {
 }
 
 
+def _release_freed_memory() -> None:
+    """Return freed heap pages to the OS (glibc malloc_trim); best effort, no-op elsewhere."""
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
 @dataclass
 class _Request:
     seq: Sequence
@@ -58,6 +69,7 @@ class LLMEngine:
         opts = BuildOptions(quant, dtype, config.device, model_len, config.int4_group_size)
         with torch.inference_mode():
             self.model = ARCHITECTURES[arch](cfg, checkpoint.tensors, opts).eval()
+        _release_freed_memory()  # conversion transients go back to the OS before the KV pool is touched
         spec = KVCacheSpec(
             len(self.model.layers), self.model.num_kv_heads, self.model.head_dim, config.block_size, dtype
         )
@@ -206,6 +218,10 @@ class LLMEngine:
                 if self._stopped:
                     return
             try:
+                with self._cond:
+                    progress = self.scheduler.running or self.blocks.num_free_blocks > 0
+                if not progress:  # nothing can be scheduled right now; do not spin
+                    time.sleep(0.001)
                 self.step()
             except BaseException as exc:  # the engine is unusable; fail every request
                 logging.getLogger(__name__).exception("engine step failed")

@@ -18,6 +18,7 @@ class ModelRunner:
         for i, layer in enumerate(model.layers):
             layer.attn.k_cache = kv_cache[0, i]
             layer.attn.v_cache = kv_cache[1, i]
+            layer.attn.num_blocks = kv_cache.shape[2] // block_size
         self.kv_cache = kv_cache
 
     def _slots(self, block_table: list[int], start: int, end: int) -> torch.Tensor:
@@ -50,7 +51,9 @@ class ModelRunner:
             prefills.append(
                 PrefillChunk(offset, s.num_tokens, self._slots(s.seq.block_table, 0, end).to(self.device), mask)
             )
-        meta = AttentionMetadata(torch.cat(slot_mapping).to(self.device), *self._decode_meta(decodes), tuple(prefills))
+        meta = AttentionMetadata(
+            torch.cat(slot_mapping).to(self.device), *self._decode_meta(decodes), tuple(prefills), not prefills
+        )
         input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
         pos = torch.cat(positions).to(self.device)
         return input_ids, pos, meta, logits_index
@@ -65,12 +68,10 @@ class ModelRunner:
         for i, (_, s) in enumerate(decodes):
             bt = s.seq.block_table[:max_blocks]
             table[i, : len(bt)] = torch.tensor(bt, dtype=torch.long)
-        max_len = max(lens)
-        slots = (table[:, :, None] * bs + torch.arange(bs)).reshape(len(decodes), -1)[:, :max_len]
-        mask = torch.arange(max_len)[None, :] < torch.tensor(lens)[:, None]
+        mask = torch.arange(max_blocks * bs)[None, :] < torch.tensor(lens)[:, None]
         index = torch.tensor([o for o, _ in decodes], dtype=torch.long)
         dev = self.device
-        return index.to(dev), slots.to(dev), mask[:, None, None, :].to(dev)
+        return index.to(dev), table.to(dev), mask[:, None, None, :].to(dev)
 
     @torch.inference_mode()
     def forward(

@@ -47,7 +47,12 @@ def start_sealed_up(root: Path, timeout: float = 420.0) -> RunningStack:
         except httpx.HTTPError:
             pass
         time.sleep(0.5)
-    proc.kill()
+    # Ctrl-C lets `sealed up` stop its children (they run in their own sessions); kill only if it hangs.
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
     raise TimeoutError("stack did not become ready")
 
 

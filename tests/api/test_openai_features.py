@@ -9,6 +9,7 @@ from typing import Any as RunningStack
 
 import httpx
 import openai
+import pytest
 
 from api.stack import DEMO_MODEL
 
@@ -119,3 +120,62 @@ def test_client_disconnect_cancels_the_request_in_the_engine(stack: RunningStack
             return
         time.sleep(0.2)
     raise AssertionError(f"the engine still runs the abandoned request: {stats}")
+
+
+def test_worker_grpc_takes_only_the_gateways_mtls_certificate(stack: RunningStack) -> None:
+    import grpc
+
+    from api.management.auth import issue_token
+    from api.proto import worker_pb2, worker_pb2_grpc
+    from api.proto.tls import TARGET_NAME, make_identity
+
+    token = issue_token((stack.home / "gateway" / "jwt-secret").read_text().strip(), "test", "operator")
+    (worker,) = httpx.get(f"{stack.url}/admin/v1/workers", headers={"Authorization": f"Bearer {token}"}
+                          ).json()["data"]
+    assert worker["mtls"] is True
+
+    def status(key_pem: bytes | None, cert_pem: bytes | None) -> str:
+        creds = grpc.ssl_channel_credentials(root_certificates=worker["tls_cert"].encode(), private_key=key_pem,
+                                             certificate_chain=cert_pem)
+        with grpc.secure_channel(worker["grpc_address"], creds,
+                                 options=[("grpc.ssl_target_name_override", TARGET_NAME)]) as channel:
+            return worker_pb2_grpc.WorkerStub(channel).Status(worker_pb2.StatusRequest(), timeout=5).status
+
+    gw = stack.home / "gateway"
+    assert status((gw / "gateway-client.key").read_bytes(), (gw / "gateway-client.pem").read_bytes()) == "ready"
+    stranger = make_identity("someone-else")
+    for key_pem, cert_pem in ((stranger.key_pem, stranger.cert_pem), (None, None)):
+        with pytest.raises(grpc.RpcError):
+            status(key_pem, cert_pem)
+    with pytest.raises(grpc.RpcError), grpc.insecure_channel(worker["grpc_address"]) as plain:
+        worker_pb2_grpc.WorkerStub(plain).Status(worker_pb2.StatusRequest(), timeout=5)
+
+
+def test_auto_tool_choice_streams_and_never_leaks_the_call_markup(stack: RunningStack) -> None:
+    chunks = list(client(stack).chat.completions.create(
+        model=DEMO_MODEL, tools=[WEATHER], temperature=0, max_tokens=48, stream=True,
+        messages=[{"role": "user", "content": "What's the weather like in Paris today?"}]))
+    content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    calls = [tc for c in chunks if c.choices and c.choices[0].delta.tool_calls for tc in c.choices[0].delta.tool_calls]
+    reason = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert "<tool_call>" not in content
+    assert reason == (["tool_calls"] if calls else reason) and reason[0] in ("stop", "length", "tool_calls")
+
+
+def test_a_dead_worker_is_replaced_and_serving_resumes(stack: RunningStack) -> None:
+    import os
+    import signal
+
+    pid = json.loads((stack.home / "run" / "pids.json").read_text())["worker"]
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 180
+    while True:
+        try:
+            answer = client(stack).completions.create(model=DEMO_MODEL, prompt="The capital of France is",
+                                                      max_tokens=4, temperature=0)
+            break
+        except openai.APIStatusError as exc:
+            assert exc.status_code == 503 and time.monotonic() < deadline, exc
+            time.sleep(1)
+    assert answer.choices[0].text
+    assert httpx.get(f"{stack.url}/readyz").status_code == 200

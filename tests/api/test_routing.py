@@ -129,12 +129,18 @@ def test_versions_rollout_by_percent_and_one_call_rollback(fleet: Fleet) -> None
 
 def test_management_roles(fleet: Fleet) -> None:
     url = fleet.url
+    _versions(fleet, 2)  # some signed usage to read back
     assert httpx.get(f"{url}/admin/v1/tenants", headers=fleet.admin("tenant-admin", "acme")).status_code == 403
     assert httpx.get(f"{url}/admin/v1/tenants/acme/keys", headers=fleet.admin("tenant-admin", "other")
                      ).status_code == 404
     assert httpx.post(f"{url}/admin/v1/tenants/acme/keys", headers=fleet.admin("tenant-user", "acme"),
                       json={"name": "x"}).status_code == 403
     assert httpx.get(f"{url}/admin/v1/tenants", headers={"Authorization": "Bearer nope"}).status_code == 401
+    # Package uploads (the package helper's routes) are for tenant admins.
+    assert httpx.post(f"{url}/v1/packages/uploads", headers=fleet.admin("tenant-user", "acme"),
+                      json={"files": {}}).status_code == 403
+    assert httpx.post(f"{url}/v1/packages/uploads", headers=fleet.admin("tenant-admin", "acme"),
+                      json={"files": {}}).status_code in (400, 422)
     keys = httpx.get(f"{url}/admin/v1/tenants/acme/keys", headers=fleet.admin("auditor")).json()["data"]
     assert keys and all("secret" not in k and "key_hash" not in k for k in keys)
     usage = httpx.get(f"{url}/admin/v1/usage", headers=fleet.admin("tenant-user", "acme")).json()["data"]

@@ -156,6 +156,7 @@ def worker_hf(spec: dict) -> dict:
 
 
 def worker_vllm(spec: dict) -> dict:
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # GiB
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -164,6 +165,7 @@ def worker_vllm(spec: dict) -> dict:
         model=spec["hf_dir"],
         dtype={"fp32": "float32", "bf16": "bfloat16"}[spec["dtype"]],
         enforce_eager=True,
+        gpu_memory_utilization=0.2,
         max_model_len=total + 16,
         max_num_seqs=max(spec["batch"], 1),
         seed=0,

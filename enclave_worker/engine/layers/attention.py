@@ -20,9 +20,10 @@ class PrefillChunk:
 class AttentionMetadata:
     slot_mapping: torch.Tensor  # [tokens] cache slot of each new token
     decode_index: torch.Tensor | None  # [decodes] positions in the flat batch of single-token decodes
-    decode_slots: torch.Tensor | None  # [decodes, max_context] cache slots to attend to (padded)
-    decode_mask: torch.Tensor | None  # [decodes, 1, 1, max_context] bool
+    decode_blocks: torch.Tensor | None  # [decodes, max_blocks] block tables (padded with block 0)
+    decode_mask: torch.Tensor | None  # [decodes, 1, 1, max_blocks * block_size] bool
     prefills: tuple[PrefillChunk, ...]
+    all_decode: bool = False  # every token is a single-token decode, in batch order
 
 
 class PagedAttention(torch.nn.Module):
@@ -32,17 +33,34 @@ class PagedAttention(torch.nn.Module):
         self.scale = head_dim**-0.5
         self.k_cache: torch.Tensor | None = None  # [slots, kv_heads, head_dim], bound by the runner
         self.v_cache: torch.Tensor | None = None
+        self.num_blocks = 0
+
+    def _gather_blocks(self, blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Whole blocks (contiguous rows of block_size slots) -> [B, Hkv, blocks * block_size, D]."""
+        b, nb = blocks.shape
+        kc, vc = self.k_cache, self.v_cache
+        slots_per_block = kc.shape[0] // self.num_blocks
+        shape = (b, nb * slots_per_block, self.num_kv_heads, self.head_dim)
+        flat = blocks.reshape(-1)
+        kd = kc.view(self.num_blocks, -1).index_select(0, flat).view(shape).transpose(1, 2)
+        vd = vc.view(self.num_blocks, -1).index_select(0, flat).view(shape).transpose(1, 2)
+        return kd, vd
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """q: [T, H, D]; k, v: [T, Hkv, D] -> [T, H*D]."""
         kc, vc = self.k_cache, self.v_cache
         kc.index_copy_(0, meta.slot_mapping, k)
         vc.index_copy_(0, meta.slot_mapping, v)
+        if meta.all_decode:  # pure decode step: no scatter/gather of queries
+            kd, vd = self._gather_blocks(meta.decode_blocks)
+            o = F.scaled_dot_product_attention(
+                q.unsqueeze(2), kd, vd, attn_mask=meta.decode_mask, scale=self.scale, enable_gqa=True
+            )
+            return o.reshape(q.shape[0], -1)
         out = torch.empty_like(q)
         if meta.decode_index is not None:
             qd = q[meta.decode_index].unsqueeze(2)  # [B, H, 1, D]
-            kd = kc[meta.decode_slots].transpose(1, 2)  # [B, Hkv, L, D]
-            vd = vc[meta.decode_slots].transpose(1, 2)
+            kd, vd = self._gather_blocks(meta.decode_blocks)  # [B, Hkv, L, D]
             o = F.scaled_dot_product_attention(
                 qd, kd, vd, attn_mask=meta.decode_mask, scale=self.scale, enable_gqa=True
             )

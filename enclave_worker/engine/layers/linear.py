@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+_DEQUANT_MIN_ROWS = 16  # from this many rows, dequantize the weight per call and use a dense GEMM
+
 
 class Linear(torch.nn.Module):
     """Dense y = x W^T (+ b); the weight is used in place (no copy) when dtype and device match."""
@@ -31,16 +33,19 @@ class Int8Linear(torch.nn.Module):
         self.qweight = torch.round(w / scale[:, None]).clamp(-128, 127).to(torch.int8).to(device)
         self.act_dtype = torch.bfloat16 if _int8_op_works(device, torch.bfloat16) else dtype
         self.scale = scale.to(device=device, dtype=self.act_dtype)
+        self.scale_full = scale.to(device=device, dtype=dtype)
         self.fused = _int8_op_works(device, self.act_dtype)
         self.bias = None if bias is None else bias.to(device=device, dtype=dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
-        x2 = x.reshape(-1, shape[-1]).to(self.act_dtype)
-        if self.fused:
-            y = torch.ops.aten._weight_int8pack_mm(x2, self.qweight, self.scale)
+        x2 = x.reshape(-1, shape[-1])
+        if x2.shape[0] >= _DEQUANT_MIN_ROWS:  # prefill: the kernel loops over rows; a dense GEMM wins
+            y = torch.nn.functional.linear(x2, self.qweight.to(x.dtype) * self.scale_full[:, None])
+        elif self.fused:
+            y = torch.ops.aten._weight_int8pack_mm(x2.to(self.act_dtype), self.qweight, self.scale)
         else:
-            y = (x2 @ self.qweight.to(x2.dtype).T) * self.scale
+            y = (x2 @ self.qweight.to(x2.dtype).T) * self.scale_full
         y = y.to(x.dtype)
         if self.bias is not None:
             y = y + self.bias

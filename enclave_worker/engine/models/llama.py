@@ -70,10 +70,9 @@ class DecoderLayer(torch.nn.Module):
     ) -> torch.Tensor:
         t = x.shape[0]
         qkv = self.qkv_proj(self.input_norm(x))
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = rope(positions, q.reshape(t, self.num_heads, self.head_dim))
-        k = rope(positions, k.reshape(t, self.num_kv_heads, self.head_dim))
-        v = v.reshape(t, self.num_kv_heads, self.head_dim)
+        qk = rope(positions, qkv[:, : self.q_size + self.kv_size].reshape(t, -1, self.head_dim))  # one rope
+        q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
+        v = qkv[:, self.q_size + self.kv_size :].reshape(t, self.num_kv_heads, self.head_dim)
         x = x + self.o_proj(self.attn(q, k, v, meta))
         return x + self.down_proj(silu_and_mul(self.gate_up_proj(self.post_norm(x))))
 
