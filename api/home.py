@@ -47,6 +47,15 @@ class Home:
     def tenant_signing_key(self, tenant: str) -> Path:
         return self.root / "tenants" / tenant / "signing.pem"
 
+    def tenant_policy_admin(self, tenant: str) -> Path:
+        return self.root / "tenants" / tenant / "policy-admin.pem"
+
+    def tenant_policy_admin_public(self, tenant: str) -> Path:
+        return self.root / "tenants" / tenant / "policy-admin.pub.pem"
+
+    def tenant_policy(self, tenant: str) -> Path:
+        return self.root / "tenants" / tenant / "policy.json"
+
     def api_key_file(self, tenant: str) -> Path:
         return self.root / tenant / "api-key"
 

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import secrets
@@ -31,6 +32,7 @@ from key_broker.errors import KeyStoreError
 from key_broker.fsutil import atomic_write
 from key_broker.keystore import DataKeyRegistry, LocalKeyStore, load_master_key
 from key_broker.policies import PolicyStore
+from policy.documents import sign_policy_document
 from policy.release import ReleasePolicy
 
 DEMO_TENANT = "demo"
@@ -59,6 +61,7 @@ def worker_settings(home: Home, broker_url: str, port: int, unsafe_sim_measureme
         broker_url=broker_url, package_dir=home.package(DEMO_TENANT, DEMO_MODEL, DEMO_VERSION),
         tenant=DEMO_TENANT, model=DEMO_MODEL, version=DEMO_VERSION, tee="sim", sim_platform_key=home.sim_key,
         unsafe_sim_measurement=unsafe_sim_measurement, port=port,
+        policy_file=home.tenant_policy(DEMO_TENANT), policy_admin_key=home.tenant_policy_admin_public(DEMO_TENANT),
     )
 
 
@@ -81,14 +84,36 @@ def prepare_demo(home: Home, model_path: Path | None = None, log: callable = pri
                                   version=DEMO_VERSION, signing_key=tenant_key)
         datakeys.register(DEMO_TENANT, DEMO_MODEL, DEMO_VERSION, encrypted.data_key, encrypted.manifest.key_id,
                           encrypted.manifest.signer, encrypted.manifest.plaintext_digest)
-    _ensure_release_policy(home, tenant_signer=signer_identity(tenant_key.public_key()))
     key_file = home.api_key_file(DEMO_TENANT)
     if not key_file.exists():
         secret = ApiKeyStore(home.gateway / "api-keys.json").create(DEMO_TENANT, "demo")
         key_file.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         key_file.write_text(secret + "\n")
         key_file.chmod(0o600)
-    return DemoInfo(key_file.read_text().strip(), DEMO_TENANT, DEMO_MODEL, DEMO_VERSION, pkg)
+    api_key = key_file.read_text().strip()
+    _write_demo_policy(home, api_key)
+    _ensure_release_policy(home, tenant_signer=signer_identity(tenant_key.public_key()))
+    return DemoInfo(api_key, DEMO_TENANT, DEMO_MODEL, DEMO_VERSION, pkg)
+
+
+def demo_policy_set(api_key: str) -> dict:
+    """The demo tenant's in-enclave controls: SSNs in prompts are refused, card numbers redacted,
+    and the demo key may call one tool, get_weather, with an object of arguments."""
+    key_id = f"key_{hashlib.sha256(api_key.encode()).hexdigest()[:16]}"  # the gateway's id for this key
+    return {
+        "policy_id": "demo-policy", "version": 1, "tenant": DEMO_TENANT,
+        "data": {"retention_days": 30, "pii_input": {"US_SSN": "block", "CREDIT_CARD": "redact"}},
+        "agents": {key_id: {"tools": {"get_weather": {"args_schema": {"type": "object"}}},
+                            "max_calls_per_request": 4, "max_calls_per_session": 10_000}},
+    }
+
+
+def _write_demo_policy(home: Home, api_key: str) -> None:
+    """Signed by the tenant's policy admin key, whose public half the worker's measurement pins."""
+    admin = ed25519_key(home.tenant_policy_admin(DEMO_TENANT))
+    write_public_key(admin, home.tenant_policy_admin_public(DEMO_TENANT))
+    doc = sign_policy_document(demo_policy_set(api_key), admin, "demo-admin")
+    home.tenant_policy(DEMO_TENANT).write_text(json.dumps(doc, sort_keys=True))
 
 
 def _ensure_release_policy(home: Home, tenant_signer: str) -> None:
@@ -199,7 +224,8 @@ def worker_args(home: Home, broker_url: str, port: int, grpc_port: int, register
             "--tenant", ws.tenant, "--model", ws.model, "--version", ws.version, "--tee", ws.tee,
             "--sim-platform-key", str(home.sim_key), "--port", str(port), "--grpc-port", str(grpc_port),
             "--register-token-file", str(_secret_file(home.gateway / "register-token")),
-            "--gateway-client-cert", str(gateway_client_cert(home))]
+            "--gateway-client-cert", str(gateway_client_cert(home)),
+            "--policy-file", str(ws.policy_file), "--policy-admin-key", str(ws.policy_admin_key)]
     for url in register_urls:
         args += ["--register-url", url]
     if unsafe_sim_measurement:

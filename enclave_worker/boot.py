@@ -6,10 +6,11 @@ import logging
 from dataclasses import dataclass
 
 import httpx
+import torch
 
 from enclave_worker.engine import EngineConfig, LLMEngine
 from enclave_worker.engine.checkpoint import Checkpoint
-from enclave_worker.package import decrypt_package
+from enclave_worker.package import DecryptedModel, decrypt_package
 from enclave_worker.settings import WorkerSettings
 from enclave_worker.tee import bundle_maker
 from key_broker.client import ReleasedKey, obtain_data_key
@@ -22,6 +23,14 @@ class BootedWorker:
     engine: LLMEngine
     released: ReleasedKey
     model_digest: str
+    decrypted: DecryptedModel
+
+    def wipe(self) -> None:
+        """Zero every weight the engine holds and the decrypted buffer (on revocation)."""
+        with torch.no_grad():
+            for tensor in self.engine.model.state_dict().values():
+                tensor.zero_()
+        self.decrypted.wipe()
 
 
 def engine_config(settings: WorkerSettings) -> EngineConfig:
@@ -59,4 +68,5 @@ def boot(settings: WorkerSettings) -> BootedWorker:
         model.wipe()
         raise
     log.info("model %s/%s loaded (%d tensors); serving", settings.model, settings.version, len(model.tensors))
-    return BootedWorker(engine=engine, released=released, model_digest=model.manifest.plaintext_digest)
+    return BootedWorker(engine=engine, released=released, model_digest=model.manifest.plaintext_digest,
+                        decrypted=model)

@@ -18,6 +18,7 @@ import secrets
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import httpx
@@ -28,6 +29,7 @@ from api.proto import worker_pb2, worker_pb2_grpc
 from api.proto.tls import make_identity
 from enclave_worker.chat_format import render_chat
 from enclave_worker.engine import EngineError, InvalidRequestError, SamplingParams
+from enclave_worker.guard import GuardRefusal, strip_tool_calls
 from enclave_worker.server import WorkerState, create_app
 from enclave_worker.settings import WorkerSettings
 
@@ -54,12 +56,19 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
 
     def _prompt(self, request: worker_pb2.GenerateRequest) -> list[int]:
         engine = self.state.booted.engine  # type: ignore[union-attr]
+        guard, model = self.state.guard, self.state.settings.model
         if request.kind == "chat":
-            text = render_chat(engine.tokenizer, engine.tokenizer.chat_template, json.loads(request.messages_json),
+            messages = json.loads(request.messages_json)
+            if guard is not None:  # data controls on every text the model will read
+                texts = guard.check_input(request.key_id, model, [str(m.get("content") or "") for m in messages])
+                messages = [{**m, "content": t} if m.get("content") else m
+                            for m, t in zip(messages, texts, strict=True)]
+            text = render_chat(engine.tokenizer, engine.tokenizer.chat_template, messages,
                                json.loads(request.tools_json) if request.tools_json else None,
                                request.assistant_prefix)
         else:
-            text = request.prompt + request.assistant_prefix
+            prompt = guard.check_input(request.key_id, model, [request.prompt])[0] if guard else request.prompt
+            text = prompt + request.assistant_prefix
         ids = engine.tokenizer.encode(text)
         if not ids:
             raise InvalidRequestError("the prompt is empty")
@@ -90,10 +99,18 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             stream = engine.generate(request.request_id, prompt_ids, _sampling(request.params),
                                      cache_salt=state.cache_salt(request.tenant))
             first = await anext(stream)
+        except GuardRefusal as exc:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
         except (InvalidRequestError, ValueError) as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except EngineError:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "engine unavailable")
+        guard = state.guard
+        if guard is not None and (guard.buffers_output or (request.tools_json and guard.policy_set)):
+            # Output or tool-call controls: nothing leaves the worker before the whole answer is checked.
+            async for chunk in self._checked_answer(request, first, stream, started, context):
+                yield chunk
+            return
         out = first
         try:
             while True:
@@ -115,6 +132,42 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             await context.abort(grpc.StatusCode.UNAVAILABLE, "engine failed")
         finally:
             await stream.aclose()  # aborts the engine request if it has not finished (cancellation)
+
+
+    async def _checked_answer(self, request: worker_pb2.GenerateRequest, first: Any, stream: Any,
+                              started: float, context: grpc.aio.ServicerContext
+                              ) -> AsyncIterator[worker_pb2.GenerateChunk]:
+        state, guard = self.state, self.state.guard
+        outs = [first]
+        try:
+            while not outs[-1].finished:
+                outs.append(await anext(stream))
+        except EngineError:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "engine failed")
+        finally:
+            await stream.aclose()
+        last, text = outs[-1], "".join(o.delta_text for o in outs)
+        # A forced tool choice puts the opening of the call in the prompt: check what the client sees.
+        full = request.assistant_prefix + text
+        try:
+            finish = guard.check_tools(request.key_id, full) if request.tools_json else ""  # type: ignore[union-attr]
+            text = guard.check_output(request.key_id, state.settings.model, text)  # type: ignore[union-attr]
+        except GuardRefusal as exc:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
+        if finish == "requires_approval":
+            # Held back: a human approves before any such call is made.
+            text = "" if request.assistant_prefix else strip_tool_calls(text)
+        chunk = worker_pb2.GenerateChunk(
+            text=text, token_ids=[t for o in outs for t in o.delta_token_ids],
+            finish_reason=finish or last.finish_reason or "", prompt_tokens=last.prompt_tokens,
+            completion_tokens=last.completion_tokens,
+            logprobs=[lp for o in outs for lp in self._logprobs(o.logprobs)])
+        chunk.usage.CopyFrom(state.sign_usage({
+            "request_id": request.request_id, "tenant": request.tenant, "key_id": request.key_id,
+            "model": state.settings.model, "version": state.settings.version,
+            "prompt_tokens": last.prompt_tokens, "completion_tokens": last.completion_tokens,
+            "worker_seconds": round(time.monotonic() - started, 6), "at": time.time()}))
+        yield chunk
 
 
 async def heartbeats(state: WorkerState, urls: list[str], token: str, grpc_address: str, http_url: str,
@@ -184,6 +237,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--register-token-file", type=Path, default=None)
     parser.add_argument("--gateway-client-cert", type=Path, default=None,
                         help="serve gRPC over mutual TLS, accepting only this gateway certificate")
+    parser.add_argument("--policy-file", type=Path, default=None, help="the tenant's signed policy set")
+    parser.add_argument("--policy-admin-key", type=Path, default=None, help="tenant admin key that signed it")
+    parser.add_argument("--unsafe-no-tenant-policy", action="store_true",
+                        help="run without data and tool-use controls (logs a warning)")
+    parser.add_argument("--key-check-interval", type=float, default=30.0)
     parser.add_argument("--max-num-seqs", type=int, default=16)
     parser.add_argument("--max-model-len", type=int, default=2048)
     args = parser.parse_args(argv)
@@ -193,7 +251,9 @@ def main(argv: list[str] | None = None) -> int:
         broker_url=args.broker_url, package_dir=args.package_dir, tenant=args.tenant, model=args.model,
         version=args.version, tee=args.tee, sim_platform_key=args.sim_platform_key,
         unsafe_sim_measurement=args.unsafe_sim_measurement, host=args.host, port=args.port,
-        max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len)
+        max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len, policy_file=args.policy_file,
+        policy_admin_key=args.policy_admin_key, unsafe_no_tenant_policy=args.unsafe_no_tenant_policy,
+        key_check_interval_s=args.key_check_interval)
     token = args.register_token_file.read_text().strip() if args.register_token_file else ""
     client_cert = args.gateway_client_cert.read_bytes() if args.gateway_client_cert else None
     asyncio.run(serve(settings, args.grpc_port, args.register_url, token, client_cert))

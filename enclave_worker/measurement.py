@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import api.proto
 import attestation
 import enclave_worker
 import key_broker
@@ -14,7 +15,7 @@ from attestation.sim import worker_measurement
 
 def code_roots() -> list[Path]:
     """Every package whose code runs inside the worker's trust boundary."""
-    return [Path(m.__file__).parent for m in (enclave_worker, attestation, key_broker, policy)]
+    return [Path(m.__file__).parent for m in (enclave_worker, attestation, key_broker, policy, api.proto)]
 
 
 def simulated_measurement(measured_config: dict[str, Any]) -> bytes:

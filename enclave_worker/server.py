@@ -18,14 +18,13 @@ from dataclasses import dataclass, field
 
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse
 
 from api.proto import worker_pb2
 from enclave_worker.boot import BootedWorker, boot
-from enclave_worker.chat_format import render_chat
-from enclave_worker.engine import InvalidRequestError, SamplingParams
-from enclave_worker.schemas import GenerateRequest
+from enclave_worker.guard import WorkerGuard, build_guard
+from enclave_worker.keywatch import KeyWatch
 from enclave_worker.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
@@ -36,6 +35,7 @@ class WorkerState:
     settings: WorkerSettings
     status: str = "starting"  # starting | ready | failed
     booted: BootedWorker | None = None
+    guard: WorkerGuard | None = None
     salt_secret: bytes = field(default_factory=lambda: secrets.token_bytes(32))
     # Signs usage records; made at boot and never stored, so only this process can sign as this worker.
     usage_key: Ed25519PrivateKey = field(default_factory=Ed25519PrivateKey.generate)
@@ -57,12 +57,27 @@ def _error(status: int, message: str, type_: str = "invalid_request_error") -> J
 
 
 async def _boot(state: WorkerState) -> None:
+    s = state.settings
     try:
-        state.booted = await asyncio.to_thread(boot, state.settings)
+        # The tenant's signed policy first: no key is fetched for a worker that could not enforce it.
+        state.guard = build_guard(s.policy_file, s.policy_admin_key, s.tenant, s.unsafe_no_tenant_policy)
+        state.booted = await asyncio.to_thread(boot, s)
         state.status = "ready"
     except Exception as exc:  # the reason is logged by type only: it may not carry secrets, but keep it terse
         state.status = "failed"
         log.error("worker boot failed: %s", type(exc).__name__)
+        return
+    watch = KeyWatch(s.broker_url, state.booted.released, s.tenant, s.model, s.version, s.key_check_interval_s)
+    await watch.run(lambda: _revoke(state))
+
+
+def _revoke(state: WorkerState) -> None:
+    """The tenant revoked its key: stop serving and wipe every plaintext weight now."""
+    state.status = "failed"
+    booted, state.booted = state.booted, None
+    if booted is not None:
+        booted.wipe()
+        asyncio.get_running_loop().create_task(booted.engine.shutdown())
 
 
 def create_app(settings: WorkerSettings, state: WorkerState | None = None) -> FastAPI:
@@ -94,46 +109,5 @@ def create_app(settings: WorkerSettings, state: WorkerState | None = None) -> Fa
         return JSONResponse({"tee": state.settings.tee, "insecure": state.settings.tee == "sim",
                              "evidence": released.bundle.to_json(), "token": released.token,
                              "model_digest": state.booted.model_digest})
-
-    @app.post("/internal/generate", response_model=None)
-    async def generate(body: GenerateRequest, request: Request) -> StreamingResponse | JSONResponse:
-        if state.booted is None:
-            return _error(503, "model unavailable", "unavailable")
-        engine = state.booted.engine
-        try:
-            if body.kind == "chat":
-                text = render_chat(engine.tokenizer, engine.tokenizer.chat_template, body.messages or [],
-                                   body.tools)
-            else:
-                text = body.prompt or ""
-            prompt_ids = engine.tokenizer.encode(text)
-            p = body.params
-            params = SamplingParams(max_tokens=p.max_tokens, temperature=p.temperature, top_p=p.top_p,
-                                    top_k=p.top_k, seed=p.seed, stop=tuple(p.stop),
-                                    stop_token_ids=tuple(p.stop_token_ids), logprobs=p.logprobs)
-            stream = engine.generate(body.request_id, prompt_ids, params, cache_salt=state.cache_salt(body.tenant))
-            first = await anext(stream)
-        except InvalidRequestError as exc:
-            return _error(400, str(exc))
-
-        async def lines() -> AsyncIterator[bytes]:
-            out = first
-            try:
-                while True:
-                    yield (json.dumps({
-                        "text": out.delta_text, "token_ids": list(out.delta_token_ids),
-                        "finish_reason": out.finish_reason, "prompt_tokens": out.prompt_tokens,
-                        "completion_tokens": out.completion_tokens,
-                        "logprobs": out.logprobs,
-                    }) + "\n").encode()
-                    if out.finished:
-                        return
-                    out = await anext(stream)
-            finally:
-                await stream.aclose()
-
-        return StreamingResponse(lines(), media_type="application/x-ndjson",
-                                 headers={"X-Sealed-TEE": state.settings.tee,
-                                          "X-Sealed-Insecure": str(state.settings.tee == "sim").lower()})
 
     return app

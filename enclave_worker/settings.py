@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,10 @@ class WorkerSettings:
     max_model_len: int = 2048
     kv_cache_memory_bytes: int = 256 << 20
     engine_dtype: str = "float32"
+    policy_file: Path | None = None  # the tenant's signed policy set (data and tool-use controls)
+    policy_admin_key: Path | None = None  # Ed25519 public key that must have signed it (measured)
+    unsafe_no_tenant_policy: bool = False
+    key_check_interval_s: float = 30.0  # how often the worker asks the broker whether its key was revoked
 
     def measured_config(self) -> dict[str, Any]:
         """The part of the configuration that changes what the worker does, hence its measurement."""
@@ -32,6 +37,10 @@ class WorkerSettings:
             "model": self.model,
             "version": self.version,
             "tee": self.tee,
+            # Which tenant admin may set this worker's in-enclave policy is part of what is attested.
+            "policy_admin_key": (hashlib.sha256(self.policy_admin_key.read_bytes()).hexdigest()
+                                 if self.policy_admin_key else None),
+            "unsafe_no_tenant_policy": self.unsafe_no_tenant_policy,
             "engine": {
                 "max_num_seqs": self.max_num_seqs,
                 "max_model_len": self.max_model_len,

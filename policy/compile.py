@@ -88,11 +88,14 @@ def compile_data(ps: PolicySet) -> str:
                              f'principal, action == Action::"{action}", resource',
                              f"context.pii.containsAny({cedar_set(blocked)})",
                              f"{side} contains blocked PII"))
+    # Only the content actions carry these context fields: scoping keeps other decisions (tool
+    # calls, admission) from failing evaluation on a missing attribute.
+    content = 'principal, action in [Action::"submit", Action::"emit"], resource'
     for rid in sorted(data.blocked_patterns):
-        out.append(_rule(f"data.pattern.{rid}", "forbid", "principal, action, resource",
+        out.append(_rule(f"data.pattern.{rid}", "forbid", content,
                          f"context.blocked_patterns.contains({cedar_str(rid)})", f"blocked pattern {rid}"))
     for rid in sorted(data.blocked_topics):
-        out.append(_rule(f"data.topic.{rid}", "forbid", "principal, action, resource",
+        out.append(_rule(f"data.topic.{rid}", "forbid", content,
                          f"context.blocked_topics.contains({cedar_str(rid)})", f"blocked topic {rid}"))
     return "".join(out)
 

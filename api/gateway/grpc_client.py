@@ -79,6 +79,9 @@ async def _rest(call: grpc.aio.UnaryStreamCall) -> AsyncIterator[worker_pb2.Gene
 
 def _translate(exc: grpc.aio.AioRpcError, started: bool) -> GatewayError:
     code = exc.code()
+    if code == grpc.StatusCode.PERMISSION_DENIED:
+        # The worker's in-enclave policy refused the prompt, the answer or a tool call.
+        return GatewayError(403, exc.details() or "refused by policy", code="content_policy_violation")
     if code == grpc.StatusCode.INVALID_ARGUMENT:
         return GatewayError(400, exc.details() or "invalid request", code="invalid_value")
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:

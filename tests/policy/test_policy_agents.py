@@ -191,3 +191,12 @@ def test_custom_approval_rule_and_no_permit() -> None:
     assert [x.outcome for x in v] == ["allow", "requires_approval", "deny"]
     assert v[1].decision.rule == "custom.big-queries"
     assert v[2].decision.rule == "default-deny"  # approval cannot lift a missing permit
+
+
+def test_data_rules_do_not_break_tool_decisions() -> None:
+    """Content-only context fields (blocked patterns/topics) must not make tool decisions fail."""
+    doc = {**DOC, "data": {"blocked_patterns": {"codename": "(?i)nightingale"},
+                           "blocked_topics": {"weapons": ["nerve agent"]}}}
+    verdict = check_tool_calls(PolicySet.from_dict(doc), "agent-1", SessionState("s"),
+                               [ToolCall("query", {"table": "orders"})]).verdicts[0]
+    assert verdict.outcome == "allow", verdict.decision.reasons

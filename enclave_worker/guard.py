@@ -1,0 +1,126 @@
+"""In-enclave policy: data and tool-use controls applied inside the trust boundary.
+
+Prompts are checked (PII, blocked patterns and topics; redacted or refused) before the engine
+sees them; answers are checked before they leave the worker, and so are the tool calls the model
+generates. The tenant's policy set arrives as a document signed by a tenant admin, verified here
+against the admin key that is part of the worker's measured configuration: the control plane can
+deliver a policy but cannot forge one.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+from policy.agents import KillSwitch, SessionState, ToolCall, check_tool_calls
+from policy.data import check_content
+from policy.documents import verify_policy_document
+from policy.policyset import PolicySet
+
+log = logging.getLogger(__name__)
+_TOOL_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
+
+
+class GuardRefusal(Exception):
+    """A request or answer is refused by the tenant's policy. The message names the rule, never content."""
+
+
+def load_policy_set(document: Path, admin_key: Path, tenant: str) -> PolicySet:
+    """Verify a signed policy document with the measured admin key; it must be for this tenant."""
+    key = serialization.load_pem_public_key(admin_key.read_bytes())
+    if not isinstance(key, Ed25519PublicKey):
+        raise ValueError("the tenant policy admin key must be Ed25519")
+    envelope = json.loads(document.read_text())
+    policy_set = verify_policy_document(envelope, {tenant: {str(envelope.get("key_id")): key}})
+    if policy_set.tenant != tenant:
+        raise ValueError("policy document is for another tenant")
+    return policy_set
+
+
+def parse_tool_calls(text: str) -> list[ToolCall]:
+    calls = []
+    for block in _TOOL_BLOCK.findall(text):
+        try:
+            doc = json.loads(block)
+        except json.JSONDecodeError:
+            continue  # the gateway will not turn an unparsable block into a call either
+        for item in doc if isinstance(doc, list) else [doc]:
+            if isinstance(item, Mapping) and isinstance(item.get("name"), str):
+                calls.append(ToolCall(item["name"], item.get("arguments") or {}))
+    return calls
+
+
+@dataclass
+class WorkerGuard:
+    """None as policy set means the operator chose `--unsafe-no-tenant-policy`: no controls."""
+
+    policy_set: PolicySet | None
+    kill_switch: KillSwitch = field(default_factory=KillSwitch)
+    _sessions: dict[str, SessionState] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def buffers_output(self) -> bool:
+        """Output controls need the whole answer before any of it may leave the worker."""
+        data = self.policy_set.data if self.policy_set else None
+        return bool(data and (data.pii_output or data.blocked_patterns or data.blocked_topics))
+
+    def check_input(self, key_id: str, model: str, texts: list[str]) -> list[str]:
+        if self.policy_set is None:
+            return texts
+        out = []
+        for text in texts:
+            verdict = check_content(self.policy_set, key_id, model, text, direction="input")
+            if not verdict.decision.allowed:
+                raise GuardRefusal(f"request blocked by data policy (rule {verdict.decision.rule})")
+            out.append(verdict.text)
+        return out
+
+    def check_output(self, key_id: str, model: str, text: str) -> str:
+        if self.policy_set is None or not self.buffers_output:
+            return text
+        verdict = check_content(self.policy_set, key_id, model, text, direction="output")
+        if not verdict.decision.allowed:
+            raise GuardRefusal(f"answer withheld by data policy (rule {verdict.decision.rule})")
+        return verdict.text
+
+    def check_tools(self, key_id: str, text: str) -> str:
+        """Refuse denied calls; strip calls that need approval and say so. Returns the finish reason
+        override ("requires_approval") or ""."""
+        if self.policy_set is None:
+            return ""
+        calls = parse_tool_calls(text)
+        if not calls:
+            return ""
+        with self._lock:
+            session = self._sessions.setdefault(key_id, SessionState(key_id))
+        verdicts = check_tool_calls(self.policy_set, key_id, session, calls, kill_switch=self.kill_switch)
+        denied = verdicts.by_outcome("deny")
+        if denied:
+            raise GuardRefusal(f"tool call {denied[0].call.name!r} refused by agent policy "
+                               f"(rule {denied[0].decision.rule})")
+        return "requires_approval" if verdicts.by_outcome("requires_approval") else ""
+
+
+def build_guard(policy_file: Path | None, admin_key: Path | None, tenant: str, unsafe_no_policy: bool
+                ) -> WorkerGuard:
+    if policy_file is None or admin_key is None:
+        if not unsafe_no_policy:
+            raise ValueError("a signed tenant policy is required (or --unsafe-no-tenant-policy)")
+        log.warning("UNSAFE: no tenant policy; data and tool-use controls are off in this worker")
+        return WorkerGuard(None)
+    return WorkerGuard(load_policy_set(policy_file, admin_key, tenant))
+
+
+def strip_tool_calls(text: str) -> str:
+    return _TOOL_BLOCK.sub("", text).strip()
+
+

@@ -1,0 +1,145 @@
+"""In-enclave controls: signed tenant policy, data checks on prompts and answers, tool calls."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import httpx
+import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from enclave_worker.guard import GuardRefusal, WorkerGuard, build_guard, load_policy_set, parse_tool_calls
+from enclave_worker.keywatch import KeyWatch
+from policy.documents import sign_policy_document
+from policy.errors import PolicyInvalid
+from policy.policyset import PolicySet
+
+POLICY = {
+    "policy_id": "acme-policy", "version": 3, "tenant": "acme",
+    "data": {"pii_input": {"US_SSN": "block", "CREDIT_CARD": "redact"},
+             "pii_output": {"EMAIL_ADDRESS": "redact"}, "blocked_patterns": {"codename": "(?i)nightingale"}},
+    "agents": {"key_a": {"tools": {"get_weather": {"args_schema": {"type": "object",
+                                                                     "required": ["city"]}},
+                                   "send_email": {"requires_approval": True}},
+                         "max_calls_per_request": 2, "max_calls_per_session": 100}},
+}
+
+
+def write_signed(tmp: Path, doc: dict, key: Ed25519PrivateKey, trusted: Ed25519PrivateKey | None = None
+                 ) -> tuple[Path, Path]:
+    (tmp / "policy.json").write_text(json.dumps(sign_policy_document(doc, key, "admin-1")))
+    pub = (trusted or key).public_key().public_bytes(serialization.Encoding.PEM,
+                                                     serialization.PublicFormat.SubjectPublicKeyInfo)
+    (tmp / "admin.pub.pem").write_bytes(pub)
+    return tmp / "policy.json", tmp / "admin.pub.pem"
+
+
+@pytest.fixture()
+def guard(tmp_path: Path) -> WorkerGuard:
+    doc, pub = write_signed(tmp_path, POLICY, Ed25519PrivateKey.generate())
+    return WorkerGuard(load_policy_set(doc, pub, "acme"))
+
+
+def test_policy_signed_by_another_key_is_refused(tmp_path: Path) -> None:
+    doc, pub = write_signed(tmp_path, POLICY, Ed25519PrivateKey.generate(), trusted=Ed25519PrivateKey.generate())
+    with pytest.raises(PolicyInvalid):
+        load_policy_set(doc, pub, "acme")
+
+
+def test_policy_for_another_tenant_is_refused(tmp_path: Path) -> None:
+    doc, pub = write_signed(tmp_path, POLICY, Ed25519PrivateKey.generate())
+    with pytest.raises((PolicyInvalid, ValueError)):
+        load_policy_set(doc, pub, "other-tenant")
+
+
+def test_policy_edited_after_signing_is_refused(tmp_path: Path) -> None:
+    doc, pub = write_signed(tmp_path, POLICY, Ed25519PrivateKey.generate())
+    envelope = json.loads(doc.read_text())
+    envelope["payload"]["data"]["pii_input"]["US_SSN"] = "allow"
+    doc.write_text(json.dumps(envelope))
+    with pytest.raises(PolicyInvalid):
+        load_policy_set(doc, pub, "acme")
+
+
+def test_worker_without_policy_needs_the_unsafe_switch() -> None:
+    with pytest.raises(ValueError):
+        build_guard(None, None, "acme", unsafe_no_policy=False)
+    assert build_guard(None, None, "acme", unsafe_no_policy=True).policy_set is None
+
+
+def test_prompt_controls(guard: WorkerGuard) -> None:
+    assert guard.check_input("key_a", "m", ["hello"]) == ["hello"]
+    assert guard.check_input("key_a", "m", ["card 4111 1111 1111 1111"]) == ["card [REDACTED:CREDIT_CARD]"]
+    with pytest.raises(GuardRefusal, match="data policy") as err:
+        guard.check_input("key_a", "m", ["fine", "my ssn is 123-45-6789"])
+    assert "123-45" not in str(err.value)  # the refusal names the rule, never the content
+    with pytest.raises(GuardRefusal):
+        guard.check_input("key_a", "m", ["status of Project Nightingale"])
+
+
+def test_answer_controls(guard: WorkerGuard) -> None:
+    assert guard.buffers_output
+    assert guard.check_output("key_a", "m", "write to a@b.com") == "write to [REDACTED:EMAIL_ADDRESS]"
+    with pytest.raises(GuardRefusal):
+        guard.check_output("key_a", "m", "the nightingale plan")
+
+
+def call(name: str, args: dict) -> str:
+    return f'<tool_call>\n{json.dumps({"name": name, "arguments": args})}\n</tool_call>'
+
+
+TOOL_CASES = [
+    ("allowed", "key_a", call("get_weather", {"city": "Paris"}), ""),
+    ("needs-approval", "key_a", call("send_email", {"to": "x"}), "requires_approval"),
+    ("not-allowlisted", "key_a", call("delete_files", {"path": "/"}), GuardRefusal),
+    ("schema-violation", "key_a", call("get_weather", {"town": "Paris"}), GuardRefusal),
+    ("unknown-agent", "key_b", call("get_weather", {"city": "Paris"}), GuardRefusal),
+    ("too-many-calls", "key_a", call("get_weather", {"city": "a"}) * 3, GuardRefusal),
+    ("no-calls", "key_a", "just text", ""),
+]
+
+
+@pytest.mark.parametrize(("name", "agent", "text", "expected"), TOOL_CASES, ids=[c[0] for c in TOOL_CASES])
+def test_tool_calls_checked_before_the_answer_leaves(guard: WorkerGuard, name: str, agent: str, text: str,
+                                                     expected: object) -> None:
+    if isinstance(expected, type):
+        with pytest.raises(expected):
+            guard.check_tools(agent, text)
+    else:
+        assert guard.check_tools(agent, text) == expected
+
+
+def test_kill_switch_takes_effect_at_once(guard: WorkerGuard) -> None:
+    text = call("get_weather", {"city": "Paris"})
+    assert guard.check_tools("key_a", text) == ""
+    guard.kill_switch.kill("key_a")
+    with pytest.raises(GuardRefusal):
+        guard.check_tools("key_a", text)
+
+
+def test_tool_call_parser_tolerates_junk() -> None:
+    assert parse_tool_calls("<tool_call>not json</tool_call>") == []
+    assert [c.name for c in parse_tool_calls('<tool_call>[{"name": "a"}, {"name": "b"}]')] == ["a", "b"]
+
+
+def test_policyset_round_trip_matches_the_signed_payload() -> None:
+    assert PolicySet.from_dict(POLICY).to_dict()["policy_id"] == "acme-policy"
+
+
+def test_key_watch_drops_the_key_on_revocation_and_rides_out_broker_errors() -> None:
+    answers = iter([httpx.ConnectError("down"), "active", "revoked"])
+    revoked: list[bool] = []
+
+    class Watch(KeyWatch):
+        def check_once(self) -> str:
+            answer = next(answers)
+            if isinstance(answer, Exception):
+                raise answer
+            return answer
+
+    watch = Watch("http://127.0.0.1:9", None, "acme", "m", "v1", interval_s=0.01)  # type: ignore[arg-type]
+    asyncio.run(asyncio.wait_for(watch.run(lambda: revoked.append(True)), timeout=5))
+    assert revoked == [True]
