@@ -251,7 +251,8 @@ def launch(home: Home, *, host: str = "127.0.0.1", port: int = 8000,
         gateway = _spawn(home, "gateway", [
             "api.gateway", "--data-dir", str(home.gateway), "--routes", str(routes), "--host", host,
             "--port", str(port), "--register-token-file", str(_secret_file(home.gateway / "register-token")),
-            "--jwt-secret-file", str(_secret_file(home.gateway / "jwt-secret")), *gateway_args])
+            "--jwt-secret-file", str(_secret_file(home.gateway / "jwt-secret")),
+            "--broker-jwks", str(home.broker / "jwks.json"), *gateway_args])
         stack.processes.append(gateway)
         _wait_http(f"{local_gateway}/healthz", gateway)
         for i, (http_port, grpc_port) in enumerate(worker_ports):

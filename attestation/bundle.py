@@ -1,7 +1,8 @@
 """The evidence bundle a worker presents, and the REPORT_DATA binding of its runtime data.
 
-REPORT_DATA = SHA-512(domain || nonce || HPKE public key || SHA-384(GPU evidence)), so the CPU
-report vouches for the freshness nonce, the key that release will be sealed to, and the exact GPU
+REPORT_DATA = SHA-512(domain || nonce || HPKE public key || len || channel binding || SHA-384(GPU
+evidence)), so the CPU report vouches for the freshness nonce, the key that release will be sealed
+to, the worker's channel keys (its mTLS certificate key and usage-signing key) and the exact GPU
 evidence collected with the same nonce.
 """
 
@@ -22,12 +23,22 @@ NONCE_BYTES = 32
 class RuntimeData:
     nonce: bytes
     hpke_public_key: bytes  # raw X25519 public key of the worker's ephemeral key pair
+    channel_binding: bytes = b""  # channel_binding(): the worker's TLS and usage keys; empty if none
 
     def __post_init__(self) -> None:
         if len(self.nonce) != NONCE_BYTES:
             raise ParseError(f"nonce must be {NONCE_BYTES} bytes, got {len(self.nonce)}")
         if len(self.hpke_public_key) != 32:
             raise ParseError("HPKE public key must be a 32-byte X25519 key")
+        if len(self.channel_binding) not in (0, 32):
+            raise ParseError("channel binding must be empty or 32 bytes")
+
+
+def channel_binding(tls_spki_der: bytes, usage_public_key: bytes) -> bytes:
+    """What a gateway checks before routing to a worker: its mTLS key and usage-signing key are the
+    ones this attestation covers."""
+    return hashlib.sha256(b"sealed-channel-v1\x00" + len(tls_spki_der).to_bytes(4, "big") + tls_spki_der
+                          + usage_public_key).digest()
 
 
 @dataclass(frozen=True)
@@ -71,6 +82,7 @@ class EvidenceBundle:
             "runtime_data": {
                 "nonce": self.runtime_data.nonce.hex(),
                 "hpke_public_key": self.runtime_data.hpke_public_key.hex(),
+                "channel_binding": self.runtime_data.channel_binding.hex(),
             },
             "gpus": [g.to_json() for g in self.gpus],
         }
@@ -86,7 +98,8 @@ class EvidenceBundle:
                 cpu_evidence=base64.b64decode(data["cpu_evidence"], validate=True),
                 cpu_certificates=tuple(base64.b64decode(c, validate=True) for c in data.get("cpu_certificates", [])),
                 runtime_data=RuntimeData(
-                    nonce=bytes.fromhex(rd["nonce"]), hpke_public_key=bytes.fromhex(rd["hpke_public_key"])
+                    nonce=bytes.fromhex(rd["nonce"]), hpke_public_key=bytes.fromhex(rd["hpke_public_key"]),
+                    channel_binding=bytes.fromhex(rd.get("channel_binding", "")),
                 ),
                 gpus=tuple(GpuEvidence.from_json(g) for g in data.get("gpus", [])),
             )
@@ -98,7 +111,8 @@ class EvidenceBundle:
         h = hashlib.sha256(self.cpu_evidence)
         for gpu in self.gpus:
             h.update(gpu.evidence)
-        h.update(self.runtime_data.nonce + self.runtime_data.hpke_public_key)
+        rd = self.runtime_data
+        h.update(rd.nonce + rd.hpke_public_key + rd.channel_binding)
         return h.hexdigest()
 
 
@@ -111,7 +125,8 @@ def gpu_evidence_digest(gpus: tuple[GpuEvidence, ...]) -> bytes:
 
 def expected_report_data(runtime: RuntimeData, gpus: tuple[GpuEvidence, ...]) -> bytes:
     return hashlib.sha512(
-        _BINDING_DOMAIN + runtime.nonce + runtime.hpke_public_key + gpu_evidence_digest(gpus)
+        _BINDING_DOMAIN + runtime.nonce + runtime.hpke_public_key
+        + bytes([len(runtime.channel_binding)]) + runtime.channel_binding + gpu_evidence_digest(gpus)
     ).digest()
 
 

@@ -39,6 +39,7 @@ class AttestationResult:
     nonce: bytes
     hpke_public_key: bytes
     evidence_digest: str
+    channel_binding: bytes = b""
 
     @property
     def insecure(self) -> bool:
@@ -53,7 +54,8 @@ class AttestationResult:
             "tcb": dict(self.cpu.tcb),
             "debug": self.cpu.debug,
             "report_data": self.cpu.report_data.hex(),
-            "runtime_data": {"nonce": self.nonce.hex(), "hpke_public_key": self.hpke_public_key.hex()},
+            "runtime_data": {"nonce": self.nonce.hex(), "hpke_public_key": self.hpke_public_key.hex(),
+                             "channel_binding": self.channel_binding.hex()},
             "gpus": [
                 {
                     "index": g.index,
@@ -133,4 +135,5 @@ def verify_bundle(
         nonce=bundle.runtime_data.nonce,
         hpke_public_key=bundle.runtime_data.hpke_public_key,
         evidence_digest=bundle.digest(),
+        channel_binding=bundle.runtime_data.channel_binding,
     )

@@ -42,11 +42,12 @@ def engine_config(settings: WorkerSettings) -> EngineConfig:
     )
 
 
-def boot(settings: WorkerSettings) -> BootedWorker:
+def boot(settings: WorkerSettings, channel_binding: bytes = b"") -> BootedWorker:
     make_bundle = bundle_maker(settings)
     with httpx.Client(base_url=settings.broker_url, timeout=30.0) as client:
         released = obtain_data_key(client, tenant=settings.tenant, model=settings.model,
-                                   version=settings.version, make_bundle=make_bundle)
+                                   version=settings.version, make_bundle=make_bundle,
+                                   channel_binding=channel_binding)
     receipt = released.receipt.get("receipt", {})
     # The signer the key was registered with (and the release policy checked) must have signed
     # the manifest we decrypt; the control plane cannot swap in another tenant-signed package.

@@ -23,10 +23,12 @@ from typing import Any
 import grpc
 import httpx
 import uvicorn
+from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
 from api.proto import worker_pb2, worker_pb2_grpc
 from api.proto.tls import make_identity
+from attestation.bundle import channel_binding
 from enclave_worker.chat_format import render_chat
 from enclave_worker.engine import EngineError, InvalidRequestError, SamplingParams
 from enclave_worker.guard import GuardRefusal, strip_tool_calls
@@ -192,11 +194,10 @@ async def heartbeats(state: WorkerState, urls: list[str], token: str, grpc_addre
 async def serve(settings: WorkerSettings, grpc_port: int, register_urls: list[str], register_token: str,
                 gateway_client_cert: bytes | None = None) -> None:
     state = WorkerState(settings)
-    app = create_app(settings, state)
     server = grpc.aio.server(options=[("grpc.max_concurrent_streams", 4096)])
     worker_pb2_grpc.add_WorkerServicer_to_server(WorkerServicer(state), server)
     address = f"{settings.host}:{grpc_port}"
-    tls_cert = ""
+    tls_cert, spki = "", b""
     if gateway_client_cert:
         # Mutual TLS: a key made now and kept in memory; only the gateway's pinned certificate may call.
         identity = make_identity()
@@ -204,8 +205,15 @@ async def serve(settings: WorkerSettings, grpc_port: int, register_urls: list[st
             [(identity.key_pem, identity.cert_pem)], root_certificates=gateway_client_cert,
             require_client_auth=True))
         tls_cert = identity.cert_pem.decode()
+        spki = x509.load_pem_x509_certificate(identity.cert_pem).public_key().public_bytes(
+            serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
     else:
         server.add_insecure_port(address)
+    usage_public = state.usage_key.public_key().public_bytes(serialization.Encoding.Raw,
+                                                             serialization.PublicFormat.Raw)
+    # Before boot: the evidence the key broker sees commits to exactly these channel keys.
+    state.channel_binding = channel_binding(spki, usage_public)
+    app = create_app(settings, state)
     await server.start()
     beat = asyncio.create_task(heartbeats(state, register_urls, register_token, address,
                                           f"http://{settings.host}:{settings.port}", tls_cert=tls_cert)

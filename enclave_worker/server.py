@@ -36,6 +36,7 @@ class WorkerState:
     status: str = "starting"  # starting | ready | failed
     booted: BootedWorker | None = None
     guard: WorkerGuard | None = None
+    channel_binding: bytes = b""  # set before boot: attestation covers the TLS and usage keys
     salt_secret: bytes = field(default_factory=lambda: secrets.token_bytes(32))
     # Signs usage records; made at boot and never stored, so only this process can sign as this worker.
     usage_key: Ed25519PrivateKey = field(default_factory=Ed25519PrivateKey.generate)
@@ -61,7 +62,7 @@ async def _boot(state: WorkerState) -> None:
     try:
         # The tenant's signed policy first: no key is fetched for a worker that could not enforce it.
         state.guard = build_guard(s.policy_file, s.policy_admin_key, s.tenant, s.unsafe_no_tenant_policy)
-        state.booted = await asyncio.to_thread(boot, s)
+        state.booted = await asyncio.to_thread(boot, s, state.channel_binding)
         state.status = "ready"
     except Exception as exc:  # the reason is logged by type only: it may not carry secrets, but keep it terse
         state.status = "failed"

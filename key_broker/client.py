@@ -40,11 +40,14 @@ def obtain_data_key(
     model: str,
     version: str,
     make_bundle: Callable[[RuntimeData], EvidenceBundle],
+    channel_binding: bytes = b"",
 ) -> ReleasedKey:
-    """Challenge -> evidence bound to a fresh HPKE key -> token -> sealed data key -> open it."""
+    """Challenge -> evidence bound to a fresh HPKE key (and the worker's channel keys) -> token ->
+    sealed data key -> open it."""
     ephemeral = X25519PrivateKey.generate()
     challenge = _post(client, "/v1/challenge")
-    runtime = RuntimeData(nonce=bytes.fromhex(challenge["nonce"]), hpke_public_key=raw_public_key(ephemeral))
+    runtime = RuntimeData(nonce=bytes.fromhex(challenge["nonce"]), hpke_public_key=raw_public_key(ephemeral),
+                          channel_binding=channel_binding)
     bundle = make_bundle(runtime)
     scope = {"tenant": tenant, "model": model, "version": version}
     token = _post(client, "/v1/attest", {"session_id": challenge["session_id"], "evidence": bundle.to_json(),

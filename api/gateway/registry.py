@@ -34,6 +34,7 @@ class WorkerInfo:
     last_seen: float = 0.0
     inflight: int = 0
     dead: bool = False
+    attested: bool = False  # its attestation token binds tls_cert and usage_public_key
 
     def load(self) -> float:
         return self.inflight + float(self.stats.get("num_waiting", 0))
@@ -47,8 +48,9 @@ def unavailable(detail: str = "") -> GatewayError:
 
 class WorkerRegistry:
     def __init__(self, heartbeat_timeout_s: float = 3.0, affinity_slack: float = 2.0,
-                 rng: random.Random | None = None) -> None:
+                 rng: random.Random | None = None, require_attestation: bool = False) -> None:
         self.workers: dict[str, WorkerInfo] = {}
+        self.require_attestation = require_attestation
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.affinity_slack = affinity_slack
         self._rng = rng or random.Random()
@@ -81,7 +83,8 @@ class WorkerRegistry:
         return [w for w in self.workers.values() if w.tenant == tenant and w.model == model and self.alive(w)]
 
     def ready(self, tenant: str, model: str) -> list[WorkerInfo]:
-        return [w for w in self.for_model(tenant, model) if w.status == "ready"]
+        return [w for w in self.for_model(tenant, model)
+                if w.status == "ready" and (w.attested or not self.require_attestation)]
 
     def pick(self, tenant: str, model: str, split: dict[str, float], affinity_key: str = "",
              exclude: frozenset[str] = frozenset()) -> WorkerInfo:

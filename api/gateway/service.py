@@ -13,6 +13,8 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+import httpx
+
 from api.gateway.admission import AdmissionController, Ticket
 from api.gateway.errors import GatewayError
 from api.gateway.grpc_client import WorkerClients, WorkerLost
@@ -20,10 +22,12 @@ from api.gateway.metrics import Metrics
 from api.gateway.registry import WorkerInfo, WorkerRegistry
 from api.gateway.settings import GatewaySettings
 from api.gateway.usage import UsageRejected, verify_usage
+from api.gateway.worker_attestation import load_verifier, verify_worker
 from api.proto import worker_pb2
 from api.proto.tls import load_or_create
 from api.store.models import Tenant
 from api.store.repo import KeyRecord, Store
+from attestation.errors import AttestationError
 
 log = logging.getLogger(__name__)
 CACHE_S = 1.0
@@ -40,7 +44,10 @@ class GatewayService:
         self.settings = settings
         self.store = store
         self.admission = admission
-        self.registry = WorkerRegistry(settings.heartbeat_timeout_s)
+        self.registry = WorkerRegistry(settings.heartbeat_timeout_s,
+                                       require_attestation=settings.broker_jwks is not None)
+        self._verifier = (load_verifier(settings.broker_jwks, settings.broker_issuer)
+                          if settings.broker_jwks is not None else None)
         self.clients = WorkerClients(load_or_create(settings.data_dir / "gateway-client.key",
                                                     settings.data_dir / "gateway-client.pem"))
         self.metrics = Metrics(lambda: float(admission.running), lambda: float(len(admission.queue)))
@@ -169,14 +176,21 @@ class GatewayService:
 
     def heartbeat(self, doc: dict[str, Any]) -> None:
         info = self.registry.heartbeat(doc)
+        if self._verifier is not None and info.status == "ready" and not info.attested:
+            try:
+                verify_worker(info.http_url, tenant=info.tenant, model=info.model, version=info.version,
+                              tls_cert=info.tls_cert, usage_public_key=info.usage_public_key,
+                              verifier=self._verifier)
+                info.attested = True
+            except (AttestationError, httpx.HTTPError, ValueError, KeyError) as exc:
+                log.warning("worker %s not routed to: attestation check failed (%s)", info.worker_id,
+                            type(exc).__name__)
         stats = info.stats
         if "kv_cache_usage_perc" in stats:
             self.metrics.kv_cache.labels(info.worker_id, info.model).set(float(stats["kv_cache_usage_perc"]) / 100)
             self.metrics.worker_waiting.labels(info.worker_id, info.model).set(float(stats.get("num_waiting", 0)))
 
     async def attestation(self) -> list[dict[str, Any]]:
-        import httpx
-
         out = []
         async with httpx.AsyncClient(timeout=5.0) as http:
             for w in list(self.registry.workers.values()):

@@ -34,6 +34,10 @@ class GatewaySettings:
     max_queued: int = 1024  # queued across tenants; and the default bound per tenant
     default_max_tokens: int = 256
     max_body_bytes: int = 4 << 20
+    # The key broker's JWKS: when set, a worker is routed to only after its attestation token
+    # (signed by that broker) binds the TLS and usage keys it registered with.
+    broker_jwks: Path | None = None
+    broker_issuer: str = "sealed-key-broker"
 
     def __post_init__(self) -> None:
         if self.dev:

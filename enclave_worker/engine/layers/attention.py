@@ -67,8 +67,12 @@ class PagedAttention(torch.nn.Module):
             out[meta.decode_index] = o.squeeze(2)
         for p in meta.prefills:
             qp = q[p.token_start : p.token_start + p.num_tokens].transpose(0, 1).unsqueeze(0)
-            kp = kc[p.slots].transpose(0, 1).unsqueeze(0)
-            vp = vc[p.slots].transpose(0, 1).unsqueeze(0)
+            if p.mask is None:  # no cached prefix: attend to this chunk's own K/V, no gather
+                kp = k[p.token_start : p.token_start + p.num_tokens].transpose(0, 1).unsqueeze(0)
+                vp = v[p.token_start : p.token_start + p.num_tokens].transpose(0, 1).unsqueeze(0)
+            else:
+                kp = kc[p.slots].transpose(0, 1).unsqueeze(0)
+                vp = vc[p.slots].transpose(0, 1).unsqueeze(0)
             o = F.scaled_dot_product_attention(
                 qp, kp, vp, attn_mask=p.mask, is_causal=p.mask is None, scale=self.scale, enable_gqa=True
             )
