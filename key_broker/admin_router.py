@@ -3,7 +3,6 @@ keys, data keys, release policies, reference values and read release receipts.""
 
 from __future__ import annotations
 
-import base64
 from typing import Any
 
 from fastapi import APIRouter, Body, Depends
@@ -54,9 +53,9 @@ def revoke_tenant_key(tenant: str, who: Principal = Depends(tenant_manager),
 @router.put(T + "/models/{model}/versions/{version}/data-key", status_code=201)
 def put_data_key(tenant: str, model: str, version: str, body: DataKeyUpload,
                  who: Principal = Depends(tenant_manager), admin: TenantAdmin = Depends(get_admin)) -> dict:
-    admin.put_data_key(who, tenant, model, version, base64.b64decode(body.data_key), body.key_id,
-                       body.signer, body.model_digest)
-    return {"tenant": tenant, "model": model, "version": version, "key_id": body.key_id}
+    record = admin.put_sealed_data_key(who, tenant, model, version, body)
+    return {"tenant": tenant, "model": model, "version": version, "key_id": record.key_id,
+            "signer": record.signer, "model_digest": record.model_digest}
 
 
 @router.put(T + "/policies")

@@ -12,10 +12,12 @@ _HEX64 = r"^[0-9a-f]{64}$"
 
 
 class DataKeyUpload(Strict):
-    data_key: str = Field(pattern=r"^[A-Za-z0-9+/]{43}=$", description="base64 of the 32-byte data key")
-    key_id: str = Field(min_length=1, max_length=128)
-    signer: str | None = Field(default=None, max_length=256)
-    model_digest: str = Field(pattern=_HEX64)
+    """A package's data key, HPKE-sealed by the tenant to this broker's import key, with the signed
+    manifest it belongs to. The key never travels in the clear, not even inside TLS."""
+
+    sealed_key: dict[str, str]
+    manifest: str = Field(max_length=8 << 20, description="base64 of manifest.json")
+    signature_files: dict[str, str] = Field(description="file name -> base64 (manifest.sig or model-signing)")
 
 
 class SigningKeyUpload(Strict):

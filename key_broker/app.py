@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse
 
 from attestation.token import TokenIssuer
 from attestation.verifier import VerifierTrust
+from enclave_worker.package.keywrap import load_or_create_import_key
 from key_broker import admin_router
 from key_broker.auth import AdminTokenStore
 from key_broker.errors import (
@@ -42,7 +43,7 @@ from key_broker.receipts import ReceiptBook
 from key_broker.refvals import ReferenceValuesStore
 from key_broker.router import router
 from key_broker.service import COMPONENT, EvidenceVerifier, KeyBrokerService
-from key_broker.settings import BrokerSettings
+from key_broker.settings import IMPORT_KEY_FILE, BrokerSettings
 from key_broker.tenants import Conflict, TenantAdmin
 from policy.audit import AuditLog
 from policy.errors import PolicyInvalid
@@ -165,7 +166,8 @@ def create_app(settings: BrokerSettings, service: KeyBrokerService | None = None
         keystore=svc.keystore, datakeys=svc.datakeys, policies=svc.policies, refvals=svc.refvals,
         receipts=svc.receipts, tokens=AdminTokenStore(settings.data_dir / "admin-tokens.json",
                                                       settings.admin_token_sha256),
-        audit=svc.audit, clock=svc.clock)
+        audit=svc.audit, clock=svc.clock,
+        import_key=load_or_create_import_key(settings.data_dir / IMPORT_KEY_FILE))
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -175,6 +177,7 @@ def create_app(settings: BrokerSettings, service: KeyBrokerService | None = None
     app = FastAPI(title="Sealed key broker", docs_url=None, redoc_url=None, lifespan=lifespan)
     app.state.service = svc
     app.state.admin = tenant_admin
+    app.state.import_public = tenant_admin.import_key.public_key()
     app.include_router(router)
     app.include_router(admin_router.router)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import base64
 
-from fastapi import APIRouter, Depends
+from cryptography.hazmat.primitives import serialization
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
 from attestation.bundle import EvidenceBundle
 from attestation.errors import ParseError
+from enclave_worker.package.keywrap import import_key_id
 from key_broker.dependencies import client_address, get_service
 from key_broker.errors import ReleaseRefused
 from key_broker.schemas import (
@@ -80,6 +82,15 @@ def key_status(body: KeyStatusRequest,
     except ReleaseRefused:
         return refused()
     return KeyStatusResponse(status=status, check_after_s=STATUS_POLL_SECONDS)
+
+
+@router.get("/v1/import-key")
+def import_key(request: Request) -> dict:
+    """Where tenants seal data keys (`sealed encrypt --broker-import-key`); pin it from attestation."""
+    public = request.app.state.import_public
+    return {"import_key_id": import_key_id(public), "suite": "DHKEM-X25519-HKDF-SHA256/HKDF-SHA256/AES-256-GCM",
+            "public_key_pem": public.public_bytes(serialization.Encoding.PEM,
+                                                  serialization.PublicFormat.SubjectPublicKeyInfo).decode()}
 
 
 @router.get("/.well-known/jwks.json")

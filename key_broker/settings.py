@@ -18,6 +18,10 @@ ADMIN_TOKEN_ENV = "SEALED_BROKER_ADMIN_TOKEN"  # plaintext, hashed at startup, n
 VAULT_TOKEN_ENVS = ("SEALED_VAULT_TOKEN", "BAO_TOKEN", "VAULT_TOKEN")
 
 
+# The broker's X25519 import key pair (tenants seal data keys to it); 0600, inside the broker's CVM.
+IMPORT_KEY_FILE = "import-x25519.pem"
+
+
 @dataclass(frozen=True)
 class BrokerSettings:
     data_dir: Path

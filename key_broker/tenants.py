@@ -4,19 +4,31 @@ Each operation is audited with the acting principal; none logs key material."""
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
+import json
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
+from enclave_worker.package import PackageError, read_manifest
+from enclave_worker.package.keywrap import SealedDataKey, open_data_key
+from enclave_worker.package.signing import SIGNATURE_FILES
+from key_broker.admin_schemas import DataKeyUpload
 from key_broker.auth import AdminTokenStore, Principal
 from key_broker.errors import KeyStoreError
-from key_broker.keystore import DataKeyRegistry, KeyStore
+from key_broker.keystore import DataKeyRecord, DataKeyRegistry, KeyStore
 from key_broker.names import check_name
 from key_broker.policies import PolicyStore, StoredPolicy
 from key_broker.receipts import ReceiptBook
 from key_broker.refvals import ReferenceValues, ReferenceValuesStore
 from policy.audit import AuditLog
+
+_SIGNATURE_FILES = frozenset(SIGNATURE_FILES)
 
 
 class Conflict(KeyStoreError):
@@ -32,7 +44,8 @@ class RotationResult:
 class TenantAdmin:
     def __init__(self, *, keystore: KeyStore, datakeys: DataKeyRegistry, policies: PolicyStore,
                  refvals: ReferenceValuesStore, receipts: ReceiptBook, tokens: AdminTokenStore,
-                 audit: AuditLog, clock: Callable[[], dt.datetime]) -> None:
+                 audit: AuditLog, clock: Callable[[], dt.datetime], import_key: X25519PrivateKey) -> None:
+        self.import_key = import_key  # tenants seal data keys to its public half (GET /v1/import-key)
         self.keystore = keystore
         self.datakeys = datakeys
         self.policies = policies
@@ -73,14 +86,35 @@ class TenantAdmin:
                                "kek_version": r.kek_version, "model_digest": r.model_digest}
                               for r in (self.datakeys.records(tenant) if has_key else [])]}
 
-    def put_data_key(self, who: Principal, tenant: str, model: str, version: str, data_key: bytes,
-                     key_id: str, signer: str | None, model_digest: str) -> None:
-        if len(data_key) != 32:
-            raise KeyStoreError("a data key is 32 bytes")
+    def put_sealed_data_key(self, who: Principal, tenant: str, model: str, version: str,
+                            upload: DataKeyUpload) -> DataKeyRecord:
+        """Open a data key sealed to our import key, for exactly the signed package it names."""
+        for name, what in ((tenant, "tenant"), (model, "model"), (version, "version")):
+            check_name(name, what)
         if self.datakeys.exists(tenant, model, version):
             raise Conflict(f"{tenant}/{model}/{version} already has a data key; publish a new version")
-        self.datakeys.register(tenant, model, version, data_key, key_id, signer, model_digest)
-        self._log(who, tenant, "data-key-register", model=model, version=version, key_id=key_id[:64])
+        if not set(upload.signature_files) <= _SIGNATURE_FILES:
+            raise KeyStoreError("unexpected signature file names")
+        try:
+            with tempfile.TemporaryDirectory(prefix="sealed-manifest-") as tmp:
+                # Public material only (manifest and signatures); the signer check needs files.
+                (Path(tmp) / "manifest.json").write_bytes(base64.b64decode(upload.manifest, validate=True))
+                for name, blob in upload.signature_files.items():
+                    (Path(tmp) / name).write_bytes(base64.b64decode(blob, validate=True))
+                manifest, _, signer = read_manifest(Path(tmp))
+            sealed = SealedDataKey.from_json(json.dumps(upload.sealed_key))
+        except (PackageError, ValueError) as exc:
+            raise KeyStoreError(f"sealed key upload refused: {type(exc).__name__}") from exc
+        if (manifest.tenant, manifest.model, manifest.version) != (tenant, model, version):
+            raise KeyStoreError("the manifest names another tenant, model or version")
+        try:
+            data_key = open_data_key(sealed, self.import_key, manifest)
+        except PackageError as exc:
+            raise KeyStoreError(f"sealed key does not open for this package: {type(exc).__name__}") from exc
+        record = self.datakeys.register(tenant, model, version, data_key, manifest.key_id, signer,
+                                        manifest.plaintext_digest)
+        self._log(who, tenant, "data-key-register", model=model, version=version, key_id=manifest.key_id[:64])
+        return record
 
     def put_policy(self, who: Principal, tenant: str, doc: dict[str, Any]) -> StoredPolicy:
         stored = StoredPolicy.from_dict(doc)

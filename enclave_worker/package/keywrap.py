@@ -134,3 +134,16 @@ def load_or_create_import_key(path: Path) -> X25519PrivateKey:
 def public_pem(key: X25519PrivateKey) -> bytes:
     return key.public_key().public_bytes(serialization.Encoding.PEM,
                                          serialization.PublicFormat.SubjectPublicKeyInfo)
+
+
+def sealed_upload_body(pkg_dir: Path, sealed: SealedDataKey) -> dict[str, object]:
+    """The body of the broker's `PUT .../data-key`: the sealed key plus the package's signed
+    manifest, so the broker registers the key only for exactly that signed package."""
+    from enclave_worker.package.signing import SIGNATURE_FILES
+
+    return {
+        "sealed_key": json.loads(sealed.to_json()),
+        "manifest": base64.b64encode((pkg_dir / "manifest.json").read_bytes()).decode(),
+        "signature_files": {name: base64.b64encode((pkg_dir / name).read_bytes()).decode()
+                            for name in SIGNATURE_FILES if (pkg_dir / name).exists()},
+    }

@@ -3,7 +3,6 @@ with a controllable clock, simulated-TEE evidence, and admin helpers; plus a rea
 
 from __future__ import annotations
 
-import base64
 import datetime as dt
 import json
 import secrets
@@ -11,6 +10,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,12 +18,16 @@ from typing import Any
 
 import httpx
 import pytest
+import torch
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from fastapi.testclient import TestClient
 
 from attestation.bundle import EvidenceBundle, RuntimeData, expected_report_data
 from attestation.sim import SimTee
+from enclave_worker.package import write_package
+from enclave_worker.package.keywrap import seal_data_key, sealed_upload_body
+from enclave_worker.package.signing import signer_identity
 from key_broker.app import build_service, create_app
 from key_broker.auth import hash_token
 from key_broker.client import ReleasedKey, obtain_data_key
@@ -31,7 +35,20 @@ from key_broker.service import EvidenceVerifier
 from key_broker.settings import BrokerSettings
 
 MEASUREMENT = bytes(range(48))
-SIGNER = "ed25519:test-signer"
+SIGNING_KEY = Ed25519PrivateKey.from_private_bytes(bytes(range(32)))  # the test tenant's package signer
+SIGNER = signer_identity(SIGNING_KEY.public_key())
+
+
+def sealed_key_upload(import_public_pem: str, tenant: str, model: str, version: str) -> tuple[dict, bytes]:
+    """A tiny real package for (tenant, model, version) and its data key sealed to the broker."""
+    data_key = secrets.token_bytes(32)
+    with tempfile.TemporaryDirectory() as tmp:
+        manifest = write_package(Path(tmp), metadata={"config": {}}, tensors=[("w", torch.arange(8.0))],
+                                 data_key=data_key, key_id=f"k-{model}-{version}", tenant=tenant, model=model,
+                                 version=version, signing_key=SIGNING_KEY)
+        public = serialization.load_pem_public_key(import_public_pem.encode())
+        body = sealed_upload_body(Path(tmp), seal_data_key(data_key, manifest, public))  # type: ignore[arg-type]
+    return body, data_key
 
 
 class Clock:
@@ -116,17 +133,9 @@ class Harness:
     ) -> bytes:
         if create_key:
             assert self.admin("POST", f"/tenants/{tenant}/key").status_code == 201
-        data_key = secrets.token_bytes(32)
-        r = self.admin(
-            "PUT",
-            f"/tenants/{tenant}/models/{model}/versions/{version}/data-key",
-            json={
-                "data_key": base64.b64encode(data_key).decode(),
-                "key_id": f"k-{model}-{version}",
-                "signer": signer,
-                "model_digest": secrets.token_hex(32),
-            },
-        )
+        body, data_key = sealed_key_upload(self.client.get("/v1/import-key").json()["public_key_pem"],
+                                           tenant, model, version)
+        r = self.admin("PUT", f"/tenants/{tenant}/models/{model}/versions/{version}/data-key", json=body)
         assert r.status_code == 201, r.text
         if not with_policy:
             return data_key
@@ -256,3 +265,9 @@ def bao_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, 
             proc.wait(10)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+@pytest.fixture()
+def sealed_upload():  # type: ignore[no-untyped-def]
+    """sealed_key_upload(import_public_pem, tenant, model, version) -> (request body, data key)."""
+    return sealed_key_upload

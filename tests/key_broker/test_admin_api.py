@@ -13,6 +13,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from typer.testing import CliRunner
 
 from api.cli.keys import build as build_keys_cli
+from enclave_worker.package.signing import signer_identity
 from key_broker.client import check_key_status
 from key_broker.errors import ReleaseRefused, SettingsError
 from key_broker.refvals import sign_reference_values
@@ -20,6 +21,7 @@ from key_broker.settings import BrokerSettings, admin_token_hashes
 
 Harness = Any
 MEASUREMENT = bytes(range(48)).hex()
+SIGNER = signer_identity(Ed25519PrivateKey.from_private_bytes(bytes(range(32))).public_key())  # as conftest
 
 
 def test_admin_routes_need_a_valid_bearer_token(kb: Harness) -> None:
@@ -129,7 +131,7 @@ def test_signed_reference_values_extend_a_policy_and_are_verified_on_load(kb: Ha
             "model": "m",
             "allowed_tee": ["sim"],
             "reference_values": "prod",
-            "required_signer": "ed25519:test-signer",
+            "required_signer": SIGNER,
             "unsafe_allow_simulated_tee": True,
         },
     )

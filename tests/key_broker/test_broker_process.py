@@ -22,12 +22,13 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from attestation.bundle import EvidenceBundle, RuntimeData, expected_report_data
 from attestation.sim import SimTee
+from enclave_worker.package.signing import signer_identity
 from key_broker.client import obtain_data_key
 from key_broker.router import REFUSED
 from key_broker.sealing import raw_public_key
 
 MEASUREMENT = bytes(range(48))
-SIGNER = "ed25519:test-signer"
+SIGNER = signer_identity(Ed25519PrivateKey.from_private_bytes(bytes(range(32))).public_key())  # as conftest
 
 
 class BrokerProcess:
@@ -119,22 +120,14 @@ def broker(tmp_path: Path) -> Iterator[BrokerProcess]:
     proc.stop()
 
 
-def test_restart_loses_nothing_and_in_flight_sessions_fail_cleanly(broker: BrokerProcess) -> None:
-    data_key = secrets.token_bytes(32)
+def _import_pem(broker: BrokerProcess) -> str:
+    return httpx.get(f"{broker.url}/v1/import-key", timeout=10).json()["public_key_pem"]
+
+
+def test_restart_loses_nothing_and_in_flight_sessions_fail_cleanly(broker: BrokerProcess, sealed_upload) -> None:  # type: ignore[no-untyped-def]
+    body, data_key = sealed_upload(_import_pem(broker), "acme", "m", "v1")
     assert broker.admin("POST", "/tenants/acme/key").status_code == 201
-    assert (
-        broker.admin(
-            "PUT",
-            "/tenants/acme/models/m/versions/v1/data-key",
-            json={
-                "data_key": base64.b64encode(data_key).decode(),
-                "key_id": "k1",
-                "signer": SIGNER,
-                "model_digest": "ab" * 32,
-            },
-        ).status_code
-        == 201
-    )
+    assert broker.admin("PUT", "/tenants/acme/models/m/versions/v1/data-key", json=body).status_code == 201
     assert (
         broker.admin(
             "PUT",
@@ -190,7 +183,7 @@ def test_restart_loses_nothing_and_in_flight_sessions_fail_cleanly(broker: Broke
     bad = broker.admin(
         "PUT",
         "/tenants/acme/models/m/versions/v9/data-key",
-        json={"data_key": base64.b64encode(leaked).decode(), "key_id": "k" * 500, "model_digest": "zz"},
+        json={"data_key": base64.b64encode(leaked).decode(), "key_id": "k" * 500, "model_digest": "zz"},  # old shape
     )
     assert bad.status_code == 422
     broker.stop()
@@ -218,7 +211,7 @@ def test_restart_loses_nothing_and_in_flight_sessions_fail_cleanly(broker: Broke
 
 
 def test_cli_manages_tenant_keys_through_the_admin_api(
-    broker: BrokerProcess, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    broker: BrokerProcess, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sealed_upload: Any
 ) -> None:
     from typer.testing import CliRunner
 
@@ -234,11 +227,8 @@ def test_cli_manages_tenant_keys_through_the_admin_api(
         f' "allowed_measurements": ["{MEASUREMENT.hex()}"], "unsafe_allow_simulated_tee": true}}'
     )
     assert runner.invoke(cli, ["policy", "--tenant", "acme", "--file", str(policy), *url]).exit_code == 0
-    broker.admin(
-        "PUT",
-        "/tenants/acme/models/m/versions/v1/data-key",
-        json={"data_key": base64.b64encode(secrets.token_bytes(32)).decode(), "key_id": "k", "model_digest": "00" * 32},
-    )
+    body, _ = sealed_upload(_import_pem(broker), "acme", "m", "v1")
+    assert broker.admin("PUT", "/tenants/acme/models/m/versions/v1/data-key", json=body).status_code == 201
     with httpx.Client(base_url=broker.url, timeout=10) as client:
         obtain_data_key(client, tenant="acme", model="m", version="v1", make_bundle=broker.make_bundle)
     rotated = runner.invoke(cli, ["rotate", "--tenant", "acme", *url])

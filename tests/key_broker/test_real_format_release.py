@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from attestation import nvgpu, snp
 from attestation.bundle import EvidenceBundle, GpuEvidence, RuntimeData, check_binding, expected_report_data
@@ -25,11 +26,13 @@ from attestation.nvgpu import testpki as gpu_pki
 from attestation.snp.tcb import POLICY_DEBUG, Product
 from attestation.snp.testing import AmdTestPki, generate_keys, make_pki, sign_report, template_report
 from attestation.verifier import AttestationResult
+from enclave_worker.package.signing import signer_identity
 from key_broker.errors import ReleaseRefused
 
 Harness = Any
 MEASUREMENT = bytes(range(48))
 CHIP = bytes(range(64))
+SIGNER = signer_identity(Ed25519PrivateKey.from_private_bytes(bytes(range(32))).public_key())  # as conftest
 
 
 @dataclasses.dataclass
@@ -175,7 +178,7 @@ def test_tcb_floor_and_simulated_evidence_under_an_snp_policy(real: Harness, pla
             "model": "m",
             "allowed_tee": ["snp"],
             "allowed_measurements": [MEASUREMENT.hex()],
-            "required_signer": "ed25519:test-signer",
+            "required_signer": SIGNER,
             "require_gpu_cc": True,
             "min_tcb": {"snp": 9},
         },

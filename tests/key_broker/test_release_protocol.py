@@ -16,10 +16,12 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from attestation.bundle import EvidenceBundle, RuntimeData, expected_report_data
+from enclave_worker.package.signing import signer_identity
 from key_broker.router import REFUSED
 from key_broker.sealing import open_sealed, raw_public_key, release_info
 
 MEASUREMENT = bytes(range(48))
+SIGNER = signer_identity(Ed25519PrivateKey.from_private_bytes(bytes(range(32))).public_key())  # as conftest
 Harness = Any  # the `kb` fixture's type lives in conftest.py
 
 
@@ -147,7 +149,7 @@ def _sim_not_allowed(kb: Harness) -> httpx.Response:
             "model": "m",
             "allowed_tee": ["sim"],
             "allowed_measurements": [MEASUREMENT.hex()],
-            "required_signer": "ed25519:test-signer",
+            "required_signer": SIGNER,
         },
     )
     return _attest(kb)
@@ -162,7 +164,7 @@ def _policy_edit(**changes: Any) -> Callable[[Harness], httpx.Response]:
             "model": "m",
             "allowed_tee": ["sim"],
             "allowed_measurements": [MEASUREMENT.hex()],
-            "required_signer": "ed25519:test-signer",
+            "required_signer": SIGNER,
             "unsafe_allow_simulated_tee": True,
             **changes,
         }
