@@ -110,12 +110,16 @@ class GatewayService:
 
     def ticket(self, key: KeyRecord, reserved_tokens: int, priority: int | None = None) -> Ticket:
         t = self.tenant(key.tenant)
-        if t is not None and t.token_budget is not None:
-            used = self._cached(("used", key.tenant), lambda: self.store.tokens_used(key.tenant))
-            if used >= t.token_budget:
+        budgets = ((t.token_budget if t else None, ("used", key.tenant), None),
+                   (key.token_budget, ("used", key.tenant, key.key_id), key.key_id))
+        for budget, cache_key, key_id in budgets:
+            if budget is None:
+                continue
+            used = self._cached(cache_key, lambda k=key_id: self.store.tokens_used(key.tenant, k))
+            if used >= budget:
                 self.metrics.rejected.labels(key.tenant, "budget").inc()
-                raise GatewayError(429, "You exceeded your token budget.", type_="insufficient_quota",
-                                   code="insufficient_quota")
+                raise GatewayError(429, "You exceeded your token budget" + (" for this key." if key_id else "."),
+                                   type_="insufficient_quota", code="insufficient_quota")
         ticket = Ticket(tenant=key.tenant, key_id=key.key_id, weight=t.weight if t else 1.0,
                         # A request may lower its priority, never raise it above its key's.
                         priority=key.priority if priority is None else min(priority, key.priority),

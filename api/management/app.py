@@ -43,7 +43,7 @@ def management_router(settings: GatewaySettings, service: GatewayService) -> API
     @r.post("/tenants/{tenant}/keys", status_code=201)
     def create_key(tenant: str, body: KeyIn, _: Principal = Depends(tenant_scope(OP, ADMIN))) -> dict:
         secret, rec = store.create_key(tenant, body.name, tuple(body.models), body.expires_at, body.rpm, body.tpm,
-                                       body.priority)
+                                       body.priority, token_budget=body.token_budget)
         # The secret is shown once; only its hash is stored.
         return {"key_id": rec.key_id, "secret": secret, "tenant": tenant, "models": list(rec.models),
                 "expires_at": body.expires_at.isoformat() if body.expires_at else None}

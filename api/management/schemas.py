@@ -28,6 +28,7 @@ class KeyIn(Strict):
     rpm: int | None = Field(default=None, ge=1)
     tpm: int | None = Field(default=None, ge=1)
     priority: int = Field(default=0, ge=-10, le=10)
+    token_budget: int | None = Field(default=None, ge=0, description="lifetime tokens of this key")
 
 
 class ModelVersionIn(Strict):

@@ -38,6 +38,7 @@ class ApiKeyRow(Base):
     rpm: Mapped[int | None] = mapped_column(Integer, nullable=True)
     tpm: Mapped[int | None] = mapped_column(Integer, nullable=True)
     priority: Mapped[int] = mapped_column(Integer, default=0)  # higher is served first
+    token_budget: Mapped[int | None] = mapped_column(BigInteger, nullable=True)  # lifetime tokens of this key
     revoked: Mapped[bool] = mapped_column(default=False)
     created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 

@@ -30,6 +30,7 @@ class KeyRecord:
     rpm: int | None
     tpm: int | None
     priority: int
+    token_budget: int | None = None
 
     def expired(self, now: dt.datetime) -> bool:
         if self.expires_at is None:
@@ -40,7 +41,7 @@ class KeyRecord:
 
 def _record(row: ApiKeyRow) -> KeyRecord:
     return KeyRecord(row.key_id, row.tenant, row.name, tuple(row.models or ()), row.expires_at, row.rpm, row.tpm,
-                     row.priority)
+                     row.priority, row.token_budget)
 
 
 class Store:
@@ -71,11 +72,12 @@ class Store:
     # -- API keys
     def create_key(self, tenant: str, name: str, models: tuple[str, ...] = (), expires_at: dt.datetime | None = None,
                    rpm: int | None = None, tpm: int | None = None, priority: int = 0,
-                   secret: str | None = None) -> tuple[str, KeyRecord]:
+                   secret: str | None = None, token_budget: int | None = None) -> tuple[str, KeyRecord]:
         self.ensure_tenant(tenant)
         secret = secret or KEY_PREFIX + secrets.token_urlsafe(32)
         row = ApiKeyRow(key_hash=hash_secret(secret), key_id=f"key_{secrets.token_hex(8)}", tenant=tenant, name=name,
-                        models=list(models), expires_at=expires_at, rpm=rpm, tpm=tpm, priority=priority)
+                        models=list(models), expires_at=expires_at, rpm=rpm, tpm=tpm, priority=priority,
+                        token_budget=token_budget)
         with self.sessions.begin() as s:
             s.add(row)
         return secret, _record(row)
@@ -177,10 +179,14 @@ class Store:
         with self.sessions.begin() as s:
             s.add(row)
 
-    def tokens_used(self, tenant: str) -> int:
+    def tokens_used(self, tenant: str, key_id: str | None = None) -> int:
+        """Lifetime tokens of a tenant, or of one of its keys."""
+        q = select(func.coalesce(func.sum(UsageRow.prompt_tokens + UsageRow.completion_tokens), 0)
+                   ).where(UsageRow.tenant == tenant)
+        if key_id is not None:
+            q = q.where(UsageRow.key_id == key_id)
         with self.sessions() as s:
-            return int(s.scalar(select(func.coalesce(func.sum(UsageRow.prompt_tokens + UsageRow.completion_tokens),
-                                                     0)).where(UsageRow.tenant == tenant)) or 0)
+            return int(s.scalar(q) or 0)
 
     def usage_summary(self, tenant: str | None = None) -> list[dict]:
         with self.sessions() as s:
