@@ -32,6 +32,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from attestation.bundle import EvidenceBundle, RuntimeData, expected_report_data
 from attestation.sim import SimTee
+from enclave_worker.package.signing import signer_identity
 from key_broker.client import obtain_data_key
 from key_broker.sealing import open_sealed, raw_public_key, release_info
 
@@ -87,19 +88,13 @@ def start_broker(
 
 
 def provision(url: str, admin_token: str) -> bytes:
-    data_key = secrets.token_bytes(32)
+    signing_key = Ed25519PrivateKey.generate()
     headers = {"Authorization": f"Bearer {admin_token}"}
     with httpx.Client(base_url=f"{url}/v1/admin/tenants/bench", headers=headers, timeout=10) as c:
         c.post("/key").raise_for_status()
-        c.put(
-            "/models/m/versions/v1/data-key",
-            json={
-                "data_key": base64.b64encode(data_key).decode(),
-                "key_id": "k1",
-                "signer": "bench",
-                "model_digest": "00" * 32,
-            },
-        ).raise_for_status()
+        import_pem = httpx.get(f"{url}/v1/import-key", timeout=10).json()["public_key_pem"]
+        body, data_key = _sealed_upload(import_pem, signing_key)
+        c.put("/models/m/versions/v1/data-key", json=body).raise_for_status()
         c.put(
             "/policies",
             json={
@@ -109,7 +104,7 @@ def provision(url: str, admin_token: str) -> bytes:
                 "model": "m",
                 "allowed_tee": ["sim"],
                 "allowed_measurements": [MEASUREMENT.hex()],
-                "required_signer": "bench",
+                "required_signer": signer_identity(signing_key.public_key()),
                 "unsafe_allow_simulated_tee": True,
             },
         ).raise_for_status()
@@ -161,6 +156,24 @@ async def concurrent(url: str, tee: SimTee, n: int) -> dict[str, Any]:
         "releases_per_s": round(len(ok) / elapsed, 1),
         "keys": {k for _, k in ok},
     }
+
+
+def _sealed_upload(import_pem: str, signing_key: Ed25519PrivateKey) -> tuple[dict, bytes]:
+    """A tiny signed package's data key, sealed to the broker (the key never travels in the clear)."""
+    import tempfile
+
+    import torch
+
+    from enclave_worker.package import write_package
+    from enclave_worker.package.keywrap import seal_data_key, sealed_upload_body
+
+    data_key = secrets.token_bytes(32)
+    with tempfile.TemporaryDirectory() as tmp:
+        manifest = write_package(Path(tmp), metadata={"config": {}}, tensors=[("w", torch.zeros(4))],
+                                 data_key=data_key, key_id="k1", tenant="bench", model="m", version="v1",
+                                 signing_key=signing_key)
+        public = serialization.load_pem_public_key(import_pem.encode())
+        return sealed_upload_body(Path(tmp), seal_data_key(data_key, manifest, public)), data_key  # type: ignore[arg-type]
 
 
 def main(argv: list[str] | None = None) -> int:
