@@ -80,7 +80,7 @@ def test_fuzz_sim_parser_only_typed_errors(data: bytes) -> None:
         parse_sim_report(data)
 
 
-@settings(max_examples=2_000, deadline=None)
+@settings(max_examples=10_000, deadline=None)
 @given(st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=20),
                     lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=12), c, max_size=5),
                     max_leaves=20))
