@@ -19,7 +19,7 @@ from attestation.errors import ChainError, ParseError, RevokedError
 
 ROOTS_DIR = Path(__file__).with_name("roots")
 # cryptography raises these (some lazily) for malformed DER; all mean "not a valid certificate".
-_BAD_DER = (ValueError, TypeError, UnsupportedAlgorithm, x509.InvalidVersion, x509.DuplicateExtension)
+BAD_DER = (ValueError, TypeError, UnsupportedAlgorithm, x509.InvalidVersion, x509.DuplicateExtension)
 
 
 def load_der_or_pem(data: bytes) -> x509.Certificate:
@@ -30,7 +30,7 @@ def load_der_or_pem(data: bytes) -> x509.Certificate:
             if data.lstrip().startswith(b"-----BEGIN"):
                 return x509.load_pem_x509_certificate(data)
             return x509.load_der_x509_certificate(data)
-        except _BAD_DER as exc:
+        except BAD_DER as exc:
             raise ParseError(f"not a certificate: {exc}") from exc
 
 
@@ -40,7 +40,7 @@ def load_pem_chain(data: bytes) -> list[x509.Certificate]:
         warnings.simplefilter("ignore")
         try:
             certs = x509.load_pem_x509_certificates(data)
-        except _BAD_DER as exc:
+        except BAD_DER as exc:
             raise ParseError(f"not a PEM certificate bundle: {exc}") from exc
     if not certs:
         raise ParseError("empty certificate bundle")
@@ -126,7 +126,7 @@ def load_crl(data: bytes) -> x509.CertificateRevocationList:
         if data.lstrip().startswith(b"-----BEGIN"):
             return x509.load_pem_x509_crl(data)
         return x509.load_der_x509_crl(data)
-    except _BAD_DER as exc:
+    except BAD_DER as exc:
         raise ParseError(f"not a CRL: {exc}") from exc
 
 

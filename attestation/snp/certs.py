@@ -16,7 +16,7 @@ from cryptography.x509.oid import NameOID
 
 from attestation.errors import ChainError, ParseError
 from attestation.snp.tcb import Product, TcbVersion, product_from_name
-from attestation.x509chain import load_der_or_pem, load_pem_chain
+from attestation.x509chain import BAD_DER, load_der_or_pem, load_pem_chain
 
 AMD_OID = "1.3.6.1.4.1.3704.1"
 OID_STRUCT_VERSION = f"{AMD_OID}.1"
@@ -115,6 +115,13 @@ def _common_name(name: x509.Name) -> str:
 def parse_vek(cert_or_bytes: x509.Certificate | bytes) -> VekInfo:
     """Read a VCEK/VLEK and its AMD extensions; raises ParseError or ChainError."""
     cert = cert_or_bytes if isinstance(cert_or_bytes, x509.Certificate) else load_der_or_pem(cert_or_bytes)
+    try:
+        return _parse_vek(cert)
+    except BAD_DER as exc:  # cryptography parses some fields lazily, on first access
+        raise ParseError(f"malformed VEK certificate: {exc}") from exc
+
+
+def _parse_vek(cert: x509.Certificate) -> VekInfo:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # AMD KDS issues serial 0, which cryptography warns about
         exts = _ext_values(cert)
