@@ -13,7 +13,7 @@ from pathlib import Path
 
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
-from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives import hashes
 
 from attestation.errors import ChainError, ParseError, RevokedError
 
@@ -149,8 +149,3 @@ def check_crl(
         if cert.issuer == issuer.subject and crl.get_revoked_certificate_by_serial_number(cert.serial_number):
             raise RevokedError(f"certificate {cert.subject.rfc4514_string()} is revoked")
 
-
-def public_key_der(cert: x509.Certificate) -> bytes:
-    return cert.public_key().public_bytes(
-        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
-    )
