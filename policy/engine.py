@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import cedarpy
@@ -59,6 +59,15 @@ class CedarPolicies:
     effects: Mapping[str, str]  # positional name -> "permit" | "forbid"
     order: Mapping[str, int]  # positional name -> index in text (first-listed rule wins ties)
     kinds: Mapping[str, str]  # positional name -> @kind ("approval" marks forbids a human can lift)
+    # Per action, only the policies whose scope can match it. Cedar's cost grows with the policy
+    # count; a policy scoped ``action == A`` can never match another action, so leaving it out of
+    # the other partitions changes no decision. Names are kept, so the maps above still apply.
+    by_action: Mapping[str, Any] = field(default_factory=dict)
+    other_actions: Any = None  # the partition for actions no policy names with ``==``
+
+    def handle_for(self, action: str) -> Any:
+        handle = self.by_action.get(action, self.other_actions)
+        return self.handle if handle is None else handle
 
 
 def compile_cedar(text: str, *, require_ids: bool = True) -> CedarPolicies:
@@ -90,7 +99,31 @@ def compile_cedar(text: str, *, require_ids: bool = True) -> CedarPolicies:
         reasons[name] = annotations.get("reason") or pid
         kinds[name] = annotations.get("kind", "")
         order[name] = int(name[len("policy"):]) if name.startswith("policy") else len(order)
-    return CedarPolicies(text, handle, ids, reasons, effects, order, kinds)
+    by_action, other_actions = _partition_by_action(statics)
+    return CedarPolicies(text, handle, ids, reasons, effects, order, kinds, by_action, other_actions)
+
+
+def _partition_by_action(statics: Mapping[str, Any]) -> tuple[dict[str, Any], Any]:
+    """One parsed policy set per action named with ``==``, plus one for every other action.
+
+    Only ``action == Action::"x"`` scopes are used to leave a policy out; ``in`` (action groups)
+    and unscoped policies go into every partition, so the partitions are conservative.
+    """
+    def exact_action(pol: Mapping[str, Any]) -> str | None:
+        scope = pol.get("action", {})
+        entity = scope.get("entity", {})
+        return entity.get("id") if scope.get("op") == "==" and entity.get("type") == "Action" else None
+
+    exact = {name: exact_action(pol) for name, pol in statics.items()}
+
+    def parse(names: list[str]) -> Any:
+        doc = {"staticPolicies": {n: statics[n] for n in names}, "templates": {}, "templateLinks": []}
+        return cedarpy.PolicySet.from_json_str(json.dumps(doc))
+
+    shared = [n for n, a in exact.items() if a is None]
+    actions = sorted({a for a in exact.values() if a is not None})
+    by_action = {a: parse([n for n, b in exact.items() if b in (a, None)]) for a in actions}
+    return by_action, parse(shared)
 
 
 def authorize(policies: CedarPolicies, *, policy_id: str, version: int, principal: dict[str, str],
@@ -107,7 +140,7 @@ def evaluate(policies: CedarPolicies, *, policy_id: str, version: int, principal
     """``authorize`` plus the ``@kind`` of every forbid that decided a deny (empty otherwise)."""
     request = {"principal": principal, "action": uid("Action", action), "resource": resource,
                "context": dict(context)}
-    result = cedarpy.is_authorized(request, policies.handle, entities or [])
+    result = cedarpy.is_authorized(request, policies.handle_for(action), entities or [])
     matched = sorted(result.diagnostics.reasons, key=lambda n: policies.order.get(n, 1 << 30))
     errors = tuple(f"{EVALUATION_ERROR}: {e}" for e in result.diagnostics.errors)
     if result.allowed:

@@ -52,3 +52,28 @@ def test_merkle_inclusion(leaves: list[bytes], data: st.DataObject) -> None:
     proof = inclusion_proof(leaves, i)
     assert verify_inclusion(leaves[i], i, len(leaves), proof, cr.root())
     assert not verify_inclusion(leaves[i] + b"x", i, len(leaves), proof, cr.root())
+
+
+_PARTITION_TEXT = """
+@id("infer.permit") permit(principal, action == Action::"infer", resource);
+@id("infer.big") @reason("too big") forbid(principal, action == Action::"infer", resource) when { context.n > 5 };
+@id("tool.permit") permit(principal, action == Action::"call_tool", resource) when { context.n < 3 };
+@id("group.forbid") @reason("group") forbid(principal, action in [Action::"call_tool", Action::"submit"], resource)
+  when { context.n == 2 };
+@id("any.forbid") @reason("any") forbid(principal, action, resource) when { context.n == 4 };
+"""
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.sampled_from(["infer", "call_tool", "submit", "release", "other"]), st.integers(0, 7))
+def test_per_action_partitions_decide_exactly_like_the_whole_set(action: str, n: int) -> None:
+    import dataclasses
+
+    from policy.engine import compile_cedar, evaluate
+
+    partitioned = compile_cedar(_PARTITION_TEXT)
+    whole = dataclasses.replace(partitioned, by_action={}, other_actions=None)  # every call sees all policies
+    assert set(partitioned.by_action) == {"infer", "call_tool"}
+    args = {"policy_id": "p", "version": 1, "principal": {"type": "Agent", "id": "a"}, "action": action,
+            "resource": {"type": "Tool", "id": "t"}, "context": {"n": n}}
+    assert evaluate(partitioned, **args) == evaluate(whole, **args)
