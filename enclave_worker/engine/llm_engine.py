@@ -57,8 +57,9 @@ class LLMEngine:
         arch = (cfg.get("architectures") or ["LlamaForCausalLM"])[0]
         if arch not in ARCHITECTURES:
             raise EngineError(f"unsupported architecture {arch!r}")
+        threads = config.num_threads or os.cpu_count() or 1
         if config.device == "cpu":
-            torch.set_num_threads(config.num_threads or os.cpu_count() or 1)
+            torch.set_num_threads(threads)
         self.config = config
         dtype = _TORCH_DTYPES[config.dtype]
         quant = config.dtype if config.dtype in ("int8", "int4") else "none"
@@ -80,7 +81,7 @@ class LLMEngine:
         self.blocks = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.blocks, config.max_num_seqs, config.max_num_batched_tokens)
         self.runner = ModelRunner(
-            self.model, allocate_kv_cache(spec, num_blocks, config.device), config.block_size, config.device
+            self.model, allocate_kv_cache(spec, num_blocks, config.device), config.block_size, config.device, threads
         )
         self.tokenizer = Tokenizer(checkpoint.tokenizer_json, checkpoint.chat_template, cfg)
         self.vocab_size = int(cfg["vocab_size"])

@@ -11,10 +11,13 @@ from .scheduler import ScheduledSeq
 
 
 class ModelRunner:
-    def __init__(self, model: torch.nn.Module, kv_cache: torch.Tensor, block_size: int, device: str) -> None:
+    def __init__(
+        self, model: torch.nn.Module, kv_cache: torch.Tensor, block_size: int, device: str, num_threads: int = 1
+    ) -> None:
         self.model = model
         self.block_size = block_size
         self.device = device
+        self.num_threads = num_threads
         for i, layer in enumerate(model.layers):
             layer.attn.k_cache = kv_cache[0, i]
             layer.attn.v_cache = kv_cache[1, i]
@@ -51,8 +54,9 @@ class ModelRunner:
             prefills.append(
                 PrefillChunk(offset, s.num_tokens, self._slots(s.seq.block_table, 0, end).to(self.device), mask)
             )
+        index, table, mask, single_len = self._decode_meta(decodes)
         meta = AttentionMetadata(
-            torch.cat(slot_mapping).to(self.device), *self._decode_meta(decodes), tuple(prefills), not prefills
+            torch.cat(slot_mapping).to(self.device), index, table, mask, tuple(prefills), not prefills, single_len
         )
         input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
         pos = torch.cat(positions).to(self.device)
@@ -60,7 +64,7 @@ class ModelRunner:
 
     def _decode_meta(self, decodes: list[tuple[int, ScheduledSeq]]) -> tuple:
         if not decodes:
-            return None, None, None
+            return None, None, None, 0
         bs = self.block_size
         lens = [s.start + 1 for _, s in decodes]
         max_blocks = -(-max(lens) // bs)
@@ -68,10 +72,12 @@ class ModelRunner:
         for i, (_, s) in enumerate(decodes):
             bt = s.seq.block_table[:max_blocks]
             table[i, : len(bt)] = torch.tensor(bt, dtype=torch.long)
-        mask = torch.arange(max_blocks * bs)[None, :] < torch.tensor(lens)[:, None]
         index = torch.tensor([o for o, _ in decodes], dtype=torch.long)
         dev = self.device
-        return index.to(dev), table.to(dev), mask[:, None, None, :].to(dev)
+        if len(decodes) == 1:  # one sequence: attention takes its exact length, no mask needed
+            return index.to(dev), table.to(dev), None, lens[0]
+        mask = torch.arange(max_blocks * bs)[None, :] < torch.tensor(lens)[:, None]
+        return index.to(dev), table.to(dev), mask[:, None, None, :].to(dev), 0
 
     @torch.inference_mode()
     def forward(
@@ -82,6 +88,13 @@ class ModelRunner:
         logits_index: list[int],
     ) -> torch.Tensor:
         index = torch.tensor(logits_index, dtype=torch.long, device=self.device)
+        if self.device == "cpu":
+            # One token (batch-1 decode): the matmuls are matrix-vector products that go to OpenBLAS
+            # with its own threads (layers/linear.py), and every other op is too small to split. torch's
+            # OpenMP workers would only spin against OpenBLAS's, so this step runs torch on one thread.
+            threads = 1 if input_ids.numel() == 1 else self.num_threads
+            if torch.get_num_threads() != threads:
+                torch.set_num_threads(threads)
         return self.model(input_ids, positions, meta, index)
 
     @torch.inference_mode()

@@ -21,9 +21,10 @@ class AttentionMetadata:
     slot_mapping: torch.Tensor  # [tokens] cache slot of each new token
     decode_index: torch.Tensor | None  # [decodes] positions in the flat batch of single-token decodes
     decode_blocks: torch.Tensor | None  # [decodes, max_blocks] block tables (padded with block 0)
-    decode_mask: torch.Tensor | None  # [decodes, 1, 1, max_blocks * block_size] bool
+    decode_mask: torch.Tensor | None  # [decodes, 1, 1, max_blocks * block_size] bool; None for one decode
     prefills: tuple[PrefillChunk, ...]
     all_decode: bool = False  # every token is a single-token decode, in batch order
+    single_decode_len: int = 0  # context length when exactly one sequence decodes (no mask then)
 
 
 class PagedAttention(torch.nn.Module):
@@ -35,8 +36,11 @@ class PagedAttention(torch.nn.Module):
         self.v_cache: torch.Tensor | None = None
         self.num_blocks = 0
 
-    def _gather_blocks(self, blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Whole blocks (contiguous rows of block_size slots) -> [B, Hkv, blocks * block_size, D]."""
+    def _gather_blocks(self, blocks: torch.Tensor, length: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """Whole blocks (contiguous rows of block_size slots) -> [B, Hkv, blocks * block_size, D].
+
+        With ``length`` (one sequence), only its first ``length`` slots: no padding, so no mask.
+        """
         b, nb = blocks.shape
         kc, vc = self.k_cache, self.v_cache
         slots_per_block = kc.shape[0] // self.num_blocks
@@ -44,6 +48,8 @@ class PagedAttention(torch.nn.Module):
         flat = blocks.reshape(-1)
         kd = kc.view(self.num_blocks, -1).index_select(0, flat).view(shape).transpose(1, 2)
         vd = vc.view(self.num_blocks, -1).index_select(0, flat).view(shape).transpose(1, 2)
+        if length:
+            return kd[:, :, :length], vd[:, :, :length]
         return kd, vd
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
@@ -52,7 +58,7 @@ class PagedAttention(torch.nn.Module):
         kc.index_copy_(0, meta.slot_mapping, k)
         vc.index_copy_(0, meta.slot_mapping, v)
         if meta.all_decode:  # pure decode step: no scatter/gather of queries
-            kd, vd = self._gather_blocks(meta.decode_blocks)
+            kd, vd = self._gather_blocks(meta.decode_blocks, meta.single_decode_len)
             o = F.scaled_dot_product_attention(
                 q.unsqueeze(2), kd, vd, attn_mask=meta.decode_mask, scale=self.scale, enable_gqa=True
             )
@@ -60,7 +66,7 @@ class PagedAttention(torch.nn.Module):
         out = torch.empty_like(q)
         if meta.decode_index is not None:
             qd = q[meta.decode_index].unsqueeze(2)  # [B, H, 1, D]
-            kd, vd = self._gather_blocks(meta.decode_blocks)  # [B, Hkv, L, D]
+            kd, vd = self._gather_blocks(meta.decode_blocks, meta.single_decode_len)  # [B, Hkv, L, D]
             o = F.scaled_dot_product_attention(
                 qd, kd, vd, attn_mask=meta.decode_mask, scale=self.scale, enable_gqa=True
             )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .linear import _int8_op_works
+from .linear import DenseMatmul, _int8_op_works
 
 
 class Embedding(torch.nn.Module):
@@ -20,10 +20,15 @@ class Embedding(torch.nn.Module):
             self.head_scale = scale.to(device=device, dtype=self.head_dtype)
             self.fused = _int8_op_works(device, self.head_dtype)
         else:
-            self.weight = weight.to(device=device, dtype=dtype)
+            # Stored [hidden, vocab] on CPU in fp32 (the LM head's fast matrix-vector layout, see
+            # DenseMatmul); a lookup gathers columns instead of rows.
+            self.head = DenseMatmul(weight.to(device=device, dtype=dtype), transpose=True)
+            self.weight = self.head.weight
         self.dtype = dtype
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if not self.quantized and not self.weight.is_contiguous():  # stored transposed
+            return self.weight.t().index_select(1, ids).t().contiguous()
         rows = self.weight[ids]
         if self.quantized:
             return rows.to(self.dtype) * self.scale[ids][:, None]
@@ -32,7 +37,7 @@ class Embedding(torch.nn.Module):
     def as_lm_head(self, x: torch.Tensor) -> torch.Tensor:
         """Tied LM head: logits = x E^T."""
         if not self.quantized:
-            return torch.nn.functional.linear(x, self.weight)
+            return self.head(x)
         xh = x.to(self.head_dtype)  # bf16 activations: the int8 kernel's fast path (see Int8Linear)
         if self.fused:
             return torch.ops.aten._weight_int8pack_mm(xh, self.weight, self.head_scale).to(x.dtype)

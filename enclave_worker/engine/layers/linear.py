@@ -2,9 +2,34 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 _DEQUANT_MIN_ROWS = 16  # from this many rows, dequantize the weight per call and use a dense GEMM
+
+
+class DenseMatmul:
+    """y = x W^T for a dense weight W [out, in], choosing the fastest kernel per call.
+
+    One row of fp32 activations on the CPU (batch-1 decode) is a matrix-vector product that only
+    has to stream W from memory once. torch's CPU BLAS reaches about 11 GB/s on that shape here,
+    numpy's OpenBLAS sgemv about twice as much (docs/engine.md), so that case goes to numpy; the
+    arrays share W's memory (no copy). Several rows are a GEMM, where torch is as fast and its
+    thread pool does not fight OpenBLAS's, so they stay in torch.
+    """
+
+    def __init__(self, weight: torch.Tensor, transpose: bool = False) -> None:
+        cpu_fp32 = weight.device.type == "cpu" and weight.dtype == torch.float32
+        if cpu_fp32 and transpose:
+            weight = weight.t().contiguous().t()
+        self.weight = weight
+        self.weight_t_np = weight.numpy().T if cpu_fp32 else None
+
+    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        if self.weight_t_np is not None and x.dim() == 2 and x.shape[0] == 1 and x.dtype == torch.float32:
+            y = torch.from_numpy(np.matmul(x.contiguous().numpy(), self.weight_t_np))
+            return y if bias is None else y + bias
+        return torch.nn.functional.linear(x, self.weight, bias)
 
 
 class Linear(torch.nn.Module):
@@ -14,9 +39,11 @@ class Linear(torch.nn.Module):
         super().__init__()
         self.weight = weight.to(device=device, dtype=dtype)
         self.bias = None if bias is None else bias.to(device=device, dtype=dtype)
+        self.matmul = DenseMatmul(self.weight, transpose=True)
+        self.weight = self.matmul.weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.nn.functional.linear(x, self.weight, self.bias)
+        return self.matmul(x, self.bias)
 
 
 class Int8Linear(torch.nn.Module):

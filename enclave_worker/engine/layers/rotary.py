@@ -34,13 +34,19 @@ class RotaryEmbedding(torch.nn.Module):
         super().__init__()
         inv = _inv_freq(head_dim, theta, scaling)
         freqs = torch.arange(max_positions, dtype=torch.float32)[:, None] * inv[None, :]
-        self.cos = freqs.cos().to(device)  # [max_positions, head_dim // 2]
-        self.sin = freqs.sin().to(device)
+        cos, sin = freqs.cos(), freqs.sin()
+        # Full-width tables so one rotation is x * cos + roll(x) * sin_signed: roll(x, half) is
+        # [x2, x1] and sin_signed is [-sin, sin], which gives HF's [x1 cos - x2 sin, x2 cos + x1 sin].
+        self.cos = torch.cat((cos, cos), dim=-1).to(device)  # [max_positions, head_dim]
+        self.sin_signed = torch.cat((-sin, sin), dim=-1).to(device)
+        self.half = head_dim // 2
 
-    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and signed sin rows for these positions, [tokens, 1, head_dim]; shared by every layer."""
+        return self.cos[positions][:, None, :], self.sin_signed[positions][:, None, :]
+
+    def forward(self, table: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
         """x: [tokens, heads, head_dim]; rotated in float32, returned in x's dtype."""
-        cos = self.cos[positions][:, None, :]
-        sin = self.sin[positions][:, None, :]
+        cos, sin = table
         xf = x.float()
-        x1, x2 = xf.chunk(2, dim=-1)
-        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+        return torch.addcmul(xf * cos, torch.roll(xf, self.half, -1), sin).to(x.dtype)

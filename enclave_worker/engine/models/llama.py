@@ -66,11 +66,15 @@ class DecoderLayer(torch.nn.Module):
         self.kv_size = self.num_kv_heads * self.head_dim
 
     def forward(
-        self, x: torch.Tensor, positions: torch.Tensor, rope: RotaryEmbedding, meta: AttentionMetadata
+        self,
+        x: torch.Tensor,
+        rope_table: tuple[torch.Tensor, torch.Tensor],
+        rope: RotaryEmbedding,
+        meta: AttentionMetadata,
     ) -> torch.Tensor:
         t = x.shape[0]
         qkv = self.qkv_proj(self.input_norm(x))
-        qk = rope(positions, qkv[:, : self.q_size + self.kv_size].reshape(t, -1, self.head_dim))  # one rope
+        qk = rope(rope_table, qkv[:, : self.q_size + self.kv_size].reshape(t, -1, self.head_dim))  # one rope
         q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
         v = qkv[:, self.q_size + self.kv_size :].reshape(t, self.num_kv_heads, self.head_dim)
         x = x + self.o_proj(self.attn(q, k, v, meta))
@@ -111,8 +115,9 @@ class LlamaForCausalLM(torch.nn.Module):
     ) -> torch.Tensor:
         """Hidden states for all tokens, logits (float32) only at `logits_index`."""
         x = self.embed(input_ids)
+        rope_table = self.rope.lookup(positions)  # once per step, not per layer
         for layer in self.layers:
-            x = layer(x, positions, self.rope, meta)
+            x = layer(x, rope_table, self.rope, meta)
         x = self.norm(x[logits_index])
         logits = self.embed.as_lm_head(x) if self.lm_head is None else self.lm_head(x)
         return logits.float()

@@ -1,0 +1,67 @@
+"""Kernel choices inside the layers agree with the plain reference math."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from enclave_worker.engine.layers.attention import AttentionMetadata, PagedAttention
+from enclave_worker.engine.layers.embedding import Embedding
+from enclave_worker.engine.layers.linear import Linear
+from enclave_worker.engine.layers.rotary import RotaryEmbedding
+
+
+@pytest.mark.parametrize("rows", [1, 2, 17])
+@pytest.mark.parametrize("bias", [False, True])
+def test_linear_matches_reference_for_every_row_count(rows: int, bias: bool) -> None:
+    g = torch.Generator().manual_seed(0)
+    w, b = torch.randn(96, 64, generator=g), torch.randn(96, generator=g)
+    x = torch.randn(rows, 64, generator=g)
+    lin = Linear(w, b if bias else None, torch.float32, "cpu")
+    torch.testing.assert_close(lin(x), F.linear(x, w, b if bias else None), rtol=1e-5, atol=1e-5)
+
+
+def test_fp32_linear_keeps_one_copy_of_the_weight_and_uses_blas_for_one_row() -> None:
+    lin = Linear(torch.randn(48, 32), None, torch.float32, "cpu")
+    # One layout only: the numpy array (matrix-vector path) and the torch weight share memory.
+    assert lin.matmul.weight_t_np is not None
+    assert lin.matmul.weight_t_np.ctypes.data == lin.weight.data_ptr()
+    assert Linear(torch.randn(48, 32), None, torch.bfloat16, "cpu").matmul.weight_t_np is None
+
+
+def test_transposed_embedding_looks_up_rows_and_ties_the_head() -> None:
+    w = torch.randn(50, 16)
+    emb = Embedding(w, "none", torch.float32, "cpu")
+    ids = torch.tensor([3, 0, 49, 3])
+    torch.testing.assert_close(emb(ids), w[ids])
+    x = torch.randn(1, 16)
+    torch.testing.assert_close(emb.as_lm_head(x), x @ w.T, rtol=1e-5, atol=1e-5)
+
+
+def test_rotary_equals_the_hf_rotate_half_formula() -> None:
+    rope = RotaryEmbedding(8, 64, 10000.0)
+    pos = torch.tensor([0, 5, 63])
+    x = torch.randn(3, 2, 8)
+    inv = 1.0 / (10000.0 ** (torch.arange(0, 8, 2).float() / 8))
+    freqs = pos[:, None].float() * inv[None, :]
+    cos, sin = torch.cat((freqs.cos(),) * 2, -1)[:, None], torch.cat((freqs.sin(),) * 2, -1)[:, None]
+    rotate_half = torch.cat((-x[..., 4:], x[..., :4]), -1)
+    torch.testing.assert_close(rope(rope.lookup(pos), x), x * cos + rotate_half * sin)
+
+
+def test_single_sequence_decode_without_mask_equals_masked_attention() -> None:
+    torch.manual_seed(0)
+    attn = PagedAttention(4, 2, 8)
+    block, blocks = 4, 6
+    attn.k_cache, attn.v_cache = torch.randn(block * blocks, 2, 8), torch.randn(block * blocks, 2, 8)
+    attn.num_blocks = blocks
+    table = torch.tensor([[4, 1, 3]])  # 3 blocks; the sequence holds 10 tokens, the new one at slot 3*4+1
+    q, k, v = torch.randn(1, 4, 8), torch.randn(1, 2, 8), torch.randn(1, 2, 8)
+    slot = torch.tensor([3 * block + 1])
+    mask = (torch.arange(12) < 10)[None, None, None, :]
+    kc, vc = attn.k_cache.clone(), attn.v_cache.clone()
+    masked = attn(q, k, v, AttentionMetadata(slot, torch.tensor([0]), table, mask, (), True, 0))
+    attn.k_cache, attn.v_cache = kc, vc
+    exact = attn(q, k, v, AttentionMetadata(slot, torch.tensor([0]), table, None, (), True, 10))
+    torch.testing.assert_close(exact, masked)
