@@ -53,6 +53,12 @@ class _Request:
 
 class LLMEngine:
     def __init__(self, checkpoint: Checkpoint, config: EngineConfig) -> None:
+        """Build the model from ``checkpoint`` and allocate the KV pool.
+
+        The checkpoint's tensors are consumed: popped from its dict and, where a kernel wants another
+        layout, rearranged in their own memory, so the weights exist once (for a decrypted package,
+        inside the buffer that ``DecryptedModel.wipe`` zeroes). Pass clones to keep the originals.
+        """
         cfg = checkpoint.config
         arch = (cfg.get("architectures") or ["LlamaForCausalLM"])[0]
         if arch not in ARCHITECTURES:

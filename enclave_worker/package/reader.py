@@ -77,7 +77,10 @@ def read_manifest(pkg_dir: Path, *, required_signer: str | None = None) -> tuple
 
 
 def _torch_allocate(nbytes: int) -> torch.Tensor:
-    return torch.empty(nbytes, dtype=torch.uint8)
+    # Zeroed by torch's parallel fill: each fresh page's first touch (a page fault, costly in a
+    # VM) then happens on every core at once instead of one by one inside the decrypt loop; the
+    # load is ~12% faster for it (docs/package-format.md).
+    return torch.zeros(nbytes, dtype=torch.uint8)
 
 
 def decrypt_package(

@@ -8,7 +8,9 @@ from .linear import DenseMatmul, _int8_op_works
 
 
 class Embedding(torch.nn.Module):
-    def __init__(self, weight: torch.Tensor, quant: str, dtype: torch.dtype, device: str) -> None:
+    def __init__(
+        self, weight: torch.Tensor, quant: str, dtype: torch.dtype, device: str, in_place: bool = False
+    ) -> None:
         super().__init__()
         self.quantized = quant in ("int8", "int4")
         if self.quantized:
@@ -22,7 +24,8 @@ class Embedding(torch.nn.Module):
         else:
             # Stored [hidden, vocab] on CPU in fp32 (the LM head's fast matrix-vector layout, see
             # DenseMatmul); a lookup gathers columns instead of rows.
-            self.head = DenseMatmul(weight.to(device=device, dtype=dtype), transpose=True)
+            w = weight.to(device=device, dtype=dtype)
+            self.head = DenseMatmul(w, transpose=True, in_place=in_place or w is not weight)
             self.weight = self.head.weight
         self.dtype = dtype
 

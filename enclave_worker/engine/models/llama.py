@@ -53,7 +53,10 @@ class DecoderLayer(torch.nn.Module):
         self.num_kv_heads = cfg.get("num_key_value_heads", self.num_heads)
         self.head_dim = cfg.get("head_dim") or cfg["hidden_size"] // self.num_heads
         eps, a, m = cfg["rms_norm_eps"], prefix + "self_attn.", prefix + "mlp."
-        lin = lambda wt, b=None: make_linear(wt, b, opt.quant, opt.dtype, opt.device, opt.int4_group_size)  # noqa: E731
+        # The builder owns the popped checkpoint tensors, so layers may rearrange them in place.
+        lin = lambda wt, b=None: make_linear(  # noqa: E731
+            wt, b, opt.quant, opt.dtype, opt.device, opt.int4_group_size, in_place=True
+        )
         self.input_norm = RMSNorm(w.take(prefix + "input_layernorm.weight").to(opt.device, opt.dtype), eps)
         qkv = [a + "q_proj.", a + "k_proj.", a + "v_proj."]
         self.qkv_proj = lin(w.take_cat([p + "weight" for p in qkv]), w.take_cat_opt([p + "bias" for p in qkv]))
@@ -85,7 +88,7 @@ class LlamaForCausalLM(torch.nn.Module):
     def __init__(self, cfg: dict[str, Any], tensors: dict[str, torch.Tensor], opt: BuildOptions) -> None:
         super().__init__()
         w = _Weights(tensors)
-        self.embed = Embedding(w.take("model.embed_tokens.weight"), opt.quant, opt.dtype, opt.device)
+        self.embed = Embedding(w.take("model.embed_tokens.weight"), opt.quant, opt.dtype, opt.device, in_place=True)
         self.layers = torch.nn.ModuleList(
             DecoderLayer(cfg, w, f"model.layers.{i}.", opt) for i in range(cfg["num_hidden_layers"])
         )
@@ -94,7 +97,9 @@ class LlamaForCausalLM(torch.nn.Module):
         if cfg.get("tie_word_embeddings", False) or lm_head is None:
             self.lm_head = None
         else:
-            self.lm_head = make_linear(lm_head, None, "int8" if opt.quant != "none" else "none", opt.dtype, opt.device)
+            self.lm_head = make_linear(
+                lm_head, None, "int8" if opt.quant != "none" else "none", opt.dtype, opt.device, in_place=True
+            )
         del lm_head
         layer0 = self.layers[0]
         self.num_kv_heads, self.head_dim = layer0.num_kv_heads, layer0.head_dim

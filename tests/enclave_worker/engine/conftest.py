@@ -36,11 +36,12 @@ def checkpoint(gguf_path) -> Checkpoint:
 
 @pytest.fixture(scope="session")
 def make_engine(checkpoint) -> Callable[..., LLMEngine]:
-    """Build an engine over a shallow copy of the session checkpoint (its tensors are only read)."""
+    """Build an engine over a copy of the session checkpoint (an engine consumes its tensors' memory)."""
 
     def make(**overrides) -> LLMEngine:
         cfg = EngineConfig(**{"max_num_seqs": 16, "kv_cache_memory_bytes": 96 << 20, "num_threads": 1, **overrides})
-        return LLMEngine(dataclasses.replace(checkpoint, tensors=dict(checkpoint.tensors)), cfg)
+        tensors = {k: v.clone() for k, v in checkpoint.tensors.items()}
+        return LLMEngine(dataclasses.replace(checkpoint, tensors=tensors), cfg)
 
     return make
 

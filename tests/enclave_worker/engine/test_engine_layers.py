@@ -65,3 +65,19 @@ def test_single_sequence_decode_without_mask_equals_masked_attention() -> None:
     attn.k_cache, attn.v_cache = kc, vc
     exact = attn(q, k, v, AttentionMetadata(slot, torch.tensor([0]), table, None, (), True, 10))
     torch.testing.assert_close(exact, masked)
+
+
+def test_in_place_linear_rearranges_the_weight_in_its_own_memory() -> None:
+    w = torch.randn(40, 24)
+    reference, x = w.clone(), torch.randn(1, 24)
+    lin = Linear(w, None, torch.float32, "cpu", in_place=True)
+    assert lin.weight.data_ptr() == w.data_ptr()  # no second copy of the weight
+    torch.testing.assert_close(lin.weight, reference)
+    torch.testing.assert_close(lin(x), x @ reference.T, rtol=1e-5, atol=1e-5)
+
+
+def test_linear_leaves_a_borrowed_weight_untouched() -> None:
+    w = torch.randn(40, 24)
+    reference = w.clone()
+    Linear(w, None, torch.float32, "cpu")
+    assert torch.equal(w, reference)
