@@ -6,7 +6,6 @@ import logging
 from dataclasses import dataclass
 
 import httpx
-import torch
 
 from enclave_worker.engine import EngineConfig, LLMEngine
 from enclave_worker.engine.checkpoint import Checkpoint
@@ -27,9 +26,7 @@ class BootedWorker:
 
     def wipe(self) -> None:
         """Zero every weight the engine holds and the decrypted buffer (on revocation)."""
-        with torch.no_grad():
-            for tensor in self.engine.model.state_dict().values():
-                tensor.zero_()
+        self.engine.wipe()
         self.decrypted.wipe()
 
 

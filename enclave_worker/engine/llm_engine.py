@@ -100,6 +100,37 @@ class LLMEngine:
         self._stopped = False
         self._dead: BaseException | None = None
 
+    def held_tensors(self) -> list[torch.Tensor]:
+        """Every tensor the model holds (weights, scales, packed kernels' layouts, tables) plus the KV pool.
+
+        The layers keep plain tensor attributes, not registered parameters, so ``state_dict()`` would
+        miss them; this walks each module's attributes and the kernel helpers they own.
+        """
+        found: dict[int, torch.Tensor] = {}
+
+        def add(obj: object) -> None:
+            for value in vars(obj).values():
+                if isinstance(value, torch.Tensor):
+                    found.setdefault(id(value), value)
+
+        for module in self.model.modules():
+            add(module)
+            for value in vars(module).values():
+                if not isinstance(value, torch.nn.Module) and hasattr(value, "__dict__"):
+                    add(value)  # e.g. DenseMatmul
+        found.setdefault(id(self.runner.kv_cache), self.runner.kv_cache)
+        return list(found.values())
+
+    def wipe(self) -> None:
+        """Zero every weight and the KV pool in place (key revocation): nothing of the model stays.
+
+        Fused and quantized weights are copies outside any decrypted buffer, so wiping that buffer
+        alone would leave them readable.
+        """
+        with self._step_lock, torch.inference_mode():
+            for tensor in self.held_tensors():
+                tensor.zero_()
+
     # ------------------------------------------------------------ requests
 
     def _validate(self, request_id: str, prompt: list[int], params: SamplingParams, cache_salt: bytes) -> None:
