@@ -68,6 +68,37 @@ def _segments(chunks: Iterator[memoryview | bytes], size: int) -> Iterator[memor
         yield memoryview(pending)[:filled]
 
 
+# Parts the engine fuses into one matrix (models/llama.py), in fusion order.
+_FUSED_GROUPS = (("self_attn.", ("q_proj", "k_proj", "v_proj")), ("mlp.", ("gate_proj", "up_proj")))
+
+
+def fusion_adjacent_order(tensors: Sequence[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
+    """The given order, except that parts the engine fuses (q/k/v, gate/up; weights and biases) sit
+    next to each other in fusion order, at the first part's place.
+
+    The payload layout is free (every offset is in the signed manifest); laid out this way, the
+    worker fuses them as a view of the decrypted buffer instead of a second copy.
+    """
+    by_name = dict(tensors)
+    placed: set[str] = set()
+    out: list[tuple[str, torch.Tensor]] = []
+    for name, _ in tensors:
+        if name in placed:
+            continue
+        group = [name]
+        for scope, parts in _FUSED_GROUPS:
+            for part in parts:
+                marker = f"{scope}{part}."
+                if marker in name:
+                    head, tail = name.split(marker, 1)
+                    group = [f"{head}{scope}{p}.{tail}" for p in parts if f"{head}{scope}{p}.{tail}" in by_name]
+        for member in group:
+            if member not in placed:
+                placed.add(member)
+                out.append((member, by_name[member]))
+    return out
+
+
 def write_package(
     out_dir: Path,
     *,
@@ -88,6 +119,7 @@ def write_package(
     `signing_key`: an Ed25519 private key, or a ModelSigningKey (OpenSSF model-signing, EC key).
     """
     meta = metadata_to_bytes(metadata)
+    tensors = fusion_adjacent_order(tensors)
     entries: list[TensorEntry] = []
     cursor = len(meta)
     for name, tensor in tensors:
