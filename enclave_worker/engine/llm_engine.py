@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 import torch
+from threadpoolctl import threadpool_limits
 
 from .block_manager import BlockManager
 from .checkpoint import Checkpoint
@@ -51,6 +52,24 @@ class _Request:
     sink: Callable[[RequestOutput | BaseException], None]
 
 
+def _model_tensors(model: torch.nn.Module) -> list[torch.Tensor]:
+    """The layers keep plain tensor attributes, not registered parameters (``state_dict()`` misses
+    them): walk each module's attributes and the kernel helpers they own (e.g. DenseMatmul)."""
+    found: dict[int, torch.Tensor] = {}
+
+    def add(obj: object) -> None:
+        for value in vars(obj).values():
+            if isinstance(value, torch.Tensor):
+                found.setdefault(id(value), value)
+
+    for module in model.modules():
+        add(module)
+        for value in vars(module).values():
+            if not isinstance(value, torch.nn.Module) and hasattr(value, "__dict__"):
+                add(value)
+    return list(found.values())
+
+
 class LLMEngine:
     def __init__(self, checkpoint: Checkpoint, config: EngineConfig) -> None:
         """Build the model from ``checkpoint`` and allocate the KV pool.
@@ -66,6 +85,7 @@ class LLMEngine:
         threads = config.num_threads or os.cpu_count() or 1
         if config.device == "cpu":
             torch.set_num_threads(threads)
+            threadpool_limits(threads, user_api="blas")  # OpenBLAS (numpy) too: layers/linear.py
         self.config = config
         dtype = _TORCH_DTYPES[config.dtype]
         quant = config.dtype if config.dtype in ("int8", "int4") else "none"
@@ -86,8 +106,16 @@ class LLMEngine:
         self.max_model_len = min(model_len, num_blocks * config.block_size)
         self.blocks = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.blocks, config.max_num_seqs, config.max_num_batched_tokens)
+        # fp32 weights on the CPU are what the OpenBLAS path serves (ModelRunner.use_blas); 0 turns it off
+        fp32_cpu = config.device == "cpu" and dtype == torch.float32 and quant == "none"
+        dense_bytes = sum(t.nbytes for t in _model_tensors(self.model)) if fp32_cpu else 0
         self.runner = ModelRunner(
-            self.model, allocate_kv_cache(spec, num_blocks, config.device), config.block_size, config.device, threads
+            self.model,
+            allocate_kv_cache(spec, num_blocks, config.device),
+            config.block_size,
+            config.device,
+            threads,
+            dense_bytes,
         )
         self.tokenizer = Tokenizer(checkpoint.tokenizer_json, checkpoint.chat_template, cfg)
         self.vocab_size = int(cfg["vocab_size"])
@@ -101,25 +129,8 @@ class LLMEngine:
         self._dead: BaseException | None = None
 
     def held_tensors(self) -> list[torch.Tensor]:
-        """Every tensor the model holds (weights, scales, packed kernels' layouts, tables) plus the KV pool.
-
-        The layers keep plain tensor attributes, not registered parameters, so ``state_dict()`` would
-        miss them; this walks each module's attributes and the kernel helpers they own.
-        """
-        found: dict[int, torch.Tensor] = {}
-
-        def add(obj: object) -> None:
-            for value in vars(obj).values():
-                if isinstance(value, torch.Tensor):
-                    found.setdefault(id(value), value)
-
-        for module in self.model.modules():
-            add(module)
-            for value in vars(module).values():
-                if not isinstance(value, torch.nn.Module) and hasattr(value, "__dict__"):
-                    add(value)  # e.g. DenseMatmul
-        found.setdefault(id(self.runner.kv_cache), self.runner.kv_cache)
-        return list(found.values())
+        """Every tensor the model holds (weights, scales, packed kernels' layouts, tables) plus the KV pool."""
+        return [*_model_tensors(self.model), self.runner.kv_cache]
 
     def wipe(self) -> None:
         """Zero every weight and the KV pool in place (key revocation): nothing of the model stays.

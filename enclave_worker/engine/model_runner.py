@@ -9,15 +9,25 @@ from .layers.attention import AttentionMetadata, PrefillChunk
 from .layers.sampler import sample
 from .scheduler import ScheduledSeq
 
+BLAS_MAX_TOKENS = 64  # above this many rows a step is a real GEMM; torch's pool is as fast and multi-threaded
+
 
 class ModelRunner:
     def __init__(
-        self, model: torch.nn.Module, kv_cache: torch.Tensor, block_size: int, device: str, num_threads: int = 1
+        self,
+        model: torch.nn.Module,
+        kv_cache: torch.Tensor,
+        block_size: int,
+        device: str,
+        num_threads: int = 1,
+        weight_bytes: int = 0,
     ) -> None:
         self.model = model
         self.block_size = block_size
         self.device = device
         self.num_threads = num_threads
+        self.weight_bytes = weight_bytes
+        self.kv_bytes_per_token = kv_cache.nbytes // max(1, kv_cache.shape[2])  # K and V, every layer
         for i, layer in enumerate(model.layers):
             layer.attn.k_cache = kv_cache[0, i]
             layer.attn.v_cache = kv_cache[1, i]
@@ -88,14 +98,20 @@ class ModelRunner:
         logits_index: list[int],
     ) -> torch.Tensor:
         index = torch.tensor(logits_index, dtype=torch.long, device=self.device)
-        if self.device == "cpu":
-            # One token (batch-1 decode): the matmuls are matrix-vector products that go to OpenBLAS
-            # with its own threads (layers/linear.py), and every other op is too small to split. torch's
-            # OpenMP workers would only spin against OpenBLAS's, so this step runs torch on one thread.
-            threads = 1 if input_ids.numel() == 1 else self.num_threads
-            if torch.get_num_threads() != threads:
-                torch.set_num_threads(threads)
         return self.model(input_ids, positions, meta, index)
+
+    def use_blas(self, num_tokens: int, context_tokens: int) -> bool:
+        """Whether this step's dense matmuls go to OpenBLAS, with torch on one thread (BlasSwitch).
+
+        Worth it while the step is weight-streaming bound: few rows, and attention (which then runs
+        on one thread) reads at most half as many KV bytes as the matmuls read weight bytes.
+        Measured crossovers: docs/engine.md.
+        """
+        return (
+            self.weight_bytes > 0
+            and num_tokens <= BLAS_MAX_TOKENS
+            and 2 * context_tokens * self.kv_bytes_per_token <= self.weight_bytes
+        )
 
     @torch.inference_mode()
     def execute(
@@ -107,6 +123,12 @@ class ModelRunner:
         logits_index: list[int],
     ) -> tuple[list[int], list[TokenLogprob | None]]:
         """Forward the batch; sample for sequences whose chunk reached their end (in batch order)."""
+        blas = self.use_blas(input_ids.numel(), sum(s.start + s.num_tokens for s in batch))
+        if self.device == "cpu":
+            threads = 1 if blas else self.num_threads
+            if torch.get_num_threads() != threads:
+                torch.set_num_threads(threads)
+        self.model.blas.enabled = blas
         logits = self.forward(input_ids, positions, meta, logits_index)
         sampled = [s.seq for s in batch if s.samples]
         return sample(logits, [q.params for q in sampled], [q.generator for q in sampled])

@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import torch
 
-from .linear import DenseMatmul, _int8_op_works
+from .linear import BlasSwitch, DenseMatmul, _int8_op_works
 
 
 class Embedding(torch.nn.Module):
     def __init__(
-        self, weight: torch.Tensor, quant: str, dtype: torch.dtype, device: str, in_place: bool = False
+        self,
+        weight: torch.Tensor,
+        quant: str,
+        dtype: torch.dtype,
+        device: str,
+        in_place: bool = False,
+        switch: BlasSwitch | None = None,
     ) -> None:
         super().__init__()
         self.quantized = quant in ("int8", "int4")
@@ -25,7 +31,7 @@ class Embedding(torch.nn.Module):
             # Stored [hidden, vocab] on CPU in fp32 (the LM head's fast matrix-vector layout, see
             # DenseMatmul); a lookup gathers columns instead of rows.
             w = weight.to(device=device, dtype=dtype)
-            self.head = DenseMatmul(w, transpose=True, in_place=in_place or w is not weight)
+            self.head = DenseMatmul(w, transpose=True, in_place=in_place or w is not weight, switch=switch)
             self.weight = self.head.weight
         self.dtype = dtype
 

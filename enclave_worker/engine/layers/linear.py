@@ -8,25 +8,41 @@ import torch
 _DEQUANT_MIN_ROWS = 16  # from this many rows, dequantize the weight per call and use a dense GEMM
 
 
-class DenseMatmul:
-    """y = x W^T for a dense weight W [out, in], choosing the fastest kernel per call.
+class BlasSwitch:
+    """Per-model flag the runner sets for each step: route dense fp32 matmuls to OpenBLAS or not.
 
-    One row of fp32 activations on the CPU (batch-1 decode) is a matrix-vector product that only
-    has to stream W from memory once. torch's CPU BLAS reaches about 11 GB/s on that shape here,
-    numpy's OpenBLAS sgemv about twice as much (docs/engine.md), so that case goes to numpy; the
-    arrays share W's memory (no copy). Several rows are a GEMM, where torch is as fast and its
-    thread pool does not fight OpenBLAS's, so they stay in torch.
+    Small steps (decode of up to a few dozen sequences) are memory-bound matrix-vector-like
+    products, where numpy's OpenBLAS streams the weights up to twice as fast as torch's CPU BLAS
+    (docs/engine.md). Its thread pool and torch's OpenMP pool must not both be busy (their
+    spinning workers stall each other, 10x slower), so the runner turns this on only together
+    with running torch on one thread for that step.
     """
 
-    def __init__(self, weight: torch.Tensor, transpose: bool = False, in_place: bool = False) -> None:
+    __slots__ = ("enabled",)
+
+    def __init__(self) -> None:
+        self.enabled = False
+
+
+class DenseMatmul:
+    """y = x W^T for a dense weight W [out, in]: torch, or OpenBLAS when the model's switch says so.
+
+    The numpy array shares W's memory (no copy); W is stored transposed ([in, out] contiguous),
+    the layout OpenBLAS streams fastest, and torch reads it through a transposed view.
+    """
+
+    def __init__(
+        self, weight: torch.Tensor, transpose: bool = False, in_place: bool = False, switch: BlasSwitch | None = None
+    ) -> None:
         cpu_fp32 = weight.device.type == "cpu" and weight.dtype == torch.float32
-        if cpu_fp32 and transpose:  # W^T contiguous: OpenBLAS streams it ~25% faster than W (docs/engine.md)
+        if cpu_fp32 and transpose:
             weight = transposed_storage(weight, in_place)
         self.weight = weight
         self.weight_t_np = weight.numpy().T if cpu_fp32 else None
+        self.switch = switch or BlasSwitch()
 
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        if self.weight_t_np is not None and x.dim() == 2 and x.shape[0] == 1 and x.dtype == torch.float32:
+        if self.switch.enabled and self.weight_t_np is not None and x.dim() == 2 and x.dtype == torch.float32:
             y = torch.from_numpy(np.matmul(x.contiguous().numpy(), self.weight_t_np))
             return y if bias is None else y + bias
         return torch.nn.functional.linear(x, self.weight, bias)
@@ -51,12 +67,18 @@ class Linear(torch.nn.Module):
     """Dense y = x W^T (+ b). ``in_place``: the weight may be rearranged in its own memory (no copy)."""
 
     def __init__(
-        self, weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype, device: str, in_place: bool = False
+        self,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        dtype: torch.dtype,
+        device: str,
+        in_place: bool = False,
+        switch: BlasSwitch | None = None,
     ) -> None:
         super().__init__()
         w = weight.to(device=device, dtype=dtype)
         self.bias = None if bias is None else bias.to(device=device, dtype=dtype)
-        self.matmul = DenseMatmul(w, transpose=True, in_place=in_place or w is not weight)
+        self.matmul = DenseMatmul(w, transpose=True, in_place=in_place or w is not weight, switch=switch)
         self.weight = self.matmul.weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -164,10 +186,11 @@ def make_linear(
     device: str,
     group_size: int = 32,
     in_place: bool = False,
+    switch: BlasSwitch | None = None,
 ) -> torch.nn.Module:
     """quant: "none" | "int8" | "int4". ``in_place``: the caller hands over the weight's memory."""
     if quant == "int8":
         return Int8Linear(weight, bias, dtype, device)
     if quant == "int4":
         return Int4Linear(weight, bias, dtype, device, group_size)
-    return Linear(weight, bias, dtype, device, in_place)
+    return Linear(weight, bias, dtype, device, in_place, switch)

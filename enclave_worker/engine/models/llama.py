@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from dataclasses import dataclass
 from typing import Any
@@ -11,7 +12,7 @@ import torch
 from ..layers.activation import silu_and_mul
 from ..layers.attention import AttentionMetadata, PagedAttention
 from ..layers.embedding import Embedding
-from ..layers.linear import make_linear
+from ..layers.linear import BlasSwitch, make_linear
 from ..layers.norm import RMSNorm
 from ..layers.rotary import RotaryEmbedding
 
@@ -23,6 +24,7 @@ class BuildOptions:
     device: str
     max_positions: int
     int4_group_size: int = 32
+    blas: BlasSwitch | None = None  # shared by every dense layer; the runner flips it per step
 
 
 class _Weights:
@@ -70,7 +72,7 @@ class DecoderLayer(torch.nn.Module):
         eps, a, m = cfg["rms_norm_eps"], prefix + "self_attn.", prefix + "mlp."
         # The builder owns the popped checkpoint tensors, so layers may rearrange them in place.
         lin = lambda wt, b=None: make_linear(  # noqa: E731
-            wt, b, opt.quant, opt.dtype, opt.device, opt.int4_group_size, in_place=True
+            wt, b, opt.quant, opt.dtype, opt.device, opt.int4_group_size, in_place=True, switch=opt.blas
         )
         self.input_norm = RMSNorm(w.take(prefix + "input_layernorm.weight").to(opt.device, opt.dtype), eps)
         qkv = [a + "q_proj.", a + "k_proj.", a + "v_proj."]
@@ -103,7 +105,11 @@ class LlamaForCausalLM(torch.nn.Module):
     def __init__(self, cfg: dict[str, Any], tensors: dict[str, torch.Tensor], opt: BuildOptions) -> None:
         super().__init__()
         w = _Weights(tensors)
-        self.embed = Embedding(w.take("model.embed_tokens.weight"), opt.quant, opt.dtype, opt.device, in_place=True)
+        self.blas = opt.blas or BlasSwitch()
+        opt = dataclasses.replace(opt, blas=self.blas)
+        self.embed = Embedding(
+            w.take("model.embed_tokens.weight"), opt.quant, opt.dtype, opt.device, in_place=True, switch=opt.blas
+        )
         self.layers = torch.nn.ModuleList(
             DecoderLayer(cfg, w, f"model.layers.{i}.", opt) for i in range(cfg["num_hidden_layers"])
         )
@@ -113,7 +119,8 @@ class LlamaForCausalLM(torch.nn.Module):
             self.lm_head = None
         else:
             self.lm_head = make_linear(
-                lm_head, None, "int8" if opt.quant != "none" else "none", opt.dtype, opt.device, in_place=True
+                lm_head, None, "int8" if opt.quant != "none" else "none", opt.dtype, opt.device, in_place=True,
+                switch=opt.blas,
             )
         del lm_head
         layer0 = self.layers[0]

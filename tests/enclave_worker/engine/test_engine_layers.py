@@ -8,21 +8,24 @@ import torch.nn.functional as F
 
 from enclave_worker.engine.layers.attention import AttentionMetadata, PagedAttention
 from enclave_worker.engine.layers.embedding import Embedding
-from enclave_worker.engine.layers.linear import Linear
+from enclave_worker.engine.layers.linear import BlasSwitch, Linear
 from enclave_worker.engine.layers.rotary import RotaryEmbedding
 
 
 @pytest.mark.parametrize("rows", [1, 2, 17])
 @pytest.mark.parametrize("bias", [False, True])
-def test_linear_matches_reference_for_every_row_count(rows: int, bias: bool) -> None:
+@pytest.mark.parametrize("blas", [False, True])
+def test_linear_matches_reference_for_every_row_count_and_kernel(rows: int, bias: bool, blas: bool) -> None:
     g = torch.Generator().manual_seed(0)
     w, b = torch.randn(96, 64, generator=g), torch.randn(96, generator=g)
     x = torch.randn(rows, 64, generator=g)
-    lin = Linear(w, b if bias else None, torch.float32, "cpu")
+    switch = BlasSwitch()
+    lin = Linear(w, b if bias else None, torch.float32, "cpu", switch=switch)
+    switch.enabled = blas
     torch.testing.assert_close(lin(x), F.linear(x, w, b if bias else None), rtol=1e-5, atol=1e-5)
 
 
-def test_fp32_linear_keeps_one_copy_of_the_weight_and_uses_blas_for_one_row() -> None:
+def test_fp32_linear_keeps_one_copy_of_the_weight_for_both_kernels() -> None:
     lin = Linear(torch.randn(48, 32), None, torch.float32, "cpu")
     # One layout only: the numpy array (matrix-vector path) and the torch weight share memory.
     assert lin.matmul.weight_t_np is not None
@@ -81,3 +84,13 @@ def test_linear_leaves_a_borrowed_weight_untouched() -> None:
     reference = w.clone()
     Linear(w, None, torch.float32, "cpu")
     assert torch.equal(w, reference)
+
+
+def test_runner_routes_only_small_weight_bound_steps_to_blas(make_engine) -> None:
+    eng = make_engine(kv_cache_memory_bytes=8 << 20)
+    runner = eng.runner
+    limit = runner.weight_bytes // (2 * runner.kv_bytes_per_token)  # context tokens at the crossover
+    assert runner.use_blas(1, 100)
+    assert runner.use_blas(64, limit) and not runner.use_blas(64, limit + 1)
+    assert not runner.use_blas(65, 65)  # a real GEMM (prefill): torch, all threads
+    assert not make_engine(dtype="bfloat16", kv_cache_memory_bytes=8 << 20).runner.use_blas(1, 10)
