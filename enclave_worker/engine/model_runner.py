@@ -125,7 +125,10 @@ class ModelRunner:
         """Forward the batch; sample for sequences whose chunk reached their end (in batch order)."""
         blas = self.use_blas(input_ids.numel(), sum(s.start + s.num_tokens for s in batch))
         if self.device == "cpu":
-            threads = 1 if blas else self.num_threads
+            # One token (batch-1 decode) of any dtype also runs on one thread: its ops are too small to
+            # split, and served, the event loop's thread would preempt an OpenMP worker mid-barrier
+            # (int4 batch-1 through `generate`: 25 tok/s on two threads, 42 on one).
+            threads = 1 if blas or input_ids.numel() == 1 else self.num_threads
             if torch.get_num_threads() != threads:
                 torch.set_num_threads(threads)
         self.model.blas.enabled = blas
