@@ -152,7 +152,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         # A forced tool choice puts the opening of the call in the prompt: check what the client sees.
         full = request.assistant_prefix + text
         try:
-            finish = guard.check_tools(request.key_id, full) if request.tools_json else ""  # type: ignore[union-attr]
+            finish = guard.check_tools(request.key_id, full, request.agent_killed) if request.tools_json else ""  # type: ignore[union-attr]
             text = guard.check_output(request.key_id, state.settings.model, text)  # type: ignore[union-attr]
         except GuardRefusal as exc:
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))

@@ -92,9 +92,10 @@ class WorkerGuard:
             raise GuardRefusal(f"answer withheld by data policy (rule {verdict.decision.rule})")
         return verdict.text
 
-    def check_tools(self, key_id: str, text: str) -> str:
+    def check_tools(self, key_id: str, text: str, killed: bool = False) -> str:
         """Refuse denied calls; strip calls that need approval and say so. Returns the finish reason
-        override ("requires_approval") or ""."""
+        override ("requires_approval") or "". ``killed``: the gateway reports the key's kill switch
+        set (it can only narrow what the signed policy allows)."""
         if self.policy_set is None:
             return ""
         calls = parse_tool_calls(text)
@@ -102,7 +103,8 @@ class WorkerGuard:
             return ""
         with self._lock:
             session = self._sessions.setdefault(key_id, SessionState(key_id))
-        verdicts = check_tool_calls(self.policy_set, key_id, session, calls, kill_switch=self.kill_switch)
+        verdicts = check_tool_calls(self.policy_set, key_id, session, calls, kill_switch=self.kill_switch,
+                                    killed=killed)
         denied = verdicts.by_outcome("deny")
         if denied:
             raise GuardRefusal(f"tool call {denied[0].call.name!r} refused by agent policy "

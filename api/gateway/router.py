@@ -86,7 +86,7 @@ async def chat_completions(req: ChatCompletionRequest, key: KeyRecord = Depends(
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     rid = request_id()
     requests = [worker_pb2.GenerateRequest(
-        request_id=f"{rid}-{i}", tenant=key.tenant, key_id=key.key_id, kind="chat",
+        request_id=f"{rid}-{i}", tenant=key.tenant, key_id=key.key_id, kind="chat", agent_killed=key.tools_killed,
         messages_json=json.dumps(messages), tools_json=json.dumps(tools) if use_tools else "",
         assistant_prefix=prefix, params=_params(req, max_tokens, logprobs, extra_stop, i)) for i in range(req.n)]
     ticket = service.ticket(key, _reserve(len(requests[0].messages_json), max_tokens, req.n), req.priority)

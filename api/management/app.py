@@ -11,7 +11,7 @@ from api.gateway.errors import GatewayError
 from api.gateway.service import GatewayService
 from api.gateway.settings import GatewaySettings
 from api.management.auth import Principal, require, tenant_scope
-from api.management.schemas import KeyIn, ModelVersionIn, PolicyIn, RolloutIn, TenantIn
+from api.management.schemas import KeyIn, KillSwitchIn, ModelVersionIn, PolicyIn, RolloutIn, TenantIn
 
 OP, ADMIN, USER, AUDITOR = "operator", "tenant-admin", "tenant-user", "auditor"
 
@@ -60,6 +60,15 @@ def management_router(settings: GatewaySettings, service: GatewayService) -> API
         if not store.revoke_key(tenant, key_id):
             raise GatewayError(404, "no such key", code="not_found")
         return {"revoked": key_id}
+
+    @r.put("/tenants/{tenant}/keys/{key_id}/kill-switch")
+    def kill_switch(tenant: str, key_id: str, body: KillSwitchIn,
+                    _: Principal = Depends(tenant_scope(OP, ADMIN))) -> dict:
+        # Keys are looked up in the shared store on every request, so this holds for the next
+        # request on every replica; the worker refuses the key's tool calls while it is set.
+        if not store.set_tools_killed(tenant, key_id, body.killed):
+            raise GatewayError(404, "no such key", code="not_found")
+        return {"key_id": key_id, "tools_killed": body.killed}
 
     @r.get("/tenants/{tenant}/models")
     def list_versions(tenant: str, _: Principal = Depends(tenant_scope(OP, ADMIN, USER, AUDITOR))) -> dict:

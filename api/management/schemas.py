@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 
 class Strict(BaseModel):
@@ -29,6 +29,10 @@ class KeyIn(Strict):
     tpm: int | None = Field(default=None, ge=1)
     priority: int = Field(default=0, ge=-10, le=10)
     token_budget: int | None = Field(default=None, ge=0, description="lifetime tokens of this key")
+
+
+class KillSwitchIn(Strict):
+    killed: StrictBool  # a switch takes true or false, never "yes" or 1
 
 
 class ModelVersionIn(Strict):

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0cworker.proto\x12\x10sealed.worker.v1\"\xd1\x01\n\x0eSamplingParams\x12\x12\n\nmax_tokens\x18\x01 \x01(\r\x12\x13\n\x0btemperature\x18\x02 \x01(\x02\x12\r\n\x05top_p\x18\x03 \x01(\x02\x12\r\n\x05top_k\x18\x04 \x01(\r\x12\x11\n\x04seed\x18\x05 \x01(\x03H\x00\x88\x01\x01\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x07 \x03(\r\x12\x15\n\x08logprobs\x18\x08 \x01(\rH\x01\x88\x01\x01\x12\x12\n\nignore_eos\x18\t \x01(\x08\x42\x07\n\x05_seedB\x0b\n\t_logprobs\"\xda\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\x0e\n\x06key_id\x18\x03 \x01(\t\x12\x0c\n\x04kind\x18\x04 \x01(\t\x12\x15\n\rmessages_json\x18\x05 \x01(\t\x12\x0e\n\x06prompt\x18\x06 \x01(\t\x12\x12\n\ntools_json\x18\x07 \x01(\t\x12\x18\n\x10\x61ssistant_prefix\x18\x08 \x01(\t\x12\x30\n\x06params\x18\t \x01(\x0b\x32 .sealed.worker.v1.SamplingParams\"A\n\nTopLogprob\x12\r\n\x05token\x18\x01 \x01(\t\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12\x13\n\x0btoken_bytes\x18\x03 \x01(\x0c\"n\n\x0cTokenLogprob\x12\r\n\x05token\x18\x01 \x01(\t\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12\x13\n\x0btoken_bytes\x18\x03 \x01(\x0c\x12)\n\x03top\x18\x04 \x03(\x0b\x32\x1c.sealed.worker.v1.TopLogprob\"E\n\x0bUsageRecord\x12\x0f\n\x07payload\x18\x01 \x01(\x0c\x12\x11\n\tsignature\x18\x02 \x01(\x0c\x12\x12\n\npublic_key\x18\x03 \x01(\x0c\"\xd9\x01\n\rGenerateChunk\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x15\n\rfinish_reason\x18\x03 \x01(\t\x12\x15\n\rprompt_tokens\x18\x04 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x05 \x01(\r\x12\x30\n\x08logprobs\x18\x06 \x03(\x0b\x32\x1e.sealed.worker.v1.TokenLogprob\x12,\n\x05usage\x18\x07 \x01(\x0b\x32\x1d.sealed.worker.v1.UsageRecord\"\x0f\n\rStatusRequest\"\x80\x01\n\x0bStatusReply\x12\x0e\n\x06status\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x0f\n\x07version\x18\x04 \x01(\t\x12\x0b\n\x03tee\x18\x05 \x01(\t\x12\x10\n\x08insecure\x18\x06 \x01(\x08\x12\x12\n\nstats_json\x18\x07 \x01(\t2\xa4\x01\n\x06Worker\x12P\n\x08Generate\x12!.sealed.worker.v1.GenerateRequest\x1a\x1f.sealed.worker.v1.GenerateChunk0\x01\x12H\n\x06Status\x12\x1f.sealed.worker.v1.StatusRequest\x1a\x1d.sealed.worker.v1.StatusReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0cworker.proto\x12\x10sealed.worker.v1\"\xd1\x01\n\x0eSamplingParams\x12\x12\n\nmax_tokens\x18\x01 \x01(\r\x12\x13\n\x0btemperature\x18\x02 \x01(\x02\x12\r\n\x05top_p\x18\x03 \x01(\x02\x12\r\n\x05top_k\x18\x04 \x01(\r\x12\x11\n\x04seed\x18\x05 \x01(\x03H\x00\x88\x01\x01\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x07 \x03(\r\x12\x15\n\x08logprobs\x18\x08 \x01(\rH\x01\x88\x01\x01\x12\x12\n\nignore_eos\x18\t \x01(\x08\x42\x07\n\x05_seedB\x0b\n\t_logprobs\"\xf0\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\x0e\n\x06key_id\x18\x03 \x01(\t\x12\x0c\n\x04kind\x18\x04 \x01(\t\x12\x15\n\rmessages_json\x18\x05 \x01(\t\x12\x0e\n\x06prompt\x18\x06 \x01(\t\x12\x12\n\ntools_json\x18\x07 \x01(\t\x12\x18\n\x10\x61ssistant_prefix\x18\x08 \x01(\t\x12\x30\n\x06params\x18\t \x01(\x0b\x32 .sealed.worker.v1.SamplingParams\x12\x14\n\x0c\x61gent_killed\x18\n \x01(\x08\"A\n\nTopLogprob\x12\r\n\x05token\x18\x01 \x01(\t\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12\x13\n\x0btoken_bytes\x18\x03 \x01(\x0c\"n\n\x0cTokenLogprob\x12\r\n\x05token\x18\x01 \x01(\t\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12\x13\n\x0btoken_bytes\x18\x03 \x01(\x0c\x12)\n\x03top\x18\x04 \x03(\x0b\x32\x1c.sealed.worker.v1.TopLogprob\"E\n\x0bUsageRecord\x12\x0f\n\x07payload\x18\x01 \x01(\x0c\x12\x11\n\tsignature\x18\x02 \x01(\x0c\x12\x12\n\npublic_key\x18\x03 \x01(\x0c\"\xd9\x01\n\rGenerateChunk\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x15\n\rfinish_reason\x18\x03 \x01(\t\x12\x15\n\rprompt_tokens\x18\x04 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x05 \x01(\r\x12\x30\n\x08logprobs\x18\x06 \x03(\x0b\x32\x1e.sealed.worker.v1.TokenLogprob\x12,\n\x05usage\x18\x07 \x01(\x0b\x32\x1d.sealed.worker.v1.UsageRecord\"\x0f\n\rStatusRequest\"\x80\x01\n\x0bStatusReply\x12\x0e\n\x06status\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x0f\n\x07version\x18\x04 \x01(\t\x12\x0b\n\x03tee\x18\x05 \x01(\t\x12\x10\n\x08insecure\x18\x06 \x01(\x08\x12\x12\n\nstats_json\x18\x07 \x01(\t2\xa4\x01\n\x06Worker\x12P\n\x08Generate\x12!.sealed.worker.v1.GenerateRequest\x1a\x1f.sealed.worker.v1.GenerateChunk0\x01\x12H\n\x06Status\x12\x1f.sealed.worker.v1.StatusRequest\x1a\x1d.sealed.worker.v1.StatusReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,19 +34,19 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SAMPLINGPARAMS']._serialized_start=35
   _globals['_SAMPLINGPARAMS']._serialized_end=244
   _globals['_GENERATEREQUEST']._serialized_start=247
-  _globals['_GENERATEREQUEST']._serialized_end=465
-  _globals['_TOPLOGPROB']._serialized_start=467
-  _globals['_TOPLOGPROB']._serialized_end=532
-  _globals['_TOKENLOGPROB']._serialized_start=534
-  _globals['_TOKENLOGPROB']._serialized_end=644
-  _globals['_USAGERECORD']._serialized_start=646
-  _globals['_USAGERECORD']._serialized_end=715
-  _globals['_GENERATECHUNK']._serialized_start=718
-  _globals['_GENERATECHUNK']._serialized_end=935
-  _globals['_STATUSREQUEST']._serialized_start=937
-  _globals['_STATUSREQUEST']._serialized_end=952
-  _globals['_STATUSREPLY']._serialized_start=955
-  _globals['_STATUSREPLY']._serialized_end=1083
-  _globals['_WORKER']._serialized_start=1086
-  _globals['_WORKER']._serialized_end=1250
+  _globals['_GENERATEREQUEST']._serialized_end=487
+  _globals['_TOPLOGPROB']._serialized_start=489
+  _globals['_TOPLOGPROB']._serialized_end=554
+  _globals['_TOKENLOGPROB']._serialized_start=556
+  _globals['_TOKENLOGPROB']._serialized_end=666
+  _globals['_USAGERECORD']._serialized_start=668
+  _globals['_USAGERECORD']._serialized_end=737
+  _globals['_GENERATECHUNK']._serialized_start=740
+  _globals['_GENERATECHUNK']._serialized_end=957
+  _globals['_STATUSREQUEST']._serialized_start=959
+  _globals['_STATUSREQUEST']._serialized_end=974
+  _globals['_STATUSREPLY']._serialized_start=977
+  _globals['_STATUSREPLY']._serialized_end=1105
+  _globals['_WORKER']._serialized_start=1108
+  _globals['_WORKER']._serialized_end=1272
 # @@protoc_insertion_point(module_scope)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 
-from sqlalchemy import JSON, BigInteger, DateTime, Float, ForeignKey, Integer, String, UniqueConstraint
+from sqlalchemy import JSON, BigInteger, DateTime, Float, ForeignKey, Integer, String, UniqueConstraint, false
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -40,6 +40,8 @@ class ApiKeyRow(Base):
     priority: Mapped[int] = mapped_column(Integer, default=0)  # higher is served first
     token_budget: Mapped[int | None] = mapped_column(BigInteger, nullable=True)  # lifetime tokens of this key
     revoked: Mapped[bool] = mapped_column(default=False)
+    # Agent kill switch: every tool call this key's answers carry is refused (in the worker, at once)
+    tools_killed: Mapped[bool] = mapped_column(default=False, server_default=false())
     created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 

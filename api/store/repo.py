@@ -31,6 +31,7 @@ class KeyRecord:
     tpm: int | None
     priority: int
     token_budget: int | None = None
+    tools_killed: bool = False  # agent kill switch (docs/policy.md)
 
     def expired(self, now: dt.datetime) -> bool:
         if self.expires_at is None:
@@ -41,7 +42,7 @@ class KeyRecord:
 
 def _record(row: ApiKeyRow) -> KeyRecord:
     return KeyRecord(row.key_id, row.tenant, row.name, tuple(row.models or ()), row.expires_at, row.rpm, row.tpm,
-                     row.priority, row.token_budget)
+                     row.priority, row.token_budget, bool(row.tools_killed))
 
 
 class Store:
@@ -110,6 +111,16 @@ class Store:
             if row is None:
                 return False
             row.revoked = True
+            return True
+
+    def set_tools_killed(self, tenant: str, key_id: str, killed: bool) -> bool:
+        """Flip a key's agent kill switch; False when the tenant has no such live key."""
+        with self.sessions.begin() as s:
+            row = s.scalar(select(ApiKeyRow).where(ApiKeyRow.tenant == tenant, ApiKeyRow.key_id == key_id,
+                                                   ApiKeyRow.revoked.is_(False)))
+            if row is None:
+                return False
+            row.tools_killed = killed
             return True
 
     # -- model versions and rollouts

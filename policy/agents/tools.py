@@ -123,12 +123,12 @@ def _check_args(rule: ToolRule | None, arguments: Mapping[str, Any] | str) -> tu
 
 def check_tool_calls(policy_set: PolicySet, agent_key: str, session_state: SessionState,
                      tool_calls: Sequence[ToolCall], *,
-                     kill_switch: KillSwitch | None = None) -> ToolCallVerdicts:
+                     kill_switch: KillSwitch | None = None, killed: bool = False) -> ToolCallVerdicts:
     """One verdict per call, in order. Every call counts against the request and session caps,
     denied ones included, so a looping agent cannot probe forever."""
     agent = policy_set.agents.get(agent_key)
     before = session_state.reserve(len(tool_calls))
-    killed = kill_switch.is_killed(agent_key) if kill_switch is not None else False
+    killed = killed or (kill_switch.is_killed(agent_key) if kill_switch is not None else False)
     entities = [{"uid": uid("Agent", agent_key), "attrs": {}, "parents": [uid("Tenant", policy_set.tenant)]}]
     out: list[ToolCallVerdict] = []
     for index, call in enumerate(tool_calls):

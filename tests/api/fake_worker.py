@@ -32,7 +32,9 @@ class FakeServicer(worker_pb2_grpc.WorkerServicer):
         for i in range(n):
             await asyncio.sleep(self.delay)
             last = i == n - 1
-            chunk = worker_pb2.GenerateChunk(text=f"{self.state.settings.version} ", prompt_tokens=3,
+            # "-killed" echoes the agent kill switch the gateway forwarded (the real worker refuses tools)
+            mark = "-killed" if request.agent_killed else ""
+            chunk = worker_pb2.GenerateChunk(text=f"{self.state.settings.version}{mark} ", prompt_tokens=3,
                                              completion_tokens=i + 1, finish_reason="length" if last else "")
             if last:
                 chunk.usage.CopyFrom(self.state.sign_usage({

@@ -147,6 +147,34 @@ def test_management_roles(fleet: Fleet) -> None:
     assert usage and usage[0]["tenant"] == "acme" and usage[0]["completion_tokens"] > 0
 
 
+def test_agent_kill_switch_reaches_the_worker_on_the_next_request(fleet: Fleet) -> None:
+    url, admin = fleet.url, fleet.admin("tenant-admin", "acme")
+    key = httpx.post(f"{url}/admin/v1/tenants/acme/keys", headers=admin, json={"name": "agent", "models": ["m"]}
+                     ).json()
+    agent = {"Authorization": f"Bearer {key['secret']}"}
+    switch = f"{url}/admin/v1/tenants/acme/keys/{key['key_id']}/kill-switch"
+
+    def answer() -> str:
+        r = httpx.post(f"{url}/v1/chat/completions", headers=agent, timeout=30,
+                       json={"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": 1})
+        r.raise_for_status()
+        return r.json()["choices"][0]["message"]["content"]
+
+    assert "-killed" not in answer()
+    # Only the tenant's own admins (or the operator) may flip it; a tenant user or another tenant cannot.
+    assert httpx.put(switch, headers=fleet.admin("tenant-user", "acme"), json={"killed": True}).status_code == 403
+    assert httpx.put(switch, headers=fleet.admin("tenant-admin", "other"), json={"killed": True}).status_code == 404
+    assert httpx.put(switch, headers=admin, json={"killed": "yes"}).status_code == 400  # typed: no coercion
+    assert httpx.put(f"{url}/admin/v1/tenants/acme/keys/key_nope/kill-switch", headers=admin,
+                     json={"killed": True}).status_code == 404
+    assert "-killed" not in answer()  # none of the refused calls changed anything
+    assert httpx.put(switch, headers=admin, json={"killed": True}).json() == {"key_id": key["key_id"],
+                                                                             "tools_killed": True}
+    assert "-killed" in answer()  # the very next request carries it
+    httpx.put(switch, headers=admin, json={"killed": False}).raise_for_status()
+    assert "-killed" not in answer()
+
+
 def test_worker_death_ends_streams_clearly_and_new_requests_go_elsewhere(fleet: Fleet) -> None:
     headers = {"Authorization": f"Bearer {fleet.api_key}"}
     events: list[str] = []

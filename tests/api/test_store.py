@@ -44,6 +44,22 @@ def test_keys_are_hashed_scoped_expirable_and_revocable(store: Store) -> None:
     assert store.revoke_key("acme", rec.key_id) and store.lookup_key(secret) is None
 
 
+def test_agent_kill_switch_is_per_key_reversible_and_scoped_to_its_tenant(store: Store) -> None:
+    secret, rec = store.create_key("acme", "agent")
+    other_secret, _ = store.create_key("acme", "other")
+    assert store.lookup_key(secret).tools_killed is False  # type: ignore[union-attr]
+    assert not store.set_tools_killed("globex", rec.key_id, True)  # another tenant's key: nothing changes
+    assert not store.set_tools_killed("acme", "key_missing", True)
+    assert store.lookup_key(secret).tools_killed is False  # type: ignore[union-attr]
+    assert store.set_tools_killed("acme", rec.key_id, True)
+    assert store.lookup_key(secret).tools_killed is True  # type: ignore[union-attr]
+    assert store.lookup_key(other_secret).tools_killed is False  # type: ignore[union-attr]
+    assert store.set_tools_killed("acme", rec.key_id, False)
+    assert store.lookup_key(secret).tools_killed is False  # type: ignore[union-attr]
+    store.revoke_key("acme", rec.key_id)
+    assert not store.set_tools_killed("acme", rec.key_id, True)  # a revoked key is gone
+
+
 def test_rollout_is_gradual_and_rollback_is_one_call(store: Store) -> None:
     store.upsert_version("acme", "m", "v1")
     store.upsert_version("acme", "m", "v2")

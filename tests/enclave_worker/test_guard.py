@@ -143,3 +143,11 @@ def test_key_watch_drops_the_key_on_revocation_and_rides_out_broker_errors() -> 
     watch = Watch("http://127.0.0.1:9", None, "acme", "m", "v1", interval_s=0.01)  # type: ignore[arg-type]
     asyncio.run(asyncio.wait_for(watch.run(lambda: revoked.append(True)), timeout=5))
     assert revoked == [True]
+
+
+def test_kill_switch_forwarded_by_the_gateway_refuses_tool_calls(guard: WorkerGuard) -> None:
+    text = call("get_weather", {"city": "Paris"})
+    with pytest.raises(GuardRefusal, match=r"agent\.kill_switch"):
+        guard.check_tools("key_a", text, killed=True)
+    assert guard.check_tools("key_a", text) == ""  # it narrows one request; nothing sticks
+    assert guard.check_tools("key_a", "just text", killed=True) == ""  # answers without tool calls still pass
