@@ -23,7 +23,7 @@ from .config import EngineConfig, RequestOutput, SamplingParams
 from .errors import EngineDeadError, EngineError, InvalidRequestError
 from .kv_cache import KVCacheSpec, allocate_kv_cache
 from .model_runner import ModelRunner
-from .models import ARCHITECTURES
+from .models import ARCHITECTURES, model_tensors
 from .models.llama import BuildOptions
 from .output_processor import OutputProcessor
 from .scheduler import ScheduledSeq, Scheduler
@@ -50,24 +50,6 @@ def _release_freed_memory() -> None:
 class _Request:
     seq: Sequence
     sink: Callable[[RequestOutput | BaseException], None]
-
-
-def _model_tensors(model: torch.nn.Module) -> list[torch.Tensor]:
-    """The layers keep plain tensor attributes, not registered parameters (``state_dict()`` misses
-    them): walk each module's attributes and the kernel helpers they own (e.g. DenseMatmul)."""
-    found: dict[int, torch.Tensor] = {}
-
-    def add(obj: object) -> None:
-        for value in vars(obj).values():
-            if isinstance(value, torch.Tensor):
-                found.setdefault(id(value), value)
-
-    for module in model.modules():
-        add(module)
-        for value in vars(module).values():
-            if not isinstance(value, torch.nn.Module) and hasattr(value, "__dict__"):
-                add(value)
-    return list(found.values())
 
 
 class LLMEngine:
@@ -108,7 +90,7 @@ class LLMEngine:
         self.scheduler = Scheduler(self.blocks, config.max_num_seqs, config.max_num_batched_tokens)
         # fp32 weights on the CPU are what the OpenBLAS path serves (ModelRunner.use_blas); 0 turns it off
         fp32_cpu = config.device == "cpu" and dtype == torch.float32 and quant == "none"
-        dense_bytes = sum(t.nbytes for t in _model_tensors(self.model)) if fp32_cpu else 0
+        dense_bytes = sum(t.nbytes for t in model_tensors(self.model)) if fp32_cpu else 0
         self.runner = ModelRunner(
             self.model,
             allocate_kv_cache(spec, num_blocks, config.device),
@@ -130,7 +112,7 @@ class LLMEngine:
 
     def held_tensors(self) -> list[torch.Tensor]:
         """Every tensor the model holds (weights, scales, packed kernels' layouts, tables) plus the KV pool."""
-        return [*_model_tensors(self.model), self.runner.kv_cache]
+        return [*model_tensors(self.model), self.runner.kv_cache]
 
     def wipe(self) -> None:
         """Zero every weight and the KV pool in place (key revocation): nothing of the model stays.

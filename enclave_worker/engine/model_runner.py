@@ -96,8 +96,18 @@ class ModelRunner:
         positions: torch.Tensor,
         meta: AttentionMetadata,
         logits_index: list[int],
+        blas: bool = False,
     ) -> torch.Tensor:
+        """``blas``: this step's dense matmuls go to OpenBLAS (see use_blas); set for every call."""
         index = torch.tensor(logits_index, dtype=torch.long, device=self.device)
+        if self.device == "cpu":
+            # One token (batch-1 decode) of any dtype also runs on one thread: its ops are too small to
+            # split, and served, the event loop's thread would preempt an OpenMP worker mid-barrier
+            # (int4 batch-1 through `generate`: 25 tok/s on two threads, 42 on one).
+            threads = 1 if blas or input_ids.numel() == 1 else self.num_threads
+            if torch.get_num_threads() != threads:
+                torch.set_num_threads(threads)
+        self.model.blas.enabled = blas
         return self.model(input_ids, positions, meta, index)
 
     def use_blas(self, num_tokens: int, context_tokens: int) -> bool:
@@ -124,14 +134,6 @@ class ModelRunner:
     ) -> tuple[list[int], list[TokenLogprob | None]]:
         """Forward the batch; sample for sequences whose chunk reached their end (in batch order)."""
         blas = self.use_blas(input_ids.numel(), sum(s.start + s.num_tokens for s in batch))
-        if self.device == "cpu":
-            # One token (batch-1 decode) of any dtype also runs on one thread: its ops are too small to
-            # split, and served, the event loop's thread would preempt an OpenMP worker mid-barrier
-            # (int4 batch-1 through `generate`: 25 tok/s on two threads, 42 on one).
-            threads = 1 if blas or input_ids.numel() == 1 else self.num_threads
-            if torch.get_num_threads() != threads:
-                torch.set_num_threads(threads)
-        self.model.blas.enabled = blas
-        logits = self.forward(input_ids, positions, meta, logits_index)
+        logits = self.forward(input_ids, positions, meta, logits_index, blas=blas)
         sampled = [s.seq for s in batch if s.samples]
         return sample(logits, [q.params for q in sampled], [q.generator for q in sampled])
