@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from key_broker.client import ReleasedKey, check_key_status
+from protocol.broker.client import ReleasedKey, check_key_status
 
 log = logging.getLogger(__name__)
 

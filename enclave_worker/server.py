@@ -21,11 +21,11 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
-from api.proto import worker_pb2
 from enclave_worker.boot import BootedWorker, boot
 from enclave_worker.guard import WorkerGuard, build_guard
 from enclave_worker.keywatch import KeyWatch
 from enclave_worker.settings import WorkerSettings
+from protocol.rpc import worker_pb2
 
 log = logging.getLogger(__name__)
 

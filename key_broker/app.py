@@ -18,7 +18,6 @@ from fastapi.responses import JSONResponse
 
 from attestation.token import TokenIssuer
 from attestation.verifier import VerifierTrust
-from enclave_worker.package.keywrap import load_or_create_import_key
 from key_broker import admin_router
 from key_broker.auth import AdminTokenStore
 from key_broker.errors import (
@@ -29,7 +28,6 @@ from key_broker.errors import (
     ReferenceValuesError,
     SettingsError,
 )
-from key_broker.fsutil import atomic_write
 from key_broker.keystore import (
     DataKeyRegistry,
     KeyStore,
@@ -47,6 +45,8 @@ from key_broker.settings import IMPORT_KEY_FILE, BrokerSettings
 from key_broker.tenants import Conflict, TenantAdmin
 from policy.audit import AuditLog
 from policy.errors import PolicyInvalid
+from protocol.fsutil import atomic_write
+from protocol.package.keywrap import load_or_create_import_key
 
 log = logging.getLogger(__name__)
 

@@ -10,10 +10,10 @@ from fastapi.responses import JSONResponse
 
 from attestation.bundle import EvidenceBundle
 from attestation.errors import ParseError
-from enclave_worker.package.keywrap import import_key_id
 from key_broker.dependencies import client_address, get_service
 from key_broker.errors import ReleaseRefused
-from key_broker.schemas import (
+from key_broker.service import KeyBrokerService
+from protocol.broker.schemas import (
     AttestRequest,
     AttestResponse,
     ChallengeResponse,
@@ -22,7 +22,7 @@ from key_broker.schemas import (
     KeyStatusRequest,
     KeyStatusResponse,
 )
-from key_broker.service import KeyBrokerService
+from protocol.package.keywrap import import_key_id
 
 router = APIRouter()
 

@@ -19,8 +19,8 @@ from starlette.types import Receive, Scope, Send
 
 from api.gateway.admission import Ticket
 from api.gateway.service import GatewayService
-from api.proto import worker_pb2
 from api.store.repo import KeyRecord
+from protocol.rpc import worker_pb2
 
 
 @dataclass

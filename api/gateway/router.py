@@ -16,8 +16,8 @@ from api.gateway.errors import GatewayError, error_body
 from api.gateway.generation import CleanupStreamingResponse, Run, request_id
 from api.gateway.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
 from api.gateway.service import GatewayService
-from api.proto import worker_pb2
 from api.store.repo import KeyRecord
+from protocol.rpc import worker_pb2
 
 router = APIRouter()
 

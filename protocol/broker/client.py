@@ -10,8 +10,8 @@ import httpx
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from attestation.bundle import EvidenceBundle, RuntimeData
-from key_broker.errors import RateLimited, ReleaseRefused
-from key_broker.sealing import open_sealed, raw_public_key, release_info
+from protocol.broker.errors import BrokerRateLimited, BrokerRefused
+from protocol.broker.sealing import open_sealed, raw_public_key, release_info
 
 
 @dataclass(frozen=True)
@@ -26,9 +26,9 @@ class ReleasedKey:
 def _post(client: httpx.Client, path: str, body: dict | None = None) -> dict:
     response = client.post(path, json=body or {})
     if response.status_code == 403:
-        raise ReleaseRefused("the key broker refused the request")
+        raise BrokerRefused("the key broker refused the request")
     if response.status_code == 429:
-        raise RateLimited("the key broker rate-limited the request; retry later")
+        raise BrokerRateLimited("the key broker rate-limited the request; retry later")
     response.raise_for_status()
     return response.json()
 
@@ -66,7 +66,7 @@ def check_key_status(client: httpx.Client, released: ReleasedKey, *, tenant: str
     try:
         body = _post(client, "/v1/key/status", {"token": released.token, "tenant": tenant, "model": model,
                                                 "version": version})
-    except ReleaseRefused:
+    except BrokerRefused:
         return "revoked"
     status = str(body.get("status"))
     return status if status in ("active", "revoked") else "revoked"
