@@ -29,11 +29,12 @@ from cryptography.hazmat.primitives import serialization
 from attestation.bundle import channel_binding
 from enclave_worker.chat_format import render_chat
 from enclave_worker.engine import EngineError, InvalidRequestError, SamplingParams
-from enclave_worker.guard import GuardRefusal, strip_tool_calls
+from enclave_worker.guard import GuardRefusal
 from enclave_worker.server import WorkerState, create_app
 from enclave_worker.settings import WorkerSettings
 from protocol.rpc import worker_pb2, worker_pb2_grpc
 from protocol.tls import make_identity
+from protocol.toolcalls import strip_tool_calls
 
 log = logging.getLogger(__name__)
 

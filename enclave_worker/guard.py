@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import threading
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,9 +22,9 @@ from policy.agents import KillSwitch, SessionState, ToolCall, check_tool_calls
 from policy.data import check_content
 from policy.documents import verify_policy_document
 from policy.policyset import PolicySet
+from protocol.toolcalls import parse_tool_calls
 
 log = logging.getLogger(__name__)
-_TOOL_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
 
 
 class GuardRefusal(Exception):
@@ -43,19 +41,6 @@ def load_policy_set(document: Path, admin_key: Path, tenant: str) -> PolicySet:
     if policy_set.tenant != tenant:
         raise ValueError("policy document is for another tenant")
     return policy_set
-
-
-def parse_tool_calls(text: str) -> list[ToolCall]:
-    calls = []
-    for block in _TOOL_BLOCK.findall(text):
-        try:
-            doc = json.loads(block)
-        except json.JSONDecodeError:
-            continue  # the gateway will not turn an unparsable block into a call either
-        for item in doc if isinstance(doc, list) else [doc]:
-            if isinstance(item, Mapping) and isinstance(item.get("name"), str):
-                calls.append(ToolCall(item["name"], item.get("arguments") or {}))
-    return calls
 
 
 @dataclass
@@ -98,7 +83,9 @@ class WorkerGuard:
         set (it can only narrow what the signed policy allows)."""
         if self.policy_set is None:
             return ""
-        calls = parse_tool_calls(text)
+        # The same parser the gateway uses: every call it could hand to the client is checked here,
+        # including one cut off by max_tokens that it would repair.
+        calls = [ToolCall(c.name, c.arguments) for c in parse_tool_calls(text).calls]
         if not calls:
             return ""
         with self._lock:
@@ -120,9 +107,3 @@ def build_guard(policy_file: Path | None, admin_key: Path | None, tenant: str, u
         log.warning("UNSAFE: no tenant policy; data and tool-use controls are off in this worker")
         return WorkerGuard(None)
     return WorkerGuard(load_policy_set(policy_file, admin_key, tenant))
-
-
-def strip_tool_calls(text: str) -> str:
-    return _TOOL_BLOCK.sub("", text).strip()
-
-

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
-import re
 import secrets
+from dataclasses import dataclass
 from typing import Any
 
+from protocol import toolcalls
 from protocol.rpc import worker_pb2
+from protocol.toolcalls import coerce_json, streamable_len
 
-TOOL_CALL_RE = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.S)
 JSON_SYSTEM = "Respond only with a single valid JSON object."
 
 
@@ -23,102 +24,50 @@ def tool_prefix(tool_choice: str | dict[str, Any] | None) -> str:
     return ""
 
 
-def streamable_len(text: str) -> int:
-    """How much of a tools-enabled answer can be streamed as content: up to a <tool_call> marker, and
-    never a tail that could be the start of one."""
-    marker = "<tool_call>"
-    found = text.find(marker)
-    if found >= 0:
-        return found
-    for k in range(min(len(marker) - 1, len(text)), 0, -1):
-        if text.endswith(marker[:k]):
-            return len(text) - k
-    return len(text)
-
-
-def _calls_from(obj: Any) -> list[dict[str, Any]]:
-    items = obj if isinstance(obj, list) else [obj]
-    calls = []
-    for item in items:
-        if not isinstance(item, dict) or not isinstance(item.get("name"), str):
-            continue
-        args = item.get("arguments", item.get("parameters", {}))
-        calls.append({"id": f"call_{secrets.token_hex(12)}", "type": "function", "function": {
-            "name": item["name"], "arguments": args if isinstance(args, str) else json.dumps(args)}})
-    return calls
-
-
 def parse_tool_calls(text: str, tool_names: set[str]) -> tuple[str | None, list[dict[str, Any]]]:
-    """Split a SmolLM2/Hermes-style answer into content and tool calls (<tool_call>{json}</tool_call>)."""
-    calls: list[dict[str, Any]] = []
-    for body in TOOL_CALL_RE.findall(text):
-        try:
-            parsed = json.loads(body)
-        except ValueError:
-            parsed = json.loads(coerce_json(body)) if body.lstrip().startswith(("{", "[")) else None
-        calls += [c for c in _calls_from(parsed) if not tool_names or c["function"]["name"] in tool_names]
-    content = TOOL_CALL_RE.sub("", text).strip() if calls else text
+    """Split an answer into content and OpenAI tool calls, with the parser the worker's guard
+    used on the same text (`protocol.toolcalls`); only calls to the request's tools are kept."""
+    parsed = toolcalls.parse_tool_calls(text)
+    calls = [{"id": f"call_{secrets.token_hex(12)}", "type": "function",
+              "function": {"name": c.name, "arguments": c.arguments_json()}}
+             for c in parsed.calls if not tool_names or c.name in tool_names]
+    content = parsed.content if calls else text
     return (content or None), calls
 
 
-def coerce_json(text: str) -> str:
-    """The first JSON object in `text`; if the model stopped inside it, close it (best effort)."""
-    start = text.find("{")
-    if start < 0:
-        return "{}"
-    stack, in_str, esc, last_good = [], False, False, None
-    for i, ch in enumerate(text[start:], start):
-        if in_str:
-            esc = (ch == "\\") and not esc
-            if ch == '"' and not esc:
-                in_str = False
-            continue
-        if ch == '"':
-            in_str = True
-        elif ch in "{[":
-            stack.append("}" if ch == "{" else "]")
-        elif ch in "}]":
-            if not stack:
-                break
-            stack.pop()
-            if not stack:
-                candidate = text[start:i + 1]
-                try:
-                    json.loads(candidate)
-                    return candidate
-                except ValueError:
-                    break
-        elif ch == "," and len(stack) == 1:
-            last_good = i
-    # Unterminated: cut back to the last complete member of the top-level object, then close it.
-    for cut in (text[start:], text[start:last_good] if last_good else None):
-        if cut is None:
-            continue
-        fixed = cut + ('"' if in_str and cut is text[start:] else "")
-        fixed += "".join(reversed(_open_brackets(fixed)))
-        try:
-            json.loads(fixed)
-            return fixed
-        except ValueError:
-            continue
-    return "{}"
+@dataclass(frozen=True)
+class ChatAnswerShape:
+    """How a chat answer becomes an OpenAI message: tool calls (`use_tools`), JSON mode, or text.
+    `prefix` is the assistant prefix the worker was asked to continue (a forced tool call's
+    opening, or "{" in JSON mode); it is part of the answer the worker's guard checked."""
 
+    prefix: str = ""
+    use_tools: bool = False
+    json_mode: bool = False
+    tool_names: frozenset[str] = frozenset()
 
-def _open_brackets(text: str) -> list[str]:
-    stack: list[str] = []
-    in_str = esc = False
-    for ch in text:
-        if in_str:
-            esc = (ch == "\\") and not esc
-            if ch == '"' and not esc:
-                in_str = False
-        elif ch == '"':
-            in_str = True
-        elif ch in "{[":
-            stack.append("}" if ch == "{" else "]")
-        elif ch in "}]" and stack:
-            stack.pop()
-    return stack
+    @property
+    def streams_text(self) -> bool:
+        """Forced tool calls and JSON mode: the answer's shape is only known at its end."""
+        return not self.prefix
+
+    def streamable(self, text: str) -> int:
+        """How much of the answer so far may be sent as content before it ends: with tools, never
+        a <tool_call> block or the start of one."""
+        if not self.streams_text:
+            return 0
+        return streamable_len(text) if self.use_tools else len(text)
+
+    def message(self, text: str, reason: str | None) -> tuple[dict[str, Any], str | None]:
+        """The final message for the whole answer `text`, and its finish reason."""
+        if self.use_tools:
+            content, calls = parse_tool_calls(self.prefix + text, set(self.tool_names))
+            if calls:
+                return {"role": "assistant", "content": content, "tool_calls": calls}, "tool_calls"
+            return {"role": "assistant", "content": text}, reason
+        if self.json_mode:
+            return {"role": "assistant", "content": coerce_json(self.prefix + text)}, reason
+        return {"role": "assistant", "content": text}, reason
 
 
 def chat_logprobs(items: list[worker_pb2.TokenLogprob]) -> dict[str, Any]:

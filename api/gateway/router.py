@@ -94,31 +94,22 @@ async def chat_completions(req: ChatCompletionRequest, key: KeyRecord = Depends(
     streams = await run.start(split, requests, affinity=json.dumps(messages[:2])[:4096])
     base = {"id": f"chatcmpl-{rid}", "created": int(time.time()), "model": req.model,
             **_tee(service, key.tenant, req.model)}
-    names = {t["function"]["name"] for t in tools}
-
-    def finish(text: str, reason: str | None) -> tuple[dict[str, Any], str | None]:
-        if use_tools:
-            content, calls = fmt.parse_tool_calls(prefix + text, names)
-            if calls:
-                return {"role": "assistant", "content": content, "tool_calls": calls}, "tool_calls"
-            return {"role": "assistant", "content": text}, reason
-        if json_mode:
-            return {"role": "assistant", "content": fmt.coerce_json(prefix + text)}, reason
-        return {"role": "assistant", "content": text}, reason
+    shape = fmt.ChatAnswerShape(prefix=prefix, use_tools=use_tools, json_mode=json_mode,
+                                tool_names=frozenset(t["function"]["name"] for t in tools))
 
     if not req.stream:
         results = await run.collect(streams)
         choices = []
         for i, r in enumerate(results):
-            message, reason = finish(r.text, r.finish_reason)
+            message, reason = shape.message(r.text, r.finish_reason)
             choices.append({"index": i, "message": {**message, "refusal": None}, "finish_reason": reason,
                             "logprobs": fmt.chat_logprobs(r.logprobs) if req.logprobs else None})
         return JSONResponse({**base, "object": "chat.completion", "choices": choices, "usage": _usage(results)})
 
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
-    # Forced tool calls and JSON mode: the answer's shape is only known at its end. Tools on `auto`:
-    # text streams until a <tool_call> marker could be starting, then the rest waits for the end.
-    buffered = bool(prefix)
+    # Tools on `auto`: text streams until a <tool_call> marker could be starting, then the rest
+    # waits for the end, where the same parser as the worker's guard reads the whole answer.
+    buffered = not shape.streams_text
 
     async def events() -> AsyncIterator[bytes]:
         chunk_base = {**base, "object": "chat.completion.chunk"}
@@ -132,13 +123,13 @@ async def chat_completions(req: ChatCompletionRequest, key: KeyRecord = Depends(
                 texts[i] += out.text
                 lp = fmt.chat_logprobs(list(out.logprobs)) if req.logprobs else None
                 if not buffered and not out.finish_reason:
-                    upto = fmt.streamable_len(texts[i]) if use_tools else len(texts[i])
+                    upto = shape.streamable(texts[i])
                     if upto > sent[i] or lp:
                         yield _sse_bytes({**chunk_base, "choices": [{"index": i, "delta": {
                             "content": texts[i][sent[i]:upto]}, "finish_reason": None, "logprobs": lp}]})
                         sent[i] = max(sent[i], upto)
                 elif out.finish_reason:
-                    message, reason = finish(texts[i], out.finish_reason)
+                    message, reason = shape.message(texts[i], out.finish_reason)
                     message.pop("role")
                     if "tool_calls" in message:
                         message["tool_calls"] = [{"index": j, **c} for j, c in enumerate(message["tool_calls"])]

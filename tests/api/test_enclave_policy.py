@@ -33,3 +33,25 @@ def test_tool_outside_the_agents_allowlist_is_refused_before_the_answer_leaves(s
             tool_choice={"type": "function", "function": {"name": "delete_files"}},
             messages=[{"role": "user", "content": "Clean up my home directory."}])
     assert "agent policy" in err.value.body["message"]
+
+
+DELETE_FILES = {"type": "function", "function": {"name": "delete_files", "description": "Delete files",
+                                                 "parameters": {"type": "object", "properties": {
+                                                     "path": {"type": "string"}}}}}
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+@pytest.mark.parametrize("max_tokens", [1, 3, 6])
+def test_a_tool_call_cut_off_by_max_tokens_is_checked_like_a_whole_one(stack: RunningStack, stream: bool,
+                                                                       max_tokens: int) -> None:
+    """Regression (#12): the gateway repairs a call the model did not finish (`<tool_call>{"name":
+    "delete_files", "arguments": {"path": "/home`) into a tool call; the in-enclave guard must see
+    that same call and refuse it, streamed or not, instead of passing text it could not parse."""
+    with pytest.raises(openai.PermissionDeniedError) as err:
+        answer = client(stack).chat.completions.create(
+            model=DEMO_MODEL, max_tokens=max_tokens, temperature=0, tools=[DELETE_FILES], stream=stream,
+            tool_choice={"type": "function", "function": {"name": "delete_files"}},
+            messages=[{"role": "user", "content": "Delete everything under /home."}])
+        leaked = list(answer) if stream else [answer]
+        pytest.fail(f"a forbidden tool call reached the client: {leaked!r}")
+    assert "agent policy" in err.value.body["message"]

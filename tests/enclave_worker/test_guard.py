@@ -11,7 +11,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from enclave_worker.guard import GuardRefusal, WorkerGuard, build_guard, load_policy_set, parse_tool_calls
+from enclave_worker.guard import GuardRefusal, WorkerGuard, build_guard, load_policy_set
 from enclave_worker.keywatch import KeyWatch
 from policy.documents import sign_policy_document
 from policy.errors import PolicyInvalid
@@ -118,11 +118,6 @@ def test_kill_switch_takes_effect_at_once(guard: WorkerGuard) -> None:
     guard.kill_switch.kill("key_a")
     with pytest.raises(GuardRefusal):
         guard.check_tools("key_a", text)
-
-
-def test_tool_call_parser_tolerates_junk() -> None:
-    assert parse_tool_calls("<tool_call>not json</tool_call>") == []
-    assert [c.name for c in parse_tool_calls('<tool_call>[{"name": "a"}, {"name": "b"}]')] == ["a", "b"]
 
 
 def test_policyset_round_trip_matches_the_signed_payload() -> None:

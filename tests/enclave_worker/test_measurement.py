@@ -22,8 +22,9 @@ def test_every_project_module_the_worker_loads_is_measured() -> None:
         "import json, sys, enclave_worker.__main__, enclave_worker.grpc_server;"
         f"print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in {PROJECT_PACKAGES!r})))"
     )
-    loaded = set(json.loads(subprocess.run([sys.executable, "-c", probe], check=True, cwd=ROOT,
-                                           capture_output=True, text=True).stdout))
+    run = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    loaded = set(json.loads(run.stdout))
     assert "enclave_worker.boot" in loaded
     assert loaded <= set(worker_modules()), sorted(loaded - set(worker_modules()))
 
