@@ -17,8 +17,9 @@ from pathlib import Path
 from cryptography import x509
 
 from attestation import x509chain
-from attestation.tdx import testcollateral, testpki
 from attestation.tdx.verify import INTEL_ROOT_FILE, Collateral, TdxVerifier, VerifiedQuote
+from attestation.testing import tdx_collateral as testcollateral
+from attestation.testing import tdx_pki as testpki
 
 
 @dataclass(frozen=True)

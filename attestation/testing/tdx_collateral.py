@@ -14,8 +14,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from attestation.tdx.testpki import FMSPC, NOW, QE_MRSIGNER, SGX_COMPS, TestPki, rs_sign
 from attestation.tdx.verify import Collateral
+from attestation.testing.tdx_pki import FMSPC, NOW, QE_MRSIGNER, SGX_COMPS, TestPki, rs_sign
 
 
 def _level(status: str, date: str, advisories: Sequence[str], **tcb: Any) -> dict[str, Any]:

@@ -15,8 +15,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from attestation.appraisal import AppraisalPolicy, appraise
 from attestation.bundle import EvidenceBundle, GpuEvidence, RuntimeData, expected_report_data
 from attestation.errors import AttestationError, FreshnessError
-from attestation.nvgpu import testpki as tp
 from attestation.sim import SimTee
+from attestation.testing import nvgpu_pki as tp
 from attestation.verifier import VerifierTrust, verify_bundle
 
 NOW = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)

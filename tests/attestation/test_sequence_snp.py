@@ -17,7 +17,7 @@ from attestation.bundle import EvidenceBundle, RuntimeData, expected_report_data
 from attestation.errors import AttestationError, ChainError, FreshnessError, PolicyViolation
 from attestation.snp.collect import collect_configfs
 from attestation.snp.tcb import Product
-from attestation.snp.testing import EPOCH, generate_keys, make_pki, sign_report, template_report
+from attestation.testing.snp_pki import EPOCH, generate_keys, make_pki, sign_report, template_report
 from attestation.token import TokenIssuer, TokenVerifier
 from attestation.verifier import VerifierTrust, verify_bundle
 

@@ -15,10 +15,10 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from attestation.appraisal import AppraisalPolicy, appraise
 from attestation.bundle import EvidenceBundle, RuntimeData, expected_report_data
 from attestation.errors import AttestationError, FreshnessError, PolicyViolation, UnsupportedError
-from attestation.tdx import testcollateral as tc
-from attestation.tdx import testpki as tp
 from attestation.tdx.collect import collect_quote
 from attestation.tdx.verify import INTEL_ROOT_FILE, Collateral
+from attestation.testing import tdx_collateral as tc
+from attestation.testing import tdx_pki as tp
 from attestation.token import TokenIssuer, TokenVerifier
 from attestation.tsm import DirectoryConfigfsFake, TsmReportClient
 from attestation.verifier import VerifierTrust, verify_bundle

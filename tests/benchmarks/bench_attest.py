@@ -38,7 +38,7 @@ def _vectors() -> Path | None:
 
 
 def bench_snp(iterations: int) -> dict[str, Any]:
-    from attestation.snp import bench_support
+    from attestation.testing import snp_bench as bench_support
 
     vectors = _vectors()
     if vectors is not None:
@@ -53,7 +53,7 @@ def bench_snp(iterations: int) -> dict[str, Any]:
 
 
 def bench_tdx(iterations: int) -> dict[str, Any]:
-    from attestation.tdx import bench_support
+    from attestation.testing import tdx_bench as bench_support
 
     vectors = _vectors()
     case = bench_support.vector_case(vectors) if vectors is not None else bench_support.synthetic_case()

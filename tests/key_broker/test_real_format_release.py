@@ -22,9 +22,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from attestation import nvgpu, snp
 from attestation.bundle import EvidenceBundle, GpuEvidence, RuntimeData, check_binding, expected_report_data
 from attestation.errors import FreshnessError, UnsupportedError
-from attestation.nvgpu import testpki as gpu_pki
 from attestation.snp.tcb import POLICY_DEBUG, Product
-from attestation.snp.testing import AmdTestPki, generate_keys, make_pki, sign_report, template_report
+from attestation.testing import nvgpu_pki as gpu_pki
+from attestation.testing.snp_pki import AmdTestPki, generate_keys, make_pki, sign_report, template_report
 from attestation.verifier import AttestationResult
 from protocol.broker.errors import BrokerRefused
 from protocol.package.signing import signer_identity

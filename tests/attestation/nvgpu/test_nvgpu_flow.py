@@ -25,10 +25,10 @@ from attestation.errors import (
     UnsupportedError,
 )
 from attestation.nvgpu import Policy, validate, verify_gpu_list
-from attestation.nvgpu import testpki as tp
 from attestation.nvgpu.collect import CollectedGpu, attest_and_ready, collect_gpu_evidence
 from attestation.nvgpu.verify import VerifiedGpu
 from attestation.ocsp import StaticOcspChecker
+from attestation.testing import nvgpu_pki as tp
 from attestation.x509chain import load_pem_chain
 
 NOW = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)

@@ -12,7 +12,7 @@ from cryptography.hazmat.primitives import serialization
 from attestation.errors import FreshnessError, ParseError, PolicyViolation, RevokedError
 from attestation.snp.cli import inspect_for_cli, verify_for_cli
 from attestation.snp.tcb import Product
-from attestation.snp.testing import EPOCH, AmdTestPki, KeySet, sign_report, template_report
+from attestation.testing.snp_pki import EPOCH, AmdTestPki, KeySet, sign_report, template_report
 from attestation.x509chain import ROOTS_DIR
 
 # MANIFEST 1a: go-sev-guest pins 2022-09-24T01:00:00Z for this VCEK.

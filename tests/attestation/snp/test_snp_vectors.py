@@ -16,10 +16,10 @@ from attestation.errors import (
     SignatureError,
 )
 from attestation.snp import Policy, parse_report, parse_vek, to_claims, validate, verify_report
-from attestation.snp.bench_support import make_cached_verifier
 from attestation.snp.certs import VekKind
 from attestation.snp.tcb import Product
-from attestation.snp.testing import RealVector
+from attestation.testing.snp_bench import make_cached_verifier
+from attestation.testing.snp_pki import RealVector
 
 
 def _load(snp_dir: Path, v: RealVector) -> tuple[bytes, bytes]:

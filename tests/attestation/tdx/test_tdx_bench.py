@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from attestation.claims import TcbStatus
-from attestation.tdx import bench_support
+from attestation.testing import tdx_bench as bench_support
 
 
 def test_synthetic_case_runs() -> None:

@@ -10,10 +10,10 @@ import pytest
 from cryptography.hazmat.primitives.serialization import Encoding
 
 from attestation.errors import ChainError, CollateralError, FreshnessError, PolicyViolation
-from attestation.tdx import testcollateral as tc
-from attestation.tdx import testpki as tp
 from attestation.tdx.cli import inspect_for_cli, verify_for_cli
 from attestation.tdx.verify import INTEL_ROOT_FILE
+from attestation.testing import tdx_collateral as tc
+from attestation.testing import tdx_pki as tp
 
 NONCE = b"\x42" * 64
 

@@ -13,10 +13,10 @@ from hypothesis import strategies as st
 
 from attestation.errors import AttestationError
 from attestation.pcs import classify_collateral
-from attestation.tdx import testcollateral as tc
-from attestation.tdx import testpki as tp
 from attestation.tdx.abi import parse_quote
 from attestation.tdx.collateral import parse_qe_identity, parse_tcb_info, split_signed_json
+from attestation.testing import tdx_collateral as tc
+from attestation.testing import tdx_pki as tp
 
 FUZZ = settings(
     max_examples=10_000,

@@ -15,8 +15,8 @@ from attestation.claims import TcbStatus
 from attestation.errors import CollateralError
 from attestation.pcs import CollateralKind, PcsFetcher, classify_collateral, collateral_from_items
 from attestation.tdx import TdxVerifier
-from attestation.tdx import testcollateral as tc
-from attestation.tdx import testpki as tp
+from attestation.testing import tdx_collateral as tc
+from attestation.testing import tdx_pki as tp
 
 
 @pytest.fixture(scope="module")

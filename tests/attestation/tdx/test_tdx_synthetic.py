@@ -17,9 +17,9 @@ from attestation.errors import (
     UnsupportedError,
 )
 from attestation.tdx import Policy, TdxVerifier, VerifyOptions, parse_quote, to_claims, validate
-from attestation.tdx import testcollateral as tc
-from attestation.tdx import testpki as tp
 from attestation.tdx.collect import collect_quote
+from attestation.testing import tdx_collateral as tc
+from attestation.testing import tdx_pki as tp
 from attestation.tsm import DirectoryConfigfsFake, TsmReportClient
 
 V5 = {"version": 5, "body_type": 3, "tee_tcb_svn": bytes([6, 1, 4]) + bytes(13)}
