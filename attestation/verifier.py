@@ -100,9 +100,9 @@ def _verify_cpu(bundle: EvidenceBundle, now: dt.datetime, trust: VerifierTrust) 
         # collateral source (Intel PCS, cached or offline), never from the attester.
         if trust.tdx_collateral is None:
             raise UnsupportedError("no TDX collateral source configured for this verifier")
-        verified = tdx.verify_quote(bundle.cpu_evidence, now=now, roots_dir=trust.roots_dir,
-                                    fetcher=trust.tdx_collateral)
-        return tdx.to_claims(verified)
+        quote = tdx.verify_quote(bundle.cpu_evidence, now=now, roots_dir=trust.roots_dir,
+                                 fetcher=trust.tdx_collateral)
+        return tdx.to_claims(quote)
     raise UnsupportedError(f"unknown TEE type {bundle.tee!r}")
 
 

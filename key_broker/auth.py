@@ -62,7 +62,8 @@ class AdminTokenStore:
 
     def _load(self) -> dict[str, dict]:
         try:
-            return json.loads(self._path.read_text())
+            doc: dict[str, dict] = json.loads(self._path.read_text())
+            return doc
         except FileNotFoundError:
             return {}
         except (OSError, ValueError) as exc:

@@ -16,11 +16,13 @@ _FORBIDDEN = {"type": "forbidden", "message": "not allowed"}
 
 
 def get_service(request: Request) -> KeyBrokerService:
-    return request.app.state.service
+    service: KeyBrokerService = request.app.state.service
+    return service
 
 
 def get_admin(request: Request) -> TenantAdmin:
-    return request.app.state.admin
+    admin: TenantAdmin = request.app.state.admin
+    return admin
 
 
 def client_address(request: Request) -> str:

@@ -96,7 +96,8 @@ class LocalKeyStore:
     def _load(self, tenant: str) -> dict:
         path = self._kek_path(tenant)
         try:
-            return json.loads(path.read_text())
+            doc: dict = json.loads(path.read_text())
+            return doc
         except FileNotFoundError as exc:
             raise KeyStoreError(f"no key for tenant {tenant}") from exc
         except (OSError, ValueError) as exc:

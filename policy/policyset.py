@@ -61,12 +61,6 @@ class PolicySet:
         override = self.key_overrides.get(api_key)
         return override.over(base) if override else base
 
-    def release_for(self, model: str, model_version: str) -> ReleasePolicy | None:
-        """The most specific release policy covering a model version (exact version first)."""
-        exact = [p for p in self.release if p.model == model and p.model_version == model_version]
-        anyv = [p for p in self.release if p.model == model and p.model_version is None]
-        return (exact or anyv or [None])[0]
-
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> PolicySet:
         d = _check_keys(d, _KEYS, "policy set")

@@ -94,7 +94,7 @@ def _attr(el: etree._Element, name: str) -> str:
     value = el.get(name)
     if value is None:
         raise ParseError(f"RIM {etree.QName(el).localname} lacks attribute {name}")
-    return value
+    return str(value)
 
 
 def _int(text: str, what: str, hi: int) -> int:
@@ -188,12 +188,14 @@ def verify_rim(
         verification_time=now,
     )
     try:
-        result = XMLVerifier().verify(root, x509_cert=signer_pem, expect_config=config)
+        result = XMLVerifier().verify(root, x509_cert=signer_pem.decode(), expect_config=config)
     except SignXMLException as exc:
         raise SignatureError(f"RIM XML signature does not verify: {exc}") from exc
     except (ValueError, TypeError, etree.LxmlError) as exc:
         raise SignatureError(f"RIM XML signature could not be checked: {exc}") from exc
     # Step 3: read reference values only from the element the signature covers.
+    if isinstance(result, list):  # only with several expected references, which we never ask for
+        raise SignatureError("RIM carries more than one signed reference")
     signed = result.signed_xml
     if signed is None or signed.tag != root.tag:
         raise SignatureError("RIM signature does not cover the whole SoftwareIdentity")

@@ -143,7 +143,7 @@ def parse_td_body(raw: bytes) -> TdQuoteBody:
     extra = {}
     if len(raw) == TD_REPORT15_SIZE:
         extra = {"tee_tcb_svn2": raw[584:600], "mr_servicetd": raw[600:648]}
-    return TdQuoteBody(*f[:10], (f[10], f[11], f[12], f[13]), f[14], **extra)  # type: ignore[arg-type]
+    return TdQuoteBody(*f[:10], (f[10], f[11], f[12], f[13]), f[14], **extra)  # type: ignore[arg-type, call-arg]
 
 
 def _spans(sizes: list[int]) -> list[tuple[int, int]]:

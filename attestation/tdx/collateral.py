@@ -131,7 +131,7 @@ def _get(obj: dict[str, Any], key: str, kind: type, where: str) -> Any:
     # bool is an int subclass in Python; JSON true must not pass as an SVN.
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
         raise ParseError(f"{where}: {key!r} must be {kind.__name__}")
-    if kind is int and not 0 <= value < 2**32:
+    if isinstance(value, int) and not 0 <= value < 2**32:
         raise ParseError(f"{where}: {key!r} out of range")
     return value
 

@@ -157,4 +157,4 @@ def sign_rim(xml: bytes, certs: list[x509.Certificate], key: ec.EllipticCurvePri
         signature_algorithm=SignatureMethod.ECDSA_SHA384, digest_algorithm=DigestAlgorithm.SHA384
     )
     signed = signer.sign(etree.fromstring(xml), key=key, cert=certs)
-    return etree.tostring(signed)
+    return bytes(etree.tostring(signed))

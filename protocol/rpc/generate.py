@@ -19,8 +19,8 @@ def main(argv: list[str] | None = None) -> int:
 
     args = list(sys.argv[1:] if argv is None else argv)
     out = Path(args[args.index("--out") + 1]) if "--out" in args else HERE
-    rc = protoc.main(["grpc_tools.protoc", f"-I{HERE}", f"--python_out={out}", f"--grpc_python_out={out}",
-                      str(HERE / "worker.proto")])
+    rc = int(protoc.main(["grpc_tools.protoc", f"-I{HERE}", f"--python_out={out}", f"--grpc_python_out={out}",
+                          str(HERE / "worker.proto")]))
     if rc != 0:
         return rc
     grpc_module = out / "worker_pb2_grpc.py"

@@ -1,0 +1,18 @@
+"""mypy passes on the packages whose values cross trust boundaries (pyproject.toml [tool.mypy]:
+protocol, attestation, key_broker, policy; untyped definitions and implicit Any returns refused)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from mypy import api
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_mypy_is_clean(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(ROOT)
+    stdout, stderr, rc = api.run(["--config-file", str(ROOT / "pyproject.toml")])
+    assert rc == 0, stdout + stderr
+    assert "Success" in stdout, stdout
