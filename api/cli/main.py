@@ -17,7 +17,8 @@ def build() -> typer.Typer:
     app.add_typer(attest.build(), name="attest")
     app.add_typer(audit.build(), name="audit")
     app.add_typer(keys.build(), name="keys")
-    app.command("bench", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(bench.bench)
+    app.command("bench", context_settings={"allow_extra_args": True, "ignore_unknown_options": True,
+                                          "help_option_names": []})(bench.bench)
     return app
 
 
