@@ -1,8 +1,12 @@
-"""Fakes for hardware we cannot have, in one place: throwaway AMD, Intel and NVIDIA PKIs that sign
-evidence and collateral in the real formats (`snp_pki`, `tdx_pki`, `tdx_collateral`,
-`nvgpu_pki`), and the cases the attestation benchmarks time (`snp_bench`, `tdx_bench`).
+"""Fakes of hardware we cannot have here (SEV-SNP, TDX, NVIDIA GPU CC), at the narrowest seam.
 
-Tests and benchmarks only. No product module imports this package (an import-linter contract in
-pyproject.toml), so none of it is in the worker's measured code, and production verifiers trust
-only the pinned vendor roots in `attestation/roots/`.
+Tests, benchmarks and demos only: nothing here is trusted by default. Each fake answers through
+the same interface the kernel or driver offers (configfs-tsm files, the /dev/sev-guest ioctl,
+the NVML module), signing with test PKIs in the vendors' real formats, or replaying real captured
+bytes and errors where we have them.
+
+The throwaway PKIs: `snp_pki` (AMD ARK/ASK/VCEK, report signing), `tdx_pki` and `tdx_collateral`
+(Intel PCK chain, quotes, TCB info, QE identity), `nvgpu_pki` (NVIDIA device chain, RIMs); and the
+cases the attestation benchmarks time: `snp_bench`, `tdx_bench`. An import-linter contract in
+pyproject.toml keeps every role package and the production verifiers from importing this package.
 """
