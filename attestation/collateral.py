@@ -198,7 +198,8 @@ class CollateralStore:
             kind = classify_collateral(data)
             if kind in (CollateralKind.TCB_INFO, CollateralKind.QE_IDENTITY):
                 top = _json_top(data) or {}
-                body = top.get("tcbInfo" if kind is CollateralKind.TCB_INFO else "enclaveIdentity") or {}
+                found = top.get("tcbInfo" if kind is CollateralKind.TCB_INFO else "enclaveIdentity")
+                body: dict[str, object] = found if isinstance(found, dict) else {}
                 subject = str(body.get("fmspc") or body.get("id") or "")
                 return CollateralItem(source, kind.value, path.name, subject, _iso(body.get("issueDate")),
                                       _iso(body.get("nextUpdate")))

@@ -66,8 +66,11 @@ class FakeNvml:
     @classmethod
     def cc_on(cls, identities: Sequence[Any], make_report: Callable[[Any, int, bytes], bytes]) -> FakeNvml:
         """GPUs in CC mode; `make_report(identity, index, nonce)` signs each report."""
-        gpus = [FakeGpu(uuid=ident.uuid, report=(lambda n, i=i, g=ident: make_report(g, i, n)),
-                        chain=ident.chain_pem()) for i, ident in enumerate(identities)]
+        def reporter(identity: Any, index: int) -> Callable[[bytes], bytes]:
+            return lambda nonce: make_report(identity, index, nonce)
+
+        gpus = [FakeGpu(uuid=ident.uuid, report=reporter(ident, i), chain=ident.chain_pem())
+                for i, ident in enumerate(identities)]
         return cls(gpus)
 
     @classmethod

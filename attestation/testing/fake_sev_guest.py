@@ -54,7 +54,7 @@ class FakeSevGuest:
         return ioctl
 
     def install(self) -> None:
-        fcntl.ioctl = self.router(fcntl.ioctl)  # type: ignore[assignment]
+        fcntl.ioctl = self.router(fcntl.ioctl)
 
     def ioctl(self, fd: int, request: int, arg: bytearray) -> int:
         if request not in (SNP_GET_REPORT, SNP_GET_EXT_REPORT):

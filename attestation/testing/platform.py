@@ -20,11 +20,13 @@ from pathlib import Path
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from cryptography.hazmat.primitives.asymmetric.types import PrivateKeyTypes
 
-from attestation.nvgpu import testpki as gpu_pki
 from attestation.snp.tcb import Product
-from attestation.snp.testing import AmdTestPki, KeySet, make_pki, sign_report, template_report
-from attestation.tdx import testcollateral, testpki
+from attestation.testing import nvgpu_pki as gpu_pki
+from attestation.testing import tdx_collateral as testcollateral
+from attestation.testing import tdx_pki as testpki
+from attestation.testing.snp_pki import AmdTestPki, KeySet, make_pki, sign_report, template_report
 
 # What the fake "hardware" measures at launch; tests put it in the release policy.
 SNP_MEASUREMENT = bytes(range(48))
@@ -33,8 +35,8 @@ CHIP_ID = bytes(range(64))
 VCEK_SERIAL = 7
 
 
-def _pem_key(key: object) -> bytes:
-    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,  # type: ignore[attr-defined]
+def _pem_key(key: PrivateKeyTypes) -> bytes:
+    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                              serialization.NoEncryption())
 
 
@@ -70,8 +72,8 @@ class FakePlatform:
     def create(cls, root: Path, *, gpus: int = 2, now: dt.datetime | None = None) -> FakePlatform:
         """Generate every PKI (2048-bit AMD test roots keep this fast) and write the directory."""
         now = now or dt.datetime.now(dt.UTC)
-        amd_keys = KeySet(*(rsa.generate_private_key(public_exponent=65537, key_size=2048) for _ in range(3)),
-                          ec.generate_private_key(ec.SECP384R1()))
+        ark, ask, asvk = (rsa.generate_private_key(public_exponent=65537, key_size=2048) for _ in range(3))
+        amd_keys = KeySet(ark, ask, asvk, ec.generate_private_key(ec.SECP384R1()))
         amd = make_pki(amd_keys, Product.MILAN)
         intel = testpki.make_pki()
         idents = make_gpu_identities(gpus)

@@ -35,7 +35,8 @@ _EVENTS = [b'data: {"choices":[{"index":0,"delta":{"content":"Hi"}}]}\n\n',
 
 
 def _raw(key: Any) -> str:
-    return key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw).hex()
+    raw: bytes = key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    return raw.hex()
 
 
 def build_vectors() -> dict[str, Any]:
