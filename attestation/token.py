@@ -56,6 +56,62 @@ class TokenIssuer:
 
 
 @dataclass(frozen=True)
+class TokenScope:
+    """What a key broker's token is for: one tenant's model version under one release policy."""
+
+    tenant: str
+    model: str
+    version: str
+    policy_id: str
+    policy_version: int
+    chip_id: str = ""
+
+
+@dataclass(frozen=True)
+class AttestationClaims:
+    """A verified token's claims, parsed once. `raw` keeps the whole claim set for appraisal
+    (`attestation.appraisal.appraise`), which reads the per-TEE parts (TCB, GPUs)."""
+
+    token_id: str
+    issued_at: int
+    expires_at: int
+    tee: str
+    measurement: str
+    insecure: bool
+    evidence_digest: str
+    hpke_public_key: str  # hex, the worker's ephemeral HPKE key the evidence binds
+    channel_binding: str  # hex, the worker's TLS and usage keys the evidence binds
+    scope: TokenScope | None
+    raw: Mapping[str, Any]
+
+    @classmethod
+    def from_claims(cls, claims: Mapping[str, Any]) -> AttestationClaims:
+        try:
+            runtime = claims.get("runtime_data") or {}
+            scope = claims.get("sealed")
+            return cls(
+                token_id=str(claims["jti"]), issued_at=int(claims["iat"]), expires_at=int(claims["exp"]),
+                tee=str(claims["tee"]), measurement=str(claims["measurement"]),
+                insecure=bool(claims.get("insecure")), evidence_digest=str(claims.get("evidence_digest", "")),
+                hpke_public_key=str(runtime.get("hpke_public_key", "")),
+                channel_binding=str(runtime.get("channel_binding", "")),
+                scope=None if scope is None else TokenScope(
+                    tenant=str(scope["tenant"]), model=str(scope["model"]), version=str(scope["version"]),
+                    policy_id=str(scope.get("policy_id", "")), policy_version=int(scope.get("policy_version", 0)),
+                    chip_id=str(scope.get("chip_id", ""))),
+                raw=claims,
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise TokenError(f"token claims are malformed: {exc}") from exc
+
+    def require_scope(self, tenant: str, model: str, version: str) -> TokenScope:
+        """The one check that a token was issued for this tenant, model and version."""
+        if self.scope is None or (self.scope.tenant, self.scope.model, self.scope.version) != (tenant, model, version):
+            raise TokenError("token was issued for another tenant, model or version")
+        return self.scope
+
+
+@dataclass(frozen=True)
 class TokenVerifier:
     """Checks tokens against a pinned JWKS and issuer; the clock is injected."""
 
@@ -90,3 +146,15 @@ class TokenVerifier:
         if claims.get("eat_profile") != EAT_PROFILE:
             raise TokenError("token has an unexpected EAT profile")
         return claims
+
+    def verify_claims(self, token: str, now: dt.datetime) -> AttestationClaims:
+        return AttestationClaims.from_claims(self.verify(token, now))
+
+    def verify_as_issued(self, token: str) -> AttestationClaims:
+        """Signature, issuer and profile checked in full, at the token's own issue time: for a
+        worker that outlives its token (revocation polls, the gateway's routing check)."""
+        try:
+            issued = int(jwt.decode(token, options={"verify_signature": False})["iat"])
+        except (jwt.PyJWTError, KeyError, TypeError, ValueError) as exc:
+            raise TokenError("not a valid attestation token") from exc
+        return self.verify_claims(token, dt.datetime.fromtimestamp(issued, dt.UTC))

@@ -18,7 +18,7 @@ import jwt
 
 from attestation.bundle import EvidenceBundle
 from attestation.errors import AttestationError
-from attestation.token import TokenIssuer, TokenVerifier
+from attestation.token import AttestationClaims, TokenIssuer, TokenScope, TokenVerifier
 from attestation.verifier import AttestationResult, VerifierTrust, verify_bundle
 from key_broker.errors import KeyBrokerError, RateLimited, ReleaseRefused
 from key_broker.keystore import DataKeyRegistry, KeyStore
@@ -158,34 +158,31 @@ class KeyBrokerService:
                           metadata=meta)
         return token
 
-    def _scoped_claims(self, token: str, tenant: str, model: str, version: str, now: dt.datetime,
-                       meta: dict[str, Any]) -> dict[str, Any]:
-        claims = self._verifier.verify(token, now)
-        scope = claims.get("sealed") or {}
-        if (scope.get("tenant"), scope.get("model"), scope.get("version")) != (tenant, model, version):
-            raise ReleaseRefused("token was issued for another tenant, model or version")
-        meta.update(measurement=claims["measurement"], tee=claims["tee"], token_id=claims["jti"],
-                    evidence_digest=claims.get("evidence_digest", ""), policy_id=scope.get("policy_id", ""),
-                    policy_version=scope.get("policy_version", 0))
-        return claims
+    def _scoped_claims(self, claims: AttestationClaims, tenant: str, model: str, version: str,
+                       meta: dict[str, Any]) -> TokenScope:
+        scope = claims.require_scope(tenant, model, version)
+        meta.update(measurement=claims.measurement, tee=claims.tee, token_id=claims.token_id,
+                    evidence_digest=claims.evidence_digest, policy_id=scope.policy_id,
+                    policy_version=scope.policy_version)
+        return scope
 
     def release(self, *, token: str, tenant: str, model: str, version: str) -> SealedKey:
         """Seal the model version's data key to the HPKE key bound in the attestation token."""
         meta: dict[str, Any] = {"model": model, "version": version}
         try:
             now = self.clock()
-            claims = self._scoped_claims(token, tenant, model, version, now, meta)
-            scope = claims["sealed"]
-            self._limiter.check("release", f"{claims['measurement']}|{scope.get('chip_id', '')}")
+            claims = self._verifier.verify_claims(token, now)
+            scope = self._scoped_claims(claims, tenant, model, version, meta)
+            self._limiter.check("release", f"{claims.measurement}|{scope.chip_id}")
             if self.keystore.is_revoked(tenant):
                 raise ReleaseRefused("tenant key is revoked")
             current = self.policies.get(tenant, model, version)
-            if (current.policy_id, current.version) != (scope["policy_id"], scope["policy_version"]):
+            if (current.policy_id, current.version) != (scope.policy_id, scope.policy_version):
                 raise ReleaseRefused("the release policy changed since attestation; attest again")
-            self._mark_used(claims["jti"], now)
+            self._mark_used(claims.token_id, now)
             data_key, record = self.datakeys.data_key(tenant, model, version)
-            recipient = bytes.fromhex(claims["runtime_data"]["hpke_public_key"])
-            sealed = seal(data_key, recipient, release_info(tenant, model, version, claims["jti"]))
+            recipient = bytes.fromhex(claims.hpke_public_key)
+            sealed = seal(data_key, recipient, release_info(tenant, model, version, claims.token_id))
         except RateLimited:
             raise
         except (AttestationError, KeyBrokerError, PolicyError, KeyError, ValueError) as exc:
@@ -193,14 +190,14 @@ class KeyBrokerService:
         receipt = self.receipts.issue({
             "tenant": tenant, "model": model, "version": version, "key_id": record.key_id,
             "model_digest": record.model_digest, "signer": record.signer,
-            "measurement": claims["measurement"], "tee": claims["tee"],
-            "insecure": bool(claims.get("insecure")), "time": now.isoformat(),
-            "policy_id": scope["policy_id"], "policy_version": scope["policy_version"],
-            "token_id": claims["jti"], "evidence_digest": claims.get("evidence_digest", ""),
+            "measurement": claims.measurement, "tee": claims.tee,
+            "insecure": claims.insecure, "time": now.isoformat(),
+            "policy_id": scope.policy_id, "policy_version": scope.policy_version,
+            "token_id": claims.token_id, "evidence_digest": claims.evidence_digest,
         })
         self.audit.append(tenant=tenant, action="release", decision="allow", reason="sealed-to-attested-key",
                           metadata=meta)
-        return SealedKey(sealed=sealed, token_id=claims["jti"], receipt=receipt)
+        return SealedKey(sealed=sealed, token_id=claims.token_id, receipt=receipt)
 
     def key_status(self, *, token: str, tenant: str, model: str, version: str) -> str:
         """What a running worker polls: "active", or "revoked" (drop the key now). The token's
@@ -209,10 +206,9 @@ class KeyBrokerService:
         meta: dict[str, Any] = {"model": model, "version": version}
         try:
             # Verify "as of" the token's own issue time; the signature is still fully checked.
-            iat = jwt.decode(token, options={"verify_signature": False})["iat"]
-            claims = self._scoped_claims(token, tenant, model, version,
-                                         dt.datetime.fromtimestamp(int(iat), dt.UTC), meta)
-            self._limiter.check("status", f"{claims['measurement']}|{claims['sealed'].get('chip_id', '')}")
+            claims = self._verifier.verify_as_issued(token)
+            scope = self._scoped_claims(claims, tenant, model, version, meta)
+            self._limiter.check("status", f"{claims.measurement}|{scope.chip_id}")
         except RateLimited:
             raise
         except (AttestationError, jwt.PyJWTError, KeyError, TypeError, ValueError, ReleaseRefused) as exc:

@@ -6,12 +6,10 @@ So a process that merely knows the registration token cannot stand in for an att
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 from pathlib import Path
 
 import httpx
-import jwt
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
@@ -41,16 +39,11 @@ def verify_worker(http_url: str, *, tenant: str, model: str, version: str, tls_c
     finally:
         if client is None:
             http.close()
-    token = str(doc.get("token", ""))
-    try:
-        issued = int(jwt.decode(token, options={"verify_signature": False})["iat"])
-    except (jwt.PyJWTError, KeyError, TypeError, ValueError) as exc:
-        raise TokenError("worker serves no valid attestation token") from exc
     # The signature is checked in full; the time is the token's own (a worker outlives its token).
-    claims = verifier.verify(token, dt.datetime.fromtimestamp(issued, dt.UTC))
-    scope = claims.get("sealed") or {}
-    if (scope.get("tenant"), scope.get("model"), scope.get("version")) != (tenant, model, version):
-        raise TokenError("worker's attestation is for another tenant, model or version")
-    bound = str((claims.get("runtime_data") or {}).get("channel_binding", ""))
-    if bound != expected_binding(tls_cert, usage_public_key).hex():
+    claims = verifier.verify_as_issued(str(doc.get("token", "")))
+    try:
+        claims.require_scope(tenant, model, version)
+    except TokenError as exc:
+        raise TokenError("worker's attestation is for another tenant, model or version") from exc
+    if claims.channel_binding != expected_binding(tls_cert, usage_public_key).hex():
         raise FreshnessError("worker's TLS or usage key is not the one its attestation binds")
