@@ -52,13 +52,6 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     def __init__(self, state: WorkerState) -> None:
         self.state = state
 
-    async def Status(self, request: worker_pb2.StatusRequest, context: grpc.aio.ServicerContext
-                     ) -> worker_pb2.StatusReply:
-        s, booted = self.state.settings, self.state.booted
-        return worker_pb2.StatusReply(status=self.state.status, tenant=s.tenant, model=s.model, version=s.version,
-                                      tee=s.tee, insecure=s.tee == "sim",
-                                      stats_json=json.dumps(booted.engine.stats() if booted else {}))
-
     def _prompt(self, request: worker_pb2.GenerateRequest) -> list[int]:
         engine = self.state.booted.engine  # type: ignore[union-attr]
         guard, model = self.state.guard, self.state.settings.model

@@ -39,23 +39,12 @@ class WorkerStub:
                 request_serializer=worker__pb2.GenerateRequest.SerializeToString,
                 response_deserializer=worker__pb2.GenerateChunk.FromString,
                 _registered_method=True)
-        self.Status = channel.unary_unary(
-                '/sealed.worker.v1.Worker/Status',
-                request_serializer=worker__pb2.StatusRequest.SerializeToString,
-                response_deserializer=worker__pb2.StatusReply.FromString,
-                _registered_method=True)
 
 
 class WorkerServicer:
     """Missing associated documentation comment in .proto file."""
 
     def Generate(self, request, context):
-        """Missing associated documentation comment in .proto file."""
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def Status(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -68,11 +57,6 @@ def add_WorkerServicer_to_server(servicer, server):
                     servicer.Generate,
                     request_deserializer=worker__pb2.GenerateRequest.FromString,
                     response_serializer=worker__pb2.GenerateChunk.SerializeToString,
-            ),
-            'Status': grpc.unary_unary_rpc_method_handler(
-                    servicer.Status,
-                    request_deserializer=worker__pb2.StatusRequest.FromString,
-                    response_serializer=worker__pb2.StatusReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -102,33 +86,6 @@ class Worker:
             '/sealed.worker.v1.Worker/Generate',
             worker__pb2.GenerateRequest.SerializeToString,
             worker__pb2.GenerateChunk.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def Status(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/sealed.worker.v1.Worker/Status',
-            worker__pb2.StatusRequest.SerializeToString,
-            worker__pb2.StatusReply.FromString,
             options,
             channel_credentials,
             insecure,
