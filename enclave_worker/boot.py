@@ -64,7 +64,7 @@ def boot(settings: WorkerSettings, channel_binding: bytes = b"") -> BootedWorker
             tokenizer_json=model.metadata["tokenizer_json"],
             chat_template=model.metadata.get("chat_template"),
         )
-        engine = LLMEngine(checkpoint, engine_config(settings))
+        engine = LLMEngine.from_checkpoint(checkpoint, engine_config(settings))
     except BaseException:
         model.wipe()
         raise

@@ -97,7 +97,7 @@ def worker_sealed(spec: dict) -> dict:
         kv_cache_memory_bytes=int(kv_bytes * 1.2),
         num_threads=spec.get("threads"),
     )
-    engine = LLMEngine(ckpt, cfg)
+    engine = LLMEngine.from_checkpoint(ckpt, cfg)
     del ckpt
     ps = prompts(spec["batch"], spec["input_len"])
     greedy = SamplingParams(max_tokens=spec["output_len"], temperature=0, ignore_eos=True)

@@ -53,7 +53,7 @@ if sys.argv[2] == "engine":
     from enclave_worker.engine.checkpoint import Checkpoint
     after_load = rss()
     t = time.perf_counter()
-    LLMEngine(Checkpoint(model.metadata["config"], model.tensors, model.metadata["tokenizer_json"],
+    LLMEngine.from_checkpoint(Checkpoint(model.metadata["config"], model.tensors, model.metadata["tokenizer_json"],
                          model.metadata.get("chat_template")), EngineConfig(kv_cache_memory_bytes=32 << 20))
     result.update(engine_s=time.perf_counter() - t, engine_peak=hwm(), after_load=after_load)
 print(json.dumps(result))

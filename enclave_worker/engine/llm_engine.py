@@ -3,11 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import ctypes
-import gc
 import logging
-import os
 import secrets
 import threading
 import time
@@ -15,35 +11,18 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 import torch
-from threadpoolctl import threadpool_limits
 
 from .block_manager import BlockManager
 from .checkpoint import Checkpoint
 from .config import EngineConfig, RequestOutput, SamplingParams
 from .errors import EngineDeadError, EngineError, InvalidRequestError
 from .kv_cache import KVCacheSpec, allocate_kv_cache
+from .model_builder import BuiltModel, build_model
 from .model_runner import ModelRunner
-from .models import ARCHITECTURES, model_tensors
-from .models.llama import BuildOptions
+from .models import model_tensors
 from .output_processor import OutputProcessor
 from .scheduler import ScheduledSeq, Scheduler
 from .sequence import Sequence
-from .tokenizer import Tokenizer
-
-_TORCH_DTYPES = {
-    "float32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-    "int8": torch.float32,
-    "int4": torch.float32,
-}
-
-
-def _release_freed_memory() -> None:
-    """Return freed heap pages to the OS (glibc malloc_trim); best effort, no-op elsewhere."""
-    gc.collect()
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 @dataclass
@@ -53,54 +32,32 @@ class _Request:
 
 
 class LLMEngine:
-    def __init__(self, checkpoint: Checkpoint, config: EngineConfig) -> None:
-        """Build the model from ``checkpoint`` and allocate the KV pool.
-
-        The checkpoint's tensors are consumed: popped from its dict and, where a kernel wants another
-        layout, rearranged in their own memory, so the weights exist once (for a decrypted package,
-        inside the buffer that ``DecryptedModel.wipe`` zeroes). Pass clones to keep the originals.
-        """
-        cfg = checkpoint.config
-        arch = (cfg.get("architectures") or ["LlamaForCausalLM"])[0]
-        if arch not in ARCHITECTURES:
-            raise EngineError(f"unsupported architecture {arch!r}")
-        threads = config.num_threads or os.cpu_count() or 1
-        if config.device == "cpu":
-            torch.set_num_threads(threads)
-            threadpool_limits(threads, user_api="blas")  # OpenBLAS (numpy) too: layers/linear.py
+    def __init__(self, built: BuiltModel, config: EngineConfig) -> None:
+        """Wire a built model to its KV pool, block manager, scheduler and runner."""
         self.config = config
-        dtype = _TORCH_DTYPES[config.dtype]
-        quant = config.dtype if config.dtype in ("int8", "int4") else "none"
-        model_len = min(
-            config.max_model_len or min(cfg.get("max_position_embeddings", 4096), 4096),
-            cfg.get("max_position_embeddings", 1 << 30),
-        )
-        opts = BuildOptions(quant, dtype, config.device, model_len, config.int4_group_size)
-        with torch.inference_mode():
-            self.model = ARCHITECTURES[arch](cfg, checkpoint.tensors, opts).eval()
-        _release_freed_memory()  # conversion transients go back to the OS before the KV pool is touched
+        self.model = built.model
         spec = KVCacheSpec(
-            len(self.model.layers), self.model.num_kv_heads, self.model.head_dim, config.block_size, dtype
+            len(self.model.layers), self.model.num_kv_heads, self.model.head_dim, config.block_size, built.dtype
         )
         num_blocks = spec.num_blocks(config.kv_cache_memory_bytes)
         if num_blocks < 1:
             raise EngineError("kv_cache_memory_bytes is smaller than one KV block")
-        self.max_model_len = min(model_len, num_blocks * config.block_size)
+        self.max_model_len = min(built.model_len, num_blocks * config.block_size)
         self.blocks = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.blocks, config.max_num_seqs, config.max_num_batched_tokens)
         # fp32 weights on the CPU are what the OpenBLAS path serves (ModelRunner.use_blas); 0 turns it off
-        fp32_cpu = config.device == "cpu" and dtype == torch.float32 and quant == "none"
+        fp32_cpu = config.device == "cpu" and built.dtype == torch.float32 and built.quant == "none"
         dense_bytes = sum(t.nbytes for t in model_tensors(self.model)) if fp32_cpu else 0
         self.runner = ModelRunner(
             self.model,
             allocate_kv_cache(spec, num_blocks, config.device),
             config.block_size,
             config.device,
-            threads,
+            built.threads,
             dense_bytes,
         )
-        self.tokenizer = Tokenizer(checkpoint.tokenizer_json, checkpoint.chat_template, cfg)
-        self.vocab_size = int(cfg["vocab_size"])
+        self.tokenizer = built.tokenizer
+        self.vocab_size = built.vocab_size
         self.output = OutputProcessor(self.tokenizer)
         self._requests: dict[str, _Request] = {}
         self._next_seq_id = 0
@@ -109,6 +66,12 @@ class LLMEngine:
         self._thread: threading.Thread | None = None
         self._stopped = False
         self._dead: BaseException | None = None
+
+    @classmethod
+    def from_checkpoint(cls, checkpoint: Checkpoint, config: EngineConfig) -> LLMEngine:
+        """Build the model from ``checkpoint`` (see ``build_model``: its tensors are consumed) and the
+        engine around it."""
+        return cls(build_model(checkpoint, config), config)
 
     def held_tensors(self) -> list[torch.Tensor]:
         """Every tensor the model holds (weights, scales, packed kernels' layouts, tables) plus the KV pool."""

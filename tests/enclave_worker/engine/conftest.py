@@ -41,7 +41,7 @@ def make_engine(checkpoint) -> Callable[..., LLMEngine]:
     def make(**overrides) -> LLMEngine:
         cfg = EngineConfig(**{"max_num_seqs": 16, "kv_cache_memory_bytes": 96 << 20, "num_threads": 1, **overrides})
         tensors = {k: v.clone() for k, v in checkpoint.tensors.items()}
-        return LLMEngine(dataclasses.replace(checkpoint, tensors=tensors), cfg)
+        return LLMEngine.from_checkpoint(dataclasses.replace(checkpoint, tensors=tensors), cfg)
 
     return make
 

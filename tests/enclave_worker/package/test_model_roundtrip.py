@@ -63,7 +63,7 @@ def released(plain: Checkpoint, tmp_path_factory: pytest.TempPathFactory) -> tup
 
 
 def _greedy(checkpoint: Checkpoint) -> list[list[int]]:
-    engine = LLMEngine(checkpoint, EngineConfig(max_num_seqs=4, kv_cache_memory_bytes=32 << 20))
+    engine = LLMEngine.from_checkpoint(checkpoint, EngineConfig(max_num_seqs=4, kv_cache_memory_bytes=32 << 20))
     outs: dict[str, list[int]] = {str(i): [] for i in range(len(PROMPTS))}
     params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
     for i, prompt in enumerate(PROMPTS):

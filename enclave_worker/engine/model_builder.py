@@ -1,0 +1,73 @@
+"""Building the model an engine serves: architecture, dtype and quantization, CPU thread pools, and
+the longest sequence the model allows. The checkpoint's tensors are consumed: popped from its dict
+and, where a kernel wants another layout, rearranged in their own memory, so the weights exist
+once (for a decrypted package, inside the buffer that ``DecryptedModel.wipe`` zeroes). Pass clones
+to keep the originals."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import gc
+import os
+from dataclasses import dataclass
+
+import torch
+from threadpoolctl import threadpool_limits
+
+from .checkpoint import Checkpoint
+from .config import EngineConfig
+from .errors import EngineError
+from .models import ARCHITECTURES
+from .models.llama import BuildOptions, LlamaForCausalLM
+from .tokenizer import Tokenizer
+
+_TORCH_DTYPES = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "int8": torch.float32,
+    "int4": torch.float32,
+}
+
+
+@dataclass(frozen=True)
+class BuiltModel:
+    model: LlamaForCausalLM
+    dtype: torch.dtype
+    quant: str  # "none" | "int8" | "int4"
+    model_len: int  # the longest sequence the model allows (before the KV pool's own limit)
+    threads: int
+    tokenizer: Tokenizer
+    vocab_size: int
+
+
+def _release_freed_memory() -> None:
+    """Return freed heap pages to the OS (glibc malloc_trim); best effort, no-op elsewhere."""
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+def build_model(checkpoint: Checkpoint, config: EngineConfig) -> BuiltModel:
+    cfg = checkpoint.config
+    arch = (cfg.get("architectures") or ["LlamaForCausalLM"])[0]
+    if arch not in ARCHITECTURES:
+        raise EngineError(f"unsupported architecture {arch!r}")
+    threads = config.num_threads or os.cpu_count() or 1
+    if config.device == "cpu":
+        torch.set_num_threads(threads)
+        threadpool_limits(threads, user_api="blas")  # OpenBLAS (numpy) too: layers/linear.py
+    dtype = _TORCH_DTYPES[config.dtype]
+    quant = config.dtype if config.dtype in ("int8", "int4") else "none"
+    model_len = min(
+        config.max_model_len or min(cfg.get("max_position_embeddings", 4096), 4096),
+        cfg.get("max_position_embeddings", 1 << 30),
+    )
+    opts = BuildOptions(quant, dtype, config.device, model_len, config.int4_group_size)
+    with torch.inference_mode():
+        model = ARCHITECTURES[arch](cfg, checkpoint.tensors, opts).eval()
+    _release_freed_memory()  # conversion transients go back to the OS before the KV pool is touched
+    return BuiltModel(model=model, dtype=dtype, quant=quant, model_len=model_len, threads=threads,
+                      tokenizer=Tokenizer(checkpoint.tokenizer_json, checkpoint.chat_template, cfg),
+                      vocab_size=int(cfg["vocab_size"]))
