@@ -235,7 +235,11 @@ def worker_args(home: Home, broker_url: str, port: int, grpc_port: int, register
 
 def launch(home: Home, *, host: str = "127.0.0.1", port: int = 8000,
            unsafe_sim_measurement: str | None = None, num_workers: int = 1,
-           gateway_args: tuple[str, ...] = ()) -> Stack:
+           gateway_args: tuple[str, ...] = (), broker_args: tuple[str, ...] = (),
+           worker_launcher: tuple[str, ...] = (), worker_extra_args: tuple[str, ...] = ()) -> Stack:
+    """`worker_launcher` runs the worker through another module (e.g. one that installs fake TEE
+    hardware, then calls the worker's main with the arguments after it); `worker_extra_args` come
+    last, so they override the defaults (e.g. `--tee snp+nvgpu`)."""
     broker_port = free_port()
     broker_url = f"http://127.0.0.1:{broker_port}"
     local_gateway = f"http://127.0.0.1:{port}"  # workers register over loopback, whatever the public bind
@@ -243,7 +247,8 @@ def launch(home: Home, *, host: str = "127.0.0.1", port: int = 8000,
     stack = Stack(home, f"http://{host}:{port}", broker_url, f"http://127.0.0.1:{worker_ports[0][0]}")
     try:
         broker = _spawn(home, "key-broker", ["key_broker", "--data-dir", str(home.broker), "--port",
-                                             str(broker_port), "--sim-platform-key", str(home.sim_public_key)])
+                                             str(broker_port), "--sim-platform-key", str(home.sim_public_key),
+                                             *broker_args])
         stack.processes.append(broker)
         _wait_http(f"{broker_url}/healthz", broker)
         routes = home.gateway / "routes.json"
@@ -257,6 +262,9 @@ def launch(home: Home, *, host: str = "127.0.0.1", port: int = 8000,
         _wait_http(f"{local_gateway}/healthz", gateway)
         for i, (http_port, grpc_port) in enumerate(worker_ports):
             args = worker_args(home, broker_url, http_port, grpc_port, [local_gateway], unsafe_sim_measurement)
+            if worker_launcher:
+                args = [*worker_launcher, *args[1:]]  # the launcher calls the worker's main itself
+            args += worker_extra_args
             stack._respawn.append(args)
             stack.workers.append(_spawn(home, "worker" if i == 0 else f"worker-{i}", args))
             stack.worker_urls.append(f"http://127.0.0.1:{http_port}")
