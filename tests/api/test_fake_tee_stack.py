@@ -12,13 +12,12 @@ import dataclasses
 import json
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
 
 from api.home import Home
-from api.stack import DEMO_MODEL, DEMO_TENANT, DEMO_VERSION, Stack, free_port, launch, prepare_demo
+from api.stack import DEMO_MODEL, DEMO_TENANT, Stack, free_port, launch, prepare_demo
 from attestation.testing.platform import SNP_MEASUREMENT, TDX_MR_TD, FakePlatform
 from key_broker.errors import KeyStoreError
 from key_broker.policies import PolicyStore
