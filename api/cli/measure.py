@@ -69,4 +69,40 @@ def build() -> typer.Typer:
         else:
             typer.echo(digest.hex())
 
+    @app.command("tdx")
+    def tdx(
+        ccel: Path = typer.Option(..., exists=True, dir_okay=False,
+                                  help="CC event log (/sys/firmware/acpi/tables/data/CCEL)"),
+        acpi_table: Path = typer.Option(None, exists=True, dir_okay=False,
+                                        help="ACPI CCEL table (/sys/firmware/acpi/tables/CCEL): bounds the log"),
+        quote: Path = typer.Option(None, exists=True, dir_okay=False,
+                                   help="a TDX quote: check the replayed RTMRs against it (exit 1 on mismatch)"),
+        as_json: bool = typer.Option(False, "--json", help="print a JSON document"),
+    ) -> None:
+        """RTMR0..3 replayed from a TDX CC event log (TCG crypto-agile format, SHA-384)."""
+        from attestation.tdx.abi import parse_quote
+        from attestation.tdx.eventlog import ccel_log_length, parse_cc_event_log, replay_rtmrs
+
+        try:
+            log = ccel.read_bytes()
+            if acpi_table is not None:
+                log = log[:ccel_log_length(acpi_table.read_bytes())]
+            events = parse_cc_event_log(log)
+            rtmrs = replay_rtmrs(events)
+            quoted = parse_quote(quote.read_bytes()).body.rtmrs if quote is not None else None
+        except AttestationError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(1) from None
+        mismatched = [i for i in range(4) if quoted is not None and quoted[i] != rtmrs[i]]
+        if as_json:
+            typer.echo(json.dumps({"tee": "tdx", "events": len(events), "rtmrs": [r.hex() for r in rtmrs],
+                                   "quote_matches": None if quoted is None else not mismatched}, indent=1))
+        else:
+            for i, value in enumerate(rtmrs):
+                typer.echo(f"RTMR{i} {value.hex()}")
+        if mismatched:
+            typer.echo("error: replayed " + ", ".join(f"RTMR{i}" for i in mismatched)
+                       + " differ from the quote: the log does not describe this TD", err=True)
+            raise typer.Exit(1)
+
     return app
