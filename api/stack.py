@@ -243,9 +243,15 @@ def broker_admin_token(home: Home) -> Path:
 
 def launch(home: Home, *, host: str = "127.0.0.1", port: int = 8000,
            unsafe_sim_measurement: str | None = None, num_workers: int = 1,
-           gateway_args: tuple[str, ...] = (), lock: RunLock | None = None) -> Stack:
+           gateway_args: tuple[str, ...] = (), broker_args: tuple[str, ...] = (),
+           worker_launcher: tuple[str, ...] = (), worker_extra_args: tuple[str, ...] = (),
+           lock: RunLock | None = None) -> Stack:
     """Start broker, gateway and workers under one supervisor; `lock` (the home's pid file) is
-    taken here unless the caller holds it already."""
+    taken here unless the caller holds it already.
+
+    `worker_launcher` runs the worker through another module (e.g. one that installs fake TEE
+    hardware, then calls the worker's main with the arguments after it); `worker_extra_args` come
+    last, so they override the defaults (e.g. `--tee snp+nvgpu`)."""
     lock = lock or RunLock(home.root / "run")
     broker_port = free_port()
     broker_url = f"http://127.0.0.1:{broker_port}"
@@ -257,7 +263,7 @@ def launch(home: Home, *, host: str = "127.0.0.1", port: int = 8000,
         broker = stack.supervisor.start("key-broker", [
             "key_broker", "--data-dir", str(home.broker), "--port", str(broker_port),
             "--sim-platform-key", str(home.sim_public_key),
-            "--admin-token-hash-file", str(broker_admin_token(home))], on_restart=stack.write_pids)
+            "--admin-token-hash-file", str(broker_admin_token(home)), *broker_args], on_restart=stack.write_pids)
         _wait_http(f"{broker_url}/healthz", broker)
         routes = home.gateway / "routes.json"
         routes.write_text(json.dumps([{"tenant": DEMO_TENANT, "model": DEMO_MODEL, "version": DEMO_VERSION}]))
@@ -269,6 +275,9 @@ def launch(home: Home, *, host: str = "127.0.0.1", port: int = 8000,
         _wait_http(f"{local_gateway}/healthz", gateway)
         for i, (http_port, grpc_port) in enumerate(worker_ports):
             args = worker_args(home, broker_url, http_port, grpc_port, [local_gateway], unsafe_sim_measurement)
+            if worker_launcher:
+                args = [*worker_launcher, *args[1:]]  # the launcher calls the worker's main itself
+            args += worker_extra_args
             stack.supervisor.start("worker" if i == 0 else f"worker-{i}", args, on_restart=stack.write_pids)
             stack.worker_urls.append(f"http://127.0.0.1:{http_port}")
         _wait_http(f"{stack.worker_url}/internal/status", stack.supervisor.children["worker"])

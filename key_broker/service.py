@@ -83,6 +83,8 @@ class KeyBrokerService:
             jti: horizon for jti in receipts.token_ids_since(clock() - issuer.ttl - dt.timedelta(minutes=1))}
 
     def _deny(self, tenant: str, action: str, reason: str, meta: dict[str, Any]) -> ReleaseRefused:
+        # The audit layer bounds every attacker-controlled value, so this cannot fail on input; a
+        # broken log (AuditIntegrityError) propagates and the edge answers 503, never a release.
         self.audit.append(tenant=tenant or "-", action=action, decision="deny", reason=reason, metadata=meta)
         log.info("refused %s for tenant %s", action, tenant or "-")
         return ReleaseRefused(reason)
@@ -118,8 +120,10 @@ class KeyBrokerService:
                client: str = "-") -> str:
         """Verify evidence and appraise it under the tenant's release policy; returns a scoped token."""
         self._limiter.check("attest", client)
+        # One appraisal covers the CPU report and every GPU report of the bundle (evidence_digest
+        # hashes them all); `gpus` says how many GPUs were in it.
         meta: dict[str, Any] = {"model": model, "version": version, "evidence_digest": bundle.digest(),
-                                "tee": bundle.tee}
+                                "tee": bundle.tee, "gpus": len(bundle.gpus)}
         try:
             check_name(tenant, "tenant"), check_name(model, "model"), check_name(version, "version")
             # 1. The challenge is single use and short-lived: replays and stale bundles stop here.
@@ -128,6 +132,7 @@ class KeyBrokerService:
             # 2. Evidence: signatures, chains, binding of nonce + HPKE key + GPU evidence.
             result = self._verify(bundle, challenge.nonce, now)
             meta["measurement"] = result.cpu.measurement.hex()
+            meta["gpu_cc"] = bool(result.gpus) and all(g.cc_enabled for g in result.gpus)
             # 3. The tenant's release policy for this model version, default deny.
             policy, values = resolve(self.policies, self.refvals, tenant, model, version)
             if values is not None:
