@@ -16,6 +16,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
+from attestation.collateral import CollateralConfig, CollateralStore
 from attestation.token import TokenIssuer
 from attestation.verifier import VerifierTrust
 from enclave_worker.package.keywrap import load_or_create_import_key
@@ -110,13 +111,20 @@ def build_service(settings: BrokerSettings, *, clock: Callable[[], dt.datetime] 
     # Relying parties pin this JWKS (it is also served at /.well-known/jwks.json).
     atomic_write(data_dir / "jwks.json", json.dumps(issuer.jwks(), indent=1).encode(), mode=0o644)
     policies = PolicyStore(data_dir)
+    snp_fetcher = tdx_collateral = None
+    if settings.collateral_dir is not None:
+        store = CollateralStore(CollateralConfig(settings.collateral_dir, offline=settings.collateral_offline))
+        snp_fetcher, tdx_collateral = store.snp, store.tdx
+    else:
+        log.warning("no collateral store configured: TDX evidence is refused and SNP CRLs are not checked")
     return KeyBrokerService(
         keystore=keystore,
         datakeys=DataKeyRegistry(data_dir / "keystore", keystore),
         policies=policies,
         refvals=ReferenceValuesStore(data_dir),
         receipts=ReceiptBook(data_dir, receipt_key),
-        trust=VerifierTrust(roots_dir=settings.roots_dir, sim_platform_key=sim_key),
+        trust=VerifierTrust(roots_dir=settings.roots_dir, sim_platform_key=sim_key, snp_fetcher=snp_fetcher,
+                            tdx_collateral=tdx_collateral),
         issuer=issuer,
         audit=open_audit_log(data_dir.parent / "audit", COMPONENT, receipt_key),
         clock=clock or (lambda: dt.datetime.now(dt.UTC)),
