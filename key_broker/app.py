@@ -48,7 +48,8 @@ from key_broker.service import COMPONENT, EvidenceVerifier, KeyBrokerService
 from key_broker.settings import IMPORT_KEY_FILE, BrokerSettings
 from key_broker.tenants import Conflict, TenantAdmin
 from policy.audit import AuditLog
-from policy.errors import PolicyInvalid
+from policy.audit.entry import bounded_reason
+from policy.errors import AuditIntegrityError, PolicyInvalid
 
 log = logging.getLogger(__name__)
 
@@ -160,12 +161,20 @@ def _install_error_handlers(app: FastAPI) -> None:
         if isinstance(exc, Forbidden):
             return _error(403, "forbidden", "not allowed")
         if isinstance(exc, InvalidName | ReferenceValuesError):
-            return _error(422, "invalid_request", str(exc))
-        return _error(400, "invalid_request", str(exc))
+            return _error(422, "invalid_request", bounded_reason(str(exc)))
+        return _error(400, "invalid_request", bounded_reason(str(exc)))
 
     @app.exception_handler(PolicyInvalid)
     async def policy_invalid(_: Request, exc: PolicyInvalid) -> JSONResponse:
-        return _error(422, "invalid_policy", str(exc)[:300])
+        # Messages may quote the submitted value: bounded like an audit reason (no PEM, no blobs).
+        return _error(422, "invalid_policy", bounded_reason(str(exc))[:300])
+
+    @app.exception_handler(AuditIntegrityError)
+    async def audit_broken(_: Request, exc: AuditIntegrityError) -> JSONResponse:
+        # The audit log cannot record this decision (replaced, truncated or unwritable): nothing
+        # is released without its record; the operator sees the cause in the broker's log.
+        log.critical("audit log unusable, refusing service: %s", exc)
+        return _error(503, "unavailable", "audit log unavailable")
 
 
 def create_app(settings: BrokerSettings, service: KeyBrokerService | None = None,

@@ -16,6 +16,8 @@ COMMANDS: dict[str, LazyCommand] = {
     "audit": LazyCommand("api.cli.audit:build", "Verify or export the audit log.", is_group=True),
     "keys": LazyCommand("api.cli.keys:build", "Tenant keys, release policies and receipts at the broker.",
                         is_group=True),
+    "measure": LazyCommand("api.cli.measure:build", "Compute launch measurements (reference values) offline.",
+                           is_group=True),
     "bench": LazyCommand("api.cli.bench:bench", "Run a benchmark (sealed bench NAME --help).",
                          context_settings={"allow_extra_args": True, "ignore_unknown_options": True,
                                            "help_option_names": []}),
