@@ -120,8 +120,10 @@ class KeyBrokerService:
                client: str = "-") -> str:
         """Verify evidence and appraise it under the tenant's release policy; returns a scoped token."""
         self._limiter.check("attest", client)
+        # One appraisal covers the CPU report and every GPU report of the bundle (evidence_digest
+        # hashes them all); `gpus` says how many GPUs were in it.
         meta: dict[str, Any] = {"model": model, "version": version, "evidence_digest": bundle.digest(),
-                                "tee": bundle.tee}
+                                "tee": bundle.tee, "gpus": len(bundle.gpus)}
         try:
             check_name(tenant, "tenant"), check_name(model, "model"), check_name(version, "version")
             # 1. The challenge is single use and short-lived: replays and stale bundles stop here.
@@ -130,6 +132,7 @@ class KeyBrokerService:
             # 2. Evidence: signatures, chains, binding of nonce + HPKE key + GPU evidence.
             result = self._verify(bundle, challenge.nonce, now)
             meta["measurement"] = result.cpu.measurement.hex()
+            meta["gpu_cc"] = bool(result.gpus) and all(g.cc_enabled for g in result.gpus)
             # 3. The tenant's release policy for this model version, default deny.
             policy, values = resolve(self.policies, self.refvals, tenant, model, version)
             if values is not None:
