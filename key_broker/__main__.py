@@ -39,6 +39,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="also append every signed audit checkpoint to this file (keep it on another volume)")
     parser.add_argument("--audit-anchor-url", default=None,
                         help="also store signed audit checkpoints in this database (fleet: PostgreSQL URL)")
+    parser.add_argument("--lease-seconds", type=int, default=60,
+                        help="how long a lease renewal keeps a released key usable")
+    parser.add_argument("--lease-max-wait-seconds", type=float, default=30.0,
+                        help="longest a lease renewal is held waiting for a revocation (push)")
     parser.add_argument("--unsafe-dev-mode", action="store_true",
                         help="accept placeholder secrets (development only; logs a warning)")
     args = parser.parse_args(argv)
@@ -47,7 +51,8 @@ def main(argv: list[str] | None = None) -> int:
         data_dir=args.data_dir, sim_platform_public_key=args.sim_platform_key, roots_dir=args.roots_dir,
         collateral_dir=args.collateral_dir, collateral_offline=args.collateral_offline,
         master_key_file=args.master_key_file, rate_limit_per_minute=args.rate_limit_per_minute,
-        max_body_bytes=args.max_body_bytes,
+        max_body_bytes=args.max_body_bytes, lease_s=args.lease_seconds,
+        lease_max_wait_s=args.lease_max_wait_seconds,
         admin_token_sha256=admin_token_hashes(hash_file=args.admin_token_hash_file, dev=args.unsafe_dev_mode),
         keystore=args.keystore, vault_url=args.vault_url,
         vault_token=vault_token_from_env() if args.keystore == "vault" else None,
