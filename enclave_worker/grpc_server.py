@@ -37,6 +37,7 @@ from enclave_worker.settings import WorkerSettings
 from protocol.rpc import worker_pb2, worker_pb2_grpc
 from protocol.tls import make_identity
 from protocol.toolcalls import strip_tool_calls
+from protocol.worker_status import Heartbeat
 
 log = logging.getLogger(__name__)
 
@@ -174,11 +175,9 @@ async def heartbeats(state: WorkerState, urls: list[str], token: str, grpc_addre
     public = state.usage_key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
     async with httpx.AsyncClient(timeout=2.0) as client:
         while True:
-            s, booted = state.settings, state.booted
-            body = {"worker_id": worker_id, "grpc_address": grpc_address, "http_url": http_url,
-                    "tenant": s.tenant, "model": s.model, "version": s.version, "status": state.status,
-                    "tee": s.tee, "insecure": s.tee == "sim", "usage_public_key": public.hex(),
-                    "pid": os.getpid(), "tls_cert": tls_cert, "stats": booted.engine.stats() if booted else {}}
+            body = Heartbeat(**state.report().model_dump(), worker_id=worker_id, grpc_address=grpc_address,
+                             http_url=http_url, usage_public_key=public.hex(), pid=os.getpid(),
+                             tls_cert=tls_cert).model_dump()
             for url in urls:
                 # The gateway may not be up yet, or restarting: keep beating.
                 with contextlib.suppress(httpx.HTTPError):

@@ -28,6 +28,7 @@ from enclave_worker.keywatch import KeyLease, LeaseTiming
 from enclave_worker.settings import WorkerSettings
 from protocol.broker.client import WorkerIdentity
 from protocol.rpc import worker_pb2
+from protocol.worker_status import ServingState, WorkerStatus
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +36,7 @@ log = logging.getLogger(__name__)
 @dataclass
 class WorkerState:
     settings: WorkerSettings
-    status: str = "starting"  # starting | ready | failed
+    status: ServingState = "starting"
     booted: BootedWorker | None = None
     guard: WorkerGuard | None = None
     channel_binding: bytes = b""  # set before boot: attestation covers the TLS and usage keys
@@ -51,6 +52,12 @@ class WorkerState:
                                                           serialization.PublicFormat.Raw)
         return worker_pb2.UsageRecord(payload=payload, signature=self.usage_key.sign(payload),
                                       public_key=public)
+
+    def report(self) -> WorkerStatus:
+        """What this worker says about itself (`/internal/status`, the heartbeat's body)."""
+        s = self.settings
+        return WorkerStatus(status=self.status, tenant=s.tenant, model=s.model, version=s.version, tee=s.tee,
+                            insecure=s.tee == "sim", stats=self.booted.engine.stats() if self.booted else {})
 
     def identity(self) -> WorkerIdentity:
         return WorkerIdentity(self.usage_key, self.tls_spki)
@@ -122,11 +129,8 @@ def create_app(settings: WorkerSettings, state: WorkerState | None = None) -> Fa
     app.state.worker = state
 
     @app.get("/internal/status")
-    def status() -> dict:
-        s = state.settings
-        return {"status": state.status, "tenant": s.tenant, "model": s.model, "version": s.version,
-                "tee": s.tee, "insecure": s.tee == "sim",
-                "stats": state.booted.engine.stats() if state.booted else {}}
+    def status() -> WorkerStatus:
+        return state.report()
 
     @app.get("/internal/attestation")
     def attestation() -> JSONResponse:

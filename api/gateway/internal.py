@@ -3,34 +3,17 @@
 from __future__ import annotations
 
 import hmac
-from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import BaseModel, Field
 
 from api.gateway.dependencies import bearer_secret, get_service
 from api.gateway.errors import GatewayError
 from api.gateway.service import GatewayService
+from protocol.worker_status import Heartbeat
 
 router = APIRouter()
-
-
-class Heartbeat(BaseModel):
-    worker_id: str = Field(max_length=64)
-    grpc_address: str = Field(max_length=256)
-    http_url: str = Field(max_length=256)
-    tenant: str = Field(max_length=64)
-    model: str = Field(max_length=256)
-    version: str = Field(max_length=64)
-    status: str = Field(max_length=32)
-    tee: str = Field(max_length=16)
-    insecure: bool
-    usage_public_key: str = Field(min_length=64, max_length=64)
-    pid: int | None = None
-    tls_cert: str = Field(default="", max_length=8192)  # PEM; empty: plaintext gRPC (loopback tests)
-    stats: dict[str, Any] = Field(default_factory=dict)
 
 
 def worker_token(secret: str = Depends(bearer_secret), service: GatewayService = Depends(get_service)) -> None:
