@@ -35,6 +35,7 @@ from enclave_worker.guard import GuardRefusal
 from enclave_worker.server import WorkerState, create_app, serving
 from enclave_worker.settings import WorkerSettings
 from protocol.rpc import worker_pb2, worker_pb2_grpc
+from protocol.sampling import DEFAULT_MAX_TOKENS
 from protocol.tls import make_identity
 from protocol.toolcalls import strip_tool_calls
 from protocol.worker_status import Heartbeat
@@ -44,7 +45,7 @@ log = logging.getLogger(__name__)
 
 def _sampling(p: worker_pb2.SamplingParams) -> SamplingParams:
     return SamplingParams(
-        max_tokens=p.max_tokens or 16, temperature=p.temperature, top_p=p.top_p or 1.0, top_k=p.top_k,
+        max_tokens=p.max_tokens or DEFAULT_MAX_TOKENS, temperature=p.temperature, top_p=p.top_p or 1.0, top_k=p.top_k,
         seed=p.seed if p.HasField("seed") else None, stop=tuple(p.stop), stop_token_ids=tuple(p.stop_token_ids),
         logprobs=p.logprobs if p.HasField("logprobs") else None, ignore_eos=p.ignore_eos)
 

@@ -158,7 +158,7 @@ async def completions(req: CompletionRequest, key: KeyRecord = Depends(current_k
     prompts = [req.prompt] if isinstance(req.prompt, str) else list(req.prompt)
     if not prompts or any(not p for p in prompts):
         raise GatewayError(400, "prompt must not be empty", param="prompt")
-    max_tokens = req.max_tokens or 16
+    max_tokens = req.max_tokens or service.settings.default_max_tokens
     rid = request_id()
     requests = [worker_pb2.GenerateRequest(
         request_id=f"{rid}-{pi}-{j}", tenant=key.tenant, key_id=key.key_id, kind="completion", prompt=prompt,

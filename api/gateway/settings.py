@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from protocol.sampling import DEFAULT_MAX_TOKENS
+
 PLACEHOLDER_SECRETS = frozenset({"", "changeme", "change-me", "secret", "dev", "test", "password", "placeholder"})
 MIN_SECRET_LEN = 32
 
@@ -32,7 +34,7 @@ class GatewaySettings:
     heartbeat_timeout_s: float = 3.0
     max_inflight: int = 256  # requests dispatched to workers at once (beyond: fair queue)
     max_queued: int = 1024  # queued across tenants; and the default bound per tenant
-    default_max_tokens: int = 256
+    default_max_tokens: int = DEFAULT_MAX_TOKENS
     max_body_bytes: int = 4 << 20
     # The key broker's JWKS: when set, a worker is routed to only after its attestation token
     # (signed by that broker) binds the TLS and usage keys it registered with.

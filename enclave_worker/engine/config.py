@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from protocol.sampling import DEFAULT_MAX_TOKENS
+
 from .errors import InvalidRequestError
 
 DTYPES = ("float32", "bfloat16", "float16", "int8", "int4")
@@ -34,7 +36,7 @@ class EngineConfig:
 
 @dataclass(frozen=True)
 class SamplingParams:
-    max_tokens: int = 16
+    max_tokens: int = DEFAULT_MAX_TOKENS
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0  # 0 = off
