@@ -233,6 +233,22 @@ def worker_args(home: Home, broker_url: str, port: int, grpc_port: int, register
     return args
 
 
+def write_demo_client_policy(home: Home) -> Path:
+    """`$SEALED_HOME/demo/client-policy.json`: what a sealed-mode client of the demo trusts (this
+    build's simulated measurement and the broker's JWKS), for `SealedOpenAI(policy=...)`,
+    `sealed verify --policy` and `sealed proxy --policy` (docs/sealed-mode.md)."""
+    measurement = simulated_measurement(worker_settings(home, "", 0).measured_config()).hex()
+    path = home.root / "demo" / "client-policy.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({
+        "appraisal": {"allowed_tee": ["sim"], "allowed_measurements": [measurement],
+                      "unsafe_allow_simulated_tee": True},
+        "broker_jwks": json.loads((home.broker / "jwks.json").read_text()),
+        "require_promises": {"prompts_logged": False, "prefix_cache_isolation": "per-tenant-salt"},
+    }, indent=2, sort_keys=True))
+    return path
+
+
 def launch(home: Home, *, host: str = "127.0.0.1", port: int = 8000,
            unsafe_sim_measurement: str | None = None, num_workers: int = 1,
            gateway_args: tuple[str, ...] = ()) -> Stack:
@@ -246,6 +262,7 @@ def launch(home: Home, *, host: str = "127.0.0.1", port: int = 8000,
                                              str(broker_port), "--sim-platform-key", str(home.sim_public_key)])
         stack.processes.append(broker)
         _wait_http(f"{broker_url}/healthz", broker)
+        write_demo_client_policy(home)
         routes = home.gateway / "routes.json"
         routes.write_text(json.dumps([{"tenant": DEMO_TENANT, "model": DEMO_MODEL, "version": DEMO_VERSION}]))
         gateway = _spawn(home, "gateway", [

@@ -6,6 +6,7 @@ import logging
 from dataclasses import dataclass
 
 import httpx
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from enclave_worker.engine import EngineConfig, LLMEngine
 from enclave_worker.engine.checkpoint import Checkpoint
@@ -39,12 +40,13 @@ def engine_config(settings: WorkerSettings) -> EngineConfig:
     )
 
 
-def boot(settings: WorkerSettings, channel_binding: bytes = b"") -> BootedWorker:
+def boot(settings: WorkerSettings, channel_binding: bytes = b"", hpke_key: X25519PrivateKey | None = None
+         ) -> BootedWorker:
     make_bundle = bundle_maker(settings)
     with httpx.Client(base_url=settings.broker_url, timeout=30.0) as client:
         released = obtain_data_key(client, tenant=settings.tenant, model=settings.model,
                                    version=settings.version, make_bundle=make_bundle,
-                                   channel_binding=channel_binding)
+                                   channel_binding=channel_binding, hpke_key=hpke_key)
     receipt = released.receipt.get("receipt", {})
     # The signer the key was registered with (and the release policy checked) must have signed
     # the manifest we decrypt; the control plane cannot swap in another tenant-signed package.

@@ -30,6 +30,16 @@ class WorkerSettings:
     unsafe_no_tenant_policy: bool = False
     key_check_interval_s: float = 30.0  # how often the worker asks the broker whether its key was revoked
 
+    def promises(self) -> dict[str, Any]:
+        """What this worker build promises about a client's data; measured, so a client can require it."""
+        return {
+            "prefix_cache_isolation": "per-tenant-salt",  # cache salt derived in the worker, per boot
+            "prompts_logged": False,
+            "prompts_retained": False,
+            "sealed_mode": True,
+            "data_controls": "none (unsafe)" if self.unsafe_no_tenant_policy else "signed-tenant-policy",
+        }
+
     def measured_config(self) -> dict[str, Any]:
         """The part of the configuration that changes what the worker does, hence its measurement."""
         return {
@@ -41,6 +51,7 @@ class WorkerSettings:
             "policy_admin_key": (hashlib.sha256(self.policy_admin_key.read_bytes()).hexdigest()
                                  if self.policy_admin_key else None),
             "unsafe_no_tenant_policy": self.unsafe_no_tenant_policy,
+            "promises": self.promises(),
             "engine": {
                 "max_num_seqs": self.max_num_seqs,
                 "max_model_len": self.max_model_len,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from api.cli import attest, audit, bench, encrypt, keys, up, upload, usage
+from api.cli import attest, audit, bench, encrypt, keys, sealed_cmds, up, upload, usage
 
 
 def build() -> typer.Typer:
@@ -14,6 +14,8 @@ def build() -> typer.Typer:
     app.command("encrypt")(encrypt.encrypt)
     app.command("upload")(upload.upload)
     app.command("usage")(usage.usage)
+    app.command("verify")(sealed_cmds.verify)
+    app.command("proxy")(sealed_cmds.proxy)
     app.add_typer(attest.build(), name="attest")
     app.add_typer(audit.build(), name="audit")
     app.add_typer(keys.build(), name="keys")
