@@ -40,14 +40,14 @@ class AttestationRenewal:
     state: Any  # enclave_worker.server.WorkerState
     clock: Callable[[], float] = time.time
 
-    def renew_once(self) -> None:
+    def renew_once(self, make_bundle: Callable[[Any], Any]) -> None:
         state, s = self.state, self.state.settings
         booted = state.booted
         if booted is None:
             return
         with httpx.Client(base_url=s.broker_url, timeout=30.0) as client:
             token, bundle = renew_attestation(client, tenant=s.tenant, model=s.model, version=s.version,
-                                              make_bundle=bundle_maker(s),
+                                              make_bundle=make_bundle,
                                               hpke_public_key=state.serving_key.public_bytes,
                                               channel_binding=state.channel_binding)
         if state.booted is booted:  # not revoked meanwhile
@@ -55,13 +55,14 @@ class AttestationRenewal:
                 booted.released, token=token, bundle=bundle))
 
     async def run(self) -> None:
+        make_bundle = await asyncio.to_thread(bundle_maker, self.state.settings)  # once: it measures the code
         while True:
             booted = self.state.booted
             if booted is None:
                 return
             await asyncio.sleep(renew_in(booted.released.token, self.clock()))
             try:
-                await asyncio.to_thread(self.renew_once)
+                await asyncio.to_thread(self.renew_once, make_bundle)
             except (httpx.HTTPError, KeyBrokerError, ValueError) as exc:
                 log.warning("attestation renewal failed (%s); retrying in %.0f s", type(exc).__name__, RETRY_S)
                 await asyncio.sleep(RETRY_S)

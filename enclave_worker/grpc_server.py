@@ -29,6 +29,8 @@ from cryptography.hazmat.primitives import serialization
 from api.proto import worker_pb2, worker_pb2_grpc
 from api.proto.tls import make_identity
 from attestation.bundle import channel_binding
+from attestation.errors import UnsupportedError
+from enclave_worker.attesters import resolve_tee
 from enclave_worker.chat_format import render_chat
 from enclave_worker.engine import EngineError, InvalidRequestError, SamplingParams
 from enclave_worker.guard import GuardRefusal, strip_tool_calls
@@ -262,7 +264,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tenant", required=True)
     parser.add_argument("--model", required=True)
     parser.add_argument("--version", required=True)
-    parser.add_argument("--tee", default="sim", choices=["sim", "snp", "tdx"])
+    parser.add_argument("--tee", default="sim",
+                        help="sim | snp | tdx | auto, optionally +nvgpu (GPUs in CC mode), e.g. snp+nvgpu")
+    parser.add_argument("--tsm-dir", type=Path, default=Path("/sys/kernel/config/tsm/report"),
+                        help="configfs-tsm report directory")
+    parser.add_argument("--tsm-entry", default=None, help="use this existing configfs-tsm entry")
+    parser.add_argument("--sev-guest-device", type=Path, default=Path("/dev/sev-guest"))
     parser.add_argument("--sim-platform-key", type=Path, default=None)
     parser.add_argument("--unsafe-sim-measurement", default=None)
     parser.add_argument("--host", default="127.0.0.1")
@@ -280,11 +287,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-num-seqs", type=int, default=16)
     parser.add_argument("--max-model-len", type=int, default=2048)
     args = parser.parse_args(argv)
+    try:
+        tee, gpu_tee = resolve_tee(args.tee)
+    except UnsupportedError as exc:
+        parser.error(str(exc))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s worker %(levelname)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per heartbeat otherwise
     settings = WorkerSettings(
         broker_url=args.broker_url, package_dir=args.package_dir, tenant=args.tenant, model=args.model,
-        version=args.version, tee=args.tee, sim_platform_key=args.sim_platform_key,
+        version=args.version, tee=tee, gpu_tee=gpu_tee, tsm_dir=args.tsm_dir, tsm_entry=args.tsm_entry,
+        sev_guest_device=args.sev_guest_device, sim_platform_key=args.sim_platform_key,
         unsafe_sim_measurement=args.unsafe_sim_measurement, host=args.host, port=args.port,
         max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len, policy_file=args.policy_file,
         policy_admin_key=args.policy_admin_key, unsafe_no_tenant_policy=args.unsafe_no_tenant_policy,

@@ -24,6 +24,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=8001)
     parser.add_argument("--sim-platform-key", type=Path, default=None)
     parser.add_argument("--roots-dir", type=Path, default=None)
+    parser.add_argument("--collateral-dir", type=Path, default=None,
+                        help="verifier collateral store (AMD KDS, Intel PCS, NVIDIA); see `sealed attest collateral`")
+    parser.add_argument("--collateral-offline", action="store_true",
+                        help="use only imported collateral, never fetch (brokers without internet)")
     parser.add_argument("--master-key-file", type=Path, default=None)
     parser.add_argument("--admin-token-hash-file", type=Path, default=None)
     parser.add_argument("--keystore", choices=("local", "vault"), default="local")
@@ -37,6 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s key-broker %(levelname)s %(message)s")
     settings = BrokerSettings(
         data_dir=args.data_dir, sim_platform_public_key=args.sim_platform_key, roots_dir=args.roots_dir,
+        collateral_dir=args.collateral_dir, collateral_offline=args.collateral_offline,
         master_key_file=args.master_key_file, rate_limit_per_minute=args.rate_limit_per_minute,
         max_body_bytes=args.max_body_bytes,
         admin_token_sha256=admin_token_hashes(hash_file=args.admin_token_hash_file, dev=args.unsafe_dev_mode),

@@ -83,6 +83,8 @@ class KeyBrokerService:
             jti: horizon for jti in receipts.token_ids_since(clock() - issuer.ttl - dt.timedelta(minutes=1))}
 
     def _deny(self, tenant: str, action: str, reason: str, meta: dict[str, Any]) -> ReleaseRefused:
+        # The audit layer bounds every attacker-controlled value, so this cannot fail on input; a
+        # broken log (AuditIntegrityError) propagates and the edge answers 503, never a release.
         self.audit.append(tenant=tenant or "-", action=action, decision="deny", reason=reason, metadata=meta)
         log.info("refused %s for tenant %s", action, tenant or "-")
         return ReleaseRefused(reason)

@@ -29,6 +29,10 @@ class BrokerSettings:
     # Present only where simulated TEEs may attest (dev); policies must still allow them.
     sim_platform_public_key: Path | None = None
     roots_dir: Path | None = None
+    # Verifier collateral (AMD KDS, Intel PCS, NVIDIA): the store's directory, and whether the
+    # broker may fetch (online, with cache) or uses only imported bundles (offline).
+    collateral_dir: Path | None = None
+    collateral_offline: bool = False
     master_key_file: Path | None = None
     challenge_ttl: dt.timedelta = dt.timedelta(seconds=60)
     token_ttl: dt.timedelta = dt.timedelta(minutes=5)
