@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import logging
@@ -17,6 +18,7 @@ from attestation.appraisal import AppraisalPolicy
 from attestation.bundle import EvidenceBundle, channel_binding
 from attestation.client import PinnedWorker, verify_worker_document
 from attestation.errors import FreshnessError, PolicyViolation
+from attestation.refvalues import ReferenceValues, ReferenceValuesError, verify_reference_values
 from attestation.token import TokenVerifier
 from protocol.sealed import key_id
 
@@ -36,6 +38,8 @@ class ClientTrust:
     broker_issuer: str = "sealed-key-broker"
     require_promises: Mapping[str, Any] = field(default_factory=dict)
     unsafe_trust_gateway_jwks: bool = False
+    # The operator's reference-value publisher (raw Ed25519): measurements it signs are allowed too.
+    reference_values_key: bytes | None = None
 
     def __post_init__(self) -> None:
         if self.broker_jwks is None and not self.unsafe_trust_gateway_jwks:
@@ -48,14 +52,16 @@ class ClientTrust:
         """`{"appraisal": {...AppraisalPolicy...}, "broker_jwks": {...}, "broker_issuer": "...",
         "require_promises": {...}, "unsafe_trust_gateway_jwks": false}`."""
         unknown = set(doc) - {"appraisal", "broker_jwks", "broker_issuer", "require_promises",
-                              "unsafe_trust_gateway_jwks"}
+                              "unsafe_trust_gateway_jwks", "reference_values"}
         if unknown:
             raise PolicyViolation([f"unknown client policy keys: {sorted(unknown)}"])
         appraisal = dict(doc.get("appraisal") or {})
         if unsafe_allow_simulated:
             appraisal["unsafe_allow_simulated_tee"] = True
             appraisal["allowed_tee"] = sorted({*appraisal.get("allowed_tee", []), "sim"})
+        publisher = (doc.get("reference_values") or {}).get("publisher_key")
         return cls(appraisal=AppraisalPolicy.from_dict(appraisal), broker_jwks=doc.get("broker_jwks"),
+                   reference_values_key=bytes.fromhex(publisher) if publisher else None,
                    broker_issuer=str(doc.get("broker_issuer", "sealed-key-broker")),
                    require_promises=dict(doc.get("require_promises") or {}),
                    unsafe_trust_gateway_jwks=bool(doc.get("unsafe_trust_gateway_jwks", False)))
@@ -87,12 +93,22 @@ def _spki(cert_pem: str | None) -> bytes:
     return cert.public_key().public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
 
 
+def effective_appraisal(trust: ClientTrust, published: ReferenceValues | None) -> AppraisalPolicy:
+    """The client's appraisal policy, its allowed measurements widened by the publisher's signed set."""
+    if trust.reference_values_key is None:
+        return trust.appraisal
+    if published is None:
+        raise ReferenceValuesError("the client pins a reference-value publisher but none were published")
+    return dataclasses.replace(trust.appraisal,
+                               allowed_measurements=trust.appraisal.allowed_measurements | published.measurements)
+
+
 def verify_sealed_document(doc: Mapping[str, Any], verifier: TokenVerifier, trust: ClientTrust,
-                           now: dt.datetime) -> PinnedKey:
+                           now: dt.datetime, published: ReferenceValues | None = None) -> PinnedKey:
     """One entry of /.well-known/attestation: token, evidence, appraisal (attestation.client), then
     the sealed-mode keys: the HPKE key is the attested one, the receipt key is bound by the evidence's
     channel binding, and the worker's measured promises meet the client's requirements."""
-    worker = verify_worker_document(doc, verifier, trust.appraisal, now)
+    worker = verify_worker_document(doc, verifier, effective_appraisal(trust, published), now)
     bundle = EvidenceBundle.from_json(doc["evidence"])
     if str(doc.get("sealed_key_id", "")) != key_id(worker.hpke_public_key):
         raise FreshnessError("the worker announces a sealing key its evidence does not bind (key change "
@@ -115,3 +131,12 @@ def verify_sealed_document(doc: Mapping[str, Any], verifier: TokenVerifier, trus
                      worker_key_id=key_id(worker.hpke_public_key), hpke_public_key=worker.hpke_public_key,
                      receipt_key=receipt_key, worker=worker, promises=promises,
                      token_expires_at=int(worker.claims.get("exp", 0)))
+
+
+def verify_published(trust: ClientTrust, envelope: Mapping[str, Any] | None, now: dt.datetime
+                     ) -> ReferenceValues | None:
+    if trust.reference_values_key is None:
+        return None
+    if envelope is None:
+        raise ReferenceValuesError("no reference values published")
+    return verify_reference_values(envelope, trust.reference_values_key, now)

@@ -35,9 +35,21 @@ from protocol.sealed.http import (
     ResponseHead,
     sealed_path,
 )
-from sealed_client.deployment import ClientTrust, PinnedKey, verify_sealed_document
+from sealed_client.deployment import ClientTrust, PinnedKey, verify_published, verify_sealed_document
 
 RECEIPT_HEADER = "Sealed-Receipt"
+
+
+class NoAttestedWorker(ReattestRequired):
+    """No worker of the deployment serves this model (the SDK sees OpenAI's 404, as in plaintext)."""
+
+    def __init__(self, model: str) -> None:
+        super().__init__(f"The model `{model}` does not exist or no attested worker serves it.")
+        self.model = model
+
+    def as_response_body(self) -> dict[str, Any]:
+        return {"error": {"message": str(self), "type": "invalid_request_error", "param": "model",
+                          "code": "model_not_found"}}
 
 
 def endpoint_of(path: str) -> tuple[str, str] | None:
@@ -79,19 +91,24 @@ class SealedSession:
         if self.trust.broker_jwks is None and self._jwks is None:
             self._jwks = jwks  # trust on first use (unsafe_trust_gateway_jwks); kept from then on
 
-    def pin_from(self, model: str, attestation_doc: Mapping[str, Any]) -> PinnedKey:
+    def wants_reference_values(self) -> bool:
+        return self.trust.reference_values_key is not None
+
+    def pin_from(self, model: str, attestation_doc: Mapping[str, Any],
+                 reference_values: Mapping[str, Any] | None = None) -> PinnedKey:
         """Verify every worker of the document serving `model`; pin the first that verifies.
         Raises the first worker's error when none does (nothing is sent then)."""
         if self._jwks is None:
             raise AttestationError("no key broker JWKS to verify tokens with")
         verifier = TokenVerifier(self._jwks, self.trust.broker_issuer)
         now = self.clock()
+        published = verify_published(self.trust, reference_values, now)  # raises: nothing is sent
         first_error: Exception | None = None
         for doc in attestation_doc.get("workers", []):
             if doc.get("model") != model:
                 continue
             try:
-                pin = verify_sealed_document(doc, verifier, self.trust, now)
+                pin = verify_sealed_document(doc, verifier, self.trust, now, published)
             except (AttestationError, KeyError, ValueError, TypeError) as exc:
                 first_error = first_error or exc
                 continue
@@ -100,7 +117,7 @@ class SealedSession:
             return pin
         if first_error is not None:
             raise first_error
-        raise ReattestRequired(f"no attested worker serves {model!r}")
+        raise NoAttestedWorker(model)
 
     def pinned(self, model: str) -> PinnedKey | None:
         with self._lock:

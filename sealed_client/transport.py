@@ -13,7 +13,14 @@ from collections.abc import AsyncIterator, Iterator
 import httpx2
 
 from protocol.sealed import ReattestRequired
-from sealed_client.session import RECEIPT_HEADER, AnswerReader, Exchange, SealedSession, endpoint_of
+from sealed_client.session import (
+    RECEIPT_HEADER,
+    AnswerReader,
+    Exchange,
+    NoAttestedWorker,
+    SealedSession,
+    endpoint_of,
+)
 
 
 def _model_of(body: bytes) -> str:
@@ -55,12 +62,19 @@ class SealedTransport(httpx2.BaseTransport):
         finally:
             response.close()
 
+    def _optional(self, path: str) -> dict | None:
+        try:
+            return self._get_json(path)
+        except ReattestRequired:
+            return None  # absent: the session refuses if it needs it
+
     def pin(self, model: str) -> object:
         pin = self.session.pinned(model)
         if pin is None:
             if self.session.needs_jwks():
                 self.session.set_gateway_jwks(self._get_json("/.well-known/jwks.json"))
-            pin = self.session.pin_from(model, self._get_json("/.well-known/attestation"))
+            refvals = self._optional("/.well-known/reference-values") if self.session.wants_reference_values() else None
+            pin = self.session.pin_from(model, self._get_json("/.well-known/attestation"), refvals)
         return pin
 
     def handle_request(self, request: httpx2.Request) -> httpx2.Response:
@@ -71,7 +85,11 @@ class SealedTransport(httpx2.BaseTransport):
         body = request.read()
         model = _model_of(body)
         for attempt in range(2):
-            exchange = self.session.seal(self.pin(model), endpoint, body)  # type: ignore[arg-type]
+            try:
+                pin = self.pin(model)
+            except NoAttestedWorker as exc:
+                return httpx2.Response(404, json=exc.as_response_body(), request=request)
+            exchange = self.session.seal(pin, endpoint, body)  # type: ignore[arg-type]
             out = httpx2.Request("POST", request.url.copy_with(path=self.session.sealed_url_path(prefix, endpoint)),
                                  headers=self.session.sealed_headers(exchange, request.headers),
                                  content=exchange.sealed.wire, extensions=request.extensions)
@@ -152,12 +170,20 @@ class AsyncSealedTransport(httpx2.AsyncBaseTransport):
         finally:
             await response.aclose()
 
+    async def _optional(self, path: str) -> dict | None:
+        try:
+            return await self._get_json(path)
+        except ReattestRequired:
+            return None
+
     async def pin(self, model: str) -> object:
         pin = self.session.pinned(model)
         if pin is None:
             if self.session.needs_jwks():
                 self.session.set_gateway_jwks(await self._get_json("/.well-known/jwks.json"))
-            pin = self.session.pin_from(model, await self._get_json("/.well-known/attestation"))
+            refvals = (await self._optional("/.well-known/reference-values")
+                       if self.session.wants_reference_values() else None)
+            pin = self.session.pin_from(model, await self._get_json("/.well-known/attestation"), refvals)
         return pin
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
@@ -168,7 +194,11 @@ class AsyncSealedTransport(httpx2.AsyncBaseTransport):
         body = await request.aread()
         model = _model_of(body)
         for attempt in range(2):
-            exchange = self.session.seal(await self.pin(model), endpoint, body)  # type: ignore[arg-type]
+            try:
+                pin = await self.pin(model)
+            except NoAttestedWorker as exc:
+                return httpx2.Response(404, json=exc.as_response_body(), request=request)
+            exchange = self.session.seal(pin, endpoint, body)  # type: ignore[arg-type]
             out = httpx2.Request("POST", request.url.copy_with(path=self.session.sealed_url_path(prefix, endpoint)),
                                  headers=self.session.sealed_headers(exchange, request.headers),
                                  content=exchange.sealed.wire, extensions=request.extensions)

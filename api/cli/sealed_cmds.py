@@ -29,7 +29,7 @@ def _report(pin: Any, doc: dict[str, Any], now: dt.datetime) -> list[str]:
                                     else ""),
         f"  TCB           status {claims.get('tcb_status')}, debug {claims.get('debug')}, "
         f"{json.dumps(claims.get('tcb') or {}, sort_keys=True)}",
-        f"  measurement   {claims.get('measurement')} (in the policy's allowed set)",
+        f"  measurement   {claims.get('measurement')} (allowed by the policy or the signed reference values)",
         "  GPUs          " + (", ".join(f"{g.get('arch')} cc={g.get('cc_enabled')} rim={g.get('rim_matched')}"
                                         for g in gpus) or "none"),
         f"  broker token  issuer {claims.get('iss')}, expires in {int(claims.get('exp', 0) - now.timestamp())} s",
@@ -54,7 +54,7 @@ def verify(
 
     from attestation.errors import AttestationError, PolicyViolation
     from attestation.token import TokenVerifier
-    from sealed_client.deployment import verify_sealed_document
+    from sealed_client.deployment import verify_published, verify_sealed_document
 
     now = dt.datetime.fromisoformat(at.replace("Z", "+00:00")) if at else dt.datetime.now(dt.UTC)
     try:
@@ -66,11 +66,23 @@ def verify(
     with httpx.Client(timeout=10.0) as http:
         jwks = trust.broker_jwks or http.get(f"{base}/.well-known/jwks.json").json()
         workers = http.get(f"{base}/.well-known/attestation").json().get("workers", [])
+        published_doc = None
+        if trust.reference_values_key is not None:
+            response = http.get(f"{base}/.well-known/reference-values")
+            published_doc = response.json() if response.status_code == 200 else None
+    try:
+        published = verify_published(trust, published_doc, now)
+    except AttestationError as exc:
+        typer.echo(f"reference values: NOT verified ({type(exc).__name__}: {exc})")
+        raise typer.Exit(1) from exc
+    if published is not None:
+        typer.echo(f"reference values: {len(published.measurements)} measurement(s) signed by the pinned publisher "
+                   f"{trust.reference_values_key.hex()[:16]}…, valid until {published.expires_at.isoformat()}")
     verifier = TokenVerifier(jwks, trust.broker_issuer)
     failed = 0
     for doc in workers:
         try:
-            pin = verify_sealed_document(doc, verifier, trust, now)
+            pin = verify_sealed_document(doc, verifier, trust, now, published)
         except (AttestationError, KeyError, ValueError, TypeError) as exc:
             failed += 1
             reasons = exc.violations if isinstance(exc, PolicyViolation) else [str(exc)]

@@ -95,6 +95,16 @@ def broker_jwks(service: GatewayService = Depends(get_service)) -> JSONResponse:
     return JSONResponse(json.loads(path.read_text()), headers={"Cache-Control": "max-age=60"})
 
 
+@router.get("/.well-known/reference-values")
+def reference_values(service: GatewayService = Depends(get_service)) -> JSONResponse:
+    """The operator's signed in-toto statement of the measurements a worker may have (served as is;
+    a client checks it against the publisher key it pins)."""
+    path = service.settings.reference_values
+    if path is None or not path.exists():
+        raise GatewayError(404, "this gateway publishes no reference values", code="not_found")
+    return JSONResponse(json.loads(path.read_text()), headers={"Cache-Control": "max-age=60"})
+
+
 @router.get("/.well-known/attestation")
 async def well_known_attestation(service: GatewayService = Depends(get_service)) -> dict:
     return {"workers": await service.attestation()}

@@ -5,7 +5,9 @@ their OpenAI shape."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import copy
+import json
 from typing import Any
 from typing import Any as RunningStack
 
@@ -107,6 +109,9 @@ def test_errors_keep_their_openai_shape_in_sealed_mode(stack: RunningStack) -> N
     with pytest.raises(openai.BadRequestError):
         s.chat.completions.create(model=DEMO_MODEL, messages=Q, tools=WEATHER,
                                   tool_choice={"type": "function", "function": {"name": "nope"}})
+    with pytest.raises(openai.NotFoundError) as missing:  # no attested worker serves it: nothing is sent
+        s.chat.completions.create(model="no-such-model", messages=Q)
+    assert missing.value.body["code"] == "model_not_found"
     with pytest.raises(openai.AuthenticationError):  # the gateway answers it, in the clear
         SealedOpenAI(base_url=f"{stack.url}/v1", api_key="sk-wrong", max_retries=0,
                      policy=demo_client_policy(stack.home)).chat.completions.create(model=DEMO_MODEL, messages=Q)
@@ -162,3 +167,73 @@ def test_require_sealed_refuses_plaintext_for_that_tenant_only_in_the_clear(stac
         put(False)
         time.sleep(1.2)
     assert plain(stack).chat.completions.create(model=DEMO_MODEL, messages=Q, max_tokens=2).choices
+
+
+@pytest.fixture(scope="module")
+def proxy_url(stack: RunningStack):  # type: ignore[no-untyped-def]
+    """`sealed proxy` in this process (uvicorn in a thread), in front of the stack."""
+    import threading
+    import time
+
+    import uvicorn
+
+    from api.stack import free_port
+    from sealed_client.deployment import ClientTrust
+    from sealed_client.proxy import create_proxy_app
+
+    app = create_proxy_app(f"{stack.url}/v1", ClientTrust.from_dict(demo_client_policy(stack.home)))
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}/v1", app
+    server.should_exit = True
+    thread.join(10)
+
+
+@pytest.mark.parametrize("case", ["chat", "chat streamed with usage", "n=2 with seed and stop", "chat logprobs",
+                                  "forced tool call", "completion with logprobs and echo"])
+def test_the_proxy_answers_exactly_as_plaintext(stack: RunningStack, proxy_url: Any, case: str) -> None:
+    url, app = proxy_url
+    kind, args = CASES[case]
+    before = len(app.state.session.receipts)
+    through_proxy = openai.OpenAI(base_url=url, api_key=stack.api_key, max_retries=0)
+    assert _call(through_proxy, kind, args) == _call(plain(stack), kind, args)
+    assert len(app.state.session.receipts) == before + 1
+
+
+def test_the_proxy_shows_the_receipt_and_keeps_errors(stack: RunningStack, proxy_url: Any) -> None:
+    url, _ = proxy_url
+    through_proxy = openai.OpenAI(base_url=url, api_key=stack.api_key, max_retries=0)
+    raw = through_proxy.chat.completions.with_raw_response.create(model=DEMO_MODEL, messages=Q, max_tokens=2)
+    assert json.loads(base64.b64decode(raw.headers["sealed-receipt"]))["model"] == DEMO_MODEL
+    with pytest.raises(openai.BadRequestError):
+        through_proxy.chat.completions.create(model=DEMO_MODEL, messages=Q, temperature=5)
+    with pytest.raises(openai.NotFoundError):
+        through_proxy.chat.completions.create(model="no-such-model", messages=Q)
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=url, api_key="sk-wrong", max_retries=0).chat.completions.create(
+            model=DEMO_MODEL, messages=Q)
+
+
+def test_sealed_verify_prints_what_it_verified_and_fails_closed(stack: RunningStack, tmp_path: Any) -> None:
+    import subprocess
+    import sys
+
+    policy = tmp_path / "client-policy.json"
+    policy.write_text(json.dumps(demo_client_policy(stack.home)))
+
+    def verify(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "api.cli.main", "verify", stack.url, *args],
+                              capture_output=True, text=True, timeout=120)
+
+    ok = verify("--policy", str(policy))
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    for what in ("TEE           sim", "measurement", "sealing key", "receipt key", "prompts_logged=False",
+                 "1 of 1 workers verified"):
+        assert what in ok.stdout
+    # No policy: the simulated TEE is allowed by the flag, but no measurement is: non-zero, with the reason.
+    refused = verify("--unsafe-allow-simulated", "--unsafe-trust-gateway-jwks")
+    assert refused.returncode == 1 and "measurement is not in the allowed set" in refused.stdout

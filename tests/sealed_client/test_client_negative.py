@@ -295,3 +295,60 @@ def test_gateway_errors_pass_through_as_openai_errors() -> None:
     client._client._transport._inner = httpx2.MockTransport(deny)  # type: ignore[attr-defined]
     with pytest.raises(openai.RateLimitError):
         ask(client)
+
+
+# -- published reference values (attestation/refvalues.py): the client pins the publisher, not hashes
+PUBLISHER = Ed25519PrivateKey.generate()
+PUBLISHER_HEX = PUBLISHER.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw).hex()
+
+
+def _published(world: World, envelope: Any) -> SealedOpenAI:
+    def handle(request: httpx2.Request) -> httpx2.Response:
+        if request.url.path == "/.well-known/reference-values":
+            return httpx2.Response(404, json={}) if envelope is None else httpx2.Response(200, json=envelope)
+        return world.handle(request)
+
+    trust = {"appraisal": {"allowed_tee": ["sim"], "allowed_measurements": [], "unsafe_allow_simulated_tee": True},
+             "broker_jwks": world.issuer.jwks(), "reference_values": {"publisher_key": PUBLISHER_HEX}}
+    return SealedOpenAI(base_url="http://gw/v1", api_key="k", max_retries=0, policy=trust,
+                        inner_transport=httpx2.MockTransport(handle))
+
+
+def _statement(measurements: list[str], *, key: Ed25519PrivateKey = PUBLISHER, issued_days_ago: float = 0,
+               valid_days: float = 30) -> dict[str, Any]:
+    from attestation.refvalues import sign_reference_values
+
+    return sign_reference_values(key, measurements, tee="sim", valid_for=dt.timedelta(days=valid_days),
+                                 issued_at=dt.datetime.now(dt.UTC) - dt.timedelta(days=issued_days_ago))
+
+
+def test_measurement_in_the_signed_published_set_is_accepted() -> None:
+    world = World()
+    assert ask(_published(world, _statement([MEASUREMENT]))).choices[0].message.content == "secret answer"
+
+
+@pytest.mark.parametrize("case", ["expired", "unsigned", "signed by another key", "not published",
+                                  "measurement not in the published set", "tampered statement"])
+def test_reference_value_negative_table(case: str) -> None:
+    from attestation.refvalues import ReferenceValuesError
+
+    world = World()
+    envelope: Any = _statement([MEASUREMENT])
+    error: type[Exception] = ReferenceValuesError
+    if case == "expired":
+        envelope = _statement([MEASUREMENT], issued_days_ago=31)
+    elif case == "unsigned":
+        envelope["signatures"] = []
+    elif case == "signed by another key":
+        envelope = _statement([MEASUREMENT], key=Ed25519PrivateKey.generate())
+    elif case == "not published":
+        envelope = None
+    elif case == "measurement not in the published set":
+        envelope, error = _statement(["cd" * 48]), PolicyViolation
+    elif case == "tampered statement":
+        body = json.loads(base64.b64decode(envelope["payload"]))
+        body["subject"].append({"name": "x", "digest": {"sha384": "ef" * 48}})
+        envelope["payload"] = base64.b64encode(json.dumps(body).encode()).decode()
+    with pytest.raises(error):
+        ask(_published(world, envelope))
+    assert world.workers[0].served == 0
