@@ -50,6 +50,8 @@ def boot(settings: WorkerSettings, channel_binding: bytes = b"", hpke_key: X2551
     # The broker appraised CPU and GPU evidence together and released the key: only now do the
     # GPUs accept work (nvtrust's order: attest, verify, then set the ready state).
     attester.accepted()
+    if settings.gpu_tee:
+        log.info("GPUs ready: the key broker accepted their evidence with the CPU's")
     receipt = released.receipt.get("receipt", {})
     # The signer the key was registered with (and the release policy checked) must have signed
     # the manifest we decrypt; the control plane cannot swap in another tenant-signed package.

@@ -18,7 +18,7 @@ import grpc
 from pydantic import ValidationError
 
 from api.proto import worker_pb2
-from enclave_worker.server import WorkerState
+from enclave_worker.server import WorkerState, serving
 from protocol.openai.chat import chat_body, chat_events, plan_chat
 from protocol.openai.completions import completion_body, completion_events, plan_completion
 from protocol.openai.errors import OpenAIError, error_body
@@ -48,7 +48,7 @@ class SealedRefusal(Exception):
 
 def open_sealed_request(state: WorkerState, request: worker_pb2.SealedRequest) -> OpenedRequest:
     s = state.settings
-    if state.booted is None:
+    if not serving(state):
         raise SealedRefusal(grpc.StatusCode.UNAVAILABLE, "model unavailable")
     if request.endpoint not in ENDPOINTS:
         raise SealedRefusal(grpc.StatusCode.INVALID_ARGUMENT, "sealed request for an unknown endpoint")

@@ -142,7 +142,7 @@ def _everywhere_at_rest(home: Home, redis: Any, pg_url: str, needle: str) -> lis
 def test_sealed_canary_is_nowhere_outside_the_worker_and_plaintext_is_where_expected(fleet: Any) -> None:
     home, running, recorder, redis, pg_url = fleet
     key = (home.root / "demo" / "api-key").read_text().strip()
-    gateway_pid = running.processes[1].pid
+    gateway_pid = running.pid("gateway")
     url = f"http://127.0.0.1:{recorder.port}/v1"
 
     sealed_canary = f"canary-sealed-{secrets.token_hex(12)}"
