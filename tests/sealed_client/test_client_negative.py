@@ -352,3 +352,18 @@ def test_reference_value_negative_table(case: str) -> None:
     with pytest.raises(error):
         ask(_published(world, envelope))
     assert world.workers[0].served == 0
+
+
+def test_attest_inspect_parses_the_deployments_own_document(tmp_path: Any) -> None:
+    from typer.testing import CliRunner
+
+    from api.cli.attest import build
+
+    world = World()
+    path = tmp_path / "attestation.json"
+    path.write_text(json.dumps({"workers": [world.document(world.workers[0])]}))
+    result = CliRunner().invoke(build(), ["inspect", str(path)])
+    assert result.exit_code == 0, result.output
+    parsed = json.loads(result.output)
+    assert parsed["workers"][0]["sealed_key_id"] == world.workers[0].key.key_id
+    assert parsed["workers"][0]["token_claims_unverified"]["measurement"] == MEASUREMENT
