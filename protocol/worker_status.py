@@ -32,3 +32,4 @@ class Heartbeat(WorkerStatus):
     usage_public_key: str = Field(min_length=64, max_length=64)
     pid: int | None = None
     tls_cert: str = Field(default="", max_length=8192)  # PEM; empty: plaintext gRPC (loopback tests)
+    sealed_key_id: str = Field(default="", pattern=r"^([0-9a-f]{64})?$")  # hex SHA-256 of its HPKE key

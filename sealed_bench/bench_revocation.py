@@ -69,7 +69,7 @@ def start_broker(root: Path, platform_key: Ed25519PrivateKey, admin_token: str,
 def provision(url: str, admin_token: str, tenant: str) -> None:
     import torch
 
-    from enclave_worker.package import write_package
+    from enclave_worker.package.writer import write_package
     from protocol.package.keywrap import seal_data_key, sealed_upload_body
 
     signing_key = Ed25519PrivateKey.generate()

@@ -1,4 +1,5 @@
-"""Regenerate worker_pb2*.py from worker.proto: `python -m protocol.rpc.generate` (needs grpcio-tools).
+"""Regenerate worker_pb2*.py and worker_pb2.pyi (the message types mypy checks) from worker.proto:
+`python -m protocol.rpc.generate` (needs grpcio-tools).
 
 The generated modules are committed so that running the service does not need grpcio-tools; this
 script makes them reproducible. Imports are rewritten to be package-relative.
@@ -19,7 +20,8 @@ def main(argv: list[str] | None = None) -> int:
 
     args = list(sys.argv[1:] if argv is None else argv)
     out = Path(args[args.index("--out") + 1]) if "--out" in args else HERE
-    rc = int(protoc.main(["grpc_tools.protoc", f"-I{HERE}", f"--python_out={out}", f"--grpc_python_out={out}",
+    rc = int(protoc.main(["grpc_tools.protoc", f"-I{HERE}", f"--python_out={out}", f"--pyi_out={out}",
+                          f"--grpc_python_out={out}",
                           str(HERE / "worker.proto")]))
     if rc != 0:
         return rc

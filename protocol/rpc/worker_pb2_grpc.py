@@ -39,12 +39,23 @@ class WorkerStub:
                 request_serializer=worker__pb2.GenerateRequest.SerializeToString,
                 response_deserializer=worker__pb2.GenerateChunk.FromString,
                 _registered_method=True)
+        self.SealedGenerate = channel.unary_stream(
+                '/sealed.worker.v1.Worker/SealedGenerate',
+                request_serializer=worker__pb2.SealedRequest.SerializeToString,
+                response_deserializer=worker__pb2.SealedChunk.FromString,
+                _registered_method=True)
 
 
 class WorkerServicer:
     """Missing associated documentation comment in .proto file."""
 
     def Generate(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SealedGenerate(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -57,6 +68,11 @@ def add_WorkerServicer_to_server(servicer, server):
                     servicer.Generate,
                     request_deserializer=worker__pb2.GenerateRequest.FromString,
                     response_serializer=worker__pb2.GenerateChunk.SerializeToString,
+            ),
+            'SealedGenerate': grpc.unary_stream_rpc_method_handler(
+                    servicer.SealedGenerate,
+                    request_deserializer=worker__pb2.SealedRequest.FromString,
+                    response_serializer=worker__pb2.SealedChunk.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -86,6 +102,33 @@ class Worker:
             '/sealed.worker.v1.Worker/Generate',
             worker__pb2.GenerateRequest.SerializeToString,
             worker__pb2.GenerateChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SealedGenerate(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/sealed.worker.v1.Worker/SealedGenerate',
+            worker__pb2.SealedRequest.SerializeToString,
+            worker__pb2.SealedChunk.FromString,
             options,
             channel_credentials,
             insecure,

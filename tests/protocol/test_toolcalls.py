@@ -11,9 +11,9 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from api.gateway.openai_format import ChatAnswerShape
 from enclave_worker.guard import GuardRefusal, WorkerGuard, load_policy_set
 from policy.documents import sign_policy_document
+from protocol.openai.format import ChatAnswerShape
 from protocol.toolcalls import GeneratedToolCall, parse_tool_calls, strip_tool_calls
 
 POLICY = {

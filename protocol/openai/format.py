@@ -1,4 +1,4 @@
-"""OpenAI response pieces the worker does not produce: tool calls, JSON mode, logprobs shapes."""
+"""OpenAI answer pieces: tool calls (through protocol.toolcalls, the guard's own parser), JSON mode, logprobs shapes."""
 
 from __future__ import annotations
 
