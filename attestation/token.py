@@ -91,7 +91,7 @@ class AttestationClaims:
             scope = claims.get("sealed")
             return cls(
                 token_id=str(claims["jti"]), issued_at=int(claims["iat"]), expires_at=int(claims["exp"]),
-                tee=str(claims["tee"]), measurement=str(claims["measurement"]),
+                tee=str(claims.get("tee", "")), measurement=str(claims.get("measurement", "")),
                 insecure=bool(claims.get("insecure")), evidence_digest=str(claims.get("evidence_digest", "")),
                 hpke_public_key=str(runtime.get("hpke_public_key", "")),
                 channel_binding=str(runtime.get("channel_binding", "")),
