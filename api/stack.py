@@ -242,8 +242,13 @@ def launch(home: Home, *, host: str = "127.0.0.1", port: int = 8000,
     worker_ports = [(free_port(), free_port()) for _ in range(num_workers)]
     stack = Stack(home, f"http://{host}:{port}", broker_url, f"http://127.0.0.1:{worker_ports[0][0]}")
     try:
+        # The console (in the gateway) reaches the broker's admin API with an operator token of its own.
+        console_token = _secret_file(home.gateway / "broker-admin-token")
+        atomic_write(home.broker / "admin-token.sha256",
+                     (hashlib.sha256(console_token.read_bytes().strip()).hexdigest() + "\n").encode())
         broker = _spawn(home, "key-broker", ["key_broker", "--data-dir", str(home.broker), "--port",
-                                             str(broker_port), "--sim-platform-key", str(home.sim_public_key)])
+                                             str(broker_port), "--sim-platform-key", str(home.sim_public_key),
+                                             "--admin-token-hash-file", str(home.broker / "admin-token.sha256")])
         stack.processes.append(broker)
         _wait_http(f"{broker_url}/healthz", broker)
         routes = home.gateway / "routes.json"
@@ -252,7 +257,8 @@ def launch(home: Home, *, host: str = "127.0.0.1", port: int = 8000,
             "api.gateway", "--data-dir", str(home.gateway), "--routes", str(routes), "--host", host,
             "--port", str(port), "--register-token-file", str(_secret_file(home.gateway / "register-token")),
             "--jwt-secret-file", str(_secret_file(home.gateway / "jwt-secret")),
-            "--broker-jwks", str(home.broker / "jwks.json"), *gateway_args])
+            "--broker-jwks", str(home.broker / "jwks.json"), "--audit-dir", str(home.audit),
+            "--broker-url", broker_url, "--broker-admin-token-file", str(console_token), *gateway_args])
         stack.processes.append(gateway)
         _wait_http(f"{local_gateway}/healthz", gateway)
         for i, (http_port, grpc_port) in enumerate(worker_ports):
