@@ -29,11 +29,20 @@ class BrokerSettings:
     # Present only where simulated TEEs may attest (dev); policies must still allow them.
     sim_platform_public_key: Path | None = None
     roots_dir: Path | None = None
+    # Verifier collateral (AMD KDS, Intel PCS, NVIDIA): the store's directory, and whether the
+    # broker may fetch (online, with cache) or uses only imported bundles (offline).
+    collateral_dir: Path | None = None
+    collateral_offline: bool = False
     master_key_file: Path | None = None
     challenge_ttl: dt.timedelta = dt.timedelta(seconds=60)
     token_ttl: dt.timedelta = dt.timedelta(minutes=5)
     max_body_bytes: int = 1 << 20
     rate_limit_per_minute: int = 600
+    # Key leases (docs/security.md, "Revocation"): a renewal keeps a key usable this long; a held
+    # renewal (long poll) waits at most lease_max_wait_s. Longer leases ride out longer broker
+    # outages; a worker cut off from the broker serves at most one lease past a revocation.
+    lease_s: int = 60
+    lease_max_wait_s: float = 30.0
     # SHA-256 hex of the operator's admin token(s); empty = the admin API admits only tenant admins.
     admin_token_sha256: frozenset[str] = frozenset()
     keystore: Literal["local", "vault"] = "local"

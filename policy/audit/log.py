@@ -25,7 +25,17 @@ from pathlib import Path
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from policy.audit.checkpoint import checkpoint_path, read_checkpoints, sign_checkpoint
-from policy.audit.entry import GENESIS, AuditEntry, MetaValue, make_entry, parse_entry, validate_metadata
+from policy.audit.entry import (
+    GENESIS,
+    MAX_FIELD,
+    AuditEntry,
+    MetaValue,
+    bounded,
+    bounded_reason,
+    make_entry,
+    parse_entry,
+    validate_metadata,
+)
 from policy.audit.merkle import CompactRange
 from policy.decision import Decision
 from policy.errors import AuditIntegrityError, PolicyError
@@ -113,8 +123,9 @@ class AuditLog:
                metadata: Mapping[str, MetaValue] | None = None) -> AuditEntry:
         """Record one decision; returns the signed entry. Raises ValueError for content-like metadata."""
         meta = validate_metadata(metadata)
-        if len(reason) > 512:
-            raise ValueError("reason is limited to 512 characters (decisions, not content)")
+        # Attacker-controlled strings are bounded here, so that an audit write cannot fail on them.
+        tenant, action, decision = (bounded(str(v), MAX_FIELD) for v in (tenant, action, decision))
+        reason = bounded_reason(str(reason))
         with self._cond:
             if self._closed:
                 raise PolicyError("audit log is closed")
