@@ -127,6 +127,9 @@ class AuditIndex:
         self._keys: Mapping[str, Ed25519PublicKey] = {}
         self._keys_stat: tuple = ()
         self.rows: list[Row] = []  # all entries of all logs, in time order
+        self.by_tenant: dict[str, list[Row]] = {}  # the same rows per tenant, component, rule
+        self.by_component: dict[str, list[Row]] = {}
+        self.by_rule: dict[str, list[Row]] = {}
         self.generation = 0  # bumps whenever rows change
         self._verifier: threading.Thread | None = None
 
@@ -146,7 +149,15 @@ class AuditIndex:
             if changed:
                 merged = [row for st in self._logs.values() for row in st.rows]
                 merged.sort(key=lambda r: r.key)
-                self.rows = merged
+                by_tenant: dict[str, list[Row]] = {}
+                by_component: dict[str, list[Row]] = {}
+                by_rule: dict[str, list[Row]] = {}
+                for row in merged:
+                    by_tenant.setdefault(row.entry.tenant, []).append(row)
+                    by_component.setdefault(row.entry.component, []).append(row)
+                    by_rule.setdefault(row.rule, []).append(row)
+                # Swapped in together: a reader sees one consistent generation.
+                self.rows, self.by_tenant, self.by_component, self.by_rule = merged, by_tenant, by_component, by_rule
                 self.generation += 1
 
     def _refresh_keys(self) -> None:

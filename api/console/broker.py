@@ -24,6 +24,7 @@ class BrokerView:
         self.url = url.rstrip("/") if url else None
         self._token = admin_token
         self._timeout = timeout_s
+        self._http: httpx.Client | None = None  # one pooled client: no TLS context or connection per page
 
     @property
     def configured(self) -> bool:
@@ -32,9 +33,10 @@ class BrokerView:
     def _call(self, method: str, path: str) -> Any:
         if not self.configured:
             raise BrokerUnavailable("no key broker configured for the console")
+        if self._http is None:
+            self._http = httpx.Client(base_url=self.url or "", timeout=self._timeout)
         try:
-            with httpx.Client(base_url=self.url or "", timeout=self._timeout) as http:
-                response = http.request(method, path, headers={"Authorization": f"Bearer {self._token}"})
+            response = self._http.request(method, path, headers={"Authorization": f"Bearer {self._token}"})
         except httpx.HTTPError as exc:
             raise BrokerUnavailable(f"key broker unreachable ({type(exc).__name__})") from exc
         if response.status_code == 404:
@@ -42,6 +44,10 @@ class BrokerView:
         if response.status_code >= 400:
             raise BrokerUnavailable(f"key broker answered {response.status_code}")
         return response.json()
+
+    def close(self) -> None:
+        if self._http is not None:
+            self._http.close()
 
     def tenant_status(self, tenant: str) -> dict[str, Any] | None:
         return self._call("GET", f"/v1/admin/tenants/{tenant}")

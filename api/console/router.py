@@ -11,10 +11,11 @@ import datetime as dt
 import logging
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 from fastapi import APIRouter, Depends, FastAPI, Form, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
 from fastapi.staticfiles import StaticFiles
@@ -53,6 +54,9 @@ REVOKE_ROLES = ("operator", "tenant-admin")  # the auditor is read-only
 EXPORT_MEDIA = {"jsonl": "application/x-ndjson", "csv": "text/csv", "ocsf": "application/x-ndjson"}
 
 
+ATTESTATION_TTL_S = 10.0  # a worker's token changes only when it re-attests
+
+
 @dataclass
 class ConsoleState:
     settings: ConsoleSettings
@@ -60,6 +64,26 @@ class ConsoleState:
     facets: Facets
     broker: BrokerView
     templates: Jinja2Templates
+    attestations: dict[str, tuple[float, dict[str, Any]]] = field(default_factory=dict)
+    http: httpx.AsyncClient | None = None
+
+    async def attestation(self, worker: Any) -> dict[str, Any]:
+        """A worker's served attestation (evidence, token), fetched at most every ATTESTATION_TTL_S."""
+        hit = self.attestations.get(worker.worker_id)
+        if hit is not None and time.monotonic() - hit[0] < ATTESTATION_TTL_S:
+            return hit[1]
+        if self.http is None:
+            self.http = httpx.AsyncClient(timeout=5.0)
+        try:
+            response = await self.http.get(f"{worker.http_url}/internal/attestation")
+            doc = response.json() if response.status_code == 200 else {"status": "unavailable"}
+        except (httpx.HTTPError, ValueError):
+            doc = {"status": "unreachable"}
+        if not isinstance(doc, dict):
+            doc = {"status": "malformed"}
+        doc = {"worker_id": worker.worker_id, "token": str(doc.get("token", ""))}  # keep only what is shown
+        self.attestations[worker.worker_id] = (time.monotonic(), doc)
+        return doc
 
 
 def _state(request: Request) -> ConsoleState:
@@ -216,8 +240,11 @@ async def _reference_values(request: Request, tenants: set[str]) -> dict[tuple[s
 @router.get("/workers", response_class=HTMLResponse)
 async def workers_page(request: Request, who: Viewer = Depends(viewer)) -> HTMLResponse:
     service = _service(request)
-    attestations = [a for a in await service.attestation() if who.sees(str(a.get("tenant")))]
-    tenants = {w.tenant for w in service.registry.workers.values() if who.sees(w.tenant)}
+    state = _state(request)
+    reg = service.registry
+    visible = [w for w in list(reg.workers.values()) if who.sees(w.tenant) and reg.alive(w)]
+    attestations = list(await asyncio.gather(*(state.attestation(w) for w in visible)))
+    tenants = {w.tenant for w in reg.workers.values() if who.sees(w.tenant)}
     reference = await _reference_values(request, tenants)
     rows = worker_rows(service, attestations, reference, who, time.time())
     return _render(request, "workers.html", who, rows=rows, now=dt.datetime.now(dt.UTC),
@@ -246,8 +273,8 @@ async def keys_page(request: Request, who: Viewer = Depends(viewer), tenant: str
     history = []
     index = await _index(request)
     if index is not None and chosen is not None:
-        history = [r for r in reversed(index.rows) if r.entry.tenant == chosen
-                   and any(w in r.entry.action for w in ("revoke", "rotate", "tenant-key"))][:50]
+        history = [r for r in reversed(index.by_tenant.get(chosen, ()))
+                   if any(w in r.entry.action for w in ("revoke", "rotate", "tenant-key"))][:50]
     versions = [v for v in service.store.model_versions(chosen)] if chosen else []
     ready = {(w.model, w.version) for w in service.registry.workers.values()
              if w.tenant == chosen and service.registry.alive(w) and w.status == "ready"}

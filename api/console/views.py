@@ -6,6 +6,7 @@ to its tenant here, and the templates never see another tenant's data.
 
 from __future__ import annotations
 
+import bisect
 import datetime as dt
 import difflib
 import hashlib
@@ -78,34 +79,44 @@ def scoped_filter(who: Viewer, *, tenant: str | None, component: str | None, rul
 
 
 def select_rows(index: AuditIndex, flt: AuditFilter) -> list[Row]:
-    """Matching rows, newest first."""
+    """Matching rows, newest first. Starts from the smallest per-tenant/role/rule list that applies."""
     rows = index.rows
-    if flt.empty:
+    candidates = [rows]
+    for value, lists in ((flt.tenant, index.by_tenant), (flt.component, index.by_component),
+                         (flt.rule, index.by_rule)):
+        if value is not None:
+            candidates.append(lists.get(value, []))
+    rows = min(candidates, key=len)
+    if flt.empty or (flt.since is None and flt.until is None and flt.decision is None
+                     and sum(v is not None for v in (flt.tenant, flt.component, flt.rule)) == 1):
         return rows[::-1]
+    if flt.since is not None or flt.until is not None:
+        # Rows are in time order: cut the window by bisection before the other checks.
+        lo = bisect.bisect_left(rows, flt.since, key=lambda r: r.entry.ts) if flt.since else 0
+        hi = bisect.bisect_left(rows, flt.until, key=lambda r: r.entry.ts) if flt.until else len(rows)
+        rows = rows[lo:hi]
     match = flt.matches
     return [r for r in reversed(rows) if match(r)]
 
 
 class Facets:
-    """Filter choices (tenants, components, rules) per index generation, so pages stay cheap."""
+    """Filter choices (tenants, components, rules), from the index's per-value lists."""
 
     def __init__(self) -> None:
         self._generation = -1
-        self._all: tuple[list[str], list[str], dict[str, set[str]]] = ([], [], {})
+        self._tenant_rules: dict[str, list[str]] = {}
 
     def get(self, index: AuditIndex, who: Viewer) -> tuple[list[str], list[str], list[str]]:
+        components = sorted(index.by_component)
+        if who.tenant is None:
+            return sorted(index.by_tenant), components, sorted(index.by_rule)
         if self._generation != index.generation:
-            tenants, components, rules = set(), set(), defaultdict(set)
-            for r in index.rows:
-                tenants.add(r.entry.tenant)
-                components.add(r.entry.component)
-                rules[r.entry.tenant].add(r.rule)
-            self._all = (sorted(tenants), sorted(components), rules)
-            self._generation = index.generation
-        tenants, components, rules = self._all
-        if who.tenant is not None:
-            return [who.tenant], components, sorted(rules.get(who.tenant, ()))
-        return tenants, components, sorted(set().union(*rules.values())) if rules else []
+            self._tenant_rules, self._generation = {}, index.generation
+        rules = self._tenant_rules.get(who.tenant)
+        if rules is None:  # a tenant admin sees only its own rules' names
+            rules = sorted({r.rule for r in index.by_tenant.get(who.tenant, ())})
+            self._tenant_rules[who.tenant] = rules
+        return [who.tenant], components, rules
 
 
 def chain_status(index: AuditIndex, page_size: int) -> list[dict[str, Any]]:
