@@ -22,6 +22,7 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
 from api.proto import worker_pb2
+from attestation.errors import AttestationError
 from enclave_worker.boot import BootedWorker, boot
 from enclave_worker.guard import WorkerGuard, build_guard
 from enclave_worker.keywatch import KeyLease, LeaseTiming
@@ -70,6 +71,12 @@ async def _boot(state: WorkerState) -> None:
         state.guard = build_guard(s.policy_file, s.policy_admin_key, s.tenant, s.unsafe_no_tenant_policy)
         state.booted = await asyncio.to_thread(boot, s, state.channel_binding)
         state.status = "ready"
+    except AttestationError as exc:
+        # The attester's own words (no secrets: they name interfaces, modes and error codes), one
+        # line: "GPU confidential computing is off", "not an SEV-SNP guest", ...
+        state.status = "failed"
+        log.error("worker boot failed: %s: %s", type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
+        return
     except Exception as exc:  # the reason is logged by type only: it may not carry secrets, but keep it terse
         state.status = "failed"
         log.error("worker boot failed: %s", type(exc).__name__)
