@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bisect
 import collections
+import dataclasses
 import hashlib
 import os
 import threading
@@ -23,7 +24,7 @@ from pathlib import Path
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from policy.audit import AuditEntry, Checkpoint, log_files, read_checkpoints
+from policy.audit import AuditEntry, Checkpoint, CheckpointAnchor, log_files, read_checkpoints
 from policy.audit.entry import GENESIS, check_signature, entry_hash, parse_entry
 from policy.audit.merkle import CompactRange
 from policy.errors import AuditIntegrityError
@@ -63,6 +64,9 @@ class LogStatus:
     signatures_pending: int  # entries whose signature is still being verified (in the background)
     last_checkpoint: Checkpoint | None
     broken: Break | None
+    last_anchored: Checkpoint | None = None  # the newest of this log's checkpoints an anchor holds
+    anchors: int = 0  # anchors configured
+    anchor_error: str | None = None
 
 
 def load_component_keys(keys_dir: Path | None) -> dict[str, Ed25519PublicKey]:
@@ -93,8 +97,11 @@ class _LogState:
     crange: CompactRange = field(default_factory=CompactRange)
     recent: collections.OrderedDict[int, list[tuple[int, bytes]]] = field(default_factory=collections.OrderedDict)
     leaves: list[bytes] = field(default_factory=list)
-    checked_checkpoints: int = 0
+    checked: set[tuple[int, str, str]] = field(default_factory=set)  # checkpoints verified (size, root, sig)
     checkpoints: list[Checkpoint] = field(default_factory=list)
+    anchored: list[Checkpoint] = field(default_factory=list)  # this log's checkpoints held by the anchors
+    anchor_key: tuple = ()
+    anchor_error: str | None = None
     broken: Break | None = None
     unsigned: list[tuple[int, bytes]] = field(default_factory=list)  # (index, digest) not yet vouched for
 
@@ -105,8 +112,9 @@ class _LogState:
     def status(self) -> LogStatus:
         verified = self.broken.index if self.broken else self.lines
         last = self.checkpoints[-1] if self.checkpoints else None
+        anchored = max(self.anchored, key=lambda c: c.tree_size) if self.anchored else None
         return LogStatus(self.path.name, self.component, self.lines, verified, len(self.unsigned), last,
-                         self.broken)
+                         self.broken, anchored, 0, self.anchor_error)
 
 
 def _root_of(stack: Sequence[tuple[int, bytes]]) -> bytes:
@@ -119,9 +127,10 @@ def _root_of(stack: Sequence[tuple[int, bytes]]) -> bytes:
 class AuditIndex:
     """Thread-safe; ``refresh()`` before reading, then ``rows`` and ``statuses``."""
 
-    def __init__(self, directory: Path, keys_dir: Path | None) -> None:
+    def __init__(self, directory: Path, keys_dir: Path | None, anchors: Sequence[CheckpointAnchor] = ()) -> None:
         self.directory = Path(directory)
         self.keys_dir = keys_dir
+        self.anchors = tuple(anchors)
         self._lock = threading.Lock()
         self._logs: dict[str, _LogState] = {}
         self._keys: Mapping[str, Ed25519PublicKey] = {}
@@ -160,6 +169,16 @@ class AuditIndex:
                 self.rows, self.by_tenant, self.by_component, self.by_rule = merged, by_tenant, by_component, by_rule
                 self.generation += 1
 
+    def _anchored(self, log_name: str) -> tuple[list[Checkpoint], str | None]:
+        out: list[Checkpoint] = []
+        error = None
+        for anchor in self.anchors:
+            try:
+                out += anchor.checkpoints(log_name)
+            except Exception as exc:
+                error = f"anchor {type(anchor).__name__} unavailable ({type(exc).__name__})"
+        return out, error
+
     def _refresh_keys(self) -> None:
         keys_dir = self.keys_dir
         stat: tuple = ()
@@ -177,10 +196,12 @@ class AuditIndex:
             return False
         ckpt_stat = _stat_or_none(Path(str(st.path) + ".ckpt"))
         stat = (info.st_size, info.st_mtime_ns, info.st_ino)
-        if stat == st.stat and ckpt_stat == st.ckpt_stat:
+        # Anchored checkpoints first, then local ones, then the log: each is published only over
+        # entries already written, so the log read last covers them all (no false truncation alarm).
+        external, anchor_error = self._anchored(st.path.name)
+        anchor_key = tuple(_ck_id(c) for c in external)
+        if stat == st.stat and ckpt_stat == st.ckpt_stat and anchor_key == st.anchor_key:
             return False
-        # Checkpoints first: one is published only over entries already written, so the log read
-        # next is at least as long as every checkpoint seen here (no false truncation alarm).
         try:
             checkpoints = read_checkpoints(st.path)
             bad_checkpoints = False
@@ -194,13 +215,14 @@ class AuditIndex:
             st.__dict__.update(fresh.__dict__)
         lines = data[st.size:end].splitlines()
         start = st.lines
-        st.checkpoints = checkpoints
+        st.checkpoints, st.anchored, st.anchor_error = checkpoints, external, anchor_error
         if bad_checkpoints:
             self._fail(st, start, "malformed checkpoint file")
+        new = [ck for ck in [*checkpoints, *external] if _ck_id(ck) not in st.checked]
         by_size: dict[int, list[Checkpoint]] = {}
-        for ck in st.checkpoints[st.checked_checkpoints:]:
+        for ck in new:
             by_size.setdefault(ck.tree_size, []).append(ck)
-        late = [ck for ck in st.checkpoints[st.checked_checkpoints:] if ck.tree_size <= start]
+        late = [ck for ck in new if ck.tree_size <= start]
         for ck in late:
             self._check_checkpoint(st, ck, self._root_at(st, ck.tree_size), ck.tree_size - 1)
         for offset, raw in enumerate(lines):
@@ -211,7 +233,7 @@ class AuditIndex:
             self._check_signatures(st, total)
         else:
             self._start_background()
-        for ck in st.checkpoints[st.checked_checkpoints:]:
+        for ck in new:
             key = self._keys.get(ck.component)
             if st.component is not None and ck.component != st.component:
                 self._fail(st, total, "checkpoint from another component")
@@ -220,7 +242,13 @@ class AuditIndex:
             elif ck.tree_size > total:
                 self._fail(st, total, f"log truncated: a signed checkpoint covers {ck.tree_size} entries "
                                       f"but only {total} remain")
-        st.checked_checkpoints = len(st.checkpoints)
+        local_max = max((c.tree_size for c in checkpoints), default=0)
+        for ck in external:
+            if ck.tree_size > local_max:  # as policy.audit.verify_log words it
+                self._fail(st, ck.tree_size, f"checkpoint file lost checkpoints: the anchor holds one at size "
+                                             f"{ck.tree_size}, the file's last is {local_max} (deleted or rolled back)")
+        st.checked.update(_ck_id(ck) for ck in new)
+        st.anchor_key = anchor_key
         st.size = end
         st.prefix_digest = hashlib.sha256(data[:end]).digest()
         st.stat = stat
@@ -327,7 +355,8 @@ class AuditIndex:
     # -- reading
     def statuses(self) -> list[LogStatus]:
         with self._lock:
-            return [st.status() for _, st in sorted(self._logs.items())]
+            return [dataclasses.replace(st.status(), anchors=len(self.anchors))
+                    for _, st in sorted(self._logs.items())]
 
     def position(self, log: str, index: int) -> int | None:
         """Where an entry of a log sits in ``rows`` (time order), or None."""
@@ -343,6 +372,10 @@ class AuditIndex:
         while i < len(rows) and rows[i] is not target and rows[i].key == target.key:
             i += 1
         return i if i < len(rows) and rows[i] is target else None
+
+
+def _ck_id(ck: Checkpoint) -> tuple[int, str, str]:
+    return (ck.tree_size, ck.root, ck.sig)
 
 
 def _stat_or_none(path: Path) -> tuple[int, int] | None:

@@ -46,6 +46,7 @@ from api.console.views import (
     select_rows,
     worker_rows,
 )
+from policy.audit import CheckpointAnchor, SqlAnchor, WitnessFile
 
 log = logging.getLogger(__name__)
 HERE = Path(__file__).parent
@@ -386,7 +387,13 @@ def install(app: FastAPI, settings: ConsoleSettings) -> None:
     """Serve the console from ``app`` (the gateway with its management API)."""
     templates = Jinja2Templates(directory=str(HERE / "templates"))
     templates.env.autoescape = True
-    index = AuditIndex(settings.audit_dir, settings.keys_dir) if settings.audit_dir is not None else None
+    anchors: list[CheckpointAnchor] = []
+    if settings.audit_witness is not None:
+        anchors.append(WitnessFile(settings.audit_witness))
+    if settings.audit_anchor_url:
+        anchors.append(SqlAnchor(settings.audit_anchor_url))
+    index = (AuditIndex(settings.audit_dir, settings.keys_dir, anchors) if settings.audit_dir is not None
+             else None)
     app.state.console = ConsoleState(settings, index, Facets(),
                                      BrokerView(settings.broker_url, settings.broker_admin_token), templates)
     app.include_router(router)

@@ -13,6 +13,10 @@ class ConsoleSettings:
     # Component public keys; default `audit_dir/keys`. Point it at a copy the log's host cannot
     # rewrite to make a re-signed log evident (the keys beside the log move with it).
     audit_keys_dir: Path | None = None
+    # External anchors of the checkpoints (policy.audit.anchor): a witness file and/or the anchor
+    # database; anchored checkpoints are checked against the log like verify_log does.
+    audit_witness: Path | None = None
+    audit_anchor_url: str | None = None
     # The key broker's admin API (receipts, key state, release policies, revocation) and the
     # operator admin token the console uses there; the console checks the caller's role first.
     broker_url: str | None = None

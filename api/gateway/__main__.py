@@ -36,6 +36,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--audit-dir", type=Path, default=None, help="audit logs the console shows and verifies")
     parser.add_argument("--audit-keys-dir", type=Path, default=None,
                         help="component public keys for the audit logs (default AUDIT_DIR/keys)")
+    parser.add_argument("--audit-witness", type=Path, default=None,
+                        help="witness file of anchored audit checkpoints the console checks the logs against")
+    parser.add_argument("--audit-anchor-url", default=None, help="anchor database of audit checkpoints (SQL URL)")
     parser.add_argument("--broker-url", default=None, help="key broker admin API, for the console's Keys page")
     parser.add_argument("--broker-admin-token-file", type=Path, default=None,
                         help="operator token of that broker (the console checks the user's role first)")
@@ -50,6 +53,8 @@ def main(argv: list[str] | None = None) -> int:
                                jwt_secret=_secret(args.jwt_secret_file), max_inflight=args.max_inflight,
                                max_queued=args.max_queued, broker_jwks=args.broker_jwks,
                                console=ConsoleSettings(audit_dir=args.audit_dir, audit_keys_dir=args.audit_keys_dir,
+                                                       audit_witness=args.audit_witness,
+                                                       audit_anchor_url=args.audit_anchor_url,
                                                        broker_url=args.broker_url,
                                                        broker_admin_token=_secret(args.broker_admin_token_file),
                                                        policy_keys_dir=args.policy_keys_dir))
