@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -46,7 +47,9 @@ from api.console.views import (
     select_rows,
     worker_rows,
 )
-from policy.audit import CheckpointAnchor, SqlAnchor, WitnessFile
+from api.home import ed25519_key, write_public_key
+from policy.audit import AuditLog, CheckpointAnchor, SqlAnchor, WitnessFile
+from policy.errors import PolicyError
 
 log = logging.getLogger(__name__)
 HERE = Path(__file__).parent
@@ -55,6 +58,7 @@ REVOKE_ROLES = ("operator", "tenant-admin")  # the auditor is read-only
 EXPORT_MEDIA = {"jsonl": "application/x-ndjson", "csv": "text/csv", "ocsf": "application/x-ndjson"}
 
 
+AUDIT_COMPONENT = "console"
 ATTESTATION_TTL_S = 10.0  # a worker's token changes only when it re-attests
 
 
@@ -67,6 +71,33 @@ class ConsoleState:
     templates: Jinja2Templates
     attestations: dict[str, tuple[float, dict[str, Any]]] = field(default_factory=dict)
     http: httpx.AsyncClient | None = None
+    audit_key_file: Path | None = None
+    _audit: AuditLog | None = None
+    _audit_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def audit_log(self) -> AuditLog | None:
+        """The console's own audit log (``console.audit.jsonl`` in the audit directory, its key
+        beside the gateway's data), opened at the first action; None without an audit directory."""
+        directory = self.settings.audit_dir
+        if directory is None or self.audit_key_file is None:
+            return None
+        with self._audit_lock:
+            if self._audit is None:
+                key = ed25519_key(self.audit_key_file)
+                (directory / "keys").mkdir(parents=True, exist_ok=True)
+                write_public_key(key, directory / "keys" / f"{AUDIT_COMPONENT}.pem")
+                try:
+                    self._audit = AuditLog(directory / f"{AUDIT_COMPONENT}.audit.jsonl", key, AUDIT_COMPONENT)
+                except (OSError, PolicyError) as exc:
+                    # Another replica holds it (one writer per file): its process log still has the action.
+                    log.error("console audit log unavailable (%s)", type(exc).__name__)
+                    return None
+            return self._audit
+
+    def close(self) -> None:
+        self.broker.close()
+        if self._audit is not None:
+            self._audit.close()
 
     async def attestation(self, worker: Any) -> dict[str, Any]:
         """A worker's served attestation (evidence, token), fetched at most every ATTESTATION_TTL_S."""
@@ -325,13 +356,14 @@ async def revoke(request: Request, tenant: str = Form(..., max_length=64), confi
 
 
 def _record(request: Request, who: Viewer, tenant: str, decision: str, reason: str) -> None:
-    """Audit the console action in the gateway's management log when it has one (the broker also
-    logs the revocation itself); otherwise in the process log, decisions only."""
-    audit = getattr(request.app.state, "audit", None)
+    """Audit a console action with the person who did it (the broker's own entry names only the
+    console's operator token): in the console's signed log, and in the process log."""
     meta = {"actor": who.principal.subject[:128], "role": who.role, "via": "console"}
-    if audit is not None:
-        audit.append(tenant=tenant, action="tenant-key-revoke", decision=decision, reason=reason[:512], metadata=meta)
     log.warning("console: %s (%s) revoke tenant key of %s: %s", who.principal.subject, who.role, tenant, decision)
+    audit = _state(request).audit_log()
+    if audit is not None:
+        audit.append(tenant=tenant, action="tenant-key-revoke", decision=decision, reason=reason, metadata=meta)
+        audit.flush()
 
 
 @router.get("/usage", response_class=HTMLResponse)
@@ -383,8 +415,9 @@ def policies_page(request: Request, who: Viewer = Depends(viewer), tenant: str |
                    diff=diff, pair=pair)
 
 
-def install(app: FastAPI, settings: ConsoleSettings) -> None:
-    """Serve the console from ``app`` (the gateway with its management API)."""
+def install(app: FastAPI, settings: ConsoleSettings, data_dir: Path) -> None:
+    """Serve the console from ``app`` (the gateway with its management API); ``data_dir`` keeps
+    the console's audit signing key."""
     templates = Jinja2Templates(directory=str(HERE / "templates"))
     templates.env.autoescape = True
     anchors: list[CheckpointAnchor] = []
@@ -395,7 +428,8 @@ def install(app: FastAPI, settings: ConsoleSettings) -> None:
     index = (AuditIndex(settings.audit_dir, settings.keys_dir, anchors) if settings.audit_dir is not None
              else None)
     app.state.console = ConsoleState(settings, index, Facets(),
-                                     BrokerView(settings.broker_url, settings.broker_admin_token), templates)
+                                     BrokerView(settings.broker_url, settings.broker_admin_token), templates,
+                                     audit_key_file=data_dir / "console-audit.pem")
     app.include_router(router)
     app.mount("/console/static", StaticFiles(directory=str(HERE / "static")), name="console-static")
 

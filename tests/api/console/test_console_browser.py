@@ -115,6 +115,7 @@ def test_tampered_byte_shows_the_break_at_that_entry(browser, site: Site, screen
         assert f"at entry #{target}" in banner.inner_text() and "entry hash mismatch" in banner.inner_text()
         color = banner.evaluate("e => getComputedStyle(e).color")
         assert color == "rgb(176, 0, 32)"  # red
+        page.screenshot(path=str(screenshot_dir / "audit-chain-broken.png"))
         page.click(".chain-broken[data-log='gateway.audit.jsonl'] a")
         row = page.locator(f"tr#e-gateway\\.audit\\.jsonl-{target}")
         assert "broken" in (row.get_attribute("class") or "")
@@ -147,4 +148,9 @@ def test_revoke_a_tenant_key_with_confirmation(browser, site: Site, screenshot_d
     assert "tenant-key-revoke" in page.inner_text("body")
     page.goto(f"{site.url}/console/audit?rule=admin&tenant=globex")
     assert "tenant-key-revoke" in page.inner_text("table.timeline")
+    # The console's own signed entry names the person, which the broker's (operator token) cannot.
+    page.goto(f"{site.url}/console/audit?component=console")
+    row = page.locator("table.timeline tbody tr[data-tenant='globex']")
+    assert row.count() == 1 and "actor=alice@globex" in row.inner_text() and "tenant-key-revoke" in row.inner_text()
+    assert page.locator(".chain-ok[data-log='console.audit.jsonl']").is_visible()
     page.context.close()
