@@ -44,6 +44,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="operator token of that broker (the console checks the user's role first)")
     parser.add_argument("--policy-keys-dir", type=Path, default=None,
                         help="tenant policy admin public keys, TENANT/KEY_ID.pub, to verify signed policies")
+    parser.add_argument("--reference-values", type=Path, default=None,
+                        help="signed reference values to serve at /.well-known/reference-values")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s gateway %(levelname)s %(message)s")
     routes = tuple(WorkerRoute(**r) for r in json.loads(args.routes.read_text())) if args.routes else ()
@@ -52,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
                                register_token=_secret(args.register_token_file),
                                jwt_secret=_secret(args.jwt_secret_file), max_inflight=args.max_inflight,
                                max_queued=args.max_queued, broker_jwks=args.broker_jwks,
+                               reference_values=args.reference_values,
                                console=ConsoleSettings(audit_dir=args.audit_dir, audit_keys_dir=args.audit_keys_dir,
                                                        audit_witness=args.audit_witness,
                                                        audit_anchor_url=args.audit_anchor_url,
