@@ -22,10 +22,10 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from attestation.bundle import EvidenceBundle, RuntimeData, expected_report_data
 from attestation.sim import SimTee
-from enclave_worker.package.signing import signer_identity
-from key_broker.client import obtain_data_key
 from key_broker.router import REFUSED
-from key_broker.sealing import raw_public_key
+from protocol.broker.client import obtain_data_key
+from protocol.broker.sealing import raw_public_key
+from protocol.package.signing import signer_identity
 
 MEASUREMENT = bytes(range(48))
 SIGNER = signer_identity(Ed25519PrivateKey.from_private_bytes(bytes(range(32))).public_key())  # as conftest
@@ -47,6 +47,7 @@ class BrokerProcess:
             self.url = f"http://127.0.0.1:{port}"
             self.port = port
         self.proc: subprocess.Popen | None = None
+        self.extra_args: list[str] = []
 
     def start(self) -> None:
         env = {**os.environ, "SEALED_BROKER_ADMIN_TOKEN": self.admin_token, "PYTHONUNBUFFERED": "1"}
@@ -62,6 +63,7 @@ class BrokerProcess:
                 str(self.port),
                 "--sim-platform-key",
                 str(self.pub),
+                *self.extra_args,
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
