@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from api.console.settings import ConsoleSettings
 from protocol.sampling import DEFAULT_MAX_TOKENS
 
 PLACEHOLDER_SECRETS = frozenset({"", "changeme", "change-me", "secret", "dev", "test", "password", "placeholder"})
@@ -42,6 +43,7 @@ class GatewaySettings:
     broker_issuer: str = "sealed-key-broker"
     # The operator's signed in-toto statement of allowed worker measurements (served as is).
     reference_values: Path | None = None
+    console: ConsoleSettings = field(default_factory=ConsoleSettings)  # the web console (/console)
 
     def __post_init__(self) -> None:
         if self.dev:

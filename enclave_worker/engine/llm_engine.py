@@ -16,6 +16,7 @@ from .block_manager import BlockManager
 from .checkpoint import Checkpoint
 from .config import EngineConfig, RequestOutput, SamplingParams
 from .errors import EngineDeadError, EngineError, InvalidRequestError
+from .kernels import triton_installed
 from .kv_cache import KVCacheSpec, allocate_kv_cache
 from .model_builder import BuiltModel, build_model
 from .model_runner import ModelRunner
@@ -23,6 +24,17 @@ from .models import model_tensors
 from .output_processor import OutputProcessor
 from .scheduler import ScheduledSeq, Scheduler
 from .sequence import Sequence
+
+
+def _fused_decode(config: EngineConfig, cuda: bool) -> bool:
+    """Whether decode steps take the fused Triton kernels (EngineConfig.decode_kernels)."""
+    if config.decode_kernels == "torch":
+        return False
+    if config.decode_kernels == "triton":
+        if not triton_installed():
+            raise EngineError("decode_kernels='triton' needs the triton package")
+        return True
+    return cuda and triton_installed()
 
 
 @dataclass
@@ -36,6 +48,7 @@ class LLMEngine:
         """Wire a built model to its KV pool, block manager, scheduler and runner."""
         self.config = config
         self.model = built.model
+        cuda = torch.device(config.device).type == "cuda"
         spec = KVCacheSpec(
             len(self.model.layers), self.model.num_kv_heads, self.model.head_dim, config.block_size, built.dtype
         )
@@ -48,14 +61,21 @@ class LLMEngine:
         # fp32 weights on the CPU are what the OpenBLAS path serves (ModelRunner.use_blas); 0 turns it off
         fp32_cpu = config.device == "cpu" and built.dtype == torch.float32 and built.quant == "none"
         dense_bytes = sum(t.nbytes for t in model_tensors(self.model)) if fp32_cpu else 0
+        fused = _fused_decode(config, cuda)
+        graphs = fused and cuda and config.cuda_graphs
+        # With decode graphs, one extra block no sequence owns takes the padding rows' K/V writes.
         self.runner = ModelRunner(
             self.model,
-            allocate_kv_cache(spec, num_blocks, config.device),
+            allocate_kv_cache(spec, num_blocks + int(graphs), config.device),
             config.block_size,
             config.device,
             built.threads,
             dense_bytes,
+            fused_decode=fused,
+            max_model_len=self.max_model_len,
         )
+        if graphs:
+            self.runner.enable_decode_graphs(config.max_num_seqs, pad_slot=num_blocks * config.block_size)
         self.tokenizer = built.tokenizer
         self.vocab_size = built.vocab_size
         self.output = OutputProcessor(self.tokenizer)

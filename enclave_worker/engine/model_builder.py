@@ -28,14 +28,16 @@ _TORCH_DTYPES = {
     "float16": torch.float16,
     "int8": torch.float32,
     "int4": torch.float32,
+    "fp8": torch.float32,
 }
+_QUANTIZED = ("int8", "int4", "fp8")
 
 
 @dataclass(frozen=True)
 class BuiltModel:
     model: LlamaForCausalLM
     dtype: torch.dtype
-    quant: str  # "none" | "int8" | "int4"
+    quant: str  # "none" | "int8" | "int4" | "fp8"
     model_len: int  # the longest sequence the model allows (before the KV pool's own limit)
     threads: int
     tokenizer: Tokenizer
@@ -58,8 +60,10 @@ def build_model(checkpoint: Checkpoint, config: EngineConfig) -> BuiltModel:
     if config.device == "cpu":
         torch.set_num_threads(threads)
         threadpool_limits(threads, user_api="blas")  # OpenBLAS (numpy) too: layers/linear.py
-    dtype = _TORCH_DTYPES[config.dtype]
-    quant = config.dtype if config.dtype in ("int8", "int4") else "none"
+    quant = config.dtype if config.dtype in _QUANTIZED else "none"
+    # Quantized weights take bf16 activations on a GPU (what its int4/FP8 kernels want), fp32 on the CPU.
+    cuda = torch.device(config.device).type == "cuda"
+    dtype = torch.bfloat16 if quant != "none" and cuda else _TORCH_DTYPES[config.dtype]
     model_len = min(
         config.max_model_len or min(cfg.get("max_position_embeddings", 4096), 4096),
         cfg.get("max_position_embeddings", 1 << 30),
