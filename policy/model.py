@@ -82,11 +82,6 @@ class Limits:
             out["allowed_models"] = sorted(self.allowed_models)
         return out
 
-    def over(self, base: Limits) -> Limits:
-        """This override applied on top of ``base``."""
-        return Limits(*(getattr(self, k) if getattr(self, k) is not None else getattr(base, k)
-                        for k in self.FIELDS))
-
 
 @dataclass(frozen=True)
 class ToolRule:

@@ -59,12 +59,6 @@ class PolicySet:
 
         return compile_cedar(compile_policy_set(self))
 
-    def limits_for(self, api_key: str) -> Limits:
-        """Effective admission limits for one API key (its override over the tenant default)."""
-        base = self.admission or Limits()
-        override = self.key_overrides.get(api_key)
-        return override.over(base) if override else base
-
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> PolicySet:
         d = _check_keys(d, _KEYS, "policy set")

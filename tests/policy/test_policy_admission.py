@@ -8,7 +8,6 @@ import pytest
 
 from policy import (
     AdmissionFacts,
-    AdmissionGate,
     BucketSpec,
     InMemoryLimiterStore,
     PolicyInvalid,
@@ -85,12 +84,6 @@ def test_empty_model_list_allows_nothing() -> None:
     assert evaluate_admission(ps, facts()).rule == "admission.models"
 
 
-def test_limits_for_merges_override() -> None:
-    lim = PS.limits_for("k-small")
-    assert (lim.max_context_tokens, lim.requests_per_minute, lim.max_output_tokens) == (100, 1, 512)
-    assert PS.limits_for("unknown") == PS.admission
-
-
 class FakeClock:
     def __init__(self) -> None:
         self.t = 1000.0
@@ -110,43 +103,6 @@ def test_token_bucket_refills() -> None:
     clock.t += 100
     assert lim.available("k", spec) == 2  # capped at capacity
     assert not lim.try_acquire("k", spec, cost=3)
-
-
-def test_gate_rate_limit_per_key() -> None:
-    clock = FakeClock()
-    gate = AdmissionGate(TokenBucketLimiter(clock=clock))
-    assert [gate.admit(PS, facts()).allowed for _ in range(4)] == [True, True, True, False]
-    assert gate.admit(PS, facts()).rule == "admission.rate_limit"
-    assert gate.admit(PS, facts("k-other")).allowed  # separate bucket per key
-    assert gate.admit(PS, facts("k-small")).allowed and not gate.admit(PS, facts("k-small")).allowed
-    clock.t += 20  # one request per 20 s refills at 3/min
-    assert gate.admit(PS, facts()).allowed
-
-
-def test_gate_token_budget_and_refund() -> None:
-    clock = FakeClock()
-    gate = AdmissionGate(TokenBucketLimiter(clock=clock))
-    big = facts("k-big", ctx=4000, out=4000)  # reserves 8000 of 10000
-    assert gate.admit(PS, big).allowed
-    d = gate.admit(PS, big)
-    assert not d.allowed and d.rule == "admission.token_budget"
-    gate.settle(PS, big, used_tokens=100)  # 7900 unused come back
-    assert gate.admit(PS, big).allowed
-
-
-def test_settle_never_refunds_more_than_reserved() -> None:
-    gate = AdmissionGate(TokenBucketLimiter(clock=FakeClock()))
-    f = facts("k-big", ctx=1000, out=1000)
-    assert gate.admit(PS, f).allowed
-    gate.settle(PS, f, used_tokens=-50_000)
-    assert gate.limiter.available("tpd:acme/k-big", TokenBucketLimiter.per_day(10_000)) == 10_000
-
-
-def test_denied_request_does_not_spend_budget() -> None:
-    gate = AdmissionGate(TokenBucketLimiter(clock=FakeClock()))
-    for _ in range(2):
-        assert not gate.admit(PS, facts("k-big", model="qwen", ctx=4000, out=4000)).allowed
-    assert gate.limiter.available("tpd:acme/k-big", TokenBucketLimiter.per_day(10_000)) == 10_000
 
 
 @pytest.mark.parametrize(
