@@ -25,6 +25,7 @@ from enclave_worker.attesters import (
     NvgpuAttester,
     SnpAttester,
     TdxAttester,
+    hardware_attester,
     parse_tee,
     resolve_tee,
 )
@@ -162,3 +163,24 @@ def test_auto_never_falls_back_to_the_simulated_tee() -> None:
         resolve_tee("auto", probe=lambda: none)
     tdx = [Capability("tdx", True, "TDX guest"), Capability("nvgpu", True, "cc on")]
     assert resolve_tee("auto+auto", probe=lambda: tdx) == ("tdx", "nvgpu")
+
+
+@pytest.mark.tee
+def test_this_machine_attests(request: pytest.FixtureRequest) -> None:
+    """On a real SEV-SNP or TDX guest (`--run-tee`; GPUs too where NVML reports CC on): collect
+    evidence with the production interfaces and verify it against the pinned vendor roots. SNP
+    verifies offline (VCEK from the host's certificate table); TDX needs Intel PCS collateral, so
+    it is verified only with `--run-online` too."""
+    from attestation.pcs import PcsFetcher
+
+    tee, gpu = resolve_tee("auto+auto")
+    attester = hardware_attester(tee, gpu, KernelInterfaces())
+    rt = runtime()
+    bundle = attester.bundle(rt)
+    assert bundle.tee == tee and (len(bundle.gpus) > 0) == (gpu is not None)
+    if tee == "tdx" and not request.config.getoption("--run-online"):
+        pytest.skip("TDX verification needs Intel PCS collateral (add --run-online)")
+    cache = Path(os.environ.get("TMPDIR", "/tmp")) / "sealed-pcs-cache"
+    result = verify_bundle(bundle, expected_nonce=rt.nonce, now=dt.datetime.now(dt.UTC),
+                           trust=VerifierTrust(tdx_collateral=PcsFetcher(cache)))
+    assert result.cpu.tee.value == tee
