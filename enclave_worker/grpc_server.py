@@ -243,6 +243,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="configfs-tsm report directory")
     parser.add_argument("--tsm-entry", default=None, help="use this existing configfs-tsm entry")
     parser.add_argument("--sev-guest-device", type=Path, default=Path("/dev/sev-guest"))
+    parser.add_argument("--ccel-table", type=Path, default=Path("/sys/firmware/acpi/tables/CCEL"),
+                        help="ACPI CCEL table (TDX CC event log)")
+    parser.add_argument("--ccel-data", type=Path, default=Path("/sys/firmware/acpi/tables/data/CCEL"))
     parser.add_argument("--sim-platform-key", type=Path, default=None)
     parser.add_argument("--unsafe-sim-measurement", default=None)
     parser.add_argument("--host", default="127.0.0.1")
@@ -283,7 +286,8 @@ def main(argv: list[str] | None = None) -> int:
         broker_url=args.broker_url, package_dir=args.package_dir, tenant=args.tenant, model=args.model,
         version=args.version, tee=tee, gpu_tee=gpu_tee, device=device, engine_dtype=args.dtype,
         gpu_memory_utilization=args.gpu_memory_utilization, tsm_dir=args.tsm_dir, tsm_entry=args.tsm_entry,
-        sev_guest_device=args.sev_guest_device, sim_platform_key=args.sim_platform_key,
+        sev_guest_device=args.sev_guest_device, ccel_table=args.ccel_table, ccel_data=args.ccel_data,
+        sim_platform_key=args.sim_platform_key,
         unsafe_sim_measurement=args.unsafe_sim_measurement, host=args.host, port=args.port,
         max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len, policy_file=args.policy_file,
         policy_admin_key=args.policy_admin_key, unsafe_no_tenant_policy=args.unsafe_no_tenant_policy,

@@ -40,6 +40,8 @@ class WorkerSettings:
     tsm_dir: Path = Path("/sys/kernel/config/tsm/report")
     tsm_entry: str | None = None
     sev_guest_device: Path = Path("/dev/sev-guest")
+    ccel_table: Path = Path("/sys/firmware/acpi/tables/CCEL")
+    ccel_data: Path = Path("/sys/firmware/acpi/tables/data/CCEL")
 
     @property
     def on_gpu(self) -> bool:

@@ -3,6 +3,7 @@ verifier: configfs-tsm (a FIFO tree answered by a thread), /dev/sev-guest (the i
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import fcntl
 import os
@@ -10,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from attestation.bundle import RuntimeData
+from attestation.bundle import EvidenceBundle, RuntimeData
 from attestation.collateral import CollateralConfig, CollateralStore
-from attestation.errors import FreshnessError, ParseError, UnsupportedError
+from attestation.errors import AttestationError, FreshnessError, ParseError, UnsupportedError
 from attestation.snp.collect import encode_cert_table
 from attestation.testing.fake_nvml import FakeNvml
 from attestation.testing.fake_sev_guest import FakeSevGuest
@@ -98,6 +99,30 @@ def test_tdx_through_configfs_tsm(platform: FakePlatform, tmp_path: Path) -> Non
         bundle = Attester(TdxAttester(kernel)).bundle(rt)
     result = verify_bundle(bundle, expected_nonce=rt.nonce, now=NOW, trust=trust(platform))
     assert result.cpu.tee.value == "tdx" and result.cpu.measurement == TDX_MR_TD
+
+
+CCEL = Path(__file__).resolve().parents[1] / "vectors" / "tdx-ccel"
+
+
+def test_tdx_sends_the_cc_event_log_and_the_verifier_replays_it(platform: FakePlatform, tmp_path: Path) -> None:
+    log = (CCEL / "ccel_data.dat").read_bytes()  # a real TD's log; the fake TD's RTMRs replay from it
+    kernel = KernelInterfaces(tsm_dir=tmp_path / "tsm", tsm_entry="sealed", ccel_table=CCEL / "ccel_table.dat",
+                              ccel_data=CCEL / "ccel_data.dat")
+    with FakeTsmTree(kernel.tsm_dir, "tdx_guest", lambda data, _: (platform.tdx_quote(data, log), None)):
+        rt = runtime()
+        bundle = Attester(TdxAttester(kernel)).bundle(rt)
+    assert bundle.event_log == log
+    verify_bundle(bundle, expected_nonce=rt.nonce, now=NOW, trust=trust(platform))
+    # Carried through JSON, and a log that does not replay to the signed RTMRs is refused.
+    assert EvidenceBundle.from_json(bundle.to_json()).event_log == log
+    tampered = bytearray(log)
+    first_event = 32 + int.from_bytes(log[28:32], "little")  # after the SHA-1-format header event
+    tampered[first_event + 4 + 4 + 4 + 2] ^= 0xFF  # index, type, digest count, algorithm id: the digest
+    with pytest.raises(AttestationError, match="does not replay"):
+        verify_bundle(dataclasses.replace(bundle, event_log=bytes(tampered)), expected_nonce=rt.nonce, now=NOW,
+                      trust=trust(platform))
+    with pytest.raises(AttestationError, match="only accepted with TDX"):
+        verify_bundle(dataclasses.replace(bundle, tee="snp"), expected_nonce=rt.nonce, now=NOW, trust=trust(platform))
 
 
 def test_tdx_refuses_a_sev_guest_provider(platform: FakePlatform, tmp_path: Path) -> None:
