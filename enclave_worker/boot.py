@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import httpx
 import torch
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from enclave_worker.engine import EngineConfig, LLMEngine
 from enclave_worker.engine.checkpoint import Checkpoint
@@ -62,8 +63,8 @@ def _release_unaliased(model: DecryptedModel, engine: LLMEngine) -> DecryptedMod
                           torch.zeros(0, dtype=torch.uint8, device=model.buffer.device))
 
 
-def boot(settings: WorkerSettings, channel_binding: bytes = b"", policy_set: PolicySet | None = None
-         ) -> BootedWorker:
+def boot(settings: WorkerSettings, channel_binding: bytes = b"", hpke_key: X25519PrivateKey | None = None,
+         policy_set: PolicySet | None = None) -> BootedWorker:
     started = time.monotonic()
     # Before any key is asked for: a worker that may not serve on its device never gets one.
     gpu_cc_off = check_gpu_confidentiality(settings, policy_set)
@@ -71,7 +72,7 @@ def boot(settings: WorkerSettings, channel_binding: bytes = b"", policy_set: Pol
     with httpx.Client(base_url=settings.broker_url, timeout=30.0) as client:
         released = obtain_data_key(client, tenant=settings.tenant, model=settings.model,
                                    version=settings.version, make_bundle=attester.bundle,
-                                   channel_binding=channel_binding)
+                                   channel_binding=channel_binding, hpke_key=hpke_key)
     # The broker appraised CPU and GPU evidence together and released the key: only now do the
     # GPUs accept work (nvtrust's order: attest, verify, then set the ready state).
     attester.accepted()
