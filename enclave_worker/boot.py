@@ -17,8 +17,8 @@ from enclave_worker.package import DecryptedModel, decrypt_package
 from enclave_worker.package.device_reader import decrypt_package_to_device
 from enclave_worker.settings import WorkerSettings
 from enclave_worker.tee import make_attester
-from key_broker.client import ReleasedKey, obtain_data_key
 from policy.policyset import PolicySet
+from protocol.broker.client import ReleasedKey, obtain_data_key
 
 log = logging.getLogger(__name__)
 

@@ -20,8 +20,9 @@ import torch
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
-from enclave_worker.package.errors import PackageFormatError, PackageIntegrityError, WrongKeyError
-from enclave_worker.package.format import (
+from enclave_worker.package.reader import TORCH_DTYPES, DecryptedModel, _read_exact
+from protocol.package.errors import PackageFormatError, PackageIntegrityError, WrongKeyError
+from protocol.package.format import (
     TAG_BYTES,
     Manifest,
     ad_prefix,
@@ -31,7 +32,7 @@ from enclave_worker.package.format import (
     nonce_for,
     segment_key,
 )
-from enclave_worker.package.reader import TORCH_DTYPES, DecryptedModel, _read_exact, read_manifest
+from protocol.package.signing import read_manifest
 
 _SLACK = 32
 # Called after each segment with the staging buffer, before it is zeroed (tests check that it

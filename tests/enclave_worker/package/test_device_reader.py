@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from enclave_worker.package import PackageIntegrityError, WrongKeyError
 from enclave_worker.package.device_reader import decrypt_package_to_device
+from protocol.package.errors import PackageIntegrityError, WrongKeyError
 
 SEGMENT = 4096  # as conftest.make_package
 
