@@ -7,13 +7,14 @@ from dataclasses import dataclass
 
 from .errors import InvalidRequestError
 
-DTYPES = ("float32", "bfloat16", "float16", "int8", "int4")
+DTYPES = ("float32", "bfloat16", "float16", "int8", "int4", "fp8")
+DECODE_KERNELS = ("auto", "triton", "torch")
 
 
 @dataclass(frozen=True)
 class EngineConfig:
     device: str = "cpu"
-    dtype: str = "float32"  # float32 | bfloat16 | float16 | int8 | int4 (weight-only)
+    dtype: str = "float32"  # float32 | bfloat16 | float16 | int8 | int4 | fp8 (weight-only quantized)
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
     max_model_len: int | None = None  # default: min(model context, 4096)
@@ -22,12 +23,18 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     num_threads: int | None = None  # torch intra-op threads on CPU; default: all cores
     int4_group_size: int = 32
+    # Decode steps: "auto" takes the fused Triton kernels (paged attention in place, fused norm/rope/
+    # activation) on CUDA when Triton is installed; "torch" keeps the gather + SDPA path everywhere.
+    decode_kernels: str = "auto"
+    cuda_graphs: bool = True  # replay captured decode steps on CUDA (needs the Triton decode kernels)
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, not {self.dtype!r}")
         if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1 or self.block_size < 1:
             raise ValueError("max_num_seqs, max_num_batched_tokens and block_size must be >= 1")
+        if self.decode_kernels not in DECODE_KERNELS:
+            raise ValueError(f"decode_kernels must be one of {DECODE_KERNELS}, not {self.decode_kernels!r}")
         if self.kv_cache_memory_bytes <= 0:
             raise ValueError("kv_cache_memory_bytes must be positive")
 
