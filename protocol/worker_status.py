@@ -19,7 +19,13 @@ class WorkerStatus(BaseModel):
     model: str = Field(max_length=256)
     version: str = Field(max_length=64)
     tee: str = Field(max_length=16)
-    insecure: bool
+    gpu_tee: str | None = Field(default=None, max_length=16)  # "nvgpu": GPUs attested beside the CPU
+    insecure: bool  # a simulated TEE, or a GPU serving outside confidential computing
+    device: str = Field(default="cpu", max_length=32)
+    dtype: str = Field(default="", max_length=16)
+    gpu_cc_off: bool = False
+    load_s: float | None = None  # seconds from key release to serving
+    gpu_memory: dict[str, int] | None = None  # bytes: allocated, reserved, free, total
     stats: EngineStats = Field(default_factory=dict)
 
 

@@ -42,6 +42,7 @@ class BuiltModel:
     threads: int
     tokenizer: Tokenizer
     vocab_size: int
+    hidden_size: int
 
 
 def _release_freed_memory() -> None:
@@ -74,4 +75,4 @@ def build_model(checkpoint: Checkpoint, config: EngineConfig) -> BuiltModel:
     _release_freed_memory()  # conversion transients go back to the OS before the KV pool is touched
     return BuiltModel(model=model, dtype=dtype, quant=quant, model_len=model_len, threads=threads,
                       tokenizer=Tokenizer(checkpoint.tokenizer_json, checkpoint.chat_template, cfg),
-                      vocab_size=int(cfg["vocab_size"]))
+                      vocab_size=int(cfg["vocab_size"]), hidden_size=int(cfg["hidden_size"]))
