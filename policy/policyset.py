@@ -52,6 +52,13 @@ class PolicySet:
             validate_against_schema(self.cedar, CEDAR_SCHEMA)
         self.compiled  # noqa: B018 - compile now so an invalid policy fails at upload, not at use
 
+    def release_for(self, model: str, model_version: str) -> ReleasePolicy | None:
+        """The most specific release policy covering a model version (exact version first)."""
+        exact = [p for p in self.release if p.model == model and p.model_version == model_version]
+        anyv = [p for p in self.release if p.model == model and p.model_version is None]
+        found = exact or anyv
+        return found[0] if found else None
+
     @functools.cached_property
     def compiled(self) -> CedarPolicies:
         """The Cedar form of the whole set (parsed once; cached on the frozen instance)."""
