@@ -245,8 +245,8 @@ async def audit_export(request: Request, fmt: str, who: Viewer = Depends(viewer)
     flt, error = _audit_query(who, tenant, component, rule, decision, since, until)
     if error:
         raise ConsoleForbidden(error)
-    rows = [] if index is None else select_rows(index, flt)[::-1]  # exports run oldest first
-    entries = (r.entry for r in rows)
+    rows = [] if index is None else select_rows(index, flt)
+    entries = (rows[i].entry for i in range(len(rows) - 1, -1, -1))  # exports run oldest first
     body: Iterator[str] = {"jsonl": exports.jsonl_lines, "csv": exports.csv_chunks,
                            "ocsf": exports.ocsf_lines}[fmt](entries)
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")

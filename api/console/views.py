@@ -12,6 +12,7 @@ import difflib
 import hashlib
 import json
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -78,7 +79,7 @@ def scoped_filter(who: Viewer, *, tenant: str | None, component: str | None, rul
                        decision=decision or None, since=parse_time(since), until=parse_time(until))
 
 
-def select_rows(index: AuditIndex, flt: AuditFilter) -> list[Row]:
+def select_rows(index: AuditIndex, flt: AuditFilter) -> Sequence[Row]:
     """Matching rows, newest first.
 
     Starts from the smallest per-tenant/role/rule list that applies, cuts the time window by
@@ -107,11 +108,36 @@ def select_rows(index: AuditIndex, flt: AuditFilter) -> list[Row]:
     if flt.decision is not None:
         checks.append(lambda r, v=flt.decision: r.entry.decision == v)
     if not checks:
-        return rows[::-1]
+        return NewestFirst(rows)  # no copy of a 100,000-row list per page
     if len(checks) == 1:
         (check,) = checks
         return [r for r in reversed(rows) if check(r)]
     return [r for r in reversed(rows) if all(c(r) for c in checks)]
+
+
+class NewestFirst(Sequence[Row]):
+    """A time-ordered list read newest first, without copying it."""
+
+    def __init__(self, rows: list[Row]) -> None:
+        self._rows = rows
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def __getitem__(self, item):  # type: ignore[no-untyped-def,override]
+        n = len(self._rows)
+        if isinstance(item, slice):
+            start, stop, step = item.indices(n)
+            if step != 1:
+                return [self[i] for i in range(start, stop, step)]
+            if stop <= start:
+                return []
+            return self._rows[n - stop:n - start][::-1]
+        if item < 0:
+            item += n
+        if not 0 <= item < n:
+            raise IndexError(item)
+        return self._rows[n - 1 - item]
 
 
 def _ts(row: Row) -> dt.datetime:
