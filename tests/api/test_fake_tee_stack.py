@@ -20,7 +20,9 @@ from api.home import Home
 from api.stack import DEMO_MODEL, DEMO_TENANT, Stack, free_port, launch, prepare_demo
 from attestation.testing.platform import SNP_MEASUREMENT, TDX_MR_TD, FakePlatform
 from key_broker.errors import KeyStoreError
+from key_broker.keystore import load_master_key
 from key_broker.policies import PolicyStore
+from key_broker.statefile import local_ledger
 from policy.release import ReleasePolicy
 from tests.enclave_worker.random_llama import TINY, package_for_demo, random_llama
 
@@ -46,7 +48,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Env:
 
 
 def put_release_policy(home: Home, signer: str, *, require_gpu_cc: bool) -> None:
-    store = PolicyStore(home.broker)
+    store = PolicyStore(home.broker, local_ledger(home.broker, load_master_key(home.broker / "master.key")))
     try:
         version = store.get(DEMO_TENANT, DEMO_MODEL).version + 1
     except KeyStoreError:
