@@ -22,21 +22,21 @@ from cryptography.hazmat.primitives import serialization
 
 from api.gateway.keys import ApiKeyStore
 from api.home import Home, ed25519_key, write_public_key
-from api.proto.tls import load_or_create
 from api.supervisor import Child, RunLock, Supervisor
 from api.tenant_tools import default_model_path, encrypt_model
 from attestation.refvalues import sign_reference_values
 from enclave_worker.measurement import simulated_measurement
-from enclave_worker.package import read_manifest
-from enclave_worker.package.signing import signer_identity
 from enclave_worker.settings import WorkerSettings
 from key_broker.errors import KeyStoreError
-from key_broker.fsutil import atomic_write
 from key_broker.keystore import DataKeyRegistry, LocalKeyStore, load_master_key
 from key_broker.policies import PolicyStore
 from key_broker.statefile import StateLedger, local_ledger
 from policy.documents import sign_policy_document
 from policy.release import ReleasePolicy
+from protocol.fsutil import atomic_write
+from protocol.package import read_manifest
+from protocol.package.signing import signer_identity
+from protocol.tls import load_or_create
 
 DEMO_TENANT = "demo"
 DEMO_MODEL = "smollm2-135m-instruct"

@@ -13,7 +13,7 @@ from enclave_worker.engine.checkpoint import Checkpoint
 from enclave_worker.package import DecryptedModel, decrypt_package
 from enclave_worker.settings import WorkerSettings
 from enclave_worker.tee import make_attester
-from key_broker.client import ReleasedKey, obtain_data_key
+from protocol.broker.client import ReleasedKey, obtain_data_key
 
 log = logging.getLogger(__name__)
 

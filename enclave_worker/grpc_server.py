@@ -26,8 +26,6 @@ import uvicorn
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
-from api.proto import worker_pb2, worker_pb2_grpc
-from api.proto.tls import make_identity
 from attestation.bundle import channel_binding
 from attestation.errors import UnsupportedError
 from enclave_worker.attesters import resolve_tee
@@ -38,6 +36,8 @@ from enclave_worker.sealed import SealedRefusal, answer_sealed, open_sealed_requ
 from enclave_worker.server import WorkerState, create_app, serving
 from enclave_worker.settings import WorkerSettings
 from protocol.openai.errors import OpenAIError
+from protocol.rpc import worker_pb2, worker_pb2_grpc
+from protocol.tls import make_identity
 
 log = logging.getLogger(__name__)
 

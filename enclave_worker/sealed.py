@@ -17,13 +17,13 @@ from typing import Any
 import grpc
 from pydantic import ValidationError
 
-from api.proto import worker_pb2
 from enclave_worker.server import WorkerState, serving
 from protocol.openai.chat import chat_body, chat_events, plan_chat
 from protocol.openai.completions import completion_body, completion_events, plan_completion
 from protocol.openai.errors import OpenAIError, error_body
 from protocol.openai.runner import ChoiceResult, Streams
 from protocol.openai.schemas import ChatCompletionRequest, CompletionRequest
+from protocol.rpc import worker_pb2
 from protocol.sealed import (
     OpenedRequest,
     Receipt,

@@ -21,14 +21,14 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
-from api.proto import worker_pb2
 from attestation.errors import AttestationError
 from enclave_worker.boot import BootedWorker, boot
 from enclave_worker.freshness import AttestationRenewal
 from enclave_worker.guard import WorkerGuard, build_guard
 from enclave_worker.keywatch import KeyLease, LeaseTiming
 from enclave_worker.settings import WorkerSettings
-from key_broker.client import WorkerIdentity
+from protocol.broker.client import WorkerIdentity
+from protocol.rpc import worker_pb2
 from protocol.sealed import ReplayGuard, WorkerKey
 
 log = logging.getLogger(__name__)

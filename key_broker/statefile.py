@@ -40,7 +40,7 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from key_broker.errors import KeyStoreError
-from key_broker.fsutil import atomic_write
+from protocol.fsutil import atomic_write
 
 log = logging.getLogger(__name__)
 LEDGER = "state-ledger.json"

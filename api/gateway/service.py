@@ -23,11 +23,11 @@ from api.gateway.registry import WorkerInfo, WorkerRegistry, reattest_required
 from api.gateway.settings import GatewaySettings
 from api.gateway.usage import UsageRejected, verify_usage
 from api.gateway.worker_attestation import load_verifier, verify_worker
-from api.proto import worker_pb2
-from api.proto.tls import load_or_create
 from api.store.models import Tenant
 from api.store.repo import KeyRecord, Store
 from attestation.errors import AttestationError
+from protocol.rpc import worker_pb2
+from protocol.tls import load_or_create
 
 log = logging.getLogger(__name__)
 CACHE_S = 1.0

@@ -24,9 +24,9 @@ from api.home import Home
 from api.stack import DEMO_MODEL, DEMO_TENANT, DEMO_VERSION, free_port, launch, prepare_demo
 from attestation.bundle import EvidenceBundle, GpuEvidence, RuntimeData, expected_report_data
 from attestation.testing.platform import FakePlatform, gpu_report
-from key_broker.client import obtain_data_key
-from key_broker.errors import ReleaseRefused
 from key_broker.policies import PolicyStore
+from protocol.broker.client import obtain_data_key
+from protocol.broker.errors import BrokerRefused
 from tests.api.test_fake_tee_stack import audit_records, put_release_policy
 from tests.enclave_worker.random_llama import TINY, package_for_demo, random_llama
 
@@ -107,7 +107,7 @@ def test_refused_nothing_released_reason_audited(broker: Broker, name: str, make
     p.write_collateral(collateral.pop("now", NOW), **collateral)
     before = len(audit_records(broker.home))
     try:
-        with httpx.Client(base_url=broker.url, timeout=30) as client, pytest.raises(ReleaseRefused):
+        with httpx.Client(base_url=broker.url, timeout=30) as client, pytest.raises(BrokerRefused):
             obtain_data_key(client, tenant=DEMO_TENANT, model=DEMO_MODEL, version=DEMO_VERSION,
                             make_bundle=lambda rt: make(p, rt))
     finally:
