@@ -19,8 +19,9 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from key_broker.errors import ReleaseRefused, SettingsError
+from key_broker.errors import SettingsError
 from key_broker.statefile import StateTampered
+from protocol.broker.errors import BrokerRefused
 from tests.key_broker.conftest import Clock, Harness, bao_server  # noqa: F401 (fixture)
 
 ROGUE = bytes(range(100, 148))
@@ -43,9 +44,9 @@ def test_measurement_added_to_a_policy_file_gets_no_token(kb: Harness) -> None:
     doc = json.loads(path.read_text())
     doc["allowed_measurements"].append(ROGUE.hex())
     path.write_text(json.dumps(doc, sort_keys=True))
-    with pytest.raises(ReleaseRefused):
+    with pytest.raises(BrokerRefused):
         kb.obtain("acme", measurement=ROGUE)
-    with pytest.raises(ReleaseRefused):  # and the legitimate worker is refused too: the file is untrusted
+    with pytest.raises(BrokerRefused):  # and the legitimate worker is refused too: the file is untrusted
         kb.obtain("acme")
     assert "StateTampered" in kb.last_denial()["reason"]
     denial = _integrity_denials(kb)[-1]
@@ -60,7 +61,7 @@ def test_revocation_cannot_be_undone_by_editing_the_key_file(kb: Harness) -> Non
     assert doc["revoked"] is True
     doc["revoked"] = False
     path.write_text(json.dumps(doc, sort_keys=True))
-    with pytest.raises(ReleaseRefused):
+    with pytest.raises(BrokerRefused):
         kb.obtain("acme")
     r = kb.client.post("/v1/key/status", json={"token": released.token, "tenant": "acme", "model": "m",
                                                "version": "v1"})
@@ -73,7 +74,7 @@ def test_a_file_put_back_from_an_older_copy_is_refused(kb: Harness) -> None:
     before = path.read_bytes()  # an older, validly recorded state (not revoked)
     assert kb.admin("POST", "/tenants/acme/key/revoke").status_code == 200
     path.write_bytes(before)  # rolled back
-    with pytest.raises(ReleaseRefused):
+    with pytest.raises(BrokerRefused):
         kb.obtain("acme")
     assert "rolled back" in _integrity_denials(kb)[-1]["reason"]
 
@@ -98,7 +99,7 @@ def test_a_rollback_under_a_running_broker_is_refused(kb: Harness, tmp_path: Pat
     for p, blob in old.items():
         (tmp_path / "t").write_bytes(blob)
         (tmp_path / "t").replace(p)
-    with pytest.raises(ReleaseRefused):
+    with pytest.raises(BrokerRefused):
         kb.obtain("acme")
     assert "rolled back" in _integrity_denials(kb)[-1]["reason"]
 
@@ -109,7 +110,7 @@ def test_planted_state_files_are_refused(kb: Harness) -> None:
     doc = json.loads((data / "policies" / "acme" / "m.json").read_text())
     doc["allowed_measurements"] = [ROGUE.hex()]
     (data / "policies" / "acme" / "m@v1.json").write_text(json.dumps(doc))
-    with pytest.raises(ReleaseRefused):
+    with pytest.raises(BrokerRefused):
         kb.obtain("acme", measurement=ROGUE)
     # A signing key for reference values, and a tenant-admin token hash.
     key = Ed25519PrivateKey.generate().public_key().public_bytes(
@@ -129,7 +130,7 @@ def test_planted_state_files_are_refused(kb: Harness) -> None:
 
 def test_a_deleted_file_is_refused_not_treated_as_absent(kb: Harness) -> None:
     (kb.settings.data_dir / "keystore" / "datakeys" / "acme" / "m" / "v1.json").unlink()
-    with pytest.raises(ReleaseRefused):
+    with pytest.raises(BrokerRefused):
         kb.obtain("acme")
     assert "deleted" in _integrity_denials(kb)[-1]["reason"]
 
@@ -158,7 +159,7 @@ def test_vault_mode_revocation_flag_deletion_is_refused(tmp_path: Path, bao_serv
         kb.obtain("vacme")
         assert kb.admin("POST", "/tenants/vacme/key/revoke").status_code == 200
         (kb.settings.data_dir / "vault-state" / "revoked" / "vacme").unlink()
-        with pytest.raises(ReleaseRefused):
+        with pytest.raises(BrokerRefused):
             kb.obtain("vacme")
         assert "deleted" in _integrity_denials(kb)[-1]["reason"]
         # The ledger's MAC key is a Transit key in OpenBao; the generation is also anchored there.
