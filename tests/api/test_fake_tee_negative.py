@@ -80,9 +80,16 @@ def snp_bundle(p: FakePlatform, rt: RuntimeData, *, gpu_nonce: bytes | None = No
     return EvidenceBundle("snp", report, rt, (p.vcek,), gpus)
 
 
-def tdx_bundle(p: FakePlatform, rt: RuntimeData) -> EvidenceBundle:
+CCEL_LOG = (Path(__file__).resolve().parents[1] / "vectors" / "tdx-ccel" / "ccel_data.dat").read_bytes()
+
+
+def tdx_bundle(p: FakePlatform, rt: RuntimeData, *, tamper_log: bool = False) -> EvidenceBundle:
     gpus = tuple(GpuEvidence("hopper", gpu_report(g, i, rt.nonce), g.chain_pem()) for i, g in enumerate(p.gpus))
-    return EvidenceBundle("tdx", p.tdx_quote(expected_report_data(rt, gpus)), rt, (), gpus)
+    log = bytearray(CCEL_LOG)
+    if tamper_log:  # the first measured event's digest: the log no longer replays to the quote's RTMRs
+        log[32 + int.from_bytes(log[28:32], "little") + 14] ^= 0xFF
+    return EvidenceBundle("tdx", p.tdx_quote(expected_report_data(rt, gpus), CCEL_LOG), rt, (), gpus,
+                          event_log=bytes(log))
 
 
 NOW = dt.datetime.now(dt.UTC)
@@ -97,6 +104,8 @@ CASES: list[tuple[str, Make, dict, str]] = [  # name, bundle, collateral, reason
     ("expired-amd-crl", snp_bundle, {"now": NOW - dt.timedelta(days=60)}, "CRL expired"),
     ("expired-intel-tcbinfo", tdx_bundle, {"now": NOW - dt.timedelta(days=60)}, "expired"),
     ("revoked-vcek", snp_bundle, {"revoked_vcek": True}, "RevokedError"),
+    ("tdx-event-log-not-replaying", lambda p, rt: tdx_bundle(p, rt, tamper_log=True), {},
+     "event log does not replay"),
 ]
 
 

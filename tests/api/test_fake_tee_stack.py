@@ -117,6 +117,9 @@ def test_worker_attests_through_the_broker_and_answers(env: Env, running: list[S
     assert stack.wait_ready(timeout=240) == "ready", log.read_text()[-3000:]
     status = httpx.get(f"{stack.worker_url}/internal/status", timeout=5).json()
     assert status["tee"] == cpu and status["insecure"] is False
+    evidence = httpx.get(f"{stack.worker_url}/internal/attestation", timeout=5).json()["evidence"]
+    assert len(evidence["gpus"]) == gpus
+    assert bool(evidence.get("event_log")) is (cpu == "tdx")  # the TD's CC event log went to the broker
     resp = chat(stack, env.api_key)
     assert resp.status_code == 200, resp.text
     body = resp.json()
