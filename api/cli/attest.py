@@ -191,13 +191,17 @@ def collateral_fetch(
     store: Path = typer.Option(..., help="the collateral directory to fill (then export it with --bundle)"),
     fmspc: list[str] = typer.Option([], help="TDX platform FMSPC (hex); repeatable"),
     bundle: Path = typer.Option(None, help="also write an importable bundle here"),
+    if_due: bool = typer.Option(False, "--if-due", help="only when something expires within 24 h (for cron)"),
 ) -> None:
     """Fetch AMD KDS CRLs and Intel PCS collateral now (online), for this broker or another."""
     from attestation.collateral import CollateralConfig, CollateralStore
 
     collateral = CollateralStore(CollateralConfig(store, fmspcs=tuple(fmspc)))
     try:
-        items = collateral.fetch()
+        if if_due and not collateral.refresh_if_due(dt.datetime.now(dt.UTC)):
+            typer.echo("collateral is current; nothing fetched")
+            return
+        items = collateral.status() if if_due else collateral.fetch()
     except AttestationError as exc:
         typer.echo(f"fetch failed: {exc}", err=True)
         raise typer.Exit(1) from exc

@@ -59,7 +59,6 @@ def test_fetch_fills_the_cache_and_status_reports_expiry(platform: FakePlatform,
     store = CollateralStore(config, transport=vendor_services(platform, NOW - dt.timedelta(days=1), calls))
     store._pcs.root_crl_url = "https://pcs.test/IntelSGXRootCA.der"
     items = store.fetch()
-    store.close()
     assert sum(c.endswith("/crl") for c in calls) == 2 * len(Product)  # VCEK and VLEK CRL per product
     kinds = {(i.source, i.kind) for i in items}
     assert {("amd", "crl"), ("intel", "tcbInfo"), ("intel", "qeIdentity"), ("intel", "crl")} <= kinds
@@ -68,6 +67,12 @@ def test_fetch_fills_the_cache_and_status_reports_expiry(platform: FakePlatform,
     assert store.due(NOW) == []
     signed = {i.name for i in items if i.kind in ("crl", "tcbInfo", "qeIdentity")}
     assert {i.name for i in store.due(NOW + dt.timedelta(days=40))} >= signed
+    # The schedule: nothing is fetched while everything outlives the next refresh; once a piece
+    # would expire before it, everything is fetched again.
+    before = len(calls)
+    assert store.refresh_if_due(NOW) is False and len(calls) == before
+    assert store.refresh_if_due(NOW + dt.timedelta(days=29)) is True and len(calls) > before
+    store.close()
     # Offline afterwards: the cache answers the verifiers without the network.
     offline = CollateralStore(CollateralConfig(tmp_path / "store", offline=True))
     assert offline.snp.crl(Product.MILAN, VekKind.VCEK)
