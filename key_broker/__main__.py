@@ -54,7 +54,9 @@ def main(argv: list[str] | None = None) -> int:
         vault_token=vault_token_from_env() if args.keystore == "vault" else None,
         vault_mount=args.vault_mount, unsafe_dev_mode=args.unsafe_dev_mode,
     )
-    uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level="warning")
+    # Held lease renewals (long polls) must not hold a stopping broker: workers simply renew again.
+    uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level="warning",
+                timeout_graceful_shutdown=3)
     return 0
 
 
