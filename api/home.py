@@ -21,6 +21,11 @@ class Home:
     root: Path
 
     @property
+    def reference_values(self) -> Path:
+        """The operator's signed reference values (in-toto statement), served by the gateway."""
+        return self.root / "gateway" / "reference-values.json"
+
+    @property
     def broker(self) -> Path:
         return self.root / "broker"
 

@@ -6,6 +6,7 @@ import logging
 from dataclasses import dataclass
 
 import httpx
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from enclave_worker.engine import EngineConfig, LLMEngine
 from enclave_worker.engine.checkpoint import Checkpoint
@@ -39,12 +40,13 @@ def engine_config(settings: WorkerSettings) -> EngineConfig:
     )
 
 
-def boot(settings: WorkerSettings, channel_binding: bytes = b"") -> BootedWorker:
+def boot(settings: WorkerSettings, channel_binding: bytes = b"", hpke_key: X25519PrivateKey | None = None
+         ) -> BootedWorker:
     attester = make_attester(settings)
     with httpx.Client(base_url=settings.broker_url, timeout=30.0) as client:
         released = obtain_data_key(client, tenant=settings.tenant, model=settings.model,
                                    version=settings.version, make_bundle=attester.bundle,
-                                   channel_binding=channel_binding)
+                                   channel_binding=channel_binding, hpke_key=hpke_key)
     # The broker appraised CPU and GPU evidence together and released the key: only now do the
     # GPUs accept work (nvtrust's order: attest, verify, then set the ready state).
     attester.accepted()

@@ -16,8 +16,7 @@ from attestation.sim import worker_measurement
 
 def code_roots() -> list[Path]:
     """Every package whose code runs inside the worker's trust boundary."""
-    return [Path(m.__file__).parent for m in (enclave_worker, attestation, key_broker, policy, protocol,
-                                                    api.proto)]
+    return [Path(m.__file__).parent for m in (enclave_worker, attestation, key_broker, policy, protocol, api.proto)]
 
 
 def simulated_measurement(measured_config: dict[str, Any]) -> bytes:

@@ -48,10 +48,12 @@ def obtain_data_key(
     version: str,
     make_bundle: Callable[[RuntimeData], EvidenceBundle],
     channel_binding: bytes = b"",
+    hpke_key: X25519PrivateKey | None = None,
 ) -> ReleasedKey:
-    """Challenge -> evidence bound to a fresh HPKE key (and the worker's channel keys) -> token ->
-    sealed data key -> open it."""
-    ephemeral = X25519PrivateKey.generate()
+    """Challenge -> evidence bound to an HPKE key (and the worker's channel keys) -> token ->
+    sealed data key -> open it. ``hpke_key``: the worker's serving key, which sealed-mode clients
+    encrypt to (docs/sealed-mode.md); without it, a key made for this release only."""
+    ephemeral = hpke_key or X25519PrivateKey.generate()
     challenge = _post(client, "/v1/challenge")
     runtime = RuntimeData(nonce=bytes.fromhex(challenge["nonce"]), hpke_public_key=raw_public_key(ephemeral),
                           channel_binding=channel_binding)
@@ -63,6 +65,27 @@ def obtain_data_key(
     data_key = open_sealed(base64.b64decode(released["sealed_key"]), ephemeral,
                            release_info(tenant, model, version, released["token_id"]))
     return ReleasedKey(data_key, token, released["token_id"], bundle, released["receipt"])
+
+
+def renew_attestation(
+    client: httpx.Client,
+    *,
+    tenant: str,
+    model: str,
+    version: str,
+    make_bundle: Callable[[RuntimeData], EvidenceBundle],
+    hpke_public_key: bytes,
+    channel_binding: bytes = b"",
+) -> tuple[str, EvidenceBundle]:
+    """Fresh evidence for the same keys (a new broker nonce) -> a fresh token. No key is released:
+    this keeps the attestation document that clients verify valid for the worker's whole life."""
+    challenge = _post(client, "/v1/challenge")
+    runtime = RuntimeData(nonce=bytes.fromhex(challenge["nonce"]), hpke_public_key=hpke_public_key,
+                          channel_binding=channel_binding)
+    bundle = make_bundle(runtime)
+    token = _post(client, "/v1/attest", {"session_id": challenge["session_id"], "evidence": bundle.to_json(),
+                                         "tenant": tenant, "model": model, "version": version})["token"]
+    return token, bundle
 
 
 def check_key_status(client: httpx.Client, released: ReleasedKey, *, tenant: str, model: str,

@@ -55,7 +55,9 @@ def attest(body: AttestRequest, service: KeyBrokerService = Depends(get_service)
            client: str = Depends(client_address)) -> AttestResponse | JSONResponse:
     try:
         bundle = EvidenceBundle.from_json(body.evidence)
-    except ParseError:
+    except ParseError as exc:
+        service.refuse(body.tenant, "attest", f"ParseError: malformed evidence bundle: {exc}",
+                       {"model": body.model, "version": body.version})
         return JSONResponse(status_code=400, content={"error": {"type": "invalid_request",
                                                                 "message": "malformed evidence bundle"}})
     try:

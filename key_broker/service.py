@@ -89,6 +89,10 @@ class KeyBrokerService:
         log.info("refused %s for tenant %s", action, tenant or "-")
         return ReleaseRefused(reason)
 
+    def refuse(self, tenant: str, action: str, reason: str, meta: dict[str, Any]) -> None:
+        """Audit a refusal decided at the edge (a malformed evidence bundle)."""
+        self._deny(tenant, action, reason, meta)
+
     def close(self) -> None:
         self.receipts.close()
         self.audit.close()

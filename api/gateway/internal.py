@@ -27,6 +27,8 @@ class WorkerAttestationDoc(BaseModel):
     evidence: dict[str, Any]
     token: str = Field(max_length=16384)
     model_digest: str = Field(max_length=128)
+    sealed_key_id: str = Field(default="", pattern=r"^([0-9a-f]{64})?$")
+    promises: dict[str, Any] = Field(default_factory=dict)
 
 
 class Heartbeat(BaseModel):
@@ -42,6 +44,7 @@ class Heartbeat(BaseModel):
     pid: int | None = None
     tls_cert: str = Field(default="", max_length=8192)  # PEM; empty: plaintext gRPC (loopback tests)
     stats: dict[str, Any] = Field(default_factory=dict)
+    sealed_key_id: str = Field(default="", pattern=r"^([0-9a-f]{64})?$")  # hex SHA-256 of its HPKE key
     attestation: WorkerAttestationDoc | None = None
     # Signed by the worker's identity key (protocol/heartbeat.py), fresh and in order.
     seq: int = Field(ge=1, le=2**62)

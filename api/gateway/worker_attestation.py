@@ -29,6 +29,7 @@ from attestation.bundle import EvidenceBundle, channel_binding
 from attestation.errors import FreshnessError, ParseError, TokenError
 from attestation.token import TokenVerifier
 from protocol.heartbeat import heartbeat_signing_input, worker_id_for
+from protocol.sealed import SealedError, key_id
 
 MAX_CLOCK_SKEW_S = 60
 
@@ -64,9 +65,11 @@ def verify_heartbeat_signature(body: Mapping[str, Any], now: float | None = None
 
 
 def verify_worker_attestation(doc: Mapping[str, Any] | None, *, tenant: str, model: str, version: str,
-                              tls_cert: str, usage_public_key: str, verifier: TokenVerifier) -> None:
+                              tls_cert: str, usage_public_key: str, verifier: TokenVerifier,
+                              sealed_key_id: str = "") -> None:
     """Raise unless the submitted token is ours, for this model, binds these channel keys, and
-    describes exactly the submitted evidence."""
+    describes exactly the submitted evidence; and the sealing key id the worker announces (and
+    sealed requests are routed by) is the hash of the HPKE key the token binds."""
     if not doc:
         raise TokenError("worker submitted no attestation")
     token = str(doc.get("token") or "")
@@ -88,3 +91,11 @@ def verify_worker_attestation(doc: Mapping[str, Any] | None, *, tenant: str, mod
         raise FreshnessError("worker submitted malformed evidence") from exc
     if claims.get("evidence_digest") != bundle.digest():
         raise FreshnessError("submitted evidence differs from the evidence the token was issued for")
+    announced = {sealed_key_id, str(doc.get("sealed_key_id") or "")} - {""}
+    if announced:
+        try:
+            bound_key = key_id(bytes.fromhex(str((claims.get("runtime_data") or {}).get("hpke_public_key", ""))))
+        except (SealedError, ValueError) as exc:
+            raise FreshnessError("worker's attestation binds no valid HPKE key") from exc
+        if announced != {bound_key}:
+            raise FreshnessError("worker's sealing key id is not the HPKE key its attestation binds")

@@ -47,11 +47,12 @@ class Worker:
     def __init__(self, tmp: Path, port: int, *, bind: bool = True) -> None:
         self.state = WorkerState(WorkerSettings(broker_url="", package_dir=tmp, **SCOPE), status="ready")
         public = self.state.identity().public_key.hex()
-        evidence = EvidenceBundle(tee="sim", cpu_evidence=os.urandom(16),
-                                  runtime_data=RuntimeData(os.urandom(32), os.urandom(32)))
+        hpke = self.state.serving_key.public_bytes
+        evidence = EvidenceBundle(tee="sim", cpu_evidence=os.urandom(16), runtime_data=RuntimeData(os.urandom(32), hpke))
         binding = expected_binding("", public) if bind else os.urandom(32)
         token = ISSUER.issue({"sealed": SCOPE, "evidence_digest": evidence.digest(), "tee": "sim",
-                              "runtime_data": {"channel_binding": binding.hex()}}, dt.datetime.now(dt.UTC))
+                              "runtime_data": {"channel_binding": binding.hex(), "hpke_public_key": hpke.hex()}},
+                             dt.datetime.now(dt.UTC))
         released = ReleasedKey(os.urandom(32), token, "jti", evidence, {})
         self.state.booted = SimpleNamespace(released=released, model_digest="ab" * 32,  # type: ignore[assignment]
                                             engine=SimpleNamespace(stats=lambda: {}))
