@@ -48,7 +48,8 @@ class Worker:
         self.state = WorkerState(WorkerSettings(broker_url="", package_dir=tmp, **SCOPE), status="ready")
         public = self.state.identity().public_key.hex()
         hpke = self.state.serving_key.public_bytes
-        evidence = EvidenceBundle(tee="sim", cpu_evidence=os.urandom(16), runtime_data=RuntimeData(os.urandom(32), hpke))
+        evidence = EvidenceBundle(tee="sim", cpu_evidence=os.urandom(16),
+                                  runtime_data=RuntimeData(os.urandom(32), hpke))
         binding = expected_binding("", public) if bind else os.urandom(32)
         token = ISSUER.issue({"sealed": SCOPE, "evidence_digest": evidence.digest(), "tee": "sim",
                               "runtime_data": {"channel_binding": binding.hex(), "hpke_public_key": hpke.hex()}},
