@@ -9,7 +9,7 @@ from pathlib import Path
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from key_broker.fsutil import atomic_write
+from protocol.fsutil import atomic_write
 
 
 def default_home() -> Path:

@@ -22,20 +22,20 @@ from cryptography.hazmat.primitives import serialization
 
 from api.gateway.keys import ApiKeyStore
 from api.home import Home, ed25519_key, write_public_key
-from api.proto.tls import load_or_create
 from api.supervisor import Child, RunLock, Supervisor
 from api.tenant_tools import default_model_path, encrypt_model
 from attestation.refvalues import sign_reference_values
 from enclave_worker.measurement import simulated_measurement
-from enclave_worker.package import read_manifest
-from enclave_worker.package.signing import signer_identity
 from enclave_worker.settings import WorkerSettings
 from key_broker.errors import KeyStoreError
-from key_broker.fsutil import atomic_write
 from key_broker.keystore import DataKeyRegistry, LocalKeyStore, load_master_key
 from key_broker.policies import PolicyStore
 from policy.documents import sign_policy_document
 from policy.release import ReleasePolicy
+from protocol.fsutil import atomic_write
+from protocol.package import read_manifest
+from protocol.package.signing import signer_identity
+from protocol.tls import load_or_create
 
 DEMO_TENANT = "demo"
 DEMO_MODEL = "smollm2-135m-instruct"
@@ -300,7 +300,9 @@ def launch(home: Home, *, host: str = "127.0.0.1", port: int = 8000,
             "--port", str(port), "--register-token-file", str(_secret_file(home.gateway / "register-token")),
             "--jwt-secret-file", str(_secret_file(home.gateway / "jwt-secret")),
             "--broker-jwks", str(home.broker / "jwks.json"), "--reference-values", str(home.reference_values),
-            *gateway_args], on_restart=stack.write_pids)
+            # The console (in the gateway) reads the audit logs and uses the broker's admin API.
+            "--audit-dir", str(home.audit), "--broker-url", broker_url,
+            "--broker-admin-token-file", str(home.broker / "admin-token"), *gateway_args], on_restart=stack.write_pids)
         _wait_http(f"{local_gateway}/healthz", gateway)
         for i, (http_port, grpc_port) in enumerate(worker_ports):
             args = worker_args(home, broker_url, http_port, grpc_port, [local_gateway], unsafe_sim_measurement)

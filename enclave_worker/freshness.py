@@ -2,7 +2,7 @@
 
 The broker's tokens live 5 minutes. A client may verify the worker at any time in its life (day
 one or day thirty), so the worker renews its token at half its remaining lifetime: fresh evidence
-over a new broker nonce, binding the same serving and channel keys (key_broker.client.renew_attestation).
+over a new broker nonce, binding the same serving and channel keys (protocol.broker.client.renew_attestation).
 A failed renewal is retried soon; the old token stays served until it expires, and then clients
 refuse the worker (they never accept an expired token).
 """
@@ -21,8 +21,8 @@ import httpx
 import jwt
 
 from enclave_worker.tee import bundle_maker
-from key_broker.client import renew_attestation
-from key_broker.errors import KeyBrokerError
+from protocol.broker.client import renew_attestation
+from protocol.broker.errors import BrokerClientError
 
 log = logging.getLogger(__name__)
 MIN_INTERVAL_S = 5.0
@@ -63,6 +63,6 @@ class AttestationRenewal:
             await asyncio.sleep(renew_in(booted.released.token, self.clock()))
             try:
                 await asyncio.to_thread(self.renew_once, make_bundle)
-            except (httpx.HTTPError, KeyBrokerError, ValueError) as exc:
+            except (httpx.HTTPError, BrokerClientError, ValueError) as exc:
                 log.warning("attestation renewal failed (%s); retrying in %.0f s", type(exc).__name__, RETRY_S)
                 await asyncio.sleep(RETRY_S)

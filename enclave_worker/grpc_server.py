@@ -25,8 +25,6 @@ import uvicorn
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
-from api.proto import worker_pb2, worker_pb2_grpc
-from api.proto.tls import make_identity
 from attestation.bundle import channel_binding
 from attestation.errors import UnsupportedError
 from enclave_worker.attesters import resolve_tee
@@ -38,6 +36,8 @@ from enclave_worker.server import WorkerState, create_app, serving
 from enclave_worker.settings import WorkerSettings
 from protocol.heartbeat import heartbeat_signing_input, worker_id_for
 from protocol.openai.errors import OpenAIError
+from protocol.rpc import worker_pb2, worker_pb2_grpc
+from protocol.tls import make_identity
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                      ) -> worker_pb2.StatusReply:
         s, booted = self.state.settings, self.state.booted
         return worker_pb2.StatusReply(status=self.state.status, tenant=s.tenant, model=s.model, version=s.version,
-                                      tee=s.tee, insecure=s.tee == "sim",
+                                      tee=s.tee, insecure=s.insecure,
                                       stats_json=json.dumps(booted.engine.stats() if booted else {}))
 
     def _prompt(self, request: worker_pb2.GenerateRequest) -> list[int]:
@@ -207,12 +207,12 @@ def heartbeat_body(state: WorkerState, grpc_address: str, tls_cert: str, seq: in
     public = state.usage_key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
     attestation = None
     if booted is not None:
-        attestation = {"tee": s.tee, "insecure": s.tee == "sim", "evidence": booted.released.bundle.to_json(),
+        attestation = {"tee": s.tee, "insecure": s.insecure, "evidence": booted.released.bundle.to_json(),
                        "token": booted.released.token, "model_digest": booted.model_digest,
                        "sealed_key_id": state.serving_key.key_id, "promises": state.promises()}
     body: dict[str, Any] = {
         "worker_id": worker_id_for(public), "grpc_address": grpc_address, "tenant": s.tenant, "model": s.model,
-        "version": s.version, "status": state.status, "tee": s.tee, "insecure": s.tee == "sim",
+        "version": s.version, "status": state.status, "tee": s.tee, "insecure": s.insecure,
         "usage_public_key": public.hex(), "pid": os.getpid(), "tls_cert": tls_cert,
         "stats": booted.engine.stats() if booted else {}, "sealed_key_id": state.serving_key.key_id,
         "attestation": attestation,
@@ -285,6 +285,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="configfs-tsm report directory")
     parser.add_argument("--tsm-entry", default=None, help="use this existing configfs-tsm entry")
     parser.add_argument("--sev-guest-device", type=Path, default=Path("/dev/sev-guest"))
+    parser.add_argument("--ccel-table", type=Path, default=Path("/sys/firmware/acpi/tables/CCEL"),
+                        help="ACPI CCEL table (TDX CC event log)")
+    parser.add_argument("--ccel-data", type=Path, default=Path("/sys/firmware/acpi/tables/data/CCEL"))
     parser.add_argument("--sim-platform-key", type=Path, default=None)
     parser.add_argument("--unsafe-sim-measurement", default=None)
     parser.add_argument("--host", default="127.0.0.1")
@@ -302,6 +305,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="serve at most this long without a key lease renewal (measured)")
     parser.add_argument("--lease-watch-seconds", type=float, default=20.0,
                         help="how long one lease renewal is held open at the broker")
+    parser.add_argument("--device", choices=("cpu", "cuda", "auto"), default="cpu",
+                        help="where the engine runs; auto = cuda when a CUDA device is visible")
+    parser.add_argument("--dtype", default=None, help="engine dtype (default: bfloat16 on cuda, float32 on cpu)")
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.9,
+                        help="share of GPU memory for weights, KV pool and activations")
     parser.add_argument("--max-num-seqs", type=int, default=16)
     parser.add_argument("--max-model-len", type=int, default=2048)
     args = parser.parse_args(argv)
@@ -309,12 +317,19 @@ def main(argv: list[str] | None = None) -> int:
         tee, gpu_tee = resolve_tee(args.tee)
     except UnsupportedError as exc:
         parser.error(str(exc))
+    device = args.device
+    if device == "auto":
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
     logging.basicConfig(level=logging.INFO, format="%(asctime)s worker %(levelname)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per heartbeat otherwise
     settings = WorkerSettings(
         broker_url=args.broker_url, package_dir=args.package_dir, tenant=args.tenant, model=args.model,
-        version=args.version, tee=tee, gpu_tee=gpu_tee, tsm_dir=args.tsm_dir, tsm_entry=args.tsm_entry,
-        sev_guest_device=args.sev_guest_device, sim_platform_key=args.sim_platform_key,
+        version=args.version, tee=tee, gpu_tee=gpu_tee, device=device, engine_dtype=args.dtype,
+        gpu_memory_utilization=args.gpu_memory_utilization, tsm_dir=args.tsm_dir, tsm_entry=args.tsm_entry,
+        sev_guest_device=args.sev_guest_device, ccel_table=args.ccel_table, ccel_data=args.ccel_data,
+        sim_platform_key=args.sim_platform_key,
         unsafe_sim_measurement=args.unsafe_sim_measurement, host=args.host, port=args.port,
         max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len, policy_file=args.policy_file,
         policy_admin_key=args.policy_admin_key, unsafe_no_tenant_policy=args.unsafe_no_tenant_policy,

@@ -19,7 +19,6 @@ from fastapi.responses import JSONResponse
 from attestation.collateral import CollateralConfig, CollateralStore
 from attestation.token import TokenIssuer
 from attestation.verifier import VerifierTrust
-from enclave_worker.package.keywrap import load_or_create_import_key
 from key_broker import admin_router
 from key_broker.auth import AdminTokenStore
 from key_broker.errors import (
@@ -30,7 +29,6 @@ from key_broker.errors import (
     ReferenceValuesError,
     SettingsError,
 )
-from key_broker.fsutil import atomic_write
 from key_broker.keystore import (
     DataKeyRegistry,
     KeyStore,
@@ -50,6 +48,8 @@ from key_broker.tenants import Conflict, TenantAdmin
 from policy.audit import AuditLog, CheckpointAnchor, SqlAnchor, WitnessFile
 from policy.audit.entry import bounded_reason
 from policy.errors import AuditIntegrityError, PolicyInvalid
+from protocol.fsutil import atomic_write
+from protocol.package.keywrap import load_or_create_import_key
 
 log = logging.getLogger(__name__)
 

@@ -28,10 +28,10 @@ from key_broker.nonces import Challenge, ChallengeStore
 from key_broker.policies import PolicyStore, resolve
 from key_broker.receipts import ReceiptBook
 from key_broker.refvals import ReferenceValuesStore
-from key_broker.sealing import release_info, seal
 from policy.audit import AuditLog
 from policy.errors import PolicyError
 from policy.release import ReleaseFacts, ReleasePolicy, evaluate_release
+from protocol.broker.sealing import release_info, seal
 
 log = logging.getLogger(__name__)
 COMPONENT = "key-broker"

@@ -18,9 +18,9 @@ from starlette.types import Receive, Scope, Send
 
 from api.gateway.admission import Ticket
 from api.gateway.service import GatewayService
-from api.proto import worker_pb2
 from api.store.repo import KeyRecord
 from protocol.openai.runner import ChoiceResult
+from protocol.rpc import worker_pb2
 
 
 class CleanupStreamingResponse(StreamingResponse):

@@ -12,8 +12,8 @@ from typing import Any
 import grpc
 
 from api.gateway.errors import GatewayError
-from api.proto import worker_pb2, worker_pb2_grpc
-from api.proto.tls import TARGET_NAME, TlsIdentity
+from protocol.rpc import worker_pb2, worker_pb2_grpc
+from protocol.tls import TARGET_NAME, TlsIdentity
 
 
 class WorkerLost(GatewayError):

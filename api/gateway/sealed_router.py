@@ -15,8 +15,8 @@ from api.gateway.dependencies import current_key, get_service
 from api.gateway.errors import GatewayError
 from api.gateway.generation import CleanupStreamingResponse, request_id
 from api.gateway.service import GatewayService
-from api.proto import worker_pb2
 from api.store.repo import KeyRecord
+from protocol.rpc import worker_pb2
 from protocol.sealed.http import (
     HEADER_KEY_ID,
     HEADER_MODEL,

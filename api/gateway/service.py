@@ -26,11 +26,11 @@ from api.gateway.worker_attestation import (
     verify_heartbeat_signature,
     verify_worker_attestation,
 )
-from api.proto import worker_pb2
-from api.proto.tls import load_or_create
 from api.store.models import Tenant
 from api.store.repo import KeyRecord, Store
 from attestation.errors import AttestationError
+from protocol.rpc import worker_pb2
+from protocol.tls import load_or_create
 
 log = logging.getLogger(__name__)
 CACHE_S = 1.0

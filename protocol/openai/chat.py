@@ -7,11 +7,11 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from api.proto import worker_pb2
 from protocol.openai import format as fmt
 from protocol.openai.errors import OpenAIError, error_body
 from protocol.openai.runner import SSE_DONE, ChoiceRunner, Streams, sampling_params, sse, usage_of
 from protocol.openai.schemas import ChatCompletionRequest
+from protocol.rpc import worker_pb2
 
 
 @dataclass(frozen=True)

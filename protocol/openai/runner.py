@@ -8,8 +8,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from api.proto import worker_pb2
 from protocol.openai.schemas import SamplingFields
+from protocol.rpc import worker_pb2
 
 
 @dataclass

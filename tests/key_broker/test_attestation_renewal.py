@@ -15,7 +15,7 @@ from attestation.bundle import EvidenceBundle, channel_binding
 from attestation.errors import TokenError
 from attestation.token import TokenVerifier
 from enclave_worker.freshness import renew_in
-from key_broker.client import obtain_data_key, renew_attestation
+from protocol.broker.client import obtain_data_key, renew_attestation
 from protocol.sealed import WorkerKey
 from sealed_client.deployment import ClientTrust, verify_sealed_document
 

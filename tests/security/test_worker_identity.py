@@ -33,7 +33,7 @@ from attestation.token import TokenIssuer
 from enclave_worker.grpc_server import heartbeat_body
 from enclave_worker.server import WorkerState
 from enclave_worker.settings import WorkerSettings
-from key_broker.client import ReleasedKey
+from protocol.broker.client import ReleasedKey
 from protocol.heartbeat import heartbeat_signing_input
 
 REGISTER_TOKEN = "r" * 40

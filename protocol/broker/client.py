@@ -17,8 +17,8 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from attestation.bundle import EvidenceBundle, RuntimeData
-from key_broker.errors import RateLimited, ReleaseRefused
-from key_broker.sealing import open_sealed, raw_public_key, release_info
+from protocol.broker.errors import BrokerRateLimited, BrokerRefused
+from protocol.broker.sealing import open_sealed, raw_public_key, release_info
 
 
 @dataclass(frozen=True)
@@ -33,9 +33,9 @@ class ReleasedKey:
 def _post(client: httpx.Client, path: str, body: dict | None = None) -> dict:
     response = client.post(path, json=body or {})
     if response.status_code == 403:
-        raise ReleaseRefused("the key broker refused the request")
+        raise BrokerRefused("the key broker refused the request")
     if response.status_code == 429:
-        raise RateLimited("the key broker rate-limited the request; retry later")
+        raise BrokerRateLimited("the key broker rate-limited the request; retry later")
     response.raise_for_status()
     return response.json()
 
@@ -96,7 +96,7 @@ def check_key_status(client: httpx.Client, released: ReleasedKey, *, tenant: str
     try:
         body = _post(client, "/v1/key/status", {"token": released.token, "tenant": tenant, "model": model,
                                                 "version": version})
-    except ReleaseRefused:
+    except BrokerRefused:
         return "revoked"
     status = str(body.get("status"))
     return status if status in ("active", "revoked") else "revoked"
@@ -156,7 +156,7 @@ class LeaseAnswer:
     lease_s: float
 
 
-class LeaseAnswerInvalid(ReleaseRefused):
+class LeaseAnswerInvalid(BrokerRefused):
     """The answer does not carry a valid MAC for this request: treated as no answer."""
 
 
@@ -171,9 +171,9 @@ async def renew_lease(client: httpx.AsyncClient, released: ReleasedKey, identity
     body["signature"] = identity.signing_key.sign(lease_request_payload(body, released.token_id)).hex()
     response = await client.post("/v1/lease", json={**body, "token": released.token})
     if response.status_code == 403:
-        raise ReleaseRefused("the key broker refused the lease renewal")
+        raise BrokerRefused("the key broker refused the lease renewal")
     if response.status_code == 429:
-        raise RateLimited("the key broker rate-limited the lease renewal")
+        raise BrokerRateLimited("the key broker rate-limited the lease renewal")
     response.raise_for_status()
     answer = response.json()
     if not isinstance(answer, dict) or answer.get("token_id") != released.token_id or answer.get("seq") != seq:

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from api.proto import worker_pb2 as worker__pb2
+from protocol.rpc import worker_pb2 as worker__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
