@@ -1,5 +1,5 @@
-"""What a worker says about itself, in one model: its `/internal/status` answer and the body of the
-heartbeat it sends the gateway (which adds where to reach it and the keys it serves with)."""
+"""What a worker says about itself: its `/internal/status` answer. (The signed heartbeat it sends
+the gateway is `protocol/heartbeat.py`.)"""
 
 from __future__ import annotations
 
@@ -27,15 +27,3 @@ class WorkerStatus(BaseModel):
     load_s: float | None = None  # seconds from key release to serving
     gpu_memory: dict[str, int] | None = None  # bytes: allocated, reserved, free, total
     stats: EngineStats = Field(default_factory=dict)
-
-
-class Heartbeat(WorkerStatus):
-    """A worker's registration, every second; checked as hostile input by the gateway."""
-
-    worker_id: str = Field(max_length=64)
-    grpc_address: str = Field(max_length=256)
-    http_url: str = Field(max_length=256)
-    usage_public_key: str = Field(min_length=64, max_length=64)
-    pid: int | None = None
-    tls_cert: str = Field(default="", max_length=8192)  # PEM; empty: plaintext gRPC (loopback tests)
-    sealed_key_id: str = Field(default="", pattern=r"^([0-9a-f]{64})?$")  # hex SHA-256 of its HPKE key

@@ -21,7 +21,9 @@ from api.home import Home
 from api.stack import DEMO_MODEL, DEMO_TENANT, Stack, free_port, launch, prepare_demo
 from attestation.testing.platform import SNP_MEASUREMENT, TDX_MR_TD, FakePlatform
 from key_broker.errors import KeyStoreError
+from key_broker.keystore import load_master_key
 from key_broker.policies import PolicyStore
+from key_broker.statefile import local_ledger
 from policy.release import ReleasePolicy
 from sealed_bench.gpu_models import random_checkpoint
 from tests.enclave_worker.demo_package import package_for_demo
@@ -48,7 +50,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Env:
 
 
 def put_release_policy(home: Home, signer: str, *, require_gpu_cc: bool) -> None:
-    store = PolicyStore(home.broker)
+    store = PolicyStore(home.broker, local_ledger(home.broker, load_master_key(home.broker / "master.key")))
     try:
         version = store.get(DEMO_TENANT, DEMO_MODEL).version + 1
     except KeyStoreError:

@@ -51,7 +51,10 @@ def _write_policies(home: Any, api_key: str, gpu_settings: Any) -> None:
     admin = ed25519_key(home.tenant_policy_admin(DEMO_TENANT))
     home.tenant_policy(DEMO_TENANT).write_text(json.dumps(sign_policy_document(doc, admin, "demo-admin"),
                                                           sort_keys=True))
-    store = PolicyStore(home.broker)
+    from key_broker.keystore import load_master_key
+    from key_broker.statefile import local_ledger
+
+    store = PolicyStore(home.broker, local_ledger(home.broker, load_master_key(home.broker / "master.key")))
     current = store.get(DEMO_TENANT, DEMO_MODEL)
     measurement = simulated_measurement(gpu_settings.measured_config()).hex()
     store.put(dataclasses.replace(current, version=current.version + 1,
