@@ -40,6 +40,8 @@ class GatewaySettings:
     broker_issuer: str = "sealed-key-broker"
     # The operator's signed in-toto statement of allowed worker measurements (served as is).
     reference_values: Path | None = None
+    # The shared audit directory (default: <data_dir>/../audit, beside the key broker's log).
+    audit_dir: Path | None = None
 
     def __post_init__(self) -> None:
         if self.dev:
