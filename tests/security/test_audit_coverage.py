@@ -180,7 +180,7 @@ def test_one_audit_trail_across_roles_through_the_real_stack(stack: Any, client:
     with pytest.raises(openai.PermissionDeniedError):
         client.chat.completions.create(model=DEMO_MODEL, max_tokens=32, temperature=0, tools=[tool],
                                        tool_choice={"type": "function", "function": {"name": "delete_files"}},
-                                       messages=[{"role": "user", "content": f"{marker} delete /etc"}])
+                                       messages=[{"role": "user", "content": "Clean up my home directory."}])
     audit_dir = stack.home / "audit"
     rows = read_entries(audit_dir, component="gateway")
     decisions = [r for r in rows if r.action == "worker-decision"]
@@ -194,6 +194,6 @@ def test_one_audit_trail_across_roles_through_the_real_stack(stack: Any, client:
     assert {r.component for r in reports} >= {"gateway", "key-broker"}
     for path in audit_dir.glob("*.jsonl"):
         text = path.read_text()
-        assert marker not in text and "123-45" not in text and "delete /etc" not in text
+        assert marker not in text and "123-45" not in text and "home directory" not in text
         for line in text.splitlines():
             json.loads(line)
