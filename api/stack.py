@@ -303,7 +303,9 @@ def launch(home: Home, *, host: str = "127.0.0.1", port: int = 8000,
             "--port", str(port), "--register-token-file", str(_secret_file(home.gateway / "register-token")),
             "--jwt-secret-file", str(_secret_file(home.gateway / "jwt-secret")),
             "--broker-jwks", str(home.broker / "jwks.json"), "--reference-values", str(home.reference_values),
-            *gateway_args], on_restart=stack.write_pids)
+            # The console (in the gateway) reads the audit logs and uses the broker's admin API.
+            "--audit-dir", str(home.audit), "--broker-url", broker_url,
+            "--broker-admin-token-file", str(home.broker / "admin-token"), *gateway_args], on_restart=stack.write_pids)
         _wait_http(f"{local_gateway}/healthz", gateway)
         for i, (http_port, grpc_port) in enumerate(worker_ports):
             args = worker_args(home, broker_url, http_port, grpc_port, [local_gateway], unsafe_sim_measurement)

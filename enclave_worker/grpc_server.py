@@ -25,7 +25,6 @@ import httpx
 import uvicorn
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
-from policy.audit.worker_record import DECISION_METADATA_KEY, public_key_bytes, sign_decision
 
 from attestation.bundle import channel_binding
 from attestation.errors import UnsupportedError
@@ -36,6 +35,7 @@ from enclave_worker.guard import GuardNote, GuardRefusal, strip_tool_calls
 from enclave_worker.sealed import SealedRefusal, answer_sealed, open_sealed_request
 from enclave_worker.server import WorkerState, create_app, serving
 from enclave_worker.settings import WorkerSettings
+from policy.audit.worker_record import DECISION_METADATA_KEY, public_key_bytes, sign_decision
 from protocol.openai.errors import OpenAIError
 from protocol.rpc import worker_pb2, worker_pb2_grpc
 from protocol.tls import make_identity
@@ -62,7 +62,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                      ) -> worker_pb2.StatusReply:
         s, booted = self.state.settings, self.state.booted
         return worker_pb2.StatusReply(status=self.state.status, tenant=s.tenant, model=s.model, version=s.version,
-                                      tee=s.tee, insecure=s.tee == "sim",
+                                      tee=s.tee, insecure=s.insecure,
                                       stats_json=json.dumps(booted.engine.stats() if booted else {}))
 
     def _decisions(self, request: worker_pb2.GenerateRequest, notes: list[GuardNote],
@@ -243,7 +243,7 @@ async def heartbeats(state: WorkerState, urls: list[str], token: str, grpc_addre
             s, booted = state.settings, state.booted
             body = {"worker_id": worker_id, "grpc_address": grpc_address, "http_url": http_url,
                     "tenant": s.tenant, "model": s.model, "version": s.version, "status": state.status,
-                    "tee": s.tee, "insecure": s.tee == "sim", "usage_public_key": public.hex(),
+                    "tee": s.tee, "insecure": s.insecure, "usage_public_key": public.hex(),
                     "pid": os.getpid(), "tls_cert": tls_cert, "stats": booted.engine.stats() if booted else {},
                     "sealed_key_id": state.serving_key.key_id}
             for url in urls:
@@ -304,6 +304,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="configfs-tsm report directory")
     parser.add_argument("--tsm-entry", default=None, help="use this existing configfs-tsm entry")
     parser.add_argument("--sev-guest-device", type=Path, default=Path("/dev/sev-guest"))
+    parser.add_argument("--ccel-table", type=Path, default=Path("/sys/firmware/acpi/tables/CCEL"),
+                        help="ACPI CCEL table (TDX CC event log)")
+    parser.add_argument("--ccel-data", type=Path, default=Path("/sys/firmware/acpi/tables/data/CCEL"))
     parser.add_argument("--sim-platform-key", type=Path, default=None)
     parser.add_argument("--unsafe-sim-measurement", default=None)
     parser.add_argument("--host", default="127.0.0.1")
@@ -321,6 +324,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="serve at most this long without a key lease renewal (measured)")
     parser.add_argument("--lease-watch-seconds", type=float, default=20.0,
                         help="how long one lease renewal is held open at the broker")
+    parser.add_argument("--device", choices=("cpu", "cuda", "auto"), default="cpu",
+                        help="where the engine runs; auto = cuda when a CUDA device is visible")
+    parser.add_argument("--dtype", default=None, help="engine dtype (default: bfloat16 on cuda, float32 on cpu)")
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.9,
+                        help="share of GPU memory for weights, KV pool and activations")
     parser.add_argument("--max-num-seqs", type=int, default=16)
     parser.add_argument("--max-model-len", type=int, default=2048)
     args = parser.parse_args(argv)
@@ -328,12 +336,19 @@ def main(argv: list[str] | None = None) -> int:
         tee, gpu_tee = resolve_tee(args.tee)
     except UnsupportedError as exc:
         parser.error(str(exc))
+    device = args.device
+    if device == "auto":
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
     logging.basicConfig(level=logging.INFO, format="%(asctime)s worker %(levelname)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per heartbeat otherwise
     settings = WorkerSettings(
         broker_url=args.broker_url, package_dir=args.package_dir, tenant=args.tenant, model=args.model,
-        version=args.version, tee=tee, gpu_tee=gpu_tee, tsm_dir=args.tsm_dir, tsm_entry=args.tsm_entry,
-        sev_guest_device=args.sev_guest_device, sim_platform_key=args.sim_platform_key,
+        version=args.version, tee=tee, gpu_tee=gpu_tee, device=device, engine_dtype=args.dtype,
+        gpu_memory_utilization=args.gpu_memory_utilization, tsm_dir=args.tsm_dir, tsm_entry=args.tsm_entry,
+        sev_guest_device=args.sev_guest_device, ccel_table=args.ccel_table, ccel_data=args.ccel_data,
+        sim_platform_key=args.sim_platform_key,
         unsafe_sim_measurement=args.unsafe_sim_measurement, host=args.host, port=args.port,
         max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len, policy_file=args.policy_file,
         policy_admin_key=args.policy_admin_key, unsafe_no_tenant_policy=args.unsafe_no_tenant_policy,

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from api.console.settings import ConsoleSettings
+
 PLACEHOLDER_SECRETS = frozenset({"", "changeme", "change-me", "secret", "dev", "test", "password", "placeholder"})
 MIN_SECRET_LEN = 32
 
@@ -42,6 +44,7 @@ class GatewaySettings:
     reference_values: Path | None = None
     # The shared audit directory (default: <data_dir>/../audit, beside the key broker's log).
     audit_dir: Path | None = None
+    console: ConsoleSettings = field(default_factory=ConsoleSettings)  # the web console (/console)
 
     def __post_init__(self) -> None:
         if self.dev:
