@@ -4,6 +4,7 @@ docs/policy.md "Audit log"). Decisions and identifiers only, never prompts, comp
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import secrets
@@ -38,15 +39,23 @@ def _signing_key(path: Path) -> Ed25519PrivateKey:
 
 
 def open_gateway_audit(settings: GatewaySettings) -> AuditLog:
-    """This replica's log. One writer per file: a second replica on the same directory gets its own
-    component name (``gateway-<pid>-<rand>``), each with its public key in ``keys/``. In fleet mode
+    """This replica's log. One writer per file and one key per component name: a second replica on
+    the same directory gets its own component name (``gateway-<pid>-<rand>``), and so does a key
+    other than the one published for ``gateway`` (``gateway-<key digest>``); each public key is in
+    ``keys/``. In fleet mode
     (a PostgreSQL control plane) every checkpoint is also anchored in that database."""
     audit_dir = settings.audit_dir or settings.data_dir.resolve().parent / "audit"
     key = _signing_key(settings.data_dir / "audit-signing.pem")
     anchors: list[CheckpointAnchor] = []
     if settings.db_url.startswith("postgresql"):
         anchors.append(SqlAnchor(settings.db_url))
+    public = key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    # A log whose published key is another one (another gateway's, or an earlier key) is never
+    # appended to under this key: that would make its earlier entries fail verification.
+    published = audit_dir / "keys" / f"{COMPONENT}.pem"
     component = COMPONENT
+    if published.exists() and published.read_bytes() != public:
+        component = f"{COMPONENT}-{hashlib.sha256(public).hexdigest()[:8]}"
     for _ in range(3):
         try:
             audit = AuditLog(audit_dir / f"{component}.audit.jsonl", key, component, anchors=anchors)
@@ -55,7 +64,6 @@ def open_gateway_audit(settings: GatewaySettings) -> AuditLog:
             component = f"{COMPONENT}-{os.getpid()}-{secrets.token_hex(2)}"
     else:
         raise RuntimeError("no free gateway audit log name")
-    public = key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
     (audit_dir / "keys").mkdir(parents=True, exist_ok=True)
     (audit_dir / "keys" / f"{component}.pem").write_bytes(public)
     return audit
