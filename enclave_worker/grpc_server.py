@@ -14,7 +14,6 @@ import contextlib
 import json
 import logging
 import os
-import secrets
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -36,6 +35,7 @@ from enclave_worker.sealed import SealedRefusal, answer_sealed, open_sealed_requ
 from enclave_worker.server import WorkerState, create_app, serving
 from enclave_worker.settings import WorkerSettings
 from policy.audit.worker_record import DECISION_METADATA_KEY, public_key_bytes, sign_decision
+from protocol.heartbeat import heartbeat_signing_input, worker_id_for
 from protocol.openai.errors import OpenAIError
 from protocol.rpc import worker_pb2, worker_pb2_grpc
 from protocol.tls import make_identity
@@ -234,18 +234,34 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         yield chunk
 
 
-async def heartbeats(state: WorkerState, urls: list[str], token: str, grpc_address: str, http_url: str,
-                     interval: float = 1.0, tls_cert: str = "") -> None:
-    worker_id = f"w-{secrets.token_hex(6)}"
+def heartbeat_body(state: WorkerState, grpc_address: str, tls_cert: str, seq: int) -> dict[str, Any]:
+    """One heartbeat, signed by the worker's attested identity (usage) key. It carries what the
+    gateway serves on /.well-known/attestation (the gateway fetches nothing from a worker)."""
+    s, booted = state.settings, state.booted
     public = state.usage_key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    attestation = None
+    if booted is not None:
+        attestation = {"tee": s.tee, "insecure": s.insecure, "evidence": booted.released.bundle.to_json(),
+                       "token": booted.released.token, "model_digest": booted.model_digest,
+                       "sealed_key_id": state.serving_key.key_id, "promises": state.promises()}
+    body: dict[str, Any] = {
+        "worker_id": worker_id_for(public), "grpc_address": grpc_address, "tenant": s.tenant, "model": s.model,
+        "version": s.version, "status": state.status, "tee": s.tee, "insecure": s.insecure,
+        "usage_public_key": public.hex(), "pid": os.getpid(), "tls_cert": tls_cert,
+        "stats": booted.engine.stats() if booted else {}, "sealed_key_id": state.serving_key.key_id,
+        "attestation": attestation,
+        "seq": seq, "at": int(time.time())}
+    body["signature"] = state.usage_key.sign(heartbeat_signing_input(body)).hex()
+    return body
+
+
+async def heartbeats(state: WorkerState, urls: list[str], token: str, grpc_address: str,
+                     interval: float = 1.0, tls_cert: str = "") -> None:
+    seq = 0
     async with httpx.AsyncClient(timeout=2.0) as client:
         while True:
-            s, booted = state.settings, state.booted
-            body = {"worker_id": worker_id, "grpc_address": grpc_address, "http_url": http_url,
-                    "tenant": s.tenant, "model": s.model, "version": s.version, "status": state.status,
-                    "tee": s.tee, "insecure": s.insecure, "usage_public_key": public.hex(),
-                    "pid": os.getpid(), "tls_cert": tls_cert, "stats": booted.engine.stats() if booted else {},
-                    "sealed_key_id": state.serving_key.key_id}
+            seq += 1
+            body = heartbeat_body(state, grpc_address, tls_cert, seq)
             for url in urls:
                 # The gateway may not be up yet, or restarting: keep beating.
                 with contextlib.suppress(httpx.HTTPError):
@@ -278,8 +294,7 @@ async def serve(settings: WorkerSettings, grpc_port: int, register_urls: list[st
     state.channel_binding, state.tls_spki = channel_binding(spki, usage_public), spki
     app = create_app(settings, state)
     await server.start()
-    beat = asyncio.create_task(heartbeats(state, register_urls, register_token, address,
-                                          f"http://{settings.host}:{settings.port}", tls_cert=tls_cert)
+    beat = asyncio.create_task(heartbeats(state, register_urls, register_token, address, tls_cert=tls_cert)
                                ) if register_urls else None
     http = uvicorn.Server(uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning",
                                          access_log=False))

@@ -65,7 +65,9 @@ def main(argv: list[str] | None = None) -> int:
         audit_witness=args.audit_witness, audit_anchor_url=args.audit_anchor_url,
         state_anchor=args.state_anchor, vault_kv_mount=args.vault_kv_mount, unsafe_adopt_state=args.unsafe_adopt_state,
     )
-    uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level="warning")
+    # Held lease renewals (long polls) must not hold a stopping broker: workers simply renew again.
+    uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level="warning",
+                timeout_graceful_shutdown=3)
     return 0
 
 

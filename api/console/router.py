@@ -33,6 +33,7 @@ from api.console.session import (
     Viewer,
     check_csrf,
     exchange,
+    same_origin,
     set_session_cookie,
     viewer,
 )
@@ -157,7 +158,7 @@ def login_form(request: Request, error: str | None = None) -> HTMLResponse:
     return _render(request, "login.html", None, error=error)
 
 
-@router.post("/login")
+@router.post("/login", dependencies=[Depends(same_origin)])
 def login(request: Request, token: str = Form("", max_length=4096)) -> Response:
     secret = _service(request).settings.jwt_secret
     state = _state(request)
@@ -173,7 +174,7 @@ def login(request: Request, token: str = Form("", max_length=4096)) -> Response:
     return response
 
 
-@router.post("/logout")
+@router.post("/logout", dependencies=[Depends(same_origin)])
 def logout(request: Request, csrf: str = Form(""), who: Viewer = Depends(viewer)) -> Response:
     check_csrf(request, csrf, who)
     response = RedirectResponse("/console/login", status_code=303)
@@ -244,8 +245,8 @@ async def audit_export(request: Request, fmt: str, who: Viewer = Depends(viewer)
     flt, error = _audit_query(who, tenant, component, rule, decision, since, until)
     if error:
         raise ConsoleForbidden(error)
-    rows = [] if index is None else select_rows(index, flt)[::-1]  # exports run oldest first
-    entries = (r.entry for r in rows)
+    rows = [] if index is None else select_rows(index, flt)
+    entries = (rows[i].entry for i in range(len(rows) - 1, -1, -1))  # exports run oldest first
     body: Iterator[str] = {"jsonl": exports.jsonl_lines, "csv": exports.csv_chunks,
                            "ocsf": exports.ocsf_lines}[fmt](entries)
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
@@ -330,7 +331,7 @@ def revoke_confirm(request: Request, tenant: str, who: Viewer = Depends(viewer))
     return _render(request, "revoke.html", who, tenant=tenant, error=None)
 
 
-@router.post("/keys/revoke")
+@router.post("/keys/revoke", dependencies=[Depends(same_origin)])
 async def revoke(request: Request, tenant: str = Form(..., max_length=64), confirm: str = Form(""),
                  csrf: str = Form(""), who: Viewer = Depends(viewer)) -> Response:
     check_csrf(request, csrf, who)
@@ -391,8 +392,16 @@ async def usage_page(request: Request, who: Viewer = Depends(viewer), tenant: st
     keys = {}
     for t in {k[0] for k in agg["by_key"]}:
         keys.update({(t, k.key_id): k for k in service.store.keys(t)})
-    by_key = [(t, k, v, keys.get((t, k))) for (t, k), v in sorted(agg["by_key"].items()) if who.sees(t)]
-    by_model = [(t, m, v) for (t, m), v in sorted(agg["by_model"].items()) if who.sees(t)]
+    def spark(series: list[float], title: str, budget: float | None = None) -> Any:
+        return bar_chart(list(zip(agg["labels"], series, strict=True)), title=title, budget=budget,
+                         cumulative=budget is not None, width=300, height=90)
+
+    by_key = [(t, k, v, keys.get((t, k)),
+               spark(agg["key_series"][(t, k)], f"{k}: tokens",
+                     keys[(t, k)].token_budget if (t, k) in keys else None))
+              for (t, k), v in sorted(agg["by_key"].items()) if who.sees(t)]
+    by_model = [(t, m, v, spark(agg["model_series"][(t, m)], f"{m}: tokens"))
+                for (t, m), v in sorted(agg["by_model"].items()) if who.sees(t)]
     return _render(request, "usage.html", who, charts=charts, by_key=by_key, by_model=by_model, hours=hours,
                    tenant=scope, tenants=_tenants(request, who), since=since, until=until)
 
@@ -453,7 +462,8 @@ _HEADERS = [
                                  b"frame-ancestors 'none'; base-uri 'none'"),
     (b"x-content-type-options", b"nosniff"),
     (b"x-frame-options", b"DENY"),
-    (b"referrer-policy", b"no-referrer"),
+    # same-origin, not no-referrer: with no-referrer Chromium sends "Origin: null" on form posts.
+    (b"referrer-policy", b"same-origin"),
     (b"cache-control", b"no-store"),
 ]
 
