@@ -30,6 +30,7 @@ from enclave_worker.settings import WorkerSettings
 from key_broker.errors import KeyStoreError
 from key_broker.keystore import DataKeyRegistry, LocalKeyStore, load_master_key
 from key_broker.policies import PolicyStore
+from key_broker.statefile import StateLedger, local_ledger
 from policy.documents import sign_policy_document
 from policy.release import ReleasePolicy
 from protocol.fsutil import atomic_write
@@ -72,10 +73,12 @@ def prepare_demo(home: Home, model_path: Path | None = None, log: callable = pri
     home.create()
     write_public_key(ed25519_key(home.sim_key), home.sim_public_key)
     tenant_key = ed25519_key(home.tenant_signing_key(DEMO_TENANT))
-    keystore = LocalKeyStore(home.broker / "keystore", load_master_key(home.broker / "master.key"))
+    master = load_master_key(home.broker / "master.key")
+    ledger = local_ledger(home.broker, master)  # the broker refuses state files it has no record of
+    keystore = LocalKeyStore(home.broker / "keystore", master, ledger)
     if not keystore.has_tenant_key(DEMO_TENANT):
         keystore.create_tenant_key(DEMO_TENANT)
-    datakeys = DataKeyRegistry(home.broker / "keystore", keystore)
+    datakeys = DataKeyRegistry(home.broker / "keystore", keystore, ledger)
     pkg = home.package(DEMO_TENANT, DEMO_MODEL, DEMO_VERSION)
     try:
         datakeys.get(DEMO_TENANT, DEMO_MODEL, DEMO_VERSION)
@@ -94,7 +97,7 @@ def prepare_demo(home: Home, model_path: Path | None = None, log: callable = pri
         key_file.chmod(0o600)
     api_key = key_file.read_text().strip()
     _write_demo_policy(home, api_key)
-    _ensure_release_policy(home, tenant_signer=signer_identity(tenant_key.public_key()))
+    _ensure_release_policy(home, ledger, tenant_signer=signer_identity(tenant_key.public_key()))
     return DemoInfo(api_key, DEMO_TENANT, DEMO_MODEL, DEMO_VERSION, pkg)
 
 
@@ -118,10 +121,10 @@ def _write_demo_policy(home: Home, api_key: str) -> None:
     home.tenant_policy(DEMO_TENANT).write_text(json.dumps(doc, sort_keys=True))
 
 
-def _ensure_release_policy(home: Home, tenant_signer: str) -> None:
+def _ensure_release_policy(home: Home, ledger: StateLedger, tenant_signer: str) -> None:
     """Allow exactly this worker build's simulated measurement; bump the version when it changes."""
     measurement = simulated_measurement(worker_settings(home, "", 0).measured_config()).hex()
-    store = PolicyStore(home.broker)
+    store = PolicyStore(home.broker, ledger)
     try:
         current = store.get(DEMO_TENANT, DEMO_MODEL)
     except KeyStoreError:

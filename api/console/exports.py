@@ -40,10 +40,23 @@ def _rule(entry: AuditEntry) -> str:
     return str(entry.metadata.get("rule") or entry.reason)
 
 
+CHUNK = 500  # lines per chunk sent: one send per line costs more than the encoding
+
+
+def _chunked(lines: Iterable[str]) -> Iterator[str]:
+    batch: list[str] = []
+    for line in lines:
+        batch.append(line)
+        if len(batch) >= CHUNK:
+            yield "".join(batch)
+            batch.clear()
+    if batch:
+        yield "".join(batch)
+
+
 def jsonl_lines(entries: Iterable[AuditEntry]) -> Iterator[str]:
     """Each entry exactly as logged (hash and signature included), so every line still verifies."""
-    for e in entries:
-        yield e.to_json() + "\n"
+    return _chunked(e.to_json() + "\n" for e in entries)
 
 
 def csv_chunks(entries: Iterable[AuditEntry]) -> Iterator[str]:
@@ -85,5 +98,4 @@ def ocsf_event(e: AuditEntry) -> dict[str, Any]:
 
 def ocsf_lines(entries: Iterable[AuditEntry]) -> Iterator[str]:
     """One OCSF event per line (NDJSON), what SIEM collectors ingest."""
-    for e in entries:
-        yield json.dumps(ocsf_event(e), sort_keys=True, separators=(",", ":")) + "\n"
+    return _chunked(json.dumps(ocsf_event(e), sort_keys=True, separators=(",", ":")) + "\n" for e in entries)

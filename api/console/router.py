@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
 from fastapi import APIRouter, Depends, FastAPI, Form, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
 from fastapi.staticfiles import StaticFiles
@@ -33,6 +32,7 @@ from api.console.session import (
     Viewer,
     check_csrf,
     exchange,
+    same_origin,
     set_session_cookie,
     viewer,
 )
@@ -59,7 +59,6 @@ EXPORT_MEDIA = {"jsonl": "application/x-ndjson", "csv": "text/csv", "ocsf": "app
 
 
 AUDIT_COMPONENT = "console"
-ATTESTATION_TTL_S = 10.0  # a worker's token changes only when it re-attests
 
 
 @dataclass
@@ -69,8 +68,6 @@ class ConsoleState:
     facets: Facets
     broker: BrokerView
     templates: Jinja2Templates
-    attestations: dict[str, tuple[float, dict[str, Any]]] = field(default_factory=dict)
-    http: httpx.AsyncClient | None = None
     audit_key_file: Path | None = None
     _audit: AuditLog | None = None
     _audit_lock: threading.Lock = field(default_factory=threading.Lock)
@@ -98,24 +95,6 @@ class ConsoleState:
         self.broker.close()
         if self._audit is not None:
             self._audit.close()
-
-    async def attestation(self, worker: Any) -> dict[str, Any]:
-        """A worker's served attestation (evidence, token), fetched at most every ATTESTATION_TTL_S."""
-        hit = self.attestations.get(worker.worker_id)
-        if hit is not None and time.monotonic() - hit[0] < ATTESTATION_TTL_S:
-            return hit[1]
-        if self.http is None:
-            self.http = httpx.AsyncClient(timeout=5.0)
-        try:
-            response = await self.http.get(f"{worker.http_url}/internal/attestation")
-            doc = response.json() if response.status_code == 200 else {"status": "unavailable"}
-        except (httpx.HTTPError, ValueError):
-            doc = {"status": "unreachable"}
-        if not isinstance(doc, dict):
-            doc = {"status": "malformed"}
-        doc = {"worker_id": worker.worker_id, "token": str(doc.get("token", ""))}  # keep only what is shown
-        self.attestations[worker.worker_id] = (time.monotonic(), doc)
-        return doc
 
 
 def _state(request: Request) -> ConsoleState:
@@ -157,7 +136,7 @@ def login_form(request: Request, error: str | None = None) -> HTMLResponse:
     return _render(request, "login.html", None, error=error)
 
 
-@router.post("/login")
+@router.post("/login", dependencies=[Depends(same_origin)])
 def login(request: Request, token: str = Form("", max_length=4096)) -> Response:
     secret = _service(request).settings.jwt_secret
     state = _state(request)
@@ -173,7 +152,7 @@ def login(request: Request, token: str = Form("", max_length=4096)) -> Response:
     return response
 
 
-@router.post("/logout")
+@router.post("/logout", dependencies=[Depends(same_origin)])
 def logout(request: Request, csrf: str = Form(""), who: Viewer = Depends(viewer)) -> Response:
     check_csrf(request, csrf, who)
     response = RedirectResponse("/console/login", status_code=303)
@@ -244,8 +223,8 @@ async def audit_export(request: Request, fmt: str, who: Viewer = Depends(viewer)
     flt, error = _audit_query(who, tenant, component, rule, decision, since, until)
     if error:
         raise ConsoleForbidden(error)
-    rows = [] if index is None else select_rows(index, flt)[::-1]  # exports run oldest first
-    entries = (r.entry for r in rows)
+    rows = [] if index is None else select_rows(index, flt)
+    entries = (rows[i].entry for i in range(len(rows) - 1, -1, -1))  # exports run oldest first
     body: Iterator[str] = {"jsonl": exports.jsonl_lines, "csv": exports.csv_chunks,
                            "ocsf": exports.ocsf_lines}[fmt](entries)
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
@@ -272,10 +251,9 @@ async def _reference_values(request: Request, tenants: set[str]) -> dict[tuple[s
 @router.get("/workers", response_class=HTMLResponse)
 async def workers_page(request: Request, who: Viewer = Depends(viewer)) -> HTMLResponse:
     service = _service(request)
-    state = _state(request)
     reg = service.registry
-    visible = [w for w in list(reg.workers.values()) if who.sees(w.tenant) and reg.alive(w)]
-    attestations = list(await asyncio.gather(*(state.attestation(w) for w in visible)))
+    # What each worker submitted in its signed heartbeats (nothing is fetched from a worker's address).
+    attestations = [a for a in await service.attestation() if who.sees(str(a.get("tenant")))]
     tenants = {w.tenant for w in reg.workers.values() if who.sees(w.tenant)}
     reference = await _reference_values(request, tenants)
     rows = worker_rows(service, attestations, reference, who, time.time())
@@ -330,7 +308,7 @@ def revoke_confirm(request: Request, tenant: str, who: Viewer = Depends(viewer))
     return _render(request, "revoke.html", who, tenant=tenant, error=None)
 
 
-@router.post("/keys/revoke")
+@router.post("/keys/revoke", dependencies=[Depends(same_origin)])
 async def revoke(request: Request, tenant: str = Form(..., max_length=64), confirm: str = Form(""),
                  csrf: str = Form(""), who: Viewer = Depends(viewer)) -> Response:
     check_csrf(request, csrf, who)
@@ -391,8 +369,16 @@ async def usage_page(request: Request, who: Viewer = Depends(viewer), tenant: st
     keys = {}
     for t in {k[0] for k in agg["by_key"]}:
         keys.update({(t, k.key_id): k for k in service.store.keys(t)})
-    by_key = [(t, k, v, keys.get((t, k))) for (t, k), v in sorted(agg["by_key"].items()) if who.sees(t)]
-    by_model = [(t, m, v) for (t, m), v in sorted(agg["by_model"].items()) if who.sees(t)]
+    def spark(series: list[float], title: str, budget: float | None = None) -> Any:
+        return bar_chart(list(zip(agg["labels"], series, strict=True)), title=title, budget=budget,
+                         cumulative=budget is not None, width=300, height=90)
+
+    by_key = [(t, k, v, keys.get((t, k)),
+               spark(agg["key_series"][(t, k)], f"{k}: tokens",
+                     keys[(t, k)].token_budget if (t, k) in keys else None))
+              for (t, k), v in sorted(agg["by_key"].items()) if who.sees(t)]
+    by_model = [(t, m, v, spark(agg["model_series"][(t, m)], f"{m}: tokens"))
+                for (t, m), v in sorted(agg["by_model"].items()) if who.sees(t)]
     return _render(request, "usage.html", who, charts=charts, by_key=by_key, by_model=by_model, hours=hours,
                    tenant=scope, tenants=_tenants(request, who), since=since, until=until)
 
@@ -453,7 +439,8 @@ _HEADERS = [
                                  b"frame-ancestors 'none'; base-uri 'none'"),
     (b"x-content-type-options", b"nosniff"),
     (b"x-frame-options", b"DENY"),
-    (b"referrer-policy", b"no-referrer"),
+    # same-origin, not no-referrer: with no-referrer Chromium sends "Origin: null" on form posts.
+    (b"referrer-policy", b"same-origin"),
     (b"cache-control", b"no-store"),
 ]
 

@@ -112,3 +112,15 @@ def check_csrf(request: Request, submitted: str, who: Viewer = Depends(viewer)) 
 def set_session_cookie(response, token: str, *, secure: bool, max_age: int) -> None:  # type: ignore[no-untyped-def]
     response.set_cookie(COOKIE, token, max_age=max_age, path="/console", httponly=True, samesite="strict",
                         secure=secure)
+
+
+def same_origin(request: Request) -> None:
+    """Refuse a cross-site form post (login CSRF included): a browser sends Origin on every POST,
+    and it must name this host. Requests without Origin (not from a browser form) pass; they
+    still need the session and CSRF token where those apply."""
+    origin = request.headers.get("origin")
+    if origin is None:
+        return
+    host = request.headers.get("host", "")
+    if origin in ("null", "") or origin.split("://", 1)[-1] != host:
+        raise ConsoleForbidden("cross-site form post refused")

@@ -12,6 +12,7 @@ import difflib
 import hashlib
 import json
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -78,25 +79,69 @@ def scoped_filter(who: Viewer, *, tenant: str | None, component: str | None, rul
                        decision=decision or None, since=parse_time(since), until=parse_time(until))
 
 
-def select_rows(index: AuditIndex, flt: AuditFilter) -> list[Row]:
-    """Matching rows, newest first. Starts from the smallest per-tenant/role/rule list that applies."""
-    rows = index.rows
-    candidates = [rows]
-    for value, lists in ((flt.tenant, index.by_tenant), (flt.component, index.by_component),
-                         (flt.rule, index.by_rule)):
+def select_rows(index: AuditIndex, flt: AuditFilter) -> Sequence[Row]:
+    """Matching rows, newest first.
+
+    Starts from the smallest per-tenant/role/rule list that applies, cuts the time window by
+    bisection (rows are in time order), and checks only the predicates still left, so a page
+    costs about the size of the answer rather than of the log.
+    """
+    lists = [("tenant", flt.tenant, index.by_tenant), ("component", flt.component, index.by_component),
+             ("rule", flt.rule, index.by_rule)]
+    rows, used = index.rows, None
+    for name, value, by_value in lists:
         if value is not None:
-            candidates.append(lists.get(value, []))
-    rows = min(candidates, key=len)
-    if flt.empty or (flt.since is None and flt.until is None and flt.decision is None
-                     and sum(v is not None for v in (flt.tenant, flt.component, flt.rule)) == 1):
-        return rows[::-1]
+            candidate = by_value.get(value, [])
+            if used is None or len(candidate) < len(rows):
+                rows, used = candidate, name
     if flt.since is not None or flt.until is not None:
-        # Rows are in time order: cut the window by bisection before the other checks.
-        lo = bisect.bisect_left(rows, flt.since, key=lambda r: r.entry.ts) if flt.since else 0
-        hi = bisect.bisect_left(rows, flt.until, key=lambda r: r.entry.ts) if flt.until else len(rows)
+        lo = bisect.bisect_left(rows, flt.since, key=_ts) if flt.since is not None else 0
+        hi = bisect.bisect_left(rows, flt.until, key=_ts) if flt.until is not None else len(rows)
         rows = rows[lo:hi]
-    match = flt.matches
-    return [r for r in reversed(rows) if match(r)]
+    checks = []
+    if flt.tenant is not None and used != "tenant":
+        checks.append(lambda r, v=flt.tenant: r.entry.tenant == v)
+    if flt.component is not None and used != "component":
+        checks.append(lambda r, v=flt.component: r.entry.component == v)
+    if flt.rule is not None and used != "rule":
+        checks.append(lambda r, v=flt.rule: r.rule == v)
+    if flt.decision is not None:
+        checks.append(lambda r, v=flt.decision: r.entry.decision == v)
+    if not checks:
+        return NewestFirst(rows)  # no copy of a 100,000-row list per page
+    if len(checks) == 1:
+        (check,) = checks
+        return [r for r in reversed(rows) if check(r)]
+    return [r for r in reversed(rows) if all(c(r) for c in checks)]
+
+
+class NewestFirst(Sequence[Row]):
+    """A time-ordered list read newest first, without copying it."""
+
+    def __init__(self, rows: list[Row]) -> None:
+        self._rows = rows
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def __getitem__(self, item):  # type: ignore[no-untyped-def,override]
+        n = len(self._rows)
+        if isinstance(item, slice):
+            start, stop, step = item.indices(n)
+            if step != 1:
+                return [self[i] for i in range(start, stop, step)]
+            if stop <= start:
+                return []
+            return self._rows[n - stop:n - start][::-1]
+        if item < 0:
+            item += n
+        if not 0 <= item < n:
+            raise IndexError(item)
+        return self._rows[n - 1 - item]
+
+
+def _ts(row: Row) -> dt.datetime:
+    return row.entry.ts
 
 
 class Facets:
@@ -216,6 +261,8 @@ def bucket_usage(rows: list[Any], since: dt.datetime, until: dt.datetime, bucket
                                                                       "worker_seconds": zero()})
     by_key: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0, 0, 0.0])
     by_model: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0, 0, 0.0])
+    key_series: dict[tuple[str, str], list[float]] = defaultdict(zero)  # tokens per bucket
+    model_series: dict[tuple[str, str], list[float]] = defaultdict(zero)
     for r in rows:
         at = r.created_at if r.created_at.tzinfo else r.created_at.replace(tzinfo=dt.UTC)
         i = min(buckets - 1, max(0, int((at - since).total_seconds() // span)))
@@ -228,7 +275,10 @@ def bucket_usage(rows: list[Any], since: dt.datetime, until: dt.datetime, bucket
             agg[0] += 1
             agg[1] += tokens
             agg[2] += r.worker_seconds
-    return {"labels": labels, "tenants": dict(tenants), "by_key": dict(by_key), "by_model": dict(by_model)}
+        key_series[(r.tenant, r.key_id)][i] += tokens
+        model_series[(r.tenant, f"{r.model}/{r.version}")][i] += tokens
+    return {"labels": labels, "tenants": dict(tenants), "by_key": dict(by_key), "by_model": dict(by_model),
+            "key_series": dict(key_series), "model_series": dict(model_series)}
 
 
 # -- policies

@@ -20,6 +20,9 @@ class EngineConfig:
     max_model_len: int | None = None  # default: min(model context, 4096)
     block_size: int = 16
     kv_cache_memory_bytes: int = 512 * 1024 * 1024
+    # On CUDA: size the KV pool from the device's memory instead (this fraction of it for the
+    # whole worker, less the weights and an activation reserve); None keeps kv_cache_memory_bytes.
+    gpu_memory_utilization: float | None = None
     enable_prefix_caching: bool = True
     num_threads: int | None = None  # torch intra-op threads on CPU; default: all cores
     int4_group_size: int = 32
@@ -33,6 +36,8 @@ class EngineConfig:
             raise ValueError(f"dtype must be one of {DTYPES}, not {self.dtype!r}")
         if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1 or self.block_size < 1:
             raise ValueError("max_num_seqs, max_num_batched_tokens and block_size must be >= 1")
+        if self.gpu_memory_utilization is not None and not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError("gpu_memory_utilization must be in (0, 1]")
         if self.decode_kernels not in DECODE_KERNELS:
             raise ValueError(f"decode_kernels must be one of {DECODE_KERNELS}, not {self.decode_kernels!r}")
         if self.kv_cache_memory_bytes <= 0:

@@ -22,7 +22,7 @@ from .checkpoint import Checkpoint
 from .config import EngineConfig, RequestOutput, SamplingParams
 from .errors import EngineDeadError, EngineError, InvalidRequestError
 from .kernels import triton_installed
-from .kv_cache import KVCacheSpec, allocate_kv_cache
+from .kv_cache import KVCacheSpec, allocate_kv_cache, gpu_kv_budget
 from .model_runner import ModelRunner
 from .models import ARCHITECTURES, model_tensors
 from .models.llama import BuildOptions
@@ -98,9 +98,18 @@ class LLMEngine:
         spec = KVCacheSpec(
             len(self.model.layers), self.model.num_kv_heads, self.model.head_dim, config.block_size, dtype
         )
-        num_blocks = spec.num_blocks(config.kv_cache_memory_bytes)
+        kv_bytes = config.kv_cache_memory_bytes
+        if config.gpu_memory_utilization is not None and torch.device(config.device).type == "cuda":
+            # Activations: the largest step's logits (fp32) and hidden states, plus allocator slack.
+            reserve = config.max_num_batched_tokens * (int(cfg["vocab_size"]) + 8 * int(cfg["hidden_size"])) * 4
+            try:
+                kv_bytes = gpu_kv_budget(config.gpu_memory_utilization, reserve + (256 << 20),
+                                         lambda: torch.cuda.mem_get_info(torch.device(config.device)))
+            except ValueError as exc:
+                raise EngineError(str(exc)) from exc
+        num_blocks = spec.num_blocks(kv_bytes)
         if num_blocks < 1:
-            raise EngineError("kv_cache_memory_bytes is smaller than one KV block")
+            raise EngineError("the KV memory budget is smaller than one KV block")
         self.max_model_len = min(model_len, num_blocks * config.block_size)
         self.blocks = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.blocks, config.max_num_seqs, config.max_num_batched_tokens)

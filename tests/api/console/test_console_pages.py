@@ -62,6 +62,16 @@ def test_login_refuses_roles_without_console_and_foreign_keys(site: Site) -> Non
         assert COOKIE not in client.cookies
 
 
+def test_cross_site_posts_are_refused(site: Site) -> None:
+    with httpx.Client() as client:
+        evil = {"Origin": "https://evil.example"}
+        response = client.post(f"{site.url}/console/login", data={"token": site.token("operator")}, headers=evil)
+        assert response.status_code == 403 and COOKIE not in response.cookies
+        own = {"Origin": site.url}
+        assert client.post(f"{site.url}/console/login", data={"token": site.token("operator")},
+                           headers=own).status_code == 303
+
+
 def test_session_cookie_is_httponly_strict_and_scoped(site: Site) -> None:
     with httpx.Client() as client:
         response = client.post(f"{site.url}/console/login", data={"token": site.token("auditor")})
@@ -200,3 +210,16 @@ def test_revoke_checks_csrf_role_tenant_and_confirmation(site: Site) -> None:
     for tenant in TENANTS:  # nothing was revoked by any of the refused attempts
         status = site.broker.admin("GET", f"/tenants/{tenant}").json()
         assert status["revoked"] is False
+
+
+def test_usage_charts_per_tenant_key_and_model_against_budgets(site: Site) -> None:
+    with _client(site, "operator") as client:
+        html = client.get(f"{site.url}/console/usage").text
+        # Per tenant: tokens (with its budget line), requests, worker-seconds; then one per key and model.
+        assert html.count('<svg class="chart"') == 3 * len(TENANTS) + 2 * len(TENANTS)
+        assert "budget 5.0k" in html and "budget 10.0k" in html and 'class="budget"' in html
+        assert "Lifetime tokens 1335 of a budget of 5000" in html  # 30 records of (20+i) + 10 tokens
+        assert "budget 3.0k" in html  # each key's own budget
+    with _client(site, "tenant-admin", "acme") as client:
+        html = client.get(f"{site.url}/console/usage?hours=168").text
+        assert html.count('<svg class="chart"') == 3 + 2 and "globex" not in html
