@@ -29,7 +29,7 @@ from cryptography.hazmat.primitives import serialization
 from api.proto import worker_pb2, worker_pb2_grpc
 from api.proto.tls import make_identity
 from attestation.bundle import channel_binding
-from enclave_worker.chat_format import render_chat
+from enclave_worker.chat_format import chat_prompt_ids
 from enclave_worker.engine import EngineError, InvalidRequestError, SamplingParams
 from enclave_worker.guard import GuardRefusal, strip_tool_calls
 from enclave_worker.server import WorkerState, create_app
@@ -57,24 +57,36 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                                       stats_json=json.dumps(booted.engine.stats() if booted else {}))
 
     def _prompt(self, request: worker_pb2.GenerateRequest) -> list[int]:
+        """The prompt's token ids. Anything wrong with the request's content is InvalidRequestError
+        (INVALID_ARGUMENT), never an unhandled error: the gateway must not take it for a sick worker."""
+        try:
+            ids = self._prompt_ids(request)
+        except (GuardRefusal, InvalidRequestError):
+            raise
+        except Exception as exc:  # malformed JSON, a template error, text the tokenizer refuses, ...
+            log.info("request %s refused: %s", request.request_id, type(exc).__name__)
+            raise InvalidRequestError(f"the request cannot be rendered ({type(exc).__name__})") from None
+        if not ids:
+            raise InvalidRequestError("the prompt is empty")
+        return ids
+
+    def _prompt_ids(self, request: worker_pb2.GenerateRequest) -> list[int]:
         engine = self.state.booted.engine  # type: ignore[union-attr]
         guard, model = self.state.guard, self.state.settings.model
         if request.kind == "chat":
             messages = json.loads(request.messages_json)
+            if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+                raise InvalidRequestError("messages must be a list of objects")
             if guard is not None:  # data controls on every text the model will read
                 texts = guard.check_input(request.key_id, model, [str(m.get("content") or "") for m in messages])
                 messages = [{**m, "content": t} if m.get("content") else m
                             for m, t in zip(messages, texts, strict=True)]
-            text = render_chat(engine.tokenizer, engine.tokenizer.chat_template, messages,
-                               json.loads(request.tools_json) if request.tools_json else None,
-                               request.assistant_prefix)
-        else:
-            prompt = guard.check_input(request.key_id, model, [request.prompt])[0] if guard else request.prompt
-            text = prompt + request.assistant_prefix
-        ids = engine.tokenizer.encode(text)
-        if not ids:
-            raise InvalidRequestError("the prompt is empty")
-        return ids
+            return chat_prompt_ids(engine.tokenizer, engine.tokenizer.chat_template, messages,
+                                   json.loads(request.tools_json) if request.tools_json else None,
+                                   request.assistant_prefix)
+        # /v1/completions: the caller writes the whole prompt, special tokens included (as in vLLM).
+        prompt = guard.check_input(request.key_id, model, [request.prompt])[0] if guard else request.prompt
+        return engine.tokenizer.encode(prompt + request.assistant_prefix)
 
     def _logprobs(self, out_logprobs: tuple | None) -> list[worker_pb2.TokenLogprob]:
         if not out_logprobs:
@@ -194,7 +206,8 @@ async def heartbeats(state: WorkerState, urls: list[str], token: str, grpc_addre
 async def serve(settings: WorkerSettings, grpc_port: int, register_urls: list[str], register_token: str,
                 gateway_client_cert: bytes | None = None) -> None:
     state = WorkerState(settings)
-    server = grpc.aio.server(options=[("grpc.max_concurrent_streams", 4096)])
+    server = grpc.aio.server(options=[("grpc.max_concurrent_streams", 4096),
+                                      ("grpc.max_receive_message_length", 32 << 20)])
     worker_pb2_grpc.add_WorkerServicer_to_server(WorkerServicer(state), server)
     address = f"{settings.host}:{grpc_port}"
     tls_cert, spki = "", b""

@@ -7,13 +7,13 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
 from api.gateway import openai_format as fmt
 from api.gateway.dependencies import current_key, get_service
 from api.gateway.errors import GatewayError, error_body
-from api.gateway.generation import CleanupStreamingResponse, Run, request_id
+from api.gateway.generation import CleanupStreamingResponse, Run, request_id, unless_disconnected
 from api.gateway.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
 from api.gateway.service import GatewayService
 from api.proto import worker_pb2
@@ -28,7 +28,8 @@ def _params(req: SamplingFields, max_tokens: int, logprobs: int | None, extra_st
                                   req.temperature, top_p=1.0 if req.top_p is None else req.top_p,
                                   stop=req.stop_list() + extra_stop, ignore_eos=req.ignore_eos)
     if req.seed is not None:
-        p.seed = req.seed + index  # n > 1 with a seed: distinct yet reproducible choices
+        # n > 1 with a seed: distinct yet reproducible choices (wrapping within int64, the wire type).
+        p.seed = (req.seed + index + (1 << 63)) % (1 << 64) - (1 << 63)
     if logprobs is not None:
         p.logprobs = logprobs
     return p
@@ -62,7 +63,7 @@ def list_models(key: KeyRecord = Depends(current_key), service: GatewayService =
 
 
 @router.post("/v1/chat/completions", response_model=None)
-async def chat_completions(req: ChatCompletionRequest, key: KeyRecord = Depends(current_key),
+async def chat_completions(req: ChatCompletionRequest, request: Request, key: KeyRecord = Depends(current_key),
                            service: GatewayService = Depends(get_service)):  # type: ignore[no-untyped-def]
     split = service.resolve(key, req.model)
     max_tokens = req.max_completion_tokens or req.max_tokens or service.settings.default_max_tokens
@@ -87,11 +88,13 @@ async def chat_completions(req: ChatCompletionRequest, key: KeyRecord = Depends(
     rid = request_id()
     requests = [worker_pb2.GenerateRequest(
         request_id=f"{rid}-{i}", tenant=key.tenant, key_id=key.key_id, kind="chat", agent_killed=key.tools_killed,
-        messages_json=json.dumps(messages), tools_json=json.dumps(tools) if use_tools else "",
+        messages_json=json.dumps(messages, ensure_ascii=False),
+        tools_json=json.dumps(tools, ensure_ascii=False) if use_tools else "",
         assistant_prefix=prefix, params=_params(req, max_tokens, logprobs, extra_stop, i)) for i in range(req.n)]
     ticket = service.ticket(key, _reserve(len(requests[0].messages_json), max_tokens, req.n), req.priority)
     run = Run(service, key, req.model, ticket)
-    streams = await run.start(split, requests, affinity=json.dumps(messages[:2])[:4096])
+    streams = await unless_disconnected(request.receive,
+                                        run.start(split, requests, affinity=json.dumps(messages[:2])[:4096]))
     base = {"id": f"chatcmpl-{rid}", "created": int(time.time()), "model": req.model,
             **_tee(service, key.tenant, req.model)}
     names = {t["function"]["name"] for t in tools}
@@ -107,7 +110,7 @@ async def chat_completions(req: ChatCompletionRequest, key: KeyRecord = Depends(
         return {"role": "assistant", "content": text}, reason
 
     if not req.stream:
-        results = await run.collect(streams)
+        results = await unless_disconnected(request.receive, run.collect(streams))
         choices = []
         for i, r in enumerate(results):
             message, reason = finish(r.text, r.finish_reason)
@@ -161,21 +164,27 @@ async def chat_completions(req: ChatCompletionRequest, key: KeyRecord = Depends(
 
 
 @router.post("/v1/completions", response_model=None)
-async def completions(req: CompletionRequest, key: KeyRecord = Depends(current_key),
+async def completions(req: CompletionRequest, request: Request, key: KeyRecord = Depends(current_key),
                       service: GatewayService = Depends(get_service)):  # type: ignore[no-untyped-def]
     split = service.resolve(key, req.model)
     prompts = [req.prompt] if isinstance(req.prompt, str) else list(req.prompt)
     if not prompts or any(not p for p in prompts):
         raise GatewayError(400, "prompt must not be empty", param="prompt")
+    limit = service.settings.max_choices
+    if len(prompts) * req.n > limit:
+        # Each prompt x choice is a stream on a worker: bounded per request, refused before anything is built.
+        raise GatewayError(400, f"too many choices: {len(prompts)} prompts x n={req.n} exceeds {limit} per request",
+                           param="n", code="invalid_value")
     max_tokens = req.max_tokens or 16
+    # The whole worst case is charged (and refused if it can never fit) before any stream is built.
+    ticket = service.ticket(key, _reserve(sum(map(len, prompts)), max_tokens, len(prompts) * req.n), req.priority)
     rid = request_id()
     requests = [worker_pb2.GenerateRequest(
         request_id=f"{rid}-{pi}-{j}", tenant=key.tenant, key_id=key.key_id, kind="completion", prompt=prompt,
         params=_params(req, max_tokens, req.logprobs, [], j)) for pi, prompt in enumerate(prompts)
         for j in range(req.n)]
-    ticket = service.ticket(key, _reserve(sum(map(len, prompts)), max_tokens, len(requests)), req.priority)
     run = Run(service, key, req.model, ticket)
-    streams = await run.start(split, requests, affinity=prompts[0][:4096])
+    streams = await unless_disconnected(request.receive, run.start(split, requests, affinity=prompts[0][:4096]))
     base = {"id": f"cmpl-{rid}", "created": int(time.time()), "model": req.model, "object": "text_completion",
             **_tee(service, key.tenant, req.model)}
 
@@ -183,7 +192,7 @@ async def completions(req: CompletionRequest, key: KeyRecord = Depends(current_k
         return prompts[i // req.n] if req.echo else ""
 
     if not req.stream:
-        results = await run.collect(streams)
+        results = await unless_disconnected(request.receive, run.collect(streams))
         choices = [{"index": i, "text": echo(i) + r.text, "finish_reason": r.finish_reason,
                     "logprobs": fmt.completion_logprobs(r.logprobs, len(echo(i))) if req.logprobs is not None
                     else None} for i, r in enumerate(results)]
@@ -226,5 +235,8 @@ def usage(key: KeyRecord = Depends(current_key), service: GatewayService = Depen
 
 
 @router.get("/.well-known/attestation")
-async def well_known_attestation(service: GatewayService = Depends(get_service)) -> dict:
-    return {"workers": await service.attestation()}
+async def well_known_attestation(key: KeyRecord = Depends(current_key),
+                                 service: GatewayService = Depends(get_service)) -> dict:
+    """The evidence of the workers serving the caller's models: an API key is needed, so that an
+    anonymous caller cannot list which tenants and models this deployment serves."""
+    return {"workers": await service.attestation(key)}

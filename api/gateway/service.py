@@ -17,7 +17,7 @@ import httpx
 
 from api.gateway.admission import AdmissionController, Ticket
 from api.gateway.errors import GatewayError
-from api.gateway.grpc_client import WorkerClients, WorkerLost
+from api.gateway.grpc_client import WorkerClients, WorkerLost, WorkerUnavailable
 from api.gateway.metrics import Metrics
 from api.gateway.registry import WorkerInfo, WorkerRegistry
 from api.gateway.settings import GatewaySettings
@@ -52,6 +52,8 @@ class GatewayService:
                                                     settings.data_dir / "gateway-client.pem"))
         self.metrics = Metrics(lambda: float(admission.running), lambda: float(len(admission.queue)))
         self._cache: dict[tuple, tuple[float, Any]] = {}
+        self._probing: set[str] = set()
+        self._tasks: set[asyncio.Task] = set()
 
     async def close(self) -> None:
         await self.clients.close()
@@ -92,9 +94,10 @@ class GatewayService:
             v.version: v.traffic_percent for v in self.store.model_versions(tenant) if v.model == model})
 
     def models_for(self, key: KeyRecord) -> list[str]:
-        names = {v.model for v in self.store.model_versions(key.tenant)}
-        names |= {w.model for w in self.registry.workers.values() if w.tenant == key.tenant}
-        return sorted(n for n in names if not key.models or n in key.models)
+        """Models a request can be answered for now: a ready (and, where required, attested) worker
+        holds them. A model in the catalog whose workers are still loading is not listed yet."""
+        names = {w.model for w in self.registry.workers.values() if w.tenant == key.tenant}
+        return sorted(n for n in names if (not key.models or n in key.models) and self.registry.ready(key.tenant, n))
 
     def resolve(self, key: KeyRecord, model: str) -> dict[str, float]:
         if key.models and model not in key.models:
@@ -115,6 +118,10 @@ class GatewayService:
         for budget, cache_key, key_id in budgets:
             if budget is None:
                 continue
+            if reserved_tokens > budget:
+                raise GatewayError(400, f"Request too large: it may use up to {reserved_tokens} tokens, more than the "
+                                   f"whole token budget of {budget}" + (" of this key." if key_id else "."),
+                                   code="request_too_large")
             used = self._cached(cache_key, lambda k=key_id: self.store.tokens_used(key.tenant, k))
             if used >= budget:
                 self.metrics.rejected.labels(key.tenant, "budget").inc()
@@ -137,7 +144,11 @@ class GatewayService:
     # -- generation
     async def stream(self, key: KeyRecord, model: str, split: dict[str, float],
                      request: worker_pb2.GenerateRequest, affinity: str) -> AsyncIterator[worker_pb2.GenerateChunk]:
-        """One choice: pick a worker (another one if it fails before the first token), relay, meter."""
+        """One choice: pick a worker (another one if it cannot take the call), relay, meter.
+
+        No request's error takes a worker out of rotation: an unreachable one is only skipped for this
+        request and probed (its Status RPC); heartbeats and that probe decide whether it is dead.
+        """
         tried: set[str] = set()
         while True:
             worker = self.registry.pick(key.tenant, model, split, affinity, frozenset(tried))
@@ -146,12 +157,13 @@ class GatewayService:
                 first, rest = await self.clients.open(worker.grpc_address, request, self.settings.request_timeout_s,
                                                       worker.tls_cert)
                 break
-            except GatewayError as exc:
+            except WorkerUnavailable:
                 worker.inflight -= 1
-                if exc.status != 503:
-                    raise
-                self.registry.mark_dead(worker.worker_id)
                 tried.add(worker.worker_id)
+                self._probe_soon(worker)
+            except BaseException:
+                worker.inflight -= 1
+                raise
         try:
             chunk = first
             yield first
@@ -160,11 +172,30 @@ class GatewayService:
             if chunk.HasField("usage"):
                 await self._meter(chunk.usage, worker, request)
         except WorkerLost:
-            self.registry.mark_dead(worker.worker_id)
             log.warning("worker %s lost mid-stream", worker.worker_id)
+            self._probe_soon(worker)
             raise
         finally:
             worker.inflight -= 1
+
+    def _probe_soon(self, worker: WorkerInfo) -> None:
+        """A health check (the worker's Status RPC), at most one at a time per worker."""
+        if worker.worker_id in self._probing:
+            return
+        self._probing.add(worker.worker_id)
+        task = asyncio.create_task(self._probe(worker))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _probe(self, worker: WorkerInfo) -> None:
+        try:
+            healthy = await self.clients.status_ok(worker.grpc_address, worker.tls_cert, timeout_s=2.0)
+            if not healthy:
+                log.warning("worker %s failed its health check; out of rotation until its next heartbeat",
+                            worker.worker_id)
+                self.registry.mark_dead(worker.worker_id)
+        finally:
+            self._probing.discard(worker.worker_id)
 
     async def _meter(self, record: worker_pb2.UsageRecord, worker: WorkerInfo,
                      request: worker_pb2.GenerateRequest) -> None:
@@ -194,11 +225,12 @@ class GatewayService:
             self.metrics.kv_cache.labels(info.worker_id, info.model).set(float(stats["kv_cache_usage_perc"]) / 100)
             self.metrics.worker_waiting.labels(info.worker_id, info.model).set(float(stats.get("num_waiting", 0)))
 
-    async def attestation(self) -> list[dict[str, Any]]:
+    async def attestation(self, key: KeyRecord) -> list[dict[str, Any]]:
+        """Evidence of the live workers of the key's tenant (and model scope), nobody else's."""
         out = []
         async with httpx.AsyncClient(timeout=5.0) as http:
             for w in list(self.registry.workers.values()):
-                if not self.registry.alive(w):
+                if not self.registry.alive(w) or w.tenant != key.tenant or (key.models and w.model not in key.models):
                     continue
                 try:
                     response = await http.get(f"{w.http_url}/internal/attestation")
