@@ -5,15 +5,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import secrets
-import signal
 import socket
 import subprocess
-import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +21,7 @@ import httpx
 from api.gateway.keys import ApiKeyStore
 from api.home import Home, ed25519_key, write_public_key
 from api.proto.tls import load_or_create
+from api.supervisor import Child, RunLock, Supervisor
 from api.tenant_tools import default_model_path, encrypt_model
 from enclave_worker.measurement import simulated_measurement
 from enclave_worker.package import read_manifest
@@ -142,45 +141,50 @@ def _secret_file(path: Path) -> Path:
 
 @dataclass
 class Stack:
+    """The processes of one host, under one supervisor (restarts the one that dies; stops them all)."""
+
     home: Home
     gateway_url: str
     broker_url: str
     worker_url: str
-    processes: list[subprocess.Popen] = field(default_factory=list)
-    # Workers are supervised apart from `processes`: one dying is replaced, it does not stop the stack.
-    workers: list[subprocess.Popen] = field(default_factory=list)
+    supervisor: Supervisor
+    lock: RunLock | None = None
     worker_urls: list[str] = field(default_factory=list)
-    _respawn: list[list[str]] = field(default_factory=list)
-    _stopping: threading.Event = field(default_factory=threading.Event)
+    extra: dict[str, object] = field(default_factory=dict)  # written into run/pids.json
+
+    @property
+    def processes(self) -> list[subprocess.Popen]:
+        """Broker and gateway (the current process of each)."""
+        return [c.proc for n, c in self.supervisor.children.items() if n in ("key-broker", "gateway") and c.proc]
+
+    @property
+    def workers(self) -> list[subprocess.Popen]:
+        return [c.proc for n, c in self.supervisor.children.items() if n.startswith("worker") and c.proc]
+
+    def pid(self, name: str) -> int | None:
+        child = self.supervisor.children.get(name)
+        return child.pid if child else None
+
+    def write_pids(self, *_: object) -> None:
+        children = self.supervisor.children
+        doc = {name: child.pid for name, child in list(children.items())}
+        doc.update({"supervisor": os.getpid(), "workers": [c.pid for n, c in list(children.items())
+                                                          if n.startswith("worker")],
+                    "broker_url": self.broker_url, "worker_url": self.worker_url,
+                    "gateway_url": self.gateway_url, **self.extra})
+        atomic_write(self.home.root / "run" / "pids.json", json.dumps(doc).encode())
 
     def stop(self, timeout: float = 10.0) -> None:
-        self._stopping.set()
-        every = [*self.workers, *self.processes]
-        for proc in reversed(every):
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + timeout
-        for proc in every:
-            try:
-                proc.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-
-    def keep_warm(self, interval: float = 1.0) -> None:
-        """Replace workers that exited (the minimum of warm workers per model), until stop()."""
-        while not self._stopping.wait(interval):
-            for i, proc in enumerate(self.workers):
-                if proc.poll() is not None and not self._stopping.is_set():
-                    self.workers[i] = _spawn(self.home, f"worker-{i}", self._respawn[i])
+        self.supervisor.stop(timeout)
+        with contextlib.suppress(OSError):
+            (self.home.root / "run" / "pids.json").unlink()
+        if self.lock is not None:
+            self.lock.release()
 
     def wait_ready(self, timeout: float = 300.0) -> str:
         """Wait until the first worker is ready or failed; returns its final status."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            for proc in self.processes:
-                if proc.poll() is not None:
-                    raise RuntimeError(f"process {proc.args!r} exited with {proc.returncode}")
             try:
                 status = httpx.get(f"{self.worker_url}/internal/status", timeout=2.0).json()["status"]
                 if status in ("ready", "failed"):
@@ -191,18 +195,12 @@ class Stack:
         raise TimeoutError("worker did not become ready in time")
 
 
-def _spawn(home: Home, name: str, args: list[str]) -> subprocess.Popen:
-    log = open(home.logs / f"{name}.log", "ab")  # noqa: SIM115 (owned by the child for its lifetime)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen([sys.executable, "-m", *args], stdout=log, stderr=subprocess.STDOUT, env=env,
-                            start_new_session=True)
-
-
-def _wait_http(url: str, proc: subprocess.Popen, timeout: float = 60.0) -> None:
+def _wait_http(url: str, child: Child, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{proc.args!r} exited with {proc.returncode}")
+        proc = child.proc
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"{child.name} exited with {proc.returncode} (log: {child.log_dir / child.name}.log)")
         try:
             if httpx.get(url, timeout=1.0).status_code < 500:
                 return
@@ -233,40 +231,58 @@ def worker_args(home: Home, broker_url: str, port: int, grpc_port: int, register
     return args
 
 
+def broker_admin_token(home: Home) -> Path:
+    """The operator's key-broker admin token (0600; the broker is given only its SHA-256)."""
+    token = _secret_file(home.broker / "admin-token")
+    digest = hashlib.sha256(token.read_text().strip().encode()).hexdigest()
+    hashes = home.broker / "admin-token.sha256"
+    if not hashes.exists() or hashes.read_text().strip() != digest:
+        atomic_write(hashes, (digest + "\n").encode())
+    return hashes
+
+
 def launch(home: Home, *, host: str = "127.0.0.1", port: int = 8000,
            unsafe_sim_measurement: str | None = None, num_workers: int = 1,
-           gateway_args: tuple[str, ...] = ()) -> Stack:
+           gateway_args: tuple[str, ...] = (), broker_args: tuple[str, ...] = (),
+           worker_launcher: tuple[str, ...] = (), worker_extra_args: tuple[str, ...] = (),
+           lock: RunLock | None = None) -> Stack:
+    """Start broker, gateway and workers under one supervisor; `lock` (the home's pid file) is
+    taken here unless the caller holds it already.
+
+    `worker_launcher` runs the worker through another module (e.g. one that installs fake TEE
+    hardware, then calls the worker's main with the arguments after it); `worker_extra_args` come
+    last, so they override the defaults (e.g. `--tee snp+nvgpu`)."""
+    lock = lock or RunLock(home.root / "run")
     broker_port = free_port()
     broker_url = f"http://127.0.0.1:{broker_port}"
     local_gateway = f"http://127.0.0.1:{port}"  # workers register over loopback, whatever the public bind
     worker_ports = [(free_port(), free_port()) for _ in range(num_workers)]
-    stack = Stack(home, f"http://{host}:{port}", broker_url, f"http://127.0.0.1:{worker_ports[0][0]}")
+    stack = Stack(home, f"http://{host}:{port}", broker_url, f"http://127.0.0.1:{worker_ports[0][0]}",
+                  Supervisor(home.logs), lock)
     try:
-        broker = _spawn(home, "key-broker", ["key_broker", "--data-dir", str(home.broker), "--port",
-                                             str(broker_port), "--sim-platform-key", str(home.sim_public_key)])
-        stack.processes.append(broker)
+        broker = stack.supervisor.start("key-broker", [
+            "key_broker", "--data-dir", str(home.broker), "--port", str(broker_port),
+            "--sim-platform-key", str(home.sim_public_key),
+            "--admin-token-hash-file", str(broker_admin_token(home)), *broker_args], on_restart=stack.write_pids)
         _wait_http(f"{broker_url}/healthz", broker)
         routes = home.gateway / "routes.json"
         routes.write_text(json.dumps([{"tenant": DEMO_TENANT, "model": DEMO_MODEL, "version": DEMO_VERSION}]))
-        gateway = _spawn(home, "gateway", [
+        gateway = stack.supervisor.start("gateway", [
             "api.gateway", "--data-dir", str(home.gateway), "--routes", str(routes), "--host", host,
             "--port", str(port), "--register-token-file", str(_secret_file(home.gateway / "register-token")),
             "--jwt-secret-file", str(_secret_file(home.gateway / "jwt-secret")),
-            "--broker-jwks", str(home.broker / "jwks.json"), *gateway_args])
-        stack.processes.append(gateway)
+            "--broker-jwks", str(home.broker / "jwks.json"), *gateway_args], on_restart=stack.write_pids)
         _wait_http(f"{local_gateway}/healthz", gateway)
         for i, (http_port, grpc_port) in enumerate(worker_ports):
             args = worker_args(home, broker_url, http_port, grpc_port, [local_gateway], unsafe_sim_measurement)
-            stack._respawn.append(args)
-            stack.workers.append(_spawn(home, "worker" if i == 0 else f"worker-{i}", args))
+            if worker_launcher:
+                args = [*worker_launcher, *args[1:]]  # the launcher calls the worker's main itself
+            args += worker_extra_args
+            stack.supervisor.start("worker" if i == 0 else f"worker-{i}", args, on_restart=stack.write_pids)
             stack.worker_urls.append(f"http://127.0.0.1:{http_port}")
-        _wait_http(f"{stack.worker_url}/internal/status", stack.workers[0])
-        threading.Thread(target=stack.keep_warm, name="keep-warm", daemon=True).start()
-        (home.root / "run").mkdir(exist_ok=True, mode=0o700)
-        (home.root / "run" / "pids.json").write_text(json.dumps({
-            "key-broker": broker.pid, "worker": stack.workers[0].pid, "gateway": gateway.pid,
-            "workers": [w.pid for w in stack.workers], "broker_url": broker_url,
-            "worker_url": stack.worker_url}))
+        _wait_http(f"{stack.worker_url}/internal/status", stack.supervisor.children["worker"])
+        stack.supervisor.watch()
+        stack.write_pids()
     except BaseException:
         stack.stop()
         raise

@@ -67,9 +67,12 @@ class OsConfigfsOps:
 class TsmReportClient:
     """Fetch one report per call from a fresh configfs-tsm entry, removed afterwards."""
 
-    def __init__(self, base: Path = DEFAULT_BASE, *, ops: ConfigfsOps | None = None) -> None:
+    def __init__(self, base: Path = DEFAULT_BASE, *, ops: ConfigfsOps | None = None, entry: str | None = None) -> None:
         self.base = base
         self.ops: ConfigfsOps = ops or OsConfigfsOps()
+        # An entry made beforehand (by init, or a fake tree) is used as it is and left in place;
+        # otherwise each report gets a fresh entry that is removed afterwards.
+        self.entry = entry
 
     def available(self) -> bool:
         return self.base.is_dir()
@@ -81,6 +84,10 @@ class TsmReportClient:
             raise ValueError(f"privlevel must be 0..{PRIVLEVEL_MAX}")
         if not self.available():
             raise UnsupportedError(f"configfs-tsm not available at {self.base} (no TEE guest driver?)")
+        if self.entry is not None:
+            if "/" in self.entry or self.entry in ("", ".", ".."):
+                raise ValueError("configfs-tsm entry must be a plain directory name")
+            return self._fetch(self.base / self.entry, report_data, privlevel)
         # A random entry name: two processes never share an entry, so neither sees the other's inblob.
         entry = self.base / f"sealed-{os.getpid()}-{secrets.token_hex(8)}"
         try:

@@ -90,8 +90,11 @@ def _verify_cpu(bundle: EvidenceBundle, now: dt.datetime, trust: VerifierTrust) 
         from attestation import snp
 
         # The VCEK/VLEK (and optionally ASK/ARK) travel in the bundle; roots stay pinned here.
+        # A verifier with a collateral source also checks the CRL from it (KDS, cache or an imported
+        # bundle): a revoked VCEK or an expired CRL is refused with its reason.
         verified = snp.verify_report(bundle.cpu_evidence, now=now, certs=bundle.cpu_certificates,
-                                     roots_dir=trust.roots_dir, fetcher=trust.snp_fetcher)
+                                     roots_dir=trust.roots_dir, fetcher=trust.snp_fetcher,
+                                     fetch_crl=trust.snp_fetcher is not None)
         return snp.to_claims(verified)
     if bundle.tee == TeeType.TDX:
         from attestation import tdx

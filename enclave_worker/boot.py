@@ -11,7 +11,7 @@ from enclave_worker.engine import EngineConfig, LLMEngine
 from enclave_worker.engine.checkpoint import Checkpoint
 from enclave_worker.package import DecryptedModel, decrypt_package
 from enclave_worker.settings import WorkerSettings
-from enclave_worker.tee import bundle_maker
+from enclave_worker.tee import make_attester
 from key_broker.client import ReleasedKey, obtain_data_key
 
 log = logging.getLogger(__name__)
@@ -40,11 +40,16 @@ def engine_config(settings: WorkerSettings) -> EngineConfig:
 
 
 def boot(settings: WorkerSettings, channel_binding: bytes = b"") -> BootedWorker:
-    make_bundle = bundle_maker(settings)
+    attester = make_attester(settings)
     with httpx.Client(base_url=settings.broker_url, timeout=30.0) as client:
         released = obtain_data_key(client, tenant=settings.tenant, model=settings.model,
-                                   version=settings.version, make_bundle=make_bundle,
+                                   version=settings.version, make_bundle=attester.bundle,
                                    channel_binding=channel_binding)
+    # The broker appraised CPU and GPU evidence together and released the key: only now do the
+    # GPUs accept work (nvtrust's order: attest, verify, then set the ready state).
+    attester.accepted()
+    if settings.gpu_tee:
+        log.info("GPUs ready: the key broker accepted their evidence with the CPU's")
     receipt = released.receipt.get("receipt", {})
     # The signer the key was registered with (and the release policy checked) must have signed
     # the manifest we decrypt; the control plane cannot swap in another tenant-signed package.

@@ -29,10 +29,12 @@ from cryptography.hazmat.primitives import serialization
 from api.proto import worker_pb2, worker_pb2_grpc
 from api.proto.tls import make_identity
 from attestation.bundle import channel_binding
+from attestation.errors import UnsupportedError
+from enclave_worker.attesters import resolve_tee
 from enclave_worker.chat_format import chat_prompt_ids
 from enclave_worker.engine import EngineError, InvalidRequestError, SamplingParams
 from enclave_worker.guard import GuardRefusal, strip_tool_calls
-from enclave_worker.server import WorkerState, create_app
+from enclave_worker.server import WorkerState, create_app, serving
 from enclave_worker.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
@@ -104,7 +106,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     async def Generate(self, request: worker_pb2.GenerateRequest, context: grpc.aio.ServicerContext
                        ) -> AsyncIterator[worker_pb2.GenerateChunk]:
         state = self.state
-        if state.booted is None:
+        if not serving(state):
             await context.abort(grpc.StatusCode.UNAVAILABLE, "model unavailable")
         engine = state.booted.engine  # type: ignore[union-attr]
         started = time.monotonic()
@@ -225,7 +227,7 @@ async def serve(settings: WorkerSettings, grpc_port: int, register_urls: list[st
     usage_public = state.usage_key.public_key().public_bytes(serialization.Encoding.Raw,
                                                              serialization.PublicFormat.Raw)
     # Before boot: the evidence the key broker sees commits to exactly these channel keys.
-    state.channel_binding = channel_binding(spki, usage_public)
+    state.channel_binding, state.tls_spki = channel_binding(spki, usage_public), spki
     app = create_app(settings, state)
     await server.start()
     beat = asyncio.create_task(heartbeats(state, register_urls, register_token, address,
@@ -248,7 +250,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tenant", required=True)
     parser.add_argument("--model", required=True)
     parser.add_argument("--version", required=True)
-    parser.add_argument("--tee", default="sim", choices=["sim", "snp", "tdx"])
+    parser.add_argument("--tee", default="sim",
+                        help="sim | snp | tdx | auto, optionally +nvgpu (GPUs in CC mode), e.g. snp+nvgpu")
+    parser.add_argument("--tsm-dir", type=Path, default=Path("/sys/kernel/config/tsm/report"),
+                        help="configfs-tsm report directory")
+    parser.add_argument("--tsm-entry", default=None, help="use this existing configfs-tsm entry")
+    parser.add_argument("--sev-guest-device", type=Path, default=Path("/dev/sev-guest"))
     parser.add_argument("--sim-platform-key", type=Path, default=None)
     parser.add_argument("--unsafe-sim-measurement", default=None)
     parser.add_argument("--host", default="127.0.0.1")
@@ -262,19 +269,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--policy-admin-key", type=Path, default=None, help="tenant admin key that signed it")
     parser.add_argument("--unsafe-no-tenant-policy", action="store_true",
                         help="run without data and tool-use controls (logs a warning)")
-    parser.add_argument("--key-check-interval", type=float, default=30.0)
+    parser.add_argument("--lease-seconds", type=float, default=60.0,
+                        help="serve at most this long without a key lease renewal (measured)")
+    parser.add_argument("--lease-watch-seconds", type=float, default=20.0,
+                        help="how long one lease renewal is held open at the broker")
     parser.add_argument("--max-num-seqs", type=int, default=16)
     parser.add_argument("--max-model-len", type=int, default=2048)
     args = parser.parse_args(argv)
+    try:
+        tee, gpu_tee = resolve_tee(args.tee)
+    except UnsupportedError as exc:
+        parser.error(str(exc))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s worker %(levelname)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per heartbeat otherwise
     settings = WorkerSettings(
         broker_url=args.broker_url, package_dir=args.package_dir, tenant=args.tenant, model=args.model,
-        version=args.version, tee=args.tee, sim_platform_key=args.sim_platform_key,
+        version=args.version, tee=tee, gpu_tee=gpu_tee, tsm_dir=args.tsm_dir, tsm_entry=args.tsm_entry,
+        sev_guest_device=args.sev_guest_device, sim_platform_key=args.sim_platform_key,
         unsafe_sim_measurement=args.unsafe_sim_measurement, host=args.host, port=args.port,
         max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len, policy_file=args.policy_file,
         policy_admin_key=args.policy_admin_key, unsafe_no_tenant_policy=args.unsafe_no_tenant_policy,
-        key_check_interval_s=args.key_check_interval)
+        lease_s=args.lease_seconds, lease_watch_s=args.lease_watch_seconds)
     token = args.register_token_file.read_text().strip() if args.register_token_file else ""
     client_cert = args.gateway_client_cert.read_bytes() if args.gateway_client_cert else None
     asyncio.run(serve(settings, args.grpc_port, args.register_url, token, client_cert))

@@ -15,7 +15,8 @@ class WorkerSettings:
     tenant: str
     model: str
     version: str
-    tee: str = "sim"
+    tee: str = "sim"  # the CPU TEE: sim | snp | tdx (resolved from `auto` before settings are built)
+    gpu_tee: str | None = None  # "nvgpu": NVIDIA GPUs in CC mode attested beside the CPU
     sim_platform_key: Path | None = None  # the simulated TEE's signing key (sim only)
     # Replaces the computed simulated measurement (tests of a worker the policy does not allow).
     unsafe_sim_measurement: str | None = None
@@ -28,7 +29,15 @@ class WorkerSettings:
     policy_file: Path | None = None  # the tenant's signed policy set (data and tool-use controls)
     policy_admin_key: Path | None = None  # Ed25519 public key that must have signed it (measured)
     unsafe_no_tenant_policy: bool = False
-    key_check_interval_s: float = 30.0  # how often the worker asks the broker whether its key was revoked
+    # The key lease (docs/security.md, "Revocation"): without a renewal for lease_s the worker
+    # wipes and stops serving; a renewal is held open at the broker for up to lease_watch_s.
+    lease_s: float = 60.0
+    lease_watch_s: float = 20.0
+    # Where the guest kernel's attestation interfaces are (not measured: evidence is signed by the
+    # TEE whatever path it came through).
+    tsm_dir: Path = Path("/sys/kernel/config/tsm/report")
+    tsm_entry: str | None = None
+    sev_guest_device: Path = Path("/dev/sev-guest")
 
     def measured_config(self) -> dict[str, Any]:
         """The part of the configuration that changes what the worker does, hence its measurement."""
@@ -37,10 +46,13 @@ class WorkerSettings:
             "model": self.model,
             "version": self.version,
             "tee": self.tee,
+            "gpu_tee": self.gpu_tee,
             # Which tenant admin may set this worker's in-enclave policy is part of what is attested.
             "policy_admin_key": (hashlib.sha256(self.policy_admin_key.read_bytes()).hexdigest()
                                  if self.policy_admin_key else None),
             "unsafe_no_tenant_policy": self.unsafe_no_tenant_policy,
+            # How long this worker may serve a key the broker no longer vouches for.
+            "lease_s": self.lease_s,
             "engine": {
                 "max_num_seqs": self.max_num_seqs,
                 "max_model_len": self.max_model_len,

@@ -1,4 +1,4 @@
-"""Evidence collection for this worker: the simulated TEE here; SNP/TDX collectors where present."""
+"""This worker's attester: the simulated TEE, or the hardware attesters in enclave_worker.attesters."""
 
 from __future__ import annotations
 
@@ -8,18 +8,27 @@ from collections.abc import Callable
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from attestation.bundle import EvidenceBundle, RuntimeData, expected_report_data
+from attestation.bundle import EvidenceBundle, RuntimeData
 from attestation.errors import UnsupportedError
 from attestation.sim import SimTee
+from enclave_worker.attesters import Attester, CpuEvidence, KernelInterfaces, hardware_attester
 from enclave_worker.measurement import simulated_measurement
 from enclave_worker.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
 
 
-def bundle_maker(settings: WorkerSettings) -> Callable[[RuntimeData], EvidenceBundle]:
-    if settings.tee != "sim":
-        raise UnsupportedError(f"TEE {settings.tee!r} collection is not available on this machine")
+class SimAttester:
+    tee = "sim"
+
+    def __init__(self, tee: SimTee) -> None:
+        self._tee = tee
+
+    def attest(self, report_data: bytes) -> CpuEvidence:
+        return CpuEvidence(self._tee.get_report(report_data))
+
+
+def _sim_attester(settings: WorkerSettings) -> Attester:
     if settings.sim_platform_key is None:
         raise UnsupportedError("the simulated TEE needs its platform key")
     key = serialization.load_pem_private_key(settings.sim_platform_key.read_bytes(), password=None)
@@ -30,11 +39,18 @@ def bundle_maker(settings: WorkerSettings) -> Callable[[RuntimeData], EvidenceBu
         measurement = bytes.fromhex(settings.unsafe_sim_measurement)
     else:
         measurement = simulated_measurement(settings.measured_config())
-    tee = SimTee(key, measurement)
     log.warning("running on the SIMULATED TEE: no hardware protection; every answer is marked insecure")
+    return Attester(SimAttester(SimTee(key, measurement)))
 
-    def make(runtime: RuntimeData) -> EvidenceBundle:
-        report = tee.get_report(expected_report_data(runtime, ()))
-        return EvidenceBundle(tee="sim", cpu_evidence=report, runtime_data=runtime)
 
-    return make
+def make_attester(settings: WorkerSettings) -> Attester:
+    if settings.tee == "sim":
+        if settings.gpu_tee:
+            raise UnsupportedError("the simulated TEE cannot vouch for GPU evidence")
+        return _sim_attester(settings)
+    kernel = KernelInterfaces(settings.tsm_dir, settings.tsm_entry, settings.sev_guest_device)
+    return hardware_attester(settings.tee, settings.gpu_tee, kernel)
+
+
+def bundle_maker(settings: WorkerSettings) -> Callable[[RuntimeData], EvidenceBundle]:
+    return make_attester(settings).bundle

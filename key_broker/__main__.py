@@ -24,6 +24,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=8001)
     parser.add_argument("--sim-platform-key", type=Path, default=None)
     parser.add_argument("--roots-dir", type=Path, default=None)
+    parser.add_argument("--collateral-dir", type=Path, default=None,
+                        help="verifier collateral store (AMD KDS, Intel PCS, NVIDIA); see `sealed attest collateral`")
+    parser.add_argument("--collateral-offline", action="store_true",
+                        help="use only imported collateral, never fetch (brokers without internet)")
     parser.add_argument("--master-key-file", type=Path, default=None)
     parser.add_argument("--admin-token-hash-file", type=Path, default=None)
     parser.add_argument("--keystore", choices=("local", "vault"), default="local")
@@ -31,18 +35,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--vault-mount", default="transit")
     parser.add_argument("--rate-limit-per-minute", type=int, default=600)
     parser.add_argument("--max-body-bytes", type=int, default=1 << 20)
+    parser.add_argument("--audit-witness", type=Path, default=None,
+                        help="also append every signed audit checkpoint to this file (keep it on another volume)")
+    parser.add_argument("--audit-anchor-url", default=None,
+                        help="also store signed audit checkpoints in this database (fleet: PostgreSQL URL)")
+    parser.add_argument("--lease-seconds", type=int, default=60,
+                        help="how long a lease renewal keeps a released key usable")
+    parser.add_argument("--lease-max-wait-seconds", type=float, default=30.0,
+                        help="longest a lease renewal is held waiting for a revocation (push)")
     parser.add_argument("--unsafe-dev-mode", action="store_true",
                         help="accept placeholder secrets (development only; logs a warning)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s key-broker %(levelname)s %(message)s")
     settings = BrokerSettings(
         data_dir=args.data_dir, sim_platform_public_key=args.sim_platform_key, roots_dir=args.roots_dir,
+        collateral_dir=args.collateral_dir, collateral_offline=args.collateral_offline,
         master_key_file=args.master_key_file, rate_limit_per_minute=args.rate_limit_per_minute,
-        max_body_bytes=args.max_body_bytes,
+        max_body_bytes=args.max_body_bytes, lease_s=args.lease_seconds,
+        lease_max_wait_s=args.lease_max_wait_seconds,
         admin_token_sha256=admin_token_hashes(hash_file=args.admin_token_hash_file, dev=args.unsafe_dev_mode),
         keystore=args.keystore, vault_url=args.vault_url,
         vault_token=vault_token_from_env() if args.keystore == "vault" else None,
         vault_mount=args.vault_mount, unsafe_dev_mode=args.unsafe_dev_mode,
+        audit_witness=args.audit_witness, audit_anchor_url=args.audit_anchor_url,
     )
     uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level="warning")
     return 0

@@ -6,7 +6,7 @@ import contextlib
 import datetime as dt
 import json
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 
 from cryptography.hazmat.primitives import serialization
@@ -16,6 +16,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
+from attestation.collateral import CollateralConfig, CollateralStore
 from attestation.token import TokenIssuer
 from attestation.verifier import VerifierTrust
 from enclave_worker.package.keywrap import load_or_create_import_key
@@ -37,6 +38,7 @@ from key_broker.keystore import (
     is_placeholder_master_key,
     load_master_key,
 )
+from key_broker.leases import LeaseBook, LeaseSettings
 from key_broker.limits import BodyLimitMiddleware, RateLimits
 from key_broker.policies import PolicyStore
 from key_broker.receipts import ReceiptBook
@@ -45,18 +47,30 @@ from key_broker.router import router
 from key_broker.service import COMPONENT, EvidenceVerifier, KeyBrokerService
 from key_broker.settings import IMPORT_KEY_FILE, BrokerSettings
 from key_broker.tenants import Conflict, TenantAdmin
-from policy.audit import AuditLog
-from policy.errors import PolicyInvalid
+from policy.audit import AuditLog, CheckpointAnchor, SqlAnchor, WitnessFile
+from policy.audit.entry import bounded_reason
+from policy.errors import AuditIntegrityError, PolicyInvalid
 
 log = logging.getLogger(__name__)
 
 
-def open_audit_log(audit_dir: Path, component: str, key: Ed25519PrivateKey) -> AuditLog:
-    """This component's log in the shared audit dir, with its public key published beside it."""
+def open_audit_log(audit_dir: Path, component: str, key: Ed25519PrivateKey, *,
+                   anchors: Sequence[CheckpointAnchor] = ()) -> AuditLog:
+    """This component's log in the shared audit dir, with its public key published beside it;
+    checkpoints also go to ``anchors`` (checked when the log is reopened)."""
     atomic_write(audit_dir / "keys" / f"{component}.pem",
                  key.public_key().public_bytes(serialization.Encoding.PEM,
                                                serialization.PublicFormat.SubjectPublicKeyInfo), mode=0o644)
-    return AuditLog(audit_dir / f"{component}.audit.jsonl", key, component)
+    return AuditLog(audit_dir / f"{component}.audit.jsonl", key, component, anchors=anchors)
+
+
+def audit_anchors(witness: Path | None, anchor_url: str | None) -> list[CheckpointAnchor]:
+    anchors: list[CheckpointAnchor] = []
+    if witness is not None:
+        anchors.append(WitnessFile(witness))
+    if anchor_url:
+        anchors.append(SqlAnchor(anchor_url))
+    return anchors
 
 
 def _private_key(path, generate, load):  # type: ignore[no-untyped-def]
@@ -109,15 +123,23 @@ def build_service(settings: BrokerSettings, *, clock: Callable[[], dt.datetime] 
     # Relying parties pin this JWKS (it is also served at /.well-known/jwks.json).
     atomic_write(data_dir / "jwks.json", json.dumps(issuer.jwks(), indent=1).encode(), mode=0o644)
     policies = PolicyStore(data_dir)
+    snp_fetcher = tdx_collateral = None
+    if settings.collateral_dir is not None:
+        store = CollateralStore(CollateralConfig(settings.collateral_dir, offline=settings.collateral_offline))
+        snp_fetcher, tdx_collateral = store.snp, store.tdx
+    else:
+        log.warning("no collateral store configured: TDX evidence is refused and SNP CRLs are not checked")
     return KeyBrokerService(
         keystore=keystore,
         datakeys=DataKeyRegistry(data_dir / "keystore", keystore),
         policies=policies,
         refvals=ReferenceValuesStore(data_dir),
         receipts=ReceiptBook(data_dir, receipt_key),
-        trust=VerifierTrust(roots_dir=settings.roots_dir, sim_platform_key=sim_key),
+        trust=VerifierTrust(roots_dir=settings.roots_dir, sim_platform_key=sim_key, snp_fetcher=snp_fetcher,
+                            tdx_collateral=tdx_collateral),
         issuer=issuer,
-        audit=open_audit_log(data_dir.parent / "audit", COMPONENT, receipt_key),
+        audit=open_audit_log(data_dir.parent / "audit", COMPONENT, receipt_key,
+                             anchors=audit_anchors(settings.audit_witness, settings.audit_anchor_url)),
         clock=clock or (lambda: dt.datetime.now(dt.UTC)),
         challenge_ttl=settings.challenge_ttl,
         limits=RateLimits(settings.rate_limit_per_minute),
@@ -151,12 +173,20 @@ def _install_error_handlers(app: FastAPI) -> None:
         if isinstance(exc, Forbidden):
             return _error(403, "forbidden", "not allowed")
         if isinstance(exc, InvalidName | ReferenceValuesError):
-            return _error(422, "invalid_request", str(exc))
-        return _error(400, "invalid_request", str(exc))
+            return _error(422, "invalid_request", bounded_reason(str(exc)))
+        return _error(400, "invalid_request", bounded_reason(str(exc)))
 
     @app.exception_handler(PolicyInvalid)
     async def policy_invalid(_: Request, exc: PolicyInvalid) -> JSONResponse:
-        return _error(422, "invalid_policy", str(exc)[:300])
+        # Messages may quote the submitted value: bounded like an audit reason (no PEM, no blobs).
+        return _error(422, "invalid_policy", bounded_reason(str(exc))[:300])
+
+    @app.exception_handler(AuditIntegrityError)
+    async def audit_broken(_: Request, exc: AuditIntegrityError) -> JSONResponse:
+        # The audit log cannot record this decision (replaced, truncated or unwritable): nothing
+        # is released without its record; the operator sees the cause in the broker's log.
+        log.critical("audit log unusable, refusing service: %s", exc)
+        return _error(503, "unavailable", "audit log unavailable")
 
 
 def create_app(settings: BrokerSettings, service: KeyBrokerService | None = None,
@@ -176,6 +206,7 @@ def create_app(settings: BrokerSettings, service: KeyBrokerService | None = None
 
     app = FastAPI(title="Sealed key broker", docs_url=None, redoc_url=None, lifespan=lifespan)
     app.state.service = svc
+    app.state.leases = LeaseBook(svc, LeaseSettings(lease_s=settings.lease_s, max_wait_s=settings.lease_max_wait_s))
     app.state.admin = tenant_admin
     app.state.import_public = tenant_admin.import_key.public_key()
     app.include_router(router)

@@ -83,9 +83,15 @@ class KeyBrokerService:
             jti: horizon for jti in receipts.token_ids_since(clock() - issuer.ttl - dt.timedelta(minutes=1))}
 
     def _deny(self, tenant: str, action: str, reason: str, meta: dict[str, Any]) -> ReleaseRefused:
+        # The audit layer bounds every attacker-controlled value, so this cannot fail on input; a
+        # broken log (AuditIntegrityError) propagates and the edge answers 503, never a release.
         self.audit.append(tenant=tenant or "-", action=action, decision="deny", reason=reason, metadata=meta)
         log.info("refused %s for tenant %s", action, tenant or "-")
         return ReleaseRefused(reason)
+
+    def refuse(self, tenant: str, action: str, reason: str, meta: dict[str, Any]) -> None:
+        """Audit a refusal decided at the edge (a malformed evidence bundle)."""
+        self._deny(tenant, action, reason, meta)
 
     def close(self) -> None:
         self.receipts.close()
@@ -118,8 +124,10 @@ class KeyBrokerService:
                client: str = "-") -> str:
         """Verify evidence and appraise it under the tenant's release policy; returns a scoped token."""
         self._limiter.check("attest", client)
+        # One appraisal covers the CPU report and every GPU report of the bundle (evidence_digest
+        # hashes them all); `gpus` says how many GPUs were in it.
         meta: dict[str, Any] = {"model": model, "version": version, "evidence_digest": bundle.digest(),
-                                "tee": bundle.tee}
+                                "tee": bundle.tee, "gpus": len(bundle.gpus)}
         try:
             check_name(tenant, "tenant"), check_name(model, "model"), check_name(version, "version")
             # 1. The challenge is single use and short-lived: replays and stale bundles stop here.
@@ -128,6 +136,7 @@ class KeyBrokerService:
             # 2. Evidence: signatures, chains, binding of nonce + HPKE key + GPU evidence.
             result = self._verify(bundle, challenge.nonce, now)
             meta["measurement"] = result.cpu.measurement.hex()
+            meta["gpu_cc"] = bool(result.gpus) and all(g.cc_enabled for g in result.gpus)
             # 3. The tenant's release policy for this model version, default deny.
             policy, values = resolve(self.policies, self.refvals, tenant, model, version)
             if values is not None:
@@ -174,6 +183,9 @@ class KeyBrokerService:
             now = self.clock()
             claims = self._scoped_claims(token, tenant, model, version, now, meta)
             scope = claims["sealed"]
+            with self._used_lock:  # a used (public) token must not drain the bucket of fresh ones
+                if claims["jti"] in self._used:
+                    raise ReleaseRefused("token already used for a release")
             self._limiter.check("release", f"{claims['measurement']}|{scope.get('chip_id', '')}")
             if self.keystore.is_revoked(tenant):
                 raise ReleaseRefused("tenant key is revoked")
@@ -200,7 +212,7 @@ class KeyBrokerService:
                           metadata=meta)
         return SealedKey(sealed=sealed, token_id=claims["jti"], receipt=receipt)
 
-    def key_status(self, *, token: str, tenant: str, model: str, version: str) -> str:
+    def key_status(self, *, token: str, tenant: str, model: str, version: str, client: str = "-") -> str:
         """What a running worker polls: "active", or "revoked" (drop the key now). The token's
         signature and scope are checked, but not its expiry: a worker keeps polling long after its
         attestation token expired, and learning "revoked" late would be worse."""
@@ -208,9 +220,11 @@ class KeyBrokerService:
         try:
             # Verify "as of" the token's own issue time; the signature is still fully checked.
             iat = jwt.decode(token, options={"verify_signature": False})["iat"]
-            claims = self._scoped_claims(token, tenant, model, version,
-                                         dt.datetime.fromtimestamp(int(iat), dt.UTC), meta)
-            self._limiter.check("status", f"{claims['measurement']}|{claims['sealed'].get('chip_id', '')}")
+            self._scoped_claims(token, tenant, model, version, dt.datetime.fromtimestamp(int(iat), dt.UTC),
+                                meta)
+            # Per caller, not per measurement: the token is public, so keying by what it names let
+            # anyone drain the bucket of every worker of that build.
+            self._limiter.check("status", client)
         except RateLimited:
             raise
         except (AttestationError, jwt.PyJWTError, KeyError, TypeError, ValueError, ReleaseRefused) as exc:

@@ -29,17 +29,30 @@ class BrokerSettings:
     # Present only where simulated TEEs may attest (dev); policies must still allow them.
     sim_platform_public_key: Path | None = None
     roots_dir: Path | None = None
+    # Verifier collateral (AMD KDS, Intel PCS, NVIDIA): the store's directory, and whether the
+    # broker may fetch (online, with cache) or uses only imported bundles (offline).
+    collateral_dir: Path | None = None
+    collateral_offline: bool = False
     master_key_file: Path | None = None
     challenge_ttl: dt.timedelta = dt.timedelta(seconds=60)
     token_ttl: dt.timedelta = dt.timedelta(minutes=5)
     max_body_bytes: int = 1 << 20
     rate_limit_per_minute: int = 600
+    # Key leases (docs/security.md, "Revocation"): a renewal keeps a key usable this long; a held
+    # renewal (long poll) waits at most lease_max_wait_s. Longer leases ride out longer broker
+    # outages; a worker cut off from the broker serves at most one lease past a revocation.
+    lease_s: int = 60
+    lease_max_wait_s: float = 30.0
     # SHA-256 hex of the operator's admin token(s); empty = the admin API admits only tenant admins.
     admin_token_sha256: frozenset[str] = frozenset()
     keystore: Literal["local", "vault"] = "local"
     vault_url: str | None = None
     vault_token: str | None = None
     vault_mount: str = "transit"
+    # Audit checkpoints are also published outside the audit directory: a witness file (another
+    # volume) and/or a database (PostgreSQL in fleet mode); see docs/policy.md.
+    audit_witness: Path | None = None
+    audit_anchor_url: str | None = None
     # Accept placeholder secrets (example master keys, short admin tokens, Vault dev tokens).
     unsafe_dev_mode: bool = False
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -21,6 +22,7 @@ log = logging.getLogger(__name__)
 
 KNOWN_TEES = frozenset({"snp", "tdx", "sim"})
 _HEX = frozenset("0123456789abcdef")
+_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 
 
 class FrozenMap(Mapping[str, int]):
@@ -109,14 +111,14 @@ class ReleasePolicy:
         for key in ("allowed_tee", "allowed_measurements"):
             if key in args:
                 value = args[key]
-                if isinstance(value, str) or not all(isinstance(v, str) for v in value):
+                if not isinstance(value, list | tuple | frozenset | set) or not all(isinstance(v, str) for v in value):
                     raise PolicyInvalid(f"{key} must be a list of strings")
                 args[key] = frozenset(value)
         if "min_tcb" in args and not isinstance(args["min_tcb"], Mapping):
             raise PolicyInvalid("min_tcb must be an object")
         for key in ("policy_id", "tenant", "model"):
-            if not isinstance(args[key], str):
-                raise PolicyInvalid(f"{key} must be a string")
+            if not isinstance(args[key], str) or not _ID.match(args[key]):
+                raise PolicyInvalid(f"{key} must be a name (letters, digits, '._:-', at most 128)")
         for key in ("model_version", "required_signer"):
             if args.get(key) is not None and not isinstance(args[key], str):
                 raise PolicyInvalid(f"{key} must be a string or null")

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+VECTORS_DIR = REPO_ROOT / "tests" / "vectors" / "attestation"
 
 _OPT_IN_MARKERS = ("gpu", "tee", "online")
 
@@ -29,9 +30,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(scope="session")
 def testvectors() -> Path:
-    """The shared real attestation evidence (../shared/testvectors/attestation beside the checkout)."""
+    """Real attestation evidence shipped in tests/vectors/attestation (SEALED_TESTVECTORS overrides)."""
     env = os.environ.get("SEALED_TESTVECTORS")
-    path = Path(env) if env else REPO_ROOT.parent / "shared" / "testvectors" / "attestation"
+    path = Path(env) if env else VECTORS_DIR
     if not path.is_dir():
-        pytest.skip(f"attestation test vectors not found at {path}; set SEALED_TESTVECTORS")
+        # The repository ships the vectors, so a missing directory is a broken checkout, not a skip.
+        pytest.fail(f"attestation test vectors not found at {path}")
     return path

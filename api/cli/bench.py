@@ -1,26 +1,23 @@
-"""`sealed bench NAME [ARGS...]`: run tests/benchmarks/bench_NAME.py from this checkout."""
+"""`sealed bench NAME [ARGS...]`: run a benchmark from the shipped `sealed_bench` package."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import typer
-
-BENCH_DIR = Path(__file__).resolve().parents[2] / "tests" / "benchmarks"
 
 
 def bench(
     ctx: typer.Context,
-    name: str = typer.Argument(..., help="engine | attest | keyrelease | load | policy | serve"),
+    name: str = typer.Argument("", show_default=False, help="the benchmark; `sealed bench` alone lists them"),
 ) -> None:
-    """Run a benchmark; it writes JSON with --json FILE. Needs a source checkout."""
-    script = BENCH_DIR / f"bench_{name}.py"
-    if not script.exists():
-        available = sorted(p.stem.removeprefix("bench_") for p in BENCH_DIR.glob("bench_*.py"))
-        raise typer.BadParameter(f"unknown benchmark {name!r}; available: {', '.join(available) or 'none'}")
-    spec = importlib.util.spec_from_file_location(f"sealed_bench_{name}", script)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    raise typer.Exit(module.main(list(ctx.args)))
+    """Run a benchmark (each writes JSON with --json FILE); `sealed bench NAME --help` shows its options."""
+    import sealed_bench  # a benchmark's imports (torch, a stack) load only when one runs
+
+    if not name or name in ("-h", "--help"):
+        typer.echo("usage: sealed bench NAME [ARGS...]   (sealed bench NAME --help for its options)")
+        typer.echo("benchmarks: " + ", ".join(sealed_bench.available()))
+        raise typer.Exit(0)
+    try:
+        run = sealed_bench.load(name)
+    except sealed_bench.UnknownBenchmarkError as exc:
+        raise typer.BadParameter(str(exc), param_hint="NAME") from exc
+    raise typer.Exit(run(list(ctx.args)))

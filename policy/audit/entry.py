@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -32,10 +33,13 @@ MetaValue = str | int | float | bool | None
 _FORBIDDEN_KEY_PARTS = ("prompt", "completion", "message", "content", "secret", "password",
                         "passphrase", "private", "plaintext", "data_key", "credential")
 _FORBIDDEN_KEYS = frozenset({"key", "text", "input", "output", "body", "api_key", "token"})
+_LONG_RUN = re.compile(r"\S{65,}")
 _KEY_RE = re.compile(r"^[a-z0-9_.-]{1,64}$")
 MAX_META_STR = 256
 MAX_REASON = 512
 MAX_META_KEYS = 32
+MAX_FIELD = 128  # tenant, action and decision (a tenant name from a request is attacker-controlled)
+WITHHELD_PREFIX = "~withheld:"
 
 
 @functools.lru_cache(maxsize=4096)
@@ -45,8 +49,38 @@ def _key_ok(key: str) -> bool:
             and not any(part in key for part in _FORBIDDEN_KEY_PARTS))
 
 
+def withheld(value: object) -> str:
+    """What the log keeps of a value it must not hold verbatim: a digest and a length, never the
+    value. Correlatable (the same value gives the same marker), bounded, and content-free."""
+    raw = value if isinstance(value, str) else repr(value)
+    digest = hashlib.sha256(raw.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+    return f"{WITHHELD_PREFIX}sha256={digest};len={len(raw)}"
+
+
+def bounded(value: str, limit: int) -> str:
+    """A caller-supplied string as the log may hold it: a PEM marker, or a string longer than
+    ``limit``, is replaced by its digest (``withheld``); anything else is kept (JSON escapes it)."""
+    if len(value) > limit or "-----BEGIN" in value:
+        return withheld(value)
+    return value
+
+
+def bounded_reason(reason: str) -> str:
+    """Reasons quote exception texts, which can quote request values: a PEM marker is defused, a
+    run of more than 64 non-blank characters (a quoted value, a blob) becomes its digest, and the
+    whole is capped at MAX_REASON."""
+    reason = _LONG_RUN.sub(lambda m: withheld(m.group(0)), reason.replace("-----BEGIN", "-----(pem)"))
+    return reason[:MAX_REASON]
+
+
 def validate_metadata(metadata: Mapping[str, MetaValue] | None) -> dict[str, MetaValue]:
-    """A checked copy of ``metadata``; raises ValueError for anything that may carry content."""
+    """A checked copy of ``metadata``.
+
+    Keys are chosen by code: a key that may carry content or secrets raises ValueError (a bug to
+    fix, caught by tests). Values are often attacker-controlled (a TEE type, a model name from a
+    request), so an append must never fail on one: a string over MAX_META_STR characters or with
+    a PEM marker, a non-scalar, or a non-finite float is replaced by ``withheld(value)``.
+    """
     if not metadata:
         return {}
     if len(metadata) > MAX_META_KEYS:
@@ -55,12 +89,11 @@ def validate_metadata(metadata: Mapping[str, MetaValue] | None) -> dict[str, Met
     for key, value in metadata.items():
         if not isinstance(key, str) or not _key_ok(key):
             raise ValueError(f"metadata key {key!r} is malformed or may carry content/secrets; not logged")
-        if value is not None and not isinstance(value, str | int | float | bool):
-            raise ValueError(f"metadata value for {key!r} must be a scalar")
-        if isinstance(value, float) and value != value:  # NaN has no stable JSON form
-            raise ValueError(f"metadata value for {key!r} is NaN")
-        if isinstance(value, str) and (len(value) > MAX_META_STR or "-----BEGIN" in value):
-            raise ValueError(f"metadata value for {key!r} is too long or looks like key material")
+        if isinstance(value, str):
+            value = bounded(value, MAX_META_STR)
+        elif (value is not None and not isinstance(value, int | float | bool)) or (
+                isinstance(value, float) and not math.isfinite(value)):  # no stable JSON form
+            value = withheld(value)
         out[key] = value
     return out
 

@@ -162,12 +162,27 @@ def test_second_writer_refused(log_path: Path) -> None:
 @pytest.mark.parametrize(
     "meta",
     [{"prompt": "hi"}, {"completion_text": "x"}, {"messages": "x"}, {"data_key": "00"},
-     {"user_content": "x"}, {"note": "y" * 300}, {"pem": "-----BEGIN PRIVATE KEY-----"},
-     {"Bad Key": 1}, {"nested": {"a": 1}}],
+     {"user_content": "x"}, {"Bad Key": 1}],
 )
-def test_content_like_metadata_refused(log_path: Path, meta: dict[str, object]) -> None:
+def test_content_like_metadata_keys_refused(log_path: Path, meta: dict[str, object]) -> None:
     with AuditLog(log_path, KEY, "gateway") as log, pytest.raises(ValueError):
         log.append(tenant="t", action="a", decision="allow", metadata=meta)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "value", ["y" * 300, "-----BEGIN PRIVATE KEY-----", {"a": "nested-secret"}, float("inf"), ["listed-secret"]],
+)
+def test_unloggable_metadata_values_are_withheld_not_refused(log_path: Path, value: object) -> None:
+    # Values are often attacker-controlled: the append must succeed, holding a digest, not the value.
+    with AuditLog(log_path, KEY, "gateway") as log:
+        entry = log.append(tenant="t" * 500, action="a", decision="deny", reason="r -----BEGIN x" + "z" * 900,
+                           metadata={"note": value})  # type: ignore[dict-item]
+    assert str(entry.metadata["note"]).startswith("~withheld:sha256=")
+    assert entry.tenant.startswith("~withheld:") and len(entry.reason) <= 512
+    raw = log_path.read_text()
+    for needle in ("y" * 257, "-----BEGIN", "nested-secret", "listed-secret", "t" * 129):
+        assert needle not in raw
+    assert verify_log(log_path, KEYS).entries == 1
 
 
 def test_concurrent_appends_keep_one_chain(log_path: Path) -> None:

@@ -1,12 +1,30 @@
-"""A real `sealed up` stack for the security regression tests (its own, so attacks don't disturb tests/api)."""
+"""Security regression tests: the key broker's in-process harness, and a real `sealed up` stack of
+their own (so attacks don't disturb tests/api)."""
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from tests.api.conftest import RunningStack, start_sealed_up, stop_sealed_up
+from tests.key_broker.conftest import Clock, Harness
+
+
+class WallClock(Clock):
+    """Lease requests carry the worker's wall-clock time; the broker must agree with it."""
+
+    def __call__(self) -> dt.datetime:
+        return dt.datetime.now(dt.UTC)
+
+
+@pytest.fixture()
+def kb(tmp_path: Path) -> Iterator[Harness]:
+    harness = Harness(tmp_path / "kb", WallClock(), rate_limit_per_minute=5)
+    yield harness
+    harness.close()
 
 
 @pytest.fixture(scope="session")

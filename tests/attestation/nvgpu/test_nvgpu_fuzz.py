@@ -18,7 +18,7 @@ from attestation.nvgpu.abi import GpuEvidence
 from attestation.nvgpu.rim import Rim, parse_rim
 
 # Module-level seeds (Hypothesis needs them at collection): same lookup as the `testvectors` fixture.
-_DEFAULT_VECTORS = Path(__file__).resolve().parents[4] / "shared" / "testvectors" / "attestation"
+_DEFAULT_VECTORS = Path(__file__).resolve().parents[2] / "vectors" / "attestation"
 REPO_VECTORS = Path(os.environ.get("SEALED_TESTVECTORS") or _DEFAULT_VECTORS) / "nvgpu"
 FUZZ = settings(
     max_examples=10_000,
@@ -31,9 +31,9 @@ SYNTHETIC = tp.spdm_body(tp.EvidenceSpec(nonce=b"\x42" * 32)) + b"\x00" * 96
 
 
 def _seeds() -> list[bytes]:
-    """Real reports when the shared vectors are present, plus a synthetic one always."""
+    """The real reports shipped in tests/vectors, plus a synthetic one."""
     names = ("nvtrust_hopperAttestationReport.bin", "trustee_hopper_coco_report1.bin")
-    found = [(REPO_VECTORS / n).read_bytes() for n in names if (REPO_VECTORS / n).is_file()]
+    found = [(REPO_VECTORS / n).read_bytes() for n in names]
     return [*found, SYNTHETIC]
 
 

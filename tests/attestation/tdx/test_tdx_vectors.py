@@ -187,8 +187,9 @@ def test_v5_sample_tcb_up_to_date(testvectors: Path) -> None:
 
 
 def test_v5_sample_full_verify_needs_reissued_signing_cert(testvectors: Path) -> None:
-    # Only the OLD TCB Signing cert (expired 2025-05-21) is in this copy, so a strict verifier must
-    # refuse the chain at 2026-02-03 even though the JSON signature itself verifies.
+    # Only the OLD TCB Signing cert (expired 2025-05-21) is in the vectors, so a strict verifier must
+    # refuse the chain at 2026-02-03 even though the JSON signature itself verifies. (A positive
+    # strict-chain check needs Intel's reissued signing certificate, which no public vector carries.)
     c = Collateral(
         _read(testvectors, "gotdxguest_sample_tcbinfo_response_v5"),
         _read(testvectors, "gotdxguest_sample_qeIdentity_response"),
@@ -197,14 +198,6 @@ def test_v5_sample_full_verify_needs_reissued_signing_cert(testvectors: Path) ->
     verifier = TdxVerifier(options=VerifyOptions(unsafe_skip_crls=True))
     with pytest.raises(ChainError, match=r"TCB Signing.*is after 2025-05-21"):
         verifier.verify(_read(testvectors, QUOTES[1]), T2026, c)
-    reissued = sorted((testvectors / "tdx").rglob("*tcb*chain*.pem"))
-    reissued = [p for p in reissued if p.name != "gotdxguest_tcbInfoIssuerChain.pem"]
-    if not reissued:
-        pytest.skip("no reissued TCB Signing chain in this copy of the vectors")
-    v = verifier.verify(
-        _read(testvectors, QUOTES[1]), T2026, Collateral(c.tcb_info, c.qe_identity, reissued[0].read_bytes())
-    )
-    assert v.tcb is not None and v.tcb.status is TcbStatus.UP_TO_DATE
 
 
 def test_trustee_quote5_no_platform_level(testvectors: Path) -> None:

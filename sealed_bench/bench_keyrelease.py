@@ -1,7 +1,7 @@
 """Key-release benchmark: full round trips (challenge -> attest -> sealed key -> open) with
 simulated evidence against a real broker process on localhost.
 
-Run: ``sealed bench keyrelease`` or ``python tests/benchmarks/bench_keyrelease.py --json out.json``.
+Run: ``sealed bench keyrelease`` or ``python sealed_bench/bench_keyrelease.py --json out.json``.
 Reports sequential p50/p99 (target p99 <= 50 ms) and a burst of concurrent releases, checking that
 none is lost or duplicated (distinct token ids and receipts). No assertions on timing.
 """
@@ -177,7 +177,7 @@ def _sealed_upload(import_pem: str, signing_key: Ed25519PrivateKey) -> tuple[dic
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="bench_keyrelease", description=__doc__)
+    parser = argparse.ArgumentParser(prog="sealed bench keyrelease", description=__doc__)
     parser.add_argument("--iterations", type=int, default=200, help="sequential round trips")
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--concurrency", type=int, default=200, help="concurrent releases in the burst")

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 
 
 def _percentiles(run: Callable[[], object], iterations: int, warmup: int = 20) -> dict[str, float]:
@@ -33,7 +33,7 @@ def _percentiles(run: Callable[[], object], iterations: int, warmup: int = 20) -
 
 
 def _vectors() -> Path | None:
-    path = Path(os.environ.get("SEALED_TESTVECTORS", REPO.parent / "shared" / "testvectors" / "attestation"))
+    path = Path(os.environ.get("SEALED_TESTVECTORS", REPO / "tests" / "vectors" / "attestation"))
     return path if path.is_dir() else None
 
 

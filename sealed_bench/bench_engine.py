@@ -256,7 +256,7 @@ def write_hf_dir(gguf: Path, out: Path) -> None:
 
 def run_worker(python: str, system: str, spec: dict, timeout: float) -> dict:
     cmd = [python, str(Path(__file__).resolve()), "--worker", system, "--spec", json.dumps(spec)]
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:

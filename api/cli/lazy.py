@@ -1,0 +1,56 @@
+"""A command group that imports a subcommand's module only when that subcommand runs.
+
+`sealed attest verify` must start in well under a second: importing every subcommand up front would
+load torch (through the engine) and SQLAlchemy (through the control-plane store) for every command.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import typer
+from typer.core import TyperGroup
+
+
+@dataclass(frozen=True)
+class LazyCommand:
+    """`target` is "module:attr": a function (one command) or a builder returning a `typer.Typer` (a group)."""
+
+    target: str
+    help: str
+    context_settings: dict[str, Any] = field(default_factory=dict)
+    is_group: bool = False
+
+
+class LazyGroup(TyperGroup):
+    """Subclasses set `commands_table`; commands are built from it on first use."""
+
+    commands_table: dict[str, LazyCommand] = {}  # noqa: RUF012 - replaced per subclass, never mutated
+
+    def list_commands(self, ctx: typer.Context) -> list[str]:
+        return sorted(self.commands_table)
+
+    def get_command(self, ctx: typer.Context, cmd_name: str) -> Any:
+        entry = self.commands_table.get(cmd_name)
+        if entry is None:
+            return None
+        module_name, attr = entry.target.split(":")
+        obj = getattr(importlib.import_module(module_name), attr)
+        holder = typer.Typer(add_completion=False)
+        if entry.is_group:
+            holder.add_typer(obj(), name=cmd_name)
+            return typer.main.get_command(holder).commands[cmd_name]  # type: ignore[attr-defined]
+        holder.command(cmd_name, context_settings=entry.context_settings)(obj)
+        return typer.main.get_command(holder)
+
+    def format_help(self, ctx: typer.Context, formatter: Any) -> None:
+        # Plain help from the table: the rich help would build (so import) every subcommand.
+        formatter.write_usage(ctx.command_path, "COMMAND [ARGS]...")
+        formatter.write_paragraph()
+        formatter.write_text(self.help or "")
+        with formatter.section("Options"):
+            formatter.write_dl([("--help", "Show this message and exit.")])
+        with formatter.section("Commands"):
+            formatter.write_dl([(name, self.commands_table[name].help) for name in self.list_commands(ctx)])

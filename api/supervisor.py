@@ -1,0 +1,182 @@
+"""One host: run the stack's processes, restart the one that dies, stop them all together.
+
+`Supervisor` owns every process `sealed up` starts. Each child runs in its own session (a terminal's
+SIGINT or SIGHUP reaches only the supervisor, which then stops the children in order) and is asked
+by the kernel to stop if the supervisor itself dies (`PR_SET_PDEATHSIG`), so nothing is left behind
+even after `kill -9` of `sealed up`. A child that exits while the stack runs is started again with
+the same arguments (same ports: workers keep their broker and gateway addresses) after a backoff
+that doubles on each quick failure (0.5 s up to 10 s) and resets once the child has run for 30 s.
+
+`RunLock` is the pid file `$SEALED_HOME/run/sealed.pid`, held with `flock` for the supervisor's
+life: a second `sealed up` on the same home is refused with one line, and a stale file left by a
+killed supervisor does not block (the kernel drops the lock with the process).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+PR_SET_PDEATHSIG = 1
+BACKOFF_FIRST_S = 0.5
+BACKOFF_MAX_S = 10.0
+STABLE_AFTER_S = 30.0
+
+
+class AlreadyRunning(RuntimeError):
+    """Another supervisor holds this home's run lock."""
+
+    def __init__(self, pid_file: Path, pid: str) -> None:
+        super().__init__(f"a Sealed stack is already running on this home (pid {pid or '?'}, pid file {pid_file})")
+        self.pid_file = pid_file
+
+
+class RunLock:
+    """The home's pid file, locked (flock) while this process supervises a stack."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.path = run_dir / "sealed.pid"
+        run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pid = os.pread(fd, 32, 0).decode(errors="replace").strip()
+            os.close(fd)
+            raise AlreadyRunning(self.path, pid) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._fd: int | None = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.ftruncate(self._fd, 0)
+            os.close(self._fd)  # closing drops the flock
+            self._fd = None
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+@dataclass
+class Child:
+    name: str
+    args: list[str]  # `python -m` arguments
+    log_dir: Path
+    proc: subprocess.Popen | None = None
+    started_at: float = 0.0
+    restarts: int = 0
+    quick_failures: int = 0
+    restart_at: float | None = None  # set while waiting out a backoff
+    on_restart: Callable[[Child], None] | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    def spawn(self) -> subprocess.Popen:
+        out = open(self.log_dir / f"{self.name}.log", "ab")  # noqa: SIM115 (the child's for its lifetime)
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        try:
+            self.proc = subprocess.Popen([sys.executable, "-m", *self.args], stdout=out, stderr=subprocess.STDOUT,
+                                         env=env, start_new_session=True, preexec_fn=_die_with_parent)
+        finally:
+            out.close()
+        self.started_at = time.monotonic()
+        self.restart_at = None
+        return self.proc
+
+
+@dataclass
+class Supervisor:
+    log_dir: Path
+    children: dict[str, Child] = field(default_factory=dict)
+    _stopping: threading.Event = field(default_factory=threading.Event)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _thread: threading.Thread | None = None
+
+    def start(self, name: str, args: list[str], on_restart: Callable[[Child], None] | None = None) -> Child:
+        with self._lock:
+            child = Child(name, list(args), self.log_dir, on_restart=on_restart)
+            child.spawn()
+            self.children[name] = child
+            return child
+
+    def remove(self, name: str, timeout: float = 10.0) -> None:
+        """Stop one child for good (a retired or scaled-in worker)."""
+        with self._lock:
+            child = self.children.pop(name, None)
+        if child is not None:
+            _terminate([child], timeout)
+
+    def watch(self, interval: float = 0.2) -> None:
+        """Restart children that exit, in a thread of this process (its life bounds the children's)."""
+        self._thread = threading.Thread(target=self._run, args=(interval,), name="supervisor", daemon=True)
+        self._thread.start()
+
+    def _run(self, interval: float) -> None:
+        while not self._stopping.wait(interval):
+            self.check()
+
+    def check(self) -> None:
+        now = time.monotonic()
+        with self._lock:
+            for child in list(self.children.values()):
+                if self._stopping.is_set():
+                    return
+                proc = child.proc
+                if proc is None or proc.poll() is None:
+                    continue
+                if child.restart_at is None:
+                    ran = now - child.started_at
+                    child.quick_failures = 0 if ran >= STABLE_AFTER_S else child.quick_failures + 1
+                    delay = min(BACKOFF_MAX_S, BACKOFF_FIRST_S * 2 ** max(0, child.quick_failures - 1))
+                    child.restart_at = now + delay
+                    log.warning("%s (pid %s) exited with %s after %.1f s; restarting in %.1f s",
+                                child.name, proc.pid, proc.returncode, ran, delay)
+                elif now >= child.restart_at:
+                    child.spawn()
+                    child.restarts += 1
+                    log.warning("%s restarted (pid %s, restart %d)", child.name, child.pid, child.restarts)
+                    if child.on_restart is not None:
+                        child.on_restart(child)
+
+    def running(self) -> bool:
+        return not self._stopping.is_set()
+
+    def stop(self, timeout: float = 10.0, order: list[str] | None = None) -> None:
+        """Stop every child: `order` first (e.g. workers, then gateway), the rest after."""
+        self._stopping.set()
+        with self._lock:
+            names = list(self.children)
+            first = [n for n in (order or []) if n in self.children]
+            ordered = [self.children[n] for n in first + [n for n in reversed(names) if n not in first]]
+        _terminate(ordered, timeout)
+
+
+def _terminate(children: list[Child], timeout: float) -> None:
+    procs = [c.proc for c in children if c.proc is not None]
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    for proc in procs:
+        try:
+            proc.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

@@ -1,0 +1,7 @@
+"""Fakes of hardware we cannot have here (SEV-SNP, TDX, NVIDIA GPU CC), at the narrowest seam.
+
+Tests, benchmarks and demos only: nothing here is trusted by default. Each fake answers through
+the same interface the kernel or driver offers (configfs-tsm files, the /dev/sev-guest ioctl,
+the NVML module), signing with test PKIs in the vendors' real formats, or replaying real captured
+bytes and errors where we have them.
+"""

@@ -1,0 +1,136 @@
+"""Sealed requests: RFC 9180 HPKE base mode to the worker's attested X25519 key.
+
+Suite: DHKEM(X25519, HKDF-SHA256), HKDF-SHA256, AES-256-GCM (the suite key release uses). One
+fresh encapsulation per request. The model, tenant, endpoint and worker key id are the AEAD's
+associated data, so a gateway that moves a request to another model, tenant or endpoint makes it
+fail to open. The response key is exported from the same HPKE context (RFC 9180 §5.3), as RFC 9458
+§4.4 does for OHTTP responses: see response.py.
+
+Library: `pyhpke` (built on `cryptography`). cryptography 50's `hazmat.primitives.hpke` is
+single-shot only (no associated data, no secret export), which this protocol needs; a test checks
+that both libraries interoperate on the same suite (tests/protocol/sealed/test_hpke.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from dataclasses import dataclass
+
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+from pyhpke import AEADId, CipherSuite, KDFId, KEMId, KEMKey, KEMKeyPair, OpenError
+
+from protocol.sealed.errors import RequestRejected, SealedFormatError, WrongWorkerKey
+from protocol.sealed.replay import ReplayGuard
+from protocol.sealed.response import RESPONSE_EXPORT_LABEL, SECRET_BYTES, ResponseOpener, ResponseSealer
+
+VERSION = 1
+SUITE = CipherSuite.new(KEMId.DHKEM_X25519_HKDF_SHA256, KDFId.HKDF_SHA256, AEADId.AES256_GCM)
+REQUEST_INFO = b"sealed-request-v1"
+_AAD_LABEL = b"sealed-request-v1\x00"
+ENC_BYTES = 32
+MAX_FIELD = 0xFFFF
+
+
+def key_id(public_key: bytes) -> str:
+    """The worker key id: hex SHA-256 of the raw X25519 public key (what the client pins)."""
+    if len(public_key) != 32:
+        raise SealedFormatError("a worker key is a 32-byte X25519 public key")
+    return hashlib.sha256(public_key).hexdigest()
+
+
+@dataclass(frozen=True)
+class RequestContext:
+    """What the gateway may see and must not change: bound as the request's associated data."""
+
+    tenant: str
+    model: str
+    endpoint: str  # "/v1/chat/completions" | "/v1/completions"
+    key_id: str  # the worker key id the client pinned
+
+    def aad(self) -> bytes:
+        out = bytearray(_AAD_LABEL)
+        for value in (self.tenant, self.model, self.endpoint, self.key_id):
+            raw = value.encode()
+            if len(raw) > MAX_FIELD:
+                raise SealedFormatError("request context field too long")
+            out += struct.pack(">H", len(raw)) + raw
+        return bytes(out)
+
+
+class WorkerKey:
+    """The worker's long-lived serving key (made at process start, bound into its evidence)."""
+
+    def __init__(self, private_key: X25519PrivateKey) -> None:
+        self._private = private_key
+        self.public_bytes = private_key.public_key().public_bytes(serialization.Encoding.Raw,
+                                                                  serialization.PublicFormat.Raw)
+        self.key_id = key_id(self.public_bytes)
+        self._kem_key = KEMKey.from_pyca_cryptography_key(private_key)
+
+    @classmethod
+    def generate(cls) -> WorkerKey:
+        return cls(X25519PrivateKey.generate())
+
+    @property
+    def private_key(self) -> X25519PrivateKey:
+        return self._private
+
+
+@dataclass(frozen=True)
+class SealedRequest:
+    """What the client sends (`wire`) and keeps (`opener` for the answer, `request_sha256` for the receipt)."""
+
+    wire: bytes
+    opener: ResponseOpener
+    request_sha256: str
+
+
+@dataclass(frozen=True)
+class OpenedRequest:
+    body: bytes
+    timestamp_ms: int
+    sealer: ResponseSealer
+    request_sha256: str
+
+
+def _plaintext(body: bytes, timestamp_ms: int) -> bytes:
+    return struct.pack(">Q", timestamp_ms) + body
+
+
+def seal_request(worker_public_key: bytes, ctx: RequestContext, body: bytes, now_s: float, *,
+                 _ephemeral: KEMKeyPair | None = None) -> SealedRequest:
+    """Client side. `_ephemeral` fixes the encapsulation key for the checked-in test vectors only."""
+    if key_id(worker_public_key) != ctx.key_id:
+        raise WrongWorkerKey("request context names another worker key than the one sealed to")
+    recipient = KEMKey.from_pyca_cryptography_key(X25519PublicKey.from_public_bytes(worker_public_key))
+    enc, sender = SUITE.create_sender_context(recipient, info=REQUEST_INFO, eks=_ephemeral)
+    plaintext = _plaintext(body, int(now_s * 1000))
+    ciphertext = sender.seal(plaintext, aad=ctx.aad())
+    secret = sender.export(RESPONSE_EXPORT_LABEL, SECRET_BYTES)
+    return SealedRequest(wire=bytes([VERSION]) + enc + ciphertext, opener=ResponseOpener(secret, enc),
+                         request_sha256=hashlib.sha256(plaintext).hexdigest())
+
+
+def open_request(worker: WorkerKey, ctx: RequestContext, wire: bytes, now_s: float, replay: ReplayGuard,
+                 *, _response_nonce: bytes | None = None) -> OpenedRequest:
+    """Worker side: check the key id, open with the context as associated data, refuse replays."""
+    if ctx.key_id != worker.key_id:
+        raise WrongWorkerKey("request is sealed to another worker key")
+    if len(wire) < 1 + ENC_BYTES + 16 or wire[0] != VERSION:
+        raise SealedFormatError("not a version-1 sealed request")
+    enc = wire[1:1 + ENC_BYTES]
+    try:
+        recipient = SUITE.create_recipient_context(enc, worker._kem_key, info=REQUEST_INFO)
+        plaintext = recipient.open(wire[1 + ENC_BYTES:], aad=ctx.aad())
+    except (OpenError, ValueError) as exc:
+        raise RequestRejected("sealed request does not open under this worker key and context") from exc
+    if len(plaintext) < 8:
+        raise SealedFormatError("sealed request has no timestamp")
+    (timestamp_ms,) = struct.unpack(">Q", plaintext[:8])
+    replay.check(enc, timestamp_ms / 1000.0, now_s)
+    secret = recipient.export(RESPONSE_EXPORT_LABEL, SECRET_BYTES)
+    return OpenedRequest(body=plaintext[8:], timestamp_ms=timestamp_ms,
+                         sealer=ResponseSealer(secret, enc, _response_nonce),
+                         request_sha256=hashlib.sha256(plaintext).hexdigest())

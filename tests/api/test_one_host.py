@@ -1,0 +1,221 @@
+"""One host under `sealed up`'s supervisor: kill -9 of the broker or the gateway under load, a
+second `sealed up` beside a running one, and the terminal closing (SIGHUP) on `make run`."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from api.cli.audit import load_component_keys
+from api.stack import DEMO_MODEL, free_port
+from policy.audit import verify_dir
+
+RESTART_BOUND_S = 15.0
+
+
+@dataclass
+class Host:
+    url: str
+    api_key: str
+    home: Path
+    proc: subprocess.Popen
+    log: Path
+
+    def pids(self) -> dict:
+        return json.loads((self.home / "run" / "pids.json").read_text())
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Host]:
+    root = tmp_path_factory.mktemp("onehost")
+    home, port = root / "home", free_port()
+    env = {**os.environ, "SEALED_HOME": str(home), "TMPDIR": str(root), "PYTHONUNBUFFERED": "1"}
+    # As `make run` runs it from a terminal: a shell in its own process group (the terminal's job).
+    proc = subprocess.Popen(["sh", "-c", f"{sys.executable} -m api.cli.main up --port {port}"], env=env,
+                            stdout=open(root / "up.log", "wb"), stderr=subprocess.STDOUT,  # noqa: SIM115
+                            start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 420
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, (root / "up.log").read_text()[-3000:]
+        try:
+            if httpx.get(f"{url}/readyz", timeout=2.0).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    else:
+        os.killpg(proc.pid, signal.SIGINT)
+        raise TimeoutError("stack did not become ready")
+    running = Host(url, (home / "demo" / "api-key").read_text().strip(), home, proc, root / "up.log")
+    yield running
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+@dataclass
+class Load:
+    """Clients asking one after another on a few threads; counts what succeeded and what failed."""
+
+    url: str
+    api_key: str
+    ok: int = 0
+    errors: list[str] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _threads: list[threading.Thread] = field(default_factory=list)
+
+    def _run(self) -> None:
+        client = openai.OpenAI(base_url=f"{self.url}/v1", api_key=self.api_key, max_retries=0, timeout=60)
+        while not self._stop.is_set():
+            try:
+                client.chat.completions.create(model=DEMO_MODEL, messages=[{"role": "user", "content": "Hi"}],
+                                               max_tokens=4, temperature=0)
+                self.ok += 1
+            except openai.APIError as exc:
+                self.errors.append(type(exc).__name__)
+                time.sleep(0.2)
+
+    def __enter__(self) -> Load:
+        self._threads = [threading.Thread(target=self._run, daemon=True) for _ in range(3)]
+        for t in self._threads:
+            t.start()
+        return self
+
+    def wait_for(self, count: int, timeout: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout
+        while self.ok < count:
+            assert time.monotonic() < deadline, f"only {self.ok} answers, errors {self.errors}"
+            time.sleep(0.1)
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(90)
+
+
+def _broker_admin(host: Host, method: str, path: str) -> httpx.Response:
+    token = (host.home / "broker" / "admin-token").read_text().strip()
+    return httpx.request(method, f"{host.pids()['broker_url']}/v1/admin{path}", timeout=30,
+                         headers={"Authorization": f"Bearer {token}"})
+
+
+def _wait_new_pid(host: Host, name: str, old: int) -> float:
+    started = time.monotonic()
+    while time.monotonic() - started < RESTART_BOUND_S * 2:
+        pid = host.pids().get(name)
+        if pid and pid != old and _alive(pid):
+            return time.monotonic() - started
+        time.sleep(0.1)
+    raise AssertionError(f"{name} was not restarted")
+
+
+def test_a_second_sealed_up_beside_a_running_one_prints_one_line_and_fails(host: Host) -> None:
+    env = {**os.environ, "SEALED_HOME": str(host.home)}
+    out = subprocess.run([sys.executable, "-m", "api.cli.main", "up", "--port", str(free_port())], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0
+    lines = (out.stdout + out.stderr).strip().splitlines()
+    assert len(lines) == 1, lines
+    assert str(host.home / "run" / "sealed.pid") in lines[0]
+    assert host.proc.poll() is None and httpx.get(f"{host.url}/healthz").status_code == 200
+
+
+def test_kill_9_of_the_broker_under_load_loses_no_request(host: Host) -> None:
+    before = host.pids()
+    assert _broker_admin(host, "POST", "/tenants/before-broker-kill/key").status_code == 201
+    with Load(host.url, host.api_key) as load:
+        load.wait_for(3)
+        os.kill(before["key-broker"], signal.SIGKILL)
+        took = _wait_new_pid(host, "key-broker", before["key-broker"])
+        deadline = time.monotonic() + RESTART_BOUND_S
+        while not _ok(f"{before['broker_url']}/healthz"):
+            assert time.monotonic() < deadline, "broker not back"
+            time.sleep(0.2)
+        load.wait_for(load.ok + 3)
+    after = host.pids()
+    assert took < RESTART_BOUND_S
+    # The workers hold their key: serving never stopped, nothing failed.
+    assert load.errors == []
+    assert after["gateway"] == before["gateway"] and after["workers"] == before["workers"]
+    # The audit log goes on from where it was: one chain, verified, with entries from both lives.
+    assert _broker_admin(host, "POST", "/tenants/after-broker-kill/key").status_code == 201
+    reports = verify_dir(host.home / "audit", load_component_keys(host.home / "audit" / "keys"))
+    broker_log = (host.home / "audit" / "key-broker.audit.jsonl").read_text()
+    assert any(r.component == "key-broker" for r in reports)
+    assert "before-broker-kill" in broker_log and "after-broker-kill" in broker_log
+
+
+def _usage_requests(host: Host) -> int:
+    body = httpx.get(f"{host.url}/v1/usage", headers={"Authorization": f"Bearer {host.api_key}"}, timeout=10).json()
+    return int(body["totals"]["requests"])
+
+
+def test_kill_9_of_the_gateway_under_load_fails_only_in_flight_requests(host: Host) -> None:
+    before = host.pids()
+    used_before = _usage_requests(host)
+    with Load(host.url, host.api_key) as load:
+        load.wait_for(3)
+        os.kill(before["gateway"], signal.SIGKILL)
+        took = _wait_new_pid(host, "gateway", before["gateway"])
+        deadline = time.monotonic() + RESTART_BOUND_S * 2
+        while not _ready(host):
+            assert time.monotonic() < deadline, "gateway did not find its worker again"
+            time.sleep(0.2)
+        load.wait_for(load.ok + 3)  # the restarted gateway serves again
+    after = host.pids()
+    assert took < RESTART_BOUND_S
+    assert after["key-broker"] == before["key-broker"] and after["workers"] == before["workers"]
+    # Only what was on the dead gateway failed (3 clients: at most 3 in flight), with a clear error,
+    # and while it was down new connections were refused (never a hang).
+    assert set(load.errors) <= {"APIConnectionError", "APITimeoutError", "InternalServerError",
+                                "APIStatusError"}, load.errors
+    assert not any(e == "APITimeoutError" for e in load.errors)
+    # Usage continues: every answer a client received was metered, across both gateway lives.
+    assert _usage_requests(host) - used_before == load.ok
+
+
+def _ok(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=5).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _ready(host: Host) -> bool:
+    return _ok(f"{host.url}/readyz")
+
+
+def test_closing_the_terminal_sighup_leaves_no_process_behind(host: Host) -> None:
+    pids = host.pids()
+    everyone = [pids["supervisor"], pids["key-broker"], pids["gateway"], *pids["workers"]]
+    assert all(_alive(p) for p in everyone)
+    os.killpg(host.proc.pid, signal.SIGHUP)  # what the terminal does to its foreground job on hang-up
+    host.proc.wait(60)
+    deadline = time.monotonic() + 30
+    while any(_alive(p) for p in everyone):
+        assert time.monotonic() < deadline, [p for p in everyone if _alive(p)]
+        time.sleep(0.2)
+    assert not (host.home / "run" / "pids.json").exists()

@@ -1,0 +1,62 @@
+"""Run the real worker (enclave_worker.grpc_server) on fake TEE hardware, for the end-to-end tests.
+
+`python -m tests.enclave_worker.fake_tee_worker --platform DIR --cpu snp|tdx [--sev-guest-ioctl]
+ [--nvml cc-on|cc-off|none] WORKER-ARGS...`
+
+The fakes sit where the hardware's interfaces are, inside this process: a configfs-tsm tree
+answered by a thread (attestation.testing.fake_tsm), or the /dev/sev-guest ioctl
+(fake_sev_guest), and the `pynvml` module (fake_nvml). The worker's code is unchanged: it is
+pointed at the fake tree with its ordinary --tsm-dir/--tsm-entry/--sev-guest-device options.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from attestation.snp.collect import encode_cert_table
+from attestation.testing.fake_nvml import FakeNvml
+from attestation.testing.fake_sev_guest import FakeSevGuest
+from attestation.testing.fake_tsm import FakeTsmTree
+from attestation.testing.platform import FakePlatform, gpu_report
+
+H200_CC_OFF = Path(__file__).resolve().parents[1] / "vectors" / "nvml" / "h200_cc_off_20261130.json"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="fake_tee_worker")
+    parser.add_argument("--platform", type=Path, required=True)
+    parser.add_argument("--cpu", choices=("snp", "tdx"), required=True)
+    parser.add_argument("--sev-guest-ioctl", action="store_true", help="SNP through the ioctl, no configfs-tsm")
+    parser.add_argument("--nvml", choices=("cc-on", "cc-off", "none"), default="none")
+    ours, worker_argv = parser.parse_known_args(argv)
+    platform = FakePlatform.load(ours.platform)
+    run = ours.platform / f"hw-{os.getpid()}"
+    extra: list[str] = []
+    if ours.cpu == "snp":
+        table = encode_cert_table({"vcek": platform.vcek})
+        if ours.sev_guest_ioctl:
+            device = FakeSevGuest(run / "dev" / "sev-guest", platform.snp_report, table)
+            device.install()
+            extra += ["--tsm-dir", str(run / "no-configfs"), "--sev-guest-device", str(device.device)]
+        else:
+            FakeTsmTree(run / "tsm", "sev_guest", lambda d, vmpl: (platform.snp_report(d, vmpl), table)).start()
+            extra += ["--tsm-dir", str(run / "tsm"), "--tsm-entry", "sealed",
+                      "--sev-guest-device", str(run / "no-sev-guest")]
+    else:
+        FakeTsmTree(run / "tsm", "tdx_guest", lambda d, _: (platform.tdx_quote(d), None)).start()
+        extra += ["--tsm-dir", str(run / "tsm"), "--tsm-entry", "sealed"]
+    if ours.nvml == "cc-on":
+        FakeNvml.cc_on(platform.gpus, gpu_report).install()
+    elif ours.nvml == "cc-off":
+        FakeNvml.from_capture(H200_CC_OFF).install()
+    from enclave_worker.grpc_server import main as worker_main
+
+    # The worker's own options come last: a test's --tee and friends override these defaults.
+    return worker_main([*extra, *worker_argv])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
