@@ -78,7 +78,7 @@ async def test_a_tenant_admin_sees_only_its_own_usage(tmp_path: Path) -> None:
             gw.service.store.record_usage(UsageRow(
                 request_id=f"r-{tenant}", tenant=tenant, key_id="k", model="m", version="v1", worker_id="w",
                 prompt_tokens=1, completion_tokens=1, worker_seconds=0.1, signature="00"))
-        r = await gw.client.get("/admin/v1/usage?tenant=other",
-                                headers={"Authorization": f"Bearer {_token({'role': 'tenant-admin', 'tenant': 'acme'})}"})
+        admin = _token({"role": "tenant-admin", "tenant": "acme"})
+        r = await gw.client.get("/admin/v1/usage?tenant=other", headers={"Authorization": f"Bearer {admin}"})
         assert r.status_code == 200
         assert {row["tenant"] for row in r.json()["data"]} == {"acme"}
