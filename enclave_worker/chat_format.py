@@ -68,7 +68,8 @@ def render_chat(tokenizer: Tokenizer, template_source: str | None, messages: lis
 
 
 def chat_prompt_ids(tokenizer: Tokenizer, template_source: str | None, messages: list[dict[str, Any]],
-                    tools: list[dict[str, Any]] | None, assistant_prefix: str = "") -> list[int]:
+                    tools: list[dict[str, Any]] | None, assistant_prefix: str = "",
+                    add_generation_prompt: bool = True) -> list[int]:
     """Token ids of the chat prompt, where only the template's own text can become control tokens.
 
     Each message's content is rendered as an unguessable marker, then tokenized on its own with
@@ -79,7 +80,8 @@ def chat_prompt_ids(tokenizer: Tokenizer, template_source: str | None, messages:
     flat, native_tools = _flatten(template_source, messages, tools)
     nonce = secrets.token_hex(8)
     marked = [{**m, "content": f"\ue000{nonce}.{i}\ue001"} for i, m in enumerate(flat)]
-    text = tokenizer.apply_chat_template(marked, add_generation_prompt=True, tools=tools if native_tools else None)
+    text = tokenizer.apply_chat_template(marked, add_generation_prompt=add_generation_prompt,
+                                         tools=tools if native_tools else None)
     segments: list[tuple[str, bool]] = []
     pos = 0
     for match in re.finditer(f"\ue000{nonce}\\.(\\d+)\ue001", text):

@@ -58,11 +58,11 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                                       tee=s.tee, insecure=s.tee == "sim",
                                       stats_json=json.dumps(booted.engine.stats() if booted else {}))
 
-    def _prompt(self, request: worker_pb2.GenerateRequest) -> list[int]:
+    def _prompt(self, request: worker_pb2.GenerateRequest, add_generation_prompt: bool = True) -> list[int]:
         """The prompt's token ids. Anything wrong with the request's content is InvalidRequestError
         (INVALID_ARGUMENT), never an unhandled error: the gateway must not take it for a sick worker."""
         try:
-            ids = self._prompt_ids(request)
+            ids = self._prompt_ids(request, add_generation_prompt)
         except (GuardRefusal, InvalidRequestError):
             raise
         except Exception as exc:  # malformed JSON, a template error, text the tokenizer refuses, ...
@@ -72,7 +72,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             raise InvalidRequestError("the prompt is empty")
         return ids
 
-    def _prompt_ids(self, request: worker_pb2.GenerateRequest) -> list[int]:
+    def _prompt_ids(self, request: worker_pb2.GenerateRequest, add_generation_prompt: bool = True) -> list[int]:
         engine = self.state.booted.engine  # type: ignore[union-attr]
         guard, model = self.state.guard, self.state.settings.model
         if request.kind == "chat":
@@ -85,7 +85,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                             for m, t in zip(messages, texts, strict=True)]
             return chat_prompt_ids(engine.tokenizer, engine.tokenizer.chat_template, messages,
                                    json.loads(request.tools_json) if request.tools_json else None,
-                                   request.assistant_prefix)
+                                   request.assistant_prefix, add_generation_prompt)
         # /v1/completions: the caller writes the whole prompt, special tokens included (as in vLLM).
         prompt = guard.check_input(request.key_id, model, [request.prompt])[0] if guard else request.prompt
         return engine.tokenizer.encode(prompt + request.assistant_prefix)
@@ -102,6 +102,35 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             token=piece(lp.token_id), logprob=lp.logprob, token_bytes=piece(lp.token_id).encode(),
             top=[worker_pb2.TopLogprob(token=piece(t), logprob=v, token_bytes=piece(t).encode()) for t, v in lp.top],
         ) for lp in out_logprobs]
+
+    async def Tokenize(self, request: worker_pb2.TokenizeRequest, context: grpc.aio.ServicerContext
+                       ) -> worker_pb2.TokenizeReply:
+        """The token ids the engine would see for this prompt (the same rendering and data controls)."""
+        if not serving(self.state):
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "model unavailable")
+        as_generate = worker_pb2.GenerateRequest(tenant=request.tenant, key_id=request.key_id, kind=request.kind,
+                                                 messages_json=request.messages_json, prompt=request.prompt,
+                                                 tools_json=request.tools_json)
+        try:
+            ids = self._prompt(as_generate, request.add_generation_prompt)
+        except GuardRefusal as exc:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
+        except InvalidRequestError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        tok = self.state.booted.engine.tokenizer  # type: ignore[union-attr]
+        strs = [tok.decode([i], skip_special_tokens=False) for i in ids] if request.return_token_strs else []
+        return worker_pb2.TokenizeReply(tokens=ids, token_strs=strs, max_model_len=self.state.settings.max_model_len)
+
+    async def Detokenize(self, request: worker_pb2.DetokenizeRequest, context: grpc.aio.ServicerContext
+                         ) -> worker_pb2.DetokenizeReply:
+        if not serving(self.state):
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "model unavailable")
+        tok = self.state.booted.engine.tokenizer  # type: ignore[union-attr]
+        try:
+            text = tok.decode(tok.check_ids(request.tokens), skip_special_tokens=False)
+        except InvalidRequestError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        return worker_pb2.DetokenizeReply(prompt=text)
 
     async def Generate(self, request: worker_pb2.GenerateRequest, context: grpc.aio.ServicerContext
                        ) -> AsyncIterator[worker_pb2.GenerateChunk]:

@@ -7,6 +7,7 @@ the request in its engine. A worker that vanishes mid-stream surfaces as WorkerL
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
 
@@ -67,6 +68,13 @@ class WorkerClients:
         except grpc.aio.AioRpcError:
             return False
         return reply.status == "ready"
+
+    async def unary(self, address: str, worker_cert: str, method: str, request: Any, timeout_s: float) -> Any:
+        """A unary RPC (Tokenize, Detokenize); errors come back as that request's answer."""
+        try:
+            return await getattr(self.stub(address, worker_cert), method)(request, timeout=timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            raise _translate(exc, started=False) from exc
 
     async def open(self, address: str, request: worker_pb2.GenerateRequest, timeout_s: float, worker_cert: str = ""
                    ) -> tuple[worker_pb2.GenerateChunk, AsyncIterator[worker_pb2.GenerateChunk]]:

@@ -14,7 +14,13 @@ from api.gateway import openai_format as fmt
 from api.gateway.dependencies import current_key, get_service
 from api.gateway.errors import GatewayError, error_body
 from api.gateway.generation import CleanupStreamingResponse, Run, request_id, unless_disconnected
-from api.gateway.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
+from api.gateway.schemas import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    SamplingFields,
+    TokenizeRequest,
+)
 from api.gateway.service import GatewayService
 from api.proto import worker_pb2
 from api.store.repo import KeyRecord
@@ -62,7 +68,11 @@ def list_models(key: KeyRecord = Depends(current_key), service: GatewayService =
         {"id": m, "object": "model", "created": 0, "owned_by": key.tenant} for m in service.models_for(key)]}
 
 
-@router.post("/v1/chat/completions", response_model=None)
+# JSON, or server-sent events with "stream": true.
+_STREAMABLE = {200: {"content": {"application/json": {}, "text/event-stream": {}}}}
+
+
+@router.post("/v1/chat/completions", response_model=None, responses=_STREAMABLE)
 async def chat_completions(req: ChatCompletionRequest, request: Request, key: KeyRecord = Depends(current_key),
                            service: GatewayService = Depends(get_service)):  # type: ignore[no-untyped-def]
     split = service.resolve(key, req.model)
@@ -163,7 +173,7 @@ async def chat_completions(req: ChatCompletionRequest, request: Request, key: Ke
                                     headers={"Cache-Control": "no-store"})
 
 
-@router.post("/v1/completions", response_model=None)
+@router.post("/v1/completions", response_model=None, responses=_STREAMABLE)
 async def completions(req: CompletionRequest, request: Request, key: KeyRecord = Depends(current_key),
                       service: GatewayService = Depends(get_service)):  # type: ignore[no-untyped-def]
     split = service.resolve(key, req.model)
@@ -224,6 +234,37 @@ async def completions(req: CompletionRequest, request: Request, key: KeyRecord =
 
     return CleanupStreamingResponse(events(), run.close, media_type="text/event-stream",
                                     headers={"Cache-Control": "no-store"})
+
+
+@router.post("/tokenize")
+async def tokenize(req: TokenizeRequest, key: KeyRecord = Depends(current_key),
+                   service: GatewayService = Depends(get_service)) -> dict:
+    """vLLM's /tokenize: the ids the model would see (tokenized in the worker, which holds the tokenizer)."""
+    split = service.resolve(key, req.model)
+    service.ticket(key, 0)  # requests-per-minute limits apply; no tokens are generated
+    if req.messages is not None:
+        tools = [t.model_dump(exclude_none=True) for t in req.tools or []]
+        call = worker_pb2.TokenizeRequest(
+            tenant=key.tenant, key_id=key.key_id, kind="chat", add_generation_prompt=req.add_generation_prompt,
+            messages_json=json.dumps([m.model_dump(exclude_none=True) for m in req.messages], ensure_ascii=False),
+            tools_json=json.dumps(tools, ensure_ascii=False) if tools else "", return_token_strs=req.return_token_strs)
+    else:
+        call = worker_pb2.TokenizeRequest(tenant=key.tenant, key_id=key.key_id, kind="completion",
+                                          prompt=req.prompt, return_token_strs=req.return_token_strs)
+    reply = await service.call(key, req.model, split, "Tokenize", call)
+    return {"count": len(reply.tokens), "max_model_len": reply.max_model_len, "tokens": list(reply.tokens),
+            "token_strs": list(reply.token_strs) if req.return_token_strs else None}
+
+
+@router.post("/detokenize")
+async def detokenize(req: DetokenizeRequest, key: KeyRecord = Depends(current_key),
+                     service: GatewayService = Depends(get_service)) -> dict:
+    """vLLM's /detokenize: the text of token ids (out-of-vocabulary ids are a 400)."""
+    split = service.resolve(key, req.model)
+    service.ticket(key, 0)
+    reply = await service.call(key, req.model, split, "Detokenize", worker_pb2.DetokenizeRequest(
+        tenant=key.tenant, key_id=key.key_id, tokens=req.tokens))
+    return {"prompt": reply.prompt}
 
 
 @router.get("/v1/usage")

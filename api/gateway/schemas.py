@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 # Bounds that keep every number inside the worker protocol's types (a 500 otherwise) and every
 # request's fan-out small: prompts x n choices run as that many streams.
@@ -121,3 +121,27 @@ class CompletionRequest(SamplingFields):
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = Field(default=None, ge=1, le=1)
+
+
+class TokenizeRequest(Strict):
+    """vLLM's /tokenize: a completion `prompt` or chat `messages` (rendered as the worker renders them)."""
+
+    model: str = Field(min_length=1, max_length=256)
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = Field(default=None, min_length=1)
+    tools: list[Tool] | None = None
+    add_generation_prompt: bool = True
+    continue_final_message: Literal[False] = False
+    add_special_tokens: bool = True  # accepted for vLLM's clients; the served tokenizers add none
+    return_token_strs: bool = False
+
+    @model_validator(mode="after")
+    def _one_input(self) -> TokenizeRequest:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give exactly one of prompt or messages")
+        return self
+
+
+class DetokenizeRequest(Strict):
+    model: str = Field(min_length=1, max_length=256)
+    tokens: list[Annotated[int, Field(ge=0, le=(1 << 32) - 1)]] = Field(max_length=1 << 20)

@@ -178,6 +178,17 @@ class GatewayService:
         finally:
             worker.inflight -= 1
 
+    async def call(self, key: KeyRecord, model: str, split: dict[str, float], method: str, request: Any) -> Any:
+        """A unary worker call for (tenant, model) on a ready worker; an unreachable one is skipped."""
+        tried: set[str] = set()
+        while True:
+            worker = self.registry.pick(key.tenant, model, split, "", frozenset(tried))
+            try:
+                return await self.clients.unary(worker.grpc_address, worker.tls_cert, method, request, 30.0)
+            except WorkerUnavailable:
+                tried.add(worker.worker_id)
+                self._probe_soon(worker)
+
     def _probe_soon(self, worker: WorkerInfo) -> None:
         """A health check (the worker's Status RPC), at most one at a time per worker."""
         if worker.worker_id in self._probing:

@@ -9,7 +9,8 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # Types as the schema says: no "12" for 12, no 1.0 for an integer, no number for a timestamp.
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 # Every number fits the database's 64-bit integers (a 500 otherwise) with room to add usage to it.
@@ -29,7 +30,7 @@ class TenantIn(Strict):
 class KeyIn(Strict):
     name: str = Field(min_length=1, max_length=128)
     models: list[Annotated[str, Field(min_length=1, max_length=256)]] = Field(default_factory=list, max_length=256)
-    expires_at: dt.datetime | None = None
+    expires_at: dt.datetime | None = Field(default=None, strict=True)  # an RFC 3339 string, not a number
     rpm: int | None = Field(default=None, ge=1, le=MAX_RATE)
     tpm: int | None = Field(default=None, ge=1, le=MAX_RATE)
     priority: int = Field(default=0, ge=-10, le=10)

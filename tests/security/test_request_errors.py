@@ -96,3 +96,10 @@ def test_invalid_text_reaching_the_worker_is_invalid_argument(stack: RunningStac
             list(stub.Generate(request, timeout=60))
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, err.value.details()
     _answers(stack)
+
+
+def test_sealed_up_says_ready_only_when_a_request_can_be_answered(stack: RunningStack) -> None:
+    """#14: the first client, right after the ready line, sees the model listed and gets an answer."""
+    first = json.loads((stack.tmpdir / "first-contact.json").read_text())
+    assert [m["id"] for m in first["models"]["data"]] == [DEMO_MODEL]
+    assert first["chat"] == 200
