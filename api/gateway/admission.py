@@ -31,6 +31,7 @@ class Ticket:
     tenant_tpm: int | None
     key_tpm: int | None
     max_queued: int
+    streams: int = 1  # prompts x n: the dispatch slots this request takes
 
 
 def _rate_limited(message: str, retry_after: int, code: str = "rate_limit_exceeded") -> GatewayError:
@@ -84,9 +85,9 @@ class AdmissionController:
 
     def _dispatch(self) -> None:
         while (got := self.scheduler.next()) is not None:
-            tenant, future = got
+            tenant, (future, cost) = got
             if future.done():  # cancelled while queued
-                self.scheduler.done(tenant)
+                self.scheduler.done(tenant, cost)
                 continue
             future.set_result(None)
 
@@ -99,8 +100,8 @@ class AdmissionController:
         try:
             future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             try:
-                entry = self.queue.push(t.tenant, future, weight=t.weight, priority=t.priority,
-                                        tenant_limit=t.max_queued)
+                entry = self.queue.push(t.tenant, (future, t.streams), weight=t.weight, priority=t.priority,
+                                        tenant_limit=t.max_queued, cost=t.streams)
             except QueueFull as exc:
                 raise _rate_limited(f"Server queue is full ({exc.scope}); retry later.", self._retry_after(),
                                     code="queue_full") from exc
@@ -109,7 +110,7 @@ class AdmissionController:
                 await future
             except asyncio.CancelledError:
                 if future.done() and not future.cancelled():
-                    self.scheduler.done(t.tenant)  # got the slot just as the client left
+                    self.scheduler.done(t.tenant, t.streams)  # got the slot just as the client left
                     self._dispatch()
                 else:
                     self.queue.cancel(entry)
@@ -117,7 +118,7 @@ class AdmissionController:
             try:
                 yield
             finally:
-                self.scheduler.done(t.tenant)
+                self.scheduler.done(t.tenant, t.streams)
                 self._dispatch()
         finally:
             self.counter.leave(t.tenant)

@@ -101,7 +101,8 @@ async def chat_completions(req: ChatCompletionRequest, request: Request, key: Ke
         messages_json=json.dumps(messages, ensure_ascii=False),
         tools_json=json.dumps(tools, ensure_ascii=False) if use_tools else "",
         assistant_prefix=prefix, params=_params(req, max_tokens, logprobs, extra_stop, i)) for i in range(req.n)]
-    ticket = service.ticket(key, _reserve(len(requests[0].messages_json), max_tokens, req.n), req.priority)
+    ticket = service.ticket(key, _reserve(len(requests[0].messages_json), max_tokens, req.n), req.priority,
+                            streams=req.n)
     run = Run(service, key, req.model, ticket)
     streams = await unless_disconnected(request.receive,
                                         run.start(split, requests, affinity=json.dumps(messages[:2])[:4096]))
@@ -187,7 +188,8 @@ async def completions(req: CompletionRequest, request: Request, key: KeyRecord =
                            param="n", code="invalid_value")
     max_tokens = req.max_tokens or 16
     # The whole worst case is charged (and refused if it can never fit) before any stream is built.
-    ticket = service.ticket(key, _reserve(sum(map(len, prompts)), max_tokens, len(prompts) * req.n), req.priority)
+    ticket = service.ticket(key, _reserve(sum(map(len, prompts)), max_tokens, len(prompts) * req.n), req.priority,
+                            streams=len(prompts) * req.n)
     rid = request_id()
     requests = [worker_pb2.GenerateRequest(
         request_id=f"{rid}-{pi}-{j}", tenant=key.tenant, key_id=key.key_id, kind="completion", prompt=prompt,

@@ -111,7 +111,7 @@ class GatewayService:
     def tenant(self, name: str) -> Tenant | None:
         return self._cached(("tenant", name), lambda: self.store.tenant(name))
 
-    def ticket(self, key: KeyRecord, reserved_tokens: int, priority: int | None = None) -> Ticket:
+    def ticket(self, key: KeyRecord, reserved_tokens: int, priority: int | None = None, streams: int = 1) -> Ticket:
         t = self.tenant(key.tenant)
         budgets = ((t.token_budget if t else None, ("used", key.tenant), None),
                    (key.token_budget, ("used", key.tenant, key.key_id), key.key_id))
@@ -133,7 +133,7 @@ class GatewayService:
                         reserved_tokens=reserved_tokens,
                         tenant_rpm=t.rpm if t else None, key_rpm=key.rpm, tenant_tpm=t.tpm if t else None,
                         key_tpm=key.tpm, max_queued=(t.max_queued if t and t.max_queued else
-                                                     self.settings.max_queued))
+                                                     self.settings.max_queued), streams=streams)
         try:
             self.admission.check_limits(ticket)
         except GatewayError:
