@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import hashlib
 import json
 import os
@@ -17,22 +18,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+from cryptography.hazmat.primitives import serialization
 
 from api.gateway.keys import ApiKeyStore
 from api.home import Home, ed25519_key, write_public_key
-from api.proto.tls import load_or_create
 from api.supervisor import Child, RunLock, Supervisor
 from api.tenant_tools import default_model_path, encrypt_model
+from attestation.refvalues import sign_reference_values
 from enclave_worker.measurement import simulated_measurement
-from enclave_worker.package import read_manifest
-from enclave_worker.package.signing import signer_identity
 from enclave_worker.settings import WorkerSettings
 from key_broker.errors import KeyStoreError
-from key_broker.fsutil import atomic_write
 from key_broker.keystore import DataKeyRegistry, LocalKeyStore, load_master_key
 from key_broker.policies import PolicyStore
+from key_broker.statefile import StateLedger, local_ledger
 from policy.documents import sign_policy_document
 from policy.release import ReleasePolicy
+from protocol.fsutil import atomic_write
+from protocol.package import read_manifest
+from protocol.package.signing import signer_identity
+from protocol.tls import load_or_create
 
 DEMO_TENANT = "demo"
 DEMO_MODEL = "smollm2-135m-instruct"
@@ -69,10 +73,12 @@ def prepare_demo(home: Home, model_path: Path | None = None, log: callable = pri
     home.create()
     write_public_key(ed25519_key(home.sim_key), home.sim_public_key)
     tenant_key = ed25519_key(home.tenant_signing_key(DEMO_TENANT))
-    keystore = LocalKeyStore(home.broker / "keystore", load_master_key(home.broker / "master.key"))
+    master = load_master_key(home.broker / "master.key")
+    ledger = local_ledger(home.broker, master)  # the broker refuses state files it has no record of
+    keystore = LocalKeyStore(home.broker / "keystore", master, ledger)
     if not keystore.has_tenant_key(DEMO_TENANT):
         keystore.create_tenant_key(DEMO_TENANT)
-    datakeys = DataKeyRegistry(home.broker / "keystore", keystore)
+    datakeys = DataKeyRegistry(home.broker / "keystore", keystore, ledger)
     pkg = home.package(DEMO_TENANT, DEMO_MODEL, DEMO_VERSION)
     try:
         datakeys.get(DEMO_TENANT, DEMO_MODEL, DEMO_VERSION)
@@ -91,7 +97,7 @@ def prepare_demo(home: Home, model_path: Path | None = None, log: callable = pri
         key_file.chmod(0o600)
     api_key = key_file.read_text().strip()
     _write_demo_policy(home, api_key)
-    _ensure_release_policy(home, tenant_signer=signer_identity(tenant_key.public_key()))
+    _ensure_release_policy(home, ledger, tenant_signer=signer_identity(tenant_key.public_key()))
     return DemoInfo(api_key, DEMO_TENANT, DEMO_MODEL, DEMO_VERSION, pkg)
 
 
@@ -115,10 +121,10 @@ def _write_demo_policy(home: Home, api_key: str) -> None:
     home.tenant_policy(DEMO_TENANT).write_text(json.dumps(doc, sort_keys=True))
 
 
-def _ensure_release_policy(home: Home, tenant_signer: str) -> None:
+def _ensure_release_policy(home: Home, ledger: StateLedger, tenant_signer: str) -> None:
     """Allow exactly this worker build's simulated measurement; bump the version when it changes."""
     measurement = simulated_measurement(worker_settings(home, "", 0).measured_config()).hex()
-    store = PolicyStore(home.broker)
+    store = PolicyStore(home.broker, ledger)
     try:
         current = store.get(DEMO_TENANT, DEMO_MODEL)
     except KeyStoreError:
@@ -248,6 +254,30 @@ def worker_args(home: Home, broker_url: str, port: int, grpc_port: int, register
     return args
 
 
+def write_demo_client_policy(home: Home) -> Path:
+    """`$SEALED_HOME/demo/client-policy.json`: what a sealed-mode client of the demo trusts (this
+    build's simulated measurement and the broker's JWKS), for `SealedOpenAI(policy=...)`,
+    `sealed verify --policy` and `sealed proxy --policy` (docs/sealed-mode.md)."""
+    settings = worker_settings(home, "", 0)
+    measurement = simulated_measurement(settings.measured_config()).hex()
+    # The operator publishes this build's measurement, signed; the client pins the publisher's key.
+    (home.root / "publisher").mkdir(exist_ok=True, mode=0o700)
+    publisher = ed25519_key(home.root / "publisher" / "reference-values.key")
+    home.reference_values.write_text(json.dumps(sign_reference_values(
+        publisher, [measurement], tee="sim", issued_at=dt.datetime.now(dt.UTC), valid_for=dt.timedelta(days=30),
+        promises=settings.promises()), indent=2))
+    path = home.root / "demo" / "client-policy.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({
+        "appraisal": {"allowed_tee": ["sim"], "allowed_measurements": [], "unsafe_allow_simulated_tee": True},
+        "reference_values": {"publisher_key": publisher.public_key().public_bytes(
+            serialization.Encoding.Raw, serialization.PublicFormat.Raw).hex()},
+        "broker_jwks": json.loads((home.broker / "jwks.json").read_text()),
+        "require_promises": {"prompts_logged": False, "prefix_cache_isolation": "per-tenant-salt"},
+    }, indent=2, sort_keys=True))
+    return path
+
+
 def broker_admin_token(home: Home) -> Path:
     """The operator's key-broker admin token (0600; the broker is given only its SHA-256)."""
     token = _secret_file(home.broker / "admin-token")
@@ -282,13 +312,17 @@ def launch(home: Home, *, host: str = "127.0.0.1", port: int = 8000,
             "--sim-platform-key", str(home.sim_public_key),
             "--admin-token-hash-file", str(broker_admin_token(home)), *broker_args], on_restart=stack.write_pids)
         _wait_http(f"{broker_url}/healthz", broker)
+        write_demo_client_policy(home)
         routes = home.gateway / "routes.json"
         routes.write_text(json.dumps([{"tenant": DEMO_TENANT, "model": DEMO_MODEL, "version": DEMO_VERSION}]))
         gateway = stack.supervisor.start("gateway", [
             "api.gateway", "--data-dir", str(home.gateway), "--routes", str(routes), "--host", host,
             "--port", str(port), "--register-token-file", str(_secret_file(home.gateway / "register-token")),
             "--jwt-secret-file", str(_secret_file(home.gateway / "jwt-secret")),
-            "--broker-jwks", str(home.broker / "jwks.json"), *gateway_args], on_restart=stack.write_pids)
+            "--broker-jwks", str(home.broker / "jwks.json"), "--reference-values", str(home.reference_values),
+            # The console (in the gateway) reads the audit logs and uses the broker's admin API.
+            "--audit-dir", str(home.audit), "--broker-url", broker_url,
+            "--broker-admin-token-file", str(home.broker / "admin-token"), *gateway_args], on_restart=stack.write_pids)
         _wait_http(f"{local_gateway}/healthz", gateway)
         for i, (http_port, grpc_port) in enumerate(worker_ports):
             args = worker_args(home, broker_url, http_port, grpc_port, [local_gateway], unsafe_sim_measurement)

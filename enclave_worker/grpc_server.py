@@ -14,7 +14,6 @@ import contextlib
 import json
 import logging
 import os
-import secrets
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -26,16 +25,19 @@ import uvicorn
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
-from api.proto import worker_pb2, worker_pb2_grpc
-from api.proto.tls import make_identity
 from attestation.bundle import channel_binding
 from attestation.errors import UnsupportedError
 from enclave_worker.attesters import resolve_tee
 from enclave_worker.chat_format import chat_prompt_ids
 from enclave_worker.engine import EngineError, InvalidRequestError, SamplingParams
 from enclave_worker.guard import GuardRefusal, strip_tool_calls
+from enclave_worker.sealed import SealedRefusal, answer_sealed, open_sealed_request
 from enclave_worker.server import WorkerState, create_app, serving
 from enclave_worker.settings import WorkerSettings
+from protocol.heartbeat import heartbeat_signing_input, worker_id_for
+from protocol.openai.errors import OpenAIError
+from protocol.rpc import worker_pb2, worker_pb2_grpc
+from protocol.tls import make_identity
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +49,10 @@ def _sampling(p: worker_pb2.SamplingParams) -> SamplingParams:
         logprobs=p.logprobs if p.HasField("logprobs") else None, ignore_eos=p.ignore_eos)
 
 
+_GRPC_CODES = {400: grpc.StatusCode.INVALID_ARGUMENT, 403: grpc.StatusCode.PERMISSION_DENIED,
+               503: grpc.StatusCode.UNAVAILABLE}
+
+
 class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     def __init__(self, state: WorkerState) -> None:
         self.state = state
@@ -55,7 +61,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                      ) -> worker_pb2.StatusReply:
         s, booted = self.state.settings, self.state.booted
         return worker_pb2.StatusReply(status=self.state.status, tenant=s.tenant, model=s.model, version=s.version,
-                                      tee=s.tee, insecure=s.tee == "sim",
+                                      tee=s.tee, insecure=s.insecure,
                                       stats_json=json.dumps(booted.engine.stats() if booted else {}))
 
     def _prompt(self, request: worker_pb2.GenerateRequest, add_generation_prompt: bool = True) -> list[int]:
@@ -134,9 +140,31 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
 
     async def Generate(self, request: worker_pb2.GenerateRequest, context: grpc.aio.ServicerContext
                        ) -> AsyncIterator[worker_pb2.GenerateChunk]:
+        policy_set = self.state.guard.policy_set if self.state.guard else None
+        if policy_set is not None and policy_set.require_sealed:
+            # The tenant's signed policy: prompts reach this worker only sealed (docs/sealed-mode.md).
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, "this tenant requires sealed mode")
+        try:
+            async for chunk in self.generate(request):
+                yield chunk
+        except OpenAIError as exc:
+            await context.abort(_GRPC_CODES.get(exc.status, grpc.StatusCode.UNAVAILABLE), exc.message)
+
+    async def SealedGenerate(self, request: worker_pb2.SealedRequest, context: grpc.aio.ServicerContext
+                             ) -> AsyncIterator[worker_pb2.SealedChunk]:
+        try:
+            opened = open_sealed_request(self.state, request)
+        except SealedRefusal as exc:
+            await context.abort(exc.grpc_code, exc.message)
+        async for chunk in answer_sealed(self.state, self.generate, request, opened):
+            yield chunk
+
+    async def generate(self, request: worker_pb2.GenerateRequest) -> AsyncIterator[worker_pb2.GenerateChunk]:
+        """One choice on the engine; refusals and failures raise OpenAIError (status as the gateway
+        would answer it). Used by the plaintext RPC and by sealed mode."""
         state = self.state
         if not serving(state):
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "model unavailable")
+            raise OpenAIError(503, "model unavailable", type_="model_unavailable", code="model_unavailable")
         engine = state.booted.engine  # type: ignore[union-attr]
         started = time.monotonic()
         try:
@@ -145,15 +173,15 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                                      cache_salt=state.cache_salt(request.tenant))
             first = await anext(stream)
         except GuardRefusal as exc:
-            await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
+            raise OpenAIError(403, str(exc), code="content_policy_violation") from exc
         except (InvalidRequestError, ValueError) as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        except EngineError:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "engine unavailable")
+            raise OpenAIError(400, str(exc), code="invalid_value") from exc
+        except EngineError as exc:
+            raise OpenAIError(503, "engine unavailable", type_="server_error", code="model_unavailable") from exc
         guard = state.guard
         if guard is not None and (guard.buffers_output or (request.tools_json and guard.policy_set)):
             # Output or tool-call controls: nothing leaves the worker before the whole answer is checked.
-            async for chunk in self._checked_answer(request, first, stream, started, context):
+            async for chunk in self._checked_answer(request, first, stream, started):
                 yield chunk
             return
         out = first
@@ -173,22 +201,20 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 if out.finished:
                     return
                 out = await anext(stream)
-        except EngineError:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "engine failed")
+        except EngineError as exc:
+            raise OpenAIError(503, "engine failed", type_="server_error", code="worker_lost") from exc
         finally:
             await stream.aclose()  # aborts the engine request if it has not finished (cancellation)
 
-
     async def _checked_answer(self, request: worker_pb2.GenerateRequest, first: Any, stream: Any,
-                              started: float, context: grpc.aio.ServicerContext
-                              ) -> AsyncIterator[worker_pb2.GenerateChunk]:
+                              started: float) -> AsyncIterator[worker_pb2.GenerateChunk]:
         state, guard = self.state, self.state.guard
         outs = [first]
         try:
             while not outs[-1].finished:
                 outs.append(await anext(stream))
-        except EngineError:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "engine failed")
+        except EngineError as exc:
+            raise OpenAIError(503, "engine failed", type_="server_error", code="worker_lost") from exc
         finally:
             await stream.aclose()
         last, text = outs[-1], "".join(o.delta_text for o in outs)
@@ -198,7 +224,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             finish = guard.check_tools(request.key_id, full, request.agent_killed) if request.tools_json else ""  # type: ignore[union-attr]
             text = guard.check_output(request.key_id, state.settings.model, text)  # type: ignore[union-attr]
         except GuardRefusal as exc:
-            await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
+            raise OpenAIError(403, str(exc), code="content_policy_violation") from exc
         if finish == "requires_approval":
             # Held back: a human approves before any such call is made.
             text = "" if request.assistant_prefix else strip_tool_calls(text)
@@ -215,17 +241,34 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         yield chunk
 
 
-async def heartbeats(state: WorkerState, urls: list[str], token: str, grpc_address: str, http_url: str,
-                     interval: float = 1.0, tls_cert: str = "") -> None:
-    worker_id = f"w-{secrets.token_hex(6)}"
+def heartbeat_body(state: WorkerState, grpc_address: str, tls_cert: str, seq: int) -> dict[str, Any]:
+    """One heartbeat, signed by the worker's attested identity (usage) key. It carries what the
+    gateway serves on /.well-known/attestation (the gateway fetches nothing from a worker)."""
+    s, booted = state.settings, state.booted
     public = state.usage_key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    attestation = None
+    if booted is not None:
+        attestation = {"tee": s.tee, "insecure": s.insecure, "evidence": booted.released.bundle.to_json(),
+                       "token": booted.released.token, "model_digest": booted.model_digest,
+                       "sealed_key_id": state.serving_key.key_id, "promises": state.promises()}
+    body: dict[str, Any] = {
+        "worker_id": worker_id_for(public), "grpc_address": grpc_address, "tenant": s.tenant, "model": s.model,
+        "version": s.version, "status": state.status, "tee": s.tee, "insecure": s.insecure,
+        "usage_public_key": public.hex(), "pid": os.getpid(), "tls_cert": tls_cert,
+        "stats": booted.engine.stats() if booted else {}, "sealed_key_id": state.serving_key.key_id,
+        "attestation": attestation,
+        "seq": seq, "at": int(time.time())}
+    body["signature"] = state.usage_key.sign(heartbeat_signing_input(body)).hex()
+    return body
+
+
+async def heartbeats(state: WorkerState, urls: list[str], token: str, grpc_address: str,
+                     interval: float = 1.0, tls_cert: str = "") -> None:
+    seq = 0
     async with httpx.AsyncClient(timeout=2.0) as client:
         while True:
-            s, booted = state.settings, state.booted
-            body = {"worker_id": worker_id, "grpc_address": grpc_address, "http_url": http_url,
-                    "tenant": s.tenant, "model": s.model, "version": s.version, "status": state.status,
-                    "tee": s.tee, "insecure": s.tee == "sim", "usage_public_key": public.hex(),
-                    "pid": os.getpid(), "tls_cert": tls_cert, "stats": booted.engine.stats() if booted else {}}
+            seq += 1
+            body = heartbeat_body(state, grpc_address, tls_cert, seq)
             for url in urls:
                 # The gateway may not be up yet, or restarting: keep beating.
                 with contextlib.suppress(httpx.HTTPError):
@@ -259,8 +302,7 @@ async def serve(settings: WorkerSettings, grpc_port: int, register_urls: list[st
     state.channel_binding, state.tls_spki = channel_binding(spki, usage_public), spki
     app = create_app(settings, state)
     await server.start()
-    beat = asyncio.create_task(heartbeats(state, register_urls, register_token, address,
-                                          f"http://{settings.host}:{settings.port}", tls_cert=tls_cert)
+    beat = asyncio.create_task(heartbeats(state, register_urls, register_token, address, tls_cert=tls_cert)
                                ) if register_urls else None
     http = uvicorn.Server(uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning",
                                          access_log=False))
@@ -285,6 +327,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="configfs-tsm report directory")
     parser.add_argument("--tsm-entry", default=None, help="use this existing configfs-tsm entry")
     parser.add_argument("--sev-guest-device", type=Path, default=Path("/dev/sev-guest"))
+    parser.add_argument("--ccel-table", type=Path, default=Path("/sys/firmware/acpi/tables/CCEL"),
+                        help="ACPI CCEL table (TDX CC event log)")
+    parser.add_argument("--ccel-data", type=Path, default=Path("/sys/firmware/acpi/tables/data/CCEL"))
     parser.add_argument("--sim-platform-key", type=Path, default=None)
     parser.add_argument("--unsafe-sim-measurement", default=None)
     parser.add_argument("--host", default="127.0.0.1")
@@ -302,6 +347,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="serve at most this long without a key lease renewal (measured)")
     parser.add_argument("--lease-watch-seconds", type=float, default=20.0,
                         help="how long one lease renewal is held open at the broker")
+    parser.add_argument("--device", choices=("cpu", "cuda", "auto"), default="cpu",
+                        help="where the engine runs; auto = cuda when a CUDA device is visible")
+    parser.add_argument("--dtype", default=None, help="engine dtype (default: bfloat16 on cuda, float32 on cpu)")
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.9,
+                        help="share of GPU memory for weights, KV pool and activations")
     parser.add_argument("--max-num-seqs", type=int, default=16)
     parser.add_argument("--max-model-len", type=int, default=2048)
     args = parser.parse_args(argv)
@@ -309,12 +359,19 @@ def main(argv: list[str] | None = None) -> int:
         tee, gpu_tee = resolve_tee(args.tee)
     except UnsupportedError as exc:
         parser.error(str(exc))
+    device = args.device
+    if device == "auto":
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
     logging.basicConfig(level=logging.INFO, format="%(asctime)s worker %(levelname)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per heartbeat otherwise
     settings = WorkerSettings(
         broker_url=args.broker_url, package_dir=args.package_dir, tenant=args.tenant, model=args.model,
-        version=args.version, tee=tee, gpu_tee=gpu_tee, tsm_dir=args.tsm_dir, tsm_entry=args.tsm_entry,
-        sev_guest_device=args.sev_guest_device, sim_platform_key=args.sim_platform_key,
+        version=args.version, tee=tee, gpu_tee=gpu_tee, device=device, engine_dtype=args.dtype,
+        gpu_memory_utilization=args.gpu_memory_utilization, tsm_dir=args.tsm_dir, tsm_entry=args.tsm_entry,
+        sev_guest_device=args.sev_guest_device, ccel_table=args.ccel_table, ccel_data=args.ccel_data,
+        sim_platform_key=args.sim_platform_key,
         unsafe_sim_measurement=args.unsafe_sim_measurement, host=args.host, port=args.port,
         max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len, policy_file=args.policy_file,
         policy_admin_key=args.policy_admin_key, unsafe_no_tenant_policy=args.unsafe_no_tenant_policy,

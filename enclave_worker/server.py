@@ -21,13 +21,15 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
-from api.proto import worker_pb2
 from attestation.errors import AttestationError
 from enclave_worker.boot import BootedWorker, boot
+from enclave_worker.freshness import AttestationRenewal
 from enclave_worker.guard import WorkerGuard, build_guard
 from enclave_worker.keywatch import KeyLease, LeaseTiming
 from enclave_worker.settings import WorkerSettings
-from key_broker.client import WorkerIdentity
+from protocol.broker.client import WorkerIdentity
+from protocol.rpc import worker_pb2
+from protocol.sealed import ReplayGuard, WorkerKey
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +46,10 @@ class WorkerState:
     salt_secret: bytes = field(default_factory=lambda: secrets.token_bytes(32))
     # Signs usage records; made at boot and never stored, so only this process can sign as this worker.
     usage_key: Ed25519PrivateKey = field(default_factory=Ed25519PrivateKey.generate)
+    # Sealed mode: the HPKE key clients encrypt to. Made at start, memory only, attested at key
+    # release (its public key is the runtime data's hpke_public_key), kept for the process's life.
+    serving_key: WorkerKey = field(default_factory=WorkerKey.generate)
+    replay: ReplayGuard = field(default_factory=ReplayGuard)
 
     def sign_usage(self, record: dict) -> worker_pb2.UsageRecord:
         payload = json.dumps(record, sort_keys=True, separators=(",", ":")).encode()
@@ -52,12 +58,24 @@ class WorkerState:
         return worker_pb2.UsageRecord(payload=payload, signature=self.usage_key.sign(payload),
                                       public_key=public)
 
+    def promises(self) -> dict:
+        return self.settings.promises()
+
     def identity(self) -> WorkerIdentity:
         return WorkerIdentity(self.usage_key, self.tls_spki)
 
     def cache_salt(self, tenant: str) -> bytes:
         # Derived here, never taken from a client: tenants cannot share or probe each other's prefix cache.
         return hmac.new(self.salt_secret, tenant.encode(), hashlib.sha256).digest()
+
+
+def gpu_memory() -> dict[str, int]:
+    """Bytes on the worker's GPU: what torch holds for tensors, reserves, and the device's free/total."""
+    import torch
+
+    free, total = torch.cuda.mem_get_info()
+    return {"allocated": torch.cuda.memory_allocated(), "reserved": torch.cuda.memory_reserved(),
+            "free": free, "total": total}
 
 
 def _error(status: int, message: str, type_: str = "invalid_request_error") -> JSONResponse:
@@ -69,7 +87,8 @@ async def _boot(state: WorkerState) -> None:
     try:
         # The tenant's signed policy first: no key is fetched for a worker that could not enforce it.
         state.guard = build_guard(s.policy_file, s.policy_admin_key, s.tenant, s.unsafe_no_tenant_policy)
-        state.booted = await asyncio.to_thread(boot, s, state.channel_binding)
+        state.booted = await asyncio.to_thread(boot, s, state.channel_binding, state.serving_key.private_key,
+                                               state.guard.policy_set if state.guard else None)
         state.status = "ready"
     except AttestationError as exc:
         # The attester's own words (no secrets: they name interfaces, modes and error codes), one
@@ -81,9 +100,14 @@ async def _boot(state: WorkerState) -> None:
         state.status = "failed"
         log.error("worker boot failed: %s", type(exc).__name__)
         return
+    # The token clients verify is renewed for the worker's whole life (enclave_worker/freshness.py).
+    renewal = asyncio.create_task(AttestationRenewal(state).run())
     state.lease = KeyLease(s.broker_url, state.booted.released, state.identity(), s.tenant, s.model, s.version,
                            LeaseTiming(lease_s=s.lease_s, watch_s=s.lease_watch_s))
-    await state.lease.run(lambda reason: _revoke(state))
+    try:
+        await state.lease.run(lambda reason: _revoke(state))
+    finally:
+        renewal.cancel()
 
 
 def _revoke(state: WorkerState) -> None:
@@ -124,17 +148,22 @@ def create_app(settings: WorkerSettings, state: WorkerState | None = None) -> Fa
     @app.get("/internal/status")
     def status() -> dict:
         s = state.settings
+        booted = state.booted
         return {"status": state.status, "tenant": s.tenant, "model": s.model, "version": s.version,
-                "tee": s.tee, "insecure": s.tee == "sim",
-                "stats": state.booted.engine.stats() if state.booted else {}}
+                "tee": s.tee, "gpu_tee": s.gpu_tee, "insecure": s.insecure, "device": s.device, "dtype": s.dtype,
+                "gpu_cc_off": bool(booted and booted.gpu_cc_off), "load_s": round(booted.load_s, 3) if booted else None,
+                "gpu_memory": gpu_memory() if s.on_gpu else None,
+                "stats": booted.engine.stats() if booted else {}}
 
     @app.get("/internal/attestation")
     def attestation() -> JSONResponse:
         if state.booted is None:
             return _error(503, "model unavailable", "unavailable")
         released = state.booted.released
-        return JSONResponse({"tee": state.settings.tee, "insecure": state.settings.tee == "sim",
+        return JSONResponse({"tee": state.settings.tee, "insecure": state.settings.insecure,
                              "evidence": released.bundle.to_json(), "token": released.token,
-                             "model_digest": state.booted.model_digest})
+                             "model_digest": state.booted.model_digest,
+                             "sealed_key_id": state.serving_key.key_id,
+                             "promises": state.promises()})
 
     return app

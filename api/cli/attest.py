@@ -55,18 +55,46 @@ def verify(
     except AttestationError as exc:
         typer.echo(f"NOT verified: {type(exc).__name__}: {exc}", err=True)
         raise typer.Exit(1) from exc
+    claims = uniform_claims(claims, _parse_time(at) if at else None)
     if as_json:
         typer.echo(json.dumps(claims, indent=2, sort_keys=True, default=str))
     else:
         typer.echo(f"verified ({tee}); tcb_status={claims.get('tcb_status', 'n/a')} debug={claims.get('debug')}")
 
 
+# Fields whose type differed between TEEs in the verifiers' claims (strings for numbers and
+# booleans on SNP, another name on TDX): --json gives every field one type across TEEs.
+_INTS = ("snp_version", "vmpl", "quote_version")
+
+
+def uniform_claims(claims: dict[str, Any], at: dt.datetime | None) -> dict[str, Any]:
+    """One type per field across snp, tdx and nvgpu: numbers as numbers, booleans as booleans,
+    `crl_checked` (bool) and `verified_at` (ISO 8601) everywhere."""
+    out = dict(claims)
+    for name in _INTS:
+        if isinstance(out.get(name), str):
+            out[name] = int(out[name])
+    checked = out.pop("crls_checked", out.get("crl_checked"))
+    if isinstance(checked, str):
+        checked = checked == "true"
+    if checked is not None or out.get("tee") != "nvgpu":
+        out["crl_checked"] = bool(checked)
+    if "verified_at" not in out:
+        out["verified_at"] = (at or dt.datetime.now(dt.UTC)).isoformat()
+    return out
+
+
 def inspect(
     file: Path = typer.Argument(..., exists=True),
     tee: str = typer.Option(None, help="snp | tdx | nvgpu (default: detect)"),
 ) -> None:
-    """Pretty-print any evidence (parse only; nothing is verified)."""
+    """Pretty-print any evidence (parse only; nothing is verified), or a deployment's
+    /.well-known/attestation document (use `sealed verify URL` to verify one)."""
     data = file.read_bytes()
+    deployment = _deployment_document(data)
+    if deployment is not None:
+        typer.echo(json.dumps(deployment, indent=2, sort_keys=True, default=str))
+        return
     tees = [tee] if tee else list(TEES)
     errors = []
     for name in tees:
@@ -81,6 +109,35 @@ def inspect(
     raise typer.Exit(1)
 
 
+def _deployment_document(data: bytes) -> dict[str, Any] | None:
+    """A `/.well-known/attestation` document: each worker's token claims (unverified) and bundle."""
+    try:
+        doc = json.loads(data)
+    except ValueError:
+        return None
+    if not isinstance(doc, dict) or not isinstance(doc.get("workers"), list):
+        return None
+    import jwt
+
+    from attestation.bundle import EvidenceBundle
+
+    workers = []
+    for w in doc["workers"]:
+        entry: dict[str, Any] = {k: w.get(k) for k in ("worker_id", "tenant", "model", "version", "tee", "insecure",
+                                                        "sealed_key_id", "usage_public_key", "promises")}
+        try:
+            entry["token_claims_unverified"] = jwt.decode(str(w["token"]), options={"verify_signature": False})
+            bundle = EvidenceBundle.from_json(w["evidence"])
+            entry["evidence"] = {"tee": bundle.tee, "cpu_evidence_bytes": len(bundle.cpu_evidence),
+                                 "gpus": len(bundle.gpus), "digest": bundle.digest(),
+                                 "hpke_public_key": bundle.runtime_data.hpke_public_key.hex(),
+                                 "channel_binding": bundle.runtime_data.channel_binding.hex()}
+        except (KeyError, ValueError, AttestationError, jwt.PyJWTError) as exc:
+            entry["error"] = f"{type(exc).__name__}: {exc}"
+        workers.append(entry)
+    return {"kind": "deployment attestation document (parsed, not verified)", "workers": workers}
+
+
 def detect() -> None:
     """Say which TEEs this machine can attest with, and why the others are unavailable."""
     from attestation.detect import detect as run_detect
@@ -89,9 +146,80 @@ def detect() -> None:
         typer.echo(f"{cap.tee:6} {'available  ' if cap.available else 'unavailable'}  {cap.reason}")
 
 
+def _store(directory: Path, offline: bool) -> Any:
+    from attestation.collateral import CollateralConfig, CollateralStore
+
+    return CollateralStore(CollateralConfig(directory, offline=offline))
+
+
+def collateral_status(
+    store: Path = typer.Option(..., help="the broker's collateral directory (--collateral-dir)"),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """What the store holds and when each piece expires (expired pieces make the broker refuse)."""
+    from attestation.collateral import status_json
+
+    now = dt.datetime.now(dt.UTC)
+    items = _store(store, True).status()
+    if as_json:
+        typer.echo(status_json(items, now))
+        return
+    if not items:
+        typer.echo("no collateral")
+    for i in items:
+        until = i.next_update.isoformat() if i.next_update else "-"
+        flag = "EXPIRED" if i.expired(now) else "ok"
+        typer.echo(f"{i.source:6} {i.kind:10} {flag:7} until {until:25} {i.subject}  ({i.name})")
+    if any(i.expired(now) for i in items):
+        raise typer.Exit(1)
+
+
+def collateral_import(
+    bundle: Path = typer.Argument(..., exists=True, help="a directory of collateral made elsewhere"),
+    store: Path = typer.Option(..., help="the broker's collateral directory"),
+) -> None:
+    """Import a bundle (for brokers with no internet); every file is recognised by content."""
+    try:
+        items = _store(store, True).import_dir(bundle)
+    except AttestationError as exc:
+        typer.echo(f"import refused: {exc}", err=True)
+        raise typer.Exit(1) from exc
+    typer.echo(f"imported {len(items)} pieces of collateral into {store}")
+
+
+def collateral_fetch(
+    store: Path = typer.Option(..., help="the collateral directory to fill (then export it with --bundle)"),
+    fmspc: list[str] = typer.Option([], help="TDX platform FMSPC (hex); repeatable"),
+    bundle: Path = typer.Option(None, help="also write an importable bundle here"),
+    if_due: bool = typer.Option(False, "--if-due", help="only when something expires within 24 h (for cron)"),
+) -> None:
+    """Fetch AMD KDS CRLs and Intel PCS collateral now (online), for this broker or another."""
+    from attestation.collateral import CollateralConfig, CollateralStore
+
+    collateral = CollateralStore(CollateralConfig(store, fmspcs=tuple(fmspc)))
+    try:
+        if if_due and not collateral.refresh_if_due(dt.datetime.now(dt.UTC)):
+            typer.echo("collateral is current; nothing fetched")
+            return
+        items = collateral.status() if if_due else collateral.fetch()
+    except AttestationError as exc:
+        typer.echo(f"fetch failed: {exc}", err=True)
+        raise typer.Exit(1) from exc
+    finally:
+        collateral.close()
+    if bundle is not None:
+        collateral.export_dir(bundle)
+    typer.echo(f"{len(items)} pieces of collateral in {store}")
+
+
 def build() -> typer.Typer:
     app = typer.Typer(no_args_is_help=True, help="Verify and inspect attestation evidence.")
     app.command("detect")(detect)
     app.command("verify")(verify)
     app.command("inspect")(inspect)
+    collateral = typer.Typer(no_args_is_help=True, help="The verifier's collateral: fetch, import, status.")
+    collateral.command("status")(collateral_status)
+    collateral.command("import")(collateral_import)
+    collateral.command("fetch")(collateral_fetch)
+    app.add_typer(collateral, name="collateral")
     return app

@@ -16,7 +16,7 @@ import httpx
 import typer
 from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
 
-from enclave_worker.package.errors import UploadError
+from protocol.package.errors import UploadError
 
 # manifest + payload + whichever signature method's files the package has
 PACKAGE_FILES = ("manifest.json", "manifest.sig", "model.sig", "signer.pub.pem", "payload.bin")

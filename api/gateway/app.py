@@ -21,6 +21,7 @@ from api.gateway.errors import (
 )
 from api.gateway.limits import LocalQueueCounter, RedisLimiterStore, RedisQueueCounter
 from api.gateway.router import router
+from api.gateway.sealed_router import router as sealed_router
 from api.gateway.service import GatewayService
 from api.gateway.settings import GatewaySettings
 from api.store.db import make_engine, session_factory, upgrade
@@ -60,6 +61,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     app = FastAPI(title="Sealed gateway", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.service = service
     app.include_router(router)
+    app.include_router(sealed_router)
     app.include_router(internal.router)
     if importlib.util.find_spec("api.management") is not None:
         from api.management.app import management_router, upload_router
@@ -68,6 +70,9 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         uploads = upload_router(settings)
         if uploads is not None:
             app.include_router(uploads)
+        from api.console.router import install as install_console
+
+        install_console(app, settings.console, settings.data_dir)
     app.add_exception_handler(GatewayError, gateway_error_handler)
     app.add_exception_handler(RequestValidationError, validation_error_handler)
     app.add_exception_handler(StarletteHTTPException, http_error_handler)

@@ -20,7 +20,6 @@ from api.gateway.errors import GatewayError
 class WorkerInfo:
     worker_id: str
     grpc_address: str
-    http_url: str
     tenant: str
     model: str
     version: str
@@ -35,6 +34,9 @@ class WorkerInfo:
     inflight: int = 0
     dead: bool = False
     attested: bool = False  # its attestation token binds tls_cert and usage_public_key
+    sealed_key_id: str = ""  # hex SHA-256 of its attested HPKE key (sealed mode pins it)
+    attestation_doc: dict[str, Any] | None = None  # as submitted (and, once attested, verified)
+    seq: int = 0  # the last signed heartbeat's sequence number (replays are refused)
 
     def load(self) -> float:
         return self.inflight + float(self.stats.get("num_waiting", 0))
@@ -44,6 +46,12 @@ def unavailable(detail: str = "") -> GatewayError:
     suffix = f" ({detail})" if detail else ""
     return GatewayError(503, f"model unavailable: no attested worker is serving it{suffix}",
                         type_="model_unavailable", code="model_unavailable")
+
+
+def reattest_required() -> GatewayError:
+    return GatewayError(409, "the worker this request was sealed to is not serving; fetch "
+                        "/.well-known/attestation, verify it and seal the request again",
+                        code="reattest_required", param="Sealed-Key-Id")
 
 
 class WorkerRegistry:
@@ -62,11 +70,21 @@ class WorkerRegistry:
                                                                              doc.get("tls_cert", "")):
             # Pinned at first contact: a different process may not take over a worker's identity.
             raise GatewayError(409, "worker identity changed", type_="invalid_request_error")
-        info = known or WorkerInfo(worker_id=wid, grpc_address=doc["grpc_address"], http_url=doc["http_url"],
+        seq = int(doc.get("seq") or 0)
+        if known is not None and seq <= known.seq:
+            raise GatewayError(409, "stale or replayed heartbeat", type_="invalid_request_error")
+        info = known or WorkerInfo(worker_id=wid, grpc_address=doc["grpc_address"],
                                    tenant=doc["tenant"], model=doc["model"], version=doc["version"],
                                    status=doc["status"], tee=doc["tee"], insecure=bool(doc["insecure"]),
                                    usage_public_key=doc["usage_public_key"], pid=doc.get("pid"),
-                                   tls_cert=doc.get("tls_cert", ""))
+                                   tls_cert=doc.get("tls_cert", ""), sealed_key_id=str(doc.get("sealed_key_id", "")))
+        if (info.grpc_address, info.tenant, info.model, info.version, info.sealed_key_id) != (
+                doc["grpc_address"], doc["tenant"], doc["model"], doc["version"], str(doc.get("sealed_key_id", ""))):
+            raise GatewayError(409, "worker identity changed", type_="invalid_request_error")
+        attestation = doc.get("attestation")
+        if attestation != info.attestation_doc:
+            info.attestation_doc, info.attested = attestation, False  # checked again before routing
+        info.seq = seq
         info.status, info.stats = doc["status"], doc.get("stats") or {}
         info.last_seen, info.dead = time.monotonic(), False
         self.workers[wid] = info
@@ -85,6 +103,14 @@ class WorkerRegistry:
     def ready(self, tenant: str, model: str) -> list[WorkerInfo]:
         return [w for w in self.for_model(tenant, model)
                 if w.status == "ready" and (w.attested or not self.require_attestation)]
+
+    def pinned(self, tenant: str, model: str, sealed_key_id: str) -> WorkerInfo:
+        """Sealed mode: the one worker whose key the client pinned, or a re-attest error (never
+        another worker: a request sealed to one key opens nowhere else)."""
+        for w in self.ready(tenant, model):
+            if sealed_key_id and w.sealed_key_id == sealed_key_id:
+                return w
+        raise reattest_required()
 
     def pick(self, tenant: str, model: str, split: dict[str, float], affinity_key: str = "",
              exclude: frozenset[str] = frozenset()) -> WorkerInfo:

@@ -13,21 +13,24 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx
-
 from api.gateway.admission import AdmissionController, Ticket
 from api.gateway.errors import GatewayError
-from api.gateway.grpc_client import WorkerClients, WorkerLost, WorkerUnavailable
+from api.gateway.grpc_client import WorkerClients, WorkerLost, WorkerUnavailable, open_sealed
 from api.gateway.metrics import Metrics
-from api.gateway.registry import WorkerInfo, WorkerRegistry
+from api.gateway.registry import WorkerInfo, WorkerRegistry, reattest_required
 from api.gateway.settings import GatewaySettings
 from api.gateway.usage import UsageRejected, verify_usage
-from api.gateway.worker_attestation import load_verifier, verify_worker
-from api.proto import worker_pb2
-from api.proto.tls import load_or_create
+from api.gateway.worker_attestation import (
+    HeartbeatRefused,
+    load_verifier,
+    verify_heartbeat_signature,
+    verify_worker_attestation,
+)
 from api.store.models import Tenant
 from api.store.repo import KeyRecord, Store
 from attestation.errors import AttestationError
+from protocol.rpc import worker_pb2
+from protocol.tls import load_or_create
 
 log = logging.getLogger(__name__)
 CACHE_S = 1.0
@@ -208,8 +211,50 @@ class GatewayService:
         finally:
             self._probing.discard(worker.worker_id)
 
+    # -- sealed mode (docs/sealed-mode.md): the gateway relays ciphertext and meters signed usage
+    def require_sealed(self, tenant: str) -> bool:
+        """The tenant's policy says `require_sealed` (its worker enforces the signed original too)."""
+        row = self._cached(("policy", tenant), lambda: self.store.policy(tenant))
+        doc = row.document if row is not None else None
+        payload = doc.get("payload", doc) if isinstance(doc, dict) else None
+        return isinstance(payload, dict) and payload.get("require_sealed") is True
+
+    def check_plaintext_allowed(self, key: KeyRecord) -> None:
+        if self.require_sealed(key.tenant):
+            self.metrics.rejected.labels(key.tenant, "sealed_required").inc()
+            raise GatewayError(403, "this tenant accepts only sealed requests: use SealedOpenAI or `sealed proxy` "
+                               "(docs/sealed-mode.md)", code="sealed_required")
+
+    async def sealed_stream(self, key: KeyRecord, model: str, request: worker_pb2.SealedRequest
+                            ) -> AsyncIterator[worker_pb2.SealedChunk]:
+        """Relay one sealed exchange with the pinned worker; never another one."""
+        worker = self.registry.pinned(key.tenant, model, request.worker_key_id)
+        worker.inflight += 1
+        try:
+            first, rest = await open_sealed(self.clients, worker.grpc_address, request,
+                                            self.settings.request_timeout_s, worker.tls_cert)
+        except GatewayError as exc:
+            worker.inflight -= 1
+            if isinstance(exc, WorkerUnavailable):
+                self._probe_soon(worker)  # health checks, not one request, take a worker out of rotation
+                raise reattest_required() from exc
+            raise
+        try:
+            chunk = first
+            yield first
+            async for chunk in rest:
+                yield chunk
+            if chunk.HasField("usage"):
+                await self._meter(chunk.usage, worker, request)
+        except WorkerLost:
+            log.warning("worker %s lost mid-stream", worker.worker_id)
+            self._probe_soon(worker)
+            raise
+        finally:
+            worker.inflight -= 1
+
     async def _meter(self, record: worker_pb2.UsageRecord, worker: WorkerInfo,
-                     request: worker_pb2.GenerateRequest) -> None:
+                     request: worker_pb2.GenerateRequest | worker_pb2.SealedRequest) -> None:
         try:
             row = verify_usage(record, worker, request.request_id, request.tenant)
         except UsageRejected as exc:
@@ -220,15 +265,23 @@ class GatewayService:
         self.metrics.worker_seconds.labels(row.tenant).inc(row.worker_seconds)
         await asyncio.to_thread(self.store.record_usage, row)
 
-    def heartbeat(self, doc: dict[str, Any]) -> None:
+    def heartbeat(self, doc: dict[str, Any], signed: dict[str, Any]) -> None:
+        """A worker's heartbeat: `signed` is the body as sent, `doc` the same after validation."""
+        try:
+            verify_heartbeat_signature(signed)
+        except HeartbeatRefused as exc:
+            log.warning("heartbeat refused: %s", exc)
+            raise GatewayError(401, "heartbeat is not signed by the worker's identity key",
+                               code="invalid_worker_signature") from exc
         info = self.registry.heartbeat(doc)
         if self._verifier is not None and info.status == "ready" and not info.attested:
             try:
-                verify_worker(info.http_url, tenant=info.tenant, model=info.model, version=info.version,
-                              tls_cert=info.tls_cert, usage_public_key=info.usage_public_key,
-                              verifier=self._verifier)
+                verify_worker_attestation(info.attestation_doc, tenant=info.tenant, model=info.model,
+                                          version=info.version, tls_cert=info.tls_cert,
+                                          usage_public_key=info.usage_public_key, verifier=self._verifier,
+                                          sealed_key_id=info.sealed_key_id)
                 info.attested = True
-            except (AttestationError, httpx.HTTPError, ValueError, KeyError) as exc:
+            except (AttestationError, ValueError, KeyError) as exc:
                 log.warning("worker %s not routed to: attestation check failed (%s)", info.worker_id,
                             type(exc).__name__)
         stats = info.stats
@@ -237,17 +290,21 @@ class GatewayService:
             self.metrics.worker_waiting.labels(info.worker_id, info.model).set(float(stats.get("num_waiting", 0)))
 
     async def attestation(self, key: KeyRecord) -> list[dict[str, Any]]:
-        """Evidence of the live workers of the key's tenant (and model scope), nobody else's."""
+        """Each live worker's attestation document, exactly as the worker submitted it in its signed
+        heartbeats and (with a broker JWKS configured) as the gateway verified it. Nothing is fetched
+        from an address a worker supplies. Only the key's tenant's workers (and model scope)."""
         out = []
-        async with httpx.AsyncClient(timeout=5.0) as http:
-            for w in list(self.registry.workers.values()):
-                if not self.registry.alive(w) or w.tenant != key.tenant or (key.models and w.model not in key.models):
-                    continue
-                try:
-                    response = await http.get(f"{w.http_url}/internal/attestation")
-                    doc = response.json() if response.status_code == 200 else {"status": "unavailable"}
-                except (httpx.HTTPError, ValueError):
-                    doc = {"status": "unreachable"}
-                out.append({"worker_id": w.worker_id, "model": w.model, "version": w.version, "tenant": w.tenant,
-                            "usage_public_key": w.usage_public_key, "grpc_tls_cert": w.tls_cert or None, **doc})
+        for w in list(self.registry.workers.values()):
+            if not self.registry.alive(w) or w.tenant != key.tenant or (key.models and w.model not in key.models):
+                continue
+            entry: dict[str, Any] = {"worker_id": w.worker_id, "model": w.model, "version": w.version,
+                                     "tenant": w.tenant, "usage_public_key": w.usage_public_key,
+                                     "grpc_tls_cert": w.tls_cert or None}
+            doc = w.attestation_doc
+            if doc and (w.attested or self._verifier is None):
+                entry.update({k: doc[k] for k in ("tee", "insecure", "evidence", "token", "model_digest",
+                                                  "sealed_key_id", "promises") if k in doc})
+            else:
+                entry["status"] = "unavailable"
+            out.append(entry)
         return out

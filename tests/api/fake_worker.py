@@ -16,10 +16,10 @@ import grpc
 import uvicorn
 from fastapi import FastAPI
 
-from api.proto import worker_pb2, worker_pb2_grpc
 from enclave_worker.grpc_server import heartbeats
 from enclave_worker.server import WorkerState
 from enclave_worker.settings import WorkerSettings
+from protocol.rpc import worker_pb2, worker_pb2_grpc
 
 
 class FakeServicer(worker_pb2_grpc.WorkerServicer):
@@ -69,8 +69,7 @@ async def main_async(args: argparse.Namespace) -> None:
     server.add_insecure_port(address)
     await server.start()
     token = Path(args.token_file).read_text().strip()
-    beat = asyncio.create_task(heartbeats(state, [args.gateway], token, address, f"http://127.0.0.1:{args.http_port}",
-                                          interval=0.3))
+    beat = asyncio.create_task(heartbeats(state, [args.gateway], token, address, interval=0.3))
     app = FastAPI()
     app.get("/internal/attestation")(lambda: {"tee": "sim", "insecure": True, "evidence": None, "token": None})
     try:

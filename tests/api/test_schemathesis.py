@@ -33,7 +33,7 @@ from schemathesis.specs.openapi.checks import (  # noqa: E402
 from api.gateway.app import create_app  # noqa: E402
 from api.gateway.settings import GatewaySettings, WorkerRoute  # noqa: E402
 from api.management.auth import AUDIENCE  # noqa: E402
-from api.proto import worker_pb2, worker_pb2_grpc  # noqa: E402
+from protocol.rpc import worker_pb2, worker_pb2_grpc  # noqa: E402
 from api.stack import free_port  # noqa: E402
 from enclave_worker.server import WorkerState  # noqa: E402
 from enclave_worker.settings import WorkerSettings  # noqa: E402

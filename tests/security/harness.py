@@ -16,7 +16,7 @@ from cryptography.hazmat.primitives import serialization
 from api.gateway.app import create_app
 from api.gateway.service import GatewayService
 from api.gateway.settings import GatewaySettings, WorkerRoute
-from api.proto import worker_pb2_grpc
+from protocol.rpc import worker_pb2_grpc
 from api.stack import free_port
 from enclave_worker.server import WorkerState
 from enclave_worker.settings import WorkerSettings

@@ -25,10 +25,10 @@ from typer.testing import CliRunner
 
 from api.cli.audit import build as build_audit_cli
 from attestation.bundle import RuntimeData
-from key_broker.sealing import raw_public_key
 from policy.audit import AuditLog, SqlAnchor, WitnessFile, checkpoint_path, entry_hashes, latest_checkpoint, verify_log
 from policy.audit.merkle import consistency_proof, merkle_root, verify_consistency
 from policy.errors import AuditIntegrityError
+from protocol.broker.sealing import raw_public_key
 from tests.api.fleet import postgres_database
 from tests.key_broker.conftest import Clock, Harness
 

@@ -15,7 +15,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from attestation.bundle import RuntimeData
-from key_broker.sealing import raw_public_key
+from protocol.broker.sealing import raw_public_key
 from tests.key_broker.conftest import Clock, Harness
 
 HOSTILE_STRINGS = ["x" * 300, "-----BEGIN PRIVATE KEY-----", "a\nb\r\n{\"seq\":0}", "\u202e\u0000\ud7ff",

@@ -11,7 +11,7 @@ import grpc
 import httpx
 import pytest
 
-from api.proto import worker_pb2
+from protocol.rpc import worker_pb2
 from tests.api.fake_worker import FakeServicer
 from tests.security.harness import gateway, http_server
 

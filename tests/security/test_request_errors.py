@@ -14,8 +14,8 @@ import grpc
 import httpx
 import pytest
 
-from api.proto import worker_pb2, worker_pb2_grpc
-from api.proto.tls import TARGET_NAME
+from protocol.rpc import worker_pb2, worker_pb2_grpc
+from protocol.tls import TARGET_NAME
 from api.stack import DEMO_MODEL
 from tests.api.conftest import RunningStack
 

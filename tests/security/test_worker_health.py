@@ -8,7 +8,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from api.proto import worker_pb2, worker_pb2_grpc
+from protocol.rpc import worker_pb2, worker_pb2_grpc
 from tests.security.harness import gateway
 
 

@@ -1,0 +1,189 @@
+"""Worker-side client of the key-release protocol (runs inside the attested worker)."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import httpx
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+from attestation.bundle import EvidenceBundle, RuntimeData
+from protocol.broker.errors import BrokerRateLimited, BrokerRefused
+from protocol.broker.sealing import open_sealed, raw_public_key, release_info
+
+
+@dataclass(frozen=True)
+class ReleasedKey:
+    data_key: bytes
+    token: str
+    token_id: str
+    bundle: EvidenceBundle
+    receipt: dict
+
+
+def _post(client: httpx.Client, path: str, body: dict | None = None) -> dict:
+    response = client.post(path, json=body or {})
+    if response.status_code == 403:
+        raise BrokerRefused("the key broker refused the request")
+    if response.status_code == 429:
+        raise BrokerRateLimited("the key broker rate-limited the request; retry later")
+    response.raise_for_status()
+    return response.json()
+
+
+def obtain_data_key(
+    client: httpx.Client,
+    *,
+    tenant: str,
+    model: str,
+    version: str,
+    make_bundle: Callable[[RuntimeData], EvidenceBundle],
+    channel_binding: bytes = b"",
+    hpke_key: X25519PrivateKey | None = None,
+) -> ReleasedKey:
+    """Challenge -> evidence bound to an HPKE key (and the worker's channel keys) -> token ->
+    sealed data key -> open it. ``hpke_key``: the worker's serving key, which sealed-mode clients
+    encrypt to (docs/sealed-mode.md); without it, a key made for this release only."""
+    ephemeral = hpke_key or X25519PrivateKey.generate()
+    challenge = _post(client, "/v1/challenge")
+    runtime = RuntimeData(nonce=bytes.fromhex(challenge["nonce"]), hpke_public_key=raw_public_key(ephemeral),
+                          channel_binding=channel_binding)
+    bundle = make_bundle(runtime)
+    scope = {"tenant": tenant, "model": model, "version": version}
+    token = _post(client, "/v1/attest", {"session_id": challenge["session_id"], "evidence": bundle.to_json(),
+                                         **scope})["token"]
+    released = _post(client, "/v1/key", {"token": token, **scope})
+    data_key = open_sealed(base64.b64decode(released["sealed_key"]), ephemeral,
+                           release_info(tenant, model, version, released["token_id"]))
+    return ReleasedKey(data_key, token, released["token_id"], bundle, released["receipt"])
+
+
+def renew_attestation(
+    client: httpx.Client,
+    *,
+    tenant: str,
+    model: str,
+    version: str,
+    make_bundle: Callable[[RuntimeData], EvidenceBundle],
+    hpke_public_key: bytes,
+    channel_binding: bytes = b"",
+) -> tuple[str, EvidenceBundle]:
+    """Fresh evidence for the same keys (a new broker nonce) -> a fresh token. No key is released:
+    this keeps the attestation document that clients verify valid for the worker's whole life."""
+    challenge = _post(client, "/v1/challenge")
+    runtime = RuntimeData(nonce=bytes.fromhex(challenge["nonce"]), hpke_public_key=hpke_public_key,
+                          channel_binding=channel_binding)
+    bundle = make_bundle(runtime)
+    token = _post(client, "/v1/attest", {"session_id": challenge["session_id"], "evidence": bundle.to_json(),
+                                         "tenant": tenant, "model": model, "version": version})["token"]
+    return token, bundle
+
+
+def check_key_status(client: httpx.Client, released: ReleasedKey, *, tenant: str, model: str,
+                     version: str) -> str:
+    """Poll the broker: "active" or "revoked". A worker drops the data key (and stops serving the
+    model) on "revoked" and on a refusal; on a network error or 429 it keeps it and polls again.
+    The broker suggests the poll interval in `check_after_s` (30 s)."""
+    try:
+        body = _post(client, "/v1/key/status", {"token": released.token, "tenant": tenant, "model": model,
+                                                "version": version})
+    except BrokerRefused:
+        return "revoked"
+    status = str(body.get("status"))
+    return status if status in ("active", "revoked") else "revoked"
+
+
+# --- The key lease -----------------------------------------------------------------------------
+# A released key is a lease. The worker renews it with requests signed by its attested identity
+# key (the usage-signing key whose hash, with its TLS key, is the channel binding in REPORT_DATA and
+# in the broker's token), so the public attestation token alone cannot renew, watch or starve it.
+# The broker's answers are MACed under a key derived from the data key: only the broker that
+# released the key can renew the lease or say "revoked"; a network attacker can only drop answers,
+# which lets the lease run out (the worker then wipes).
+
+LEASE_REQUEST_DOMAIN = b"sealed-lease-request-v1\x00"
+LEASE_ANSWER_DOMAIN = b"sealed-lease-answer-v1\x00"
+
+
+def canonical_json(doc: dict) -> bytes:
+    return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+
+
+def lease_mac_key(data_key: bytes, token_id: str) -> bytes:
+    return HKDF(algorithm=hashes.SHA256(), length=32, salt=None,
+                info=b"sealed-lease-mac-v1\x00" + token_id.encode()).derive(data_key)
+
+
+def lease_answer_mac(mac_key: bytes, answer: dict) -> str:
+    fields = {k: answer[k] for k in ("token_id", "seq", "status", "lease_s")}
+    return hmac.new(mac_key, LEASE_ANSWER_DOMAIN + canonical_json(fields), hashlib.sha256).hexdigest()
+
+
+def lease_request_payload(body: dict, token_id: str) -> bytes:
+    """What the identity key signs: every field of the request but the token itself (its id
+    stands for it) and the signature."""
+    fields = {k: body[k] for k in ("tenant", "model", "version", "tls_spki", "identity_key", "seq", "at",
+                                   "wait_s")}
+    return LEASE_REQUEST_DOMAIN + canonical_json({**fields, "token_id": token_id})
+
+
+@dataclass(frozen=True)
+class WorkerIdentity:
+    """The key a running worker proves itself with: its usage-signing key, bound (with the TLS
+    key) into its attestation. Made in memory at process start, never stored."""
+
+    signing_key: Ed25519PrivateKey
+    tls_spki: bytes = b""  # DER SubjectPublicKeyInfo of the worker's mTLS key; empty without mTLS
+
+    @property
+    def public_key(self) -> bytes:
+        return self.signing_key.public_key().public_bytes(serialization.Encoding.Raw,
+                                                          serialization.PublicFormat.Raw)
+
+
+@dataclass(frozen=True)
+class LeaseAnswer:
+    status: str  # "active" | "revoked"
+    lease_s: float
+
+
+class LeaseAnswerInvalid(BrokerRefused):
+    """The answer does not carry a valid MAC for this request: treated as no answer."""
+
+
+async def renew_lease(client: httpx.AsyncClient, released: ReleasedKey, identity: WorkerIdentity, *,
+                      tenant: str, model: str, version: str, seq: int, wait_s: float,
+                      mac_key: bytes) -> LeaseAnswer:
+    """One renewal. With wait_s > 0 the broker holds the request (long poll) and answers at once
+    when the key is revoked, else after wait_s with a renewed lease. Raises on any failure."""
+    body = {"tenant": tenant, "model": model, "version": version, "tls_spki": identity.tls_spki.hex(),
+            "identity_key": identity.public_key.hex(), "seq": seq, "at": int(time.time()),
+            "wait_s": float(wait_s)}
+    body["signature"] = identity.signing_key.sign(lease_request_payload(body, released.token_id)).hex()
+    response = await client.post("/v1/lease", json={**body, "token": released.token})
+    if response.status_code == 403:
+        raise BrokerRefused("the key broker refused the lease renewal")
+    if response.status_code == 429:
+        raise BrokerRateLimited("the key broker rate-limited the lease renewal")
+    response.raise_for_status()
+    answer = response.json()
+    if not isinstance(answer, dict) or answer.get("token_id") != released.token_id or answer.get("seq") != seq:
+        raise LeaseAnswerInvalid("lease answer is for another request")
+    try:
+        expected = lease_answer_mac(mac_key, answer)
+    except (KeyError, TypeError) as exc:
+        raise LeaseAnswerInvalid("malformed lease answer") from exc
+    if not hmac.compare_digest(expected, str(answer.get("mac", ""))):
+        raise LeaseAnswerInvalid("lease answer MAC does not verify")
+    if answer["status"] not in ("active", "revoked") or not isinstance(answer["lease_s"], int | float):
+        raise LeaseAnswerInvalid("malformed lease answer")
+    return LeaseAnswer(status=answer["status"], lease_s=float(answer["lease_s"]))
