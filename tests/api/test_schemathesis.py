@@ -33,10 +33,10 @@ from schemathesis.specs.openapi.checks import (  # noqa: E402
 from api.gateway.app import create_app  # noqa: E402
 from api.gateway.settings import GatewaySettings, WorkerRoute  # noqa: E402
 from api.management.auth import AUDIENCE  # noqa: E402
-from protocol.rpc import worker_pb2, worker_pb2_grpc  # noqa: E402
 from api.stack import free_port  # noqa: E402
 from enclave_worker.server import WorkerState  # noqa: E402
 from enclave_worker.settings import WorkerSettings  # noqa: E402
+from protocol.rpc import worker_pb2, worker_pb2_grpc  # noqa: E402
 from tests.api.fake_worker import FakeServicer  # noqa: E402
 
 EXAMPLES = 15  # per operation and generation mode (valid, invalid): about 1,000 requests in all
@@ -92,7 +92,7 @@ def gateway_app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     def beat() -> None:  # the worker's heartbeats, through the app itself
         with TestClient(app) as client:
             while not beating.is_set():
-                client.post("/internal/workers/heartbeat", json=heartbeat_doc("w-schema", state),
+                client.post("/internal/workers/heartbeat", json=heartbeat_doc(state),
                             headers={"Authorization": f"Bearer {REGISTER}"})
                 time.sleep(0.5)
 

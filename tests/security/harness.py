@@ -4,7 +4,7 @@ protocol, for tests that need a precise worker behaviour (an error code, a slow 
 from __future__ import annotations
 
 import contextlib
-import secrets
+import itertools
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,10 +16,11 @@ from cryptography.hazmat.primitives import serialization
 from api.gateway.app import create_app
 from api.gateway.service import GatewayService
 from api.gateway.settings import GatewaySettings, WorkerRoute
-from protocol.rpc import worker_pb2_grpc
 from api.stack import free_port
 from enclave_worker.server import WorkerState
 from enclave_worker.settings import WorkerSettings
+from protocol.heartbeat import worker_id_for
+from protocol.rpc import worker_pb2_grpc
 
 REGISTER_TOKEN = "r" * 40
 JWT_SECRET = "j" * 40
@@ -38,17 +39,19 @@ class InProcess:
 
     async def beat(self) -> None:
         """One heartbeat from every worker (what their loop sends each second)."""
-        for i, state in enumerate(self.states):
-            await self.client.post("/internal/workers/heartbeat", json=heartbeat_doc(self.workers[i], state),
+        for state in self.states:
+            await self.client.post("/internal/workers/heartbeat", json=heartbeat_doc(state),
                                    headers={"Authorization": f"Bearer {REGISTER_TOKEN}"})
 
 
-def heartbeat_doc(worker_id: str, state: WorkerState) -> dict:
-    s = state.settings
-    public = state.usage_key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
-    return {"worker_id": worker_id, "grpc_address": f"127.0.0.1:{s.port}", "http_url": "http://127.0.0.1:9",
-            "tenant": s.tenant, "model": s.model, "version": s.version, "status": state.status, "tee": "sim",
-            "insecure": True, "usage_public_key": public.hex(), "tls_cert": "", "stats": {}}
+_SEQ = itertools.count(1)
+
+
+def heartbeat_doc(state: WorkerState, grpc_port: int | None = None) -> dict:
+    """The worker's own signed heartbeat (enclave_worker.grpc_server.heartbeat_body)."""
+    from enclave_worker.grpc_server import heartbeat_body
+
+    return heartbeat_body(state, f"127.0.0.1:{grpc_port or state.settings.port}", "", next(_SEQ))
 
 
 @contextlib.asynccontextmanager
@@ -71,7 +74,9 @@ async def gateway(tmp: Path, servicers: list, *, tenant: str = "acme", model: st
         await server.start()
         servers.append(server)
         states.append(state)
-        ids.append(f"w-{secrets.token_hex(4)}")
+        public = state.usage_key.public_key().public_bytes(serialization.Encoding.Raw,
+                                                           serialization.PublicFormat.Raw)
+        ids.append(worker_id_for(public))
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://gw", timeout=60) as client:
         harness = InProcess(client, service, secret, ids, states)

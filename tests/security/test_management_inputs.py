@@ -16,7 +16,7 @@ from api.cli.upload import UploadFailed, upload_package
 from api.management.auth import AUDIENCE
 from api.management.uploads import build_upload_router
 from api.store.models import UsageRow
-from enclave_worker.package import write_package
+from enclave_worker.package.writer import write_package
 from tests.security.harness import JWT_SECRET, gateway
 
 

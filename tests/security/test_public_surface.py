@@ -38,10 +38,16 @@ async def test_anonymous_callers_learn_no_tenant_or_model(tmp_path: Path) -> Non
 
 async def test_attestation_lists_only_the_callers_tenants_workers(tmp_path: Path) -> None:
     async with gateway(tmp_path, [lambda s: FakeServicer(s, 0.001)], tenant="acme", model="m") as gw:
-        other = heartbeat_doc("w-other", gw.states[0])
-        other.update(tenant="globex", model="globex-private", grpc_address="127.0.0.1:9")
-        await gw.client.post("/internal/workers/heartbeat", json=other,
-                             headers={"Authorization": f"Bearer {REGISTER_TOKEN}"})
+        from pathlib import Path as P
+
+        from enclave_worker.server import WorkerState
+        from enclave_worker.settings import WorkerSettings
+
+        globex = WorkerState(WorkerSettings(broker_url="", package_dir=P("."), tenant="globex", model="globex-private",
+                                            version="v1", host="127.0.0.1", port=9), status="ready")
+        r = await gw.client.post("/internal/workers/heartbeat", json=heartbeat_doc(globex),
+                                 headers={"Authorization": f"Bearer {REGISTER_TOKEN}"})
+        assert r.status_code == 200, r.text
         doc = (await gw.client.get("/.well-known/attestation", headers=gw.headers())).json()
         assert [w["tenant"] for w in doc["workers"]] == ["acme"]
         assert "globex" not in str(doc)

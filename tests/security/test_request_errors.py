@@ -14,9 +14,9 @@ import grpc
 import httpx
 import pytest
 
+from api.stack import DEMO_MODEL
 from protocol.rpc import worker_pb2, worker_pb2_grpc
 from protocol.tls import TARGET_NAME
-from api.stack import DEMO_MODEL
 from tests.api.conftest import RunningStack
 
 MODEL = f'"model": "{DEMO_MODEL}", "max_tokens": 2'
@@ -80,7 +80,7 @@ def _worker_stub(stack: RunningStack) -> tuple[grpc.Channel, worker_pb2_grpc.Wor
 
 @pytest.mark.parametrize("messages,tools", [
     ([{"role": "user", "content": "hi \ud800"}], None),
-    ([{"role": "user", "content": "x"}], [{"type": "function", "function": {"name": "f", "description": "\udfff"}}]),
+    ([{"role": "user", "content": [{"type": "text", "text": "\udfff"}]}], None),
     ({"role": "user"}, None),
     ([["not", "an", "object"]], None),
 ])
