@@ -11,9 +11,9 @@ from typing import Any
 
 import grpc
 from google.protobuf.message import DecodeError
-from policy.audit.worker_record import DECISION_METADATA_KEY
 
 from api.gateway.errors import GatewayError
+from policy.audit.worker_record import DECISION_METADATA_KEY
 from protocol.rpc import worker_pb2, worker_pb2_grpc
 from protocol.tls import TARGET_NAME, TlsIdentity
 
