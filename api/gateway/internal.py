@@ -73,7 +73,16 @@ def healthz() -> dict:
 
 @router.get("/readyz", response_model=None)
 def readyz(service: GatewayService = Depends(get_service)) -> JSONResponse:
-    """Ready when every model version in the catalog has at least its minimum of warm workers."""
+    """Ready when every model version in the catalog has at least its minimum of warm workers.
+
+    Public (load balancers probe it), so it says only ready or not: which tenants, models and
+    workers exist is for operators (`GET /admin/v1/workers`, `GET /admin/v1/readiness`).
+    """
+    ready, _ = readiness(service)
+    return JSONResponse(status_code=200 if ready else 503, content={"ready": ready})
+
+
+def readiness(service: GatewayService) -> tuple[bool, dict[str, Any]]:
     registry, models = service.registry, {}
     for v in service.store.model_versions():
         if v.traffic_percent <= 0:
@@ -82,10 +91,19 @@ def readyz(service: GatewayService = Depends(get_service)) -> JSONResponse:
         models[f"{v.tenant}/{v.model}/{v.version}"] = {"warm": warm, "min_warm": v.min_warm}
     workers = [w.status if registry.alive(w) else "unreachable" for w in registry.workers.values()]
     ready = bool(models) and all(m["warm"] >= min(1, m["min_warm"]) for m in models.values())
-    return JSONResponse(status_code=200 if ready else 503,
-                        content={"ready": ready, "workers": workers, "models": models})
+    return ready, {"ready": ready, "workers": workers, "models": models}
 
 
-@router.get("/metrics")
-def metrics(request: Request, service: GatewayService = Depends(get_service)) -> Response:
+def metrics_reader(request: Request, secret: str = Depends(bearer_secret)) -> None:
+    """Metrics name tenants and models: an operator's or auditor's management token (Prometheus:
+    `authorization: {credentials_file: ...}`), not an anonymous request."""
+    from api.management.auth import principal
+
+    who = principal(request, secret)
+    if who.role not in ("operator", "auditor"):
+        raise GatewayError(403, f"role {who.role} may not read metrics", type_="permission_error", code="forbidden")
+
+
+@router.get("/metrics", dependencies=[Depends(metrics_reader)])
+def metrics(service: GatewayService = Depends(get_service)) -> Response:
     return Response(generate_latest(service.metrics.registry), media_type=CONTENT_TYPE_LATEST)

@@ -126,6 +126,13 @@ def management_router(settings: GatewaySettings, service: GatewayService) -> API
             raise GatewayError(404, "no policy", code="not_found")
         return {"tenant": tenant, "version": row.version, "document": row.document}
 
+    @r.get("/readiness")
+    def readiness_detail(_: Principal = Depends(require(OP, AUDITOR))) -> dict:
+        """What /readyz says, with the names a public probe does not get."""
+        from api.gateway.internal import readiness
+
+        return readiness(service)[1]
+
     @r.get("/workers")
     def workers(_: Principal = Depends(require(OP, AUDITOR))) -> dict:
         reg = service.registry
