@@ -184,6 +184,7 @@ async def heartbeats(state: WorkerState, urls: list[str], token: str, grpc_addre
             body = {"worker_id": worker_id, "grpc_address": grpc_address, "http_url": http_url,
                     "tenant": s.tenant, "model": s.model, "version": s.version, "status": state.status,
                     "tee": s.tee, "insecure": s.tee == "sim", "usage_public_key": public.hex(),
+                    "reason": state.reason,
                     "pid": os.getpid(), "tls_cert": tls_cert, "stats": booted.engine.stats() if booted else {}}
             for url in urls:
                 # The gateway may not be up yet, or restarting: keep beating.

@@ -16,6 +16,7 @@ import secrets
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+import httpx
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from fastapi import FastAPI
@@ -34,6 +35,7 @@ log = logging.getLogger(__name__)
 class WorkerState:
     settings: WorkerSettings
     status: str = "starting"  # starting | ready | failed
+    reason: str = ""  # a failed boot's category (never the exception text: it might carry data)
     booted: BootedWorker | None = None
     guard: WorkerGuard | None = None
     channel_binding: bytes = b""  # set before boot: attestation covers the TLS and usage keys
@@ -65,16 +67,36 @@ async def _boot(state: WorkerState) -> None:
         state.booted = await asyncio.to_thread(boot, s, state.channel_binding)
         state.status = "ready"
     except Exception as exc:  # the reason is logged by type only: it may not carry secrets, but keep it terse
-        state.status = "failed"
-        log.error("worker boot failed: %s", type(exc).__name__)
+        state.status, state.reason = "failed", failure_reason(exc)
+        log.error("worker boot failed: %s (%s)", type(exc).__name__, state.reason)
         return
     watch = KeyWatch(s.broker_url, state.booted.released, s.tenant, s.model, s.version, s.key_check_interval_s)
     await watch.run(lambda: _revoke(state))
 
 
+def failure_reason(exc: BaseException) -> str:
+    """A fixed category for /readyz and the control loop; the details stay in the audit logs."""
+    # By class name along the MRO: the error classes live in shared contracts that move between
+    # packages, and the worker must not import the broker's package for them.
+    kinds = {c.__name__ for c in type(exc).__mro__}
+    if "ReleaseRefused" in kinds:
+        return "key release refused by the key broker"
+    if "RateLimited" in kinds:
+        return "key broker rate limit"
+    if "PackageError" in kinds:
+        return f"package rejected ({type(exc).__name__})"
+    if isinstance(exc, httpx.HTTPError):
+        return "key broker unreachable"
+    if isinstance(exc, FileNotFoundError):
+        return "package or policy file missing"
+    if "PolicyError" in kinds or isinstance(exc, ValueError):
+        return "tenant policy or package metadata invalid"
+    return f"boot failed ({type(exc).__name__})"
+
+
 def _revoke(state: WorkerState) -> None:
     """The tenant revoked its key: stop serving and wipe every plaintext weight now."""
-    state.status = "failed"
+    state.status, state.reason = "failed", "data key revoked"
     booted, state.booted = state.booted, None
     if booted is not None:
         booted.wipe()
@@ -98,7 +120,8 @@ def create_app(settings: WorkerSettings, state: WorkerState | None = None) -> Fa
     @app.get("/internal/status")
     def status() -> dict:
         s = state.settings
-        return {"status": state.status, "tenant": s.tenant, "model": s.model, "version": s.version,
+        return {"status": state.status, "reason": state.reason, "tenant": s.tenant, "model": s.model,
+                "version": s.version,
                 "tee": s.tee, "insecure": s.tee == "sim",
                 "stats": state.booted.engine.stats() if state.booted else {}}
 

@@ -35,6 +35,7 @@ class WorkerInfo:
     inflight: int = 0
     dead: bool = False
     attested: bool = False  # its attestation token binds tls_cert and usage_public_key
+    reason: str = ""  # why a failed worker failed (a category, e.g. "key release refused")
 
     def load(self) -> float:
         return self.inflight + float(self.stats.get("num_waiting", 0))
@@ -42,8 +43,9 @@ class WorkerInfo:
 
 def unavailable(detail: str = "") -> GatewayError:
     suffix = f" ({detail})" if detail else ""
+    # Retryable: the control loop starts, restarts or wakes (from zero) the version's workers.
     return GatewayError(503, f"model unavailable: no attested worker is serving it{suffix}",
-                        type_="model_unavailable", code="model_unavailable")
+                        type_="model_unavailable", code="model_unavailable", headers={"Retry-After": "2"})
 
 
 class WorkerRegistry:
@@ -67,7 +69,7 @@ class WorkerRegistry:
                                    status=doc["status"], tee=doc["tee"], insecure=bool(doc["insecure"]),
                                    usage_public_key=doc["usage_public_key"], pid=doc.get("pid"),
                                    tls_cert=doc.get("tls_cert", ""))
-        info.status, info.stats = doc["status"], doc.get("stats") or {}
+        info.status, info.stats, info.reason = doc["status"], doc.get("stats") or {}, str(doc.get("reason") or "")
         info.last_seen, info.dead = time.monotonic(), False
         self.workers[wid] = info
         return info
