@@ -34,7 +34,7 @@ from enclave_worker.attesters import resolve_tee
 from enclave_worker.chat_format import render_chat
 from enclave_worker.engine import EngineError, InvalidRequestError, SamplingParams
 from enclave_worker.guard import GuardRefusal, strip_tool_calls
-from enclave_worker.server import WorkerState, create_app
+from enclave_worker.server import WorkerState, create_app, serving
 from enclave_worker.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
@@ -94,7 +94,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     async def Generate(self, request: worker_pb2.GenerateRequest, context: grpc.aio.ServicerContext
                        ) -> AsyncIterator[worker_pb2.GenerateChunk]:
         state = self.state
-        if state.booted is None:
+        if not serving(state):
             await context.abort(grpc.StatusCode.UNAVAILABLE, "model unavailable")
         engine = state.booted.engine  # type: ignore[union-attr]
         started = time.monotonic()
@@ -215,7 +215,7 @@ async def serve(settings: WorkerSettings, grpc_port: int, register_urls: list[st
     usage_public = state.usage_key.public_key().public_bytes(serialization.Encoding.Raw,
                                                              serialization.PublicFormat.Raw)
     # Before boot: the evidence the key broker sees commits to exactly these channel keys.
-    state.channel_binding = channel_binding(spki, usage_public)
+    state.channel_binding, state.tls_spki = channel_binding(spki, usage_public), spki
     app = create_app(settings, state)
     await server.start()
     beat = asyncio.create_task(heartbeats(state, register_urls, register_token, address,
@@ -257,7 +257,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--policy-admin-key", type=Path, default=None, help="tenant admin key that signed it")
     parser.add_argument("--unsafe-no-tenant-policy", action="store_true",
                         help="run without data and tool-use controls (logs a warning)")
-    parser.add_argument("--key-check-interval", type=float, default=30.0)
+    parser.add_argument("--lease-seconds", type=float, default=60.0,
+                        help="serve at most this long without a key lease renewal (measured)")
+    parser.add_argument("--lease-watch-seconds", type=float, default=20.0,
+                        help="how long one lease renewal is held open at the broker")
     parser.add_argument("--max-num-seqs", type=int, default=16)
     parser.add_argument("--max-model-len", type=int, default=2048)
     args = parser.parse_args(argv)
@@ -274,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
         unsafe_sim_measurement=args.unsafe_sim_measurement, host=args.host, port=args.port,
         max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len, policy_file=args.policy_file,
         policy_admin_key=args.policy_admin_key, unsafe_no_tenant_policy=args.unsafe_no_tenant_policy,
-        key_check_interval_s=args.key_check_interval)
+        lease_s=args.lease_seconds, lease_watch_s=args.lease_watch_seconds)
     token = args.register_token_file.read_text().strip() if args.register_token_file else ""
     client_cert = args.gateway_client_cert.read_bytes() if args.gateway_client_cert else None
     asyncio.run(serve(settings, args.grpc_port, args.register_url, token, client_cert))

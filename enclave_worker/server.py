@@ -25,8 +25,9 @@ from fastapi.responses import JSONResponse
 from api.proto import worker_pb2
 from enclave_worker.boot import BootedWorker, boot
 from enclave_worker.guard import WorkerGuard, build_guard
-from enclave_worker.keywatch import KeyWatch
+from enclave_worker.keywatch import KeyLease, LeaseTiming
 from enclave_worker.settings import WorkerSettings
+from key_broker.client import WorkerIdentity
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +40,8 @@ class WorkerState:
     booted: BootedWorker | None = None
     guard: WorkerGuard | None = None
     channel_binding: bytes = b""  # set before boot: attestation covers the TLS and usage keys
+    tls_spki: bytes = b""  # DER public key of the worker's mTLS identity (empty without mTLS)
+    lease: KeyLease | None = None  # the data key's lease; serving stops when it is not valid
     salt_secret: bytes = field(default_factory=lambda: secrets.token_bytes(32))
     # Signs usage records; made at boot and never stored, so only this process can sign as this worker.
     usage_key: Ed25519PrivateKey = field(default_factory=Ed25519PrivateKey.generate)
@@ -49,6 +52,9 @@ class WorkerState:
                                                           serialization.PublicFormat.Raw)
         return worker_pb2.UsageRecord(payload=payload, signature=self.usage_key.sign(payload),
                                       public_key=public)
+
+    def identity(self) -> WorkerIdentity:
+        return WorkerIdentity(self.usage_key, self.tls_spki)
 
     def cache_salt(self, tenant: str) -> bytes:
         # Derived here, never taken from a client: tenants cannot share or probe each other's prefix cache.
@@ -70,8 +76,9 @@ async def _boot(state: WorkerState) -> None:
         state.status, state.reason = "failed", failure_reason(exc)
         log.error("worker boot failed: %s (%s)", type(exc).__name__, state.reason)
         return
-    watch = KeyWatch(s.broker_url, state.booted.released, s.tenant, s.model, s.version, s.key_check_interval_s)
-    await watch.run(lambda: _revoke(state))
+    state.lease = KeyLease(s.broker_url, state.booted.released, state.identity(), s.tenant, s.model, s.version,
+                           LeaseTiming(lease_s=s.lease_s, watch_s=s.lease_watch_s))
+    await state.lease.run(lambda reason: _revoke(state))
 
 
 def failure_reason(exc: BaseException) -> str:
@@ -95,12 +102,24 @@ def failure_reason(exc: BaseException) -> str:
 
 
 def _revoke(state: WorkerState) -> None:
-    """The tenant revoked its key: stop serving and wipe every plaintext weight now."""
-    state.status, state.reason = "failed", "data key revoked"
+    """The key was revoked or its lease ran out: stop serving and wipe every plaintext weight now."""
+    state.status, state.reason = "failed", "data key revoked or its lease ran out"
     booted, state.booted = state.booted, None
     if booted is not None:
         booted.wipe()
         asyncio.get_running_loop().create_task(booted.engine.shutdown())
+
+
+def serving(state: WorkerState) -> bool:
+    """Whether requests may run: booted and the key's lease is live. A lease found expired here
+    (should the watcher ever lag) wipes at once."""
+    if state.booted is None:
+        return False
+    if state.lease is not None and not state.lease.valid():
+        log.error("key lease expired: wiping the model and refusing requests")
+        _revoke(state)
+        return False
+    return True
 
 
 def create_app(settings: WorkerSettings, state: WorkerState | None = None) -> FastAPI:

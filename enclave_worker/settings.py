@@ -29,7 +29,10 @@ class WorkerSettings:
     policy_file: Path | None = None  # the tenant's signed policy set (data and tool-use controls)
     policy_admin_key: Path | None = None  # Ed25519 public key that must have signed it (measured)
     unsafe_no_tenant_policy: bool = False
-    key_check_interval_s: float = 30.0  # how often the worker asks the broker whether its key was revoked
+    # The key lease (docs/security.md, "Revocation"): without a renewal for lease_s the worker
+    # wipes and stops serving; a renewal is held open at the broker for up to lease_watch_s.
+    lease_s: float = 60.0
+    lease_watch_s: float = 20.0
     # Where the guest kernel's attestation interfaces are (not measured: evidence is signed by the
     # TEE whatever path it came through).
     tsm_dir: Path = Path("/sys/kernel/config/tsm/report")
@@ -48,6 +51,8 @@ class WorkerSettings:
             "policy_admin_key": (hashlib.sha256(self.policy_admin_key.read_bytes()).hexdigest()
                                  if self.policy_admin_key else None),
             "unsafe_no_tenant_policy": self.unsafe_no_tenant_policy,
+            # How long this worker may serve a key the broker no longer vouches for.
+            "lease_s": self.lease_s,
             "engine": {
                 "max_num_seqs": self.max_num_seqs,
                 "max_model_len": self.max_model_len,

@@ -35,6 +35,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--vault-mount", default="transit")
     parser.add_argument("--rate-limit-per-minute", type=int, default=600)
     parser.add_argument("--max-body-bytes", type=int, default=1 << 20)
+    parser.add_argument("--lease-seconds", type=int, default=60,
+                        help="how long a lease renewal keeps a released key usable")
+    parser.add_argument("--lease-max-wait-seconds", type=float, default=30.0,
+                        help="longest a lease renewal is held waiting for a revocation (push)")
     parser.add_argument("--unsafe-dev-mode", action="store_true",
                         help="accept placeholder secrets (development only; logs a warning)")
     args = parser.parse_args(argv)
@@ -43,7 +47,8 @@ def main(argv: list[str] | None = None) -> int:
         data_dir=args.data_dir, sim_platform_public_key=args.sim_platform_key, roots_dir=args.roots_dir,
         collateral_dir=args.collateral_dir, collateral_offline=args.collateral_offline,
         master_key_file=args.master_key_file, rate_limit_per_minute=args.rate_limit_per_minute,
-        max_body_bytes=args.max_body_bytes,
+        max_body_bytes=args.max_body_bytes, lease_s=args.lease_seconds,
+        lease_max_wait_s=args.lease_max_wait_seconds,
         admin_token_sha256=admin_token_hashes(hash_file=args.admin_token_hash_file, dev=args.unsafe_dev_mode),
         keystore=args.keystore, vault_url=args.vault_url,
         vault_token=vault_token_from_env() if args.keystore == "vault" else None,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Body, Depends
+from fastapi import APIRouter, Body, Depends, Request
 
 from key_broker.admin_schemas import (
     DataKeyUpload,
@@ -44,9 +44,10 @@ def rotate_tenant_key(tenant: str, who: Principal = Depends(tenant_manager),
 
 
 @router.post(T + "/key/revoke")
-def revoke_tenant_key(tenant: str, who: Principal = Depends(tenant_manager),
+def revoke_tenant_key(tenant: str, request: Request, who: Principal = Depends(tenant_manager),
                       admin: TenantAdmin = Depends(get_admin)) -> dict:
     admin.revoke(who, tenant)
+    request.app.state.leases.changes.notify()  # held lease polls answer "revoked" now
     return admin.status(tenant)
 
 

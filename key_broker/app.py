@@ -38,6 +38,7 @@ from key_broker.keystore import (
     is_placeholder_master_key,
     load_master_key,
 )
+from key_broker.leases import LeaseBook, LeaseSettings
 from key_broker.limits import BodyLimitMiddleware, RateLimits
 from key_broker.policies import PolicyStore
 from key_broker.receipts import ReceiptBook
@@ -193,6 +194,7 @@ def create_app(settings: BrokerSettings, service: KeyBrokerService | None = None
 
     app = FastAPI(title="Sealed key broker", docs_url=None, redoc_url=None, lifespan=lifespan)
     app.state.service = svc
+    app.state.leases = LeaseBook(svc, LeaseSettings(lease_s=settings.lease_s, max_wait_s=settings.lease_max_wait_s))
     app.state.admin = tenant_admin
     app.state.import_public = tenant_admin.import_key.public_key()
     app.include_router(router)

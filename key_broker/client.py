@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import base64
+import hashlib
+import hmac
+import json
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import httpx
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from attestation.bundle import EvidenceBundle, RuntimeData
 from key_broker.errors import RateLimited, ReleaseRefused
@@ -70,3 +77,90 @@ def check_key_status(client: httpx.Client, released: ReleasedKey, *, tenant: str
         return "revoked"
     status = str(body.get("status"))
     return status if status in ("active", "revoked") else "revoked"
+
+
+# --- The key lease -----------------------------------------------------------------------------
+# A released key is a lease. The worker renews it with requests signed by its attested identity
+# key (the usage-signing key whose hash, with its TLS key, is the channel binding in REPORT_DATA and
+# in the broker's token), so the public attestation token alone cannot renew, watch or starve it.
+# The broker's answers are MACed under a key derived from the data key: only the broker that
+# released the key can renew the lease or say "revoked"; a network attacker can only drop answers,
+# which lets the lease run out (the worker then wipes).
+
+LEASE_REQUEST_DOMAIN = b"sealed-lease-request-v1\x00"
+LEASE_ANSWER_DOMAIN = b"sealed-lease-answer-v1\x00"
+
+
+def canonical_json(doc: dict) -> bytes:
+    return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+
+
+def lease_mac_key(data_key: bytes, token_id: str) -> bytes:
+    return HKDF(algorithm=hashes.SHA256(), length=32, salt=None,
+                info=b"sealed-lease-mac-v1\x00" + token_id.encode()).derive(data_key)
+
+
+def lease_answer_mac(mac_key: bytes, answer: dict) -> str:
+    fields = {k: answer[k] for k in ("token_id", "seq", "status", "lease_s")}
+    return hmac.new(mac_key, LEASE_ANSWER_DOMAIN + canonical_json(fields), hashlib.sha256).hexdigest()
+
+
+def lease_request_payload(body: dict, token_id: str) -> bytes:
+    """What the identity key signs: every field of the request but the token itself (its id
+    stands for it) and the signature."""
+    fields = {k: body[k] for k in ("tenant", "model", "version", "tls_spki", "identity_key", "seq", "at",
+                                   "wait_s")}
+    return LEASE_REQUEST_DOMAIN + canonical_json({**fields, "token_id": token_id})
+
+
+@dataclass(frozen=True)
+class WorkerIdentity:
+    """The key a running worker proves itself with: its usage-signing key, bound (with the TLS
+    key) into its attestation. Made in memory at process start, never stored."""
+
+    signing_key: Ed25519PrivateKey
+    tls_spki: bytes = b""  # DER SubjectPublicKeyInfo of the worker's mTLS key; empty without mTLS
+
+    @property
+    def public_key(self) -> bytes:
+        return self.signing_key.public_key().public_bytes(serialization.Encoding.Raw,
+                                                          serialization.PublicFormat.Raw)
+
+
+@dataclass(frozen=True)
+class LeaseAnswer:
+    status: str  # "active" | "revoked"
+    lease_s: float
+
+
+class LeaseAnswerInvalid(ReleaseRefused):
+    """The answer does not carry a valid MAC for this request: treated as no answer."""
+
+
+async def renew_lease(client: httpx.AsyncClient, released: ReleasedKey, identity: WorkerIdentity, *,
+                      tenant: str, model: str, version: str, seq: int, wait_s: float,
+                      mac_key: bytes) -> LeaseAnswer:
+    """One renewal. With wait_s > 0 the broker holds the request (long poll) and answers at once
+    when the key is revoked, else after wait_s with a renewed lease. Raises on any failure."""
+    body = {"tenant": tenant, "model": model, "version": version, "tls_spki": identity.tls_spki.hex(),
+            "identity_key": identity.public_key.hex(), "seq": seq, "at": int(time.time()),
+            "wait_s": float(wait_s)}
+    body["signature"] = identity.signing_key.sign(lease_request_payload(body, released.token_id)).hex()
+    response = await client.post("/v1/lease", json={**body, "token": released.token})
+    if response.status_code == 403:
+        raise ReleaseRefused("the key broker refused the lease renewal")
+    if response.status_code == 429:
+        raise RateLimited("the key broker rate-limited the lease renewal")
+    response.raise_for_status()
+    answer = response.json()
+    if not isinstance(answer, dict) or answer.get("token_id") != released.token_id or answer.get("seq") != seq:
+        raise LeaseAnswerInvalid("lease answer is for another request")
+    try:
+        expected = lease_answer_mac(mac_key, answer)
+    except (KeyError, TypeError) as exc:
+        raise LeaseAnswerInvalid("malformed lease answer") from exc
+    if not hmac.compare_digest(expected, str(answer.get("mac", ""))):
+        raise LeaseAnswerInvalid("lease answer MAC does not verify")
+    if answer["status"] not in ("active", "revoked") or not isinstance(answer["lease_s"], int | float):
+        raise LeaseAnswerInvalid("malformed lease answer")
+    return LeaseAnswer(status=answer["status"], lease_s=float(answer["lease_s"]))

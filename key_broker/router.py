@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import base64
+import time
 
 from cryptography.hazmat.primitives import serialization
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
 
 from attestation.bundle import EvidenceBundle
 from attestation.errors import ParseError
 from enclave_worker.package.keywrap import import_key_id
 from key_broker.dependencies import client_address, get_service
 from key_broker.errors import ReleaseRefused
+from key_broker.leases import LeaseBook
 from key_broker.schemas import (
     AttestRequest,
     AttestResponse,
@@ -21,6 +24,8 @@ from key_broker.schemas import (
     KeyResponse,
     KeyStatusRequest,
     KeyStatusResponse,
+    LeaseRequest,
+    LeaseResponse,
 )
 from key_broker.service import KeyBrokerService
 
@@ -72,16 +77,34 @@ def key(body: KeyRequest, service: KeyBrokerService = Depends(get_service)) -> K
 
 
 @router.post("/v1/key/status", response_model=KeyStatusResponse)
-def key_status(body: KeyStatusRequest,
-               service: KeyBrokerService = Depends(get_service)) -> KeyStatusResponse | JSONResponse:
-    """Polled by running workers with their attestation token: on "revoked" (or a refusal) the
-    worker drops the data key and stops serving the model."""
+def key_status(body: KeyStatusRequest, service: KeyBrokerService = Depends(get_service),
+               client: str = Depends(client_address)) -> KeyStatusResponse | JSONResponse:
+    """Informational: whether the key a (public) attestation token was released under is revoked.
+    Workers do not rely on it; they hold a lease (`POST /v1/lease`)."""
     try:
         status = service.key_status(token=body.token, tenant=body.tenant, model=body.model,
-                                    version=body.version)
+                                    version=body.version, client=client)
     except ReleaseRefused:
         return refused()
     return KeyStatusResponse(status=status, check_after_s=STATUS_POLL_SECONDS)
+
+
+@router.post("/v1/lease", response_model=LeaseResponse)
+async def lease(body: LeaseRequest, request: Request) -> LeaseResponse | JSONResponse:
+    """Renew a key lease (signed by the worker's attested identity key). With `wait_s` the broker
+    holds the request and answers at once on revocation: this is how revocation is pushed."""
+    leases: LeaseBook = request.app.state.leases
+    try:
+        grant = await run_in_threadpool(leases.authenticate, body.model_dump())
+    except ReleaseRefused:
+        return refused()
+    deadline = time.monotonic() + grant.wait_s
+    while True:
+        status = await run_in_threadpool(leases.status, grant)
+        remaining = deadline - time.monotonic()
+        if status != "active" or remaining <= 0:
+            return LeaseResponse(**leases.answer(grant, status))
+        await leases.changes.wait(min(remaining, leases.settings.recheck_s))
 
 
 @router.get("/v1/import-key")

@@ -51,3 +51,22 @@ class KeyStatusRequest(KeyRequest):
 class KeyStatusResponse(Strict):
     status: str  # "active" | "revoked"
     check_after_s: int
+
+
+class LeaseRequest(KeyRequest):
+    """A renewal signed by the worker's attested identity key (see key_broker/leases.py)."""
+
+    tls_spki: str = Field(max_length=2048, pattern=r"^([0-9a-f]{2})*$")
+    identity_key: str = Field(min_length=64, max_length=64, pattern=r"^[0-9a-f]{64}$")
+    seq: int = Field(ge=1, le=2**62)
+    at: int = Field(ge=0, le=2**40)
+    wait_s: float = Field(ge=0, le=3600)
+    signature: str = Field(min_length=128, max_length=128, pattern=r"^[0-9a-f]{128}$")
+
+
+class LeaseResponse(Strict):
+    token_id: str
+    seq: int
+    status: str  # "active" | "revoked"
+    lease_s: int
+    mac: str

@@ -179,6 +179,9 @@ class KeyBrokerService:
             now = self.clock()
             claims = self._scoped_claims(token, tenant, model, version, now, meta)
             scope = claims["sealed"]
+            with self._used_lock:  # a used (public) token must not drain the bucket of fresh ones
+                if claims["jti"] in self._used:
+                    raise ReleaseRefused("token already used for a release")
             self._limiter.check("release", f"{claims['measurement']}|{scope.get('chip_id', '')}")
             if self.keystore.is_revoked(tenant):
                 raise ReleaseRefused("tenant key is revoked")
@@ -205,7 +208,7 @@ class KeyBrokerService:
                           metadata=meta)
         return SealedKey(sealed=sealed, token_id=claims["jti"], receipt=receipt)
 
-    def key_status(self, *, token: str, tenant: str, model: str, version: str) -> str:
+    def key_status(self, *, token: str, tenant: str, model: str, version: str, client: str = "-") -> str:
         """What a running worker polls: "active", or "revoked" (drop the key now). The token's
         signature and scope are checked, but not its expiry: a worker keeps polling long after its
         attestation token expired, and learning "revoked" late would be worse."""
@@ -213,9 +216,11 @@ class KeyBrokerService:
         try:
             # Verify "as of" the token's own issue time; the signature is still fully checked.
             iat = jwt.decode(token, options={"verify_signature": False})["iat"]
-            claims = self._scoped_claims(token, tenant, model, version,
-                                         dt.datetime.fromtimestamp(int(iat), dt.UTC), meta)
-            self._limiter.check("status", f"{claims['measurement']}|{claims['sealed'].get('chip_id', '')}")
+            self._scoped_claims(token, tenant, model, version, dt.datetime.fromtimestamp(int(iat), dt.UTC),
+                                meta)
+            # Per caller, not per measurement: the token is public, so keying by what it names let
+            # anyone drain the bucket of every worker of that build.
+            self._limiter.check("status", client)
         except RateLimited:
             raise
         except (AttestationError, jwt.PyJWTError, KeyError, TypeError, ValueError, ReleaseRefused) as exc:

@@ -38,6 +38,11 @@ class BrokerSettings:
     token_ttl: dt.timedelta = dt.timedelta(minutes=5)
     max_body_bytes: int = 1 << 20
     rate_limit_per_minute: int = 600
+    # Key leases (docs/security.md, "Revocation"): a renewal keeps a key usable this long; a held
+    # renewal (long poll) waits at most lease_max_wait_s. Longer leases ride out longer broker
+    # outages; a worker cut off from the broker serves at most one lease past a revocation.
+    lease_s: int = 60
+    lease_max_wait_s: float = 30.0
     # SHA-256 hex of the operator's admin token(s); empty = the admin API admits only tenant admins.
     admin_token_sha256: frozenset[str] = frozenset()
     keystore: Literal["local", "vault"] = "local"

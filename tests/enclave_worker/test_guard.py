@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 
-import httpx
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from enclave_worker.guard import GuardRefusal, WorkerGuard, build_guard, load_policy_set, parse_tool_calls
-from enclave_worker.keywatch import KeyWatch
 from policy.documents import sign_policy_document
 from policy.errors import PolicyInvalid
 from policy.policyset import PolicySet
@@ -127,22 +124,6 @@ def test_tool_call_parser_tolerates_junk() -> None:
 
 def test_policyset_round_trip_matches_the_signed_payload() -> None:
     assert PolicySet.from_dict(POLICY).to_dict()["policy_id"] == "acme-policy"
-
-
-def test_key_watch_drops_the_key_on_revocation_and_rides_out_broker_errors() -> None:
-    answers = iter([httpx.ConnectError("down"), "active", "revoked"])
-    revoked: list[bool] = []
-
-    class Watch(KeyWatch):
-        def check_once(self) -> str:
-            answer = next(answers)
-            if isinstance(answer, Exception):
-                raise answer
-            return answer
-
-    watch = Watch("http://127.0.0.1:9", None, "acme", "m", "v1", interval_s=0.01)  # type: ignore[arg-type]
-    asyncio.run(asyncio.wait_for(watch.run(lambda: revoked.append(True)), timeout=5))
-    assert revoked == [True]
 
 
 def test_kill_switch_forwarded_by_the_gateway_refuses_tool_calls(guard: WorkerGuard) -> None:

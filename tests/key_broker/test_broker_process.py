@@ -47,6 +47,7 @@ class BrokerProcess:
             self.url = f"http://127.0.0.1:{port}"
             self.port = port
         self.proc: subprocess.Popen | None = None
+        self.extra_args: list[str] = []
 
     def start(self) -> None:
         env = {**os.environ, "SEALED_BROKER_ADMIN_TOKEN": self.admin_token, "PYTHONUNBUFFERED": "1"}
@@ -62,6 +63,7 @@ class BrokerProcess:
                 str(self.port),
                 "--sim-platform-key",
                 str(self.pub),
+                *self.extra_args,
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
