@@ -67,6 +67,7 @@ class ModelVersion(Base):
     previous_percent: Mapped[float | None] = mapped_column(Float, nullable=True)  # for one-call rollback
     min_warm: Mapped[int] = mapped_column(Integer, default=1)  # warm-pool floor; 0: may scale to zero
     max_replicas: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
+    ttft_slo_ms: Mapped[int | None] = mapped_column(Integer, nullable=True)  # scale out above it
     retired: Mapped[bool] = mapped_column(default=False, server_default=false())  # workers drain and stop
     # What the control loop last saw (e.g. "failing", "no data key at the broker"); shown by /readyz.
     status: Mapped[str] = mapped_column(String(32), default="", server_default="")

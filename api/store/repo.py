@@ -132,7 +132,8 @@ class Store:
             return list(s.scalars(q))
 
     def upsert_version(self, tenant: str, model: str, version: str, traffic_percent: float | None = None,
-                       min_warm: int | None = None, max_replicas: int | None = None) -> ModelVersion:
+                       min_warm: int | None = None, max_replicas: int | None = None,
+                       ttft_slo_ms: int | None = None) -> ModelVersion:
         self.ensure_tenant(tenant)
         with self.sessions.begin() as s:
             row = s.scalar(select(ModelVersion).where(ModelVersion.tenant == tenant, ModelVersion.model == model,
@@ -149,6 +150,8 @@ class Store:
                 row.min_warm = min_warm
             if max_replicas is not None:
                 row.max_replicas = max_replicas
+            if ttft_slo_ms is not None:
+                row.ttft_slo_ms = ttft_slo_ms
             if row.retired and (traffic_percent or min_warm or max_replicas):
                 row.retired = False  # registered again: back in service
             s.flush()

@@ -20,6 +20,7 @@ def upgrade() -> None:
         batch_op.add_column(sa.Column("max_replicas", sa.Integer(), nullable=False, server_default="1"))
         batch_op.add_column(sa.Column("status", sa.String(32), nullable=False, server_default=""))
         batch_op.add_column(sa.Column("status_reason", sa.String(256), nullable=False, server_default=""))
+        batch_op.add_column(sa.Column("ttft_slo_ms", sa.Integer(), nullable=True))
     with op.batch_alter_table("policies", schema=None) as batch_op:
         batch_op.add_column(sa.Column("admin_key_pem", sa.Text(), nullable=True))
 
@@ -28,5 +29,5 @@ def downgrade() -> None:
     with op.batch_alter_table("policies", schema=None) as batch_op:
         batch_op.drop_column("admin_key_pem")
     with op.batch_alter_table("model_versions", schema=None) as batch_op:
-        for name in ("status_reason", "status", "max_replicas", "retired"):
+        for name in ("ttft_slo_ms", "status_reason", "status", "max_replicas", "retired"):
             batch_op.drop_column(name)
