@@ -13,6 +13,7 @@ import hmac
 import json
 import logging
 import secrets
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -70,8 +71,11 @@ async def _boot(state: WorkerState) -> None:
     try:
         # The tenant's signed policy first: no key is fetched for a worker that could not enforce it.
         state.guard = build_guard(s.policy_file, s.policy_admin_key, s.tenant, s.unsafe_no_tenant_policy)
+        started = time.monotonic()
         state.booted = await asyncio.to_thread(boot, s, state.channel_binding)
         state.status = "ready"
+        # Cold-start figure (docs/deploy.md): attestation + key release + package load + engine build.
+        log.info("ready %.1f s after boot started (attest, key release, package load)", time.monotonic() - started)
     except Exception as exc:  # the reason is logged by type only: it may not carry secrets, but keep it terse
         state.status, state.reason = "failed", failure_reason(exc)
         log.error("worker boot failed: %s (%s)", type(exc).__name__, state.reason)
@@ -143,6 +147,12 @@ def create_app(settings: WorkerSettings, state: WorkerState | None = None) -> Fa
                 "version": s.version,
                 "tee": s.tee, "insecure": s.tee == "sim",
                 "stats": state.booted.engine.stats() if state.booted else {}}
+
+    @app.get("/internal/readyz")
+    def readyz() -> JSONResponse:
+        """For a pod's readiness probe: 200 only while the model is loaded and serving."""
+        return JSONResponse(status_code=200 if state.status == "ready" else 503,
+                            content={"status": state.status, "reason": state.reason})
 
     @app.get("/internal/attestation")
     def attestation() -> JSONResponse:

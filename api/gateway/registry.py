@@ -71,6 +71,11 @@ class WorkerRegistry:
                                    tls_cert=doc.get("tls_cert", ""))
         info.status, info.stats, info.reason = doc["status"], doc.get("stats") or {}, str(doc.get("reason") or "")
         info.last_seen, info.dead = time.monotonic(), False
+        if known is None:
+            # A new process on an address another worker had: that one is gone (restarted in place).
+            for other in self.workers.values():
+                if other.grpc_address == info.grpc_address and other.worker_id != wid:
+                    other.dead = True
         self.workers[wid] = info
         return info
 
