@@ -26,3 +26,4 @@ test: install
 
 lint: install
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports

@@ -9,7 +9,7 @@ from pathlib import Path
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from key_broker.fsutil import atomic_write
+from protocol.fsutil import atomic_write
 
 
 def default_home() -> Path:
@@ -19,6 +19,11 @@ def default_home() -> Path:
 @dataclass(frozen=True)
 class Home:
     root: Path
+
+    @property
+    def reference_values(self) -> Path:
+        """The operator's signed reference values (in-toto statement), served by the gateway."""
+        return self.root / "gateway" / "reference-values.json"
 
     @property
     def broker(self) -> Path:

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import hashlib
 import json
 import os
@@ -17,24 +18,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+from cryptography.hazmat.primitives import serialization
 
 from api.gateway.keys import ApiKeyStore
 from api.home import Home, ed25519_key, write_public_key
 from api.orchestrator.local import LocalRuntime
 from api.orchestrator.loop import ControlLoop
-from api.proto.tls import load_or_create
 from api.supervisor import Child, RunLock, Supervisor
 from api.tenant_tools import default_model_path, encrypt_model
+from attestation.refvalues import sign_reference_values
 from enclave_worker.measurement import simulated_measurement
-from enclave_worker.package import read_manifest
-from enclave_worker.package.signing import signer_identity
 from enclave_worker.settings import WorkerSettings
 from key_broker.errors import KeyStoreError
-from key_broker.fsutil import atomic_write
 from key_broker.keystore import DataKeyRegistry, LocalKeyStore, load_master_key
 from key_broker.policies import PolicyStore
 from policy.documents import sign_policy_document
 from policy.release import ReleasePolicy
+from protocol.fsutil import atomic_write
+from protocol.package import read_manifest
+from protocol.package.signing import signer_identity
+from protocol.tls import load_or_create
 
 DEMO_TENANT = "demo"
 DEMO_MODEL = "smollm2-135m-instruct"
@@ -236,6 +239,30 @@ def worker_args(home: Home, broker_url: str, port: int, grpc_port: int, register
     return args
 
 
+def write_demo_client_policy(home: Home) -> Path:
+    """`$SEALED_HOME/demo/client-policy.json`: what a sealed-mode client of the demo trusts (this
+    build's simulated measurement and the broker's JWKS), for `SealedOpenAI(policy=...)`,
+    `sealed verify --policy` and `sealed proxy --policy` (docs/sealed-mode.md)."""
+    settings = worker_settings(home, "", 0)
+    measurement = simulated_measurement(settings.measured_config()).hex()
+    # The operator publishes this build's measurement, signed; the client pins the publisher's key.
+    (home.root / "publisher").mkdir(exist_ok=True, mode=0o700)
+    publisher = ed25519_key(home.root / "publisher" / "reference-values.key")
+    home.reference_values.write_text(json.dumps(sign_reference_values(
+        publisher, [measurement], tee="sim", issued_at=dt.datetime.now(dt.UTC), valid_for=dt.timedelta(days=30),
+        promises=settings.promises()), indent=2))
+    path = home.root / "demo" / "client-policy.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({
+        "appraisal": {"allowed_tee": ["sim"], "allowed_measurements": [], "unsafe_allow_simulated_tee": True},
+        "reference_values": {"publisher_key": publisher.public_key().public_bytes(
+            serialization.Encoding.Raw, serialization.PublicFormat.Raw).hex()},
+        "broker_jwks": json.loads((home.broker / "jwks.json").read_text()),
+        "require_promises": {"prompts_logged": False, "prefix_cache_isolation": "per-tenant-salt"},
+    }, indent=2, sort_keys=True))
+    return path
+
+
 def broker_admin_token(home: Home) -> Path:
     """The operator's key-broker admin token (0600; the broker is given only its SHA-256)."""
     token = _secret_file(home.broker / "admin-token")
@@ -270,13 +297,15 @@ def launch(home: Home, *, host: str = "127.0.0.1", port: int = 8000,
             "--sim-platform-key", str(home.sim_public_key),
             "--admin-token-hash-file", str(broker_admin_token(home)), *broker_args], on_restart=stack.write_pids)
         _wait_http(f"{broker_url}/healthz", broker)
+        write_demo_client_policy(home)
         routes = home.gateway / "routes.json"
         routes.write_text(json.dumps([{"tenant": DEMO_TENANT, "model": DEMO_MODEL, "version": DEMO_VERSION}]))
         gateway = stack.supervisor.start("gateway", [
             "api.gateway", "--data-dir", str(home.gateway), "--routes", str(routes), "--host", host,
             "--port", str(port), "--register-token-file", str(_secret_file(home.gateway / "register-token")),
             "--jwt-secret-file", str(_secret_file(home.gateway / "jwt-secret")),
-            "--broker-jwks", str(home.broker / "jwks.json"), *gateway_args], on_restart=stack.write_pids)
+            "--broker-jwks", str(home.broker / "jwks.json"), "--reference-values", str(home.reference_values),
+            *gateway_args], on_restart=stack.write_pids)
         _wait_http(f"{local_gateway}/healthz", gateway)
         for i, (http_port, grpc_port) in enumerate(worker_ports):
             args = worker_args(home, broker_url, http_port, grpc_port, [local_gateway], unsafe_sim_measurement)

@@ -9,9 +9,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from enclave_worker.engine.checkpoint import Checkpoint, load_gguf, load_hf_dir
-from enclave_worker.package import Manifest, write_package
-from enclave_worker.package.keywrap import SealedDataKey, load_import_public_key, seal_data_key
-from enclave_worker.package.signing import SigningKey
+from enclave_worker.package.writer import write_package
+from protocol.package import Manifest
+from protocol.package.keywrap import SealedDataKey, load_import_public_key, seal_data_key
+from protocol.package.signing import SigningKey
 
 
 @dataclass(frozen=True)
@@ -71,9 +72,9 @@ def import_sealed_key(broker_dir: Path, sealed_key: Path, package: Path) -> str:
     Opens the sealed data key with the local broker's import key, checks it against the package's
     signed manifest and key commitment, and wraps it under the tenant key. Returns "tenant/model/version".
     """
-    from enclave_worker.package import read_manifest
-    from enclave_worker.package.keywrap import SealedDataKey, load_or_create_import_key, open_data_key
     from key_broker.keystore import DataKeyRegistry, LocalKeyStore, load_master_key
+    from protocol.package import read_manifest
+    from protocol.package.keywrap import SealedDataKey, load_or_create_import_key, open_data_key
 
     manifest, _, signer = read_manifest(package)
     data_key = open_data_key(SealedDataKey.from_json(Path(sealed_key).read_text()),

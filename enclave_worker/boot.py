@@ -6,13 +6,14 @@ import logging
 from dataclasses import dataclass
 
 import httpx
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from enclave_worker.engine import EngineConfig, LLMEngine
 from enclave_worker.engine.checkpoint import Checkpoint
 from enclave_worker.package import DecryptedModel, decrypt_package
 from enclave_worker.settings import WorkerSettings
 from enclave_worker.tee import make_attester
-from key_broker.client import ReleasedKey, obtain_data_key
+from protocol.broker.client import ReleasedKey, obtain_data_key
 
 log = logging.getLogger(__name__)
 
@@ -39,12 +40,13 @@ def engine_config(settings: WorkerSettings) -> EngineConfig:
     )
 
 
-def boot(settings: WorkerSettings, channel_binding: bytes = b"") -> BootedWorker:
+def boot(settings: WorkerSettings, channel_binding: bytes = b"", hpke_key: X25519PrivateKey | None = None
+         ) -> BootedWorker:
     attester = make_attester(settings)
     with httpx.Client(base_url=settings.broker_url, timeout=30.0) as client:
         released = obtain_data_key(client, tenant=settings.tenant, model=settings.model,
                                    version=settings.version, make_bundle=attester.bundle,
-                                   channel_binding=channel_binding)
+                                   channel_binding=channel_binding, hpke_key=hpke_key)
     # The broker appraised CPU and GPU evidence together and released the key: only now do the
     # GPUs accept work (nvtrust's order: attest, verify, then set the ready state).
     attester.accepted()

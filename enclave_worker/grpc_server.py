@@ -26,16 +26,18 @@ import uvicorn
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
-from api.proto import worker_pb2, worker_pb2_grpc
-from api.proto.tls import make_identity
 from attestation.bundle import channel_binding
 from attestation.errors import UnsupportedError
 from enclave_worker.attesters import resolve_tee
 from enclave_worker.chat_format import render_chat
 from enclave_worker.engine import EngineError, InvalidRequestError, SamplingParams
 from enclave_worker.guard import GuardRefusal, strip_tool_calls
+from enclave_worker.sealed import SealedRefusal, answer_sealed, open_sealed_request
 from enclave_worker.server import WorkerState, create_app, serving
 from enclave_worker.settings import WorkerSettings
+from protocol.openai.errors import OpenAIError
+from protocol.rpc import worker_pb2, worker_pb2_grpc
+from protocol.tls import make_identity
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +47,10 @@ def _sampling(p: worker_pb2.SamplingParams) -> SamplingParams:
         max_tokens=p.max_tokens or 16, temperature=p.temperature, top_p=p.top_p or 1.0, top_k=p.top_k,
         seed=p.seed if p.HasField("seed") else None, stop=tuple(p.stop), stop_token_ids=tuple(p.stop_token_ids),
         logprobs=p.logprobs if p.HasField("logprobs") else None, ignore_eos=p.ignore_eos)
+
+
+_GRPC_CODES = {400: grpc.StatusCode.INVALID_ARGUMENT, 403: grpc.StatusCode.PERMISSION_DENIED,
+               503: grpc.StatusCode.UNAVAILABLE}
 
 
 class WorkerServicer(worker_pb2_grpc.WorkerServicer):
@@ -93,9 +99,31 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
 
     async def Generate(self, request: worker_pb2.GenerateRequest, context: grpc.aio.ServicerContext
                        ) -> AsyncIterator[worker_pb2.GenerateChunk]:
+        policy_set = self.state.guard.policy_set if self.state.guard else None
+        if policy_set is not None and policy_set.require_sealed:
+            # The tenant's signed policy: prompts reach this worker only sealed (docs/sealed-mode.md).
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, "this tenant requires sealed mode")
+        try:
+            async for chunk in self.generate(request):
+                yield chunk
+        except OpenAIError as exc:
+            await context.abort(_GRPC_CODES.get(exc.status, grpc.StatusCode.UNAVAILABLE), exc.message)
+
+    async def SealedGenerate(self, request: worker_pb2.SealedRequest, context: grpc.aio.ServicerContext
+                             ) -> AsyncIterator[worker_pb2.SealedChunk]:
+        try:
+            opened = open_sealed_request(self.state, request)
+        except SealedRefusal as exc:
+            await context.abort(exc.grpc_code, exc.message)
+        async for chunk in answer_sealed(self.state, self.generate, request, opened):
+            yield chunk
+
+    async def generate(self, request: worker_pb2.GenerateRequest) -> AsyncIterator[worker_pb2.GenerateChunk]:
+        """One choice on the engine; refusals and failures raise OpenAIError (status as the gateway
+        would answer it). Used by the plaintext RPC and by sealed mode."""
         state = self.state
         if not serving(state):
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "model unavailable")
+            raise OpenAIError(503, "model unavailable", type_="model_unavailable", code="model_unavailable")
         engine = state.booted.engine  # type: ignore[union-attr]
         started = time.monotonic()
         try:
@@ -104,15 +132,15 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                                      cache_salt=state.cache_salt(request.tenant))
             first = await anext(stream)
         except GuardRefusal as exc:
-            await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
+            raise OpenAIError(403, str(exc), code="content_policy_violation") from exc
         except (InvalidRequestError, ValueError) as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        except EngineError:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "engine unavailable")
+            raise OpenAIError(400, str(exc), code="invalid_value") from exc
+        except EngineError as exc:
+            raise OpenAIError(503, "engine unavailable", type_="server_error", code="model_unavailable") from exc
         guard = state.guard
         if guard is not None and (guard.buffers_output or (request.tools_json and guard.policy_set)):
             # Output or tool-call controls: nothing leaves the worker before the whole answer is checked.
-            async for chunk in self._checked_answer(request, first, stream, started, context):
+            async for chunk in self._checked_answer(request, first, stream, started):
                 yield chunk
             return
         out = first
@@ -132,22 +160,20 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 if out.finished:
                     return
                 out = await anext(stream)
-        except EngineError:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "engine failed")
+        except EngineError as exc:
+            raise OpenAIError(503, "engine failed", type_="server_error", code="worker_lost") from exc
         finally:
             await stream.aclose()  # aborts the engine request if it has not finished (cancellation)
 
-
     async def _checked_answer(self, request: worker_pb2.GenerateRequest, first: Any, stream: Any,
-                              started: float, context: grpc.aio.ServicerContext
-                              ) -> AsyncIterator[worker_pb2.GenerateChunk]:
+                              started: float) -> AsyncIterator[worker_pb2.GenerateChunk]:
         state, guard = self.state, self.state.guard
         outs = [first]
         try:
             while not outs[-1].finished:
                 outs.append(await anext(stream))
-        except EngineError:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "engine failed")
+        except EngineError as exc:
+            raise OpenAIError(503, "engine failed", type_="server_error", code="worker_lost") from exc
         finally:
             await stream.aclose()
         last, text = outs[-1], "".join(o.delta_text for o in outs)
@@ -157,7 +183,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             finish = guard.check_tools(request.key_id, full, request.agent_killed) if request.tools_json else ""  # type: ignore[union-attr]
             text = guard.check_output(request.key_id, state.settings.model, text)  # type: ignore[union-attr]
         except GuardRefusal as exc:
-            await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
+            raise OpenAIError(403, str(exc), code="content_policy_violation") from exc
         if finish == "requires_approval":
             # Held back: a human approves before any such call is made.
             text = "" if request.assistant_prefix else strip_tool_calls(text)
@@ -185,7 +211,8 @@ async def heartbeats(state: WorkerState, urls: list[str], token: str, grpc_addre
                     "tenant": s.tenant, "model": s.model, "version": s.version, "status": state.status,
                     "tee": s.tee, "insecure": s.tee == "sim", "usage_public_key": public.hex(),
                     "reason": state.reason,
-                    "pid": os.getpid(), "tls_cert": tls_cert, "stats": booted.engine.stats() if booted else {}}
+                    "pid": os.getpid(), "tls_cert": tls_cert, "stats": booted.engine.stats() if booted else {},
+                    "sealed_key_id": state.serving_key.key_id}
             for url in urls:
                 # The gateway may not be up yet, or restarting: keep beating.
                 with contextlib.suppress(httpx.HTTPError):

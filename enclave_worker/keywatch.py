@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from key_broker.client import ReleasedKey, WorkerIdentity, lease_mac_key, renew_lease
+from protocol.broker.client import ReleasedKey, WorkerIdentity, lease_mac_key, renew_lease
 
 log = logging.getLogger(__name__)
 

@@ -23,12 +23,15 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
-from api.proto import worker_pb2
+from attestation.errors import AttestationError
 from enclave_worker.boot import BootedWorker, boot
+from enclave_worker.freshness import AttestationRenewal
 from enclave_worker.guard import WorkerGuard, build_guard
 from enclave_worker.keywatch import KeyLease, LeaseTiming
 from enclave_worker.settings import WorkerSettings
-from key_broker.client import WorkerIdentity
+from protocol.broker.client import WorkerIdentity
+from protocol.rpc import worker_pb2
+from protocol.sealed import ReplayGuard, WorkerKey
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +49,10 @@ class WorkerState:
     salt_secret: bytes = field(default_factory=lambda: secrets.token_bytes(32))
     # Signs usage records; made at boot and never stored, so only this process can sign as this worker.
     usage_key: Ed25519PrivateKey = field(default_factory=Ed25519PrivateKey.generate)
+    # Sealed mode: the HPKE key clients encrypt to. Made at start, memory only, attested at key
+    # release (its public key is the runtime data's hpke_public_key), kept for the process's life.
+    serving_key: WorkerKey = field(default_factory=WorkerKey.generate)
+    replay: ReplayGuard = field(default_factory=ReplayGuard)
 
     def sign_usage(self, record: dict) -> worker_pb2.UsageRecord:
         payload = json.dumps(record, sort_keys=True, separators=(",", ":")).encode()
@@ -53,6 +60,9 @@ class WorkerState:
                                                           serialization.PublicFormat.Raw)
         return worker_pb2.UsageRecord(payload=payload, signature=self.usage_key.sign(payload),
                                       public_key=public)
+
+    def promises(self) -> dict:
+        return self.settings.promises()
 
     def identity(self) -> WorkerIdentity:
         return WorkerIdentity(self.usage_key, self.tls_spki)
@@ -72,17 +82,28 @@ async def _boot(state: WorkerState) -> None:
         # The tenant's signed policy first: no key is fetched for a worker that could not enforce it.
         state.guard = build_guard(s.policy_file, s.policy_admin_key, s.tenant, s.unsafe_no_tenant_policy)
         started = time.monotonic()
-        state.booted = await asyncio.to_thread(boot, s, state.channel_binding)
+        state.booted = await asyncio.to_thread(boot, s, state.channel_binding, state.serving_key.private_key)
         state.status = "ready"
         # Cold-start figure (docs/deploy.md): attestation + key release + package load + engine build.
         log.info("ready %.1f s after boot started (attest, key release, package load)", time.monotonic() - started)
+    except AttestationError as exc:
+        # The attester's own words (no secrets: they name interfaces, modes and error codes), one
+        # line: "GPU confidential computing is off", "not an SEV-SNP guest", ...
+        state.status, state.reason = "failed", "attestation failed in the TEE"
+        log.error("worker boot failed: %s: %s", type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
+        return
     except Exception as exc:  # the reason is logged by type only: it may not carry secrets, but keep it terse
         state.status, state.reason = "failed", failure_reason(exc)
         log.error("worker boot failed: %s (%s)", type(exc).__name__, state.reason)
         return
+    # The token clients verify is renewed for the worker's whole life (enclave_worker/freshness.py).
+    renewal = asyncio.create_task(AttestationRenewal(state).run())
     state.lease = KeyLease(s.broker_url, state.booted.released, state.identity(), s.tenant, s.model, s.version,
                            LeaseTiming(lease_s=s.lease_s, watch_s=s.lease_watch_s))
-    await state.lease.run(lambda reason: _revoke(state))
+    try:
+        await state.lease.run(lambda reason: _revoke(state))
+    finally:
+        renewal.cancel()
 
 
 def failure_reason(exc: BaseException) -> str:
@@ -161,6 +182,8 @@ def create_app(settings: WorkerSettings, state: WorkerState | None = None) -> Fa
         released = state.booted.released
         return JSONResponse({"tee": state.settings.tee, "insecure": state.settings.tee == "sim",
                              "evidence": released.bundle.to_json(), "token": released.token,
-                             "model_digest": state.booted.model_digest})
+                             "model_digest": state.booted.model_digest,
+                             "sealed_key_id": state.serving_key.key_id,
+                             "promises": state.promises()})
 
     return app

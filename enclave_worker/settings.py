@@ -39,6 +39,16 @@ class WorkerSettings:
     tsm_entry: str | None = None
     sev_guest_device: Path = Path("/dev/sev-guest")
 
+    def promises(self) -> dict[str, Any]:
+        """What this worker build promises about a client's data; measured, so a client can require it."""
+        return {
+            "prefix_cache_isolation": "per-tenant-salt",  # cache salt derived in the worker, per boot
+            "prompts_logged": False,
+            "prompts_retained": False,
+            "sealed_mode": True,
+            "data_controls": "none (unsafe)" if self.unsafe_no_tenant_policy else "signed-tenant-policy",
+        }
+
     def measured_config(self) -> dict[str, Any]:
         """The part of the configuration that changes what the worker does, hence its measurement."""
         return {
@@ -51,6 +61,7 @@ class WorkerSettings:
             "policy_admin_key": (hashlib.sha256(self.policy_admin_key.read_bytes()).hexdigest()
                                  if self.policy_admin_key else None),
             "unsafe_no_tenant_policy": self.unsafe_no_tenant_policy,
+            "promises": self.promises(),
             # How long this worker may serve a key the broker no longer vouches for.
             "lease_s": self.lease_s,
             "engine": {

@@ -35,6 +35,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--vault-mount", default="transit")
     parser.add_argument("--rate-limit-per-minute", type=int, default=600)
     parser.add_argument("--max-body-bytes", type=int, default=1 << 20)
+    parser.add_argument("--audit-witness", type=Path, default=None,
+                        help="also append every signed audit checkpoint to this file (keep it on another volume)")
+    parser.add_argument("--audit-anchor-url", default=None,
+                        help="also store signed audit checkpoints in this database (fleet: PostgreSQL URL)")
     parser.add_argument("--lease-seconds", type=int, default=60,
                         help="how long a lease renewal keeps a released key usable")
     parser.add_argument("--lease-max-wait-seconds", type=float, default=30.0,
@@ -53,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         keystore=args.keystore, vault_url=args.vault_url,
         vault_token=vault_token_from_env() if args.keystore == "vault" else None,
         vault_mount=args.vault_mount, unsafe_dev_mode=args.unsafe_dev_mode,
+        audit_witness=args.audit_witness, audit_anchor_url=args.audit_anchor_url,
     )
     uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level="warning")
     return 0

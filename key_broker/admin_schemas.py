@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import Field
 
-from key_broker.schemas import Strict
+from protocol.broker.schemas import Strict
 
 _HEX64 = r"^[0-9a-f]{64}$"
 

@@ -6,7 +6,7 @@ import contextlib
 import datetime as dt
 import json
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 
 from cryptography.hazmat.primitives import serialization
@@ -19,7 +19,6 @@ from fastapi.responses import JSONResponse
 from attestation.collateral import CollateralConfig, CollateralStore
 from attestation.token import TokenIssuer
 from attestation.verifier import VerifierTrust
-from enclave_worker.package.keywrap import load_or_create_import_key
 from key_broker import admin_router
 from key_broker.auth import AdminTokenStore
 from key_broker.errors import (
@@ -30,7 +29,6 @@ from key_broker.errors import (
     ReferenceValuesError,
     SettingsError,
 )
-from key_broker.fsutil import atomic_write
 from key_broker.keystore import (
     DataKeyRegistry,
     KeyStore,
@@ -47,19 +45,32 @@ from key_broker.router import router
 from key_broker.service import COMPONENT, EvidenceVerifier, KeyBrokerService
 from key_broker.settings import IMPORT_KEY_FILE, BrokerSettings
 from key_broker.tenants import Conflict, TenantAdmin
-from policy.audit import AuditLog
+from policy.audit import AuditLog, CheckpointAnchor, SqlAnchor, WitnessFile
 from policy.audit.entry import bounded_reason
 from policy.errors import AuditIntegrityError, PolicyInvalid
+from protocol.fsutil import atomic_write
+from protocol.package.keywrap import load_or_create_import_key
 
 log = logging.getLogger(__name__)
 
 
-def open_audit_log(audit_dir: Path, component: str, key: Ed25519PrivateKey) -> AuditLog:
-    """This component's log in the shared audit dir, with its public key published beside it."""
+def open_audit_log(audit_dir: Path, component: str, key: Ed25519PrivateKey, *,
+                   anchors: Sequence[CheckpointAnchor] = ()) -> AuditLog:
+    """This component's log in the shared audit dir, with its public key published beside it;
+    checkpoints also go to ``anchors`` (checked when the log is reopened)."""
     atomic_write(audit_dir / "keys" / f"{component}.pem",
                  key.public_key().public_bytes(serialization.Encoding.PEM,
                                                serialization.PublicFormat.SubjectPublicKeyInfo), mode=0o644)
-    return AuditLog(audit_dir / f"{component}.audit.jsonl", key, component)
+    return AuditLog(audit_dir / f"{component}.audit.jsonl", key, component, anchors=anchors)
+
+
+def audit_anchors(witness: Path | None, anchor_url: str | None) -> list[CheckpointAnchor]:
+    anchors: list[CheckpointAnchor] = []
+    if witness is not None:
+        anchors.append(WitnessFile(witness))
+    if anchor_url:
+        anchors.append(SqlAnchor(anchor_url))
+    return anchors
 
 
 def _private_key(path, generate, load):  # type: ignore[no-untyped-def]
@@ -127,7 +138,8 @@ def build_service(settings: BrokerSettings, *, clock: Callable[[], dt.datetime] 
         trust=VerifierTrust(roots_dir=settings.roots_dir, sim_platform_key=sim_key, snp_fetcher=snp_fetcher,
                             tdx_collateral=tdx_collateral),
         issuer=issuer,
-        audit=open_audit_log(data_dir.parent / "audit", COMPONENT, receipt_key),
+        audit=open_audit_log(data_dir.parent / "audit", COMPONENT, receipt_key,
+                             anchors=audit_anchors(settings.audit_witness, settings.audit_anchor_url)),
         clock=clock or (lambda: dt.datetime.now(dt.UTC)),
         challenge_ttl=settings.challenge_ttl,
         limits=RateLimits(settings.rate_limit_per_minute),

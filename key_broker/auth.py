@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Literal
 
 from key_broker.errors import AuthError, KeyBrokerError, SettingsError
-from key_broker.fsutil import atomic_write
 from key_broker.names import check_name
+from protocol.fsutil import atomic_write
 
 TOKEN_PREFIX = "skb_"
 _PLACEHOLDERS = frozenset({"", "changeme", "change-me", "admin", "password", "secret", "token", "dev", "test",

@@ -20,8 +20,8 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from key_broker.errors import KeyStoreError, TenantKeyRevoked
-from key_broker.fsutil import atomic_write
 from key_broker.names import check_name
+from protocol.fsutil import atomic_write
 
 MASTER_KEY_ENV = "SEALED_MASTER_KEY"
 

@@ -25,9 +25,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from attestation.bundle import channel_binding
 from attestation.errors import AttestationError
-from key_broker.client import lease_answer_mac, lease_mac_key, lease_request_payload
 from key_broker.errors import KeyBrokerError, RateLimited, ReleaseRefused
 from key_broker.service import KeyBrokerService, _reason
+from protocol.broker.client import lease_answer_mac, lease_mac_key, lease_request_payload
 
 
 @dataclass(frozen=True)

@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from key_broker.errors import KeyStoreError
-from key_broker.fsutil import atomic_write
 from key_broker.names import check_name
 from key_broker.refvals import ReferenceValues, ReferenceValuesStore
 from policy.errors import PolicyInvalid
 from policy.release import ReleasePolicy
+from protocol.fsutil import atomic_write
 
 REFERENCE_KEY = "reference_values"
 

@@ -20,8 +20,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from key_broker.errors import ReferenceValuesError
-from key_broker.fsutil import atomic_write
 from key_broker.names import check_name
+from protocol.fsutil import atomic_write
 
 KIND = "sealed-reference-values-v1"
 ALG = "Ed25519"

@@ -12,11 +12,11 @@ from starlette.concurrency import run_in_threadpool
 
 from attestation.bundle import EvidenceBundle
 from attestation.errors import ParseError
-from enclave_worker.package.keywrap import import_key_id
 from key_broker.dependencies import client_address, get_service
 from key_broker.errors import ReleaseRefused
 from key_broker.leases import LeaseBook
-from key_broker.schemas import (
+from key_broker.service import KeyBrokerService
+from protocol.broker.schemas import (
     AttestRequest,
     AttestResponse,
     ChallengeResponse,
@@ -27,7 +27,7 @@ from key_broker.schemas import (
     LeaseRequest,
     LeaseResponse,
 )
-from key_broker.service import KeyBrokerService
+from protocol.package.keywrap import import_key_id
 
 router = APIRouter()
 
@@ -55,7 +55,9 @@ def attest(body: AttestRequest, service: KeyBrokerService = Depends(get_service)
            client: str = Depends(client_address)) -> AttestResponse | JSONResponse:
     try:
         bundle = EvidenceBundle.from_json(body.evidence)
-    except ParseError:
+    except ParseError as exc:
+        service.refuse(body.tenant, "attest", f"ParseError: malformed evidence bundle: {exc}",
+                       {"model": body.model, "version": body.version})
         return JSONResponse(status_code=400, content={"error": {"type": "invalid_request",
                                                                 "message": "malformed evidence bundle"}})
     try:

@@ -28,10 +28,10 @@ from key_broker.nonces import Challenge, ChallengeStore
 from key_broker.policies import PolicyStore, resolve
 from key_broker.receipts import ReceiptBook
 from key_broker.refvals import ReferenceValuesStore
-from key_broker.sealing import release_info, seal
 from policy.audit import AuditLog
 from policy.errors import PolicyError
 from policy.release import ReleaseFacts, ReleasePolicy, evaluate_release
+from protocol.broker.sealing import release_info, seal
 
 log = logging.getLogger(__name__)
 COMPONENT = "key-broker"
@@ -88,6 +88,10 @@ class KeyBrokerService:
         self.audit.append(tenant=tenant or "-", action=action, decision="deny", reason=reason, metadata=meta)
         log.info("refused %s for tenant %s", action, tenant or "-")
         return ReleaseRefused(reason)
+
+    def refuse(self, tenant: str, action: str, reason: str, meta: dict[str, Any]) -> None:
+        """Audit a refusal decided at the edge (a malformed evidence bundle)."""
+        self._deny(tenant, action, reason, meta)
 
     def close(self) -> None:
         self.receipts.close()

@@ -49,6 +49,10 @@ class BrokerSettings:
     vault_url: str | None = None
     vault_token: str | None = None
     vault_mount: str = "transit"
+    # Audit checkpoints are also published outside the audit directory: a witness file (another
+    # volume) and/or a database (PostgreSQL in fleet mode); see docs/policy.md.
+    audit_witness: Path | None = None
+    audit_anchor_url: str | None = None
     # Accept placeholder secrets (example master keys, short admin tokens, Vault dev tokens).
     unsafe_dev_mode: bool = False
 

@@ -15,9 +15,6 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
-from enclave_worker.package import PackageError, read_manifest
-from enclave_worker.package.keywrap import SealedDataKey, open_data_key
-from enclave_worker.package.signing import SIGNATURE_FILES
 from key_broker.admin_schemas import DataKeyUpload
 from key_broker.auth import AdminTokenStore, Principal
 from key_broker.errors import KeyStoreError
@@ -27,6 +24,9 @@ from key_broker.policies import PolicyStore, StoredPolicy
 from key_broker.receipts import ReceiptBook
 from key_broker.refvals import ReferenceValues, ReferenceValuesStore
 from policy.audit import AuditLog
+from protocol.package import PackageError, read_manifest
+from protocol.package.keywrap import SealedDataKey, open_data_key
+from protocol.package.signing import SIGNATURE_FILES
 
 _SIGNATURE_FILES = frozenset(SIGNATURE_FILES)
 

@@ -19,8 +19,8 @@ import hvac.exceptions
 import requests
 
 from key_broker.errors import KeyStoreError, TenantKeyRevoked
-from key_broker.fsutil import atomic_write
 from key_broker.names import check_name
+from protocol.fsutil import atomic_write
 
 _CIPHERTEXT = re.compile(r"^vault:v(\d+):")
 KEY_PREFIX = "sealed-tenant-"

@@ -13,7 +13,8 @@ from policy.model import AgentPolicy, DataPolicy, Limits, _check_keys, _frozen, 
 from policy.release import ReleasePolicy
 from policy.schema import CEDAR_SCHEMA
 
-_KEYS = {"policy_id", "version", "tenant", "admission", "key_overrides", "agents", "data", "release", "cedar"}
+_KEYS = {"policy_id", "version", "tenant", "admission", "key_overrides", "agents", "data", "release", "cedar",
+         "require_sealed"}
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,7 @@ class PolicySet:
     data: DataPolicy | None = None
     release: tuple[ReleasePolicy, ...] = ()
     cedar: str = ""  # extra tenant rules: forbid-only, each with @id (they can narrow, never widen)
+    require_sealed: bool = False  # refuse plaintext requests: prompts only sealed to the worker (docs/sealed-mode.md)
 
     def __post_init__(self) -> None:
         _name(self.policy_id, "policy_id")
@@ -40,6 +42,8 @@ class PolicySet:
                 raise PolicyInvalid(f"release policy {rp.policy_id} names another tenant")
         object.__setattr__(self, "key_overrides", _frozen(self.key_overrides))
         object.__setattr__(self, "agents", _frozen(self.agents))
+        if type(self.require_sealed) is not bool:
+            raise PolicyInvalid("require_sealed must be true or false")
         if self.cedar.strip():
             custom = compile_cedar(self.cedar)
             if any(effect != "forbid" for effect in custom.effects.values()):
@@ -88,6 +92,7 @@ class PolicySet:
             agents={_name(k, "agent key id"): AgentPolicy.from_dict(v) for k, v in agents.items()},
             data=DataPolicy.from_dict(d["data"]) if d.get("data") is not None else None,
             release=tuple(ReleasePolicy.from_dict(r) for r in release), cedar=cedar,
+            require_sealed=d.get("require_sealed", False),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -104,4 +109,6 @@ class PolicySet:
             out["release"] = [r.to_dict() for r in self.release]
         if self.cedar:
             out["cedar"] = self.cedar
+        if self.require_sealed:
+            out["require_sealed"] = True
         return out

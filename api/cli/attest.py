@@ -65,8 +65,13 @@ def inspect(
     file: Path = typer.Argument(..., exists=True),
     tee: str = typer.Option(None, help="snp | tdx | nvgpu (default: detect)"),
 ) -> None:
-    """Pretty-print any evidence (parse only; nothing is verified)."""
+    """Pretty-print any evidence (parse only; nothing is verified), or a deployment's
+    /.well-known/attestation document (use `sealed verify URL` to verify one)."""
     data = file.read_bytes()
+    deployment = _deployment_document(data)
+    if deployment is not None:
+        typer.echo(json.dumps(deployment, indent=2, sort_keys=True, default=str))
+        return
     tees = [tee] if tee else list(TEES)
     errors = []
     for name in tees:
@@ -79,6 +84,35 @@ def inspect(
         return
     typer.echo("could not parse as any known evidence:\n  " + "\n  ".join(errors), err=True)
     raise typer.Exit(1)
+
+
+def _deployment_document(data: bytes) -> dict[str, Any] | None:
+    """A `/.well-known/attestation` document: each worker's token claims (unverified) and bundle."""
+    try:
+        doc = json.loads(data)
+    except ValueError:
+        return None
+    if not isinstance(doc, dict) or not isinstance(doc.get("workers"), list):
+        return None
+    import jwt
+
+    from attestation.bundle import EvidenceBundle
+
+    workers = []
+    for w in doc["workers"]:
+        entry: dict[str, Any] = {k: w.get(k) for k in ("worker_id", "tenant", "model", "version", "tee", "insecure",
+                                                        "sealed_key_id", "usage_public_key", "promises")}
+        try:
+            entry["token_claims_unverified"] = jwt.decode(str(w["token"]), options={"verify_signature": False})
+            bundle = EvidenceBundle.from_json(w["evidence"])
+            entry["evidence"] = {"tee": bundle.tee, "cpu_evidence_bytes": len(bundle.cpu_evidence),
+                                 "gpus": len(bundle.gpus), "digest": bundle.digest(),
+                                 "hpke_public_key": bundle.runtime_data.hpke_public_key.hex(),
+                                 "channel_binding": bundle.runtime_data.channel_binding.hex()}
+        except (KeyError, ValueError, AttestationError, jwt.PyJWTError) as exc:
+            entry["error"] = f"{type(exc).__name__}: {exc}"
+        workers.append(entry)
+    return {"kind": "deployment attestation document (parsed, not verified)", "workers": workers}
 
 
 def detect() -> None:

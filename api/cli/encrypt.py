@@ -13,8 +13,8 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColu
 
 from api.home import ed25519_key
 from api.tenant_tools import encrypt_checkpoint, load_source, seal_for_broker
-from enclave_worker.package.signing import ModelSigningKey
-from key_broker.fsutil import atomic_write
+from protocol.fsutil import atomic_write
+from protocol.package.signing import ModelSigningKey
 
 
 def encrypt(

@@ -160,7 +160,7 @@ def import_key(
 def import_pubkey(home: Path = typer.Option(None)) -> None:
     """Print the local broker's X25519 import public key (PEM) for `sealed encrypt --broker-import-key`."""
     from api.tenant_tools import broker_import_key_path
-    from enclave_worker.package.keywrap import load_or_create_import_key, public_pem
+    from protocol.package.keywrap import load_or_create_import_key, public_pem
 
     key = load_or_create_import_key(broker_import_key_path(_home(home).broker))
     typer.echo(public_pem(key).decode(), nl=False)

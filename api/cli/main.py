@@ -12,6 +12,8 @@ COMMANDS: dict[str, LazyCommand] = {
     "encrypt": LazyCommand("api.cli.encrypt:encrypt", "Encrypt a model into a signed package (tenant side)."),
     "upload": LazyCommand("api.cli.upload:upload", "Upload an encrypted package to the gateway."),
     "usage": LazyCommand("api.cli.usage:usage", "Show signed usage records."),
+    "verify": LazyCommand("api.cli.sealed_cmds:verify", "Verify a deployment as a sealed-mode client would."),
+    "proxy": LazyCommand("api.cli.sealed_cmds:proxy", "Local OpenAI endpoint that seals every request."),
     "attest": LazyCommand("api.cli.attest:build", "Verify or inspect TEE evidence offline.", is_group=True),
     "audit": LazyCommand("api.cli.audit:build", "Verify or export the audit log.", is_group=True),
     "keys": LazyCommand("api.cli.keys:build", "Tenant keys, release policies and receipts at the broker.",

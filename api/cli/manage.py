@@ -27,7 +27,7 @@ from api.cli.mgmt_client import (
 )
 from api.home import Home, default_home
 from api.management.auth import issue_token
-from key_broker.fsutil import atomic_write
+from protocol.fsutil import atomic_write
 
 JSON = typer.Option(False, "--json", help="print the API's JSON")
 TENANT = typer.Option(..., "--tenant", help="tenant id")

@@ -21,7 +21,7 @@ import httpx
 import typer
 
 from api.home import Home, default_home
-from key_broker.fsutil import atomic_write
+from protocol.fsutil import atomic_write
 
 TOKEN_ENV = "SEALED_MANAGEMENT_TOKEN"
 GATEWAY_ENV = "SEALED_GATEWAY"

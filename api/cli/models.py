@@ -43,7 +43,7 @@ def register(
     if (data_key is None) != (package is None):
         raise typer.BadParameter("--data-key and --package go together")
     if data_key is not None:
-        from enclave_worker.package.keywrap import SealedDataKey, sealed_upload_body
+        from protocol.package.keywrap import SealedDataKey, sealed_upload_body
 
         sealed = SealedDataKey.from_json(data_key.read_text())
         if (sealed.tenant, sealed.model, sealed.version) != (tenant, model, version):
@@ -105,7 +105,7 @@ def measurement(
     if release_policy_out is not None:
         if package is None:
             raise typer.BadParameter("--release-policy-out needs --package (its signer is required)")
-        from enclave_worker.package import read_manifest
+        from protocol.package import read_manifest
 
         _, _, signer = read_manifest(package)
         doc = {"policy_id": f"{model}-release", "version": policy_version, "tenant": tenant, "model": model,

@@ -71,6 +71,10 @@ python -c "from openai import OpenAI; c = OpenAI(base_url='{url}/v1', api_key='{
 print(c.chat.completions.create(model='{info.model}', \\
 messages=[{{'role': 'user', 'content': 'What is the capital of France?'}}]).choices[0].message.content)"
 
+Sealed mode (the prompt is encrypted to the attested worker; docs/sealed-mode.md):
+  sealed verify {url} --policy {layout.root / 'demo' / 'client-policy.json'}
+  SealedOpenAI(base_url='{url}/v1', api_key=..., policy='{layout.root / 'demo' / 'client-policy.json'}')
+
 Ctrl-C stops every process; one that dies is restarted.""")
         while True:
             time.sleep(0.5)

@@ -17,7 +17,7 @@ import typer
 from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
 
 from api.cli.mgmt_client import PROFILE, gateway_url, management_token
-from enclave_worker.package.errors import UploadError
+from protocol.package.errors import UploadError
 
 # manifest + payload + whichever signature method's files the package has
 PACKAGE_FILES = ("manifest.json", "manifest.sig", "model.sig", "signer.pub.pem", "payload.bin")

@@ -32,6 +32,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-queued", type=int, default=1024)
     parser.add_argument("--broker-jwks", type=Path, default=None,
                         help="route only to workers whose broker-signed attestation binds their channel keys")
+    parser.add_argument("--reference-values", type=Path, default=None,
+                        help="signed reference values to serve at /.well-known/reference-values")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s gateway %(levelname)s %(message)s")
     routes = tuple(WorkerRoute(**r) for r in json.loads(args.routes.read_text())) if args.routes else ()
@@ -39,7 +41,8 @@ def main(argv: list[str] | None = None) -> int:
                                database_url=args.database_url, redis_url=args.redis_url,
                                register_token=_secret(args.register_token_file),
                                jwt_secret=_secret(args.jwt_secret_file), max_inflight=args.max_inflight,
-                               max_queued=args.max_queued, broker_jwks=args.broker_jwks)
+                               max_queued=args.max_queued, broker_jwks=args.broker_jwks,
+                               reference_values=args.reference_values)
     # access_log off: request lines are metadata, but we keep the gateway's logs to decisions only.
     uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level="warning", access_log=False,
                 timeout_graceful_shutdown=5)

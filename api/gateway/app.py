@@ -22,6 +22,7 @@ from api.gateway.errors import (
 )
 from api.gateway.limits import LocalQueueCounter, RedisLimiterStore, RedisQueueCounter
 from api.gateway.router import router
+from api.gateway.sealed_router import router as sealed_router
 from api.gateway.service import GatewayService
 from api.gateway.settings import GatewaySettings
 from api.store.db import make_engine, session_factory, upgrade
@@ -59,6 +60,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     app = FastAPI(title="Sealed gateway", lifespan=lifespan)
     app.state.service = service
     app.include_router(router)
+    app.include_router(sealed_router)
     app.include_router(internal.router)
     if importlib.util.find_spec("api.management") is not None:
         from api.management.app import management_router, upload_router

@@ -7,17 +7,10 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from protocol.openai.errors import OpenAIError as GatewayError
+from protocol.openai.errors import error_body
 
-class GatewayError(Exception):
-    def __init__(self, status: int, message: str, type_: str = "invalid_request_error",
-                 code: str | None = None, param: str | None = None, headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.status, self.message, self.type, self.code, self.param = status, message, type_, code, param
-        self.headers = headers or {}
-
-
-def error_body(message: str, type_: str, code: str | None = None, param: str | None = None) -> dict:
-    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+__all__ = ["GatewayError", "error_body", "gateway_error_handler", "http_error_handler", "validation_error_handler"]
 
 
 async def gateway_error_handler(_: Request, exc: Exception) -> JSONResponse:

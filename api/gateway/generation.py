@@ -11,7 +11,6 @@ import contextlib
 import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from starlette.responses import StreamingResponse
@@ -19,17 +18,9 @@ from starlette.types import Receive, Scope, Send
 
 from api.gateway.admission import Ticket
 from api.gateway.service import GatewayService
-from api.proto import worker_pb2
 from api.store.repo import KeyRecord
-
-
-@dataclass
-class ChoiceResult:
-    text: str = ""
-    finish_reason: str | None = None
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    logprobs: list[worker_pb2.TokenLogprob] = field(default_factory=list)
+from protocol.openai.runner import ChoiceResult
+from protocol.rpc import worker_pb2
 
 
 class CleanupStreamingResponse(StreamingResponse):

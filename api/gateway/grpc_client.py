@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
 
 from api.gateway.errors import GatewayError
-from api.proto import worker_pb2, worker_pb2_grpc
-from api.proto.tls import TARGET_NAME, TlsIdentity
+from protocol.rpc import worker_pb2, worker_pb2_grpc
+from protocol.tls import TARGET_NAME, TlsIdentity
 
 
 class WorkerLost(GatewayError):
@@ -88,7 +89,35 @@ class WorkerClients:
         return first, _rest(call)
 
 
-async def _rest(call: grpc.aio.UnaryStreamCall) -> AsyncIterator[worker_pb2.GenerateChunk]:
+async def open_sealed(clients: WorkerClients, address: str, request: worker_pb2.SealedRequest, timeout_s: float,
+                      worker_cert: str = "") -> tuple[worker_pb2.SealedChunk, AsyncIterator[worker_pb2.SealedChunk]]:
+    """Sealed mode: start the sealed RPC and wait for its first message (the sealed response head)."""
+    call = clients.stub(address, worker_cert).SealedGenerate(request, timeout=timeout_s)
+    try:
+        first = await call.read()
+    except grpc.aio.AioRpcError as exc:
+        call.cancel()
+        raise _translate_sealed(exc) from exc
+    except BaseException:
+        call.cancel()
+        raise
+    if first is grpc.aio.EOF:
+        raise GatewayError(502, "the worker returned no output", type_="server_error")
+    return first, _rest(call)
+
+
+def _translate_sealed(exc: grpc.aio.AioRpcError) -> GatewayError:
+    code, detail = exc.code(), exc.details() or ""
+    if code == grpc.StatusCode.FAILED_PRECONDITION:
+        return GatewayError(409, detail or "re-attest", code="reattest_required")
+    if code == grpc.StatusCode.ALREADY_EXISTS:
+        return GatewayError(400, detail or "replayed", code="sealed_request_replayed")
+    if code == grpc.StatusCode.INVALID_ARGUMENT:
+        return GatewayError(400, detail or "sealed request rejected", code="sealed_request_rejected")
+    return _translate(exc, started=False)
+
+
+async def _rest(call: grpc.aio.UnaryStreamCall) -> AsyncIterator[Any]:
     try:
         while True:
             chunk = await call.read()

@@ -31,6 +31,7 @@ class Heartbeat(BaseModel):
     pid: int | None = None
     tls_cert: str = Field(default="", max_length=8192)  # PEM; empty: plaintext gRPC (loopback tests)
     stats: dict[str, Any] = Field(default_factory=dict)
+    sealed_key_id: str = Field(default="", pattern=r"^([0-9a-f]{64})?$")  # hex SHA-256 of its HPKE key
     reason: str = Field(default="", max_length=128)  # a failed worker's failure category
 
 

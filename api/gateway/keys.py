@@ -8,7 +8,7 @@ import secrets
 from pathlib import Path
 
 from api.store.repo import KEY_PREFIX, hash_secret
-from key_broker.fsutil import atomic_write
+from protocol.fsutil import atomic_write
 
 
 class ApiKeyStore:

@@ -35,6 +35,7 @@ class WorkerInfo:
     inflight: int = 0
     dead: bool = False
     attested: bool = False  # its attestation token binds tls_cert and usage_public_key
+    sealed_key_id: str = ""  # hex SHA-256 of its attested HPKE key (sealed mode pins it)
     reason: str = ""  # why a failed worker failed (a category, e.g. "key release refused")
 
     def load(self) -> float:
@@ -46,6 +47,12 @@ def unavailable(detail: str = "") -> GatewayError:
     # Retryable: the control loop starts, restarts or wakes (from zero) the version's workers.
     return GatewayError(503, f"model unavailable: no attested worker is serving it{suffix}",
                         type_="model_unavailable", code="model_unavailable", headers={"Retry-After": "2"})
+
+
+def reattest_required() -> GatewayError:
+    return GatewayError(409, "the worker this request was sealed to is not serving; fetch "
+                        "/.well-known/attestation, verify it and seal the request again",
+                        code="reattest_required", param="Sealed-Key-Id")
 
 
 class WorkerRegistry:
@@ -68,7 +75,7 @@ class WorkerRegistry:
                                    tenant=doc["tenant"], model=doc["model"], version=doc["version"],
                                    status=doc["status"], tee=doc["tee"], insecure=bool(doc["insecure"]),
                                    usage_public_key=doc["usage_public_key"], pid=doc.get("pid"),
-                                   tls_cert=doc.get("tls_cert", ""))
+                                   tls_cert=doc.get("tls_cert", ""), sealed_key_id=str(doc.get("sealed_key_id", "")))
         info.status, info.stats, info.reason = doc["status"], doc.get("stats") or {}, str(doc.get("reason") or "")
         info.last_seen, info.dead = time.monotonic(), False
         if known is None:
@@ -92,6 +99,14 @@ class WorkerRegistry:
     def ready(self, tenant: str, model: str) -> list[WorkerInfo]:
         return [w for w in self.for_model(tenant, model)
                 if w.status == "ready" and (w.attested or not self.require_attestation)]
+
+    def pinned(self, tenant: str, model: str, sealed_key_id: str) -> WorkerInfo:
+        """Sealed mode: the one worker whose key the client pinned, or a re-attest error (never
+        another worker: a request sealed to one key opens nowhere else)."""
+        for w in self.ready(tenant, model):
+            if sealed_key_id and w.sealed_key_id == sealed_key_id:
+                return w
+        raise reattest_required()
 
     def pick(self, tenant: str, model: str, split: dict[str, float], affinity_key: str = "",
              exclude: frozenset[str] = frozenset()) -> WorkerInfo:

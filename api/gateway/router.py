@@ -4,34 +4,21 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse
 
-from api.gateway import openai_format as fmt
 from api.gateway.dependencies import current_key, get_service
-from api.gateway.errors import GatewayError, error_body
+from api.gateway.errors import GatewayError
 from api.gateway.generation import CleanupStreamingResponse, Run, request_id
-from api.gateway.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
 from api.gateway.service import GatewayService
-from api.proto import worker_pb2
 from api.store.repo import KeyRecord
+from protocol.openai.chat import chat_body, chat_events, plan_chat
+from protocol.openai.completions import completion_body, completion_events, plan_completion
+from protocol.openai.schemas import ChatCompletionRequest, CompletionRequest
 
 router = APIRouter()
-
-
-def _params(req: SamplingFields, max_tokens: int, logprobs: int | None, extra_stop: list[str], index: int
-            ) -> worker_pb2.SamplingParams:
-    p = worker_pb2.SamplingParams(max_tokens=max_tokens, temperature=1.0 if req.temperature is None else
-                                  req.temperature, top_p=1.0 if req.top_p is None else req.top_p,
-                                  stop=req.stop_list() + extra_stop, ignore_eos=req.ignore_eos)
-    if req.seed is not None:
-        p.seed = req.seed + index  # n > 1 with a seed: distinct yet reproducible choices
-    if logprobs is not None:
-        p.logprobs = logprobs
-    return p
 
 
 def _tee(service: GatewayService, tenant: str, model: str) -> dict[str, Any]:
@@ -41,18 +28,8 @@ def _tee(service: GatewayService, tenant: str, model: str) -> dict[str, Any]:
     return {"tee": tee, "insecure": insecure, "system_fingerprint": f"sealed-{tee}"}
 
 
-def _usage(results: list[Any]) -> dict[str, int]:
-    p = max((r.prompt_tokens for r in results), default=0)
-    c = sum(r.completion_tokens for r in results)
-    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
-
-
 def _reserve(text_len: int, max_tokens: int, n: int) -> int:
     return text_len // 3 + max_tokens * n  # worst-case estimate; the unused part is given back
-
-
-def _sse_bytes(doc: dict[str, Any]) -> bytes:
-    return f"data: {json.dumps(doc)}\n\n".encode()
 
 
 @router.get("/v1/models")
@@ -65,156 +42,39 @@ def list_models(key: KeyRecord = Depends(current_key), service: GatewayService =
 async def chat_completions(req: ChatCompletionRequest, key: KeyRecord = Depends(current_key),
                            service: GatewayService = Depends(get_service)):  # type: ignore[no-untyped-def]
     split = service.resolve(key, req.model)
-    max_tokens = req.max_completion_tokens or req.max_tokens or service.settings.default_max_tokens
-    messages = [m.model_dump(exclude_none=True) for m in req.messages]
-    tools = [t.model_dump(exclude_none=True) for t in req.tools or []]
-    choice = req.tool_choice.model_dump() if hasattr(req.tool_choice, "model_dump") else req.tool_choice
-    use_tools = bool(tools) and choice != "none"
-    prefix, extra_stop = (fmt.tool_prefix(choice) if use_tools else ""), []
-    if isinstance(choice, dict) and use_tools:
-        tools = [t for t in tools if t["function"]["name"] == choice["function"].get("name")]
-        if not tools:
-            raise GatewayError(400, "tool_choice names a function that is not in tools", param="tool_choice")
-        extra_stop = ["</tool_call>"]
-    json_mode = req.response_format is not None and req.response_format.type != "text" and not use_tools
-    if json_mode:
-        hint = fmt.JSON_SYSTEM
-        if req.response_format and req.response_format.json_schema:
-            hint += " It must follow this JSON schema: " + json.dumps(req.response_format.json_schema.get("schema"))
-        messages = [{"role": "system", "content": hint}, *messages]
-        prefix = "{"
-    logprobs = (req.top_logprobs or 0) if req.logprobs else None
+    service.check_plaintext_allowed(key)
     rid = request_id()
-    requests = [worker_pb2.GenerateRequest(
-        request_id=f"{rid}-{i}", tenant=key.tenant, key_id=key.key_id, kind="chat", agent_killed=key.tools_killed,
-        messages_json=json.dumps(messages), tools_json=json.dumps(tools) if use_tools else "",
-        assistant_prefix=prefix, params=_params(req, max_tokens, logprobs, extra_stop, i)) for i in range(req.n)]
-    ticket = service.ticket(key, _reserve(len(requests[0].messages_json), max_tokens, req.n), req.priority)
+    plan = plan_chat(req, rid=rid, tenant=key.tenant, key_id=key.key_id, agent_killed=key.tools_killed,
+                     default_max_tokens=service.settings.default_max_tokens)
+    max_tokens = plan.requests[0].params.max_tokens
+    ticket = service.ticket(key, _reserve(plan.reserve_chars, max_tokens, req.n), req.priority)
     run = Run(service, key, req.model, ticket)
-    streams = await run.start(split, requests, affinity=json.dumps(messages[:2])[:4096])
+    streams = await run.start(split, plan.requests, affinity=plan.affinity)
     base = {"id": f"chatcmpl-{rid}", "created": int(time.time()), "model": req.model,
             **_tee(service, key.tenant, req.model)}
-    names = {t["function"]["name"] for t in tools}
-
-    def finish(text: str, reason: str | None) -> tuple[dict[str, Any], str | None]:
-        if use_tools:
-            content, calls = fmt.parse_tool_calls(prefix + text, names)
-            if calls:
-                return {"role": "assistant", "content": content, "tool_calls": calls}, "tool_calls"
-            return {"role": "assistant", "content": text}, reason
-        if json_mode:
-            return {"role": "assistant", "content": fmt.coerce_json(prefix + text)}, reason
-        return {"role": "assistant", "content": text}, reason
-
     if not req.stream:
-        results = await run.collect(streams)
-        choices = []
-        for i, r in enumerate(results):
-            message, reason = finish(r.text, r.finish_reason)
-            choices.append({"index": i, "message": {**message, "refusal": None}, "finish_reason": reason,
-                            "logprobs": fmt.chat_logprobs(r.logprobs) if req.logprobs else None})
-        return JSONResponse({**base, "object": "chat.completion", "choices": choices, "usage": _usage(results)})
-
-    include_usage = bool(req.stream_options and req.stream_options.include_usage)
-    # Forced tool calls and JSON mode: the answer's shape is only known at its end. Tools on `auto`:
-    # text streams until a <tool_call> marker could be starting, then the rest waits for the end.
-    buffered = bool(prefix)
-
-    async def events() -> AsyncIterator[bytes]:
-        chunk_base = {**base, "object": "chat.completion.chunk"}
-        texts, sent, results = [""] * req.n, [0] * req.n, [worker_pb2.GenerateChunk()] * req.n
-        for i in range(req.n):
-            yield _sse_bytes({**chunk_base, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
-                                                         "finish_reason": None, "logprobs": None}]})
-        try:
-            async for i, out in run.merged(streams):
-                results[i] = out
-                texts[i] += out.text
-                lp = fmt.chat_logprobs(list(out.logprobs)) if req.logprobs else None
-                if not buffered and not out.finish_reason:
-                    upto = fmt.streamable_len(texts[i]) if use_tools else len(texts[i])
-                    if upto > sent[i] or lp:
-                        yield _sse_bytes({**chunk_base, "choices": [{"index": i, "delta": {
-                            "content": texts[i][sent[i]:upto]}, "finish_reason": None, "logprobs": lp}]})
-                        sent[i] = max(sent[i], upto)
-                elif out.finish_reason:
-                    message, reason = finish(texts[i], out.finish_reason)
-                    message.pop("role")
-                    if "tool_calls" in message:
-                        message["tool_calls"] = [{"index": j, **c} for j, c in enumerate(message["tool_calls"])]
-                        message.pop("content", None)
-                    elif not buffered:
-                        message["content"] = texts[i][sent[i]:]
-                    yield _sse_bytes({**chunk_base, "choices": [{"index": i, "delta": message,
-                                                                 "finish_reason": reason, "logprobs": lp}]})
-        except GatewayError as exc:
-            yield _sse_bytes(error_body(exc.message, exc.type, exc.code))
-            return
-        finally:
-            await run.close()
-        if include_usage:
-            yield _sse_bytes({**chunk_base, "choices": [], "usage": _usage(results)})
-        yield b"data: [DONE]\n\n"
-
-    return CleanupStreamingResponse(events(), run.close, media_type="text/event-stream",
-                                    headers={"Cache-Control": "no-store"})
+        return JSONResponse(await chat_body(req, plan, run, streams, base))
+    return CleanupStreamingResponse(chat_events(req, plan, run, streams, base), run.close,
+                                    media_type="text/event-stream", headers={"Cache-Control": "no-store"})
 
 
 @router.post("/v1/completions", response_model=None)
 async def completions(req: CompletionRequest, key: KeyRecord = Depends(current_key),
                       service: GatewayService = Depends(get_service)):  # type: ignore[no-untyped-def]
     split = service.resolve(key, req.model)
-    prompts = [req.prompt] if isinstance(req.prompt, str) else list(req.prompt)
-    if not prompts or any(not p for p in prompts):
-        raise GatewayError(400, "prompt must not be empty", param="prompt")
-    max_tokens = req.max_tokens or 16
+    service.check_plaintext_allowed(key)
     rid = request_id()
-    requests = [worker_pb2.GenerateRequest(
-        request_id=f"{rid}-{pi}-{j}", tenant=key.tenant, key_id=key.key_id, kind="completion", prompt=prompt,
-        params=_params(req, max_tokens, req.logprobs, [], j)) for pi, prompt in enumerate(prompts)
-        for j in range(req.n)]
-    ticket = service.ticket(key, _reserve(sum(map(len, prompts)), max_tokens, len(requests)), req.priority)
+    plan = plan_completion(req, rid=rid, tenant=key.tenant, key_id=key.key_id)
+    ticket = service.ticket(key, _reserve(plan.reserve_chars, req.max_tokens or 16, len(plan.requests)),
+                            req.priority)
     run = Run(service, key, req.model, ticket)
-    streams = await run.start(split, requests, affinity=prompts[0][:4096])
+    streams = await run.start(split, plan.requests, affinity=plan.affinity)
     base = {"id": f"cmpl-{rid}", "created": int(time.time()), "model": req.model, "object": "text_completion",
             **_tee(service, key.tenant, req.model)}
-
-    def echo(i: int) -> str:
-        return prompts[i // req.n] if req.echo else ""
-
     if not req.stream:
-        results = await run.collect(streams)
-        choices = [{"index": i, "text": echo(i) + r.text, "finish_reason": r.finish_reason,
-                    "logprobs": fmt.completion_logprobs(r.logprobs, len(echo(i))) if req.logprobs is not None
-                    else None} for i, r in enumerate(results)]
-        usage = _usage(results)
-        usage["prompt_tokens"] = sum({i // req.n: r.prompt_tokens for i, r in enumerate(results)}.values())
-        usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
-        return JSONResponse({**base, "choices": choices, "usage": usage})
-
-    include_usage = bool(req.stream_options and req.stream_options.include_usage)
-
-    async def events() -> AsyncIterator[bytes]:
-        results, started = [worker_pb2.GenerateChunk()] * len(requests), set()
-        try:
-            async for i, out in run.merged(streams):
-                results[i] = out
-                text = out.text if i in started else echo(i) + out.text
-                started.add(i)
-                lp = fmt.completion_logprobs(list(out.logprobs)) if req.logprobs is not None else None
-                yield _sse_bytes({**base, "choices": [{"index": i, "text": text, "logprobs": lp,
-                                                       "finish_reason": out.finish_reason or None}]})
-        except GatewayError as exc:
-            yield _sse_bytes(error_body(exc.message, exc.type, exc.code))
-            return
-        finally:
-            await run.close()
-        if include_usage:
-            yield _sse_bytes({**base, "choices": [], "usage": _usage(results)})
-        yield b"data: [DONE]\n\n"
-
-    return CleanupStreamingResponse(events(), run.close, media_type="text/event-stream",
-                                    headers={"Cache-Control": "no-store"})
+        return JSONResponse(await completion_body(req, plan, run, streams, base))
+    return CleanupStreamingResponse(completion_events(req, plan, run, streams, base), run.close,
+                                    media_type="text/event-stream", headers={"Cache-Control": "no-store"})
 
 
 @router.get("/v1/usage")
@@ -223,6 +83,26 @@ def usage(key: KeyRecord = Depends(current_key), service: GatewayService = Depen
     totals = {f: sum(r[f] for r in rows) for f in ("requests", "prompt_tokens", "completion_tokens",
                                                    "worker_seconds")}
     return {"object": "usage", "tenant": key.tenant, "totals": totals, "by_key": rows}
+
+
+@router.get("/.well-known/jwks.json")
+def broker_jwks(service: GatewayService = Depends(get_service)) -> JSONResponse:
+    """The key broker's token keys, so a client can check `/.well-known/attestation` from the gateway
+    alone. Serving them adds no trust: a client pins the broker's issuer and reference values."""
+    path = service.settings.broker_jwks
+    if path is None or not path.exists():
+        raise GatewayError(404, "this gateway has no key broker JWKS configured", code="not_found")
+    return JSONResponse(json.loads(path.read_text()), headers={"Cache-Control": "max-age=60"})
+
+
+@router.get("/.well-known/reference-values")
+def reference_values(service: GatewayService = Depends(get_service)) -> JSONResponse:
+    """The operator's signed in-toto statement of the measurements a worker may have (served as is;
+    a client checks it against the publisher key it pins)."""
+    path = service.settings.reference_values
+    if path is None or not path.exists():
+        raise GatewayError(404, "this gateway publishes no reference values", code="not_found")
+    return JSONResponse(json.loads(path.read_text()), headers={"Cache-Control": "max-age=60"})
 
 
 @router.get("/.well-known/attestation")

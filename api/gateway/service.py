@@ -18,17 +18,17 @@ import httpx
 from api.gateway.admission import AdmissionController, Ticket
 from api.gateway.demand import Demand
 from api.gateway.errors import GatewayError
-from api.gateway.grpc_client import WorkerClients, WorkerLost
+from api.gateway.grpc_client import WorkerClients, WorkerLost, open_sealed
 from api.gateway.metrics import Metrics
-from api.gateway.registry import WorkerInfo, WorkerRegistry
+from api.gateway.registry import WorkerInfo, WorkerRegistry, reattest_required
 from api.gateway.settings import GatewaySettings
 from api.gateway.usage import UsageRejected, verify_usage
 from api.gateway.worker_attestation import load_verifier, verify_worker
-from api.proto import worker_pb2
-from api.proto.tls import load_or_create
 from api.store.models import Tenant
 from api.store.repo import KeyRecord, Store
 from attestation.errors import AttestationError
+from protocol.rpc import worker_pb2
+from protocol.tls import load_or_create
 
 log = logging.getLogger(__name__)
 CACHE_S = 1.0
@@ -172,8 +172,50 @@ class GatewayService:
         finally:
             worker.inflight -= 1
 
+    # -- sealed mode (docs/sealed-mode.md): the gateway relays ciphertext and meters signed usage
+    def require_sealed(self, tenant: str) -> bool:
+        """The tenant's policy says `require_sealed` (its worker enforces the signed original too)."""
+        row = self._cached(("policy", tenant), lambda: self.store.policy(tenant))
+        doc = row.document if row is not None else None
+        payload = doc.get("payload", doc) if isinstance(doc, dict) else None
+        return isinstance(payload, dict) and payload.get("require_sealed") is True
+
+    def check_plaintext_allowed(self, key: KeyRecord) -> None:
+        if self.require_sealed(key.tenant):
+            self.metrics.rejected.labels(key.tenant, "sealed_required").inc()
+            raise GatewayError(403, "this tenant accepts only sealed requests: use SealedOpenAI or `sealed proxy` "
+                               "(docs/sealed-mode.md)", code="sealed_required")
+
+    async def sealed_stream(self, key: KeyRecord, model: str, request: worker_pb2.SealedRequest
+                            ) -> AsyncIterator[worker_pb2.SealedChunk]:
+        """Relay one sealed exchange with the pinned worker; never another one."""
+        worker = self.registry.pinned(key.tenant, model, request.worker_key_id)
+        worker.inflight += 1
+        try:
+            first, rest = await open_sealed(self.clients, worker.grpc_address, request,
+                                            self.settings.request_timeout_s, worker.tls_cert)
+        except GatewayError as exc:
+            worker.inflight -= 1
+            if exc.status == 503:
+                self.registry.mark_dead(worker.worker_id)
+                raise reattest_required() from exc
+            raise
+        try:
+            chunk = first
+            yield first
+            async for chunk in rest:
+                yield chunk
+            if chunk.HasField("usage"):
+                await self._meter(chunk.usage, worker, request)
+        except WorkerLost:
+            self.registry.mark_dead(worker.worker_id)
+            log.warning("worker %s lost mid-stream", worker.worker_id)
+            raise
+        finally:
+            worker.inflight -= 1
+
     async def _meter(self, record: worker_pb2.UsageRecord, worker: WorkerInfo,
-                     request: worker_pb2.GenerateRequest) -> None:
+                     request: worker_pb2.GenerateRequest | worker_pb2.SealedRequest) -> None:
         try:
             row = verify_usage(record, worker, request.request_id, request.tenant)
         except UsageRejected as exc:

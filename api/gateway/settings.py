@@ -38,6 +38,8 @@ class GatewaySettings:
     # (signed by that broker) binds the TLS and usage keys it registered with.
     broker_jwks: Path | None = None
     broker_issuer: str = "sealed-key-broker"
+    # The operator's signed in-toto statement of allowed worker measurements (served as is).
+    reference_values: Path | None = None
 
     def __post_init__(self) -> None:
         if self.dev:

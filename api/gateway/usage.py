@@ -9,8 +9,8 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from api.gateway.registry import WorkerInfo
-from api.proto import worker_pb2
 from api.store.models import UsageRow
+from protocol.rpc import worker_pb2
 
 log = logging.getLogger(__name__)
 

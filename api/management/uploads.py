@@ -36,7 +36,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, HTTPException, Request
 from pydantic import BaseModel, Field
 
-from enclave_worker.package import PackageError, read_manifest
+from protocol.package import PackageError, read_manifest
 
 # A package: manifest + payload + the files of one signature method (Ed25519, or model-signing).
 FILE_SETS = (

@@ -25,7 +25,7 @@ from api.home import Home
 from api.supervisor import Supervisor
 from enclave_worker.measurement import simulated_measurement
 from enclave_worker.settings import WorkerSettings
-from key_broker.fsutil import atomic_write
+from protocol.fsutil import atomic_write
 
 _SAFE = re.compile(r"[^A-Za-z0-9._-]")
 

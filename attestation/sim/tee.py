@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from cryptography.exceptions import InvalidSignature
@@ -32,14 +31,15 @@ class SimReport:
     tcb: dict[str, int]
 
 
-def worker_measurement(code_roots: Iterable[Path], config: Mapping[str, Any]) -> bytes:
-    """SHA-384 over every .py file below the code roots (sorted by path) and the canonical config."""
+def worker_measurement(code: Mapping[str, bytes], config: Mapping[str, Any]) -> bytes:
+    """SHA-384 over the worker's source files (relative path -> bytes, in path order) and the
+    canonical config. Which files are the worker's code is the worker's to say
+    (`enclave_worker.measurement`)."""
     h = hashlib.sha384(b"sealed-sim-measurement-v1\x00")
-    for root in sorted(Path(r) for r in code_roots):
-        for path in sorted(root.rglob("*.py")):
-            rel = path.relative_to(root.parent).as_posix().encode()
-            data = path.read_bytes()
-            h.update(len(rel).to_bytes(4, "big") + rel + len(data).to_bytes(8, "big") + data)
+    for rel_path in sorted(code):
+        rel = rel_path.encode()
+        data = code[rel_path]
+        h.update(len(rel).to_bytes(4, "big") + rel + len(data).to_bytes(8, "big") + data)
     h.update(json.dumps(dict(config), sort_keys=True, separators=(",", ":")).encode())
     return h.digest()
 

@@ -1,30 +1,8 @@
-"""Encrypted model packages: manifest + AES-256-GCM segments, decrypted straight into tensor memory."""
+"""The worker's side of model packages: decrypt straight into tensor memory (`reader`). The tenant's
+writer is `enclave_worker.package.writer` (not imported here, so it is not in the worker's
+measured code). The format, its errors, signatures and key sealing are contracts in
+`protocol.package`."""
 
-from enclave_worker.package.errors import (
-    KeySealError,
-    PackageError,
-    PackageFormatError,
-    PackageIntegrityError,
-    PackageSignatureError,
-    UploadError,
-    WrongKeyError,
-)
-from enclave_worker.package.format import Manifest, TensorEntry
-from enclave_worker.package.reader import DecryptedModel, decrypt_package, read_manifest
-from enclave_worker.package.writer import write_package
+from enclave_worker.package.reader import DecryptedModel, decrypt_package
 
-__all__ = [
-    "DecryptedModel",
-    "KeySealError",
-    "Manifest",
-    "PackageError",
-    "PackageFormatError",
-    "PackageIntegrityError",
-    "PackageSignatureError",
-    "TensorEntry",
-    "UploadError",
-    "WrongKeyError",
-    "decrypt_package",
-    "read_manifest",
-    "write_package",
-]
+__all__ = ["DecryptedModel", "decrypt_package"]

@@ -24,13 +24,8 @@ import torch
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
-from enclave_worker.package.errors import (
-    PackageFormatError,
-    PackageIntegrityError,
-    PackageSignatureError,
-    WrongKeyError,
-)
-from enclave_worker.package.format import (
+from protocol.package.errors import PackageFormatError, PackageIntegrityError, WrongKeyError
+from protocol.package.format import (
     TAG_BYTES,
     Manifest,
     ad_prefix,
@@ -40,7 +35,7 @@ from enclave_worker.package.format import (
     nonce_for,
     segment_key,
 )
-from enclave_worker.package.signing import verify_manifest_signature
+from protocol.package.signing import read_manifest
 
 TORCH_DTYPES = {
     "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
@@ -61,19 +56,6 @@ class DecryptedModel:
 
     def wipe(self) -> None:
         self.buffer.zero_()
-
-
-def read_manifest(pkg_dir: Path, *, required_signer: str | None = None) -> tuple[Manifest, bytes, str]:
-    """Parse and verify the manifest and its signature; returns (manifest, raw bytes, signer)."""
-    try:
-        raw = (Path(pkg_dir) / "manifest.json").read_bytes()
-    except OSError as exc:
-        raise PackageFormatError(f"no manifest in {pkg_dir}") from exc
-    manifest = Manifest.from_bytes(raw)
-    signer = verify_manifest_signature(Path(pkg_dir), raw, manifest.signer)
-    if required_signer is not None and not hmac.compare_digest(signer, required_signer):
-        raise PackageSignatureError("package signer is not the required signer")
-    return manifest, raw, signer
 
 
 def _torch_allocate(nbytes: int) -> torch.Tensor:

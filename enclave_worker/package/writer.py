@@ -11,8 +11,8 @@ from typing import Any
 import torch
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from enclave_worker.package.errors import PackageFormatError
-from enclave_worker.package.format import (
+from protocol.package.errors import PackageFormatError
+from protocol.package.format import (
     DEFAULT_DIGEST_ALG,
     DEFAULT_SEGMENT_SIZE,
     Manifest,
@@ -26,7 +26,7 @@ from enclave_worker.package.format import (
     nonce_for,
     segment_key,
 )
-from enclave_worker.package.signing import SIGNATURE_FILES, SigningKey, sign_manifest, signer_identity
+from protocol.package.signing import SIGNATURE_FILES, SigningKey, sign_manifest, signer_identity
 
 _DTYPE_NAMES = {
     torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16",

@@ -1,5 +1,6 @@
 """Tamper-evident audit log: hash-chained, signed entries, signed Merkle checkpoints."""
 
+from policy.audit.anchor import CheckpointAnchor, SqlAnchor, WitnessFile
 from policy.audit.checkpoint import Checkpoint, checkpoint_path, latest_checkpoint, read_checkpoints
 from policy.audit.entry import AuditEntry
 from policy.audit.log import AuditLog
@@ -14,7 +15,8 @@ from policy.audit.verify import (
 )
 
 __all__ = [
-    "AuditEntry", "AuditLog", "AuditVerifyReport", "Checkpoint", "auditor_entries", "checkpoint_path",
+    "AuditEntry", "AuditLog", "AuditVerifyReport", "Checkpoint", "CheckpointAnchor", "SqlAnchor", "WitnessFile",
+    "auditor_entries", "checkpoint_path",
     "entry_hashes", "export_jsonl", "latest_checkpoint", "log_files", "prove_inclusion",
     "read_checkpoints", "read_dir", "read_entries", "verify_dir", "verify_log", "write_jsonl",
 ]

@@ -15,15 +15,17 @@ that covers entries the log lost.
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from policy.audit.anchor import CheckpointAnchor
 from policy.audit.checkpoint import checkpoint_path, read_checkpoints, sign_checkpoint
 from policy.audit.entry import (
     GENESIS,
@@ -36,11 +38,12 @@ from policy.audit.entry import (
     parse_entry,
     validate_metadata,
 )
-from policy.audit.merkle import CompactRange
+from policy.audit.merkle import CompactRange, merkle_root
 from policy.decision import Decision
 from policy.errors import AuditIntegrityError, PolicyError
 
 FSYNC_MODES = ("batch", "group", "always")
+log = logging.getLogger(__name__)
 
 
 def _now() -> datetime:
@@ -52,7 +55,8 @@ class AuditLog:
 
     def __init__(self, path: Path, signer: Ed25519PrivateKey, component: str, *, fsync: str = "batch",
                  batch_interval_s: float = 0.05, batch_max: int = 512, checkpoint_every: int = 1000,
-                 checkpoint_interval_s: float = 60.0, clock: Callable[[], datetime] = _now) -> None:
+                 checkpoint_interval_s: float = 60.0, clock: Callable[[], datetime] = _now,
+                 anchors: Sequence[CheckpointAnchor] = ()) -> None:
         if fsync not in FSYNC_MODES:
             raise ValueError(f"fsync must be one of {FSYNC_MODES}")
         if not component:
@@ -71,6 +75,10 @@ class AuditLog:
         self._range = CompactRange()
         self._prev = GENESIS
         self._closed = False
+        self._anchors = tuple(anchors)
+        self._offset = 0  # bytes of the log this writer accounts for (the file must be exactly that)
+        self._ckpt_bytes = 0  # likewise for the checkpoint file
+        self._broken: str | None = None  # why this writer refuses to go on (file replaced, truncated)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
         try:
@@ -94,6 +102,8 @@ class AuditLog:
         if end < len(data):
             os.ftruncate(self._fd, end)
             os.fsync(self._fd)
+        self._offset = end
+        leaves: list[bytes] = []
         for index, line in enumerate(data[:end].splitlines()):
             try:
                 entry, _ = parse_entry(line.decode("ascii"))
@@ -103,7 +113,8 @@ class AuditLog:
                 raise AuditIntegrityError(index, "chain broken; refusing to append", str(self.path))
             if entry.component != self.component:
                 raise PolicyError(f"{self.path} belongs to component {entry.component!r}")
-            self._range.push(bytes.fromhex(entry.hash))
+            leaves.append(bytes.fromhex(entry.hash))
+            self._range.push(leaves[-1])
             self._prev = entry.hash
         ckpt_file = checkpoint_path(self.path)
         if ckpt_file.exists():
@@ -114,10 +125,49 @@ class AuditLog:
                 with open(ckpt_file, "r+b") as fh:
                     fh.truncate(keep)
                     os.fsync(fh.fileno())
+        self._ckpt_bytes = ckpt_file.stat().st_size if ckpt_file.exists() else 0
         ckpts = read_checkpoints(self.path)
         if ckpts and ckpts[-1].tree_size > self._range.size:
             raise AuditIntegrityError(self._range.size, "log is shorter than its last checkpoint",
                                       str(self.path))
+        self._check_anchors(leaves, max((c.tree_size for c in ckpts), default=0))
+
+    def _check_anchors(self, leaves: list[bytes], local_size: int) -> None:
+        """Refuse to continue a log that an anchored checkpoint shows was cut back or rewritten."""
+        for anchor in self._anchors:
+            for ck in anchor.checkpoints(self.path.name):
+                if ck.tree_size > len(leaves):
+                    raise AuditIntegrityError(len(leaves), f"log truncated: an anchored checkpoint covers "
+                                              f"{ck.tree_size} entries, {len(leaves)} remain", str(self.path))
+                if ck.root != merkle_root(leaves[:ck.tree_size]).hex():
+                    raise AuditIntegrityError(ck.tree_size, "entries differ from an anchored checkpoint "
+                                              "(log rewritten)", str(self.path))
+                if ck.tree_size > local_size:
+                    raise AuditIntegrityError(ck.tree_size, "the checkpoint file lost checkpoints that an "
+                                              "anchor holds (deleted or rolled back)", str(self.path))
+
+    def _fail(self, reason: str) -> AuditIntegrityError:
+        """Stop this writer for good: every later append raises too (nothing is lost silently)."""
+        if self._broken is None:
+            self._broken = reason
+            log.critical("audit log %s: %s; refusing further appends", self.path, reason)
+        return AuditIntegrityError(self._range.size, self._broken, str(self.path))
+
+    def _check_file(self) -> None:
+        """The path must still name our file, at the length we wrote: a replaced (sed -i, mv),
+        deleted, truncated or appended-to log is detected on the next append."""
+        st = os.fstat(self._fd)
+        if st.st_nlink == 0:
+            raise self._fail("log file was deleted or replaced (our inode is unlinked)")
+        try:
+            named = os.stat(self.path)
+        except FileNotFoundError:
+            raise self._fail("log file was removed") from None
+        if (named.st_dev, named.st_ino) != (st.st_dev, st.st_ino):
+            raise self._fail("log file was replaced by another file")
+        if st.st_size != self._offset:
+            raise self._fail(f"log file is {st.st_size} bytes, this writer wrote {self._offset} "
+                             "(truncated or written by someone else)")
 
     def append(self, *, tenant: str, action: str, decision: str, reason: str = "",
                metadata: Mapping[str, MetaValue] | None = None) -> AuditEntry:
@@ -129,6 +179,9 @@ class AuditLog:
         with self._cond:
             if self._closed:
                 raise PolicyError("audit log is closed")
+            if self._broken is not None:
+                raise AuditIntegrityError(self._range.size, self._broken, str(self.path))
+            self._check_file()
             entry, line = make_entry(self._signer, seq=self._range.size, ts=self._clock(),
                                component=self.component, tenant=tenant, action=action,
                                decision=decision, reason=reason, metadata=meta, prev=self._prev)
@@ -137,6 +190,7 @@ class AuditLog:
             view = memoryview(line)
             while view:
                 view = view[os.write(self._fd, view):]
+            self._offset += len(line)
             self._range.push(bytes.fromhex(entry.hash))
             self._prev = entry.hash
             self._written += 1
@@ -179,15 +233,29 @@ class AuditLog:
                 self._publish(target, root, head)
 
     def _publish(self, size: int, root: bytes, head: str) -> None:
+        if self._broken is not None:
+            return  # never sign a tree head over a file we no longer trust
         ckpt = sign_checkpoint(self._signer, component=self.component, log=self.path.name,
                                tree_size=size, root=root, last_hash=head, ts=self._clock())
-        fd = os.open(checkpoint_path(self.path), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        path = checkpoint_path(self.path)
+        line = (ckpt.to_json() + "\n").encode("ascii")
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         try:
-            os.write(fd, (ckpt.to_json() + "\n").encode("ascii"))
+            # The checkpoint file must be what we left: deleted, cut back or replaced is an attack.
+            if os.fstat(fd).st_size != self._ckpt_bytes:
+                self._fail("checkpoint file was deleted, truncated or replaced")
+                return
+            os.write(fd, line)
             os.fsync(fd)
         finally:
             os.close(fd)
+        self._ckpt_bytes += len(line)
         self._ckpt_size, self._ckpt_time = size, time.monotonic()
+        for anchor in self._anchors:
+            try:
+                anchor.publish(ckpt)
+            except Exception as exc:  # an anchor outage must not stop the audit trail; the next one catches up
+                log.error("audit checkpoint anchor %s failed: %s", type(anchor).__name__, type(exc).__name__)
 
     def _flush_loop(self) -> None:
         while True:

@@ -92,3 +92,65 @@ def verify_inclusion(data: bytes, index: int, size: int, proof: Sequence[bytes],
         fn >>= 1
         sn >>= 1
     return sn == 0 and acc == root
+
+
+def consistency_proof(leaves: Sequence[bytes], old_size: int) -> list[bytes]:
+    """RFC 6962 (RFC 9162 section 2.1.4.1) proof that the tree of the first ``old_size`` leaves is
+    a prefix of the tree over all ``leaves``: what a witness holding an old tree head checks a new
+    one against, without the log."""
+    n = len(leaves)
+    if not 0 <= old_size <= n:
+        raise IndexError(old_size)
+    if old_size in (0, n):
+        return []
+    return _subproof(leaves, old_size, True)
+
+
+def _subproof(leaves: Sequence[bytes], m: int, whole: bool) -> list[bytes]:
+    n = len(leaves)
+    if m == n:
+        return [] if whole else [merkle_root(leaves)]
+    k = 1 << ((n - 1).bit_length() - 1)
+    if m <= k:
+        return [*_subproof(leaves[:k], m, whole), merkle_root(leaves[k:])]
+    return [*_subproof(leaves[k:], m - k, False), merkle_root(leaves[:k])]
+
+
+def verify_consistency(old_size: int, new_size: int, old_root: bytes, new_root: bytes,
+                       proof: Sequence[bytes]) -> bool:
+    """Check a consistency proof (RFC 9162 section 2.1.4.2, steps numbered as there)."""
+    if not 0 <= old_size <= new_size:
+        return False
+    if old_size == 0:
+        return not proof  # every tree extends the empty one
+    if old_size == new_size:
+        return not proof and old_root == new_root
+    if not proof:
+        return False
+    path = list(proof)
+    # 2. An old tree of a power-of-two size is itself a node of the new tree: start from it.
+    if old_size & (old_size - 1) == 0:
+        path.insert(0, old_root)
+    # 3.-4.
+    fn, sn = old_size - 1, new_size - 1
+    while fn & 1:
+        fn >>= 1
+        sn >>= 1
+    # 5.
+    fr = sr = path[0]
+    # 6.
+    for c in path[1:]:
+        if sn == 0:
+            return False
+        if fn & 1 or fn == sn:
+            fr, sr = node_hash(c, fr), node_hash(c, sr)
+            if not fn & 1:
+                while not fn & 1 and fn != 0:
+                    fn >>= 1
+                    sn >>= 1
+        else:
+            sr = node_hash(sr, c)
+        fn >>= 1
+        sn >>= 1
+    # 7.
+    return fr == old_root and sr == new_root and sn == 0

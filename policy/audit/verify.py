@@ -9,7 +9,7 @@ and reported.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,10 +32,33 @@ class AuditVerifyReport:
     head: str  # hash of the last entry (GENESIS when empty)
     root: str  # RFC 6962 root over all entries
     torn_tail: bool  # a crash left a partial final line (ignored, not an entry)
+    uncheckpointed: int = 0  # entries after the last local checkpoint (no signed tree head covers them)
+    anchored: int = 0  # external checkpoints (witness file, database) checked against the log
+
+    @property
+    def warnings(self) -> list[str]:
+        """What an auditor should know though nothing failed: without an anchor, a log whose
+        checkpoints are missing cannot be told from one cut back together with its checkpoints."""
+        out = []
+        if self.entries and not self.checkpoints:
+            out.append(f"{self.path}: no checkpoint at all covers its {self.entries} entries (checkpoint "
+                       "file missing?); check against a witness (--witness) to detect truncation")
+        elif self.uncheckpointed:
+            out.append(f"{self.path}: {self.uncheckpointed} entries after the last checkpoint")
+        if not self.anchored and self.entries:
+            out.append(f"{self.path}: no external anchor checked; truncation together with the checkpoint "
+                       "file is not detectable without one")
+        return out
 
 
-def verify_log(path: Path, public_keys: Mapping[str, Ed25519PublicKey]) -> AuditVerifyReport:
-    """Verify one log file; raises AuditIntegrityError naming the first bad entry."""
+def verify_log(path: Path, public_keys: Mapping[str, Ed25519PublicKey],
+               anchored: Sequence[Checkpoint] = ()) -> AuditVerifyReport:
+    """Verify one log file; raises AuditIntegrityError naming the first bad entry.
+
+    ``anchored``: checkpoints kept outside the log's directory (a witness file, the anchor
+    database); those of this log must verify, be covered by the log (else it was truncated), match
+    its entries (else rewritten) and be present in its checkpoint file (else that file lost
+    checkpoints: deleted or rolled back)."""
     path = Path(path)
     where = str(path)
     data = path.read_bytes()
@@ -43,9 +66,11 @@ def verify_log(path: Path, public_keys: Mapping[str, Ed25519PublicKey]) -> Audit
     torn = end < len(data)
     lines = data[:end].splitlines()
     checkpoints = read_checkpoints(path)
+    external = [c for c in anchored if c.log == path.name]
     by_size: dict[int, list[int]] = {}
-    for i, ck in enumerate(checkpoints):
+    for i, ck in enumerate([*checkpoints, *external]):
         by_size.setdefault(ck.tree_size, []).append(i)
+    every = [*checkpoints, *external]
     crange = CompactRange()
     prev = GENESIS
     component: str | None = None
@@ -74,8 +99,8 @@ def verify_log(path: Path, public_keys: Mapping[str, Ed25519PublicKey]) -> Audit
         crange.push(digest)
         prev = entry.hash
         for ck_index in by_size.get(crange.size, ()):
-            _check_checkpoint_root(checkpoints[ck_index], crange.root(), prev, index, where)
-    for ck in checkpoints:
+            _check_checkpoint_root(every[ck_index], crange.root(), prev, index, where)
+    for ck in every:
         if component is not None and ck.component != component:
             raise AuditIntegrityError(len(lines), "checkpoint from another component", where)
         key = public_keys.get(ck.component)
@@ -84,8 +109,14 @@ def verify_log(path: Path, public_keys: Mapping[str, Ed25519PublicKey]) -> Audit
         if ck.tree_size > len(lines):
             raise AuditIntegrityError(len(lines), f"log truncated: a signed checkpoint covers "
                                       f"{ck.tree_size} entries but only {len(lines)} remain", where)
+    local_max = max((c.tree_size for c in checkpoints), default=0)
+    for ck in external:
+        if ck.tree_size > local_max:
+            raise AuditIntegrityError(ck.tree_size, f"checkpoint file lost checkpoints: the anchor holds one at size "
+                                      f"{ck.tree_size}, the file's last is {local_max} (deleted or rolled back)",
+                                      where)
     return AuditVerifyReport(where, component, len(lines), len(checkpoints), prev,
-                             crange.root().hex(), torn)
+                             crange.root().hex(), torn, len(lines) - local_max, len(external))
 
 
 def _check_checkpoint_root(ck: Checkpoint, root: bytes, head: str, index: int, where: str) -> None:
@@ -101,9 +132,16 @@ def log_files(directory: Path) -> list[Path]:
     return sorted(Path(directory).glob(LOG_GLOB))
 
 
-def verify_dir(directory: Path, public_keys: Mapping[str, Ed25519PublicKey]) -> list[AuditVerifyReport]:
-    """Verify every log in ``directory``; raises on the first bad file (error names the file)."""
-    return [verify_log(path, public_keys) for path in log_files(directory)]
+def verify_dir(directory: Path, public_keys: Mapping[str, Ed25519PublicKey],
+               anchored: Sequence[Checkpoint] = ()) -> list[AuditVerifyReport]:
+    """Verify every log in ``directory``; raises on the first bad file (error names the file).
+    A log that an anchored checkpoint names but that is gone from the directory is an error too."""
+    files = log_files(directory)
+    names = {p.name for p in files}
+    for ck in anchored:
+        if ck.log not in names:
+            raise AuditIntegrityError(0, f"log {ck.log} has anchored checkpoints but is missing", str(directory))
+    return [verify_log(path, public_keys, anchored) for path in files]
 
 
 def entry_hashes(path: Path) -> list[bytes]:

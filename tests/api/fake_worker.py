@@ -16,10 +16,10 @@ import grpc
 import uvicorn
 from fastapi import FastAPI
 
-from api.proto import worker_pb2, worker_pb2_grpc
 from enclave_worker.grpc_server import heartbeats
 from enclave_worker.server import WorkerState
 from enclave_worker.settings import WorkerSettings
+from protocol.rpc import worker_pb2, worker_pb2_grpc
 
 
 class FakeServicer(worker_pb2_grpc.WorkerServicer):

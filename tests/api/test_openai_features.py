@@ -126,8 +126,8 @@ def test_worker_grpc_takes_only_the_gateways_mtls_certificate(stack: RunningStac
     import grpc
 
     from api.management.auth import issue_token
-    from api.proto import worker_pb2, worker_pb2_grpc
-    from api.proto.tls import TARGET_NAME, make_identity
+    from protocol.rpc import worker_pb2, worker_pb2_grpc
+    from protocol.tls import TARGET_NAME, make_identity
 
     token = issue_token((stack.home / "gateway" / "jwt-secret").read_text().strip(), "test", "operator")
     (worker,) = httpx.get(f"{stack.url}/admin/v1/workers", headers={"Authorization": f"Bearer {token}"}

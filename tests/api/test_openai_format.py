@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from api.gateway.openai_format import coerce_json, parse_tool_calls, streamable_len, tool_prefix
+from protocol.openai.format import coerce_json, parse_tool_calls, streamable_len, tool_prefix
 
 
 def test_tool_calls_in_smollm2_hermes_style() -> None:

@@ -176,8 +176,8 @@ def _tiny_package(w: Path, version: str) -> None:
     from cryptography.hazmat.primitives import serialization
 
     from api.home import ed25519_key
-    from enclave_worker.package import write_package
-    from enclave_worker.package.keywrap import seal_data_key
+    from enclave_worker.package.writer import write_package
+    from protocol.package.keywrap import seal_data_key
 
     data_key = secrets.token_bytes(32)
     pkg = w / f"pkg-{version}"

@@ -1,4 +1,4 @@
-"""The committed gRPC modules are exactly what `python -m api.proto.generate` makes from worker.proto."""
+"""The committed gRPC modules are exactly what `python -m protocol.rpc.generate` makes from worker.proto."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from api.proto import generate
+from protocol.rpc import generate
 
 
 def test_generated_code_matches_the_proto(tmp_path: Path) -> None:

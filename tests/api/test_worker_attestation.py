@@ -13,9 +13,9 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from api.gateway.registry import WorkerRegistry
 from api.gateway.worker_attestation import expected_binding, verify_worker
-from api.proto.tls import make_identity
 from attestation.errors import FreshnessError, TokenError
 from attestation.token import TokenIssuer, TokenVerifier
+from protocol.tls import make_identity
 
 NOW = dt.datetime.now(dt.UTC)
 SCOPE = {"tenant": "acme", "model": "m", "version": "v1"}

@@ -46,13 +46,11 @@ def trust() -> VerifierTrust:
     return VerifierTrust(sim_platform_key=PLATFORM.public_key())
 
 
-def test_sim_report_round_trip_and_measurement_depends_on_code_and_config(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    (tmp_path / "pkg").mkdir()
-    (tmp_path / "pkg" / "a.py").write_text("x = 1\n")
-    m1 = worker_measurement([tmp_path / "pkg"], {"model": "a"})
-    assert m1 != worker_measurement([tmp_path / "pkg"], {"model": "b"})
-    (tmp_path / "pkg" / "a.py").write_text("x = 2\n")
-    assert m1 != worker_measurement([tmp_path / "pkg"], {"model": "a"})
+def test_sim_report_round_trip_and_measurement_depends_on_code_and_config() -> None:
+    m1 = worker_measurement({"pkg/a.py": b"x = 1\n"}, {"model": "a"})
+    assert m1 != worker_measurement({"pkg/a.py": b"x = 1\n"}, {"model": "b"})
+    assert m1 != worker_measurement({"pkg/a.py": b"x = 2\n"}, {"model": "a"})
+    assert m1 != worker_measurement({"pkg/b.py": b"x = 1\n"}, {"model": "a"})
     raw = SimTee(PLATFORM, m1).get_report(b"\x07" * 64)
     report = verify_sim_report(raw, PLATFORM.public_key())
     assert report.measurement == m1 and report.report_data == b"\x07" * 64 and not report.debug

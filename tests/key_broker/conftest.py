@@ -25,14 +25,14 @@ from fastapi.testclient import TestClient
 
 from attestation.bundle import EvidenceBundle, RuntimeData, expected_report_data
 from attestation.sim import SimTee
-from enclave_worker.package import write_package
-from enclave_worker.package.keywrap import seal_data_key, sealed_upload_body
-from enclave_worker.package.signing import signer_identity
+from enclave_worker.package.writer import write_package
 from key_broker.app import build_service, create_app
 from key_broker.auth import hash_token
-from key_broker.client import ReleasedKey, obtain_data_key
 from key_broker.service import EvidenceVerifier
 from key_broker.settings import BrokerSettings
+from protocol.broker.client import ReleasedKey, obtain_data_key
+from protocol.package.keywrap import seal_data_key, sealed_upload_body
+from protocol.package.signing import signer_identity
 
 MEASUREMENT = bytes(range(48))
 SIGNING_KEY = Ed25519PrivateKey.from_private_bytes(bytes(range(32)))  # the test tenant's package signer

@@ -13,11 +13,12 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from typer.testing import CliRunner
 
 from api.cli.keys import build as build_keys_cli
-from enclave_worker.package.signing import signer_identity
-from key_broker.client import check_key_status
-from key_broker.errors import RateLimited, ReleaseRefused, SettingsError
+from key_broker.errors import SettingsError
 from key_broker.refvals import sign_reference_values
 from key_broker.settings import BrokerSettings, admin_token_hashes
+from protocol.broker.client import check_key_status
+from protocol.broker.errors import BrokerRateLimited, BrokerRefused
+from protocol.package.signing import signer_identity
 
 Harness = Any
 MEASUREMENT = bytes(range(48)).hex()
@@ -97,7 +98,7 @@ def test_revocation_stops_releases_and_running_workers_learn_it(kb: Harness) -> 
     assert check_key_status(kb.client, released, tenant="acme", model="m", version="v1") == "active"
     assert kb.admin("POST", "/tenants/acme/key/revoke").json()["revoked"] is True
     assert check_key_status(kb.client, released, tenant="acme", model="m", version="v1") == "revoked"
-    with pytest.raises(ReleaseRefused):
+    with pytest.raises(BrokerRefused):
         kb.obtain("acme")
     # A token of one scope cannot ask about another.
     assert check_key_status(kb.client, released, tenant="acme", model="m", version="v2") == "revoked"
@@ -120,7 +121,7 @@ def test_signed_reference_values_extend_a_policy_and_are_verified_on_load(kb: Ha
     doc = sign_reference_values("acme", "prod", 1, [MEASUREMENT], signer, "release-2026")
     r = kb.admin("PUT", "/tenants/acme/reference-values", json=doc)
     assert r.status_code == 200 and r.json()["measurements"] == [MEASUREMENT]
-    with pytest.raises(ReleaseRefused):
+    with pytest.raises(BrokerRefused):
         kb.obtain("acme")  # the policy does not reference the document yet
     kb.put_policy(
         "acme",
@@ -146,7 +147,7 @@ def test_signed_reference_values_extend_a_policy_and_are_verified_on_load(kb: Ha
     tampered = json.loads(path.read_text())
     tampered["payload"]["measurements"] = ["ab" * 48]
     path.write_text(json.dumps(tampered))
-    with pytest.raises(ReleaseRefused):
+    with pytest.raises(BrokerRefused):
         kb.obtain("acme")
     assert "ReferenceValuesError" in kb.last_denial()["reason"]
 
@@ -230,7 +231,7 @@ def test_rate_limits_per_client_and_per_worker_identity(harness_factory: Any) ->
     # caller's budget is spent for every token. Workers renew leases instead, limited per attested
     # identity (tests/security/test_leases.py).
     worker_b = kb.obtain("acme", measurement=other)
-    with pytest.raises(RateLimited):
+    with pytest.raises(BrokerRateLimited):
         check_key_status(kb.client, worker_b, tenant="acme", model="m", version="v1")
     # Challenges are limited per client address: 2 used above, 3 left.
     codes = [kb.client.post("/v1/challenge").status_code for _ in range(4)]

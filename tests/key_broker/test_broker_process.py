@@ -22,10 +22,10 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from attestation.bundle import EvidenceBundle, RuntimeData, expected_report_data
 from attestation.sim import SimTee
-from enclave_worker.package.signing import signer_identity
-from key_broker.client import obtain_data_key
 from key_broker.router import REFUSED
-from key_broker.sealing import raw_public_key
+from protocol.broker.client import obtain_data_key
+from protocol.broker.sealing import raw_public_key
+from protocol.package.signing import signer_identity
 
 MEASUREMENT = bytes(range(48))
 SIGNER = signer_identity(Ed25519PrivateKey.from_private_bytes(bytes(range(32))).public_key())  # as conftest

@@ -11,7 +11,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from attestation.bundle import RuntimeData
 from key_broker.router import REFUSED
-from key_broker.sealing import open_sealed, raw_public_key, release_info
+from protocol.broker.sealing import open_sealed, raw_public_key, release_info
 
 Harness = Any
 TENANTS = ("alpha", "bravo")

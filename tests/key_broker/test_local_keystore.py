@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from key_broker.errors import KeyStoreError, TenantKeyRevoked
-from key_broker.fsutil import atomic_write
 from key_broker.keystore import MASTER_KEY_ENV, DataKeyRegistry, LocalKeyStore, load_master_key
+from protocol.fsutil import atomic_write
 
 
 def test_master_key_from_env_or_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -26,8 +26,8 @@ from attestation.nvgpu import testpki as gpu_pki
 from attestation.snp.tcb import POLICY_DEBUG, Product
 from attestation.snp.testing import AmdTestPki, generate_keys, make_pki, sign_report, template_report
 from attestation.verifier import AttestationResult
-from enclave_worker.package.signing import signer_identity
-from key_broker.errors import ReleaseRefused
+from protocol.broker.errors import BrokerRefused
+from protocol.package.signing import signer_identity
 
 Harness = Any
 MEASUREMENT = bytes(range(48))
@@ -135,7 +135,7 @@ def real(harness_factory: Any, platform: RealFormatPlatform) -> Harness:
 
 
 def _obtain(kb: Harness, make: Callable[[RuntimeData], EvidenceBundle]) -> Any:
-    from key_broker.client import obtain_data_key
+    from protocol.broker.client import obtain_data_key
 
     return obtain_data_key(kb.client, tenant="acme", model="m", version="v1", make_bundle=make)
 
@@ -163,7 +163,7 @@ def test_real_format_refusals(
 ) -> None:
     if kwargs.get("pki") == "other":
         kwargs = {**kwargs, "pki": platform.other_pki}
-    with pytest.raises(ReleaseRefused):
+    with pytest.raises(BrokerRefused):
         _obtain(real, lambda rt: platform.bundle(rt, **kwargs))
     assert reason in real.last_denial()["reason"], real.last_denial()
 
@@ -183,10 +183,10 @@ def test_tcb_floor_and_simulated_evidence_under_an_snp_policy(real: Harness, pla
             "min_tcb": {"snp": 9},
         },
     )
-    with pytest.raises(ReleaseRefused):
+    with pytest.raises(BrokerRefused):
         _obtain(real, platform.bundle)
     assert "below floor" in real.last_denial()["reason"]
-    with pytest.raises(ReleaseRefused):  # a simulated TEE cannot pass as SNP
+    with pytest.raises(BrokerRefused):  # a simulated TEE cannot pass as SNP
         _obtain(real, lambda rt: real.bundle(rt))
     assert "UnsupportedError" in real.last_denial()["reason"]
 

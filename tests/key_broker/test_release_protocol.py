@@ -16,9 +16,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from attestation.bundle import EvidenceBundle, RuntimeData, expected_report_data
-from enclave_worker.package.signing import signer_identity
 from key_broker.router import REFUSED
-from key_broker.sealing import open_sealed, raw_public_key, release_info
+from protocol.broker.sealing import open_sealed, raw_public_key, release_info
+from protocol.package.signing import signer_identity
 
 MEASUREMENT = bytes(range(48))
 SIGNER = signer_identity(Ed25519PrivateKey.from_private_bytes(bytes(range(32))).public_key())  # as conftest

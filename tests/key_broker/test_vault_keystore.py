@@ -9,9 +9,10 @@ from typing import Any
 import hvac
 import pytest
 
-from key_broker.errors import KeyStoreError, ReleaseRefused, TenantKeyRevoked
+from key_broker.errors import KeyStoreError, TenantKeyRevoked
 from key_broker.keystore import DataKeyRegistry, data_key_context
 from key_broker.vault import KEY_PREFIX, VaultTransitKeyStore
+from protocol.broker.errors import BrokerRefused
 
 
 @pytest.fixture()
@@ -89,5 +90,5 @@ def test_broker_releases_through_vault_end_to_end(harness_factory: Any, bao_serv
     assert kb.admin("POST", f"/tenants/{tenant}/key/rotate").json() == {"kek_version": 2, "rewrapped": 1}
     assert kb.obtain(tenant).data_key == key
     kb.admin("POST", f"/tenants/{tenant}/key/revoke")
-    with pytest.raises(ReleaseRefused):
+    with pytest.raises(BrokerRefused):
         kb.obtain(tenant)

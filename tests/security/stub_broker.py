@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from key_broker.client import lease_answer_mac, lease_mac_key
+from protocol.broker.client import lease_answer_mac, lease_mac_key
 
 DATA_KEY = bytes(range(32))
 TOKEN_ID = "jti-under-test"

@@ -19,7 +19,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from enclave_worker.keywatch import KeyLease, LeaseTiming
 from enclave_worker.server import WorkerState, _revoke, serving
 from enclave_worker.settings import WorkerSettings
-from key_broker.client import ReleasedKey, WorkerIdentity
+from protocol.broker.client import ReleasedKey, WorkerIdentity
 from tests.security.stub_broker import DATA_KEY, TOKEN_ID, answer, step_json, stub_broker
 
 PUBLIC_TOKEN = "eyJhbGciOiJFUzI1NiJ9.public-token.sig"

@@ -17,14 +17,14 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from attestation.bundle import channel_binding
-from key_broker.client import (
-    ReleaseRefused,
+from protocol.broker.client import (
     WorkerIdentity,
     lease_mac_key,
     lease_request_payload,
     obtain_data_key,
     renew_lease,
 )
+from protocol.broker.errors import BrokerRefused
 from tests.key_broker.conftest import Harness
 
 SCOPE = {"tenant": "acme", "model": "m", "version": "v1"}
@@ -177,7 +177,7 @@ def test_answers_are_bound_to_the_data_key(kb: Harness) -> None:
     id: a party that does not hold the data key cannot forge "active" (nor check a real answer)."""
     kb.setup_tenant("acme")
     released, identity = attested_worker(kb)
-    with pytest.raises(ReleaseRefused):
+    with pytest.raises(BrokerRefused):
         async def go() -> None:
             transport = httpx.ASGITransport(app=kb.app)
             async with httpx.AsyncClient(transport=transport, base_url="http://broker") as client:

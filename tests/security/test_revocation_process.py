@@ -19,7 +19,7 @@ from attestation.bundle import channel_binding
 from enclave_worker.keywatch import KeyLease, LeaseTiming
 from enclave_worker.server import WorkerState, _revoke, serving
 from enclave_worker.settings import WorkerSettings
-from key_broker.client import WorkerIdentity, obtain_data_key
+from protocol.broker.client import WorkerIdentity, obtain_data_key
 from tests.key_broker.conftest import SIGNER, sealed_key_upload
 from tests.key_broker.test_broker_process import MEASUREMENT, BrokerProcess
 from tests.security.test_keywatch import FakeBooted

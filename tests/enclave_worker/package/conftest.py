@@ -10,7 +10,8 @@ import pytest
 import torch
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from enclave_worker.package import Manifest, write_package
+from enclave_worker.package.writer import write_package
+from protocol.package import Manifest
 
 SEGMENT = 4096
 

@@ -11,9 +11,10 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from enclave_worker.package import KeySealError, PackageIntegrityError, decrypt_package, read_manifest
-from enclave_worker.package.format import TAG_BYTES, ad_prefix, associated_data, nonce_for, segment_key
-from enclave_worker.package.keywrap import (
+from enclave_worker.package import decrypt_package
+from protocol.package import KeySealError, PackageIntegrityError, read_manifest
+from protocol.package.format import TAG_BYTES, ad_prefix, associated_data, nonce_for, segment_key
+from protocol.package.keywrap import (
     SealedDataKey,
     load_import_public_key,
     load_or_create_import_key,

@@ -25,8 +25,8 @@ from api.tenant_tools import (
 from enclave_worker.engine import EngineConfig, LLMEngine, SamplingParams
 from enclave_worker.engine.checkpoint import Checkpoint, default_gguf_path, load_gguf
 from enclave_worker.package import decrypt_package
-from enclave_worker.package.keywrap import load_or_create_import_key, public_pem
 from key_broker.keystore import DataKeyRegistry, LocalKeyStore, load_master_key
+from protocol.package.keywrap import load_or_create_import_key, public_pem
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):\n    ", "List three prime numbers:",
            "Water boils at a temperature of"]

@@ -16,8 +16,10 @@ from fastapi.testclient import TestClient
 
 from api.cli.upload import upload_package
 from api.management.uploads import build_upload_router, stored_package_dir
-from enclave_worker.package import PackageSignatureError, decrypt_package, read_manifest, write_package
-from enclave_worker.package.signing import ModelSigningKey, sign_manifest, signer_identity
+from enclave_worker.package import decrypt_package
+from enclave_worker.package.writer import write_package
+from protocol.package import PackageSignatureError, read_manifest
+from protocol.package.signing import ModelSigningKey, sign_manifest, signer_identity
 
 pytest.importorskip("model_signing")
 

@@ -6,8 +6,9 @@ from typing import Any as Pkg  # the fixture type lives in conftest.py
 
 import torch
 
-from enclave_worker.package import decrypt_package, read_manifest
-from enclave_worker.package.signing import signer_identity
+from enclave_worker.package import decrypt_package
+from protocol.package import read_manifest
+from protocol.package.signing import signer_identity
 
 
 def test_round_trip(pkg: Pkg) -> None:

@@ -16,16 +16,16 @@ import pytest
 import torch
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from enclave_worker.package import (
+from enclave_worker.package import decrypt_package
+from protocol.package import (
     PackageError,
     PackageFormatError,
     PackageIntegrityError,
     PackageSignatureError,
     WrongKeyError,
-    decrypt_package,
 )
-from enclave_worker.package.format import TAG_BYTES
-from enclave_worker.package.signing import sign_manifest
+from protocol.package.format import TAG_BYTES
+from protocol.package.signing import sign_manifest
 
 Tamper = Callable[[Pkg, Callable[..., Pkg]], bytes | None]  # may return another data key to use
 

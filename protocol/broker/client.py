@@ -17,8 +17,8 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from attestation.bundle import EvidenceBundle, RuntimeData
-from key_broker.errors import RateLimited, ReleaseRefused
-from key_broker.sealing import open_sealed, raw_public_key, release_info
+from protocol.broker.errors import BrokerRateLimited, BrokerRefused
+from protocol.broker.sealing import open_sealed, raw_public_key, release_info
 
 
 @dataclass(frozen=True)
@@ -33,9 +33,9 @@ class ReleasedKey:
 def _post(client: httpx.Client, path: str, body: dict | None = None) -> dict:
     response = client.post(path, json=body or {})
     if response.status_code == 403:
-        raise ReleaseRefused("the key broker refused the request")
+        raise BrokerRefused("the key broker refused the request")
     if response.status_code == 429:
-        raise RateLimited("the key broker rate-limited the request; retry later")
+        raise BrokerRateLimited("the key broker rate-limited the request; retry later")
     response.raise_for_status()
     return response.json()
 
@@ -48,10 +48,12 @@ def obtain_data_key(
     version: str,
     make_bundle: Callable[[RuntimeData], EvidenceBundle],
     channel_binding: bytes = b"",
+    hpke_key: X25519PrivateKey | None = None,
 ) -> ReleasedKey:
-    """Challenge -> evidence bound to a fresh HPKE key (and the worker's channel keys) -> token ->
-    sealed data key -> open it."""
-    ephemeral = X25519PrivateKey.generate()
+    """Challenge -> evidence bound to an HPKE key (and the worker's channel keys) -> token ->
+    sealed data key -> open it. ``hpke_key``: the worker's serving key, which sealed-mode clients
+    encrypt to (docs/sealed-mode.md); without it, a key made for this release only."""
+    ephemeral = hpke_key or X25519PrivateKey.generate()
     challenge = _post(client, "/v1/challenge")
     runtime = RuntimeData(nonce=bytes.fromhex(challenge["nonce"]), hpke_public_key=raw_public_key(ephemeral),
                           channel_binding=channel_binding)
@@ -65,6 +67,27 @@ def obtain_data_key(
     return ReleasedKey(data_key, token, released["token_id"], bundle, released["receipt"])
 
 
+def renew_attestation(
+    client: httpx.Client,
+    *,
+    tenant: str,
+    model: str,
+    version: str,
+    make_bundle: Callable[[RuntimeData], EvidenceBundle],
+    hpke_public_key: bytes,
+    channel_binding: bytes = b"",
+) -> tuple[str, EvidenceBundle]:
+    """Fresh evidence for the same keys (a new broker nonce) -> a fresh token. No key is released:
+    this keeps the attestation document that clients verify valid for the worker's whole life."""
+    challenge = _post(client, "/v1/challenge")
+    runtime = RuntimeData(nonce=bytes.fromhex(challenge["nonce"]), hpke_public_key=hpke_public_key,
+                          channel_binding=channel_binding)
+    bundle = make_bundle(runtime)
+    token = _post(client, "/v1/attest", {"session_id": challenge["session_id"], "evidence": bundle.to_json(),
+                                         "tenant": tenant, "model": model, "version": version})["token"]
+    return token, bundle
+
+
 def check_key_status(client: httpx.Client, released: ReleasedKey, *, tenant: str, model: str,
                      version: str) -> str:
     """Poll the broker: "active" or "revoked". A worker drops the data key (and stops serving the
@@ -73,7 +96,7 @@ def check_key_status(client: httpx.Client, released: ReleasedKey, *, tenant: str
     try:
         body = _post(client, "/v1/key/status", {"token": released.token, "tenant": tenant, "model": model,
                                                 "version": version})
-    except ReleaseRefused:
+    except BrokerRefused:
         return "revoked"
     status = str(body.get("status"))
     return status if status in ("active", "revoked") else "revoked"
@@ -133,7 +156,7 @@ class LeaseAnswer:
     lease_s: float
 
 
-class LeaseAnswerInvalid(ReleaseRefused):
+class LeaseAnswerInvalid(BrokerRefused):
     """The answer does not carry a valid MAC for this request: treated as no answer."""
 
 
@@ -148,9 +171,9 @@ async def renew_lease(client: httpx.AsyncClient, released: ReleasedKey, identity
     body["signature"] = identity.signing_key.sign(lease_request_payload(body, released.token_id)).hex()
     response = await client.post("/v1/lease", json={**body, "token": released.token})
     if response.status_code == 403:
-        raise ReleaseRefused("the key broker refused the lease renewal")
+        raise BrokerRefused("the key broker refused the lease renewal")
     if response.status_code == 429:
-        raise RateLimited("the key broker rate-limited the lease renewal")
+        raise BrokerRateLimited("the key broker rate-limited the lease renewal")
     response.raise_for_status()
     answer = response.json()
     if not isinstance(answer, dict) or answer.get("token_id") != released.token_id or answer.get("seq") != seq:

@@ -1,4 +1,4 @@
-"""One error tree for model packages: every check in enclave_worker.package raises one of these."""
+"""One error tree for model packages: every check in protocol.package and enclave_worker.package raises one of these."""
 
 
 class PackageError(Exception):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import hmac
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +27,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from enclave_worker.package.errors import PackageSignatureError
+from protocol.package.errors import PackageFormatError, PackageSignatureError
+from protocol.package.format import Manifest
 
 SIGNATURE_FILE = "manifest.sig"
 MODEL_SIGNING_FILE = "model.sig"
@@ -137,3 +139,16 @@ def _model_signing_verify(pkg_dir: Path, manifest_bytes: bytes, claimed_signer: 
             entry.get("digest") != hashlib.sha256(manifest_bytes).hexdigest():
         raise PackageSignatureError("model signature does not cover this manifest")
     return identity
+
+
+def read_manifest(pkg_dir: Path, *, required_signer: str | None = None) -> tuple[Manifest, bytes, str]:
+    """Parse and verify the manifest and its signature; returns (manifest, raw bytes, signer)."""
+    try:
+        raw = (Path(pkg_dir) / "manifest.json").read_bytes()
+    except OSError as exc:
+        raise PackageFormatError(f"no manifest in {pkg_dir}") from exc
+    manifest = Manifest.from_bytes(raw)
+    signer = verify_manifest_signature(Path(pkg_dir), raw, manifest.signer)
+    if required_signer is not None and not hmac.compare_digest(signer, required_signer):
+        raise PackageSignatureError("package signer is not the required signer")
+    return manifest, raw, signer

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from api.proto import worker_pb2 as worker__pb2
+from protocol.rpc import worker_pb2 as worker__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -44,6 +44,11 @@ class WorkerStub:
                 request_serializer=worker__pb2.StatusRequest.SerializeToString,
                 response_deserializer=worker__pb2.StatusReply.FromString,
                 _registered_method=True)
+        self.SealedGenerate = channel.unary_stream(
+                '/sealed.worker.v1.Worker/SealedGenerate',
+                request_serializer=worker__pb2.SealedRequest.SerializeToString,
+                response_deserializer=worker__pb2.SealedChunk.FromString,
+                _registered_method=True)
 
 
 class WorkerServicer:
@@ -61,6 +66,12 @@ class WorkerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SealedGenerate(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -73,6 +84,11 @@ def add_WorkerServicer_to_server(servicer, server):
                     servicer.Status,
                     request_deserializer=worker__pb2.StatusRequest.FromString,
                     response_serializer=worker__pb2.StatusReply.SerializeToString,
+            ),
+            'SealedGenerate': grpc.unary_stream_rpc_method_handler(
+                    servicer.SealedGenerate,
+                    request_deserializer=worker__pb2.SealedRequest.FromString,
+                    response_serializer=worker__pb2.SealedChunk.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -129,6 +145,33 @@ class Worker:
             '/sealed.worker.v1.Worker/Status',
             worker__pb2.StatusRequest.SerializeToString,
             worker__pb2.StatusReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SealedGenerate(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/sealed.worker.v1.Worker/SealedGenerate',
+            worker__pb2.SealedRequest.SerializeToString,
+            worker__pb2.SealedChunk.FromString,
             options,
             channel_credentials,
             insecure,

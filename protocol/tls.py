@@ -19,7 +19,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from key_broker.fsutil import atomic_write
+from protocol.fsutil import atomic_write
 
 TARGET_NAME = "sealed-worker"  # the name both sides put in and check against the certificate
 

@@ -1,4 +1,4 @@
-"""Regenerate worker_pb2*.py from worker.proto: `python -m api.proto.generate` (needs grpcio-tools).
+"""Regenerate worker_pb2*.py from worker.proto: `python -m protocol.rpc.generate` (needs grpcio-tools).
 
 The generated modules are committed so that running the service does not need grpcio-tools; this
 script makes them reproducible. Imports are rewritten to be package-relative.
@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     if rc != 0:
         return rc
     grpc_module = out / "worker_pb2_grpc.py"
-    text = re.sub(r"^import worker_pb2 as", "from api.proto import worker_pb2 as", grpc_module.read_text(),
+    text = re.sub(r"^import worker_pb2 as", "from protocol.rpc import worker_pb2 as", grpc_module.read_text(),
                   flags=re.M)
     grpc_module.write_text(text)
     return 0

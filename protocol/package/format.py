@@ -27,7 +27,7 @@ import blake3
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from enclave_worker.package.errors import PackageFormatError
+from protocol.package.errors import PackageFormatError
 
 FORMAT_VERSION = 2
 TAG_BYTES = 16

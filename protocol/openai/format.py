@@ -7,7 +7,7 @@ import re
 import secrets
 from typing import Any
 
-from api.proto import worker_pb2
+from protocol.rpc import worker_pb2
 
 TOOL_CALL_RE = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.S)
 JSON_SYSTEM = "Respond only with a single valid JSON object."

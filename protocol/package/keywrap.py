@@ -23,8 +23,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 from cryptography.hazmat.primitives.hpke import AEAD, KDF, KEM, Suite
 
-from enclave_worker.package.errors import KeySealError
-from enclave_worker.package.format import Manifest, key_check_value
+from protocol.package.errors import KeySealError
+from protocol.package.format import Manifest, key_check_value
 
 SEALED_KEY_FORMAT = "sealed-datakey-v1"
 _SUITE = Suite(KEM.X25519, KDF.HKDF_SHA256, AEAD.AES_256_GCM)
@@ -139,7 +139,7 @@ def public_pem(key: X25519PrivateKey) -> bytes:
 def sealed_upload_body(pkg_dir: Path, sealed: SealedDataKey) -> dict[str, object]:
     """The body of the broker's `PUT .../data-key`: the sealed key plus the package's signed
     manifest, so the broker registers the key only for exactly that signed package."""
-    from enclave_worker.package.signing import SIGNATURE_FILES
+    from protocol.package.signing import SIGNATURE_FILES
 
     return {
         "sealed_key": json.loads(sealed.to_json()),

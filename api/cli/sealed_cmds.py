@@ -1,0 +1,114 @@
+"""`sealed verify URL` and `sealed proxy --upstream URL`: the client side of sealed mode."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from pathlib import Path
+from typing import Any
+
+import typer
+
+
+def _trust(policy: Path | None, unsafe_allow_simulated: bool, unsafe_trust_gateway_jwks: bool) -> Any:
+    from sealed_client.deployment import ClientTrust
+
+    doc: dict[str, Any] = json.loads(policy.read_text()) if policy else {}
+    if unsafe_trust_gateway_jwks:
+        doc["unsafe_trust_gateway_jwks"] = True
+    return ClientTrust.from_dict(doc, unsafe_allow_simulated=unsafe_allow_simulated)
+
+
+def _report(pin: Any, doc: dict[str, Any], now: dt.datetime) -> list[str]:
+    claims = pin.worker.claims
+    gpus = claims.get("gpus") or []
+    tee = claims.get("tee")
+    lines = [
+        f"worker {doc.get('worker_id', '?')}: model {pin.model} {pin.version}, tenant {pin.tenant}",
+        f"  TEE           {tee}" + ("  (INSECURE: simulated, no hardware protection)" if claims.get("insecure")
+                                    else ""),
+        f"  TCB           status {claims.get('tcb_status')}, debug {claims.get('debug')}, "
+        f"{json.dumps(claims.get('tcb') or {}, sort_keys=True)}",
+        f"  measurement   {claims.get('measurement')} (allowed by the policy or the signed reference values)",
+        "  GPUs          " + (", ".join(f"{g.get('arch')} cc={g.get('cc_enabled')} rim={g.get('rim_matched')}"
+                                        for g in gpus) or "none"),
+        f"  broker token  issuer {claims.get('iss')}, expires in {int(claims.get('exp', 0) - now.timestamp())} s",
+        f"  sealing key   {pin.worker_key_id} (X25519, bound by REPORT_DATA)",
+        f"  receipt key   {pin.receipt_key.hex()} (Ed25519, bound by the channel binding)",
+        "  promises      " + ", ".join(f"{k}={v}" for k, v in sorted(pin.promises.items())),
+    ]
+    return lines
+
+
+def verify(
+    url: str = typer.Argument(..., help="the gateway, e.g. http://127.0.0.1:8000"),
+    policy: Path = typer.Option(None, exists=True, help="client policy JSON (appraisal, broker_jwks, ...)"),
+    unsafe_allow_simulated: bool = typer.Option(False, "--unsafe-allow-simulated",
+                                                help="accept the simulated TEE (no hardware protection)"),
+    unsafe_trust_gateway_jwks: bool = typer.Option(False, "--unsafe-trust-gateway-jwks",
+                                                   help="take the broker JWKS from the gateway (trust on first use)"),
+    at: str = typer.Option(None, help="verification time, ISO 8601 (default: now)"),
+) -> None:
+    """Verify every worker a deployment serves; print what was verified; exit non-zero on any failure."""
+    import httpx
+
+    from attestation.errors import AttestationError, PolicyViolation
+    from attestation.token import TokenVerifier
+    from sealed_client.deployment import verify_published, verify_sealed_document
+
+    now = dt.datetime.fromisoformat(at.replace("Z", "+00:00")) if at else dt.datetime.now(dt.UTC)
+    try:
+        trust = _trust(policy, unsafe_allow_simulated, unsafe_trust_gateway_jwks)
+    except (ValueError, PolicyViolation) as exc:
+        typer.echo(f"bad client policy: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    base = url.rstrip("/")
+    with httpx.Client(timeout=10.0) as http:
+        jwks = trust.broker_jwks or http.get(f"{base}/.well-known/jwks.json").json()
+        workers = http.get(f"{base}/.well-known/attestation").json().get("workers", [])
+        published_doc = None
+        if trust.reference_values_key is not None:
+            response = http.get(f"{base}/.well-known/reference-values")
+            published_doc = response.json() if response.status_code == 200 else None
+    try:
+        published = verify_published(trust, published_doc, now)
+    except AttestationError as exc:
+        typer.echo(f"reference values: NOT verified ({type(exc).__name__}: {exc})")
+        raise typer.Exit(1) from exc
+    if published is not None:
+        typer.echo(f"reference values: {len(published.measurements)} measurement(s) signed by the pinned publisher "
+                   f"{trust.reference_values_key.hex()[:16]}…, valid until {published.expires_at.isoformat()}")
+    verifier = TokenVerifier(jwks, trust.broker_issuer)
+    failed = 0
+    for doc in workers:
+        try:
+            pin = verify_sealed_document(doc, verifier, trust, now, published)
+        except (AttestationError, KeyError, ValueError, TypeError) as exc:
+            failed += 1
+            reasons = exc.violations if isinstance(exc, PolicyViolation) else [str(exc)]
+            typer.echo(f"worker {doc.get('worker_id', '?')}: NOT verified ({type(exc).__name__})")
+            for reason in reasons:
+                typer.echo(f"  - {reason}")
+            continue
+        typer.echo("\n".join(_report(pin, doc, now)))
+    typer.echo(f"{len(workers) - failed} of {len(workers)} workers verified")
+    if failed or not workers:
+        raise typer.Exit(1)
+
+
+def proxy(
+    upstream: str = typer.Option(..., help="the gateway, e.g. https://gateway.example/v1"),
+    policy: Path = typer.Option(None, exists=True, help="client policy JSON"),
+    host: str = typer.Option("127.0.0.1"),
+    port: int = typer.Option(8300),
+    unsafe_allow_simulated: bool = typer.Option(False, "--unsafe-allow-simulated"),
+    unsafe_trust_gateway_jwks: bool = typer.Option(False, "--unsafe-trust-gateway-jwks"),
+) -> None:
+    """A local OpenAI-compatible endpoint that seals every request to the attested worker."""
+    import uvicorn
+
+    from sealed_client.proxy import create_proxy_app
+
+    app = create_proxy_app(upstream, _trust(policy, unsafe_allow_simulated, unsafe_trust_gateway_jwks))
+    typer.echo(f"sealed proxy on http://{host}:{port}/v1 -> {upstream}")
+    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)

@@ -1,0 +1,100 @@
+"""Sealed-mode routes (docs/sealed-mode.md): the gateway authenticates, admits, routes to the pinned
+worker and meters, but the body it relays is ciphertext both ways. It never parses, logs or stores it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator
+
+from fastapi import APIRouter, Depends, Request
+
+from api.gateway.dependencies import current_key, get_service
+from api.gateway.errors import GatewayError
+from api.gateway.generation import CleanupStreamingResponse, request_id
+from api.gateway.service import GatewayService
+from api.store.repo import KeyRecord
+from protocol.rpc import worker_pb2
+from protocol.sealed.http import (
+    HEADER_KEY_ID,
+    HEADER_MODEL,
+    MAX_REQUEST_BYTES,
+    REQUEST_CONTENT_TYPE,
+    RESPONSE_CONTENT_TYPE,
+)
+
+router = APIRouter()
+
+
+async def _sealed(endpoint: str, request: Request, key: KeyRecord, service: GatewayService
+                  ) -> CleanupStreamingResponse:
+    if request.headers.get("content-type", "").split(";")[0].strip() != REQUEST_CONTENT_TYPE:
+        raise GatewayError(415, f"sealed requests are {REQUEST_CONTENT_TYPE}", code="invalid_value")
+    model, worker_key_id = request.headers.get(HEADER_MODEL, ""), request.headers.get(HEADER_KEY_ID, "")
+    if not model or len(worker_key_id) != 64:
+        raise GatewayError(400, f"sealed requests name the model ({HEADER_MODEL}) and the pinned worker key "
+                           f"({HEADER_KEY_ID})", code="invalid_value")
+    service.resolve(key, model)
+    body = await request.body()
+    if len(body) > MAX_REQUEST_BYTES:
+        raise GatewayError(413, "request body too large", code="invalid_value")
+    rid = request_id()
+    sealed = worker_pb2.SealedRequest(request_id=rid, tenant=key.tenant, key_id=key.key_id, model=model,
+                                      endpoint=endpoint, worker_key_id=worker_key_id, body=body,
+                                      agent_killed=key.tools_killed)
+    # The gateway cannot read max_tokens: reserve the default and settle with the signed usage.
+    ticket = service.ticket(key, len(body) // 3 + service.settings.default_max_tokens)
+    started, used = time.monotonic(), [0]
+    stack = contextlib.AsyncExitStack()
+    try:
+        await stack.enter_async_context(service.admission.slot(ticket))
+        stream = service.sealed_stream(key, model, sealed)
+        stack.push_async_callback(stream.aclose)  # type: ignore[attr-defined]
+        first = await anext(stream)
+    except BaseException:
+        await stack.aclose()
+        service.admission.settle(ticket, 0)
+        raise
+    service.metrics.ttft.labels(model).observe(time.monotonic() - started)
+    closed = [False]
+
+    async def close() -> None:
+        if closed[0]:
+            return
+        closed[0] = True
+        try:
+            await stack.aclose()
+        finally:
+            service.admission.settle(ticket, used[0])
+            service.metrics.e2e.labels(model).observe(time.monotonic() - started)
+
+    async def relay() -> AsyncIterator[bytes]:
+        try:
+            yield first.data
+            async for chunk in stream:
+                if chunk.HasField("usage"):
+                    with contextlib.suppress(ValueError, KeyError, TypeError):
+                        doc = json.loads(chunk.usage.payload)
+                        used[0] = int(doc["prompt_tokens"]) + int(doc["completion_tokens"])
+                yield chunk.data
+        except GatewayError:
+            return  # the client sees a truncated sealed stream and reports it as such
+        finally:
+            await close()
+
+    return CleanupStreamingResponse(relay(), close, media_type=RESPONSE_CONTENT_TYPE,
+                                    headers={"Cache-Control": "no-store"})
+
+
+@router.post("/v1/sealed/chat/completions", response_model=None)
+async def sealed_chat(request: Request, key: KeyRecord = Depends(current_key),
+                      service: GatewayService = Depends(get_service)) -> CleanupStreamingResponse:
+    return await _sealed("/v1/chat/completions", request, key, service)
+
+
+@router.post("/v1/sealed/completions", response_model=None)
+async def sealed_completions(request: Request, key: KeyRecord = Depends(current_key),
+                             service: GatewayService = Depends(get_service)) -> CleanupStreamingResponse:
+    return await _sealed("/v1/completions", request, key, service)

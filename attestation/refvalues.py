@@ -1,0 +1,116 @@
+"""Published reference values: the measurements a worker may have, as a signed in-toto statement.
+
+The operator publishes an in-toto Statement v1 in a DSSE envelope (the format Sigstore bundles wrap),
+signed with its Ed25519 publisher key; a client pins that key (the publisher's identity), not raw
+hashes, and accepts a worker only if its measurement is a subject of an unexpired statement.
+
+    statement = {"_type": "https://in-toto.io/Statement/v1",
+                 "subject": [{"name": "sealed-worker", "digest": {"sha384": "<measurement hex>"}}, ...],
+                 "predicateType": PREDICATE_TYPE,
+                 "predicate": {"tee": "sim", "issued_at": "...", "expires_at": "...", "promises": {...}}}
+    envelope  = {"payloadType": "application/vnd.in-toto+json", "payload": b64(statement),
+                 "signatures": [{"keyid": hex SHA-256 of the raw key, "sig": b64 Ed25519 over PAE}]}
+
+Signed with a pinned key, not keyless Sigstore: verifying a Sigstore bundle offline needs a real
+public bundle and its trusted root, which this repository does not carry yet (docs/sealed-mode.md).
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import hashlib
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+from attestation.errors import AttestationError
+
+PAYLOAD_TYPE = "application/vnd.in-toto+json"
+STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
+PREDICATE_TYPE = "https://sealed.dev/reference-values/v1"
+
+
+class ReferenceValuesError(AttestationError):
+    """The published reference values are unsigned, signed by another key, expired or malformed."""
+
+
+def _pae(payload_type: str, body: bytes) -> bytes:
+    # DSSE v1 pre-authentication encoding (secure-systems-lab/dsse, protocol.md).
+    return b"DSSEv1 %d %b %d %b" % (len(payload_type), payload_type.encode(), len(body), body)
+
+
+def publisher_key_id(public_key: bytes) -> str:
+    return hashlib.sha256(public_key).hexdigest()
+
+
+def _raw(key: Ed25519PublicKey) -> bytes:
+    return key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+
+
+def sign_reference_values(key: Ed25519PrivateKey, measurements: Iterable[str], *, tee: str, issued_at: dt.datetime,
+                          valid_for: dt.timedelta, promises: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    statement = {
+        "_type": STATEMENT_TYPE,
+        "subject": [{"name": "sealed-worker", "digest": {"sha384": m.lower()}} for m in sorted(set(measurements))],
+        "predicateType": PREDICATE_TYPE,
+        "predicate": {"tee": tee, "issued_at": issued_at.isoformat(), "expires_at": (issued_at + valid_for).isoformat(),
+                      "promises": dict(promises or {})},
+    }
+    body = json.dumps(statement, sort_keys=True, separators=(",", ":")).encode()
+    return {"payloadType": PAYLOAD_TYPE, "payload": base64.b64encode(body).decode(),
+            "signatures": [{"keyid": publisher_key_id(_raw(key.public_key())),
+                            "sig": base64.b64encode(key.sign(_pae(PAYLOAD_TYPE, body))).decode()}]}
+
+
+@dataclass(frozen=True)
+class ReferenceValues:
+    measurements: frozenset[str]
+    tee: str
+    expires_at: dt.datetime
+    promises: Mapping[str, Any]
+
+
+def verify_reference_values(envelope: Mapping[str, Any], publisher_key: bytes, now: dt.datetime) -> ReferenceValues:
+    """1. DSSE signature by the pinned publisher key over PAE(payloadType, payload); 2. an in-toto
+    Statement v1 with our predicate type; 3. not expired (and not issued in the future)."""
+    try:
+        body = base64.b64decode(envelope["payload"], validate=True)
+        signatures = list(envelope.get("signatures") or [])
+        payload_type = str(envelope["payloadType"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ReferenceValuesError("reference values are not a DSSE envelope") from exc
+    if payload_type != PAYLOAD_TYPE:
+        raise ReferenceValuesError("reference values are not an in-toto statement")
+    key = Ed25519PublicKey.from_public_bytes(publisher_key)
+    wanted = publisher_key_id(publisher_key)
+    signed = False
+    for sig in signatures:
+        if not isinstance(sig, Mapping) or sig.get("keyid") != wanted:
+            continue
+        try:
+            key.verify(base64.b64decode(str(sig.get("sig", "")), validate=True), _pae(payload_type, body))
+            signed = True
+        except (InvalidSignature, ValueError):
+            continue
+    if not signed:
+        raise ReferenceValuesError("reference values are not signed by the pinned publisher")
+    try:
+        statement = json.loads(body)
+        if statement["_type"] != STATEMENT_TYPE or statement["predicateType"] != PREDICATE_TYPE:
+            raise ReferenceValuesError("unexpected statement or predicate type")
+        predicate = statement["predicate"]
+        issued = dt.datetime.fromisoformat(predicate["issued_at"])
+        expires = dt.datetime.fromisoformat(predicate["expires_at"])
+        measurements = frozenset(str(s["digest"]["sha384"]).lower() for s in statement["subject"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ReferenceValuesError(f"malformed reference values: {exc}") from exc
+    if not issued - dt.timedelta(minutes=5) <= now < expires:
+        raise ReferenceValuesError("reference values are expired or not yet valid")
+    return ReferenceValues(measurements=measurements, tee=str(predicate.get("tee", "")), expires_at=expires,
+                           promises=dict(predicate.get("promises") or {}))

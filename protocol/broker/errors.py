@@ -1,0 +1,15 @@
+"""What a client of the key-release protocol can learn from the broker: a refusal (always opaque;
+the broker's audit log has the reason) or a rate limit. The broker's own error tree, with reasons,
+is `key_broker.errors`."""
+
+
+class BrokerClientError(Exception):
+    """Base of every failure a broker client reports."""
+
+
+class BrokerRefused(BrokerClientError):
+    """The broker answered 403: a challenge, attestation or key request was refused."""
+
+
+class BrokerRateLimited(BrokerClientError):
+    """The broker answered 429: retry later."""

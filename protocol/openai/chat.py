@@ -1,0 +1,122 @@
+"""POST /v1/chat/completions: plan the choices, then render their chunks as OpenAI answers."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from protocol.openai import format as fmt
+from protocol.openai.errors import OpenAIError, error_body
+from protocol.openai.runner import SSE_DONE, ChoiceRunner, Streams, sampling_params, sse, usage_of
+from protocol.openai.schemas import ChatCompletionRequest
+from protocol.rpc import worker_pb2
+
+
+@dataclass(frozen=True)
+class ChatPlan:
+    requests: list[worker_pb2.GenerateRequest]
+    prefix: str
+    use_tools: bool
+    json_mode: bool
+    tool_names: frozenset[str]
+    affinity: str  # the prompt's opening, for prefix-cache routing
+    reserve_chars: int
+
+
+def plan_chat(req: ChatCompletionRequest, *, rid: str, tenant: str, key_id: str, agent_killed: bool,
+              default_max_tokens: int) -> ChatPlan:
+    max_tokens = req.max_completion_tokens or req.max_tokens or default_max_tokens
+    messages = [m.model_dump(exclude_none=True) for m in req.messages]
+    tools = [t.model_dump(exclude_none=True) for t in req.tools or []]
+    choice = req.tool_choice.model_dump() if hasattr(req.tool_choice, "model_dump") else req.tool_choice
+    use_tools = bool(tools) and choice != "none"
+    prefix, extra_stop = (fmt.tool_prefix(choice) if use_tools else ""), []
+    if isinstance(choice, dict) and use_tools:
+        tools = [t for t in tools if t["function"]["name"] == choice["function"].get("name")]
+        if not tools:
+            raise OpenAIError(400, "tool_choice names a function that is not in tools", param="tool_choice")
+        extra_stop = ["</tool_call>"]
+    json_mode = req.response_format is not None and req.response_format.type != "text" and not use_tools
+    if json_mode:
+        hint = fmt.JSON_SYSTEM
+        if req.response_format and req.response_format.json_schema:
+            hint += " It must follow this JSON schema: " + json.dumps(req.response_format.json_schema.get("schema"))
+        messages = [{"role": "system", "content": hint}, *messages]
+        prefix = "{"
+    logprobs = (req.top_logprobs or 0) if req.logprobs else None
+    requests = [worker_pb2.GenerateRequest(
+        request_id=f"{rid}-{i}", tenant=tenant, key_id=key_id, kind="chat", agent_killed=agent_killed,
+        messages_json=json.dumps(messages), tools_json=json.dumps(tools) if use_tools else "",
+        assistant_prefix=prefix, params=sampling_params(req, max_tokens, logprobs, extra_stop, i))
+        for i in range(req.n)]
+    return ChatPlan(requests=requests, prefix=prefix, use_tools=use_tools, json_mode=json_mode,
+                    tool_names=frozenset(t["function"]["name"] for t in tools),
+                    affinity=json.dumps(messages[:2])[:4096], reserve_chars=len(requests[0].messages_json))
+
+
+def _finish(plan: ChatPlan, text: str, reason: str | None) -> tuple[dict[str, Any], str | None]:
+    if plan.use_tools:
+        content, calls = fmt.parse_tool_calls(plan.prefix + text, set(plan.tool_names))
+        if calls:
+            return {"role": "assistant", "content": content, "tool_calls": calls}, "tool_calls"
+        return {"role": "assistant", "content": text}, reason
+    if plan.json_mode:
+        return {"role": "assistant", "content": fmt.coerce_json(plan.prefix + text)}, reason
+    return {"role": "assistant", "content": text}, reason
+
+
+async def chat_body(req: ChatCompletionRequest, plan: ChatPlan, run: ChoiceRunner, streams: Streams,
+                    base: dict[str, Any]) -> dict[str, Any]:
+    """The whole answer as one JSON document (stream=false)."""
+    results = await run.collect(streams)
+    choices = []
+    for i, r in enumerate(results):
+        message, reason = _finish(plan, r.text, r.finish_reason)
+        choices.append({"index": i, "message": {**message, "refusal": None}, "finish_reason": reason,
+                        "logprobs": fmt.chat_logprobs(r.logprobs) if req.logprobs else None})
+    return {**base, "object": "chat.completion", "choices": choices, "usage": usage_of(results)}
+
+
+async def chat_events(req: ChatCompletionRequest, plan: ChatPlan, run: ChoiceRunner, streams: Streams,
+                      base: dict[str, Any]) -> AsyncIterator[bytes]:
+    """The answer as server-sent events (stream=true), one event per yielded bytes."""
+    include_usage = bool(req.stream_options and req.stream_options.include_usage)
+    # Forced tool calls and JSON mode: the answer's shape is only known at its end. Tools on `auto`:
+    # text streams until a <tool_call> marker could be starting, then the rest waits for the end.
+    buffered = bool(plan.prefix)
+    chunk_base = {**base, "object": "chat.completion.chunk"}
+    texts, sent, results = [""] * req.n, [0] * req.n, [worker_pb2.GenerateChunk()] * req.n
+    for i in range(req.n):
+        yield sse({**chunk_base, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
+                                              "finish_reason": None, "logprobs": None}]})
+    try:
+        async for i, out in run.merged(streams):
+            results[i] = out
+            texts[i] += out.text
+            lp = fmt.chat_logprobs(list(out.logprobs)) if req.logprobs else None
+            if not buffered and not out.finish_reason:
+                upto = fmt.streamable_len(texts[i]) if plan.use_tools else len(texts[i])
+                if upto > sent[i] or lp:
+                    yield sse({**chunk_base, "choices": [{"index": i, "delta": {
+                        "content": texts[i][sent[i]:upto]}, "finish_reason": None, "logprobs": lp}]})
+                    sent[i] = max(sent[i], upto)
+            elif out.finish_reason:
+                message, reason = _finish(plan, texts[i], out.finish_reason)
+                message.pop("role")
+                if "tool_calls" in message:
+                    message["tool_calls"] = [{"index": j, **c} for j, c in enumerate(message["tool_calls"])]
+                    message.pop("content", None)
+                elif not buffered:
+                    message["content"] = texts[i][sent[i]:]
+                yield sse({**chunk_base, "choices": [{"index": i, "delta": message,
+                                                      "finish_reason": reason, "logprobs": lp}]})
+    except OpenAIError as exc:
+        yield sse(error_body(exc.message, exc.type, exc.code))
+        return
+    finally:
+        await run.close()
+    if include_usage:
+        yield sse({**chunk_base, "choices": [], "usage": usage_of(results)})
+    yield SSE_DONE

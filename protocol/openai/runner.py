@@ -1,0 +1,57 @@
+"""What the OpenAI layer needs from whoever runs the choices: the gateway (workers over gRPC) or
+the worker itself (its engine, in sealed mode)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from protocol.openai.schemas import SamplingFields
+from protocol.rpc import worker_pb2
+
+
+@dataclass
+class ChoiceResult:
+    text: str = ""
+    finish_reason: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    logprobs: list[worker_pb2.TokenLogprob] = field(default_factory=list)
+
+
+Streams = list[AsyncIterator[worker_pb2.GenerateChunk]]
+
+
+class ChoiceRunner(Protocol):
+    async def collect(self, streams: Streams) -> list[ChoiceResult]: ...
+
+    def merged(self, streams: Streams) -> AsyncIterator[tuple[int, worker_pb2.GenerateChunk]]: ...
+
+    async def close(self) -> None: ...
+
+
+def sampling_params(req: SamplingFields, max_tokens: int, logprobs: int | None, extra_stop: list[str], index: int
+                    ) -> worker_pb2.SamplingParams:
+    p = worker_pb2.SamplingParams(max_tokens=max_tokens, temperature=1.0 if req.temperature is None else
+                                  req.temperature, top_p=1.0 if req.top_p is None else req.top_p,
+                                  stop=req.stop_list() + extra_stop, ignore_eos=req.ignore_eos)
+    if req.seed is not None:
+        p.seed = req.seed + index  # n > 1 with a seed: distinct yet reproducible choices
+    if logprobs is not None:
+        p.logprobs = logprobs
+    return p
+
+
+def usage_of(results: list[Any]) -> dict[str, int]:
+    p = max((r.prompt_tokens for r in results), default=0)
+    c = sum(r.completion_tokens for r in results)
+    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+
+
+def sse(doc: dict[str, Any]) -> bytes:
+    return f"data: {json.dumps(doc)}\n\n".encode()
+
+
+SSE_DONE = b"data: [DONE]\n\n"

@@ -1,0 +1,13 @@
+"""The Sealed client: verify a deployment, seal every request to the attested worker, open and check
+every answer. Imports no server code (no torch, FastAPI or gRPC).
+
+    from sealed_client import SealedOpenAI
+    client = SealedOpenAI(base_url="https://gateway/v1", api_key=KEY, policy="client-policy.json")
+    client.chat.completions.create(model="smollm2-135m-instruct", messages=[...])
+"""
+
+from sealed_client.deployment import ClientTrust, PinnedKey, verify_sealed_document
+from sealed_client.openai_client import AsyncSealedOpenAI, SealedOpenAI
+from sealed_client.session import SealedSession
+
+__all__ = ["AsyncSealedOpenAI", "ClientTrust", "PinnedKey", "SealedOpenAI", "SealedSession", "verify_sealed_document"]

@@ -1,0 +1,59 @@
+"""Drop-in subclasses of the official openai clients that seal every request (docs/sealed-mode.md)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import openai
+
+from sealed_client.deployment import ClientTrust
+from sealed_client.session import SealedSession
+from sealed_client.transport import AsyncSealedTransport, SealedTransport
+
+
+def _trust(policy: ClientTrust | str | Path | dict | None, unsafe_allow_simulated: bool) -> ClientTrust:
+    if isinstance(policy, ClientTrust):
+        return policy
+    if isinstance(policy, dict):
+        return ClientTrust.from_dict(policy, unsafe_allow_simulated=unsafe_allow_simulated)
+    if policy is None:
+        raise ValueError("SealedOpenAI needs a client policy (ClientTrust, dict, or a JSON file path)")
+    return ClientTrust.load(policy, unsafe_allow_simulated=unsafe_allow_simulated)
+
+
+def _gateway_url(base_url: str) -> str:
+    base = base_url.rstrip("/")
+    return base[: -len("/v1")] if base.endswith("/v1") else base
+
+
+class SealedOpenAI(openai.OpenAI):
+    """`openai.OpenAI` whose chat and completion requests are sealed to the attested worker.
+
+    The deployment is verified on first use and whenever the worker key changes; every answer's
+    receipt is checked (kept in `client.sealed.receipts`).
+    """
+
+    def __init__(self, *, base_url: str, api_key: str, policy: ClientTrust | str | Path | dict | None = None,
+                 unsafe_allow_simulated: bool = False, clock: Callable[[], dt.datetime] | None = None,
+                 inner_transport: httpx2.BaseTransport | None = None, **kwargs: Any) -> None:
+        self.sealed = SealedSession(_trust(policy, unsafe_allow_simulated), clock=clock)
+        transport = SealedTransport(self.sealed, _gateway_url(base_url), inner_transport)
+        kwargs.setdefault("http_client", httpx2.Client(transport=transport, timeout=kwargs.pop("timeout", 600.0)))
+        super().__init__(base_url=base_url, api_key=api_key, **kwargs)
+
+
+class AsyncSealedOpenAI(openai.AsyncOpenAI):
+    """`openai.AsyncOpenAI`, sealed like SealedOpenAI."""
+
+    def __init__(self, *, base_url: str, api_key: str, policy: ClientTrust | str | Path | dict | None = None,
+                 unsafe_allow_simulated: bool = False, clock: Callable[[], dt.datetime] | None = None,
+                 inner_transport: httpx2.AsyncBaseTransport | None = None, **kwargs: Any) -> None:
+        self.sealed = SealedSession(_trust(policy, unsafe_allow_simulated), clock=clock)
+        transport = AsyncSealedTransport(self.sealed, _gateway_url(base_url), inner_transport)
+        kwargs.setdefault("http_client", httpx2.AsyncClient(transport=transport,
+                                                            timeout=kwargs.pop("timeout", 600.0)))
+        super().__init__(base_url=base_url, api_key=api_key, **kwargs)

@@ -1,0 +1,266 @@
+"""httpx2 transports (the HTTP library the openai SDK uses) that seal chat and completion requests.
+
+Everything else (models list, usage) passes through unchanged. A sealed request goes only to the
+pinned worker; on `409 reattest_required` the transport verifies the deployment again and retries
+once with the newly verified key. Plaintext successes, unverifiable answers and bad receipts raise
+typed errors (protocol.sealed / attestation), which the openai SDK passes through unwrapped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+
+import httpx2
+
+from protocol.sealed import ReattestRequired
+from sealed_client.session import (
+    RECEIPT_HEADER,
+    AnswerReader,
+    Exchange,
+    NoAttestedWorker,
+    SealedSession,
+    endpoint_of,
+)
+
+
+def _model_of(body: bytes) -> str:
+    import json
+
+    try:
+        model = json.loads(body).get("model")
+    except (ValueError, AttributeError):
+        model = None
+    if not isinstance(model, str) or not model:
+        raise ValueError("a sealed request names its model")
+    return model
+
+
+_SSE_DONE = b"data: [DONE]\n\n"
+
+
+def _release(part: bytes, held: list[bytes]) -> list[bytes]:
+    """The stream's end marker is held back until the receipt has been checked: an SDK that stops
+    reading at [DONE] would otherwise never see (or check) the receipt."""
+    if part == _SSE_DONE:
+        held.append(part)
+        return []
+    return [part]
+
+
+class SealedTransport(httpx2.BaseTransport):
+    def __init__(self, session: SealedSession, gateway_url: str, inner: httpx2.BaseTransport | None = None) -> None:
+        self.session, self.gateway_url = session, gateway_url.rstrip("/")
+        self._inner = inner or httpx2.HTTPTransport()
+
+    def _get_json(self, path: str) -> dict:
+        response = self._inner.handle_request(httpx2.Request("GET", self.gateway_url + path))
+        try:
+            response.read()
+            if response.status_code != 200:
+                raise ReattestRequired(f"{path} answered {response.status_code}")
+            return response.json()
+        finally:
+            response.close()
+
+    def _optional(self, path: str) -> dict | None:
+        try:
+            return self._get_json(path)
+        except ReattestRequired:
+            return None  # absent: the session refuses if it needs it
+
+    def pin(self, model: str) -> object:
+        pin = self.session.pinned(model)
+        if pin is None:
+            if self.session.needs_jwks():
+                self.session.set_gateway_jwks(self._get_json("/.well-known/jwks.json"))
+            refvals = self._optional("/.well-known/reference-values") if self.session.wants_reference_values() else None
+            pin = self.session.pin_from(model, self._get_json("/.well-known/attestation"), refvals)
+        return pin
+
+    def handle_request(self, request: httpx2.Request) -> httpx2.Response:
+        route = endpoint_of(request.url.path)
+        if route is None or request.method != "POST":
+            return self._inner.handle_request(request)
+        prefix, endpoint = route
+        body = request.read()
+        model = _model_of(body)
+        for attempt in range(2):
+            try:
+                pin = self.pin(model)
+            except NoAttestedWorker as exc:
+                return httpx2.Response(404, json=exc.as_response_body(), request=request)
+            exchange = self.session.seal(pin, endpoint, body)  # type: ignore[arg-type]
+            out = httpx2.Request("POST", request.url.copy_with(path=self.session.sealed_url_path(prefix, endpoint)),
+                                 headers=self.session.sealed_headers(exchange, request.headers),
+                                 content=exchange.sealed.wire, extensions=request.extensions)
+            response = self._inner.handle_request(out)
+            content_type = response.headers.get("content-type", "")
+            if self.session.is_sealed(content_type) and response.status_code == 200:
+                return self._open(response, exchange)
+            raw = response.read()
+            response.close()
+            error = self.session.plain_error(response.status_code, content_type, raw)
+            if isinstance(error, ReattestRequired) and attempt == 0:
+                self.session.forget(model)  # the key changed or its worker left: verify again
+                continue
+            if error is not None:
+                raise error
+            return httpx2.Response(response.status_code, headers=response.headers, content=raw, request=request)
+        raise ReattestRequired("the pinned worker is gone")  # pragma: no cover - loop always returns
+
+    def _open(self, response: httpx2.Response, exchange: Exchange) -> httpx2.Response:
+        reader = self.session.reader(exchange)
+        chunks = iter(response.stream)  # type: ignore[arg-type]  # the transport's raw bytes
+        pending: list[bytes] = []
+        try:
+            while reader.head is None:
+                pending += reader.feed(next(chunks))
+        except StopIteration:
+            response.close()
+            reader.finish()  # raises: truncated before the head
+        head = reader.head
+        assert head is not None
+        if head.content_type.startswith("text/event-stream"):
+            return httpx2.Response(head.status, headers={"content-type": head.content_type},
+                                   stream=_SyncBody(reader, pending, chunks, response))
+        for data in chunks:
+            pending += reader.feed(data)
+        response.close()
+        reader.finish()
+        return httpx2.Response(head.status, headers={"content-type": head.content_type,
+                                                     RECEIPT_HEADER: reader.receipt_header()},
+                               content=b"".join(pending))
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+class _SyncBody(httpx2.SyncByteStream):
+    def __init__(self, reader: AnswerReader, pending: list[bytes], chunks: Iterator[bytes],
+                 response: httpx2.Response) -> None:
+        self._reader, self._pending, self._chunks, self._response = reader, pending, chunks, response
+
+    def __iter__(self) -> Iterator[bytes]:
+        held: list[bytes] = []
+        for part in self._pending:
+            yield from _release(part, held)
+        for data in self._chunks:
+            for part in self._reader.feed(data):
+                yield from _release(part, held)
+        self._reader.finish()  # raises on truncation: the caller never takes a cut answer as whole
+        yield from held
+
+    def close(self) -> None:
+        self._response.close()
+
+
+class AsyncSealedTransport(httpx2.AsyncBaseTransport):
+    def __init__(self, session: SealedSession, gateway_url: str,
+                 inner: httpx2.AsyncBaseTransport | None = None) -> None:
+        self.session, self.gateway_url = session, gateway_url.rstrip("/")
+        self._inner = inner or httpx2.AsyncHTTPTransport()
+
+    async def _get_json(self, path: str) -> dict:
+        response = await self._inner.handle_async_request(httpx2.Request("GET", self.gateway_url + path))
+        try:
+            await response.aread()
+            if response.status_code != 200:
+                raise ReattestRequired(f"{path} answered {response.status_code}")
+            return response.json()
+        finally:
+            await response.aclose()
+
+    async def _optional(self, path: str) -> dict | None:
+        try:
+            return await self._get_json(path)
+        except ReattestRequired:
+            return None
+
+    async def pin(self, model: str) -> object:
+        pin = self.session.pinned(model)
+        if pin is None:
+            if self.session.needs_jwks():
+                self.session.set_gateway_jwks(await self._get_json("/.well-known/jwks.json"))
+            refvals = (await self._optional("/.well-known/reference-values")
+                       if self.session.wants_reference_values() else None)
+            pin = self.session.pin_from(model, await self._get_json("/.well-known/attestation"), refvals)
+        return pin
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        route = endpoint_of(request.url.path)
+        if route is None or request.method != "POST":
+            return await self._inner.handle_async_request(request)
+        prefix, endpoint = route
+        body = await request.aread()
+        model = _model_of(body)
+        for attempt in range(2):
+            try:
+                pin = await self.pin(model)
+            except NoAttestedWorker as exc:
+                return httpx2.Response(404, json=exc.as_response_body(), request=request)
+            exchange = self.session.seal(pin, endpoint, body)  # type: ignore[arg-type]
+            out = httpx2.Request("POST", request.url.copy_with(path=self.session.sealed_url_path(prefix, endpoint)),
+                                 headers=self.session.sealed_headers(exchange, request.headers),
+                                 content=exchange.sealed.wire, extensions=request.extensions)
+            response = await self._inner.handle_async_request(out)
+            content_type = response.headers.get("content-type", "")
+            if self.session.is_sealed(content_type) and response.status_code == 200:
+                return await self._open(response, exchange)
+            raw = await response.aread()
+            await response.aclose()
+            error = self.session.plain_error(response.status_code, content_type, raw)
+            if isinstance(error, ReattestRequired) and attempt == 0:
+                self.session.forget(model)
+                continue
+            if error is not None:
+                raise error
+            return httpx2.Response(response.status_code, headers=response.headers, content=raw, request=request)
+        raise ReattestRequired("the pinned worker is gone")  # pragma: no cover
+
+    async def _open(self, response: httpx2.Response, exchange: Exchange) -> httpx2.Response:
+        reader = self.session.reader(exchange)
+        chunks = response.stream.__aiter__()  # type: ignore[union-attr]
+        pending: list[bytes] = []
+        try:
+            while reader.head is None:
+                pending += reader.feed(await anext(chunks))
+        except StopAsyncIteration:
+            await response.aclose()
+            reader.finish()
+        head = reader.head
+        assert head is not None
+        if head.content_type.startswith("text/event-stream"):
+            return httpx2.Response(head.status, headers={"content-type": head.content_type},
+                                   stream=_AsyncBody(reader, pending, chunks, response))
+        async for data in chunks:
+            pending += reader.feed(data)
+        await response.aclose()
+        reader.finish()
+        return httpx2.Response(head.status, headers={"content-type": head.content_type,
+                                                     RECEIPT_HEADER: reader.receipt_header()},
+                               content=b"".join(pending))
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+class _AsyncBody(httpx2.AsyncByteStream):
+    def __init__(self, reader: AnswerReader, pending: list[bytes], chunks: AsyncIterator[bytes],
+                 response: httpx2.Response) -> None:
+        self._reader, self._pending, self._chunks, self._response = reader, pending, chunks, response
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        held: list[bytes] = []
+        for part in self._pending:
+            for p in _release(part, held):
+                yield p
+        async for data in self._chunks:
+            for part in self._reader.feed(data):
+                for p in _release(part, held):
+                    yield p
+        self._reader.finish()
+        for p in held:
+            yield p
+
+    async def aclose(self) -> None:
+        await self._response.aclose()

@@ -1,0 +1,29 @@
+"""Client-side trust for a `sealed up` stack in tests: its broker JWKS and its worker's measurement."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from api.home import Home
+from api.stack import worker_settings
+from enclave_worker.measurement import simulated_measurement
+
+
+def demo_client_policy(home: Path) -> dict[str, Any]:
+    """The stack's own client policy if `sealed up` wrote one, else the same computed here."""
+    written = home / "demo" / "client-policy.json"
+    if written.exists():
+        return json.loads(written.read_text())
+    measurement = simulated_measurement(worker_settings(Home(home), "", 0).measured_config()).hex()
+    return {"appraisal": {"allowed_tee": ["sim"], "allowed_measurements": [measurement],
+                          "unsafe_allow_simulated_tee": True},
+            "broker_jwks": json.loads((home / "broker" / "jwks.json").read_text()),
+            "require_promises": {"prompts_logged": False, "prefix_cache_isolation": "per-tenant-salt"}}
+
+
+def ed25519(path: Path) -> Any:
+    from cryptography.hazmat.primitives import serialization
+
+    return serialization.load_pem_private_key(path.read_bytes(), password=None)

@@ -1,0 +1,369 @@
+"""SealedOpenAI against a hostile gateway: the negative table. The gateway here is a test double
+(httpx2.MockTransport) in front of a worker that speaks the real protocol (protocol.sealed); the
+gateway is the adversary, so it is the seam. Each case gets a typed error and nothing is served."""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import json
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx2
+import openai
+import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from attestation.bundle import EvidenceBundle, RuntimeData, channel_binding
+from attestation.errors import FreshnessError, PolicyViolation, TokenError
+from attestation.token import TokenIssuer
+from protocol.sealed import (
+    ReattestRequired,
+    Receipt,
+    ReceiptInvalid,
+    ReplayGuard,
+    RequestContext,
+    RequestRejected,
+    RequestReplayed,
+    ResponseCorrupted,
+    SealedFormatError,
+    WorkerKey,
+    open_request,
+    sign_receipt,
+)
+from protocol.sealed.http import HEADER_KEY_ID, HEADER_MODEL, ResponseHead
+from sealed_client import SealedOpenAI
+
+MEASUREMENT = "ab" * 48
+ANSWER = {"id": "chatcmpl-1", "object": "chat.completion", "created": 0, "model": "m", "tee": "sim",
+          "choices": [{"index": 0, "message": {"role": "assistant", "content": "secret answer"},
+                       "finish_reason": "stop", "logprobs": None}],
+          "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}}
+
+
+class Worker:
+    def __init__(self) -> None:
+        self.key, self.usage = WorkerKey.generate(), Ed25519PrivateKey.generate()
+        self.usage_public = self.usage.public_key().public_bytes(serialization.Encoding.Raw,
+                                                                 serialization.PublicFormat.Raw)
+        self.replay = ReplayGuard()
+        self.served = 0
+
+    def answer(self, ctx: RequestContext, wire: bytes, receipt_edit: Callable[[dict], None] | None = None) -> bytes:
+        opened = open_request(self.key, ctx, wire, time.time(), self.replay)
+        sealer = opened.sealer
+        out = sealer.header() + sealer.seal(ResponseHead(200, "application/json").encode())
+        out += sealer.seal(json.dumps(ANSWER).encode())
+        fields = dict(request_sha256=opened.request_sha256, response_sha256=sealer.hash.hexdigest(),
+                      worker_key_id=self.key.key_id, tenant="acme", model="m", model_version="v1", model_digest="d",
+                      policy_version=1, prompt_tokens=3, completion_tokens=2, tee="sim", insecure=True,
+                      issued_at=time.time())
+        if receipt_edit:
+            receipt_edit(fields)
+        self.served += 1
+        return out + sealer.seal(sign_receipt(Receipt(**fields), self.usage), final=True)
+
+
+class World:
+    """Broker token key, one or two workers, and a gateway whose misbehaviour each test chooses."""
+
+    def __init__(self) -> None:
+        self.issuer = TokenIssuer(ec.generate_private_key(ec.SECP256R1()), "sealed-key-broker",
+                                  ttl=dt.timedelta(minutes=5))
+        self.workers = [Worker(), Worker()]
+        self.serving = 0  # which worker the gateway routes to
+        self.doc_edit: Callable[[dict], None] | None = None
+        self.request_edit: Callable[[bytes], bytes] | None = None
+        self.response_edit: Callable[[bytes], bytes] | None = None
+        self.receipt_edit: Callable[[dict], None] | None = None
+        self.documented = 0  # which worker /.well-known/attestation shows
+        self.captured: list[bytes] = []
+
+    def document(self, w: Worker, measurement: str = MEASUREMENT) -> dict[str, Any]:
+        runtime = RuntimeData(nonce=os.urandom(32), hpke_public_key=w.key.public_bytes,
+                              channel_binding=channel_binding(b"", w.usage_public))
+        bundle = EvidenceBundle(tee="sim", cpu_evidence=b"report", runtime_data=runtime)
+        claims = {"tee": "sim", "measurement": measurement, "insecure": True, "debug": False, "tcb": {},
+                  "gpus": [], "evidence_digest": bundle.digest(),
+                  "runtime_data": {"hpke_public_key": w.key.public_bytes.hex()},
+                  "sealed": {"tenant": "acme", "model": "m", "version": "v1"}}
+        doc = {"worker_id": "w1", "model": "m", "version": "v1", "tenant": "acme",
+               "usage_public_key": w.usage_public.hex(), "grpc_tls_cert": None,
+               "token": self.issuer.issue(claims, dt.datetime.now(dt.UTC)), "evidence": bundle.to_json(),
+               "sealed_key_id": w.key.key_id, "promises": {"prompts_logged": False}}
+        if self.doc_edit:
+            self.doc_edit(doc)
+        return doc
+
+    def handle(self, request: httpx2.Request) -> httpx2.Response:
+        path = request.url.path
+        if path == "/.well-known/jwks.json":
+            return httpx2.Response(200, json=self.issuer.jwks())
+        if path == "/.well-known/attestation":
+            return httpx2.Response(200, json={"workers": [self.document(self.workers[self.documented])]})
+        if path == "/v1/models":
+            return httpx2.Response(200, json={"object": "list", "data": []})
+        assert path == "/v1/sealed/chat/completions"
+        wire = request.read()
+        self.captured.append(wire)
+        if self.request_edit:
+            wire = self.request_edit(wire)
+        worker = self.workers[self.serving]
+        ctx = RequestContext("acme", request.headers[HEADER_MODEL], "/v1/chat/completions",
+                             request.headers[HEADER_KEY_ID])
+        if ctx.key_id != worker.key.key_id:
+            return httpx2.Response(409, json={"error": {"message": "gone", "type": "invalid_request_error",
+                                                        "param": None, "code": "reattest_required"}})
+        try:
+            body = worker.answer(ctx, wire, self.receipt_edit)
+        except RequestReplayed:
+            return httpx2.Response(400, json={"error": {"code": "sealed_request_replayed", "message": "",
+                                                        "type": "invalid_request_error", "param": None}})
+        except Exception:
+            return httpx2.Response(400, json={"error": {"code": "sealed_request_rejected", "message": "",
+                                                        "type": "invalid_request_error", "param": None}})
+        if self.response_edit:
+            body = self.response_edit(body)
+        return httpx2.Response(200, headers={"content-type": "application/sealed-response"}, content=body)
+
+    def client(self, measurements: tuple[str, ...] = (MEASUREMENT,), **policy: Any) -> SealedOpenAI:
+        trust = {"appraisal": {"allowed_tee": ["sim"], "allowed_measurements": list(measurements),
+                               "unsafe_allow_simulated_tee": True},
+                 "broker_jwks": self.issuer.jwks(), **policy}
+        return SealedOpenAI(base_url="http://gw/v1", api_key="sk-test", policy=trust, max_retries=0,
+                            inner_transport=httpx2.MockTransport(self.handle))
+
+
+def ask(client: SealedOpenAI) -> Any:
+    return client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+
+
+def test_happy_path_verifies_seals_and_checks_the_receipt() -> None:
+    world = World()
+    client = ask_client = world.client()
+    assert ask(ask_client).choices[0].message.content == "secret answer"
+    assert b"hi" not in world.captured[0]  # the gateway saw ciphertext only
+    assert client.sealed.receipts[-1].completion_tokens == 2
+
+
+def _frames(body: bytes) -> tuple[bytes, list[bytes]]:
+    nonce, rest, frames = body[:32], body[32:], []
+    while rest:
+        n = 5 + int.from_bytes(rest[1:5], "big")
+        frames.append(rest[:n])
+        rest = rest[n:]
+    return nonce, frames
+
+
+def _drop(i: int) -> Callable[[bytes], bytes]:
+    def edit(body: bytes) -> bytes:
+        nonce, frames = _frames(body)
+        return nonce + b"".join(f for j, f in enumerate(frames) if j != i)
+    return edit
+
+
+def _swap(body: bytes) -> bytes:
+    nonce, frames = _frames(body)
+    return nonce + frames[1] + frames[0] + b"".join(frames[2:])
+
+
+def _flip(at: int) -> Callable[[bytes], bytes]:
+    return lambda b: b[:at] + bytes([b[at] ^ 1]) + b[at + 1:]
+
+
+def _set(**changes: Any) -> Callable[[dict], None]:
+    return lambda d: d.update(changes)
+
+
+def _break_doc_binding(doc: dict) -> None:
+    doc["sealed_key_id"] = "00" * 32
+
+
+def _unsigned_token(doc: dict) -> None:
+    header, payload, _sig = doc["token"].split(".")
+    doc["token"] = f"{header}.{payload}." + base64.urlsafe_b64encode(b"x" * 64).decode().rstrip("=")
+
+
+def _other_receipt_key(doc: dict) -> None:
+    doc["usage_public_key"] = "11" * 32
+
+
+NEGATIVE: dict[str, tuple[str, Any, type[Exception]]] = {
+    # (what the adversary changes, the change, the typed error)
+    "tampered ciphertext": ("request_edit", _flip(60), RequestRejected),
+    "tampered encapsulated key": ("request_edit", _flip(3), RequestRejected),
+    "response chunk dropped": ("response_edit", _drop(0), ResponseCorrupted),
+    "response chunks reordered": ("response_edit", _swap, ResponseCorrupted),
+    "response truncated before the receipt": ("response_edit", _drop(2), ResponseCorrupted),
+    "response tampered": ("response_edit", _flip(40), ResponseCorrupted),
+    "receipt over another response": ("receipt_edit", _set(response_sha256="00" * 32), ReceiptInvalid),
+    "receipt for another request": ("receipt_edit", _set(request_sha256="00" * 32), ReceiptInvalid),
+    "receipt for another model": ("receipt_edit", _set(model="other"), ReceiptInvalid),
+    "sealing key not bound by the evidence": ("doc_edit", _break_doc_binding, FreshnessError),
+    "receipt key not bound by the evidence": ("doc_edit", _other_receipt_key, FreshnessError),
+    "token with a broken signature": ("doc_edit", _unsigned_token, TokenError),
+    "measurement not in the published set": ("doc_edit", None, PolicyViolation),
+}
+
+
+@pytest.mark.parametrize("case", list(NEGATIVE))
+def test_negative_table(case: str) -> None:
+    world = World()
+    attr, change, error = NEGATIVE[case]
+    client = world.client(measurements=("cd" * 48,)) if change is None else world.client()
+    if change is not None:
+        setattr(world, attr, change)
+    with pytest.raises(error):
+        ask(client)
+
+
+def test_replayed_request_is_refused_and_nothing_served() -> None:
+    world = World()
+    ask(world.client())
+    served = world.workers[0].served
+    captured = world.captured[-1]
+    world.request_edit = lambda _wire: captured  # the gateway replays yesterday's request
+    with pytest.raises(RequestReplayed):
+        ask(world.client())
+    assert world.workers[0].served == served
+
+
+def test_request_sealed_to_another_workers_key_reaches_no_one() -> None:
+    """The gateway routes to worker B a request sealed to worker A: B cannot open it."""
+    world = World()
+    client = world.client()
+    ask(client)
+    world.workers[1].key = world.workers[0].key.__class__.generate()  # B: other key, same key id header
+    world.serving = 1
+    world.workers[1].key.key_id = world.workers[0].key.key_id  # a lying gateway forwards A's key id to B
+    with pytest.raises(RequestRejected):
+        ask(client)
+    assert world.workers[1].served == 0
+
+
+def test_key_change_is_followed_only_after_re_attestation() -> None:
+    """The worker is replaced (new key): the client verifies the new document before sending to it."""
+    world = World()
+    client = world.client()
+    ask(client)
+    first = client.sealed.pinned("m")
+    world.serving = world.documented = 1  # the old worker is gone; the new one is attested
+    assert ask(client).choices[0].message.content == "secret answer"
+    assert client.sealed.pinned("m").worker_key_id != first.worker_key_id  # type: ignore[union-attr]
+    # A new key that the served document does not attest is never used.
+    world.serving, world.documented, world.doc_edit = 0, 1, None
+    world.workers[0] = Worker()
+    with pytest.raises(ReattestRequired):
+        ask(client)
+
+
+def test_plaintext_success_from_the_gateway_is_refused() -> None:
+    world = World()
+
+    def plaintext(request: httpx2.Request) -> httpx2.Response:
+        if request.url.path.startswith("/v1/sealed"):
+            return httpx2.Response(200, json=ANSWER)
+        return world.handle(request)
+
+    client = SealedOpenAI(base_url="http://gw/v1", api_key="k", max_retries=0, inner_transport=httpx2.MockTransport(
+        plaintext), policy={"appraisal": {"allowed_tee": ["sim"], "allowed_measurements": [MEASUREMENT],
+                                          "unsafe_allow_simulated_tee": True}, "broker_jwks": world.issuer.jwks()})
+    with pytest.raises(SealedFormatError):
+        ask(client)
+
+
+def test_required_promise_missing_is_refused() -> None:
+    world = World()
+    with pytest.raises(PolicyViolation):
+        ask(world.client(require_promises={"prompts_retained": False}))
+
+
+def test_gateway_errors_pass_through_as_openai_errors() -> None:
+    def deny(request: httpx2.Request) -> httpx2.Response:
+        if request.url.path.startswith("/v1/sealed"):
+            return httpx2.Response(429, json={"error": {"message": "slow down", "type": "rate_limit_exceeded",
+                                                        "param": None, "code": "rate_limit_exceeded"}})
+        return world.handle(request)
+
+    world = World()
+    client = world.client()
+    client._client._transport._inner = httpx2.MockTransport(deny)  # type: ignore[attr-defined]
+    with pytest.raises(openai.RateLimitError):
+        ask(client)
+
+
+# -- published reference values (attestation/refvalues.py): the client pins the publisher, not hashes
+PUBLISHER = Ed25519PrivateKey.generate()
+PUBLISHER_HEX = PUBLISHER.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw).hex()
+
+
+def _published(world: World, envelope: Any) -> SealedOpenAI:
+    def handle(request: httpx2.Request) -> httpx2.Response:
+        if request.url.path == "/.well-known/reference-values":
+            return httpx2.Response(404, json={}) if envelope is None else httpx2.Response(200, json=envelope)
+        return world.handle(request)
+
+    trust = {"appraisal": {"allowed_tee": ["sim"], "allowed_measurements": [], "unsafe_allow_simulated_tee": True},
+             "broker_jwks": world.issuer.jwks(), "reference_values": {"publisher_key": PUBLISHER_HEX}}
+    return SealedOpenAI(base_url="http://gw/v1", api_key="k", max_retries=0, policy=trust,
+                        inner_transport=httpx2.MockTransport(handle))
+
+
+def _statement(measurements: list[str], *, key: Ed25519PrivateKey = PUBLISHER, issued_days_ago: float = 0,
+               valid_days: float = 30) -> dict[str, Any]:
+    from attestation.refvalues import sign_reference_values
+
+    return sign_reference_values(key, measurements, tee="sim", valid_for=dt.timedelta(days=valid_days),
+                                 issued_at=dt.datetime.now(dt.UTC) - dt.timedelta(days=issued_days_ago))
+
+
+def test_measurement_in_the_signed_published_set_is_accepted() -> None:
+    world = World()
+    assert ask(_published(world, _statement([MEASUREMENT]))).choices[0].message.content == "secret answer"
+
+
+@pytest.mark.parametrize("case", ["expired", "unsigned", "signed by another key", "not published",
+                                  "measurement not in the published set", "tampered statement"])
+def test_reference_value_negative_table(case: str) -> None:
+    from attestation.refvalues import ReferenceValuesError
+
+    world = World()
+    envelope: Any = _statement([MEASUREMENT])
+    error: type[Exception] = ReferenceValuesError
+    if case == "expired":
+        envelope = _statement([MEASUREMENT], issued_days_ago=31)
+    elif case == "unsigned":
+        envelope["signatures"] = []
+    elif case == "signed by another key":
+        envelope = _statement([MEASUREMENT], key=Ed25519PrivateKey.generate())
+    elif case == "not published":
+        envelope = None
+    elif case == "measurement not in the published set":
+        envelope, error = _statement(["cd" * 48]), PolicyViolation
+    elif case == "tampered statement":
+        body = json.loads(base64.b64decode(envelope["payload"]))
+        body["subject"].append({"name": "x", "digest": {"sha384": "ef" * 48}})
+        envelope["payload"] = base64.b64encode(json.dumps(body).encode()).decode()
+    with pytest.raises(error):
+        ask(_published(world, envelope))
+    assert world.workers[0].served == 0
+
+
+def test_attest_inspect_parses_the_deployments_own_document(tmp_path: Any) -> None:
+    from typer.testing import CliRunner
+
+    from api.cli.attest import build
+
+    world = World()
+    path = tmp_path / "attestation.json"
+    path.write_text(json.dumps({"workers": [world.document(world.workers[0])]}))
+    result = CliRunner().invoke(build(), ["inspect", str(path)])
+    assert result.exit_code == 0, result.output
+    parsed = json.loads(result.output)
+    assert parsed["workers"][0]["sealed_key_id"] == world.workers[0].key.key_id
+    assert parsed["workers"][0]["token_claims_unverified"]["measurement"] == MEASUREMENT
