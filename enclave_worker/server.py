@@ -29,7 +29,10 @@ from enclave_worker.freshness import AttestationRenewal
 from enclave_worker.guard import WorkerGuard, build_guard
 from enclave_worker.keywatch import KeyLease, LeaseTiming
 from enclave_worker.settings import WorkerSettings
+from policy.errors import PolicyError
 from protocol.broker.client import WorkerIdentity
+from protocol.broker.errors import BrokerRateLimited, BrokerRefused
+from protocol.package.errors import PackageError
 from protocol.rpc import worker_pb2
 from protocol.sealed import ReplayGuard, WorkerKey
 
@@ -108,20 +111,17 @@ async def _boot(state: WorkerState) -> None:
 
 def failure_reason(exc: BaseException) -> str:
     """A fixed category for /readyz and the control loop; the details stay in the audit logs."""
-    # By class name along the MRO: the error classes live in shared contracts that move between
-    # packages, and the worker must not import the broker's package for them.
-    kinds = {c.__name__ for c in type(exc).__mro__}
-    if "ReleaseRefused" in kinds:
+    if isinstance(exc, BrokerRefused):
         return "key release refused by the key broker"
-    if "RateLimited" in kinds:
+    if isinstance(exc, BrokerRateLimited):
         return "key broker rate limit"
-    if "PackageError" in kinds:
+    if isinstance(exc, PackageError):
         return f"package rejected ({type(exc).__name__})"
     if isinstance(exc, httpx.HTTPError):
         return "key broker unreachable"
     if isinstance(exc, FileNotFoundError):
         return "package or policy file missing"
-    if "PolicyError" in kinds or isinstance(exc, ValueError):
+    if isinstance(exc, (PolicyError, ValueError)):
         return "tenant policy or package metadata invalid"
     return f"boot failed ({type(exc).__name__})"
 
