@@ -25,7 +25,8 @@ import pytest
 from api.stack import DEMO_MODEL, free_port
 from api.tenant_tools import default_model_path
 
-# The issue asks for a minute (about 40 s on a quiet run of this 2-core machine); the bound leaves
+# The issue asks for a minute (a quieter run of this 2-core machine had a ready worker in 25 s,
+# loaded runs answered in 70-80 s: docs/deploy.md); the bound leaves
 # room for a machine shared by many test runs. The test prints the time it measured.
 ANSWER_WITHIN_S = 180.0
 ANSWER_TIMEOUT_S = 120.0  # one answer of 8 tokens, however loaded the machine is
