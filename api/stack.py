@@ -32,6 +32,7 @@ from enclave_worker.settings import WorkerSettings
 from key_broker.errors import KeyStoreError
 from key_broker.keystore import DataKeyRegistry, LocalKeyStore, load_master_key
 from key_broker.policies import PolicyStore
+from key_broker.statefile import StateLedger, local_ledger
 from policy.documents import sign_policy_document
 from policy.release import ReleasePolicy
 from protocol.fsutil import atomic_write
@@ -74,10 +75,12 @@ def prepare_demo(home: Home, model_path: Path | None = None, log: callable = pri
     home.create()
     write_public_key(ed25519_key(home.sim_key), home.sim_public_key)
     tenant_key = ed25519_key(home.tenant_signing_key(DEMO_TENANT))
-    keystore = LocalKeyStore(home.broker / "keystore", load_master_key(home.broker / "master.key"))
+    master = load_master_key(home.broker / "master.key")
+    ledger = local_ledger(home.broker, master)  # the broker refuses state files it has no record of
+    keystore = LocalKeyStore(home.broker / "keystore", master, ledger)
     if not keystore.has_tenant_key(DEMO_TENANT):
         keystore.create_tenant_key(DEMO_TENANT)
-    datakeys = DataKeyRegistry(home.broker / "keystore", keystore)
+    datakeys = DataKeyRegistry(home.broker / "keystore", keystore, ledger)
     pkg = home.package(DEMO_TENANT, DEMO_MODEL, DEMO_VERSION)
     try:
         datakeys.get(DEMO_TENANT, DEMO_MODEL, DEMO_VERSION)
@@ -96,7 +99,7 @@ def prepare_demo(home: Home, model_path: Path | None = None, log: callable = pri
         key_file.chmod(0o600)
     api_key = key_file.read_text().strip()
     _write_demo_policy(home, api_key)
-    _ensure_release_policy(home, tenant_signer=signer_identity(tenant_key.public_key()))
+    _ensure_release_policy(home, ledger, tenant_signer=signer_identity(tenant_key.public_key()))
     return DemoInfo(api_key, DEMO_TENANT, DEMO_MODEL, DEMO_VERSION, pkg)
 
 
@@ -120,10 +123,10 @@ def _write_demo_policy(home: Home, api_key: str) -> None:
     home.tenant_policy(DEMO_TENANT).write_text(json.dumps(doc, sort_keys=True))
 
 
-def _ensure_release_policy(home: Home, tenant_signer: str) -> None:
+def _ensure_release_policy(home: Home, ledger: StateLedger, tenant_signer: str) -> None:
     """Allow exactly this worker build's simulated measurement; bump the version when it changes."""
     measurement = simulated_measurement(worker_settings(home, "", 0).measured_config()).hex()
-    store = PolicyStore(home.broker)
+    store = PolicyStore(home.broker, ledger)
     try:
         current = store.get(DEMO_TENANT, DEMO_MODEL)
     except KeyStoreError:
@@ -305,7 +308,9 @@ def launch(home: Home, *, host: str = "127.0.0.1", port: int = 8000,
             "--port", str(port), "--register-token-file", str(_secret_file(home.gateway / "register-token")),
             "--jwt-secret-file", str(_secret_file(home.gateway / "jwt-secret")),
             "--broker-jwks", str(home.broker / "jwks.json"), "--reference-values", str(home.reference_values),
-            *gateway_args], on_restart=stack.write_pids)
+            # The console (in the gateway) reads the audit logs and uses the broker's admin API.
+            "--audit-dir", str(home.audit), "--broker-url", broker_url,
+            "--broker-admin-token-file", str(home.broker / "admin-token"), *gateway_args], on_restart=stack.write_pids)
         _wait_http(f"{local_gateway}/healthz", gateway)
         for i, (http_port, grpc_port) in enumerate(worker_ports):
             args = worker_args(home, broker_url, http_port, grpc_port, [local_gateway], unsafe_sim_measurement)

@@ -73,16 +73,19 @@ def import_sealed_key(broker_dir: Path, sealed_key: Path, package: Path) -> str:
     signed manifest and key commitment, and wraps it under the tenant key. Returns "tenant/model/version".
     """
     from key_broker.keystore import DataKeyRegistry, LocalKeyStore, load_master_key
+    from key_broker.statefile import local_ledger
     from protocol.package import read_manifest
     from protocol.package.keywrap import SealedDataKey, load_or_create_import_key, open_data_key
 
     manifest, _, signer = read_manifest(package)
     data_key = open_data_key(SealedDataKey.from_json(Path(sealed_key).read_text()),
                              load_or_create_import_key(broker_import_key_path(broker_dir)), manifest)
-    keystore = LocalKeyStore(broker_dir / "keystore", load_master_key(broker_dir / "master.key"))
+    master = load_master_key(broker_dir / "master.key")
+    ledger = local_ledger(broker_dir, master)  # the broker trusts only state recorded in its ledger
+    keystore = LocalKeyStore(broker_dir / "keystore", master, ledger)
     if not keystore.has_tenant_key(manifest.tenant):
         keystore.create_tenant_key(manifest.tenant)
-    DataKeyRegistry(broker_dir / "keystore", keystore).register(
+    DataKeyRegistry(broker_dir / "keystore", keystore, ledger).register(
         manifest.tenant, manifest.model, manifest.version, data_key, manifest.key_id, signer,
         manifest.plaintext_digest)
     return f"{manifest.tenant}/{manifest.model}/{manifest.version}"

@@ -73,6 +73,9 @@ class EvidenceBundle:
     runtime_data: RuntimeData
     cpu_certificates: tuple[bytes, ...] = ()
     gpus: tuple[GpuEvidence, ...] = field(default_factory=tuple)
+    # TDX: the CC event log (ACPI CCEL); the verifier replays it to the quote's RTMRs. Not bound
+    # into REPORT_DATA: the RTMRs it must reproduce are inside the signed quote.
+    event_log: bytes = b""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -85,6 +88,7 @@ class EvidenceBundle:
                 "channel_binding": self.runtime_data.channel_binding.hex(),
             },
             "gpus": [g.to_json() for g in self.gpus],
+            **({"event_log": base64.b64encode(self.event_log).decode()} if self.event_log else {}),
         }
 
     @classmethod
@@ -102,6 +106,7 @@ class EvidenceBundle:
                     channel_binding=bytes.fromhex(rd.get("channel_binding", "")),
                 ),
                 gpus=tuple(GpuEvidence.from_json(g) for g in data.get("gpus", [])),
+                event_log=base64.b64decode(data.get("event_log", ""), validate=True),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ParseError(f"malformed evidence bundle: {exc}") from exc
@@ -111,6 +116,8 @@ class EvidenceBundle:
         h = hashlib.sha256(self.cpu_evidence)
         for gpu in self.gpus:
             h.update(gpu.evidence)
+        if self.event_log:
+            h.update(b"event-log" + self.event_log)
         rd = self.runtime_data
         h.update(rd.nonce + rd.hpke_public_key + rd.channel_binding)
         return h.hexdigest()

@@ -167,6 +167,14 @@ class CollateralStore:
         horizon = now + self.config.refresh_every
         return [i for i in self.status() if i.next_update is not None and i.next_update <= horizon]
 
+    def refresh_if_due(self, now: dt.datetime) -> bool:
+        """The refresh schedule (run it often, e.g. hourly from cron): fetch when the store is
+        empty or a piece expires before the next `refresh_every`; True when it fetched."""
+        if self.status() and not self.due(now):
+            return False
+        self.fetch()
+        return True
+
     def fetch(self) -> list[CollateralItem]:
         """Online refresh of every configured source (AMD CRLs per product, Intel per FMSPC)."""
         if self.config.offline:

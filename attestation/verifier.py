@@ -16,7 +16,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from attestation.bundle import EvidenceBundle, check_binding
 from attestation.claims import CpuClaims, GpuClaims, TcbStatus, TeeType
-from attestation.errors import FreshnessError, UnsupportedError
+from attestation.errors import FreshnessError, SignatureError, UnsupportedError
 from attestation.sim import verify_sim_report
 
 log = logging.getLogger(__name__)
@@ -73,7 +73,18 @@ class AttestationResult:
         }
 
 
+def _check_event_log(log: bytes, rtmrs: tuple[bytes, ...]) -> None:
+    """The CC event log must replay exactly to the RTMRs the quote signs (TDX module spec,
+    TDG.MR.RTMR.EXTEND); then each event says what was measured into them."""
+    from attestation.tdx.eventlog import parse_cc_event_log, replay_rtmrs
+
+    if tuple(replay_rtmrs(parse_cc_event_log(log))) != tuple(rtmrs):
+        raise SignatureError("the CC event log does not replay to the RTMRs in the signed quote")
+
+
 def _verify_cpu(bundle: EvidenceBundle, now: dt.datetime, trust: VerifierTrust) -> CpuClaims:
+    if bundle.event_log and bundle.tee != TeeType.TDX:
+        raise UnsupportedError("an event log is only accepted with TDX evidence")
     if bundle.tee == TeeType.SIM:
         if trust.sim_platform_key is None:
             raise UnsupportedError("simulated TEE evidence is not accepted by this verifier")
@@ -105,6 +116,8 @@ def _verify_cpu(bundle: EvidenceBundle, now: dt.datetime, trust: VerifierTrust) 
             raise UnsupportedError("no TDX collateral source configured for this verifier")
         verified = tdx.verify_quote(bundle.cpu_evidence, now=now, roots_dir=trust.roots_dir,
                                     fetcher=trust.tdx_collateral)
+        if bundle.event_log:
+            _check_event_log(bundle.event_log, verified.quote.body.rtmrs)
         return tdx.to_claims(verified)
     raise UnsupportedError(f"unknown TEE type {bundle.tee!r}")
 

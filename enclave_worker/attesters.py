@@ -3,7 +3,8 @@
 
 * SEV-SNP: configfs-tsm first (Linux >= 6.7), the /dev/sev-guest SNP_GET_EXT_REPORT ioctl as the
   fallback; the VCEK/VLEK (and ASK/ARK where the host supplies them) from the certificate table.
-* TDX: a quote through configfs-tsm (the tdx_guest provider).
+* TDX: a quote through configfs-tsm (the tdx_guest provider), and the CC event log (ACPI CCEL)
+  where the firmware provides one, which the verifier replays to the quote's RTMRs.
 * NVIDIA GPUs in CC mode: one SPDM report per GPU through NVML for the broker's nonce, with the
   device certificate chain; the CPU report's REPORT_DATA then commits to that GPU evidence
   (attestation.bundle.expected_report_data), so the broker appraises CPU and GPUs together.
@@ -28,12 +29,15 @@ from attestation.nvgpu import collect as nvcollect
 from attestation.snp.abi import parse_report
 from attestation.snp.collect import collect_ioctl, parse_cert_table
 from attestation.tdx.collect import collect_quote
+from attestation.tdx.eventlog import ccel_log_length, parse_cc_event_log
 from attestation.tsm import DEFAULT_BASE, TsmReportClient
 
 log = logging.getLogger(__name__)
 CPU_TEES = ("sim", "snp", "tdx")
 GPU_TEES = ("nvgpu",)
 SEV_GUEST = Path("/dev/sev-guest")
+CCEL_TABLE = Path("/sys/firmware/acpi/tables/CCEL")
+CCEL_DATA = Path("/sys/firmware/acpi/tables/data/CCEL")
 _CERT_ORDER = ("vcek", "vlek", "ask", "ark")
 
 
@@ -41,6 +45,7 @@ _CERT_ORDER = ("vcek", "vlek", "ask", "ark")
 class CpuEvidence:
     report: bytes
     certificates: tuple[bytes, ...] = ()
+    event_log: bytes = b""  # TDX: the CC event log, replayed by the verifier to the quote's RTMRs
 
 
 class CpuAttester(Protocol):
@@ -56,6 +61,8 @@ class KernelInterfaces:
     tsm_dir: Path = DEFAULT_BASE
     tsm_entry: str | None = None  # an entry made beforehand; None: a fresh one per report
     sev_guest: Path = SEV_GUEST
+    ccel_table: Path = CCEL_TABLE  # ACPI CCEL table: where the TDX CC event log is, and how long
+    ccel_data: Path = CCEL_DATA
 
 
 def parse_tee(value: str) -> tuple[str, str | None]:
@@ -136,8 +143,18 @@ class TdxAttester:
         if not self.kernel.tsm_dir.is_dir():
             raise UnsupportedError(f"not a TDX guest with configfs-tsm: {self.kernel.tsm_dir} is missing")
         # The PCK chain travels inside the quote (certification data type 5).
-        return CpuEvidence(collect_quote(report_data, TsmReportClient(self.kernel.tsm_dir,
-                                                                      entry=self.kernel.tsm_entry)))
+        quote = collect_quote(report_data, TsmReportClient(self.kernel.tsm_dir, entry=self.kernel.tsm_entry))
+        return CpuEvidence(quote, event_log=self._event_log())
+
+    def _event_log(self) -> bytes:
+        """The CCEL log area, as long as the ACPI table says; empty where the firmware has none."""
+        k = self.kernel
+        if not (k.ccel_table.is_file() and k.ccel_data.is_file()):
+            log.info("no CC event log (ACPI CCEL) on this TD: RTMRs will not be replayed")
+            return b""
+        data = k.ccel_data.read_bytes()[: ccel_log_length(k.ccel_table.read_bytes())]
+        parse_cc_event_log(data)  # a malformed log fails here, not as a refusal at the broker
+        return data
 
 
 class NvgpuAttester:
@@ -171,7 +188,7 @@ class Attester:
         gpus = self.gpu.collect(runtime.nonce) if self.gpu else ()
         evidence = self.cpu.attest(expected_report_data(runtime, gpus))
         return EvidenceBundle(tee=self.cpu.tee, cpu_evidence=evidence.report, runtime_data=runtime,
-                              cpu_certificates=evidence.certificates, gpus=gpus)
+                              cpu_certificates=evidence.certificates, gpus=gpus, event_log=evidence.event_log)
 
     def accepted(self) -> None:
         """The broker accepted the evidence: only now may the GPUs take work (nvtrust's order)."""

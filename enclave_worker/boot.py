@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 
 import httpx
+import torch
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from enclave_worker.engine import EngineConfig, LLMEngine
 from enclave_worker.engine.checkpoint import Checkpoint
+from enclave_worker.gpu import check_gpu_confidentiality
 from enclave_worker.package import DecryptedModel, decrypt_package
+from enclave_worker.package.device_reader import decrypt_package_to_device
 from enclave_worker.settings import WorkerSettings
 from enclave_worker.tee import make_attester
+from policy.policyset import PolicySet
 from protocol.broker.client import ReleasedKey, obtain_data_key
 
 log = logging.getLogger(__name__)
@@ -24,24 +29,45 @@ class BootedWorker:
     released: ReleasedKey
     model_digest: str
     decrypted: DecryptedModel
+    gpu_cc_off: bool = False  # serving on a GPU without CC (tenant's unsafe_allow_gpu_cc_off): insecure
+    load_s: float = 0.0  # attestation, key release, decryption and engine build
 
     def wipe(self) -> None:
-        """Zero every weight the engine holds and the decrypted buffer (on revocation)."""
+        """Zero every weight the engine holds (on a GPU: in GPU memory), the KV pool and the
+        decrypted buffer (on revocation), and wait until the device has done it."""
         self.engine.wipe()
         self.decrypted.wipe()
+        if self.decrypted.buffer.is_cuda:
+            torch.cuda.synchronize(self.decrypted.buffer.device)
 
 
 def engine_config(settings: WorkerSettings) -> EngineConfig:
     return EngineConfig(
-        dtype=settings.engine_dtype,
+        device=settings.device,
+        dtype=settings.dtype,
         max_num_seqs=settings.max_num_seqs,
         max_model_len=settings.max_model_len,
         kv_cache_memory_bytes=settings.kv_cache_memory_bytes,
+        gpu_memory_utilization=settings.gpu_memory_utilization if settings.on_gpu else None,
     )
 
 
-def boot(settings: WorkerSettings, channel_binding: bytes = b"", hpke_key: X25519PrivateKey | None = None
-         ) -> BootedWorker:
+def _release_unaliased(model: DecryptedModel, engine: LLMEngine) -> DecryptedModel:
+    """When the engine converted every weight (another dtype, a fused layout), the decrypted
+    buffer is a second plaintext copy: zero it and let it go (on a GPU, that memory is the KV pool's)."""
+    buffer = model.buffer.untyped_storage().data_ptr()
+    if any(t.untyped_storage().data_ptr() == buffer for t in engine.held_tensors()):
+        return model
+    model.wipe()
+    return DecryptedModel(model.manifest, model.signer, model.metadata, {},
+                          torch.zeros(0, dtype=torch.uint8, device=model.buffer.device))
+
+
+def boot(settings: WorkerSettings, channel_binding: bytes = b"", hpke_key: X25519PrivateKey | None = None,
+         policy_set: PolicySet | None = None) -> BootedWorker:
+    started = time.monotonic()
+    # Before any key is asked for: a worker that may not serve on its device never gets one.
+    gpu_cc_off = check_gpu_confidentiality(settings, policy_set)
     attester = make_attester(settings)
     with httpx.Client(base_url=settings.broker_url, timeout=30.0) as client:
         released = obtain_data_key(client, tenant=settings.tenant, model=settings.model,
@@ -55,7 +81,12 @@ def boot(settings: WorkerSettings, channel_binding: bytes = b"", hpke_key: X2551
     receipt = released.receipt.get("receipt", {})
     # The signer the key was registered with (and the release policy checked) must have signed
     # the manifest we decrypt; the control plane cannot swap in another tenant-signed package.
-    model = decrypt_package(settings.package_dir, released.data_key, required_signer=receipt.get("signer"))
+    if settings.on_gpu:
+        # Segment by segment into GPU memory: one segment of plaintext in CPU memory at a time.
+        model = decrypt_package_to_device(settings.package_dir, released.data_key, settings.device,
+                                          required_signer=receipt.get("signer"))
+    else:
+        model = decrypt_package(settings.package_dir, released.data_key, required_signer=receipt.get("signer"))
     try:
         manifest = model.manifest
         if (manifest.tenant, manifest.model, manifest.version) != (settings.tenant, settings.model, settings.version):
@@ -69,9 +100,12 @@ def boot(settings: WorkerSettings, channel_binding: bytes = b"", hpke_key: X2551
             chat_template=model.metadata.get("chat_template"),
         )
         engine = LLMEngine(checkpoint, engine_config(settings))
+        model = _release_unaliased(model, engine)
     except BaseException:
         model.wipe()
         raise
-    log.info("model %s/%s loaded (%d tensors); serving", settings.model, settings.version, len(model.tensors))
+    load_s = time.monotonic() - started
+    log.info("model %s/%s loaded on %s as %s (%d tensors) in %.1f s; serving", settings.model, settings.version,
+             settings.device, settings.dtype, len(model.manifest.tensors), load_s)
     return BootedWorker(engine=engine, released=released, model_digest=model.manifest.plaintext_digest,
-                        decrypted=model)
+                        decrypted=model, gpu_cc_off=gpu_cc_off, load_s=load_s)

@@ -14,7 +14,6 @@ import contextlib
 import json
 import logging
 import os
-import secrets
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -35,6 +34,7 @@ from enclave_worker.guard import GuardRefusal, strip_tool_calls
 from enclave_worker.sealed import SealedRefusal, answer_sealed, open_sealed_request
 from enclave_worker.server import WorkerState, create_app, serving
 from enclave_worker.settings import WorkerSettings
+from protocol.heartbeat import heartbeat_signing_input, worker_id_for
 from protocol.openai.errors import OpenAIError
 from protocol.rpc import worker_pb2, worker_pb2_grpc
 from protocol.tls import make_identity
@@ -61,7 +61,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                      ) -> worker_pb2.StatusReply:
         s, booted = self.state.settings, self.state.booted
         return worker_pb2.StatusReply(status=self.state.status, tenant=s.tenant, model=s.model, version=s.version,
-                                      tee=s.tee, insecure=s.tee == "sim",
+                                      tee=s.tee, insecure=s.insecure,
                                       stats_json=json.dumps(booted.engine.stats() if booted else {}))
 
     def _prompt(self, request: worker_pb2.GenerateRequest) -> list[int]:
@@ -200,19 +200,34 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         yield chunk
 
 
-async def heartbeats(state: WorkerState, urls: list[str], token: str, grpc_address: str, http_url: str,
-                     interval: float = 1.0, tls_cert: str = "") -> None:
-    worker_id = f"w-{secrets.token_hex(6)}"
+def heartbeat_body(state: WorkerState, grpc_address: str, tls_cert: str, seq: int) -> dict[str, Any]:
+    """One heartbeat, signed by the worker's attested identity (usage) key. It carries what the
+    gateway serves on /.well-known/attestation (the gateway fetches nothing from a worker)."""
+    s, booted = state.settings, state.booted
     public = state.usage_key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    attestation = None
+    if booted is not None:
+        attestation = {"tee": s.tee, "insecure": s.insecure, "evidence": booted.released.bundle.to_json(),
+                       "token": booted.released.token, "model_digest": booted.model_digest,
+                       "sealed_key_id": state.serving_key.key_id, "promises": state.promises()}
+    body: dict[str, Any] = {
+        "worker_id": worker_id_for(public), "grpc_address": grpc_address, "tenant": s.tenant, "model": s.model,
+        "version": s.version, "status": state.status, "tee": s.tee, "insecure": s.insecure,
+        "usage_public_key": public.hex(), "pid": os.getpid(), "tls_cert": tls_cert,
+        "stats": booted.engine.stats() if booted else {}, "sealed_key_id": state.serving_key.key_id,
+        "attestation": attestation, "reason": state.reason,
+        "seq": seq, "at": int(time.time())}
+    body["signature"] = state.usage_key.sign(heartbeat_signing_input(body)).hex()
+    return body
+
+
+async def heartbeats(state: WorkerState, urls: list[str], token: str, grpc_address: str,
+                     interval: float = 1.0, tls_cert: str = "") -> None:
+    seq = 0
     async with httpx.AsyncClient(timeout=2.0) as client:
         while True:
-            s, booted = state.settings, state.booted
-            body = {"worker_id": worker_id, "grpc_address": grpc_address, "http_url": http_url,
-                    "tenant": s.tenant, "model": s.model, "version": s.version, "status": state.status,
-                    "tee": s.tee, "insecure": s.tee == "sim", "usage_public_key": public.hex(),
-                    "reason": state.reason,
-                    "pid": os.getpid(), "tls_cert": tls_cert, "stats": booted.engine.stats() if booted else {},
-                    "sealed_key_id": state.serving_key.key_id}
+            seq += 1
+            body = heartbeat_body(state, grpc_address, tls_cert, seq)
             for url in urls:
                 # The gateway may not be up yet, or restarting: keep beating.
                 with contextlib.suppress(httpx.HTTPError):
@@ -248,7 +263,7 @@ async def serve(settings: WorkerSettings, grpc_port: int, register_urls: list[st
     # Bound to all interfaces in a pod: the gateway is told the pod's own address.
     public = advertise_host or settings.host
     beat = asyncio.create_task(heartbeats(state, register_urls, register_token, f"{public}:{grpc_port}",
-                                          f"http://{public}:{settings.port}", tls_cert=tls_cert)
+                                          tls_cert=tls_cert)
                                ) if register_urls else None
     http = uvicorn.Server(uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning",
                                          access_log=False))
@@ -273,6 +288,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="configfs-tsm report directory")
     parser.add_argument("--tsm-entry", default=None, help="use this existing configfs-tsm entry")
     parser.add_argument("--sev-guest-device", type=Path, default=Path("/dev/sev-guest"))
+    parser.add_argument("--ccel-table", type=Path, default=Path("/sys/firmware/acpi/tables/CCEL"),
+                        help="ACPI CCEL table (TDX CC event log)")
+    parser.add_argument("--ccel-data", type=Path, default=Path("/sys/firmware/acpi/tables/data/CCEL"))
     parser.add_argument("--sim-platform-key", type=Path, default=os.environ.get("SEALED_SIM_PLATFORM_KEY") or None,
                         help="simulated TEE's key (dev; default $SEALED_SIM_PLATFORM_KEY)")
     parser.add_argument("--unsafe-sim-measurement", default=None)
@@ -293,6 +311,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="serve at most this long without a key lease renewal (measured)")
     parser.add_argument("--lease-watch-seconds", type=float, default=20.0,
                         help="how long one lease renewal is held open at the broker")
+    parser.add_argument("--device", choices=("cpu", "cuda", "auto"), default="cpu",
+                        help="where the engine runs; auto = cuda when a CUDA device is visible")
+    parser.add_argument("--dtype", default=None, help="engine dtype (default: bfloat16 on cuda, float32 on cpu)")
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.9,
+                        help="share of GPU memory for weights, KV pool and activations")
     parser.add_argument("--max-num-seqs", type=int, default=16)
     parser.add_argument("--max-model-len", type=int, default=2048)
     args = parser.parse_args(argv)
@@ -300,12 +323,19 @@ def main(argv: list[str] | None = None) -> int:
         tee, gpu_tee = resolve_tee(args.tee)
     except UnsupportedError as exc:
         parser.error(str(exc))
+    device = args.device
+    if device == "auto":
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
     logging.basicConfig(level=logging.INFO, format="%(asctime)s worker %(levelname)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per heartbeat otherwise
     settings = WorkerSettings(
         broker_url=args.broker_url, package_dir=args.package_dir, tenant=args.tenant, model=args.model,
-        version=args.version, tee=tee, gpu_tee=gpu_tee, tsm_dir=args.tsm_dir, tsm_entry=args.tsm_entry,
-        sev_guest_device=args.sev_guest_device, sim_platform_key=args.sim_platform_key,
+        version=args.version, tee=tee, gpu_tee=gpu_tee, device=device, engine_dtype=args.dtype,
+        gpu_memory_utilization=args.gpu_memory_utilization, tsm_dir=args.tsm_dir, tsm_entry=args.tsm_entry,
+        sev_guest_device=args.sev_guest_device, ccel_table=args.ccel_table, ccel_data=args.ccel_data,
+        sim_platform_key=args.sim_platform_key,
         unsafe_sim_measurement=args.unsafe_sim_measurement, host=args.host, port=args.port,
         max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len, policy_file=args.policy_file,
         policy_admin_key=args.policy_admin_key, unsafe_no_tenant_policy=args.unsafe_no_tenant_policy,

@@ -166,7 +166,7 @@ async def _inner_answer(state: WorkerState, generate: Generate, request: worker_
         raise _validation_message(exc) from exc
     if req.model != request.model:
         raise OpenAIError(400, "the body names another model than the sealed request", param="model")
-    tee = {"tee": s.tee, "insecure": s.tee == "sim", "system_fingerprint": f"sealed-{s.tee}"}
+    tee = {"tee": s.tee, "insecure": s.insecure, "system_fingerprint": f"sealed-{s.tee}"}
     if chat:
         plan: Any = plan_chat(req, rid=rid, tenant=request.tenant, key_id=request.key_id,
                               agent_killed=request.agent_killed, default_max_tokens=DEFAULT_MAX_TOKENS)
@@ -209,7 +209,7 @@ async def answer_sealed(state: WorkerState, generate: Generate, request: worker_
         worker_key_id=state.serving_key.key_id, tenant=s.tenant, model=s.model, model_version=s.version,
         model_digest=booted.model_digest if booted else "", policy_version=(
             guard.policy_set.version if guard and guard.policy_set else 0),
-        prompt_tokens=prompt, completion_tokens=completion, tee=s.tee, insecure=s.tee == "sim",
+        prompt_tokens=prompt, completion_tokens=completion, tee=s.tee, insecure=s.insecure,
         issued_at=time.time())
     final = worker_pb2.SealedChunk(data=sealer.seal(sign_receipt(receipt, state.usage_key), final=True))
     final.usage.CopyFrom(state.sign_usage({

@@ -75,6 +75,15 @@ class WorkerState:
         return hmac.new(self.salt_secret, tenant.encode(), hashlib.sha256).digest()
 
 
+def gpu_memory() -> dict[str, int]:
+    """Bytes on the worker's GPU: what torch holds for tensors, reserves, and the device's free/total."""
+    import torch
+
+    free, total = torch.cuda.mem_get_info()
+    return {"allocated": torch.cuda.memory_allocated(), "reserved": torch.cuda.memory_reserved(),
+            "free": free, "total": total}
+
+
 def _error(status: int, message: str, type_: str = "invalid_request_error") -> JSONResponse:
     return JSONResponse(status_code=status, content={"error": {"message": message, "type": type_}})
 
@@ -85,7 +94,8 @@ async def _boot(state: WorkerState) -> None:
         # The tenant's signed policy first: no key is fetched for a worker that could not enforce it.
         state.guard = build_guard(s.policy_file, s.policy_admin_key, s.tenant, s.unsafe_no_tenant_policy)
         started = time.monotonic()
-        state.booted = await asyncio.to_thread(boot, s, state.channel_binding, state.serving_key.private_key)
+        state.booted = await asyncio.to_thread(boot, s, state.channel_binding, state.serving_key.private_key,
+                                               state.guard.policy_set if state.guard else None)
         state.status = "ready"
         # Cold-start figure (docs/deploy.md): attestation + key release + package load + engine build.
         log.info("ready %.1f s after boot started (attest, key release, package load)", time.monotonic() - started)
@@ -164,10 +174,13 @@ def create_app(settings: WorkerSettings, state: WorkerState | None = None) -> Fa
     @app.get("/internal/status")
     def status() -> dict:
         s = state.settings
+        booted = state.booted
         return {"status": state.status, "reason": state.reason, "tenant": s.tenant, "model": s.model,
                 "version": s.version,
-                "tee": s.tee, "insecure": s.tee == "sim",
-                "stats": state.booted.engine.stats() if state.booted else {}}
+                "tee": s.tee, "gpu_tee": s.gpu_tee, "insecure": s.insecure, "device": s.device, "dtype": s.dtype,
+                "gpu_cc_off": bool(booted and booted.gpu_cc_off), "load_s": round(booted.load_s, 3) if booted else None,
+                "gpu_memory": gpu_memory() if s.on_gpu else None,
+                "stats": booted.engine.stats() if booted else {}}
 
     @app.get("/internal/readyz")
     def readyz() -> JSONResponse:
@@ -180,7 +193,7 @@ def create_app(settings: WorkerSettings, state: WorkerState | None = None) -> Fa
         if state.booted is None:
             return _error(503, "model unavailable", "unavailable")
         released = state.booted.released
-        return JSONResponse({"tee": state.settings.tee, "insecure": state.settings.tee == "sim",
+        return JSONResponse({"tee": state.settings.tee, "insecure": state.settings.insecure,
                              "evidence": released.bundle.to_json(), "token": released.token,
                              "model_digest": state.booted.model_digest,
                              "sealed_key_id": state.serving_key.key_id,

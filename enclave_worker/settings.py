@@ -24,8 +24,10 @@ class WorkerSettings:
     port: int = 8002
     max_num_seqs: int = 16
     max_model_len: int = 2048
-    kv_cache_memory_bytes: int = 256 << 20
-    engine_dtype: str = "float32"
+    kv_cache_memory_bytes: int = 256 << 20  # CPU; on a GPU the pool is sized by gpu_memory_utilization
+    device: str = "cpu"  # cpu | cuda (resolved from `auto` before settings are built)
+    engine_dtype: str | None = None  # None: bfloat16 on a GPU, float32 on the CPU
+    gpu_memory_utilization: float = 0.9  # share of GPU memory for weights + KV pool + activations
     policy_file: Path | None = None  # the tenant's signed policy set (data and tool-use controls)
     policy_admin_key: Path | None = None  # Ed25519 public key that must have signed it (measured)
     unsafe_no_tenant_policy: bool = False
@@ -38,6 +40,22 @@ class WorkerSettings:
     tsm_dir: Path = Path("/sys/kernel/config/tsm/report")
     tsm_entry: str | None = None
     sev_guest_device: Path = Path("/dev/sev-guest")
+    ccel_table: Path = Path("/sys/firmware/acpi/tables/CCEL")
+    ccel_data: Path = Path("/sys/firmware/acpi/tables/data/CCEL")
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.device.startswith("cuda")
+
+    @property
+    def insecure(self) -> bool:
+        """Answers are not protected by hardware: the simulated TEE, or a GPU without attested CC
+        (the worker serves on one only under the tenant's unsafe_allow_gpu_cc_off)."""
+        return self.tee == "sim" or (self.on_gpu and self.gpu_tee is None)
+
+    @property
+    def dtype(self) -> str:
+        return self.engine_dtype or ("bfloat16" if self.on_gpu else "float32")
 
     def promises(self) -> dict[str, Any]:
         """What this worker build promises about a client's data; measured, so a client can require it."""
@@ -67,6 +85,8 @@ class WorkerSettings:
             "engine": {
                 "max_num_seqs": self.max_num_seqs,
                 "max_model_len": self.max_model_len,
-                "dtype": self.engine_dtype,
+                "dtype": self.dtype,
+                "device": self.device,
+                **({"gpu_memory_utilization": self.gpu_memory_utilization} if self.on_gpu else {}),
             },
         }

@@ -48,7 +48,8 @@ def make_attester(settings: WorkerSettings) -> Attester:
         if settings.gpu_tee:
             raise UnsupportedError("the simulated TEE cannot vouch for GPU evidence")
         return _sim_attester(settings)
-    kernel = KernelInterfaces(settings.tsm_dir, settings.tsm_entry, settings.sev_guest_device)
+    kernel = KernelInterfaces(settings.tsm_dir, settings.tsm_entry, settings.sev_guest_device,
+                              settings.ccel_table, settings.ccel_data)
     return hardware_attester(settings.tee, settings.gpu_tee, kernel)
 
 

@@ -43,6 +43,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="how long a lease renewal keeps a released key usable")
     parser.add_argument("--lease-max-wait-seconds", type=float, default=30.0,
                         help="longest a lease renewal is held waiting for a revocation (push)")
+    parser.add_argument("--state-anchor", type=Path, default=None,
+                        help="file keeping the state ledger's generation (default: DATA_DIR/../audit/)")
+    parser.add_argument("--vault-kv-mount", default="secret", help="KV v2 mount for the state generation (vault)")
+    parser.add_argument("--unsafe-adopt-state", action="store_true",
+                        help="trust the state files on disk as they are (once, for a data dir from before the ledger)")
     parser.add_argument("--unsafe-dev-mode", action="store_true",
                         help="accept placeholder secrets (development only; logs a warning)")
     args = parser.parse_args(argv)
@@ -58,8 +63,11 @@ def main(argv: list[str] | None = None) -> int:
         vault_token=vault_token_from_env() if args.keystore == "vault" else None,
         vault_mount=args.vault_mount, unsafe_dev_mode=args.unsafe_dev_mode,
         audit_witness=args.audit_witness, audit_anchor_url=args.audit_anchor_url,
+        state_anchor=args.state_anchor, vault_kv_mount=args.vault_kv_mount, unsafe_adopt_state=args.unsafe_adopt_state,
     )
-    uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level="warning")
+    # Held lease renewals (long polls) must not hold a stopping broker: workers simply renew again.
+    uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level="warning",
+                timeout_graceful_shutdown=3)
     return 0
 
 

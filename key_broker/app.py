@@ -44,6 +44,17 @@ from key_broker.refvals import ReferenceValuesStore
 from key_broker.router import router
 from key_broker.service import COMPONENT, EvidenceVerifier, KeyBrokerService
 from key_broker.settings import IMPORT_KEY_FILE, BrokerSettings
+from key_broker.statefile import (
+    FileAnchor,
+    StateLedger,
+    StateTampered,
+    VaultKvAnchor,
+    VaultStateMac,
+    default_anchor_path,
+    local_ledger,
+    state_files_to_adopt,
+    tenant_of,
+)
 from key_broker.tenants import Conflict, TenantAdmin
 from policy.audit import AuditLog, CheckpointAnchor, SqlAnchor, WitnessFile
 from policy.audit.entry import bounded_reason
@@ -91,17 +102,48 @@ def load_broker_keys(data_dir) -> tuple[ec.EllipticCurvePrivateKey, Ed25519Priva
     return token_key, receipt_key
 
 
-def build_keystore(settings: BrokerSettings) -> KeyStore:
+def build_keystore(settings: BrokerSettings) -> tuple[KeyStore, StateLedger]:
+    """The key store and the state ledger every store reads and writes through (docs/key-broker.md,
+    "State integrity"): MACed under the master key, or by a Transit HMAC key in Vault mode."""
+    anchor_path = settings.state_anchor or default_anchor_path(settings.data_dir)
     if settings.keystore == "vault":
         from key_broker.vault import VaultTransitKeyStore
 
         assert settings.vault_url and settings.vault_token  # checked by BrokerSettings
-        return VaultTransitKeyStore.connect(settings.vault_url, settings.vault_token,
-                                            settings.data_dir / "vault-state", settings.vault_mount)
+        vault = VaultTransitKeyStore.connect(settings.vault_url, settings.vault_token,
+                                             settings.data_dir / "vault-state", settings.vault_mount)
+        mac = VaultStateMac(vault.client, settings.vault_mount)
+        ledger = StateLedger(settings.data_dir, mac, [FileAnchor(anchor_path, mac),
+                                                      VaultKvAnchor(vault.client, mount_point=settings.vault_kv_mount)])
+        return VaultTransitKeyStore(vault.client, settings.data_dir / "vault-state", settings.vault_mount,
+                                    ledger), ledger
     master = load_master_key(settings.master_key_file or settings.data_dir / "master.key")
     if is_placeholder_master_key(master) and not settings.unsafe_dev_mode:
         raise SettingsError("the master key is a well-known placeholder; generate a random one")
-    return LocalKeyStore(settings.data_dir / "keystore", master)
+    ledger = local_ledger(settings.data_dir, master, anchor_path)
+    return LocalKeyStore(settings.data_dir / "keystore", master, ledger), ledger
+
+
+def open_state(settings: BrokerSettings, ledger: StateLedger, audit: AuditLog) -> None:
+    """Audit every refused state file, check them all now, and refuse to start on a ledger that
+    does not authenticate or was rolled back, or on a data directory from before the ledger."""
+
+    def audit_tamper(what: str, why: str) -> None:
+        audit.append(tenant=tenant_of(what), action="state-integrity", decision="deny",
+                     reason=f"StateTampered: {why}", metadata={"file": what[:200]})
+
+    ledger.on_tamper = audit_tamper
+    existing = state_files_to_adopt(settings.data_dir)
+    if settings.unsafe_adopt_state:
+        count = ledger.adopt(existing)
+        log.warning("UNSAFE: adopted %d unauthenticated state files as they are on disk", count)
+        audit.append(tenant="-", action="state-adopt", decision="allow", reason="unsafe_adopt_state",
+                     metadata={"files": count})
+    elif existing and ledger.generation == 0:
+        raise SettingsError("the broker's state predates the state ledger (no integrity record): check it, "
+                            "then start once with --unsafe-adopt-state")
+    for problem in ledger.check_all():
+        log.critical("state file refused at start-up: %s", problem)
 
 
 def build_service(settings: BrokerSettings, *, clock: Callable[[], dt.datetime] | None = None,
@@ -110,7 +152,7 @@ def build_service(settings: BrokerSettings, *, clock: Callable[[], dt.datetime] 
     controllable clock; a verifier over test roots); by default: UTC now, verify_bundle."""
     data_dir = settings.data_dir
     data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    keystore = build_keystore(settings)
+    keystore, ledger = build_keystore(settings)
     token_key, receipt_key = load_broker_keys(data_dir)
     sim_key = None
     if settings.sim_platform_public_key is not None:
@@ -122,7 +164,14 @@ def build_service(settings: BrokerSettings, *, clock: Callable[[], dt.datetime] 
     issuer = TokenIssuer(token_key, settings.issuer, settings.token_ttl)
     # Relying parties pin this JWKS (it is also served at /.well-known/jwks.json).
     atomic_write(data_dir / "jwks.json", json.dumps(issuer.jwks(), indent=1).encode(), mode=0o644)
-    policies = PolicyStore(data_dir)
+    policies = PolicyStore(data_dir, ledger)
+    audit = open_audit_log(data_dir.parent / "audit", COMPONENT, receipt_key,
+                           anchors=audit_anchors(settings.audit_witness, settings.audit_anchor_url))
+    try:
+        open_state(settings, ledger, audit)
+    except BaseException:
+        audit.close()
+        raise
     snp_fetcher = tdx_collateral = None
     if settings.collateral_dir is not None:
         store = CollateralStore(CollateralConfig(settings.collateral_dir, offline=settings.collateral_offline))
@@ -131,15 +180,15 @@ def build_service(settings: BrokerSettings, *, clock: Callable[[], dt.datetime] 
         log.warning("no collateral store configured: TDX evidence is refused and SNP CRLs are not checked")
     return KeyBrokerService(
         keystore=keystore,
-        datakeys=DataKeyRegistry(data_dir / "keystore", keystore),
+        datakeys=DataKeyRegistry(data_dir / "keystore", keystore, ledger),
         policies=policies,
-        refvals=ReferenceValuesStore(data_dir),
+        refvals=ReferenceValuesStore(data_dir, ledger),
         receipts=ReceiptBook(data_dir, receipt_key),
         trust=VerifierTrust(roots_dir=settings.roots_dir, sim_platform_key=sim_key, snp_fetcher=snp_fetcher,
                             tdx_collateral=tdx_collateral),
         issuer=issuer,
-        audit=open_audit_log(data_dir.parent / "audit", COMPONENT, receipt_key,
-                             anchors=audit_anchors(settings.audit_witness, settings.audit_anchor_url)),
+        audit=audit,
+        state=ledger,
         clock=clock or (lambda: dt.datetime.now(dt.UTC)),
         challenge_ttl=settings.challenge_ttl,
         limits=RateLimits(settings.rate_limit_per_minute),
@@ -168,6 +217,8 @@ def _install_error_handlers(app: FastAPI) -> None:
     async def broker_error(_: Request, exc: KeyBrokerError) -> JSONResponse:
         # Only admin routes let these through (worker routes answer one opaque refusal). Messages
         # name tenants, models and versions, never key material.
+        if isinstance(exc, StateTampered):  # the cause is in the audit log and the broker's log
+            return _error(503, "unavailable", "broker state failed its integrity check")
         if isinstance(exc, Conflict):
             return _error(409, "conflict", str(exc))
         if isinstance(exc, Forbidden):
@@ -195,7 +246,7 @@ def create_app(settings: BrokerSettings, service: KeyBrokerService | None = None
     tenant_admin = admin or TenantAdmin(
         keystore=svc.keystore, datakeys=svc.datakeys, policies=svc.policies, refvals=svc.refvals,
         receipts=svc.receipts, tokens=AdminTokenStore(settings.data_dir / "admin-tokens.json",
-                                                      settings.admin_token_sha256),
+                                                      settings.admin_token_sha256, svc.state),
         audit=svc.audit, clock=svc.clock,
         import_key=load_or_create_import_key(settings.data_dir / IMPORT_KEY_FILE))
 

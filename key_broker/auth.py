@@ -19,7 +19,7 @@ from typing import Literal
 
 from key_broker.errors import AuthError, KeyBrokerError, SettingsError
 from key_broker.names import check_name
-from protocol.fsutil import atomic_write
+from key_broker.statefile import StateFiles, UnsafePlainFiles
 
 TOKEN_PREFIX = "skb_"
 _PLACEHOLDERS = frozenset({"", "changeme", "change-me", "admin", "password", "secret", "token", "dev", "test",
@@ -55,16 +55,18 @@ class Principal:
 
 
 class AdminTokenStore:
-    def __init__(self, path: Path, operator_hashes: frozenset[str] = frozenset()) -> None:
+    def __init__(self, path: Path, operator_hashes: frozenset[str] = frozenset(),
+                 files: StateFiles | None = None) -> None:
         self._path = path
         self._operator = operator_hashes
         self._lock = threading.Lock()
+        # A planted token hash would make anyone a tenant admin: read through the state ledger.
+        self._files = files if files is not None else UnsafePlainFiles(path.parent)
 
     def _load(self) -> dict[str, dict]:
         try:
-            return json.loads(self._path.read_text())
-        except FileNotFoundError:
-            return {}
+            raw = self._files.read(self._path)
+            return {} if raw is None else json.loads(raw)
         except (OSError, ValueError) as exc:
             raise KeyBrokerError("admin token file unreadable") from exc
 
@@ -76,7 +78,7 @@ class AdminTokenStore:
             doc = self._load()
             doc[token_id] = {"sha256": hash_token(secret), "role": "tenant-admin", "tenant": tenant,
                              "created": now.isoformat(), "revoked": False}
-            atomic_write(self._path, json.dumps(doc, sort_keys=True).encode())
+            self._files.write(self._path, json.dumps(doc, sort_keys=True).encode())
         return token_id, secret
 
     def revoke(self, token_id: str) -> None:
@@ -85,7 +87,7 @@ class AdminTokenStore:
             if token_id not in doc:
                 raise AuthError("unknown token id")
             doc[token_id]["revoked"] = True
-            atomic_write(self._path, json.dumps(doc, sort_keys=True).encode())
+            self._files.write(self._path, json.dumps(doc, sort_keys=True).encode())
 
     def authenticate(self, secret: str) -> Principal:
         digest = hash_token(secret)

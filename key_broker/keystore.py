@@ -21,6 +21,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from key_broker.errors import KeyStoreError, TenantKeyRevoked
 from key_broker.names import check_name
+from key_broker.statefile import StateFiles, UnsafePlainFiles
 from protocol.fsutil import atomic_write
 
 MASTER_KEY_ENV = "SEALED_MASTER_KEY"
@@ -84,8 +85,11 @@ def data_key_context(tenant: str, model: str, version: str) -> bytes:
 
 
 class LocalKeyStore:
-    def __init__(self, root: Path, master_key: bytes) -> None:
+    def __init__(self, root: Path, master_key: bytes, files: StateFiles | None = None) -> None:
         self._root = root
+        # The key file holds the revocation flag and KEK versions: read and written through the
+        # state ledger, so an edited ("revoked": false) or rolled-back file is refused.
+        self._files = files if files is not None else UnsafePlainFiles(root)
         self._master = AESGCM(master_key)
         # Read-modify-write of a tenant's key file (rotate, retire, revoke) must not interleave.
         self._lock = threading.RLock()
@@ -94,16 +98,21 @@ class LocalKeyStore:
         return self._root / "tenants" / check_name(tenant, "tenant") / "kek.json"
 
     def _load(self, tenant: str) -> dict:
-        path = self._kek_path(tenant)
         try:
-            return json.loads(path.read_text())
-        except FileNotFoundError as exc:
-            raise KeyStoreError(f"no key for tenant {tenant}") from exc
-        except (OSError, ValueError) as exc:
-            raise KeyStoreError(f"tenant key file unreadable: {exc}") from exc
+            raw = self._files.read(self._kek_path(tenant))
+            if raw is None:
+                raise KeyStoreError(f"no key for tenant {tenant}")
+            doc = json.loads(raw)
+            if not isinstance(doc, dict) or not isinstance(doc.get("revoked"), bool):
+                raise ValueError("malformed tenant key file")
+            return doc
+        except OSError as exc:
+            raise KeyStoreError(f"tenant key file unreadable: {type(exc).__name__}") from exc
+        except ValueError as exc:
+            raise KeyStoreError("tenant key file unreadable") from exc
 
     def _save(self, tenant: str, doc: dict) -> None:
-        atomic_write(self._kek_path(tenant), json.dumps(doc, sort_keys=True).encode())
+        self._files.write(self._kek_path(tenant), json.dumps(doc, sort_keys=True).encode())
 
     def _seal_kek(self, tenant: str, version: int, kek: bytes) -> str:
         nonce = secrets.token_bytes(12)
@@ -119,13 +128,13 @@ class LocalKeyStore:
 
     def create_tenant_key(self, tenant: str) -> None:
         with self._lock:
-            if self._kek_path(tenant).exists():
+            if self._files.exists(self._kek_path(tenant)):
                 raise KeyStoreError(f"tenant {tenant} already has a key")
             self._save(tenant, {"current": 1, "revoked": False,
                                 "versions": {"1": self._seal_kek(tenant, 1, secrets.token_bytes(32))}})
 
     def has_tenant_key(self, tenant: str) -> bool:
-        return self._kek_path(tenant).exists()
+        return self._files.exists(self._kek_path(tenant))
 
     def wrap(self, tenant: str, context: bytes, data_key: bytes) -> tuple[bytes, int]:
         doc = self._load(tenant)
@@ -177,9 +186,11 @@ class LocalKeyStore:
 class DataKeyRegistry:
     """Wrapped data keys per (tenant, model, version), one 0600 JSON file each."""
 
-    def __init__(self, root: Path, keystore: KeyStore) -> None:
+    def __init__(self, root: Path, keystore: KeyStore, files: StateFiles | None = None) -> None:
         self._root = root
         self._keystore = keystore
+        # signer and model_digest decide what may be released: authenticated by the state ledger.
+        self._files = files if files is not None else UnsafePlainFiles(root)
 
     def _path(self, tenant: str, model: str, version: str) -> Path:
         return (self._root / "datakeys" / check_name(tenant, "tenant") / check_name(model, "model")
@@ -195,17 +206,18 @@ class DataKeyRegistry:
     def _write(self, r: DataKeyRecord) -> None:
         doc = {"key_id": r.key_id, "wrapped": base64.b64encode(r.wrapped).decode(),
                "kek_version": r.kek_version, "signer": r.signer, "model_digest": r.model_digest}
-        atomic_write(self._path(r.tenant, r.model, r.version), json.dumps(doc, sort_keys=True).encode())
+        self._files.write(self._path(r.tenant, r.model, r.version), json.dumps(doc, sort_keys=True).encode())
 
     def get(self, tenant: str, model: str, version: str) -> DataKeyRecord:
         try:
-            doc = json.loads(self._path(tenant, model, version).read_text())
-        except FileNotFoundError as exc:
-            raise KeyStoreError(f"no data key for {tenant}/{model}/{version}") from exc
-        except (OSError, ValueError) as exc:
+            raw = self._files.read(self._path(tenant, model, version))
+            if raw is None:
+                raise KeyStoreError(f"no data key for {tenant}/{model}/{version}")
+            doc = json.loads(raw)
+            return DataKeyRecord(tenant, model, version, doc["key_id"], base64.b64decode(doc["wrapped"]),
+                                 int(doc["kek_version"]), doc.get("signer"), str(doc["model_digest"]))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
             raise KeyStoreError(f"data key file for {tenant}/{model}/{version} unreadable") from exc
-        return DataKeyRecord(tenant, model, version, doc["key_id"], base64.b64decode(doc["wrapped"]),
-                             int(doc["kek_version"]), doc.get("signer"), str(doc["model_digest"]))
 
     def data_key(self, tenant: str, model: str, version: str) -> tuple[bytes, DataKeyRecord]:
         record = self.get(tenant, model, version)
@@ -215,10 +227,11 @@ class DataKeyRegistry:
 
     def records(self, tenant: str) -> list[DataKeyRecord]:
         base = self._root / "datakeys" / check_name(tenant, "tenant")
-        return [self.get(tenant, p.parent.name, p.stem) for p in sorted(base.glob("*/*.json"))]
+        return [self.get(tenant, p.parent.name, p.stem) for p in self._files.list(base, ".json")
+                if p.parent.parent == base]
 
     def exists(self, tenant: str, model: str, version: str) -> bool:
-        return self._path(tenant, model, version).exists()
+        return self._files.exists(self._path(tenant, model, version))
 
     def rewrap_all(self, tenant: str) -> int:
         """After a rotation: re-wrap every data key of the tenant under the current KEK version.

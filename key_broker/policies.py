@@ -8,6 +8,7 @@ Lookup: the version-specific policy wins; otherwise the model-wide one; otherwis
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -17,9 +18,9 @@ from typing import Any
 from key_broker.errors import KeyStoreError
 from key_broker.names import check_name
 from key_broker.refvals import ReferenceValues, ReferenceValuesStore
+from key_broker.statefile import StateFiles, UnsafePlainFiles
 from policy.errors import PolicyInvalid
 from policy.release import ReleasePolicy
-from protocol.fsutil import atomic_write
 
 REFERENCE_KEY = "reference_values"
 
@@ -55,11 +56,12 @@ def effective_policy(stored: StoredPolicy, values: ReferenceValues | None) -> Re
 
 
 class PolicyStore:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, files: StateFiles | None = None) -> None:
         self._root = root
-        # Parsed policies by file identity: every write is an atomic replace (new inode), so a
-        # changed file is always re-read, and the hot path skips JSON parsing and validation.
-        self._cache: dict[Path, tuple[tuple[int, int, int], StoredPolicy]] = {}
+        # Policies decide who gets a key: read and written only through the state ledger.
+        self._files = files if files is not None else UnsafePlainFiles(root)
+        # Parsed policies by content digest: the hot path skips JSON parsing and validation.
+        self._cache: dict[Path, tuple[bytes, StoredPolicy]] = {}
 
     @property
     def root(self) -> Path:
@@ -79,19 +81,21 @@ class PolicyStore:
         current = self._read(path)
         if current is not None and p.version <= current.policy.version:
             raise KeyStoreError(f"policy version {p.version} is not newer than {current.policy.version}")
-        atomic_write(path, json.dumps(stored.to_dict(), sort_keys=True).encode())
+        self._files.write(path, json.dumps(stored.to_dict(), sort_keys=True).encode())
 
     def _read(self, path: Path) -> StoredPolicy | None:
         try:
-            st = path.stat()
-            ident = (st.st_ino, st.st_mtime_ns, st.st_size)
+            raw = self._files.read(path)  # authenticated (digest in the state ledger) on every read
+            if raw is None:
+                return None
+            ident = hashlib.sha256(raw).digest()
             cached = self._cache.get(path)
             if cached is not None and cached[0] == ident:
                 return cached[1]
-            stored = StoredPolicy.from_dict(json.loads(path.read_text()))
-        except FileNotFoundError:
-            return None
-        except (OSError, ValueError) as exc:  # PolicyInvalid is not a ValueError; let it propagate
+            stored = StoredPolicy.from_dict(json.loads(raw))
+        except OSError as exc:
+            raise KeyStoreError(f"policy file {path.name} unreadable") from exc
+        except ValueError as exc:  # PolicyInvalid is not a ValueError; let it propagate
             raise KeyStoreError(f"policy file {path.name} unreadable") from exc
         self._cache[path] = (ident, stored)
         return stored
@@ -108,7 +112,7 @@ class PolicyStore:
 
     def list(self, tenant: str) -> list[StoredPolicy]:
         base = self._root / "policies" / check_name(tenant, "tenant")
-        return [s for p in sorted(base.glob("*.json")) if (s := self._read(p)) is not None]
+        return [s for p in self._files.list(base, ".json") if p.parent == base and (s := self._read(p)) is not None]
 
 
 def resolve(store: PolicyStore, refvals: ReferenceValuesStore, tenant: str, model: str, version: str

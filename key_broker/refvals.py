@@ -21,7 +21,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 
 from key_broker.errors import ReferenceValuesError
 from key_broker.names import check_name
-from protocol.fsutil import atomic_write
+from key_broker.statefile import StateFiles, UnsafePlainFiles
 
 KIND = "sealed-reference-values-v1"
 ALG = "Ed25519"
@@ -90,8 +90,11 @@ def verify_reference_values(envelope: Any, keys: Mapping[str, Ed25519PublicKey])
 class ReferenceValuesStore:
     """refvals/<tenant>/keys/<kid>.pem (trusted signing keys) and refvals/<tenant>/docs/<id>.json."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, files: StateFiles | None = None) -> None:
         self._root = root / "refvals"
+        # A planted signing key would let anyone sign reference values: keys and documents are
+        # read only through the state ledger.
+        self._files = files if files is not None else UnsafePlainFiles(root)
 
     def _tenant_dir(self, tenant: str) -> Path:
         return self._root / check_name(tenant, "tenant")
@@ -103,12 +106,15 @@ class ReferenceValuesStore:
             raise ReferenceValuesError("signing key is not a PEM public key") from exc
         if not isinstance(key, Ed25519PublicKey):
             raise ReferenceValuesError("signing key must be Ed25519")
-        atomic_write(self._tenant_dir(tenant) / "keys" / f"{check_name(key_id, 'key id')}.pem", public_pem)
+        self._files.write(self._tenant_dir(tenant) / "keys" / f"{check_name(key_id, 'key id')}.pem", public_pem)
 
     def signing_keys(self, tenant: str) -> dict[str, Ed25519PublicKey]:
         keys: dict[str, Ed25519PublicKey] = {}
-        for path in sorted((self._tenant_dir(tenant) / "keys").glob("*.pem")):
-            key = serialization.load_pem_public_key(path.read_bytes())
+        for path in self._files.list(self._tenant_dir(tenant) / "keys", ".pem"):
+            raw = self._files.read(path)
+            if raw is None:
+                continue
+            key = serialization.load_pem_public_key(raw)
             if isinstance(key, Ed25519PublicKey):
                 keys[path.stem] = key
         return keys
@@ -123,15 +129,16 @@ class ReferenceValuesStore:
             current = None
         if current is not None and values.version <= current.version:
             raise ReferenceValuesError(f"version {values.version} is not newer than {current.version}")
-        atomic_write(self._tenant_dir(tenant) / "docs" / f"{values.id}.json", json.dumps(envelope).encode())
+        self._files.write(self._tenant_dir(tenant) / "docs" / f"{values.id}.json", json.dumps(envelope).encode())
         return values
 
     def load(self, tenant: str, ref_id: str) -> ReferenceValues:
         path = self._tenant_dir(tenant) / "docs" / f"{check_name(ref_id, 'reference values id')}.json"
         try:
-            envelope = json.loads(path.read_text())
-        except FileNotFoundError as exc:
-            raise ReferenceValuesError(f"no reference values {ref_id} for {tenant}") from exc
+            raw = self._files.read(path)
+            if raw is None:
+                raise ReferenceValuesError(f"no reference values {ref_id} for {tenant}")
+            envelope = json.loads(raw)
         except (OSError, ValueError) as exc:
             raise ReferenceValuesError("reference values file unreadable") from exc
         values = verify_reference_values(envelope, self.signing_keys(tenant))

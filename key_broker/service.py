@@ -28,6 +28,7 @@ from key_broker.nonces import Challenge, ChallengeStore
 from key_broker.policies import PolicyStore, resolve
 from key_broker.receipts import ReceiptBook
 from key_broker.refvals import ReferenceValuesStore
+from key_broker.statefile import StateLedger
 from policy.audit import AuditLog
 from policy.errors import PolicyError
 from policy.release import ReleaseFacts, ReleasePolicy, evaluate_release
@@ -59,7 +60,9 @@ class KeyBrokerService:
         trust: VerifierTrust, issuer: TokenIssuer, audit: AuditLog, clock: Callable[[], dt.datetime],
         challenge_ttl: dt.timedelta = dt.timedelta(seconds=60), refvals: ReferenceValuesStore | None = None,
         limits: RateLimits | None = None, verify: EvidenceVerifier | None = None,
+        state: StateLedger | None = None,
     ) -> None:
+        self.state = state  # the state ledger the stores read through (None: unit tests of the service)
         self.keystore = keystore
         self.datakeys = datakeys
         self.policies = policies

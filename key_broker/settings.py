@@ -52,6 +52,12 @@ class BrokerSettings:
     # Audit checkpoints are also published outside the audit directory: a witness file (another
     # volume) and/or a database (PostgreSQL in fleet mode); see docs/policy.md.
     audit_witness: Path | None = None
+    # The state ledger's generation high-water mark (default: <data_dir>/../audit/); in Vault
+    # mode also a KV v2 secret in this mount.
+    state_anchor: Path | None = None
+    vault_kv_mount: str = "secret"
+    # Trust the state files on disk as they are, once (a data directory from before the ledger).
+    unsafe_adopt_state: bool = False
     audit_anchor_url: str | None = None
     # Accept placeholder secrets (example master keys, short admin tokens, Vault dev tokens).
     unsafe_dev_mode: bool = False

@@ -20,7 +20,7 @@ import requests
 
 from key_broker.errors import KeyStoreError, TenantKeyRevoked
 from key_broker.names import check_name
-from protocol.fsutil import atomic_write
+from key_broker.statefile import StateFiles, UnsafePlainFiles
 
 _CIPHERTEXT = re.compile(r"^vault:v(\d+):")
 KEY_PREFIX = "sealed-tenant-"
@@ -31,15 +31,22 @@ def _b64(data: bytes) -> str:
 
 
 class VaultTransitKeyStore:
-    def __init__(self, client: hvac.Client, state_dir: Path, mount_point: str = "transit") -> None:
+    def __init__(self, client: hvac.Client, state_dir: Path, mount_point: str = "transit",
+                 files: StateFiles | None = None) -> None:
         self._client = client
         self._transit = client.secrets.transit
         self._mount = mount_point
         self._state = state_dir
+        # Revocation flags go through the state ledger: a deleted flag is refused, not "active".
+        self._files = files if files is not None else UnsafePlainFiles(state_dir)
+
+    @property
+    def client(self) -> hvac.Client:
+        return self._client
 
     @classmethod
     def connect(cls, url: str, token: str, state_dir: Path, mount_point: str = "transit",
-                timeout: float = 10.0) -> VaultTransitKeyStore:
+                timeout: float = 10.0, files: StateFiles | None = None) -> VaultTransitKeyStore:
         client = hvac.Client(url=url, token=token, timeout=timeout)
         try:
             authenticated = client.is_authenticated()
@@ -47,7 +54,7 @@ class VaultTransitKeyStore:
             raise KeyStoreError(f"cannot reach Vault at {url}: {type(exc).__name__}") from exc
         if not authenticated:
             raise KeyStoreError("Vault token is not valid")
-        return cls(client, state_dir, mount_point)
+        return cls(client, state_dir, mount_point, files)
 
     def _name(self, tenant: str) -> str:
         return KEY_PREFIX + check_name(tenant, "tenant")
@@ -127,7 +134,7 @@ class VaultTransitKeyStore:
     def revoke_tenant_key(self, tenant: str) -> None:
         if not self.has_tenant_key(tenant):
             raise KeyStoreError(f"no key for tenant {tenant}")
-        atomic_write(self._revoked_flag(tenant), b"revoked\n")
+        self._files.write(self._revoked_flag(tenant), b"revoked\n")
 
     def is_revoked(self, tenant: str) -> bool:
-        return self._revoked_flag(tenant).exists()
+        return self._files.read(self._revoked_flag(tenant)) is not None

@@ -69,6 +69,10 @@ class ReleasePolicy:
     require_gpu_cc: bool = False
     required_signer: str | None = None
     unsafe_allow_simulated_tee: bool = False
+    # Enforced by the attested worker, which alone sees its device: it may serve this model on a
+    # GPU whose confidential-computing mode is off (weights and prompts cross PCIe in the clear),
+    # and marks every answer insecure. Contradicts require_gpu_cc.
+    unsafe_allow_gpu_cc_off: bool = False
 
     def __post_init__(self) -> None:
         if not self.policy_id or not self.tenant or not self.model:
@@ -85,12 +89,17 @@ class ReleasePolicy:
         for name, floor in self.min_tcb.items():
             if type(floor) is not int or floor < 0:
                 raise PolicyInvalid(f"min_tcb[{name!r}] must be a non-negative int")
-        for flag in ("allow_debug", "require_gpu_cc", "unsafe_allow_simulated_tee"):
+        for flag in ("allow_debug", "require_gpu_cc", "unsafe_allow_simulated_tee", "unsafe_allow_gpu_cc_off"):
             if type(getattr(self, flag)) is not bool:
                 raise PolicyInvalid(f"{flag} must be a bool")
         object.__setattr__(self, "allowed_tee", tees)
         object.__setattr__(self, "allowed_measurements", measurements)
         object.__setattr__(self, "min_tcb", FrozenMap(self.min_tcb))
+        if self.unsafe_allow_gpu_cc_off and self.require_gpu_cc:
+            raise PolicyInvalid("unsafe_allow_gpu_cc_off contradicts require_gpu_cc")
+        if self.unsafe_allow_gpu_cc_off:
+            log.warning("release policy %s v%s sets unsafe_allow_gpu_cc_off: the model may be served on a "
+                        "GPU without confidential computing (answers marked insecure)", self.policy_id, self.version)
         if self.unsafe_allow_simulated_tee:
             log.warning("release policy %s v%s sets unsafe_allow_simulated_tee: simulated TEEs "
                         "(no hardware protection) may receive keys", self.policy_id, self.version)
@@ -149,6 +158,8 @@ class ReleasePolicy:
             "require_gpu_cc": self.require_gpu_cc,
             "required_signer": self.required_signer,
             "unsafe_allow_simulated_tee": self.unsafe_allow_simulated_tee,
+            # Only when set, so every policy written before the flag existed serializes as before.
+            **({"unsafe_allow_gpu_cc_off": True} if self.unsafe_allow_gpu_cc_off else {}),
         }
 
 

@@ -273,6 +273,11 @@ def run_worker(python: str, system: str, spec: dict, timeout: float) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    args_in = list(argv) if argv is not None else sys.argv[1:]
+    if any(a.startswith("--device") for a in args_in):  # a GPU run: random model of a named arch vs HF
+        from sealed_bench import bench_gpu
+
+        return bench_gpu.main(args_in)
     ap = argparse.ArgumentParser(prog="sealed bench engine", description=__doc__)
     ap.add_argument("--json", type=Path, help="write the rows here")
     ap.add_argument("--batch", default="1,64", help="comma-separated batch sizes")

@@ -45,6 +45,10 @@ def create_proxy_app(upstream: str, trust: ClientTrust, inner: httpx2.AsyncBaseT
                 "message": f"sealed proxy refused: {type(exc).__name__}: {exc}", "type": "sealed_error",
                 "param": None, "code": type(exc).__name__}})
         keep = {k: v for k, v in response.headers.items() if k.lower() not in _HOP}
+        if not response.headers.get("content-type", "").startswith("text/event-stream"):
+            content = await response.aread()  # a whole JSON answer, already opened and checked
+            await response.aclose()
+            return Response(content, status_code=response.status_code, headers=keep)
 
         async def body() -> AsyncIterator[bytes]:
             try:

@@ -9,7 +9,7 @@ import pytest
 
 import sealed_bench
 
-EXPECTED = {"attest", "engine", "keyrelease", "load", "policy", "serve"}
+EXPECTED = {"attest", "engine", "gpu", "keyrelease", "load", "policy", "serve"}
 
 
 def test_the_package_lists_every_benchmark() -> None:
@@ -32,3 +32,19 @@ def test_unknown_benchmark_is_a_usage_error_naming_the_choices() -> None:
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert "unknown benchmark 'nope'" in proc.stderr and "serve" in proc.stderr
+
+
+def test_gpu_benchmark_runs_end_to_end_on_a_tiny_model_on_the_cpu(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # The GPU benchmark's whole flow (random model, our engine per dtype, HF in the same run, greedy
+    # equality) on the CPU with a tiny architecture; the figures themselves are not asserted.
+    from sealed_bench import bench_gpu
+
+    out = tmp_path / "gpu.json"
+    assert bench_gpu.main(["--device", "cpu", "--arch", "tiny", "--batch", "1,2", "--input-len", "8",
+                           "--output-len", "4", "--quant", "int4,fp8", "--compare", "hf", "--check-hf",
+                           "--json", str(out)]) == 0
+    rows = __import__("json").loads(out.read_text())["rows"]
+    assert rows[0] == {"check": "greedy_fp32_vs_hf", "prompts": 8, "tokens": 32, "equal": 8}
+    systems = {(r.get("system"), r.get("dtype"), r.get("batch")) for r in rows}
+    assert {("sealed", "bf16", 1), ("sealed", "bf16", 2), ("sealed", "int4", 1), ("sealed", "fp8", 1),
+            ("hf", "bf16", 1), ("hf", "bf16", 2)} <= systems

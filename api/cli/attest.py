@@ -55,10 +55,33 @@ def verify(
     except AttestationError as exc:
         typer.echo(f"NOT verified: {type(exc).__name__}: {exc}", err=True)
         raise typer.Exit(1) from exc
+    claims = uniform_claims(claims, _parse_time(at) if at else None)
     if as_json:
         typer.echo(json.dumps(claims, indent=2, sort_keys=True, default=str))
     else:
         typer.echo(f"verified ({tee}); tcb_status={claims.get('tcb_status', 'n/a')} debug={claims.get('debug')}")
+
+
+# Fields whose type differed between TEEs in the verifiers' claims (strings for numbers and
+# booleans on SNP, another name on TDX): --json gives every field one type across TEEs.
+_INTS = ("snp_version", "vmpl", "quote_version")
+
+
+def uniform_claims(claims: dict[str, Any], at: dt.datetime | None) -> dict[str, Any]:
+    """One type per field across snp, tdx and nvgpu: numbers as numbers, booleans as booleans,
+    `crl_checked` (bool) and `verified_at` (ISO 8601) everywhere."""
+    out = dict(claims)
+    for name in _INTS:
+        if isinstance(out.get(name), str):
+            out[name] = int(out[name])
+    checked = out.pop("crls_checked", out.get("crl_checked"))
+    if isinstance(checked, str):
+        checked = checked == "true"
+    if checked is not None or out.get("tee") != "nvgpu":
+        out["crl_checked"] = bool(checked)
+    if "verified_at" not in out:
+        out["verified_at"] = (at or dt.datetime.now(dt.UTC)).isoformat()
+    return out
 
 
 def inspect(
@@ -123,9 +146,80 @@ def detect() -> None:
         typer.echo(f"{cap.tee:6} {'available  ' if cap.available else 'unavailable'}  {cap.reason}")
 
 
+def _store(directory: Path, offline: bool) -> Any:
+    from attestation.collateral import CollateralConfig, CollateralStore
+
+    return CollateralStore(CollateralConfig(directory, offline=offline))
+
+
+def collateral_status(
+    store: Path = typer.Option(..., help="the broker's collateral directory (--collateral-dir)"),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """What the store holds and when each piece expires (expired pieces make the broker refuse)."""
+    from attestation.collateral import status_json
+
+    now = dt.datetime.now(dt.UTC)
+    items = _store(store, True).status()
+    if as_json:
+        typer.echo(status_json(items, now))
+        return
+    if not items:
+        typer.echo("no collateral")
+    for i in items:
+        until = i.next_update.isoformat() if i.next_update else "-"
+        flag = "EXPIRED" if i.expired(now) else "ok"
+        typer.echo(f"{i.source:6} {i.kind:10} {flag:7} until {until:25} {i.subject}  ({i.name})")
+    if any(i.expired(now) for i in items):
+        raise typer.Exit(1)
+
+
+def collateral_import(
+    bundle: Path = typer.Argument(..., exists=True, help="a directory of collateral made elsewhere"),
+    store: Path = typer.Option(..., help="the broker's collateral directory"),
+) -> None:
+    """Import a bundle (for brokers with no internet); every file is recognised by content."""
+    try:
+        items = _store(store, True).import_dir(bundle)
+    except AttestationError as exc:
+        typer.echo(f"import refused: {exc}", err=True)
+        raise typer.Exit(1) from exc
+    typer.echo(f"imported {len(items)} pieces of collateral into {store}")
+
+
+def collateral_fetch(
+    store: Path = typer.Option(..., help="the collateral directory to fill (then export it with --bundle)"),
+    fmspc: list[str] = typer.Option([], help="TDX platform FMSPC (hex); repeatable"),
+    bundle: Path = typer.Option(None, help="also write an importable bundle here"),
+    if_due: bool = typer.Option(False, "--if-due", help="only when something expires within 24 h (for cron)"),
+) -> None:
+    """Fetch AMD KDS CRLs and Intel PCS collateral now (online), for this broker or another."""
+    from attestation.collateral import CollateralConfig, CollateralStore
+
+    collateral = CollateralStore(CollateralConfig(store, fmspcs=tuple(fmspc)))
+    try:
+        if if_due and not collateral.refresh_if_due(dt.datetime.now(dt.UTC)):
+            typer.echo("collateral is current; nothing fetched")
+            return
+        items = collateral.status() if if_due else collateral.fetch()
+    except AttestationError as exc:
+        typer.echo(f"fetch failed: {exc}", err=True)
+        raise typer.Exit(1) from exc
+    finally:
+        collateral.close()
+    if bundle is not None:
+        collateral.export_dir(bundle)
+    typer.echo(f"{len(items)} pieces of collateral in {store}")
+
+
 def build() -> typer.Typer:
     app = typer.Typer(no_args_is_help=True, help="Verify and inspect attestation evidence.")
     app.command("detect")(detect)
     app.command("verify")(verify)
     app.command("inspect")(inspect)
+    collateral = typer.Typer(no_args_is_help=True, help="The verifier's collateral: fetch, import, status.")
+    collateral.command("status")(collateral_status)
+    collateral.command("import")(collateral_import)
+    collateral.command("fetch")(collateral_fetch)
+    app.add_typer(collateral, name="collateral")
     return app

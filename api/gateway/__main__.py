@@ -9,6 +9,7 @@ from pathlib import Path
 
 import uvicorn
 
+from api.console.settings import ConsoleSettings
 from api.gateway.app import create_app
 from api.gateway.settings import GatewaySettings, WorkerRoute
 
@@ -32,6 +33,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-queued", type=int, default=1024)
     parser.add_argument("--broker-jwks", type=Path, default=None,
                         help="route only to workers whose broker-signed attestation binds their channel keys")
+    parser.add_argument("--audit-dir", type=Path, default=None, help="audit logs the console shows and verifies")
+    parser.add_argument("--audit-keys-dir", type=Path, default=None,
+                        help="component public keys for the audit logs (default AUDIT_DIR/keys)")
+    parser.add_argument("--audit-witness", type=Path, default=None,
+                        help="witness file of anchored audit checkpoints the console checks the logs against")
+    parser.add_argument("--audit-anchor-url", default=None, help="anchor database of audit checkpoints (SQL URL)")
+    parser.add_argument("--broker-url", default=None, help="key broker admin API, for the console's Keys page")
+    parser.add_argument("--broker-admin-token-file", type=Path, default=None,
+                        help="operator token of that broker (the console checks the user's role first)")
+    parser.add_argument("--policy-keys-dir", type=Path, default=None,
+                        help="tenant policy admin public keys, TENANT/KEY_ID.pub, to verify signed policies")
     parser.add_argument("--reference-values", type=Path, default=None,
                         help="signed reference values to serve at /.well-known/reference-values")
     args = parser.parse_args(argv)
@@ -42,7 +54,13 @@ def main(argv: list[str] | None = None) -> int:
                                register_token=_secret(args.register_token_file),
                                jwt_secret=_secret(args.jwt_secret_file), max_inflight=args.max_inflight,
                                max_queued=args.max_queued, broker_jwks=args.broker_jwks,
-                               reference_values=args.reference_values)
+                               reference_values=args.reference_values,
+                               console=ConsoleSettings(audit_dir=args.audit_dir, audit_keys_dir=args.audit_keys_dir,
+                                                       audit_witness=args.audit_witness,
+                                                       audit_anchor_url=args.audit_anchor_url,
+                                                       broker_url=args.broker_url,
+                                                       broker_admin_token=_secret(args.broker_admin_token_file),
+                                                       policy_keys_dir=args.policy_keys_dir))
     # access_log off: request lines are metadata, but we keep the gateway's logs to decisions only.
     uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level="warning", access_log=False,
                 timeout_graceful_shutdown=5)

@@ -71,6 +71,9 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         uploads = upload_router(settings)
         if uploads is not None:
             app.include_router(uploads)
+        from api.console.router import install as install_console
+
+        install_console(app, settings.console, settings.data_dir)
     app.add_exception_handler(GatewayError, gateway_error_handler)
     app.add_exception_handler(RequestValidationError, validation_error_handler)
     app.add_exception_handler(StarletteHTTPException, http_error_handler)

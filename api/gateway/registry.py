@@ -20,7 +20,6 @@ from api.gateway.errors import GatewayError
 class WorkerInfo:
     worker_id: str
     grpc_address: str
-    http_url: str
     tenant: str
     model: str
     version: str
@@ -36,6 +35,8 @@ class WorkerInfo:
     dead: bool = False
     attested: bool = False  # its attestation token binds tls_cert and usage_public_key
     sealed_key_id: str = ""  # hex SHA-256 of its attested HPKE key (sealed mode pins it)
+    attestation_doc: dict[str, Any] | None = None  # as submitted (and, once attested, verified)
+    seq: int = 0  # the last signed heartbeat's sequence number (replays are refused)
     reason: str = ""  # why a failed worker failed (a category, e.g. "key release refused")
 
     def load(self) -> float:
@@ -71,11 +72,21 @@ class WorkerRegistry:
                                                                              doc.get("tls_cert", "")):
             # Pinned at first contact: a different process may not take over a worker's identity.
             raise GatewayError(409, "worker identity changed", type_="invalid_request_error")
-        info = known or WorkerInfo(worker_id=wid, grpc_address=doc["grpc_address"], http_url=doc["http_url"],
+        seq = int(doc.get("seq") or 0)
+        if known is not None and seq <= known.seq:
+            raise GatewayError(409, "stale or replayed heartbeat", type_="invalid_request_error")
+        info = known or WorkerInfo(worker_id=wid, grpc_address=doc["grpc_address"],
                                    tenant=doc["tenant"], model=doc["model"], version=doc["version"],
                                    status=doc["status"], tee=doc["tee"], insecure=bool(doc["insecure"]),
                                    usage_public_key=doc["usage_public_key"], pid=doc.get("pid"),
                                    tls_cert=doc.get("tls_cert", ""), sealed_key_id=str(doc.get("sealed_key_id", "")))
+        if (info.grpc_address, info.tenant, info.model, info.version, info.sealed_key_id) != (
+                doc["grpc_address"], doc["tenant"], doc["model"], doc["version"], str(doc.get("sealed_key_id", ""))):
+            raise GatewayError(409, "worker identity changed", type_="invalid_request_error")
+        attestation = doc.get("attestation")
+        if attestation != info.attestation_doc:
+            info.attestation_doc, info.attested = attestation, False  # checked again before routing
+        info.seq = seq
         info.status, info.stats, info.reason = doc["status"], doc.get("stats") or {}, str(doc.get("reason") or "")
         info.last_seen, info.dead = time.monotonic(), False
         if known is None:

@@ -13,8 +13,6 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx
-
 from api.gateway.admission import AdmissionController, Ticket
 from api.gateway.demand import Demand
 from api.gateway.errors import GatewayError
@@ -23,7 +21,12 @@ from api.gateway.metrics import Metrics
 from api.gateway.registry import WorkerInfo, WorkerRegistry, reattest_required
 from api.gateway.settings import GatewaySettings
 from api.gateway.usage import UsageRejected, verify_usage
-from api.gateway.worker_attestation import load_verifier, verify_worker
+from api.gateway.worker_attestation import (
+    HeartbeatRefused,
+    load_verifier,
+    verify_heartbeat_signature,
+    verify_worker_attestation,
+)
 from api.store.models import Tenant
 from api.store.repo import KeyRecord, Store
 from attestation.errors import AttestationError
@@ -226,15 +229,23 @@ class GatewayService:
         self.metrics.worker_seconds.labels(row.tenant).inc(row.worker_seconds)
         await asyncio.to_thread(self.store.record_usage, row)
 
-    def heartbeat(self, doc: dict[str, Any]) -> None:
+    def heartbeat(self, doc: dict[str, Any], signed: dict[str, Any]) -> None:
+        """A worker's heartbeat: `signed` is the body as sent, `doc` the same after validation."""
+        try:
+            verify_heartbeat_signature(signed)
+        except HeartbeatRefused as exc:
+            log.warning("heartbeat refused: %s", exc)
+            raise GatewayError(401, "heartbeat is not signed by the worker's identity key",
+                               code="invalid_worker_signature") from exc
         info = self.registry.heartbeat(doc)
         if self._verifier is not None and info.status == "ready" and not info.attested:
             try:
-                verify_worker(info.http_url, tenant=info.tenant, model=info.model, version=info.version,
-                              tls_cert=info.tls_cert, usage_public_key=info.usage_public_key,
-                              verifier=self._verifier)
+                verify_worker_attestation(info.attestation_doc, tenant=info.tenant, model=info.model,
+                                          version=info.version, tls_cert=info.tls_cert,
+                                          usage_public_key=info.usage_public_key, verifier=self._verifier,
+                                          sealed_key_id=info.sealed_key_id)
                 info.attested = True
-            except (AttestationError, httpx.HTTPError, ValueError, KeyError) as exc:
+            except (AttestationError, ValueError, KeyError) as exc:
                 log.warning("worker %s not routed to: attestation check failed (%s)", info.worker_id,
                             type(exc).__name__)
         pool = [w for w in self.registry.for_model(info.tenant, info.model) if w.version == info.version]
@@ -245,16 +256,21 @@ class GatewayService:
             self.metrics.worker_waiting.labels(info.worker_id, info.model).set(float(stats.get("num_waiting", 0)))
 
     async def attestation(self) -> list[dict[str, Any]]:
+        """Each live worker's attestation document, exactly as the worker submitted it in its signed
+        heartbeats and (with a broker JWKS configured) as the gateway verified it. Nothing is fetched
+        from an address a worker supplies."""
         out = []
-        async with httpx.AsyncClient(timeout=5.0) as http:
-            for w in list(self.registry.workers.values()):
-                if not self.registry.alive(w):
-                    continue
-                try:
-                    response = await http.get(f"{w.http_url}/internal/attestation")
-                    doc = response.json() if response.status_code == 200 else {"status": "unavailable"}
-                except (httpx.HTTPError, ValueError):
-                    doc = {"status": "unreachable"}
-                out.append({"worker_id": w.worker_id, "model": w.model, "version": w.version, "tenant": w.tenant,
-                            "usage_public_key": w.usage_public_key, "grpc_tls_cert": w.tls_cert or None, **doc})
+        for w in list(self.registry.workers.values()):
+            if not self.registry.alive(w):
+                continue
+            entry: dict[str, Any] = {"worker_id": w.worker_id, "model": w.model, "version": w.version,
+                                     "tenant": w.tenant, "usage_public_key": w.usage_public_key,
+                                     "grpc_tls_cert": w.tls_cert or None}
+            doc = w.attestation_doc
+            if doc and (w.attested or self._verifier is None):
+                entry.update({k: doc[k] for k in ("tee", "insecure", "evidence", "token", "model_digest",
+                                                  "sealed_key_id", "promises") if k in doc})
+            else:
+                entry["status"] = "unavailable"
+            out.append(entry)
         return out

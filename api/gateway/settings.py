@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from api.console.settings import ConsoleSettings
+
 PLACEHOLDER_SECRETS = frozenset({"", "changeme", "change-me", "secret", "dev", "test", "password", "placeholder"})
 MIN_SECRET_LEN = 32
 
@@ -40,6 +42,7 @@ class GatewaySettings:
     broker_issuer: str = "sealed-key-broker"
     # The operator's signed in-toto statement of allowed worker measurements (served as is).
     reference_values: Path | None = None
+    console: ConsoleSettings = field(default_factory=ConsoleSettings)  # the web console (/console)
 
     def __post_init__(self) -> None:
         if self.dev:

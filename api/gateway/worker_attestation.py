@@ -1,23 +1,41 @@
-"""Before routing to a worker: its mTLS certificate key and usage-signing key must be the ones its
-attestation token binds (REPORT_DATA covers them), and the token must come from our key broker.
+"""What the gateway checks about a worker, from what the worker itself submitted (the gateway never
+fetches a URL a worker names):
 
-So a process that merely knows the registration token cannot stand in for an attested worker.
+- every heartbeat is signed by the worker's identity key, under the id derived from that key, with
+  a fresh time and a growing sequence number (`verify_heartbeat_signature`; the sequence is checked
+  by the registry), so one worker cannot speak for another;
+- before routing: the broker-signed attestation token the worker submitted is ours, for this model,
+  binds its mTLS key and identity key (REPORT_DATA covers them), and describes exactly the evidence
+  submitted beside it (`verify_worker_attestation`). That document is what /.well-known/attestation
+  serves.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import json
+import time
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
-import httpx
 import jwt
 from cryptography import x509
+from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from attestation.bundle import channel_binding
-from attestation.errors import FreshnessError, TokenError
+from attestation.bundle import EvidenceBundle, channel_binding
+from attestation.errors import FreshnessError, ParseError, TokenError
 from attestation.token import TokenVerifier
+from protocol.heartbeat import heartbeat_signing_input, worker_id_for
+from protocol.sealed import SealedError, key_id
+
+MAX_CLOCK_SKEW_S = 60
+
+
+class HeartbeatRefused(Exception):
+    """A heartbeat that is not signed by the identity it names, or stale."""
 
 
 def load_verifier(jwks_file: Path, issuer: str) -> TokenVerifier:
@@ -32,20 +50,33 @@ def expected_binding(tls_cert_pem: str, usage_public_key_hex: str) -> bytes:
     return channel_binding(spki, bytes.fromhex(usage_public_key_hex))
 
 
-def verify_worker(http_url: str, *, tenant: str, model: str, version: str, tls_cert: str,
-                  usage_public_key: str, verifier: TokenVerifier, client: httpx.Client | None = None) -> None:
-    """Raise unless the worker's served token is ours, for this model, and binds these channel keys."""
-    http = client or httpx.Client(timeout=5.0)
+def verify_heartbeat_signature(body: Mapping[str, Any], now: float | None = None) -> None:
+    """Raise HeartbeatRefused unless the heartbeat is signed by the key its worker id derives from."""
     try:
-        doc = http.get(f"{http_url}/internal/attestation").json()
-    finally:
-        if client is None:
-            http.close()
-    token = str(doc.get("token", ""))
+        public = bytes.fromhex(str(body["usage_public_key"]))
+        if body["worker_id"] != worker_id_for(public):
+            raise HeartbeatRefused("worker id is not the one its identity key derives")
+        Ed25519PublicKey.from_public_bytes(public).verify(bytes.fromhex(str(body["signature"])),
+                                                          heartbeat_signing_input(dict(body)))
+    except (InvalidSignature, KeyError, TypeError, ValueError) as exc:
+        raise HeartbeatRefused("heartbeat is not signed by the worker's identity key") from exc
+    if abs((time.time() if now is None else now) - int(body["at"])) > MAX_CLOCK_SKEW_S:
+        raise HeartbeatRefused("heartbeat time is too far from the gateway's")
+
+
+def verify_worker_attestation(doc: Mapping[str, Any] | None, *, tenant: str, model: str, version: str,
+                              tls_cert: str, usage_public_key: str, verifier: TokenVerifier,
+                              sealed_key_id: str = "") -> None:
+    """Raise unless the submitted token is ours, for this model, binds these channel keys, and
+    describes exactly the submitted evidence; and the sealing key id the worker announces (and
+    sealed requests are routed by) is the hash of the HPKE key the token binds."""
+    if not doc:
+        raise TokenError("worker submitted no attestation")
+    token = str(doc.get("token") or "")
     try:
         issued = int(jwt.decode(token, options={"verify_signature": False})["iat"])
     except (jwt.PyJWTError, KeyError, TypeError, ValueError) as exc:
-        raise TokenError("worker serves no valid attestation token") from exc
+        raise TokenError("worker submitted no valid attestation token") from exc
     # The signature is checked in full; the time is the token's own (a worker outlives its token).
     claims = verifier.verify(token, dt.datetime.fromtimestamp(issued, dt.UTC))
     scope = claims.get("sealed") or {}
@@ -54,3 +85,17 @@ def verify_worker(http_url: str, *, tenant: str, model: str, version: str, tls_c
     bound = str((claims.get("runtime_data") or {}).get("channel_binding", ""))
     if bound != expected_binding(tls_cert, usage_public_key).hex():
         raise FreshnessError("worker's TLS or usage key is not the one its attestation binds")
+    try:
+        bundle = EvidenceBundle.from_json(doc.get("evidence"))
+    except ParseError as exc:
+        raise FreshnessError("worker submitted malformed evidence") from exc
+    if claims.get("evidence_digest") != bundle.digest():
+        raise FreshnessError("submitted evidence differs from the evidence the token was issued for")
+    announced = {sealed_key_id, str(doc.get("sealed_key_id") or "")} - {""}
+    if announced:
+        try:
+            bound_key = key_id(bytes.fromhex(str((claims.get("runtime_data") or {}).get("hpke_public_key", ""))))
+        except (SealedError, ValueError) as exc:
+            raise FreshnessError("worker's attestation binds no valid HPKE key") from exc
+        if announced != {bound_key}:
+            raise FreshnessError("worker's sealing key id is not the HPKE key its attestation binds")

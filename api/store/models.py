@@ -100,3 +100,13 @@ class PolicyRow(Base):
     # workers' measurement, so the control plane cannot substitute its own.
     admin_key_pem: Mapped[str | None] = mapped_column(Text, nullable=True)
     updated_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class PolicyVersionRow(Base):
+    """Every version of a tenant's policy document, kept (the policies table holds the current one)."""
+
+    __tablename__ = "policy_versions"
+    tenant: Mapped[str] = mapped_column(String(64), primary_key=True)
+    version: Mapped[int] = mapped_column(Integer, primary_key=True)
+    document: Mapped[dict] = mapped_column(JSON)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

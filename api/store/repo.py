@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from api.store.models import ApiKeyRow, ModelVersion, PolicyRow, Tenant, UsageRow
+from api.store.models import ApiKeyRow, ModelVersion, PolicyRow, PolicyVersionRow, Tenant, UsageRow
 
 KEY_PREFIX = "sk-sealed-"
 
@@ -251,12 +251,29 @@ class Store:
         with self.sessions.begin() as s:
             row = s.get(PolicyRow, tenant)
             if row is None:
-                s.add(PolicyRow(tenant=tenant, document=document, version=1, admin_key_pem=admin_key_pem))
-                return 1
-            row.document, row.version = document, row.version + 1
-            if admin_key_pem is not None:
-                row.admin_key_pem = admin_key_pem
+                row = PolicyRow(tenant=tenant, document=document, version=1, admin_key_pem=admin_key_pem)
+                s.add(row)
+            else:
+                row.document, row.version = document, row.version + 1
+                if admin_key_pem is not None:
+                    row.admin_key_pem = admin_key_pem
+            # Kept for the console's history and diff; same transaction as the current version.
+            s.add(PolicyVersionRow(tenant=tenant, version=row.version, document=document))
             return row.version
+
+    def policy_versions(self, tenant: str) -> list[PolicyVersionRow]:
+        """Every version of the tenant's policy, newest first."""
+        with self.sessions() as s:
+            return list(s.scalars(select(PolicyVersionRow).where(PolicyVersionRow.tenant == tenant)
+                                  .order_by(PolicyVersionRow.version.desc())))
+
+    def usage_rows(self, tenant: str | None, since: dt.datetime) -> list[UsageRow]:
+        """Usage records since a time (the console buckets them); one tenant's, or all."""
+        q = select(UsageRow).where(UsageRow.created_at >= since).order_by(UsageRow.created_at)
+        if tenant is not None:
+            q = q.where(UsageRow.tenant == tenant)
+        with self.sessions() as s:
+            return list(s.scalars(q))
 
     def policy(self, tenant: str) -> PolicyRow | None:
         with self.sessions() as s:

@@ -35,21 +35,42 @@ def _b64(text: Any, what: str) -> bytes:
 Item = tuple[GpuEvidence, list[x509.Certificate], str | None]
 
 
+SUPPORTED_ARCHS = ("HOPPER",)
+
+
+def _entries(text: bytes) -> tuple[list[dict[str, Any]], str | None]:
+    """The entries of NVIDIA's JSON evidence forms, and the nonce the document claims, if any:
+    * a bare list of {evidence, certificate[, nonce]} (nvtrust's gpu_evidence.json);
+    * the NRAS request / multi-GPU object {"arch", "nonce", "evidence_list": [...]} (NRAS v3/v4,
+      claims_version optional), whose top-level nonce applies to every entry."""
+    try:
+        doc = json.loads(text)
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        raise ParseError(f"evidence is not JSON: {exc}") from exc
+    claimed: str | None = None
+    if isinstance(doc, dict):
+        arch = doc.get("arch")
+        if not isinstance(arch, str) or arch.upper() not in SUPPORTED_ARCHS:
+            raise ParseError(f"evidence object arch {arch!r:.40} is not one of {', '.join(SUPPORTED_ARCHS)}")
+        nonce = doc.get("nonce")
+        if nonce is not None and not isinstance(nonce, str):
+            raise ParseError("evidence object nonce must be a hex string")
+        claimed, doc = nonce, doc.get("evidence_list")
+    if not isinstance(doc, list) or not doc or not all(isinstance(e, dict) for e in doc):
+        raise ParseError("evidence JSON must be a non-empty list of objects (or an object with evidence_list)")
+    return doc, claimed
+
+
 def _split(evidence: bytes, certs: list[bytes]) -> list[Item]:
-    """Evidence as raw bytes, hex text, or NVIDIA's JSON list of {evidence, certificate, nonce}."""
+    """Evidence as raw bytes, hex text, or NVIDIA's JSON forms (see _entries)."""
     text = evidence.strip()
-    if text.startswith(b"["):
-        try:
-            entries = json.loads(text)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise ParseError(f"evidence list is not JSON: {exc}") from exc
-        if not isinstance(entries, list) or not entries or not all(isinstance(e, dict) for e in entries):
-            raise ParseError("evidence JSON must be a non-empty list of objects")
+    if text.startswith((b"[", b"{")):
+        entries, top_nonce = _entries(text)
         out = []
         for i, e in enumerate(entries):
             ev = parse_evidence(_b64(e.get("evidence"), f"entry {i} evidence"))
             chain = load_pem_chain(_b64(e.get("certificate"), f"entry {i} certificate"))
-            claimed = e.get("nonce")
+            claimed = e.get("nonce", top_nonce)
             out.append((ev, chain, claimed if isinstance(claimed, str) else None))
         return out
     raw = bytes.fromhex(text.decode()) if text and all(c in _HEX for c in text) else evidence
@@ -113,13 +134,8 @@ def verify_for_cli(
 def inspect_for_cli(evidence: bytes) -> dict:
     """Decode without verifying anything (for humans; never for decisions)."""
     text = evidence.strip()
-    if text.startswith(b"["):
-        try:
-            entries = json.loads(text)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise ParseError(f"evidence list is not JSON: {exc}") from exc
-        if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
-            raise ParseError("evidence JSON must be a list of objects")
+    if text.startswith((b"[", b"{")):
+        entries, _ = _entries(text)
         reports = [parse_evidence(_b64(e.get("evidence"), f"entry {i}")) for i, e in enumerate(entries)]
     elif text and all(c in _HEX for c in text):
         reports = [parse_evidence(bytes.fromhex(text.decode()))]

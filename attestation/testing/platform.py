@@ -154,9 +154,16 @@ class FakePlatform:
                                  report_data=report_data.ljust(64, b"\0"), vmpl=vmpl)
         return sign_report(report, self.amd.keys.vek)
 
-    def tdx_quote(self, report_data: bytes) -> bytes:
-        """What the quoting enclave returns: a v4 TDX quote over a TD report with this REPORTDATA."""
-        return testpki.build_quote(self.intel, report_data=report_data.ljust(64, b"\0"), mr_td=TDX_MR_TD)
+    def tdx_quote(self, report_data: bytes, event_log: bytes = b"") -> bytes:
+        """What the quoting enclave returns: a v4 TDX quote over a TD report with this REPORTDATA,
+        with the RTMRs that `event_log` (a CC event log, e.g. a real CCEL capture) replays to."""
+        rtmrs: dict[str, bytes] = {}
+        if event_log:
+            from attestation.tdx.eventlog import parse_cc_event_log, replay_rtmrs
+
+            rtmrs = {f"rtmr{i}": r for i, r in enumerate(replay_rtmrs(parse_cc_event_log(event_log)))}
+        return testpki.build_quote(self.intel, report_data=report_data.ljust(64, b"\0"), mr_td=TDX_MR_TD,
+                                   **rtmrs)
 
 
 def fwid_of(index: int) -> bytes:

@@ -7,27 +7,39 @@ from dataclasses import dataclass
 
 from .errors import InvalidRequestError
 
-DTYPES = ("float32", "bfloat16", "float16", "int8", "int4")
+DTYPES = ("float32", "bfloat16", "float16", "int8", "int4", "fp8")
+DECODE_KERNELS = ("auto", "triton", "torch")
 
 
 @dataclass(frozen=True)
 class EngineConfig:
     device: str = "cpu"
-    dtype: str = "float32"  # float32 | bfloat16 | float16 | int8 | int4 (weight-only)
+    dtype: str = "float32"  # float32 | bfloat16 | float16 | int8 | int4 | fp8 (weight-only quantized)
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
     max_model_len: int | None = None  # default: min(model context, 4096)
     block_size: int = 16
     kv_cache_memory_bytes: int = 512 * 1024 * 1024
+    # On CUDA: size the KV pool from the device's memory instead (this fraction of it for the
+    # whole worker, less the weights and an activation reserve); None keeps kv_cache_memory_bytes.
+    gpu_memory_utilization: float | None = None
     enable_prefix_caching: bool = True
     num_threads: int | None = None  # torch intra-op threads on CPU; default: all cores
     int4_group_size: int = 32
+    # Decode steps: "auto" takes the fused Triton kernels (paged attention in place, fused norm/rope/
+    # activation) on CUDA when Triton is installed; "torch" keeps the gather + SDPA path everywhere.
+    decode_kernels: str = "auto"
+    cuda_graphs: bool = True  # replay captured decode steps on CUDA (needs the Triton decode kernels)
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, not {self.dtype!r}")
         if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1 or self.block_size < 1:
             raise ValueError("max_num_seqs, max_num_batched_tokens and block_size must be >= 1")
+        if self.gpu_memory_utilization is not None and not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError("gpu_memory_utilization must be in (0, 1]")
+        if self.decode_kernels not in DECODE_KERNELS:
+            raise ValueError(f"decode_kernels must be one of {DECODE_KERNELS}, not {self.decode_kernels!r}")
         if self.kv_cache_memory_bytes <= 0:
             raise ValueError("kv_cache_memory_bytes must be positive")
 

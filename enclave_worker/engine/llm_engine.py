@@ -21,7 +21,8 @@ from .block_manager import BlockManager
 from .checkpoint import Checkpoint
 from .config import EngineConfig, RequestOutput, SamplingParams
 from .errors import EngineDeadError, EngineError, InvalidRequestError
-from .kv_cache import KVCacheSpec, allocate_kv_cache
+from .kernels import triton_installed
+from .kv_cache import KVCacheSpec, allocate_kv_cache, gpu_kv_budget
 from .model_runner import ModelRunner
 from .models import ARCHITECTURES, model_tensors
 from .models.llama import BuildOptions
@@ -36,7 +37,9 @@ _TORCH_DTYPES = {
     "float16": torch.float16,
     "int8": torch.float32,
     "int4": torch.float32,
+    "fp8": torch.float32,
 }
+_QUANTIZED = ("int8", "int4", "fp8")
 
 
 def _release_freed_memory() -> None:
@@ -44,6 +47,17 @@ def _release_freed_memory() -> None:
     gc.collect()
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+def _fused_decode(config: EngineConfig, cuda: bool) -> bool:
+    """Whether decode steps take the fused Triton kernels (EngineConfig.decode_kernels)."""
+    if config.decode_kernels == "torch":
+        return False
+    if config.decode_kernels == "triton":
+        if not triton_installed():
+            raise EngineError("decode_kernels='triton' needs the triton package")
+        return True
+    return cuda and triton_installed()
 
 
 @dataclass
@@ -69,8 +83,10 @@ class LLMEngine:
             torch.set_num_threads(threads)
             threadpool_limits(threads, user_api="blas")  # OpenBLAS (numpy) too: layers/linear.py
         self.config = config
-        dtype = _TORCH_DTYPES[config.dtype]
-        quant = config.dtype if config.dtype in ("int8", "int4") else "none"
+        quant = config.dtype if config.dtype in _QUANTIZED else "none"
+        # Quantized weights take bf16 activations on a GPU (what its int4/FP8 kernels want), fp32 on the CPU.
+        cuda = torch.device(config.device).type == "cuda"
+        dtype = torch.bfloat16 if quant != "none" and cuda else _TORCH_DTYPES[config.dtype]
         model_len = min(
             config.max_model_len or min(cfg.get("max_position_embeddings", 4096), 4096),
             cfg.get("max_position_embeddings", 1 << 30),
@@ -82,23 +98,39 @@ class LLMEngine:
         spec = KVCacheSpec(
             len(self.model.layers), self.model.num_kv_heads, self.model.head_dim, config.block_size, dtype
         )
-        num_blocks = spec.num_blocks(config.kv_cache_memory_bytes)
+        kv_bytes = config.kv_cache_memory_bytes
+        if config.gpu_memory_utilization is not None and torch.device(config.device).type == "cuda":
+            # Activations: the largest step's logits (fp32) and hidden states, plus allocator slack.
+            reserve = config.max_num_batched_tokens * (int(cfg["vocab_size"]) + 8 * int(cfg["hidden_size"])) * 4
+            try:
+                kv_bytes = gpu_kv_budget(config.gpu_memory_utilization, reserve + (256 << 20),
+                                         lambda: torch.cuda.mem_get_info(torch.device(config.device)))
+            except ValueError as exc:
+                raise EngineError(str(exc)) from exc
+        num_blocks = spec.num_blocks(kv_bytes)
         if num_blocks < 1:
-            raise EngineError("kv_cache_memory_bytes is smaller than one KV block")
+            raise EngineError("the KV memory budget is smaller than one KV block")
         self.max_model_len = min(model_len, num_blocks * config.block_size)
         self.blocks = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.blocks, config.max_num_seqs, config.max_num_batched_tokens)
         # fp32 weights on the CPU are what the OpenBLAS path serves (ModelRunner.use_blas); 0 turns it off
         fp32_cpu = config.device == "cpu" and dtype == torch.float32 and quant == "none"
         dense_bytes = sum(t.nbytes for t in model_tensors(self.model)) if fp32_cpu else 0
+        fused = _fused_decode(config, cuda)
+        graphs = fused and cuda and config.cuda_graphs
+        # With decode graphs, one extra block no sequence owns takes the padding rows' K/V writes.
         self.runner = ModelRunner(
             self.model,
-            allocate_kv_cache(spec, num_blocks, config.device),
+            allocate_kv_cache(spec, num_blocks + int(graphs), config.device),
             config.block_size,
             config.device,
             threads,
             dense_bytes,
+            fused_decode=fused,
+            max_model_len=self.max_model_len,
         )
+        if graphs:
+            self.runner.enable_decode_graphs(config.max_num_seqs, pad_slot=num_blocks * config.block_size)
         self.tokenizer = Tokenizer(checkpoint.tokenizer_json, checkpoint.chat_template, cfg)
         self.vocab_size = int(cfg["vocab_size"])
         self.output = OutputProcessor(self.tokenizer)

@@ -5,6 +5,9 @@ from __future__ import annotations
 import torch
 
 from .config import TokenLogprob
+from .cuda_graphs import DecodeGraphs, DecodeInputs, TransferCounter, capture_sizes
+from .kernels.paged_attention import num_splits_for
+from .kernels.sampling import BatchSampling, sample_on_device
 from .layers.attention import AttentionMetadata, PrefillChunk
 from .layers.sampler import sample
 from .scheduler import ScheduledSeq
@@ -21,8 +24,16 @@ class ModelRunner:
         device: str,
         num_threads: int = 1,
         weight_bytes: int = 0,
+        fused_decode: bool = False,
+        max_model_len: int = 0,
     ) -> None:
         self.model = model
+        # Fused decode (kernels/): block tables padded to one fixed width, so a captured graph fits any step.
+        self.fused_decode = fused_decode
+        self.max_blocks = -(-max_model_len // block_size)
+        self.num_splits = num_splits_for(max_model_len, block_size) if fused_decode else 1
+        self.graphs: DecodeGraphs | None = None
+        self.transfers = TransferCounter()
         self.block_size = block_size
         self.device = device
         self.num_threads = num_threads
@@ -40,7 +51,11 @@ class ModelRunner:
         pos = torch.arange(start, end)
         return blocks[pos // bs] * bs + pos % bs
 
-    def prepare(self, batch: list[ScheduledSeq]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[int]]:
+    def prepare(self, batch: list[ScheduledSeq]) -> tuple:
+        if self._graph_step_fits(batch):
+            return None, None, None, []  # the captured graph's static buffers take the inputs in execute()
+        if self.fused_decode and all(s.num_tokens == 1 for s in batch):
+            return self._prepare_fused(batch)
         ids: list[int] = []
         positions: list[torch.Tensor] = []
         slot_mapping: list[torch.Tensor] = []
@@ -89,6 +104,63 @@ class ModelRunner:
         mask = torch.arange(max_blocks * bs)[None, :] < torch.tensor(lens)[:, None]
         return index.to(dev), table.to(dev), mask[:, None, None, :].to(dev), 0
 
+    # ------------------------------------------------------------ fused decode and CUDA graphs
+
+    def _decode_lists(self, batch: list[ScheduledSeq]) -> tuple:
+        ids = [s.seq.token_ids[s.start] for s in batch]
+        positions = [s.start for s in batch]
+        bs = self.block_size
+        slots = [s.seq.block_table[s.start // bs] * bs + s.start % bs for s in batch]
+        sampling = [(0.0 if p.greedy else p.temperature, p.top_k, p.top_p) for p in (s.seq.params for s in batch)]
+        return ids, positions, slots, [s.seq.block_table for s in batch], sampling
+
+    def _fused_meta(self, inputs: DecodeInputs) -> AttentionMetadata:
+        return AttentionMetadata(inputs.slot_mapping, None, inputs.block_tables, None, (), all_decode=True,
+                                 fused=True, context_lens=inputs.context_lens, num_splits=self.num_splits,
+                                 block_size=self.block_size)
+
+    def _prepare_fused(self, batch: list[ScheduledSeq]) -> tuple:
+        """Eager fused decode: the step's inputs packed into one buffer, one host->device copy."""
+        inputs = DecodeInputs(len(batch), self.max_blocks, torch.device(self.device))
+        ids, positions, slots, tables, sampling = self._decode_lists(batch)
+        inputs.load(ids, positions, slots, tables, pad_slot=0, counter=self.transfers, sampling=sampling)
+        return inputs.input_ids, inputs.positions, self._fused_meta(inputs), list(range(len(batch)))
+
+    def enable_decode_graphs(self, max_num_seqs: int, pad_slot: int) -> None:
+        """Capture decode steps for every padded batch size. `pad_slot` is a KV slot no sequence owns
+        (padding rows write their K/V there). On the CPU nothing is captured: replay calls the step,
+        so the bookkeeping runs (and is tested) exactly as on the GPU."""
+        if not self.fused_decode:
+            raise ValueError("decode graphs need the fused decode kernels")
+        device = torch.device(self.device)
+        index = {n: torch.arange(n, device=device) for n in capture_sizes(max_num_seqs)}
+
+        @torch.inference_mode()
+        def step(inputs: DecodeInputs) -> torch.Tensor:
+            self.model.blas.enabled = False
+            return self.model(inputs.input_ids, inputs.positions, self._fused_meta(inputs), index[inputs.size])
+
+        self.graphs = DecodeGraphs(tuple(index), self.max_blocks, device, pad_slot, step)
+        self.graphs.counter = self.transfers
+        with torch.inference_mode():
+            self.graphs.capture_all()
+
+    def _graph_step_fits(self, batch: list[ScheduledSeq]) -> bool:
+        return (self.graphs is not None and len(batch) <= self.graphs.sizes[-1]
+                and all(s.num_tokens == 1 for s in batch))
+
+    def _sample_on_device(self, batch: list[ScheduledSeq], logits: torch.Tensor,
+                          inputs: DecodeInputs) -> tuple[list, list]:
+        params = [s.seq.params for s in batch]
+        self.transfers.device_to_host += 1  # the one copy back: the sampled tokens (or the logits)
+        if any(p.logprobs is not None for p in params):  # logprob records are built on the host
+            return sample(logits, params, [s.seq.generator for s in batch])
+        if all(p.greedy for p in params):
+            return logits.argmax(dim=-1).tolist(), [None] * len(batch)
+        sampling = BatchSampling(*inputs.sampling(len(batch)))
+        tokens = sample_on_device(logits, sampling, [s.seq.generator for s in batch])
+        return tokens.tolist(), [None] * len(batch)
+
     @torch.inference_mode()
     def forward(
         self,
@@ -133,6 +205,11 @@ class ModelRunner:
         logits_index: list[int],
     ) -> tuple[list[int], list[TokenLogprob | None]]:
         """Forward the batch; sample for sequences whose chunk reached their end (in batch order)."""
+        if input_ids is None:  # a captured decode step
+            assert self.graphs is not None
+            ran = self.graphs.run(*self._decode_lists(batch))
+            assert ran is not None
+            return self._sample_on_device(batch, *ran)
         blas = self.use_blas(input_ids.numel(), sum(s.start + s.num_tokens for s in batch))
         logits = self.forward(input_ids, positions, meta, logits_index, blas=blas)
         sampled = [s.seq for s in batch if s.samples]

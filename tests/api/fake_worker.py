@@ -55,8 +55,7 @@ async def main_async(args: argparse.Namespace) -> None:
     server.add_insecure_port(address)
     await server.start()
     token = Path(args.token_file).read_text().strip()
-    beat = asyncio.create_task(heartbeats(state, [args.gateway], token, address, f"http://127.0.0.1:{args.http_port}",
-                                          interval=0.3))
+    beat = asyncio.create_task(heartbeats(state, [args.gateway], token, address, interval=0.3))
     app = FastAPI()
     app.get("/internal/attestation")(lambda: {"tee": "sim", "insecure": True, "evidence": None, "token": None})
     try:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import torch
 
 from api.home import Home
 from api.stack import DEMO_MODEL, DEMO_TENANT, DEMO_VERSION, free_port, launch, prepare_demo
@@ -27,8 +28,9 @@ from attestation.testing.platform import FakePlatform, gpu_report
 from key_broker.policies import PolicyStore
 from protocol.broker.client import obtain_data_key
 from protocol.broker.errors import BrokerRefused
+from sealed_bench.gpu_models import random_checkpoint
 from tests.api.test_fake_tee_stack import audit_records, put_release_policy
-from tests.enclave_worker.random_llama import TINY, package_for_demo, random_llama
+from tests.enclave_worker.demo_package import package_for_demo
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,7 +45,7 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
     root = tmp_path_factory.mktemp("faketee-neg")
     platform = FakePlatform.create(root / "platform", gpus=2)
     home = Home(root / "home")
-    package_for_demo(home, random_llama(TINY))
+    package_for_demo(home, random_checkpoint("tiny", "cpu", torch.float32))
     prepare_demo(home, log=lambda *_: None)
     signer = PolicyStore(home.broker).get(DEMO_TENANT, DEMO_MODEL).required_signer
     put_release_policy(home, signer or "", require_gpu_cc=True)
@@ -80,9 +82,16 @@ def snp_bundle(p: FakePlatform, rt: RuntimeData, *, gpu_nonce: bytes | None = No
     return EvidenceBundle("snp", report, rt, (p.vcek,), gpus)
 
 
-def tdx_bundle(p: FakePlatform, rt: RuntimeData) -> EvidenceBundle:
+CCEL_LOG = (Path(__file__).resolve().parents[1] / "vectors" / "tdx-ccel" / "ccel_data.dat").read_bytes()
+
+
+def tdx_bundle(p: FakePlatform, rt: RuntimeData, *, tamper_log: bool = False) -> EvidenceBundle:
     gpus = tuple(GpuEvidence("hopper", gpu_report(g, i, rt.nonce), g.chain_pem()) for i, g in enumerate(p.gpus))
-    return EvidenceBundle("tdx", p.tdx_quote(expected_report_data(rt, gpus)), rt, (), gpus)
+    log = bytearray(CCEL_LOG)
+    if tamper_log:  # the first measured event's digest: the log no longer replays to the quote's RTMRs
+        log[32 + int.from_bytes(log[28:32], "little") + 14] ^= 0xFF
+    return EvidenceBundle("tdx", p.tdx_quote(expected_report_data(rt, gpus), CCEL_LOG), rt, (), gpus,
+                          event_log=bytes(log))
 
 
 NOW = dt.datetime.now(dt.UTC)
@@ -97,6 +106,8 @@ CASES: list[tuple[str, Make, dict, str]] = [  # name, bundle, collateral, reason
     ("expired-amd-crl", snp_bundle, {"now": NOW - dt.timedelta(days=60)}, "CRL expired"),
     ("expired-intel-tcbinfo", tdx_bundle, {"now": NOW - dt.timedelta(days=60)}, "expired"),
     ("revoked-vcek", snp_bundle, {"revoked_vcek": True}, "RevokedError"),
+    ("tdx-event-log-not-replaying", lambda p, rt: tdx_bundle(p, rt, tamper_log=True), {},
+     "event log does not replay"),
 ]
 
 
@@ -130,7 +141,7 @@ def test_the_same_broker_releases_to_good_evidence(broker: Broker) -> None:
 def test_worker_on_a_gpu_with_cc_off_does_not_attest(tmp_path: Path) -> None:
     platform = FakePlatform.create(tmp_path / "platform", gpus=1)
     home = Home(tmp_path / "home")
-    package_for_demo(home, random_llama(TINY))
+    package_for_demo(home, random_checkpoint("tiny", "cpu", torch.float32))
     prepare_demo(home, log=lambda *_: None)
     p = platform.root
     stack = launch(home, port=free_port(),

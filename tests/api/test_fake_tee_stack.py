@@ -15,14 +15,18 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
+import torch
 
 from api.home import Home
 from api.stack import DEMO_MODEL, DEMO_TENANT, Stack, free_port, launch, prepare_demo
 from attestation.testing.platform import SNP_MEASUREMENT, TDX_MR_TD, FakePlatform
 from key_broker.errors import KeyStoreError
+from key_broker.keystore import load_master_key
 from key_broker.policies import PolicyStore
+from key_broker.statefile import local_ledger
 from policy.release import ReleasePolicy
-from tests.enclave_worker.random_llama import TINY, package_for_demo, random_llama
+from sealed_bench.gpu_models import random_checkpoint
+from tests.enclave_worker.demo_package import package_for_demo
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,7 +42,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Env:
     root = tmp_path_factory.mktemp("faketee")
     platform = FakePlatform.create(root / "platform", gpus=2)
     home = Home(root / "home")
-    package_for_demo(home, random_llama(TINY))
+    package_for_demo(home, random_checkpoint("tiny", "cpu", torch.float32))
     demo = prepare_demo(home, log=lambda *_: None)
     signer = PolicyStore(home.broker).get(DEMO_TENANT, DEMO_MODEL).required_signer
     assert signer
@@ -46,7 +50,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Env:
 
 
 def put_release_policy(home: Home, signer: str, *, require_gpu_cc: bool) -> None:
-    store = PolicyStore(home.broker)
+    store = PolicyStore(home.broker, local_ledger(home.broker, load_master_key(home.broker / "master.key")))
     try:
         version = store.get(DEMO_TENANT, DEMO_MODEL).version + 1
     except KeyStoreError:
@@ -115,6 +119,9 @@ def test_worker_attests_through_the_broker_and_answers(env: Env, running: list[S
     assert stack.wait_ready(timeout=240) == "ready", log.read_text()[-3000:]
     status = httpx.get(f"{stack.worker_url}/internal/status", timeout=5).json()
     assert status["tee"] == cpu and status["insecure"] is False
+    evidence = httpx.get(f"{stack.worker_url}/internal/attestation", timeout=5).json()["evidence"]
+    assert len(evidence["gpus"]) == gpus
+    assert bool(evidence.get("event_log")) is (cpu == "tdx")  # the TD's CC event log went to the broker
     resp = chat(stack, env.api_key)
     assert resp.status_code == 200, resp.text
     body = resp.json()

@@ -1,18 +1,19 @@
-"""The gateway routes only to workers whose broker-signed attestation binds their channel keys."""
+"""The gateway routes only to workers whose broker-signed attestation (as the worker submitted it in
+its signed heartbeats) binds their channel keys and describes the evidence submitted beside it."""
 
 from __future__ import annotations
 
 import datetime as dt
 import os
 
-import httpx
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from api.gateway.registry import WorkerRegistry
-from api.gateway.worker_attestation import expected_binding, verify_worker
+from api.gateway.worker_attestation import expected_binding, verify_worker_attestation
+from attestation.bundle import EvidenceBundle, RuntimeData
 from attestation.errors import FreshnessError, TokenError
 from attestation.token import TokenIssuer, TokenVerifier
 from protocol.tls import make_identity
@@ -28,18 +29,18 @@ def worker_keys() -> tuple[str, str]:
     return cert, usage
 
 
-def serve_token(token: str) -> httpx.Client:
-    return httpx.Client(transport=httpx.MockTransport(lambda _: httpx.Response(200, json={"token": token})))
+EVIDENCE = EvidenceBundle(tee="sim", cpu_evidence=b"report", runtime_data=RuntimeData(os.urandom(32), os.urandom(32)))
 
 
-def token(issuer: TokenIssuer, binding: bytes, scope: dict | None = None) -> str:
-    return issuer.issue({"sealed": scope or SCOPE, "runtime_data": {"channel_binding": binding.hex(),
-                                                                     "nonce": os.urandom(32).hex()}}, NOW)
+def token(issuer: TokenIssuer, binding: bytes, scope: dict | None = None,
+          evidence: EvidenceBundle = EVIDENCE) -> str:
+    return issuer.issue({"sealed": scope or SCOPE, "evidence_digest": evidence.digest(),
+                         "runtime_data": {"channel_binding": binding.hex(), "nonce": os.urandom(32).hex()}}, NOW)
 
 
-def check(tok: str, verifier: TokenVerifier, keys: tuple[str, str]) -> None:
-    verify_worker("http://worker", **SCOPE, tls_cert=keys[0], usage_public_key=keys[1], verifier=verifier,
-                  client=serve_token(tok))
+def check(tok: str, verifier: TokenVerifier, keys: tuple[str, str], evidence: EvidenceBundle = EVIDENCE) -> None:
+    verify_worker_attestation({"token": tok, "evidence": evidence.to_json()}, **SCOPE, tls_cert=keys[0],
+                              usage_public_key=keys[1], verifier=verifier)
 
 
 def test_bound_worker_is_accepted(worker_keys: tuple[str, str]) -> None:
@@ -60,6 +61,8 @@ NEGATIVES = [
     ("other-broker", lambda i, k: token(TokenIssuer(ec.generate_private_key(ec.SECP256R1()), "sealed-key-broker"),
                                         expected_binding(*k)), TokenError),
     ("garbage", lambda i, k: "not-a-token", TokenError),
+    ("other-evidence", lambda i, k: token(i, expected_binding(*k), evidence=EvidenceBundle(
+        tee="sim", cpu_evidence=b"other", runtime_data=EVIDENCE.runtime_data)), FreshnessError),
 ]
 
 
@@ -72,7 +75,7 @@ def test_unbound_worker_is_refused(worker_keys: tuple[str, str], name: str, make
 
 def test_registry_hides_unattested_workers_when_attestation_is_required() -> None:
     registry = WorkerRegistry(require_attestation=True)
-    doc = {"worker_id": "w1", "grpc_address": "x", "http_url": "y", "tenant": "acme", "model": "m",
+    doc = {"worker_id": "w1", "grpc_address": "x:1", "tenant": "acme", "model": "m",
            "version": "v1", "status": "ready", "tee": "sim", "insecure": True, "usage_public_key": "00"}
     info = registry.heartbeat(doc)
     assert registry.ready("acme", "m") == []

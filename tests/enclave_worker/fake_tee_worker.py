@@ -22,11 +22,13 @@ from attestation.testing.fake_sev_guest import FakeSevGuest
 from attestation.testing.fake_tsm import FakeTsmTree
 from attestation.testing.platform import FakePlatform, gpu_report
 
-H200_CC_OFF = Path(__file__).resolve().parents[1] / "vectors" / "nvml" / "h200_cc_off_20261130.json"
+VECTORS = Path(__file__).resolve().parents[1] / "vectors"
+H200_CC_OFF = VECTORS / "nvml" / "h200_cc_off_20261130.json"
+CCEL = VECTORS / "tdx-ccel"
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="fake_tee_worker")
+    parser = argparse.ArgumentParser(prog="fake_tee_worker", allow_abbrev=False)
     parser.add_argument("--platform", type=Path, required=True)
     parser.add_argument("--cpu", choices=("snp", "tdx"), required=True)
     parser.add_argument("--sev-guest-ioctl", action="store_true", help="SNP through the ioctl, no configfs-tsm")
@@ -46,8 +48,12 @@ def main(argv: list[str] | None = None) -> int:
             extra += ["--tsm-dir", str(run / "tsm"), "--tsm-entry", "sealed",
                       "--sev-guest-device", str(run / "no-sev-guest")]
     else:
-        FakeTsmTree(run / "tsm", "tdx_guest", lambda d, _: (platform.tdx_quote(d), None)).start()
-        extra += ["--tsm-dir", str(run / "tsm"), "--tsm-entry", "sealed"]
+        # The firmware's CC event log: a real capture (tests/vectors/tdx-ccel); the fake TD's RTMRs
+        # are what it replays to.
+        log = (CCEL / "ccel_data.dat").read_bytes()
+        FakeTsmTree(run / "tsm", "tdx_guest", lambda d, _: (platform.tdx_quote(d, log), None)).start()
+        extra += ["--tsm-dir", str(run / "tsm"), "--tsm-entry", "sealed",
+                  "--ccel-table", str(CCEL / "ccel_table.dat"), "--ccel-data", str(CCEL / "ccel_data.dat")]
     if ours.nvml == "cc-on":
         FakeNvml.cc_on(platform.gpus, gpu_report).install()
     elif ours.nvml == "cc-off":

@@ -3,6 +3,7 @@ verifier: configfs-tsm (a FIFO tree answered by a thread), /dev/sev-guest (the i
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import fcntl
 import os
@@ -10,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from attestation.bundle import RuntimeData
+from attestation.bundle import EvidenceBundle, RuntimeData
 from attestation.collateral import CollateralConfig, CollateralStore
-from attestation.errors import FreshnessError, ParseError, UnsupportedError
+from attestation.errors import AttestationError, FreshnessError, ParseError, UnsupportedError
 from attestation.snp.collect import encode_cert_table
 from attestation.testing.fake_nvml import FakeNvml
 from attestation.testing.fake_sev_guest import FakeSevGuest
@@ -25,6 +26,7 @@ from enclave_worker.attesters import (
     NvgpuAttester,
     SnpAttester,
     TdxAttester,
+    hardware_attester,
     parse_tee,
     resolve_tee,
 )
@@ -99,6 +101,30 @@ def test_tdx_through_configfs_tsm(platform: FakePlatform, tmp_path: Path) -> Non
     assert result.cpu.tee.value == "tdx" and result.cpu.measurement == TDX_MR_TD
 
 
+CCEL = Path(__file__).resolve().parents[1] / "vectors" / "tdx-ccel"
+
+
+def test_tdx_sends_the_cc_event_log_and_the_verifier_replays_it(platform: FakePlatform, tmp_path: Path) -> None:
+    log = (CCEL / "ccel_data.dat").read_bytes()  # a real TD's log; the fake TD's RTMRs replay from it
+    kernel = KernelInterfaces(tsm_dir=tmp_path / "tsm", tsm_entry="sealed", ccel_table=CCEL / "ccel_table.dat",
+                              ccel_data=CCEL / "ccel_data.dat")
+    with FakeTsmTree(kernel.tsm_dir, "tdx_guest", lambda data, _: (platform.tdx_quote(data, log), None)):
+        rt = runtime()
+        bundle = Attester(TdxAttester(kernel)).bundle(rt)
+    assert bundle.event_log == log
+    verify_bundle(bundle, expected_nonce=rt.nonce, now=NOW, trust=trust(platform))
+    # Carried through JSON, and a log that does not replay to the signed RTMRs is refused.
+    assert EvidenceBundle.from_json(bundle.to_json()).event_log == log
+    tampered = bytearray(log)
+    first_event = 32 + int.from_bytes(log[28:32], "little")  # after the SHA-1-format header event
+    tampered[first_event + 4 + 4 + 4 + 2] ^= 0xFF  # index, type, digest count, algorithm id: the digest
+    with pytest.raises(AttestationError, match="does not replay"):
+        verify_bundle(dataclasses.replace(bundle, event_log=bytes(tampered)), expected_nonce=rt.nonce, now=NOW,
+                      trust=trust(platform))
+    with pytest.raises(AttestationError, match="only accepted with TDX"):
+        verify_bundle(dataclasses.replace(bundle, tee="snp"), expected_nonce=rt.nonce, now=NOW, trust=trust(platform))
+
+
 def test_tdx_refuses_a_sev_guest_provider(platform: FakePlatform, tmp_path: Path) -> None:
     kernel = KernelInterfaces(tsm_dir=tmp_path / "tsm", tsm_entry="sealed")
     with FakeTsmTree(kernel.tsm_dir, "sev_guest", lambda data, _: (platform.snp_report(data), None)), \
@@ -162,3 +188,24 @@ def test_auto_never_falls_back_to_the_simulated_tee() -> None:
         resolve_tee("auto", probe=lambda: none)
     tdx = [Capability("tdx", True, "TDX guest"), Capability("nvgpu", True, "cc on")]
     assert resolve_tee("auto+auto", probe=lambda: tdx) == ("tdx", "nvgpu")
+
+
+@pytest.mark.tee
+def test_this_machine_attests(request: pytest.FixtureRequest) -> None:
+    """On a real SEV-SNP or TDX guest (`--run-tee`; GPUs too where NVML reports CC on): collect
+    evidence with the production interfaces and verify it against the pinned vendor roots. SNP
+    verifies offline (VCEK from the host's certificate table); TDX needs Intel PCS collateral, so
+    it is verified only with `--run-online` too."""
+    from attestation.pcs import PcsFetcher
+
+    tee, gpu = resolve_tee("auto+auto")
+    attester = hardware_attester(tee, gpu, KernelInterfaces())
+    rt = runtime()
+    bundle = attester.bundle(rt)
+    assert bundle.tee == tee and (len(bundle.gpus) > 0) == (gpu is not None)
+    if tee == "tdx" and not request.config.getoption("--run-online"):
+        pytest.skip("TDX verification needs Intel PCS collateral (add --run-online)")
+    cache = Path(os.environ.get("TMPDIR", "/tmp")) / "sealed-pcs-cache"
+    result = verify_bundle(bundle, expected_nonce=rt.nonce, now=dt.datetime.now(dt.UTC),
+                           trust=VerifierTrust(tdx_collateral=PcsFetcher(cache)))
+    assert result.cpu.tee.value == tee

@@ -149,7 +149,7 @@ def test_signed_reference_values_extend_a_policy_and_are_verified_on_load(kb: Ha
     path.write_text(json.dumps(tampered))
     with pytest.raises(BrokerRefused):
         kb.obtain("acme")
-    assert "ReferenceValuesError" in kb.last_denial()["reason"]
+    assert "StateTampered" in kb.last_denial()["reason"]  # caught by the state ledger before the signature
 
 
 def test_receipts_are_fetched_and_verified_offline_with_the_cli(kb: Harness, tmp_path: Path) -> None:

@@ -93,9 +93,10 @@ def test_a_worker_attested_for_alpha_never_gets_bravos_key(two: Harness, measure
 def test_a_data_key_file_moved_between_tenants_does_not_unwrap(two: Harness) -> None:
     kb = two
     base = kb.settings.data_dir / "keystore" / "datakeys"
-    (base / "bravo" / "m" / "v1.json").write_bytes((base / "alpha" / "m" / "v1.json").read_bytes())
     worker = X25519PrivateKey.generate()
     token = _token(kb, "bravo", SHARED, worker)
+    (base / "bravo" / "m" / "v1.json").write_bytes((base / "alpha" / "m" / "v1.json").read_bytes())
     r = kb.client.post("/v1/key", json={"token": token, "tenant": "bravo", "model": "m", "version": "v1"})
     assert r.json() == REFUSED
-    assert "KeyStoreError" in kb.last_denial()["reason"]
+    # The state ledger refuses the moved file; were it bypassed, the AEAD context would still refuse.
+    assert "StateTampered" in kb.last_denial()["reason"]

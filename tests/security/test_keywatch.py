@@ -43,7 +43,7 @@ async def run_until(keeper: KeyLease, timeout: float) -> str:
 
 
 def test_a_broker_that_always_answers_429_does_not_kill_the_watcher() -> None:
-    timing = LeaseTiming(lease_s=2.0, watch_s=0.05, margin_s=0.0, backoff_min_s=0.01, backoff_max_s=0.1)
+    timing = LeaseTiming(lease_s=4.0, watch_s=0.05, margin_s=0.0, backoff_min_s=0.01, backoff_max_s=0.1)
     with stub_broker([], then=step_json(429)) as (url, stub):
         keeper = lease(url, timing)
 
@@ -53,13 +53,13 @@ def test_a_broker_that_always_answers_429_does_not_kill_the_watcher() -> None:
             await asyncio.sleep(1.0)
             assert not task.done(), "the watcher died on a 429"
             assert keeper.valid() and len(stub.requests) > 3  # still retrying, still within the lease
-            await asyncio.wait_for(task, 10)
+            await asyncio.wait_for(task, 20)
             return reasons[0]
 
         started = time.monotonic()
         # It cannot renew, so at the end of its lease the worker gives the key up.
         assert asyncio.run(scenario()) == "lease-expired"
-        assert 1.8 <= time.monotonic() - started < 6
+        assert 3.8 <= time.monotonic() - started < 20
 
 
 def _forged_mac(body: dict, key: bytes) -> dict:

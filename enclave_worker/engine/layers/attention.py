@@ -25,6 +25,11 @@ class AttentionMetadata:
     prefills: tuple[PrefillChunk, ...]
     all_decode: bool = False  # every token is a single-token decode, in batch order
     single_decode_len: int = 0  # context length when exactly one sequence decodes (no mask then)
+    # Fused decode (kernels/): block tables [B, max_blocks] int32, context_lens [B] int32, split count.
+    fused: bool = False
+    context_lens: torch.Tensor | None = None
+    num_splits: int = 1
+    block_size: int = 0
 
 
 class PagedAttention(torch.nn.Module):

@@ -167,6 +167,36 @@ class Int4Linear(torch.nn.Module):
         return y.reshape(*shape[:-1], self.out_features)
 
 
+class Fp8Linear(torch.nn.Module):
+    """FP8 (e4m3) weights with a scale per output channel; activations quantized per token on the fly;
+    `torch._scaled_mm` (Hopper's FP8 tensor cores on CUDA; a reference kernel on the CPU)."""
+
+    FP8_MAX = 448.0  # largest finite float8_e4m3fn
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype, device: str) -> None:
+        super().__init__()
+        w = weight.float()
+        scale = (w.abs().amax(dim=1, keepdim=True) / self.FP8_MAX).clamp(min=1e-12)  # [n, 1]
+        self.qweight = (w / scale).to(torch.float8_e4m3fn).to(device)  # [n, k], row-major
+        self.scale_w = scale.T.contiguous().to(device)  # [1, n] float32
+        self.out_dtype = torch.bfloat16 if dtype != torch.float32 else torch.float32
+        self.dtype = dtype
+        self.bias = None if bias is None else bias.to(device=device, dtype=dtype)
+        self.out_features = weight.shape[0]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x2 = x.reshape(-1, shape[-1]).float()
+        scale_x = (x2.abs().amax(dim=1, keepdim=True) / self.FP8_MAX).clamp(min=1e-12)  # [m, 1]
+        qx = (x2 / scale_x).to(torch.float8_e4m3fn)
+        # qweight.T is column-major, the layout the FP8 GEMM wants for its second operand
+        y = torch._scaled_mm(qx, self.qweight.T, scale_a=scale_x, scale_b=self.scale_w, out_dtype=self.out_dtype)
+        y = y.to(self.dtype)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*shape[:-1], self.out_features)
+
+
 def _int8_op_works(device: str, dtype: torch.dtype) -> bool:
     try:
         x = torch.ones(1, 8, device=device, dtype=dtype)
@@ -188,7 +218,9 @@ def make_linear(
     in_place: bool = False,
     switch: BlasSwitch | None = None,
 ) -> torch.nn.Module:
-    """quant: "none" | "int8" | "int4". ``in_place``: the caller hands over the weight's memory."""
+    """quant: "none" | "int8" | "int4" | "fp8". ``in_place``: the caller hands over the weight's memory."""
+    if quant == "fp8":
+        return Fp8Linear(weight, bias, dtype, device)
     if quant == "int8":
         return Int8Linear(weight, bias, dtype, device)
     if quant == "int4":

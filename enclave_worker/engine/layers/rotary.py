@@ -45,6 +45,10 @@ class RotaryEmbedding(torch.nn.Module):
         """cos and signed sin rows for these positions, [tokens, 1, head_dim]; shared by every layer."""
         return self.cos[positions][:, None, :], self.sin_signed[positions][:, None, :]
 
+    def half_lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin of these positions, [tokens, head_dim / 2] float32 (the fused kernel's layout)."""
+        return self.cos[positions, : self.half], self.sin_signed[positions, self.half :]
+
     def forward(self, table: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
         """x: [tokens, heads, head_dim]; rotated in float32, returned in x's dtype."""
         cos, sin = table

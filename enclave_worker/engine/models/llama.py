@@ -9,6 +9,8 @@ from typing import Any
 
 import torch
 
+from ..kernels import fused
+from ..kernels.paged_attention import paged_decode_attention
 from ..layers.activation import silu_and_mul
 from ..layers.attention import AttentionMetadata, PagedAttention
 from ..layers.embedding import Embedding
@@ -101,6 +103,33 @@ class DecoderLayer(torch.nn.Module):
         return x + self.down_proj(silu_and_mul(self.gate_up_proj(self.post_norm(x))))
 
 
+    def forward_fused(
+        self,
+        x: torch.Tensor,
+        residual: torch.Tensor | None,
+        rope_half: tuple[torch.Tensor, torch.Tensor],
+        meta: AttentionMetadata,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A decode step through the fused kernels (kernels/): the residual stream is carried apart and
+        added inside the norms; rope and the cache write are one launch; attention reads blocks in place."""
+        t = x.shape[0]
+        if residual is None:
+            residual, h = x, self.input_norm(x)
+        else:
+            h, residual = fused.add_rms_norm(x, residual, self.input_norm.weight, self.input_norm.eps)
+        qkv = self.qkv_proj(h)
+        q = qkv[:, : self.q_size].view(t, self.num_heads, self.head_dim)
+        k = qkv[:, self.q_size : self.q_size + self.kv_size].view(t, self.num_kv_heads, self.head_dim)
+        v = qkv[:, self.q_size + self.kv_size :].view(t, self.num_kv_heads, self.head_dim)
+        attn = self.attn
+        q, k = fused.rope_and_cache(q, k, v, *rope_half, meta.slot_mapping, attn.k_cache, attn.v_cache)
+        o = paged_decode_attention(q, attn.k_cache, attn.v_cache, meta.decode_blocks, meta.context_lens,
+                                   meta.block_size, attn.scale, meta.num_splits)
+        h, residual = fused.add_rms_norm(self.o_proj(o.reshape(t, -1)), residual, self.post_norm.weight,
+                                         self.post_norm.eps)
+        return self.down_proj(fused.silu_and_mul(self.gate_up_proj(h))), residual
+
+
 class LlamaForCausalLM(torch.nn.Module):
     def __init__(self, cfg: dict[str, Any], tensors: dict[str, torch.Tensor], opt: BuildOptions) -> None:
         super().__init__()
@@ -142,9 +171,24 @@ class LlamaForCausalLM(torch.nn.Module):
     ) -> torch.Tensor:
         """Hidden states for all tokens, logits (float32) only at `logits_index`."""
         x = self.embed(input_ids)
+        if meta.fused:
+            return self._forward_fused(x, positions, meta, logits_index)
         rope_table = self.rope.lookup(positions)  # once per step, not per layer
         for layer in self.layers:
             x = layer(x, rope_table, self.rope, meta)
         x = self.norm(x[logits_index])
+        logits = self.embed.as_lm_head(x) if self.lm_head is None else self.lm_head(x)
+        return logits.float()
+
+    def _forward_fused(
+        self, x: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, logits_index: torch.Tensor
+    ) -> torch.Tensor:
+        rope_half = self.rope.half_lookup(positions)
+        residual: torch.Tensor | None = None
+        for layer in self.layers:
+            x, residual = layer.forward_fused(x, residual, rope_half, meta)
+        assert residual is not None
+        x, _ = fused.add_rms_norm(x, residual, self.norm.weight, self.norm.eps)
+        x = x[logits_index]
         logits = self.embed.as_lm_head(x) if self.lm_head is None else self.lm_head(x)
         return logits.float()

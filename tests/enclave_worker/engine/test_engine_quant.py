@@ -1,4 +1,4 @@
-"""Weight-only int8 / int4 quantized matmuls: perplexity on a fixed text stays close to fp32."""
+"""Weight-only int8 / int4 / FP8 quantized matmuls: perplexity on a fixed text stays close to fp32."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ def ppl_fp32(engine):
     return perplexity(engine, engine.tokenizer.encode(TEXT))
 
 
-@pytest.mark.parametrize(("dtype", "bound"), [("int8", 0.02), ("int4", 0.10)])
+@pytest.mark.parametrize(("dtype", "bound"), [("int8", 0.02), ("int4", 0.10), ("fp8", 0.06)])
 def test_quantized_perplexity_close_to_fp32(make_engine, engine, ppl_fp32, dtype, bound):
     q = make_engine(dtype=dtype, max_num_seqs=2, kv_cache_memory_bytes=16 << 20)
     ppl = perplexity(q, engine.tokenizer.encode(TEXT))

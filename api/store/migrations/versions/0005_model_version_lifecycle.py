@@ -1,15 +1,15 @@
 """model version lifecycle (retired), replica bounds, the control loop's observed status; the
 tenant policy's admin key
 
-Revision ID: 0004
-Revises: 0003
+Revision ID: 0005
+Revises: 0004
 """
 
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0004"
-down_revision = "0003"
+revision = "0005"
+down_revision = "0004"
 branch_labels = None
 depends_on = None
 

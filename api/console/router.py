@@ -1,0 +1,488 @@
+"""The console's routes under /console: login, audit, workers, keys, usage, policies, exports.
+
+``install(app, settings)`` adds them to the gateway app next to the management API; they use the
+same tokens and roles (operator, tenant admin, auditor) through a browser session cookie.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+from fastapi import APIRouter, Depends, FastAPI, Form, Query, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
+from fastapi.staticfiles import StaticFiles
+from fastapi.templating import Jinja2Templates
+
+from api.console import exports
+from api.console.auditindex import AuditIndex, load_component_keys
+from api.console.broker import BrokerUnavailable, BrokerView
+from api.console.charts import bar_chart
+from api.console.session import (
+    COOKIE,
+    ConsoleAuthError,
+    ConsoleForbidden,
+    Viewer,
+    check_csrf,
+    exchange,
+    same_origin,
+    set_session_cookie,
+    viewer,
+)
+from api.console.settings import ConsoleSettings
+from api.console.views import (
+    Facets,
+    bucket_usage,
+    chain_status,
+    policy_diff,
+    policy_signature,
+    scoped_filter,
+    select_rows,
+    worker_rows,
+)
+from api.home import ed25519_key, write_public_key
+from policy.audit import AuditLog, CheckpointAnchor, SqlAnchor, WitnessFile
+from policy.errors import PolicyError
+
+log = logging.getLogger(__name__)
+HERE = Path(__file__).parent
+READ_ROLES = ("operator", "tenant-admin", "auditor")
+REVOKE_ROLES = ("operator", "tenant-admin")  # the auditor is read-only
+EXPORT_MEDIA = {"jsonl": "application/x-ndjson", "csv": "text/csv", "ocsf": "application/x-ndjson"}
+
+
+AUDIT_COMPONENT = "console"
+ATTESTATION_TTL_S = 10.0  # a worker's token changes only when it re-attests
+
+
+@dataclass
+class ConsoleState:
+    settings: ConsoleSettings
+    index: AuditIndex | None
+    facets: Facets
+    broker: BrokerView
+    templates: Jinja2Templates
+    attestations: dict[str, tuple[float, dict[str, Any]]] = field(default_factory=dict)
+    http: httpx.AsyncClient | None = None
+    audit_key_file: Path | None = None
+    _audit: AuditLog | None = None
+    _audit_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def audit_log(self) -> AuditLog | None:
+        """The console's own audit log (``console.audit.jsonl`` in the audit directory, its key
+        beside the gateway's data), opened at the first action; None without an audit directory."""
+        directory = self.settings.audit_dir
+        if directory is None or self.audit_key_file is None:
+            return None
+        with self._audit_lock:
+            if self._audit is None:
+                key = ed25519_key(self.audit_key_file)
+                (directory / "keys").mkdir(parents=True, exist_ok=True)
+                write_public_key(key, directory / "keys" / f"{AUDIT_COMPONENT}.pem")
+                try:
+                    self._audit = AuditLog(directory / f"{AUDIT_COMPONENT}.audit.jsonl", key, AUDIT_COMPONENT)
+                except (OSError, PolicyError) as exc:
+                    # Another replica holds it (one writer per file): its process log still has the action.
+                    log.error("console audit log unavailable (%s)", type(exc).__name__)
+                    return None
+            return self._audit
+
+    def close(self) -> None:
+        self.broker.close()
+        if self._audit is not None:
+            self._audit.close()
+
+    async def attestation(self, worker: Any) -> dict[str, Any]:
+        """A worker's served attestation (evidence, token), fetched at most every ATTESTATION_TTL_S."""
+        hit = self.attestations.get(worker.worker_id)
+        if hit is not None and time.monotonic() - hit[0] < ATTESTATION_TTL_S:
+            return hit[1]
+        if self.http is None:
+            self.http = httpx.AsyncClient(timeout=5.0)
+        try:
+            response = await self.http.get(f"{worker.http_url}/internal/attestation")
+            doc = response.json() if response.status_code == 200 else {"status": "unavailable"}
+        except (httpx.HTTPError, ValueError):
+            doc = {"status": "unreachable"}
+        if not isinstance(doc, dict):
+            doc = {"status": "malformed"}
+        doc = {"worker_id": worker.worker_id, "token": str(doc.get("token", ""))}  # keep only what is shown
+        self.attestations[worker.worker_id] = (time.monotonic(), doc)
+        return doc
+
+
+def _state(request: Request) -> ConsoleState:
+    return request.app.state.console
+
+
+def _service(request: Request) -> Any:
+    return request.app.state.service
+
+
+def _render(request: Request, name: str, who: Viewer | None, **ctx: Any) -> HTMLResponse:
+    state = _state(request)
+    started = getattr(request.state, "console_started", None)
+    return state.templates.TemplateResponse(request, name, {
+        "who": who, "nav": name.removesuffix(".html"), "started": started, "perf_counter": time.perf_counter,
+        **ctx})
+
+
+def _tenants(request: Request, who: Viewer) -> list[str]:
+    if who.tenant is not None:
+        return [who.tenant]
+    return [t.name for t in _service(request).store.tenants()]
+
+
+def _pick_tenant(request: Request, who: Viewer, tenant: str | None) -> str | None:
+    choices = _tenants(request, who)
+    if who.tenant is not None:
+        return who.tenant  # never another tenant's, whatever the query says
+    if tenant and tenant in choices:
+        return tenant
+    return choices[0] if choices else None
+
+
+router = APIRouter(prefix="/console", include_in_schema=False)
+
+
+@router.get("/login", response_class=HTMLResponse)
+def login_form(request: Request, error: str | None = None) -> HTMLResponse:
+    return _render(request, "login.html", None, error=error)
+
+
+@router.post("/login", dependencies=[Depends(same_origin)])
+def login(request: Request, token: str = Form("", max_length=4096)) -> Response:
+    secret = _service(request).settings.jwt_secret
+    state = _state(request)
+    try:
+        session = exchange(secret, token, state.settings.session_ttl_s)
+    except (ConsoleAuthError, ConsoleForbidden) as exc:
+        # The same form again, with the reason; the token is never echoed back.
+        response = _render(request, "login.html", None, error=str(exc))
+        response.status_code = 401 if isinstance(exc, ConsoleAuthError) else 403
+        return response
+    response = RedirectResponse("/console/audit", status_code=303)
+    set_session_cookie(response, session, secure=request.url.scheme == "https", max_age=state.settings.session_ttl_s)
+    return response
+
+
+@router.post("/logout", dependencies=[Depends(same_origin)])
+def logout(request: Request, csrf: str = Form(""), who: Viewer = Depends(viewer)) -> Response:
+    check_csrf(request, csrf, who)
+    response = RedirectResponse("/console/login", status_code=303)
+    response.delete_cookie(COOKIE, path="/console")
+    return response
+
+
+@router.get("")
+@router.get("/")
+def home() -> RedirectResponse:
+    return RedirectResponse("/console/audit", status_code=303)
+
+
+def _audit_query(who: Viewer, tenant: str | None, component: str | None, rule: str | None,
+                 decision: str | None, since: str | None, until: str | None):  # type: ignore[no-untyped-def]
+    try:
+        return scoped_filter(who, tenant=tenant, component=component, rule=rule, decision=decision, since=since,
+                             until=until), None
+    except ValueError as exc:
+        return scoped_filter(who, tenant=tenant, component=component, rule=rule, decision=decision, since=None,
+                             until=None), str(exc)
+
+
+async def _index(request: Request) -> AuditIndex | None:
+    index = _state(request).index
+    if index is not None:
+        await asyncio.to_thread(index.refresh)
+    return index
+
+
+@router.get("/audit", response_class=HTMLResponse)
+async def audit_page(request: Request, who: Viewer = Depends(viewer), tenant: str | None = None,
+                     component: str | None = None, rule: str | None = None, decision: str | None = None,
+                     since: str | None = None, until: str | None = None,
+                     page: int = Query(1, ge=1, le=1_000_000)) -> HTMLResponse:
+    state = _state(request)
+    index = await _index(request)
+    flt, error = _audit_query(who, tenant, component, rule, decision, since, until)
+    size = state.settings.page_size
+    if index is None:
+        return _render(request, "audit.html", who, configured=False, flt=flt, error=error)
+    rows = select_rows(index, flt)
+    pages = max(1, (len(rows) + size - 1) // size)
+    page = min(page, pages)
+    shown = rows[(page - 1) * size: page * size]
+    statuses = chain_status(index, size)
+    breaks = {(s["broken"].log, s["broken"].index): s["broken"] for s in statuses if s["broken"]}
+    after = {s["broken"].log: s["broken"].index for s in statuses if s["broken"]}
+    tenants, components, rules = state.facets.get(index, who)
+    # A tenant admin sees whether the chain holds, not other tenants' entries: the break is
+    # described by position and reason only (both are about the log, not a tenant's data).
+    query = {k: v for k, v in {"tenant": flt.tenant if who.tenant is None else None, "component": flt.component,
+                               "rule": flt.rule, "decision": flt.decision, "since": since, "until": until}.items()
+             if v}
+    return _render(request, "audit.html", who, configured=True, rows=shown, total=len(rows), page=page,
+                   pages=pages, flt=flt, error=error, statuses=statuses, breaks=breaks, after=after,
+                   tenants=tenants, components=components, rules=rules, query=query, since=since or "",
+                   until=until or "")
+
+
+@router.get("/audit/export.{fmt}")
+async def audit_export(request: Request, fmt: str, who: Viewer = Depends(viewer), tenant: str | None = None,
+                       component: str | None = None, rule: str | None = None, decision: str | None = None,
+                       since: str | None = None, until: str | None = None) -> Response:
+    if fmt not in EXPORT_MEDIA:
+        raise ConsoleForbidden("export formats: jsonl, csv, ocsf")
+    index = await _index(request)
+    flt, error = _audit_query(who, tenant, component, rule, decision, since, until)
+    if error:
+        raise ConsoleForbidden(error)
+    rows = [] if index is None else select_rows(index, flt)
+    entries = (rows[i].entry for i in range(len(rows) - 1, -1, -1))  # exports run oldest first
+    body: Iterator[str] = {"jsonl": exports.jsonl_lines, "csv": exports.csv_chunks,
+                           "ocsf": exports.ocsf_lines}[fmt](entries)
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
+    name = f"sealed-audit-{who.tenant or 'all'}-{stamp}.{'ocsf.jsonl' if fmt == 'ocsf' else fmt}"
+    return StreamingResponse(body, media_type=EXPORT_MEDIA[fmt],
+                             headers={"Content-Disposition": f'attachment; filename="{name}"'})
+
+
+async def _reference_values(request: Request, tenants: set[str]) -> dict[tuple[str, str], set[str]]:
+    broker = _state(request).broker
+    out: dict[tuple[str, str], set[str]] = {}
+    if not broker.configured:
+        return out
+    for tenant in tenants:
+        try:
+            policies = await asyncio.to_thread(broker.release_policies, tenant)
+        except BrokerUnavailable:
+            continue
+        for p in policies:
+            out.setdefault((tenant, str(p.get("model"))), set()).update(p.get("allowed_measurements") or ())
+    return out
+
+
+@router.get("/workers", response_class=HTMLResponse)
+async def workers_page(request: Request, who: Viewer = Depends(viewer)) -> HTMLResponse:
+    service = _service(request)
+    state = _state(request)
+    reg = service.registry
+    visible = [w for w in list(reg.workers.values()) if who.sees(w.tenant) and reg.alive(w)]
+    attestations = list(await asyncio.gather(*(state.attestation(w) for w in visible)))
+    tenants = {w.tenant for w in reg.workers.values() if who.sees(w.tenant)}
+    reference = await _reference_values(request, tenants)
+    rows = worker_rows(service, attestations, reference, who, time.time())
+    return _render(request, "workers.html", who, rows=rows, now=dt.datetime.now(dt.UTC),
+                   broker=_state(request).broker.configured)
+
+
+def _pinned_receipt_key(state: ConsoleState):  # type: ignore[no-untyped-def]
+    # The broker signs receipts with its audit key, which the console already pins for the log.
+    return load_component_keys(state.settings.keys_dir).get("key-broker")
+
+
+@router.get("/keys", response_class=HTMLResponse)
+async def keys_page(request: Request, who: Viewer = Depends(viewer), tenant: str | None = None,
+                    done: str | None = None) -> HTMLResponse:
+    state = _state(request)
+    chosen = _pick_tenant(request, who, tenant)
+    service = _service(request)
+    status, receipts, error = None, [], None
+    if chosen is not None:
+        try:
+            status = await asyncio.to_thread(state.broker.tenant_status, chosen)
+            receipts = await asyncio.to_thread(state.broker.receipts, chosen, _pinned_receipt_key(state))
+        except BrokerUnavailable as exc:
+            error = str(exc)
+    receipts = sorted(receipts, key=lambda r: str(r.get("time", "")), reverse=True)[:200]
+    history = []
+    index = await _index(request)
+    if index is not None and chosen is not None:
+        history = [r for r in reversed(index.by_tenant.get(chosen, ()))
+                   if any(w in r.entry.action for w in ("revoke", "rotate", "tenant-key"))][:50]
+    versions = [v for v in service.store.model_versions(chosen)] if chosen else []
+    ready = {(w.model, w.version) for w in service.registry.workers.values()
+             if w.tenant == chosen and service.registry.alive(w) and w.status == "ready"}
+    data_keys = {(d["model"], d["version"]): d for d in (status or {}).get("data_keys", [])}
+    revoked = bool((status or {}).get("revoked"))
+    servable = [{"model": v.model, "version": v.version, "traffic": v.traffic_percent,
+                 "data_key": data_keys.get((v.model, v.version)),
+                 "serving": (v.model, v.version) in ready,
+                 "servable": not revoked and (v.model, v.version) in data_keys} for v in versions]
+    return _render(request, "keys.html", who, tenant=chosen, tenants=_tenants(request, who), status=status,
+                   receipts=receipts, error=error, history=history, servable=servable, done=done,
+                   can_revoke=who.role in REVOKE_ROLES and status is not None and not revoked)
+
+
+@router.get("/keys/revoke", response_class=HTMLResponse)
+def revoke_confirm(request: Request, tenant: str, who: Viewer = Depends(viewer)) -> HTMLResponse:
+    if who.role not in REVOKE_ROLES:
+        raise ConsoleForbidden("the auditor role is read-only")
+    if not who.sees(tenant):
+        raise ConsoleForbidden("no such tenant")
+    return _render(request, "revoke.html", who, tenant=tenant, error=None)
+
+
+@router.post("/keys/revoke", dependencies=[Depends(same_origin)])
+async def revoke(request: Request, tenant: str = Form(..., max_length=64), confirm: str = Form(""),
+                 csrf: str = Form(""), who: Viewer = Depends(viewer)) -> Response:
+    check_csrf(request, csrf, who)
+    if who.role not in REVOKE_ROLES:
+        raise ConsoleForbidden("the auditor role is read-only")
+    if not who.sees(tenant):
+        raise ConsoleForbidden("no such tenant")
+    if confirm != tenant:
+        response = _render(request, "revoke.html", who, tenant=tenant,
+                           error="type the tenant's name exactly to confirm")
+        response.status_code = 400
+        return response
+    state = _state(request)
+    try:
+        await asyncio.to_thread(state.broker.revoke, tenant)
+    except BrokerUnavailable as exc:
+        _record(request, who, tenant, "deny", str(exc))
+        response = _render(request, "revoke.html", who, tenant=tenant, error=f"not revoked: {exc}")
+        response.status_code = 502
+        return response
+    _record(request, who, tenant, "allow", "revoked from the console")
+    return RedirectResponse(f"/console/keys?tenant={tenant}&done=revoked", status_code=303)
+
+
+def _record(request: Request, who: Viewer, tenant: str, decision: str, reason: str) -> None:
+    """Audit a console action with the person who did it (the broker's own entry names only the
+    console's operator token): in the console's signed log, and in the process log."""
+    meta = {"actor": who.principal.subject[:128], "role": who.role, "via": "console"}
+    log.warning("console: %s (%s) revoke tenant key of %s: %s", who.principal.subject, who.role, tenant, decision)
+    audit = _state(request).audit_log()
+    if audit is not None:
+        audit.append(tenant=tenant, action="tenant-key-revoke", decision=decision, reason=reason, metadata=meta)
+        audit.flush()
+
+
+@router.get("/usage", response_class=HTMLResponse)
+async def usage_page(request: Request, who: Viewer = Depends(viewer), tenant: str | None = None,
+                     hours: int = Query(24, ge=1, le=24 * 90)) -> HTMLResponse:
+    service = _service(request)
+    until = dt.datetime.now(dt.UTC)
+    since = until - dt.timedelta(hours=hours)
+    scope = who.tenant or (tenant or None)
+    rows = await asyncio.to_thread(service.store.usage_rows, scope, since)
+    agg = bucket_usage(rows, since, until)
+    charts = []
+    budgets = {t.name: t.token_budget for t in service.store.tenants()}
+    for name in sorted(agg["tenants"]):
+        if not who.sees(name):
+            continue
+        series = agg["tenants"][name]
+        used = service.store.tokens_used(name)
+        charts.append({"tenant": name, "used": used, "budget": budgets.get(name), "svgs": [
+            bar_chart(list(zip(agg["labels"], series["tokens"], strict=True)), title=f"{name}: tokens",
+                      budget=budgets.get(name), cumulative=True),
+            bar_chart(list(zip(agg["labels"], series["requests"], strict=True)), title=f"{name}: requests"),
+            bar_chart(list(zip(agg["labels"], series["worker_seconds"], strict=True)),
+                      title=f"{name}: worker-seconds", unit="s")]})
+    keys = {}
+    for t in {k[0] for k in agg["by_key"]}:
+        keys.update({(t, k.key_id): k for k in service.store.keys(t)})
+    def spark(series: list[float], title: str, budget: float | None = None) -> Any:
+        return bar_chart(list(zip(agg["labels"], series, strict=True)), title=title, budget=budget,
+                         cumulative=budget is not None, width=300, height=90)
+
+    by_key = [(t, k, v, keys.get((t, k)),
+               spark(agg["key_series"][(t, k)], f"{k}: tokens",
+                     keys[(t, k)].token_budget if (t, k) in keys else None))
+              for (t, k), v in sorted(agg["by_key"].items()) if who.sees(t)]
+    by_model = [(t, m, v, spark(agg["model_series"][(t, m)], f"{m}: tokens"))
+                for (t, m), v in sorted(agg["by_model"].items()) if who.sees(t)]
+    return _render(request, "usage.html", who, charts=charts, by_key=by_key, by_model=by_model, hours=hours,
+                   tenant=scope, tenants=_tenants(request, who), since=since, until=until)
+
+
+@router.get("/policies", response_class=HTMLResponse)
+def policies_page(request: Request, who: Viewer = Depends(viewer), tenant: str | None = None,
+                  a: int | None = None, b: int | None = None) -> HTMLResponse:
+    chosen = _pick_tenant(request, who, tenant)
+    state = _state(request)
+    versions = _service(request).store.policy_versions(chosen) if chosen else []
+    rows = [{"version": v.version, "created_at": v.created_at,
+             **policy_signature(chosen or "", v.document, state.settings.policy_keys_dir)} for v in versions]
+    by_version = {v.version: v.document for v in versions}
+    diff, pair = None, None
+    if len(versions) >= 2:
+        new = b if b in by_version else versions[0].version
+        old = a if a in by_version else versions[1].version
+        diff, pair = policy_diff(by_version[old], by_version[new], old, new), (old, new)
+    return _render(request, "policies.html", who, tenant=chosen, tenants=_tenants(request, who), rows=rows,
+                   diff=diff, pair=pair)
+
+
+def install(app: FastAPI, settings: ConsoleSettings, data_dir: Path) -> None:
+    """Serve the console from ``app`` (the gateway with its management API); ``data_dir`` keeps
+    the console's audit signing key."""
+    templates = Jinja2Templates(directory=str(HERE / "templates"))
+    templates.env.autoescape = True
+    anchors: list[CheckpointAnchor] = []
+    if settings.audit_witness is not None:
+        anchors.append(WitnessFile(settings.audit_witness))
+    if settings.audit_anchor_url:
+        anchors.append(SqlAnchor(settings.audit_anchor_url))
+    index = (AuditIndex(settings.audit_dir, settings.keys_dir, anchors) if settings.audit_dir is not None
+             else None)
+    app.state.console = ConsoleState(settings, index, Facets(),
+                                     BrokerView(settings.broker_url, settings.broker_admin_token), templates,
+                                     audit_key_file=data_dir / "console-audit.pem")
+    app.include_router(router)
+    app.mount("/console/static", StaticFiles(directory=str(HERE / "static")), name="console-static")
+
+    async def auth_error(request: Request, _: Exception) -> Response:
+        return RedirectResponse("/console/login", status_code=303)
+
+    async def forbidden(request: Request, exc: Exception) -> Response:
+        response = _render(request, "error.html", None, message=str(exc))
+        response.status_code = 403
+        return response
+
+    app.add_exception_handler(ConsoleAuthError, auth_error)
+    app.add_exception_handler(ConsoleForbidden, forbidden)
+
+    app.add_middleware(ConsoleHeaders)
+
+
+_HEADERS = [
+    # No inline script or style, nothing from elsewhere, never framed, never cached.
+    (b"content-security-policy", b"default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; "
+                                 b"frame-ancestors 'none'; base-uri 'none'"),
+    (b"x-content-type-options", b"nosniff"),
+    (b"x-frame-options", b"DENY"),
+    # same-origin, not no-referrer: with no-referrer Chromium sends "Origin: null" on form posts.
+    (b"referrer-policy", b"same-origin"),
+    (b"cache-control", b"no-store"),
+]
+
+
+class ConsoleHeaders:
+    """Security headers on /console responses; a plain ASGI layer, so the API's streams pass untouched."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or not scope["path"].startswith("/console"):
+            await self.app(scope, receive, send)
+            return
+        scope.setdefault("state", {})["console_started"] = time.perf_counter()
+
+        async def with_headers(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                names = {name for name, _ in _HEADERS}
+                message["headers"] = [h for h in message.get("headers", []) if h[0] not in names] + _HEADERS
+            await send(message)
+        await self.app(scope, receive, with_headers)

@@ -1,0 +1,33 @@
+"""What the console reads besides the gateway's own state: the audit directory and the key broker."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class ConsoleSettings:
+    # The shared audit directory (`<component>.audit.jsonl`, checkpoints, `keys/<component>.pem`).
+    audit_dir: Path | None = None
+    # Component public keys; default `audit_dir/keys`. Point it at a copy the log's host cannot
+    # rewrite to make a re-signed log evident (the keys beside the log move with it).
+    audit_keys_dir: Path | None = None
+    # External anchors of the checkpoints (policy.audit.anchor): a witness file and/or the anchor
+    # database; anchored checkpoints are checked against the log like verify_log does.
+    audit_witness: Path | None = None
+    audit_anchor_url: str | None = None
+    # The key broker's admin API (receipts, key state, release policies, revocation) and the
+    # operator admin token the console uses there; the console checks the caller's role first.
+    broker_url: str | None = None
+    broker_admin_token: str = ""
+    # Tenant policy admin public keys, `<tenant>/<key_id>.pub` (PEM), to verify signed policies.
+    policy_keys_dir: Path | None = None
+    session_ttl_s: int = 8 * 3600
+    page_size: int = 50
+
+    @property
+    def keys_dir(self) -> Path | None:
+        if self.audit_keys_dir is not None:
+            return self.audit_keys_dir
+        return self.audit_dir / "keys" if self.audit_dir is not None else None

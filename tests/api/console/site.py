@@ -1,0 +1,202 @@
+"""A console site for the tests: a real key broker and a real gateway (uvicorn, localhost), with
+two tenants' keys, releases, refusals, audit entries from three components, usage, policies and
+workers, so every page has data and every tenant has rows the other must never see."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import json
+import secrets
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import uvicorn
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from fastapi import FastAPI
+
+from api.console.settings import ConsoleSettings
+from api.gateway.app import create_app
+from api.gateway.settings import GatewaySettings
+from api.management.auth import issue_token
+from api.stack import free_port
+from api.store.models import UsageRow
+from policy.audit import AuditLog
+from policy.documents import sign_policy_document
+from tests.key_broker.conftest import Harness
+
+TENANTS = ("acme", "globex")
+# Strings that must never appear in any page or export (the scan test looks for each).
+PROMPT = "PROMPT-CANARY-do-not-log-7f3a"
+COMPLETION = "COMPLETION-CANARY-do-not-log-91bc"
+
+
+@dataclass
+class Site:
+    url: str
+    root: Path
+    audit_dir: Path
+    jwt_secret: str
+    broker: Harness
+    data_keys: dict[str, bytes]
+    app: FastAPI
+    stop: Any
+
+    def token(self, role: str, tenant: str | None = None, subject: str | None = None) -> str:
+        return issue_token(self.jwt_secret, subject or f"{role}@test", role, tenant)
+
+    def secrets(self) -> list[str]:
+        """Key material and content that must never be shown: data keys, tokens, secrets, canaries."""
+        out = [PROMPT, COMPLETION, self.jwt_secret, self.broker.admin_token, "-----BEGIN"]
+        for key in self.data_keys.values():
+            out += [key.hex(), key.hex().upper()]
+        return out
+
+
+def _serve(app: FastAPI) -> tuple[str, Any]:
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(200):
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{url}/healthz", timeout=1.0).status_code == 200:
+                break
+        time.sleep(0.05)
+
+    def stop() -> None:
+        server.should_exit = True
+        thread.join(10)
+    return url, stop
+
+
+def _pem(key: Ed25519PrivateKey) -> bytes:
+    return key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+
+
+def _component_log(audit_dir: Path, component: str) -> AuditLog:
+    key = Ed25519PrivateKey.generate()
+    (audit_dir / "keys").mkdir(parents=True, exist_ok=True)
+    (audit_dir / "keys" / f"{component}.pem").write_bytes(_pem(key))
+    return AuditLog(audit_dir / f"{component}.audit.jsonl", key, component, checkpoint_every=5)
+
+
+def _attestation_app(docs: dict[str, dict[str, Any]]) -> FastAPI:
+    """Serves each worker's /internal/attestation exactly as a worker does, from a real release."""
+    app = FastAPI()
+
+    @app.get("/healthz")
+    def healthz() -> dict:
+        return {"status": "ok"}
+
+    @app.get("/{worker}/internal/attestation")
+    def attestation(worker: str) -> dict:
+        return docs[worker]
+    return app
+
+
+def build_site(root: Path) -> Site:
+    broker = Harness(root, lambda: dt.datetime.now(dt.UTC))
+    data_keys: dict[str, bytes] = {}
+    releases = {}
+    for tenant in TENANTS:
+        data_keys[tenant] = broker.setup_tenant(tenant, model="chat", version="v1")
+        releases[tenant] = broker.obtain(tenant, "chat", "v1")
+    broker.obtain("acme", "chat", "v1")  # a second release for acme
+    with contextlib.suppress(Exception):
+        broker.obtain("globex", "chat", "v1", measurement=bytes(48))  # refused: wrong measurement
+    broker.service.audit.checkpoint()
+    broker_url, stop_broker = _serve(broker.app)
+
+    audit_dir = root / "audit"
+    gateway_log, worker_log = _component_log(audit_dir, "gateway"), _component_log(audit_dir, "worker")
+    for tenant in TENANTS:
+        for i in range(6):
+            gateway_log.append(tenant=tenant, action="admit", decision="allow" if i % 3 else "deny",
+                               reason="over the rate limit" if i % 3 == 0 else "admitted",
+                               metadata={"rule": "admission.rate_limit" if i % 3 == 0 else "admission.allow",
+                                         "model": "chat", "key_id": f"key_{tenant}"})
+        worker_log.append(tenant=tenant, action="call_tool", decision="deny", reason="tool not on the allowlist",
+                          metadata={"rule": f"agent.tools.{tenant}", "tool": "fetch"})
+        worker_log.append(tenant=tenant, action="submit", decision="allow", reason="content passed",
+                          metadata={"rule": "data.allow", "pii_redacted": 1})
+    gateway_log.close()
+    worker_log.close()
+
+    policy_keys = root / "policy-keys"
+    admin_keys = {}
+    for tenant in TENANTS:
+        admin_keys[tenant] = Ed25519PrivateKey.generate()
+        (policy_keys / tenant).mkdir(parents=True, exist_ok=True)
+        (policy_keys / tenant / f"{tenant}-admin.pub").write_bytes(_pem(admin_keys[tenant]))
+
+    docs = {f"w-{t}": {"tee": "sim", "insecure": True, "evidence": releases[t].bundle.to_json(),
+                       "token": releases[t].token, "model_digest": "00" * 32} for t in TENANTS}
+    attest_url, stop_attest = _serve(_attestation_app(docs))
+
+    jwt_secret = secrets.token_urlsafe(48)
+    settings = GatewaySettings(
+        data_dir=root / "gateway", dev=True, jwt_secret=jwt_secret, register_token=secrets.token_urlsafe(48),
+        heartbeat_timeout_s=3600.0,
+        console=ConsoleSettings(audit_dir=audit_dir, broker_url=broker_url, broker_admin_token=broker.admin_token,
+                                policy_keys_dir=policy_keys))
+    (root / "gateway").mkdir(parents=True, exist_ok=True)
+    app = create_app(settings)
+    service = app.state.service
+    store = service.store
+    now = dt.datetime.now(dt.UTC)
+    for n, tenant in enumerate(TENANTS):
+        store.ensure_tenant(tenant, token_budget=5000 * (n + 1))
+        _, key = store.create_key(tenant, f"{tenant}-app", token_budget=3000)
+        store.upsert_version(tenant, "chat", "v1")
+        for i in range(30):
+            store.record_usage(UsageRow(request_id=f"r-{tenant}-{i}", tenant=tenant, key_id=key.key_id, model="chat",
+                                        version="v1", worker_id=f"w-{tenant}", prompt_tokens=20 + i,
+                                        completion_tokens=10 + n * 5, worker_seconds=0.25, signature="00",
+                                        created_at=now - dt.timedelta(minutes=40 * i)))
+        policy = {"policy_id": f"{tenant}-policy", "version": 1, "tenant": tenant,
+                  "data": {"retention_days": 30, "pii_input": {"US_SSN": "block"}}}
+        store.put_policy(tenant, sign_policy_document(policy, admin_keys[tenant], f"{tenant}-admin"))
+        policy2 = {**policy, "version": 2, "data": {"retention_days": 7, "pii_input": {"US_SSN": "block",
+                                                                                     "CREDIT_CARD": "redact"}}}
+        store.put_policy(tenant, sign_policy_document(policy2, admin_keys[tenant], f"{tenant}-admin"))
+        usage_key = Ed25519PrivateKey.generate().public_key().public_bytes(
+            serialization.Encoding.Raw, serialization.PublicFormat.Raw).hex()
+        service.heartbeat({"worker_id": f"w-{tenant}", "grpc_address": "127.0.0.1:1",
+                           "http_url": f"{attest_url}/w-{tenant}", "tenant": tenant, "model": "chat",
+                           "version": "v1", "status": "ready", "tee": "sim", "insecure": True,
+                           "usage_public_key": usage_key, "pid": 1, "tls_cert": "", "stats": {}})
+    url, stop_gateway = _serve(app)
+
+    def stop() -> None:
+        stop_gateway()
+        stop_attest()
+        stop_broker()
+        broker.close()
+    return Site(url, root, audit_dir, jwt_secret, broker, data_keys, app, stop)
+
+
+@contextlib.contextmanager
+def running_site(root: Path) -> Iterator[Site]:
+    site = build_site(root)
+    try:
+        yield site
+    finally:
+        site.stop()
+
+
+def login(client: httpx.Client, site: Site, role: str, tenant: str | None = None) -> httpx.Client:
+    response = client.post(f"{site.url}/console/login", data={"token": site.token(role, tenant)})
+    assert response.status_code == 303, response.text
+    return client
+
+
+def dump(obj: Any) -> str:
+    return json.dumps(obj, default=str)
