@@ -30,10 +30,11 @@ from attestation.errors import UnsupportedError
 from enclave_worker.attesters import resolve_tee
 from enclave_worker.chat_format import render_chat
 from enclave_worker.engine import EngineError, InvalidRequestError, SamplingParams
-from enclave_worker.guard import GuardRefusal, strip_tool_calls
+from enclave_worker.guard import GuardNote, GuardRefusal, strip_tool_calls
 from enclave_worker.sealed import SealedRefusal, answer_sealed, open_sealed_request
 from enclave_worker.server import WorkerState, create_app, serving
 from enclave_worker.settings import WorkerSettings
+from policy.audit.worker_record import DECISION_METADATA_KEY, public_key_bytes, sign_decision
 from protocol.heartbeat import heartbeat_signing_input, worker_id_for
 from protocol.openai.errors import OpenAIError
 from protocol.rpc import worker_pb2, worker_pb2_grpc
@@ -64,20 +65,45 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                                       tee=s.tee, insecure=s.insecure,
                                       stats_json=json.dumps(booted.engine.stats() if booted else {}))
 
-    def _prompt(self, request: worker_pb2.GenerateRequest) -> list[int]:
+    def _decisions(self, request: worker_pb2.GenerateRequest, notes: list[GuardNote],
+                   refusal: GuardRefusal | None = None) -> tuple[tuple[str, bytes], ...]:
+        """The in-enclave decisions of this request, each signed with the attested usage key, as
+        gRPC trailing metadata: the gateway verifies them and appends them to the audit trail."""
+        items = [(n.action, n.outcome, n.decision) for n in notes]
+        if refusal is not None and refusal.decision is not None:
+            items.append((refusal.action, "deny", refusal.decision))
+        out = []
+        for action, outcome, decision in items:
+            payload, signature = sign_decision(
+                self.state.usage_key, request_id=request.request_id[:128], tenant=request.tenant[:128],
+                key_id=request.key_id[:128], model=self.state.settings.model, version=self.state.settings.version,
+                action=action, decision=outcome, rule=decision.rule[:128], policy_id=decision.policy_id[:128],
+                policy_version=decision.policy_version, at=round(time.time(), 3))
+            record = worker_pb2.UsageRecord(payload=payload, signature=signature,
+                                            public_key=public_key_bytes(self.state.usage_key))
+            out.append((DECISION_METADATA_KEY, record.SerializeToString()))
+        return tuple(out)
+
+    def _refused(self, request: worker_pb2.GenerateRequest, notes: list[GuardNote], exc: GuardRefusal) -> OpenAIError:
+        error = OpenAIError(403, str(exc), code="content_policy_violation")
+        error.worker_decisions = self._decisions(request, notes, exc)  # type: ignore[attr-defined]
+        return error
+
+    def _prompt(self, request: worker_pb2.GenerateRequest, notes: list[GuardNote] | None = None) -> list[int]:
         engine = self.state.booted.engine  # type: ignore[union-attr]
         guard, model = self.state.guard, self.state.settings.model
         if request.kind == "chat":
             messages = json.loads(request.messages_json)
             if guard is not None:  # data controls on every text the model will read
-                texts = guard.check_input(request.key_id, model, [str(m.get("content") or "") for m in messages])
+                texts = guard.check_input(request.key_id, model, [str(m.get("content") or "") for m in messages],
+                                          notes)
                 messages = [{**m, "content": t} if m.get("content") else m
                             for m, t in zip(messages, texts, strict=True)]
             text = render_chat(engine.tokenizer, engine.tokenizer.chat_template, messages,
                                json.loads(request.tools_json) if request.tools_json else None,
                                request.assistant_prefix)
         else:
-            prompt = guard.check_input(request.key_id, model, [request.prompt])[0] if guard else request.prompt
+            prompt = guard.check_input(request.key_id, model, [request.prompt], notes)[0] if guard else request.prompt
             text = prompt + request.assistant_prefix
         ids = engine.tokenizer.encode(text)
         if not ids:
@@ -103,11 +129,16 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         if policy_set is not None and policy_set.require_sealed:
             # The tenant's signed policy: prompts reach this worker only sealed (docs/sealed-mode.md).
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, "this tenant requires sealed mode")
+        notes: list[GuardNote] = []
         try:
-            async for chunk in self.generate(request):
+            async for chunk in self.generate(request, notes):
                 yield chunk
         except OpenAIError as exc:
-            await context.abort(_GRPC_CODES.get(exc.status, grpc.StatusCode.UNAVAILABLE), exc.message)
+            # A policy refusal carries the worker's signed decision for the gateway's audit trail.
+            await context.abort(_GRPC_CODES.get(exc.status, grpc.StatusCode.UNAVAILABLE), exc.message,
+                                trailing_metadata=getattr(exc, "worker_decisions", ()))
+        if notes:  # redactions, calls held for approval: signed, at the end of the answer
+            context.set_trailing_metadata(self._decisions(request, notes))
 
     async def SealedGenerate(self, request: worker_pb2.SealedRequest, context: grpc.aio.ServicerContext
                              ) -> AsyncIterator[worker_pb2.SealedChunk]:
@@ -118,7 +149,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         async for chunk in answer_sealed(self.state, self.generate, request, opened):
             yield chunk
 
-    async def generate(self, request: worker_pb2.GenerateRequest) -> AsyncIterator[worker_pb2.GenerateChunk]:
+    async def generate(self, request: worker_pb2.GenerateRequest, notes: list[GuardNote] | None = None
+                       ) -> AsyncIterator[worker_pb2.GenerateChunk]:
         """One choice on the engine; refusals and failures raise OpenAIError (status as the gateway
         would answer it). Used by the plaintext RPC and by sealed mode."""
         state = self.state
@@ -126,13 +158,14 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             raise OpenAIError(503, "model unavailable", type_="model_unavailable", code="model_unavailable")
         engine = state.booted.engine  # type: ignore[union-attr]
         started = time.monotonic()
+        notes = [] if notes is None else notes
         try:
-            prompt_ids = self._prompt(request)
+            prompt_ids = self._prompt(request, notes)
             stream = engine.generate(request.request_id, prompt_ids, _sampling(request.params),
                                      cache_salt=state.cache_salt(request.tenant))
             first = await anext(stream)
         except GuardRefusal as exc:
-            raise OpenAIError(403, str(exc), code="content_policy_violation") from exc
+            raise self._refused(request, notes, exc) from exc
         except (InvalidRequestError, ValueError) as exc:
             raise OpenAIError(400, str(exc), code="invalid_value") from exc
         except EngineError as exc:
@@ -140,7 +173,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         guard = state.guard
         if guard is not None and (guard.buffers_output or (request.tools_json and guard.policy_set)):
             # Output or tool-call controls: nothing leaves the worker before the whole answer is checked.
-            async for chunk in self._checked_answer(request, first, stream, started):
+            async for chunk in self._checked_answer(request, first, stream, started, notes):
                 yield chunk
             return
         out = first
@@ -166,7 +199,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             await stream.aclose()  # aborts the engine request if it has not finished (cancellation)
 
     async def _checked_answer(self, request: worker_pb2.GenerateRequest, first: Any, stream: Any,
-                              started: float) -> AsyncIterator[worker_pb2.GenerateChunk]:
+                              started: float, notes: list[GuardNote]) -> AsyncIterator[worker_pb2.GenerateChunk]:
         state, guard = self.state, self.state.guard
         outs = [first]
         try:
@@ -180,10 +213,11 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         # A forced tool choice puts the opening of the call in the prompt: check what the client sees.
         full = request.assistant_prefix + text
         try:
-            finish = guard.check_tools(request.key_id, full, request.agent_killed) if request.tools_json else ""  # type: ignore[union-attr]
-            text = guard.check_output(request.key_id, state.settings.model, text)  # type: ignore[union-attr]
+            finish = (guard.check_tools(request.key_id, full, request.agent_killed, notes)  # type: ignore[union-attr]
+                      if request.tools_json else "")
+            text = guard.check_output(request.key_id, state.settings.model, text, notes)  # type: ignore[union-attr]
         except GuardRefusal as exc:
-            raise OpenAIError(403, str(exc), code="content_policy_violation") from exc
+            raise self._refused(request, notes, exc) from exc
         if finish == "requires_approval":
             # Held back: a human approves before any such call is made.
             text = "" if request.assistant_prefix else strip_tool_calls(text)

@@ -22,6 +22,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from policy.agents import KillSwitch, SessionState, ToolCall, check_tool_calls
 from policy.data import check_content
+from policy.decision import Decision
 from policy.documents import verify_policy_document
 from policy.policyset import PolicySet
 
@@ -31,6 +32,20 @@ _TOOL_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
 
 class GuardRefusal(Exception):
     """A request or answer is refused by the tenant's policy. The message names the rule, never content."""
+
+    def __init__(self, message: str, action: str = "", decision: Decision | None = None) -> None:
+        super().__init__(message)
+        self.action = action  # content-input | content-output | tool-call (the audited decision)
+        self.decision = decision
+
+
+@dataclass(frozen=True)
+class GuardNote:
+    """A decision worth auditing that let the request go on (a redaction, a call held for approval)."""
+
+    action: str
+    outcome: str  # "redact" | "requires_approval"
+    decision: Decision
 
 
 def load_policy_set(document: Path, admin_key: Path, tenant: str) -> PolicySet:
@@ -73,26 +88,33 @@ class WorkerGuard:
         data = self.policy_set.data if self.policy_set else None
         return bool(data and (data.pii_output or data.blocked_patterns or data.blocked_topics))
 
-    def check_input(self, key_id: str, model: str, texts: list[str]) -> list[str]:
+    def check_input(self, key_id: str, model: str, texts: list[str],
+                    notes: list[GuardNote] | None = None) -> list[str]:
         if self.policy_set is None:
             return texts
         out = []
         for text in texts:
             verdict = check_content(self.policy_set, key_id, model, text, direction="input")
             if not verdict.decision.allowed:
-                raise GuardRefusal(f"request blocked by data policy (rule {verdict.decision.rule})")
+                raise GuardRefusal(f"request blocked by data policy (rule {verdict.decision.rule})",
+                                   "content-input", verdict.decision)
+            if verdict.redacted and notes is not None:
+                notes.append(GuardNote("content-input", "redact", verdict.decision))
             out.append(verdict.text)
         return out
 
-    def check_output(self, key_id: str, model: str, text: str) -> str:
+    def check_output(self, key_id: str, model: str, text: str, notes: list[GuardNote] | None = None) -> str:
         if self.policy_set is None or not self.buffers_output:
             return text
         verdict = check_content(self.policy_set, key_id, model, text, direction="output")
         if not verdict.decision.allowed:
-            raise GuardRefusal(f"answer withheld by data policy (rule {verdict.decision.rule})")
+            raise GuardRefusal(f"answer withheld by data policy (rule {verdict.decision.rule})",
+                               "content-output", verdict.decision)
+        if verdict.redacted and notes is not None:
+            notes.append(GuardNote("content-output", "redact", verdict.decision))
         return verdict.text
 
-    def check_tools(self, key_id: str, text: str, killed: bool = False) -> str:
+    def check_tools(self, key_id: str, text: str, killed: bool = False, notes: list[GuardNote] | None = None) -> str:
         """Refuse denied calls; strip calls that need approval and say so. Returns the finish reason
         override ("requires_approval") or "". ``killed``: the gateway reports the key's kill switch
         set (it can only narrow what the signed policy allows)."""
@@ -108,8 +130,11 @@ class WorkerGuard:
         denied = verdicts.by_outcome("deny")
         if denied:
             raise GuardRefusal(f"tool call {denied[0].call.name!r} refused by agent policy "
-                               f"(rule {denied[0].decision.rule})")
-        return "requires_approval" if verdicts.by_outcome("requires_approval") else ""
+                               f"(rule {denied[0].decision.rule})", "tool-call", denied[0].decision)
+        held = verdicts.by_outcome("requires_approval")
+        if held and notes is not None:
+            notes.append(GuardNote("tool-call", "requires_approval", held[0].decision))
+        return "requires_approval" if held else ""
 
 
 def build_guard(policy_file: Path | None, admin_key: Path | None, tenant: str, unsafe_no_policy: bool

@@ -16,7 +16,7 @@ import os
 import random
 import statistics
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, is_dataclass
 from pathlib import Path
 from typing import Any
 
@@ -271,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
               f"TTFT p50 {report['sealed_cost']['ttft_p50_ms']:+.1f} ms, "
               f"TPOT p50 {report['sealed_cost']['tpot_p50_ms']:+.1f} ms")
     if args.json:
-        args.json.write_text(json.dumps(report, indent=1, default=lambda o: asdict(o)))
+        args.json.write_text(json.dumps(report, indent=1, default=lambda o: asdict(o) if is_dataclass(o) else str(o)))
     return 0 if all(s["failed"] == 0 for s in report["results"].values()) else 1
 
 

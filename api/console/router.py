@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
 from fastapi import APIRouter, Depends, FastAPI, Form, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
 from fastapi.staticfiles import StaticFiles
@@ -60,7 +59,6 @@ EXPORT_MEDIA = {"jsonl": "application/x-ndjson", "csv": "text/csv", "ocsf": "app
 
 
 AUDIT_COMPONENT = "console"
-ATTESTATION_TTL_S = 10.0  # a worker's token changes only when it re-attests
 
 
 @dataclass
@@ -70,8 +68,6 @@ class ConsoleState:
     facets: Facets
     broker: BrokerView
     templates: Jinja2Templates
-    attestations: dict[str, tuple[float, dict[str, Any]]] = field(default_factory=dict)
-    http: httpx.AsyncClient | None = None
     audit_key_file: Path | None = None
     _audit: AuditLog | None = None
     _audit_lock: threading.Lock = field(default_factory=threading.Lock)
@@ -99,24 +95,6 @@ class ConsoleState:
         self.broker.close()
         if self._audit is not None:
             self._audit.close()
-
-    async def attestation(self, worker: Any) -> dict[str, Any]:
-        """A worker's served attestation (evidence, token), fetched at most every ATTESTATION_TTL_S."""
-        hit = self.attestations.get(worker.worker_id)
-        if hit is not None and time.monotonic() - hit[0] < ATTESTATION_TTL_S:
-            return hit[1]
-        if self.http is None:
-            self.http = httpx.AsyncClient(timeout=5.0)
-        try:
-            response = await self.http.get(f"{worker.http_url}/internal/attestation")
-            doc = response.json() if response.status_code == 200 else {"status": "unavailable"}
-        except (httpx.HTTPError, ValueError):
-            doc = {"status": "unreachable"}
-        if not isinstance(doc, dict):
-            doc = {"status": "malformed"}
-        doc = {"worker_id": worker.worker_id, "token": str(doc.get("token", ""))}  # keep only what is shown
-        self.attestations[worker.worker_id] = (time.monotonic(), doc)
-        return doc
 
 
 def _state(request: Request) -> ConsoleState:
@@ -273,10 +251,9 @@ async def _reference_values(request: Request, tenants: set[str]) -> dict[tuple[s
 @router.get("/workers", response_class=HTMLResponse)
 async def workers_page(request: Request, who: Viewer = Depends(viewer)) -> HTMLResponse:
     service = _service(request)
-    state = _state(request)
     reg = service.registry
-    visible = [w for w in list(reg.workers.values()) if who.sees(w.tenant) and reg.alive(w)]
-    attestations = list(await asyncio.gather(*(state.attestation(w) for w in visible)))
+    # What each worker submitted in its signed heartbeats (nothing is fetched from a worker's address).
+    attestations = [a for a in await service.attestation() if who.sees(str(a.get("tenant")))]
     tenants = {w.tenant for w in reg.workers.values() if who.sees(w.tenant)}
     reference = await _reference_values(request, tenants)
     rows = worker_rows(service, attestations, reference, who, time.time())

@@ -17,6 +17,7 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from api.gateway.admission import Ticket
+from api.gateway.errors import GatewayError
 from api.gateway.service import GatewayService
 from api.store.repo import KeyRecord
 from protocol.openai.runner import ChoiceResult
@@ -49,7 +50,11 @@ class Run:
                     ) -> list[AsyncIterator[worker_pb2.GenerateChunk]]:
         """Wait for a slot, open every choice and read its first chunk; returns the chunk streams."""
         try:
-            await self._stack.enter_async_context(self.service.admission.slot(self.ticket))
+            try:
+                await self._stack.enter_async_context(self.service.admission.slot(self.ticket))
+            except GatewayError as exc:
+                self.service.audit_refusal(self.key, "queue", exc)
+                raise
             streams = [self.service.stream(self.key, self.model, split, r, affinity) for r in requests]
             for s in streams:
                 self._stack.push_async_callback(s.aclose)

@@ -11,8 +11,10 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from api.gateway.errors import GatewayError
+from policy.audit.worker_record import DECISION_METADATA_KEY
 from protocol.rpc import worker_pb2, worker_pb2_grpc
 from protocol.tls import TARGET_NAME, TlsIdentity
 
@@ -86,7 +88,7 @@ class WorkerClients:
             raise
         if first is grpc.aio.EOF:
             raise GatewayError(502, "the worker returned no output", type_="server_error")
-        return first, _rest(call)
+        return first, WorkerStream(call)
 
 
 async def open_sealed(clients: WorkerClients, address: str, request: worker_pb2.SealedRequest, timeout_s: float,
@@ -130,11 +132,58 @@ async def _rest(call: grpc.aio.UnaryStreamCall) -> AsyncIterator[Any]:
         call.cancel()  # no-op when finished; otherwise propagates cancellation to the engine
 
 
+def _decision_records(metadata: object) -> list[worker_pb2.UsageRecord]:
+    """The worker's signed in-enclave decisions from gRPC trailing metadata (verified by the service)."""
+    out = []
+    for key, value in tuple(metadata or ()):  # type: ignore[arg-type]
+        if key == DECISION_METADATA_KEY and isinstance(value, bytes) and len(out) < 16:
+            try:
+                out.append(worker_pb2.UsageRecord.FromString(value))
+            except DecodeError:
+                continue
+    return out
+
+
+class WorkerStream:
+    """The rest of a Generate stream; after it ends, ``decisions`` holds the worker's signed
+    in-enclave decisions sent as trailing metadata (redactions, calls held for approval)."""
+
+    def __init__(self, call: grpc.aio.UnaryStreamCall) -> None:
+        self._call = call
+        self.decisions: list[worker_pb2.UsageRecord] = []
+        self._it = self._chunks()
+
+    def __aiter__(self) -> WorkerStream:
+        return self
+
+    async def __anext__(self) -> worker_pb2.GenerateChunk:
+        return await self._it.__anext__()
+
+    async def aclose(self) -> None:
+        await self._it.aclose()
+
+    async def _chunks(self) -> AsyncIterator[worker_pb2.GenerateChunk]:
+        try:
+            while True:
+                chunk = await self._call.read()
+                if chunk is grpc.aio.EOF:
+                    self.decisions = _decision_records(await self._call.trailing_metadata())
+                    return
+                yield chunk
+        except grpc.aio.AioRpcError as exc:
+            raise _translate(exc, started=True) from exc
+        finally:
+            self._call.cancel()  # no-op when finished; otherwise propagates cancellation to the engine
+
+
 def _translate(exc: grpc.aio.AioRpcError, started: bool) -> GatewayError:
     code = exc.code()
     if code == grpc.StatusCode.PERMISSION_DENIED:
-        # The worker's in-enclave policy refused the prompt, the answer or a tool call.
-        return GatewayError(403, exc.details() or "refused by policy", code="content_policy_violation")
+        # The worker's in-enclave policy refused the prompt, the answer or a tool call; its signed
+        # decision rides along for the audit trail.
+        error = GatewayError(403, exc.details() or "refused by policy", code="content_policy_violation")
+        error.worker_decisions = _decision_records(exc.trailing_metadata())
+        return error
     if code == grpc.StatusCode.INVALID_ARGUMENT:
         return GatewayError(400, exc.details() or "invalid request", code="invalid_value")
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from api.gateway.admission import AdmissionController, Ticket
+from api.gateway.audit import admin_meta, audit_worker_decisions, open_gateway_audit
 from api.gateway.demand import Demand
 from api.gateway.errors import GatewayError
 from api.gateway.grpc_client import WorkerClients, WorkerLost, open_sealed
@@ -30,6 +31,7 @@ from api.gateway.worker_attestation import (
 from api.store.models import Tenant
 from api.store.repo import KeyRecord, Store
 from attestation.errors import AttestationError
+from policy.audit import AuditLog
 from protocol.rpc import worker_pb2
 from protocol.tls import load_or_create
 
@@ -44,8 +46,10 @@ def not_found(model: str) -> GatewayError:
 
 
 class GatewayService:
-    def __init__(self, settings: GatewaySettings, store: Store, admission: AdmissionController) -> None:
+    def __init__(self, settings: GatewaySettings, store: Store, admission: AdmissionController,
+                 audit: AuditLog | None = None) -> None:
         self.settings = settings
+        self.audit = audit or open_gateway_audit(settings)
         self.store = store
         self.admission = admission
         self.registry = WorkerRegistry(settings.heartbeat_timeout_s,
@@ -60,6 +64,18 @@ class GatewayService:
 
     async def close(self) -> None:
         await self.clients.close()
+        self.audit.close()
+
+    def audit_refusal(self, key: KeyRecord, kind: str, exc: GatewayError) -> None:
+        """An admission refusal (rate, tokens per minute, budget, queue) in the audit trail."""
+        self.audit.append(tenant=key.tenant, action="admission", decision="deny", reason=f"{kind}: {exc.code}",
+                          metadata={"key_id": key.key_id, "status": exc.status, "limit": kind})
+
+    def audit_admin(self, who: Any, tenant: str, action: str, **meta: Any) -> None:
+        """A management action (tenants, keys, models, policies, kill switch) by a principal."""
+        self.audit.append(tenant=tenant or "-", action=action, decision="allow", reason="management",
+                          metadata=admin_meta(principal=getattr(who, "subject", None) or getattr(who, "sub", None),
+                                              role=getattr(who, "role", None), **meta))
 
     def forget(self) -> None:
         """Drop cached catalog and tenant rows (after a management change; other replicas: within CACHE_S)."""
@@ -123,8 +139,10 @@ class GatewayService:
             used = self._cached(cache_key, lambda k=key_id: self.store.tokens_used(key.tenant, k))
             if used >= budget:
                 self.metrics.rejected.labels(key.tenant, "budget").inc()
-                raise GatewayError(429, "You exceeded your token budget" + (" for this key." if key_id else "."),
-                                   type_="insufficient_quota", code="insufficient_quota")
+                error = GatewayError(429, "You exceeded your token budget" + (" for this key." if key_id else "."),
+                                     type_="insufficient_quota", code="insufficient_quota")
+                self.audit_refusal(key, "key-budget" if key_id else "tenant-budget", error)
+                raise error
         ticket = Ticket(tenant=key.tenant, key_id=key.key_id, weight=t.weight if t else 1.0,
                         # A request may lower its priority, never raise it above its key's.
                         priority=key.priority if priority is None else min(priority, key.priority),
@@ -134,8 +152,9 @@ class GatewayService:
                                                      self.settings.max_queued))
         try:
             self.admission.check_limits(ticket)
-        except GatewayError:
+        except GatewayError as exc:
             self.metrics.rejected.labels(key.tenant, "rate").inc()
+            self.audit_refusal(key, "rate", exc)
             raise
         return ticket
 
@@ -157,6 +176,10 @@ class GatewayService:
                 break
             except GatewayError as exc:
                 worker.inflight -= 1
+                if getattr(exc, "worker_decisions", ()):  # the worker's signed refusal: verified, then audited
+                    audit_worker_decisions(self.audit, exc.worker_decisions, pinned_key_hex=worker.usage_public_key,
+                                           request_id=request.request_id, tenant=request.tenant,
+                                           worker_id=worker.worker_id)
                 if exc.status != 503:
                     raise
                 self.registry.mark_dead(worker.worker_id)
@@ -168,6 +191,11 @@ class GatewayService:
                 yield chunk
             if chunk.HasField("usage"):
                 await self._meter(chunk.usage, worker, request)
+            decisions = getattr(rest, "decisions", ())
+            if decisions:
+                audit_worker_decisions(self.audit, list(decisions), pinned_key_hex=worker.usage_public_key,
+                                       request_id=request.request_id, tenant=request.tenant,
+                                       worker_id=worker.worker_id)
         except WorkerLost:
             self.registry.mark_dead(worker.worker_id)
             log.warning("worker %s lost mid-stream", worker.worker_id)

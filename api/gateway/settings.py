@@ -42,6 +42,8 @@ class GatewaySettings:
     broker_issuer: str = "sealed-key-broker"
     # The operator's signed in-toto statement of allowed worker measurements (served as is).
     reference_values: Path | None = None
+    # The shared audit directory (default: <data_dir>/../audit, beside the key broker's log).
+    audit_dir: Path | None = None
     console: ConsoleSettings = field(default_factory=ConsoleSettings)  # the web console (/console)
 
     def __post_init__(self) -> None:

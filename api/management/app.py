@@ -45,10 +45,15 @@ def management_router(settings: GatewaySettings, service: GatewayService) -> API
     def changed() -> None:
         service.forget()
 
+    def audit(who: Principal, tenant: str, action: str, **meta: Any) -> None:
+        # Every management change is in the audit trail, with who made it (never a secret).
+        service.audit_admin(who, tenant, action, **meta)
+
     @r.post("/tenants", status_code=201)
-    def create_tenant(body: TenantIn, _: Principal = Depends(require(OP))) -> dict:
+    def create_tenant(body: TenantIn, who: Principal = Depends(require(OP))) -> dict:
         changed()
         t = store.ensure_tenant(body.name, **body.model_dump(exclude={"name"}))
+        audit(who, t.name, "tenant-upsert", weight=t.weight, rpm=t.rpm, tpm=t.tpm, token_budget=t.token_budget)
         return {"name": t.name, "weight": t.weight, "rpm": t.rpm, "tpm": t.tpm, "token_budget": t.token_budget}
 
     @r.get("/tenants")
@@ -57,9 +62,10 @@ def management_router(settings: GatewaySettings, service: GatewayService) -> API
                           "token_budget": t.token_budget} for t in store.tenants()]}
 
     @r.post("/tenants/{tenant}/keys", status_code=201)
-    def create_key(tenant: str, body: KeyIn, _: Principal = Depends(tenant_scope(OP, ADMIN))) -> dict:
+    def create_key(tenant: str, body: KeyIn, who: Principal = Depends(tenant_scope(OP, ADMIN))) -> dict:
         secret, rec = store.create_key(tenant, body.name, tuple(body.models), body.expires_at, body.rpm, body.tpm,
                                        body.priority, token_budget=body.token_budget)
+        audit(who, tenant, "api-key-create", key_id=rec.key_id, models=",".join(rec.models)[:256])
         # The secret is shown once; only its hash is stored.
         return {"key_id": rec.key_id, "secret": secret, "tenant": tenant, "models": list(rec.models),
                 "expires_at": body.expires_at.isoformat() if body.expires_at else None}
@@ -71,19 +77,21 @@ def management_router(settings: GatewaySettings, service: GatewayService) -> API
                          for k in store.keys(tenant)]}
 
     @r.delete("/tenants/{tenant}/keys/{key_id}")
-    def revoke_key(tenant: str, key_id: str, _: Principal = Depends(tenant_scope(OP, ADMIN))) -> dict:
+    def revoke_key(tenant: str, key_id: str, who: Principal = Depends(tenant_scope(OP, ADMIN))) -> dict:
         changed()
         if not store.revoke_key(tenant, key_id):
             raise GatewayError(404, "no such key", code="not_found")
+        audit(who, tenant, "api-key-revoke", key_id=key_id)
         return {"revoked": key_id}
 
     @r.put("/tenants/{tenant}/keys/{key_id}/kill-switch")
     def kill_switch(tenant: str, key_id: str, body: KillSwitchIn,
-                    _: Principal = Depends(tenant_scope(OP, ADMIN))) -> dict:
+                    who: Principal = Depends(tenant_scope(OP, ADMIN))) -> dict:
         # Keys are looked up in the shared store on every request, so this holds for the next
         # request on every replica; the worker refuses the key's tool calls while it is set.
         if not store.set_tools_killed(tenant, key_id, body.killed):
             raise GatewayError(404, "no such key", code="not_found")
+        audit(who, tenant, "kill-switch", key_id=key_id, killed=body.killed)
         return {"key_id": key_id, "tools_killed": body.killed}
 
     @r.get("/tenants/{tenant}/models")
@@ -91,14 +99,16 @@ def management_router(settings: GatewaySettings, service: GatewayService) -> API
         return {"data": [_version(v) for v in store.model_versions(tenant)]}
 
     @r.post("/tenants/{tenant}/models", status_code=201)
-    def add_version(tenant: str, body: ModelVersionIn, _: Principal = Depends(tenant_scope(OP, ADMIN))) -> dict:
+    def add_version(tenant: str, body: ModelVersionIn, who: Principal = Depends(tenant_scope(OP, ADMIN))) -> dict:
         changed()
-        return _version(store.upsert_version(tenant, body.model, body.version, min_warm=body.min_warm,
-                                             max_replicas=body.max_replicas or max(1, body.min_warm),
-                                             ttft_slo_ms=body.ttft_slo_ms))
+        row = _version(store.upsert_version(tenant, body.model, body.version, min_warm=body.min_warm,
+                                            max_replicas=body.max_replicas or max(1, body.min_warm),
+                                            ttft_slo_ms=body.ttft_slo_ms))
+        audit(who, tenant, "model-version-upsert", model=body.model, version=body.version, min_warm=body.min_warm)
+        return row
 
     @r.post("/tenants/{tenant}/models/{model}/rollout")
-    def rollout(tenant: str, model: str, body: RolloutIn, _: Principal = Depends(tenant_scope(OP, ADMIN))) -> dict:
+    def rollout(tenant: str, model: str, body: RolloutIn, who: Principal = Depends(tenant_scope(OP, ADMIN))) -> dict:
         try:
             changed()
             if any(v.retired and v.version == body.version for v in store.model_versions(tenant) if v.model == model):
@@ -106,12 +116,15 @@ def management_router(settings: GatewaySettings, service: GatewayService) -> API
             rows = store.set_rollout(tenant, model, body.version, body.percent)
         except KeyError as exc:
             raise GatewayError(404, "no such model version", code="not_found") from exc
+        audit(who, tenant, "model-rollout", model=model, version=body.version, percent=body.percent)
         return {"data": [_version(v) for v in rows]}
 
     @r.post("/tenants/{tenant}/models/{model}/rollback")
-    def rollback(tenant: str, model: str, _: Principal = Depends(tenant_scope(OP, ADMIN))) -> dict:
+    def rollback(tenant: str, model: str, who: Principal = Depends(tenant_scope(OP, ADMIN))) -> dict:
         changed()
-        return {"data": [_version(v) for v in store.rollback(tenant, model)]}
+        rows = [_version(v) for v in store.rollback(tenant, model)]
+        audit(who, tenant, "model-rollback", model=model)
+        return {"data": rows}
 
     @r.get("/usage")
     def usage(tenant: str | None = None, who: Principal = Depends(require(OP, ADMIN, USER, AUDITOR))) -> dict:
@@ -120,11 +133,13 @@ def management_router(settings: GatewaySettings, service: GatewayService) -> API
         return {"data": store.usage_summary(tenant)}
 
     @r.put("/tenants/{tenant}/policy")
-    def put_policy(tenant: str, body: PolicyIn, _: Principal = Depends(tenant_scope(OP, ADMIN))) -> dict:
+    def put_policy(tenant: str, body: PolicyIn, who: Principal = Depends(tenant_scope(OP, ADMIN))) -> dict:
         changed()
         if body.admin_key_pem is not None:
             check_policy_document(tenant, body.document, body.admin_key_pem)
-        return {"tenant": tenant, "version": store.put_policy(tenant, body.document, body.admin_key_pem)}
+        version = store.put_policy(tenant, body.document, body.admin_key_pem)
+        audit(who, tenant, "policy-put", policy_version=version)
+        return {"tenant": tenant, "version": version}
 
     @r.get("/tenants/{tenant}/policy")
     def get_policy(tenant: str, _: Principal = Depends(tenant_scope(OP, ADMIN, AUDITOR))) -> dict:

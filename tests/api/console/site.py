@@ -29,6 +29,7 @@ from api.stack import free_port
 from api.store.models import UsageRow
 from policy.audit import AuditLog
 from policy.documents import sign_policy_document
+from protocol.heartbeat import heartbeat_signing_input, worker_id_for
 from tests.key_broker.conftest import Harness
 
 TENANTS = ("acme", "globex")
@@ -88,18 +89,18 @@ def _component_log(audit_dir: Path, component: str) -> AuditLog:
     return AuditLog(audit_dir / f"{component}.audit.jsonl", key, component, checkpoint_every=5)
 
 
-def _attestation_app(docs: dict[str, dict[str, Any]]) -> FastAPI:
-    """Serves each worker's /internal/attestation exactly as a worker does, from a real release."""
-    app = FastAPI()
-
-    @app.get("/healthz")
-    def healthz() -> dict:
-        return {"status": "ok"}
-
-    @app.get("/{worker}/internal/attestation")
-    def attestation(worker: str) -> dict:
-        return docs[worker]
-    return app
+def _heartbeat(url: str, register_token: str, tenant: str, attestation: dict[str, Any]) -> None:
+    """A worker's signed heartbeat, as a worker sends it (identity key, id derived from it)."""
+    key = Ed25519PrivateKey.generate()
+    public = key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    body: dict[str, Any] = {"worker_id": worker_id_for(public), "grpc_address": "127.0.0.1:1", "tenant": tenant,
+                            "model": "chat", "version": "v1", "status": "ready", "tee": "sim", "insecure": True,
+                            "usage_public_key": public.hex(), "pid": 1, "tls_cert": "", "stats": {},
+                            "attestation": attestation, "seq": 1, "at": int(time.time())}
+    body["signature"] = key.sign(heartbeat_signing_input(body)).hex()
+    response = httpx.post(f"{url}/internal/workers/heartbeat", json=body, timeout=10.0,
+                          headers={"Authorization": f"Bearer {register_token}"})
+    assert response.status_code == 200, response.text
 
 
 def build_site(root: Path) -> Site:
@@ -137,13 +138,12 @@ def build_site(root: Path) -> Site:
         (policy_keys / tenant).mkdir(parents=True, exist_ok=True)
         (policy_keys / tenant / f"{tenant}-admin.pub").write_bytes(_pem(admin_keys[tenant]))
 
-    docs = {f"w-{t}": {"tee": "sim", "insecure": True, "evidence": releases[t].bundle.to_json(),
-                       "token": releases[t].token, "model_digest": "00" * 32} for t in TENANTS}
-    attest_url, stop_attest = _serve(_attestation_app(docs))
+    attestations = {t: {"tee": "sim", "insecure": True, "evidence": releases[t].bundle.to_json(),
+                        "token": releases[t].token, "model_digest": "00" * 32} for t in TENANTS}
 
-    jwt_secret = secrets.token_urlsafe(48)
+    jwt_secret, register_token = secrets.token_urlsafe(48), secrets.token_urlsafe(48)
     settings = GatewaySettings(
-        data_dir=root / "gateway", dev=True, jwt_secret=jwt_secret, register_token=secrets.token_urlsafe(48),
+        data_dir=root / "gateway", dev=True, jwt_secret=jwt_secret, register_token=register_token,
         heartbeat_timeout_s=3600.0,
         console=ConsoleSettings(audit_dir=audit_dir, broker_url=broker_url, broker_admin_token=broker.admin_token,
                                 policy_keys_dir=policy_keys))
@@ -167,17 +167,12 @@ def build_site(root: Path) -> Site:
         policy2 = {**policy, "version": 2, "data": {"retention_days": 7, "pii_input": {"US_SSN": "block",
                                                                                      "CREDIT_CARD": "redact"}}}
         store.put_policy(tenant, sign_policy_document(policy2, admin_keys[tenant], f"{tenant}-admin"))
-        usage_key = Ed25519PrivateKey.generate().public_key().public_bytes(
-            serialization.Encoding.Raw, serialization.PublicFormat.Raw).hex()
-        service.heartbeat({"worker_id": f"w-{tenant}", "grpc_address": "127.0.0.1:1",
-                           "http_url": f"{attest_url}/w-{tenant}", "tenant": tenant, "model": "chat",
-                           "version": "v1", "status": "ready", "tee": "sim", "insecure": True,
-                           "usage_public_key": usage_key, "pid": 1, "tls_cert": "", "stats": {}})
     url, stop_gateway = _serve(app)
+    for tenant in TENANTS:
+        _heartbeat(url, register_token, tenant, attestations[tenant])
 
     def stop() -> None:
         stop_gateway()
-        stop_attest()
         stop_broker()
         broker.close()
     return Site(url, root, audit_dir, jwt_secret, broker, data_keys, app, stop)
