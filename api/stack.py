@@ -205,6 +205,23 @@ class Stack:
             time.sleep(0.25)
         raise TimeoutError("worker did not become ready in time")
 
+    def wait_answering(self, api_key: str, model: str, timeout: float = 120.0) -> None:
+        """Wait until a client can be answered: the gateway lists the model (it does so only once a
+        ready, attested worker is routed to) and a one-token completion through it succeeds."""
+        deadline, headers = time.monotonic() + timeout, {"Authorization": f"Bearer {api_key}"}
+        while time.monotonic() < deadline:
+            try:
+                listed = httpx.get(f"{self.gateway_url}/v1/models", headers=headers, timeout=5.0).json()
+                if any(m.get("id") == model for m in listed.get("data", [])):
+                    r = httpx.post(f"{self.gateway_url}/v1/completions", headers=headers, timeout=60.0,
+                                   json={"model": model, "prompt": "Hello", "max_tokens": 1})
+                    if r.status_code == 200:
+                        return
+            except (httpx.HTTPError, ValueError, AttributeError):
+                pass
+            time.sleep(0.25)
+        raise TimeoutError("the gateway did not answer through the worker in time")
+
 
 def _wait_http(url: str, child: Child, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout

@@ -1,6 +1,6 @@
 """Client-side verification: fetch a deployment's evidence, verify it, pin the worker's key.
 
-    pinned = verify_deployment("https://gateway", jwks, policy, issuer="sealed-key-broker")
+    pinned = verify_deployment("https://gateway", jwks, policy, issuer="sealed-key-broker", api_key=KEY)
     # pinned[i].hpke_public_key is the key a Sealed-mode request is encrypted to.
 """
 
@@ -52,11 +52,15 @@ def verify_worker_document(doc: Mapping[str, Any], verifier: TokenVerifier, poli
 
 def verify_deployment(base_url: str, jwks: Mapping[str, Any], policy: AppraisalPolicy, *,
                       issuer: str = "sealed-key-broker", now: dt.datetime | None = None,
-                      http: httpx.Client | None = None) -> list[PinnedWorker]:
-    """Fetch /.well-known/attestation and return every worker that verifies; raise if none does."""
+                      http: httpx.Client | None = None, api_key: str | None = None) -> list[PinnedWorker]:
+    """Fetch /.well-known/attestation (with the API key: the gateway shows each tenant only its own
+    workers) and return every worker that verifies; raise if none does."""
     client = http or httpx.Client(timeout=10.0)
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
-        doc = client.get(f"{base_url.rstrip('/')}/.well-known/attestation").json()
+        response = client.get(f"{base_url.rstrip('/')}/.well-known/attestation", headers=headers)
+        response.raise_for_status()
+        doc = response.json()
     finally:
         if http is None:
             client.close()

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
+import secrets
 from typing import Any
 
 from enclave_worker.engine import InvalidRequestError, Tokenizer
@@ -40,11 +42,11 @@ def _content(message: dict[str, Any]) -> str:
     return text
 
 
-def render_chat(tokenizer: Tokenizer, template_source: str | None, messages: list[dict[str, Any]],
-                tools: list[dict[str, Any]] | None, assistant_prefix: str = "") -> str:
-    if not messages:
-        raise InvalidRequestError("messages must not be empty")
-    flat = [{"role": m.get("role", "user"), "content": _content(m)} for m in messages]
+def _flatten(template_source: str | None, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+             ) -> tuple[list[dict[str, str]], bool]:
+    if not messages or not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+        raise InvalidRequestError("messages must be a non-empty list of objects")
+    flat = [{"role": str(m.get("role", "user")), "content": _content(m)} for m in messages]
     native_tools = bool(tools) and template_source is not None and "tools" in template_source
     if tools and not native_tools:
         specs = "\n".join(json.dumps(t.get("function", t)) for t in tools)
@@ -54,5 +56,36 @@ def render_chat(tokenizer: Tokenizer, template_source: str | None, messages: lis
         else:
             flat.insert(0, {"role": "system", "content": block})
     flat = [{**m, "role": "system"} if m["role"] == "developer" else m for m in flat]
+    return flat, native_tools
+
+
+def render_chat(tokenizer: Tokenizer, template_source: str | None, messages: list[dict[str, Any]],
+                tools: list[dict[str, Any]] | None, assistant_prefix: str = "") -> str:
+    """The prompt as text (for display and tests; the worker tokenizes with `chat_prompt_ids`)."""
+    flat, native_tools = _flatten(template_source, messages, tools)
     text = tokenizer.apply_chat_template(flat, add_generation_prompt=True, tools=tools if native_tools else None)
     return text + assistant_prefix
+
+
+def chat_prompt_ids(tokenizer: Tokenizer, template_source: str | None, messages: list[dict[str, Any]],
+                    tools: list[dict[str, Any]] | None, assistant_prefix: str = "",
+                    add_generation_prompt: bool = True) -> list[int]:
+    """Token ids of the chat prompt, where only the template's own text can become control tokens.
+
+    Each message's content is rendered as an unguessable marker, then tokenized on its own with
+    special tokens disabled, so `<|im_start|>system` typed by a user stays text. (A template that
+    rewrites content, e.g. trims it, gets the content as sent; tools rendered natively by a template
+    are not isolated this way: SmolLM2's path puts them into the system message's content.)
+    """
+    flat, native_tools = _flatten(template_source, messages, tools)
+    nonce = secrets.token_hex(8)
+    marked = [{**m, "content": f"\ue000{nonce}.{i}\ue001"} for i, m in enumerate(flat)]
+    text = tokenizer.apply_chat_template(marked, add_generation_prompt=add_generation_prompt,
+                                         tools=tools if native_tools else None)
+    segments: list[tuple[str, bool]] = []
+    pos = 0
+    for match in re.finditer(f"\ue000{nonce}\\.(\\d+)\ue001", text):
+        segments += [(text[pos:match.start()], True), (flat[int(match.group(1))]["content"], False)]
+        pos = match.end()
+    segments.append((text[pos:] + assistant_prefix, True))
+    return tokenizer.encode_segments(segments)

@@ -28,7 +28,7 @@ from cryptography.hazmat.primitives import serialization
 from attestation.bundle import channel_binding
 from attestation.errors import UnsupportedError
 from enclave_worker.attesters import resolve_tee
-from enclave_worker.chat_format import render_chat
+from enclave_worker.chat_format import chat_prompt_ids
 from enclave_worker.engine import EngineError, InvalidRequestError, SamplingParams
 from enclave_worker.guard import GuardNote, GuardRefusal, strip_tool_calls
 from enclave_worker.sealed import SealedRefusal, answer_sealed, open_sealed_request
@@ -89,26 +89,40 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         error.worker_decisions = self._decisions(request, notes, exc)  # type: ignore[attr-defined]
         return error
 
-    def _prompt(self, request: worker_pb2.GenerateRequest, notes: list[GuardNote] | None = None) -> list[int]:
+    def _prompt(self, request: worker_pb2.GenerateRequest, notes: list[GuardNote] | None = None,
+                add_generation_prompt: bool = True) -> list[int]:
+        """The prompt's token ids. Anything wrong with the request's content is InvalidRequestError
+        (INVALID_ARGUMENT), never an unhandled error: the gateway must not take it for a sick worker."""
+        try:
+            ids = self._prompt_ids(request, notes, add_generation_prompt)
+        except (GuardRefusal, InvalidRequestError):
+            raise
+        except Exception as exc:  # malformed JSON, a template error, text the tokenizer refuses, ...
+            log.info("request %s refused: %s", request.request_id, type(exc).__name__)
+            raise InvalidRequestError(f"the request cannot be rendered ({type(exc).__name__})") from None
+        if not ids:
+            raise InvalidRequestError("the prompt is empty")
+        return ids
+
+    def _prompt_ids(self, request: worker_pb2.GenerateRequest, notes: list[GuardNote] | None,
+                    add_generation_prompt: bool) -> list[int]:
         engine = self.state.booted.engine  # type: ignore[union-attr]
         guard, model = self.state.guard, self.state.settings.model
         if request.kind == "chat":
             messages = json.loads(request.messages_json)
+            if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+                raise InvalidRequestError("messages must be a list of objects")
             if guard is not None:  # data controls on every text the model will read
                 texts = guard.check_input(request.key_id, model, [str(m.get("content") or "") for m in messages],
                                           notes)
                 messages = [{**m, "content": t} if m.get("content") else m
                             for m, t in zip(messages, texts, strict=True)]
-            text = render_chat(engine.tokenizer, engine.tokenizer.chat_template, messages,
-                               json.loads(request.tools_json) if request.tools_json else None,
-                               request.assistant_prefix)
-        else:
-            prompt = guard.check_input(request.key_id, model, [request.prompt], notes)[0] if guard else request.prompt
-            text = prompt + request.assistant_prefix
-        ids = engine.tokenizer.encode(text)
-        if not ids:
-            raise InvalidRequestError("the prompt is empty")
-        return ids
+            return chat_prompt_ids(engine.tokenizer, engine.tokenizer.chat_template, messages,
+                                   json.loads(request.tools_json) if request.tools_json else None,
+                                   request.assistant_prefix, add_generation_prompt)
+        # /v1/completions: the caller writes the whole prompt, special tokens included (as in vLLM).
+        prompt = guard.check_input(request.key_id, model, [request.prompt], notes)[0] if guard else request.prompt
+        return engine.tokenizer.encode(prompt + request.assistant_prefix)
 
     def _logprobs(self, out_logprobs: tuple | None) -> list[worker_pb2.TokenLogprob]:
         if not out_logprobs:
@@ -122,6 +136,35 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             token=piece(lp.token_id), logprob=lp.logprob, token_bytes=piece(lp.token_id).encode(),
             top=[worker_pb2.TopLogprob(token=piece(t), logprob=v, token_bytes=piece(t).encode()) for t, v in lp.top],
         ) for lp in out_logprobs]
+
+    async def Tokenize(self, request: worker_pb2.TokenizeRequest, context: grpc.aio.ServicerContext
+                       ) -> worker_pb2.TokenizeReply:
+        """The token ids the engine would see for this prompt (the same rendering and data controls)."""
+        if not serving(self.state):
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "model unavailable")
+        as_generate = worker_pb2.GenerateRequest(tenant=request.tenant, key_id=request.key_id, kind=request.kind,
+                                                 messages_json=request.messages_json, prompt=request.prompt,
+                                                 tools_json=request.tools_json)
+        try:
+            ids = self._prompt(as_generate, add_generation_prompt=request.add_generation_prompt)
+        except GuardRefusal as exc:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
+        except InvalidRequestError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        tok = self.state.booted.engine.tokenizer  # type: ignore[union-attr]
+        strs = [tok.decode([i], skip_special_tokens=False) for i in ids] if request.return_token_strs else []
+        return worker_pb2.TokenizeReply(tokens=ids, token_strs=strs, max_model_len=self.state.settings.max_model_len)
+
+    async def Detokenize(self, request: worker_pb2.DetokenizeRequest, context: grpc.aio.ServicerContext
+                         ) -> worker_pb2.DetokenizeReply:
+        if not serving(self.state):
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "model unavailable")
+        tok = self.state.booted.engine.tokenizer  # type: ignore[union-attr]
+        try:
+            text = tok.decode(tok.check_ids(request.tokens), skip_special_tokens=False)
+        except InvalidRequestError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        return worker_pb2.DetokenizeReply(prompt=text)
 
     async def Generate(self, request: worker_pb2.GenerateRequest, context: grpc.aio.ServicerContext
                        ) -> AsyncIterator[worker_pb2.GenerateChunk]:
@@ -273,7 +316,8 @@ async def heartbeats(state: WorkerState, urls: list[str], token: str, grpc_addre
 async def serve(settings: WorkerSettings, grpc_port: int, register_urls: list[str], register_token: str,
                 gateway_client_cert: bytes | None = None, advertise_host: str | None = None) -> None:
     state = WorkerState(settings)
-    server = grpc.aio.server(options=[("grpc.max_concurrent_streams", 4096)])
+    server = grpc.aio.server(options=[("grpc.max_concurrent_streams", 4096),
+                                      ("grpc.max_receive_message_length", 32 << 20)])
     worker_pb2_grpc.add_WorkerServicer_to_server(WorkerServicer(state), server)
     address = f"{settings.host}:{grpc_port}"
     tls_cert, spki = "", b""

@@ -56,8 +56,12 @@ def up(
         status = stack.wait_ready()
         if status != "ready":
             typer.echo("the worker was refused its key or failed to load: see " f"{layout.logs}", err=True)
+        else:
+            # The ready line means a client can be answered now, not just that a worker has loaded.
+            stack.wait_answering(info.api_key, info.model)
         url = stack.gateway_url
-        typer.echo(f"""
+        if status == "ready":
+            typer.echo(f"""
 Sealed is up (simulated TEE: answers are marked insecure).
   gateway:  {url}/v1
   model:    {info.model}

@@ -11,6 +11,7 @@ import uvicorn
 
 from api.console.settings import ConsoleSettings
 from api.gateway.app import create_app
+from api.gateway.http_server import ConnectionLimits, server_config
 from api.gateway.settings import GatewaySettings, WorkerRoute
 
 
@@ -31,6 +32,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jwt-secret-file", type=Path, default=None)
     parser.add_argument("--max-inflight", type=int, default=256)
     parser.add_argument("--max-queued", type=int, default=1024)
+    parser.add_argument("--header-timeout", type=float, default=10.0,
+                        help="seconds a connection may take to send a request's headers")
+    parser.add_argument("--max-connections", type=int, default=4096, help="open client connections at once")
     parser.add_argument("--broker-jwks", type=Path, default=None,
                         help="route only to workers whose broker-signed attestation binds their channel keys")
     parser.add_argument("--audit-dir", type=Path, default=None, help="audit logs the console shows and verifies")
@@ -61,9 +65,9 @@ def main(argv: list[str] | None = None) -> int:
                                                        broker_url=args.broker_url,
                                                        broker_admin_token=_secret(args.broker_admin_token_file),
                                                        policy_keys_dir=args.policy_keys_dir))
-    # access_log off: request lines are metadata, but we keep the gateway's logs to decisions only.
-    uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level="warning", access_log=False,
-                timeout_graceful_shutdown=5)
+    limits = ConnectionLimits(header_timeout_s=args.header_timeout, max_connections=args.max_connections)
+    uvicorn.Server(server_config(create_app(settings), args.host, args.port, limits,
+                                 timeout_graceful_shutdown=5)).run()
     return 0
 
 

@@ -31,6 +31,7 @@ class Ticket:
     tenant_tpm: int | None
     key_tpm: int | None
     max_queued: int
+    streams: int = 1  # prompts x n: the dispatch slots this request takes
 
 
 def _rate_limited(message: str, retry_after: int, code: str = "rate_limit_exceeded") -> GatewayError:
@@ -53,6 +54,13 @@ class AdmissionController:
         return self.scheduler.total_running
 
     def check_limits(self, t: Ticket) -> None:
+        """Charge the request's whole worst case (prompt estimate + max_tokens x choices) before any
+        stream opens; a request larger than a TPM limit could never run and is refused outright."""
+        for scope, tpm in (("tenant", t.tenant_tpm), ("key", t.key_tpm)):
+            if tpm is not None and t.reserved_tokens > tpm:
+                raise GatewayError(400, f"Request too large: it may use up to {t.reserved_tokens} tokens, more than "
+                                   f"this {scope}'s limit of {tpm} tokens per minute. Lower max_tokens, n or the "
+                                   "number of prompts.", code="request_too_large")
         for scope, rpm in ((f"rpm:t:{t.tenant}", t.tenant_rpm), (f"rpm:k:{t.key_id}", t.key_rpm)):
             if rpm is not None and not self.limiter.try_acquire(scope, TokenBucketLimiter.per_minute(rpm)):
                 raise _rate_limited("Rate limit reached for requests per minute.", max(1, int(60 / rpm) + 1))
@@ -60,10 +68,9 @@ class AdmissionController:
         for scope, tpm in ((f"tpm:t:{t.tenant}", t.tenant_tpm), (f"tpm:k:{t.key_id}", t.key_tpm)):
             if tpm is None:
                 continue
-            spec = TokenBucketLimiter.per_minute(tpm)
-            if not self.limiter.try_acquire(scope, spec, min(t.reserved_tokens, tpm)):
-                for s, n in taken:
-                    self.limiter.refund(s, TokenBucketLimiter.per_minute(n), min(t.reserved_tokens, n))
+            if not self.limiter.try_acquire(scope, TokenBucketLimiter.per_minute(tpm), t.reserved_tokens):
+                for s, limit in taken:
+                    self.limiter.refund(s, TokenBucketLimiter.per_minute(limit), t.reserved_tokens)
                 raise _rate_limited("Rate limit reached for tokens per minute.", 60)
             taken.append((scope, tpm))
 
@@ -71,16 +78,16 @@ class AdmissionController:
         unused = max(0, t.reserved_tokens - used_tokens)
         for scope, tpm in ((f"tpm:t:{t.tenant}", t.tenant_tpm), (f"tpm:k:{t.key_id}", t.key_tpm)):
             if tpm is not None and unused:
-                self.limiter.refund(scope, TokenBucketLimiter.per_minute(tpm), min(unused, tpm))
+                self.limiter.refund(scope, TokenBucketLimiter.per_minute(tpm), unused)
 
     def _retry_after(self) -> int:
         return max(1, min(60, len(self.queue) // max(1, self.max_inflight) + 1))
 
     def _dispatch(self) -> None:
         while (got := self.scheduler.next()) is not None:
-            tenant, future = got
+            tenant, (future, cost) = got
             if future.done():  # cancelled while queued
-                self.scheduler.done(tenant)
+                self.scheduler.done(tenant, cost)
                 continue
             future.set_result(None)
 
@@ -93,8 +100,8 @@ class AdmissionController:
         try:
             future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             try:
-                entry = self.queue.push(t.tenant, future, weight=t.weight, priority=t.priority,
-                                        tenant_limit=t.max_queued)
+                entry = self.queue.push(t.tenant, (future, t.streams), weight=t.weight, priority=t.priority,
+                                        tenant_limit=t.max_queued, cost=t.streams)
             except QueueFull as exc:
                 raise _rate_limited(f"Server queue is full ({exc.scope}); retry later.", self._retry_after(),
                                     code="queue_full") from exc
@@ -103,7 +110,7 @@ class AdmissionController:
                 await future
             except asyncio.CancelledError:
                 if future.done() and not future.cancelled():
-                    self.scheduler.done(t.tenant)  # got the slot just as the client left
+                    self.scheduler.done(t.tenant, t.streams)  # got the slot just as the client left
                     self._dispatch()
                 else:
                     self.queue.cancel(entry)
@@ -111,7 +118,7 @@ class AdmissionController:
             try:
                 yield
             finally:
-                self.scheduler.done(t.tenant)
+                self.scheduler.done(t.tenant, t.streams)
                 self._dispatch()
         finally:
             self.counter.leave(t.tenant)

@@ -6,16 +6,15 @@ import contextlib
 import importlib.util
 from collections.abc import AsyncIterator
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api.gateway import internal
 from api.gateway.admission import AdmissionController
+from api.gateway.edge import EdgeGuard
 from api.gateway.errors import (
     GatewayError,
-    error_body,
     gateway_error_handler,
     http_error_handler,
     validation_error_handler,
@@ -57,7 +56,9 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         yield
         await service.close()
 
-    app = FastAPI(title="Sealed gateway", lifespan=lifespan)
+    # No public /docs, /redoc or /openapi.json: the schema maps the admin surface. `app.openapi()`
+    # still builds it (the schema tests use that).
+    app = FastAPI(title="Sealed gateway", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.service = service
     app.include_router(router)
     app.include_router(sealed_router)
@@ -78,12 +79,6 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     app.add_exception_handler(RequestValidationError, validation_error_handler)
     app.add_exception_handler(StarletteHTTPException, http_error_handler)
 
-    @app.middleware("http")
-    async def limit_body(request: Request, call_next):  # type: ignore[no-untyped-def]
-        length = request.headers.get("content-length")
-        if length is not None and (not length.isdigit() or int(length) > settings.max_body_bytes):
-            return JSONResponse(status_code=413, content=error_body("request body too large",
-                                                                    "invalid_request_error"))
-        return await call_next(request)
-
+    # Body limit (chunked bodies included) and undecodable JSON text, before any route runs.
+    app.add_middleware(EdgeGuard, max_body_bytes=settings.max_body_bytes)
     return app

@@ -31,6 +31,7 @@ class _Entry:
     item: Any = field(compare=False)
     start: float = field(compare=False)
     cancelled: bool = field(default=False, compare=False)
+    cost: int = field(default=1, compare=False)
 
 
 class FairQueue:
@@ -58,7 +59,7 @@ class FairQueue:
             raise QueueFull("tenant")
         start = max(self._vtime, self._finish.get(tenant, 0.0))
         self._finish[tenant] = start + cost / max(weight, 1e-6)
-        entry = _Entry((-priority, start, next(self._seq)), tenant, item, start)
+        entry = _Entry((-priority, start, next(self._seq)), tenant, item, start, cost=max(1, int(cost)))
         heapq.heappush(self._heap, entry)
         self._per_tenant[tenant] += 1
         self._size += 1
@@ -73,6 +74,10 @@ class FairQueue:
 
     def pop(self, eligible: Callable[[str], bool] = lambda _: True) -> tuple[str, Any] | None:
         """The first (tenant, item) in fair order whose tenant is eligible; others keep their place."""
+        entry = self.pop_entry(eligible)
+        return None if entry is None else (entry.tenant, entry.item)
+
+    def pop_entry(self, eligible: Callable[[str], bool] = lambda _: True) -> _Entry | None:
         skipped, found = [], None
         while self._heap:
             entry = heapq.heappop(self._heap)
@@ -85,7 +90,7 @@ class FairQueue:
             self._per_tenant[entry.tenant] -= 1
             self._size -= 1
             self._vtime = max(self._vtime, entry.start)
-            found = (entry.tenant, entry.item)
+            found = entry
             break
         for entry in skipped:
             heapq.heappush(self._heap, entry)
@@ -98,6 +103,10 @@ class FairScheduler:
     Slots are not preemptible, so fair order alone still makes a newcomer wait for a running request
     to end. Holding back a few slots from tenants that already run something means a quiet tenant
     finds a slot free at once, while a lone tenant still gets all but `reserved` of them.
+
+    A request takes as many slots as it opens streams (its cost: prompts x n), so a 64-choice
+    request weighs 64 single ones. It may start while one slot is free; the overshoot is bounded by
+    the per-request bound on choices.
     """
 
     def __init__(self, capacity: int, reserved: int, queue: FairQueue) -> None:
@@ -116,12 +125,13 @@ class FairScheduler:
         """The next request to start now, if any may start; the caller must call done(tenant) later."""
         if self.total_running >= self.capacity:
             return None
-        got = self.queue.pop(self._eligible)
-        if got is not None:
-            self.running[got[0]] += 1
-        return got
+        entry = self.queue.pop_entry(self._eligible)
+        if entry is None:
+            return None
+        self.running[entry.tenant] += entry.cost
+        return entry.tenant, entry.item
 
-    def done(self, tenant: str) -> None:
-        self.running[tenant] -= 1
+    def done(self, tenant: str, cost: int = 1) -> None:
+        self.running[tenant] -= max(1, int(cost))
         if self.running[tenant] <= 0:
             del self.running[tenant]

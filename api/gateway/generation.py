@@ -11,7 +11,7 @@ import contextlib
 import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
@@ -137,6 +137,39 @@ async def _prepend(first: worker_pb2.GenerateChunk, rest: AsyncIterator[worker_p
     yield first
     async for chunk in rest:  # read to the end even after the last token: metering happens there
         yield chunk
+
+
+T = TypeVar("T")
+
+
+class ClientGone(GatewayError):
+    def __init__(self) -> None:
+        super().__init__(499, "the client closed the request", code="client_closed_request")
+
+
+async def unless_disconnected(receive: Receive, work: Awaitable[T]) -> T:
+    """Run `work` (waiting for a slot, a non-streamed answer) but cancel it, and so the worker's
+    generation, as soon as the client disconnects. Streamed answers get this from the response."""
+    task = asyncio.ensure_future(work)
+
+    async def disconnected() -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+
+    watcher = asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        task.cancel()
+        raise
+    finally:
+        watcher.cancel()
+    if not task.done():
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
+        raise ClientGone()
+    return task.result()
 
 
 def request_id() -> str:

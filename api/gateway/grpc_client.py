@@ -25,6 +25,18 @@ class WorkerLost(GatewayError):
                          type_="server_error", code="worker_lost")
 
 
+class WorkerUnavailable(GatewayError):
+    """The worker could not take the call at all (connection refused, shutting down): try another."""
+
+    def __init__(self) -> None:
+        super().__init__(503, "model unavailable: worker unreachable", type_="model_unavailable",
+                         code="model_unavailable", headers={"Retry-After": "2"})
+
+
+# Messages a little over the gateway's body limit (JSON escapes, the chat template's hint) must fit.
+MAX_MESSAGE_BYTES = 32 << 20
+
+
 class WorkerClients:
     def __init__(self, identity: TlsIdentity | None = None, connect_timeout_s: float = 5.0) -> None:
         self._identity = identity
@@ -54,7 +66,8 @@ class WorkerClients:
     def stub(self, address: str, worker_cert: str = "") -> worker_pb2_grpc.WorkerStub:
         key = (address, worker_cert)
         if key not in self._channels:
-            options = [("grpc.max_concurrent_streams", 4096)]
+            options = [("grpc.max_concurrent_streams", 4096), ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                       ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]
             if worker_cert and self._identity is not None:
                 # Trust exactly the certificate this worker registered with, and present ours.
                 creds = grpc.ssl_channel_credentials(root_certificates=worker_cert.encode(),
@@ -71,6 +84,21 @@ class WorkerClients:
         for channel, _ in self._channels.values():
             await channel.close()
         self._channels.clear()
+
+    async def status_ok(self, address: str, worker_cert: str = "", timeout_s: float = 2.0) -> bool:
+        """The health check: does the worker answer its Status RPC, and say it is ready?"""
+        try:
+            reply = await self.stub(address, worker_cert).Status(worker_pb2.StatusRequest(), timeout=timeout_s)
+        except grpc.aio.AioRpcError:
+            return False
+        return reply.status == "ready"
+
+    async def unary(self, address: str, worker_cert: str, method: str, request: Any, timeout_s: float) -> Any:
+        """A unary RPC (Tokenize, Detokenize); errors come back as that request's answer."""
+        try:
+            return await getattr(self.stub(address, worker_cert), method)(request, timeout=timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            raise _translate(exc, started=False) from exc
 
     async def open(self, address: str, request: worker_pb2.GenerateRequest, timeout_s: float, worker_cert: str = ""
                    ) -> tuple[worker_pb2.GenerateChunk, AsyncIterator[worker_pb2.GenerateChunk]]:
@@ -177,6 +205,7 @@ class WorkerStream:
 
 
 def _translate(exc: grpc.aio.AioRpcError, started: bool) -> GatewayError:
+    """A request's error is that request's answer: nothing here says the worker is dead (heartbeats do)."""
     code = exc.code()
     if code == grpc.StatusCode.PERMISSION_DENIED:
         # The worker's in-enclave policy refused the prompt, the answer or a tool call; its signed
@@ -186,9 +215,14 @@ def _translate(exc: grpc.aio.AioRpcError, started: bool) -> GatewayError:
         return error
     if code == grpc.StatusCode.INVALID_ARGUMENT:
         return GatewayError(400, exc.details() or "invalid request", code="invalid_value")
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return GatewayError(413, "the request is too large", code="request_too_large")
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
         return GatewayError(504, "the worker did not finish in time", type_="server_error", code="timeout")
     if started:
         return WorkerLost()
-    return GatewayError(503, "model unavailable: worker unreachable", type_="model_unavailable",
-                        code="model_unavailable", headers={"Retry-After": "2"})
+    if code == grpc.StatusCode.UNAVAILABLE:
+        return WorkerUnavailable()
+    # UNKNOWN, INTERNAL, ...: the worker failed on this request; another worker would fail the same way.
+    return GatewayError(500, "the worker failed to process this request", type_="server_error",
+                        code="worker_error")

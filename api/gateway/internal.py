@@ -101,9 +101,18 @@ def version_state(service: GatewayService, v: Any) -> dict[str, Any]:
 
 @router.get("/readyz", response_model=None)
 def readyz(service: GatewayService = Depends(get_service)) -> JSONResponse:
-    """Per version: state and reason. The gateway is ready when it can serve: some version has a
-    warm worker, or no version needs one (all scaled to zero). One failing version never makes it
-    unready for the others."""
+    """Ready when the gateway can serve: some version has a warm worker, or no version needs one
+    (all scaled to zero). One failing version never makes it unready for the others.
+
+    Public (load balancers probe it), so it says only ready or not: which versions are failing and
+    why is for operators (`GET /admin/v1/readiness`, `GET /admin/v1/workers`).
+    """
+    ready, _ = readiness(service)
+    return JSONResponse(status_code=200 if ready else 503, content={"ready": ready})
+
+
+def readiness(service: GatewayService) -> tuple[bool, dict[str, Any]]:
+    """Per version: state and reason (and the overall answer of /readyz)."""
     registry, models = service.registry, {}
     for v in service.store.model_versions():
         if v.retired or (v.traffic_percent <= 0 and v.min_warm == 0):
@@ -113,10 +122,19 @@ def readyz(service: GatewayService = Depends(get_service)) -> JSONResponse:
     needs_warm = [m for m in models.values() if m["min_warm"] > 0]
     ready = bool(models) and (any(m["warm"] for m in models.values()) or not needs_warm)
     failing = {k: m["reason"] for k, m in models.items() if m["state"] == "failing"}
-    return JSONResponse(status_code=200 if ready else 503,
-                        content={"ready": ready, "workers": workers, "models": models, "failing": failing})
+    return ready, {"ready": ready, "workers": workers, "models": models, "failing": failing}
 
 
-@router.get("/metrics")
-def metrics(request: Request, service: GatewayService = Depends(get_service)) -> Response:
+def metrics_reader(request: Request, secret: str = Depends(bearer_secret)) -> None:
+    """Metrics name tenants and models: an operator's or auditor's management token (Prometheus:
+    `authorization: {credentials_file: ...}`), not an anonymous request."""
+    from api.management.auth import principal
+
+    who = principal(request, secret)
+    if who.role not in ("operator", "auditor"):
+        raise GatewayError(403, f"role {who.role} may not read metrics", type_="permission_error", code="forbidden")
+
+
+@router.get("/metrics", dependencies=[Depends(metrics_reader)])
+def metrics(service: GatewayService = Depends(get_service)) -> Response:
     return Response(generate_latest(service.metrics.registry), media_type=CONTENT_TYPE_LATEST)

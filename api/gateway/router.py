@@ -6,17 +6,18 @@ import json
 import time
 from typing import Any
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
 from api.gateway.dependencies import current_key, get_service
 from api.gateway.errors import GatewayError
-from api.gateway.generation import CleanupStreamingResponse, Run, request_id
+from api.gateway.generation import CleanupStreamingResponse, Run, request_id, unless_disconnected
 from api.gateway.service import GatewayService
 from api.store.repo import KeyRecord
 from protocol.openai.chat import chat_body, chat_events, plan_chat
 from protocol.openai.completions import completion_body, completion_events, plan_completion
-from protocol.openai.schemas import ChatCompletionRequest, CompletionRequest
+from protocol.openai.schemas import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from protocol.rpc import worker_pb2
 
 router = APIRouter()
 
@@ -38,8 +39,12 @@ def list_models(key: KeyRecord = Depends(current_key), service: GatewayService =
         {"id": m, "object": "model", "created": 0, "owned_by": key.tenant} for m in service.models_for(key)]}
 
 
-@router.post("/v1/chat/completions", response_model=None)
-async def chat_completions(req: ChatCompletionRequest, key: KeyRecord = Depends(current_key),
+# JSON, or server-sent events with "stream": true.
+_STREAMABLE = {200: {"content": {"application/json": {}, "text/event-stream": {}}}}
+
+
+@router.post("/v1/chat/completions", response_model=None, responses=_STREAMABLE)
+async def chat_completions(req: ChatCompletionRequest, request: Request, key: KeyRecord = Depends(current_key),
                            service: GatewayService = Depends(get_service)):  # type: ignore[no-untyped-def]
     split = service.resolve(key, req.model)
     service.check_plaintext_allowed(key)
@@ -47,34 +52,77 @@ async def chat_completions(req: ChatCompletionRequest, key: KeyRecord = Depends(
     plan = plan_chat(req, rid=rid, tenant=key.tenant, key_id=key.key_id, agent_killed=key.tools_killed,
                      default_max_tokens=service.settings.default_max_tokens)
     max_tokens = plan.requests[0].params.max_tokens
-    ticket = service.ticket(key, _reserve(plan.reserve_chars, max_tokens, req.n), req.priority)
+    ticket = service.ticket(key, _reserve(plan.reserve_chars, max_tokens, req.n), req.priority, streams=req.n)
     run = Run(service, key, req.model, ticket)
-    streams = await run.start(split, plan.requests, affinity=plan.affinity)
+    streams = await unless_disconnected(request.receive, run.start(split, plan.requests, affinity=plan.affinity))
     base = {"id": f"chatcmpl-{rid}", "created": int(time.time()), "model": req.model,
             **_tee(service, key.tenant, req.model)}
     if not req.stream:
-        return JSONResponse(await chat_body(req, plan, run, streams, base))
+        return JSONResponse(await unless_disconnected(request.receive, chat_body(req, plan, run, streams, base)))
     return CleanupStreamingResponse(chat_events(req, plan, run, streams, base), run.close,
                                     media_type="text/event-stream", headers={"Cache-Control": "no-store"})
 
 
-@router.post("/v1/completions", response_model=None)
-async def completions(req: CompletionRequest, key: KeyRecord = Depends(current_key),
+@router.post("/v1/completions", response_model=None, responses=_STREAMABLE)
+async def completions(req: CompletionRequest, request: Request, key: KeyRecord = Depends(current_key),
                       service: GatewayService = Depends(get_service)):  # type: ignore[no-untyped-def]
     split = service.resolve(key, req.model)
     service.check_plaintext_allowed(key)
+    prompts = [req.prompt] if isinstance(req.prompt, str) else list(req.prompt)
+    if not prompts or any(not p for p in prompts):
+        raise GatewayError(400, "prompt must not be empty", param="prompt")
+    limit, choices = service.settings.max_choices, len(prompts) * req.n
+    if choices > limit:
+        # Each prompt x choice is a stream on a worker: bounded per request, refused before anything is built.
+        raise GatewayError(400, f"too many choices: {len(prompts)} prompts x n={req.n} exceeds {limit} per request",
+                           param="n", code="invalid_value")
+    # The whole worst case is charged (and refused if it can never fit) before any stream is built.
+    ticket = service.ticket(key, _reserve(sum(map(len, prompts)), req.max_tokens or 16, choices), req.priority,
+                            streams=choices)
     rid = request_id()
     plan = plan_completion(req, rid=rid, tenant=key.tenant, key_id=key.key_id)
-    ticket = service.ticket(key, _reserve(plan.reserve_chars, req.max_tokens or 16, len(plan.requests)),
-                            req.priority)
     run = Run(service, key, req.model, ticket)
-    streams = await run.start(split, plan.requests, affinity=plan.affinity)
+    streams = await unless_disconnected(request.receive, run.start(split, plan.requests, affinity=plan.affinity))
     base = {"id": f"cmpl-{rid}", "created": int(time.time()), "model": req.model, "object": "text_completion",
             **_tee(service, key.tenant, req.model)}
     if not req.stream:
-        return JSONResponse(await completion_body(req, plan, run, streams, base))
+        return JSONResponse(await unless_disconnected(request.receive,
+                                                      completion_body(req, plan, run, streams, base)))
     return CleanupStreamingResponse(completion_events(req, plan, run, streams, base), run.close,
                                     media_type="text/event-stream", headers={"Cache-Control": "no-store"})
+
+
+@router.post("/tokenize")
+async def tokenize(req: TokenizeRequest, key: KeyRecord = Depends(current_key),
+                   service: GatewayService = Depends(get_service)) -> dict:
+    """vLLM's /tokenize: the ids the model would see (tokenized in the worker, which holds the tokenizer)."""
+    split = service.resolve(key, req.model)
+    service.check_plaintext_allowed(key)
+    service.ticket(key, 0)  # requests-per-minute limits apply; no tokens are generated
+    if req.messages is not None:
+        tools = [t.model_dump(exclude_none=True) for t in req.tools or []]
+        call = worker_pb2.TokenizeRequest(
+            tenant=key.tenant, key_id=key.key_id, kind="chat", add_generation_prompt=req.add_generation_prompt,
+            messages_json=json.dumps([m.model_dump(exclude_none=True) for m in req.messages], ensure_ascii=False),
+            tools_json=json.dumps(tools, ensure_ascii=False) if tools else "", return_token_strs=req.return_token_strs)
+    else:
+        call = worker_pb2.TokenizeRequest(tenant=key.tenant, key_id=key.key_id, kind="completion",
+                                          prompt=req.prompt, return_token_strs=req.return_token_strs)
+    reply = await service.call(key, req.model, split, "Tokenize", call)
+    return {"count": len(reply.tokens), "max_model_len": reply.max_model_len, "tokens": list(reply.tokens),
+            "token_strs": list(reply.token_strs) if req.return_token_strs else None}
+
+
+@router.post("/detokenize")
+async def detokenize(req: DetokenizeRequest, key: KeyRecord = Depends(current_key),
+                     service: GatewayService = Depends(get_service)) -> dict:
+    """vLLM's /detokenize: the text of token ids (out-of-vocabulary ids are a 400)."""
+    split = service.resolve(key, req.model)
+    service.check_plaintext_allowed(key)
+    service.ticket(key, 0)
+    reply = await service.call(key, req.model, split, "Detokenize", worker_pb2.DetokenizeRequest(
+        tenant=key.tenant, key_id=key.key_id, tokens=req.tokens))
+    return {"prompt": reply.prompt}
 
 
 @router.get("/v1/usage")
@@ -106,5 +154,8 @@ def reference_values(service: GatewayService = Depends(get_service)) -> JSONResp
 
 
 @router.get("/.well-known/attestation")
-async def well_known_attestation(service: GatewayService = Depends(get_service)) -> dict:
-    return {"workers": await service.attestation()}
+async def well_known_attestation(key: KeyRecord = Depends(current_key),
+                                 service: GatewayService = Depends(get_service)) -> dict:
+    """The evidence of the workers serving the caller's models: an API key is needed, so that an
+    anonymous caller cannot list which tenants and models this deployment serves."""
+    return {"workers": await service.attestation(key)}

@@ -17,7 +17,7 @@ from api.gateway.admission import AdmissionController, Ticket
 from api.gateway.audit import admin_meta, audit_worker_decisions, open_gateway_audit
 from api.gateway.demand import Demand
 from api.gateway.errors import GatewayError
-from api.gateway.grpc_client import WorkerClients, WorkerLost, open_sealed
+from api.gateway.grpc_client import WorkerClients, WorkerLost, WorkerUnavailable, open_sealed
 from api.gateway.metrics import Metrics
 from api.gateway.registry import WorkerInfo, WorkerRegistry, reattest_required
 from api.gateway.settings import GatewaySettings
@@ -61,6 +61,8 @@ class GatewayService:
         self.metrics = Metrics(lambda: float(admission.running), lambda: float(len(admission.queue)))
         self.demand = Demand(self.metrics.registry)
         self._cache: dict[tuple, tuple[float, Any]] = {}
+        self._probing: set[str] = set()
+        self._tasks: set[asyncio.Task] = set()
 
     async def close(self) -> None:
         await self.clients.close()
@@ -113,9 +115,10 @@ class GatewayService:
             v.version: v.traffic_percent for v in self.store.model_versions(tenant) if v.model == model})
 
     def models_for(self, key: KeyRecord) -> list[str]:
-        names = {v.model for v in self.store.model_versions(key.tenant)}
-        names |= {w.model for w in self.registry.workers.values() if w.tenant == key.tenant}
-        return sorted(n for n in names if not key.models or n in key.models)
+        """Models a request can be answered for now: a ready (and, where required, attested) worker
+        holds them. A model in the catalog whose workers are still loading is not listed yet."""
+        names = {w.model for w in self.registry.workers.values() if w.tenant == key.tenant}
+        return sorted(n for n in names if (not key.models or n in key.models) and self.registry.ready(key.tenant, n))
 
     def resolve(self, key: KeyRecord, model: str) -> dict[str, float]:
         if key.models and model not in key.models:
@@ -129,13 +132,17 @@ class GatewayService:
     def tenant(self, name: str) -> Tenant | None:
         return self._cached(("tenant", name), lambda: self.store.tenant(name))
 
-    def ticket(self, key: KeyRecord, reserved_tokens: int, priority: int | None = None) -> Ticket:
+    def ticket(self, key: KeyRecord, reserved_tokens: int, priority: int | None = None, streams: int = 1) -> Ticket:
         t = self.tenant(key.tenant)
         budgets = ((t.token_budget if t else None, ("used", key.tenant), None),
                    (key.token_budget, ("used", key.tenant, key.key_id), key.key_id))
         for budget, cache_key, key_id in budgets:
             if budget is None:
                 continue
+            if reserved_tokens > budget:
+                raise GatewayError(400, f"Request too large: it may use up to {reserved_tokens} tokens, more than the "
+                                   f"whole token budget of {budget}" + (" of this key." if key_id else "."),
+                                   code="request_too_large")
             used = self._cached(cache_key, lambda k=key_id: self.store.tokens_used(key.tenant, k))
             if used >= budget:
                 self.metrics.rejected.labels(key.tenant, "budget").inc()
@@ -149,7 +156,7 @@ class GatewayService:
                         reserved_tokens=reserved_tokens,
                         tenant_rpm=t.rpm if t else None, key_rpm=key.rpm, tenant_tpm=t.tpm if t else None,
                         key_tpm=key.tpm, max_queued=(t.max_queued if t and t.max_queued else
-                                                     self.settings.max_queued))
+                                                     self.settings.max_queued), streams=streams)
         try:
             self.admission.check_limits(ticket)
         except GatewayError as exc:
@@ -161,7 +168,11 @@ class GatewayService:
     # -- generation
     async def stream(self, key: KeyRecord, model: str, split: dict[str, float],
                      request: worker_pb2.GenerateRequest, affinity: str) -> AsyncIterator[worker_pb2.GenerateChunk]:
-        """One choice: pick a worker (another one if it fails before the first token), relay, meter."""
+        """One choice: pick a worker (another one if it cannot take the call), relay, meter.
+
+        No request's error takes a worker out of rotation: an unreachable one is only skipped for this
+        request and probed (its Status RPC); heartbeats and that probe decide whether it is dead.
+        """
         tried: set[str] = set()
         while True:
             try:
@@ -174,16 +185,20 @@ class GatewayService:
                 first, rest = await self.clients.open(worker.grpc_address, request, self.settings.request_timeout_s,
                                                       worker.tls_cert)
                 break
+            except WorkerUnavailable:
+                worker.inflight -= 1
+                tried.add(worker.worker_id)
+                self._probe_soon(worker)
             except GatewayError as exc:
                 worker.inflight -= 1
                 if getattr(exc, "worker_decisions", ()):  # the worker's signed refusal: verified, then audited
                     audit_worker_decisions(self.audit, exc.worker_decisions, pinned_key_hex=worker.usage_public_key,
                                            request_id=request.request_id, tenant=request.tenant,
                                            worker_id=worker.worker_id)
-                if exc.status != 503:
-                    raise
-                self.registry.mark_dead(worker.worker_id)
-                tried.add(worker.worker_id)
+                raise
+            except BaseException:
+                worker.inflight -= 1
+                raise
         try:
             chunk = first
             yield first
@@ -197,11 +212,41 @@ class GatewayService:
                                        request_id=request.request_id, tenant=request.tenant,
                                        worker_id=worker.worker_id)
         except WorkerLost:
-            self.registry.mark_dead(worker.worker_id)
             log.warning("worker %s lost mid-stream", worker.worker_id)
+            self._probe_soon(worker)
             raise
         finally:
             worker.inflight -= 1
+
+    async def call(self, key: KeyRecord, model: str, split: dict[str, float], method: str, request: Any) -> Any:
+        """A unary worker call for (tenant, model) on a ready worker; an unreachable one is skipped."""
+        tried: set[str] = set()
+        while True:
+            worker = self.registry.pick(key.tenant, model, split, "", frozenset(tried))
+            try:
+                return await self.clients.unary(worker.grpc_address, worker.tls_cert, method, request, 30.0)
+            except WorkerUnavailable:
+                tried.add(worker.worker_id)
+                self._probe_soon(worker)
+
+    def _probe_soon(self, worker: WorkerInfo) -> None:
+        """A health check (the worker's Status RPC), at most one at a time per worker."""
+        if worker.worker_id in self._probing:
+            return
+        self._probing.add(worker.worker_id)
+        task = asyncio.create_task(self._probe(worker))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _probe(self, worker: WorkerInfo) -> None:
+        try:
+            healthy = await self.clients.status_ok(worker.grpc_address, worker.tls_cert, timeout_s=2.0)
+            if not healthy:
+                log.warning("worker %s failed its health check; out of rotation until its next heartbeat",
+                            worker.worker_id)
+                self.registry.mark_dead(worker.worker_id)
+        finally:
+            self._probing.discard(worker.worker_id)
 
     # -- sealed mode (docs/sealed-mode.md): the gateway relays ciphertext and meters signed usage
     def require_sealed(self, tenant: str) -> bool:
@@ -227,8 +272,8 @@ class GatewayService:
                                             self.settings.request_timeout_s, worker.tls_cert)
         except GatewayError as exc:
             worker.inflight -= 1
-            if exc.status == 503:
-                self.registry.mark_dead(worker.worker_id)
+            if isinstance(exc, WorkerUnavailable):
+                self._probe_soon(worker)  # health checks, not one request, take a worker out of rotation
                 raise reattest_required() from exc
             raise
         try:
@@ -239,8 +284,8 @@ class GatewayService:
             if chunk.HasField("usage"):
                 await self._meter(chunk.usage, worker, request)
         except WorkerLost:
-            self.registry.mark_dead(worker.worker_id)
             log.warning("worker %s lost mid-stream", worker.worker_id)
+            self._probe_soon(worker)
             raise
         finally:
             worker.inflight -= 1
@@ -283,13 +328,13 @@ class GatewayService:
             self.metrics.kv_cache.labels(info.worker_id, info.model).set(float(stats["kv_cache_usage_perc"]) / 100)
             self.metrics.worker_waiting.labels(info.worker_id, info.model).set(float(stats.get("num_waiting", 0)))
 
-    async def attestation(self) -> list[dict[str, Any]]:
+    async def attestation(self, key: KeyRecord) -> list[dict[str, Any]]:
         """Each live worker's attestation document, exactly as the worker submitted it in its signed
         heartbeats and (with a broker JWKS configured) as the gateway verified it. Nothing is fetched
-        from an address a worker supplies."""
+        from an address a worker supplies. Only the key's tenant's workers (and model scope)."""
         out = []
         for w in list(self.registry.workers.values()):
-            if not self.registry.alive(w):
+            if not self.registry.alive(w) or w.tenant != key.tenant or (key.models and w.model not in key.models):
                 continue
             entry: dict[str, Any] = {"worker_id": w.worker_id, "model": w.model, "version": w.version,
                                      "tenant": w.tenant, "usage_public_key": w.usage_public_key,

@@ -36,6 +36,7 @@ class GatewaySettings:
     max_queued: int = 1024  # queued across tenants; and the default bound per tenant
     default_max_tokens: int = 256
     max_body_bytes: int = 4 << 20
+    max_choices: int = 64  # streams one request may open: prompts x n (400 beyond)
     # The key broker's JWKS: when set, a worker is routed to only after its attestation token
     # (signed by that broker) binds the TLS and usage keys it registered with.
     broker_jwks: Path | None = None

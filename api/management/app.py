@@ -149,6 +149,13 @@ def management_router(settings: GatewaySettings, service: GatewayService) -> API
         return {"tenant": tenant, "version": row.version, "document": row.document,
                 "admin_key_pem": row.admin_key_pem}
 
+    @r.get("/readiness")
+    def readiness_detail(_: Principal = Depends(require(OP, AUDITOR))) -> dict:
+        """What /readyz says, with the names a public probe does not get."""
+        from api.gateway.internal import readiness
+
+        return readiness(service)[1]
+
     @r.get("/workers")
     def workers(_: Principal = Depends(require(OP, AUDITOR))) -> dict:
         reg = service.registry

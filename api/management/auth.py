@@ -7,6 +7,7 @@ usage), tenant-user (its own tenant's usage and models, read-only), auditor (rea
 from __future__ import annotations
 
 import datetime as dt
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -17,6 +18,7 @@ from api.gateway.dependencies import bearer_secret
 from api.gateway.errors import GatewayError
 
 ROLES = ("operator", "tenant-admin", "tenant-user", "auditor")
+_TENANT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-]{0,63}$")
 AUDIENCE = "sealed-management"
 
 
@@ -46,9 +48,22 @@ def principal(request: Request, token: str = Depends(bearer_secret)) -> Principa
                             options={"require": ["exp", "sub", "aud"]})
     except jwt.PyJWTError as exc:
         raise GatewayError(401, "invalid management token", code="invalid_token") from exc
-    if claims.get("role") not in ROLES:
+    return _typed_principal(claims)
+
+
+def _typed_principal(claims: dict) -> Principal:
+    """Claims are typed strictly: a signed token with a wrong-typed claim is refused, never guessed at
+    (a tenant role with `tenant: null` must not read as "every tenant", nor a list reach a query)."""
+    role, subject, tenant = claims.get("role"), claims.get("sub"), claims.get("tenant")
+    if not isinstance(subject, str) or not subject or not isinstance(role, str):
+        raise GatewayError(401, "invalid management token", code="invalid_token")
+    if role not in ROLES:
         raise GatewayError(403, "unknown role", type_="permission_error", code="forbidden")
-    return Principal(str(claims["sub"]), claims["role"], claims.get("tenant"))
+    if tenant is not None and (not isinstance(tenant, str) or not _TENANT.match(tenant)):
+        raise GatewayError(401, "invalid management token", code="invalid_token")
+    if role.startswith("tenant-") and tenant is None:
+        raise GatewayError(401, "invalid management token: a tenant role needs a tenant", code="invalid_token")
+    return Principal(subject, role, tenant if role.startswith("tenant-") else None)
 
 
 def require(*roles: str) -> Callable[..., Principal]:

@@ -3,32 +3,39 @@
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # Types as the schema says: no "12" for 12, no 1.0 for an integer, no number for a timestamp.
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+# Every number fits the database's 64-bit integers (a 500 otherwise) with room to add usage to it.
+MAX_RATE = 1_000_000_000
+MAX_TOKENS_BUDGET = 1 << 62
 
 
 class TenantIn(Strict):
     name: str = Field(min_length=1, max_length=64, pattern=r"^[a-z0-9][a-z0-9_\-]*$")
     weight: float = Field(default=1.0, gt=0, le=1000)
-    rpm: int | None = Field(default=None, ge=1)
-    tpm: int | None = Field(default=None, ge=1)
-    token_budget: int | None = Field(default=None, ge=0)
-    max_queued: int | None = Field(default=None, ge=1)
+    rpm: int | None = Field(default=None, ge=1, le=MAX_RATE)
+    tpm: int | None = Field(default=None, ge=1, le=MAX_RATE)
+    token_budget: int | None = Field(default=None, ge=0, le=MAX_TOKENS_BUDGET)
+    max_queued: int | None = Field(default=None, ge=1, le=1_000_000)
 
 
 class KeyIn(Strict):
     name: str = Field(min_length=1, max_length=128)
-    models: list[str] = Field(default_factory=list)
-    expires_at: dt.datetime | None = None
-    rpm: int | None = Field(default=None, ge=1)
-    tpm: int | None = Field(default=None, ge=1)
+    models: list[Annotated[str, Field(min_length=1, max_length=256)]] = Field(default_factory=list, max_length=256)
+    expires_at: dt.datetime | None = Field(default=None, strict=True)  # an RFC 3339 string, not a number
+    rpm: int | None = Field(default=None, ge=1, le=MAX_RATE)
+    tpm: int | None = Field(default=None, ge=1, le=MAX_RATE)
     priority: int = Field(default=0, ge=-10, le=10)
-    token_budget: int | None = Field(default=None, ge=0, description="lifetime tokens of this key")
+    token_budget: int | None = Field(default=None, ge=0, le=MAX_TOKENS_BUDGET,
+                                     description="lifetime tokens of this key")
 
 
 class KillSwitchIn(Strict):
@@ -50,7 +57,7 @@ class ModelVersionIn(Strict):
 
 
 class RolloutIn(Strict):
-    version: str
+    version: str = Field(min_length=1, max_length=64)
     percent: float = Field(ge=0, le=100)
 
 

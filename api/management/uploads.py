@@ -45,6 +45,15 @@ FILE_SETS = (
 )
 PACKAGE_FILES = tuple(sorted(frozenset().union(*FILE_SETS)))
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
+# Names that become one path component each (refs/<tenant>/<model>/<version>.json): no separators,
+# no "." or "..", nothing hidden. The manifest is the uploader's: checked before any path is built.
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-]{0,127}$")
+
+
+def path_component(value: str, what: str) -> str:
+    if not isinstance(value, str) or not _NAME.match(value) or ".." in value:
+        raise HTTPException(422, f"the package's {what} is not a valid name (letters, digits, '.', '_', '-')")
+    return value
 _MAX_META_FILE = 64 << 20  # manifest.json and manifest.sig are small; bound them
 
 
@@ -163,13 +172,14 @@ def build_upload_router(store_dir: Path, auth_dependency: Callable[..., Any], *,
             raise HTTPException(422, f"not a valid package: {exc}") from exc
         if manifest.tenant != tenant:
             raise HTTPException(403, "the package is for another tenant")
+        model, version = path_component(manifest.model, "model"), path_component(manifest.version, "version")
         if files["payload.bin"].size != manifest.payload_bytes:
             raise HTTPException(422, "payload size differs from the manifest")
         address = package_address(files)
         record = {"address": address, "tenant": tenant, "model": manifest.model, "version": manifest.version,
                   "package_id": manifest.package_id, "signer": signer, "key_id": manifest.key_id,
                   "plaintext_digest": manifest.plaintext_digest, "payload_bytes": manifest.payload_bytes}
-        ref = refs / tenant / manifest.model / f"{manifest.version}.json"
+        ref = refs / path_component(tenant, "tenant") / model / f"{version}.json"
         if ref.exists() and json.loads(ref.read_text())["address"] != address:
             raise HTTPException(409, "this model version already has another package; versions are immutable")
         target = packages / address
@@ -203,5 +213,6 @@ def build_upload_router(store_dir: Path, auth_dependency: Callable[..., Any], *,
 
 def stored_package_dir(store_dir: Path, tenant: str, model: str, version: str) -> Path:
     """Where a released model version's package lies (for a worker's --package-dir)."""
-    ref = Path(store_dir) / "refs" / tenant / model / f"{version}.json"
+    ref = (Path(store_dir) / "refs" / path_component(tenant, "tenant") / path_component(model, "model")
+           / f"{path_component(version, 'version')}.json")
     return Path(store_dir) / "packages" / json.loads(ref.read_text())["address"]

@@ -18,6 +18,9 @@ class Tokenizer:
         from tokenizers import Tokenizer as HFTokenizer
 
         self._tok = HFTokenizer.from_str(tokenizer_json)
+        # Text a user typed: "<|im_start|>" in it stays those characters, never the control token.
+        self._text_tok = HFTokenizer.from_str(tokenizer_json)
+        self._text_tok.encode_special_tokens = True
         self.vocab_size = max(self._tok.get_vocab_size(with_added_tokens=True), config.get("vocab_size", 0))
         self.chat_template = chat_template
         eos = config.get("eos_token_id")
@@ -32,11 +35,37 @@ class Tokenizer:
             env.globals["raise_exception"] = _raise
             self._template = env.from_string(chat_template)
 
-    def encode(self, text: str) -> list[int]:
-        return self._tok.encode(text, add_special_tokens=False).ids
+    def encode(self, text: str, parse_special: bool = True) -> list[int]:
+        """Token ids of `text`; `parse_special=False` for untrusted text (special tokens stay text)."""
+        if not isinstance(text, str):
+            raise InvalidRequestError("text to tokenize must be a string")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise InvalidRequestError("the text is not valid Unicode (a lone UTF-16 surrogate)") from None
+        tok = self._tok if parse_special else self._text_tok
+        try:
+            return tok.encode(text, add_special_tokens=False).ids
+        except Exception as exc:  # the Rust tokenizer's errors are request errors, never worker failures
+            raise InvalidRequestError(f"the text cannot be tokenized ({type(exc).__name__})") from None
+
+    def encode_segments(self, segments: list[tuple[str, bool]]) -> list[int]:
+        """Concatenated ids of (text, trusted) segments: only trusted ones (the template's) may hold control tokens."""
+        ids: list[int] = []
+        for text, trusted in segments:
+            if text:
+                ids.extend(self.encode(text, parse_special=trusted))
+        return ids
 
     def decode(self, ids: Any, skip_special_tokens: bool = True) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def check_ids(self, ids: Any) -> list[int]:
+        """Token ids from outside (a /detokenize request): integers within the vocabulary."""
+        out = list(ids)
+        if any(isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < self.vocab_size for i in out):
+            raise InvalidRequestError(f"token ids must be integers in [0, {self.vocab_size})")
+        return out
 
     def apply_chat_template(
         self, messages: list[dict], add_generation_prompt: bool = True, tools: list[dict] | None = None

@@ -48,7 +48,8 @@ def plan_chat(req: ChatCompletionRequest, *, rid: str, tenant: str, key_id: str,
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     requests = [worker_pb2.GenerateRequest(
         request_id=f"{rid}-{i}", tenant=tenant, key_id=key_id, kind="chat", agent_killed=agent_killed,
-        messages_json=json.dumps(messages), tools_json=json.dumps(tools) if use_tools else "",
+        messages_json=json.dumps(messages, ensure_ascii=False),
+        tools_json=json.dumps(tools, ensure_ascii=False) if use_tools else "",
         assistant_prefix=prefix, params=sampling_params(req, max_tokens, logprobs, extra_stop, i))
         for i in range(req.n)]
     return ChatPlan(requests=requests, prefix=prefix, use_tools=use_tools, json_mode=json_mode,

@@ -38,7 +38,8 @@ def sampling_params(req: SamplingFields, max_tokens: int, logprobs: int | None, 
                                   req.temperature, top_p=1.0 if req.top_p is None else req.top_p,
                                   stop=req.stop_list() + extra_stop, ignore_eos=req.ignore_eos)
     if req.seed is not None:
-        p.seed = req.seed + index  # n > 1 with a seed: distinct yet reproducible choices
+        # n > 1 with a seed: distinct yet reproducible choices (wrapping within int64, the wire type).
+        p.seed = (req.seed + index + (1 << 63)) % (1 << 64) - (1 << 63)
     if logprobs is not None:
         p.logprobs = logprobs
     return p

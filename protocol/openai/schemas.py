@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+# Bounds that keep every number inside the worker protocol's types (a 500 otherwise) and every
+# request's fan-out small: prompts x n choices run as that many streams.
+MAX_TOKENS = 1 << 20  # far above any context we serve; uint32 on the wire
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+MAX_PROMPTS = 64  # list prompts in one /v1/completions request; prompts x n is capped by the gateway too
 
 
 class Strict(BaseModel):
@@ -72,11 +78,11 @@ class SamplingFields(Strict):
     model: str = Field(min_length=1, max_length=256)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    max_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     n: int = Field(default=1, ge=1, le=16)
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=INT64_MIN, le=INT64_MAX)
     stop: str | list[str] | None = None
     user: str | None = Field(default=None, max_length=256)
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
@@ -98,7 +104,7 @@ class SamplingFields(Strict):
 
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS)
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     tools: list[Tool] | None = None
@@ -110,8 +116,32 @@ class ChatCompletionRequest(SamplingFields):
 
 
 class CompletionRequest(SamplingFields):
-    prompt: str | list[str] = Field(max_length=1 << 20)
+    prompt: str | Annotated[list[str], Field(min_length=1, max_length=MAX_PROMPTS)]
     logprobs: int | None = Field(default=None, ge=0, le=5)
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = Field(default=None, ge=1, le=1)
+
+
+class TokenizeRequest(Strict):
+    """vLLM's /tokenize: a completion `prompt` or chat `messages` (rendered as the worker renders them)."""
+
+    model: str = Field(min_length=1, max_length=256)
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = Field(default=None, min_length=1)
+    tools: list[Tool] | None = None
+    add_generation_prompt: bool = True
+    continue_final_message: Literal[False] = False
+    add_special_tokens: bool = True  # accepted for vLLM's clients; the served tokenizers add none
+    return_token_strs: bool = False
+
+    @model_validator(mode="after")
+    def _one_input(self) -> TokenizeRequest:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give exactly one of prompt or messages")
+        return self
+
+
+class DetokenizeRequest(Strict):
+    model: str = Field(min_length=1, max_length=256)
+    tokens: list[Annotated[int, Field(ge=0, le=(1 << 32) - 1)]] = Field(max_length=1 << 20)

@@ -44,6 +44,16 @@ class WorkerStub:
                 request_serializer=worker__pb2.StatusRequest.SerializeToString,
                 response_deserializer=worker__pb2.StatusReply.FromString,
                 _registered_method=True)
+        self.Tokenize = channel.unary_unary(
+                '/sealed.worker.v1.Worker/Tokenize',
+                request_serializer=worker__pb2.TokenizeRequest.SerializeToString,
+                response_deserializer=worker__pb2.TokenizeReply.FromString,
+                _registered_method=True)
+        self.Detokenize = channel.unary_unary(
+                '/sealed.worker.v1.Worker/Detokenize',
+                request_serializer=worker__pb2.DetokenizeRequest.SerializeToString,
+                response_deserializer=worker__pb2.DetokenizeReply.FromString,
+                _registered_method=True)
         self.SealedGenerate = channel.unary_stream(
                 '/sealed.worker.v1.Worker/SealedGenerate',
                 request_serializer=worker__pb2.SealedRequest.SerializeToString,
@@ -61,6 +71,18 @@ class WorkerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Status(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Tokenize(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Detokenize(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -84,6 +106,16 @@ def add_WorkerServicer_to_server(servicer, server):
                     servicer.Status,
                     request_deserializer=worker__pb2.StatusRequest.FromString,
                     response_serializer=worker__pb2.StatusReply.SerializeToString,
+            ),
+            'Tokenize': grpc.unary_unary_rpc_method_handler(
+                    servicer.Tokenize,
+                    request_deserializer=worker__pb2.TokenizeRequest.FromString,
+                    response_serializer=worker__pb2.TokenizeReply.SerializeToString,
+            ),
+            'Detokenize': grpc.unary_unary_rpc_method_handler(
+                    servicer.Detokenize,
+                    request_deserializer=worker__pb2.DetokenizeRequest.FromString,
+                    response_serializer=worker__pb2.DetokenizeReply.SerializeToString,
             ),
             'SealedGenerate': grpc.unary_stream_rpc_method_handler(
                     servicer.SealedGenerate,
@@ -145,6 +177,60 @@ class Worker:
             '/sealed.worker.v1.Worker/Status',
             worker__pb2.StatusRequest.SerializeToString,
             worker__pb2.StatusReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Tokenize(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sealed.worker.v1.Worker/Tokenize',
+            worker__pb2.TokenizeRequest.SerializeToString,
+            worker__pb2.TokenizeReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Detokenize(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sealed.worker.v1.Worker/Detokenize',
+            worker__pb2.DetokenizeRequest.SerializeToString,
+            worker__pb2.DetokenizeReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -26,7 +26,8 @@ class RunningStack:
     proc: subprocess.Popen
 
 
-def start_sealed_up(root: Path, timeout: float = 420.0) -> RunningStack:
+def start_sealed_up(root: Path, timeout: float = 420.0, ready_line: bool = False) -> RunningStack:
+    """Start `sealed up`; return once /readyz says ready, or (`ready_line`) the moment it prints "Sealed is up"."""
     home, tmpdir = root / "home", root / "tmp"
     tmpdir.mkdir(parents=True, exist_ok=True)
     port = free_port()
@@ -40,6 +41,11 @@ def start_sealed_up(root: Path, timeout: float = 420.0) -> RunningStack:
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"sealed up exited: {(root / 'up.log').read_text()[-3000:]}")
+        if ready_line:
+            if b"Sealed is up" in (root / "up.log").read_bytes():
+                return RunningStack(url, (home / "demo" / "api-key").read_text().strip(), home, tmpdir, proc)
+            time.sleep(0.05)
+            continue
         try:
             if httpx.get(f"{url}/readyz", timeout=2.0).status_code == 200:
                 key = (home / "demo" / "api-key").read_text().strip()

@@ -26,6 +26,20 @@ class FakeServicer(worker_pb2_grpc.WorkerServicer):
     def __init__(self, state: WorkerState, delay: float) -> None:
         self.state, self.delay = state, delay
 
+    async def Tokenize(self, request: worker_pb2.TokenizeRequest, context: grpc.aio.ServicerContext
+                       ) -> worker_pb2.TokenizeReply:
+        # A byte tokenizer: enough to carry the protocol.
+        text = request.prompt if request.kind == "completion" else request.messages_json
+        ids = list(text.encode())
+        return worker_pb2.TokenizeReply(tokens=ids, max_model_len=2048,
+                                        token_strs=[chr(i) for i in ids] if request.return_token_strs else [])
+
+    async def Detokenize(self, request: worker_pb2.DetokenizeRequest, context: grpc.aio.ServicerContext
+                         ) -> worker_pb2.DetokenizeReply:
+        if any(t > 255 for t in request.tokens):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "token id out of range")
+        return worker_pb2.DetokenizeReply(prompt=bytes(request.tokens).decode(errors="replace"))
+
     async def Generate(self, request: worker_pb2.GenerateRequest, context: grpc.aio.ServicerContext
                        ) -> AsyncIterator[worker_pb2.GenerateChunk]:
         n, started = request.params.max_tokens, time.monotonic()

@@ -18,12 +18,13 @@ def test_client_pins_the_worker_key_only_when_its_policy_accepts_the_simulated_t
     measurements = frozenset(doc_policy["allowed_measurements"])
     strict = AppraisalPolicy(allowed_tee=frozenset({"sim"}), allowed_measurements=measurements)
     with pytest.raises(PolicyViolation, match="simulated"):
-        verify_deployment(stack.url, jwks, strict)
+        verify_deployment(stack.url, jwks, strict, api_key=stack.api_key)
     lenient = AppraisalPolicy(allowed_tee=frozenset({"sim"}), allowed_measurements=measurements,
                               unsafe_allow_simulated_tee=True)
-    (pinned,) = verify_deployment(stack.url, jwks, lenient)
+    (pinned,) = verify_deployment(stack.url, jwks, lenient, api_key=stack.api_key)
     assert pinned.insecure and pinned.tee == "sim" and len(pinned.hpke_public_key) == 32
     with pytest.raises(PolicyViolation, match="measurement"):
         verify_deployment(stack.url, jwks, AppraisalPolicy(allowed_tee=frozenset({"sim"}),
                                                            allowed_measurements=frozenset({"00" * 48}),
-                                                           unsafe_allow_simulated_tee=True))
+                                                           unsafe_allow_simulated_tee=True),
+                          api_key=stack.api_key)

@@ -29,6 +29,11 @@ def auth(role: str = "operator", tenant: str | None = None) -> dict[str, str]:
     return {"Authorization": f"Bearer {issue_token(SECRET, 'test', role, tenant)}"}
 
 
+def detail(gw: TestClient) -> dict:
+    """/readyz says only ready or not; the per-version detail is for operators."""
+    return gw.get("/admin/v1/readiness", headers=auth()).json()
+
+
 def beat(gw: TestClient, tenant: str, model: str, version: str, status: str, reason: str = "",
          wid: str = "w1") -> None:
     gw.app.state.service.registry.heartbeat({
@@ -44,8 +49,8 @@ def test_one_failing_version_leaves_the_gateway_ready_and_readyz_says_which_and_
                    headers=auth()).status_code == 201
     beat(gw, "acme", "bad", "v1", "failed", "key release refused by the key broker", wid="w2")
     r = gw.get("/readyz")
-    assert r.status_code == 200, r.json()
-    doc = r.json()
+    assert r.status_code == 200 and r.json() == {"ready": True}
+    doc = detail(gw)
     assert doc["models"]["demo/m/v1"]["state"] == "ready"
     assert doc["models"]["acme/bad/v1"]["state"] == "failing"
     assert doc["failing"] == {"acme/bad/v1": "key release refused by the key broker"}
@@ -53,13 +58,14 @@ def test_one_failing_version_leaves_the_gateway_ready_and_readyz_says_which_and_
 
 def test_readyz_is_unready_only_when_nothing_can_serve(gw: TestClient) -> None:
     beat(gw, "demo", "m", "v1", "failed", "package rejected (PackageIntegrityError)")
-    r = gw.get("/readyz")
-    assert r.status_code == 503 and r.json()["failing"]["demo/m/v1"] == "package rejected (PackageIntegrityError)"
+    assert gw.get("/readyz").status_code == 503
+    assert detail(gw)["failing"]["demo/m/v1"] == "package rejected (PackageIntegrityError)"
     # A version allowed to scale to zero needs no warm worker: it is "cold", not a reason to be unready.
     gw.post("/admin/v1/tenants/demo/models", json={"model": "m", "version": "v1", "min_warm": 0}, headers=auth())
     gw.app.state.service.registry.workers.clear()
-    doc = gw.get("/readyz").json()
+    doc = detail(gw)
     assert doc["models"]["demo/m/v1"]["state"] == "cold" and doc["ready"] is True
+    assert gw.get("/readyz").status_code == 200
 
 
 def test_the_control_loop_status_shows_in_readyz_and_bad_values_are_refused(gw: TestClient) -> None:
@@ -68,7 +74,7 @@ def test_the_control_loop_status_shows_in_readyz_and_bad_values_are_refused(gw: 
     url = "/admin/v1/deployments/acme/x/v1/status"
     assert gw.put(url, json={"status": "waiting", "reason": "no data key at the key broker"},
                   headers=auth()).status_code == 200
-    assert gw.get("/readyz").json()["models"]["acme/x/v1"] == {
+    assert detail(gw)["models"]["acme/x/v1"] == {
         "warm": 0, "min_warm": 1, "max_replicas": 1, "state": "waiting", "reason": "no data key at the key broker"}
     for body in ({"status": "exploded"}, {"status": "waiting", "reason": "x" * 300}, {"status": 1}):
         assert gw.put(url, json=body, headers=auth()).status_code == 400  # the gateway's validation error
@@ -86,7 +92,7 @@ def test_retire_moves_traffic_hides_the_version_and_rollback_restores(gw: TestCl
     assert r.status_code == 200
     assert {v["version"]: (v["traffic_percent"], v["retired"]) for v in r.json()["data"]} == {
         "v1": (100.0, False), "v2": (0.0, True)}
-    assert "acme/x/v2" not in gw.get("/readyz").json()["models"]
+    assert "acme/x/v2" not in detail(gw)["models"]
     assert gw.post("/admin/v1/tenants/acme/models/x/rollout", json={"version": "v2", "percent": 50},
                    headers=h).status_code == 409
     assert gw.post("/admin/v1/tenants/acme/models/x/versions/v9/retire", headers=h).status_code == 404
@@ -139,7 +145,8 @@ def test_a_request_for_a_cold_model_is_a_retryable_503_and_counts_as_demand(gw: 
     assert r.status_code == 503 and r.headers["retry-after"] and r.json()["error"]["code"] == "model_unavailable"
     row = next(d for d in gw.get("/admin/v1/deployments", headers=auth()).json()["data"] if d["model"] == "x")
     assert row["load"]["unserved_recent"] == 1
-    assert 'sealed:model_unserved_requests{model_name="x",tenant="acme"} 1.0' in gw.get("/metrics").text
+    metrics = gw.get("/metrics", headers=auth("auditor")).text
+    assert 'sealed:model_unserved_requests{model_name="x",tenant="acme"} 1.0' in metrics
 
 
 def _signed_policy(tenant: str) -> tuple[dict, str, Ed25519PrivateKey]:

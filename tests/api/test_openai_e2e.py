@@ -96,7 +96,8 @@ def test_well_known_attestation_serves_evidence_and_a_verifiable_token(stack: Ru
     from attestation.sim import parse_sim_report
     from attestation.token import TokenVerifier
 
-    doc = httpx.get(f"{stack.url}/.well-known/attestation").json()
+    doc = httpx.get(f"{stack.url}/.well-known/attestation",
+                    headers={"Authorization": f"Bearer {stack.api_key}"}).json()
     (worker,) = doc["workers"]
     assert worker["tee"] == "sim" and worker["insecure"] is True
     bundle = EvidenceBundle.from_json(worker["evidence"])

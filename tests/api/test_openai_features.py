@@ -96,7 +96,10 @@ def test_usage_endpoint_and_metrics(stack: RunningStack) -> None:
     usage = httpx.get(f"{stack.url}/v1/usage", headers={"Authorization": f"Bearer {stack.api_key}"}).json()
     assert usage["tenant"] == "demo" and usage["totals"]["requests"] >= 1
     assert usage["totals"]["completion_tokens"] > 0 and usage["totals"]["worker_seconds"] > 0
-    text = httpx.get(f"{stack.url}/metrics").text
+    from api.management.auth import issue_token
+
+    operator = issue_token((stack.home / "gateway" / "jwt-secret").read_text().strip(), "test", "operator")
+    text = httpx.get(f"{stack.url}/metrics", headers={"Authorization": f"Bearer {operator}"}).text
     for name in ("time_to_first_token_seconds", "inter_token_latency_seconds", "e2e_request_latency_seconds",
                  "num_requests_running", "num_requests_waiting", "kv_cache_usage_perc", "prompt_tokens_total",
                  "generation_tokens_total"):

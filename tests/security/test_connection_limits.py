@@ -1,0 +1,69 @@
+"""#13 finding 9: no header or idle timeout (1500 half-open connections were held for 40 s).
+
+Raw sockets against the gateway's real uvicorn configuration, on 127.0.0.1 only and bounded:
+half-open requests are closed after the header timeout, connections beyond the cap at once, and the
+gateway keeps answering."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import httpx
+
+from api.gateway.app import create_app
+from api.gateway.settings import GatewaySettings
+from tests.security.harness import http_server
+
+HALF_OPEN = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"  # no end
+
+
+async def _closed_within(reader: asyncio.StreamReader, seconds: float) -> bool:
+    try:
+        while await asyncio.wait_for(reader.read(4096), seconds):
+            pass  # a 4xx before closing is fine; then EOF
+        return True
+    except (TimeoutError, ConnectionError):
+        return False
+
+
+async def test_half_open_connections_are_closed_and_capped(tmp_path: Path) -> None:
+    app = create_app(GatewaySettings(data_dir=tmp_path, dev=True))
+    async with http_server(app, header_timeout_s=1.0, max_connections=40) as url:
+        port = int(url.rsplit(":", 1)[1])
+        conns = []
+        for _ in range(60):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(HALF_OPEN)
+            await writer.drain()
+            conns.append((reader, writer))
+        started = time.monotonic()
+        # Beyond the cap: closed at accept.
+        early = await asyncio.gather(*(_closed_within(r, 0.5) for r, _ in conns))
+        assert sum(early) >= 20
+        # The others: closed by the header timeout (1 s), not held.
+        late = await asyncio.gather(*(_closed_within(r, 3.0) for r, _ in conns))
+        assert all(late), f"{late.count(False)} half-open connections still held"
+        assert time.monotonic() - started < 4.0
+        for _, writer in conns:
+            writer.close()
+        # An idle connection that never sends a byte is closed the same way.
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        assert await _closed_within(reader, 3.0)
+        writer.close()
+        async with httpx.AsyncClient() as client:
+            assert (await client.get(f"{url}/healthz")).status_code == 200
+
+
+async def test_a_kept_alive_connection_gets_the_header_deadline_again(tmp_path: Path) -> None:
+    app = create_app(GatewaySettings(data_dir=tmp_path, dev=True))
+    async with http_server(app, header_timeout_s=1.0, keep_alive_s=30.0) as url:
+        reader, writer = await asyncio.open_connection("127.0.0.1", int(url.rsplit(":", 1)[1]))
+        writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        await writer.drain()
+        assert b"200 OK" in await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        writer.write(b"GET /healthz HTTP/1.1\r\n")  # the second request never completes its headers
+        await writer.drain()
+        assert await _closed_within(reader, 3.0)
+        writer.close()
