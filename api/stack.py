@@ -22,6 +22,8 @@ from cryptography.hazmat.primitives import serialization
 
 from api.gateway.keys import ApiKeyStore
 from api.home import Home, ed25519_key, write_public_key
+from api.orchestrator.local import LocalRuntime
+from api.orchestrator.loop import ControlLoop
 from api.supervisor import Child, RunLock, Supervisor
 from api.tenant_tools import default_model_path, encrypt_model
 from attestation.refvalues import sign_reference_values
@@ -155,6 +157,7 @@ class Stack:
     worker_url: str
     supervisor: Supervisor
     lock: RunLock | None = None
+    loop: ControlLoop | None = None
     worker_urls: list[str] = field(default_factory=list)
     extra: dict[str, object] = field(default_factory=dict)  # written into run/pids.json
 
@@ -181,6 +184,8 @@ class Stack:
         atomic_write(self.home.root / "run" / "pids.json", json.dumps(doc).encode())
 
     def stop(self, timeout: float = 10.0) -> None:
+        if self.loop is not None:
+            self.loop.stop()
         self.supervisor.stop(timeout)
         with contextlib.suppress(OSError):
             (self.home.root / "run" / "pids.json").unlink()
@@ -333,6 +338,13 @@ def launch(home: Home, *, host: str = "127.0.0.1", port: int = 8000,
             stack.worker_urls.append(f"http://127.0.0.1:{http_port}")
         _wait_http(f"{stack.worker_url}/internal/status", stack.supervisor.children["worker"])
         stack.supervisor.watch()
+        # Every other registered model version gets its workers from the control loop.
+        runtime = LocalRuntime(home, stack.supervisor, broker_url, local_gateway,
+                               _secret_file(home.gateway / "register-token"), gateway_client_cert(home))
+        runtime.on_change = stack.write_pids
+        stack.loop = ControlLoop(runtime, local_gateway, home.gateway / "jwt-secret", home.broker / "admin-token",
+                                 static=frozenset({(DEMO_TENANT, DEMO_MODEL, DEMO_VERSION)}))
+        stack.loop.start()
         stack.write_pids()
     except BaseException:
         stack.stop()

@@ -294,7 +294,7 @@ def heartbeat_body(state: WorkerState, grpc_address: str, tls_cert: str, seq: in
         "version": s.version, "status": state.status, "tee": s.tee, "insecure": s.insecure,
         "usage_public_key": public.hex(), "pid": os.getpid(), "tls_cert": tls_cert,
         "stats": booted.engine.stats() if booted else {}, "sealed_key_id": state.serving_key.key_id,
-        "attestation": attestation,
+        "attestation": attestation, "reason": state.reason,
         "seq": seq, "at": int(time.time())}
     body["signature"] = state.usage_key.sign(heartbeat_signing_input(body)).hex()
     return body
@@ -316,7 +316,7 @@ async def heartbeats(state: WorkerState, urls: list[str], token: str, grpc_addre
 
 
 async def serve(settings: WorkerSettings, grpc_port: int, register_urls: list[str], register_token: str,
-                gateway_client_cert: bytes | None = None) -> None:
+                gateway_client_cert: bytes | None = None, advertise_host: str | None = None) -> None:
     state = WorkerState(settings)
     server = grpc.aio.server(options=[("grpc.max_concurrent_streams", 4096),
                                       ("grpc.max_receive_message_length", 32 << 20)])
@@ -340,7 +340,10 @@ async def serve(settings: WorkerSettings, grpc_port: int, register_urls: list[st
     state.channel_binding, state.tls_spki = channel_binding(spki, usage_public), spki
     app = create_app(settings, state)
     await server.start()
-    beat = asyncio.create_task(heartbeats(state, register_urls, register_token, address, tls_cert=tls_cert)
+    # Bound to all interfaces in a pod: the gateway is told the pod's own address.
+    public = advertise_host or settings.host
+    beat = asyncio.create_task(heartbeats(state, register_urls, register_token, f"{public}:{grpc_port}",
+                                          tls_cert=tls_cert)
                                ) if register_urls else None
     http = uvicorn.Server(uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning",
                                          access_log=False))
@@ -368,9 +371,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ccel-table", type=Path, default=Path("/sys/firmware/acpi/tables/CCEL"),
                         help="ACPI CCEL table (TDX CC event log)")
     parser.add_argument("--ccel-data", type=Path, default=Path("/sys/firmware/acpi/tables/data/CCEL"))
-    parser.add_argument("--sim-platform-key", type=Path, default=None)
+    parser.add_argument("--sim-platform-key", type=Path, default=os.environ.get("SEALED_SIM_PLATFORM_KEY") or None,
+                        help="simulated TEE's key (dev; default $SEALED_SIM_PLATFORM_KEY)")
     parser.add_argument("--unsafe-sim-measurement", default=None)
     parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--advertise-host", default=None,
+                        help="address announced to the gateway (default --host; in a pod: its IP)")
     parser.add_argument("--port", type=int, default=8002)
     parser.add_argument("--grpc-port", type=int, required=True)
     parser.add_argument("--register-url", action="append", default=[], help="gateway to send heartbeats to")
@@ -416,7 +422,7 @@ def main(argv: list[str] | None = None) -> int:
         lease_s=args.lease_seconds, lease_watch_s=args.lease_watch_seconds)
     token = args.register_token_file.read_text().strip() if args.register_token_file else ""
     client_cert = args.gateway_client_cert.read_bytes() if args.gateway_client_cert else None
-    asyncio.run(serve(settings, args.grpc_port, args.register_url, token, client_cert))
+    asyncio.run(serve(settings, args.grpc_port, args.register_url, token, client_cert, args.advertise_host))
     return 0
 
 

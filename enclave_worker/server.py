@@ -13,9 +13,11 @@ import hmac
 import json
 import logging
 import secrets
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+import httpx
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from fastapi import FastAPI
@@ -27,7 +29,10 @@ from enclave_worker.freshness import AttestationRenewal
 from enclave_worker.guard import WorkerGuard, build_guard
 from enclave_worker.keywatch import KeyLease, LeaseTiming
 from enclave_worker.settings import WorkerSettings
+from policy.errors import PolicyError
 from protocol.broker.client import WorkerIdentity
+from protocol.broker.errors import BrokerRateLimited, BrokerRefused
+from protocol.package.errors import PackageError
 from protocol.rpc import worker_pb2
 from protocol.sealed import ReplayGuard, WorkerKey
 from protocol.worker_status import ServingState, WorkerStatus
@@ -39,6 +44,7 @@ log = logging.getLogger(__name__)
 class WorkerState:
     settings: WorkerSettings
     status: ServingState = "starting"
+    reason: str = ""  # a failed boot's category (never the exception text: it might carry data)
     booted: BootedWorker | None = None
     guard: WorkerGuard | None = None
     channel_binding: bytes = b""  # set before boot: attestation covers the TLS and usage keys
@@ -64,7 +70,8 @@ class WorkerState:
         s = self.settings
         booted = self.booted
         return WorkerStatus(
-            status=self.status, tenant=s.tenant, model=s.model, version=s.version, tee=s.tee, gpu_tee=s.gpu_tee,
+            status=self.status, reason=self.reason, tenant=s.tenant, model=s.model, version=s.version, tee=s.tee,
+            gpu_tee=s.gpu_tee,
             insecure=s.insecure, device=s.device, dtype=s.dtype, gpu_cc_off=bool(booted and booted.gpu_cc_off),
             load_s=round(booted.load_s, 3) if booted else None, gpu_memory=gpu_memory() if s.on_gpu else None,
             stats=booted.engine.stats() if booted else {})
@@ -98,18 +105,21 @@ async def _boot(state: WorkerState) -> None:
     try:
         # The tenant's signed policy first: no key is fetched for a worker that could not enforce it.
         state.guard = build_guard(s.policy_file, s.policy_admin_key, s.tenant, s.unsafe_no_tenant_policy)
+        started = time.monotonic()
         state.booted = await asyncio.to_thread(boot, s, state.channel_binding, state.serving_key.private_key,
                                                state.guard.policy_set if state.guard else None)
         state.status = "ready"
+        # Cold-start figure (docs/deploy.md): attestation + key release + package load + engine build.
+        log.info("ready %.1f s after boot started (attest, key release, package load)", time.monotonic() - started)
     except AttestationError as exc:
         # The attester's own words (no secrets: they name interfaces, modes and error codes), one
         # line: "GPU confidential computing is off", "not an SEV-SNP guest", ...
-        state.status = "failed"
+        state.status, state.reason = "failed", "attestation failed in the TEE"
         log.error("worker boot failed: %s: %s", type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
         return
     except Exception as exc:  # the reason is logged by type only: it may not carry secrets, but keep it terse
-        state.status = "failed"
-        log.error("worker boot failed: %s", type(exc).__name__)
+        state.status, state.reason = "failed", failure_reason(exc)
+        log.error("worker boot failed: %s (%s)", type(exc).__name__, state.reason)
         return
     # The token clients verify is renewed for the worker's whole life (enclave_worker/freshness.py).
     renewal = asyncio.create_task(AttestationRenewal(state).run())
@@ -121,9 +131,26 @@ async def _boot(state: WorkerState) -> None:
         renewal.cancel()
 
 
+def failure_reason(exc: BaseException) -> str:
+    """A fixed category for /readyz and the control loop; the details stay in the audit logs."""
+    if isinstance(exc, BrokerRefused):
+        return "key release refused by the key broker"
+    if isinstance(exc, BrokerRateLimited):
+        return "key broker rate limit"
+    if isinstance(exc, PackageError):
+        return f"package rejected ({type(exc).__name__})"
+    if isinstance(exc, httpx.HTTPError):
+        return "key broker unreachable"
+    if isinstance(exc, FileNotFoundError):
+        return "package or policy file missing"
+    if isinstance(exc, (PolicyError, ValueError)):
+        return "tenant policy or package metadata invalid"
+    return f"boot failed ({type(exc).__name__})"
+
+
 def _revoke(state: WorkerState) -> None:
     """The key was revoked or its lease ran out: stop serving and wipe every plaintext weight now."""
-    state.status = "failed"
+    state.status, state.reason = "failed", "data key revoked or its lease ran out"
     booted, state.booted = state.booted, None
     if booted is not None:
         booted.wipe()
@@ -159,6 +186,12 @@ def create_app(settings: WorkerSettings, state: WorkerState | None = None) -> Fa
     @app.get("/internal/status")
     def status() -> WorkerStatus:
         return state.report()
+
+    @app.get("/internal/readyz")
+    def readyz() -> JSONResponse:
+        """For a pod's readiness probe: 200 only while the model is loaded and serving."""
+        return JSONResponse(status_code=200 if state.status == "ready" else 503,
+                            content={"status": state.status, "reason": state.reason})
 
     @app.get("/internal/attestation")
     def attestation() -> JSONResponse:

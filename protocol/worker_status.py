@@ -15,6 +15,7 @@ class WorkerStatus(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     status: ServingState
+    reason: str = Field(default="", max_length=128)  # a failed boot's category, never exception text
     tenant: str = Field(max_length=64)
     model: str = Field(max_length=256)
     version: str = Field(max_length=64)

@@ -35,6 +35,7 @@ from attestation.sim import SimTee
 from protocol.broker.client import obtain_data_key
 from protocol.broker.sealing import open_sealed, raw_public_key, release_info
 from protocol.package.signing import signer_identity
+from sealed_bench.processes import wait_healthy
 
 MEASUREMENT = bytes(range(48))
 SCOPE = {"tenant": "bench", "model": "m", "version": "v1"}
@@ -76,15 +77,8 @@ def start_broker(
         env=env,
     )
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    proc.kill()
-    raise RuntimeError("broker did not start")
+    wait_healthy(proc, url)
+    return proc, url
 
 
 def provision(url: str, admin_token: str) -> bytes:

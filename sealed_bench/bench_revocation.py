@@ -41,6 +41,7 @@ from enclave_worker.keywatch import KeyLease, LeaseTiming
 from protocol.broker.client import ReleasedKey, WorkerIdentity, obtain_data_key
 from protocol.package.signing import signer_identity
 from sealed_bench.bench_keyrelease import MEASUREMENT, _percentile, _port
+from sealed_bench.processes import wait_healthy
 
 
 def start_broker(root: Path, platform_key: Ed25519PrivateKey, admin_token: str,
@@ -55,15 +56,8 @@ def start_broker(root: Path, platform_key: Ed25519PrivateKey, admin_token: str,
         stdout=open(root / "broker.log", "wb"),  # noqa: SIM115 (owned by the child)
         stderr=subprocess.STDOUT, env={**os.environ, "SEALED_BROKER_ADMIN_TOKEN": admin_token})
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    proc.kill()
-    raise RuntimeError("broker did not start")
+    wait_healthy(proc, url)
+    return proc, url
 
 
 def provision(url: str, admin_token: str, tenant: str) -> None:

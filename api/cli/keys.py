@@ -40,7 +40,13 @@ def _broker_url(url: str | None, home: Path | None) -> str:
 def _admin(method: str, path: str, url: str | None, home: Path | None, body: Any = None) -> Any:
     token = os.environ.get(TOKEN_ENV)
     if not token:
-        raise typer.BadParameter(f"set {TOKEN_ENV} to an admin or tenant-admin token")
+        from api.cli.mgmt_client import PROFILE_ENV, broker_credentials
+
+        stored = broker_credentials(os.environ.get(PROFILE_ENV) or "default")  # `sealed login --local-operator`
+        token = stored[1] if stored else None
+    if not token:
+        raise typer.BadParameter(f"set {TOKEN_ENV} to an admin or tenant-admin token (or `sealed login "
+                                 "--local-operator` on the host of `sealed up`)")
     response = httpx.request(method, f"{_broker_url(url, home)}/v1/admin{path}", json=body, timeout=30.0,
                              headers={"Authorization": f"Bearer {token}"})
     if response.status_code >= 400:

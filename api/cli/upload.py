@@ -16,6 +16,7 @@ import httpx
 import typer
 from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
 
+from api.cli.mgmt_client import PROFILE, gateway_url, management_token
 from protocol.package.errors import UploadError
 
 # manifest + payload + whichever signature method's files the package has
@@ -86,15 +87,18 @@ def upload_package(pkg: Path, client: httpx.Client, *, chunk_bytes: int = DEFAUL
 
 def upload(
     pkg: Path = typer.Argument(..., exists=True, file_okay=False, help="package directory (encrypt --out)"),
-    gateway: str = typer.Option("http://127.0.0.1:8000", envvar="SEALED_GATEWAY", help="gateway URL"),
-    api_key: str = typer.Option(None, envvar="SEALED_API_KEY", help="tenant API key (or $SEALED_API_KEY)"),
+    gateway: str = typer.Option(None, "--gateway", "--url", help="gateway URL (default $SEALED_GATEWAY, the "
+                                                                 "login's, or the local stack's)"),
+    profile: str = PROFILE,
     chunk_mib: int = typer.Option(4, min=1, help="chunk size in MiB"),
 ) -> None:
-    """Upload an encrypted package: chunked, resumable (run it again to continue), with progress."""
-    if not api_key:
-        raise typer.BadParameter("an API key is required (--api-key or $SEALED_API_KEY)")
-    headers = {"authorization": f"Bearer {api_key}"}
-    with httpx.Client(base_url=gateway, headers=headers, timeout=120.0) as client, Progress(
+    """Upload an encrypted package: chunked, resumable (run it again to continue), with progress.
+
+    Needs a tenant-admin management token of the package's tenant (not an API key): `sealed login`
+    with one (an operator makes it with `sealed tokens create --role tenant-admin`), or
+    $SEALED_MANAGEMENT_TOKEN."""
+    headers = {"authorization": f"Bearer {management_token(profile)}"}
+    with httpx.Client(base_url=gateway_url(gateway, profile), headers=headers, timeout=120.0) as client, Progress(
             "[progress.description]{task.description}", BarColumn(), DownloadColumn(), TransferSpeedColumn(),
             TimeRemainingColumn()) as bar:
         task = bar.add_task("uploading", total=None)

@@ -65,8 +65,10 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     app.include_router(internal.router)
     if importlib.util.find_spec("api.management") is not None:
         from api.management.app import management_router, upload_router
+        from api.management.lifecycle import router as lifecycle_router
 
         app.include_router(management_router(settings, service), prefix="/admin/v1")
+        app.include_router(lifecycle_router, prefix="/admin/v1")
         uploads = upload_router(settings)
         if uploads is not None:
             app.include_router(uploads)

@@ -63,6 +63,7 @@ class Run:
             await self.close()
             raise
         self.service.metrics.ttft.labels(self.model).observe(time.monotonic() - self.started)
+        self.service.demand.ttft(self.key.tenant, self.model, time.monotonic() - self.started)
         return [_prepend(f, s) for f, s in zip(firsts, streams, strict=True)]
 
     def account(self, chunk: worker_pb2.GenerateChunk) -> None:

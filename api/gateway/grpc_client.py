@@ -6,6 +6,7 @@ the request in its engine. A worker that vanishes mid-stream surfaces as WorkerL
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -29,7 +30,7 @@ class WorkerUnavailable(GatewayError):
 
     def __init__(self) -> None:
         super().__init__(503, "model unavailable: worker unreachable", type_="model_unavailable",
-                         code="model_unavailable")
+                         code="model_unavailable", headers={"Retry-After": "2"})
 
 
 # Messages a little over the gateway's body limit (JSON escapes, the chat template's hint) must fit.
@@ -37,9 +38,30 @@ MAX_MESSAGE_BYTES = 32 << 20
 
 
 class WorkerClients:
-    def __init__(self, identity: TlsIdentity | None = None) -> None:
+    def __init__(self, identity: TlsIdentity | None = None, connect_timeout_s: float = 5.0) -> None:
         self._identity = identity
+        self.connect_timeout_s = connect_timeout_s
         self._channels: dict[tuple[str, str], tuple[grpc.aio.Channel, worker_pb2_grpc.WorkerStub]] = {}
+
+    async def forget(self, address: str, worker_cert: str = "") -> None:
+        """Drop a channel to a worker that is gone (a restarted worker has a new certificate)."""
+        entry = self._channels.pop((address, worker_cert), None)
+        if entry is not None:
+            await entry[0].close()
+
+    async def _connected(self, address: str, worker_cert: str) -> worker_pb2_grpc.WorkerStub:
+        """The stub, once its channel is connected: a dead or replaced worker (refused connection,
+        a certificate that is no longer its) fails within `connect_timeout_s`, never at the RPC deadline."""
+        stub = self.stub(address, worker_cert)
+        channel = self._channels[(address, worker_cert)][0]
+        if channel.get_state(try_to_connect=True) != grpc.ChannelConnectivity.READY:
+            try:
+                await asyncio.wait_for(channel.channel_ready(), self.connect_timeout_s)
+            except TimeoutError as exc:
+                await self.forget(address, worker_cert)
+                raise GatewayError(503, "model unavailable: worker unreachable", type_="model_unavailable",
+                                   code="model_unavailable", headers={"Retry-After": "2"}) from exc
+        return stub
 
     def stub(self, address: str, worker_cert: str = "") -> worker_pb2_grpc.WorkerStub:
         key = (address, worker_cert)
@@ -81,11 +103,13 @@ class WorkerClients:
     async def open(self, address: str, request: worker_pb2.GenerateRequest, timeout_s: float, worker_cert: str = ""
                    ) -> tuple[worker_pb2.GenerateChunk, AsyncIterator[worker_pb2.GenerateChunk]]:
         """Start generating and wait for the first chunk, so that errors before it can be retried."""
-        call = self.stub(address, worker_cert).Generate(request, timeout=timeout_s)
+        call = (await self._connected(address, worker_cert)).Generate(request, timeout=timeout_s)
         try:
             first = await call.read()
         except grpc.aio.AioRpcError as exc:
             call.cancel()
+            if exc.code() == grpc.StatusCode.UNAVAILABLE:
+                await self.forget(address, worker_cert)
             raise _translate(exc, started=False) from exc
         except BaseException:
             call.cancel()

@@ -50,6 +50,7 @@ class Heartbeat(BaseModel):
     seq: int = Field(ge=1, le=2**62)
     at: int = Field(ge=0, le=2**40)
     signature: str = Field(min_length=128, max_length=128)
+    reason: str = Field(default="", max_length=128)  # a failed worker's failure category
 
 
 def worker_token(secret: str = Depends(bearer_secret), service: GatewayService = Depends(get_service)) -> None:
@@ -71,27 +72,57 @@ def healthz() -> dict:
     return {"status": "ok"}
 
 
+def version_state(service: GatewayService, v: Any) -> dict[str, Any]:
+    """One model version's serving state and, when it is not serving, why."""
+    registry = service.registry
+    mine = [w for w in registry.for_model(v.tenant, v.model) if w.version == v.version]
+    warm = sum(1 for w in registry.ready(v.tenant, v.model) if w.version == v.version)
+    doc: dict[str, Any] = {"warm": warm, "min_warm": v.min_warm, "max_replicas": v.max_replicas}
+    if warm:
+        state, reason = "ready", ""
+    elif any(w.status == "starting" for w in mine):
+        state, reason = "starting", "a worker is attesting and loading the model"
+    elif any(w.status == "ready" for w in mine):
+        state, reason = "starting", "the worker's attestation is being checked"
+    elif mine:
+        state = "failing"
+        reason = "; ".join(sorted({w.reason or "worker failed" for w in mine}))
+    elif v.status:
+        state, reason = v.status, v.status_reason  # as the control loop last reported it
+    elif v.min_warm == 0:
+        state, reason = "cold", "scaled to zero; a request starts a worker"
+    else:
+        state, reason = "waiting", "no worker registered"
+    if v.status == "failing" and state != "ready":
+        state, reason = "failing", v.status_reason or reason  # the control loop knows more (e.g. backoff)
+    doc.update(state=state, reason=reason)
+    return doc
+
+
 @router.get("/readyz", response_model=None)
 def readyz(service: GatewayService = Depends(get_service)) -> JSONResponse:
-    """Ready when every model version in the catalog has at least its minimum of warm workers.
+    """Ready when the gateway can serve: some version has a warm worker, or no version needs one
+    (all scaled to zero). One failing version never makes it unready for the others.
 
-    Public (load balancers probe it), so it says only ready or not: which tenants, models and
-    workers exist is for operators (`GET /admin/v1/workers`, `GET /admin/v1/readiness`).
+    Public (load balancers probe it), so it says only ready or not: which versions are failing and
+    why is for operators (`GET /admin/v1/readiness`, `GET /admin/v1/workers`).
     """
     ready, _ = readiness(service)
     return JSONResponse(status_code=200 if ready else 503, content={"ready": ready})
 
 
 def readiness(service: GatewayService) -> tuple[bool, dict[str, Any]]:
+    """Per version: state and reason (and the overall answer of /readyz)."""
     registry, models = service.registry, {}
     for v in service.store.model_versions():
-        if v.traffic_percent <= 0:
+        if v.retired or (v.traffic_percent <= 0 and v.min_warm == 0):
             continue
-        warm = sum(1 for w in registry.ready(v.tenant, v.model) if w.version == v.version)
-        models[f"{v.tenant}/{v.model}/{v.version}"] = {"warm": warm, "min_warm": v.min_warm}
+        models[f"{v.tenant}/{v.model}/{v.version}"] = version_state(service, v)
     workers = [w.status if registry.alive(w) else "unreachable" for w in registry.workers.values()]
-    ready = bool(models) and all(m["warm"] >= min(1, m["min_warm"]) for m in models.values())
-    return ready, {"ready": ready, "workers": workers, "models": models}
+    needs_warm = [m for m in models.values() if m["min_warm"] > 0]
+    ready = bool(models) and (any(m["warm"] for m in models.values()) or not needs_warm)
+    failing = {k: m["reason"] for k, m in models.items() if m["state"] == "failing"}
+    return ready, {"ready": ready, "workers": workers, "models": models, "failing": failing}
 
 
 def metrics_reader(request: Request, secret: str = Depends(bearer_secret)) -> None:

@@ -37,6 +37,7 @@ class WorkerInfo:
     sealed_key_id: str = ""  # hex SHA-256 of its attested HPKE key (sealed mode pins it)
     attestation_doc: dict[str, Any] | None = None  # as submitted (and, once attested, verified)
     seq: int = 0  # the last signed heartbeat's sequence number (replays are refused)
+    reason: str = ""  # why a failed worker failed (a category, e.g. "key release refused")
 
     def load(self) -> float:
         return self.inflight + float(self.stats.get("num_waiting", 0))
@@ -44,8 +45,9 @@ class WorkerInfo:
 
 def unavailable(detail: str = "") -> GatewayError:
     suffix = f" ({detail})" if detail else ""
+    # Retryable: the control loop starts, restarts or wakes (from zero) the version's workers.
     return GatewayError(503, f"model unavailable: no attested worker is serving it{suffix}",
-                        type_="model_unavailable", code="model_unavailable")
+                        type_="model_unavailable", code="model_unavailable", headers={"Retry-After": "2"})
 
 
 def reattest_required() -> GatewayError:
@@ -85,8 +87,13 @@ class WorkerRegistry:
         if attestation != info.attestation_doc:
             info.attestation_doc, info.attested = attestation, False  # checked again before routing
         info.seq = seq
-        info.status, info.stats = doc["status"], doc.get("stats") or {}
+        info.status, info.stats, info.reason = doc["status"], doc.get("stats") or {}, str(doc.get("reason") or "")
         info.last_seen, info.dead = time.monotonic(), False
+        if known is None:
+            # A new process on an address another worker had: that one is gone (restarted in place).
+            for other in self.workers.values():
+                if other.grpc_address == info.grpc_address and other.worker_id != wid:
+                    other.dead = True
         self.workers[wid] = info
         return info
 

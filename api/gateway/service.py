@@ -15,6 +15,7 @@ from typing import Any
 
 from api.gateway.admission import AdmissionController, Ticket
 from api.gateway.audit import admin_meta, audit_worker_decisions, open_gateway_audit
+from api.gateway.demand import Demand
 from api.gateway.errors import GatewayError
 from api.gateway.grpc_client import WorkerClients, WorkerLost, WorkerUnavailable, open_sealed
 from api.gateway.metrics import Metrics
@@ -58,6 +59,7 @@ class GatewayService:
         self.clients = WorkerClients(load_or_create(settings.data_dir / "gateway-client.key",
                                                     settings.data_dir / "gateway-client.pem"))
         self.metrics = Metrics(lambda: float(admission.running), lambda: float(len(admission.queue)))
+        self.demand = Demand(self.metrics.registry)
         self._cache: dict[tuple, tuple[float, Any]] = {}
         self._probing: set[str] = set()
         self._tasks: set[asyncio.Task] = set()
@@ -173,7 +175,11 @@ class GatewayService:
         """
         tried: set[str] = set()
         while True:
-            worker = self.registry.pick(key.tenant, model, split, affinity, frozenset(tried))
+            try:
+                worker = self.registry.pick(key.tenant, model, split, affinity, frozenset(tried))
+            except GatewayError:
+                self.demand.unserved(key.tenant, model)  # wakes a version scaled to zero
+                raise
             worker.inflight += 1
             try:
                 first, rest = await self.clients.open(worker.grpc_address, request, self.settings.request_timeout_s,
@@ -315,6 +321,8 @@ class GatewayService:
             except (AttestationError, ValueError, KeyError) as exc:
                 log.warning("worker %s not routed to: attestation check failed (%s)", info.worker_id,
                             type(exc).__name__)
+        pool = [w for w in self.registry.for_model(info.tenant, info.model) if w.version == info.version]
+        self.demand.set_queue(info.tenant, info.model, info.version, float(sum(w.load() for w in pool)))
         stats = info.stats
         if "kv_cache_usage_perc" in stats:
             self.metrics.kv_cache.labels(info.worker_id, info.model).set(float(stats["kv_cache_usage_perc"]) / 100)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import importlib.util
 from typing import Any
 
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from fastapi import APIRouter, Depends
 
 from api.gateway.errors import GatewayError
@@ -12,13 +14,27 @@ from api.gateway.service import GatewayService
 from api.gateway.settings import GatewaySettings
 from api.management.auth import Principal, require, tenant_scope
 from api.management.schemas import KeyIn, KillSwitchIn, ModelVersionIn, PolicyIn, RolloutIn, TenantIn
+from policy.documents import verify_policy_document
+from policy.errors import PolicyError
 
 OP, ADMIN, USER, AUDITOR = "operator", "tenant-admin", "tenant-user", "auditor"
 
 
 def _version(v: Any) -> dict[str, Any]:
     return {"tenant": v.tenant, "model": v.model, "version": v.version, "traffic_percent": v.traffic_percent,
-            "min_warm": v.min_warm}
+            "min_warm": v.min_warm, "max_replicas": v.max_replicas, "ttft_slo_ms": v.ttft_slo_ms,
+            "retired": v.retired, "status": v.status, "status_reason": v.status_reason}
+
+
+def check_policy_document(tenant: str, document: dict[str, Any], admin_key_pem: str) -> None:
+    """Refuse at once what a worker would refuse at boot: a policy not signed by that key, or not valid."""
+    try:
+        key = serialization.load_pem_public_key(admin_key_pem.encode())
+        if not isinstance(key, Ed25519PublicKey):
+            raise ValueError("not an Ed25519 key")
+        verify_policy_document(document, {tenant: {str(document.get("key_id")): key}})
+    except (ValueError, TypeError, PolicyError) as exc:
+        raise GatewayError(422, f"policy refused: {exc}", code="invalid_policy") from exc
 
 
 def management_router(settings: GatewaySettings, service: GatewayService) -> APIRouter:
@@ -85,7 +101,9 @@ def management_router(settings: GatewaySettings, service: GatewayService) -> API
     @r.post("/tenants/{tenant}/models", status_code=201)
     def add_version(tenant: str, body: ModelVersionIn, who: Principal = Depends(tenant_scope(OP, ADMIN))) -> dict:
         changed()
-        row = _version(store.upsert_version(tenant, body.model, body.version, min_warm=body.min_warm))
+        row = _version(store.upsert_version(tenant, body.model, body.version, min_warm=body.min_warm,
+                                            max_replicas=body.max_replicas or max(1, body.min_warm),
+                                            ttft_slo_ms=body.ttft_slo_ms))
         audit(who, tenant, "model-version-upsert", model=body.model, version=body.version, min_warm=body.min_warm)
         return row
 
@@ -93,6 +111,8 @@ def management_router(settings: GatewaySettings, service: GatewayService) -> API
     def rollout(tenant: str, model: str, body: RolloutIn, who: Principal = Depends(tenant_scope(OP, ADMIN))) -> dict:
         try:
             changed()
+            if any(v.retired and v.version == body.version for v in store.model_versions(tenant) if v.model == model):
+                raise GatewayError(409, "this version is retired; register it again first", code="retired")
             rows = store.set_rollout(tenant, model, body.version, body.percent)
         except KeyError as exc:
             raise GatewayError(404, "no such model version", code="not_found") from exc
@@ -115,7 +135,9 @@ def management_router(settings: GatewaySettings, service: GatewayService) -> API
     @r.put("/tenants/{tenant}/policy")
     def put_policy(tenant: str, body: PolicyIn, who: Principal = Depends(tenant_scope(OP, ADMIN))) -> dict:
         changed()
-        version = store.put_policy(tenant, body.document)
+        if body.admin_key_pem is not None:
+            check_policy_document(tenant, body.document, body.admin_key_pem)
+        version = store.put_policy(tenant, body.document, body.admin_key_pem)
         audit(who, tenant, "policy-put", policy_version=version)
         return {"tenant": tenant, "version": version}
 
@@ -124,7 +146,8 @@ def management_router(settings: GatewaySettings, service: GatewayService) -> API
         row = store.policy(tenant)
         if row is None:
             raise GatewayError(404, "no policy", code="not_found")
-        return {"tenant": tenant, "version": row.version, "document": row.document}
+        return {"tenant": tenant, "version": row.version, "document": row.document,
+                "admin_key_pem": row.admin_key_pem}
 
     @r.get("/readiness")
     def readiness_detail(_: Principal = Depends(require(OP, AUDITOR))) -> dict:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 
 
 class Strict(BaseModel):
@@ -43,9 +43,17 @@ class KillSwitchIn(Strict):
 
 
 class ModelVersionIn(Strict):
-    model: str = Field(min_length=1, max_length=256)
-    version: str = Field(min_length=1, max_length=64)
-    min_warm: int = Field(default=1, ge=0, le=1000)
+    model: str = Field(min_length=1, max_length=256, pattern=r"^[A-Za-z0-9][A-Za-z0-9._\-]*$")
+    version: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._\-]*$")
+    min_warm: int = Field(default=1, ge=0, le=1000, description="warm-pool floor; 0 lets it scale to zero")
+    max_replicas: int | None = Field(default=None, ge=1, le=1000)
+    ttft_slo_ms: int | None = Field(default=None, ge=1, le=600_000)
+
+    @model_validator(mode="after")
+    def _bounds(self) -> ModelVersionIn:
+        if self.max_replicas is not None and self.max_replicas < self.min_warm:
+            raise ValueError("max_replicas must be at least min_warm")
+        return self
 
 
 class RolloutIn(Strict):
@@ -55,3 +63,6 @@ class RolloutIn(Strict):
 
 class PolicyIn(Strict):
     document: dict[str, Any]
+    # The tenant admin's Ed25519 public key (PEM) that signed `document`; workers are started with
+    # it, and it is part of their measurement.
+    admin_key_pem: str | None = Field(default=None, max_length=4096)

@@ -4,7 +4,18 @@ from __future__ import annotations
 
 import datetime as dt
 
-from sqlalchemy import JSON, BigInteger, DateTime, Float, ForeignKey, Integer, String, UniqueConstraint, false
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    DateTime,
+    Float,
+    ForeignKey,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+    false,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -54,7 +65,13 @@ class ModelVersion(Base):
     version: Mapped[str] = mapped_column(String(64))
     traffic_percent: Mapped[float] = mapped_column(Float, default=0.0)
     previous_percent: Mapped[float | None] = mapped_column(Float, nullable=True)  # for one-call rollback
-    min_warm: Mapped[int] = mapped_column(Integer, default=1)
+    min_warm: Mapped[int] = mapped_column(Integer, default=1)  # warm-pool floor; 0: may scale to zero
+    max_replicas: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
+    ttft_slo_ms: Mapped[int | None] = mapped_column(Integer, nullable=True)  # scale out above it
+    retired: Mapped[bool] = mapped_column(default=False, server_default=false())  # workers drain and stop
+    # What the control loop last saw (e.g. "failing", "no data key at the broker"); shown by /readyz.
+    status: Mapped[str] = mapped_column(String(32), default="", server_default="")
+    status_reason: Mapped[str] = mapped_column(String(256), default="", server_default="")
     created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 
@@ -79,6 +96,9 @@ class PolicyRow(Base):
     tenant: Mapped[str] = mapped_column(String(64), primary_key=True)
     document: Mapped[dict] = mapped_column(JSON)
     version: Mapped[int] = mapped_column(Integer, default=1)
+    # The tenant admin's Ed25519 public key (PEM) the workers are started with; it is part of the
+    # workers' measurement, so the control plane cannot substitute its own.
+    admin_key_pem: Mapped[str | None] = mapped_column(Text, nullable=True)
     updated_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 

@@ -132,7 +132,8 @@ class Store:
             return list(s.scalars(q))
 
     def upsert_version(self, tenant: str, model: str, version: str, traffic_percent: float | None = None,
-                       min_warm: int | None = None) -> ModelVersion:
+                       min_warm: int | None = None, max_replicas: int | None = None,
+                       ttft_slo_ms: int | None = None) -> ModelVersion:
         self.ensure_tenant(tenant)
         with self.sessions.begin() as s:
             row = s.scalar(select(ModelVersion).where(ModelVersion.tenant == tenant, ModelVersion.model == model,
@@ -147,6 +148,12 @@ class Store:
                 row.traffic_percent = traffic_percent
             if min_warm is not None:
                 row.min_warm = min_warm
+            if max_replicas is not None:
+                row.max_replicas = max_replicas
+            if ttft_slo_ms is not None:
+                row.ttft_slo_ms = ttft_slo_ms
+            if row.retired and (traffic_percent or min_warm or max_replicas):
+                row.retired = False  # registered again: back in service
             s.flush()
             s.expunge(row)
             return row
@@ -185,6 +192,35 @@ class Store:
                 s.expunge(r)
             return rows
 
+    def retire(self, tenant: str, model: str, version: str) -> list[ModelVersion]:
+        """No more traffic (its share goes to the other versions) and no workers: they drain and stop."""
+        with self.sessions.begin() as s:
+            rows = list(s.scalars(select(ModelVersion).where(ModelVersion.tenant == tenant,
+                                                             ModelVersion.model == model)))
+            target = next((r for r in rows if r.version == version), None)
+            if target is None:
+                raise KeyError(version)
+            others = [r for r in rows if r is not target and not r.retired]
+            freed, rest = target.traffic_percent, sum(r.traffic_percent for r in others)
+            for r in rows:
+                r.previous_percent = r.traffic_percent
+            for r in others:
+                r.traffic_percent += freed * ((r.traffic_percent / rest) if rest > 0 else 1.0 / len(others))
+            target.traffic_percent, target.retired, target.min_warm = 0.0, True, 0
+            s.flush()
+            for r in rows:
+                s.expunge(r)
+            return rows
+
+    def set_version_status(self, tenant: str, model: str, version: str, status: str, reason: str) -> bool:
+        with self.sessions.begin() as s:
+            row = s.scalar(select(ModelVersion).where(ModelVersion.tenant == tenant, ModelVersion.model == model,
+                                                      ModelVersion.version == version))
+            if row is None:
+                return False
+            row.status, row.status_reason = status[:32], reason[:256]
+            return True
+
     # -- usage
     def record_usage(self, row: UsageRow) -> None:
         with self.sessions.begin() as s:
@@ -211,14 +247,16 @@ class Store:
                     for t, k, n, p, c, w in s.execute(q)]
 
     # -- policies
-    def put_policy(self, tenant: str, document: dict) -> int:
+    def put_policy(self, tenant: str, document: dict, admin_key_pem: str | None = None) -> int:
         with self.sessions.begin() as s:
             row = s.get(PolicyRow, tenant)
             if row is None:
-                row = PolicyRow(tenant=tenant, document=document, version=1)
+                row = PolicyRow(tenant=tenant, document=document, version=1, admin_key_pem=admin_key_pem)
                 s.add(row)
             else:
                 row.document, row.version = document, row.version + 1
+                if admin_key_pem is not None:
+                    row.admin_key_pem = admin_key_pem
             # Kept for the console's history and diff; same transaction as the current version.
             s.add(PolicyVersionRow(tenant=tenant, version=row.version, document=document))
             return row.version

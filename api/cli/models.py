@@ -1,0 +1,123 @@
+"""`sealed models register|list|promote|rollback|retire|measurement`: model versions.
+
+Registering a version puts it in the catalog; the control loop then runs workers for it as soon as
+its package is uploaded (`sealed upload`) and its data key is at the key broker (`--data-key`
+here, from `sealed encrypt`), and the tenant's release policy allows the workers' measurement
+(`sealed models measurement` prints it and can write that release policy).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+from api.cli.mgmt_client import PROFILE, URL, broker_call, call, show
+
+TENANT = typer.Option(..., "--tenant")
+MODEL = typer.Option(..., "--model")
+VERSION = typer.Option(..., "--version")
+JSON = typer.Option(False, "--json", help="print the API's JSON")
+
+
+def _row(v: dict) -> str:
+    state = "retired" if v.get("retired") else (v.get("status") or "-")
+    reason = f" ({v['status_reason']})" if v.get("status_reason") else ""
+    return (f"{v['model']}/{v['version']}\ttraffic={v['traffic_percent']:g}% warm-floor={v['min_warm']} "
+            f"max={v.get('max_replicas', 1)} state={state}{reason}")
+
+
+def register(
+    tenant: str = TENANT, model: str = MODEL, version: str = VERSION,
+    min_warm: int = typer.Option(1, min=0, help="warm-pool floor (0: may scale to zero)"),
+    max_replicas: int = typer.Option(None, min=1, help="ceiling of workers (default: the floor, at least 1)"),
+    ttft_slo_ms: int = typer.Option(None, min=1, help="add a worker while the mean TTFT is above this"),
+    data_key: Path = typer.Option(None, exists=True, help="the sealed data key `sealed encrypt` wrote: sent to "
+                                                          "the key broker (still sealed to it)"),
+    package: Path = typer.Option(None, exists=True, file_okay=False,
+                                 help="the package the data key belongs to (its manifest and signature go along)"),
+    profile: str = PROFILE, url: str = URL, as_json: bool = JSON,
+) -> None:
+    """Add a model version to the catalog (the first version of a model gets all its traffic)."""
+    if (data_key is None) != (package is None):
+        raise typer.BadParameter("--data-key and --package go together")
+    if data_key is not None:
+        from protocol.package.keywrap import SealedDataKey, sealed_upload_body
+
+        sealed = SealedDataKey.from_json(data_key.read_text())
+        if (sealed.tenant, sealed.model, sealed.version) != (tenant, model, version):
+            raise typer.BadParameter(f"the data key is for {sealed.tenant}/{sealed.model}/{sealed.version}")
+        broker_call("PUT", f"/tenants/{tenant}/models/{model}/versions/{version}/data-key", profile=profile,
+                    body=sealed_upload_body(package, sealed))
+        typer.echo(f"data key of {tenant}/{model}/{version} is at the key broker (it was sealed to the broker)")
+    body = {"model": model, "version": version, "min_warm": min_warm, "max_replicas": max_replicas,
+            "ttft_slo_ms": ttft_slo_ms}
+    doc = call("POST", f"/tenants/{tenant}/models", profile=profile, url=url,
+               body={k: v for k, v in body.items() if v is not None})
+    show(doc, as_json, [f"registered {tenant}/{_row(doc)}"])
+
+
+def list_versions(tenant: str = TENANT, profile: str = PROFILE, url: str = URL, as_json: bool = JSON) -> None:
+    """The tenant's model versions: traffic split, replica bounds, and what the control loop sees."""
+    doc = call("GET", f"/tenants/{tenant}/models", profile=profile, url=url)
+    show(doc, as_json, [_row(v) for v in doc["data"]])
+
+
+def promote(tenant: str = TENANT, model: str = MODEL, version: str = VERSION,
+            percent: float = typer.Option(100.0, min=0, max=100, help="share of the model's traffic"),
+            profile: str = PROFILE, url: str = URL, as_json: bool = JSON) -> None:
+    """Move traffic to a version (the others share the rest in proportion)."""
+    doc = call("POST", f"/tenants/{tenant}/models/{model}/rollout", profile=profile, url=url,
+               body={"version": version, "percent": percent})
+    show(doc, as_json, [_row(v) for v in doc["data"]])
+
+
+def rollback(tenant: str = TENANT, model: str = MODEL, profile: str = PROFILE, url: str = URL,
+             as_json: bool = JSON) -> None:
+    """Restore the traffic split from before the last promote or retire."""
+    doc = call("POST", f"/tenants/{tenant}/models/{model}/rollback", profile=profile, url=url)
+    show(doc, as_json, [_row(v) for v in doc["data"]])
+
+
+def retire(tenant: str = TENANT, model: str = MODEL, version: str = VERSION, profile: str = PROFILE,
+           url: str = URL) -> None:
+    """Take a version out of service: its traffic goes to the others; its workers drain and stop."""
+    doc = call("POST", f"/tenants/{tenant}/models/{model}/versions/{version}/retire", profile=profile, url=url)
+    for v in doc["data"]:
+        typer.echo(f"{model}/{v['version']}\ttraffic={v['traffic_percent']:g}%{' retired' if v['retired'] else ''}")
+
+
+def measurement(
+    tenant: str = TENANT, model: str = MODEL, version: str = VERSION,
+    policy_admin_key: Path = typer.Option(None, exists=True, help="the tenant admin public key its workers "
+                                                                  "enforce policies with (none: no in-enclave policy)"),
+    package: Path = typer.Option(None, exists=True, file_okay=False, help="with --release-policy-out: the package "
+                                                                         "whose signer the policy requires"),
+    release_policy_out: Path = typer.Option(None, help="write a release policy allowing exactly this measurement"),
+    policy_version: int = typer.Option(1, min=1, help="version of that release policy"),
+) -> None:
+    """The measurement of the workers `sealed up` runs for this version (simulated TEE)."""
+    from api.orchestrator.local import local_measurement
+
+    value = local_measurement(tenant, model, version, policy_admin_key)
+    typer.echo(value)
+    if release_policy_out is not None:
+        if package is None:
+            raise typer.BadParameter("--release-policy-out needs --package (its signer is required)")
+        from protocol.package import read_manifest
+
+        _, _, signer = read_manifest(package)
+        doc = {"policy_id": f"{model}-release", "version": policy_version, "tenant": tenant, "model": model,
+               "allowed_tee": ["sim"], "allowed_measurements": [value], "required_signer": signer,
+               "unsafe_allow_simulated_tee": True}
+        release_policy_out.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+        typer.echo(f"release policy written to {release_policy_out} (simulated TEE: for this host only)", err=True)
+
+
+def build() -> typer.Typer:
+    app = typer.Typer(no_args_is_help=True, help="Model versions: register, list, promote, roll back, retire.")
+    for name, fn in (("register", register), ("list", list_versions), ("promote", promote),
+                     ("rollback", rollback), ("retire", retire), ("measurement", measurement)):
+        app.command(name)(fn)
+    return app
