@@ -332,18 +332,21 @@ class GatewayService:
         """Each live worker's attestation document, exactly as the worker submitted it in its signed
         heartbeats and (with a broker JWKS configured) as the gateway verified it. Nothing is fetched
         from an address a worker supplies. Only the key's tenant's workers (and model scope)."""
-        out = []
-        for w in list(self.registry.workers.values()):
-            if not self.registry.alive(w) or w.tenant != key.tenant or (key.models and w.model not in key.models):
-                continue
-            entry: dict[str, Any] = {"worker_id": w.worker_id, "model": w.model, "version": w.version,
-                                     "tenant": w.tenant, "usage_public_key": w.usage_public_key,
-                                     "grpc_tls_cert": w.tls_cert or None}
-            doc = w.attestation_doc
-            if doc and (w.attested or self._verifier is None):
-                entry.update({k: doc[k] for k in ("tee", "insecure", "evidence", "token", "model_digest",
-                                                  "sealed_key_id", "promises") if k in doc})
-            else:
-                entry["status"] = "unavailable"
-            out.append(entry)
-        return out
+        return [self._attestation_entry(w) for w in list(self.registry.workers.values())
+                if self.registry.alive(w) and w.tenant == key.tenant and (not key.models or w.model in key.models)]
+
+    async def attestation_all(self) -> list[dict[str, Any]]:
+        """Every live worker's document, for callers that scope by their own authorization (the console)."""
+        return [self._attestation_entry(w) for w in list(self.registry.workers.values()) if self.registry.alive(w)]
+
+    def _attestation_entry(self, w: WorkerInfo) -> dict[str, Any]:
+        entry: dict[str, Any] = {"worker_id": w.worker_id, "model": w.model, "version": w.version,
+                                 "tenant": w.tenant, "usage_public_key": w.usage_public_key,
+                                 "grpc_tls_cert": w.tls_cert or None}
+        doc = w.attestation_doc
+        if doc and (w.attested or self._verifier is None):
+            entry.update({k: doc[k] for k in ("tee", "insecure", "evidence", "token", "model_digest",
+                                              "sealed_key_id", "promises") if k in doc})
+        else:
+            entry["status"] = "unavailable"
+        return entry
