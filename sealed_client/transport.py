@@ -47,15 +47,30 @@ def _release(part: bytes, held: list[bytes]) -> list[bytes]:
     return [part]
 
 
+class _GatewayRefused(Exception):
+    """The gateway refused the caller itself (a bad API key): its answer goes to the SDK unchanged, so
+    the caller sees the same AuthenticationError it would in plaintext mode."""
+
+    def __init__(self, status: int, headers: httpx2.Headers, content: bytes) -> None:
+        super().__init__(status)
+        self.status, self.headers, self.content = status, headers, content
+
+    def response(self, request: httpx2.Request) -> httpx2.Response:
+        return httpx2.Response(self.status, headers=self.headers, content=self.content, request=request)
+
+
 class SealedTransport(httpx2.BaseTransport):
     def __init__(self, session: SealedSession, gateway_url: str, inner: httpx2.BaseTransport | None = None) -> None:
         self.session, self.gateway_url = session, gateway_url.rstrip("/")
         self._inner = inner or httpx2.HTTPTransport()
 
-    def _get_json(self, path: str) -> dict:
-        response = self._inner.handle_request(httpx2.Request("GET", self.gateway_url + path))
+    def _get_json(self, path: str, auth: str | None = None) -> dict:
+        headers = {"Authorization": auth} if auth else {}
+        response = self._inner.handle_request(httpx2.Request("GET", self.gateway_url + path, headers=headers))
         try:
             response.read()
+            if response.status_code in (401, 403):
+                raise _GatewayRefused(response.status_code, response.headers, response.content)
             if response.status_code != 200:
                 raise ReattestRequired(f"{path} answered {response.status_code}")
             return response.json()
@@ -68,13 +83,15 @@ class SealedTransport(httpx2.BaseTransport):
         except ReattestRequired:
             return None  # absent: the session refuses if it needs it
 
-    def pin(self, model: str) -> object:
+    def pin(self, model: str, auth: str | None = None) -> object:
+        """The verified worker for `model`; the attestation document is fetched with the request's own
+        API key (the gateway shows each tenant only its own workers)."""
         pin = self.session.pinned(model)
         if pin is None:
             if self.session.needs_jwks():
                 self.session.set_gateway_jwks(self._get_json("/.well-known/jwks.json"))
             refvals = self._optional("/.well-known/reference-values") if self.session.wants_reference_values() else None
-            pin = self.session.pin_from(model, self._get_json("/.well-known/attestation"), refvals)
+            pin = self.session.pin_from(model, self._get_json("/.well-known/attestation", auth), refvals)
         return pin
 
     def handle_request(self, request: httpx2.Request) -> httpx2.Response:
@@ -86,7 +103,9 @@ class SealedTransport(httpx2.BaseTransport):
         model = _model_of(body)
         for attempt in range(2):
             try:
-                pin = self.pin(model)
+                pin = self.pin(model, request.headers.get("authorization"))
+            except _GatewayRefused as exc:
+                return exc.response(request)
             except NoAttestedWorker as exc:
                 return httpx2.Response(404, json=exc.as_response_body(), request=request)
             exchange = self.session.seal(pin, endpoint, body)  # type: ignore[arg-type]
@@ -160,10 +179,14 @@ class AsyncSealedTransport(httpx2.AsyncBaseTransport):
         self.session, self.gateway_url = session, gateway_url.rstrip("/")
         self._inner = inner or httpx2.AsyncHTTPTransport()
 
-    async def _get_json(self, path: str) -> dict:
-        response = await self._inner.handle_async_request(httpx2.Request("GET", self.gateway_url + path))
+    async def _get_json(self, path: str, auth: str | None = None) -> dict:
+        headers = {"Authorization": auth} if auth else {}
+        response = await self._inner.handle_async_request(httpx2.Request("GET", self.gateway_url + path,
+                                                                          headers=headers))
         try:
             await response.aread()
+            if response.status_code in (401, 403):
+                raise _GatewayRefused(response.status_code, response.headers, response.content)
             if response.status_code != 200:
                 raise ReattestRequired(f"{path} answered {response.status_code}")
             return response.json()
@@ -176,14 +199,14 @@ class AsyncSealedTransport(httpx2.AsyncBaseTransport):
         except ReattestRequired:
             return None
 
-    async def pin(self, model: str) -> object:
+    async def pin(self, model: str, auth: str | None = None) -> object:
         pin = self.session.pinned(model)
         if pin is None:
             if self.session.needs_jwks():
                 self.session.set_gateway_jwks(await self._get_json("/.well-known/jwks.json"))
             refvals = (await self._optional("/.well-known/reference-values")
                        if self.session.wants_reference_values() else None)
-            pin = self.session.pin_from(model, await self._get_json("/.well-known/attestation"), refvals)
+            pin = self.session.pin_from(model, await self._get_json("/.well-known/attestation", auth), refvals)
         return pin
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
@@ -195,7 +218,9 @@ class AsyncSealedTransport(httpx2.AsyncBaseTransport):
         model = _model_of(body)
         for attempt in range(2):
             try:
-                pin = await self.pin(model)
+                pin = await self.pin(model, request.headers.get("authorization"))
+            except _GatewayRefused as exc:
+                return exc.response(request)
             except NoAttestedWorker as exc:
                 return httpx2.Response(404, json=exc.as_response_body(), request=request)
             exchange = self.session.seal(pin, endpoint, body)  # type: ignore[arg-type]

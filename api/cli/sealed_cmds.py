@@ -48,8 +48,14 @@ def verify(
     unsafe_trust_gateway_jwks: bool = typer.Option(False, "--unsafe-trust-gateway-jwks",
                                                    help="take the broker JWKS from the gateway (trust on first use)"),
     at: str = typer.Option(None, help="verification time, ISO 8601 (default: now)"),
+    api_key_file: Path = typer.Option(None, exists=True, dir_okay=False,
+                                      help="file holding the API key (default: $SEALED_API_KEY, $OPENAI_API_KEY)"),
 ) -> None:
-    """Verify every worker a deployment serves; print what was verified; exit non-zero on any failure."""
+    """Verify every worker a deployment serves; print what was verified; exit non-zero on any failure.
+
+    The gateway shows each tenant only its own workers, so the API key decides which are verified."""
+    import os
+
     import httpx
 
     from attestation.errors import AttestationError, PolicyViolation
@@ -63,9 +69,18 @@ def verify(
         typer.echo(f"bad client policy: {exc}", err=True)
         raise typer.Exit(2) from exc
     base = url.rstrip("/")
+    api_key = (api_key_file.read_text().strip() if api_key_file
+               else os.environ.get("SEALED_API_KEY") or os.environ.get("OPENAI_API_KEY"))
+    auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     with httpx.Client(timeout=10.0) as http:
         jwks = trust.broker_jwks or http.get(f"{base}/.well-known/jwks.json").json()
-        workers = http.get(f"{base}/.well-known/attestation").json().get("workers", [])
+        listing = http.get(f"{base}/.well-known/attestation", headers=auth)
+        if listing.status_code != 200:
+            typer.echo(f"{base}/.well-known/attestation answered {listing.status_code}"
+                       + (" (give the API key: --api-key-file or $SEALED_API_KEY)" if listing.status_code == 401
+                          else ""), err=True)
+            raise typer.Exit(1)
+        workers = listing.json().get("workers", [])
         published_doc = None
         if trust.reference_values_key is not None:
             response = http.get(f"{base}/.well-known/reference-values")

@@ -8,6 +8,7 @@ import asyncio
 import base64
 import copy
 import json
+import os
 from typing import Any
 from typing import Any as RunningStack
 
@@ -225,9 +226,15 @@ def test_sealed_verify_prints_what_it_verified_and_fails_closed(stack: RunningSt
     policy = tmp_path / "client-policy.json"
     policy.write_text(json.dumps(demo_client_policy(stack.home)))
 
-    def verify(*args: str) -> subprocess.CompletedProcess:
+    def verify(*args: str, api_key: str | None = stack.api_key) -> subprocess.CompletedProcess:
+        env = {k: v for k, v in os.environ.items() if k not in ("SEALED_API_KEY", "OPENAI_API_KEY")}
+        if api_key:
+            env["SEALED_API_KEY"] = api_key  # never on the command line
         return subprocess.run([sys.executable, "-m", "api.cli.main", "verify", stack.url, *args],
-                              capture_output=True, text=True, timeout=120)
+                              capture_output=True, text=True, timeout=120, env=env)
+
+    anonymous = verify("--policy", str(policy), api_key=None)  # the gateway lists no workers to strangers
+    assert anonymous.returncode == 1 and "answered 401" in anonymous.stderr
 
     ok = verify("--policy", str(policy))
     assert ok.returncode == 0, ok.stdout + ok.stderr
