@@ -15,7 +15,8 @@ from attestation.collateral import CollateralConfig, CollateralStore
 from attestation.errors import CollateralError
 from attestation.snp.certs import VekKind
 from attestation.snp.tcb import Product
-from attestation.tdx import testcollateral, testpki
+from attestation.testing import tdx_collateral as testcollateral
+from attestation.testing import tdx_pki as testpki
 from attestation.testing.platform import FakePlatform
 
 NOW = dt.datetime.now(dt.UTC)
