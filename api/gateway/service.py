@@ -139,10 +139,12 @@ class GatewayService:
         for budget, cache_key, key_id in budgets:
             if budget is None:
                 continue
-            if reserved_tokens > budget:
-                raise GatewayError(400, f"Request too large: it may use up to {reserved_tokens} tokens, more than the "
-                                   f"whole token budget of {budget}" + (" of this key." if key_id else "."),
-                                   code="request_too_large")
+            if reserved_tokens > budget:  # can never fit: refused (and audited) like any other admission refusal
+                too_large = GatewayError(400, f"Request too large: it may use up to {reserved_tokens} tokens, more "
+                                         f"than the whole token budget of {budget}"
+                                         + (" of this key." if key_id else "."), code="request_too_large")
+                self.audit_refusal(key, "key-budget" if key_id else "tenant-budget", too_large)
+                raise too_large
             used = self._cached(cache_key, lambda k=key_id: self.store.tokens_used(key.tenant, k))
             if used >= budget:
                 self.metrics.rejected.labels(key.tenant, "budget").inc()

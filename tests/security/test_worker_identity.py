@@ -83,6 +83,14 @@ def gateway(tmp_path: Path) -> Iterator[TestClient]:
         yield client
 
 
+def public_workers(client: TestClient) -> list[dict[str, Any]]:
+    """/.well-known/attestation as tenant acme sees it (it lists only the caller's tenant's workers)."""
+    secret, _ = client.app.state.service.store.create_key("acme", "reader")  # type: ignore[attr-defined]
+    answer = client.get("/.well-known/attestation", headers={"Authorization": f"Bearer {secret}"})
+    assert answer.status_code == 200, answer.text
+    return answer.json()["workers"]
+
+
 def ready(client: TestClient) -> list[str]:
     registry = client.app.state.service.registry  # type: ignore[attr-defined]
     return [w.worker_id for w in registry.ready("acme", "m")]
@@ -93,7 +101,7 @@ def test_one_worker_cannot_heartbeat_as_another(gateway: TestClient, tmp_path: P
     assert post(gateway, victim.beat()) == 200 and post(gateway, attacker.beat()) == 200
     assert set(ready(gateway)) == {victim.beat()["worker_id"], attacker.beat()["worker_id"]}
     victim_id = victim.beat()["worker_id"]
-    public = gateway.get("/.well-known/attestation").json()["workers"]
+    public = public_workers(gateway)
     victim_doc = next(w for w in public if w["worker_id"] == victim_id)
     # Everything public about the victim, with the attacker's own (valid) key signing: refused.
     forged = attacker.beat(worker_id=victim_id, usage_public_key=victim_doc["usage_public_key"],
@@ -171,7 +179,7 @@ def test_the_gateway_never_fetches_or_reflects_a_url_a_worker_supplies(gateway: 
         worker = Worker(tmp_path, 5001)
         body = _resigned(worker, http_url=internal.url, attestation_url=internal.url)
         assert post(gateway, body) == 200
-        text = gateway.get("/.well-known/attestation").text
+        text = json.dumps(public_workers(gateway))  # what an authenticated client is shown
         time.sleep(0.2)
         assert internal.hits == []
         assert "INTERNAL-SECRET-METADATA" not in text
@@ -184,7 +192,7 @@ def test_well_known_attestation_serves_only_what_the_worker_submitted_and_the_ga
     good, unbound = Worker(tmp_path, 5001), Worker(tmp_path, 5002, bind=False)
     beat = good.beat()
     assert post(gateway, beat) == 200 and post(gateway, unbound.beat()) == 200
-    workers = {w["worker_id"]: w for w in gateway.get("/.well-known/attestation").json()["workers"]}
+    workers = {w["worker_id"]: w for w in public_workers(gateway)}
     served = workers[beat["worker_id"]]
     assert {k: served[k] for k in beat["attestation"]} == beat["attestation"]
     other = workers[unbound.beat()["worker_id"]]
