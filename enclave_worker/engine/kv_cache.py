@@ -26,9 +26,13 @@ class KVCacheSpec:
 
 
 def allocate_kv_cache(spec: KVCacheSpec, num_blocks: int, device: str) -> torch.Tensor:
-    """[2, layers, slots, kv_heads, head_dim]; untouched pages are not resident until written."""
+    """[2, layers, slots, kv_heads, head_dim], zeroed.
+
+    Decode attention gathers whole blocks and masks the slots past a sequence's length; a masked slot
+    still enters the weighted sum with weight 0, and 0 x NaN is NaN. Memory reused from freed tensors can
+    hold NaN or inf bit patterns, so the pool starts zeroed (every page resident from the start)."""
     slots = num_blocks * spec.block_size
-    return torch.empty(2, spec.num_layers, slots, spec.num_kv_heads, spec.head_dim, dtype=spec.dtype, device=device)
+    return torch.zeros(2, spec.num_layers, slots, spec.num_kv_heads, spec.head_dim, dtype=spec.dtype, device=device)
 
 
 MemInfo = Callable[[], tuple[int, int]]  # (free, total) bytes, as torch.cuda.mem_get_info
