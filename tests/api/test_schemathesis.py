@@ -18,26 +18,25 @@ from pathlib import Path
 import grpc
 import jwt
 import pytest
-
-schemathesis = pytest.importorskip("schemathesis")
-from hypothesis import HealthCheck, Phase, given, settings  # noqa: E402
-from hypothesis.errors import Unsatisfiable  # noqa: E402
-from schemathesis import GenerationMode  # noqa: E402
-from schemathesis.checks import not_a_server_error  # noqa: E402
-from schemathesis.specs.openapi.checks import (  # noqa: E402
+import schemathesis
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis.errors import Unsatisfiable
+from schemathesis import GenerationMode
+from schemathesis.checks import not_a_server_error
+from schemathesis.specs.openapi.checks import (
     content_type_conformance,
     negative_data_rejection,
     response_schema_conformance,
 )
 
-from api.gateway.app import create_app  # noqa: E402
-from api.gateway.settings import GatewaySettings, WorkerRoute  # noqa: E402
-from api.management.auth import AUDIENCE  # noqa: E402
-from api.stack import free_port  # noqa: E402
-from enclave_worker.server import WorkerState  # noqa: E402
-from enclave_worker.settings import WorkerSettings  # noqa: E402
-from protocol.rpc import worker_pb2, worker_pb2_grpc  # noqa: E402
-from tests.api.fake_worker import FakeServicer  # noqa: E402
+from api.gateway.app import create_app
+from api.gateway.settings import GatewaySettings, WorkerRoute
+from api.management.auth import AUDIENCE
+from api.stack import free_port
+from enclave_worker.server import WorkerState
+from enclave_worker.settings import WorkerSettings
+from protocol.rpc import worker_pb2, worker_pb2_grpc
+from tests.api.fake_worker import FakeServicer
 
 EXAMPLES = 15  # per operation and generation mode (valid, invalid): about 1,000 requests in all
 REGISTER, SECRET = "r" * 40, "j" * 40
