@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from protocol.model_ref import ModelRef
+
 
 @dataclass(frozen=True)
 class WorkerSettings:
@@ -42,6 +44,10 @@ class WorkerSettings:
     sev_guest_device: Path = Path("/dev/sev-guest")
     ccel_table: Path = Path("/sys/firmware/acpi/tables/CCEL")
     ccel_data: Path = Path("/sys/firmware/acpi/tables/data/CCEL")
+
+    @property
+    def ref(self) -> ModelRef:
+        return ModelRef(self.tenant, self.model, self.version)
 
     @property
     def on_gpu(self) -> bool:

@@ -15,6 +15,7 @@ from typing import Any
 
 from api.gateway.errors import GatewayError
 from api.gateway.liveness import LoopClock
+from protocol.model_ref import ModelRef
 
 
 @dataclass
@@ -39,6 +40,10 @@ class WorkerInfo:
     attestation_doc: dict[str, Any] | None = None  # as submitted (and, once attested, verified)
     seq: int = 0  # the last signed heartbeat's sequence number (replays are refused)
     reason: str = ""  # why a failed worker failed (a category, e.g. "key release refused")
+
+    @property
+    def ref(self) -> ModelRef:
+        return ModelRef(self.tenant, self.model, self.version)
 
     def load(self) -> float:
         return self.inflight + float(self.stats.get("num_waiting", 0))

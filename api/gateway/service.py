@@ -337,8 +337,7 @@ class GatewayService:
         info = self.registry.heartbeat(doc, seen_at)
         if self._verifier is not None and info.status == "ready" and not info.attested:
             try:
-                verify_worker_attestation(info.attestation_doc, tenant=info.tenant, model=info.model,
-                                          version=info.version, tls_cert=info.tls_cert,
+                verify_worker_attestation(info.attestation_doc, info.ref, tls_cert=info.tls_cert,
                                           usage_public_key=info.usage_public_key, verifier=self._verifier,
                                           sealed_key_id=info.sealed_key_id)
                 info.attested = True
