@@ -37,6 +37,7 @@ from key_broker.statefile import StateLedger, local_ledger
 from policy.documents import sign_policy_document
 from policy.release import ReleasePolicy
 from protocol.fsutil import atomic_write
+from protocol.model_ref import ModelRef
 from protocol.package import read_manifest
 from protocol.package.signing import signer_identity
 from protocol.tls import load_or_create
@@ -85,14 +86,15 @@ def prepare_demo(home: Home, model_path: Path | None = None, log: callable = pri
         keystore.create_tenant_key(DEMO_TENANT)
     datakeys = DataKeyRegistry(home.broker / "keystore", keystore, ledger)
     pkg = home.package(DEMO_TENANT, DEMO_MODEL, DEMO_VERSION)
+    demo = ModelRef(DEMO_TENANT, DEMO_MODEL, DEMO_VERSION)
     try:
-        datakeys.get(DEMO_TENANT, DEMO_MODEL, DEMO_VERSION)
+        datakeys.get(demo)
         read_manifest(pkg)
     except (KeyStoreError, Exception):
         log(f"encrypting the demo model as tenant '{DEMO_TENANT}' into {pkg} ...")
         encrypted = encrypt_model(model_path or default_model_path(), pkg, tenant=DEMO_TENANT, model=DEMO_MODEL,
                                   version=DEMO_VERSION, signing_key=tenant_key)
-        datakeys.register(DEMO_TENANT, DEMO_MODEL, DEMO_VERSION, encrypted.data_key, encrypted.manifest.key_id,
+        datakeys.register(demo, encrypted.data_key, encrypted.manifest.key_id,
                           encrypted.manifest.signer, encrypted.manifest.plaintext_digest)
     key_file = home.api_key_file(DEMO_TENANT)
     if not key_file.exists():
@@ -352,7 +354,7 @@ def launch(home: Home, *, host: str = "127.0.0.1", port: int = 8000,
                                _secret_file(home.gateway / "register-token"), gateway_client_cert(home))
         runtime.on_change = stack.write_pids
         stack.loop = ControlLoop(runtime, local_gateway, home.gateway / "jwt-secret", home.broker / "admin-token",
-                                 static=frozenset({(DEMO_TENANT, DEMO_MODEL, DEMO_VERSION)}))
+                                 static=frozenset({ModelRef(DEMO_TENANT, DEMO_MODEL, DEMO_VERSION)}))
         stack.loop.start()
         stack.write_pids()
     except BaseException:

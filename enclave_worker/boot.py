@@ -20,6 +20,7 @@ from enclave_worker.settings import WorkerSettings
 from enclave_worker.tee import make_attester
 from policy.policyset import PolicySet
 from protocol.broker.client import ReleasedKey, obtain_data_key
+from protocol.package.format import manifest_names
 
 log = logging.getLogger(__name__)
 
@@ -87,8 +88,7 @@ def boot(settings: WorkerSettings, channel_binding: bytes = b"", hpke_key: X2551
     gpu_cc_off = check_gpu_confidentiality(settings, policy_set)
     attester = make_attester(settings)
     with httpx.Client(base_url=settings.broker_url, timeout=30.0) as client:
-        released = obtain_data_key(client, tenant=settings.tenant, model=settings.model,
-                                   version=settings.version, make_bundle=attester.bundle,
+        released = obtain_data_key(client, settings.ref, make_bundle=attester.bundle,
                                    channel_binding=channel_binding, hpke_key=hpke_key)
     # The broker appraised CPU and GPU evidence together and released the key: only now do the
     # GPUs accept work (nvtrust's order: attest, verify, then set the ready state).
@@ -106,7 +106,7 @@ def boot(settings: WorkerSettings, channel_binding: bytes = b"", hpke_key: X2551
         model = decrypt_package(settings.package_dir, released.data_key, required_signer=receipt.get("signer"))
     try:
         manifest = model.manifest
-        if (manifest.tenant, manifest.model, manifest.version) != (settings.tenant, settings.model, settings.version):
+        if not manifest_names(manifest, settings.ref):
             raise ValueError("package is for another tenant, model or version")
         if receipt.get("model_digest") != manifest.plaintext_digest:
             raise ValueError("decrypted model digest differs from the digest the key was released for")

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from protocol.model_ref import ModelRef
+
 
 @dataclass(frozen=True)
 class WorkerSettings:
@@ -47,6 +49,10 @@ class WorkerSettings:
     def __post_init__(self) -> None:
         if self.engine not in ("sealed", "vllm"):
             raise ValueError(f"engine must be 'sealed' or 'vllm', not {self.engine!r}")
+
+    @property
+    def ref(self) -> ModelRef:
+        return ModelRef(self.tenant, self.model, self.version)
 
     @property
     def on_gpu(self) -> bool:

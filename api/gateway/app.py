@@ -53,6 +53,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        service.registry.clock.start()  # worker liveness on the gateway's own (loop-lag-adjusted) clock
         yield
         await service.close()
 
