@@ -191,8 +191,24 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             opened = open_sealed_request(self.state, request)
         except SealedRefusal as exc:
             await context.abort(exc.grpc_code, exc.message)
-        async for chunk in answer_sealed(self.state, self.generate, request, opened):
+        decisions: list[tuple[str, bytes]] = []
+
+        async def generate(inner: worker_pb2.GenerateRequest) -> AsyncIterator[worker_pb2.GenerateChunk]:
+            # In-enclave decisions on a sealed request are signed and sent like plaintext ones
+            # (trailing metadata; ids and rules, never content): the gateway audits them.
+            notes: list[GuardNote] = []
+            try:
+                async for chunk in self.generate(inner, notes):
+                    yield chunk
+            except OpenAIError as exc:
+                decisions.extend(getattr(exc, "worker_decisions", ()))  # a refusal (its notes included)
+                raise
+            decisions.extend(self._decisions(inner, notes))
+
+        async for chunk in answer_sealed(self.state, generate, request, opened):
             yield chunk
+        if decisions:
+            context.set_trailing_metadata(tuple(decisions[:16]))
 
     async def generate(self, request: worker_pb2.GenerateRequest, notes: list[GuardNote] | None = None
                        ) -> AsyncIterator[worker_pb2.GenerateChunk]:

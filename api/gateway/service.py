@@ -306,6 +306,11 @@ class GatewayService:
                 yield chunk
             if chunk.HasField("usage"):
                 await self._meter(chunk.usage, worker, request)
+            decisions = getattr(rest, "decisions", ())
+            if decisions:  # the worker's signed in-enclave decisions (no content): verified, then audited
+                audit_worker_decisions(self.audit, list(decisions), pinned_key_hex=worker.usage_public_key,
+                                       request_id=request.request_id, tenant=request.tenant,
+                                       worker_id=worker.worker_id, sealed=True)
         except WorkerLost:
             log.warning("worker %s lost mid-stream", worker.worker_id)
             self._probe_soon(worker)
