@@ -53,7 +53,7 @@ class Heartbeat(BaseModel):
     reason: str = Field(default="", max_length=128)  # a failed worker's failure category
 
 
-def worker_token(secret: str = Depends(bearer_secret), service: GatewayService = Depends(get_service)) -> None:
+async def worker_token(secret: str = Depends(bearer_secret), service: GatewayService = Depends(get_service)) -> None:
     expected = service.settings.register_token
     if not expected or not hmac.compare_digest(secret.encode(), expected.encode()):
         raise GatewayError(401, "bad worker registration token", code="invalid_api_key")
@@ -61,9 +61,13 @@ def worker_token(secret: str = Depends(bearer_secret), service: GatewayService =
 
 @router.post("/internal/workers/heartbeat", dependencies=[Depends(worker_token)])
 async def heartbeat(body: Heartbeat, request: Request, service: GatewayService = Depends(get_service)) -> dict:
+    # Stamped on arrival (on the loop-lag-adjusted clock) and checked on the registry's own thread,
+    # never behind usage writes or key look-ups: a busy gateway never ages a live worker's heartbeat.
+    seen_at = service.registry.clock.now()
     # The signature covers the body exactly as the worker sent it (the schema has already bounded it).
     signed = json.loads(await request.body())
-    await asyncio.to_thread(service.heartbeat, body.model_dump(), signed)
+    await asyncio.get_running_loop().run_in_executor(service.registry.executor, service.heartbeat,
+                                                     body.model_dump(), signed, seen_at)
     return {"ok": True}
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from protocol.openai import format as fmt
 from protocol.openai.errors import OpenAIError, error_body
-from protocol.openai.runner import SSE_DONE, ChoiceRunner, Streams, sampling_params, sse, usage_of
+from protocol.openai.runner import SSE_DONE, ChoiceRunner, ChunkEncoder, Streams, sampling_params, sse, usage_of
 from protocol.openai.schemas import CompletionRequest
 from protocol.rpc import worker_pb2
 
@@ -53,14 +53,14 @@ async def completion_events(req: CompletionRequest, plan: CompletionPlan, run: C
                             base: dict[str, Any]) -> AsyncIterator[bytes]:
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     results, started = [worker_pb2.GenerateChunk()] * len(plan.requests), set()
+    encode = ChunkEncoder(base)
     try:
         async for i, out in run.merged(streams):
             results[i] = out
             text = out.text if i in started else plan.echo(req, i) + out.text
             started.add(i)
             lp = fmt.completion_logprobs(list(out.logprobs)) if req.logprobs is not None else None
-            yield sse({**base, "choices": [{"index": i, "text": text, "logprobs": lp,
-                                            "finish_reason": out.finish_reason or None}]})
+            yield encode({"index": i, "text": text, "logprobs": lp, "finish_reason": out.finish_reason or None})
     except OpenAIError as exc:
         yield sse(error_body(exc.message, exc.type, exc.code))
         return

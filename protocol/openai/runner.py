@@ -55,4 +55,15 @@ def sse(doc: dict[str, Any]) -> bytes:
     return f"data: {json.dumps(doc)}\n\n".encode()
 
 
+class ChunkEncoder:
+    """Streamed chunks of one answer: the constant part (id, model, tee, ...) is encoded once, and
+    each chunk encodes only its choice: `{**base, "choices": [choice]}` as JSON, per token."""
+
+    def __init__(self, base: dict[str, Any]) -> None:
+        self._head = "data: " + json.dumps(base)[:-1] + (', "choices": [' if base else '"choices": [')
+
+    def __call__(self, choice: dict[str, Any]) -> bytes:
+        return f"{self._head}{json.dumps(choice)}]}}\n\n".encode()
+
+
 SSE_DONE = b"data: [DONE]\n\n"
