@@ -12,6 +12,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from enclave_worker.engine import EngineConfig, LLMEngine
 from enclave_worker.engine.checkpoint import Checkpoint
+from enclave_worker.engine_protocol import ServingEngine
 from enclave_worker.gpu import check_gpu_confidentiality
 from enclave_worker.package import DecryptedModel, decrypt_package
 from enclave_worker.package.device_reader import decrypt_package_to_device
@@ -26,7 +27,7 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class BootedWorker:
-    engine: LLMEngine
+    engine: ServingEngine
     released: ReleasedKey
     model_digest: str
     decrypted: DecryptedModel
@@ -53,7 +54,7 @@ def engine_config(settings: WorkerSettings) -> EngineConfig:
     )
 
 
-def _release_unaliased(model: DecryptedModel, engine: LLMEngine) -> DecryptedModel:
+def _release_unaliased(model: DecryptedModel, engine: ServingEngine) -> DecryptedModel:
     """When the engine converted every weight (another dtype, a fused layout), the decrypted
     buffer is a second plaintext copy: zero it and let it go (on a GPU, that memory is the KV pool's)."""
     buffer = model.buffer.untyped_storage().data_ptr()
@@ -62,6 +63,22 @@ def _release_unaliased(model: DecryptedModel, engine: LLMEngine) -> DecryptedMod
     model.wipe()
     return DecryptedModel(model.manifest, model.signer, model.metadata, {},
                           torch.zeros(0, dtype=torch.uint8, device=model.buffer.device))
+
+
+def build_engine(settings: WorkerSettings, model: DecryptedModel) -> ServingEngine:
+    """The engine the measured configuration names, built from the decrypted package."""
+    if settings.engine == "vllm":
+        # Imported here: vLLM is installed only where a worker serves with it.
+        from enclave_worker.vllm_engine.build import build_vllm_engine
+
+        return build_vllm_engine(settings, model)
+    checkpoint = Checkpoint(
+        config=model.metadata["config"],
+        tensors=model.tensors,
+        tokenizer_json=model.metadata["tokenizer_json"],
+        chat_template=model.metadata.get("chat_template"),
+    )
+    return LLMEngine.from_checkpoint(checkpoint, engine_config(settings))
 
 
 def boot(settings: WorkerSettings, channel_binding: bytes = b"", hpke_key: X25519PrivateKey | None = None,
@@ -93,13 +110,7 @@ def boot(settings: WorkerSettings, channel_binding: bytes = b"", hpke_key: X2551
             raise ValueError("package is for another tenant, model or version")
         if receipt.get("model_digest") != manifest.plaintext_digest:
             raise ValueError("decrypted model digest differs from the digest the key was released for")
-        checkpoint = Checkpoint(
-            config=model.metadata["config"],
-            tensors=model.tensors,
-            tokenizer_json=model.metadata["tokenizer_json"],
-            chat_template=model.metadata.get("chat_template"),
-        )
-        engine = LLMEngine.from_checkpoint(checkpoint, engine_config(settings))
+        engine = build_engine(settings, model)
         model = _release_unaliased(model, engine)
     except BaseException:
         model.wipe()

@@ -191,8 +191,24 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             opened = open_sealed_request(self.state, request)
         except SealedRefusal as exc:
             await context.abort(exc.grpc_code, exc.message)
-        async for chunk in answer_sealed(self.state, self.generate, request, opened):
+        decisions: list[tuple[str, bytes]] = []
+
+        async def generate(inner: worker_pb2.GenerateRequest) -> AsyncIterator[worker_pb2.GenerateChunk]:
+            # In-enclave decisions on a sealed request are signed and sent like plaintext ones
+            # (trailing metadata; ids and rules, never content): the gateway audits them.
+            notes: list[GuardNote] = []
+            try:
+                async for chunk in self.generate(inner, notes):
+                    yield chunk
+            except OpenAIError as exc:
+                decisions.extend(getattr(exc, "worker_decisions", ()))  # a refusal (its notes included)
+                raise
+            decisions.extend(self._decisions(inner, notes))
+
+        async for chunk in answer_sealed(self.state, generate, request, opened):
             yield chunk
+        if decisions:
+            context.set_trailing_metadata(tuple(decisions[:16]))
 
     async def generate(self, request: worker_pb2.GenerateRequest, notes: list[GuardNote] | None = None
                        ) -> AsyncIterator[worker_pb2.GenerateChunk]:
@@ -396,6 +412,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default=None, help="engine dtype (default: bfloat16 on cuda, float32 on cpu)")
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9,
                         help="share of GPU memory for weights, KV pool and activations")
+    parser.add_argument("--engine", choices=("sealed", "vllm"), default="sealed",
+                        help="the inference engine (measured); vllm needs vLLM installed in this interpreter")
     parser.add_argument("--max-num-seqs", type=int, default=16)
     parser.add_argument("--max-model-len", type=int, default=2048)
     args = parser.parse_args(argv)
@@ -417,7 +435,8 @@ def main(argv: list[str] | None = None) -> int:
         sev_guest_device=args.sev_guest_device, ccel_table=args.ccel_table, ccel_data=args.ccel_data,
         sim_platform_key=args.sim_platform_key,
         unsafe_sim_measurement=args.unsafe_sim_measurement, host=args.host, port=args.port,
-        max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len, policy_file=args.policy_file,
+        engine=args.engine, max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
+        policy_file=args.policy_file,
         policy_admin_key=args.policy_admin_key, unsafe_no_tenant_policy=args.unsafe_no_tenant_policy,
         lease_s=args.lease_seconds, lease_watch_s=args.lease_watch_seconds)
     token = args.register_token_file.read_text().strip() if args.register_token_file else ""

@@ -27,7 +27,9 @@ async def bearer_secret(request: Request) -> str:
     return secret.strip()
 
 
-async def current_key(secret: str = Depends(bearer_secret), service: GatewayService = Depends(get_service)
-                      ) -> KeyRecord:
+async def current_key(request: Request, secret: str = Depends(bearer_secret),
+                      service: GatewayService = Depends(get_service)) -> KeyRecord:
     # A key seen within the last second is served from memory: under a flood the threads are busy.
-    return service.cached_key(secret) or await asyncio.to_thread(service.authenticate, secret)
+    key = service.cached_key(secret) or await asyncio.to_thread(service.authenticate, secret)
+    request.scope.setdefault("state", {})["audit_tenant"] = key.tenant  # a later refusal's audit entry names it
+    return key

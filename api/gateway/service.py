@@ -16,6 +16,7 @@ from typing import Any
 from api.gateway.admission import AdmissionController, Ticket
 from api.gateway.audit import admin_meta, audit_worker_decisions, open_gateway_audit
 from api.gateway.demand import Demand
+from api.gateway.edge_audit import EdgeAudit
 from api.gateway.errors import GatewayError
 from api.gateway.grpc_client import WorkerClients, WorkerLost, WorkerUnavailable, open_sealed
 from api.gateway.metrics import Metrics
@@ -62,6 +63,7 @@ class GatewayService:
         self.metrics = Metrics(lambda: float(admission.running), lambda: float(len(admission.queue)))
         self.demand = Demand(self.metrics.registry)
         self.usage_writer = UsageWriter(store)
+        self.edge_audit = EdgeAudit(self.audit)  # 401/403/404/405/413/schema refusals, aggregated
         self._cache: dict[tuple, tuple[float, Any]] = {}
         self._probing: set[str] = set()
         self._tasks: set[asyncio.Task] = set()
@@ -70,6 +72,7 @@ class GatewayService:
         await self.registry.clock.stop()
         self.registry.executor.shutdown(wait=False)
         await self.usage_writer.close()
+        self.edge_audit.flush()
         await self.clients.close()
         self.audit.close()
 
@@ -303,6 +306,11 @@ class GatewayService:
                 yield chunk
             if chunk.HasField("usage"):
                 await self._meter(chunk.usage, worker, request)
+            decisions = getattr(rest, "decisions", ())
+            if decisions:  # the worker's signed in-enclave decisions (no content): verified, then audited
+                audit_worker_decisions(self.audit, list(decisions), pinned_key_hex=worker.usage_public_key,
+                                       request_id=request.request_id, tenant=request.tenant,
+                                       worker_id=worker.worker_id, sealed=True)
         except WorkerLost:
             log.warning("worker %s lost mid-stream", worker.worker_id)
             self._probe_soon(worker)
