@@ -60,3 +60,11 @@ class RequestOutput:
     prompt_tokens: int
     completion_tokens: int
     logprobs: tuple[TokenLogprob, ...] | None = None
+
+    def merged(self, later: RequestOutput) -> RequestOutput:
+        """This delta followed by ``later`` (of the same request) as one delta."""
+        logprobs = None if self.logprobs is None and later.logprobs is None else (
+            (self.logprobs or ()) + (later.logprobs or ()))
+        return RequestOutput(self.request_id, self.delta_text + later.delta_text,
+                             self.delta_token_ids + later.delta_token_ids, later.finished, later.finish_reason,
+                             later.prompt_tokens, later.completion_tokens, logprobs)

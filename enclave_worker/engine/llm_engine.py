@@ -229,6 +229,7 @@ class LLMEngine:
                 "prefix_cache_hits": b.prefix_hits,
                 "prefix_cache_queries": b.prefix_queries,
                 "num_preemptions": self.scheduler.num_preemptions,
+                "step_ms_per_token_by_threads": self.runner.tuner.snapshot(),
             }
 
     # ------------------------------------------------------------ async serving
@@ -271,10 +272,19 @@ class LLMEngine:
 
         self.add_request(request_id, prompt_token_ids, params, sink, cache_salt)
         self._ensure_thread()
-        finished = False
+        finished, pending = False, None
         try:
             while True:
-                item = await queue.get()
+                item = pending or await queue.get()
+                pending = None
+                # A consumer that fell behind gets what piled up as one delta (as vLLM's output
+                # collector does): one message per step through gRPC and the gateway, not per token.
+                while not isinstance(item, BaseException) and not item.finished and not queue.empty():
+                    later = queue.get_nowait()
+                    if isinstance(later, BaseException):
+                        pending = later
+                        break
+                    item = item.merged(later)
                 if isinstance(item, BaseException):
                     finished = True
                     raise item
