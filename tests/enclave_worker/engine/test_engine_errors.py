@@ -7,6 +7,7 @@ import asyncio
 import pytest
 
 from enclave_worker.engine import EngineError, InvalidRequestError, SamplingParams
+from protocol.sampling import InvalidSamplingParams
 
 
 @pytest.mark.parametrize(
@@ -24,7 +25,8 @@ from enclave_worker.engine import EngineError, InvalidRequestError, SamplingPara
     ],
 )
 def test_invalid_sampling_params(kwargs):
-    with pytest.raises(InvalidRequestError):
+    # The engine's SamplingParams is the one contract (protocol/sampling.py) and raises its error.
+    with pytest.raises(InvalidSamplingParams):
         SamplingParams(**kwargs)
     assert issubclass(InvalidRequestError, EngineError)
 
