@@ -37,7 +37,7 @@ class Heartbeat(BaseModel):
     tenant: str = Field(max_length=64)
     model: str = Field(max_length=256)
     version: str = Field(max_length=64)
-    status: Literal["starting", "ready", "failed"]
+    status: Literal["starting", "ready", "draining", "failed"]
     tee: str = Field(max_length=16)
     insecure: bool
     usage_public_key: str = Field(min_length=64, max_length=64)
