@@ -26,6 +26,7 @@ from api.orchestrator.local import LocalRuntime
 from api.orchestrator.loop import ControlLoop
 from api.supervisor import Child, RunLock, Supervisor
 from api.tenant_tools import default_model_path, encrypt_model
+from api.vllm_python import vllm_python
 from attestation.refvalues import sign_reference_values
 from enclave_worker.measurement import simulated_measurement
 from enclave_worker.settings import WorkerSettings
@@ -36,6 +37,7 @@ from key_broker.statefile import StateLedger, local_ledger
 from policy.documents import sign_policy_document
 from policy.release import ReleasePolicy
 from protocol.fsutil import atomic_write
+from protocol.model_ref import ModelRef
 from protocol.package import read_manifest
 from protocol.package.signing import signer_identity
 from protocol.tls import load_or_create
@@ -60,17 +62,19 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
-def worker_settings(home: Home, broker_url: str, port: int, unsafe_sim_measurement: str | None = None
-                    ) -> WorkerSettings:
+def worker_settings(home: Home, broker_url: str, port: int, unsafe_sim_measurement: str | None = None,
+                    engine: str = "sealed") -> WorkerSettings:
     return WorkerSettings(
         broker_url=broker_url, package_dir=home.package(DEMO_TENANT, DEMO_MODEL, DEMO_VERSION),
         tenant=DEMO_TENANT, model=DEMO_MODEL, version=DEMO_VERSION, tee="sim", sim_platform_key=home.sim_key,
         unsafe_sim_measurement=unsafe_sim_measurement, port=port,
         policy_file=home.tenant_policy(DEMO_TENANT), policy_admin_key=home.tenant_policy_admin_public(DEMO_TENANT),
+        engine=engine,
     )
 
 
-def prepare_demo(home: Home, model_path: Path | None = None, log: callable = print) -> DemoInfo:  # type: ignore[valid-type]
+def prepare_demo(home: Home, model_path: Path | None = None, log: callable = print,  # type: ignore[valid-type]
+                 engine: str = "sealed") -> DemoInfo:
     """Idempotent: keys, the encrypted demo model, its data key, release policy and API key."""
     home.create()
     write_public_key(ed25519_key(home.sim_key), home.sim_public_key)
@@ -82,14 +86,15 @@ def prepare_demo(home: Home, model_path: Path | None = None, log: callable = pri
         keystore.create_tenant_key(DEMO_TENANT)
     datakeys = DataKeyRegistry(home.broker / "keystore", keystore, ledger)
     pkg = home.package(DEMO_TENANT, DEMO_MODEL, DEMO_VERSION)
+    demo = ModelRef(DEMO_TENANT, DEMO_MODEL, DEMO_VERSION)
     try:
-        datakeys.get(DEMO_TENANT, DEMO_MODEL, DEMO_VERSION)
+        datakeys.get(demo)
         read_manifest(pkg)
     except (KeyStoreError, Exception):
         log(f"encrypting the demo model as tenant '{DEMO_TENANT}' into {pkg} ...")
         encrypted = encrypt_model(model_path or default_model_path(), pkg, tenant=DEMO_TENANT, model=DEMO_MODEL,
                                   version=DEMO_VERSION, signing_key=tenant_key)
-        datakeys.register(DEMO_TENANT, DEMO_MODEL, DEMO_VERSION, encrypted.data_key, encrypted.manifest.key_id,
+        datakeys.register(demo, encrypted.data_key, encrypted.manifest.key_id,
                           encrypted.manifest.signer, encrypted.manifest.plaintext_digest)
     key_file = home.api_key_file(DEMO_TENANT)
     if not key_file.exists():
@@ -99,7 +104,7 @@ def prepare_demo(home: Home, model_path: Path | None = None, log: callable = pri
         key_file.chmod(0o600)
     api_key = key_file.read_text().strip()
     _write_demo_policy(home, api_key)
-    _ensure_release_policy(home, ledger, tenant_signer=signer_identity(tenant_key.public_key()))
+    _ensure_release_policy(home, ledger, tenant_signer=signer_identity(tenant_key.public_key()), engine=engine)
     return DemoInfo(api_key, DEMO_TENANT, DEMO_MODEL, DEMO_VERSION, pkg)
 
 
@@ -123,9 +128,10 @@ def _write_demo_policy(home: Home, api_key: str) -> None:
     home.tenant_policy(DEMO_TENANT).write_text(json.dumps(doc, sort_keys=True))
 
 
-def _ensure_release_policy(home: Home, ledger: StateLedger, tenant_signer: str) -> None:
-    """Allow exactly this worker build's simulated measurement; bump the version when it changes."""
-    measurement = simulated_measurement(worker_settings(home, "", 0).measured_config()).hex()
+def _ensure_release_policy(home: Home, ledger: StateLedger, tenant_signer: str, engine: str = "sealed") -> None:
+    """Allow exactly this worker build's simulated measurement (with the engine `sealed up` runs);
+    bump the version when it changes."""
+    measurement = simulated_measurement(worker_settings(home, "", 0, engine=engine).measured_config()).hex()
     store = PolicyStore(home.broker, ledger)
     try:
         current = store.get(DEMO_TENANT, DEMO_MODEL)
@@ -244,14 +250,15 @@ def gateway_client_cert(home: Home) -> Path:
 
 
 def worker_args(home: Home, broker_url: str, port: int, grpc_port: int, register_urls: list[str],
-                unsafe_sim_measurement: str | None = None) -> list[str]:
-    ws = worker_settings(home, broker_url, port, unsafe_sim_measurement)
+                unsafe_sim_measurement: str | None = None, engine: str = "sealed") -> list[str]:
+    ws = worker_settings(home, broker_url, port, unsafe_sim_measurement, engine)
     args = ["enclave_worker.grpc_server", "--broker-url", broker_url, "--package-dir", str(ws.package_dir),
             "--tenant", ws.tenant, "--model", ws.model, "--version", ws.version, "--tee", ws.tee,
             "--sim-platform-key", str(home.sim_key), "--port", str(port), "--grpc-port", str(grpc_port),
             "--register-token-file", str(_secret_file(home.gateway / "register-token")),
             "--gateway-client-cert", str(gateway_client_cert(home)),
-            "--policy-file", str(ws.policy_file), "--policy-admin-key", str(ws.policy_admin_key)]
+            "--policy-file", str(ws.policy_file), "--policy-admin-key", str(ws.policy_admin_key),
+            "--engine", ws.engine]
     for url in register_urls:
         args += ["--register-url", url]
     if unsafe_sim_measurement:
@@ -259,11 +266,11 @@ def worker_args(home: Home, broker_url: str, port: int, grpc_port: int, register
     return args
 
 
-def write_demo_client_policy(home: Home) -> Path:
+def write_demo_client_policy(home: Home, engine: str = "sealed") -> Path:
     """`$SEALED_HOME/demo/client-policy.json`: what a sealed-mode client of the demo trusts (this
     build's simulated measurement and the broker's JWKS), for `SealedOpenAI(policy=...)`,
     `sealed verify --policy` and `sealed proxy --policy` (docs/sealed-mode.md)."""
-    settings = worker_settings(home, "", 0)
+    settings = worker_settings(home, "", 0, engine=engine)
     measurement = simulated_measurement(settings.measured_config()).hex()
     # The operator publishes this build's measurement, signed; the client pins the publisher's key.
     (home.root / "publisher").mkdir(exist_ok=True, mode=0o700)
@@ -297,13 +304,15 @@ def launch(home: Home, *, host: str = "127.0.0.1", port: int = 8000,
            unsafe_sim_measurement: str | None = None, num_workers: int = 1,
            gateway_args: tuple[str, ...] = (), broker_args: tuple[str, ...] = (),
            worker_launcher: tuple[str, ...] = (), worker_extra_args: tuple[str, ...] = (),
-           lock: RunLock | None = None) -> Stack:
+           lock: RunLock | None = None, engine: str = "sealed") -> Stack:
     """Start broker, gateway and workers under one supervisor; `lock` (the home's pid file) is
     taken here unless the caller holds it already.
 
     `worker_launcher` runs the worker through another module (e.g. one that installs fake TEE
     hardware, then calls the worker's main with the arguments after it); `worker_extra_args` come
     last, so they override the defaults (e.g. `--tee snp+nvgpu`)."""
+    # A vLLM worker runs from vLLM's own virtualenv (api/vllm_python.py); found before anything starts.
+    python = vllm_python() if engine == "vllm" else None
     lock = lock or RunLock(home.root / "run")
     broker_port = free_port()
     broker_url = f"http://127.0.0.1:{broker_port}"
@@ -318,7 +327,7 @@ def launch(home: Home, *, host: str = "127.0.0.1", port: int = 8000,
             "--admin-token-hash-file", str(broker_admin_token(home)),
             "--audit-witness", str(home.audit_witness), *broker_args], on_restart=stack.write_pids)
         _wait_http(f"{broker_url}/healthz", broker)
-        write_demo_client_policy(home)
+        write_demo_client_policy(home, engine)
         routes = home.gateway / "routes.json"
         routes.write_text(json.dumps([{"tenant": DEMO_TENANT, "model": DEMO_MODEL, "version": DEMO_VERSION}]))
         gateway = stack.supervisor.start("gateway", [
@@ -331,11 +340,13 @@ def launch(home: Home, *, host: str = "127.0.0.1", port: int = 8000,
             "--broker-admin-token-file", str(home.broker / "admin-token"), *gateway_args], on_restart=stack.write_pids)
         _wait_http(f"{local_gateway}/healthz", gateway)
         for i, (http_port, grpc_port) in enumerate(worker_ports):
-            args = worker_args(home, broker_url, http_port, grpc_port, [local_gateway], unsafe_sim_measurement)
+            args = worker_args(home, broker_url, http_port, grpc_port, [local_gateway], unsafe_sim_measurement,
+                               engine)
             if worker_launcher:
                 args = [*worker_launcher, *args[1:]]  # the launcher calls the worker's main itself
             args += worker_extra_args
-            stack.supervisor.start("worker" if i == 0 else f"worker-{i}", args, on_restart=stack.write_pids)
+            stack.supervisor.start("worker" if i == 0 else f"worker-{i}", args, on_restart=stack.write_pids,
+                                   python=python)
             stack.worker_urls.append(f"http://127.0.0.1:{http_port}")
         _wait_http(f"{stack.worker_url}/internal/status", stack.supervisor.children["worker"])
         stack.supervisor.watch()
@@ -344,7 +355,7 @@ def launch(home: Home, *, host: str = "127.0.0.1", port: int = 8000,
                                _secret_file(home.gateway / "register-token"), gateway_client_cert(home))
         runtime.on_change = stack.write_pids
         stack.loop = ControlLoop(runtime, local_gateway, home.gateway / "jwt-secret", home.broker / "admin-token",
-                                 static=frozenset({(DEMO_TENANT, DEMO_MODEL, DEMO_VERSION)}))
+                                 static=frozenset({ModelRef(DEMO_TENANT, DEMO_MODEL, DEMO_VERSION)}))
         stack.loop.start()
         stack.write_pids()
     except BaseException:

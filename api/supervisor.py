@@ -83,6 +83,7 @@ class Child:
     quick_failures: int = 0
     restart_at: float | None = None  # set while waiting out a backoff
     on_restart: Callable[[Child], None] | None = None
+    python: str = sys.executable  # the interpreter (a vLLM worker runs from vLLM's own virtualenv)
 
     @property
     def pid(self) -> int | None:
@@ -92,7 +93,7 @@ class Child:
         out = open(self.log_dir / f"{self.name}.log", "ab")  # noqa: SIM115 (the child's for its lifetime)
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         try:
-            self.proc = subprocess.Popen([sys.executable, "-m", *self.args], stdout=out, stderr=subprocess.STDOUT,
+            self.proc = subprocess.Popen([self.python, "-m", *self.args], stdout=out, stderr=subprocess.STDOUT,
                                          env=env, start_new_session=True, preexec_fn=_die_with_parent)
         finally:
             out.close()
@@ -109,9 +110,10 @@ class Supervisor:
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _thread: threading.Thread | None = None
 
-    def start(self, name: str, args: list[str], on_restart: Callable[[Child], None] | None = None) -> Child:
+    def start(self, name: str, args: list[str], on_restart: Callable[[Child], None] | None = None,
+              python: str | None = None) -> Child:
         with self._lock:
-            child = Child(name, list(args), self.log_dir, on_restart=on_restart)
+            child = Child(name, list(args), self.log_dir, on_restart=on_restart, python=python or sys.executable)
             child.spawn()
             self.children[name] = child
             return child

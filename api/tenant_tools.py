@@ -86,9 +86,8 @@ def import_sealed_key(broker_dir: Path, sealed_key: Path, package: Path) -> str:
     if not keystore.has_tenant_key(manifest.tenant):
         keystore.create_tenant_key(manifest.tenant)
     DataKeyRegistry(broker_dir / "keystore", keystore, ledger).register(
-        manifest.tenant, manifest.model, manifest.version, data_key, manifest.key_id, signer,
-        manifest.plaintext_digest)
-    return f"{manifest.tenant}/{manifest.model}/{manifest.version}"
+        manifest.ref, data_key, manifest.key_id, signer, manifest.plaintext_digest)
+    return str(manifest.ref)
 
 
 def broker_import_key_path(broker_dir: Path) -> Path:

@@ -11,8 +11,10 @@ hashes, and accepts a worker only if its measurement is a subject of an unexpire
     envelope  = {"payloadType": "application/vnd.in-toto+json", "payload": b64(statement),
                  "signatures": [{"keyid": hex SHA-256 of the raw key, "sig": b64 Ed25519 over PAE}]}
 
-Signed with a pinned key, not keyless Sigstore: verifying a Sigstore bundle offline needs a real
-public bundle and its trusted root, which this repository does not carry yet (docs/sealed-mode.md).
+The same statement may instead come as a Sigstore bundle (keyless: a Fulcio certificate for the
+publisher's OIDC identity, a Rekor entry, timestamps); `attestation/sigstore_refvalues.py` verifies
+that offline against a pinned trusted root and the pinned identity, then hands the statement to
+`read_statement` here, the one reader both paths share.
 """
 
 from __future__ import annotations
@@ -38,6 +40,11 @@ PREDICATE_TYPE = "https://sealed.dev/reference-values/v1"
 
 class ReferenceValuesError(AttestationError):
     """The published reference values are unsigned, signed by another key, expired or malformed."""
+
+
+class NotReferenceValues(ReferenceValuesError):
+    """A validly signed in-toto statement, but not a reference-value statement (another predicate
+    type or payload type): a publisher's signature over something else is no list of measurements."""
 
 
 def _pae(payload_type: str, body: bytes) -> bytes:
@@ -74,6 +81,33 @@ class ReferenceValues:
     tee: str
     expires_at: dt.datetime
     promises: Mapping[str, Any]
+    signer: str = ""  # who signed it, as the client pinned it: "ed25519 <key id>" or "sigstore <identity> ..."
+
+
+def read_statement(payload_type: str, body: bytes, now: dt.datetime, signer: str) -> ReferenceValues:
+    """A verified DSSE payload -> reference values: an in-toto Statement v1 with our predicate type,
+    not expired (and not issued in the future). Call only with a payload whose signature verified."""
+    if payload_type != PAYLOAD_TYPE:
+        raise NotReferenceValues(f"signed by {signer}, but the payload is {payload_type!r}, not an in-toto statement")
+    try:
+        statement = json.loads(body)
+        kind, predicate_type = statement["_type"], statement["predicateType"]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ReferenceValuesError(f"malformed in-toto statement: {exc}") from exc
+    if kind != STATEMENT_TYPE or predicate_type != PREDICATE_TYPE:
+        raise NotReferenceValues(f"signed by {signer}, but the statement is {kind} / {predicate_type}, "
+                                 f"not {PREDICATE_TYPE}")
+    try:
+        predicate = statement["predicate"]
+        issued = dt.datetime.fromisoformat(predicate["issued_at"])
+        expires = dt.datetime.fromisoformat(predicate["expires_at"])
+        measurements = frozenset(str(s["digest"]["sha384"]).lower() for s in statement["subject"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ReferenceValuesError(f"malformed reference values: {exc}") from exc
+    if not issued - dt.timedelta(minutes=5) <= now < expires:
+        raise ReferenceValuesError("reference values are expired or not yet valid")
+    return ReferenceValues(measurements=measurements, tee=str(predicate.get("tee", "")), expires_at=expires,
+                           promises=dict(predicate.get("promises") or {}), signer=signer)
 
 
 def verify_reference_values(envelope: Mapping[str, Any], publisher_key: bytes, now: dt.datetime) -> ReferenceValues:
@@ -85,8 +119,6 @@ def verify_reference_values(envelope: Mapping[str, Any], publisher_key: bytes, n
         payload_type = str(envelope["payloadType"])
     except (KeyError, TypeError, ValueError) as exc:
         raise ReferenceValuesError("reference values are not a DSSE envelope") from exc
-    if payload_type != PAYLOAD_TYPE:
-        raise ReferenceValuesError("reference values are not an in-toto statement")
     key = Ed25519PublicKey.from_public_bytes(publisher_key)
     wanted = publisher_key_id(publisher_key)
     signed = False
@@ -100,17 +132,4 @@ def verify_reference_values(envelope: Mapping[str, Any], publisher_key: bytes, n
             continue
     if not signed:
         raise ReferenceValuesError("reference values are not signed by the pinned publisher")
-    try:
-        statement = json.loads(body)
-        if statement["_type"] != STATEMENT_TYPE or statement["predicateType"] != PREDICATE_TYPE:
-            raise ReferenceValuesError("unexpected statement or predicate type")
-        predicate = statement["predicate"]
-        issued = dt.datetime.fromisoformat(predicate["issued_at"])
-        expires = dt.datetime.fromisoformat(predicate["expires_at"])
-        measurements = frozenset(str(s["digest"]["sha384"]).lower() for s in statement["subject"])
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ReferenceValuesError(f"malformed reference values: {exc}") from exc
-    if not issued - dt.timedelta(minutes=5) <= now < expires:
-        raise ReferenceValuesError("reference values are expired or not yet valid")
-    return ReferenceValues(measurements=measurements, tee=str(predicate.get("tee", "")), expires_at=expires,
-                           promises=dict(predicate.get("promises") or {}))
+    return read_statement(payload_type, body, now, signer=f"ed25519 {wanted}")

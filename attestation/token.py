@@ -14,6 +14,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from attestation.errors import TokenError
+from protocol.model_ref import ModelRef
 
 EAT_PROFILE = "tag:sealed.dev,2026:attestation-result-v1"
 
@@ -66,6 +67,10 @@ class TokenScope:
     policy_version: int
     chip_id: str = ""
 
+    @property
+    def ref(self) -> ModelRef:
+        return ModelRef(self.tenant, self.model, self.version)
+
 
 @dataclass(frozen=True)
 class AttestationClaims:
@@ -104,9 +109,10 @@ class AttestationClaims:
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise TokenError(f"token claims are malformed: {exc}") from exc
 
-    def require_scope(self, tenant: str, model: str, version: str) -> TokenScope:
+    def require_scope(self, ref: ModelRef) -> TokenScope:
         """The one check that a token was issued for this tenant, model and version."""
-        if self.scope is None or (self.scope.tenant, self.scope.model, self.scope.version) != (tenant, model, version):
+        if self.scope is None or (self.scope.tenant, self.scope.model, self.scope.version) != (
+                ref.tenant, ref.model, ref.version):
             raise TokenError("token was issued for another tenant, model or version")
         return self.scope
 

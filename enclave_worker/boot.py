@@ -12,6 +12,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from enclave_worker.engine import EngineConfig, LLMEngine
 from enclave_worker.engine.checkpoint import Checkpoint
+from enclave_worker.engine_protocol import ServingEngine
 from enclave_worker.gpu import check_gpu_confidentiality
 from enclave_worker.package import DecryptedModel, decrypt_package
 from enclave_worker.package.device_reader import decrypt_package_to_device
@@ -19,13 +20,14 @@ from enclave_worker.settings import WorkerSettings
 from enclave_worker.tee import make_attester
 from policy.policyset import PolicySet
 from protocol.broker.client import ReleasedKey, obtain_data_key
+from protocol.package.format import manifest_names
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class BootedWorker:
-    engine: LLMEngine
+    engine: ServingEngine
     released: ReleasedKey
     model_digest: str
     decrypted: DecryptedModel
@@ -52,7 +54,7 @@ def engine_config(settings: WorkerSettings) -> EngineConfig:
     )
 
 
-def _release_unaliased(model: DecryptedModel, engine: LLMEngine) -> DecryptedModel:
+def _release_unaliased(model: DecryptedModel, engine: ServingEngine) -> DecryptedModel:
     """When the engine converted every weight (another dtype, a fused layout), the decrypted
     buffer is a second plaintext copy: zero it and let it go (on a GPU, that memory is the KV pool's)."""
     buffer = model.buffer.untyped_storage().data_ptr()
@@ -63,6 +65,22 @@ def _release_unaliased(model: DecryptedModel, engine: LLMEngine) -> DecryptedMod
                           torch.zeros(0, dtype=torch.uint8, device=model.buffer.device))
 
 
+def build_engine(settings: WorkerSettings, model: DecryptedModel) -> ServingEngine:
+    """The engine the measured configuration names, built from the decrypted package."""
+    if settings.engine == "vllm":
+        # Imported here: vLLM is installed only where a worker serves with it.
+        from enclave_worker.vllm_engine.build import build_vllm_engine
+
+        return build_vllm_engine(settings, model)
+    checkpoint = Checkpoint(
+        config=model.metadata["config"],
+        tensors=model.tensors,
+        tokenizer_json=model.metadata["tokenizer_json"],
+        chat_template=model.metadata.get("chat_template"),
+    )
+    return LLMEngine.from_checkpoint(checkpoint, engine_config(settings))
+
+
 def boot(settings: WorkerSettings, channel_binding: bytes = b"", hpke_key: X25519PrivateKey | None = None,
          policy_set: PolicySet | None = None) -> BootedWorker:
     started = time.monotonic()
@@ -70,8 +88,7 @@ def boot(settings: WorkerSettings, channel_binding: bytes = b"", hpke_key: X2551
     gpu_cc_off = check_gpu_confidentiality(settings, policy_set)
     attester = make_attester(settings)
     with httpx.Client(base_url=settings.broker_url, timeout=30.0) as client:
-        released = obtain_data_key(client, tenant=settings.tenant, model=settings.model,
-                                   version=settings.version, make_bundle=attester.bundle,
+        released = obtain_data_key(client, settings.ref, make_bundle=attester.bundle,
                                    channel_binding=channel_binding, hpke_key=hpke_key)
     # The broker appraised CPU and GPU evidence together and released the key: only now do the
     # GPUs accept work (nvtrust's order: attest, verify, then set the ready state).
@@ -89,17 +106,11 @@ def boot(settings: WorkerSettings, channel_binding: bytes = b"", hpke_key: X2551
         model = decrypt_package(settings.package_dir, released.data_key, required_signer=receipt.get("signer"))
     try:
         manifest = model.manifest
-        if (manifest.tenant, manifest.model, manifest.version) != (settings.tenant, settings.model, settings.version):
+        if not manifest_names(manifest, settings.ref):
             raise ValueError("package is for another tenant, model or version")
         if receipt.get("model_digest") != manifest.plaintext_digest:
             raise ValueError("decrypted model digest differs from the digest the key was released for")
-        checkpoint = Checkpoint(
-            config=model.metadata["config"],
-            tensors=model.tensors,
-            tokenizer_json=model.metadata["tokenizer_json"],
-            chat_template=model.metadata.get("chat_template"),
-        )
-        engine = LLMEngine.from_checkpoint(checkpoint, engine_config(settings))
+        engine = build_engine(settings, model)
         model = _release_unaliased(model, engine)
     except BaseException:
         model.wipe()

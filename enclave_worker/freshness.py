@@ -46,7 +46,7 @@ class AttestationRenewal:
         if booted is None:
             return
         with httpx.Client(base_url=s.broker_url, timeout=30.0) as client:
-            token, bundle = renew_attestation(client, tenant=s.tenant, model=s.model, version=s.version,
+            token, bundle = renew_attestation(client, s.ref,
                                               make_bundle=make_bundle,
                                               hpke_public_key=state.serving_key.public_bytes,
                                               channel_binding=state.channel_binding)

@@ -29,7 +29,7 @@ from attestation.bundle import channel_binding
 from attestation.errors import UnsupportedError
 from enclave_worker.attesters import resolve_tee
 from enclave_worker.chat_format import chat_prompt_ids
-from enclave_worker.engine import EngineError, InvalidRequestError, SamplingParams
+from enclave_worker.engine import EngineError, InvalidRequestError
 from enclave_worker.guard import GuardNote, GuardRefusal
 from enclave_worker.sealed import SealedRefusal, answer_sealed, open_sealed_request
 from enclave_worker.server import WorkerState, create_app, serving
@@ -38,18 +38,12 @@ from policy.audit.worker_record import DECISION_METADATA_KEY, public_key_bytes, 
 from protocol.heartbeat import heartbeat_signing_input, worker_id_for
 from protocol.openai.errors import OpenAIError
 from protocol.rpc import worker_pb2, worker_pb2_grpc
-from protocol.sampling import DEFAULT_MAX_TOKENS
+from protocol.rpc.sampling import from_wire
 from protocol.tls import make_identity
 from protocol.toolcalls import strip_tool_calls
+from protocol.worker_status import Heartbeat
 
 log = logging.getLogger(__name__)
-
-
-def _sampling(p: worker_pb2.SamplingParams) -> SamplingParams:
-    return SamplingParams(
-        max_tokens=p.max_tokens or DEFAULT_MAX_TOKENS, temperature=p.temperature, top_p=p.top_p or 1.0, top_k=p.top_k,
-        seed=p.seed if p.HasField("seed") else None, stop=tuple(p.stop), stop_token_ids=tuple(p.stop_token_ids),
-        logprobs=p.logprobs if p.HasField("logprobs") else None, ignore_eos=p.ignore_eos)
 
 
 _GRPC_CODES = {400: grpc.StatusCode.INVALID_ARGUMENT, 403: grpc.StatusCode.PERMISSION_DENIED,
@@ -62,10 +56,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
 
     async def Status(self, request: worker_pb2.StatusRequest, context: grpc.aio.ServicerContext
                      ) -> worker_pb2.StatusReply:
-        s, booted = self.state.settings, self.state.booted
-        return worker_pb2.StatusReply(status=self.state.status, tenant=s.tenant, model=s.model, version=s.version,
-                                      tee=s.tee, insecure=s.insecure,
-                                      stats_json=json.dumps(booted.engine.stats() if booted else {}))
+        report = self.state.report()
+        return worker_pb2.StatusReply(status=report.status, worker_status=report.model_dump_json())
 
     def _decisions(self, request: worker_pb2.GenerateRequest, notes: list[GuardNote],
                    refusal: GuardRefusal | None = None) -> tuple[tuple[str, bytes], ...]:
@@ -188,8 +180,24 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             opened = open_sealed_request(self.state, request)
         except SealedRefusal as exc:
             await context.abort(exc.grpc_code, exc.message)
-        async for chunk in answer_sealed(self.state, self.generate, request, opened):
+        decisions: list[tuple[str, bytes]] = []
+
+        async def generate(inner: worker_pb2.GenerateRequest) -> AsyncIterator[worker_pb2.GenerateChunk]:
+            # In-enclave decisions on a sealed request are signed and sent like plaintext ones
+            # (trailing metadata; ids and rules, never content): the gateway audits them.
+            notes: list[GuardNote] = []
+            try:
+                async for chunk in self.generate(inner, notes):
+                    yield chunk
+            except OpenAIError as exc:
+                decisions.extend(getattr(exc, "worker_decisions", ()))  # a refusal (its notes included)
+                raise
+            decisions.extend(self._decisions(inner, notes))
+
+        async for chunk in answer_sealed(self.state, generate, request, opened):
             yield chunk
+        if decisions:
+            context.set_trailing_metadata(tuple(decisions[:16]))
 
     async def generate(self, request: worker_pb2.GenerateRequest, notes: list[GuardNote] | None = None
                        ) -> AsyncIterator[worker_pb2.GenerateChunk]:
@@ -203,7 +211,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         notes = [] if notes is None else notes
         try:
             prompt_ids = self._prompt(request, notes)
-            stream = engine.generate(request.request_id, prompt_ids, _sampling(request.params),
+            stream = engine.generate(request.request_id, prompt_ids, from_wire(request.params),
                                      cache_salt=state.cache_salt(request.tenant))
             first = await anext(stream)
         except GuardRefusal as exc:
@@ -290,13 +298,11 @@ def heartbeat_body(state: WorkerState, grpc_address: str, tls_cert: str, seq: in
                        "token": booted.released.token, "model_digest": booted.model_digest,
                        "sealed_key_id": state.serving_key.key_id, "promises": state.promises()}
     body: dict[str, Any] = {
-        "worker_id": worker_id_for(public), "grpc_address": grpc_address, "tenant": s.tenant, "model": s.model,
-        "version": s.version, "status": state.status, "tee": s.tee, "insecure": s.insecure,
+        **state.report().model_dump(mode="json"), "worker_id": worker_id_for(public), "grpc_address": grpc_address,
         "usage_public_key": public.hex(), "pid": os.getpid(), "tls_cert": tls_cert,
-        "stats": booted.engine.stats() if booted else {}, "sealed_key_id": state.serving_key.key_id,
-        "attestation": attestation, "reason": state.reason,
-        "seq": seq, "at": int(time.time())}
+        "sealed_key_id": state.serving_key.key_id, "attestation": attestation, "seq": seq, "at": int(time.time())}
     body["signature"] = state.usage_key.sign(heartbeat_signing_input(body)).hex()
+    Heartbeat.model_validate(body)  # the message the gateway takes, or an error here
     return body
 
 
@@ -408,6 +414,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default=None, help="engine dtype (default: bfloat16 on cuda, float32 on cpu)")
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9,
                         help="share of GPU memory for weights, KV pool and activations")
+    parser.add_argument("--engine", choices=("sealed", "vllm"), default="sealed",
+                        help="the inference engine (measured); vllm needs vLLM installed in this interpreter")
     parser.add_argument("--max-num-seqs", type=int, default=16)
     parser.add_argument("--max-model-len", type=int, default=2048)
     args = parser.parse_args(argv)
@@ -429,7 +437,8 @@ def main(argv: list[str] | None = None) -> int:
         sev_guest_device=args.sev_guest_device, ccel_table=args.ccel_table, ccel_data=args.ccel_data,
         sim_platform_key=args.sim_platform_key,
         unsafe_sim_measurement=args.unsafe_sim_measurement, host=args.host, port=args.port,
-        max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len, policy_file=args.policy_file,
+        engine=args.engine, max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
+        policy_file=args.policy_file,
         policy_admin_key=args.policy_admin_key, unsafe_no_tenant_policy=args.unsafe_no_tenant_policy,
         lease_s=args.lease_seconds, lease_watch_s=args.lease_watch_seconds)
     token = args.register_token_file.read_text().strip() if args.register_token_file else ""

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import httpx
 
 from protocol.broker.client import ReleasedKey, WorkerIdentity, lease_mac_key, renew_lease
+from protocol.model_ref import ModelRef
 
 log = logging.getLogger(__name__)
 
@@ -40,9 +41,7 @@ class KeyLease:
     broker_url: str
     released: ReleasedKey
     identity: WorkerIdentity
-    tenant: str
-    model: str
-    version: str
+    ref: ModelRef
     timing: LeaseTiming = field(default_factory=LeaseTiming)
     clock: Callable[[], float] = time.monotonic
     expires_at: float = 0.0
@@ -60,8 +59,8 @@ class KeyLease:
         """One renewal; extends the lease on "active". Returns the broker's status."""
         self._seq += 1
         sent = self.clock()
-        answer = await renew_lease(client, self.released, self.identity, tenant=self.tenant, model=self.model,
-                                   version=self.version, seq=self._seq, wait_s=wait_s, mac_key=self._mac_key)
+        answer = await renew_lease(client, self.released, self.identity, self.ref, seq=self._seq, wait_s=wait_s,
+                                   mac_key=self._mac_key)
         if answer.status == "active":
             # Counted from when the request left: the broker vouched for the key no earlier.
             self.expires_at = max(self.expires_at, sent + min(answer.lease_s, self.timing.lease_s))

@@ -125,7 +125,7 @@ async def _boot(state: WorkerState) -> None:
         return
     # The token clients verify is renewed for the worker's whole life (enclave_worker/freshness.py).
     renewal = asyncio.create_task(AttestationRenewal(state).run())
-    state.lease = KeyLease(s.broker_url, state.booted.released, state.identity(), s.tenant, s.model, s.version,
+    state.lease = KeyLease(s.broker_url, state.booted.released, state.identity(), s.ref,
                            LeaseTiming(lease_s=s.lease_s, watch_s=s.lease_watch_s))
     try:
         await state.lease.run(lambda reason: _revoke(state))

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from protocol.model_ref import ModelRef
+
 
 @dataclass(frozen=True)
 class WorkerSettings:
@@ -29,6 +31,7 @@ class WorkerSettings:
     drain_s: float = 20.0
     kv_cache_memory_bytes: int = 256 << 20  # CPU; on a GPU the pool is sized by gpu_memory_utilization
     device: str = "cpu"  # cpu | cuda (resolved from `auto` before settings are built)
+    engine: str = "sealed"  # sealed (ours) | vllm (docs/vllm-backend.md); measured
     engine_dtype: str | None = None  # None: bfloat16 on a GPU, float32 on the CPU
     gpu_memory_utilization: float = 0.9  # share of GPU memory for weights + KV pool + activations
     policy_file: Path | None = None  # the tenant's signed policy set (data and tool-use controls)
@@ -45,6 +48,14 @@ class WorkerSettings:
     sev_guest_device: Path = Path("/dev/sev-guest")
     ccel_table: Path = Path("/sys/firmware/acpi/tables/CCEL")
     ccel_data: Path = Path("/sys/firmware/acpi/tables/data/CCEL")
+
+    def __post_init__(self) -> None:
+        if self.engine not in ("sealed", "vllm"):
+            raise ValueError(f"engine must be 'sealed' or 'vllm', not {self.engine!r}")
+
+    @property
+    def ref(self) -> ModelRef:
+        return ModelRef(self.tenant, self.model, self.version)
 
     @property
     def on_gpu(self) -> bool:
@@ -86,6 +97,7 @@ class WorkerSettings:
             # How long this worker may serve a key the broker no longer vouches for.
             "lease_s": self.lease_s,
             "engine": {
+                **({"kind": self.engine} if self.engine != "sealed" else {}),
                 "max_num_seqs": self.max_num_seqs,
                 "max_model_len": self.max_model_len,
                 "dtype": self.dtype,

@@ -23,6 +23,7 @@ from key_broker.errors import KeyStoreError, TenantKeyRevoked
 from key_broker.names import check_name
 from key_broker.statefile import StateFiles, UnsafePlainFiles
 from protocol.fsutil import atomic_write
+from protocol.model_ref import ModelRef
 
 MASTER_KEY_ENV = "SEALED_MASTER_KEY"
 
@@ -37,6 +38,10 @@ class DataKeyRecord:
     kek_version: int
     signer: str | None
     model_digest: str  # the signed plaintext digest of the package this key decrypts
+
+    @property
+    def ref(self) -> ModelRef:
+        return ModelRef(self.tenant, self.model, self.version)
 
 
 class KeyStore(Protocol):
@@ -80,8 +85,8 @@ def load_master_key(path: Path | None) -> bytes:
     return key
 
 
-def data_key_context(tenant: str, model: str, version: str) -> bytes:
-    return f"sealed-dek-v1|{tenant}|{model}|{version}".encode()
+def data_key_context(ref: ModelRef) -> bytes:
+    return f"sealed-dek-v1|{ref.tenant}|{ref.model}|{ref.version}".encode()
 
 
 class LocalKeyStore:
@@ -192,46 +197,47 @@ class DataKeyRegistry:
         # signer and model_digest decide what may be released: authenticated by the state ledger.
         self._files = files if files is not None else UnsafePlainFiles(root)
 
-    def _path(self, tenant: str, model: str, version: str) -> Path:
-        return (self._root / "datakeys" / check_name(tenant, "tenant") / check_name(model, "model")
-                / f"{check_name(version, 'version')}.json")
+    def _path(self, ref: ModelRef) -> Path:
+        return (self._root / "datakeys" / check_name(ref.tenant, "tenant") / check_name(ref.model, "model")
+                / f"{check_name(ref.version, 'version')}.json")
 
-    def register(self, tenant: str, model: str, version: str, data_key: bytes, key_id: str,
-                 signer: str | None, model_digest: str) -> DataKeyRecord:
-        wrapped, kek_version = self._keystore.wrap(tenant, data_key_context(tenant, model, version), data_key)
-        record = DataKeyRecord(tenant, model, version, key_id, wrapped, kek_version, signer, model_digest)
+    def register(self, ref: ModelRef, data_key: bytes, key_id: str, signer: str | None,
+                 model_digest: str) -> DataKeyRecord:
+        wrapped, kek_version = self._keystore.wrap(ref.tenant, data_key_context(ref), data_key)
+        record = DataKeyRecord(ref.tenant, ref.model, ref.version, key_id, wrapped, kek_version, signer,
+                               model_digest)
         self._write(record)
         return record
 
     def _write(self, r: DataKeyRecord) -> None:
         doc = {"key_id": r.key_id, "wrapped": base64.b64encode(r.wrapped).decode(),
                "kek_version": r.kek_version, "signer": r.signer, "model_digest": r.model_digest}
-        self._files.write(self._path(r.tenant, r.model, r.version), json.dumps(doc, sort_keys=True).encode())
+        self._files.write(self._path(r.ref), json.dumps(doc, sort_keys=True).encode())
 
-    def get(self, tenant: str, model: str, version: str) -> DataKeyRecord:
+    def get(self, ref: ModelRef) -> DataKeyRecord:
         try:
-            raw = self._files.read(self._path(tenant, model, version))
+            raw = self._files.read(self._path(ref))
             if raw is None:
-                raise KeyStoreError(f"no data key for {tenant}/{model}/{version}")
+                raise KeyStoreError(f"no data key for {ref}")
             doc = json.loads(raw)
-            return DataKeyRecord(tenant, model, version, doc["key_id"], base64.b64decode(doc["wrapped"]),
+            return DataKeyRecord(ref.tenant, ref.model, ref.version, doc["key_id"], base64.b64decode(doc["wrapped"]),
                                  int(doc["kek_version"]), doc.get("signer"), str(doc["model_digest"]))
         except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise KeyStoreError(f"data key file for {tenant}/{model}/{version} unreadable") from exc
+            raise KeyStoreError(f"data key file for {ref} unreadable") from exc
 
-    def data_key(self, tenant: str, model: str, version: str) -> tuple[bytes, DataKeyRecord]:
-        record = self.get(tenant, model, version)
-        key = self._keystore.unwrap(tenant, data_key_context(tenant, model, version), record.wrapped,
+    def data_key(self, ref: ModelRef) -> tuple[bytes, DataKeyRecord]:
+        record = self.get(ref)
+        key = self._keystore.unwrap(ref.tenant, data_key_context(ref), record.wrapped,
                                     record.kek_version)
         return key, record
 
     def records(self, tenant: str) -> list[DataKeyRecord]:
         base = self._root / "datakeys" / check_name(tenant, "tenant")
-        return [self.get(tenant, p.parent.name, p.stem) for p in self._files.list(base, ".json")
+        return [self.get(ModelRef(tenant, p.parent.name, p.stem)) for p in self._files.list(base, ".json")
                 if p.parent.parent == base]
 
-    def exists(self, tenant: str, model: str, version: str) -> bool:
-        return self._files.exists(self._path(tenant, model, version))
+    def exists(self, ref: ModelRef) -> bool:
+        return self._files.exists(self._path(ref))
 
     def rewrap_all(self, tenant: str) -> int:
         """After a rotation: re-wrap every data key of the tenant under the current KEK version.
@@ -239,7 +245,7 @@ class DataKeyRegistry:
         so a crash half-way leaves every data key readable; rerunning finishes the job."""
         count = 0
         for r in self.records(tenant):
-            wrapped, kek_version = self._keystore.rewrap(tenant, data_key_context(tenant, r.model, r.version),
+            wrapped, kek_version = self._keystore.rewrap(tenant, data_key_context(r.ref),
                                                          r.wrapped, r.kek_version)
             self._write(DataKeyRecord(tenant, r.model, r.version, r.key_id, wrapped, kek_version, r.signer,
                                       r.model_digest))

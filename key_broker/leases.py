@@ -27,6 +27,7 @@ from attestation.errors import AttestationError
 from key_broker.errors import KeyBrokerError, RateLimited, ReleaseRefused
 from key_broker.service import KeyBrokerService, _reason
 from protocol.broker.client import lease_answer_mac, lease_mac_key, lease_request_payload
+from protocol.model_ref import ModelRef
 
 
 @dataclass(frozen=True)
@@ -39,9 +40,7 @@ class LeaseSettings:
 
 @dataclass(frozen=True)
 class LeaseGrant:
-    tenant: str
-    model: str
-    version: str
+    ref: ModelRef
     token_id: str
     seq: int
     wait_s: float
@@ -87,12 +86,13 @@ class LeaseBook:
         """Token (signature and scope) -> identity key bound by it -> signature -> freshness ->
         rate limit per identity. Every refusal is audited and leaves as ReleaseRefused."""
         svc = self.service
-        tenant, model, version = body["tenant"], body["model"], body["version"]
-        meta: dict[str, Any] = {"model": model, "version": version}
+        tenant = body["tenant"]
+        meta: dict[str, Any] = {"model": body["model"], "version": body["version"]}
         try:
+            ref = ModelRef(tenant, body["model"], body["version"])
             # 1. The broker's token, checked "as of" its own issue time (a lease outlives it).
             claims = svc._verifier.verify_as_issued(str(body["token"]))
-            svc._scoped_claims(claims, tenant, model, version, meta)
+            svc._scoped_claims(claims, ref, meta)
             # 2. The identity key is the one the attestation binds (not merely any key).
             bound = claims.channel_binding
             identity = bytes.fromhex(body["identity_key"])
@@ -113,22 +113,22 @@ class LeaseBook:
                 self._last_seq[jti] = int(body["seq"])
             # 5. Rate limit by the authenticated worker, never by something public.
             svc._limiter.check("lease", bound)
-            mac_key = self._mac_key(jti, tenant, model, version)
+            mac_key = self._mac_key(jti, ref)
         except RateLimited:
             raise
         except (AttestationError, jwt.PyJWTError, KeyBrokerError, InvalidSignature, KeyError, TypeError,
                 ValueError) as exc:
             raise svc._deny(tenant, "lease", _reason(exc), meta) from exc
-        return LeaseGrant(tenant, model, version, jti, int(body["seq"]),
+        return LeaseGrant(ref, jti, int(body["seq"]),
                           min(max(float(body["wait_s"]), 0.0), self.settings.max_wait_s), mac_key)
 
-    def _mac_key(self, jti: str, tenant: str, model: str, version: str) -> bytes:
+    def _mac_key(self, jti: str, ref: ModelRef) -> bytes:
         with self._lock:
             key = self._mac_keys.get(jti)
         if key is None:
             # Cached from the first renewal on; after a restart the data key is unwrapped again
             # (which a revoked tenant key refuses: that worker then learns it at lease expiry).
-            data_key, _ = self.service.datakeys.data_key(tenant, model, version)
+            data_key, _ = self.service.datakeys.data_key(ref)
             key = lease_mac_key(data_key, jti)
             with self._lock:
                 if len(self._mac_keys) > 100_000:
@@ -139,8 +139,7 @@ class LeaseBook:
     def status(self, grant: LeaseGrant) -> str:
         svc = self.service
         try:
-            revoked = svc.keystore.is_revoked(grant.tenant) or not svc.datakeys.exists(
-                grant.tenant, grant.model, grant.version)
+            revoked = svc.keystore.is_revoked(grant.ref.tenant) or not svc.datakeys.exists(grant.ref)
         except KeyBrokerError:
             revoked = True
         return "revoked" if revoked else "active"

@@ -61,8 +61,7 @@ def attest(body: AttestRequest, service: KeyBrokerService = Depends(get_service)
         return JSONResponse(status_code=400, content={"error": {"type": "invalid_request",
                                                                 "message": "malformed evidence bundle"}})
     try:
-        token = service.attest(session_id=body.session_id, bundle=bundle, tenant=body.tenant,
-                               model=body.model, version=body.version, client=client)
+        token = service.attest(session_id=body.session_id, bundle=bundle, ref=body.ref, client=client)
     except ReleaseRefused:
         return refused()
     return AttestResponse(token=token)
@@ -71,7 +70,7 @@ def attest(body: AttestRequest, service: KeyBrokerService = Depends(get_service)
 @router.post("/v1/key", response_model=KeyResponse)
 def key(body: KeyRequest, service: KeyBrokerService = Depends(get_service)) -> KeyResponse | JSONResponse:
     try:
-        sealed = service.release(token=body.token, tenant=body.tenant, model=body.model, version=body.version)
+        sealed = service.release(token=body.token, ref=body.ref)
     except ReleaseRefused:
         return refused()
     return KeyResponse(sealed_key=base64.b64encode(sealed.sealed).decode(), token_id=sealed.token_id,
@@ -84,8 +83,7 @@ def key_status(body: KeyStatusRequest, service: KeyBrokerService = Depends(get_s
     """Informational: whether the key a (public) attestation token was released under is revoked.
     Workers do not rely on it; they hold a lease (`POST /v1/lease`)."""
     try:
-        status = service.key_status(token=body.token, tenant=body.tenant, model=body.model,
-                                    version=body.version, client=client)
+        status = service.key_status(token=body.token, ref=body.ref, client=client)
     except ReleaseRefused:
         return refused()
     return KeyStatusResponse(status=status, check_after_s=STATUS_POLL_SECONDS)

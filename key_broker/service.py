@@ -33,6 +33,7 @@ from policy.audit import AuditLog
 from policy.errors import PolicyError
 from policy.release import ReleaseFacts, ReleasePolicy, evaluate_release
 from protocol.broker.sealing import release_info, seal
+from protocol.model_ref import ModelRef
 
 log = logging.getLogger(__name__)
 COMPONENT = "key-broker"
@@ -123,10 +124,10 @@ class KeyBrokerService:
         self._limiter.check("challenge", client)
         return self._challenges.issue()
 
-    def attest(self, *, session_id: str, bundle: EvidenceBundle, tenant: str, model: str, version: str,
-               client: str = "-") -> str:
+    def attest(self, *, session_id: str, bundle: EvidenceBundle, ref: ModelRef, client: str = "-") -> str:
         """Verify evidence and appraise it under the tenant's release policy; returns a scoped token."""
         self._limiter.check("attest", client)
+        tenant, model, version = ref.tenant, ref.model, ref.version
         # One appraisal covers the CPU report and every GPU report of the bundle (evidence_digest
         # hashes them all); `gpus` says how many GPUs were in it.
         meta: dict[str, Any] = {"model": model, "version": version, "evidence_digest": bundle.digest(),
@@ -144,7 +145,7 @@ class KeyBrokerService:
             policy, values = resolve(self.policies, self.refvals, tenant, model, version)
             if values is not None:
                 meta.update(reference_values=values.id, reference_values_version=values.version)
-            record = self.datakeys.get(tenant, model, version)
+            record = self.datakeys.get(ref)
             if self.keystore.is_revoked(tenant):
                 raise ReleaseRefused("tenant key is revoked")
             facts = ReleaseFacts(
@@ -160,7 +161,7 @@ class KeyBrokerService:
         except (AttestationError, KeyBrokerError, PolicyError, ValueError) as exc:
             raise self._deny(tenant, "attest", _reason(exc), meta) from exc
         claims = result.token_claims()
-        claims["sealed"] = {"tenant": tenant, "model": model, "version": version,
+        claims["sealed"] = {**ref.as_dict(),
                             "policy_id": decision.policy_id, "policy_version": decision.policy_version,
                             "chip_id": result.cpu.extra.get("chip_id", "")}
         token = self.issuer.issue(claims, now)
@@ -168,40 +169,40 @@ class KeyBrokerService:
                           metadata=meta)
         return token
 
-    def _scoped_claims(self, claims: AttestationClaims, tenant: str, model: str, version: str,
-                       meta: dict[str, Any]) -> TokenScope:
-        scope = claims.require_scope(tenant, model, version)
+    def _scoped_claims(self, claims: AttestationClaims, ref: ModelRef, meta: dict[str, Any]) -> TokenScope:
+        scope = claims.require_scope(ref)
         meta.update(measurement=claims.measurement, tee=claims.tee, token_id=claims.token_id,
                     evidence_digest=claims.evidence_digest, policy_id=scope.policy_id,
                     policy_version=scope.policy_version)
         return scope
 
-    def release(self, *, token: str, tenant: str, model: str, version: str) -> SealedKey:
+    def release(self, *, token: str, ref: ModelRef) -> SealedKey:
         """Seal the model version's data key to the HPKE key bound in the attestation token."""
-        meta: dict[str, Any] = {"model": model, "version": version}
+        tenant = ref.tenant
+        meta: dict[str, Any] = {"model": ref.model, "version": ref.version}
         try:
             now = self.clock()
             claims = self._verifier.verify_claims(token, now)
-            scope = self._scoped_claims(claims, tenant, model, version, meta)
+            scope = self._scoped_claims(claims, ref, meta)
             with self._used_lock:  # a used (public) token must not drain the bucket of fresh ones
                 if claims.token_id in self._used:
                     raise ReleaseRefused("token already used for a release")
             self._limiter.check("release", f"{claims.measurement}|{scope.chip_id}")
             if self.keystore.is_revoked(tenant):
                 raise ReleaseRefused("tenant key is revoked")
-            current = self.policies.get(tenant, model, version)
+            current = self.policies.get(tenant, ref.model, ref.version)
             if (current.policy_id, current.version) != (scope.policy_id, scope.policy_version):
                 raise ReleaseRefused("the release policy changed since attestation; attest again")
             self._mark_used(claims.token_id, now)
-            data_key, record = self.datakeys.data_key(tenant, model, version)
+            data_key, record = self.datakeys.data_key(ref)
             recipient = bytes.fromhex(claims.hpke_public_key)
-            sealed = seal(data_key, recipient, release_info(tenant, model, version, claims.token_id))
+            sealed = seal(data_key, recipient, release_info(ref, claims.token_id))
         except RateLimited:
             raise
         except (AttestationError, KeyBrokerError, PolicyError, KeyError, ValueError) as exc:
             raise self._deny(tenant, "release", _reason(exc), meta) from exc
         receipt = self.receipts.issue({
-            "tenant": tenant, "model": model, "version": version, "key_id": record.key_id,
+            **ref.as_dict(), "key_id": record.key_id,
             "model_digest": record.model_digest, "signer": record.signer,
             "measurement": claims.measurement, "tee": claims.tee,
             "insecure": claims.insecure, "time": now.isoformat(),
@@ -212,15 +213,16 @@ class KeyBrokerService:
                           metadata=meta)
         return SealedKey(sealed=sealed, token_id=claims.token_id, receipt=receipt)
 
-    def key_status(self, *, token: str, tenant: str, model: str, version: str, client: str = "-") -> str:
+    def key_status(self, *, token: str, ref: ModelRef, client: str = "-") -> str:
         """What a running worker polls: "active", or "revoked" (drop the key now). The token's
         signature and scope are checked, but not its expiry: a worker keeps polling long after its
         attestation token expired, and learning "revoked" late would be worse."""
-        meta: dict[str, Any] = {"model": model, "version": version}
+        tenant = ref.tenant
+        meta: dict[str, Any] = {"model": ref.model, "version": ref.version}
         try:
             # Verify "as of" the token's own issue time; the signature is still fully checked.
             claims = self._verifier.verify_as_issued(token)
-            self._scoped_claims(claims, tenant, model, version, meta)
+            self._scoped_claims(claims, ref, meta)
             # Per caller, not per measurement: the token is public, so keying by what it names let
             # anyone drain the bucket of every worker of that build.
             self._limiter.check("status", client)
@@ -229,7 +231,7 @@ class KeyBrokerService:
         except (AttestationError, jwt.PyJWTError, KeyError, TypeError, ValueError, ReleaseRefused) as exc:
             raise self._deny(tenant, "key-status", _reason(exc), meta) from exc
         try:
-            revoked = self.keystore.is_revoked(tenant) or not self.datakeys.exists(tenant, model, version)
+            revoked = self.keystore.is_revoked(tenant) or not self.datakeys.exists(ref)
         except KeyBrokerError:
             revoked = True
         return "revoked" if revoked else "active"

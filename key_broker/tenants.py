@@ -24,7 +24,9 @@ from key_broker.policies import PolicyStore, StoredPolicy
 from key_broker.receipts import ReceiptBook
 from key_broker.refvals import ReferenceValues, ReferenceValuesStore
 from policy.audit import AuditLog
+from protocol.model_ref import ModelRef
 from protocol.package import PackageError, read_manifest
+from protocol.package.format import manifest_names
 from protocol.package.keywrap import SealedDataKey, open_data_key
 from protocol.package.signing import SIGNATURE_FILES
 
@@ -91,8 +93,9 @@ class TenantAdmin:
         """Open a data key sealed to our import key, for exactly the signed package it names."""
         for name, what in ((tenant, "tenant"), (model, "model"), (version, "version")):
             check_name(name, what)
-        if self.datakeys.exists(tenant, model, version):
-            raise Conflict(f"{tenant}/{model}/{version} already has a data key; publish a new version")
+        ref = ModelRef(tenant, model, version)
+        if self.datakeys.exists(ref):
+            raise Conflict(f"{ref} already has a data key; publish a new version")
         if not set(upload.signature_files) <= _SIGNATURE_FILES:
             raise KeyStoreError("unexpected signature file names")
         try:
@@ -105,13 +108,13 @@ class TenantAdmin:
             sealed = SealedDataKey.from_json(json.dumps(upload.sealed_key))
         except (PackageError, ValueError) as exc:
             raise KeyStoreError(f"sealed key upload refused: {type(exc).__name__}") from exc
-        if (manifest.tenant, manifest.model, manifest.version) != (tenant, model, version):
+        if not manifest_names(manifest, ref):
             raise KeyStoreError("the manifest names another tenant, model or version")
         try:
             data_key = open_data_key(sealed, self.import_key, manifest)
         except PackageError as exc:
             raise KeyStoreError(f"sealed key does not open for this package: {type(exc).__name__}") from exc
-        record = self.datakeys.register(tenant, model, version, data_key, manifest.key_id, signer,
+        record = self.datakeys.register(ref, data_key, manifest.key_id, signer,
                                         manifest.plaintext_digest)
         self._log(who, tenant, "data-key-register", model=model, version=version, key_id=manifest.key_id[:64])
         return record

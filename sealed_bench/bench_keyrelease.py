@@ -34,6 +34,7 @@ from attestation.bundle import EvidenceBundle, RuntimeData, expected_report_data
 from attestation.sim import SimTee
 from protocol.broker.client import obtain_data_key
 from protocol.broker.sealing import open_sealed, raw_public_key, release_info
+from protocol.model_ref import ModelRef
 from protocol.package.signing import signer_identity
 from sealed_bench.processes import wait_healthy
 
@@ -127,7 +128,7 @@ async def _one_async(client: httpx.AsyncClient, tee: SimTee) -> tuple[str, bytes
     key = open_sealed(
         base64.b64decode(body["sealed_key"]),
         worker,
-        release_info(SCOPE["tenant"], SCOPE["model"], SCOPE["version"], body["token_id"]),
+        release_info(ModelRef(**SCOPE), body["token_id"]),
     )
     return body["token_id"], key
 
@@ -194,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
             with httpx.Client(base_url=url, timeout=30) as client:
                 for i in range(args.warmup + args.iterations):
                     started = time.perf_counter()
-                    released = obtain_data_key(client, make_bundle=make_bundle, **SCOPE)
+                    released = obtain_data_key(client, ModelRef(**SCOPE), make_bundle=make_bundle)
                     if i >= args.warmup:
                         latencies.append((time.perf_counter() - started) * 1000)
                     assert released.data_key == data_key

@@ -39,6 +39,7 @@ from attestation.bundle import EvidenceBundle, RuntimeData, channel_binding, exp
 from attestation.sim import SimTee
 from enclave_worker.keywatch import KeyLease, LeaseTiming
 from protocol.broker.client import ReleasedKey, WorkerIdentity, obtain_data_key
+from protocol.model_ref import ModelRef
 from protocol.package.signing import signer_identity
 from sealed_bench.bench_keyrelease import MEASUREMENT, _percentile, _port
 from sealed_bench.processes import wait_healthy
@@ -141,9 +142,9 @@ async def one_round(url: str, admin_token: str, tenant: str, workers: int, tee: 
         for _ in range(workers):
             identity = WorkerIdentity(Ed25519PrivateKey.generate())
             released: ReleasedKey = await asyncio.to_thread(
-                obtain_data_key, client, **scope, make_bundle=make_bundle,
+                obtain_data_key, client, ModelRef(**scope), make_bundle=make_bundle,
                 channel_binding=channel_binding(b"", identity.public_key))
-            leases.append(KeyLease(url, released, identity, **scope, timing=LeaseTiming()))
+            leases.append(KeyLease(url, released, identity, ModelRef(**scope), timing=LeaseTiming()))
     flood.token = {"token": leases[0].released.token, **scope}  # the public token of this round
     lost: list[tuple[str, float] | None] = [None] * workers
 

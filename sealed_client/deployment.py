@@ -19,6 +19,7 @@ from attestation.bundle import EvidenceBundle, channel_binding
 from attestation.client import PinnedWorker, verify_worker_document
 from attestation.errors import FreshnessError, PolicyViolation
 from attestation.refvalues import ReferenceValues, ReferenceValuesError, verify_reference_values
+from attestation.sigstore_refvalues import SigstorePublisher, is_sigstore_bundle, verify_sigstore_reference_values
 from attestation.token import TokenVerifier
 from protocol.sealed import key_id
 
@@ -38,19 +39,38 @@ class ClientTrust:
     broker_issuer: str = "sealed-key-broker"
     require_promises: Mapping[str, Any] = field(default_factory=dict)
     unsafe_trust_gateway_jwks: bool = False
-    # The operator's reference-value publisher (raw Ed25519): measurements it signs are allowed too.
+    # The operator's reference-value publisher, pinned by identity: a raw Ed25519 key (DSSE envelope),
+    # or a Sigstore identity (bundle). Measurements it publishes are allowed too.
     reference_values_key: bytes | None = None
+    reference_values_sigstore: SigstorePublisher | None = None
 
     def __post_init__(self) -> None:
+        if self.reference_values_key is not None and self.reference_values_sigstore is not None:
+            raise ValueError("pin one reference-value publisher: a key or a Sigstore identity, not both")
         if self.broker_jwks is None and not self.unsafe_trust_gateway_jwks:
             raise ValueError("pin the key broker's JWKS (broker_jwks), or set unsafe_trust_gateway_jwks")
         if self.broker_jwks is None:
             log.warning("UNSAFE: trusting the key broker JWKS the gateway serves (trust on first use)")
 
+    @property
+    def pins_publisher(self) -> bool:
+        return self.reference_values_key is not None or self.reference_values_sigstore is not None
+
+    @property
+    def publisher(self) -> str:
+        if self.reference_values_sigstore is not None:
+            return self.reference_values_sigstore.describe()
+        return f"ed25519 {self.reference_values_key.hex()}" if self.reference_values_key else "none"
+
     @classmethod
-    def from_dict(cls, doc: Mapping[str, Any], *, unsafe_allow_simulated: bool = False) -> ClientTrust:
+    def from_dict(cls, doc: Mapping[str, Any], *, unsafe_allow_simulated: bool = False,
+                  base: Path | None = None) -> ClientTrust:
         """`{"appraisal": {...AppraisalPolicy...}, "broker_jwks": {...}, "broker_issuer": "...",
-        "require_promises": {...}, "unsafe_trust_gateway_jwks": false}`."""
+        "require_promises": {...}, "unsafe_trust_gateway_jwks": false, "reference_values": {...}}`.
+
+        `reference_values`: `{"publisher_key": "<hex>"}` (or `{"publisher": {"key": "<hex>"}}`), or
+        `{"publisher": {"sigstore": {"identity": ..., "issuer": ..., "trusted_root": "production" | path}}}`
+        (a relative path is taken from the policy file's folder)."""
         unknown = set(doc) - {"appraisal", "broker_jwks", "broker_issuer", "require_promises",
                               "unsafe_trust_gateway_jwks", "reference_values"}
         if unknown:
@@ -59,16 +79,23 @@ class ClientTrust:
         if unsafe_allow_simulated:
             appraisal["unsafe_allow_simulated_tee"] = True
             appraisal["allowed_tee"] = sorted({*appraisal.get("allowed_tee", []), "sim"})
-        publisher = (doc.get("reference_values") or {}).get("publisher_key")
+        refs = dict(doc.get("reference_values") or {})
+        pinned = dict(refs.get("publisher") or {})
+        if set(refs) - {"publisher_key", "publisher"} or set(pinned) - {"key", "sigstore"}:
+            raise PolicyViolation([f"unknown reference_values keys: {sorted(set(refs) | set(pinned))}"])
+        publisher = refs.get("publisher_key") or pinned.get("key")
+        sigstore = pinned.get("sigstore")
         return cls(appraisal=AppraisalPolicy.from_dict(appraisal), broker_jwks=doc.get("broker_jwks"),
                    reference_values_key=bytes.fromhex(publisher) if publisher else None,
+                   reference_values_sigstore=SigstorePublisher.from_dict(sigstore, base) if sigstore else None,
                    broker_issuer=str(doc.get("broker_issuer", "sealed-key-broker")),
                    require_promises=dict(doc.get("require_promises") or {}),
                    unsafe_trust_gateway_jwks=bool(doc.get("unsafe_trust_gateway_jwks", False)))
 
     @classmethod
     def load(cls, path: str | Path, *, unsafe_allow_simulated: bool = False) -> ClientTrust:
-        return cls.from_dict(json.loads(Path(path).read_text()), unsafe_allow_simulated=unsafe_allow_simulated)
+        return cls.from_dict(json.loads(Path(path).read_text()), unsafe_allow_simulated=unsafe_allow_simulated,
+                             base=Path(path).parent)
 
 
 @dataclass(frozen=True)
@@ -95,7 +122,7 @@ def _spki(cert_pem: str | None) -> bytes:
 
 def effective_appraisal(trust: ClientTrust, published: ReferenceValues | None) -> AppraisalPolicy:
     """The client's appraisal policy, its allowed measurements widened by the publisher's signed set."""
-    if trust.reference_values_key is None:
+    if not trust.pins_publisher:
         return trust.appraisal
     if published is None:
         raise ReferenceValuesError("the client pins a reference-value publisher but none were published")
@@ -133,10 +160,20 @@ def verify_sealed_document(doc: Mapping[str, Any], verifier: TokenVerifier, trus
                      token_expires_at=int(worker.claims.get("exp", 0)))
 
 
-def verify_published(trust: ClientTrust, envelope: Mapping[str, Any] | None, now: dt.datetime
+def verify_published(trust: ClientTrust, published: Mapping[str, Any] | None, now: dt.datetime
                      ) -> ReferenceValues | None:
-    if trust.reference_values_key is None:
+    """The published reference values, verified as the client pinned their publisher: a Sigstore
+    bundle for a Sigstore identity, a DSSE envelope for a key; the other form is refused."""
+    if not trust.pins_publisher:
         return None
-    if envelope is None:
+    if published is None:
         raise ReferenceValuesError("no reference values published")
-    return verify_reference_values(envelope, trust.reference_values_key, now)
+    if trust.reference_values_sigstore is not None:
+        if not is_sigstore_bundle(published):
+            raise ReferenceValuesError("the client pins a Sigstore publisher but the reference values are "
+                                       "not a Sigstore bundle")
+        return verify_sigstore_reference_values(published, trust.reference_values_sigstore, now)
+    if is_sigstore_bundle(published):
+        raise ReferenceValuesError("the client pins a publisher key but the reference values are a Sigstore bundle")
+    assert trust.reference_values_key is not None
+    return verify_reference_values(published, trust.reference_values_key, now)

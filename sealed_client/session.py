@@ -92,7 +92,7 @@ class SealedSession:
             self._jwks = jwks  # trust on first use (unsafe_trust_gateway_jwks); kept from then on
 
     def wants_reference_values(self) -> bool:
-        return self.trust.reference_values_key is not None
+        return self.trust.pins_publisher
 
     def pin_from(self, model: str, attestation_doc: Mapping[str, Any],
                  reference_values: Mapping[str, Any] | None = None) -> PinnedKey:

@@ -37,3 +37,19 @@ def testvectors() -> Path:
         # The repository ships the vectors, so a missing directory is a broken checkout, not a skip.
         pytest.fail(f"attestation test vectors not found at {path}")
     return path
+
+
+@pytest.fixture(scope="session")
+def vllm_python() -> str:
+    """The interpreter of vLLM's virtualenv (api/vllm_python.py). Tests that need it (marker `vllm`)
+    skip with a reason where vLLM is not installed, and fail instead under SEALED_REQUIRE_VLLM=1
+    (set by .ci/run, which installs it)."""
+    from api.vllm_python import ENV, find_vllm_python
+
+    python = find_vllm_python()
+    if python is None:
+        reason = f"vLLM is not installed (set {ENV} or create .vllm-venv as .ci/run does)"
+        if os.environ.get("SEALED_REQUIRE_VLLM") == "1":
+            pytest.fail(f"{reason}; SEALED_REQUIRE_VLLM=1")
+        pytest.skip(reason)
+    return python

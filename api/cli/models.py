@@ -43,14 +43,16 @@ def register(
     if (data_key is None) != (package is None):
         raise typer.BadParameter("--data-key and --package go together")
     if data_key is not None:
+        from protocol.model_ref import ModelRef
         from protocol.package.keywrap import SealedDataKey, sealed_upload_body
 
         sealed = SealedDataKey.from_json(data_key.read_text())
-        if (sealed.tenant, sealed.model, sealed.version) != (tenant, model, version):
-            raise typer.BadParameter(f"the data key is for {sealed.tenant}/{sealed.model}/{sealed.version}")
+        ref = ModelRef(tenant, model, version)
+        if sealed.ref != ref:
+            raise typer.BadParameter(f"the data key is for {sealed.ref}")
         broker_call("PUT", f"/tenants/{tenant}/models/{model}/versions/{version}/data-key", profile=profile,
                     body=sealed_upload_body(package, sealed))
-        typer.echo(f"data key of {tenant}/{model}/{version} is at the key broker (it was sealed to the broker)")
+        typer.echo(f"data key of {ref} is at the key broker (it was sealed to the broker)")
     body = {"model": model, "version": version, "min_warm": min_warm, "max_replicas": max_replicas,
             "ttft_slo_ms": ttft_slo_ms}
     doc = call("POST", f"/tenants/{tenant}/models", profile=profile, url=url,

@@ -16,7 +16,8 @@ def _trust(policy: Path | None, unsafe_allow_simulated: bool, unsafe_trust_gatew
     doc: dict[str, Any] = json.loads(policy.read_text()) if policy else {}
     if unsafe_trust_gateway_jwks:
         doc["unsafe_trust_gateway_jwks"] = True
-    return ClientTrust.from_dict(doc, unsafe_allow_simulated=unsafe_allow_simulated)
+    return ClientTrust.from_dict(doc, unsafe_allow_simulated=unsafe_allow_simulated,
+                                 base=policy.parent if policy else None)
 
 
 def _report(pin: Any, doc: dict[str, Any], now: dt.datetime) -> list[str]:
@@ -82,7 +83,7 @@ def verify(
             raise typer.Exit(1)
         workers = listing.json().get("workers", [])
         published_doc = None
-        if trust.reference_values_key is not None:
+        if trust.pins_publisher:
             response = http.get(f"{base}/.well-known/reference-values")
             published_doc = response.json() if response.status_code == 200 else None
     try:
@@ -91,8 +92,8 @@ def verify(
         typer.echo(f"reference values: NOT verified ({type(exc).__name__}: {exc})")
         raise typer.Exit(1) from exc
     if published is not None:
-        typer.echo(f"reference values: {len(published.measurements)} measurement(s) signed by the pinned publisher "
-                   f"{trust.reference_values_key.hex()[:16]}…, valid until {published.expires_at.isoformat()}")
+        typer.echo(f"reference values: {len(published.measurements)} measurement(s), valid until "
+                   f"{published.expires_at.isoformat()}\n  signed by     {published.signer} (the pinned publisher)")
     verifier = TokenVerifier(jwks, trust.broker_issuer)
     failed = 0
     for doc in workers:

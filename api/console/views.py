@@ -209,7 +209,6 @@ def token_claims(token: str, verifier: Any) -> tuple[dict[str, Any], str]:
 
 def worker_rows(service: Any, attestations: list[dict[str, Any]], reference: dict[tuple[str, str], set[str]],
                 who: Viewer, now: float) -> list[dict[str, Any]]:
-    import time
 
     by_id = {a.get("worker_id"): a for a in attestations}
     reg = service.registry
@@ -241,7 +240,7 @@ def worker_rows(service: Any, attestations: list[dict[str, Any]], reference: dic
                        "on" if all(g.get("cc_enabled") for g in gpus) else "OFF"),
             "gpus": len(gpus), "token_state": token_state,
             "token_expires": (dt.datetime.fromtimestamp(int(exp), dt.UTC) if exp else None),
-            "heartbeat_age_s": max(0.0, time.monotonic() - w.last_seen) if w.last_seen else None,
+            "heartbeat_age_s": reg.heartbeat_age(w) if w.last_seen else None,
             "inflight": w.inflight, "tls": _cert_fingerprint(w.tls_cert),
             "attested": w.attested, "now": now,
         })

@@ -41,7 +41,8 @@ def build_service(settings: GatewaySettings) -> GatewayService:
     else:
         limiter, counter = TokenBucketLimiter(), LocalQueueCounter()
     service = GatewayService(settings, store, AdmissionController(limiter, counter, settings.max_inflight,
-                                                                  settings.max_queued))
+                                                                  settings.max_queued,
+                                                                  max_request_streams=settings.max_choices))
     for route in settings.workers:
         store.upsert_version(route.tenant, route.model, route.version)
     service.bootstrap_keys()
@@ -53,6 +54,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        service.registry.clock.start()  # worker liveness on the gateway's own (loop-lag-adjusted) clock
         yield
         await service.close()
 

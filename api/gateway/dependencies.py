@@ -1,4 +1,7 @@
-"""Authorization as chained dependencies: bearer key -> API key record (-> tenant)."""
+"""Authorization as chained dependencies: bearer key -> API key record (-> tenant).
+
+They are `async` so that FastAPI runs them on the loop, not with a thread hop per request each.
+"""
 
 from __future__ import annotations
 
@@ -11,11 +14,11 @@ from api.gateway.service import GatewayService
 from api.store.repo import KeyRecord
 
 
-def get_service(request: Request) -> GatewayService:
+async def get_service(request: Request) -> GatewayService:
     return request.app.state.service
 
 
-def bearer_secret(request: Request) -> str:
+async def bearer_secret(request: Request) -> str:
     header = request.headers.get("authorization", "")
     scheme, _, secret = header.partition(" ")
     if scheme.lower() != "bearer" or not secret.strip():
@@ -24,6 +27,9 @@ def bearer_secret(request: Request) -> str:
     return secret.strip()
 
 
-async def current_key(secret: str = Depends(bearer_secret), service: GatewayService = Depends(get_service)
-                      ) -> KeyRecord:
-    return await asyncio.to_thread(service.authenticate, secret)
+async def current_key(request: Request, secret: str = Depends(bearer_secret),
+                      service: GatewayService = Depends(get_service)) -> KeyRecord:
+    # A key seen within the last second is served from memory: under a flood the threads are busy.
+    key = service.cached_key(secret) or await asyncio.to_thread(service.authenticate, secret)
+    request.scope.setdefault("state", {})["audit_tenant"] = key.tenant  # a later refusal's audit entry names it
+    return key

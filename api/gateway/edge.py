@@ -12,6 +12,7 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from api.gateway.edge_audit import audit_edge
 from api.gateway.errors import error_body
 
 _JSON_TYPES = ("application/json", "application/merge-patch+json")
@@ -39,7 +40,8 @@ def lone_surrogate(doc: Any) -> bool:
     return False
 
 
-async def _reply(send: Send, status: int, message: str, code: str) -> None:
+async def _reply(scope: Scope, send: Send, status: int, message: str, code: str) -> None:
+    audit_edge(scope, status, "body_too_large" if status == 413 else code)  # rate-protected (edge_audit.py)
     body = json.dumps(error_body(message, "invalid_request_error", code)).encode()
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
@@ -58,7 +60,7 @@ class EdgeGuard:
         headers = dict(scope.get("headers") or ())
         length = headers.get(b"content-length")
         if length is not None and (not length.isdigit() or int(length) > self.max_body_bytes):
-            await _reply(send, 413, "request body too large", "request_too_large")
+            await _reply(scope, send, 413, "request body too large", "request_too_large")
             return
         content_type = headers.get(b"content-type", b"").decode("latin-1").split(";")[0].strip().lower()
         if content_type in _JSON_TYPES or (content_type == "" and scope.get("method") in ("POST", "PUT", "PATCH")):
@@ -86,7 +88,7 @@ class EdgeGuard:
             await self.app(scope, bounded, tracking)
         except BodyTooLarge:
             if not started:
-                await _reply(send, 413, "request body too large", "request_too_large")
+                await _reply(scope, send, 413, "request body too large", "request_too_large")
 
     async def _json(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Read the whole (bounded) body, check it, then hand it to the app in one piece."""
@@ -98,7 +100,7 @@ class EdgeGuard:
             chunk = message.get("body", b"")
             seen += len(chunk)
             if seen > self.max_body_bytes:
-                await _reply(send, 413, "request body too large", "request_too_large")
+                await _reply(scope, send, 413, "request body too large", "request_too_large")
                 return
             parts.append(chunk)
             more = message.get("more_body", False)
@@ -109,7 +111,7 @@ class EdgeGuard:
             except (ValueError, RecursionError):
                 doc = None  # the route answers malformed JSON itself
             if lone_surrogate(doc):
-                await _reply(send, 400, "the request contains text that is not valid Unicode (a lone UTF-16 "
+                await _reply(scope, send, 400, "the request contains text that is not valid Unicode (a lone UTF-16 "
                              "surrogate)", "invalid_value")
                 return
         delivered = False

@@ -7,21 +7,25 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from api.gateway.edge_audit import audit_edge
 from protocol.openai.errors import OpenAIError as GatewayError
 from protocol.openai.errors import error_body
 
 __all__ = ["GatewayError", "error_body", "gateway_error_handler", "http_error_handler", "validation_error_handler"]
 
 
-async def gateway_error_handler(_: Request, exc: Exception) -> JSONResponse:
+async def gateway_error_handler(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, GatewayError)
+    audit_edge(request.scope, exc.status, exc.code)
     return JSONResponse(status_code=exc.status, content=error_body(exc.message, exc.type, exc.code, exc.param),
                         headers=exc.headers)
 
 
-async def validation_error_handler(_: Request, exc: Exception) -> JSONResponse:
+async def validation_error_handler(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
     errors = exc.errors()
+    audit_edge(request.scope, 400, "invalid_json" if any(e.get("type") == "json_invalid" for e in errors)
+               else "invalid_value")  # a schema error (FastAPI's 422), answered 400 in OpenAI's shape
     if any(e.get("type") == "json_invalid" for e in errors):
         return JSONResponse(status_code=400, content=error_body("request body is not valid JSON",
                                                                 "invalid_request_error", "invalid_json"))
@@ -31,7 +35,8 @@ async def validation_error_handler(_: Request, exc: Exception) -> JSONResponse:
     return JSONResponse(status_code=400, content=error_body(message, "invalid_request_error", "invalid_value", param))
 
 
-async def http_error_handler(_: Request, exc: Exception) -> JSONResponse:
+async def http_error_handler(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
+    audit_edge(request.scope, exc.status_code, "not_found" if exc.status_code == 404 else None)
     return JSONResponse(status_code=exc.status_code,
                         content=error_body(str(exc.detail), "invalid_request_error"))

@@ -133,7 +133,7 @@ async def open_sealed(clients: WorkerClients, address: str, request: worker_pb2.
         raise
     if first is grpc.aio.EOF:
         raise GatewayError(502, "the worker returned no output", type_="server_error")
-    return first, _rest(call)
+    return first, WorkerStream(call)  # its `decisions`: the worker's signed in-enclave decisions
 
 
 def _translate_sealed(exc: grpc.aio.AioRpcError) -> GatewayError:
@@ -145,19 +145,6 @@ def _translate_sealed(exc: grpc.aio.AioRpcError) -> GatewayError:
     if code == grpc.StatusCode.INVALID_ARGUMENT:
         return GatewayError(400, detail or "sealed request rejected", code="sealed_request_rejected")
     return _translate(exc, started=False)
-
-
-async def _rest(call: grpc.aio.UnaryStreamCall) -> AsyncIterator[Any]:
-    try:
-        while True:
-            chunk = await call.read()
-            if chunk is grpc.aio.EOF:
-                return
-            yield chunk
-    except grpc.aio.AioRpcError as exc:
-        raise _translate(exc, started=True) from exc
-    finally:
-        call.cancel()  # no-op when finished; otherwise propagates cancellation to the engine
 
 
 def _decision_records(metadata: object) -> list[worker_pb2.UsageRecord]:

@@ -5,52 +5,18 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
-from typing import Any, Literal
+from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import BaseModel, Field
 
 from api.gateway.dependencies import bearer_secret, get_service
 from api.gateway.errors import GatewayError
 from api.gateway.service import GatewayService
+from protocol.worker_status import Heartbeat
 
 router = APIRouter()
-
-
-class WorkerAttestationDoc(BaseModel):
-    """What the worker's key release produced; served (after it verifies) on /.well-known/attestation."""
-
-    tee: str = Field(max_length=16)
-    insecure: bool
-    evidence: dict[str, Any]
-    token: str = Field(max_length=16384)
-    model_digest: str = Field(max_length=128)
-    sealed_key_id: str = Field(default="", pattern=r"^([0-9a-f]{64})?$")
-    promises: dict[str, Any] = Field(default_factory=dict)
-
-
-class Heartbeat(BaseModel):
-    worker_id: str = Field(max_length=64)
-    grpc_address: str = Field(max_length=256, pattern=r"^[A-Za-z0-9.\-\[\]:]+:[0-9]{1,5}$")
-    tenant: str = Field(max_length=64)
-    model: str = Field(max_length=256)
-    version: str = Field(max_length=64)
-    status: Literal["starting", "ready", "draining", "failed"]
-    tee: str = Field(max_length=16)
-    insecure: bool
-    usage_public_key: str = Field(min_length=64, max_length=64)
-    pid: int | None = None
-    tls_cert: str = Field(default="", max_length=8192)  # PEM; empty: plaintext gRPC (loopback tests)
-    stats: dict[str, Any] = Field(default_factory=dict)
-    sealed_key_id: str = Field(default="", pattern=r"^([0-9a-f]{64})?$")  # hex SHA-256 of its HPKE key
-    attestation: WorkerAttestationDoc | None = None
-    # Signed by the worker's identity key (protocol/heartbeat.py), fresh and in order.
-    seq: int = Field(ge=1, le=2**62)
-    at: int = Field(ge=0, le=2**40)
-    signature: str = Field(min_length=128, max_length=128)
-    reason: str = Field(default="", max_length=128)  # a failed worker's failure category
 
 
 def worker_token(secret: str = Depends(bearer_secret), service: GatewayService = Depends(get_service)) -> None:
@@ -61,9 +27,13 @@ def worker_token(secret: str = Depends(bearer_secret), service: GatewayService =
 
 @router.post("/internal/workers/heartbeat", dependencies=[Depends(worker_token)])
 async def heartbeat(body: Heartbeat, request: Request, service: GatewayService = Depends(get_service)) -> dict:
+    # Stamped on arrival (on the loop-lag-adjusted clock) and checked on the registry's own thread,
+    # never behind usage writes or key look-ups: a busy gateway never ages a live worker's heartbeat.
+    seen_at = service.registry.clock.now()
     # The signature covers the body exactly as the worker sent it (the schema has already bounded it).
     signed = json.loads(await request.body())
-    await asyncio.to_thread(service.heartbeat, body.model_dump(), signed)
+    await asyncio.get_running_loop().run_in_executor(service.registry.executor, service.heartbeat,
+                                                     body.model_dump(), signed, seen_at)
     return {"ok": True}
 
 

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import hashlib
 import random
-import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 from api.gateway.errors import GatewayError
+from api.gateway.liveness import LoopClock
+from protocol.model_ref import ModelRef
 
 
 @dataclass
@@ -30,7 +32,7 @@ class WorkerInfo:
     pid: int | None = None
     tls_cert: str = ""
     stats: dict[str, Any] = field(default_factory=dict)
-    last_seen: float = 0.0
+    last_seen: float = 0.0  # on the registry's LoopClock (time the gateway was responsive)
     inflight: int = 0
     dead: bool = False
     attested: bool = False  # its attestation token binds tls_cert and usage_public_key
@@ -38,6 +40,10 @@ class WorkerInfo:
     attestation_doc: dict[str, Any] | None = None  # as submitted (and, once attested, verified)
     seq: int = 0  # the last signed heartbeat's sequence number (replays are refused)
     reason: str = ""  # why a failed worker failed (a category, e.g. "key release refused")
+
+    @property
+    def ref(self) -> ModelRef:
+        return ModelRef(self.tenant, self.model, self.version)
 
     def load(self) -> float:
         return self.inflight + float(self.stats.get("num_waiting", 0))
@@ -58,14 +64,23 @@ def reattest_required() -> GatewayError:
 
 class WorkerRegistry:
     def __init__(self, heartbeat_timeout_s: float = 3.0, affinity_slack: float = 2.0,
-                 rng: random.Random | None = None, require_attestation: bool = False) -> None:
+                 rng: random.Random | None = None, require_attestation: bool = False,
+                 clock: LoopClock | None = None) -> None:
         self.workers: dict[str, WorkerInfo] = {}
+        # Heartbeat age is measured on the gateway's loop-lag-adjusted clock (api/gateway/liveness.py):
+        # a worker is never declared dead because the gateway was too busy to read its heartbeats.
+        self.clock = clock or LoopClock()
+        # Heartbeats are verified here, one at a time, not in the default executor (shared with
+        # usage writes and key look-ups, whose queue grows under a flood).
+        self.executor = ThreadPoolExecutor(1, thread_name_prefix="heartbeats")
         self.require_attestation = require_attestation
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.affinity_slack = affinity_slack
         self._rng = rng or random.Random()
 
-    def heartbeat(self, doc: dict[str, Any]) -> WorkerInfo:
+    def heartbeat(self, doc: dict[str, Any], seen_at: float | None = None) -> WorkerInfo:
+        """Register or refresh a worker; `seen_at` is when the heartbeat reached the gateway (on
+        `self.clock`), so time spent waiting to be processed never ages it."""
         wid = str(doc["worker_id"])
         known = self.workers.get(wid)
         if known is not None and (known.usage_public_key, known.tls_cert) != (doc["usage_public_key"],
@@ -88,7 +103,7 @@ class WorkerRegistry:
             info.attestation_doc, info.attested = attestation, False  # checked again before routing
         info.seq = seq
         info.status, info.stats, info.reason = doc["status"], doc.get("stats") or {}, str(doc.get("reason") or "")
-        info.last_seen, info.dead = time.monotonic(), False
+        info.last_seen, info.dead = max(info.last_seen, self.clock.now() if seen_at is None else seen_at), False
         if known is None:
             # A new process on an address another worker had: that one is gone (restarted in place).
             for other in self.workers.values():
@@ -98,7 +113,10 @@ class WorkerRegistry:
         return info
 
     def alive(self, w: WorkerInfo) -> bool:
-        return not w.dead and time.monotonic() - w.last_seen < self.heartbeat_timeout_s
+        return not w.dead and self.clock.now() - w.last_seen < self.heartbeat_timeout_s
+
+    def heartbeat_age(self, w: WorkerInfo) -> float:
+        return max(0.0, self.clock.now() - w.last_seen)
 
     def mark_dead(self, worker_id: str) -> None:
         if worker_id in self.workers:

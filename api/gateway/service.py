@@ -16,12 +16,14 @@ from typing import Any
 from api.gateway.admission import AdmissionController, Ticket
 from api.gateway.audit import admin_meta, audit_worker_decisions, open_gateway_audit
 from api.gateway.demand import Demand
+from api.gateway.edge_audit import EdgeAudit
 from api.gateway.errors import GatewayError
 from api.gateway.grpc_client import WorkerClients, WorkerLost, WorkerUnavailable, open_sealed
 from api.gateway.metrics import Metrics
 from api.gateway.registry import WorkerInfo, WorkerRegistry, reattest_required
 from api.gateway.settings import GatewaySettings
 from api.gateway.usage import UsageRejected, verify_usage
+from api.gateway.usage_writer import UsageWriter
 from api.gateway.worker_attestation import (
     HeartbeatRefused,
     load_verifier,
@@ -29,7 +31,7 @@ from api.gateway.worker_attestation import (
     verify_worker_attestation,
 )
 from api.store.models import Tenant
-from api.store.repo import KeyRecord, Store
+from api.store.repo import KeyRecord, Store, hash_secret
 from attestation.errors import AttestationError
 from policy.audit import AuditLog
 from protocol.rpc import worker_pb2
@@ -60,11 +62,17 @@ class GatewayService:
                                                     settings.data_dir / "gateway-client.pem"))
         self.metrics = Metrics(lambda: float(admission.running), lambda: float(len(admission.queue)))
         self.demand = Demand(self.metrics.registry)
+        self.usage_writer = UsageWriter(store)
+        self.edge_audit = EdgeAudit(self.audit)  # 401/403/404/405/413/schema refusals, aggregated
         self._cache: dict[tuple, tuple[float, Any]] = {}
         self._probing: set[str] = set()
         self._tasks: set[asyncio.Task] = set()
 
     async def close(self) -> None:
+        await self.registry.clock.stop()
+        self.registry.executor.shutdown(wait=False)
+        await self.usage_writer.close()
+        self.edge_audit.flush()
         await self.clients.close()
         self.audit.close()
 
@@ -101,6 +109,13 @@ class GatewayService:
             expires = dt.datetime.fromisoformat(doc["expires_at"]) if doc.get("expires_at") else None
             self.store.import_key_hash(key_hash, doc["tenant"], doc["name"], tuple(doc.get("models", ())), expires)
 
+    def cached_key(self, secret: str) -> KeyRecord | None:
+        """A key this replica looked up within CACHE_S (no database, no thread hop); None: look it up."""
+        hit = self._cache.get(("key", hash_secret(secret)))
+        if hit and time.monotonic() - hit[0] < CACHE_S and not hit[1].expired(dt.datetime.now(dt.UTC)):
+            return hit[1]
+        return None
+
     def authenticate(self, secret: str) -> KeyRecord:
         key = self.store.lookup_key(secret)
         if key is None:
@@ -108,6 +123,7 @@ class GatewayService:
             key = self.store.lookup_key(secret)
         if key is None or key.expired(dt.datetime.now(dt.UTC)):
             raise GatewayError(401, "Incorrect API key provided.", code="invalid_api_key")
+        self._cache[("key", hash_secret(secret))] = (time.monotonic(), key)
         return key
 
     def split(self, tenant: str, model: str) -> dict[str, float]:
@@ -242,8 +258,13 @@ class GatewayService:
 
     async def _probe(self, worker: WorkerInfo) -> None:
         try:
+            lag_before = self.registry.clock.stalled_s
             healthy = await self.clients.status_ok(worker.grpc_address, worker.tls_cert, timeout_s=2.0)
-            if not healthy:
+            if not healthy and self.registry.clock.stalled_s - lag_before > 0.5:
+                # The gateway's own loop lagged through the probe: that says nothing about the worker.
+                log.warning("health check of worker %s inconclusive (gateway loop lagging); heartbeats decide",
+                            worker.worker_id)
+            elif not healthy:
                 log.warning("worker %s failed its health check; out of rotation until its next heartbeat",
                             worker.worker_id)
                 self.registry.mark_dead(worker.worker_id)
@@ -285,6 +306,11 @@ class GatewayService:
                 yield chunk
             if chunk.HasField("usage"):
                 await self._meter(chunk.usage, worker, request)
+            decisions = getattr(rest, "decisions", ())
+            if decisions:  # the worker's signed in-enclave decisions (no content): verified, then audited
+                audit_worker_decisions(self.audit, list(decisions), pinned_key_hex=worker.usage_public_key,
+                                       request_id=request.request_id, tenant=request.tenant,
+                                       worker_id=worker.worker_id, sealed=True)
         except WorkerLost:
             log.warning("worker %s lost mid-stream", worker.worker_id)
             self._probe_soon(worker)
@@ -302,21 +328,21 @@ class GatewayService:
         self.metrics.prompt_tokens.labels(row.tenant, row.model).inc(row.prompt_tokens)
         self.metrics.generation_tokens.labels(row.tenant, row.model).inc(row.completion_tokens)
         self.metrics.worker_seconds.labels(row.tenant).inc(row.worker_seconds)
-        await asyncio.to_thread(self.store.record_usage, row)
+        await self.usage_writer.record(row)  # group commit, durable before the stream ends
 
-    def heartbeat(self, doc: dict[str, Any], signed: dict[str, Any]) -> None:
-        """A worker's heartbeat: `signed` is the body as sent, `doc` the same after validation."""
+    def heartbeat(self, doc: dict[str, Any], signed: dict[str, Any], seen_at: float | None = None) -> None:
+        """A worker's heartbeat: `signed` is the body as sent, `doc` the same after validation,
+        `seen_at` its arrival on the registry's clock."""
         try:
             verify_heartbeat_signature(signed)
         except HeartbeatRefused as exc:
             log.warning("heartbeat refused: %s", exc)
             raise GatewayError(401, "heartbeat is not signed by the worker's identity key",
                                code="invalid_worker_signature") from exc
-        info = self.registry.heartbeat(doc)
+        info = self.registry.heartbeat(doc, seen_at)
         if self._verifier is not None and info.status == "ready" and not info.attested:
             try:
-                verify_worker_attestation(info.attestation_doc, tenant=info.tenant, model=info.model,
-                                          version=info.version, tls_cert=info.tls_cert,
+                verify_worker_attestation(info.attestation_doc, info.ref, tls_cert=info.tls_cert,
                                           usage_public_key=info.usage_public_key, verifier=self._verifier,
                                           sealed_key_id=info.sealed_key_id)
                 info.attested = True

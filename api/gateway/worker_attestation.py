@@ -27,6 +27,7 @@ from attestation.bundle import EvidenceBundle, channel_binding
 from attestation.errors import FreshnessError, ParseError, TokenError
 from attestation.token import TokenVerifier
 from protocol.heartbeat import heartbeat_signing_input, worker_id_for
+from protocol.model_ref import ModelRef
 from protocol.sealed import SealedError, key_id
 
 MAX_CLOCK_SKEW_S = 60
@@ -62,9 +63,8 @@ def verify_heartbeat_signature(body: Mapping[str, Any], now: float | None = None
         raise HeartbeatRefused("heartbeat time is too far from the gateway's")
 
 
-def verify_worker_attestation(doc: Mapping[str, Any] | None, *, tenant: str, model: str, version: str,
-                              tls_cert: str, usage_public_key: str, verifier: TokenVerifier,
-                              sealed_key_id: str = "") -> None:
+def verify_worker_attestation(doc: Mapping[str, Any] | None, ref: ModelRef, *, tls_cert: str,
+                              usage_public_key: str, verifier: TokenVerifier, sealed_key_id: str = "") -> None:
     """Raise unless the submitted token is ours, for this model, binds these channel keys, and
     describes exactly the submitted evidence; and the sealing key id the worker announces (and
     sealed requests are routed by) is the hash of the HPKE key the token binds."""
@@ -73,7 +73,7 @@ def verify_worker_attestation(doc: Mapping[str, Any] | None, *, tenant: str, mod
     # The signature is checked in full; the time is the token's own (a worker outlives its token).
     claims = verifier.verify_as_issued(str(doc.get("token") or ""))
     try:
-        claims.require_scope(tenant, model, version)
+        claims.require_scope(ref)
     except TokenError as exc:
         raise TokenError("worker's attestation is for another tenant, model or version") from exc
     if claims.channel_binding != expected_binding(tls_cert, usage_public_key).hex():

@@ -48,7 +48,10 @@ def principal(request: Request, token: str = Depends(bearer_secret)) -> Principa
                             options={"require": ["exp", "sub", "aud"]})
     except jwt.PyJWTError as exc:
         raise GatewayError(401, "invalid management token", code="invalid_token") from exc
-    return _typed_principal(claims)
+    who = _typed_principal(claims)
+    # A refusal after this (403, 404, a schema error) is audited under the principal's tenant.
+    request.scope.setdefault("state", {})["audit_tenant"] = who.tenant
+    return who
 
 
 def _typed_principal(claims: dict) -> Principal:

@@ -26,6 +26,7 @@ from api.supervisor import Supervisor
 from enclave_worker.measurement import simulated_measurement
 from enclave_worker.settings import WorkerSettings
 from protocol.fsutil import atomic_write
+from protocol.model_ref import ModelRef
 
 _SAFE = re.compile(r"[^A-Za-z0-9._-]")
 
@@ -58,7 +59,7 @@ def local_measurement(tenant: str, model: str, version: str, admin_key: Path | N
 @dataclass
 class LocalWorker:
     name: str  # the supervisor's child name
-    key: tuple[str, str, str]
+    key: ModelRef
     http_url: str
     started_at: float
     draining_since: float | None = None
@@ -98,10 +99,10 @@ class LocalRuntime:
         return TenantPolicyFiles(None, None)
 
     # -- processes
-    def start(self, key: tuple[str, str, str], package_dir: Path, files: TenantPolicyFiles) -> LocalWorker:
+    def start(self, key: ModelRef, package_dir: Path, files: TenantPolicyFiles) -> LocalWorker:
         from api.stack import free_port  # the stack module imports this one
 
-        tenant, model, version = key
+        tenant, model, version = key.tenant, key.model, key.version
         http_port, grpc_port = free_port(), free_port()
         self._seq += 1
         name = "worker-" + _SAFE.sub("_", f"{tenant}-{model}-{version}") + f"-{self._seq}"

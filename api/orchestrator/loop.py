@@ -30,9 +30,10 @@ from api.orchestrator.local import LocalRuntime, LocalWorker
 from api.orchestrator.reconcile import History, Inputs, decide
 from api.orchestrator.scaling import ScalingPolicy, is_low
 from api.orchestrator.spec import VersionSpec
+from protocol.model_ref import ModelRef
 
 log = logging.getLogger(__name__)
-Key = tuple[str, str, str]
+Key = ModelRef
 
 
 @dataclass

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from protocol.model_ref import ModelRef
+
 
 @dataclass(frozen=True)
 class Load:
@@ -27,8 +29,8 @@ class VersionSpec:
     registered_workers: tuple[dict[str, Any], ...] = ()  # as the gateway sees them
 
     @property
-    def key(self) -> tuple[str, str, str]:
-        return (self.tenant, self.model, self.version)
+    def key(self) -> ModelRef:
+        return ModelRef(self.tenant, self.model, self.version)
 
     @property
     def name(self) -> str:

@@ -223,8 +223,12 @@ class Store:
 
     # -- usage
     def record_usage(self, row: UsageRow) -> None:
+        self.record_usage_batch([row])
+
+    def record_usage_batch(self, rows: list[UsageRow]) -> None:
+        """All rows in one transaction (the gateway's group commit)."""
         with self.sessions.begin() as s:
-            s.add(row)
+            s.add_all(rows)
 
     def tokens_used(self, tenant: str, key_id: str | None = None) -> int:
         """Lifetime tokens of a tenant, or of one of its keys."""

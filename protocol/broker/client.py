@@ -30,6 +30,7 @@ from protocol.broker.schemas import (
     KeyStatusResponse,
 )
 from protocol.broker.sealing import open_sealed, raw_public_key, release_info
+from protocol.model_ref import ModelRef
 
 
 @dataclass(frozen=True)
@@ -61,10 +62,8 @@ def _post(client: httpx.Client, path: str, request: BaseModel | None, answer: ty
 
 def obtain_data_key(
     client: httpx.Client,
+    ref: ModelRef,
     *,
-    tenant: str,
-    model: str,
-    version: str,
     make_bundle: Callable[[RuntimeData], EvidenceBundle],
     channel_binding: bytes = b"",
     hpke_key: X25519PrivateKey | None = None,
@@ -78,21 +77,19 @@ def obtain_data_key(
                           channel_binding=channel_binding)
     bundle = make_bundle(runtime)
     attest = AttestRequest.model_construct(session_id=challenge.session_id, evidence=bundle.to_json(),
-                                           tenant=tenant, model=model, version=version)
+                                           tenant=ref.tenant, model=ref.model, version=ref.version)
     token = _post(client, "/v1/attest", attest, AttestResponse).token
-    key = KeyRequest.model_construct(token=token, tenant=tenant, model=model, version=version)
+    key = KeyRequest.model_construct(token=token, tenant=ref.tenant, model=ref.model, version=ref.version)
     released = _post(client, "/v1/key", key, KeyResponse)
     data_key = open_sealed(base64.b64decode(released.sealed_key), ephemeral,
-                           release_info(tenant, model, version, released.token_id))
+                           release_info(ref, released.token_id))
     return ReleasedKey(data_key, token, released.token_id, bundle, released.receipt)
 
 
 def renew_attestation(
     client: httpx.Client,
+    ref: ModelRef,
     *,
-    tenant: str,
-    model: str,
-    version: str,
     make_bundle: Callable[[RuntimeData], EvidenceBundle],
     hpke_public_key: bytes,
     channel_binding: bytes = b"",
@@ -104,17 +101,17 @@ def renew_attestation(
                           channel_binding=channel_binding)
     bundle = make_bundle(runtime)
     attest = AttestRequest.model_construct(session_id=challenge.session_id, evidence=bundle.to_json(),
-                                           tenant=tenant, model=model, version=version)
+                                           tenant=ref.tenant, model=ref.model, version=ref.version)
     return _post(client, "/v1/attest", attest, AttestResponse).token, bundle
 
 
-def check_key_status(client: httpx.Client, released: ReleasedKey, *, tenant: str, model: str,
-                     version: str) -> str:
+def check_key_status(client: httpx.Client, released: ReleasedKey, ref: ModelRef) -> str:
     """Poll the broker: "active" or "revoked". A worker drops the data key (and stops serving the
     model) on "revoked" and on a refusal; on a network error or 429 it keeps it and polls again.
     The broker suggests the poll interval in `check_after_s` (30 s)."""
     try:
-        request = KeyStatusRequest.model_construct(token=released.token, tenant=tenant, model=model, version=version)
+        request = KeyStatusRequest.model_construct(token=released.token, tenant=ref.tenant, model=ref.model,
+                                                   version=ref.version)
         body = _post(client, "/v1/key/status", request, KeyStatusResponse)
     except BrokerRateLimited:
         raise
@@ -181,12 +178,12 @@ class LeaseAnswerInvalid(BrokerRefused):
     """The answer does not carry a valid MAC for this request: treated as no answer."""
 
 
-async def renew_lease(client: httpx.AsyncClient, released: ReleasedKey, identity: WorkerIdentity, *,
-                      tenant: str, model: str, version: str, seq: int, wait_s: float,
+async def renew_lease(client: httpx.AsyncClient, released: ReleasedKey, identity: WorkerIdentity,
+                      ref: ModelRef, *, seq: int, wait_s: float,
                       mac_key: bytes) -> LeaseAnswer:
     """One renewal. With wait_s > 0 the broker holds the request (long poll) and answers at once
     when the key is revoked, else after wait_s with a renewed lease. Raises on any failure."""
-    body = {"tenant": tenant, "model": model, "version": version, "tls_spki": identity.tls_spki.hex(),
+    body = {**ref.as_dict(), "tls_spki": identity.tls_spki.hex(),
             "identity_key": identity.public_key.hex(), "seq": seq, "at": int(time.time()),
             "wait_s": float(wait_s)}
     body["signature"] = identity.signing_key.sign(lease_request_payload(body, released.token_id)).hex()

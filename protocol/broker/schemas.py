@@ -6,6 +6,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from protocol.model_ref import ModelRef
+
 _NAME = r"^[a-z0-9][a-z0-9._-]{0,63}$"
 
 
@@ -26,6 +28,10 @@ class AttestRequest(Strict):
     version: str = Field(pattern=_NAME)
     evidence: dict[str, Any]
 
+    @property
+    def ref(self) -> ModelRef:
+        return ModelRef(self.tenant, self.model, self.version)
+
 
 class AttestResponse(Strict):
     token: str
@@ -36,6 +42,10 @@ class KeyRequest(Strict):
     tenant: str = Field(pattern=_NAME)
     model: str = Field(pattern=_NAME)
     version: str = Field(pattern=_NAME)
+
+    @property
+    def ref(self) -> ModelRef:
+        return ModelRef(self.tenant, self.model, self.version)
 
 
 class KeyResponse(Strict):

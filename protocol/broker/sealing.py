@@ -11,11 +11,13 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 from cryptography.hazmat.primitives.hpke import AEAD, KDF, KEM, Suite
 
+from protocol.model_ref import ModelRef
+
 _SUITE = Suite(KEM.X25519, KDF.HKDF_SHA256, AEAD.AES_256_GCM)
 
 
-def release_info(tenant: str, model: str, version: str, token_id: str) -> bytes:
-    return f"sealed-key-release-v1|{tenant}|{model}|{version}|{token_id}".encode()
+def release_info(ref: ModelRef, token_id: str) -> bytes:
+    return f"sealed-key-release-v1|{ref.tenant}|{ref.model}|{ref.version}|{token_id}".encode()
 
 
 def seal(data_key: bytes, recipient_public_key: bytes, info: bytes) -> bytes:

@@ -9,9 +9,10 @@ from typing import Any
 
 from protocol.openai import format as fmt
 from protocol.openai.errors import OpenAIError, error_body
-from protocol.openai.runner import SSE_DONE, ChoiceRunner, Streams, sampling_params, sse, usage_of
+from protocol.openai.runner import SSE_DONE, ChoiceRunner, ChunkEncoder, Streams, sampling_params, sse, usage_of
 from protocol.openai.schemas import ChatCompletionRequest, NamedToolChoice
 from protocol.rpc import worker_pb2
+from protocol.sampling import resolve_max_tokens
 
 
 @dataclass(frozen=True)
@@ -32,7 +33,7 @@ class ChatPlan:
 
 def plan_chat(req: ChatCompletionRequest, *, rid: str, tenant: str, key_id: str, agent_killed: bool,
               default_max_tokens: int) -> ChatPlan:
-    max_tokens = req.max_completion_tokens or req.max_tokens or default_max_tokens
+    max_tokens = resolve_max_tokens(req.max_completion_tokens or req.max_tokens, "chat", default_max_tokens)
     messages = [m.model_dump(exclude_none=True) for m in req.messages]
     tools = [t.model_dump(exclude_none=True) for t in req.tools or []]
     choice = req.tool_choice.model_dump() if isinstance(req.tool_choice, NamedToolChoice) else req.tool_choice
@@ -84,6 +85,7 @@ async def chat_events(req: ChatCompletionRequest, plan: ChatPlan, run: ChoiceRun
     shape = plan.shape
     buffered = not shape.streams_text
     chunk_base = {**base, "object": "chat.completion.chunk"}
+    encode = ChunkEncoder(chunk_base)
     texts, sent, results = [""] * req.n, [0] * req.n, [worker_pb2.GenerateChunk()] * req.n
     for i in range(req.n):
         yield sse({**chunk_base, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
@@ -96,8 +98,8 @@ async def chat_events(req: ChatCompletionRequest, plan: ChatPlan, run: ChoiceRun
             if not buffered and not out.finish_reason:
                 upto = shape.streamable(texts[i])
                 if upto > sent[i] or lp:
-                    yield sse({**chunk_base, "choices": [{"index": i, "delta": {
-                        "content": texts[i][sent[i]:upto]}, "finish_reason": None, "logprobs": lp}]})
+                    yield encode({"index": i, "delta": {"content": texts[i][sent[i]:upto]}, "finish_reason": None,
+                                  "logprobs": lp})
                     sent[i] = max(sent[i], upto)
             elif out.finish_reason:
                 message, reason = shape.message(texts[i], out.finish_reason)

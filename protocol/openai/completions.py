@@ -8,9 +8,10 @@ from typing import Any
 
 from protocol.openai import format as fmt
 from protocol.openai.errors import OpenAIError, error_body
-from protocol.openai.runner import SSE_DONE, ChoiceRunner, Streams, sampling_params, sse, usage_of
+from protocol.openai.runner import SSE_DONE, ChoiceRunner, ChunkEncoder, Streams, sampling_params, sse, usage_of
 from protocol.openai.schemas import CompletionRequest
 from protocol.rpc import worker_pb2
+from protocol.sampling import resolve_max_tokens
 
 
 @dataclass(frozen=True)
@@ -28,7 +29,7 @@ def plan_completion(req: CompletionRequest, *, rid: str, tenant: str, key_id: st
     prompts = [req.prompt] if isinstance(req.prompt, str) else list(req.prompt)
     if not prompts or any(not p for p in prompts):
         raise OpenAIError(400, "prompt must not be empty", param="prompt")
-    max_tokens = req.max_tokens or 16
+    max_tokens = resolve_max_tokens(req.max_tokens, "completions")
     requests = [worker_pb2.GenerateRequest(
         request_id=f"{rid}-{pi}-{j}", tenant=tenant, key_id=key_id, kind="completion", prompt=prompt,
         params=sampling_params(req, max_tokens, req.logprobs, [], j)) for pi, prompt in enumerate(prompts)
@@ -53,14 +54,14 @@ async def completion_events(req: CompletionRequest, plan: CompletionPlan, run: C
                             base: dict[str, Any]) -> AsyncIterator[bytes]:
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     results, started = [worker_pb2.GenerateChunk()] * len(plan.requests), set()
+    encode = ChunkEncoder(base)
     try:
         async for i, out in run.merged(streams):
             results[i] = out
             text = out.text if i in started else plan.echo(req, i) + out.text
             started.add(i)
             lp = fmt.completion_logprobs(list(out.logprobs)) if req.logprobs is not None else None
-            yield sse({**base, "choices": [{"index": i, "text": text, "logprobs": lp,
-                                            "finish_reason": out.finish_reason or None}]})
+            yield encode({"index": i, "text": text, "logprobs": lp, "finish_reason": out.finish_reason or None})
     except OpenAIError as exc:
         yield sse(error_body(exc.message, exc.type, exc.code))
         return

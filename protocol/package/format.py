@@ -27,6 +27,7 @@ import blake3
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
+from protocol.model_ref import ModelRef
 from protocol.package.errors import PackageFormatError
 
 FORMAT_VERSION = 2
@@ -78,6 +79,10 @@ class Manifest:
     signer: str
     tensors: tuple[TensorEntry, ...] = field(default_factory=tuple)
     format_version: int = FORMAT_VERSION
+
+    @property
+    def ref(self) -> ModelRef:
+        return ModelRef(self.tenant, self.model, self.version)
 
     @property
     def plaintext_sha256(self) -> str:
@@ -204,3 +209,8 @@ def aligned(n: int) -> int:
 
 def metadata_to_bytes(metadata: dict[str, Any]) -> bytes:
     return json.dumps(metadata, sort_keys=True, separators=(",", ":")).encode()
+
+
+def manifest_names(manifest: Manifest, ref: ModelRef) -> bool:
+    """Whether a (not yet trusted) manifest is for exactly this model version."""
+    return (manifest.tenant, manifest.model, manifest.version) == (ref.tenant, ref.model, ref.version)

@@ -23,6 +23,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 from cryptography.hazmat.primitives.hpke import AEAD, KDF, KEM, Suite
 
+from protocol.model_ref import ModelRef
 from protocol.package.errors import KeySealError
 from protocol.package.format import Manifest, key_check_value
 
@@ -45,6 +46,10 @@ class SealedDataKey:
     import_key_id: str
     sealed: str  # base64 of HPKE enc || ciphertext
     format: str = SEALED_KEY_FORMAT
+
+    @property
+    def ref(self) -> ModelRef:
+        return ModelRef(self.tenant, self.model, self.version)
 
     def info(self) -> bytes:
         """HPKE info: every field but the ciphertext, canonical JSON."""

@@ -26,14 +26,15 @@ class RunningStack:
     proc: subprocess.Popen
 
 
-def start_sealed_up(root: Path, timeout: float = 420.0, ready_line: bool = False) -> RunningStack:
+def start_sealed_up(root: Path, timeout: float = 420.0, ready_line: bool = False,
+                    args: tuple[str, ...] = ()) -> RunningStack:
     """Start `sealed up`; return once /readyz says ready, or (`ready_line`) the moment it prints "Sealed is up"."""
     home, tmpdir = root / "home", root / "tmp"
     tmpdir.mkdir(parents=True, exist_ok=True)
     port = free_port()
     env = {**os.environ, "SEALED_HOME": str(home), "TMPDIR": str(tmpdir), "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "api.cli.main", "up", "--port", str(port)],
+        [sys.executable, "-m", "api.cli.main", "up", "--port", str(port), *args],
         env=env, stdout=open(root / "up.log", "wb"), stderr=subprocess.STDOUT,  # noqa: SIM115
     )
     url = f"http://127.0.0.1:{port}"

@@ -28,6 +28,7 @@ from attestation.testing.platform import FakePlatform, gpu_report
 from key_broker.policies import PolicyStore
 from protocol.broker.client import obtain_data_key
 from protocol.broker.errors import BrokerRefused
+from protocol.model_ref import ModelRef
 from sealed_bench.gpu_models import random_checkpoint
 from tests.api.test_fake_tee_stack import audit_records, put_release_policy
 from tests.enclave_worker.demo_package import package_for_demo
@@ -119,7 +120,7 @@ def test_refused_nothing_released_reason_audited(broker: Broker, name: str, make
     before = len(audit_records(broker.home))
     try:
         with httpx.Client(base_url=broker.url, timeout=30) as client, pytest.raises(BrokerRefused):
-            obtain_data_key(client, tenant=DEMO_TENANT, model=DEMO_MODEL, version=DEMO_VERSION,
+            obtain_data_key(client, ModelRef(DEMO_TENANT, DEMO_MODEL, DEMO_VERSION),
                             make_bundle=lambda rt: make(p, rt))
     finally:
         p.write_collateral(NOW)
@@ -133,7 +134,7 @@ def test_the_same_broker_releases_to_good_evidence(broker: Broker) -> None:
     p = broker.platform
     for make in (snp_bundle, tdx_bundle):
         with httpx.Client(base_url=broker.url, timeout=30) as client:
-            released = obtain_data_key(client, tenant=DEMO_TENANT, model=DEMO_MODEL, version=DEMO_VERSION,
+            released = obtain_data_key(client, ModelRef(DEMO_TENANT, DEMO_MODEL, DEMO_VERSION),
                                        make_bundle=lambda rt, m=make: m(p, rt))
         assert len(released.data_key) == 32
 

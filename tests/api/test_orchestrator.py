@@ -16,6 +16,7 @@ from api.orchestrator.reconcile import History, Inputs, decide
 from api.orchestrator.scaling import ScalingPolicy, is_low, wanted_replicas
 from api.orchestrator.spec import Load, VersionSpec
 from enclave_worker.measurement import simulated_measurement
+from protocol.model_ref import ModelRef
 
 READY = Inputs(package=True, data_key=True)
 
@@ -80,7 +81,7 @@ class FakeRuntime:
     def policy_files(self, tenant: str, policy: Any) -> TenantPolicyFiles:
         return TenantPolicyFiles(None, None)
 
-    def start(self, key: tuple[str, str, str], package_dir: Path, files: TenantPolicyFiles) -> LocalWorker:
+    def start(self, key: ModelRef, package_dir: Path, files: TenantPolicyFiles) -> LocalWorker:
         self.started.append(key)
         return LocalWorker(f"w{len(self.started)}", key, "http://w", 0.0)
 
@@ -115,7 +116,7 @@ class FakeLoop(ControlLoop):
 def _loop(deployments: list[dict], broker: dict) -> tuple[FakeLoop, FakeRuntime]:
     runtime = FakeRuntime()
     loop = FakeLoop(runtime, "http://gw", Path("/nonexistent"), Path("/nonexistent"),  # type: ignore[arg-type]
-                    static=frozenset({("demo", "m", "v1")}))
+                    static=frozenset({ModelRef("demo", "m", "v1")}))
     loop.deployments, loop.broker, loop.reports = deployments, broker, []
     return loop, runtime
 
@@ -127,7 +128,7 @@ KEYS = {"has_key": True, "revoked": False, "data_keys": [{"model": "m", "version
 def test_a_registered_version_gets_a_worker_a_failed_one_is_replaced_after_backoff_retired_stops() -> None:
     loop, runtime = _loop([ROW, {**ROW, "tenant": "demo"}], KEYS)
     loop.step(now=0)
-    assert runtime.started == [("acme", "m", "v1")]  # the static demo version is left alone
+    assert runtime.started == [ModelRef("acme", "m", "v1")]  # the static demo version is left alone
     runtime.statuses["w1"] = {"status": "failed", "reason": "key release refused by the key broker"}
     loop.step(now=1)
     assert runtime.stopped == ["w1"] and len(runtime.started) == 1  # backing off

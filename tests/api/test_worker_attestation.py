@@ -16,6 +16,7 @@ from api.gateway.worker_attestation import expected_binding, verify_worker_attes
 from attestation.bundle import EvidenceBundle, RuntimeData
 from attestation.errors import FreshnessError, TokenError
 from attestation.token import TokenIssuer, TokenVerifier
+from protocol.model_ref import ModelRef
 from protocol.tls import make_identity
 
 NOW = dt.datetime.now(dt.UTC)
@@ -39,7 +40,7 @@ def token(issuer: TokenIssuer, binding: bytes, scope: dict | None = None,
 
 
 def check(tok: str, verifier: TokenVerifier, keys: tuple[str, str], evidence: EvidenceBundle = EVIDENCE) -> None:
-    verify_worker_attestation({"token": tok, "evidence": evidence.to_json()}, **SCOPE, tls_cert=keys[0],
+    verify_worker_attestation({"token": tok, "evidence": evidence.to_json()}, ModelRef(**SCOPE), tls_cert=keys[0],
                               usage_public_key=keys[1], verifier=verifier)
 
 

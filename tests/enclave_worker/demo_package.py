@@ -15,6 +15,7 @@ from api.tenant_tools import encrypt_checkpoint
 from enclave_worker.engine.checkpoint import Checkpoint
 from key_broker.keystore import DataKeyRegistry, LocalKeyStore, load_master_key
 from key_broker.statefile import local_ledger
+from protocol.model_ref import ModelRef
 
 
 def package_for_demo(home: Home, checkpoint: Checkpoint) -> Path:
@@ -30,6 +31,6 @@ def package_for_demo(home: Home, checkpoint: Checkpoint) -> Path:
     encrypted = encrypt_checkpoint(checkpoint, pkg, tenant=DEMO_TENANT, model=DEMO_MODEL, version=DEMO_VERSION,
                                    signing_key=ed25519_key(home.tenant_signing_key(DEMO_TENANT)))
     DataKeyRegistry(home.broker / "keystore", keystore, ledger).register(
-        DEMO_TENANT, DEMO_MODEL, DEMO_VERSION, encrypted.data_key, encrypted.manifest.key_id,
+        ModelRef(DEMO_TENANT, DEMO_MODEL, DEMO_VERSION), encrypted.data_key, encrypted.manifest.key_id,
         encrypted.manifest.signer, encrypted.manifest.plaintext_digest)
     return pkg

@@ -31,6 +31,7 @@ from key_broker.auth import hash_token
 from key_broker.service import EvidenceVerifier
 from key_broker.settings import BrokerSettings
 from protocol.broker.client import ReleasedKey, obtain_data_key
+from protocol.model_ref import ModelRef
 from protocol.package.keywrap import seal_data_key, sealed_upload_body
 from protocol.package.signing import signer_identity
 
@@ -173,9 +174,7 @@ class Harness:
     ) -> ReleasedKey:
         return obtain_data_key(
             self.client,
-            tenant=tenant,
-            model=model,
-            version=version,
+            ModelRef(tenant, model, version),
             make_bundle=lambda rt: self.bundle(rt, measurement),
         )
 

@@ -18,6 +18,7 @@ from key_broker.refvals import sign_reference_values
 from key_broker.settings import BrokerSettings, admin_token_hashes
 from protocol.broker.client import check_key_status
 from protocol.broker.errors import BrokerRateLimited, BrokerRefused
+from protocol.model_ref import ModelRef
 from protocol.package.signing import signer_identity
 
 Harness = Any
@@ -93,15 +94,15 @@ def test_rotation_rewraps_every_data_key_and_releases_continue(kb: Harness) -> N
 def test_revocation_stops_releases_and_running_workers_learn_it(kb: Harness) -> None:
     kb.setup_tenant("acme")
     released = kb.obtain("acme")
-    assert check_key_status(kb.client, released, tenant="acme", model="m", version="v1") == "active"
+    assert check_key_status(kb.client, released, ModelRef("acme", "m", "v1")) == "active"
     kb.clock.advance(3600)  # the status check outlives the attestation token
-    assert check_key_status(kb.client, released, tenant="acme", model="m", version="v1") == "active"
+    assert check_key_status(kb.client, released, ModelRef("acme", "m", "v1")) == "active"
     assert kb.admin("POST", "/tenants/acme/key/revoke").json()["revoked"] is True
-    assert check_key_status(kb.client, released, tenant="acme", model="m", version="v1") == "revoked"
+    assert check_key_status(kb.client, released, ModelRef("acme", "m", "v1")) == "revoked"
     with pytest.raises(BrokerRefused):
         kb.obtain("acme")
     # A token of one scope cannot ask about another.
-    assert check_key_status(kb.client, released, tenant="acme", model="m", version="v2") == "revoked"
+    assert check_key_status(kb.client, released, ModelRef("acme", "m", "v2")) == "revoked"
 
 
 def test_signed_reference_values_extend_a_policy_and_are_verified_on_load(kb: Harness) -> None:
@@ -232,7 +233,7 @@ def test_rate_limits_per_client_and_per_worker_identity(harness_factory: Any) ->
     # identity (tests/security/test_leases.py).
     worker_b = kb.obtain("acme", measurement=other)
     with pytest.raises(BrokerRateLimited):
-        check_key_status(kb.client, worker_b, tenant="acme", model="m", version="v1")
+        check_key_status(kb.client, worker_b, ModelRef("acme", "m", "v1"))
     # Challenges are limited per client address: 2 used above, 3 left.
     codes = [kb.client.post("/v1/challenge").status_code for _ in range(4)]
     assert codes == [200, 200, 200, 429]

@@ -16,6 +16,7 @@ from attestation.errors import TokenError
 from attestation.token import TokenVerifier
 from enclave_worker.freshness import renew_in
 from protocol.broker.client import obtain_data_key, renew_attestation
+from protocol.model_ref import ModelRef
 from protocol.sealed import WorkerKey
 from sealed_client.deployment import ClientTrust, verify_sealed_document
 
@@ -34,7 +35,7 @@ def test_client_verifies_the_worker_long_after_boot(kb: Any, clock: Any, horizon
     serving, usage = WorkerKey.generate(), Ed25519PrivateKey.generate()
     usage_public = usage.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
     binding = channel_binding(b"", usage_public)
-    released = obtain_data_key(kb.client, tenant="acme", model="m", version="v1", make_bundle=kb.bundle,
+    released = obtain_data_key(kb.client, ModelRef("acme", "m", "v1"), make_bundle=kb.bundle,
                                channel_binding=binding, hpke_key=serving.private_key)
     appraisal = AppraisalPolicy(allowed_tee=frozenset({"sim"}), allowed_measurements=frozenset({MEASUREMENT.hex()}),
                                 unsafe_allow_simulated_tee=True)
@@ -56,7 +57,7 @@ def test_client_verifies_the_worker_long_after_boot(kb: Any, clock: Any, horizon
         if clock.now + dt.timedelta(seconds=wait) > target:
             break
         clock.advance(wait)
-        token, bundle = renew_attestation(kb.client, tenant="acme", model="m", version="v1", make_bundle=kb.bundle,
+        token, bundle = renew_attestation(kb.client, ModelRef("acme", "m", "v1"), make_bundle=kb.bundle,
                                           hpke_public_key=serving.public_bytes, channel_binding=binding)
         renewals += 1
     clock.now = target

@@ -25,6 +25,7 @@ from attestation.sim import SimTee
 from key_broker.router import REFUSED
 from protocol.broker.client import obtain_data_key
 from protocol.broker.sealing import raw_public_key
+from protocol.model_ref import ModelRef
 from protocol.package.signing import signer_identity
 
 MEASUREMENT = bytes(range(48))
@@ -149,7 +150,7 @@ def test_restart_loses_nothing_and_in_flight_sessions_fail_cleanly(broker: Broke
     )
     tenant_token = broker.admin("POST", "/tenants/acme/admin-tokens").json()["token"]
     with httpx.Client(base_url=broker.url, timeout=10) as client:
-        first = obtain_data_key(client, tenant="acme", model="m", version="v1", make_bundle=broker.make_bundle)
+        first = obtain_data_key(client, ModelRef("acme", "m", "v1"), make_bundle=broker.make_bundle)
         assert first.data_key == data_key
         in_flight = client.post("/v1/challenge").json()
 
@@ -174,7 +175,7 @@ def test_restart_loses_nothing_and_in_flight_sessions_fail_cleanly(broker: Broke
         replay = client.post("/v1/key", json={"token": first.token, "tenant": "acme", "model": "m", "version": "v1"})
         assert replay.status_code == 403
         # Keys, policy and tenant-admin token survived; a new round trip works.
-        second = obtain_data_key(client, tenant="acme", model="m", version="v1", make_bundle=broker.make_bundle)
+        second = obtain_data_key(client, ModelRef("acme", "m", "v1"), make_bundle=broker.make_bundle)
         assert second.data_key == data_key
     receipts = broker.admin("GET", "/tenants/acme/receipts", token=tenant_token).json()["receipts"]
     assert [line["receipt"]["token_id"] for line in receipts] == [first.token_id, second.token_id]
@@ -232,7 +233,7 @@ def test_cli_manages_tenant_keys_through_the_admin_api(
     body, _ = sealed_upload(_import_pem(broker), "acme", "m", "v1")
     assert broker.admin("PUT", "/tenants/acme/models/m/versions/v1/data-key", json=body).status_code == 201
     with httpx.Client(base_url=broker.url, timeout=10) as client:
-        obtain_data_key(client, tenant="acme", model="m", version="v1", make_bundle=broker.make_bundle)
+        obtain_data_key(client, ModelRef("acme", "m", "v1"), make_bundle=broker.make_bundle)
     rotated = runner.invoke(cli, ["rotate", "--tenant", "acme", *url])
     assert rotated.exit_code == 0 and '"rewrapped": 1' in rotated.output
     out = tmp_path / "r.jsonl"

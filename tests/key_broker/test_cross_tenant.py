@@ -12,6 +12,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from attestation.bundle import RuntimeData
 from key_broker.router import REFUSED
 from protocol.broker.sealing import open_sealed, raw_public_key, release_info
+from protocol.model_ref import ModelRef
 
 Harness = Any
 TENANTS = ("alpha", "bravo")
@@ -70,9 +71,9 @@ def test_a_worker_attested_for_alpha_never_gets_bravos_key(two: Harness, measure
     )
     body = released.json()
     sealed = base64.b64decode(body["sealed_key"])
-    assert open_sealed(sealed, worker, release_info("alpha", "m", "v1", body["token_id"])) == kb.keys["alpha"]
+    assert open_sealed(sealed, worker, release_info(ModelRef("alpha", "m", "v1"), body["token_id"])) == kb.keys["alpha"]
     with pytest.raises(Exception):  # noqa: B017 (any HPKE failure)
-        open_sealed(sealed, worker, release_info("bravo", "m", "v1", body["token_id"]))
+        open_sealed(sealed, worker, release_info(ModelRef("bravo", "m", "v1"), body["token_id"]))
     # Route 5: attesting for bravo with alpha-only evidence is refused by bravo's policy.
     if measurement == A_ONLY:
         ch = kb.client.post("/v1/challenge").json()

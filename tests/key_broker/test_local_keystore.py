@@ -13,6 +13,7 @@ import pytest
 from key_broker.errors import KeyStoreError, TenantKeyRevoked
 from key_broker.keystore import MASTER_KEY_ENV, DataKeyRegistry, LocalKeyStore, load_master_key
 from protocol.fsutil import atomic_write
+from protocol.model_ref import ModelRef
 
 
 def test_master_key_from_env_or_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -34,7 +35,7 @@ def test_keks_are_encrypted_at_rest_and_files_are_private(tmp_path: Path) -> Non
     store.create_tenant_key("acme")
     registry = DataKeyRegistry(tmp_path / "ks", store)
     dek = secrets.token_bytes(32)
-    registry.register("acme", "m", "v1", dek, "k1", None, "00" * 32)
+    registry.register(ModelRef("acme", "m", "v1"), dek, "k1", None, "00" * 32)
     for path in (tmp_path / "ks").rglob("*"):
         if path.is_file():
             assert path.stat().st_mode & 0o777 == 0o600
@@ -42,9 +43,9 @@ def test_keks_are_encrypted_at_rest_and_files_are_private(tmp_path: Path) -> Non
             assert dek not in raw and dek.hex().encode() not in raw
     with pytest.raises(KeyStoreError):  # another master key cannot open the KEK
         DataKeyRegistry(tmp_path / "ks", LocalKeyStore(tmp_path / "ks", secrets.token_bytes(32))).data_key(
-            "acme", "m", "v1"
+            ModelRef("acme", "m", "v1")
         )
-    assert registry.data_key("acme", "m", "v1")[0] == dek
+    assert registry.data_key(ModelRef("acme", "m", "v1"))[0] == dek
 
 
 def test_atomic_write_leaves_the_old_file_when_the_write_fails(
@@ -69,14 +70,14 @@ def test_rotation_interrupted_before_retirement_keeps_every_key_readable(tmp_pat
     registry = DataKeyRegistry(tmp_path / "ks", store)
     keys = {v: secrets.token_bytes(32) for v in ("v1", "v2")}
     for v, k in keys.items():
-        registry.register("acme", "m", v, k, v, None, "00" * 32)
+        registry.register(ModelRef("acme", "m", v), k, v, None, "00" * 32)
     store.rotate_tenant_key("acme")  # crash here: nothing re-wrapped yet
-    assert all(registry.data_key("acme", "m", v)[0] == k for v, k in keys.items())
+    assert all(registry.data_key(ModelRef("acme", "m", v))[0] == k for v, k in keys.items())
     assert registry.rewrap_all("acme") == 2
     store.retire_versions_below("acme", 2)
     kek = json.loads((tmp_path / "ks" / "tenants" / "acme" / "kek.json").read_text())
     assert kek["current"] == 2 and set(kek["versions"]) == {"2"}
-    assert all(registry.data_key("acme", "m", v)[0] == k for v, k in keys.items())
+    assert all(registry.data_key(ModelRef("acme", "m", v))[0] == k for v, k in keys.items())
     store.revoke_tenant_key("acme")
     with pytest.raises(TenantKeyRevoked):
-        registry.data_key("acme", "m", "v1")
+        registry.data_key(ModelRef("acme", "m", "v1"))

@@ -27,6 +27,7 @@ from attestation.testing import nvgpu_pki as gpu_pki
 from attestation.testing.snp_pki import AmdTestPki, generate_keys, make_pki, sign_report, template_report
 from attestation.verifier import AttestationResult
 from protocol.broker.errors import BrokerRefused
+from protocol.model_ref import ModelRef
 from protocol.package.signing import signer_identity
 
 Harness = Any
@@ -137,7 +138,7 @@ def real(harness_factory: Any, platform: RealFormatPlatform) -> Harness:
 def _obtain(kb: Harness, make: Callable[[RuntimeData], EvidenceBundle]) -> Any:
     from protocol.broker.client import obtain_data_key
 
-    return obtain_data_key(kb.client, tenant="acme", model="m", version="v1", make_bundle=make)
+    return obtain_data_key(kb.client, ModelRef("acme", "m", "v1"), make_bundle=make)
 
 
 def test_snp_with_gpu_releases_when_every_condition_holds(real: Harness, platform: RealFormatPlatform) -> None:

@@ -18,6 +18,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from attestation.bundle import EvidenceBundle, RuntimeData, expected_report_data
 from key_broker.router import REFUSED
 from protocol.broker.sealing import open_sealed, raw_public_key, release_info
+from protocol.model_ref import ModelRef
 from protocol.package.signing import signer_identity
 
 MEASUREMENT = bytes(range(48))
@@ -75,7 +76,7 @@ def test_release_succeeds_when_every_condition_holds(kb: Harness) -> None:
     opened = open_sealed(
         base64.b64decode(released["sealed_key"]),
         worker,
-        release_info("acme", "m", "v1", released["token_id"]),
+        release_info(ModelRef("acme", "m", "v1"), released["token_id"]),
     )
     assert opened == data_key
     receipt = released["receipt"]["receipt"]

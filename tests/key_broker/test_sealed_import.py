@@ -10,6 +10,8 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
+from protocol.model_ref import ModelRef
+
 Harness = Any
 
 
@@ -64,4 +66,4 @@ def test_bad_sealed_uploads_register_nothing(kb: Harness, sealed_upload: Any, na
     assert response.json()["error"]["message"]
     ciphertext = (body.get("sealed_key") or {}).get("sealed", "")
     assert not ciphertext or ciphertext not in json.dumps(response.json())  # errors never echo key material
-    assert not kb.service.datakeys.exists("acme", "m", "v1")
+    assert not kb.service.datakeys.exists(ModelRef("acme", "m", "v1"))

@@ -13,6 +13,7 @@ from key_broker.errors import KeyStoreError, TenantKeyRevoked
 from key_broker.keystore import DataKeyRegistry, data_key_context
 from key_broker.vault import KEY_PREFIX, VaultTransitKeyStore
 from protocol.broker.errors import BrokerRefused
+from protocol.model_ref import ModelRef
 
 
 @pytest.fixture()
@@ -27,12 +28,12 @@ def test_transit_wraps_and_unwraps_bound_to_context(store: VaultTransitKeyStore)
     with pytest.raises(KeyStoreError):
         store.create_tenant_key(tenant)
     dek = secrets.token_bytes(32)
-    ctx = data_key_context(tenant, "m", "v1")
+    ctx = data_key_context(ModelRef(tenant, "m", "v1"))
     wrapped, version = store.wrap(tenant, ctx, dek)
     assert version == 1 and wrapped.startswith(b"vault:v1:") and dek not in wrapped
     assert store.unwrap(tenant, ctx, wrapped, 1) == dek
     with pytest.raises(KeyStoreError):
-        store.unwrap(tenant, data_key_context(tenant, "m", "v2"), wrapped, 1)  # moved to another version
+        store.unwrap(tenant, data_key_context(ModelRef(tenant, "m", "v2")), wrapped, 1)  # moved to another version
 
 
 def test_the_kek_never_leaves_vault(store: VaultTransitKeyStore, bao_server: tuple[str, str]) -> None:
@@ -53,16 +54,16 @@ def test_rotation_rewraps_inside_vault_and_retires_old_versions(
     registry = DataKeyRegistry(tmp_path / "keys", store)
     keys = {v: secrets.token_bytes(32) for v in ("v1", "v2")}
     for v, k in keys.items():
-        registry.register(tenant, "m", v, k, f"id-{v}", None, "00" * 32)
-    old = registry.get(tenant, "m", "v1")
+        registry.register(ModelRef(tenant, "m", v), k, f"id-{v}", None, "00" * 32)
+    old = registry.get(ModelRef(tenant, "m", "v1"))
     assert store.rotate_tenant_key(tenant) == 2
     assert registry.rewrap_all(tenant) == 2
     store.retire_versions_below(tenant, 2)
     for v, k in keys.items():
-        key, record = registry.data_key(tenant, "m", v)
+        key, record = registry.data_key(ModelRef(tenant, "m", v))
         assert key == k and record.kek_version == 2
     with pytest.raises(KeyStoreError):
-        store.unwrap(tenant, data_key_context(tenant, "m", "v1"), old.wrapped, 1)
+        store.unwrap(tenant, data_key_context(ModelRef(tenant, "m", "v1")), old.wrapped, 1)
 
 
 def test_revocation_stops_wrap_and_unwrap(store: VaultTransitKeyStore) -> None:

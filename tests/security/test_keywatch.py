@@ -20,6 +20,7 @@ from enclave_worker.keywatch import KeyLease, LeaseTiming
 from enclave_worker.server import WorkerState, _revoke, serving
 from enclave_worker.settings import WorkerSettings
 from protocol.broker.client import ReleasedKey, WorkerIdentity
+from protocol.model_ref import ModelRef
 from tests.security.stub_broker import DATA_KEY, TOKEN_ID, answer, step_json, stub_broker
 
 PUBLIC_TOKEN = "eyJhbGciOiJFUzI1NiJ9.public-token.sig"
@@ -32,7 +33,7 @@ def released() -> ReleasedKey:
 
 
 def lease(url: str, timing: LeaseTiming = FAST) -> KeyLease:
-    return KeyLease(url, released(), WorkerIdentity(Ed25519PrivateKey.generate()), "acme", "m", "v1", timing)
+    return KeyLease(url, released(), WorkerIdentity(Ed25519PrivateKey.generate()), ModelRef("acme", "m", "v1"), timing)
 
 
 async def run_until(keeper: KeyLease, timeout: float) -> str:
@@ -172,8 +173,8 @@ def test_the_serving_path_refuses_and_wipes_on_an_expired_lease_even_without_the
     booted = FakeBooted()
     state.booted = booted  # type: ignore[assignment]
     now = [100.0]
-    state.lease = KeyLease("http://127.0.0.1:9", released(), WorkerIdentity(Ed25519PrivateKey.generate()), "acme",
-                           "m", "v1", LeaseTiming(lease_s=10.0), clock=lambda: now[0])
+    state.lease = KeyLease("http://127.0.0.1:9", released(), WorkerIdentity(Ed25519PrivateKey.generate()),
+                           ModelRef("acme", "m", "v1"), LeaseTiming(lease_s=10.0), clock=lambda: now[0])
 
     async def scenario() -> None:
         assert serving(state)

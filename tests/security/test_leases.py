@@ -25,6 +25,7 @@ from protocol.broker.client import (
     renew_lease,
 )
 from protocol.broker.errors import BrokerRefused
+from protocol.model_ref import ModelRef
 from tests.key_broker.conftest import Harness
 
 SCOPE = {"tenant": "acme", "model": "m", "version": "v1"}
@@ -33,7 +34,7 @@ SCOPE = {"tenant": "acme", "model": "m", "version": "v1"}
 def attested_worker(kb: Harness) -> tuple[Any, WorkerIdentity]:
     """A worker whose attestation binds its identity key (as `enclave_worker` does)."""
     identity = WorkerIdentity(Ed25519PrivateKey.generate(), b"spki-der")
-    released = obtain_data_key(kb.client, **SCOPE, make_bundle=kb.bundle,
+    released = obtain_data_key(kb.client, ModelRef(**SCOPE), make_bundle=kb.bundle,
                                channel_binding=channel_binding(identity.tls_spki, identity.public_key))
     return released, identity
 
@@ -43,7 +44,7 @@ def renew(kb: Harness, released: Any, identity: WorkerIdentity, seq: int, wait_s
     async def go() -> str:
         transport = httpx.ASGITransport(app=kb.app)
         async with httpx.AsyncClient(transport=transport, base_url="http://broker") as client:
-            answer = await renew_lease(client, released, identity, **SCOPE, seq=seq, wait_s=wait_s,
+            answer = await renew_lease(client, released, identity, ModelRef(**SCOPE), seq=seq, wait_s=wait_s,
                                        mac_key=lease_mac_key(released.data_key, released.token_id))
             return answer.status
     return asyncio.run(go())
@@ -181,7 +182,7 @@ def test_answers_are_bound_to_the_data_key(kb: Harness) -> None:
         async def go() -> None:
             transport = httpx.ASGITransport(app=kb.app)
             async with httpx.AsyncClient(transport=transport, base_url="http://broker") as client:
-                await renew_lease(client, released, identity, **SCOPE, seq=1, wait_s=0.0,
+                await renew_lease(client, released, identity, ModelRef(**SCOPE), seq=1, wait_s=0.0,
                                   mac_key=lease_mac_key(bytes(32), released.token_id))
         asyncio.run(go())
 

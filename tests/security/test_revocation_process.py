@@ -20,6 +20,7 @@ from enclave_worker.keywatch import KeyLease, LeaseTiming
 from enclave_worker.server import WorkerState, _revoke, serving
 from enclave_worker.settings import WorkerSettings
 from protocol.broker.client import WorkerIdentity, obtain_data_key
+from protocol.model_ref import ModelRef
 from tests.key_broker.conftest import SIGNER, sealed_key_upload
 from tests.key_broker.test_broker_process import MEASUREMENT, BrokerProcess
 from tests.security.test_keywatch import FakeBooted
@@ -55,12 +56,12 @@ class RunningWorker:
     def __init__(self, broker: BrokerProcess, tmp: Path, timing: LeaseTiming) -> None:
         self.identity = WorkerIdentity(Ed25519PrivateKey.generate())
         with httpx.Client(base_url=broker.url, timeout=10) as client:
-            self.released = obtain_data_key(client, **SCOPE, make_bundle=broker.make_bundle,
+            self.released = obtain_data_key(client, ModelRef(**SCOPE), make_bundle=broker.make_bundle,
                                             channel_binding=channel_binding(b"", self.identity.public_key))
         self.state = WorkerState(WorkerSettings(broker_url=broker.url, package_dir=tmp, **SCOPE), status="ready")
         self.booted = FakeBooted()
         self.state.booted = self.booted  # type: ignore[assignment]
-        self.state.lease = KeyLease(broker.url, self.released, self.identity, **SCOPE, timing=timing)
+        self.state.lease = KeyLease(broker.url, self.released, self.identity, ModelRef(**SCOPE), timing=timing)
         self.lost: list[tuple[str, float]] = []
 
         def on_lost(reason: str) -> None:

@@ -1,0 +1,293 @@
+"""VllmEngine: vLLM behind the same interface as our LLMEngine (enclave_worker/engine_protocol.py).
+
+vLLM generates token ids only (``skip_tokenizer_init``): prompts are rendered and tokenized by
+the worker as for our engine, and each sampled token goes through our own OutputProcessor, so
+stop strings, stop ids, EOS, streamed text and logprobs behave exactly as with our engine. vLLM
+is told to stop on the same ids (EOS and stop ids) and at the same max_tokens; when a stop string
+ends a request first, the vLLM request is aborted.
+
+The engine core runs in this process (vLLM's ``LLMEngine`` with multiprocessing off), stepped by
+one background thread; requests and aborts are queued to that thread, since vLLM's scheduler is
+not thread-safe. AsyncLLM always starts its engine core in another process, which would need the
+plaintext weights or the data key to cross a process boundary: docs/vllm-backend.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+
+from enclave_worker.engine.config import RequestOutput, SamplingParams, TokenLogprob
+from enclave_worker.engine.errors import EngineDeadError, InvalidRequestError
+from enclave_worker.engine.output_processor import OutputProcessor
+from enclave_worker.engine.sequence import SeqStatus, Sequence
+from enclave_worker.engine.tokenizer import Tokenizer
+
+from .runtime import VllmRuntime
+
+log = logging.getLogger(__name__)
+Sink = Callable[[RequestOutput | BaseException], None]
+
+
+@dataclass
+class _Request:
+    seq: Sequence
+    sink: Sink
+    vllm_id: str = ""
+    cached_tokens: int | None = None
+
+
+@dataclass
+class _Ops:
+    add: list[tuple[_Request, object, object]] = field(default_factory=list)
+    abort: list[str] = field(default_factory=list)
+
+
+def vllm_sampling(params: SamplingParams, max_tokens: int, eos_ids: tuple[int, ...]):  # type: ignore[no-untyped-def]
+    """Our sampling parameters as vLLM's: EOS handled through stop ids, text left to us."""
+    from vllm import SamplingParams as VSamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    stop_ids = list(params.stop_token_ids) + ([] if params.ignore_eos else [t for t in eos_ids
+                                                                           if t not in params.stop_token_ids])
+    return VSamplingParams(
+        n=1, max_tokens=max_tokens, temperature=params.temperature, top_p=params.top_p,
+        top_k=params.top_k or 0, seed=params.seed, stop_token_ids=stop_ids, ignore_eos=True,
+        logprobs=params.logprobs, detokenize=False, skip_special_tokens=False,
+        output_kind=RequestOutputKind.DELTA)
+
+
+def _records(logprobs: list | None, count: int | None) -> list[TokenLogprob | None]:
+    if count is None or not logprobs:
+        return []
+    out: list[TokenLogprob | None] = []
+    for sampled, entries in logprobs:
+        ranked = sorted(entries.items(), key=lambda kv: kv[1].rank)
+        top = tuple((tid, float(lp.logprob)) for tid, lp in ranked if lp.rank is not None and lp.rank <= count)
+        out.append(TokenLogprob(sampled, float(entries[sampled].logprob), top[:count]))
+    return out
+
+
+class VllmEngine:
+    def __init__(self, runtime: VllmRuntime, tokenizer: Tokenizer) -> None:
+        self.runtime = runtime
+        self.tokenizer = tokenizer
+        self.vocab_size = tokenizer.vocab_size
+        self.max_model_len = runtime.max_model_len
+        self.output = OutputProcessor(tokenizer)
+        self._requests: dict[str, _Request] = {}
+        self._by_vllm: dict[str, _Request] = {}
+        self._ops = _Ops()
+        self._cond = threading.Condition(threading.Lock())
+        self._thread: threading.Thread | None = None
+        self._stopped = False
+        self._dead: BaseException | None = None
+        self._next_seq_id = 0
+        self.prefix_cached_tokens = 0
+        self.prefix_queried_tokens = 0
+
+    def held_tensors(self) -> list:  # type: ignore[type-arg]
+        return self.runtime.held_tensors()
+
+    def wipe(self) -> None:
+        """Zero vLLM's weights and KV cache in place (revocation); frees them on shutdown."""
+        with self._cond:
+            self._stopped = True
+            self._cond.notify_all()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=60)
+        self.runtime.wipe()
+
+    # ------------------------------------------------------------ requests
+
+    def _validate(self, request_id: str, prompt: list[int], params: SamplingParams, cache_salt: bytes) -> None:
+        if not isinstance(params, SamplingParams):
+            raise InvalidRequestError("params must be SamplingParams")
+        if not isinstance(request_id, str) or not request_id:
+            raise InvalidRequestError("request_id must be a non-empty string")
+        if not isinstance(cache_salt, bytes):
+            raise InvalidRequestError("cache_salt must be bytes")
+        if not prompt:
+            raise InvalidRequestError("prompt must not be empty")
+        if not all(isinstance(t, int) and 0 <= t < self.vocab_size for t in prompt):
+            raise InvalidRequestError(f"prompt token ids must be integers in [0, {self.vocab_size})")
+        if len(prompt) >= self.max_model_len:
+            raise InvalidRequestError(
+                f"prompt has {len(prompt)} tokens; the context holds {self.max_model_len} (prompt + output)")
+        bad = [t for t in params.stop_token_ids if t >= self.vocab_size]
+        if bad:
+            raise InvalidRequestError(f"unknown stop token ids {bad}")
+
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, sink: Sink,
+                    cache_salt: bytes = b"") -> None:
+        prompt = list(prompt_token_ids)
+        self._validate(request_id, prompt, params, cache_salt)
+        max_tokens = min(params.max_tokens, self.max_model_len - len(prompt))
+        vparams = vllm_sampling(params, max_tokens, self.tokenizer.eos_token_ids)
+        # The salt is derived in the worker per tenant (WorkerState.cache_salt): vLLM hashes it into
+        # the request's first prefix-cache block, so tenants never share a cached block.
+        inputs = {"prompt_token_ids": prompt, **({"cache_salt": cache_salt.hex()} if cache_salt else {})}
+        with self._cond:
+            if self._stopped or self._dead is not None:
+                raise EngineDeadError("engine is shut down")
+            if request_id in self._requests:
+                raise InvalidRequestError(f"duplicate request id {request_id!r}")
+            seq = Sequence(self._next_seq_id, request_id, prompt, len(prompt), params, max_tokens, cache_salt)
+            self._next_seq_id += 1
+            req = _Request(seq, sink)
+            self._requests[request_id] = req
+            self._ops.add.append((req, inputs, vparams))
+            self._cond.notify()
+
+    def abort(self, request_id: str) -> None:
+        with self._cond:
+            req = self._requests.pop(request_id, None)
+            if req is None:
+                return
+            self._finish(req, "abort")
+            out = self.output.emit(req.seq)
+        req.sink(out)
+
+    def _finish(self, req: _Request, reason: str) -> None:
+        """Under the lock: mark finished and have vLLM drop the request (and its KV blocks)."""
+        req.seq.status, req.seq.finish_reason = SeqStatus.FINISHED, reason
+        if req.vllm_id:
+            self._by_vllm.pop(req.vllm_id, None)
+            self._ops.abort.append(req.vllm_id)
+        else:  # not yet handed to vLLM
+            self._ops.add = [op for op in self._ops.add if op[0] is not req]
+        self._cond.notify()
+
+    # ------------------------------------------------------------ stepping
+
+    def _apply_ops(self) -> None:
+        with self._cond:
+            adds, aborts = self._ops.add, self._ops.abort
+            self._ops = _Ops()
+        if aborts:
+            self.runtime.llm.abort_request(aborts)
+        for req, inputs, vparams in adds:
+            # vLLM makes its own internal id; its outputs and abort_request use ours (the external id).
+            self.runtime.llm.add_request(req.seq.request_id, inputs, vparams)
+            vid = req.seq.request_id
+            with self._cond:
+                req.vllm_id = vid
+                if req.seq.is_finished:  # aborted while it was being added
+                    self._ops.abort.append(vid)
+                else:
+                    self._by_vllm[vid] = req
+
+    def step(self) -> list[RequestOutput]:
+        self._apply_ops()
+        outputs = self.runtime.llm.step()
+        delivered: list[tuple[Sink, RequestOutput]] = []
+        with self._cond:
+            for out in outputs:
+                req = self._by_vllm.get(out.request_id)
+                if req is None or req.seq.is_finished:
+                    continue
+                if req.cached_tokens is None and out.num_cached_tokens is not None:
+                    req.cached_tokens = out.num_cached_tokens
+                    self.prefix_cached_tokens += out.num_cached_tokens
+                    self.prefix_queried_tokens += req.seq.num_prompt_tokens
+                delivered += self._absorb(req, out)
+        for sink, item in delivered:
+            sink(item)
+        return [item for _, item in delivered]
+
+    def _absorb(self, req: _Request, out) -> list[tuple[Sink, RequestOutput]]:  # type: ignore[no-untyped-def]
+        seq = req.seq
+        completion = out.outputs[0]
+        tokens = list(completion.token_ids)
+        records = _records(completion.logprobs and list(zip(tokens, completion.logprobs, strict=True)),
+                           seq.params.logprobs)
+        reason = None
+        for i, tok in enumerate(tokens):
+            reason = self.output.append(seq, tok, records[i] if records else None, self.tokenizer.eos_token_ids)
+            if reason is not None:
+                break
+        if reason is None and out.finished:
+            reason = "length" if completion.finish_reason == "length" else (completion.finish_reason or "stop")
+        if reason is not None:
+            del self._requests[seq.request_id]
+            self._finish(req, reason)
+            if out.finished:  # vLLM is done with it already: nothing to abort
+                self._ops.abort = [a for a in self._ops.abort if a != req.vllm_id]
+        if not tokens and reason is None:
+            return []
+        return [(req.sink, self.output.emit(seq))]
+
+    def has_unfinished_requests(self) -> bool:
+        with self._cond:
+            return bool(self._requests)
+
+    def stats(self) -> dict:
+        with self._cond:
+            running = sum(1 for r in self._requests.values() if r.vllm_id)
+            return {"num_running": running, "num_waiting": len(self._requests) - running,
+                    "max_model_len": self.max_model_len, "block_size": self.runtime.block_size,
+                    "prefix_cache_hit_tokens": self.prefix_cached_tokens,
+                    "prefix_cache_query_tokens": self.prefix_queried_tokens,
+                    **self.runtime.kv_stats()}
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._stopped and not self._requests and not self._ops.abort:
+                    self._cond.wait()
+                if self._stopped:
+                    return
+            try:
+                self.step()
+            except BaseException as exc:  # vLLM is unusable: fail every request
+                log.exception("vLLM engine step failed")
+                with self._cond:
+                    self._dead = exc
+                    reqs, self._requests = list(self._requests.values()), {}
+                for req in reqs:
+                    req.sink(EngineDeadError(f"engine step failed: {type(exc).__name__}"))
+                return
+
+    def _ensure_thread(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="vllm-engine", daemon=True)
+            self._thread.start()
+
+    async def generate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                       cache_salt: bytes = b"") -> AsyncIterator[RequestOutput]:
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
+
+        def sink(item: RequestOutput | BaseException) -> None:
+            loop.call_soon_threadsafe(queue.put_nowait, item)
+
+        self.add_request(request_id, prompt_token_ids, params, sink, cache_salt)
+        self._ensure_thread()
+        finished = False
+        try:
+            while True:
+                item = await queue.get()
+                if isinstance(item, BaseException):
+                    finished = True
+                    raise item
+                finished = item.finished
+                yield item
+                if finished:
+                    return
+        finally:
+            if not finished:
+                self.abort(request_id)
+
+    async def shutdown(self) -> None:
+        with self._cond:
+            self._stopped = True
+            ids = list(self._requests)
+            self._cond.notify_all()
+        for rid in ids:
+            self.abort(rid)
+        if self._thread is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self._thread.join)
+        self.runtime.close()

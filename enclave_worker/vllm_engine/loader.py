@@ -1,0 +1,91 @@
+"""A vLLM model loader for our encrypted packages (`load_format="sealed-package"`).
+
+vLLM builds the model and calls ``load_weights``; this loader takes the decrypted model from an
+in-process hand-off (never a file, a tmpfs or a pipe), feeds each tensor to the model's own
+``load_weights`` (which maps HF names onto vLLM's fused layouts), zeroes each plaintext view as
+soon as vLLM has copied it, and zeroes the whole decrypted buffer at the end, also on failure.
+
+The hand-off is keyed by a random token that travels in ``model_loader_extra_config``; the data
+key and the plaintext never enter vLLM's configuration (which vLLM logs). The worker runs vLLM's
+engine core in its own process (docs/vllm-backend.md), so the loader runs where the hand-off is.
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+from collections.abc import Callable, Iterator
+
+import torch
+
+from enclave_worker.package import DecryptedModel
+
+LOAD_FORMAT = "sealed-package"
+HANDOFF_KEY = "sealed_handoff"
+
+# The one seam between the worker and vLLM's loader registry (itself process-wide): tokens of
+# models waiting to be loaded. Each is taken once; a second load with the same token fails.
+_pending: dict[str, Callable[[], DecryptedModel]] = {}
+_lock = threading.Lock()
+
+
+class HandoffError(RuntimeError):
+    """The loader was asked for a model nobody handed over (or one already taken)."""
+
+
+def hand_off(source: Callable[[], DecryptedModel]) -> str:
+    """Register `source` (returns the decrypted model; may decrypt when called) for one load."""
+    token = secrets.token_hex(16)
+    with _lock:
+        _pending[token] = source
+    return token
+
+
+def withdraw(token: str) -> None:
+    """Forget a hand-off that was not taken (the engine failed before loading)."""
+    with _lock:
+        _pending.pop(token, None)
+
+
+def take(token: str) -> Callable[[], DecryptedModel]:
+    with _lock:
+        source = _pending.pop(token, None)
+    if source is None:
+        raise HandoffError("no sealed model was handed over under this token")
+    return source
+
+
+def wiping_tensors(model: DecryptedModel) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) in package order; each view is zeroed once the consumer asks for the next,
+    and the whole buffer when the iteration ends, however it ends."""
+    try:
+        for name, tensor in model.tensors.items():
+            yield name, tensor
+            tensor.zero_()
+    finally:
+        model.wipe()
+
+
+def register() -> None:
+    """Register the loader with vLLM (idempotent; vLLM imported only here)."""
+    from vllm.model_executor import model_loader as registry
+    from vllm.model_executor.model_loader.base_loader import BaseModelLoader
+
+    if LOAD_FORMAT in registry._LOAD_FORMAT_TO_MODEL_LOADER:
+        return
+
+    @registry.register_model_loader(LOAD_FORMAT)
+    class SealedPackageLoader(BaseModelLoader):
+        """Weights from a decrypted package held in this process's memory."""
+
+        def download_model(self, model_config) -> None:  # type: ignore[no-untyped-def]
+            pass  # nothing is ever fetched: the package is already here, encrypted
+
+        def load_weights(self, model: torch.nn.Module, model_config) -> None:  # type: ignore[no-untyped-def]
+            extra = self.load_config.model_loader_extra_config or {}
+            decrypted = take(str(extra.get(HANDOFF_KEY, "")))()
+            expected = {n for n, _ in model.named_parameters()}
+            loaded = model.load_weights(wiping_tensors(decrypted))
+            missing = expected - set(loaded or expected)
+            if missing:
+                raise HandoffError(f"the package lacks {len(missing)} of the model's weights")

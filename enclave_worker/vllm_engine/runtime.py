@@ -1,0 +1,138 @@
+"""vLLM's engine in this process, built from a decrypted package: configuration, weights, KV cache.
+
+vLLM reads a model's architecture from a directory holding ``config.json``. We write exactly that
+file (the architecture's shape: layer counts, sizes, rope settings; no weights, no tokenizer, no
+chat template) into a private temporary directory, and remove it once vLLM has read it. vLLM
+never gets a tokenizer (``skip_tokenizer_init``): the worker tokenizes and detokenizes itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import json
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from enclave_worker.package import DecryptedModel
+
+from . import loader
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class VllmOptions:
+    dtype: str = "float32"
+    max_model_len: int = 2048
+    max_num_seqs: int = 16
+    kv_cache_memory_bytes: int = 256 << 20  # CPU: vLLM's KV cache space
+    device: str = "cpu"
+    gpu_memory_utilization: float = 0.9
+    enforce_eager: bool = True  # CPU: no graph capture or compilation
+    seed: int = 0
+
+
+def architecture_config(config: dict[str, Any]) -> dict[str, Any]:
+    """The HF config vLLM needs, without our private keys (those beginning with '_')."""
+    return {k: v for k, v in config.items() if not k.startswith("_")}
+
+
+def _quiet_vllm_logging() -> None:
+    # vLLM logs its whole configuration and per-request lines at INFO; keep warnings only.
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core stays in this process
+    os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")  # no usage reports leave the enclave
+    os.environ.setdefault("DO_NOT_TRACK", "1")
+
+
+class VllmRuntime:
+    """vLLM's LLMEngine (engine core in-process) serving one decrypted model."""
+
+    def __init__(self, config: dict[str, Any], source: Callable[[], DecryptedModel], options: VllmOptions) -> None:
+        _quiet_vllm_logging()
+        from vllm.engine.arg_utils import EngineArgs
+        from vllm.v1.engine.llm_engine import LLMEngine
+
+        loader.register()
+        token = loader.hand_off(source)
+        model_dir = Path(tempfile.mkdtemp(prefix="sealed-vllm-config-"))  # 0700
+        try:
+            (model_dir / "config.json").write_text(json.dumps(architecture_config(config)))
+            on_cpu = options.device == "cpu"
+            args = EngineArgs(
+                model=str(model_dir), skip_tokenizer_init=True, load_format=loader.LOAD_FORMAT,
+                model_loader_extra_config={loader.HANDOFF_KEY: token}, dtype=options.dtype,
+                max_model_len=options.max_model_len, max_num_seqs=options.max_num_seqs,
+                enforce_eager=options.enforce_eager, enable_prefix_caching=True, seed=options.seed,
+                disable_log_stats=False,
+                **({"kv_cache_memory_bytes": options.kv_cache_memory_bytes} if on_cpu
+                   else {"gpu_memory_utilization": options.gpu_memory_utilization}))
+            self.llm = LLMEngine.from_engine_args(args, enable_multiprocessing=False)
+        finally:
+            loader.withdraw(token)  # taken by the loader; withdrawn here if vLLM failed earlier
+            shutil.rmtree(model_dir, ignore_errors=True)
+        cache = self.llm.vllm_config.cache_config
+        self.block_size = int(cache.block_size)
+        self.max_model_len = int(self.llm.model_config.max_model_len)
+        self.num_blocks = int(cache.num_gpu_blocks or 0)
+
+    def _model_runner(self) -> Any:
+        executor = self.llm.model_executor
+        worker = executor.driver_worker
+        return getattr(worker, "worker", worker).model_runner
+
+    def kv_cache_tensors(self) -> list[torch.Tensor]:
+        if not hasattr(self, "llm"):
+            return []
+        return _flatten(getattr(self._model_runner(), "kv_caches", []))
+
+    def held_tensors(self) -> list[torch.Tensor]:
+        """Every parameter and buffer of vLLM's model plus its KV cache tensors (none once closed)."""
+        if not hasattr(self, "llm"):
+            return []
+        model = self._model_runner().get_model()
+        return [*model.parameters(), *model.buffers(), *self.kv_cache_tensors()]
+
+    def wipe(self) -> None:
+        """Zero the weights and the KV cache in place, then drop vLLM (the memory is freed)."""
+        with torch.inference_mode():
+            for tensor in self.held_tensors():
+                tensor.zero_()
+        self.close()
+
+    def kv_stats(self) -> dict[str, float]:
+        """KV cache figures under the names our engine reports (the gateway routes on them)."""
+        stats: dict[str, float] = {"num_kv_blocks": self.num_blocks}
+        core = getattr(getattr(getattr(self, "llm", None), "engine_core", None), "engine_core", None)
+        manager = getattr(getattr(core, "scheduler", None), "kv_cache_manager", None)
+        if manager is not None:
+            stats["kv_cache_usage_perc"] = 100.0 * float(manager.usage)
+        return stats
+
+    def close(self) -> None:
+        llm = self.__dict__.pop("llm", None)
+        if llm is None:
+            return
+        with contextlib.suppress(Exception):
+            llm.engine_core.shutdown()
+        del llm
+        gc.collect()
+
+
+def _flatten(items: Any) -> list[Any]:
+    if isinstance(items, torch.Tensor):
+        return [items]
+    if isinstance(items, (list, tuple)):
+        return [t for item in items for t in _flatten(item)]
+    if isinstance(items, dict):
+        return [t for item in items.values() for t in _flatten(item)]
+    return []
