@@ -2,17 +2,23 @@
 
 Run: ``sealed bench flood`` (from a checkout: the workers are ``tests/api/fake_worker.py``).
 A real gateway process (the `python -m api.gateway` that `sealed up` runs, its fair queue,
-admission and metering) in front of stand-in workers that speak the real gRPC protocol, heartbeats
-and signed usage, answering one token every `--token-delay` seconds: the 2-core machines we have
-cannot run 500 streams through the real engine, and what is measured here is the gateway.
+admission, audit and metering) in front of stand-in workers that speak the real gRPC protocol,
+heartbeats and signed usage, answering one token every `--token-delay` seconds: the 2-core machines
+we have cannot run 500 streams through the real engine, and what is measured here is the gateway.
 
-Three tenants: `bulk` keeps `--streams` streams open (each `--stream-tokens` tokens, replaced as
-it ends), `flood` sends maximal requests (16 prompts x n=4 = 64 choices, the per-request bound,
-`--flood-max-tokens` each) from `--flood-concurrency` clients without pause, and `quiet` sends
-`--quiet-requests` streamed requests, `--quiet-concurrency` at a time, once alone (the baseline)
-and once under the load. Reported: the quiet tenant's successes and TTFT (p50, p99) both times and
-the ratio (target: all succeed, p99 <= 2x); every tenant's completed choices against the signed
-usage rows the gateway stored (target: equal; nothing lost).
+Tenants: `bulk` keeps `--streams` streams open (each `--stream-tokens` tokens, replaced as it ends);
+`flood` sends maximal requests (16 prompts x n=4 = 64 choices, the per-request bound,
+`--flood-max-tokens` each) from `--flood-concurrency` clients without pause, under its own limits
+(`--flood-rpm`, `--flood-max-queued`: it is answered 429 by them); `quiet` sends `--quiet-requests`
+streamed requests, `--quiet-concurrency` at a time, once alone (the baseline) and once under the
+load; and a client with unknown keys sends `--unauthorized` requests (401s). The load runs in this
+process on a cheap raw-HTTP client (`rawload.py`); the quiet tenant is measured with httpx in a
+process of its own, so its numbers are not the load generator's own event-loop lag.
+
+Reported: the quiet tenant's successes and TTFT (p50, p99) both times and the ratio (target: all
+succeed, p99 <= 2x); every tenant's completed choices and completion tokens against the signed
+usage rows the gateway stored; every 429 and 401 the clients saw against the gateway's audit log
+(admission refusals one entry each; edge refusals aggregated, entries plus summary counts).
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import asyncio
 import json
 import os
 import platform
+import signal
 import statistics
 import subprocess
 import sys
@@ -30,7 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
+from sealed_bench.rawload import Tally, plain_get, stream_once
 
 TENANTS = ("quiet", "bulk", "flood")
 MODEL = "m"
@@ -43,79 +50,78 @@ def _pct(values: list[float], q: float) -> float | None:
     return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
 
 
-class Counts:
-    def __init__(self) -> None:
-        self.choices_done: dict[str, int] = dict.fromkeys(TENANTS, 0)
-        self.status: dict[str, dict[str, int]] = {t: {} for t in TENANTS}
+async def _quiet_client(url: str, key: str, requests: int, concurrency: int, tokens: int) -> dict[str, Any]:
+    """The quiet tenant (its own process): TTFT of each streamed request, None when it failed."""
+    import httpx
 
-    def saw(self, tenant: str, status: int | str) -> None:
-        self.status[tenant][str(status)] = self.status[tenant].get(str(status), 0) + 1
+    body = {"model": MODEL, "prompt": "hello", "max_tokens": tokens, "stream": True}
+    sem, ttfts, statuses = asyncio.Semaphore(concurrency), [], {}
 
-
-async def stream(client: httpx.AsyncClient, key: str, tenant: str, body: dict, counts: Counts) -> float | None:
-    """One streamed request; returns its TTFT (s) when it completed with [DONE], else None."""
-    started, ttft, done = time.perf_counter(), None, False
-    try:
-        async with client.stream("POST", "/v1/completions", json={**body, "stream": True},
-                                 headers={"Authorization": f"Bearer {key}"}) as r:
-            if r.status_code != 200:
-                await r.aread()
-                counts.saw(tenant, r.status_code)
-                return None
-            async for line in r.aiter_lines():
-                if line.startswith("data: ") and ttft is None:
-                    ttft = time.perf_counter() - started
-                if line == "data: [DONE]":
-                    done = True
-    except httpx.HTTPError as exc:
-        counts.saw(tenant, type(exc).__name__)
-        return None
-    if not done:
-        counts.saw(tenant, "incomplete")
-        return None
-    counts.saw(tenant, 200)
-    prompts = body["prompt"] if isinstance(body["prompt"], list) else [body["prompt"]]
-    counts.choices_done[tenant] += len(prompts) * body.get("n", 1)
-    return ttft
-
-
-async def quiet_run(client: httpx.AsyncClient, key: str, args: argparse.Namespace, counts: Counts
-                    ) -> list[float | None]:
-    body = {"model": MODEL, "prompt": "hello", "max_tokens": args.quiet_tokens}
-    sem, out = asyncio.Semaphore(args.quiet_concurrency), []
-
-    async def one() -> None:
+    async def one(client: httpx.AsyncClient) -> None:
         async with sem:
-            out.append(await stream(client, key, "quiet", body, counts))
+            started, ttft, done, status = time.perf_counter(), None, False, "error"
+            try:
+                async with client.stream("POST", "/v1/completions", json=body,
+                                         headers={"Authorization": f"Bearer {key}"}) as r:
+                    status = r.status_code
+                    async for line in r.aiter_lines():
+                        if line.startswith("data: ") and ttft is None:
+                            ttft = time.perf_counter() - started
+                        done = done or line == "data: [DONE]"
+            except httpx.HTTPError as exc:
+                status = type(exc).__name__
+            ok = status == 200 and done
+            statuses[str(status if ok or status != 200 else "incomplete")] = statuses.get(
+                str(status if ok or status != 200 else "incomplete"), 0) + 1
+            ttfts.append(ttft if ok else None)
 
-    await asyncio.gather(*(one() for _ in range(args.quiet_requests)))
-    return out
+    async with httpx.AsyncClient(base_url=url, timeout=600) as client:
+        await asyncio.gather(*(one(client) for _ in range(requests)))
+    return {"ttfts": ttfts, "statuses": statuses}
+
+
+async def quiet_run(url: str, key: str, args: argparse.Namespace) -> dict[str, Any]:
+    config = json.dumps({"url": url, "key": key, "requests": args.quiet_requests,
+                         "concurrency": args.quiet_concurrency, "tokens": args.quiet_tokens})
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "sealed_bench.bench_flood", "--quiet-client",
+                                                config, stdout=asyncio.subprocess.PIPE)
+    out, _ = await proc.communicate()
+    return json.loads(out)
 
 
 async def load(args: argparse.Namespace, url: str, keys: dict[str, str]) -> dict[str, Any]:
-    counts = Counts()
-    limits = httpx.Limits(max_connections=args.streams + args.flood_concurrency + 64, max_keepalive_connections=0)
-    async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
-        baseline = await quiet_run(client, keys["quiet"], args, counts)
-        stop = asyncio.Event()
-        bulk_body = {"model": MODEL, "prompt": "bulk", "max_tokens": args.stream_tokens}
-        flood_body = {"model": MODEL, "prompt": ["flood"] * 16, "n": 4, "max_tokens": args.flood_max_tokens}
+    host, port = url.removeprefix("http://").split(":")
+    baseline = await quiet_run(url, keys["quiet"], args)
+    tallies = {t: Tally() for t in ("bulk", "flood")}
+    unauthorized: dict[str, int] = {}
+    stop = asyncio.Event()
+    bulk_body = {"model": MODEL, "prompt": "bulk", "max_tokens": args.stream_tokens}
+    flood_body = {"model": MODEL, "prompt": ["flood"] * 16, "n": 4, "max_tokens": args.flood_max_tokens}
 
-        async def keep(tenant: str, body: dict) -> None:
-            while not stop.is_set():
-                if await stream(client, keys[tenant], tenant, body, counts) is None:
-                    await asyncio.sleep(0.05)  # refused (429): the flooder retries at once, nearly
+    async def keep(tenant: str, body: dict, choices: int) -> None:
+        while not stop.is_set():
+            if not await stream_once(host, int(port), "/v1/completions", keys[tenant], body, choices, tallies[tenant]):
+                await asyncio.sleep(0.05)  # refused (429): the flooder retries at once, nearly
 
-        workers = [asyncio.create_task(keep("bulk", bulk_body)) for _ in range(args.streams)]
-        workers += [asyncio.create_task(keep("flood", flood_body)) for _ in range(args.flood_concurrency)]
-        await asyncio.sleep(args.warmup_s)
-        loaded_started = time.perf_counter()
-        loaded = await quiet_run(client, keys["quiet"], args, counts)
-        loaded_s = time.perf_counter() - loaded_started
-        stop.set()
-        await asyncio.gather(*workers)  # every open stream ends normally: usage can be compared exactly
-    ok_base = [t for t in baseline if t is not None]
-    ok_loaded = [t for t in loaded if t is not None]
+    async def guesser() -> None:
+        for i in range(args.unauthorized):
+            if stop.is_set():
+                break
+            status = await plain_get(host, int(port), "/v1/models", f"sk-guess-{i}")
+            unauthorized[str(status)] = unauthorized.get(str(status), 0) + 1
+            await asyncio.sleep(0.02)
+
+    tasks = [asyncio.create_task(keep("bulk", bulk_body, 1)) for _ in range(args.streams)]
+    tasks += [asyncio.create_task(keep("flood", flood_body, 64)) for _ in range(args.flood_concurrency)]
+    await asyncio.sleep(args.warmup_s)
+    tasks.append(asyncio.create_task(guesser()))
+    loaded_started, load_before = time.perf_counter(), os.getloadavg()
+    loaded = await quiet_run(url, keys["quiet"], args)
+    loaded_s, load_after = time.perf_counter() - loaded_started, os.getloadavg()
+    stop.set()
+    await asyncio.gather(*tasks)  # every open stream ends normally: usage can be compared exactly
+    ok_base = [t for t in baseline["ttfts"] if t is not None]
+    ok_loaded = [t for t in loaded["ttfts"] if t is not None]
     p99_base, p99_loaded = _pct(ok_base, 99), _pct(ok_loaded, 99)
     return {
         "quiet": {"requests": args.quiet_requests, "succeeded_alone": len(ok_base), "succeeded_loaded": len(ok_loaded),
@@ -124,8 +130,13 @@ async def load(args: argparse.Namespace, url: str, keys: dict[str, str]) -> dict
                   "ttft_loaded_ms": {"p50": 1000 * (statistics.median(ok_loaded) if ok_loaded else 0),
                                      "p99": 1000 * (p99_loaded or 0)},
                   "p99_ratio": (p99_loaded / p99_base) if p99_base and p99_loaded else None,
-                  "loaded_phase_s": loaded_s},
-        "statuses": counts.status, "choices_completed": counts.choices_done,
+                  "loaded_phase_s": loaded_s, "statuses_alone": baseline["statuses"],
+                  "statuses_loaded": loaded["statuses"]},
+        "loadavg_during_loaded_phase": {"start": load_before, "end": load_after},
+        "statuses": {t: tallies[t].status for t in tallies}, "unauthorized": unauthorized,
+        "choices_completed": {"quiet": 2 * args.quiet_requests - sum(
+            1 for r in (baseline, loaded) for t in r["ttfts"] if t is None),
+            **{t: tallies[t].choices_done for t in tallies}},
     }
 
 
@@ -145,6 +156,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     engine = make_engine(f"sqlite:///{data / 'control-plane.db'}")
     upgrade(engine)
     store = Store(session_factory(engine))
+    store.ensure_tenant("flood", rpm=args.flood_rpm, max_queued=args.flood_max_queued)  # its own limits
     keys = {t: store.create_key(t, "bench")[0] for t in TENANTS}
     (root / "routes.json").write_text(json.dumps([{"tenant": t, "model": MODEL, "version": "v1"} for t in TENANTS]))
     token = root / "register-token"
@@ -159,6 +171,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             procs.append(_spawn(["tests.api.fake_worker", "--gateway", url, "--token-file", str(token), "--tenant", t,
                                  "--model", MODEL, "--grpc-port", str(free_port()), "--http-port", str(free_port()),
                                  "--delay", str(args.token_delay)], root / f"worker-{t}.log"))
+        import httpx
+
         deadline = time.monotonic() + 120
         while True:  # every tenant's model listed: a worker can answer (#14)
             try:
@@ -171,10 +185,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 raise TimeoutError(f"stack did not come up; see {root}")
             time.sleep(0.3)
         result = asyncio.run(load(args, url, keys))
-        time.sleep(2.0)  # the last usage records are stored off the event loop
-        rows = {t: sum(r["requests"] for r in store.usage_summary(t)) for t in TENANTS}
-        result["usage_rows"] = rows
-        result["usage_exact"] = rows == result["choices_completed"]
+        procs[0].send_signal(signal.SIGTERM)  # the gateway writes its last audit summaries as it stops
+        procs[0].wait(60)
+        result.update(_accounting(args, store, root / "audit", result))
     finally:
         for p in procs:
             p.terminate()
@@ -184,6 +197,30 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             except subprocess.TimeoutExpired:
                 p.kill()
     return result
+
+
+def _accounting(args: argparse.Namespace, store: Any, audit_dir: Path, result: dict[str, Any]) -> dict[str, Any]:
+    """Signed usage against what the clients got; the audit log against every refusal they saw."""
+    from policy.audit import read_entries
+
+    tokens = {"quiet": args.quiet_tokens, "bulk": args.stream_tokens, "flood": args.flood_max_tokens}
+    usage = {t: store.usage_summary(t) for t in TENANTS}
+    rows = {t: sum(r["requests"] for r in usage[t]) for t in TENANTS}
+    served = {t: sum(r["completion_tokens"] for r in usage[t]) for t in TENANTS}
+    expected = {t: result["choices_completed"][t] * tokens[t] for t in TENANTS}
+    entries = read_entries(audit_dir)
+    admission = {t: sum(1 for e in entries if e.action == "admission" and e.tenant == t) for t in TENANTS}
+    refused = {t: sum(n for s, n in result["statuses"].get(t, {}).items() if s in ("429", "400"))
+               for t in ("bulk", "flood")}
+    edge_401 = sum(1 if e.action == "edge-refusal" else int(e.metadata.get("count", 0)) for e in entries
+                   if e.action in ("edge-refusal", "edge-refusal-summary") and e.metadata.get("status") == 401)
+    return {"usage_rows": rows, "usage_exact": rows == result["choices_completed"],
+            "completion_tokens": {"usage": served, "served": expected}, "tokens_exact": served == expected,
+            "audit": {"entries": len(entries), "admission_refusals": admission, "refusals_seen": refused,
+                      "unauthorized_seen": result["unauthorized"].get("401", 0), "unauthorized_audited": edge_401,
+                      "edge_entries": sum(1 for e in entries if e.action.startswith("edge-refusal"))},
+            "audit_exact": all(admission[t] == refused[t] for t in refused) and admission["quiet"] == 0
+            and edge_401 == result["unauthorized"].get("401", 0)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -198,13 +235,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--token-delay", type=float, default=0.02, help="the stand-in worker's seconds per token")
     parser.add_argument("--max-inflight", type=int, default=256, help="the gateway's dispatch slots")
     parser.add_argument("--warmup-s", type=float, default=5.0, help="load before the quiet tenant starts")
+    parser.add_argument("--flood-rpm", type=int, default=120, help="the flooding tenant's requests per minute")
+    parser.add_argument("--flood-max-queued", type=int, default=4, help="the flooding tenant's queue bound")
+    parser.add_argument("--unauthorized", type=int, default=300, help="requests with unknown keys (401s)")
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--quiet-client", default=None, help=argparse.SUPPRESS)  # the quiet tenant's process
     args = parser.parse_args(argv)
+    if args.quiet_client:
+        c = json.loads(args.quiet_client)
+        print(json.dumps(asyncio.run(_quiet_client(c["url"], c["key"], c["requests"], c["concurrency"],
+                                                   c["tokens"]))))
+        return 0
     result = run(args)
     quiet = result["quiet"]
     result["targets"] = {"quiet_all_succeeded": quiet["succeeded_loaded"] == quiet["requests"],
                          "quiet_p99_within_2x": quiet["p99_ratio"] is not None and quiet["p99_ratio"] <= 2.0,
-                         "usage_exact": result["usage_exact"]}
+                         "usage_exact": result["usage_exact"], "tokens_exact": result["tokens_exact"],
+                         "audit_exact": result["audit_exact"]}
     result["parameters"] = vars(args) | {"json": str(args.json) if args.json else None}
     result["machine"] = {"cores": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
                          "cpu": next((line.split(":", 1)[1].strip() for line in

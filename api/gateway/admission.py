@@ -41,13 +41,17 @@ def _rate_limited(message: str, retry_after: int, code: str = "rate_limit_exceed
 
 class AdmissionController:
     def __init__(self, limiter: TokenBucketLimiter, counter: QueueCounter, max_inflight: int,
-                 max_queued: int, reserved: int | None = None) -> None:
+                 max_queued: int, reserved: int | None = None, max_request_streams: int = 64) -> None:
         self.limiter = limiter
         self.counter = counter
         self.max_inflight = max_inflight
         self.queue = FairQueue(max_queued=max_queued, max_queued_per_tenant=max_queued)
-        self.scheduler = FairScheduler(max_inflight, max(1, max_inflight // 8) if reserved is None else reserved,
-                                       self.queue)
+        if reserved is None:
+            # An eighth of the slots, and more than one request's overshoot (up to its streams - 1),
+            # within half of them: a 64-stream request that starts on the last shared slot leaves
+            # part of the reserve for tenants with little in flight.
+            reserved = max(1, max_inflight // 8, min(max_inflight // 2, max_request_streams + 8))
+        self.scheduler = FairScheduler(max_inflight, reserved, self.queue)
 
     @property
     def running(self) -> int:

@@ -41,7 +41,8 @@ def build_service(settings: GatewaySettings) -> GatewayService:
     else:
         limiter, counter = TokenBucketLimiter(), LocalQueueCounter()
     service = GatewayService(settings, store, AdmissionController(limiter, counter, settings.max_inflight,
-                                                                  settings.max_queued))
+                                                                  settings.max_queued,
+                                                                  max_request_streams=settings.max_choices))
     for route in settings.workers:
         store.upsert_version(route.tenant, route.model, route.version)
     service.bootstrap_keys()

@@ -106,11 +106,17 @@ class FairScheduler:
 
     A request takes as many slots as it opens streams (its cost: prompts x n), so a 64-choice
     request weighs 64 single ones. It may start while one slot is free; the overshoot is bounded by
-    the per-request bound on choices.
+    the per-request bound on choices, and the admission controller keeps the reserve larger than
+    that bound, so a big request's overshoot never empties it.
+
+    The reserve serves tenants with little in flight (fewer than `small` slots running, default a
+    quarter of the reserve), not only those with nothing: a quiet tenant's second concurrent
+    request starts at once too, while a bulk or flooding tenant waits for the shared slots.
     """
 
-    def __init__(self, capacity: int, reserved: int, queue: FairQueue) -> None:
+    def __init__(self, capacity: int, reserved: int, queue: FairQueue, small: int | None = None) -> None:
         self.capacity, self.reserved, self.queue = capacity, min(reserved, max(0, capacity - 1)), queue
+        self.small = max(1, self.reserved // 4) if small is None else small
         self.running: Counter[str] = Counter()
 
     @property
@@ -119,7 +125,7 @@ class FairScheduler:
 
     def _eligible(self, tenant: str) -> bool:
         free = self.capacity - self.total_running
-        return free > 0 and (free > self.reserved or self.running[tenant] == 0)
+        return free > 0 and (free > self.reserved or self.running[tenant] < self.small)
 
     def next(self) -> tuple[str, Any] | None:
         """The next request to start now, if any may start; the caller must call done(tenant) later."""

@@ -67,8 +67,9 @@ class CleanupStreamingResponse(StreamingResponse):
         producer = asyncio.create_task(produce())
         try:
             while True:
-                await ready.wait()
-                ready.clear()
+                if not pending and not finished:
+                    ready.clear()  # nothing to write: wait for the producer (no await since the check)
+                    await ready.wait()
                 if pending:
                     body = pending[0] if len(pending) == 1 else b"".join(pending)
                     pending.clear()

@@ -110,3 +110,34 @@ async def test_rpm_limit_per_key_is_429() -> None:
     with pytest.raises(GatewayError) as err:
         ctl.check_limits(t)
     assert err.value.status == 429 and err.value.code == "rate_limit_exceeded"
+
+
+def _saturated(sched: FairScheduler) -> None:
+    """A bulk tenant (one slot a request) and a flooder (64 slots a request) both backlogged, and
+    every slot they may take taken."""
+    for i in range(400):
+        sched.queue.push("bulk", i)
+    for i in range(16):
+        sched.queue.push("flood", i, cost=64)
+    while sched.next() is not None:
+        pass
+
+
+def test_a_big_requests_overshoot_leaves_the_reserve_and_a_quiet_tenant_starts_at_once() -> None:
+    admission = AdmissionController(TokenBucketLimiter(), LocalQueueCounter(), 256, 10_000)
+    sched = admission.scheduler
+    _saturated(sched)
+    assert sched.capacity - sched.total_running > 0  # the flooder's overshoot did not empty the reserve
+    for _ in range(2):  # its first request and a second concurrent one
+        sched.queue.push("quiet", "q")
+        assert sched.next() == ("quiet", "q")
+    assert sched.queue.queued("bulk") and sched.queue.queued("flood")  # they still wait for shared slots
+
+
+def test_with_the_old_reserve_the_overshoot_blocks_the_quiet_tenant() -> None:
+    sched = FairScheduler(256, 32, FairQueue(max_queued=10_000, max_queued_per_tenant=10_000), small=1)
+    _saturated(sched)
+    sched.queue.push("quiet", "q")
+    got = sched.next()
+    sched.queue.push("quiet", "q2")
+    assert got is None or sched.next() is None  # the first or the second quiet request had to wait

@@ -10,6 +10,7 @@ thread, and keys seen in the last second are not looked up again on a thread.
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -103,3 +104,33 @@ def test_the_clock_counts_at_most_one_tick_per_late_turn() -> None:
     before, during = asyncio.run(run())
     assert during - before <= 0.05 + 1e-6
     assert clock.stalled_s >= 0.9
+
+
+class Burst(Answering):
+    async def Generate(self, request: worker_pb2.GenerateRequest, context: grpc.aio.ServicerContext
+                       ) -> AsyncIterator[worker_pb2.GenerateChunk]:
+        n = request.params.max_tokens
+        for i in range(n):  # no pause: chunks pile up faster than one write each
+            yield worker_pb2.GenerateChunk(text=f"t{i} ", prompt_tokens=1, completion_tokens=i + 1,
+                                           finish_reason="length" if i == n - 1 else "")
+
+
+async def test_coalesced_stream_keeps_every_event_in_order_and_ends(tmp_path: Path) -> None:
+    """Events written together under load are still every event, in order, and the response ends
+    (a reader that waits for the end of the body, not only for [DONE], is not left hanging)."""
+    async with gateway(tmp_path, [Burst]) as gw:
+        for body in ({"model": "m", "prompt": "x", "max_tokens": 200, "stream": True},
+                     {"model": "m", "prompt": "x", "max_tokens": 50, "n": 3, "stream": True}):
+            async def read_all(body: dict = body) -> list[str]:
+                async with gw.client.stream("POST", "/v1/completions", headers=gw.headers(), json=body) as r:
+                    assert r.status_code == 200
+                    return [line async for line in r.aiter_lines() if line.startswith("data: ")]
+
+            events = await asyncio.wait_for(read_all(), 60)
+            assert events[-1] == "data: [DONE]"
+            texts: dict[int, str] = {}
+            for e in events[:-1]:
+                choice = json.loads(e[6:])["choices"][0]
+                texts[choice["index"]] = texts.get(choice["index"], "") + choice["text"]
+            want = "".join(f"t{i} " for i in range(body["max_tokens"]))
+            assert texts == dict.fromkeys(range(body.get("n", 1)), want)
