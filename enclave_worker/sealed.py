@@ -24,6 +24,7 @@ from protocol.openai.errors import OpenAIError, error_body
 from protocol.openai.runner import ChoiceResult, Streams
 from protocol.openai.schemas import ChatCompletionRequest, CompletionRequest
 from protocol.rpc import worker_pb2
+from protocol.sampling import DEFAULT_MAX_TOKENS
 from protocol.sealed import (
     OpenedRequest,
     Receipt,
@@ -36,7 +37,6 @@ from protocol.sealed import (
 )
 from protocol.sealed.http import ENDPOINTS, ResponseHead
 
-DEFAULT_MAX_TOKENS = 256  # the gateway's default for chat, so both modes answer alike
 Generate = Callable[[worker_pb2.GenerateRequest], AsyncIterator[worker_pb2.GenerateChunk]]
 
 
@@ -196,8 +196,13 @@ async def answer_sealed(state: WorkerState, generate: Generate, request: worker_
         except OpenAIError as exc:
             head, parts = ResponseHead(exc.status, "application/json"), _single(
                 json.dumps(error_body(exc.message, exc.type, exc.code, exc.param)).encode())
-        yield worker_pb2.SealedChunk(data=sealer.header() + sealer.seal(head.encode()))
-        async for part in parts:
+        # The head travels with the first body part (the first token's event, or the whole answer): one
+        # gRPC message and one HTTP write fewer before the client sees its first token.
+        rest = aiter(parts)
+        first = await anext(rest, None)
+        opening = sealer.header() + sealer.seal(head.encode())
+        yield worker_pb2.SealedChunk(data=opening if first is None else opening + sealer.seal(first))
+        async for part in rest:
             yield worker_pb2.SealedChunk(data=sealer.seal(part))
     finally:
         await run.close()

