@@ -29,7 +29,7 @@ from attestation.bundle import channel_binding
 from attestation.errors import UnsupportedError
 from enclave_worker.attesters import resolve_tee
 from enclave_worker.chat_format import chat_prompt_ids
-from enclave_worker.engine import EngineError, InvalidRequestError, SamplingParams
+from enclave_worker.engine import EngineError, InvalidRequestError
 from enclave_worker.guard import GuardNote, GuardRefusal
 from enclave_worker.sealed import SealedRefusal, answer_sealed, open_sealed_request
 from enclave_worker.server import WorkerState, create_app, serving
@@ -38,18 +38,12 @@ from policy.audit.worker_record import DECISION_METADATA_KEY, public_key_bytes, 
 from protocol.heartbeat import heartbeat_signing_input, worker_id_for
 from protocol.openai.errors import OpenAIError
 from protocol.rpc import worker_pb2, worker_pb2_grpc
-from protocol.sampling import DEFAULT_MAX_TOKENS
+from protocol.rpc.sampling import from_wire
 from protocol.tls import make_identity
 from protocol.toolcalls import strip_tool_calls
+from protocol.worker_status import Heartbeat
 
 log = logging.getLogger(__name__)
-
-
-def _sampling(p: worker_pb2.SamplingParams) -> SamplingParams:
-    return SamplingParams(
-        max_tokens=p.max_tokens or DEFAULT_MAX_TOKENS, temperature=p.temperature, top_p=p.top_p or 1.0, top_k=p.top_k,
-        seed=p.seed if p.HasField("seed") else None, stop=tuple(p.stop), stop_token_ids=tuple(p.stop_token_ids),
-        logprobs=p.logprobs if p.HasField("logprobs") else None, ignore_eos=p.ignore_eos)
 
 
 _GRPC_CODES = {400: grpc.StatusCode.INVALID_ARGUMENT, 403: grpc.StatusCode.PERMISSION_DENIED,
@@ -62,10 +56,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
 
     async def Status(self, request: worker_pb2.StatusRequest, context: grpc.aio.ServicerContext
                      ) -> worker_pb2.StatusReply:
-        s, booted = self.state.settings, self.state.booted
-        return worker_pb2.StatusReply(status=self.state.status, tenant=s.tenant, model=s.model, version=s.version,
-                                      tee=s.tee, insecure=s.insecure,
-                                      stats_json=json.dumps(booted.engine.stats() if booted else {}))
+        report = self.state.report()
+        return worker_pb2.StatusReply(status=report.status, worker_status=report.model_dump_json())
 
     def _decisions(self, request: worker_pb2.GenerateRequest, notes: list[GuardNote],
                    refusal: GuardRefusal | None = None) -> tuple[tuple[str, bytes], ...]:
@@ -115,10 +107,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
                 raise InvalidRequestError("messages must be a list of objects")
             if guard is not None:  # data controls on every text the model will read
-                texts = guard.check_input(request.key_id, model, [str(m.get("content") or "") for m in messages],
-                                          notes)
-                messages = [{**m, "content": t} if m.get("content") else m
-                            for m, t in zip(messages, texts, strict=True)]
+                messages = guard.check_messages(request.key_id, model, messages, notes)
             return chat_prompt_ids(engine.tokenizer, engine.tokenizer.chat_template, messages,
                                    json.loads(request.tools_json) if request.tools_json else None,
                                    request.assistant_prefix, add_generation_prompt)
@@ -222,7 +211,10 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         notes = [] if notes is None else notes
         try:
             prompt_ids = self._prompt(request, notes)
-            stream = engine.generate(request.request_id, prompt_ids, _sampling(request.params),
+            params = from_wire(request.params)
+            if state.guard is not None:
+                state.guard.check_admission(request.key_id, state.settings.model, len(prompt_ids), params.max_tokens)
+            stream = engine.generate(request.request_id, prompt_ids, params,
                                      cache_salt=state.cache_salt(request.tenant))
             first = await anext(stream)
         except GuardRefusal as exc:
@@ -295,6 +287,9 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         yield chunk
 
 
+HEARTBEAT_INTERVAL_S = 1.0
+
+
 def heartbeat_body(state: WorkerState, grpc_address: str, tls_cert: str, seq: int) -> dict[str, Any]:
     """One heartbeat, signed by the worker's attested identity (usage) key. It carries what the
     gateway serves on /.well-known/attestation (the gateway fetches nothing from a worker)."""
@@ -306,18 +301,16 @@ def heartbeat_body(state: WorkerState, grpc_address: str, tls_cert: str, seq: in
                        "token": booted.released.token, "model_digest": booted.model_digest,
                        "sealed_key_id": state.serving_key.key_id, "promises": state.promises()}
     body: dict[str, Any] = {
-        "worker_id": worker_id_for(public), "grpc_address": grpc_address, "tenant": s.tenant, "model": s.model,
-        "version": s.version, "status": state.status, "tee": s.tee, "insecure": s.insecure,
+        **state.report().model_dump(mode="json"), "worker_id": worker_id_for(public), "grpc_address": grpc_address,
         "usage_public_key": public.hex(), "pid": os.getpid(), "tls_cert": tls_cert,
-        "stats": booted.engine.stats() if booted else {}, "sealed_key_id": state.serving_key.key_id,
-        "attestation": attestation, "reason": state.reason,
-        "seq": seq, "at": int(time.time())}
+        "sealed_key_id": state.serving_key.key_id, "attestation": attestation, "seq": seq, "at": int(time.time())}
     body["signature"] = state.usage_key.sign(heartbeat_signing_input(body)).hex()
+    Heartbeat.model_validate(body)  # the message the gateway takes, or an error here
     return body
 
 
 async def heartbeats(state: WorkerState, urls: list[str], token: str, grpc_address: str,
-                     interval: float = 1.0, tls_cert: str = "") -> None:
+                     interval: float = HEARTBEAT_INTERVAL_S, tls_cert: str = "") -> None:
     seq = 0
     async with httpx.AsyncClient(timeout=2.0) as client:
         while True:
@@ -355,6 +348,18 @@ async def serve(settings: WorkerSettings, grpc_port: int, register_urls: list[st
     # Before boot: the evidence the key broker sees commits to exactly these channel keys.
     state.channel_binding, state.tls_spki = channel_binding(spki, usage_public), spki
     app = create_app(settings, state)
+
+    async def drain() -> None:
+        """Scale-in and rollouts end a worker with SIGTERM: say "draining" (the gateway stops
+        routing here), then let gRPC finish the streams in flight, bounded by `drain_s`."""
+        if state.status == "ready":
+            state.status = "draining"
+            log.info("draining: finishing in-flight requests (up to %.0f s)", settings.drain_s)
+            if register_urls:
+                await asyncio.sleep(HEARTBEAT_INTERVAL_S * 1.5)  # the gateway has heard it
+        await server.stop(grace=settings.drain_s)
+
+    state.drain = drain
     await server.start()
     # Bound to all interfaces in a pod: the gateway is told the pod's own address.
     public = advertise_host or settings.host

@@ -14,10 +14,13 @@ import logging
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
+from enclave_worker.chat_format import message_text
+from policy.admission import AdmissionFacts, evaluate_admission
 from policy.agents import KillSwitch, SessionState, ToolCall, check_tool_calls
 from policy.data import check_content
 from policy.decision import Decision
@@ -33,7 +36,7 @@ class GuardRefusal(Exception):
 
     def __init__(self, message: str, action: str = "", decision: Decision | None = None) -> None:
         super().__init__(message)
-        self.action = action  # content-input | content-output | tool-call (the audited decision)
+        self.action = action  # admission | content-input | content-output | tool-call (the audited decision)
         self.decision = decision
 
 
@@ -73,6 +76,17 @@ class WorkerGuard:
         data = self.policy_set.data if self.policy_set else None
         return bool(data and (data.pii_output or data.blocked_patterns or data.blocked_topics))
 
+    def check_admission(self, key_id: str, model: str, context_tokens: int, max_output_tokens: int) -> None:
+        """The signed policy set's admission limits (allowed models, context and output caps), on
+        the token counts the engine will run. A policy set without an `admission` section sets none
+        (the gateway's rate limits and budgets still apply); with one, it is default deny."""
+        if self.policy_set is None or self.policy_set.admission is None:
+            return
+        decision = evaluate_admission(self.policy_set, AdmissionFacts(
+            self.policy_set.tenant, key_id, model, context_tokens, max_output_tokens))
+        if not decision.allowed:
+            raise GuardRefusal(f"request refused by admission policy (rule {decision.rule})", "admission", decision)
+
     def check_input(self, key_id: str, model: str, texts: list[str],
                     notes: list[GuardNote] | None = None) -> list[str]:
         if self.policy_set is None:
@@ -87,6 +101,16 @@ class WorkerGuard:
                 notes.append(GuardNote("content-input", "redact", verdict.decision))
             out.append(verdict.text)
         return out
+
+    def check_messages(self, key_id: str, model: str, messages: list[dict[str, Any]],
+                       notes: list[GuardNote] | None = None) -> list[dict[str, Any]]:
+        """Chat messages with data controls applied to every text the model will read. A checked
+        message keeps only its role and its text (list-form parts and earlier tool calls flattened
+        as the template would render them), so a redaction reaches the model exactly as checked."""
+        if self.policy_set is None:
+            return messages
+        texts = self.check_input(key_id, model, [message_text(m) for m in messages], notes)
+        return [{"role": m.get("role", "user"), "content": text} for m, text in zip(messages, texts, strict=True)]
 
     def check_output(self, key_id: str, model: str, text: str, notes: list[GuardNote] | None = None) -> str:
         if self.policy_set is None or not self.buffers_output:

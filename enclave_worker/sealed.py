@@ -24,6 +24,7 @@ from protocol.openai.errors import OpenAIError, error_body
 from protocol.openai.runner import ChoiceResult, Streams
 from protocol.openai.schemas import ChatCompletionRequest, CompletionRequest
 from protocol.rpc import worker_pb2
+from protocol.sampling import DEFAULT_MAX_TOKENS
 from protocol.sealed import (
     OpenedRequest,
     Receipt,
@@ -36,7 +37,6 @@ from protocol.sealed import (
 )
 from protocol.sealed.http import ENDPOINTS, ResponseHead
 
-DEFAULT_MAX_TOKENS = 256  # the gateway's default for chat, so both modes answer alike
 Generate = Callable[[worker_pb2.GenerateRequest], AsyncIterator[worker_pb2.GenerateChunk]]
 
 

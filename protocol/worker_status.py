@@ -1,13 +1,20 @@
-"""What a worker says about itself: its `/internal/status` answer. (The signed heartbeat it sends
-the gateway is `protocol/heartbeat.py`.)"""
+"""What a worker says about itself, in one model on every surface:
+
+- `WorkerStatus`: its `/internal/status` answer, and (as JSON) its gRPC `Status` reply's
+  `worker_status`, which the control loop and the gateway's health check read;
+- `Heartbeat`: the same plus where to reach it, its identity key and its attestation, signed by
+  that key (protocol/heartbeat.py): built by the worker, validated by the gateway.
+"""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-ServingState = Literal["starting", "ready", "failed"]
+# draining: shutting down; finishes the streams it has, takes no new ones (the gateway routes
+# only to "ready").
+ServingState = Literal["starting", "ready", "draining", "failed"]
 EngineStats = dict[str, int | float]  # LLMEngine.stats(): counts, sizes, percentages
 
 
@@ -28,3 +35,35 @@ class WorkerStatus(BaseModel):
     load_s: float | None = None  # seconds from key release to serving
     gpu_memory: dict[str, int] | None = None  # bytes: allocated, reserved, free, total
     stats: EngineStats = Field(default_factory=dict)
+
+
+class WorkerAttestationDoc(BaseModel):
+    """What the worker's key release produced; served (after it verifies) on /.well-known/attestation."""
+
+    tee: str = Field(max_length=16)
+    insecure: bool
+    evidence: dict[str, Any]
+    token: str = Field(max_length=16384)
+    model_digest: str = Field(max_length=128)
+    sealed_key_id: str = Field(default="", pattern=r"^([0-9a-f]{64})?$")
+    promises: dict[str, Any] = Field(default_factory=dict)
+
+
+class Heartbeat(WorkerStatus):
+    """A worker's WorkerStatus plus where to reach it and who it is, signed by its identity key."""
+
+    # Unknown fields are dropped, not refused (an older or newer worker still registers); they are
+    # covered by the signature but never stored, fetched or shown.
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    worker_id: str = Field(max_length=64)
+    grpc_address: str = Field(max_length=256, pattern=r"^[A-Za-z0-9.\-\[\]:]+:[0-9]{1,5}$")
+    usage_public_key: str = Field(min_length=64, max_length=64)
+    pid: int | None = None
+    tls_cert: str = Field(default="", max_length=8192)  # PEM; empty: plaintext gRPC (loopback tests)
+    sealed_key_id: str = Field(default="", pattern=r"^([0-9a-f]{64})?$")  # hex SHA-256 of its HPKE key
+    attestation: WorkerAttestationDoc | None = None
+    # Signed by the worker's identity key (protocol/heartbeat.py), fresh and in order.
+    seq: int = Field(ge=1, le=2**62)
+    at: int = Field(ge=0, le=2**40)
+    signature: str = Field(min_length=128, max_length=128)

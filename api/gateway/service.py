@@ -19,7 +19,7 @@ from api.gateway.demand import Demand
 from api.gateway.edge_audit import EdgeAudit
 from api.gateway.errors import GatewayError
 from api.gateway.grpc_client import WorkerClients, WorkerLost, WorkerUnavailable, open_sealed
-from api.gateway.metrics import Metrics
+from api.gateway.metrics import EngineMetrics, Metrics
 from api.gateway.registry import WorkerInfo, WorkerRegistry, reattest_required
 from api.gateway.settings import GatewaySettings
 from api.gateway.usage import UsageRejected, verify_usage
@@ -61,6 +61,8 @@ class GatewayService:
         self.clients = WorkerClients(load_or_create(settings.data_dir / "gateway-client.key",
                                                     settings.data_dir / "gateway-client.pem"))
         self.metrics = Metrics(lambda: float(admission.running), lambda: float(len(admission.queue)))
+        # vLLM workers' engine metrics, under vLLM's names (docs/vllm-backend.md).
+        self.metrics.registry.register(EngineMetrics(lambda: self.registry.workers.values()))
         self.demand = Demand(self.metrics.registry)
         self.usage_writer = UsageWriter(store)
         self.edge_audit = EdgeAudit(self.audit)  # 401/403/404/405/413/schema refusals, aggregated
@@ -110,7 +112,12 @@ class GatewayService:
             self.store.import_key_hash(key_hash, doc["tenant"], doc["name"], tuple(doc.get("models", ())), expires)
 
     def cached_key(self, secret: str) -> KeyRecord | None:
-        """A key this replica looked up within CACHE_S (no database, no thread hop); None: look it up."""
+        """A key this replica looked up within CACHE_S (no database, no thread hop); None: look it up.
+        Only a single gateway caches keys (its management API forgets them on every change); with
+        a shared database, another replica may revoke a key or set its kill switch, which must hold
+        for the next request here too."""
+        if self.settings.database_url:
+            return None
         hit = self._cache.get(("key", hash_secret(secret)))
         if hit and time.monotonic() - hit[0] < CACHE_S and not hit[1].expired(dt.datetime.now(dt.UTC)):
             return hit[1]

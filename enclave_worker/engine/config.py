@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
-from protocol.sampling import DEFAULT_MAX_TOKENS
-
-from .errors import InvalidRequestError
+from protocol.sampling import SamplingParams as SamplingParams  # the one contract, re-exported
 
 DTYPES = ("float32", "bfloat16", "float16", "int8", "int4", "fp8")
 DECODE_KERNELS = ("auto", "triton", "torch")
@@ -47,44 +44,6 @@ class EngineConfig:
 
 
 @dataclass(frozen=True)
-class SamplingParams:
-    max_tokens: int = DEFAULT_MAX_TOKENS
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0  # 0 = off
-    seed: int | None = None
-    stop: tuple[str, ...] = ()
-    stop_token_ids: tuple[int, ...] = ()
-    logprobs: int | None = None  # number of top alternatives returned with each sampled token
-    ignore_eos: bool = False
-
-    def __post_init__(self) -> None:
-        def bad(msg: str) -> None:
-            raise InvalidRequestError(msg)
-
-        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            bad("max_tokens must be an integer >= 1")
-        if not isinstance(self.temperature, int | float) or not math.isfinite(self.temperature) or self.temperature < 0:
-            bad("temperature must be a finite number >= 0")
-        if not isinstance(self.top_p, int | float) or not (0 < self.top_p <= 1):
-            bad("top_p must be in (0, 1]")
-        if not isinstance(self.top_k, int) or self.top_k < 0:
-            bad("top_k must be an integer >= 0 (0 = off)")
-        if self.seed is not None and not isinstance(self.seed, int):
-            bad("seed must be an integer")
-        if isinstance(self.stop, str) or not all(isinstance(s, str) and s for s in self.stop):
-            bad("stop must be a tuple of non-empty strings")
-        if not all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids):
-            bad("stop_token_ids must be non-negative integers")
-        if self.logprobs is not None and (not isinstance(self.logprobs, int) or not 0 <= self.logprobs <= 20):
-            bad("logprobs must be an integer in [0, 20]")
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0
-
-
-@dataclass(frozen=True)
 class TokenLogprob:
     token_id: int
     logprob: float
@@ -101,3 +60,11 @@ class RequestOutput:
     prompt_tokens: int
     completion_tokens: int
     logprobs: tuple[TokenLogprob, ...] | None = None
+
+    def merged(self, later: RequestOutput) -> RequestOutput:
+        """This delta followed by ``later`` (of the same request) as one delta."""
+        logprobs = None if self.logprobs is None and later.logprobs is None else (
+            (self.logprobs or ()) + (later.logprobs or ()))
+        return RequestOutput(self.request_id, self.delta_text + later.delta_text,
+                             self.delta_token_ids + later.delta_token_ids, later.finished, later.finish_reason,
+                             later.prompt_tokens, later.completion_tokens, logprobs)

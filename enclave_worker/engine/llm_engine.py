@@ -271,10 +271,19 @@ class LLMEngine:
 
         self.add_request(request_id, prompt_token_ids, params, sink, cache_salt)
         self._ensure_thread()
-        finished = False
+        finished, pending = False, None
         try:
             while True:
-                item = await queue.get()
+                item = pending or await queue.get()
+                pending = None
+                # A consumer that fell behind gets what piled up as one delta (as vLLM's output
+                # collector does): one message per step through gRPC and the gateway, not per token.
+                while not isinstance(item, BaseException) and not item.finished and not queue.empty():
+                    later = queue.get_nowait()
+                    if isinstance(later, BaseException):
+                        pending = later
+                        break
+                    item = item.merged(later)
                 if isinstance(item, BaseException):
                     finished = True
                     raise item

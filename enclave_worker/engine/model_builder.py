@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import gc
-import os
 from dataclasses import dataclass
 
 import torch
@@ -20,6 +19,7 @@ from .config import EngineConfig
 from .errors import EngineError
 from .models import ARCHITECTURES
 from .models.llama import BuildOptions, LlamaForCausalLM
+from .threads import available_cpus
 from .tokenizer import Tokenizer
 
 _TORCH_DTYPES = {
@@ -57,7 +57,7 @@ def build_model(checkpoint: Checkpoint, config: EngineConfig) -> BuiltModel:
     arch = (cfg.get("architectures") or ["LlamaForCausalLM"])[0]
     if arch not in ARCHITECTURES:
         raise EngineError(f"unsupported architecture {arch!r}")
-    threads = config.num_threads or os.cpu_count() or 1
+    threads = config.num_threads or available_cpus()
     if config.device == "cpu":
         torch.set_num_threads(threads)
         threadpool_limits(threads, user_api="blas")  # OpenBLAS (numpy) too: layers/linear.py

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from .config import TokenLogprob
@@ -11,6 +13,7 @@ from .kernels.sampling import BatchSampling, sample_on_device
 from .layers.attention import AttentionMetadata, PrefillChunk
 from .layers.sampler import sample
 from .scheduler import ScheduledSeq
+from .threads import ThreadPools, ThreadTuner, step_kind
 
 BLAS_MAX_TOKENS = 64  # above this many rows a step is a real GEMM; torch's pool is as fast and multi-threaded
 
@@ -37,6 +40,9 @@ class ModelRunner:
         self.block_size = block_size
         self.device = device
         self.num_threads = num_threads
+        # CPU: 1 or num_threads threads per step, whichever measures faster (threads.py); on a GPU unused.
+        self.tuner = ThreadTuner(num_threads if device == "cpu" else 1)
+        self.pools = ThreadPools() if device == "cpu" else None
         self.weight_bytes = weight_bytes
         self.kv_bytes_per_token = kv_cache.nbytes // max(1, kv_cache.shape[2])  # K and V, every layer
         for i, layer in enumerate(model.layers):
@@ -172,15 +178,22 @@ class ModelRunner:
     ) -> torch.Tensor:
         """``blas``: this step's dense matmuls go to OpenBLAS (see use_blas); set for every call."""
         index = torch.tensor(logits_index, dtype=torch.long, device=self.device)
-        if self.device == "cpu":
-            # One token (batch-1 decode) of any dtype also runs on one thread: its ops are too small to
-            # split, and served, the event loop's thread would preempt an OpenMP worker mid-barrier
-            # (int4 batch-1 through `generate`: 25 tok/s on two threads, 42 on one).
-            threads = 1 if blas or input_ids.numel() == 1 else self.num_threads
-            if torch.get_num_threads() != threads:
-                torch.set_num_threads(threads)
         self.model.blas.enabled = blas
-        return self.model(input_ids, positions, meta, index)
+        if self.pools is None:
+            return self.model(input_ids, positions, meta, index)
+        # A step on OpenBLAS runs torch's ops on one thread (their pools must not spin together);
+        # one token (batch-1 decode) of any dtype too: its ops are too small to split.
+        n = input_ids.numel()
+        kind = step_kind(blas, n)
+        threads = self.tuner.choose(kind)
+        if blas:
+            self.pools.set(1, threads)
+        else:
+            self.pools.set(1 if n == 1 else threads, threads)
+        start = time.perf_counter()
+        logits = self.model(input_ids, positions, meta, index)
+        self.tuner.record(kind, threads, (time.perf_counter() - start) / n)
+        return logits
 
     def use_blas(self, num_tokens: int, context_tokens: int) -> bool:
         """Whether this step's dense matmuls go to OpenBLAS, with torch on one thread (BlasSwitch).

@@ -12,6 +12,7 @@ from protocol.openai.errors import OpenAIError, error_body
 from protocol.openai.runner import SSE_DONE, ChoiceRunner, ChunkEncoder, Streams, sampling_params, sse, usage_of
 from protocol.openai.schemas import ChatCompletionRequest, NamedToolChoice
 from protocol.rpc import worker_pb2
+from protocol.sampling import resolve_max_tokens
 
 
 @dataclass(frozen=True)
@@ -32,7 +33,7 @@ class ChatPlan:
 
 def plan_chat(req: ChatCompletionRequest, *, rid: str, tenant: str, key_id: str, agent_killed: bool,
               default_max_tokens: int) -> ChatPlan:
-    max_tokens = req.max_completion_tokens or req.max_tokens or default_max_tokens
+    max_tokens = resolve_max_tokens(req.max_completion_tokens or req.max_tokens, "chat", default_max_tokens)
     messages = [m.model_dump(exclude_none=True) for m in req.messages]
     tools = [t.model_dump(exclude_none=True) for t in req.tools or []]
     choice = req.tool_choice.model_dump() if isinstance(req.tool_choice, NamedToolChoice) else req.tool_choice

@@ -11,6 +11,7 @@ from protocol.openai.errors import OpenAIError, error_body
 from protocol.openai.runner import SSE_DONE, ChoiceRunner, ChunkEncoder, Streams, sampling_params, sse, usage_of
 from protocol.openai.schemas import CompletionRequest
 from protocol.rpc import worker_pb2
+from protocol.sampling import resolve_max_tokens
 
 
 @dataclass(frozen=True)
@@ -28,7 +29,7 @@ def plan_completion(req: CompletionRequest, *, rid: str, tenant: str, key_id: st
     prompts = [req.prompt] if isinstance(req.prompt, str) else list(req.prompt)
     if not prompts or any(not p for p in prompts):
         raise OpenAIError(400, "prompt must not be empty", param="prompt")
-    max_tokens = req.max_tokens or 16
+    max_tokens = resolve_max_tokens(req.max_tokens, "completions")
     requests = [worker_pb2.GenerateRequest(
         request_id=f"{rid}-{pi}-{j}", tenant=tenant, key_id=key_id, kind="completion", prompt=prompt,
         params=sampling_params(req, max_tokens, req.logprobs, [], j)) for pi, prompt in enumerate(prompts)

@@ -8,8 +8,11 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from protocol.openai.errors import OpenAIError
 from protocol.openai.schemas import SamplingFields
 from protocol.rpc import worker_pb2
+from protocol.rpc.sampling import to_wire
+from protocol.sampling import InvalidSamplingParams, SamplingParams
 
 
 @dataclass
@@ -34,15 +37,17 @@ class ChoiceRunner(Protocol):
 
 def sampling_params(req: SamplingFields, max_tokens: int, logprobs: int | None, extra_stop: list[str], index: int
                     ) -> worker_pb2.SamplingParams:
-    p = worker_pb2.SamplingParams(max_tokens=max_tokens, temperature=1.0 if req.temperature is None else
-                                  req.temperature, top_p=1.0 if req.top_p is None else req.top_p,
-                                  stop=req.stop_list() + extra_stop, ignore_eos=req.ignore_eos)
-    if req.seed is not None:
-        # n > 1 with a seed: distinct yet reproducible choices (wrapping within int64, the wire type).
-        p.seed = (req.seed + index + (1 << 63)) % (1 << 64) - (1 << 63)
-    if logprobs is not None:
-        p.logprobs = logprobs
-    return p
+    """The request's sampling fields as the one contract (protocol/sampling.py), on the wire."""
+    # n > 1 with a seed: distinct yet reproducible choices (wrapping within int64, the wire type).
+    seed = None if req.seed is None else (req.seed + index + (1 << 63)) % (1 << 64) - (1 << 63)
+    try:
+        params = SamplingParams(max_tokens=max_tokens, temperature=1.0 if req.temperature is None else req.temperature,
+                                top_p=1.0 if req.top_p is None else req.top_p, seed=seed,
+                                stop=tuple(req.stop_list() + extra_stop), logprobs=logprobs,
+                                ignore_eos=req.ignore_eos)
+    except InvalidSamplingParams as exc:
+        raise OpenAIError(400, str(exc)) from None
+    return to_wire(params)
 
 
 def usage_of(results: list[Any]) -> dict[str, int]:

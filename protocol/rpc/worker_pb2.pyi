@@ -135,22 +135,12 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StatusReply(_message.Message):
-    __slots__ = ("status", "tenant", "model", "version", "tee", "insecure", "stats_json")
+    __slots__ = ("status", "worker_status")
     STATUS_FIELD_NUMBER: _ClassVar[int]
-    TENANT_FIELD_NUMBER: _ClassVar[int]
-    MODEL_FIELD_NUMBER: _ClassVar[int]
-    VERSION_FIELD_NUMBER: _ClassVar[int]
-    TEE_FIELD_NUMBER: _ClassVar[int]
-    INSECURE_FIELD_NUMBER: _ClassVar[int]
-    STATS_JSON_FIELD_NUMBER: _ClassVar[int]
+    WORKER_STATUS_FIELD_NUMBER: _ClassVar[int]
     status: str
-    tenant: str
-    model: str
-    version: str
-    tee: str
-    insecure: bool
-    stats_json: str
-    def __init__(self, status: _Optional[str] = ..., tenant: _Optional[str] = ..., model: _Optional[str] = ..., version: _Optional[str] = ..., tee: _Optional[str] = ..., insecure: _Optional[bool] = ..., stats_json: _Optional[str] = ...) -> None: ...
+    worker_status: str
+    def __init__(self, status: _Optional[str] = ..., worker_status: _Optional[str] = ...) -> None: ...
 
 class TokenizeRequest(_message.Message):
     __slots__ = ("tenant", "key_id", "kind", "messages_json", "prompt", "tools_json", "add_generation_prompt", "return_token_strs")

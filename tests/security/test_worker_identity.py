@@ -56,7 +56,8 @@ class Worker:
                              dt.datetime.now(dt.UTC))
         released = ReleasedKey(os.urandom(32), token, "jti", evidence, {})
         self.state.booted = SimpleNamespace(released=released, model_digest="ab" * 32,  # type: ignore[assignment]
-                                            engine=SimpleNamespace(stats=lambda: {}))
+                                            engine=SimpleNamespace(stats=lambda: {}), gpu_cc_off=False,
+                                            load_s=0.5)
         self.address = f"127.0.0.1:{port}"
         self.seq = 0
 

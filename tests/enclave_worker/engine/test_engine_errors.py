@@ -7,6 +7,7 @@ import asyncio
 import pytest
 
 from enclave_worker.engine import EngineError, InvalidRequestError, SamplingParams
+from protocol.sampling import InvalidSamplingParams
 
 
 @pytest.mark.parametrize(
@@ -24,7 +25,8 @@ from enclave_worker.engine import EngineError, InvalidRequestError, SamplingPara
     ],
 )
 def test_invalid_sampling_params(kwargs):
-    with pytest.raises(InvalidRequestError):
+    # The engine's SamplingParams is the one contract (protocol/sampling.py) and raises its error.
+    with pytest.raises(InvalidSamplingParams):
         SamplingParams(**kwargs)
     assert issubclass(InvalidRequestError, EngineError)
 
@@ -85,3 +87,18 @@ async def test_abort_reports_abort(engine):
     await asyncio.wait_for(consume(), 60)
     assert outs[-1].finished and outs[-1].finish_reason == "abort"
     assert engine.stats()["num_free_kv_blocks"] == engine.stats()["num_kv_blocks"]
+
+
+async def test_a_slow_consumer_gets_what_piled_up_as_one_delta(engine):
+    """Outputs that queued while the consumer was busy arrive merged; nothing is lost or reordered."""
+    prompt = engine.tokenizer.encode("Count: one, two,")
+    params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    fast = await _collect(engine, "fast", prompt, params)
+    gen = engine.generate("slow", prompt, params)
+    outs = [await gen.__anext__()]
+    while engine.stats()["num_running"]:  # the whole answer is computed while nobody reads
+        await asyncio.sleep(0.01)
+    outs += [o async for o in gen]
+    assert len(outs) < len(fast) and outs[-1].finished and outs[-1].completion_tokens == 12
+    assert [t for o in outs for t in o.delta_token_ids] == [t for o in fast for t in o.delta_token_ids]
+    assert "".join(o.delta_text for o in outs) == "".join(o.delta_text for o in fast)
