@@ -7,7 +7,10 @@ CPU that the worker's event loop and the gateway need (batch-1 decode fell from 
 with two threads while a second process loaded one of two cores). Load can come and go at any
 time, so the choice is not made once: per kind of step, the tuner keeps a running mean of the
 time per token on one thread and on all threads, uses the faster, and tries the other every
-``EXPLORE_EVERY`` steps of that kind so it notices when the load changes.
+``EXPLORE_EVERY`` steps of that kind so it notices when the load changes. A try of a count that
+measured k times slower costs k steps, so the interval grows with k (up to ``MAX_BACKOFF`` times):
+under load two OpenBLAS threads measured 9x slower than one here, and a try every 16 steps would
+have added half a step to every step.
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ import os
 import numpy  # noqa: F401  (loads OpenBLAS, so threadpoolctl finds its pool)
 from threadpoolctl import ThreadpoolController
 
-EXPLORE_EVERY = 16  # steps of one kind between two tries of the other thread count
+EXPLORE_EVERY = 16  # steps of one kind between two tries of the other thread count ...
+MAX_BACKOFF = 16  # ... times how much slower the other count measured (at most this), so a try costs <= 1/16
 ALPHA = 0.3  # weight of the newest measurement in the running mean
 
 
@@ -42,7 +46,9 @@ class _Arm:
         self.count = 0
 
     def add(self, value: float) -> None:
-        self.mean = value if self.count == 0 else (1 - ALPHA) * self.mean + ALPHA * value
+        # Falls at once, rises smoothly: a rarely tried count is believed as soon as it measures
+        # faster (the load went away), and one slow step (a preemption) does not flip the choice.
+        self.mean = value if self.count == 0 or value < self.mean else (1 - ALPHA) * self.mean + ALPHA * value
         self.count += 1
 
 
@@ -65,10 +71,12 @@ class ThreadTuner:
         few, many = arms[1], arms[self.max_threads]
         if few.count < 2 or many.count < 2:  # measure both first, alternating
             return 1 if few.count <= many.count else self.max_threads
-        best = 1 if few.mean < many.mean else self.max_threads
+        best, other = (1, self.max_threads) if few.mean < many.mean else (self.max_threads, 1)
         n = self._steps[kind] = self._steps.get(kind, 0) + 1
-        if n % EXPLORE_EVERY == 0:
-            return self.max_threads if best == 1 else 1
+        slower = arms[other].mean / max(arms[best].mean, 1e-12)
+        if n >= EXPLORE_EVERY * min(max(slower, 1.0), MAX_BACKOFF):
+            self._steps[kind] = 0
+            return other
         return best
 
     def record(self, kind: tuple[bool, int], threads: int, seconds_per_token: float) -> None:
