@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from attestation.errors import PolicyViolation
+from attestation.token import AttestationClaims, ResultClaims
 
 log = logging.getLogger(__name__)
 
@@ -46,30 +47,34 @@ class AppraisalPolicy:
         return cls(**args)
 
 
-def appraise(claims: Mapping[str, Any], policy: AppraisalPolicy) -> None:
+def appraise(claims: AttestationClaims | ResultClaims | Mapping[str, Any], policy: AppraisalPolicy) -> None:
     """Raise PolicyViolation listing every violated condition; return only when all hold.
 
-    `claims` is an attestation token's claim set (see AttestationResult.token_claims).
+    `claims`: a verified token's claims (`TokenVerifier.verify_claims`), or an attestation result's
+    claim set (`AttestationResult.token_claims()`), parsed once into `ResultClaims`.
     """
+    if isinstance(claims, AttestationClaims):
+        result = claims.result
+    elif isinstance(claims, ResultClaims):
+        result = claims
+    else:
+        result = ResultClaims.from_claims(claims)
     violations: list[str] = []
-    tee = claims.get("tee")
-    if tee not in policy.allowed_tee:
-        violations.append(f"TEE {tee!r} is not allowed")
-    if str(claims.get("measurement", "")).lower() not in policy.allowed_measurements:
+    if result.tee not in policy.allowed_tee:
+        violations.append(f"TEE {result.tee!r} is not allowed")
+    if result.measurement not in policy.allowed_measurements:
         violations.append("measurement is not in the allowed set")
-    insecure = bool(claims.get("insecure")) or tee == "sim"
+    insecure = result.insecure or result.tee == "sim"
     if insecure and not policy.unsafe_allow_simulated_tee:
         violations.append("evidence comes from a simulated (insecure) TEE")
-    if not insecure and claims.get("tcb_status") not in policy.acceptable_tcb_status:
-        violations.append(f"TCB status {claims.get('tcb_status')!r} is not acceptable")
-    tcb = claims.get("tcb") or {}
+    if not insecure and result.tcb_status not in policy.acceptable_tcb_status:
+        violations.append(f"TCB status {result.tcb_status!r} is not acceptable")
     for name, floor in sorted(policy.min_tcb.items()):
-        if int(tcb.get(name, -1)) < floor:
+        if result.tcb.get(name, -1) < floor:
             violations.append(f"TCB component {name} below {floor}")
-    if claims.get("debug") and not policy.allow_debug:
+    if result.debug and not policy.allow_debug:
         violations.append("debug mode is on")
-    gpus = claims.get("gpus") or []
-    if policy.require_gpu_cc and (not gpus or not all(g.get("cc_enabled") for g in gpus)):
+    if policy.require_gpu_cc and (not result.gpus or not all(g.cc_enabled for g in result.gpus)):
         violations.append("GPU confidential computing is not on for every GPU")
     if violations:
         raise PolicyViolation(violations)

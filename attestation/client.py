@@ -16,7 +16,7 @@ import httpx
 from attestation.appraisal import AppraisalPolicy, appraise
 from attestation.bundle import EvidenceBundle
 from attestation.errors import FreshnessError, TokenError
-from attestation.token import TokenVerifier
+from attestation.token import AttestationClaims, TokenVerifier
 
 
 @dataclass(frozen=True)
@@ -27,7 +27,7 @@ class PinnedWorker:
     insecure: bool
     measurement: str
     hpke_public_key: bytes
-    claims: dict[str, Any]
+    attestation: AttestationClaims  # the broker token's claims, parsed once
 
 
 def verify_worker_document(doc: Mapping[str, Any], verifier: TokenVerifier, policy: AppraisalPolicy,
@@ -35,18 +35,18 @@ def verify_worker_document(doc: Mapping[str, Any], verifier: TokenVerifier, poli
     """One entry of /.well-known/attestation: token signature, evidence match, then the policy."""
     if "token" not in doc or "evidence" not in doc:
         raise TokenError("worker serves no attestation")
-    claims = verifier.verify(str(doc["token"]), now)
+    claims = verifier.verify_claims(str(doc["token"]), now)
     bundle = EvidenceBundle.from_json(doc["evidence"])
     # The token must describe exactly the evidence served next to it.
-    if claims.get("evidence_digest") != bundle.digest():
+    if claims.evidence_digest != bundle.digest():
         raise FreshnessError("served evidence differs from the evidence the token was issued for")
-    if claims["runtime_data"]["hpke_public_key"] != bundle.runtime_data.hpke_public_key.hex():
+    if claims.hpke_public_key != bundle.runtime_data.hpke_public_key.hex():
         raise FreshnessError("token binds a different worker key")
     appraise(claims, policy)
     return PinnedWorker(
-        model=str(doc.get("model")), version=str(doc.get("version")), tee=claims["tee"],
-        insecure=bool(claims.get("insecure")), measurement=claims["measurement"],
-        hpke_public_key=bundle.runtime_data.hpke_public_key, claims=claims,
+        model=str(doc.get("model")), version=str(doc.get("version")), tee=claims.tee,
+        insecure=claims.insecure, measurement=claims.measurement,
+        hpke_public_key=bundle.runtime_data.hpke_public_key, attestation=claims,
     )
 
 

@@ -57,6 +57,46 @@ class TokenIssuer:
 
 
 @dataclass(frozen=True)
+class GpuClaim:
+    """One GPU of an attestation result (AttestationResult.token_claims()["gpus"])."""
+
+    index: int
+    arch: str
+    cc_enabled: bool
+    rim_matched: bool | None
+
+
+@dataclass(frozen=True)
+class ResultClaims:
+    """The attestation result a relying party appraises (`attestation.appraisal.appraise`), parsed
+    once from a claim set: a verified token's, or `AttestationResult.token_claims()`."""
+
+    tee: str
+    measurement: str  # lower-case hex
+    insecure: bool  # a simulated TEE, or a GPU outside confidential computing
+    tcb_status: str | None
+    tcb: Mapping[str, int]
+    debug: bool
+    gpus: tuple[GpuClaim, ...]
+
+    @classmethod
+    def from_claims(cls, claims: Mapping[str, Any]) -> ResultClaims:
+        try:
+            status = claims.get("tcb_status")
+            return cls(
+                tee=str(claims.get("tee") or ""), measurement=str(claims.get("measurement", "")).lower(),
+                insecure=bool(claims.get("insecure")), tcb_status=None if status is None else str(status),
+                tcb={str(k): int(v) for k, v in (claims.get("tcb") or {}).items()}, debug=bool(claims.get("debug")),
+                gpus=tuple(GpuClaim(index=int(g.get("index", i)), arch=str(g.get("arch", "")),
+                                    cc_enabled=bool(g.get("cc_enabled")),
+                                    rim_matched=None if g.get("rim_matched") is None else bool(g["rim_matched"]))
+                           for i, g in enumerate(claims.get("gpus") or [])),
+            )
+        except (TypeError, ValueError, AttributeError) as exc:
+            raise TokenError(f"attestation result claims are malformed: {exc}") from exc
+
+
+@dataclass(frozen=True)
 class TokenScope:
     """What a key broker's token is for: one tenant's model version under one release policy."""
 
@@ -87,6 +127,8 @@ class AttestationClaims:
     hpke_public_key: str  # hex, the worker's ephemeral HPKE key the evidence binds
     channel_binding: str  # hex, the worker's TLS and usage keys the evidence binds
     scope: TokenScope | None
+    result: ResultClaims  # what a relying party's policy appraises (tee, TCB, debug, GPUs)
+    issuer: str
     raw: Mapping[str, Any]
 
     @classmethod
@@ -104,6 +146,7 @@ class AttestationClaims:
                     tenant=str(scope["tenant"]), model=str(scope["model"]), version=str(scope["version"]),
                     policy_id=str(scope.get("policy_id", "")), policy_version=int(scope.get("policy_version", 0)),
                     chip_id=str(scope.get("chip_id", ""))),
+                result=ResultClaims.from_claims(claims), issuer=str(claims.get("iss", "")),
                 raw=claims,
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:

@@ -211,7 +211,10 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         notes = [] if notes is None else notes
         try:
             prompt_ids = self._prompt(request, notes)
-            stream = engine.generate(request.request_id, prompt_ids, from_wire(request.params),
+            params = from_wire(request.params)
+            if state.guard is not None:
+                state.guard.check_admission(request.key_id, state.settings.model, len(prompt_ids), params.max_tokens)
+            stream = engine.generate(request.request_id, prompt_ids, params,
                                      cache_salt=state.cache_salt(request.tenant))
             first = await anext(stream)
         except GuardRefusal as exc:

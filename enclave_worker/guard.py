@@ -20,6 +20,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from enclave_worker.chat_format import message_text
+from policy.admission import AdmissionFacts, evaluate_admission
 from policy.agents import KillSwitch, SessionState, ToolCall, check_tool_calls
 from policy.data import check_content
 from policy.decision import Decision
@@ -35,7 +36,7 @@ class GuardRefusal(Exception):
 
     def __init__(self, message: str, action: str = "", decision: Decision | None = None) -> None:
         super().__init__(message)
-        self.action = action  # content-input | content-output | tool-call (the audited decision)
+        self.action = action  # admission | content-input | content-output | tool-call (the audited decision)
         self.decision = decision
 
 
@@ -74,6 +75,17 @@ class WorkerGuard:
         """Output controls need the whole answer before any of it may leave the worker."""
         data = self.policy_set.data if self.policy_set else None
         return bool(data and (data.pii_output or data.blocked_patterns or data.blocked_topics))
+
+    def check_admission(self, key_id: str, model: str, context_tokens: int, max_output_tokens: int) -> None:
+        """The signed policy set's admission limits (allowed models, context and output caps), on
+        the token counts the engine will run. A policy set without an `admission` section sets none
+        (the gateway's rate limits and budgets still apply); with one, it is default deny."""
+        if self.policy_set is None or self.policy_set.admission is None:
+            return
+        decision = evaluate_admission(self.policy_set, AdmissionFacts(
+            self.policy_set.tenant, key_id, model, context_tokens, max_output_tokens))
+        if not decision.allowed:
+            raise GuardRefusal(f"request refused by admission policy (rule {decision.rule})", "admission", decision)
 
     def check_input(self, key_id: str, model: str, texts: list[str],
                     notes: list[GuardNote] | None = None) -> list[str]:

@@ -1,8 +1,10 @@
 """The signed policy set's admission rules: allowed models, context/output caps, and whether a
 rate or budget limit (`rate_limited`, `over_budget`, facts the caller measured) is over.
 
-``evaluate_admission`` is pure (facts in, decision out). No serving path calls it yet: the gateway
-admits with its own limits (api/gateway/admission.py); see docs/policy.md.
+``evaluate_admission`` is pure (facts in, decision out). The worker calls it on every request
+(enclave_worker/guard.py `check_admission`, with the prompt's token count and max_tokens), where
+the signed policy set is verified; the gateway's rate limits, budgets and queue
+(api/gateway/admission.py) measure what only it can see. See docs/policy.md.
 """
 
 from __future__ import annotations

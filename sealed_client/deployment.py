@@ -151,13 +151,13 @@ def verify_sealed_document(doc: Mapping[str, Any], verifier: TokenVerifier, trus
     unmet = [k for k, v in trust.require_promises.items() if promises.get(k) != v]
     if unmet:
         raise PolicyViolation([f"worker does not promise {k}={trust.require_promises[k]!r}" for k in unmet])
-    scope = worker.claims.get("sealed") or {}
-    return PinnedKey(tenant=str(scope.get("tenant", doc.get("tenant", ""))),
-                     model=str(scope.get("model", doc.get("model", ""))),
-                     version=str(scope.get("version", doc.get("version", ""))),
+    scope = worker.attestation.scope
+    return PinnedKey(tenant=scope.tenant if scope else str(doc.get("tenant", "")),
+                     model=scope.model if scope else str(doc.get("model", "")),
+                     version=scope.version if scope else str(doc.get("version", "")),
                      worker_key_id=key_id(worker.hpke_public_key), hpke_public_key=worker.hpke_public_key,
                      receipt_key=receipt_key, worker=worker, promises=promises,
-                     token_expires_at=int(worker.claims.get("exp", 0)))
+                     token_expires_at=worker.attestation.expires_at)
 
 
 def verify_published(trust: ClientTrust, published: Mapping[str, Any] | None, now: dt.datetime

@@ -21,19 +21,18 @@ def _trust(policy: Path | None, unsafe_allow_simulated: bool, unsafe_trust_gatew
 
 
 def _report(pin: Any, doc: dict[str, Any], now: dt.datetime) -> list[str]:
-    claims = pin.worker.claims
-    gpus = claims.get("gpus") or []
-    tee = claims.get("tee")
+    claims = pin.worker.attestation
+    result = claims.result
     lines = [
         f"worker {doc.get('worker_id', '?')}: model {pin.model} {pin.version}, tenant {pin.tenant}",
-        f"  TEE           {tee}" + ("  (INSECURE: simulated, no hardware protection)" if claims.get("insecure")
-                                    else ""),
-        f"  TCB           status {claims.get('tcb_status')}, debug {claims.get('debug')}, "
-        f"{json.dumps(claims.get('tcb') or {}, sort_keys=True)}",
-        f"  measurement   {claims.get('measurement')} (allowed by the policy or the signed reference values)",
-        "  GPUs          " + (", ".join(f"{g.get('arch')} cc={g.get('cc_enabled')} rim={g.get('rim_matched')}"
-                                        for g in gpus) or "none"),
-        f"  broker token  issuer {claims.get('iss')}, expires in {int(claims.get('exp', 0) - now.timestamp())} s",
+        f"  TEE           {result.tee}" + ("  (INSECURE: simulated, no hardware protection)" if result.insecure
+                                           else ""),
+        f"  TCB           status {result.tcb_status}, debug {result.debug}, "
+        f"{json.dumps(dict(result.tcb), sort_keys=True)}",
+        f"  measurement   {claims.measurement} (allowed by the policy or the signed reference values)",
+        "  GPUs          " + (", ".join(f"{g.arch} cc={g.cc_enabled} rim={g.rim_matched}"
+                                        for g in result.gpus) or "none"),
+        f"  broker token  issuer {claims.issuer}, expires in {int(claims.expires_at - now.timestamp())} s",
         f"  sealing key   {pin.worker_key_id} (X25519, bound by REPORT_DATA)",
         f"  receipt key   {pin.receipt_key.hex()} (Ed25519, bound by the channel binding)",
         "  promises      " + ", ".join(f"{k}={v}" for k, v in sorted(pin.promises.items())),

@@ -46,11 +46,13 @@ class LoopClock:
             self._task = asyncio.get_running_loop().create_task(self._tick())
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
+        task, self._task = self._task, None
+        if task is None:
+            return
+        task.cancel()
+        if task.get_loop() is asyncio.get_running_loop():  # a ticker of another (finished) loop: cancelled only
             with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+                await task
 
     async def _tick(self) -> None:
         while True:

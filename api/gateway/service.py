@@ -112,7 +112,12 @@ class GatewayService:
             self.store.import_key_hash(key_hash, doc["tenant"], doc["name"], tuple(doc.get("models", ())), expires)
 
     def cached_key(self, secret: str) -> KeyRecord | None:
-        """A key this replica looked up within CACHE_S (no database, no thread hop); None: look it up."""
+        """A key this replica looked up within CACHE_S (no database, no thread hop); None: look it up.
+        Only a single gateway caches keys (its management API forgets them on every change); with
+        a shared database, another replica may revoke a key or set its kill switch, which must hold
+        for the next request here too."""
+        if self.settings.database_url:
+            return None
         hit = self._cache.get(("key", hash_secret(secret)))
         if hit and time.monotonic() - hit[0] < CACHE_S and not hit[1].expired(dt.datetime.now(dt.UTC)):
             return hit[1]

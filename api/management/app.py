@@ -81,17 +81,20 @@ def management_router(settings: GatewaySettings, service: GatewayService) -> API
         changed()
         if not store.revoke_key(tenant, key_id):
             raise GatewayError(404, "no such key", code="not_found")
+        changed()  # again after the write: a look-up in between must not keep the key cached
         audit(who, tenant, "api-key-revoke", key_id=key_id)
         return {"revoked": key_id}
 
     @r.put("/tenants/{tenant}/keys/{key_id}/kill-switch")
     def kill_switch(tenant: str, key_id: str, body: KillSwitchIn,
                     who: Principal = Depends(tenant_scope(OP, ADMIN))) -> dict:
-        # This replica forgets its cached key rows, so its next request carries the flag; other
-        # replicas re-read keys within CACHE_S (1 s). The worker refuses the key's tool calls while set.
+        # This replica forgets its cached key rows (before and after the write), so its next request
+        # carries the flag; gateways on a shared database do not cache keys, so it holds for the
+        # next request on every replica. The worker refuses the key's tool calls while it is set.
         changed()
         if not store.set_tools_killed(tenant, key_id, body.killed):
             raise GatewayError(404, "no such key", code="not_found")
+        changed()
         audit(who, tenant, "kill-switch", key_id=key_id, killed=body.killed)
         return {"key_id": key_id, "tools_killed": body.killed}
 

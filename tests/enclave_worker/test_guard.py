@@ -129,6 +129,24 @@ def test_kill_switch_forwarded_by_the_gateway_refuses_tool_calls(guard: WorkerGu
     assert guard.check_tools("key_a", "just text", killed=True) == ""  # answers without tool calls still pass
 
 
+def test_without_an_admission_section_the_policy_sets_no_admission_limits(guard: WorkerGuard) -> None:
+    guard.check_admission("key_a", "any-model", 10**6, 10**6)  # the gateway's limits still apply
+
+
+def test_the_signed_admission_limits_are_enforced_in_the_worker(tmp_path: Path) -> None:
+    admission = {"allowed_models": ["m"], "max_context_tokens": 100, "max_output_tokens": 8}
+    doc, pub = write_signed(tmp_path, {**POLICY, "admission": admission}, Ed25519PrivateKey.generate())
+    guard = WorkerGuard(load_policy_set(doc, pub, "acme"))
+    guard.check_admission("key_a", "m", 100, 8)
+    for model, context, output, rule in (("other", 1, 1, "admission.models"),
+                                         ("m", 101, 1, "admission.max_context"),
+                                         ("m", 1, 9, "admission.max_output")):
+        with pytest.raises(GuardRefusal) as refused:
+            guard.check_admission("key_a", model, context, output)
+        assert refused.value.action == "admission" and refused.value.decision is not None
+        assert refused.value.decision.rule == rule, refused.value.decision.rule
+
+
 def test_list_form_content_is_checked_as_the_text_the_model_reads(guard: WorkerGuard) -> None:
     """OpenAI's list-form content: the controls see the text parts, not the repr of a list, and the
     model gets the checked (redacted) text."""
