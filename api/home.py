@@ -38,6 +38,13 @@ class Home:
         return self.root / "audit"
 
     @property
+    def audit_witness(self) -> Path:
+        """Signed audit checkpoints of every component, outside the audit directory, so that
+        deleting or truncating a log together with its `.ckpt` file is still detected (one host:
+        same disk, a different directory; copy it elsewhere with `sealed audit witness`)."""
+        return self.root / "witness" / "audit-checkpoints.jsonl"
+
+    @property
     def logs(self) -> Path:
         return self.root / "logs"
 

@@ -324,7 +324,8 @@ def launch(home: Home, *, host: str = "127.0.0.1", port: int = 8000,
         broker = stack.supervisor.start("key-broker", [
             "key_broker", "--data-dir", str(home.broker), "--port", str(broker_port),
             "--sim-platform-key", str(home.sim_public_key),
-            "--admin-token-hash-file", str(broker_admin_token(home)), *broker_args], on_restart=stack.write_pids)
+            "--admin-token-hash-file", str(broker_admin_token(home)),
+            "--audit-witness", str(home.audit_witness), *broker_args], on_restart=stack.write_pids)
         _wait_http(f"{broker_url}/healthz", broker)
         write_demo_client_policy(home, engine)
         routes = home.gateway / "routes.json"
@@ -335,7 +336,7 @@ def launch(home: Home, *, host: str = "127.0.0.1", port: int = 8000,
             "--jwt-secret-file", str(_secret_file(home.gateway / "jwt-secret")),
             "--broker-jwks", str(home.broker / "jwks.json"), "--reference-values", str(home.reference_values),
             # The console (in the gateway) reads the audit logs and uses the broker's admin API.
-            "--audit-dir", str(home.audit), "--broker-url", broker_url,
+            "--audit-dir", str(home.audit), "--audit-witness", str(home.audit_witness), "--broker-url", broker_url,
             "--broker-admin-token-file", str(home.broker / "admin-token"), *gateway_args], on_restart=stack.write_pids)
         _wait_http(f"{local_gateway}/healthz", gateway)
         for i, (http_port, grpc_port) in enumerate(worker_ports):

@@ -25,7 +25,10 @@ TOOLS_SYSTEM = (
 )
 
 
-def _content(message: dict[str, Any]) -> str:
+def message_text(message: dict[str, Any]) -> str:
+    """Everything of one message the model will read, as text: string content, the text parts of
+    list-form content, and the assistant's earlier tool calls in the tool-call syntax. Data controls
+    check exactly this, so nothing reaches the model that they did not see."""
     content = message.get("content")
     if content is None:
         text = ""
@@ -46,7 +49,7 @@ def _flatten(template_source: str | None, messages: list[dict[str, Any]], tools:
              ) -> tuple[list[dict[str, str]], bool]:
     if not messages or not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
         raise InvalidRequestError("messages must be a non-empty list of objects")
-    flat = [{"role": str(m.get("role", "user")), "content": _content(m)} for m in messages]
+    flat = [{"role": str(m.get("role", "user")), "content": message_text(m)} for m in messages]
     native_tools = bool(tools) and template_source is not None and "tools" in template_source
     if tools and not native_tools:
         specs = "\n".join(json.dumps(t.get("function", t)) for t in tools)

@@ -107,10 +107,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
                 raise InvalidRequestError("messages must be a list of objects")
             if guard is not None:  # data controls on every text the model will read
-                texts = guard.check_input(request.key_id, model, [str(m.get("content") or "") for m in messages],
-                                          notes)
-                messages = [{**m, "content": t} if m.get("content") else m
-                            for m, t in zip(messages, texts, strict=True)]
+                messages = guard.check_messages(request.key_id, model, messages, notes)
             return chat_prompt_ids(engine.tokenizer, engine.tokenizer.chat_template, messages,
                                    json.loads(request.tools_json) if request.tools_json else None,
                                    request.assistant_prefix, add_generation_prompt)
@@ -290,6 +287,9 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         yield chunk
 
 
+HEARTBEAT_INTERVAL_S = 1.0
+
+
 def heartbeat_body(state: WorkerState, grpc_address: str, tls_cert: str, seq: int) -> dict[str, Any]:
     """One heartbeat, signed by the worker's attested identity (usage) key. It carries what the
     gateway serves on /.well-known/attestation (the gateway fetches nothing from a worker)."""
@@ -310,7 +310,7 @@ def heartbeat_body(state: WorkerState, grpc_address: str, tls_cert: str, seq: in
 
 
 async def heartbeats(state: WorkerState, urls: list[str], token: str, grpc_address: str,
-                     interval: float = 1.0, tls_cert: str = "") -> None:
+                     interval: float = HEARTBEAT_INTERVAL_S, tls_cert: str = "") -> None:
     seq = 0
     async with httpx.AsyncClient(timeout=2.0) as client:
         while True:
@@ -348,6 +348,18 @@ async def serve(settings: WorkerSettings, grpc_port: int, register_urls: list[st
     # Before boot: the evidence the key broker sees commits to exactly these channel keys.
     state.channel_binding, state.tls_spki = channel_binding(spki, usage_public), spki
     app = create_app(settings, state)
+
+    async def drain() -> None:
+        """Scale-in and rollouts end a worker with SIGTERM: say "draining" (the gateway stops
+        routing here), then let gRPC finish the streams in flight, bounded by `drain_s`."""
+        if state.status == "ready":
+            state.status = "draining"
+            log.info("draining: finishing in-flight requests (up to %.0f s)", settings.drain_s)
+            if register_urls:
+                await asyncio.sleep(HEARTBEAT_INTERVAL_S * 1.5)  # the gateway has heard it
+        await server.stop(grace=settings.drain_s)
+
+    state.drain = drain
     await server.start()
     # Bound to all interfaces in a pod: the gateway is told the pod's own address.
     public = advertise_host or settings.host

@@ -14,10 +14,12 @@ import logging
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
+from enclave_worker.chat_format import message_text
 from policy.admission import AdmissionFacts, evaluate_admission
 from policy.agents import KillSwitch, SessionState, ToolCall, check_tool_calls
 from policy.data import check_content
@@ -99,6 +101,16 @@ class WorkerGuard:
                 notes.append(GuardNote("content-input", "redact", verdict.decision))
             out.append(verdict.text)
         return out
+
+    def check_messages(self, key_id: str, model: str, messages: list[dict[str, Any]],
+                       notes: list[GuardNote] | None = None) -> list[dict[str, Any]]:
+        """Chat messages with data controls applied to every text the model will read. A checked
+        message keeps only its role and its text (list-form parts and earlier tool calls flattened
+        as the template would render them), so a redaction reaches the model exactly as checked."""
+        if self.policy_set is None:
+            return messages
+        texts = self.check_input(key_id, model, [message_text(m) for m in messages], notes)
+        return [{"role": m.get("role", "user"), "content": text} for m, text in zip(messages, texts, strict=True)]
 
     def check_output(self, key_id: str, model: str, text: str, notes: list[GuardNote] | None = None) -> str:
         if self.policy_set is None or not self.buffers_output:

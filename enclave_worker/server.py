@@ -14,7 +14,7 @@ import json
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
 import httpx
@@ -57,6 +57,8 @@ class WorkerState:
     # release (its public key is the runtime data's hpke_public_key), kept for the process's life.
     serving_key: WorkerKey = field(default_factory=WorkerKey.generate)
     replay: ReplayGuard = field(default_factory=ReplayGuard)
+    # Set by the process that serves gRPC: on shutdown it lets in-flight streams finish first.
+    drain: Callable[[], Awaitable[None]] | None = None
 
     def sign_usage(self, record: dict) -> worker_pb2.UsageRecord:
         payload = json.dumps(record, sort_keys=True, separators=(",", ":")).encode()
@@ -177,6 +179,10 @@ def create_app(settings: WorkerSettings, state: WorkerState | None = None) -> Fa
         task = asyncio.create_task(_boot(state))
         yield
         task.cancel()
+        # uvicorn runs this on SIGTERM and re-raises the signal afterwards, so the drain must
+        # happen here, before the engine stops under the streams it is still serving.
+        if state.drain is not None:
+            await state.drain()
         if state.booted is not None:
             await state.booted.engine.shutdown()
 

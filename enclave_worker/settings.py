@@ -26,6 +26,9 @@ class WorkerSettings:
     port: int = 8002
     max_num_seqs: int = 16
     max_model_len: int = 2048
+    # On SIGTERM (scale-in, rollout): streams in flight get this long to finish before the engine
+    # stops; below the control loop's stop timeout (25 s) and the pod's terminationGracePeriodSeconds (60 s).
+    drain_s: float = 20.0
     kv_cache_memory_bytes: int = 256 << 20  # CPU; on a GPU the pool is sized by gpu_memory_utilization
     device: str = "cpu"  # cpu | cuda (resolved from `auto` before settings are built)
     engine: str = "sealed"  # sealed (ours) | vllm (docs/vllm-backend.md); measured

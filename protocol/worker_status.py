@@ -12,7 +12,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-ServingState = Literal["starting", "ready", "failed"]
+# draining: shutting down; finishes the streams it has, takes no new ones (the gateway routes
+# only to "ready").
+ServingState = Literal["starting", "ready", "draining", "failed"]
 EngineStats = dict[str, int | float]  # LLMEngine.stats(): counts, sizes, percentages
 
 

@@ -9,7 +9,7 @@ import pytest
 
 import sealed_bench
 
-EXPECTED = {"attest", "engine", "gpu", "keyrelease", "load", "policy", "serve"}
+EXPECTED = {"attest", "engine", "gpu", "keyrelease", "load", "policy", "serve", "vllmload", "vllmserve"}
 
 
 def test_the_package_lists_every_benchmark() -> None:

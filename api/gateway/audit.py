@@ -15,7 +15,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from api.gateway.settings import GatewaySettings
-from policy.audit import AuditLog, CheckpointAnchor, SqlAnchor
+from policy.audit import AuditLog, CheckpointAnchor, SqlAnchor, WitnessFile
 from policy.audit.worker_record import DecisionRecordError, logged_metadata, verify_decision
 from protocol.rpc import worker_pb2
 
@@ -49,6 +49,8 @@ def open_gateway_audit(settings: GatewaySettings) -> AuditLog:
     anchors: list[CheckpointAnchor] = []
     if settings.db_url.startswith("postgresql"):
         anchors.append(SqlAnchor(settings.db_url))
+    if settings.console.audit_witness is not None:  # the witness the console checks logs against
+        anchors.append(WitnessFile(settings.console.audit_witness))
     public = key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
     # A log whose published key is another one (another gateway's, or an earlier key) is never
     # appended to under this key: that would make its earlier entries fail verification.

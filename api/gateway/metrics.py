@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
 
 LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
                    20.0, 40.0, 80.0)
@@ -37,3 +39,26 @@ class Metrics:
                                 registry=r)
         self.worker_seconds = Counter("sealed:worker_seconds", "Worker time per tenant (signed usage)",
                                       ["tenant"], registry=r)
+
+
+class EngineMetrics:
+    """The metrics a vLLM worker's engine reports in its heartbeat (`vllm:...`, label sets summed
+    in the worker), exported here under their vLLM names, one series per worker."""
+
+    def __init__(self, workers: Callable[[], Iterable[Any]]) -> None:
+        self.workers = workers
+
+    def describe(self) -> list:  # no fixed families: they are whatever the workers report
+        return []
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        families: dict[str, GaugeMetricFamily] = {}
+        for worker in list(self.workers()):
+            for name, value in (worker.stats or {}).items():
+                if not (isinstance(name, str) and name.startswith("vllm:") and isinstance(value, int | float)):
+                    continue
+                if name not in families:
+                    families[name] = GaugeMetricFamily(name, f"vLLM {name[5:]} (from the worker's engine)",
+                                                       labels=["worker", "model_name"])
+                families[name].add_metric([worker.worker_id, worker.model], float(value))
+        yield from families.values()

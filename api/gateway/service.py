@@ -19,7 +19,7 @@ from api.gateway.enrolment import Enrolment
 from api.gateway.errors import GatewayError
 from api.gateway.grpc_client import WorkerClients, WorkerLost, WorkerUnavailable, open_sealed
 from api.gateway.metering import Metering
-from api.gateway.metrics import Metrics
+from api.gateway.metrics import EngineMetrics, Metrics
 from api.gateway.registry import WorkerInfo, WorkerRegistry, reattest_required
 from api.gateway.settings import GatewaySettings
 from api.gateway.tickets import Admission
@@ -51,6 +51,8 @@ class GatewayService:
         self.clients = WorkerClients(load_or_create(settings.data_dir / "gateway-client.key",
                                                     settings.data_dir / "gateway-client.pem"))
         self.metrics = Metrics(lambda: float(admission.running), lambda: float(len(admission.queue)))
+        # vLLM workers' engine metrics, under vLLM's names (docs/vllm-backend.md).
+        self.metrics.registry.register(EngineMetrics(lambda: self.registry.workers.values()))
         self.demand = Demand(self.metrics.registry)
         self.usage_writer = UsageWriter(store)
         self.edge_audit = EdgeAudit(self.audit)  # 401/403/404/405/413/schema refusals, aggregated

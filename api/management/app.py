@@ -98,8 +98,9 @@ def kill_switch(tenant: str, key_id: str, body: KillSwitchIn,
                 who: Principal = Depends(tenant_scope(OP, ADMIN)),
                 service: GatewayService = Depends(get_service)) -> dict:
     store = service.store
-    # Keys are looked up in the shared store on every request, so this holds for the next
-    # request on every replica; the worker refuses the key's tool calls while it is set.
+    # This replica forgets its cached key rows, so its next request carries the flag; other
+    # replicas re-read keys within CACHE_S (1 s). The worker refuses the key's tool calls while set.
+    service.forget()
     if not store.set_tools_killed(tenant, key_id, body.killed):
         raise GatewayError(404, "no such key", code="not_found")
     service.audit_admin(who, tenant, "kill-switch", key_id=key_id, killed=body.killed)

@@ -123,7 +123,8 @@ class LocalRuntime:
         return LocalWorker(name, key, f"http://127.0.0.1:{http_port}", time.monotonic())
 
     def stop(self, worker: LocalWorker) -> None:
-        self.supervisor.remove(worker.name, timeout=15.0)
+        # The worker drains first (its streams in flight finish, up to its drain_s of 20 s).
+        self.supervisor.remove(worker.name, timeout=25.0)
         self._changed()
 
     def _changed(self) -> None:

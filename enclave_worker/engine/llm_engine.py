@@ -229,7 +229,6 @@ class LLMEngine:
                 "prefix_cache_hits": b.prefix_hits,
                 "prefix_cache_queries": b.prefix_queries,
                 "num_preemptions": self.scheduler.num_preemptions,
-                "step_ms_per_token_by_threads": self.runner.tuner.snapshot(),
             }
 
     # ------------------------------------------------------------ async serving

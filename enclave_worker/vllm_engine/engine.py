@@ -231,7 +231,7 @@ class VllmEngine:
                     "max_model_len": self.max_model_len, "block_size": self.runtime.block_size,
                     "prefix_cache_hit_tokens": self.prefix_cached_tokens,
                     "prefix_cache_query_tokens": self.prefix_queried_tokens,
-                    **self.runtime.kv_stats()}
+                    **self.runtime.kv_stats(), **self.runtime.metrics()}
 
     def _loop(self) -> None:
         while True:

@@ -66,6 +66,31 @@ def wiping_tensors(model: DecryptedModel) -> Iterator[tuple[str, torch.Tensor]]:
         model.wipe()
 
 
+def _plain_cpu_linear(layer: torch.nn.Module) -> None:
+    layer.cpu_linear = torch.nn.functional.linear  # the GEMM reads layer.weight in place
+
+
+def keep_cpu_weights_in_place(model: torch.nn.Module) -> int:
+    """On the CPU, vLLM re-packs each linear weight into a oneDNN handle (memory no tensor reaches)
+    and frees the original without zeroing it; a wipe could then reach neither copy. Keep every
+    linear layer (and the embedding used as LM head) on torch's GEMM over its own weight, so the
+    weights stay tensors that `VllmRuntime.wipe` zeroes. Returns the number of layers kept."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return 0
+    kept = 0
+    for module in model.modules():
+        method = type(getattr(module, "quant_method", None)).__name__
+        if method == "UnquantizedLinearMethod":
+            module._cpu_skip_gemm_dispatch = True  # vLLM's own switch: torch.nn.functional.linear
+            kept += 1
+        elif method == "UnquantizedEmbeddingMethod":
+            module.quant_method.process_weights_after_loading = _plain_cpu_linear  # type: ignore[union-attr]
+            kept += 1
+    return kept
+
+
 def register() -> None:
     """Register the loader with vLLM (idempotent; vLLM imported only here)."""
     from vllm.model_executor import model_loader as registry
@@ -81,6 +106,10 @@ def register() -> None:
         def download_model(self, model_config) -> None:  # type: ignore[no-untyped-def]
             pass  # nothing is ever fetched: the package is already here, encrypted
 
+        def __init__(self, load_config) -> None:  # type: ignore[no-untyped-def]
+            super().__init__(load_config)
+            self.loaded_tensors: list[torch.Tensor] = []
+
         def load_weights(self, model: torch.nn.Module, model_config) -> None:  # type: ignore[no-untyped-def]
             extra = self.load_config.model_loader_extra_config or {}
             decrypted = take(str(extra.get(HANDOFF_KEY, "")))()
@@ -89,3 +118,17 @@ def register() -> None:
             missing = expected - set(loaded or expected)
             if missing:
                 raise HandoffError(f"the package lacks {len(missing)} of the model's weights")
+            keep_cpu_weights_in_place(model)
+            self.loaded_tensors = [p.data for p in model.parameters()]
+
+        def load_model(self, vllm_config, model_config, prefix: str = "") -> torch.nn.Module:  # type: ignore[no-untyped-def]
+            """vLLM's load, then: any weight its post-processing replaced (a re-layout, a copy) is
+            zeroed before it is freed, so no plaintext is left in freed memory."""
+            model = super().load_model(vllm_config, model_config, prefix)
+            live = {t.untyped_storage().data_ptr() for t in (*model.parameters(), *model.buffers())}
+            with torch.no_grad():
+                for tensor in self.loaded_tensors:
+                    if tensor.untyped_storage().data_ptr() not in live:
+                        tensor.zero_()
+            self.loaded_tensors = []
+            return model

@@ -103,11 +103,11 @@ class VllmRuntime:
         return [*model.parameters(), *model.buffers(), *self.kv_cache_tensors()]
 
     def wipe(self) -> None:
-        """Zero the weights and the KV cache in place, then drop vLLM (the memory is freed)."""
+        """Zero the weights and the KV cache in place; `close` then drops vLLM and frees them (the
+        worker's revocation runs the engine's shutdown right after the wipe)."""
         with torch.inference_mode():
             for tensor in self.held_tensors():
                 tensor.zero_()
-        self.close()
 
     def kv_stats(self) -> dict[str, float]:
         """KV cache figures under the names our engine reports (the gateway routes on them)."""
@@ -117,6 +117,24 @@ class VllmRuntime:
         if manager is not None:
             stats["kv_cache_usage_perc"] = 100.0 * float(manager.usage)
         return stats
+
+    def metrics(self) -> dict[str, float]:
+        """vLLM's own metrics under their vLLM names (``vllm:...``), label sets summed: counters
+        and gauges as their value, histograms as ``_count`` and ``_sum``. The worker sends them
+        in its heartbeat's stats; the gateway exports them (api/gateway/metrics.py)."""
+        from vllm.v1.metrics.reader import Counter, Gauge, Histogram
+
+        llm = getattr(self, "llm", None)
+        if llm is None:
+            return {}
+        out: dict[str, float] = {}
+        for metric in llm.get_metrics():
+            if isinstance(metric, (Counter, Gauge)):
+                out[metric.name] = out.get(metric.name, 0.0) + float(metric.value)
+            elif isinstance(metric, Histogram):
+                out[metric.name + "_count"] = out.get(metric.name + "_count", 0.0) + float(metric.count)
+                out[metric.name + "_sum"] = out.get(metric.name + "_sum", 0.0) + float(metric.sum)
+        return out
 
     def close(self) -> None:
         llm = self.__dict__.pop("llm", None)

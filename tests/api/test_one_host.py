@@ -17,8 +17,9 @@ import httpx
 import pytest
 
 from api.cli.audit import load_component_keys
-from api.stack import free_port
-from policy.audit import verify_dir
+from api.stack import DEMO_MODEL, free_port
+from policy.audit import WitnessFile, verify_dir
+from policy.errors import AuditIntegrityError
 from tests.api.traffic import ChatTraffic, wait_ready
 
 RESTART_BOUND_S = 15.0
@@ -160,6 +161,32 @@ def _ready(host: Host) -> bool:
     return _ok(f"{host.url}/readyz")
 
 
+def test_sigterm_of_a_worker_finishes_the_stream_in_flight(host: Host) -> None:
+    """Scale-in and rollouts stop a worker with SIGTERM: it drains (takes no new request, finishes
+    the streams it has) before its engine stops, so a client mid-answer gets the whole answer."""
+    worker = host.pids()["workers"][0]
+    client = openai.OpenAI(base_url=f"{host.url}/v1", api_key=host.api_key, max_retries=0, timeout=120)
+    stream = client.chat.completions.create(
+        model=DEMO_MODEL, messages=[{"role": "user", "content": "Write a long story about a dragon."}],
+        max_tokens=8, temperature=0, stream=True)
+    pieces, finish = [], None
+    try:
+        for i, chunk in enumerate(stream):
+            if i == 2:
+                os.kill(worker, signal.SIGTERM)
+            if chunk.choices:
+                pieces.append(chunk.choices[0].delta.content or "")
+                finish = chunk.choices[0].finish_reason or finish
+    except openai.APIError as exc:
+        raise AssertionError(f"stream cut after {len(pieces)} chunks: {exc}") from exc
+    assert finish in ("length", "stop"), finish
+    assert len(pieces) > 3
+    deadline = time.monotonic() + 60  # the supervisor starts it again; later tests need it ready
+    while not (_alive(worker) is False and _ready(host)):
+        assert time.monotonic() < deadline, "worker did not come back after draining"
+        time.sleep(0.5)
+
+
 def test_closing_the_terminal_sighup_leaves_no_process_behind(host: Host) -> None:
     pids = host.pids()
     everyone = [pids["supervisor"], pids["key-broker"], pids["gateway"], *pids["workers"]]
@@ -171,3 +198,15 @@ def test_closing_the_terminal_sighup_leaves_no_process_behind(host: Host) -> Non
         assert time.monotonic() < deadline, [p for p in everyone if _alive(p)]
         time.sleep(0.2)
     assert not (host.home / "run" / "pids.json").exists()
+    # Every component's log closed with a signed checkpoint, also kept in the witness outside the
+    # audit directory, and the logs verify against it: losing a log with its .ckpt is detected.
+    witness = WitnessFile(host.home / "witness" / "audit-checkpoints.jsonl")
+    anchored = witness.read()
+    written = {p.name for p in (host.home / "audit").glob("*.audit.jsonl") if p.stat().st_size}
+    assert "key-broker.audit.jsonl" in written and {c.log for c in anchored} >= written, anchored
+    keys = load_component_keys(host.home / "audit" / "keys")
+    verify_dir(host.home / "audit", keys, anchored)
+    (host.home / "audit" / "key-broker.audit.jsonl").unlink()
+    (host.home / "audit" / "key-broker.audit.jsonl.ckpt").unlink()
+    with pytest.raises(AuditIntegrityError):
+        verify_dir(host.home / "audit", keys, anchored)

@@ -16,8 +16,7 @@ import pytest
 
 from api.home import Home
 from api.stack import DEMO_MODEL, free_port, launch
-from api.tenant_tools import default_model_path
-from enclave_worker.engine.checkpoint import load_gguf
+from tests.api import plaintext_scan
 
 PROMPT = "Please name the capital city of France, zebra-quartz."
 
@@ -25,16 +24,7 @@ PROMPT = "Please name the capital city of France, zebra-quartz."
 @pytest.fixture(scope="module")
 def weight_needles() -> list[bytes]:
     """Bytes of known tensors as the worker holds them (fp32) and as the GGUF stores them."""
-    checkpoint = load_gguf(default_model_path())
-    needles = []
-    for name in ("model.layers.0.self_attn.q_proj.weight", "model.layers.7.mlp.down_proj.weight",
-                 "model.norm.weight"):
-        raw = checkpoint.tensors[name].contiguous().numpy().tobytes()
-        middle = len(raw) // 2
-        needles.append(raw[middle: middle + 64])
-    gguf = default_model_path().read_bytes()
-    needles.append(gguf[len(gguf) // 2: len(gguf) // 2 + 64])
-    return needles
+    return plaintext_scan.weight_needles()
 
 
 def _files_written(stack: RunningStack) -> list[Path]:
@@ -48,6 +38,18 @@ def test_no_plaintext_weights_in_any_file_the_stack_wrote(stack: RunningStack, w
         data = path.read_bytes()
         for needle in weight_needles:
             assert needle not in data, f"plaintext weight bytes found in {path}"
+
+
+def test_no_plaintext_weights_in_files_the_stack_processes_hold_open(stack: RunningStack,
+                                                                     weight_needles: list[bytes]) -> None:
+    pids = json.loads((stack.home / "run" / "pids.json").read_text())
+    scanned = 0
+    for name, pid in pids.items():
+        if isinstance(pid, int):
+            opened = plaintext_scan.open_files(pid)
+            scanned += len(opened)
+            assert plaintext_scan.files_with_needles(opened, weight_needles) == [], name
+    assert scanned > 0, "the scan must cover the processes' open files (logs at least)"
 
 
 def test_logs_and_audit_hold_no_prompts_or_completions(stack: RunningStack) -> None:

@@ -145,3 +145,24 @@ def test_the_signed_admission_limits_are_enforced_in_the_worker(tmp_path: Path) 
             guard.check_admission("key_a", model, context, output)
         assert refused.value.action == "admission" and refused.value.decision is not None
         assert refused.value.decision.rule == rule, refused.value.decision.rule
+
+
+def test_list_form_content_is_checked_as_the_text_the_model_reads(guard: WorkerGuard) -> None:
+    """OpenAI's list-form content: the controls see the text parts, not the repr of a list, and the
+    model gets the checked (redacted) text."""
+    parts = [{"type": "text", "text": "card 4111 1111 1111 1111"}, {"type": "text", "text": " thanks"}]
+    out = guard.check_messages("key_a", "m", [{"role": "user", "content": parts}])
+    assert out == [{"role": "user", "content": "card [REDACTED:CREDIT_CARD] thanks"}]
+    # a blocked value split across two parts is joined before the check, as the template joins it
+    split = [{"type": "text", "text": "my ssn is 123-45-"}, {"type": "text", "text": "6789"}]
+    with pytest.raises(GuardRefusal):
+        guard.check_messages("key_a", "m", [{"role": "user", "content": split}])
+
+
+def test_earlier_tool_call_arguments_are_checked(guard: WorkerGuard) -> None:
+    history = [{"role": "user", "content": "hi"},
+               {"role": "assistant", "content": None, "tool_calls": [
+                   {"id": "c1", "type": "function",
+                    "function": {"name": "lookup", "arguments": '{"q": "Project Nightingale"}'}}]}]
+    with pytest.raises(GuardRefusal):
+        guard.check_messages("key_a", "m", history)

@@ -88,6 +88,7 @@ async def sealed_checks(engine, tokenizer) -> dict:  # type: ignore[no-untyped-d
                       "kv_nonzero_before": sum(int(t.count_nonzero() > 0) for t in kv)}
     engine.wipe()
     result["wipe"]["nonzero_after"] = sum(int(t.count_nonzero() > 0) for t in held)
+    await engine.shutdown()  # what the worker's revocation runs next: vLLM is dropped, memory freed
     result["wipe"]["released"] = not hasattr(engine.runtime, "llm")
     return result
 

@@ -1,0 +1,145 @@
+"""`sealed bench vllmserve`: serving through the whole attested stack with the vLLM engine vs plain `vllm serve`.
+
+Side by side in one run, both under `vllm bench serve` (vLLM's own load generator, same random
+dataset and seed): `sealed up --engine vllm` (gateway, key broker, attested worker decrypting the
+encrypted default model into vLLM) and `vllm serve` on the same weights in plaintext with the same
+engine settings (float32, eager, max_model_len, max_num_seqs, KV cache bytes, prefix caching).
+Runs alternate between the two; the figure is the median output-token throughput ratio.
+The plaintext directory is the reference server's input only: a temporary directory, deleted at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parent.parent
+SERVED = "smollm2-135m-instruct"
+
+
+def _plain_dir(root: Path) -> Path:
+    from safetensors.torch import save_file
+
+    from api.tenant_tools import default_model_path, load_source
+    from enclave_worker.vllm_engine.runtime import architecture_config
+
+    checkpoint = load_source(default_model_path())
+    out = root / "plain"
+    out.mkdir()
+    save_file({k: v.contiguous() for k, v in checkpoint.tensors.items()}, str(out / "model.safetensors"))
+    (out / "config.json").write_text(json.dumps(architecture_config(checkpoint.config)))
+    (out / "tokenizer.json").write_text(checkpoint.tokenizer_json)
+    cfg = checkpoint.config
+    (out / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "chat_template": checkpoint.chat_template,
+        "bos_token": cfg.get("_bos_token"), "eos_token": cfg.get("_eos_token"), "pad_token": cfg.get("_eos_token"),
+        "model_max_length": cfg.get("max_position_embeddings", 8192)}))
+    return out
+
+
+def _wait(url: str, proc: subprocess.Popen, timeout: float, headers: dict[str, str] | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}")
+        try:
+            if httpx.get(url, timeout=2, headers=headers).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    raise TimeoutError(url)
+
+
+def _bench(python: str, url: str, tokenizer: Path, out: Path, args: argparse.Namespace, api_key: str) -> dict:
+    cmd = [python, "-m", "sealed_bench.vllm_cli", "bench", "serve", "--backend", "openai-chat",
+           "--base-url", url, "--endpoint", "/v1/chat/completions", "--model", SERVED, "--tokenizer", str(tokenizer),
+           "--dataset-name", "random", "--random-input-len", str(args.input_len),
+           "--random-output-len", str(args.output_len), "--num-prompts", str(args.num_prompts),
+           "--max-concurrency", str(args.concurrency), "--ignore-eos", "--seed", "0",
+           "--save-result", "--result-dir", str(out.parent), "--result-filename", out.name]
+    env = {**os.environ, "OPENAI_API_KEY": api_key, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=3600)
+    if proc.returncode != 0:
+        raise RuntimeError(proc.stdout[-2000:] + proc.stderr[-2000:])
+    doc = json.loads(out.read_text())
+    return {k: doc.get(k) for k in ("completed", "request_throughput", "output_throughput", "median_ttft_ms",
+                                    "median_tpot_ms", "median_itl_ms", "duration")}
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="sealed bench vllmserve", description=__doc__.splitlines()[0])
+    parser.add_argument("--num-prompts", type=int, default=32)
+    parser.add_argument("--input-len", type=int, default=128)
+    parser.add_argument("--output-len", type=int, default=64)
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--pairs", type=int, default=2, help="alternating runs per server")
+    parser.add_argument("--vllm-python", default=None, help="vLLM's interpreter (default: api/vllm_python.py)")
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args(argv)
+    from api.stack import free_port
+    from api.vllm_python import vllm_python
+
+    python = args.vllm_python or vllm_python()
+    root = Path(tempfile.mkdtemp(prefix="sealed-bench-vllmserve-"))
+    procs: list[subprocess.Popen] = []
+    try:
+        plain = _plain_dir(root)
+        sealed_port, plain_port = free_port(), free_port()
+        env = {**os.environ, "SEALED_HOME": str(root / "home"), "SEALED_VLLM_PYTHON": python,
+               "PYTHONPATH": str(REPO)}
+        procs.append(subprocess.Popen([sys.executable, "-m", "api.cli.main", "up", "--engine", "vllm",
+                                       "--port", str(sealed_port)], env=env, cwd=REPO, start_new_session=True,
+                                      stdout=open(root / "up.log", "wb"), stderr=subprocess.STDOUT))  # noqa: SIM115
+        _wait(f"http://127.0.0.1:{sealed_port}/readyz", procs[-1], 1200)
+        api_key = (root / "home" / "demo" / "api-key").read_text().strip()
+        procs.append(subprocess.Popen([python, "-m", "sealed_bench.vllm_cli", "serve", str(plain),
+                                       "--served-model-name", SERVED, "--port", str(plain_port), "--dtype", "float32",
+                                       "--enforce-eager", "--max-model-len", "2048", "--max-num-seqs", "16",
+                                       "--kv-cache-memory-bytes", str(256 << 20), "--seed", "0"],
+                                      env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=REPO, start_new_session=True,
+                                      stdout=open(root / "vllm-serve.log", "wb"), stderr=subprocess.STDOUT))  # noqa: SIM115
+        _wait(f"http://127.0.0.1:{plain_port}/v1/models", procs[-1], 1200)
+        runs: dict[str, list[dict]] = {"sealed": [], "plain": []}
+        for i in range(args.pairs):
+            for name in (("sealed", "plain") if i % 2 == 0 else ("plain", "sealed")):
+                port = sealed_port if name == "sealed" else plain_port
+                runs[name].append(_bench(python, f"http://127.0.0.1:{port}", plain, root / f"{name}-{i}.json", args,
+                                         api_key if name == "sealed" else "none"))
+                print(name, json.dumps(runs[name][-1]), flush=True)
+    finally:
+        for proc in reversed(procs):
+            _stop(proc)
+        shutil.rmtree(root, ignore_errors=True)
+    med = {name: statistics.median(r["output_throughput"] for r in rs) for name, rs in runs.items()}
+    cost = 1 - med["sealed"] / med["plain"]
+    result = {"benchmark": "vllmserve", "runs": runs, "median_output_tok_per_s": med, "cost": round(cost, 4),
+              "target_cost": 0.05, "met": cost <= 0.05, "workload": vars(args) | {"json": str(args.json)},
+              "machine": {"cpus": os.cpu_count(), "machine": platform.machine(),
+                          "loadavg_1m": round(os.getloadavg()[0], 2)}}
+    print(f"attested stack {med['sealed']:.1f} tok/s vs vllm serve {med['plain']:.1f} tok/s: cost {cost:.1%} "
+          "(target <= 5%)")
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2, default=str))
+    return 0

@@ -1,0 +1,55 @@
+"""One timed vLLM model load, run in vLLM's virtualenv by `sealed bench vllmload` (a fresh process per load).
+
+`sealed PKG` (the data key on stdin, hex): decrypt the package into memory and build vLLM's engine
+with our loader. `plain DIR`: build vLLM's engine from a plaintext safetensors directory with its
+own loader. Prints one JSON line: seconds for the decryption, the engine build and both.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+OPTIONS = dict(max_model_len=1024, max_num_seqs=8, kv_cache_memory_bytes=64 << 20)
+
+
+def sealed(pkg: Path, key: bytes) -> dict[str, float]:
+    from enclave_worker.package import decrypt_package
+    from enclave_worker.vllm_engine.runtime import VllmOptions, VllmRuntime
+
+    started = time.perf_counter()
+    model = decrypt_package(pkg, key)
+    decrypted = time.perf_counter()
+    runtime = VllmRuntime(model.metadata["config"], lambda: model, VllmOptions(**OPTIONS))
+    done = time.perf_counter()
+    runtime.close()
+    return {"decrypt_s": decrypted - started, "engine_s": done - decrypted, "total_s": done - started}
+
+
+def plain(model_dir: Path) -> dict[str, float]:
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.v1.engine.llm_engine import LLMEngine
+
+    started = time.perf_counter()
+    llm = LLMEngine.from_engine_args(EngineArgs(
+        model=str(model_dir), skip_tokenizer_init=True, load_format="safetensors", dtype="float32",
+        enforce_eager=True, enable_prefix_caching=True, seed=0, **OPTIONS), enable_multiprocessing=False)
+    done = time.perf_counter()
+    llm.engine_core.shutdown()
+    return {"decrypt_s": 0.0, "engine_s": done - started, "total_s": done - started}
+
+
+def main(argv: list[str]) -> int:
+    mode, path = argv
+    result = sealed(Path(path), bytes.fromhex(sys.stdin.readline().strip())) if mode == "sealed" else plain(Path(path))
+    print(json.dumps(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
