@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import openai
 import pytest
 
 from api.cli.audit import load_component_keys
