@@ -11,11 +11,10 @@ from pathlib import Path
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from api.cli.upload import upload_package
-from api.management.uploads import build_upload_router, stored_package_dir
+from api.management.uploads import stored_package_dir
 from api.tenant_tools import (
     broker_import_key_path,
     encrypt_checkpoint,
@@ -41,7 +40,7 @@ def plain() -> Checkpoint:
 
 
 @pytest.fixture(scope="module")
-def released(plain: Checkpoint, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, bytes]:
+def released(plain: Checkpoint, tmp_path_factory: pytest.TempPathFactory, upload_app) -> tuple[Path, bytes]:  # type: ignore[no-untyped-def]
     """Tenant encrypts and uploads; the broker imports the sealed key; the key is then released."""
     root = tmp_path_factory.mktemp("release")
     tenant_dir, broker_dir, store = root / "tenant", root / "broker", root / "store"
@@ -51,8 +50,7 @@ def released(plain: Checkpoint, tmp_path_factory: pytest.TempPathFactory) -> tup
     encrypted = encrypt_checkpoint(plain, tenant_dir / "pkg", tenant="demo", model="smollm2", version="v1",
                                    signing_key=Ed25519PrivateKey.generate())
     (tenant_dir / "key.json").write_text(seal_for_broker(encrypted, root / "broker.pub").to_json())
-    app = FastAPI()
-    app.include_router(build_upload_router(store, lambda: "demo"))
+    app = upload_app(store, lambda: "demo")
     upload_package(tenant_dir / "pkg", TestClient(app), chunk_bytes=32 << 20)
     stored = stored_package_dir(store, "demo", "smollm2", "v1")
     assert import_sealed_key(broker_dir, tenant_dir / "key.json", stored) == "demo/smollm2/v1"
