@@ -22,16 +22,16 @@ def _auth(authorization: str = Header("")) -> str:
 
 
 @pytest.fixture()
-def client(upload_app):  # type: ignore[no-untyped-def]
+def upload_client(upload_app):  # type: ignore[no-untyped-def]
     def make(store: Path, tenant: str = "t1", **kw: int) -> TestClient:
         return TestClient(upload_app(store, _auth, **kw), headers={"authorization": f"Bearer tenant-{tenant}"})
     return make
 
 
-def test_upload_round_trip(client, pkg: Pkg, tmp_path: Path) -> None:
+def test_upload_round_trip(upload_client, pkg: Pkg, tmp_path: Path) -> None:
     store = tmp_path / "store"
     seen: list[int] = []
-    record = upload_package(pkg.path, client(store), chunk_bytes=5000, progress=seen.append)
+    record = upload_package(pkg.path, upload_client(store), chunk_bytes=5000, progress=seen.append)
     assert sum(seen) == sum(f["size"] for f in describe(pkg.path).values())
     assert (record["tenant"], record["model"], record["version"]) == ("t1", "m", "v1")
     stored = stored_package_dir(store, "t1", "m", "v1")
@@ -40,12 +40,12 @@ def test_upload_round_trip(client, pkg: Pkg, tmp_path: Path) -> None:
     assert torch.equal(model.tensors["a.weight"], pkg.tensors["a.weight"])
     assert not list((store / "uploads").iterdir())
     # Idempotent: the same package again is the same address.
-    assert upload_package(pkg.path, client(store))["address"] == record["address"]
+    assert upload_package(pkg.path, upload_client(store))["address"] == record["address"]
 
 
-def test_upload_resumes_after_interruption(client, pkg: Pkg, tmp_path: Path) -> None:
+def test_upload_resumes_after_interruption(upload_client, pkg: Pkg, tmp_path: Path) -> None:
     store = tmp_path / "store"
-    client = client(store)
+    client = upload_client(store)
     decl = client.post("/v1/packages/uploads", json={"files": describe(pkg.path)}).json()
     payload = (pkg.path / "payload.bin").read_bytes()
     url = f"/v1/packages/uploads/{decl['upload_id']}/payload.bin"
@@ -54,20 +54,20 @@ def test_upload_resumes_after_interruption(client, pkg: Pkg, tmp_path: Path) -> 
     assert stale.status_code == 409
     # A new client process declares the same files and continues from 7000 bytes.
     sent: list[int] = []
-    record = upload_package(pkg.path, client(store), chunk_bytes=4096, progress=sent.append)
+    record = upload_package(pkg.path, upload_client(store), chunk_bytes=4096, progress=sent.append)
     assert sum(sent) == sum(f["size"] for f in describe(pkg.path).values()) - 7000
     assert record["address"]
 
 
-def test_upload_refuses_corruption_other_tenant_and_oversize(client, pkg: Pkg, tmp_path: Path) -> None:
+def test_upload_refuses_corruption_other_tenant_and_oversize(upload_client, pkg: Pkg, tmp_path: Path) -> None:
     store = tmp_path / "store"
     files = describe(pkg.path)
-    client = client(store, max_chunk_bytes=4096)
+    client = upload_client(store, max_chunk_bytes=4096)
     upload_id = client.post("/v1/packages/uploads", json={"files": files}).json()["upload_id"]
     assert client.put(f"/v1/packages/uploads/{upload_id}/payload.bin", params={"offset": 0},
                       content=b"x" * 5000).status_code == 413
     # Another tenant cannot see or complete this upload, nor store a package naming tenant t1.
-    other = client(store, tenant="t2")
+    other = upload_client(store, tenant="t2")
     assert other.get(f"/v1/packages/uploads/{upload_id}").status_code == 404
     with pytest.raises(UploadFailed, match="403"):
         upload_package(pkg.path, other)
