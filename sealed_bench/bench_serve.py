@@ -139,7 +139,8 @@ def _sealed_client(url: str, api_key: str, policy: Path, unsafe_allow_simulated:
 
 async def run_load(url: str, model: str, api_key: str, prompts: list[str], output_len: int, rate: float,
                    max_concurrency: int | None, seed: int, ignore_eos: bool, sealed_policy: Path | None = None,
-                   unsafe_allow_simulated: bool = False, on_start: Any = None) -> tuple[list[Result], float]:
+                   unsafe_allow_simulated: bool = False, on_start: Any = None,
+                   gate: asyncio.Barrier | None = None) -> tuple[list[Result], float]:
     rng = random.Random(seed)
     limit = asyncio.Semaphore(max_concurrency) if max_concurrency else None
     connections = max(len(prompts), 10)
@@ -157,6 +158,8 @@ async def run_load(url: str, model: str, api_key: str, prompts: list[str], outpu
             async with limit:
                 return await one(client, url, model, p, output_len, ignore_eos)
 
+        if gate is not None:
+            await gate.wait()  # --mixed: the other mode's load starts at the same moment
         if on_start is not None:
             on_start()  # the clock starts: what the caller measures (CPU time) starts here too
         tasks, start = [], time.perf_counter()
@@ -240,6 +243,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--policy", type=Path, default=None, help="client policy for --sealed")
     p.add_argument("--unsafe-allow-simulated", action="store_true", help="--sealed: accept the simulated TEE")
     p.add_argument("--pairs", type=int, default=3, help="--sealed: plaintext/sealed pairs, alternating order")
+    p.add_argument("--mixed", action="store_true",
+                   help="--sealed: each pair runs both modes at once, half of --max-concurrency each, in the same "
+                        "engine batches (a loaded machine's drift then hits both alike)")
     p.add_argument("--home", type=Path, default=None,
                    help="--sealed: the `sealed up` home, to read the gateway's and worker's CPU time per request")
     p.add_argument("--client", choices=("builtin", "vllm"), default="builtin",

@@ -83,6 +83,35 @@ def paired(run: Run, pairs: int, meter: CpuMeter, show: Callable[[str, Summary],
             summary = _measured(run, label, meter)
             show(f"pair {i + 1}/{pairs}: {label}", summary)
             runs.append((i, label, summary))
+    return _report(runs, pairs)
+
+
+RunBoth = Callable[[str, Callable[[], None]], dict[str, Summary]]
+
+
+def paired_mixed(run_both: RunBoth, pairs: int, meter: CpuMeter, show: Callable[[str, Summary], None]
+                 ) -> dict[str, Any]:
+    """Each pair runs both modes at the same time (`run_both(first, mark)`: the load of `first` is
+    started first), so both see the same engine batches and the same machine load. CPU time is then
+    the stack's per request of either mode (it cannot be split between them)."""
+    runs: list[tuple[int, str, Summary]] = []
+    for i in range(pairs):
+        before, load_before, start = meter.snapshot(), os.getloadavg()[0], time.time()
+        both = run_both("plaintext" if i % 2 == 0 else "sealed", lambda b=before: b.update(meter.snapshot()))
+        after, load_after = meter.snapshot(), os.getloadavg()[0]
+        done = max(sum(s["completed"] for s in both.values()), 1)
+        shared = {k: round(1000 * (after[k] - before[k]) / done, 2) for k in after}
+        for label in ("plaintext", "sealed"):
+            summary = both[label]
+            summary.update(cpu_ms_per_request={}, cpu_ms_per_request_both_modes=shared,
+                           loadavg_1m=[load_before, load_after],
+                           started_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(start)))
+            show(f"pair {i + 1}/{pairs} (both at once): {label}", summary)
+            runs.append((i, label, summary))
+    return _report(runs, pairs)
+
+
+def _report(runs: list[tuple[int, str, Summary]], pairs: int) -> dict[str, Any]:
     by_pair: list[dict[str, Summary]] = [{} for _ in range(pairs)]
     for i, label, summary in runs:
         by_pair[i][label] = summary

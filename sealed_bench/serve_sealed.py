@@ -18,7 +18,7 @@ from typing import Any
 
 from sealed_bench.bench_serve import _print, load_tokenizer, make_prompts, run_load, summarize
 from sealed_bench.processes import wait_healthy
-from sealed_bench.serve_pairs import CpuMeter, paired, print_costs, stack_pids
+from sealed_bench.serve_pairs import CpuMeter, RunBoth, paired, paired_mixed, print_costs, stack_pids
 
 
 def _machine() -> dict[str, Any]:
@@ -56,6 +56,14 @@ def _vllm_args(args: argparse.Namespace, tokenizer_dir: Path) -> list[str]:
 Runner = tuple[Callable[[str, Callable[[], None]], dict], Callable[[], None]]
 
 
+def _other(label: str) -> str:
+    return "sealed" if label == "plaintext" else "plaintext"
+
+
+def _half(args: argparse.Namespace) -> int:
+    return max((args.max_concurrency or args.num_prompts) // 2, 1)
+
+
 def _builtin(args: argparse.Namespace, pids: dict[str, list[int]]) -> Runner:
     tokenizer = load_tokenizer(args.tokenizer_gguf)
     prompts = make_prompts(args.num_prompts, args.random_input_len, args.seed, tokenizer)
@@ -69,6 +77,39 @@ def _builtin(args: argparse.Namespace, pids: dict[str, list[int]]) -> Runner:
         return summarize(results, duration, {}) | {"client": "sealed bench serve"}
 
     return run, lambda: None
+
+
+def _builtin_mixed(args: argparse.Namespace, pids: dict[str, list[int]]) -> RunBoth:
+    """Both modes at once, half the concurrency each; each gets its own prompts (the same lengths; a
+    shared prompt would hit the prefix cache for whichever came second), swapped from pair to pair."""
+    tokenizer = load_tokenizer(args.tokenizer_gguf)
+    sets = [make_prompts(args.num_prompts, args.random_input_len, args.seed + k, tokenizer) for k in (0, 1)]
+    pids["client"] = [os.getpid()]
+
+    def run_both(first: str, mark: Callable[[], None]) -> dict[str, dict]:
+        marked: list[bool] = []
+
+        def mark_once() -> None:
+            if not marked:
+                marked.append(True)
+                mark()
+
+        async def go() -> dict[str, dict]:
+            gate = asyncio.Barrier(2)
+
+            async def mode(label: str, prompts: list[str]) -> tuple[str, dict]:
+                results, duration = await run_load(
+                    args.url, args.model, args.api_key, prompts, args.random_output_len, args.request_rate,
+                    _half(args), args.seed, args.ignore_eos, args.policy if label == "sealed" else None,
+                    args.unsafe_allow_simulated, on_start=mark_once, gate=gate)
+                return label, summarize(results, duration, {}) | {"client": "sealed bench serve"}
+
+            pairs = await asyncio.gather(mode(first, sets[0]), mode(_other(first), sets[1]))
+            return dict(pairs)
+
+        return asyncio.run(go())
+
+    return run_both
 
 
 def _vllm(args: argparse.Namespace, pids: dict[str, list[int]], scratch: Path) -> Runner:
@@ -96,8 +137,28 @@ def _vllm(args: argparse.Namespace, pids: dict[str, list[int]], scratch: Path) -
         mark()  # vLLM's own warm-up (one test prompt) is inside its run
         return bench.run(args.url if label == "plaintext" else proxy_url, label)
 
+    if args.mixed:  # a second driver: the two modes' loads run at the same time, half the concurrency each
+        second = VllmBench(args.vllm_python, _vllm_args(args, tokenizer_dir), args.api_key)
+        drivers = {"plaintext": bench, "sealed": second}
+        urls = {"plaintext": args.url, "sealed": proxy_url}
+
+        def run_both(first: str, mark: Callable[[], None]) -> dict[str, dict]:
+            from concurrent.futures import ThreadPoolExecutor
+
+            mark()
+            half = ("--max-concurrency", str(_half(args)))
+            with ThreadPoolExecutor(2) as pool:
+                futures = {label: pool.submit(drivers[label].run, urls[label], label,
+                                              (*half, "--seed", str(args.seed + k)))
+                           for k, label in enumerate((first, _other(first)))}
+                return {label: f.result() for label, f in futures.items()}
+
+        run = run_both  # type: ignore[assignment]
+
     def close() -> None:
         bench.close()
+        if args.mixed:
+            second.close()
         proxy.terminate()
         proxy.wait(timeout=30)
 
@@ -116,9 +177,15 @@ def _warm_proxy(proxy_url: str, args: argparse.Namespace) -> None:
 def run_sealed(args: argparse.Namespace) -> int:
     pids = stack_pids(args.home)
     with tempfile.TemporaryDirectory() as scratch:
-        run, close = _vllm(args, pids, Path(scratch)) if args.client == "vllm" else _builtin(args, pids)
+        if args.client == "vllm":
+            run, close = _vllm(args, pids, Path(scratch))
+        elif args.mixed:
+            run, close = _builtin_mixed(args, pids), lambda: None  # type: ignore[assignment]
+        else:
+            run, close = _builtin(args, pids)
         try:
-            report = paired(run, args.pairs, CpuMeter(pids), _print)
+            runner = paired_mixed if args.mixed else paired
+            report = runner(run, args.pairs, CpuMeter(pids), _print)  # type: ignore[operator]
         finally:
             close()
     print_costs(report)

@@ -83,9 +83,11 @@ class VllmBench:
     def pid(self) -> int:
         return self._proc.pid
 
-    def run(self, base_url: str, label: str) -> dict[str, Any]:
+    def run(self, base_url: str, label: str, extra: tuple[str, ...] = ()) -> dict[str, Any]:
+        """One run; `extra` arguments override the fixed ones (argparse: the last one wins)."""
         assert self._proc.stdin is not None and self._proc.stdout is not None
-        self._proc.stdin.write(json.dumps({"args": [*self._args, "--base-url", base_url, "--label", label]}) + "\n")
+        request = {"args": [*self._args, "--base-url", base_url, "--label", label, *extra]}
+        self._proc.stdin.write(json.dumps(request) + "\n")
         self._proc.stdin.flush()
         for line in self._proc.stdout:
             if line.startswith(_RESULT):

@@ -50,3 +50,20 @@ def test_vllm_results_map_to_the_same_shape() -> None:
     assert summary["ttft_ms"] == {"mean": 12.0, "median": 11.0, "p99": 20.0}
     assert summary["tpot_ms"]["median"] == 7.0 and summary["output_throughput"] == 16.0
     assert summary["errors"] == [] and summary["client"] == "vllm bench serve"
+
+
+def test_mixed_pairs_run_both_modes_at_once_and_swap_who_starts() -> None:
+    from sealed_bench.serve_pairs import paired_mixed
+
+    firsts: list[str] = []
+
+    def run_both(first: str, mark: Callable[[], None]) -> dict[str, Any]:
+        firsts.append(first)
+        mark()
+        return {"plaintext": _summary_for(100.0, 200.0), "sealed": _summary_for(97.0, 204.0)}
+
+    report = paired_mixed(run_both, 3, CpuMeter({"client": [os.getpid()]}), lambda *_: None)
+    assert firsts == ["plaintext", "sealed", "plaintext"]
+    assert [round(c["throughput_pct"], 6) for c in report["pairs"]] == [3.0, 3.0, 3.0]
+    assert report["sealed_cost"]["ttft_p50_ms"]["median"] == 4.0
+    assert all("client" in r["cpu_ms_per_request_both_modes"] for r in report["runs"])

@@ -1,9 +1,10 @@
 """`sealed up --engine vllm`: the same stack and the same OpenAI conformance checks, with the
 encrypted default model served by vLLM inside the worker (docs/vllm-backend.md).
 
-One stack for the module (vLLM is heavy); the conformance tests are our engine's own, imported and
-run against it. The last test revokes the tenant's key: the worker wipes vLLM's weights and KV
-cache, and its memory holds no plaintext weight bytes afterwards.
+One stack for the module (vLLM is heavy); the conformance, in-enclave policy, sealed-mode and log
+tests are our engine's own, imported and run against it. The last test revokes the tenant's key:
+the worker wipes vLLM's weights and KV cache, and its memory holds no plaintext weight bytes
+afterwards.
 """
 
 from __future__ import annotations
@@ -21,7 +22,12 @@ import pytest
 from api.stack import DEMO_MODEL, DEMO_TENANT
 from tests.api.conftest import start_sealed_up, stop_sealed_up
 from tests.api.plaintext_scan import files_with_needles, memory_with_needles, open_files, weight_needles
-from tests.api.test_openai_e2e import (  # noqa: F401 (collected here, against the vLLM stack)
+from tests.api.test_enclave_policy import (  # noqa: F401 (collected here, against the vLLM stack)
+    test_a_tool_call_cut_off_by_max_tokens_is_checked_like_a_whole_one,
+    test_prompt_with_blocked_pii_is_refused_inside_the_worker,
+    test_tool_outside_the_agents_allowlist_is_refused_before_the_answer_leaves,
+)
+from tests.api.test_openai_e2e import (  # noqa: F401
     test_missing_api_key_is_401_in_openai_shape,
     test_models_lists_the_tenants_model,
     test_non_streamed_chat_and_completion,
@@ -35,6 +41,10 @@ from tests.api.test_openai_features import (  # noqa: F401
     test_json_mode_returns_a_json_object,
     test_n_seed_and_stop,
     test_usage_endpoint_and_metrics,
+)
+from tests.api.test_sealed_e2e import (  # noqa: F401
+    test_receipt_counts_match_the_usage_the_client_sees,
+    test_sealed_answers_exactly_as_plaintext,
 )
 from tests.api.test_stack_security import (  # noqa: F401
     test_logs_and_audit_hold_no_prompts_or_completions,
