@@ -9,6 +9,7 @@ worker's attested usage key. Errors before the request opens are gRPC errors the
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import AsyncIterator, Callable
@@ -21,7 +22,7 @@ from enclave_worker.server import WorkerState, serving
 from protocol.openai.chat import chat_body, chat_events, plan_chat
 from protocol.openai.completions import completion_body, completion_events, plan_completion
 from protocol.openai.errors import OpenAIError, error_body
-from protocol.openai.runner import ChoiceResult, Streams
+from protocol.openai.runner import ChoiceResult, Streams, collect_choice, merge_streams, prepend
 from protocol.openai.schemas import ChatCompletionRequest, CompletionRequest
 from protocol.rpc import worker_pb2
 from protocol.sampling import DEFAULT_MAX_TOKENS
@@ -83,7 +84,7 @@ class LocalRun:
         except BaseException:
             await self.close()
             raise
-        return [_prepend(f, s) for f, s in zip(firsts, self._streams, strict=True)]
+        return [prepend(f, s) for f, s in zip(firsts, self._streams, strict=True)]
 
     def _account(self, i: int, chunk: worker_pb2.GenerateChunk) -> None:
         if chunk.finish_reason:
@@ -96,53 +97,17 @@ class LocalRun:
             await self.close()
 
     async def _collect_one(self, i: int, stream: AsyncIterator[worker_pb2.GenerateChunk]) -> ChoiceResult:
-        out, parts = ChoiceResult(), []
-        async for chunk in stream:
-            self._account(i, chunk)
-            parts.append(chunk.text)
-            out.logprobs.extend(chunk.logprobs)
-            out.prompt_tokens, out.completion_tokens = chunk.prompt_tokens, chunk.completion_tokens
-            out.finish_reason = chunk.finish_reason or None
-        out.text = "".join(parts)
-        return out
+        return await collect_choice(stream, lambda chunk: self._account(i, chunk))
 
     async def merged(self, streams: Streams) -> AsyncIterator[tuple[int, worker_pb2.GenerateChunk]]:
-        queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
-
-        async def pump(i: int, s: AsyncIterator[worker_pb2.GenerateChunk]) -> None:
-            try:
-                async for c in s:
-                    await queue.put((i, c))
-                await queue.put((i, None))
-            except Exception as exc:
-                await queue.put((i, exc))
-
-        tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
-        remaining = len(tasks)
-        try:
-            while remaining:
-                i, item = await queue.get()
-                if item is None:
-                    remaining -= 1
-                    continue
-                if isinstance(item, Exception):
-                    raise item
-                self._account(i, item)
-                yield i, item
-        finally:
-            for t in tasks:
-                t.cancel()
+        async with contextlib.aclosing(merge_streams(streams)) as merged:
+            async for i, chunk in merged:
+                self._account(i, chunk)
+                yield i, chunk
 
     async def close(self) -> None:
         for s in self._streams:
             await s.aclose()  # type: ignore[attr-defined]
-
-
-async def _prepend(first: worker_pb2.GenerateChunk, rest: AsyncIterator[worker_pb2.GenerateChunk]
-                   ) -> AsyncIterator[worker_pb2.GenerateChunk]:
-    yield first
-    async for chunk in rest:
-        yield chunk
 
 
 def _validation_message(exc: ValidationError) -> OpenAIError:

@@ -59,6 +59,67 @@ class _GatewayRefused(Exception):
         return httpx2.Response(self.status, headers=self.headers, content=self.content, request=request)
 
 
+# The sync and async transports differ only in how they wait; what they decide is here, once.
+
+def _json_answer(path: str, response: httpx2.Response) -> dict:
+    """A well-known document (already read): the caller's refusal passes through, anything but 200
+    means "verify again"."""
+    if response.status_code in (401, 403):
+        raise _GatewayRefused(response.status_code, response.headers, response.content)
+    if response.status_code != 200:
+        raise ReattestRequired(f"{path} answered {response.status_code}")
+    return response.json()
+
+
+def _unpinned(exc: Exception, request: httpx2.Request) -> httpx2.Response:
+    """The answer when no worker could be pinned: the gateway's refusal as is, or a 404."""
+    if isinstance(exc, _GatewayRefused):
+        return exc.response(request)
+    assert isinstance(exc, NoAttestedWorker)
+    return httpx2.Response(404, json=exc.as_response_body(), request=request)
+
+
+def _sealed_request(session: SealedSession, request: httpx2.Request, prefix: str, endpoint: str, pin: object,
+                    body: bytes) -> tuple[Exchange, httpx2.Request]:
+    exchange = session.seal(pin, endpoint, body)  # type: ignore[arg-type]
+    out = httpx2.Request("POST", request.url.copy_with(path=session.sealed_url_path(prefix, endpoint)),
+                         headers=session.sealed_headers(exchange, request.headers),
+                         content=exchange.sealed.wire, extensions=request.extensions)
+    return exchange, out
+
+
+def _plain_answer(session: SealedSession, request: httpx2.Request, response: httpx2.Response, raw: bytes,
+                  model: str, attempt: int) -> httpx2.Response | None:
+    """A plaintext answer to a sealed request: an error to raise, None to verify again and retry
+    (once), or the gateway's own answer (a refusal) to hand back."""
+    error = session.plain_error(response.status_code, response.headers.get("content-type", ""), raw)
+    if isinstance(error, ReattestRequired) and attempt == 0:
+        session.forget(model)  # the key changed or its worker left: verify again
+        return None
+    if error is not None:
+        raise error
+    return httpx2.Response(response.status_code, headers=response.headers, content=raw, request=request)
+
+
+def _whole_answer(reader: AnswerReader, pending: list[bytes]) -> httpx2.Response:
+    reader.finish()
+    head = reader.head
+    assert head is not None
+    return httpx2.Response(head.status, headers={"content-type": head.content_type,
+                                                 RECEIPT_HEADER: reader.receipt_header()},
+                           content=b"".join(pending))
+
+
+def _is_stream(reader: AnswerReader) -> bool:
+    assert reader.head is not None
+    return reader.head.content_type.startswith("text/event-stream")
+
+
+def _stream_head(reader: AnswerReader) -> tuple[int, dict[str, str]]:
+    assert reader.head is not None
+    return reader.head.status, {"content-type": reader.head.content_type}
+
+
 class SealedTransport(httpx2.BaseTransport):
     def __init__(self, session: SealedSession, gateway_url: str, inner: httpx2.BaseTransport | None = None) -> None:
         self.session, self.gateway_url = session, gateway_url.rstrip("/")
@@ -69,11 +130,7 @@ class SealedTransport(httpx2.BaseTransport):
         response = self._inner.handle_request(httpx2.Request("GET", self.gateway_url + path, headers=headers))
         try:
             response.read()
-            if response.status_code in (401, 403):
-                raise _GatewayRefused(response.status_code, response.headers, response.content)
-            if response.status_code != 200:
-                raise ReattestRequired(f"{path} answered {response.status_code}")
-            return response.json()
+            return _json_answer(path, response)
         finally:
             response.close()
 
@@ -104,27 +161,17 @@ class SealedTransport(httpx2.BaseTransport):
         for attempt in range(2):
             try:
                 pin = self.pin(model, request.headers.get("authorization"))
-            except _GatewayRefused as exc:
-                return exc.response(request)
-            except NoAttestedWorker as exc:
-                return httpx2.Response(404, json=exc.as_response_body(), request=request)
-            exchange = self.session.seal(pin, endpoint, body)  # type: ignore[arg-type]
-            out = httpx2.Request("POST", request.url.copy_with(path=self.session.sealed_url_path(prefix, endpoint)),
-                                 headers=self.session.sealed_headers(exchange, request.headers),
-                                 content=exchange.sealed.wire, extensions=request.extensions)
+            except (_GatewayRefused, NoAttestedWorker) as exc:
+                return _unpinned(exc, request)
+            exchange, out = _sealed_request(self.session, request, prefix, endpoint, pin, body)
             response = self._inner.handle_request(out)
-            content_type = response.headers.get("content-type", "")
-            if self.session.is_sealed(content_type) and response.status_code == 200:
+            if self.session.is_sealed(response.headers.get("content-type", "")) and response.status_code == 200:
                 return self._open(response, exchange)
             raw = response.read()
             response.close()
-            error = self.session.plain_error(response.status_code, content_type, raw)
-            if isinstance(error, ReattestRequired) and attempt == 0:
-                self.session.forget(model)  # the key changed or its worker left: verify again
-                continue
-            if error is not None:
-                raise error
-            return httpx2.Response(response.status_code, headers=response.headers, content=raw, request=request)
+            answer = _plain_answer(self.session, request, response, raw, model, attempt)
+            if answer is not None:
+                return answer
         raise ReattestRequired("the pinned worker is gone")  # pragma: no cover - loop always returns
 
     def _open(self, response: httpx2.Response, exchange: Exchange) -> httpx2.Response:
@@ -137,18 +184,13 @@ class SealedTransport(httpx2.BaseTransport):
         except StopIteration:
             response.close()
             reader.finish()  # raises: truncated before the head
-        head = reader.head
-        assert head is not None
-        if head.content_type.startswith("text/event-stream"):
-            return httpx2.Response(head.status, headers={"content-type": head.content_type},
-                                   stream=_SyncBody(reader, pending, chunks, response))
+        if _is_stream(reader):
+            status, headers = _stream_head(reader)
+            return httpx2.Response(status, headers=headers, stream=_SyncBody(reader, pending, chunks, response))
         for data in chunks:
             pending += reader.feed(data)
         response.close()
-        reader.finish()
-        return httpx2.Response(head.status, headers={"content-type": head.content_type,
-                                                     RECEIPT_HEADER: reader.receipt_header()},
-                               content=b"".join(pending))
+        return _whole_answer(reader, pending)
 
     def close(self) -> None:
         self._inner.close()
@@ -185,11 +227,7 @@ class AsyncSealedTransport(httpx2.AsyncBaseTransport):
                                                                           headers=headers))
         try:
             await response.aread()
-            if response.status_code in (401, 403):
-                raise _GatewayRefused(response.status_code, response.headers, response.content)
-            if response.status_code != 200:
-                raise ReattestRequired(f"{path} answered {response.status_code}")
-            return response.json()
+            return _json_answer(path, response)
         finally:
             await response.aclose()
 
@@ -219,27 +257,17 @@ class AsyncSealedTransport(httpx2.AsyncBaseTransport):
         for attempt in range(2):
             try:
                 pin = await self.pin(model, request.headers.get("authorization"))
-            except _GatewayRefused as exc:
-                return exc.response(request)
-            except NoAttestedWorker as exc:
-                return httpx2.Response(404, json=exc.as_response_body(), request=request)
-            exchange = self.session.seal(pin, endpoint, body)  # type: ignore[arg-type]
-            out = httpx2.Request("POST", request.url.copy_with(path=self.session.sealed_url_path(prefix, endpoint)),
-                                 headers=self.session.sealed_headers(exchange, request.headers),
-                                 content=exchange.sealed.wire, extensions=request.extensions)
+            except (_GatewayRefused, NoAttestedWorker) as exc:
+                return _unpinned(exc, request)
+            exchange, out = _sealed_request(self.session, request, prefix, endpoint, pin, body)
             response = await self._inner.handle_async_request(out)
-            content_type = response.headers.get("content-type", "")
-            if self.session.is_sealed(content_type) and response.status_code == 200:
+            if self.session.is_sealed(response.headers.get("content-type", "")) and response.status_code == 200:
                 return await self._open(response, exchange)
             raw = await response.aread()
             await response.aclose()
-            error = self.session.plain_error(response.status_code, content_type, raw)
-            if isinstance(error, ReattestRequired) and attempt == 0:
-                self.session.forget(model)
-                continue
-            if error is not None:
-                raise error
-            return httpx2.Response(response.status_code, headers=response.headers, content=raw, request=request)
+            answer = _plain_answer(self.session, request, response, raw, model, attempt)
+            if answer is not None:
+                return answer
         raise ReattestRequired("the pinned worker is gone")  # pragma: no cover
 
     async def _open(self, response: httpx2.Response, exchange: Exchange) -> httpx2.Response:
@@ -252,18 +280,13 @@ class AsyncSealedTransport(httpx2.AsyncBaseTransport):
         except StopAsyncIteration:
             await response.aclose()
             reader.finish()
-        head = reader.head
-        assert head is not None
-        if head.content_type.startswith("text/event-stream"):
-            return httpx2.Response(head.status, headers={"content-type": head.content_type},
-                                   stream=_AsyncBody(reader, pending, chunks, response))
+        if _is_stream(reader):
+            status, headers = _stream_head(reader)
+            return httpx2.Response(status, headers=headers, stream=_AsyncBody(reader, pending, chunks, response))
         async for data in chunks:
             pending += reader.feed(data)
         await response.aclose()
-        reader.finish()
-        return httpx2.Response(head.status, headers={"content-type": head.content_type,
-                                                     RECEIPT_HEADER: reader.receipt_header()},
-                               content=b"".join(pending))
+        return _whole_answer(reader, pending)
 
     async def aclose(self) -> None:
         await self._inner.aclose()

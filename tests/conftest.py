@@ -53,3 +53,22 @@ def vllm_python() -> str:
             pytest.fail(f"{reason}; SEALED_REQUIRE_VLLM=1")
         pytest.skip(reason)
     return python
+
+
+@pytest.fixture(scope="session")
+def upload_app():  # type: ignore[no-untyped-def]
+    """An app with just the package-upload router (api/management/uploads.py), its store at
+    `store`, and `caller` (a dependency returning the caller's tenant) in place of the management
+    API's role check."""
+    from fastapi import FastAPI
+
+    from api.management import uploads
+
+    def make(store: Path, caller, **kw: int) -> FastAPI:  # type: ignore[no-untyped-def]
+        app = FastAPI()
+        app.include_router(uploads.router)
+        app.state.package_store = uploads.PackageStore(store, **kw)
+        app.dependency_overrides[uploads.uploader] = caller
+        return app
+
+    return make

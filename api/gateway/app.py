@@ -66,14 +66,14 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     app.include_router(sealed_router)
     app.include_router(internal.router)
     if importlib.util.find_spec("api.management") is not None:
-        from api.management.app import management_router, upload_router
+        from api.management import uploads
+        from api.management.app import router as management_router
         from api.management.lifecycle import router as lifecycle_router
 
-        app.include_router(management_router(settings, service), prefix="/admin/v1")
+        app.include_router(management_router, prefix="/admin/v1")
         app.include_router(lifecycle_router, prefix="/admin/v1")
-        uploads = upload_router(settings)
-        if uploads is not None:
-            app.include_router(uploads)
+        app.include_router(uploads.router)  # package uploads, for tenant admins
+        app.state.package_store = uploads.PackageStore(settings.data_dir / "package-store")
         from api.console.router import install as install_console
 
         install_console(app, settings.console, settings.data_dir)

@@ -20,7 +20,7 @@ from api.gateway.admission import Ticket
 from api.gateway.errors import GatewayError
 from api.gateway.service import GatewayService
 from api.store.repo import KeyRecord
-from protocol.openai.runner import ChoiceResult
+from protocol.openai.runner import ChoiceResult, collect_choice, merge_streams, prepend
 from protocol.rpc import worker_pb2
 
 
@@ -112,7 +112,7 @@ class Run:
             raise
         self.service.metrics.ttft.labels(self.model).observe(time.monotonic() - self.started)
         self.service.demand.ttft(self.key.tenant, self.model, time.monotonic() - self.started)
-        return [_prepend(f, s) for f, s in zip(firsts, streams, strict=True)]
+        return [prepend(f, s) for f, s in zip(firsts, streams, strict=True)]
 
     def account(self, chunk: worker_pb2.GenerateChunk) -> None:
         if chunk.finish_reason:
@@ -137,15 +137,7 @@ class Run:
         return list(results)
 
     async def _collect_one(self, stream: AsyncIterator[worker_pb2.GenerateChunk]) -> ChoiceResult:
-        out, parts = ChoiceResult(), []
-        async for chunk in stream:
-            self.account(chunk)
-            parts.append(chunk.text)
-            out.logprobs.extend(chunk.logprobs)
-            out.prompt_tokens, out.completion_tokens = chunk.prompt_tokens, chunk.completion_tokens
-            out.finish_reason = chunk.finish_reason or None
-        out.text = "".join(parts)
-        return out
+        return await collect_choice(stream, self.account)
 
     async def merged(self, streams: list[AsyncIterator[worker_pb2.GenerateChunk]]
                      ) -> AsyncIterator[tuple[int, worker_pb2.GenerateChunk]]:
@@ -160,41 +152,14 @@ class Run:
                 self.account(c)
                 yield 0, c
             return
-        queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
-
-        async def pump(i: int, s: AsyncIterator[worker_pb2.GenerateChunk]) -> None:
-            try:
-                async for c in s:
-                    await queue.put((i, c))
-                await queue.put((i, None))
-            except Exception as exc:
-                await queue.put((i, exc))
-
-        tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
-        last, remaining = time.monotonic(), len(tasks)
-        try:
-            while remaining:
-                i, item = await queue.get()
-                if item is None:
-                    remaining -= 1
-                    continue
-                if isinstance(item, Exception):
-                    raise item
+        last = time.monotonic()
+        async with contextlib.aclosing(merge_streams(streams)) as merged:
+            async for i, item in merged:
                 now = time.monotonic()
                 itl.observe(now - last)
                 last = now
                 self.account(item)
                 yield i, item
-        finally:
-            for t in tasks:
-                t.cancel()
-
-
-async def _prepend(first: worker_pb2.GenerateChunk, rest: AsyncIterator[worker_pb2.GenerateChunk]
-                   ) -> AsyncIterator[worker_pb2.GenerateChunk]:
-    yield first
-    async for chunk in rest:  # read to the end even after the last token: metering happens there
-        yield chunk
 
 
 T = TypeVar("T")

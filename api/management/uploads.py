@@ -4,10 +4,12 @@ The control plane is outside the trust boundary: it receives ciphertext and publ
 and checks what it can without a key (sizes, SHA-256 of each file, the manifest's format and
 signature, that the manifest's tenant is the caller). Workers re-check everything themselves.
 
-    router = build_upload_router(store_dir, auth_dependency)   # include in the gateway app
+    app.include_router(router)                          # a plain router, as the gateway mounts it
+    app.state.package_store = PackageStore(store_dir)   # where uploads and packages go
 
-`auth_dependency` is a FastAPI dependency returning the caller's tenant: a `str`, or an object
-with a `.tenant` attribute (the gateway's API-key record). Routes, all under /v1/packages:
+The caller is a tenant admin (`uploader`, the management API's role check); an app without the
+management API overrides `uploader` with its own dependency returning the caller's tenant (a
+`str`, or an object with a `.tenant` attribute). Routes, all under /v1/packages:
 
     POST /uploads                      {"files": {name: {"size", "sha256"}}} -> upload_id, offsets
                                        (files: manifest.json, payload.bin and either manifest.sig
@@ -29,13 +31,14 @@ import json
 import os
 import re
 import shutil
-from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, Depends, HTTPException, Request
 from pydantic import BaseModel, Field
 
+from api.management.auth import require
 from protocol.package import PackageError, read_manifest
 
 # A package: manifest + payload + the files of one signature method (Ed25519, or model-signing).
@@ -87,18 +90,30 @@ def _file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def build_upload_router(store_dir: Path, auth_dependency: Callable[..., Any], *,
-                        max_chunk_bytes: int = 64 << 20) -> APIRouter:
-    """The package-upload routes; `store_dir` holds uploads/ (staging), packages/ and refs/."""
-    store_dir = Path(store_dir)
-    staging, packages, refs = store_dir / "uploads", store_dir / "packages", store_dir / "refs"
-    locks: dict[str, asyncio.Lock] = {}
-    router = APIRouter(prefix="/v1/packages", tags=["packages"])
+@dataclass
+class PackageStore:
+    """uploads/ (staging), packages/<address>/ and refs/<tenant>/<model>/<version>.json under `root`."""
 
-    def upload_dir(tenant: str, upload_id: str) -> Path:
+    root: Path
+    max_chunk_bytes: int = 64 << 20
+    locks: dict[str, asyncio.Lock] = field(default_factory=dict)
+
+    @property
+    def staging(self) -> Path:
+        return Path(self.root) / "uploads"
+
+    @property
+    def packages(self) -> Path:
+        return Path(self.root) / "packages"
+
+    @property
+    def refs(self) -> Path:
+        return Path(self.root) / "refs"
+
+    def upload_dir(self, tenant: str, upload_id: str) -> Path:
         if not _HEX64.match(upload_id):
             raise HTTPException(404, "no such upload")
-        path = staging / upload_id
+        path = self.staging / upload_id
         try:
             decl = json.loads((path / "upload.json").read_text())
         except (OSError, ValueError):
@@ -107,108 +122,130 @@ def build_upload_router(store_dir: Path, auth_dependency: Callable[..., Any], *,
             raise HTTPException(404, "no such upload")  # same answer as absent: no probing
         return path
 
-    def declared(path: Path) -> dict[str, FileDecl]:
-        return {k: FileDecl(**v) for k, v in json.loads((path / "upload.json").read_text())["files"].items()}
 
-    def offsets(path: Path) -> dict[str, int]:
-        return {name: (path / name).stat().st_size if (path / name).exists() else 0 for name in declared(path)}
+def declared(path: Path) -> dict[str, FileDecl]:
+    return {k: FileDecl(**v) for k, v in json.loads((path / "upload.json").read_text())["files"].items()}
 
-    @router.post("/uploads", status_code=201)
-    def declare(decl: UploadDecl, principal: Any = Depends(auth_dependency)) -> dict[str, Any]:
-        tenant = _tenant_of(principal)
-        if frozenset(decl.files) not in FILE_SETS:
-            raise HTTPException(422, "a package is manifest.json, payload.bin and one method's signature files")
-        if max(v.size for k, v in decl.files.items() if k != "payload.bin") > _MAX_META_FILE:
-            raise HTTPException(413, "manifest too large")
-        files = {k: v.model_dump() for k, v in sorted(decl.files.items())}
-        upload_id = hashlib.sha256(json.dumps({"tenant": tenant, "files": files}, sort_keys=True).encode()
-                                   ).hexdigest()
-        path = staging / upload_id
-        path.mkdir(parents=True, exist_ok=True, mode=0o700)
-        if not (path / "upload.json").exists():
-            (path / "upload.json").write_text(json.dumps({"tenant": tenant, "files": files}))
-        return {"upload_id": upload_id, "offsets": offsets(path), "max_chunk_bytes": max_chunk_bytes}
 
-    @router.get("/uploads/{upload_id}")
-    def status(upload_id: str, principal: Any = Depends(auth_dependency)) -> dict[str, Any]:
-        return {"upload_id": upload_id, "offsets": offsets(upload_dir(_tenant_of(principal), upload_id))}
+def offsets(path: Path) -> dict[str, int]:
+    return {name: (path / name).stat().st_size if (path / name).exists() else 0 for name in declared(path)}
 
-    @router.put("/uploads/{upload_id}/{name}")
-    async def put_chunk(upload_id: str, name: str, offset: int, request: Request,
-                        principal: Any = Depends(auth_dependency)) -> dict[str, Any]:
-        path = upload_dir(_tenant_of(principal), upload_id)
-        files = declared(path)
-        if name not in files:
-            raise HTTPException(404, "not a declared file of this upload")
-        size = files[name].size
-        async with locks.setdefault(upload_id, asyncio.Lock()):
-            current = offsets(path)[name]
-            if offset != current:
-                raise HTTPException(409, {"message": "offset is not the end of the file", "offset": current})
-            written = 0
-            with open(path / name, "ab") as fh:
-                async for chunk in request.stream():
-                    written += len(chunk)
-                    if written > max_chunk_bytes or current + written > size:
-                        fh.truncate(current)  # all or nothing: the client resumes from `current`
-                        raise HTTPException(413, "chunk too large or past the declared size")
-                    fh.write(chunk)
-        return {"offset": current + written}
 
-    @router.post("/uploads/{upload_id}/complete", status_code=201)
-    def complete(upload_id: str, principal: Any = Depends(auth_dependency)) -> dict[str, Any]:
-        tenant = _tenant_of(principal)
-        path = upload_dir(tenant, upload_id)
-        files = declared(path)
-        for name, decl in files.items():
-            if not (path / name).exists() or (path / name).stat().st_size != decl.size:
-                raise HTTPException(409, {"message": f"{name} is incomplete", "offsets": offsets(path)})
-            if _file_sha256(path / name) != decl.sha256:
-                (path / name).unlink()
-                raise HTTPException(422, f"{name} differs from its declared SHA-256; upload it again")
-        try:
-            manifest, _, signer = read_manifest(path)
-        except PackageError as exc:
-            raise HTTPException(422, f"not a valid package: {exc}") from exc
-        if manifest.tenant != tenant:
-            raise HTTPException(403, "the package is for another tenant")
-        model, version = path_component(manifest.model, "model"), path_component(manifest.version, "version")
-        if files["payload.bin"].size != manifest.payload_bytes:
-            raise HTTPException(422, "payload size differs from the manifest")
-        address = package_address(files)
-        record = {"address": address, "tenant": tenant, "model": manifest.model, "version": manifest.version,
-                  "package_id": manifest.package_id, "signer": signer, "key_id": manifest.key_id,
-                  "plaintext_digest": manifest.plaintext_digest, "payload_bytes": manifest.payload_bytes}
-        ref = refs / path_component(tenant, "tenant") / model / f"{version}.json"
-        if ref.exists() and json.loads(ref.read_text())["address"] != address:
-            raise HTTPException(409, "this model version already has another package; versions are immutable")
-        target = packages / address
-        if not target.exists():
-            packages.mkdir(parents=True, exist_ok=True)
-            tmp = packages / f".{address}.partial"
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir(mode=0o700)
-            for name in files:
-                os.replace(path / name, tmp / name)
-            (tmp / "record.json").write_text(json.dumps(record, sort_keys=True))
-            os.replace(tmp, target)
-        ref.parent.mkdir(parents=True, exist_ok=True)
-        ref.write_text(json.dumps({"address": address}))
-        shutil.rmtree(path, ignore_errors=True)
-        locks.pop(upload_id, None)
-        return record
+uploader = require("tenant-admin")  # the caller; an app without the management API overrides it
 
-    @router.get("/{address}")
-    def get_package(address: str, principal: Any = Depends(auth_dependency)) -> dict[str, Any]:
-        tenant = _tenant_of(principal)
-        if not _HEX64.match(address) or not (packages / address / "record.json").exists():
-            raise HTTPException(404, "no such package")
-        record = json.loads((packages / address / "record.json").read_text())
-        if record["tenant"] != tenant:
-            raise HTTPException(404, "no such package")
-        return record
 
-    return router
+def caller_tenant(principal: Any = Depends(uploader)) -> str:
+    return _tenant_of(principal)
+
+
+def package_store(request: Request) -> PackageStore:
+    store = getattr(request.app.state, "package_store", None)
+    if store is None:
+        raise HTTPException(404, "package uploads are not enabled here")
+    return store
+
+
+router = APIRouter(prefix="/v1/packages", tags=["packages"])
+
+
+@router.post("/uploads", status_code=201)
+def declare(decl: UploadDecl, tenant: str = Depends(caller_tenant),
+            store: PackageStore = Depends(package_store)) -> dict[str, Any]:
+    if frozenset(decl.files) not in FILE_SETS:
+        raise HTTPException(422, "a package is manifest.json, payload.bin and one method's signature files")
+    if max(v.size for k, v in decl.files.items() if k != "payload.bin") > _MAX_META_FILE:
+        raise HTTPException(413, "manifest too large")
+    files = {k: v.model_dump() for k, v in sorted(decl.files.items())}
+    upload_id = hashlib.sha256(json.dumps({"tenant": tenant, "files": files}, sort_keys=True).encode()).hexdigest()
+    path = store.staging / upload_id
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if not (path / "upload.json").exists():
+        (path / "upload.json").write_text(json.dumps({"tenant": tenant, "files": files}))
+    return {"upload_id": upload_id, "offsets": offsets(path), "max_chunk_bytes": store.max_chunk_bytes}
+
+
+@router.get("/uploads/{upload_id}")
+def status(upload_id: str, tenant: str = Depends(caller_tenant),
+           store: PackageStore = Depends(package_store)) -> dict[str, Any]:
+    return {"upload_id": upload_id, "offsets": offsets(store.upload_dir(tenant, upload_id))}
+
+
+@router.put("/uploads/{upload_id}/{name}")
+async def put_chunk(upload_id: str, name: str, offset: int, request: Request, tenant: str = Depends(caller_tenant),
+                    store: PackageStore = Depends(package_store)) -> dict[str, Any]:
+    path = store.upload_dir(tenant, upload_id)
+    files = declared(path)
+    if name not in files:
+        raise HTTPException(404, "not a declared file of this upload")
+    size = files[name].size
+    async with store.locks.setdefault(upload_id, asyncio.Lock()):
+        current = offsets(path)[name]
+        if offset != current:
+            raise HTTPException(409, {"message": "offset is not the end of the file", "offset": current})
+        written = 0
+        with open(path / name, "ab") as fh:
+            async for chunk in request.stream():
+                written += len(chunk)
+                if written > store.max_chunk_bytes or current + written > size:
+                    fh.truncate(current)  # all or nothing: the client resumes from `current`
+                    raise HTTPException(413, "chunk too large or past the declared size")
+                fh.write(chunk)
+    return {"offset": current + written}
+
+
+@router.post("/uploads/{upload_id}/complete", status_code=201)
+def complete(upload_id: str, tenant: str = Depends(caller_tenant),
+             store: PackageStore = Depends(package_store)) -> dict[str, Any]:
+    path = store.upload_dir(tenant, upload_id)
+    files = declared(path)
+    for name, decl in files.items():
+        if not (path / name).exists() or (path / name).stat().st_size != decl.size:
+            raise HTTPException(409, {"message": f"{name} is incomplete", "offsets": offsets(path)})
+        if _file_sha256(path / name) != decl.sha256:
+            (path / name).unlink()
+            raise HTTPException(422, f"{name} differs from its declared SHA-256; upload it again")
+    try:
+        manifest, _, signer = read_manifest(path)
+    except PackageError as exc:
+        raise HTTPException(422, f"not a valid package: {exc}") from exc
+    if manifest.tenant != tenant:
+        raise HTTPException(403, "the package is for another tenant")
+    model, version = path_component(manifest.model, "model"), path_component(manifest.version, "version")
+    if files["payload.bin"].size != manifest.payload_bytes:
+        raise HTTPException(422, "payload size differs from the manifest")
+    address = package_address(files)
+    record = {"address": address, "tenant": tenant, "model": manifest.model, "version": manifest.version,
+              "package_id": manifest.package_id, "signer": signer, "key_id": manifest.key_id,
+              "plaintext_digest": manifest.plaintext_digest, "payload_bytes": manifest.payload_bytes}
+    ref = store.refs / path_component(tenant, "tenant") / model / f"{version}.json"
+    if ref.exists() and json.loads(ref.read_text())["address"] != address:
+        raise HTTPException(409, "this model version already has another package; versions are immutable")
+    target = store.packages / address
+    if not target.exists():
+        store.packages.mkdir(parents=True, exist_ok=True)
+        tmp = store.packages / f".{address}.partial"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(mode=0o700)
+        for name in files:
+            os.replace(path / name, tmp / name)
+        (tmp / "record.json").write_text(json.dumps(record, sort_keys=True))
+        os.replace(tmp, target)
+    ref.parent.mkdir(parents=True, exist_ok=True)
+    ref.write_text(json.dumps({"address": address}))
+    shutil.rmtree(path, ignore_errors=True)
+    store.locks.pop(upload_id, None)
+    return record
+
+
+@router.get("/{address}")
+def get_package(address: str, tenant: str = Depends(caller_tenant),
+                store: PackageStore = Depends(package_store)) -> dict[str, Any]:
+    if not _HEX64.match(address) or not (store.packages / address / "record.json").exists():
+        raise HTTPException(404, "no such package")
+    record = json.loads((store.packages / address / "record.json").read_text())
+    if record["tenant"] != tenant:
+        raise HTTPException(404, "no such package")
+    return record
 
 
 def stored_package_dir(store_dir: Path, tenant: str, model: str, version: str) -> Path:

@@ -11,31 +11,18 @@ holds the GIL here, so it gets a thread of its own), and a hashing thread digest
 
 from __future__ import annotations
 
-import hmac
 import json
-import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import torch
-from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
-from protocol.package.errors import PackageFormatError, PackageIntegrityError, WrongKeyError
-from protocol.package.format import (
-    TAG_BYTES,
-    Manifest,
-    ad_prefix,
-    associated_data,
-    key_check_value,
-    new_hasher,
-    nonce_for,
-    segment_key,
-)
-from protocol.package.signing import read_manifest
+from enclave_worker.package.segments import check_digest, decrypt_segments, open_payload
+from protocol.package.errors import PackageFormatError, PackageIntegrityError
+from protocol.package.format import Manifest, new_hasher
 
 TORCH_DTYPES = {
     "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
@@ -78,46 +65,28 @@ def decrypt_package(
     `allocate(nbytes)` returns the uint8 CPU tensor that will hold the plaintext (default:
     torch.empty); it is zeroed if anything fails after allocation.
     """
-    manifest, raw, signer = read_manifest(pkg_dir, required_signer=required_signer)
-    if len(data_key) != 32 or not hmac.compare_digest(key_check_value(data_key, manifest.package_id),
-                                                      manifest.key_check):
-        raise WrongKeyError("data key does not match this package")
-    payload = Path(pkg_dir) / "payload.bin"
-    try:
-        fh: BinaryIO = open(payload, "rb", buffering=0)  # noqa: SIM115 (closed below)
-    except OSError as exc:
-        raise PackageIntegrityError("payload missing") from exc
-    with fh:
-        actual = fh.seek(0, 2)
-        fh.seek(0)
-        if actual != manifest.payload_bytes:
-            # Truncation or extension: refuse before allocating or decrypting anything.
-            raise PackageIntegrityError(
-                f"payload is {actual} bytes, the manifest requires {manifest.payload_bytes}")
+    with open_payload(pkg_dir, data_key, required_signer) as (manifest, raw, signer, fh):
         buffer = (allocate or _torch_allocate)(manifest.plaintext_bytes + _SLACK)
-        try:
-            decrypt_stream(fh, manifest, raw, data_key, buffer, progress)
-            metadata = json.loads(bytes(buffer[: manifest.metadata_bytes].numpy()))
-            tensors = {
-                t.name: buffer[t.offset : t.offset + t.nbytes].view(TORCH_DTYPES[t.dtype]).reshape(t.shape)
-                for t in manifest.tensors
-            }
-        except BaseException as exc:
-            buffer.zero_()
-            if isinstance(exc, ValueError) and not isinstance(exc, PackageIntegrityError):
-                raise PackageFormatError(f"package metadata is not valid JSON: {exc}") from exc
-            raise
+        return load_into(buffer, manifest, signer,
+                         lambda: decrypt_stream(fh, manifest, raw, data_key, buffer, progress))
+
+
+def load_into(buffer: torch.Tensor, manifest: Manifest, signer: str, fill: Callable[[], None]) -> DecryptedModel:
+    """Run `fill` (which decrypts the package into `buffer`), then read the metadata and make the
+    tensors views into the buffer; on any failure the buffer is zeroed before the error leaves."""
+    try:
+        fill()
+        metadata = json.loads(bytes(buffer[: manifest.metadata_bytes].cpu().numpy()))
+        tensors = {
+            t.name: buffer[t.offset : t.offset + t.nbytes].view(TORCH_DTYPES[t.dtype]).reshape(t.shape)
+            for t in manifest.tensors
+        }
+    except BaseException as exc:
+        buffer.zero_()
+        if isinstance(exc, ValueError) and not isinstance(exc, PackageIntegrityError):
+            raise PackageFormatError(f"package metadata is not valid JSON: {exc}") from exc
+        raise
     return DecryptedModel(manifest, signer, metadata, tensors, buffer)
-
-
-def _read_exact(fh: BinaryIO, view: memoryview) -> int:
-    got = 0
-    while got < len(view):
-        n = fh.readinto(view[got:])
-        if not n:
-            break
-        got += n
-    return got
 
 
 def decrypt_stream(
@@ -134,43 +103,17 @@ def decrypt_stream(
     `timings`, if given, accumulates the seconds spent in the cipher itself under "decrypt_s"
     (the benchmark compares that with `openssl speed`).
     """
-    prefix = ad_prefix(manifest.package_id, manifest_bytes)
-    algorithm = algorithms.AES(segment_key(data_key, manifest.package_id))
     out = memoryview(buffer.numpy())
     hasher = new_hasher(manifest.digest_alg)
-    bufs = [bytearray(manifest.segment_size + TAG_BYTES) for _ in range(2)]
-    last = manifest.num_segments - 1
-    with ThreadPoolExecutor(1, "pkg-read") as reader, ThreadPoolExecutor(1, "pkg-hash") as hashing:
+    with ThreadPoolExecutor(1, "pkg-hash") as hashing:
         try:
-            def read(i: int) -> Future[int]:
-                view = memoryview(bufs[i % 2])[: manifest.segment_len(i) + TAG_BYTES]
-                return reader.submit(_read_exact, fh, view)
-
-            pending = read(0)
-            for i in range(manifest.num_segments):
-                n = manifest.segment_len(i)
-                if pending.result() != n + TAG_BYTES:
-                    raise PackageIntegrityError(f"segment {i} is short")
-                if i < last:
-                    pending = read(i + 1)  # the other buffer: its segment is already decrypted
-                ct = memoryview(bufs[i % 2])
-                start = i * manifest.segment_size
-                t0 = time.perf_counter()
-                decryptor = Cipher(algorithm, modes.GCM(nonce_for(i, i == last), bytes(ct[n : n + TAG_BYTES]))
-                                   ).decryptor()
-                decryptor.authenticate_additional_data(associated_data(prefix, i, i == last))
-                decryptor.update_into(ct[:n], out[start:])
-                try:
-                    decryptor.finalize()
-                except InvalidTag as exc:
-                    raise PackageIntegrityError(f"segment {i} failed authentication") from exc
-                if timings is not None:
-                    timings["decrypt_s"] = timings.get("decrypt_s", 0.0) + time.perf_counter() - t0
-                hashing.submit(hasher.update, out[start : start + n])
+            segments = decrypt_segments(fh, manifest, manifest_bytes, data_key,
+                                        lambda i: out[i * manifest.segment_size:], timings)
+            for _, plaintext in segments:
+                hashing.submit(hasher.update, plaintext)
                 if progress:
-                    progress(n)
+                    progress(len(plaintext))
         except BaseException:
             hashing.shutdown(wait=True, cancel_futures=True)
             raise
-    if not hmac.compare_digest(hasher.hexdigest(), manifest.plaintext_digest.split(":", 1)[1]):
-        raise PackageIntegrityError("plaintext digest differs from the signed manifest")
+    check_digest(hasher, manifest)

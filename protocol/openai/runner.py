@@ -3,8 +3,9 @@ the worker itself (its engine, in sealed mode)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -25,6 +26,57 @@ class ChoiceResult:
 
 
 Streams = list[AsyncIterator[worker_pb2.GenerateChunk]]
+
+
+async def collect_choice(stream: AsyncIterator[worker_pb2.GenerateChunk],
+                         on_chunk: Callable[[worker_pb2.GenerateChunk], None]) -> ChoiceResult:
+    """One choice's whole answer; `on_chunk` sees every chunk first (token accounting)."""
+    out, parts = ChoiceResult(), []
+    async for chunk in stream:
+        on_chunk(chunk)
+        parts.append(chunk.text)
+        out.logprobs.extend(chunk.logprobs)
+        out.prompt_tokens, out.completion_tokens = chunk.prompt_tokens, chunk.completion_tokens
+        out.finish_reason = chunk.finish_reason or None
+    out.text = "".join(parts)
+    return out
+
+
+async def merge_streams(streams: Streams) -> AsyncIterator[tuple[int, worker_pb2.GenerateChunk]]:
+    """(choice index, chunk) in arrival order, one pump task per stream; a stream's error is raised
+    here. Use it under `contextlib.aclosing`, so that leaving early cancels the pumps at once."""
+    queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
+
+    async def pump(i: int, s: AsyncIterator[worker_pb2.GenerateChunk]) -> None:
+        try:
+            async for c in s:
+                await queue.put((i, c))
+            await queue.put((i, None))
+        except Exception as exc:
+            await queue.put((i, exc))
+
+    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+    remaining = len(tasks)
+    try:
+        while remaining:
+            i, item = await queue.get()
+            if item is None:
+                remaining -= 1
+                continue
+            if isinstance(item, Exception):
+                raise item
+            yield i, item
+    finally:
+        for t in tasks:
+            t.cancel()
+
+
+async def prepend(first: worker_pb2.GenerateChunk, rest: AsyncIterator[worker_pb2.GenerateChunk]
+                  ) -> AsyncIterator[worker_pb2.GenerateChunk]:
+    """A choice's stream with its first chunk (read to start it) put back in front."""
+    yield first
+    async for chunk in rest:  # read to the end even after the last token: metering happens there
+        yield chunk
 
 
 class ChoiceRunner(Protocol):

@@ -8,10 +8,9 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -22,6 +21,7 @@ from api.cli.audit import load_component_keys
 from api.stack import DEMO_MODEL, free_port
 from policy.audit import WitnessFile, verify_dir
 from policy.errors import AuditIntegrityError
+from tests.api.traffic import ChatTraffic, wait_ready
 
 RESTART_BOUND_S = 15.0
 
@@ -59,62 +59,15 @@ def host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Host]:
                             stdout=open(root / "up.log", "wb"), stderr=subprocess.STDOUT,  # noqa: SIM115
                             start_new_session=True)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 420
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, (root / "up.log").read_text()[-3000:]
-        try:
-            if httpx.get(f"{url}/readyz", timeout=2.0).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    else:
+    try:
+        wait_ready(proc, url, root / "up.log")
+    except TimeoutError:
         os.killpg(proc.pid, signal.SIGINT)
-        raise TimeoutError("stack did not become ready")
+        raise
     running = Host(url, (home / "demo" / "api-key").read_text().strip(), home, proc, root / "up.log")
     yield running
     if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGKILL)
-
-
-@dataclass
-class Load:
-    """Clients asking one after another on a few threads; counts what succeeded and what failed."""
-
-    url: str
-    api_key: str
-    ok: int = 0
-    errors: list[str] = field(default_factory=list)
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _threads: list[threading.Thread] = field(default_factory=list)
-
-    def _run(self) -> None:
-        client = openai.OpenAI(base_url=f"{self.url}/v1", api_key=self.api_key, max_retries=0, timeout=60)
-        while not self._stop.is_set():
-            try:
-                client.chat.completions.create(model=DEMO_MODEL, messages=[{"role": "user", "content": "Hi"}],
-                                               max_tokens=4, temperature=0)
-                self.ok += 1
-            except openai.APIError as exc:
-                self.errors.append(type(exc).__name__)
-                time.sleep(0.2)
-
-    def __enter__(self) -> Load:
-        self._threads = [threading.Thread(target=self._run, daemon=True) for _ in range(3)]
-        for t in self._threads:
-            t.start()
-        return self
-
-    def wait_for(self, count: int, timeout: float = 120.0) -> None:
-        deadline = time.monotonic() + timeout
-        while self.ok < count:
-            assert time.monotonic() < deadline, f"only {self.ok} answers, errors {self.errors}"
-            time.sleep(0.1)
-
-    def __exit__(self, *_: object) -> None:
-        self._stop.set()
-        for t in self._threads:
-            t.join(90)
 
 
 def _broker_admin(host: Host, method: str, path: str) -> httpx.Response:
@@ -147,7 +100,7 @@ def test_a_second_sealed_up_beside_a_running_one_prints_one_line_and_fails(host:
 def test_kill_9_of_the_broker_under_load_loses_no_request(host: Host) -> None:
     before = host.pids()
     assert _broker_admin(host, "POST", "/tenants/before-broker-kill/key").status_code == 201
-    with Load(host.url, host.api_key) as load:
+    with ChatTraffic(host.url, host.api_key, threads=3) as load:
         load.wait_for(3)
         os.kill(before["key-broker"], signal.SIGKILL)
         took = _wait_new_pid(host, "key-broker", before["key-broker"])
@@ -177,7 +130,7 @@ def _usage_requests(host: Host) -> int:
 def test_kill_9_of_the_gateway_under_load_fails_only_in_flight_requests(host: Host) -> None:
     before = host.pids()
     used_before = _usage_requests(host)
-    with Load(host.url, host.api_key) as load:
+    with ChatTraffic(host.url, host.api_key, threads=3) as load:
         load.wait_for(3)
         os.kill(before["gateway"], signal.SIGKILL)
         took = _wait_new_pid(host, "gateway", before["gateway"])

@@ -9,12 +9,11 @@ from pathlib import Path
 import jwt
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from fastapi import FastAPI, Header, HTTPException
+from fastapi import Header, HTTPException
 from fastapi.testclient import TestClient
 
 from api.cli.upload import UploadFailed, upload_package
 from api.management.auth import AUDIENCE
-from api.management.uploads import build_upload_router
 from api.store.models import UsageRow
 from enclave_worker.package.writer import write_package
 from tests.security.harness import JWT_SECRET, gateway
@@ -28,7 +27,8 @@ def _auth(authorization: str = Header("")) -> str:
 
 @pytest.mark.parametrize("model,version", [("../../x", "v1"), ("m", "../../../v"), ("..", "v1"), ("a/b", "v1"),
                                            (".hidden", "v1")])
-def test_manifest_names_never_become_paths_outside_the_store(tmp_path: Path, model: str, version: str) -> None:
+def test_manifest_names_never_become_paths_outside_the_store(upload_app, tmp_path: Path, model: str,  # type: ignore[no-untyped-def]
+                                                             version: str) -> None:
     import torch
 
     pkg = tmp_path / "pkg"
@@ -36,8 +36,7 @@ def test_manifest_names_never_become_paths_outside_the_store(tmp_path: Path, mod
                   data_key=b"k" * 32, key_id="dek", tenant="t1", model=model, version=version,
                   signing_key=Ed25519PrivateKey.generate(), segment_size=4096)
     store = tmp_path / "deep" / "er" / "store"
-    app = FastAPI()
-    app.include_router(build_upload_router(store, _auth))
+    app = upload_app(store, _auth)
     with pytest.raises(UploadFailed, match="422"):
         upload_package(pkg, TestClient(app, headers={"authorization": "Bearer tenant-t1"}))
     written = {p for p in tmp_path.rglob("*") if p.is_file() and not p.is_relative_to(pkg)}

@@ -128,7 +128,7 @@ NEGATIVES = [
     ("no-signature", lambda w: {k: v for k, v in w.beat().items() if k != "signature"}, 400),
     ("garbage-signature", lambda w: {**w.beat(), "signature": "zz" * 64}, 401),
     ("url-as-grpc-address", lambda w: _resigned(w, grpc_address="http://169.254.169.254/latest"), 400),
-    ("unknown-status", lambda w: _resigned(w, status="draining"), 400),
+    ("unknown-status", lambda w: _resigned(w, status="paused"), 400),  # not a ServingState
 ]
 
 

@@ -17,6 +17,7 @@ from api.cli.main import build
 from api.home import Home
 from enclave_worker.package import decrypt_package
 from key_broker.keystore import DataKeyRegistry, LocalKeyStore, load_master_key
+from protocol.model_ref import ModelRef
 
 CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 16,
           "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "vocab_size": 40}
@@ -77,7 +78,7 @@ def test_encrypt_seal_import_decrypt(tmp_path: Path, sharded: bool, method: str,
     assert res.exit_code == 0, res.output
     layout = Home(home)
     keystore = LocalKeyStore(layout.broker / "keystore", load_master_key(layout.broker / "master.key"))
-    data_key, record = DataKeyRegistry(layout.broker / "keystore", keystore).data_key("acme", "tiny", "v1")
+    data_key, record = DataKeyRegistry(layout.broker / "keystore", keystore).data_key(ModelRef("acme", "tiny", "v1"))
     model = decrypt_package(pkg, data_key)
     assert record.model_digest == model.manifest.plaintext_digest
     assert model.signer.startswith("ecdsa-" if method == "model-signing" else "ed25519:")

@@ -11,11 +11,10 @@ from pathlib import Path
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from api.cli.upload import upload_package
-from api.management.uploads import build_upload_router, stored_package_dir
+from api.management.uploads import stored_package_dir
 from api.tenant_tools import (
     broker_import_key_path,
     encrypt_checkpoint,
@@ -26,6 +25,7 @@ from enclave_worker.engine import EngineConfig, LLMEngine, SamplingParams
 from enclave_worker.engine.checkpoint import Checkpoint, default_gguf_path, load_gguf
 from enclave_worker.package import decrypt_package
 from key_broker.keystore import DataKeyRegistry, LocalKeyStore, load_master_key
+from protocol.model_ref import ModelRef
 from protocol.package.keywrap import load_or_create_import_key, public_pem
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):\n    ", "List three prime numbers:",
@@ -41,7 +41,7 @@ def plain() -> Checkpoint:
 
 
 @pytest.fixture(scope="module")
-def released(plain: Checkpoint, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, bytes]:
+def released(plain: Checkpoint, tmp_path_factory: pytest.TempPathFactory, upload_app) -> tuple[Path, bytes]:  # type: ignore[no-untyped-def]
     """Tenant encrypts and uploads; the broker imports the sealed key; the key is then released."""
     root = tmp_path_factory.mktemp("release")
     tenant_dir, broker_dir, store = root / "tenant", root / "broker", root / "store"
@@ -51,13 +51,12 @@ def released(plain: Checkpoint, tmp_path_factory: pytest.TempPathFactory) -> tup
     encrypted = encrypt_checkpoint(plain, tenant_dir / "pkg", tenant="demo", model="smollm2", version="v1",
                                    signing_key=Ed25519PrivateKey.generate())
     (tenant_dir / "key.json").write_text(seal_for_broker(encrypted, root / "broker.pub").to_json())
-    app = FastAPI()
-    app.include_router(build_upload_router(store, lambda: "demo"))
+    app = upload_app(store, lambda: "demo")
     upload_package(tenant_dir / "pkg", TestClient(app), chunk_bytes=32 << 20)
     stored = stored_package_dir(store, "demo", "smollm2", "v1")
     assert import_sealed_key(broker_dir, tenant_dir / "key.json", stored) == "demo/smollm2/v1"
     keystore = LocalKeyStore(broker_dir / "keystore", load_master_key(broker_dir / "master.key"))
-    data_key, record = DataKeyRegistry(broker_dir / "keystore", keystore).data_key("demo", "smollm2", "v1")
+    data_key, record = DataKeyRegistry(broker_dir / "keystore", keystore).data_key(ModelRef("demo", "smollm2", "v1"))
     assert record.model_digest == encrypted.manifest.plaintext_digest
     return stored, data_key
 

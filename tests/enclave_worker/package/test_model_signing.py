@@ -11,11 +11,10 @@ import pytest
 import torch
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
-from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from api.cli.upload import upload_package
-from api.management.uploads import build_upload_router, stored_package_dir
+from api.management.uploads import stored_package_dir
 from enclave_worker.package import decrypt_package
 from enclave_worker.package.writer import write_package
 from protocol.package import PackageSignatureError, read_manifest
@@ -79,10 +78,9 @@ def test_model_signing_signature_bytes_flipped(signed: tuple[Path, bytes, ModelS
         read_manifest(pkg)
 
 
-def test_model_signed_package_uploads(signed: tuple[Path, bytes, ModelSigningKey], tmp_path: Path) -> None:
+def test_model_signed_package_uploads(upload_app, signed: tuple[Path, bytes, ModelSigningKey], tmp_path: Path) -> None:
     pkg, key, _ = signed
-    app = FastAPI()
-    app.include_router(build_upload_router(tmp_path / "store", lambda: "t1"))
+    app = upload_app(tmp_path / "store", lambda: "t1")
     upload_package(pkg, TestClient(app), chunk_bytes=4096)
     stored = stored_package_dir(tmp_path / "store", "t1", "m", "v1")
     assert decrypt_package(stored, key).manifest.signer.startswith("ecdsa-")

@@ -1,0 +1,106 @@
+"""Keys and catalog: API key -> tenant, the tenant's model versions and rollout split, which models
+a key may reach now; a short cache in front of the control-plane store."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from api.gateway.errors import GatewayError
+from api.gateway.registry import WorkerRegistry
+from api.gateway.settings import GatewaySettings
+from api.store.models import Tenant
+from api.store.repo import KeyRecord, Store, hash_secret
+
+CACHE_S = 1.0
+T = TypeVar("T")
+
+
+def not_found(model: str) -> GatewayError:
+    # Same answer whether the model exists for another tenant or not at all.
+    return GatewayError(404, f"The model `{model}` does not exist or you do not have access to it.",
+                        code="model_not_found", param="model")
+
+
+class Catalog:
+    def __init__(self, settings: GatewaySettings, store: Store, registry: WorkerRegistry) -> None:
+        self.settings, self.store, self.registry = settings, store, registry
+        self._cache: dict[tuple, tuple[float, Any]] = {}
+
+    def forget(self) -> None:
+        """Drop cached catalog and tenant rows (after a management change; other replicas: within CACHE_S)."""
+        self._cache.clear()
+
+    def cached(self, key: tuple, compute: Callable[[], T]) -> T:
+        hit = self._cache.get(key)
+        if hit and time.monotonic() - hit[0] < CACHE_S:
+            return hit[1]
+        value = compute()
+        self._cache[key] = (time.monotonic(), value)
+        return value
+
+    def bootstrap_keys(self) -> None:
+        """Import hashes from the bootstrap file (`api-keys.json`, written by `sealed up`'s preparation)."""
+        path = self.settings.data_dir / "api-keys.json"
+        if not path.exists():
+            return
+        for key_hash, doc in json.loads(path.read_text()).items():
+            expires = dt.datetime.fromisoformat(doc["expires_at"]) if doc.get("expires_at") else None
+            self.store.import_key_hash(key_hash, doc["tenant"], doc["name"], tuple(doc.get("models", ())), expires)
+
+    def cached_key(self, secret: str) -> KeyRecord | None:
+        """A key this replica looked up within CACHE_S (no database, no thread hop); None: look it up.
+        Only a single gateway caches keys (its management API forgets them on every change); with
+        a shared database, another replica may revoke a key or set its kill switch, which must hold
+        for the next request here too."""
+        if self.settings.database_url:
+            return None
+        hit = self._cache.get(("key", hash_secret(secret)))
+        if hit and time.monotonic() - hit[0] < CACHE_S and not hit[1].expired(dt.datetime.now(dt.UTC)):
+            return hit[1]
+        return None
+
+    def authenticate(self, secret: str) -> KeyRecord:
+        key = self.store.lookup_key(secret)
+        if key is None:
+            self.bootstrap_keys()
+            key = self.store.lookup_key(secret)
+        if key is None or key.expired(dt.datetime.now(dt.UTC)):
+            raise GatewayError(401, "Incorrect API key provided.", code="invalid_api_key")
+        self._cache[("key", hash_secret(secret))] = (time.monotonic(), key)
+        return key
+
+    def split(self, tenant: str, model: str) -> dict[str, float]:
+        return self.cached(("split", tenant, model), lambda: {
+            v.version: v.traffic_percent for v in self.store.model_versions(tenant) if v.model == model})
+
+    def models_for(self, key: KeyRecord) -> list[str]:
+        """Models a request can be answered for now: a ready (and, where required, attested) worker
+        holds them. A model in the catalog whose workers are still loading is not listed yet."""
+        names = {w.model for w in self.registry.workers.values() if w.tenant == key.tenant}
+        return sorted(n for n in names if (not key.models or n in key.models) and self.registry.ready(key.tenant, n))
+
+    def resolve(self, key: KeyRecord, model: str) -> dict[str, float]:
+        if key.models and model not in key.models:
+            raise not_found(model)
+        split = self.split(key.tenant, model)
+        if not split and not self.registry.for_model(key.tenant, model):
+            raise not_found(model)
+        return split
+
+    def tenant(self, name: str) -> Tenant | None:
+        return self.cached(("tenant", name), lambda: self.store.tenant(name))
+
+    def tokens_used(self, tenant: str, key_id: str | None) -> int:
+        return self.cached(("used", tenant) if key_id is None else ("used", tenant, key_id),
+                           lambda: self.store.tokens_used(tenant, key_id))
+
+    def require_sealed(self, tenant: str) -> bool:
+        """The tenant's policy says `require_sealed` (its worker enforces the signed original too)."""
+        row = self.cached(("policy", tenant), lambda: self.store.policy(tenant))
+        doc = row.document if row is not None else None
+        payload = doc.get("payload", doc) if isinstance(doc, dict) else None
+        return isinstance(payload, dict) and payload.get("require_sealed") is True
