@@ -189,7 +189,7 @@ class ModelRunner:
         if blas:
             self.pools.set(1, threads)
         else:
-            self.pools.set(1 if n == 1 else threads, threads)
+            self.pools.set(1 if n == 1 else threads)
         start = time.perf_counter()
         logits = self.model(input_ids, positions, meta, index)
         self.tuner.record(kind, threads, (time.perf_counter() - start) / n)

@@ -99,11 +99,14 @@ class ThreadPools:
         self._torch = torch
         self._blas = ThreadpoolController().select(user_api="blas").lib_controllers
         self._blas_threads = -1
+        self.set(torch.get_num_threads(), 1)  # OpenBLAS's workers stay asleep until a step asks for them
 
-    def set(self, torch_threads: int, blas_threads: int) -> None:
+    def set(self, torch_threads: int, blas_threads: int | None = None) -> None:
+        """``blas_threads`` None leaves OpenBLAS as it is: a step that does not use it must not raise its
+        count (a raised pool's worker was seen spinning at ~40% of a CPU next to a served engine)."""
         if self._torch.get_num_threads() != torch_threads:
             self._torch.set_num_threads(torch_threads)
-        if blas_threads != self._blas_threads:
+        if blas_threads is not None and blas_threads != self._blas_threads:
             for lib in self._blas:
                 lib.set_num_threads(blas_threads)
             self._blas_threads = blas_threads
