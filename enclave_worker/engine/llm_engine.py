@@ -22,6 +22,7 @@ from .model_builder import BuiltModel, build_model
 from .model_runner import ModelRunner
 from .models import model_tensors
 from .output_processor import OutputProcessor
+from .output_stream import Sink, stream_request
 from .scheduler import ScheduledSeq, Scheduler
 from .sequence import Sequence
 
@@ -260,40 +261,13 @@ class LLMEngine:
             self._thread = threading.Thread(target=self._loop, name="llm-engine", daemon=True)
             self._thread.start()
 
-    async def generate(
-        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, cache_salt: bytes = b""
-    ) -> AsyncIterator[RequestOutput]:
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
+    def generate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                 cache_salt: bytes = b"") -> AsyncIterator[RequestOutput]:
+        def start(sink: Sink) -> None:
+            self.add_request(request_id, prompt_token_ids, params, sink, cache_salt)
+            self._ensure_thread()
 
-        def sink(item: RequestOutput | BaseException) -> None:
-            loop.call_soon_threadsafe(queue.put_nowait, item)
-
-        self.add_request(request_id, prompt_token_ids, params, sink, cache_salt)
-        self._ensure_thread()
-        finished, pending = False, None
-        try:
-            while True:
-                item = pending or await queue.get()
-                pending = None
-                # A consumer that fell behind gets what piled up as one delta (as vLLM's output
-                # collector does): one message per step through gRPC and the gateway, not per token.
-                while not isinstance(item, BaseException) and not item.finished and not queue.empty():
-                    later = queue.get_nowait()
-                    if isinstance(later, BaseException):
-                        pending = later
-                        break
-                    item = item.merged(later)
-                if isinstance(item, BaseException):
-                    finished = True
-                    raise item
-                finished = item.finished
-                yield item
-                if finished:
-                    return
-        finally:
-            if not finished:
-                self.abort(request_id)
+        return stream_request(start, lambda: self.abort(request_id))
 
     async def shutdown(self) -> None:
         with self._cond:

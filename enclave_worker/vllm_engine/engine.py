@@ -17,19 +17,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from enclave_worker.engine.config import RequestOutput, SamplingParams, TokenLogprob
 from enclave_worker.engine.errors import EngineDeadError, InvalidRequestError
 from enclave_worker.engine.output_processor import OutputProcessor
+from enclave_worker.engine.output_stream import Sink, stream_request
 from enclave_worker.engine.sequence import SeqStatus, Sequence
 from enclave_worker.engine.tokenizer import Tokenizer
 
 from .runtime import VllmRuntime
 
 log = logging.getLogger(__name__)
-Sink = Callable[[RequestOutput | BaseException], None]
 
 
 @dataclass
@@ -256,30 +256,13 @@ class VllmEngine:
             self._thread = threading.Thread(target=self._loop, name="vllm-engine", daemon=True)
             self._thread.start()
 
-    async def generate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                       cache_salt: bytes = b"") -> AsyncIterator[RequestOutput]:
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
+    def generate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                 cache_salt: bytes = b"") -> AsyncIterator[RequestOutput]:
+        def start(sink: Sink) -> None:
+            self.add_request(request_id, prompt_token_ids, params, sink, cache_salt)
+            self._ensure_thread()
 
-        def sink(item: RequestOutput | BaseException) -> None:
-            loop.call_soon_threadsafe(queue.put_nowait, item)
-
-        self.add_request(request_id, prompt_token_ids, params, sink, cache_salt)
-        self._ensure_thread()
-        finished = False
-        try:
-            while True:
-                item = await queue.get()
-                if isinstance(item, BaseException):
-                    finished = True
-                    raise item
-                finished = item.finished
-                yield item
-                if finished:
-                    return
-        finally:
-            if not finished:
-                self.abort(request_id)
+        return stream_request(start, lambda: self.abort(request_id))
 
     async def shutdown(self) -> None:
         with self._cond:
