@@ -26,7 +26,7 @@ def template() -> dict:
 
 
 def spec(**kw: Any) -> VersionSpec:
-    return VersionSpec(**{"tenant": "acme", "model": "llama/3b", "version": "v1", "min_warm": 0, "max_replicas": 3,
+    return VersionSpec(**{"tenant": "acme", "model": "Llama_3.2-3b", "version": "v1", "min_warm": 0, "max_replicas": 3,
                           "package": "ab" * 32, **kw})
 
 
@@ -50,7 +50,7 @@ def test_a_runnable_version_gets_a_confidential_deployment_and_a_scaled_object(t
     assert "sealed.dev/template" not in pod["metadata"]["labels"]
     assert pod["metadata"]["labels"]["app.kubernetes.io/component"] == "worker"  # the NetworkPolicy selects it
     args = pod["spec"]["containers"][0]["args"]
-    assert args[-9:] == ["--tenant", "acme", "--model", "llama/3b", "--version", "v1", "--package-dir",
+    assert args[-9:] == ["--tenant", "acme", "--model", "Llama_3.2-3b", "--version", "v1", "--package-dir",
                          f"/var/lib/sealed/packages/packages/{'ab' * 32}", "--unsafe-no-tenant-policy"]
     assert "$(SEALED_TEE)" in args  # the overlay's TEE, from the template
     assert scaled["spec"]["scaleTargetRef"]["name"] == object_name(s)
