@@ -80,7 +80,7 @@ def refused_stack(stack: RunningStack, tmp_path_factory: pytest.TempPathFactory)
     """A second deployment whose worker presents a measurement the release policy does not allow."""
     root = tmp_path_factory.mktemp("refused")
     shutil.copytree(stack.home, root, dirs_exist_ok=True,
-                    ignore=shutil.ignore_patterns("audit", "logs", "run"))
+                    ignore=shutil.ignore_patterns("audit", "witness", "logs", "run"))
     home = Home(root)
     home.create()
     running = launch(home, port=free_port(), unsafe_sim_measurement="ab" * 48)
@@ -107,7 +107,7 @@ def test_worker_with_unallowed_measurement_gets_no_key_and_gateway_says_unavaila
 
 def test_ctrl_c_stops_every_process(stack: RunningStack, tmp_path: Path, sealed_up) -> None:  # type: ignore[no-untyped-def]
     start_sealed_up, stop_sealed_up = sealed_up
-    shutil.copytree(stack.home, tmp_path / "home", ignore=shutil.ignore_patterns("audit", "logs", "run"))
+    shutil.copytree(stack.home, tmp_path / "home", ignore=shutil.ignore_patterns("audit", "witness", "logs", "run"))
     running = start_sealed_up(tmp_path)
     pids = json.loads((running.home / "run" / "pids.json").read_text())
     assert stop_sealed_up(running) == 0
