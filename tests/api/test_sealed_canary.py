@@ -95,7 +95,8 @@ def fleet(stack: RunningStack, pg_url: str, tmp_path_factory: pytest.TempPathFac
     redis = redis_client()
     redis.flushdb()
     root = tmp_path_factory.mktemp("fleet")
-    shutil.copytree(stack.home, root, dirs_exist_ok=True, ignore=shutil.ignore_patterns("audit", "witness", "logs", "run"))
+    shutil.copytree(stack.home, root, dirs_exist_ok=True,
+                    ignore=shutil.ignore_patterns("audit", "witness", "logs", "run"))
     home = Home(root)
     home.create()
     running = launch(home, port=free_port(), gateway_args=("--database-url", pg_url, "--redis-url", REDIS_URL))
