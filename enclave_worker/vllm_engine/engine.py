@@ -234,6 +234,7 @@ class VllmEngine:
                     **self.runtime.kv_stats(), **self.runtime.metrics()}
 
     def _loop(self) -> None:
+        self.runtime.bind_stepping_thread()
         while True:
             with self._cond:
                 while not self._stopped and not self._requests and not self._ops.abort:

@@ -20,8 +20,13 @@ import torch
 
 from enclave_worker.package import DecryptedModel
 
+from . import packed
+
 LOAD_FORMAT = "sealed-package"
 HANDOFF_KEY = "sealed_handoff"
+# In model_loader_extra_config: "packed" (default: oneDNN, packs the wipe reaches) or "torch"
+# (torch's GEMM over the weights; no second copy of the LM head). Not secret: vLLM logs it.
+CPU_LINEAR_KEY = "sealed_cpu_linear"
 
 # The one seam between the worker and vLLM's loader registry (itself process-wide): tokens of
 # models waiting to be loaded. Each is taken once; a second load with the same token fails.
@@ -70,25 +75,51 @@ def _plain_cpu_linear(layer: torch.nn.Module) -> None:
     layer.cpu_linear = torch.nn.functional.linear  # the GEMM reads layer.weight in place
 
 
+def _cpu_linear_kind(module: torch.nn.Module) -> str:
+    return type(getattr(module, "quant_method", None)).__name__
+
+
 def keep_cpu_weights_in_place(model: torch.nn.Module) -> int:
     """On the CPU, vLLM re-packs each linear weight into a oneDNN handle (memory no tensor reaches)
-    and frees the original without zeroing it; a wipe could then reach neither copy. Keep every
-    linear layer (and the embedding used as LM head) on torch's GEMM over its own weight, so the
-    weights stay tensors that `VllmRuntime.wipe` zeroes. Returns the number of layers kept."""
+    and frees the original without zeroing it; a wipe could then reach neither copy. So vLLM's
+    post-processing leaves every linear layer (and the embedding used as LM head) on torch's GEMM
+    over its own weight; `pack_cpu_weights` then packs them where the wipe reaches the pack.
+    Returns the number of layers kept."""
     from vllm.platforms import current_platform
 
     if not current_platform.is_cpu():
         return 0
     kept = 0
     for module in model.modules():
-        method = type(getattr(module, "quant_method", None)).__name__
-        if method == "UnquantizedLinearMethod":
+        kind = _cpu_linear_kind(module)
+        if kind == "UnquantizedLinearMethod":
+            # A layer vLLM itself keeps unpacked (MLA's kv_b_proj) has its weight read directly:
+            # it stays dense, never packed.
+            module._sealed_pack = not getattr(module, "_cpu_skip_gemm_dispatch", False)
             module._cpu_skip_gemm_dispatch = True  # vLLM's own switch: torch.nn.functional.linear
             kept += 1
-        elif method == "UnquantizedEmbeddingMethod":
+        elif kind == "UnquantizedEmbeddingMethod":
             module.quant_method.process_weights_after_loading = _plain_cpu_linear  # type: ignore[union-attr]
             kept += 1
     return kept
+
+
+def pack_cpu_weights(model: torch.nn.Module) -> int:
+    """After vLLM's post-processing: oneDNN's prepacked matmul for every layer kept in place, its
+    pack a tensor the wipe zeroes (packed.py). Linear layers drop their dense weight (as vLLM's
+    own dispatch does); the LM head keeps it (tied, it is the embedding table the lookup reads).
+    The input embedding is not packed: only its lookup runs. Returns the number of layers packed."""
+    from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
+
+    count = 0
+    for module in model.modules():
+        if getattr(module, "_sealed_pack", False) and module.weight.ndim == 2:
+            packed.pack_linear(module, release_dense=True)
+            count += 1
+        elif isinstance(module, ParallelLMHead) and getattr(module, "cpu_linear", None) is torch.nn.functional.linear:
+            packed.pack_linear(module, release_dense=False)
+            count += 1
+    return count
 
 
 def register() -> None:
@@ -122,9 +153,14 @@ def register() -> None:
             self.loaded_tensors = [p.data for p in model.parameters()]
 
         def load_model(self, vllm_config, model_config, prefix: str = "") -> torch.nn.Module:  # type: ignore[no-untyped-def]
-            """vLLM's load, then: any weight its post-processing replaced (a re-layout, a copy) is
-            zeroed before it is freed, so no plaintext is left in freed memory."""
+            """vLLM's load, then our packing (pack_cpu_weights), then: any weight that post-processing
+            replaced (a re-layout, a copy, a dense weight now packed) is zeroed before it is freed,
+            so no plaintext is left in freed memory."""
             model = super().load_model(vllm_config, model_config, prefix)
+            extra = self.load_config.model_loader_extra_config or {}
+            if extra.get(CPU_LINEAR_KEY, "packed") == "packed" and packed.can_pack():
+                with torch.no_grad():
+                    pack_cpu_weights(model)
             live = {t.untyped_storage().data_ptr() for t in (*model.parameters(), *model.buffers())}
             with torch.no_grad():
                 for tensor in self.loaded_tensors:

@@ -24,7 +24,7 @@ import torch
 
 from enclave_worker.package import DecryptedModel
 
-from . import loader
+from . import loader, packed
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +38,7 @@ class VllmOptions:
     device: str = "cpu"
     gpu_memory_utilization: float = 0.9
     enforce_eager: bool = True  # CPU: no graph capture or compilation
+    cpu_linear: str = "packed"  # CPU: oneDNN over packs the wipe reaches, or "torch" GEMM (loader.py)
     seed: int = 0
 
 
@@ -70,7 +71,8 @@ class VllmRuntime:
             on_cpu = options.device == "cpu"
             args = EngineArgs(
                 model=str(model_dir), skip_tokenizer_init=True, load_format=loader.LOAD_FORMAT,
-                model_loader_extra_config={loader.HANDOFF_KEY: token}, dtype=options.dtype,
+                model_loader_extra_config={loader.HANDOFF_KEY: token, loader.CPU_LINEAR_KEY: options.cpu_linear},
+                dtype=options.dtype,
                 max_model_len=options.max_model_len, max_num_seqs=options.max_num_seqs,
                 enforce_eager=options.enforce_eager, enable_prefix_caching=True, seed=options.seed,
                 disable_log_stats=False,
@@ -84,6 +86,22 @@ class VllmRuntime:
         self.block_size = int(cache.block_size)
         self.max_model_len = int(self.llm.model_config.max_model_len)
         self.num_blocks = int(cache.num_gpu_blocks or 0)
+        self.stepping_cpus = _worker_cpus(self.llm.vllm_config)
+
+    def bind_stepping_thread(self) -> None:
+        """Run by the thread that steps vLLM, before its first step: the threading `vllm serve`
+        gives its CPU worker process (that many torch threads, pinned to those CPUs), here for one
+        thread. Left alone, the thread used torch's default (every core, unpinned) and shared the
+        cores with the worker's gRPC and asyncio threads: docs/vllm-backend.md, "Threads"."""
+        if not self.stepping_cpus:
+            return
+        try:
+            os.sched_setaffinity(0, self.stepping_cpus)  # 0: the calling thread only (Linux)
+        except OSError as exc:  # a CPU set the process may not use: unpinned, still one team
+            log.warning("cannot pin the vLLM stepping thread to CPUs %s: %s", self.stepping_cpus, exc)
+        # torch keeps the count per thread; vLLM's CPU worker replaced torch.set_num_threads
+        # with a no-op that warns, so its implementation is called directly.
+        torch._C.set_num_threads(len(self.stepping_cpus))
 
     def _model_runner(self) -> Any:
         executor = self.llm.model_executor
@@ -96,18 +114,19 @@ class VllmRuntime:
         return _flatten(getattr(self._model_runner(), "kv_caches", []))
 
     def held_tensors(self) -> list[torch.Tensor]:
-        """Every parameter and buffer of vLLM's model plus its KV cache tensors (none once closed)."""
+        """Every parameter and buffer of vLLM's model, the packed weights (packed.py) and the KV
+        cache tensors (none once closed)."""
         if not hasattr(self, "llm"):
             return []
         model = self._model_runner().get_model()
-        return [*model.parameters(), *model.buffers(), *self.kv_cache_tensors()]
+        return [*model.parameters(), *model.buffers(), *packed.packed_tensors(model), *self.kv_cache_tensors()]
 
     def wipe(self) -> None:
         """Zero the weights and the KV cache in place; `close` then drops vLLM and frees them (the
         worker's revocation runs the engine's shutdown right after the wipe)."""
         with torch.inference_mode():
             for tensor in self.held_tensors():
-                tensor.zero_()
+                packed.zero_every_byte(tensor)
 
     def kv_stats(self) -> dict[str, float]:
         """KV cache figures under the names our engine reports (the gateway routes on them)."""
@@ -144,6 +163,19 @@ class VllmRuntime:
             llm.engine_core.shutdown()
         del llm
         gc.collect()
+
+
+def _worker_cpus(vllm_config: Any) -> list[int]:
+    """The CPUs vLLM pins its CPU worker process to (`VLLM_CPU_OMP_THREADS_BIND`, default `auto`:
+    the first NUMA node's cores less those it keeps for its own frontend; none under `nobind`, or
+    off the CPU)."""
+    from vllm.platforms import current_platform
+    from vllm.utils.ompmultiprocessing import OMPProcessManager
+
+    if not current_platform.is_cpu():
+        return []
+    lists = getattr(OMPProcessManager(vllm_config), "cpu_lists", [])
+    return [int(c) for c in lists[0]] if lists and lists[0] else []
 
 
 def _flatten(items: Any) -> list[Any]:

@@ -100,3 +100,23 @@ def test_revocation_wipe_zeroes_weights_and_kv_cache_then_frees_them(results: di
     assert wipe["nonzero_before"] > wipe["kv_tensors"]
     assert wipe["nonzero_after"] == 0
     assert wipe["released"]
+
+
+def test_the_wipe_reaches_every_byte_of_the_onednn_packed_weights(results: dict) -> None:
+    """On the CPU the linear layers run oneDNN over packed copies (packed.py): every copy is one
+    the wipe holds, and afterwards every byte of each (padding included) is zero."""
+    wipe = results["sealed"]["wipe"]
+    assert wipe["packed"] >= 30 * 4 + 1  # q/k/v, o, gate/up, down in each of 30 layers; the LM head
+    assert wipe["packed_held"] == wipe["packed"]
+    assert wipe["packed_nonzero_before"] == wipe["packed"]
+    assert wipe["packed_nonzero_after"] == 0
+
+
+def test_the_stepping_thread_is_pinned_to_the_cpus_vllm_gives_its_worker(results: dict) -> None:
+    """vLLM's own choice (OMPProcessManager, `VLLM_CPU_OMP_THREADS_BIND=auto`): on a machine with
+    more than one CPU it keeps one for its frontend, so the stepping thread never has them all."""
+    stepping = results["sealed"]["stepping"]
+    assert stepping["cpus"] and stepping["thread_cpus"] == sorted(stepping["cpus"])
+    assert set(stepping["cpus"]) <= set(stepping["all_cpus"])
+    if len(stepping["all_cpus"]) > 1:
+        assert len(stepping["cpus"]) < len(stepping["all_cpus"])

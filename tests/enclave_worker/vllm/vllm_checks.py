@@ -32,6 +32,14 @@ def prompt_ids(tokenizer) -> list[list[int]]:  # type: ignore[no-untyped-def]
     return [tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": p}])) for p in PROMPTS]
 
 
+def _nonzero(tensor) -> int:  # type: ignore[no-untyped-def]
+    from enclave_worker.vllm_engine.packed import raw_bytes
+
+    if tensor.is_mkldnn:
+        return int(bool(raw_bytes(tensor).strip(b"\0")))
+    return int(tensor.count_nonzero() > 0)
+
+
 async def _run(engine, rid: str, ids: list[int], params, salt: bytes = b"") -> dict:  # type: ignore[no-untyped-def]
     text, tokens, logprobs, last = "", [], [], None
     async for out in engine.generate(rid, ids, params, cache_salt=salt):
@@ -80,14 +88,26 @@ async def sealed_checks(engine, tokenizer) -> dict:  # type: ignore[no-untyped-d
             break
         await asyncio.sleep(0.05)
     result["unfinished_after_cancel"] = engine.runtime.llm.get_num_unfinished_requests()
-    # Revocation: zero in place (we keep references to look), then vLLM is dropped.
+    # The stepping thread runs as vLLM's CPU worker process would: its CPUs, that many threads.
+    import os
+
+    result["stepping"] = {"cpus": engine.runtime.stepping_cpus, "all_cpus": sorted(os.sched_getaffinity(0)),
+                          "thread_cpus": sorted(os.sched_getaffinity(engine._thread.native_id))}
+    # Revocation: zero in place (we keep references to look), then vLLM is dropped. Packed weights
+    # are read byte by byte over oneDNN's whole allocation, padding included.
+    from enclave_worker.vllm_engine.packed import packed_tensors
+
     held = engine.held_tensors()
     kv = engine.runtime.kv_cache_tensors()
-    result["wipe"] = {"tensors": len(held), "kv_tensors": len(kv),
-                      "nonzero_before": sum(int(t.count_nonzero() > 0) for t in held),
-                      "kv_nonzero_before": sum(int(t.count_nonzero() > 0) for t in kv)}
+    packs = packed_tensors(engine.runtime._model_runner().get_model())
+    result["wipe"] = {"tensors": len(held), "kv_tensors": len(kv), "packed": len(packs),
+                      "packed_held": sum(any(p is t for t in held) for p in packs),
+                      "nonzero_before": sum(_nonzero(t) for t in held),
+                      "packed_nonzero_before": sum(_nonzero(t) for t in packs),
+                      "kv_nonzero_before": sum(_nonzero(t) for t in kv)}
     engine.wipe()
-    result["wipe"]["nonzero_after"] = sum(int(t.count_nonzero() > 0) for t in held)
+    result["wipe"]["nonzero_after"] = sum(_nonzero(t) for t in held)
+    result["wipe"]["packed_nonzero_after"] = sum(_nonzero(t) for t in packs)
     await engine.shutdown()  # what the worker's revocation runs next: vLLM is dropped, memory freed
     result["wipe"]["released"] = not hasattr(engine.runtime, "llm")
     return result

@@ -1,0 +1,67 @@
+"""oneDNN-prepacked linear weights that the revocation wipe reaches (docs/vllm-backend.md, "Revocation").
+
+On the CPU, vLLM re-packs each linear weight for oneDNN into a handle whose memory C++ owns: no
+tensor reaches it, so a wipe could not zero it. Here the same re-layout is made by torch's own
+oneDNN binding into an MKLDNN tensor instead: still oneDNN's blocked layout and matmul, but a torch
+tensor whose address and byte size torch reports, so `zero_every_byte` zeroes all of it (blocked
+layouts may pad; the padding is zeroed too). The layer's dense weight is released, as vLLM
+releases it; the loader zeroes it first (`loader.SealedPackageLoader.load_model`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import torch
+
+# The batch oneDNN chooses the packed layout for; vLLM packs for 32 as well (layers/utils.py).
+PACK_BATCH = 32
+_ATTR = "_sealed_packed_weight"
+
+
+def _packed_linear(packed: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
+                   bias: torch.Tensor | None) -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+def can_pack() -> bool:
+    return bool(torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
+
+
+def pack_linear(layer: torch.nn.Module, *, release_dense: bool) -> None:
+    """`layer.cpu_linear` (what vLLM's CPU linear and LM head call) becomes oneDNN's matmul over a
+    packed copy of `layer.weight`. With `release_dense`, the weight parameter becomes empty (an
+    embedding used as LM head keeps it: the lookup reads it)."""
+    weight = layer.weight
+    packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_BATCH)
+    setattr(layer, _ATTR, packed)
+    layer.cpu_linear = functools.partial(_packed_linear, packed)
+    if release_dense:
+        layer.weight = torch.nn.Parameter(torch.empty(0, dtype=weight.dtype), requires_grad=False)
+
+
+def packed_tensors(model: torch.nn.Module) -> list[torch.Tensor]:
+    return [getattr(m, _ATTR) for m in model.modules() if hasattr(m, _ATTR)]
+
+
+def nbytes(tensor: torch.Tensor) -> int:
+    """Bytes of the tensor's memory (for an MKLDNN tensor, oneDNN's size, padding included)."""
+    if tensor.is_mkldnn:
+        return int(torch.ops.mkldnn._nbytes(tensor))
+    return tensor.numel() * tensor.element_size()
+
+
+def raw_bytes(tensor: torch.Tensor) -> bytes:
+    """A copy of every byte of the tensor's memory (tests check a wipe with it)."""
+    address = torch.ops.mkldnn.data_ptr(tensor) if tensor.is_mkldnn else tensor.data_ptr()
+    return ctypes.string_at(address, nbytes(tensor))
+
+
+def zero_every_byte(tensor: torch.Tensor) -> None:
+    if tensor.is_mkldnn:
+        # torch's zero_ on an MKLDNN tensor writes numel elements from the start, which misses the
+        # tail of a padded blocked layout; memset covers oneDNN's whole allocation.
+        ctypes.memset(torch.ops.mkldnn.data_ptr(tensor), 0, nbytes(tensor))
+    else:
+        tensor.zero_()
