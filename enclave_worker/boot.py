@@ -58,7 +58,9 @@ def _release_unaliased(model: DecryptedModel, engine: ServingEngine) -> Decrypte
     """When the engine converted every weight (another dtype, a fused layout), the decrypted
     buffer is a second plaintext copy: zero it and let it go (on a GPU, that memory is the KV pool's)."""
     buffer = model.buffer.untyped_storage().data_ptr()
-    if any(t.untyped_storage().data_ptr() == buffer for t in engine.held_tensors()):
+    # Packed (opaque-layout) weights have no storage to compare: oneDNN allocated them, so they
+    # never alias the buffer.
+    if any(not t.is_mkldnn and t.untyped_storage().data_ptr() == buffer for t in engine.held_tensors()):
         return model
     model.wipe()
     return DecryptedModel(model.manifest, model.signer, model.metadata, {},

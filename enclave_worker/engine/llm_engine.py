@@ -68,8 +68,10 @@ class LLMEngine:
         self.max_model_len = min(built.model_len, num_blocks * config.block_size)
         self.blocks = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.blocks, config.max_num_seqs, config.max_num_batched_tokens)
-        # fp32 weights on the CPU are what the OpenBLAS path serves (ModelRunner.use_blas); 0 turns it off
-        fp32_cpu = config.device == "cpu" and built.dtype == torch.float32 and built.quant == "none"
+        # fp32 weights on the CPU are what the OpenBLAS path serves (ModelRunner.use_blas); 0 turns it off.
+        # Packed weights run on torch's pool (layers/packed.py): OpenBLAS would serve only a tied LM head.
+        fp32_cpu = (config.device == "cpu" and built.dtype == torch.float32 and built.quant == "none"
+                    and not built.packed)
         dense_bytes = sum(t.nbytes for t in model_tensors(self.model)) if fp32_cpu else 0
         fused = _fused_decode(config, cuda)
         graphs = fused and cuda and config.cuda_graphs
