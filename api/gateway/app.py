@@ -12,6 +12,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api.gateway import internal
 from api.gateway.admission import AdmissionController
+from api.gateway.capacity import AdaptiveCapacity, CapacityPolicy
 from api.gateway.edge import EdgeGuard
 from api.gateway.errors import (
     GatewayError,
@@ -44,6 +45,12 @@ def build_service(settings: GatewaySettings) -> GatewayService:
     service = GatewayService(settings, store, AdmissionController(limiter, counter, settings.max_inflight,
                                                                   settings.max_queued,
                                                                   max_request_streams=settings.max_choices))
+    if settings.adaptive_lag_s is not None:
+        admission = service.admission
+        capacity = AdaptiveCapacity(admission.scheduler, admission.dispatch, settings.max_inflight,
+                                    CapacityPolicy(target_lag_s=settings.adaptive_lag_s))
+        service.registry.clock.on_tick(capacity.observe)  # the loop clock's ticker measures the lag
+        service.metrics.dispatch_slots.set_function(lambda: float(capacity.slots))
     for route in settings.workers:
         store.upsert_version(route.tenant, route.model, route.version)
     service.bootstrap_keys()
