@@ -19,7 +19,7 @@ from pydantic import Field
 
 from api.gateway.dependencies import get_service
 from api.gateway.errors import GatewayError
-from api.gateway.internal import version_state
+from api.gateway.internal import version_state, version_workers
 from api.gateway.service import GatewayService
 from api.management.auth import ROLES, Principal, issue_token, require, tenant_scope
 from api.management.schemas import Strict
@@ -91,7 +91,7 @@ def deployments(_: Principal = Depends(require(OP, AUDITOR)),
     service.demand.refresh()
     registry, out = service.registry, []
     for v in service.store.model_versions():
-        workers = [w for w in registry.for_model(v.tenant, v.model) if w.version == v.version]
+        workers = version_workers(registry, v)
         ttft = service.demand.ttft_mean(v.tenant, v.model)
         out.append({
             "tenant": v.tenant, "model": v.model, "version": v.version, "retired": v.retired,

@@ -7,6 +7,8 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 
+from protocol.model_ref import valid_name
+
 
 class Strict(BaseModel):
     # Types as the schema says: no "12" for 12, no 1.0 for an integer, no number for a timestamp.
@@ -51,6 +53,10 @@ class ModelVersionIn(Strict):
 
     @model_validator(mode="after")
     def _bounds(self) -> ModelVersionIn:
+        # The names every role will put in a ModelRef (no "..": each becomes a path component);
+        # refused here, not later in the control loop or the key broker.
+        if not (valid_name(self.model) and valid_name(self.version)):
+            raise ValueError("model and version must not contain '..'")
         if self.max_replicas is not None and self.max_replicas < self.min_warm:
             raise ValueError("max_replicas must be at least min_warm")
         return self

@@ -103,7 +103,8 @@ def test_retire_moves_traffic_hides_the_version_and_rollback_restores(gw: TestCl
 
 def test_version_bounds_are_checked(gw: TestClient) -> None:
     for body in ({"model": "x", "version": "v1", "min_warm": 3, "max_replicas": 2},
-                 {"model": "x/../y", "version": "v1"}, {"model": "x", "version": "v1", "min_warm": -1},
+                 {"model": "x/../y", "version": "v1"}, {"model": "x..y", "version": "v1"},
+                 {"model": "x", "version": "v..1"}, {"model": "x", "version": "v1", "min_warm": -1},
                  {"model": "x", "version": "v1", "ttft_slo_ms": 0}):
         assert gw.post("/admin/v1/tenants/acme/models", json=body, headers=auth()).status_code == 400, body
     assert gw.get("/admin/v1/tenants/acme/models", headers=auth()).json()["data"] == []
