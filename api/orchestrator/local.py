@@ -75,12 +75,12 @@ class LocalRuntime:
         self.on_change: Callable[[], None] | None = None  # e.g. rewrite run/pids.json
 
     # -- where a version's inputs are
-    def package_dir(self, tenant: str, model: str, version: str, address: str | None) -> Path | None:
+    def package_dir(self, ref: ModelRef, address: str | None) -> Path | None:
         if address:
             path = self.home.gateway / "package-store" / "packages" / address
             if (path / "manifest.json").exists():
                 return path
-        local = self.home.package(tenant, model, version)
+        local = self.home.package(ref.tenant, ref.model, ref.version)
         return local if (local / "manifest.json").exists() else None
 
     def policy_files(self, tenant: str, policy: dict[str, Any] | None) -> TenantPolicyFiles:

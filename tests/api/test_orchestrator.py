@@ -75,7 +75,7 @@ class FakeRuntime:
         self.stopped: list[str] = []
         self.statuses: dict[str, dict] = {}
 
-    def package_dir(self, tenant: str, model: str, version: str, address: str | None) -> Path | None:
+    def package_dir(self, ref: ModelRef, address: str | None) -> Path | None:
         return Path("/pkg") if address else None
 
     def policy_files(self, tenant: str, policy: Any) -> TenantPolicyFiles:
