@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import signal
 import statistics
@@ -24,6 +23,8 @@ import time
 from pathlib import Path
 
 import httpx
+
+from sealed_bench.vllm_side import add_vllm_options, machine, vllm_interpreter
 
 REPO = Path(__file__).resolve().parent.parent
 SERVED = "smollm2-135m-instruct"
@@ -95,13 +96,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output-len", type=int, default=64)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--pairs", type=int, default=2, help="alternating runs per server")
-    parser.add_argument("--vllm-python", default=None, help="vLLM's interpreter (default: api/vllm_python.py)")
-    parser.add_argument("--json", type=Path, default=None)
+    add_vllm_options(parser)
     args = parser.parse_args(argv)
     from api.stack import free_port
-    from api.vllm_python import vllm_python
 
-    python = args.vllm_python or vllm_python()
+    python = vllm_interpreter(args)
     root = Path(tempfile.mkdtemp(prefix="sealed-bench-vllmserve-"))
     procs: list[subprocess.Popen] = []
     try:
@@ -136,8 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     cost = 1 - med["sealed"] / med["plain"]
     result = {"benchmark": "vllmserve", "runs": runs, "median_output_tok_per_s": med, "cost": round(cost, 4),
               "target_cost": 0.05, "met": cost <= 0.05, "workload": vars(args) | {"json": str(args.json)},
-              "machine": {"cpus": os.cpu_count(), "machine": platform.machine(),
-                          "loadavg_1m": round(os.getloadavg()[0], 2)}}
+              "machine": machine()}
     print(f"attested stack {med['sealed']:.1f} tok/s vs vllm serve {med['plain']:.1f} tok/s: cost {cost:.1%} "
           "(target <= 5%)")
     if args.json:
