@@ -27,6 +27,7 @@ from api.gateway.settings import GatewaySettings
 from api.store.db import make_engine, session_factory, upgrade
 from api.store.repo import Store
 from policy.limiter import TokenBucketLimiter
+from protocol.model_ref import ModelRef
 
 
 def build_service(settings: GatewaySettings) -> GatewayService:
@@ -44,7 +45,7 @@ def build_service(settings: GatewaySettings) -> GatewayService:
                                                                   settings.max_queued,
                                                                   max_request_streams=settings.max_choices))
     for route in settings.workers:
-        store.upsert_version(route.tenant, route.model, route.version)
+        store.upsert_version(ModelRef(route.tenant, route.model, route.version))
     service.bootstrap_keys()
     return service
 

@@ -7,7 +7,8 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 
-from protocol.model_ref import valid_name
+from api.gateway.errors import GatewayError
+from protocol.model_ref import InvalidModelRef, ModelRef, valid_name
 
 
 class Strict(BaseModel):
@@ -60,6 +61,23 @@ class ModelVersionIn(Strict):
         if self.max_replicas is not None and self.max_replicas < self.min_warm:
             raise ValueError("max_replicas must be at least min_warm")
         return self
+
+
+def new_version_ref(tenant: str, model: str, version: str) -> ModelRef:
+    """The model version a request registers, from its path and body (a 400 when the names form none)."""
+    try:
+        return ModelRef(tenant, model, version)
+    except InvalidModelRef as exc:
+        raise GatewayError(400, str(exc), code="invalid_value") from exc
+
+
+def stored_version_ref(tenant: str, model: str, version: str) -> ModelRef:
+    """The model version a request names, parsed once from its path or body. A name no ModelRef
+    takes was never registered: the same 404 as for a version that does not exist."""
+    try:
+        return ModelRef(tenant, model, version)
+    except InvalidModelRef as exc:
+        raise GatewayError(404, "no such model version", code="not_found") from exc
 
 
 class RolloutIn(Strict):

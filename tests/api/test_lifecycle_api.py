@@ -110,6 +110,19 @@ def test_version_bounds_are_checked(gw: TestClient) -> None:
     assert gw.get("/admin/v1/tenants/acme/models", headers=auth()).json()["data"] == []
 
 
+def test_names_that_form_no_model_ref_are_refused_at_the_route_and_change_nothing(gw: TestClient) -> None:
+    h = auth()
+    assert gw.post("/admin/v1/tenants/a..b/models", json={"model": "x", "version": "v1"}, headers=h).status_code == 400
+    assert gw.app.state.service.store.tenant("a..b") is None  # type: ignore[attr-defined]
+    assert gw.post("/admin/v1/tenants/acme/models", json={"model": "x", "version": "v1"}, headers=h).status_code == 201
+    assert gw.post("/admin/v1/tenants/acme/models/x..y/versions/v1/retire", headers=h).status_code == 404
+    assert gw.post("/admin/v1/tenants/acme/models/x/rollout", json={"version": "v..1"}, headers=h).status_code == 404
+    assert gw.put("/admin/v1/deployments/acme/x/v..1/status", json={"status": "failing"},
+                  headers=h).status_code == 404
+    rows = gw.get("/admin/v1/tenants/acme/models", headers=h).json()["data"]
+    assert [(r["version"], r["traffic_percent"], r["retired"]) for r in rows] == [("v1", 100.0, False)]
+
+
 def test_tokens_are_minted_by_operators_only_and_work(gw: TestClient) -> None:
     gw.post("/admin/v1/tenants", json={"name": "acme"}, headers=auth())
     body = {"role": "tenant-admin", "tenant": "acme", "subject": "alice", "ttl_s": 600}
