@@ -12,6 +12,7 @@ import torch
 from .block_manager import BlockManager
 from .checkpoint import Checkpoint
 from .config import EngineConfig, RequestOutput, SamplingParams
+from .engine_thread import ThreadedEngine
 from .errors import EngineError
 from .kernels import triton_installed
 from .kv_cache import KVCacheSpec, allocate_kv_cache, gpu_kv_budget
@@ -22,7 +23,6 @@ from .output_processor import OutputProcessor
 from .output_stream import Sink
 from .scheduler import ScheduledSeq, Scheduler
 from .sequence import Sequence
-from .engine_thread import ThreadedEngine
 
 
 def _fused_decode(config: EngineConfig, cuda: bool) -> bool:

@@ -18,10 +18,10 @@ import threading
 from dataclasses import dataclass, field
 
 from enclave_worker.engine.config import RequestOutput, SamplingParams, TokenLogprob
+from enclave_worker.engine.engine_thread import ThreadedEngine
 from enclave_worker.engine.output_processor import OutputProcessor
 from enclave_worker.engine.output_stream import Sink
 from enclave_worker.engine.sequence import SeqStatus, Sequence
-from enclave_worker.engine.engine_thread import ThreadedEngine
 from enclave_worker.engine.tokenizer import Tokenizer
 
 from .runtime import VllmRuntime
