@@ -116,7 +116,8 @@ def test_names_that_form_no_model_ref_are_refused_at_the_route_and_change_nothin
     assert gw.app.state.service.store.tenant("a..b") is None  # type: ignore[attr-defined]
     assert gw.post("/admin/v1/tenants/acme/models", json={"model": "x", "version": "v1"}, headers=h).status_code == 201
     assert gw.post("/admin/v1/tenants/acme/models/x..y/versions/v1/retire", headers=h).status_code == 404
-    assert gw.post("/admin/v1/tenants/acme/models/x/rollout", json={"version": "v..1"}, headers=h).status_code == 404
+    assert gw.post("/admin/v1/tenants/acme/models/x/rollout", json={"version": "v..1", "percent": 50},
+                   headers=h).status_code == 404
     assert gw.put("/admin/v1/deployments/acme/x/v..1/status", json={"status": "failing"},
                   headers=h).status_code == 404
     rows = gw.get("/admin/v1/tenants/acme/models", headers=h).json()["data"]
