@@ -53,7 +53,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Env:
 def put_release_policy(home: Home, signer: str, *, require_gpu_cc: bool) -> None:
     store = PolicyStore(home.broker, local_ledger(home.broker, load_master_key(home.broker / "master.key")))
     try:
-        version = store.get(DEMO_TENANT, DEMO_MODEL).version + 1
+        version = store.get(ModelRef(DEMO_TENANT, DEMO_MODEL, DEMO_VERSION)).version + 1
     except KeyStoreError:
         version = 1
     store.put(ReleasePolicy(
