@@ -61,6 +61,7 @@ from key_broker.tenants import Conflict, TenantAdmin
 from policy.audit import AuditLog, CheckpointAnchor, SqlAnchor, WitnessFile
 from policy.audit.entry import bounded_reason
 from policy.errors import AuditIntegrityError, PolicyInvalid
+from protocol.asgi import without_native_telemetry
 from protocol.fsutil import atomic_write
 from protocol.package.keywrap import load_or_create_import_key
 
@@ -268,7 +269,8 @@ def create_app(settings: BrokerSettings, service: KeyBrokerService | None = None
         yield
         svc.close()
 
-    app = FastAPI(title="Sealed key broker", docs_url=None, redoc_url=None, lifespan=lifespan)
+    app = FastAPI(title="Sealed key broker", docs_url=None, redoc_url=None, lifespan=lifespan,
+                  **without_native_telemetry())
     app.state.service = svc
     app.state.leases = LeaseBook(svc, LeaseSettings(lease_s=settings.lease_s, max_wait_s=settings.lease_max_wait_s))
     app.state.admin = tenant_admin

@@ -28,6 +28,7 @@ from api.gateway.settings import GatewaySettings
 from api.store.db import make_engine, session_factory, upgrade
 from api.store.repo import Store
 from policy.limiter import TokenBucketLimiter
+from protocol.asgi import without_native_telemetry
 
 
 def build_service(settings: GatewaySettings) -> GatewayService:
@@ -61,7 +62,8 @@ def create_app(settings: GatewaySettings) -> FastAPI:
 
     # No public /docs, /redoc or /openapi.json: the schema maps the admin surface. `app.openapi()`
     # still builds it (the schema tests use that).
-    app = FastAPI(title="Sealed gateway", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="Sealed gateway", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None,
+                  **without_native_telemetry())
     app.state.service = service
     app.include_router(router)
     app.include_router(sealed_router)
