@@ -20,6 +20,7 @@ from attestation.bundle import EvidenceBundle
 from attestation.errors import AttestationError
 from attestation.token import AttestationClaims, TokenIssuer, TokenScope, TokenVerifier
 from attestation.verifier import AttestationResult, VerifierTrust, verify_bundle
+from key_broker.edge_audit import EdgeRefusals
 from key_broker.errors import KeyBrokerError, RateLimited, ReleaseRefused
 from key_broker.keystore import DataKeyRegistry, KeyStore
 from key_broker.limits import BrokerLimiter, RateLimits
@@ -72,6 +73,7 @@ class KeyBrokerService:
         self._trust = trust
         self.issuer = issuer
         self.audit = audit
+        self.edge = EdgeRefusals(audit)  # schema refusals at the HTTP edge, aggregated
         self.clock = clock
         self._challenges = ChallengeStore(clock, challenge_ttl)
         self._limiter = BrokerLimiter(limits or RateLimits())
@@ -99,6 +101,7 @@ class KeyBrokerService:
 
     def close(self) -> None:
         self.receipts.close()
+        self.edge.flush()  # the open window's summaries, before the log closes
         self.audit.close()
 
     def _policy(self, policy: ReleasePolicy) -> ReleasePolicy:

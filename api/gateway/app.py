@@ -12,6 +12,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api.gateway import internal
 from api.gateway.admission import AdmissionController
+from api.gateway.admission_gate import AdmissionGate
 from api.gateway.edge import EdgeGuard
 from api.gateway.errors import (
     GatewayError,
@@ -86,4 +87,6 @@ def create_app(settings: GatewaySettings) -> FastAPI:
 
     # Body limit (chunked bodies included) and undecodable JSON text, before any route runs.
     app.add_middleware(EdgeGuard, max_body_bytes=settings.max_body_bytes)
+    # Outermost: a key over its own request rate or queue bound is refused before its body is read.
+    app.add_middleware(AdmissionGate, service=service)
     return app

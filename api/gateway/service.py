@@ -78,6 +78,7 @@ class GatewayService:
         self.registry.executor.shutdown(wait=False)
         await self.usage_writer.close()
         self.edge_audit.flush()
+        self.admissions.refusals.flush()  # the window's admission-summary entries
         await self.clients.close()
         self.audit.close()
 
