@@ -12,6 +12,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api.gateway import internal
 from api.gateway.admission import AdmissionController
+from api.gateway.admission_gate import AdmissionGate
 from api.gateway.capacity import AdaptiveCapacity, CapacityPolicy
 from api.gateway.edge import EdgeGuard
 from api.gateway.errors import (
@@ -29,6 +30,7 @@ from api.store.db import make_engine, session_factory, upgrade
 from api.store.repo import Store
 from policy.limiter import TokenBucketLimiter
 from protocol.asgi import without_native_telemetry
+from protocol.model_ref import ModelRef
 
 
 def build_service(settings: GatewaySettings) -> GatewayService:
@@ -52,7 +54,7 @@ def build_service(settings: GatewaySettings) -> GatewayService:
         service.registry.clock.on_tick(capacity.observe)  # the loop clock's ticker measures the lag
         service.metrics.dispatch_slots.set_function(lambda: float(capacity.slots))
     for route in settings.workers:
-        store.upsert_version(route.tenant, route.model, route.version)
+        store.upsert_version(ModelRef(route.tenant, route.model, route.version))
     service.bootstrap_keys()
     return service
 
@@ -92,4 +94,6 @@ def create_app(settings: GatewaySettings) -> FastAPI:
 
     # Body limit (chunked bodies included) and undecodable JSON text, before any route runs.
     app.add_middleware(EdgeGuard, max_body_bytes=settings.max_body_bytes)
+    # Outermost: a key over its own request rate or queue bound is refused before its body is read.
+    app.add_middleware(AdmissionGate, service=service)
     return app
