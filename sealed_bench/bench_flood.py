@@ -165,7 +165,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     url = f"http://127.0.0.1:{port}"
     procs = [_spawn(["api.gateway", "--data-dir", str(data), "--routes", str(root / "routes.json"), "--port",
                      str(port), "--dev", "--register-token-file", str(token), "--max-inflight",
-                     str(args.max_inflight), "--http", args.http], root / "gateway.log")]
+                     str(args.max_inflight), "--http", args.http, "--adaptive-lag", str(args.adaptive_lag)],
+                    root / "gateway.log")]
     try:
         for t in TENANTS:
             procs.append(_spawn(["tests.api.fake_worker", "--gateway", url, "--token-file", str(token), "--tenant", t,
@@ -238,6 +239,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quiet-tokens", type=int, default=8)
     parser.add_argument("--token-delay", type=float, default=0.02, help="the stand-in worker's seconds per token")
     parser.add_argument("--max-inflight", type=int, default=256, help="the gateway's dispatch slots")
+    parser.add_argument("--adaptive-lag", type=float, default=0.02,
+                        help="the gateway's --adaptive-lag (0: fixed --max-inflight slots)")
     parser.add_argument("--warmup-s", type=float, default=5.0, help="load before the quiet tenant starts")
     parser.add_argument("--flood-rpm", type=int, default=120, help="the flooding tenant's requests per minute")
     parser.add_argument("--flood-max-queued", type=int, default=4, help="the flooding tenant's queue bound")

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import signal
 import statistics
@@ -26,6 +25,8 @@ import time
 from pathlib import Path
 
 import httpx
+
+from sealed_bench.vllm_side import add_vllm_options, machine, vllm_interpreter
 
 REPO = Path(__file__).resolve().parent.parent
 SERVED = "smollm2-135m-instruct"
@@ -111,13 +112,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="the engine in the attested stack's worker")
     parser.add_argument("--goodput", nargs="*", default=[], metavar="KEY:MS",
                         help="SLOs for vLLM's goodput, e.g. ttft:2000 tpot:200")
-    parser.add_argument("--vllm-python", default=None, help="vLLM's interpreter (default: api/vllm_python.py)")
-    parser.add_argument("--json", type=Path, default=None)
+    add_vllm_options(parser)
     args = parser.parse_args(argv)
     from api.stack import free_port
-    from api.vllm_python import vllm_python
 
-    python = args.vllm_python or vllm_python()
+    python = vllm_interpreter(args)
     root = Path(tempfile.mkdtemp(prefix="sealed-bench-vllmserve-"))
     procs: list[subprocess.Popen] = []
     try:
@@ -157,8 +156,7 @@ def main(argv: list[str] | None = None) -> int:
               "median_output_tok_per_s": med, "ratio": round(ratio, 4), "cost": round(cost, 4),
               "target": "cost <= 5%" if args.engine == "vllm" else "ratio >= 1.2x", "met": met,
               "workload": vars(args) | {"json": str(args.json)},
-              "machine": {"cpus": os.cpu_count(), "machine": platform.machine(),
-                          "loadavg_1m": round(os.getloadavg()[0], 2)}}
+              "machine": machine()}
     for name, row in summary.items():
         print(name, json.dumps(row))
     if args.engine == "vllm":

@@ -32,6 +32,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jwt-secret-file", type=Path, default=None)
     parser.add_argument("--max-inflight", type=int, default=256)
     parser.add_argument("--max-queued", type=int, default=1024)
+    parser.add_argument("--adaptive-lag", type=float, default=0.02,
+                        help="event-loop lag (s) past which dispatch slots shrink below --max-inflight; 0: fixed")
     parser.add_argument("--header-timeout", type=float, default=10.0,
                         help="seconds a connection may take to send a request's headers")
     parser.add_argument("--max-connections", type=int, default=4096, help="open client connections at once")
@@ -59,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
                                database_url=args.database_url, redis_url=args.redis_url,
                                register_token=_secret(args.register_token_file),
                                jwt_secret=_secret(args.jwt_secret_file), max_inflight=args.max_inflight,
+                               adaptive_lag_s=args.adaptive_lag or None,
                                max_queued=args.max_queued, broker_jwks=args.broker_jwks,
                                reference_values=args.reference_values,
                                console=ConsoleSettings(audit_dir=args.audit_dir, audit_keys_dir=args.audit_keys_dir,

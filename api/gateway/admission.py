@@ -100,6 +100,10 @@ class AdmissionController:
     def _retry_after(self) -> int:
         return max(1, min(60, len(self.queue) // max(1, self.max_inflight) + 1))
 
+    def dispatch(self) -> None:
+        """Start the queued requests that fit the free slots now (after the slots grew, say)."""
+        self._dispatch()
+
     def _dispatch(self) -> None:
         while (got := self.scheduler.next()) is not None:
             tenant, (future, cost) = got

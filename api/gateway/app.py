@@ -13,6 +13,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from api.gateway import internal
 from api.gateway.admission import AdmissionController
 from api.gateway.admission_gate import AdmissionGate
+from api.gateway.capacity import AdaptiveCapacity, CapacityPolicy
 from api.gateway.edge import EdgeGuard
 from api.gateway.errors import (
     GatewayError,
@@ -29,6 +30,7 @@ from api.store.db import make_engine, session_factory, upgrade
 from api.store.repo import Store
 from policy.limiter import TokenBucketLimiter
 from protocol.asgi import without_native_telemetry
+from protocol.model_ref import ModelRef
 
 
 def build_service(settings: GatewaySettings) -> GatewayService:
@@ -45,8 +47,14 @@ def build_service(settings: GatewaySettings) -> GatewayService:
     service = GatewayService(settings, store, AdmissionController(limiter, counter, settings.max_inflight,
                                                                   settings.max_queued,
                                                                   max_request_streams=settings.max_choices))
+    if settings.adaptive_lag_s is not None:
+        admission = service.admission
+        capacity = AdaptiveCapacity(admission.scheduler, admission.dispatch, settings.max_inflight,
+                                    CapacityPolicy(target_lag_s=settings.adaptive_lag_s))
+        service.registry.clock.on_tick(capacity.observe)  # the loop clock's ticker measures the lag
+        service.metrics.dispatch_slots.set_function(lambda: float(capacity.slots))
     for route in settings.workers:
-        store.upsert_version(route.tenant, route.model, route.version)
+        store.upsert_version(ModelRef(route.tenant, route.model, route.version))
     service.bootstrap_keys()
     return service
 
