@@ -13,6 +13,7 @@ from api.console.settings import ConsoleSettings
 from api.gateway.app import create_app
 from api.gateway.http_server import ConnectionLimits, server_config
 from api.gateway.settings import GatewaySettings, WorkerRoute
+from protocol.asgi import freeze_startup_heap
 
 
 def _secret(path: Path | None) -> str:
@@ -71,7 +72,9 @@ def main(argv: list[str] | None = None) -> int:
                                                        broker_admin_token=_secret(args.broker_admin_token_file),
                                                        policy_keys_dir=args.policy_keys_dir))
     limits = ConnectionLimits(header_timeout_s=args.header_timeout, max_connections=args.max_connections)
-    uvicorn.Server(server_config(create_app(settings), args.host, args.port, limits, http=args.http,
+    app = create_app(settings)
+    freeze_startup_heap()  # full GC passes scan only what serving creates
+    uvicorn.Server(server_config(app, args.host, args.port, limits, http=args.http,
                                  timeout_graceful_shutdown=5)).run()
     return 0
 
