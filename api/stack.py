@@ -134,7 +134,7 @@ def _ensure_release_policy(home: Home, ledger: StateLedger, tenant_signer: str, 
     measurement = simulated_measurement(worker_settings(home, "", 0, engine=engine).measured_config()).hex()
     store = PolicyStore(home.broker, ledger)
     try:
-        current = store.get(DEMO_TENANT, DEMO_MODEL)
+        current = store.get(ModelRef(DEMO_TENANT, DEMO_MODEL, DEMO_VERSION))  # the policy deciding its release
     except KeyStoreError:
         current = None
     if current is not None and current.allowed_measurements == frozenset({measurement}):

@@ -10,7 +10,8 @@ from pathlib import Path
 
 from enclave_worker.engine.checkpoint import Checkpoint, load_gguf, load_hf_dir
 from enclave_worker.package.writer import write_package
-from protocol.package import Manifest
+from protocol.model_ref import ModelRef
+from protocol.package import Manifest, PackageError
 from protocol.package.keywrap import SealedDataKey, load_import_public_key, seal_data_key
 from protocol.package.signing import SigningKey
 
@@ -66,11 +67,12 @@ def default_model_path() -> Path:
     return paths[0]
 
 
-def import_sealed_key(broker_dir: Path, sealed_key: Path, package: Path) -> str:
+def import_sealed_key(broker_dir: Path, sealed_key: Path, package: Path, expected: ModelRef) -> None:
     """One-machine stand-in for the key broker's import endpoint (docs/package-format.md).
 
     Opens the sealed data key with the local broker's import key, checks it against the package's
-    signed manifest and key commitment, and wraps it under the tenant key. Returns "tenant/model/version".
+    signed manifest and key commitment, and wraps it under the tenant key. A package of another
+    model version than `expected` is refused (PackageError) before anything is stored.
     """
     from key_broker.keystore import DataKeyRegistry, LocalKeyStore, load_master_key
     from key_broker.statefile import local_ledger
@@ -78,6 +80,8 @@ def import_sealed_key(broker_dir: Path, sealed_key: Path, package: Path) -> str:
     from protocol.package.keywrap import SealedDataKey, load_or_create_import_key, open_data_key
 
     manifest, _, signer = read_manifest(package)
+    if manifest.ref != expected:
+        raise PackageError(f"the package is {manifest.ref}, not {expected}")
     data_key = open_data_key(SealedDataKey.from_json(Path(sealed_key).read_text()),
                              load_or_create_import_key(broker_import_key_path(broker_dir)), manifest)
     master = load_master_key(broker_dir / "master.key")
@@ -87,7 +91,6 @@ def import_sealed_key(broker_dir: Path, sealed_key: Path, package: Path) -> str:
         keystore.create_tenant_key(manifest.tenant)
     DataKeyRegistry(broker_dir / "keystore", keystore, ledger).register(
         manifest.ref, data_key, manifest.key_id, signer, manifest.plaintext_digest)
-    return str(manifest.ref)
 
 
 def broker_import_key_path(broker_dir: Path) -> Path:

@@ -58,7 +58,8 @@ def _release_unaliased(model: DecryptedModel, engine: ServingEngine) -> Decrypte
     """When the engine converted every weight (another dtype, a fused layout), the decrypted
     buffer is a second plaintext copy: zero it and let it go (on a GPU, that memory is the KV pool's)."""
     buffer = model.buffer.untyped_storage().data_ptr()
-    # An MKLDNN tensor (the vLLM engine's oneDNN packs) has no storage to alias the buffer.
+    # Packed (opaque-layout) weights have no storage to compare: oneDNN allocated them, so they
+    # never alias the buffer.
     if any(not t.is_mkldnn and t.untyped_storage().data_ptr() == buffer for t in engine.held_tensors()):
         return model
     model.wipe()

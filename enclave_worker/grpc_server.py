@@ -35,6 +35,7 @@ from enclave_worker.sealed import SealedRefusal, answer_sealed, open_sealed_requ
 from enclave_worker.server import WorkerState, create_app, serving
 from enclave_worker.settings import WorkerSettings
 from policy.audit.worker_record import DECISION_METADATA_KEY, public_key_bytes, sign_decision
+from protocol.asgi import freeze_startup_heap
 from protocol.heartbeat import heartbeat_signing_input, worker_id_for
 from protocol.openai.errors import OpenAIError
 from protocol.rpc import worker_pb2, worker_pb2_grpc
@@ -446,6 +447,7 @@ def main(argv: list[str] | None = None) -> int:
         lease_s=args.lease_seconds, lease_watch_s=args.lease_watch_seconds)
     token = args.register_token_file.read_text().strip() if args.register_token_file else ""
     client_cert = args.gateway_client_cert.read_bytes() if args.gateway_client_cert else None
+    freeze_startup_heap()  # before any key or weight exists: full GC passes scan only what serving creates
     asyncio.run(serve(settings, args.grpc_port, args.register_url, token, client_cert, args.advertise_host))
     return 0
 

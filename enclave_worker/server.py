@@ -30,6 +30,7 @@ from enclave_worker.guard import WorkerGuard, build_guard
 from enclave_worker.keywatch import KeyLease, LeaseTiming
 from enclave_worker.settings import WorkerSettings
 from policy.errors import PolicyError
+from protocol.asgi import without_native_telemetry
 from protocol.broker.client import WorkerIdentity
 from protocol.broker.errors import BrokerRateLimited, BrokerRefused
 from protocol.package.errors import PackageError
@@ -186,7 +187,8 @@ def create_app(settings: WorkerSettings, state: WorkerState | None = None) -> Fa
         if state.booted is not None:
             await state.booted.engine.shutdown()
 
-    app = FastAPI(title="Sealed worker (internal)", docs_url=None, redoc_url=None, lifespan=lifespan)
+    app = FastAPI(title="Sealed worker (internal)", docs_url=None, redoc_url=None, lifespan=lifespan,
+                  **without_native_telemetry())
     app.state.worker = state
 
     @app.get("/internal/status")

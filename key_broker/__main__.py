@@ -15,6 +15,7 @@ import uvicorn
 
 from key_broker.app import create_app
 from key_broker.settings import BrokerSettings, admin_token_hashes, vault_token_from_env
+from protocol.asgi import freeze_startup_heap
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -66,7 +67,9 @@ def main(argv: list[str] | None = None) -> int:
         state_anchor=args.state_anchor, vault_kv_mount=args.vault_kv_mount, unsafe_adopt_state=args.unsafe_adopt_state,
     )
     # Held lease renewals (long polls) must not hold a stopping broker: workers simply renew again.
-    uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level="warning",
+    app = create_app(settings)
+    freeze_startup_heap()  # before any key is fetched: full GC passes scan only what serving creates
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning",
                 timeout_graceful_shutdown=3)
     return 0
 

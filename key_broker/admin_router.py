@@ -17,6 +17,7 @@ from key_broker.admin_schemas import (
 )
 from key_broker.auth import Principal
 from key_broker.dependencies import get_admin, operator, tenant_manager
+from key_broker.names import broker_ref
 from key_broker.tenants import TenantAdmin
 
 router = APIRouter(prefix="/v1/admin")
@@ -54,7 +55,7 @@ def revoke_tenant_key(tenant: str, request: Request, who: Principal = Depends(te
 @router.put(T + "/models/{model}/versions/{version}/data-key", status_code=201)
 def put_data_key(tenant: str, model: str, version: str, body: DataKeyUpload,
                  who: Principal = Depends(tenant_manager), admin: TenantAdmin = Depends(get_admin)) -> dict:
-    record = admin.put_sealed_data_key(who, tenant, model, version, body)
+    record = admin.put_sealed_data_key(who, broker_ref(tenant, model, version), body)
     return {"tenant": tenant, "model": model, "version": version, "key_id": record.key_id,
             "signer": record.signer, "model_digest": record.model_digest}
 

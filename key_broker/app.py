@@ -13,8 +13,10 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from fastapi import FastAPI, Request
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from attestation.collateral import CollateralConfig, CollateralStore
 from attestation.token import TokenIssuer
@@ -59,6 +61,7 @@ from key_broker.tenants import Conflict, TenantAdmin
 from policy.audit import AuditLog, CheckpointAnchor, SqlAnchor, WitnessFile
 from policy.audit.entry import bounded_reason
 from policy.errors import AuditIntegrityError, PolicyInvalid
+from protocol.asgi import without_native_telemetry
 from protocol.fsutil import atomic_write
 from protocol.package.keywrap import load_or_create_import_key
 
@@ -200,12 +203,23 @@ def _error(status: int, kind: str, message: str) -> JSONResponse:
     return JSONResponse(status_code=status, content={"error": {"type": kind, "message": message}})
 
 
+HTTP_CODES = {401: "unauthorized", 403: "forbidden", 404: "not_found", 405: "method_not_allowed"}
+
+
 def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
-    async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        # Audited in aggregate (the caller chooses how many; key_broker/edge_audit.py).
+        request.app.state.service.edge.refused(request.scope, 422, "invalid_request")
         # Field names only: a value could be a key or a token.
         fields = sorted({".".join(str(p) for p in e["loc"][1:]) for e in exc.errors()})
         return _error(422, "invalid_request", f"invalid fields: {fields}")
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_refusal(request: Request, exc: StarletteHTTPException) -> Response:
+        # 401/403 of the admin API, 404, 405: audited in aggregate too, answered as before.
+        request.app.state.service.edge.refused(request.scope, exc.status_code, HTTP_CODES.get(exc.status_code, "http"))
+        return await http_exception_handler(request, exc)
 
     @app.exception_handler(RateLimited)
     async def limited(_: Request, exc: RateLimited) -> JSONResponse:
@@ -255,7 +269,8 @@ def create_app(settings: BrokerSettings, service: KeyBrokerService | None = None
         yield
         svc.close()
 
-    app = FastAPI(title="Sealed key broker", docs_url=None, redoc_url=None, lifespan=lifespan)
+    app = FastAPI(title="Sealed key broker", docs_url=None, redoc_url=None, lifespan=lifespan,
+                  **without_native_telemetry())
     app.state.service = svc
     app.state.leases = LeaseBook(svc, LeaseSettings(lease_s=settings.lease_s, max_wait_s=settings.lease_max_wait_s))
     app.state.admin = tenant_admin

@@ -43,7 +43,10 @@ class BodyLimitMiddleware:
         self.app = app
         self.max_bytes = max_bytes
 
-    async def _reject(self, send) -> None:  # type: ignore[no-untyped-def]
+    async def _reject(self, scope, send) -> None:  # type: ignore[no-untyped-def]
+        edge = getattr(getattr(getattr(scope.get("app"), "state", None), "service", None), "edge", None)
+        if edge is not None:  # audited in aggregate (key_broker/edge_audit.py)
+            edge.refused(scope, 413, "body_too_large")
         await send({"type": "http.response.start", "status": 413,
                     "headers": [(b"content-type", b"application/json"),
                                 (b"content-length", str(len(_TOO_LARGE)).encode())]})
@@ -56,7 +59,7 @@ class BodyLimitMiddleware:
         headers = dict(scope.get("headers") or [])
         length = headers.get(b"content-length")
         if length is not None and (not length.isdigit() or int(length) > self.max_bytes):
-            await self._reject(send)
+            await self._reject(scope, send)
             return
         seen = 0
         started = False
@@ -80,7 +83,7 @@ class BodyLimitMiddleware:
             await self.app(scope, counting_receive, tracking_send)
         except _BodyTooLarge:
             if not started:
-                await self._reject(send)
+                await self._reject(scope, send)
 
 
 class _BodyTooLarge(BaseException):

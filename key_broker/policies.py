@@ -1,6 +1,7 @@
 """Release policies per (tenant, model), optionally per version, stored as JSON and loaded as typed
-ReleasePolicy data. A policy may reference a signed reference-values document by id; its
-measurements then join the policy's inline ones (after the document's signature verifies).
+ReleasePolicy data; a release looks its policy up by the `ModelRef` it is for. A policy may
+reference a signed reference-values document by id; its measurements then join the policy's
+inline ones (after the document's signature verifies).
 
 Lookup: the version-specific policy wins; otherwise the model-wide one; otherwise nothing (deny).
 """
@@ -21,6 +22,7 @@ from key_broker.refvals import ReferenceValues, ReferenceValuesStore
 from key_broker.statefile import StateFiles, UnsafePlainFiles
 from policy.errors import PolicyInvalid
 from policy.release import ReleasePolicy
+from protocol.model_ref import ModelRef
 
 REFERENCE_KEY = "reference_values"
 
@@ -100,23 +102,25 @@ class PolicyStore:
         self._cache[path] = (ident, stored)
         return stored
 
-    def lookup(self, tenant: str, model: str, version: str | None = None) -> StoredPolicy:
-        for path in ([self._path(tenant, model, version)] if version else []) + [self._path(tenant, model)]:
+    def lookup(self, ref: ModelRef) -> StoredPolicy:
+        """The policy that decides releases of `ref`: its version's own, else its model's."""
+        for path in (self._path(ref.tenant, ref.model, ref.version), self._path(ref.tenant, ref.model)):
             stored = self._read(path)
             if stored is not None:
                 return stored
-        raise KeyStoreError(f"no release policy for {tenant}/{model}")
+        raise KeyStoreError(f"no release policy for {ref.tenant}/{ref.model}")
 
-    def get(self, tenant: str, model: str, version: str | None = None) -> ReleasePolicy:
-        return self.lookup(tenant, model, version).policy
+    def get(self, ref: ModelRef) -> ReleasePolicy:
+        return self.lookup(ref).policy
 
     def list(self, tenant: str) -> list[StoredPolicy]:
         base = self._root / "policies" / check_name(tenant, "tenant")
         return [s for p in self._files.list(base, ".json") if p.parent == base and (s := self._read(p)) is not None]
 
 
-def resolve(store: PolicyStore, refvals: ReferenceValuesStore, tenant: str, model: str, version: str
+def resolve(store: PolicyStore, refvals: ReferenceValuesStore, ref: ModelRef
             ) -> tuple[ReleasePolicy, ReferenceValues | None]:
-    stored = store.lookup(tenant, model, version)
-    values = refvals.load(tenant, stored.reference_values) if stored.reference_values else None
+    """The effective policy for `ref` and the verified reference values it joined, if any."""
+    stored = store.lookup(ref)
+    values = refvals.load(ref.tenant, stored.reference_values) if stored.reference_values else None
     return effective_policy(stored, values), values

@@ -20,10 +20,11 @@ from attestation.bundle import EvidenceBundle
 from attestation.errors import AttestationError
 from attestation.token import AttestationClaims, TokenIssuer, TokenScope, TokenVerifier
 from attestation.verifier import AttestationResult, VerifierTrust, verify_bundle
+from key_broker.edge_audit import EdgeRefusals
 from key_broker.errors import KeyBrokerError, RateLimited, ReleaseRefused
 from key_broker.keystore import DataKeyRegistry, KeyStore
 from key_broker.limits import BrokerLimiter, RateLimits
-from key_broker.names import check_name
+from key_broker.names import check_ref
 from key_broker.nonces import Challenge, ChallengeStore
 from key_broker.policies import PolicyStore, resolve
 from key_broker.receipts import ReceiptBook
@@ -72,6 +73,7 @@ class KeyBrokerService:
         self._trust = trust
         self.issuer = issuer
         self.audit = audit
+        self.edge = EdgeRefusals(audit)  # schema refusals at the HTTP edge, aggregated
         self.clock = clock
         self._challenges = ChallengeStore(clock, challenge_ttl)
         self._limiter = BrokerLimiter(limits or RateLimits())
@@ -99,6 +101,7 @@ class KeyBrokerService:
 
     def close(self) -> None:
         self.receipts.close()
+        self.edge.flush()  # the open window's summaries, before the log closes
         self.audit.close()
 
     def _policy(self, policy: ReleasePolicy) -> ReleasePolicy:
@@ -133,7 +136,7 @@ class KeyBrokerService:
         meta: dict[str, Any] = {"model": model, "version": version, "evidence_digest": bundle.digest(),
                                 "tee": bundle.tee, "gpus": len(bundle.gpus)}
         try:
-            check_name(tenant, "tenant"), check_name(model, "model"), check_name(version, "version")
+            check_ref(ref)
             # 1. The challenge is single use and short-lived: replays and stale bundles stop here.
             challenge = self._challenges.consume(session_id)
             now = self.clock()
@@ -142,7 +145,7 @@ class KeyBrokerService:
             meta["measurement"] = result.cpu.measurement.hex()
             meta["gpu_cc"] = bool(result.gpus) and all(g.cc_enabled for g in result.gpus)
             # 3. The tenant's release policy for this model version, default deny.
-            policy, values = resolve(self.policies, self.refvals, tenant, model, version)
+            policy, values = resolve(self.policies, self.refvals, ref)
             if values is not None:
                 meta.update(reference_values=values.id, reference_values_version=values.version)
             record = self.datakeys.get(ref)
@@ -190,7 +193,7 @@ class KeyBrokerService:
             self._limiter.check("release", f"{claims.measurement}|{scope.chip_id}")
             if self.keystore.is_revoked(tenant):
                 raise ReleaseRefused("tenant key is revoked")
-            current = self.policies.get(tenant, ref.model, ref.version)
+            current = self.policies.get(ref)
             if (current.policy_id, current.version) != (scope.policy_id, scope.policy_version):
                 raise ReleaseRefused("the release policy changed since attestation; attest again")
             self._mark_used(claims.token_id, now)

@@ -19,7 +19,7 @@ from key_broker.admin_schemas import DataKeyUpload
 from key_broker.auth import AdminTokenStore, Principal
 from key_broker.errors import KeyStoreError
 from key_broker.keystore import DataKeyRecord, DataKeyRegistry, KeyStore
-from key_broker.names import check_name
+from key_broker.names import check_name, check_ref
 from key_broker.policies import PolicyStore, StoredPolicy
 from key_broker.receipts import ReceiptBook
 from key_broker.refvals import ReferenceValues, ReferenceValuesStore
@@ -88,12 +88,9 @@ class TenantAdmin:
                                "kek_version": r.kek_version, "model_digest": r.model_digest}
                               for r in (self.datakeys.records(tenant) if has_key else [])]}
 
-    def put_sealed_data_key(self, who: Principal, tenant: str, model: str, version: str,
-                            upload: DataKeyUpload) -> DataKeyRecord:
+    def put_sealed_data_key(self, who: Principal, ref: ModelRef, upload: DataKeyUpload) -> DataKeyRecord:
         """Open a data key sealed to our import key, for exactly the signed package it names."""
-        for name, what in ((tenant, "tenant"), (model, "model"), (version, "version")):
-            check_name(name, what)
-        ref = ModelRef(tenant, model, version)
+        check_ref(ref)
         if self.datakeys.exists(ref):
             raise Conflict(f"{ref} already has a data key; publish a new version")
         if not set(upload.signature_files) <= _SIGNATURE_FILES:
@@ -116,7 +113,8 @@ class TenantAdmin:
             raise KeyStoreError(f"sealed key does not open for this package: {type(exc).__name__}") from exc
         record = self.datakeys.register(ref, data_key, manifest.key_id, signer,
                                         manifest.plaintext_digest)
-        self._log(who, tenant, "data-key-register", model=model, version=version, key_id=manifest.key_id[:64])
+        self._log(who, ref.tenant, "data-key-register", model=ref.model, version=ref.version,
+                  key_id=manifest.key_id[:64])
         return record
 
     def put_policy(self, who: Principal, tenant: str, doc: dict[str, Any]) -> StoredPolicy:

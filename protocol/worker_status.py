@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from protocol.model_ref import ModelRef
 
 # draining: shutting down; finishes the streams it has, takes no new ones (the gateway routes
 # only to "ready").
@@ -35,6 +37,17 @@ class WorkerStatus(BaseModel):
     load_s: float | None = None  # seconds from key release to serving
     gpu_memory: dict[str, int] | None = None  # bytes: allocated, reserved, free, total
     stats: EngineStats = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _names_form_a_model_ref(self) -> WorkerStatus:
+        # Checked where the message is read (a 422 at the gateway's heartbeat route), so every
+        # reader can take `ref`. InvalidModelRef is a ValueError: pydantic reports it as invalid.
+        ModelRef(self.tenant, self.model, self.version)
+        return self
+
+    @property
+    def ref(self) -> ModelRef:
+        return ModelRef(self.tenant, self.model, self.version)
 
 
 class WorkerAttestationDoc(BaseModel):

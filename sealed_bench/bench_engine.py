@@ -102,6 +102,7 @@ def worker_sealed(spec: dict) -> dict:
         max_model_len=total + 16,
         kv_cache_memory_bytes=int(kv_bytes * 1.2),
         num_threads=spec.get("threads"),
+        packed_weights=spec.get("packed_weights", False),
     )
     engine = LLMEngine.from_checkpoint(ckpt, cfg)
     del ckpt
@@ -133,6 +134,7 @@ def worker_sealed(spec: dict) -> dict:
         mean_ttft_in_batch_s=round(mean_ttft, 4),
         threads=torch.get_num_threads(),
         weight_bytes_fp32=weight_bytes,
+        packed_weights=cfg.packed_weights,
     )
 
 
@@ -323,6 +325,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--busy-core", action="store_true",
                     help="keep one core busy with a second process during every run (a loaded machine)")
     ap.add_argument("--rounds", type=int, default=1, help="run every system in turn this many times (paired)")
+    ap.add_argument("--packed-weights", action="store_true",
+                    help="Sealed's dense fp32 weights in oneDNN's packed layout (EngineConfig.packed_weights)")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--spec", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -363,7 +367,7 @@ def _one_round(args: argparse.Namespace, bw: float, hf_dir: list[Path], rows: li
         print(f"{dtype}: batch-1 bandwidth bound = bandwidth / weight bytes per token = {bound:.1f} tok/s")
         for batch in (int(b) for b in args.batch.split(",")):
             spec = {"model": str(args.model), "dtype": dtype, "batch": batch, "input_len": args.input_len,
-                    "output_len": args.output_len, "threads": args.threads}
+                    "output_len": args.output_len, "threads": args.threads, "packed_weights": args.packed_weights}
             for system in ["sealed", *peers]:
                 python = sys.executable
                 if system == "vllm":

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -23,6 +22,8 @@ import tempfile
 from pathlib import Path
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from sealed_bench.vllm_side import add_vllm_options, machine, vllm_interpreter
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -41,17 +42,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="sealed bench vllmload", description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, default=None, help="GGUF or HF dir (default: SmolLM2-135M-Instruct)")
     parser.add_argument("--repeats", type=int, default=3, help="loads per side (alternating)")
-    parser.add_argument("--vllm-python", default=None, help="vLLM's interpreter (default: api/vllm_python.py)")
-    parser.add_argument("--json", type=Path, default=None)
+    add_vllm_options(parser)
     args = parser.parse_args(argv)
 
     from safetensors.torch import save_file
 
     from api.tenant_tools import default_model_path, encrypt_checkpoint, load_source
-    from api.vllm_python import vllm_python
     from enclave_worker.vllm_engine.runtime import architecture_config
 
-    python = args.vllm_python or vllm_python()
+    python = vllm_interpreter(args)
     root = Path(tempfile.mkdtemp(prefix="sealed-bench-vllmload-"))
     try:
         checkpoint = load_source(args.model or default_model_path())
@@ -77,8 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         "benchmark": "vllmload", "weight_bytes": weight_bytes, "repeats": args.repeats, "runs": runs,
         "median": med, "ratio_sealed_to_plain": round(ratio, 3), "target": 1.2, "met": ratio <= 1.2,
-        "machine": {"cpus": os.cpu_count(), "machine": platform.machine(),
-                    "loadavg_1m": round(os.getloadavg()[0], 2)},
+        "machine": machine(),
     }
     print(f"sealed (decrypt + vLLM build) {med['sealed']['total_s']:.2f} s "
           f"(decrypt {med['sealed']['decrypt_s']:.2f} s), plain safetensors {med['plain']['total_s']:.2f} s: "

@@ -9,7 +9,7 @@ import pytest
 
 import sealed_bench
 
-EXPECTED = {"attest", "engine", "gpu", "keyrelease", "load", "policy", "serve", "vllmload", "vllmserve"}
+EXPECTED = {"attest", "engine", "gpu", "keyrelease", "linear", "load", "policy", "serve", "vllmload", "vllmserve"}
 
 
 def test_the_package_lists_every_benchmark() -> None:
@@ -48,3 +48,16 @@ def test_gpu_benchmark_runs_end_to_end_on_a_tiny_model_on_the_cpu(tmp_path) -> N
     systems = {(r.get("system"), r.get("dtype"), r.get("batch")) for r in rows}
     assert {("sealed", "bf16", 1), ("sealed", "bf16", 2), ("sealed", "int4", 1), ("sealed", "fp8", 1),
             ("hf", "bf16", 1), ("hf", "bf16", 2)} <= systems
+
+
+def test_linear_benchmark_runs_every_kernel_and_checks_them_against_torch(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    from sealed_bench import bench_linear
+
+    out = tmp_path / "linear.json"
+    assert bench_linear.main(["--batch", "1,3", "--layers", "1", "--vocab", "128", "--rounds", "2",
+                              "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())
+    assert {(r["kernel"], r["batch"]) for r in rows} == {(k, b) for k in bench_linear.KERNELS for b in (1, 3)}
+    assert all(r["max_abs_err_vs_torch"] < 1e-3 for r in rows)

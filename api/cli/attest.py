@@ -10,6 +10,7 @@ from typing import Any
 
 import typer
 
+from attestation.cli_request import VerifyRequest
 from attestation.errors import AttestationError, PolicyViolation
 
 TEES = ("snp", "tdx", "nvgpu")
@@ -43,11 +44,11 @@ def verify(
     """Verify evidence: exit 0 when verified, non-zero with the reasons when not."""
     module = _cli_module(tee)
     try:
-        claims = module.verify_for_cli(
+        claims = module.verify_for_cli(VerifyRequest(
             evidence.read_bytes(), [c.read_bytes() for c in cert], [c.read_bytes() for c in collateral],
             roots, bytes.fromhex(nonce) if nonce else None, _parse_time(at),
             json.loads(policy.read_text()) if policy else None, not no_collateral,
-        )
+        ))
     except PolicyViolation as exc:
         for violation in exc.violations:
             typer.echo(f"policy violation: {violation}", err=True)

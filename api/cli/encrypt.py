@@ -11,6 +11,7 @@ from pathlib import Path
 import typer
 from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
 
+from api.cli.refs import model_ref
 from api.home import ed25519_key
 from api.tenant_tools import encrypt_checkpoint, load_source, seal_for_broker
 from protocol.fsutil import atomic_write
@@ -35,7 +36,7 @@ def encrypt(
     if (signing_key is None) == (model_signing_key is None):
         raise typer.BadParameter("give exactly one of --signing-key (Ed25519) or --model-signing-key (EC)")
     signer = ModelSigningKey(model_signing_key) if model_signing_key else ed25519_key(signing_key)
-    name = model or src.stem.lower().replace("_", "-")
+    ref = model_ref(tenant, model or src.stem.lower().replace("_", "-"), version)  # before any work
     sealed_path = sealed_key_out or out.with_name(out.name + ".datakey.json")
     with Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
                   TransferSpeedColumn(), TimeRemainingColumn()) as progress:
@@ -43,7 +44,7 @@ def encrypt(
         checkpoint = load_source(src)
         total = sum(t.numel() * t.element_size() for t in checkpoint.tensors.values())
         progress.update(task, description="encrypting", total=total)
-        result = encrypt_checkpoint(checkpoint, out, tenant=tenant, model=name, version=version,
+        result = encrypt_checkpoint(checkpoint, out, tenant=ref.tenant, model=ref.model, version=ref.version,
                                     signing_key=signer,
                                     progress=lambda n: progress.advance(task, n))
     sealed = seal_for_broker(result, broker_import_key)

@@ -17,6 +17,7 @@ import typer
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from api.cli.refs import model_ref
 from api.home import Home, default_home
 from key_broker.receipts import ReceiptBook, ReceiptError, verify_receipt
 
@@ -156,11 +157,14 @@ def import_key(
 ) -> None:
     """Open a sealed data key with the local broker's import key; wrap it under the tenant key."""
     from api.tenant_tools import import_sealed_key
+    from protocol.package import PackageError
 
-    names = import_sealed_key(_home(home).broker, sealed_key, package)
-    if names != f"{tenant}/{model}/{version}":
-        raise typer.BadParameter(f"the package is {names}")
-    typer.echo(f"data key for {names} opened, wrapped and stored")
+    ref = model_ref(tenant, model, version)
+    try:  # a package of another version is refused before anything is stored
+        import_sealed_key(_home(home).broker, sealed_key, package, ref)
+    except PackageError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    typer.echo(f"data key for {ref} opened, wrapped and stored")
 
 
 def import_pubkey(home: Path = typer.Option(None)) -> None:

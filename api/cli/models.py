@@ -14,6 +14,7 @@ from pathlib import Path
 import typer
 
 from api.cli.mgmt_client import PROFILE, URL, broker_call, call, show
+from api.cli.refs import model_name, model_ref
 
 TENANT = typer.Option(..., "--tenant")
 MODEL = typer.Option(..., "--model")
@@ -40,24 +41,23 @@ def register(
     profile: str = PROFILE, url: str = URL, as_json: bool = JSON,
 ) -> None:
     """Add a model version to the catalog (the first version of a model gets all its traffic)."""
+    ref = model_ref(tenant, model, version)
     if (data_key is None) != (package is None):
         raise typer.BadParameter("--data-key and --package go together")
     if data_key is not None:
-        from protocol.model_ref import ModelRef
         from protocol.package.keywrap import SealedDataKey, sealed_upload_body
 
         sealed = SealedDataKey.from_json(data_key.read_text())
-        ref = ModelRef(tenant, model, version)
         if sealed.ref != ref:
             raise typer.BadParameter(f"the data key is for {sealed.ref}")
-        broker_call("PUT", f"/tenants/{tenant}/models/{model}/versions/{version}/data-key", profile=profile,
-                    body=sealed_upload_body(package, sealed))
+        broker_call("PUT", f"/tenants/{ref.tenant}/models/{ref.model}/versions/{ref.version}/data-key",
+                    profile=profile, body=sealed_upload_body(package, sealed))
         typer.echo(f"data key of {ref} is at the key broker (it was sealed to the broker)")
-    body = {"model": model, "version": version, "min_warm": min_warm, "max_replicas": max_replicas,
+    body = {"model": ref.model, "version": ref.version, "min_warm": min_warm, "max_replicas": max_replicas,
             "ttft_slo_ms": ttft_slo_ms}
-    doc = call("POST", f"/tenants/{tenant}/models", profile=profile, url=url,
+    doc = call("POST", f"/tenants/{ref.tenant}/models", profile=profile, url=url,
                body={k: v for k, v in body.items() if v is not None})
-    show(doc, as_json, [f"registered {tenant}/{_row(doc)}"])
+    show(doc, as_json, [f"registered {ref.tenant}/{_row(doc)}"])
 
 
 def list_versions(tenant: str = TENANT, profile: str = PROFILE, url: str = URL, as_json: bool = JSON) -> None:
@@ -70,14 +70,16 @@ def promote(tenant: str = TENANT, model: str = MODEL, version: str = VERSION,
             percent: float = typer.Option(100.0, min=0, max=100, help="share of the model's traffic"),
             profile: str = PROFILE, url: str = URL, as_json: bool = JSON) -> None:
     """Move traffic to a version (the others share the rest in proportion)."""
-    doc = call("POST", f"/tenants/{tenant}/models/{model}/rollout", profile=profile, url=url,
-               body={"version": version, "percent": percent})
+    ref = model_ref(tenant, model, version)
+    doc = call("POST", f"/tenants/{ref.tenant}/models/{ref.model}/rollout", profile=profile, url=url,
+               body={"version": ref.version, "percent": percent})
     show(doc, as_json, [_row(v) for v in doc["data"]])
 
 
 def rollback(tenant: str = TENANT, model: str = MODEL, profile: str = PROFILE, url: str = URL,
              as_json: bool = JSON) -> None:
     """Restore the traffic split from before the last promote or retire."""
+    tenant, model = model_name(tenant, model)
     doc = call("POST", f"/tenants/{tenant}/models/{model}/rollback", profile=profile, url=url)
     show(doc, as_json, [_row(v) for v in doc["data"]])
 
@@ -85,9 +87,11 @@ def rollback(tenant: str = TENANT, model: str = MODEL, profile: str = PROFILE, u
 def retire(tenant: str = TENANT, model: str = MODEL, version: str = VERSION, profile: str = PROFILE,
            url: str = URL) -> None:
     """Take a version out of service: its traffic goes to the others; its workers drain and stop."""
-    doc = call("POST", f"/tenants/{tenant}/models/{model}/versions/{version}/retire", profile=profile, url=url)
+    ref = model_ref(tenant, model, version)
+    doc = call("POST", f"/tenants/{ref.tenant}/models/{ref.model}/versions/{ref.version}/retire", profile=profile,
+               url=url)
     for v in doc["data"]:
-        typer.echo(f"{model}/{v['version']}\ttraffic={v['traffic_percent']:g}%{' retired' if v['retired'] else ''}")
+        typer.echo(f"{ref.model}/{v['version']}\ttraffic={v['traffic_percent']:g}%{' retired' if v['retired'] else ''}")
 
 
 def measurement(
@@ -102,7 +106,8 @@ def measurement(
     """The measurement of the workers `sealed up` runs for this version (simulated TEE)."""
     from api.orchestrator.local import local_measurement
 
-    value = local_measurement(tenant, model, version, policy_admin_key)
+    ref = model_ref(tenant, model, version)
+    value = local_measurement(ref, policy_admin_key)
     typer.echo(value)
     if release_policy_out is not None:
         if package is None:
@@ -110,7 +115,7 @@ def measurement(
         from protocol.package import read_manifest
 
         _, _, signer = read_manifest(package)
-        doc = {"policy_id": f"{model}-release", "version": policy_version, "tenant": tenant, "model": model,
+        doc = {"policy_id": f"{ref.model}-release", "version": policy_version, "tenant": ref.tenant, "model": ref.model,
                "allowed_tee": ["sim"], "allowed_measurements": [value], "required_signer": signer,
                "unsafe_allow_simulated_tee": True}
         release_policy_out.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")

@@ -13,6 +13,7 @@ from api.console.settings import ConsoleSettings
 from api.gateway.app import create_app
 from api.gateway.http_server import ConnectionLimits, server_config
 from api.gateway.settings import GatewaySettings, WorkerRoute
+from protocol.asgi import freeze_startup_heap
 
 
 def _secret(path: Path | None) -> str:
@@ -32,9 +33,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jwt-secret-file", type=Path, default=None)
     parser.add_argument("--max-inflight", type=int, default=256)
     parser.add_argument("--max-queued", type=int, default=1024)
+    parser.add_argument("--adaptive-lag", type=float, default=0.02,
+                        help="event-loop lag (s) past which dispatch slots shrink below --max-inflight; 0: fixed")
     parser.add_argument("--header-timeout", type=float, default=10.0,
                         help="seconds a connection may take to send a request's headers")
     parser.add_argument("--max-connections", type=int, default=4096, help="open client connections at once")
+    parser.add_argument("--http", choices=("auto", "httptools", "h11"), default="auto",
+                        help="HTTP/1.1 parser (auto: httptools when installed, else h11)")
     parser.add_argument("--broker-jwks", type=Path, default=None,
                         help="route only to workers whose broker-signed attestation binds their channel keys")
     parser.add_argument("--audit-dir", type=Path, default=None, help="audit logs the console shows and verifies")
@@ -57,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
                                database_url=args.database_url, redis_url=args.redis_url,
                                register_token=_secret(args.register_token_file),
                                jwt_secret=_secret(args.jwt_secret_file), max_inflight=args.max_inflight,
+                               adaptive_lag_s=args.adaptive_lag or None,
                                max_queued=args.max_queued, broker_jwks=args.broker_jwks,
                                reference_values=args.reference_values,
                                console=ConsoleSettings(audit_dir=args.audit_dir, audit_keys_dir=args.audit_keys_dir,
@@ -66,7 +72,9 @@ def main(argv: list[str] | None = None) -> int:
                                                        broker_admin_token=_secret(args.broker_admin_token_file),
                                                        policy_keys_dir=args.policy_keys_dir))
     limits = ConnectionLimits(header_timeout_s=args.header_timeout, max_connections=args.max_connections)
-    uvicorn.Server(server_config(create_app(settings), args.host, args.port, limits,
+    app = create_app(settings)
+    freeze_startup_heap()  # full GC passes scan only what serving creates
+    uvicorn.Server(server_config(app, args.host, args.port, limits, http=args.http,
                                  timeout_graceful_shutdown=5)).run()
     return 0
 

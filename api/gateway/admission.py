@@ -34,7 +34,7 @@ class Ticket:
     streams: int = 1  # prompts x n: the dispatch slots this request takes
 
 
-def _rate_limited(message: str, retry_after: int, code: str = "rate_limit_exceeded") -> GatewayError:
+def rate_limited(message: str, retry_after: int, code: str = "rate_limit_exceeded") -> GatewayError:
     return GatewayError(429, message, type_="rate_limit_error" if code != "insufficient_quota" else
                         "insufficient_quota", code=code, headers={"Retry-After": str(retry_after)})
 
@@ -57,6 +57,19 @@ class AdmissionController:
     def running(self) -> int:
         return self.scheduler.total_running
 
+    def own_limit_refusal(self, tenant: str, key_id: str, tenant_rpm: int | None, key_rpm: int | None,
+                          max_queued: int) -> GatewayError | None:
+        """The 429 that check_limits or slot() would answer now for the key's own request rate or its
+        tenant's queue bound, else None. Only peeks: charges nothing (a refused take charges nothing
+        either), so a request let through is charged once, by check_limits and slot()."""
+        for scope, rpm in ((f"rpm:t:{tenant}", tenant_rpm), (f"rpm:k:{key_id}", key_rpm)):
+            if rpm is not None and self.limiter.available(scope, TokenBucketLimiter.per_minute(rpm)) < 1:
+                return rate_limited("Rate limit reached for requests per minute.", max(1, int(60 / rpm) + 1))
+        if self.counter.full(tenant, max_queued):
+            return rate_limited("Too many queued requests for this tenant; retry later.", self._retry_after(),
+                                code="queue_full")
+        return None
+
     def check_limits(self, t: Ticket) -> None:
         """Charge the request's whole worst case (prompt estimate + max_tokens x choices) before any
         stream opens; a request larger than a TPM limit could never run and is refused outright."""
@@ -67,7 +80,7 @@ class AdmissionController:
                                    "number of prompts.", code="request_too_large")
         for scope, rpm in ((f"rpm:t:{t.tenant}", t.tenant_rpm), (f"rpm:k:{t.key_id}", t.key_rpm)):
             if rpm is not None and not self.limiter.try_acquire(scope, TokenBucketLimiter.per_minute(rpm)):
-                raise _rate_limited("Rate limit reached for requests per minute.", max(1, int(60 / rpm) + 1))
+                raise rate_limited("Rate limit reached for requests per minute.", max(1, int(60 / rpm) + 1))
         taken: list[tuple[str, int]] = []
         for scope, tpm in ((f"tpm:t:{t.tenant}", t.tenant_tpm), (f"tpm:k:{t.key_id}", t.key_tpm)):
             if tpm is None:
@@ -75,7 +88,7 @@ class AdmissionController:
             if not self.limiter.try_acquire(scope, TokenBucketLimiter.per_minute(tpm), t.reserved_tokens):
                 for s, limit in taken:
                     self.limiter.refund(s, TokenBucketLimiter.per_minute(limit), t.reserved_tokens)
-                raise _rate_limited("Rate limit reached for tokens per minute.", 60)
+                raise rate_limited("Rate limit reached for tokens per minute.", 60)
             taken.append((scope, tpm))
 
     def settle(self, t: Ticket, used_tokens: int) -> None:
@@ -86,6 +99,10 @@ class AdmissionController:
 
     def _retry_after(self) -> int:
         return max(1, min(60, len(self.queue) // max(1, self.max_inflight) + 1))
+
+    def dispatch(self) -> None:
+        """Start the queued requests that fit the free slots now (after the slots grew, say)."""
+        self._dispatch()
 
     def _dispatch(self) -> None:
         while (got := self.scheduler.next()) is not None:
@@ -99,7 +116,7 @@ class AdmissionController:
     async def slot(self, t: Ticket) -> AsyncIterator[None]:
         """Hold a dispatch slot for the duration of the request (including its stream)."""
         if not self.counter.enter(t.tenant, t.max_queued):
-            raise _rate_limited("Too many queued requests for this tenant; retry later.", self._retry_after(),
+            raise rate_limited("Too many queued requests for this tenant; retry later.", self._retry_after(),
                                 code="queue_full")
         try:
             future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -107,7 +124,7 @@ class AdmissionController:
                 entry = self.queue.push(t.tenant, (future, t.streams), weight=t.weight, priority=t.priority,
                                         tenant_limit=t.max_queued, cost=t.streams)
             except QueueFull as exc:
-                raise _rate_limited(f"Server queue is full ({exc.scope}); retry later.", self._retry_after(),
+                raise rate_limited(f"Server queue is full ({exc.scope}); retry later.", self._retry_after(),
                                     code="queue_full") from exc
             self._dispatch()
             try:

@@ -12,6 +12,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api.gateway import internal
 from api.gateway.admission import AdmissionController
+from api.gateway.admission_gate import AdmissionGate
+from api.gateway.capacity import AdaptiveCapacity, CapacityPolicy
 from api.gateway.edge import EdgeGuard
 from api.gateway.errors import (
     GatewayError,
@@ -27,6 +29,8 @@ from api.gateway.settings import GatewaySettings
 from api.store.db import make_engine, session_factory, upgrade
 from api.store.repo import Store
 from policy.limiter import TokenBucketLimiter
+from protocol.asgi import without_native_telemetry
+from protocol.model_ref import ModelRef
 
 
 def build_service(settings: GatewaySettings) -> GatewayService:
@@ -43,8 +47,14 @@ def build_service(settings: GatewaySettings) -> GatewayService:
     service = GatewayService(settings, store, AdmissionController(limiter, counter, settings.max_inflight,
                                                                   settings.max_queued,
                                                                   max_request_streams=settings.max_choices))
+    if settings.adaptive_lag_s is not None:
+        admission = service.admission
+        capacity = AdaptiveCapacity(admission.scheduler, admission.dispatch, settings.max_inflight,
+                                    CapacityPolicy(target_lag_s=settings.adaptive_lag_s))
+        service.registry.clock.on_tick(capacity.observe)  # the loop clock's ticker measures the lag
+        service.metrics.dispatch_slots.set_function(lambda: float(capacity.slots))
     for route in settings.workers:
-        store.upsert_version(route.tenant, route.model, route.version)
+        store.upsert_version(ModelRef(route.tenant, route.model, route.version))
     service.bootstrap_keys()
     return service
 
@@ -60,7 +70,8 @@ def create_app(settings: GatewaySettings) -> FastAPI:
 
     # No public /docs, /redoc or /openapi.json: the schema maps the admin surface. `app.openapi()`
     # still builds it (the schema tests use that).
-    app = FastAPI(title="Sealed gateway", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="Sealed gateway", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None,
+                  **without_native_telemetry())
     app.state.service = service
     app.include_router(router)
     app.include_router(sealed_router)
@@ -83,4 +94,6 @@ def create_app(settings: GatewaySettings) -> FastAPI:
 
     # Body limit (chunked bodies included) and undecodable JSON text, before any route runs.
     app.add_middleware(EdgeGuard, max_body_bytes=settings.max_body_bytes)
+    # Outermost: a key over its own request rate or queue bound is refused before its body is read.
+    app.add_middleware(AdmissionGate, service=service)
     return app

@@ -56,8 +56,12 @@ class Catalog:
         Only a single gateway caches keys (its management API forgets them on every change); with
         a shared database, another replica may revoke a key or set its kill switch, which must hold
         for the next request here too."""
-        if self.settings.database_url:
-            return None
+        return None if self.settings.database_url else self.recent_key(secret)
+
+    def recent_key(self, secret: str) -> KeyRecord | None:
+        """The key this replica authenticated within CACHE_S, in any mode. Only for refusing early
+        (admission_gate.py): at worst a key revoked on another replica within that second is
+        answered 429 instead of 401; nothing is ever let through on it."""
         hit = self._cache.get(("key", hash_secret(secret)))
         if hit and time.monotonic() - hit[0] < CACHE_S and not hit[1].expired(dt.datetime.now(dt.UTC)):
             return hit[1]

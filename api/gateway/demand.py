@@ -1,10 +1,10 @@
 """Load per model version, as the control loop and the autoscaler see it.
 
 - queue depth: requests on a version's workers (dispatched by this gateway and waiting in their
-  engines), from the heartbeats;
+  engines), from the heartbeats; keyed by ModelRef;
 - unserved demand: requests that found no ready worker for a model (cold, scaled to zero, or
   failing) in the last `window_s`; they got a retryable 503, and they are what wakes a version
-  that scaled to zero;
+  that scaled to zero. Per (tenant, model): a request names a model, routing picks the version;
 - time to first token: an exponentially weighted mean per model, against the version's SLO.
 
 Exported to Prometheus (`sealed:model_queue_depth`, `sealed:model_unserved_requests`) for KEDA,
@@ -19,6 +19,8 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Gauge
 
+from protocol.model_ref import ModelRef
+
 TTFT_ALPHA = 0.2
 
 
@@ -29,7 +31,7 @@ class Demand:
         self._clock = clock
         self._unserved: dict[tuple[str, str], deque[float]] = {}
         self._ttft: dict[tuple[str, str], float] = {}
-        self._queue: dict[tuple[str, str, str], float] = {}
+        self._queue: dict[ModelRef, float] = {}
         self.queue_gauge = Gauge("sealed:model_queue_depth", "Requests on a model version's workers "
                                  "(running and waiting)", ["tenant", "model_name", "version"], registry=registry)
         self.unserved_gauge = Gauge("sealed:model_unserved_requests", "Requests that found no ready worker for "
@@ -57,9 +59,9 @@ class Demand:
     def ttft_mean(self, tenant: str, model: str) -> float | None:
         return self._ttft.get((tenant, model))
 
-    def set_queue(self, tenant: str, model: str, version: str, depth: float) -> None:
-        self._queue[(tenant, model, version)] = depth
-        self.queue_gauge.labels(tenant, model, version).set(depth)
+    def set_queue(self, ref: ModelRef, depth: float) -> None:
+        self._queue[ref] = depth
+        self.queue_gauge.labels(ref.tenant, ref.model, ref.version).set(depth)
 
     def refresh(self) -> None:
         """Age the unserved counts of the gauge (called on scrape and by the deployments route)."""

@@ -10,20 +10,21 @@ one overflow summary. A flood of any size therefore costs at most 2 x `max_kinds
 window, and every refusal is in a count. Nothing of the request's content is logged: the route
 template (or the bounded raw path for an unknown route), the method, the peer address, the status
 and error code, and for a bearer credential that was refused a 48-bit fingerprint of its SHA-256
-(enough to tell one guessed key from many; the audit layer bounds and escapes every value).
+(enough to tell one guessed key from many; the audit layer bounds and escapes every value). The
+window and the counting are policy/audit/aggregate.py's, shared with the admission refusals
+(tickets.py) and the key broker's schema refusals.
 """
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import logging
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 from policy.audit import AuditLog
+from policy.audit.aggregate import WindowedRefusals
 
 log = logging.getLogger(__name__)
 
@@ -57,12 +58,9 @@ def fingerprint(scope: dict[str, Any]) -> str:
 class EdgeAudit:
     def __init__(self, audit: AuditLog, window_s: float = 60.0, max_kinds: int = 256,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        self.audit, self.window_s, self.max_kinds, self._clock = audit, window_s, max_kinds, clock
-        self._lock = threading.Lock()
-        self._counts: dict[tuple[Any, ...], int] = {}  # kind -> refusals counted after its first entry
-        self._overflow = 0
-        self._opened = 0.0
-        self._timer: asyncio.TimerHandle | None = None
+        self.audit = audit
+        self.window = WindowedRefusals(self._summary, self._overflow, window_s=window_s, max_kinds=max_kinds,
+                                       clock=clock)
 
     def refused(self, scope: dict[str, Any], status: int, code: str | None, tenant: str | None = None) -> None:
         """One refusal answered at the edge (called where the answer is made)."""
@@ -71,55 +69,31 @@ class EdgeAudit:
         client = scope.get("client") or ("", 0)
         kind = (status, code or "", route_of(scope), str(scope.get("method", ""))[:8], tenant or "-",
                 str(client[0])[:64])
-        with self._lock:
-            now = self._clock()
-            if (self._counts or self._overflow) and now - self._opened >= self.window_s:
-                self._flush_locked(now)
-            if not self._counts and not self._overflow:
-                self._opened = now
-                self._arm_timer()
-            if kind in self._counts:
-                self._counts[kind] += 1
-                return
-            if len(self._counts) >= self.max_kinds:
-                self._overflow += 1
-                return
-            self._counts[kind] = 0
+
+        def first() -> None:
             status_, code_, route, method, tenant_, source = kind
             self.audit.append(tenant=tenant_, action="edge-refusal", decision="deny", reason=f"{status_} {code_}",
                               metadata={"status": status_, "code": code_, "route": route, "method": method,
                                         "source": source, "key_fp": fingerprint(scope),
-                                        "aggregated_window_s": self.window_s})
+                                        "aggregated_window_s": self.window.window_s})
+
+        self.window.refused(kind, first)
 
     def flush(self) -> None:
         """Write the summaries of the window (at its end, and when the gateway stops)."""
-        with self._lock:
-            self._flush_locked(self._clock())
+        self.window.flush()
 
-    def _flush_locked(self, now: float) -> None:
-        for (status, code, route, method, tenant, source), count in self._counts.items():
-            if count:
-                self.audit.append(tenant=tenant, action="edge-refusal-summary", decision="deny",
-                                  reason=f"{status} {code}: {count} more in the window",
-                                  metadata={"status": status, "code": code, "route": route, "method": method,
-                                            "source": source, "count": count,
-                                            "window_s": round(now - self._opened, 3)})
-        if self._overflow:
-            self.audit.append(tenant="-", action="edge-refusal-summary", decision="deny",
-                              reason=f"{self._overflow} refusals of kinds beyond the first {self.max_kinds}",
-                              metadata={"count": self._overflow, "overflow": True,
-                                        "window_s": round(now - self._opened, 3)})
-        self._counts, self._overflow = {}, 0
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+    def _summary(self, kind: tuple[Any, ...], count: int, window_s: float) -> None:
+        status, code, route, method, tenant, source = kind
+        self.audit.append(tenant=tenant, action="edge-refusal-summary", decision="deny",
+                          reason=f"{status} {code}: {count} more in the window",
+                          metadata={"status": status, "code": code, "route": route, "method": method,
+                                    "source": source, "count": count, "window_s": window_s})
 
-    def _arm_timer(self) -> None:
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            return  # off the loop: the next refusal or close() flushes
-        self._timer = loop.call_later(self.window_s, self.flush)
+    def _overflow(self, count: int, window_s: float) -> None:
+        self.audit.append(tenant="-", action="edge-refusal-summary", decision="deny",
+                          reason=f"{count} refusals of kinds beyond the first {self.window.max_kinds}",
+                          metadata={"count": count, "overflow": True, "window_s": window_s})
 
 
 def audit_edge(scope: dict[str, Any], status: int, code: str | None) -> None:

@@ -43,8 +43,7 @@ class Enrolment:
             except (AttestationError, ValueError, KeyError) as exc:
                 log.warning("worker %s not routed to: attestation check failed (%s)", info.worker_id,
                             type(exc).__name__)
-        pool = [w for w in self.registry.for_model(info.tenant, info.model) if w.version == info.version]
-        self.demand.set_queue(info.tenant, info.model, info.version, float(sum(w.load() for w in pool)))
+        self.demand.set_queue(info.ref, float(sum(w.load() for w in self.registry.for_version(info.ref))))
         stats = info.stats
         if "kv_cache_usage_perc" in stats:
             self.metrics.kv_cache.labels(info.worker_id, info.model).set(float(stats["kv_cache_usage_perc"]) / 100)

@@ -11,14 +11,19 @@ from api.gateway.edge_audit import audit_edge
 from protocol.openai.errors import OpenAIError as GatewayError
 from protocol.openai.errors import error_body
 
-__all__ = ["GatewayError", "error_body", "gateway_error_handler", "http_error_handler", "validation_error_handler"]
+__all__ = ["GatewayError", "error_body", "error_response", "gateway_error_handler", "http_error_handler",
+           "validation_error_handler"]
+
+
+def error_response(exc: GatewayError) -> JSONResponse:
+    return JSONResponse(status_code=exc.status, content=error_body(exc.message, exc.type, exc.code, exc.param),
+                        headers=exc.headers)
 
 
 async def gateway_error_handler(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, GatewayError)
     audit_edge(request.scope, exc.status, exc.code)
-    return JSONResponse(status_code=exc.status, content=error_body(exc.message, exc.type, exc.code, exc.param),
-                        headers=exc.headers)
+    return error_response(exc)
 
 
 async def validation_error_handler(request: Request, exc: Exception) -> JSONResponse:

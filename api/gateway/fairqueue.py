@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,21 +24,35 @@ class QueueFull(Exception):
         self.scope = scope
 
 
-@dataclass(order=True)
+@dataclass(eq=False)
 class _Entry:
     sort_key: tuple[int, float, int]
-    tenant: str = field(compare=False)
-    item: Any = field(compare=False)
-    start: float = field(compare=False)
-    cancelled: bool = field(default=False, compare=False)
-    cost: int = field(default=1, compare=False)
+    tenant: str
+    item: Any
+    start: float
+    cancelled: bool = field(default=False)
+    cost: int = field(default=1)
+
+
+Lane = tuple[str, int]  # (tenant, priority): one FIFO of entries
 
 
 class FairQueue:
+    """Entries wait in one FIFO per (tenant, priority) lane; a heap holds only each lane's head.
+
+    Within a lane, start tags never decrease (a push starts at max(V, the tenant's last finish tag),
+    and both only grow), so the lane's head is its smallest tag and the heap of heads orders the
+    whole queue. Popping while whole tenants are ineligible then costs O(lanes log lanes), not
+    O(queued): a flooding tenant's hundreds of queued requests are one heap entry, not hundreds of
+    pops and re-pushes on every slot release (that scan was an eighth of the gateway's loop under
+    `sealed bench flood`).
+    """
+
     def __init__(self, max_queued: int = 1024, max_queued_per_tenant: int = 256) -> None:
         self.max_queued = max_queued
         self.max_queued_per_tenant = max_queued_per_tenant
-        self._heap: list[_Entry] = []
+        self._lanes: dict[Lane, deque[_Entry]] = {}
+        self._heads: list[tuple[tuple[int, float, int], Lane]] = []  # (head's sort key, lane); one per lane
         self._finish: dict[str, float] = {}
         self._vtime = 0.0
         self._seq = itertools.count()
@@ -60,7 +74,13 @@ class FairQueue:
         start = max(self._vtime, self._finish.get(tenant, 0.0))
         self._finish[tenant] = start + cost / max(weight, 1e-6)
         entry = _Entry((-priority, start, next(self._seq)), tenant, item, start, cost=max(1, int(cost)))
-        heapq.heappush(self._heap, entry)
+        lane = (tenant, priority)
+        fifo = self._lanes.get(lane)
+        if fifo is None:  # a new lane: its head goes on the heap
+            self._lanes[lane] = deque([entry])
+            heapq.heappush(self._heads, (entry.sort_key, lane))
+        else:
+            fifo.append(entry)
         self._per_tenant[tenant] += 1
         self._size += 1
         return entry
@@ -77,23 +97,42 @@ class FairQueue:
         entry = self.pop_entry(eligible)
         return None if entry is None else (entry.tenant, entry.item)
 
+    def _live_head(self, lane: Lane) -> _Entry | None:
+        """The lane's first entry not cancelled; drops the cancelled ones and empty lanes."""
+        fifo = self._lanes[lane]
+        while fifo and fifo[0].cancelled:
+            fifo.popleft()
+        if not fifo:
+            del self._lanes[lane]
+            return None
+        return fifo[0]
+
     def pop_entry(self, eligible: Callable[[str], bool] = lambda _: True) -> _Entry | None:
-        skipped, found = [], None
-        while self._heap:
-            entry = heapq.heappop(self._heap)
-            if entry.cancelled:
+        skipped: list[tuple[tuple[int, float, int], Lane]] = []
+        found = None
+        while self._heads:
+            key, lane = heapq.heappop(self._heads)
+            head = self._live_head(lane)
+            if head is None:
                 continue
-            if not eligible(entry.tenant):
-                skipped.append(entry)
+            if head.sort_key != key:  # the head it was filed under was cancelled: refile in its place
+                heapq.heappush(self._heads, (head.sort_key, lane))
                 continue
-            entry.cancelled = True  # popped: a later cancel() is a no-op
-            self._per_tenant[entry.tenant] -= 1
+            if not eligible(lane[0]):
+                skipped.append((head.sort_key, lane))
+                continue
+            self._lanes[lane].popleft()
+            head.cancelled = True  # popped: a later cancel() is a no-op
+            self._per_tenant[head.tenant] -= 1
             self._size -= 1
-            self._vtime = max(self._vtime, entry.start)
-            found = entry
+            self._vtime = max(self._vtime, head.start)
+            found = head
+            nxt = self._live_head(lane)
+            if nxt is not None:
+                skipped.append((nxt.sort_key, lane))
             break
-        for entry in skipped:
-            heapq.heappush(self._heap, entry)
+        for item in skipped:
+            heapq.heappush(self._heads, item)
         return found
 
 
@@ -118,10 +157,7 @@ class FairScheduler:
         self.capacity, self.reserved, self.queue = capacity, min(reserved, max(0, capacity - 1)), queue
         self.small = max(1, self.reserved // 4) if small is None else small
         self.running: Counter[str] = Counter()
-
-    @property
-    def total_running(self) -> int:
-        return sum(self.running.values())
+        self.total_running = 0  # sum(running.values()), kept as it changes: it is read on every pop
 
     def _eligible(self, tenant: str) -> bool:
         free = self.capacity - self.total_running
@@ -135,9 +171,13 @@ class FairScheduler:
         if entry is None:
             return None
         self.running[entry.tenant] += entry.cost
+        self.total_running += entry.cost
         return entry.tenant, entry.item
 
     def done(self, tenant: str, cost: int = 1) -> None:
-        self.running[tenant] -= max(1, int(cost))
+        taken = max(1, int(cost))
+        self.running[tenant] -= taken
+        self.total_running -= taken
         if self.running[tenant] <= 0:
+            self.total_running -= self.running[tenant]  # never below what the tenant still holds
             del self.running[tenant]

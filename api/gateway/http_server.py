@@ -1,19 +1,27 @@
 """The gateway's HTTP server: uvicorn with limits on how long and how many connections a client holds.
 
-uvicorn (h11) has a keep-alive timeout but none for a request's headers: a client that connects and
-sends half a request line holds the connection (and its memory) forever. `GuardedH11Protocol` closes
-a connection whose headers are not complete within `header_timeout_s` (from connect, and again after
-each response on a kept-alive connection), and refuses connections beyond `max_connections` at once.
+HTTP/1.1 is parsed by httptools (llhttp, in C) when it is installed (a dependency: it costs the
+event loop far less per request than the pure-Python h11), else by h11. Neither of uvicorn's
+protocols has a timeout for a request's headers: a client that connects and sends half a request
+line holds the connection (and its memory) forever. The guard below works on both: it closes a
+connection whose headers are not complete within `header_timeout_s` (from connect, and again
+after each response on a kept-alive connection), and refuses connections beyond
+`max_connections` at once. Header size: h11 is given `max_header_bytes` as its incomplete-event
+limit; llhttp has no such limit, so on httptools the guard counts the bytes received while a
+request's headers are incomplete and answers 400 (and closes) beyond `max_header_bytes`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
+
+Http = Literal["auto", "httptools", "h11"]
 
 
 @dataclass(frozen=True)
@@ -24,11 +32,25 @@ class ConnectionLimits:
     max_header_bytes: int = 64 << 10
 
 
-def guarded_protocol(limits: ConnectionLimits) -> type[H11Protocol]:
-    class GuardedH11Protocol(H11Protocol):
+def base_protocol(http: Http = "auto") -> type[asyncio.Protocol]:
+    """uvicorn's httptools protocol if httptools is installed (or asked for), else its h11 one."""
+    if http == "httptools" or (http == "auto" and importlib.util.find_spec("httptools") is not None):
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+        return HttpToolsProtocol
+    return H11Protocol
+
+
+def guarded_protocol(limits: ConnectionLimits, http: Http = "auto") -> type[asyncio.Protocol]:
+    base: Any = base_protocol(http)
+
+    class GuardedProtocol(base):  # type: ignore[misc, valid-type]
+        """Uses only what both uvicorn protocols have: `connections`, `loop`, `transport`, `cycle`
+        (None, or the latest request's, with `response_complete`), `on_response_complete`."""
+
         _header_timer: asyncio.TimerHandle | None = None
 
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        def connection_made(self, transport: asyncio.Transport) -> None:
             super().connection_made(transport)
             if len(self.connections) > limits.max_connections:
                 transport.abort()
@@ -63,13 +85,41 @@ def guarded_protocol(limits: ConnectionLimits) -> type[H11Protocol]:
             self._disarm()
             super().connection_lost(exc)
 
-    return GuardedH11Protocol
+    if base is H11Protocol:
+        return GuardedProtocol  # h11 bounds header bytes itself (h11_max_incomplete_event_size)
+
+    class GuardedHttpToolsProtocol(GuardedProtocol):
+        """Counts the bytes received while a request's headers are incomplete (from its first byte
+        to the end of its headers; llhttp would buffer an endless header value until the deadline)."""
+
+        _in_headers = False
+        _header_bytes = 0
+
+        def on_message_begin(self) -> None:
+            self._in_headers, self._header_bytes = True, 0
+            super().on_message_begin()
+
+        def on_headers_complete(self) -> None:
+            self._in_headers = False
+            super().on_headers_complete()
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            if self._in_headers and not self.transport.is_closing():
+                self._header_bytes += len(data)
+                if self._header_bytes > limits.max_header_bytes:
+                    if self.cycle is None or self.cycle.response_complete:
+                        self.send_400_response("Request headers too large.")  # and closes
+                    else:  # pipelined behind a response still being sent: never write into it
+                        self.transport.abort()
+
+    return GuardedHttpToolsProtocol
 
 
-def server_config(app: Any, host: str, port: int, limits: ConnectionLimits | None = None, **kw: Any
-                  ) -> uvicorn.Config:
+def server_config(app: Any, host: str, port: int, limits: ConnectionLimits | None = None, http: Http = "auto",
+                  **kw: Any) -> uvicorn.Config:
     limits = limits or ConnectionLimits()
     # access_log off: request lines are metadata, but we keep the gateway's logs to decisions only.
     return uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
-                          timeout_keep_alive=int(limits.keep_alive_s), http=guarded_protocol(limits),  # type: ignore[arg-type]
+                          timeout_keep_alive=int(limits.keep_alive_s), http=guarded_protocol(limits, http),
                           h11_max_incomplete_event_size=limits.max_header_bytes, **kw)

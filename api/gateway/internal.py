@@ -13,7 +13,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from api.gateway.dependencies import bearer_secret, get_service
 from api.gateway.errors import GatewayError
+from api.gateway.registry import WorkerInfo, WorkerRegistry
 from api.gateway.service import GatewayService
+from protocol.model_ref import InvalidModelRef, ModelRef
 from protocol.worker_status import Heartbeat
 
 router = APIRouter()
@@ -42,11 +44,19 @@ def healthz() -> dict:
     return {"status": "ok"}
 
 
+def version_workers(registry: WorkerRegistry, v: Any) -> list[WorkerInfo]:
+    """The live workers of a catalog row's model version."""
+    try:
+        return registry.for_version(ModelRef(v.tenant, v.model, v.version))
+    except InvalidModelRef:  # a row from before the management API refused such names: no worker serves it
+        return []
+
+
 def version_state(service: GatewayService, v: Any) -> dict[str, Any]:
     """One model version's serving state and, when it is not serving, why."""
     registry = service.registry
-    mine = [w for w in registry.for_model(v.tenant, v.model) if w.version == v.version]
-    warm = sum(1 for w in registry.ready(v.tenant, v.model) if w.version == v.version)
+    mine = version_workers(registry, v)
+    warm = sum(1 for w in mine if registry.routable(w))
     doc: dict[str, Any] = {"warm": warm, "min_warm": v.min_warm, "max_replicas": v.max_replicas}
     if warm:
         state, reason = "ready", ""

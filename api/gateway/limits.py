@@ -60,6 +60,7 @@ class QueueCounter(Protocol):
 
     def enter(self, tenant: str, limit: int) -> bool: ...
     def leave(self, tenant: str) -> None: ...
+    def full(self, tenant: str, limit: int) -> bool: ...  # enter() would refuse now (takes nothing)
 
 
 class LocalQueueCounter:
@@ -73,6 +74,10 @@ class LocalQueueCounter:
                 return False
             self._counts[tenant] += 1
             return True
+
+    def full(self, tenant: str, limit: int) -> bool:
+        with self._lock:
+            return self._counts.get(tenant, 0) >= limit
 
     def leave(self, tenant: str) -> None:
         with self._lock:
@@ -98,3 +103,6 @@ class RedisQueueCounter:
 
     def leave(self, tenant: str) -> None:
         self._redis.decr(self._prefix + tenant)
+
+    def full(self, tenant: str, limit: int) -> bool:
+        return int(self._redis.get(self._prefix + tenant) or 0) >= limit

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Callable
 
 
 class LoopClock:
@@ -22,6 +23,7 @@ class LoopClock:
         self._stalled = 0.0  # seconds of loop lag subtracted from monotonic time
         self._last_tick: float | None = None  # monotonic time of the ticker's last turn
         self._task: asyncio.Task[None] | None = None
+        self._observers: list[Callable[[float], None]] = []  # called each turn with that turn's lag (s)
 
     @property
     def running(self) -> bool:
@@ -38,6 +40,10 @@ class LoopClock:
             return real - self._stalled
         # A turn that is late has not been counted yet: count at most one tick of it.
         return min(real, self._last_tick + self.tick_s) - self._stalled
+
+    def on_tick(self, observer: Callable[[float], None]) -> None:
+        """Call `observer(lag_s)` on every turn of the ticker (the adaptive dispatch capacity uses it)."""
+        self._observers.append(observer)
 
     def start(self) -> None:
         """Start the ticker on the running loop (the gateway's lifespan); idempotent."""
@@ -59,5 +65,8 @@ class LoopClock:
             await asyncio.sleep(self.tick_s)
             now = time.monotonic()
             last = self._last_tick if self._last_tick is not None else now
-            self._stalled += max(0.0, (now - last) - self.tick_s)
+            lag = max(0.0, (now - last) - self.tick_s)
+            self._stalled += lag
             self._last_tick = now
+            for observer in self._observers:
+                observer(lag)

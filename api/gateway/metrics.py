@@ -23,6 +23,8 @@ class Metrics:
         self.e2e = Histogram("sealed:e2e_request_latency_seconds", "End-to-end request latency", ["model_name"],
                              buckets=LATENCY_BUCKETS, registry=r)
         Gauge("sealed:num_requests_running", "Requests dispatched to workers", registry=r).set_function(running)
+        self.dispatch_slots = Gauge("sealed:dispatch_slots", "Dispatch slots now (adaptive, up to --max-inflight)",
+                                    registry=r)
         Gauge("sealed:num_requests_waiting", "Requests in the gateway's fair queue", registry=r
               ).set_function(waiting)
         self.kv_cache = Gauge("sealed:kv_cache_usage_perc", "KV-cache usage per worker (0-1)",

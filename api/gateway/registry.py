@@ -22,9 +22,7 @@ from protocol.model_ref import ModelRef
 class WorkerInfo:
     worker_id: str
     grpc_address: str
-    tenant: str
-    model: str
-    version: str
+    ref: ModelRef  # the model version it serves (its heartbeat's names, validated at the route)
     status: str
     tee: str
     insecure: bool
@@ -42,8 +40,16 @@ class WorkerInfo:
     reason: str = ""  # why a failed worker failed (a category, e.g. "key release refused")
 
     @property
-    def ref(self) -> ModelRef:
-        return ModelRef(self.tenant, self.model, self.version)
+    def tenant(self) -> str:
+        return self.ref.tenant
+
+    @property
+    def model(self) -> str:
+        return self.ref.model
+
+    @property
+    def version(self) -> str:
+        return self.ref.version
 
     def load(self) -> float:
         return self.inflight + float(self.stats.get("num_waiting", 0))
@@ -90,13 +96,13 @@ class WorkerRegistry:
         seq = int(doc.get("seq") or 0)
         if known is not None and seq <= known.seq:
             raise GatewayError(409, "stale or replayed heartbeat", type_="invalid_request_error")
-        info = known or WorkerInfo(worker_id=wid, grpc_address=doc["grpc_address"],
-                                   tenant=doc["tenant"], model=doc["model"], version=doc["version"],
+        ref = ModelRef(doc["tenant"], doc["model"], doc["version"])
+        info = known or WorkerInfo(worker_id=wid, grpc_address=doc["grpc_address"], ref=ref,
                                    status=doc["status"], tee=doc["tee"], insecure=bool(doc["insecure"]),
                                    usage_public_key=doc["usage_public_key"], pid=doc.get("pid"),
                                    tls_cert=doc.get("tls_cert", ""), sealed_key_id=str(doc.get("sealed_key_id", "")))
-        if (info.grpc_address, info.tenant, info.model, info.version, info.sealed_key_id) != (
-                doc["grpc_address"], doc["tenant"], doc["model"], doc["version"], str(doc.get("sealed_key_id", ""))):
+        if (info.grpc_address, info.ref, info.sealed_key_id) != (
+                doc["grpc_address"], ref, str(doc.get("sealed_key_id", ""))):
             raise GatewayError(409, "worker identity changed", type_="invalid_request_error")
         attestation = doc.get("attestation")
         if attestation != info.attestation_doc:
@@ -122,12 +128,20 @@ class WorkerRegistry:
         if worker_id in self.workers:
             self.workers[worker_id].dead = True
 
+    # A request names a tenant's model, and routing picks the version (`pick`): these look up by
+    # (tenant, model). The control loop and the gauges count per version: by ModelRef.
     def for_model(self, tenant: str, model: str) -> list[WorkerInfo]:
         return [w for w in self.workers.values() if w.tenant == tenant and w.model == model and self.alive(w)]
 
     def ready(self, tenant: str, model: str) -> list[WorkerInfo]:
-        return [w for w in self.for_model(tenant, model)
-                if w.status == "ready" and (w.attested or not self.require_attestation)]
+        return [w for w in self.for_model(tenant, model) if self.routable(w)]
+
+    def routable(self, w: WorkerInfo) -> bool:
+        return w.status == "ready" and (w.attested or not self.require_attestation)
+
+    def for_version(self, ref: ModelRef) -> list[WorkerInfo]:
+        """The live workers of one model version, whatever their state."""
+        return [w for w in self.workers.values() if w.ref == ref and self.alive(w)]
 
     def pinned(self, tenant: str, model: str, sealed_key_id: str) -> WorkerInfo:
         """Sealed mode: the one worker whose key the client pinned, or a re-attest error (never

@@ -49,7 +49,11 @@ async def _sealed(endpoint: str, request: Request, key: KeyRecord, service: Gate
     started, used = time.monotonic(), [0]
     stack = contextlib.AsyncExitStack()
     try:
-        await stack.enter_async_context(service.admission.slot(ticket))
+        try:
+            await stack.enter_async_context(service.admission.slot(ticket))
+        except GatewayError as exc:  # queue full: audited like a plaintext request's
+            service.audit_refusal(key, "queue", exc)
+            raise
         stream = service.sealed_stream(key, model, sealed)
         stack.push_async_callback(stream.aclose)  # type: ignore[attr-defined]
         first = await anext(stream)

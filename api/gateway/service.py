@@ -8,7 +8,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
-from typing import Any
+from contextlib import aclosing
+from typing import Any, TypeVar
 
 from api.gateway.admission import AdmissionController
 from api.gateway.audit import admin_meta, audit_worker_decisions, open_gateway_audit
@@ -31,6 +32,7 @@ from protocol.rpc import worker_pb2
 from protocol.tls import load_or_create
 
 log = logging.getLogger(__name__)
+Chunk = TypeVar("Chunk", worker_pb2.GenerateChunk, worker_pb2.SealedChunk)
 
 
 class GatewayService:
@@ -76,6 +78,7 @@ class GatewayService:
         self.registry.executor.shutdown(wait=False)
         await self.usage_writer.close()
         self.edge_audit.flush()
+        self.admissions.refusals.flush()  # the window's admission-summary entries
         await self.clients.close()
         self.audit.close()
 
@@ -119,24 +122,10 @@ class GatewayService:
             except BaseException:
                 worker.inflight -= 1
                 raise
-        try:
-            chunk = first
-            yield first
-            async for chunk in rest:
+        # aclosing: a client that goes away closes this generator, and the relay with it, at once.
+        async with aclosing(self._relay(worker, request, first, rest, sealed=False)) as relay:
+            async for chunk in relay:
                 yield chunk
-            if chunk.HasField("usage"):
-                await self.metering.record(chunk.usage, worker, request)
-            decisions = getattr(rest, "decisions", ())
-            if decisions:
-                audit_worker_decisions(self.audit, list(decisions), pinned_key_hex=worker.usage_public_key,
-                                       request_id=request.request_id, tenant=request.tenant,
-                                       worker_id=worker.worker_id)
-        except WorkerLost:
-            log.warning("worker %s lost mid-stream", worker.worker_id)
-            self._probe_soon(worker)
-            raise
-        finally:
-            worker.inflight -= 1
 
     async def call(self, key: KeyRecord, model: str, split: dict[str, float], method: str, request: Any) -> Any:
         """A unary worker call for (tenant, model) on a ready worker; an unreachable one is skipped."""
@@ -193,6 +182,17 @@ class GatewayService:
                 self._probe_soon(worker)  # health checks, not one request, take a worker out of rotation
                 raise reattest_required() from exc
             raise
+        # aclosing: a client that goes away closes this generator, and the relay with it, at once.
+        async with aclosing(self._relay(worker, request, first, rest, sealed=True)) as relay:
+            async for chunk in relay:
+                yield chunk
+
+    async def _relay(self, worker: WorkerInfo, request: worker_pb2.GenerateRequest | worker_pb2.SealedRequest,
+                     first: Chunk, rest: AsyncIterator[Chunk], *, sealed: bool) -> AsyncIterator[Chunk]:
+        """Relay an opened stream (plain or sealed, the same way): chunks to the caller, the final
+        usage to metering, the worker's signed in-enclave decisions (no content) to the audit log
+        once verified; a worker lost mid-stream gets a health check. Releases the worker's
+        in-flight slot the caller took, however the stream ends."""
         try:
             chunk = first
             yield first
@@ -201,10 +201,10 @@ class GatewayService:
             if chunk.HasField("usage"):
                 await self.metering.record(chunk.usage, worker, request)
             decisions = getattr(rest, "decisions", ())
-            if decisions:  # the worker's signed in-enclave decisions (no content): verified, then audited
+            if decisions:
                 audit_worker_decisions(self.audit, list(decisions), pinned_key_hex=worker.usage_public_key,
                                        request_id=request.request_id, tenant=request.tenant,
-                                       worker_id=worker.worker_id, sealed=True)
+                                       worker_id=worker.worker_id, sealed=sealed)
         except WorkerLost:
             log.warning("worker %s lost mid-stream", worker.worker_id)
             self._probe_soon(worker)

@@ -1,5 +1,12 @@
 """Admission of one request: token budgets (tenant and key), then the rate limits and queue bound
-of the AdmissionController; every refusal is counted and audited."""
+of the AdmissionController; every refusal is counted and audited.
+
+Refusals are audited in aggregate (policy/audit/aggregate.py), because the tenant chooses how many
+there are: the first of each kind (tenant, key, limit, status, code) in a 60 s window is an
+`admission` entry; the rest of that kind are counted in one `admission-summary` entry per kind
+when the window closes (or the gateway stops). A flood costs one write per kind and window, and
+`admission` entries + summary counts = refusals answered.
+"""
 
 from __future__ import annotations
 
@@ -8,8 +15,10 @@ from api.gateway.catalog import Catalog
 from api.gateway.errors import GatewayError
 from api.gateway.metrics import Metrics
 from api.gateway.settings import GatewaySettings
+from api.store.models import Tenant
 from api.store.repo import KeyRecord
 from policy.audit import AuditLog
+from policy.audit.aggregate import Kind, WindowedRefusals
 
 
 class Admission:
@@ -17,11 +26,48 @@ class Admission:
                  metrics: Metrics, audit: AuditLog) -> None:
         self.settings, self.catalog, self.controller = settings, catalog, controller
         self.metrics, self.audit = metrics, audit
+        self.refusals = WindowedRefusals(self._summary, self._overflow)
 
     def audit_refusal(self, key: KeyRecord, kind: str, exc: GatewayError) -> None:
-        """An admission refusal (rate, tokens per minute, budget, queue) in the audit trail."""
-        self.audit.append(tenant=key.tenant, action="admission", decision="deny", reason=f"{kind}: {exc.code}",
-                          metadata={"key_id": key.key_id, "status": exc.status, "limit": kind})
+        """An admission refusal (rate, tokens per minute, budget, queue) in the audit trail: the first
+        of its kind in the window in full, the others counted in the window's summary."""
+        refusal = (key.tenant, key.key_id, kind, exc.status, exc.code or "")
+
+        def first() -> None:
+            self.audit.append(tenant=key.tenant, action="admission", decision="deny", reason=f"{kind}: {exc.code}",
+                              metadata={"key_id": key.key_id, "status": exc.status, "limit": kind,
+                                        "aggregated_window_s": self.refusals.window_s})
+
+        self.refusals.refused(refusal, first)
+
+    def _summary(self, refusal: Kind, count: int, window_s: float) -> None:
+        tenant, key_id, kind, status, code = refusal
+        self.audit.append(tenant=tenant, action="admission-summary", decision="deny",
+                          reason=f"{kind}: {code}: {count} more in the window",
+                          metadata={"key_id": key_id, "status": status, "limit": kind, "code": code,
+                                    "count": count, "window_s": window_s})
+
+    def _overflow(self, count: int, window_s: float) -> None:
+        self.audit.append(tenant="-", action="admission-summary", decision="deny",
+                          reason=f"{count} admission refusals of kinds beyond the first {self.refusals.max_kinds}",
+                          metadata={"count": count, "overflow": True, "window_s": window_s})
+
+    def early_refusal(self, key: KeyRecord) -> GatewayError | None:
+        """Before the request's body is read (admission_gate.py): the 429 its key's own request rate
+        or its tenant's queue bound would get now, counted and audited like the same refusal later;
+        None: read on. Peeks only, so nothing is charged twice."""
+        t = self.catalog.tenant(key.tenant)
+        exc = self.controller.own_limit_refusal(key.tenant, key.key_id, t.rpm if t else None, key.rpm,
+                                                self._max_queued(t))
+        if exc is not None:
+            queue = exc.code == "queue_full"
+            if not queue:
+                self.metrics.rejected.labels(key.tenant, "rate").inc()
+            self.audit_refusal(key, "queue" if queue else "rate", exc)
+        return exc
+
+    def _max_queued(self, t: Tenant | None) -> int:
+        return t.max_queued if t and t.max_queued else self.settings.max_queued
 
     def ticket(self, key: KeyRecord, reserved_tokens: int, priority: int | None = None, streams: int = 1) -> Ticket:
         t = self.catalog.tenant(key.tenant)
@@ -45,8 +91,7 @@ class Admission:
                         priority=key.priority if priority is None else min(priority, key.priority),
                         reserved_tokens=reserved_tokens,
                         tenant_rpm=t.rpm if t else None, key_rpm=key.rpm, tenant_tpm=t.tpm if t else None,
-                        key_tpm=key.tpm, max_queued=(t.max_queued if t and t.max_queued else
-                                                     self.settings.max_queued), streams=streams)
+                        key_tpm=key.tpm, max_queued=self._max_queued(t), streams=streams)
         try:
             self.controller.check_limits(ticket)
         except GatewayError as exc:

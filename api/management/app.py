@@ -12,7 +12,16 @@ from api.gateway.dependencies import get_service
 from api.gateway.errors import GatewayError
 from api.gateway.service import GatewayService
 from api.management.auth import Principal, require, tenant_scope
-from api.management.schemas import KeyIn, KillSwitchIn, ModelVersionIn, PolicyIn, RolloutIn, TenantIn
+from api.management.schemas import (
+    KeyIn,
+    KillSwitchIn,
+    ModelVersionIn,
+    PolicyIn,
+    RolloutIn,
+    TenantIn,
+    new_version_ref,
+    stored_version_ref,
+)
 from policy.documents import verify_policy_document
 from policy.errors import PolicyError
 
@@ -122,7 +131,7 @@ def add_version(tenant: str, body: ModelVersionIn, who: Principal = Depends(tena
                 service: GatewayService = Depends(get_service)) -> dict:
     store = service.store
     service.forget()
-    row = _version(store.upsert_version(tenant, body.model, body.version, min_warm=body.min_warm,
+    row = _version(store.upsert_version(new_version_ref(tenant, body.model, body.version), min_warm=body.min_warm,
                                         max_replicas=body.max_replicas or max(1, body.min_warm),
                                         ttft_slo_ms=body.ttft_slo_ms))
     service.audit_admin(who, tenant, "model-version-upsert", model=body.model, version=body.version,
@@ -138,7 +147,7 @@ def rollout(tenant: str, model: str, body: RolloutIn, who: Principal = Depends(t
         service.forget()
         if any(v.retired and v.version == body.version for v in store.model_versions(tenant) if v.model == model):
             raise GatewayError(409, "this version is retired; register it again first", code="retired")
-        rows = store.set_rollout(tenant, model, body.version, body.percent)
+        rows = store.set_rollout(stored_version_ref(tenant, model, body.version), body.percent)
     except KeyError as exc:
         raise GatewayError(404, "no such model version", code="not_found") from exc
     service.audit_admin(who, tenant, "model-rollout", model=model, version=body.version, percent=body.percent)

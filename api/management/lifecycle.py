@@ -19,10 +19,10 @@ from pydantic import Field
 
 from api.gateway.dependencies import get_service
 from api.gateway.errors import GatewayError
-from api.gateway.internal import version_state
+from api.gateway.internal import version_state, version_workers
 from api.gateway.service import GatewayService
 from api.management.auth import ROLES, Principal, issue_token, require, tenant_scope
-from api.management.schemas import Strict
+from api.management.schemas import Strict, stored_version_ref
 
 OP, ADMIN, AUDITOR = "operator", "tenant-admin", "auditor"
 MAX_TOKEN_TTL_S = 7 * 24 * 3600
@@ -77,7 +77,7 @@ def mint_token(body: TokenIn, _: Principal = Depends(require(OP)),
 def retire(tenant: str, model: str, version: str, _: Principal = Depends(tenant_scope(OP, ADMIN)),
            service: GatewayService = Depends(get_service)) -> dict:
     try:
-        rows = service.store.retire(tenant, model, version)
+        rows = service.store.retire(stored_version_ref(tenant, model, version))
     except KeyError as exc:
         raise GatewayError(404, "no such model version", code="not_found") from exc
     service.forget()
@@ -91,7 +91,7 @@ def deployments(_: Principal = Depends(require(OP, AUDITOR)),
     service.demand.refresh()
     registry, out = service.registry, []
     for v in service.store.model_versions():
-        workers = [w for w in registry.for_model(v.tenant, v.model) if w.version == v.version]
+        workers = version_workers(registry, v)
         ttft = service.demand.ttft_mean(v.tenant, v.model)
         out.append({
             "tenant": v.tenant, "model": v.model, "version": v.version, "retired": v.retired,
@@ -110,6 +110,6 @@ def deployments(_: Principal = Depends(require(OP, AUDITOR)),
 @router.put("/deployments/{tenant}/{model}/{version}/status")
 def report_status(tenant: str, model: str, version: str, body: StatusIn, _: Principal = Depends(require(OP)),
                   service: GatewayService = Depends(get_service)) -> dict:
-    if not service.store.set_version_status(tenant, model, version, body.status, body.reason):
+    if not service.store.set_version_status(stored_version_ref(tenant, model, version), body.status, body.reason):
         raise GatewayError(404, "no such model version", code="not_found")
     return {"tenant": tenant, "model": model, "version": version, "status": body.status}

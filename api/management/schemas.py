@@ -7,6 +7,9 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 
+from api.gateway.errors import GatewayError
+from protocol.model_ref import InvalidModelRef, ModelRef, valid_name
+
 
 class Strict(BaseModel):
     # Types as the schema says: no "12" for 12, no 1.0 for an integer, no number for a timestamp.
@@ -51,9 +54,30 @@ class ModelVersionIn(Strict):
 
     @model_validator(mode="after")
     def _bounds(self) -> ModelVersionIn:
+        # The names every role will put in a ModelRef (no "..": each becomes a path component);
+        # refused here, not later in the control loop or the key broker.
+        if not (valid_name(self.model) and valid_name(self.version)):
+            raise ValueError("model and version must not contain '..'")
         if self.max_replicas is not None and self.max_replicas < self.min_warm:
             raise ValueError("max_replicas must be at least min_warm")
         return self
+
+
+def new_version_ref(tenant: str, model: str, version: str) -> ModelRef:
+    """The model version a request registers, from its path and body (a 400 when the names form none)."""
+    try:
+        return ModelRef(tenant, model, version)
+    except InvalidModelRef as exc:
+        raise GatewayError(400, str(exc), code="invalid_value") from exc
+
+
+def stored_version_ref(tenant: str, model: str, version: str) -> ModelRef:
+    """The model version a request names, parsed once from its path or body. A name no ModelRef
+    takes was never registered: the same 404 as for a version that does not exist."""
+    try:
+        return ModelRef(tenant, model, version)
+    except InvalidModelRef as exc:
+        raise GatewayError(404, "no such model version", code="not_found") from exc
 
 
 class RolloutIn(Strict):

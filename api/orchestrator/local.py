@@ -41,19 +41,19 @@ class TenantPolicyFiles:
         return self.policy_file is None or self.admin_key is None
 
 
-def worker_settings(tenant: str, model: str, version: str, package_dir: Path, files: TenantPolicyFiles,
-                    broker_url: str = "", sim_platform_key: Path | None = None, port: int = 0) -> WorkerSettings:
+def worker_settings(ref: ModelRef, package_dir: Path, files: TenantPolicyFiles, broker_url: str = "",
+                    sim_platform_key: Path | None = None, port: int = 0) -> WorkerSettings:
     """The one place the local runtime's worker configuration is decided (its measurement follows)."""
-    return WorkerSettings(broker_url=broker_url, package_dir=package_dir, tenant=tenant, model=model,
-                          version=version, tee="sim", sim_platform_key=sim_platform_key, port=port,
+    return WorkerSettings(broker_url=broker_url, package_dir=package_dir, tenant=ref.tenant, model=ref.model,
+                          version=ref.version, tee="sim", sim_platform_key=sim_platform_key, port=port,
                           policy_file=files.policy_file, policy_admin_key=files.admin_key,
                           unsafe_no_tenant_policy=files.unsafe_none)
 
 
-def local_measurement(tenant: str, model: str, version: str, admin_key: Path | None) -> str:
+def local_measurement(ref: ModelRef, admin_key: Path | None) -> str:
     """The simulated measurement of the local runtime's worker for this version (hex)."""
     files = TenantPolicyFiles(Path("policy.json") if admin_key else None, admin_key)
-    return simulated_measurement(worker_settings(tenant, model, version, Path("."), files).measured_config()).hex()
+    return simulated_measurement(worker_settings(ref, Path("."), files).measured_config()).hex()
 
 
 @dataclass
@@ -75,12 +75,12 @@ class LocalRuntime:
         self.on_change: Callable[[], None] | None = None  # e.g. rewrite run/pids.json
 
     # -- where a version's inputs are
-    def package_dir(self, tenant: str, model: str, version: str, address: str | None) -> Path | None:
+    def package_dir(self, ref: ModelRef, address: str | None) -> Path | None:
         if address:
             path = self.home.gateway / "package-store" / "packages" / address
             if (path / "manifest.json").exists():
                 return path
-        local = self.home.package(tenant, model, version)
+        local = self.home.package(ref.tenant, ref.model, ref.version)
         return local if (local / "manifest.json").exists() else None
 
     def policy_files(self, tenant: str, policy: dict[str, Any] | None) -> TenantPolicyFiles:
@@ -106,8 +106,7 @@ class LocalRuntime:
         http_port, grpc_port = free_port(), free_port()
         self._seq += 1
         name = "worker-" + _SAFE.sub("_", f"{tenant}-{model}-{version}") + f"-{self._seq}"
-        ws = worker_settings(tenant, model, version, package_dir, files, self.broker_url, self.home.sim_key,
-                             http_port)
+        ws = worker_settings(key, package_dir, files, self.broker_url, self.home.sim_key, http_port)
         args = ["enclave_worker.grpc_server", "--broker-url", self.broker_url, "--package-dir", str(package_dir),
                 "--tenant", tenant, "--model", model, "--version", version, "--tee", "sim",
                 "--sim-platform-key", str(self.home.sim_key), "--port", str(http_port),

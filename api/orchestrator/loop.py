@@ -119,7 +119,7 @@ class ControlLoop:
                 self.runtime.stop(worker)
             elif status.get("status") == "ready":
                 history.served()
-        package_dir = self.runtime.package_dir(spec.tenant, spec.model, spec.version, spec.package)
+        package_dir = self.runtime.package_dir(spec.key, spec.package)
         if broker is None:  # the key broker is away: change nothing
             return
         records = {(d["model"], d["version"]) for d in broker.get("data_keys", [])}

@@ -12,6 +12,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.store.models import ApiKeyRow, ModelVersion, PolicyRow, PolicyVersionRow, Tenant, UsageRow
+from protocol.model_ref import ModelRef
 
 KEY_PREFIX = "sk-sealed-"
 
@@ -131,9 +132,9 @@ class Store:
                 q = q.where(ModelVersion.tenant == tenant)
             return list(s.scalars(q))
 
-    def upsert_version(self, tenant: str, model: str, version: str, traffic_percent: float | None = None,
-                       min_warm: int | None = None, max_replicas: int | None = None,
-                       ttft_slo_ms: int | None = None) -> ModelVersion:
+    def upsert_version(self, ref: ModelRef, traffic_percent: float | None = None, min_warm: int | None = None,
+                       max_replicas: int | None = None, ttft_slo_ms: int | None = None) -> ModelVersion:
+        tenant, model, version = ref.tenant, ref.model, ref.version
         self.ensure_tenant(tenant)
         with self.sessions.begin() as s:
             row = s.scalar(select(ModelVersion).where(ModelVersion.tenant == tenant, ModelVersion.model == model,
@@ -158,8 +159,9 @@ class Store:
             s.expunge(row)
             return row
 
-    def set_rollout(self, tenant: str, model: str, version: str, percent: float) -> list[ModelVersion]:
-        """Give `version` `percent` of the traffic; the other versions share the rest in proportion."""
+    def set_rollout(self, ref: ModelRef, percent: float) -> list[ModelVersion]:
+        """Give `ref` `percent` of its model's traffic; the other versions share the rest in proportion."""
+        tenant, model, version = ref.tenant, ref.model, ref.version
         with self.sessions.begin() as s:
             rows = list(s.scalars(select(ModelVersion).where(ModelVersion.tenant == tenant,
                                                              ModelVersion.model == model)))
@@ -192,8 +194,9 @@ class Store:
                 s.expunge(r)
             return rows
 
-    def retire(self, tenant: str, model: str, version: str) -> list[ModelVersion]:
+    def retire(self, ref: ModelRef) -> list[ModelVersion]:
         """No more traffic (its share goes to the other versions) and no workers: they drain and stop."""
+        tenant, model, version = ref.tenant, ref.model, ref.version
         with self.sessions.begin() as s:
             rows = list(s.scalars(select(ModelVersion).where(ModelVersion.tenant == tenant,
                                                              ModelVersion.model == model)))
@@ -212,10 +215,11 @@ class Store:
                 s.expunge(r)
             return rows
 
-    def set_version_status(self, tenant: str, model: str, version: str, status: str, reason: str) -> bool:
+    def set_version_status(self, ref: ModelRef, status: str, reason: str) -> bool:
         with self.sessions.begin() as s:
-            row = s.scalar(select(ModelVersion).where(ModelVersion.tenant == tenant, ModelVersion.model == model,
-                                                      ModelVersion.version == version))
+            row = s.scalar(select(ModelVersion).where(ModelVersion.tenant == ref.tenant,
+                                                      ModelVersion.model == ref.model,
+                                                      ModelVersion.version == ref.version))
             if row is None:
                 return False
             row.status, row.status_reason = status[:32], reason[:256]

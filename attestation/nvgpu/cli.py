@@ -6,13 +6,12 @@ import base64
 import binascii
 import json
 import string
-from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 from cryptography import x509
 
 from attestation.claims import GpuClaims
+from attestation.cli_request import VerifyRequest
 from attestation.errors import ParseError
 from attestation.nvgpu.abi import GpuEvidence, parse_evidence
 from attestation.nvgpu.rim import parse_rim
@@ -90,36 +89,28 @@ def _claims_json(c: GpuClaims, v: VerifiedGpu) -> dict[str, Any]:
     }
 
 
-def verify_for_cli(
-    evidence: bytes,
-    certs: list[bytes],
-    collateral: list[bytes],
-    roots_dir: Path | None,
-    nonce: bytes | None,
-    at: datetime,
-    policy: dict | None,
-    use_collateral: bool,
-) -> dict:
+def verify_for_cli(request: VerifyRequest) -> dict:
     """Verify (and with `policy`, appraise) GPU evidence; returns JSON-able claims.
 
     Without `nonce`, each report's own nonce is used (and any nonce the JSON list claims must
     agree), so the result says `"fresh": false`: only a relying party's nonce proves freshness.
     """
-    items = _split(evidence, certs)
+    nonce, at = request.nonce, request.at
+    items = _split(request.evidence, list(request.certs))
     rims: list[bytes] = []
-    for blob in collateral:
+    for blob in request.collateral:
         if b"SoftwareIdentity" not in blob[:4096]:
             raise ParseError("unrecognised collateral: only SWID RIMs (.swidtag) are used for nvgpu")
         parse_rim(blob)
-        if use_collateral:
+        if request.use_collateral:
             rims.append(blob)
     expected = nonce if nonce is not None else items[0][0].nonce
     for i, (ev, _, claimed) in enumerate(items):
         if claimed is not None and claimed.lower() != ev.nonce.hex():
             raise ParseError(f"entry {i}: listed nonce {claimed} differs from the report's nonce")
-    policy_obj = Policy.from_dict(policy) if policy is not None else None
+    policy_obj = Policy.from_dict(request.policy) if request.policy is not None else None
     verified = verify_gpu_list(
-        [(ev, chain) for ev, chain, _ in items], nonce=expected, now=at, roots_dir=roots_dir, rims=rims
+        [(ev, chain) for ev, chain, _ in items], nonce=expected, now=at, roots_dir=request.roots_dir, rims=rims
     )
     claims = validate(verified, policy_obj) if policy_obj is not None else [
         to_claims(v, i) for i, v in enumerate(verified)

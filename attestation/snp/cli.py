@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
-import datetime as dt
-import hmac
 import string
-from pathlib import Path
 from typing import Any
 
-from attestation.errors import FreshnessError, ParseError
+from attestation.cli_request import VerifyRequest, check_report_data
+from attestation.errors import ParseError
 from attestation.snp.abi import REPORT_SIZE, Report, parse_report, report_fields
 from attestation.snp.claims import to_claims
 from attestation.snp.tcb import Product
@@ -30,37 +28,22 @@ def _evidence(evidence: bytes) -> Report:
     return parse_report(evidence)
 
 
-def check_nonce(report_data: bytes, nonce: bytes) -> None:
-    """REPORT_DATA must equal the nonce right-padded with zero bytes to 64 (a 64-byte nonce: equal)."""
-    if len(nonce) > 64:
-        raise FreshnessError(f"nonce is {len(nonce)} bytes; REPORT_DATA holds at most 64")
-    if not hmac.compare_digest(report_data, nonce.ljust(64, b"\0")):
-        raise FreshnessError("REPORT_DATA does not match the expected nonce")
-
-
-def verify_for_cli(
-    evidence: bytes,
-    certs: list[bytes],
-    collateral: list[bytes],
-    roots_dir: Path | None,
-    nonce: bytes | None,
-    at: dt.datetime,
-    policy: dict | None,
-    use_collateral: bool,
-) -> dict:
+def verify_for_cli(request: VerifyRequest) -> dict:
     """Verify, check the nonce, appraise, and return JSON-able claims; raises AttestationError.
 
     certs: DER or PEM (a VCEK/VLEK, optionally ASK/ASVK and ARK). collateral: CRLs, recognised by
     content; with use_collateral=False they are parsed but not applied. policy: Policy.from_dict.
     """
+    evidence, certs, collateral, roots_dir = request.evidence, request.certs, request.collateral, request.roots_dir
+    nonce, at, policy, use_collateral = request.nonce, request.at, request.policy, request.use_collateral
     report = _evidence(evidence)
     appraisal = Policy.from_dict(policy) if policy is not None else None  # fail fast on a bad policy
     for blob in collateral:
         load_crl(blob)  # anything that is not a CRL is refused rather than silently ignored
     crls = list(collateral) if use_collateral else []
-    verified = verify_report(report, now=at, certs=certs, crls=crls, roots_dir=roots_dir)
+    verified = verify_report(report, now=at, certs=list(certs), crls=crls, roots_dir=roots_dir)
     if nonce is not None:
-        check_nonce(report.report_data, nonce)
+        check_report_data(report.report_data, nonce)
     if appraisal is not None:
         validate(verified, appraisal)
     out = to_claims(verified).to_json()

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 from attestation import x509chain
-from attestation.errors import FreshnessError, PolicyViolation
+from attestation.cli_request import VerifyRequest, check_report_data
+from attestation.errors import PolicyViolation
 from attestation.pcs import collateral_from_items
 from attestation.tdx.abi import parse_quote
 from attestation.tdx.pck import pck_extensions
@@ -15,16 +14,7 @@ from attestation.tdx.validate import Policy, to_claims, validate
 from attestation.tdx.verify import INTEL_ROOT_FILE, TdxVerifier, VerifyOptions, ca_kind
 
 
-def verify_for_cli(
-    evidence: bytes,
-    certs: list[bytes],
-    collateral: list[bytes],
-    roots_dir: Path | None,
-    nonce: bytes | None,
-    at: datetime,
-    policy: dict | None,
-    use_collateral: bool,
-) -> dict:
+def verify_for_cli(request: VerifyRequest) -> dict:
     """Verify a TDX quote and return its claims as JSON (tcb_status "Unknown" without collateral).
 
     `certs` are extra PEM chains (e.g. the TCB Signing chain) and join the collateral pile, which
@@ -32,23 +22,21 @@ def verify_for_cli(
     bytes when shorter). Raises AttestationError subclasses; a bad policy dict or a failed policy
     raises PolicyViolation with every problem listed.
     """
+    evidence, certs, collateral, policy = request.evidence, request.certs, request.collateral, request.policy
     try:
         parsed_policy = Policy.from_dict(policy) if policy is not None else None
     except (ValueError, TypeError) as exc:
         raise PolicyViolation([f"invalid TDX policy: {exc}"]) from exc
     quote = parse_quote(evidence)
-    roots = x509chain.load_pinned_roots(INTEL_ROOT_FILE, roots_dir)
-    verifier = TdxVerifier(roots, options=VerifyOptions(use_collateral=use_collateral))
+    roots = x509chain.load_pinned_roots(INTEL_ROOT_FILE, request.roots_dir)
+    verifier = TdxVerifier(roots, options=VerifyOptions(use_collateral=request.use_collateral))
     bundle = None
-    if use_collateral:
+    if request.use_collateral:
         leaf, inter = quote.signature.pck_chain[0], quote.signature.pck_chain[1]
         bundle = collateral_from_items([*collateral, *certs], pck_extensions(leaf).fmspc, ca_kind(inter))
-    verified = verifier.verify(quote, at, bundle)
-    if nonce is not None:
-        if len(nonce) > 64:
-            raise FreshnessError("nonce longer than REPORTDATA (64 bytes)")
-        if quote.body.report_data != nonce.ljust(64, b"\0"):
-            raise FreshnessError("REPORTDATA does not match the expected nonce")
+    verified = verifier.verify(quote, request.at, bundle)
+    if request.nonce is not None:
+        check_report_data(quote.body.report_data, request.nonce)
     if parsed_policy is not None:
         validate(verified, parsed_policy)
     out: dict[str, Any] = to_claims(verified).to_json()

@@ -8,8 +8,6 @@ served from the verifier's cache (content-hash keyed, re-checked against `now`'s
 from __future__ import annotations
 
 import datetime as dt
-import statistics
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,23 +62,3 @@ def prepare(case: TdxBenchCase) -> Callable[[], VerifiedQuote]:
 
     run()
     return run
-
-
-def measure(case: TdxBenchCase, iterations: int = 300, warmup: int = 10) -> dict[str, float]:
-    """Latency percentiles in milliseconds for `iterations` warm verifications."""
-    run = prepare(case)
-    for _ in range(warmup):
-        run()
-    samples = []
-    for _ in range(iterations):
-        start = time.perf_counter()
-        run()
-        samples.append((time.perf_counter() - start) * 1000.0)
-    samples.sort()
-    return {
-        "iterations": float(iterations),
-        "p50_ms": statistics.median(samples),
-        "p90_ms": samples[int(0.9 * (len(samples) - 1))],
-        "p99_ms": samples[int(0.99 * (len(samples) - 1))],
-        "mean_ms": statistics.fmean(samples),
-    }

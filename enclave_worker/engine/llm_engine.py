@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
-import logging
 import secrets
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 import torch
@@ -15,14 +12,15 @@ import torch
 from .block_manager import BlockManager
 from .checkpoint import Checkpoint
 from .config import EngineConfig, RequestOutput, SamplingParams
-from .errors import EngineDeadError, EngineError, InvalidRequestError
+from .engine_thread import ThreadedEngine
+from .errors import EngineError
 from .kernels import triton_installed
 from .kv_cache import KVCacheSpec, allocate_kv_cache, gpu_kv_budget
 from .model_builder import BuiltModel, build_model
 from .model_runner import ModelRunner
 from .models import model_tensors
 from .output_processor import OutputProcessor
-from .output_stream import Sink, stream_request
+from .output_stream import Sink
 from .scheduler import ScheduledSeq, Scheduler
 from .sequence import Sequence
 
@@ -41,12 +39,15 @@ def _fused_decode(config: EngineConfig, cuda: bool) -> bool:
 @dataclass
 class _Request:
     seq: Sequence
-    sink: Callable[[RequestOutput | BaseException], None]
+    sink: Sink
 
 
-class LLMEngine:
+class LLMEngine(ThreadedEngine[_Request]):
+    thread_name = "llm-engine"
+
     def __init__(self, built: BuiltModel, config: EngineConfig) -> None:
         """Wire a built model to its KV pool, block manager, scheduler and runner."""
+        super().__init__()
         self.config = config
         self.model = built.model
         cuda = torch.device(config.device).type == "cuda"
@@ -68,8 +69,10 @@ class LLMEngine:
         self.max_model_len = min(built.model_len, num_blocks * config.block_size)
         self.blocks = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.blocks, config.max_num_seqs, config.max_num_batched_tokens)
-        # fp32 weights on the CPU are what the OpenBLAS path serves (ModelRunner.use_blas); 0 turns it off
-        fp32_cpu = config.device == "cpu" and built.dtype == torch.float32 and built.quant == "none"
+        # fp32 weights on the CPU are what the OpenBLAS path serves (ModelRunner.use_blas); 0 turns it off.
+        # Packed weights run on torch's pool (layers/packed.py): OpenBLAS would serve only a tied LM head.
+        fp32_cpu = (config.device == "cpu" and built.dtype == torch.float32 and built.quant == "none"
+                    and not built.packed)
         dense_bytes = sum(t.nbytes for t in model_tensors(self.model)) if fp32_cpu else 0
         fused = _fused_decode(config, cuda)
         graphs = fused and cuda and config.cuda_graphs
@@ -89,13 +92,7 @@ class LLMEngine:
         self.tokenizer = built.tokenizer
         self.vocab_size = built.vocab_size
         self.output = OutputProcessor(self.tokenizer)
-        self._requests: dict[str, _Request] = {}
-        self._next_seq_id = 0
-        self._cond = threading.Condition(threading.Lock())  # guards scheduler and request state
         self._step_lock = threading.Lock()  # one step at a time (background thread or a direct caller)
-        self._thread: threading.Thread | None = None
-        self._stopped = False
-        self._dead: BaseException | None = None
 
     @classmethod
     def from_checkpoint(cls, checkpoint: Checkpoint, config: EngineConfig) -> LLMEngine:
@@ -119,61 +116,32 @@ class LLMEngine:
 
     # ------------------------------------------------------------ requests
 
-    def _validate(self, request_id: str, prompt: list[int], params: SamplingParams, cache_salt: bytes) -> None:
-        if not isinstance(params, SamplingParams):
-            raise InvalidRequestError("params must be SamplingParams")
-        if not isinstance(request_id, str) or not request_id:
-            raise InvalidRequestError("request_id must be a non-empty string")
-        if not isinstance(cache_salt, bytes):
-            raise InvalidRequestError("cache_salt must be bytes")
-        if not prompt:
-            raise InvalidRequestError("prompt must not be empty")
-        if not all(isinstance(t, int) and 0 <= t < self.vocab_size for t in prompt):
-            raise InvalidRequestError(f"prompt token ids must be integers in [0, {self.vocab_size})")
-        if len(prompt) >= self.max_model_len:
-            raise InvalidRequestError(
-                f"prompt has {len(prompt)} tokens; the context holds {self.max_model_len} (prompt + output)"
-            )
-        bad = [t for t in params.stop_token_ids if t >= self.vocab_size]
-        if bad:
-            raise InvalidRequestError(f"unknown stop token ids {bad}")
-
     def add_request(
         self,
         request_id: str,
         prompt_token_ids: list[int],
         params: SamplingParams,
-        sink: Callable[[RequestOutput | BaseException], None],
+        sink: Sink,
         cache_salt: bytes = b"",
     ) -> None:
         """Queue a request; `sink` receives its outputs (from the stepping thread)."""
         prompt = list(prompt_token_ids)
-        self._validate(request_id, prompt, params, cache_salt)
+        self.validate(request_id, prompt, params, cache_salt)
         gen = None
         if not params.greedy:
             gen = torch.Generator(device=self.config.device)
             gen.manual_seed(params.seed if params.seed is not None else secrets.randbits(63))
-        with self._cond:
-            if self._stopped or self._dead is not None:
-                raise EngineDeadError("engine is shut down")
-            if request_id in self._requests:
-                raise InvalidRequestError(f"duplicate request id {request_id!r}")
-            max_tokens = min(params.max_tokens, self.max_model_len - len(prompt))
-            seq = Sequence(self._next_seq_id, request_id, prompt, len(prompt), params, max_tokens, cache_salt, gen)
-            self._next_seq_id += 1
-            self._requests[request_id] = _Request(seq, sink)
-            self.scheduler.add(seq)
-            self._cond.notify()
+        max_tokens = min(params.max_tokens, self.max_model_len - len(prompt))
 
-    def abort(self, request_id: str) -> None:
-        """Cancel a request and free its KV blocks at once."""
-        with self._cond:
-            req = self._requests.pop(request_id, None)
-            if req is None:
-                return
-            self.scheduler.finish(req.seq, "abort")
-            out = self.output.emit(req.seq)
-        req.sink(out)
+        def make(seq_id: int) -> _Request:
+            seq = Sequence(seq_id, request_id, prompt, len(prompt), params, max_tokens, cache_salt, gen)
+            self.scheduler.add(seq)
+            return _Request(seq, sink)
+
+        self._submit(request_id, make)
+
+    def _release(self, req: _Request, reason: str) -> None:
+        self.scheduler.finish(req.seq, reason)
 
     # ------------------------------------------------------------ stepping
 
@@ -212,10 +180,6 @@ class LLMEngine:
             delivered.append((req.sink, self.output.emit(seq)))
         return delivered
 
-    def has_unfinished_requests(self) -> bool:
-        with self._cond:
-            return bool(self._requests)
-
     def stats(self) -> dict:
         with self._cond:
             b = self.blocks
@@ -232,49 +196,13 @@ class LLMEngine:
                 "num_preemptions": self.scheduler.num_preemptions,
             }
 
-    # ------------------------------------------------------------ async serving
+    # ------------------------------------------------------------ the stepping thread's hooks
 
-    def _loop(self) -> None:
-        while True:
-            with self._cond:
-                while not self._stopped and not self.scheduler.has_work():
-                    self._cond.wait()
-                if self._stopped:
-                    return
-            try:
-                with self._cond:
-                    progress = self.scheduler.running or self.blocks.num_free_blocks > 0
-                if not progress:  # nothing can be scheduled right now; do not spin
-                    time.sleep(0.001)
-                self.step()
-            except BaseException as exc:  # the engine is unusable; fail every request
-                logging.getLogger(__name__).exception("engine step failed")
-                with self._cond:
-                    self._dead = exc
-                    reqs, self._requests = list(self._requests.values()), {}
-                for req in reqs:
-                    req.sink(EngineDeadError(f"engine step failed: {exc!r}"))
-                return
+    def _has_work(self) -> bool:
+        return self.scheduler.has_work()
 
-    def _ensure_thread(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._loop, name="llm-engine", daemon=True)
-            self._thread.start()
-
-    def generate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                 cache_salt: bytes = b"") -> AsyncIterator[RequestOutput]:
-        def start(sink: Sink) -> None:
-            self.add_request(request_id, prompt_token_ids, params, sink, cache_salt)
-            self._ensure_thread()
-
-        return stream_request(start, lambda: self.abort(request_id))
-
-    async def shutdown(self) -> None:
+    def _pace(self) -> None:
         with self._cond:
-            self._stopped = True
-            ids = list(self._requests)
-            self._cond.notify_all()
-        for rid in ids:
-            self.abort(rid)
-        if self._thread is not None:
-            await asyncio.get_running_loop().run_in_executor(None, self._thread.join)
+            progress = self.scheduler.running or self.blocks.num_free_blocks > 0
+        if not progress:  # nothing can be scheduled right now; do not spin
+            time.sleep(0.001)

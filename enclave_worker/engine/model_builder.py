@@ -17,6 +17,7 @@ from threadpoolctl import threadpool_limits
 from .checkpoint import Checkpoint
 from .config import EngineConfig
 from .errors import EngineError
+from .layers.packed import packing_available
 from .models import ARCHITECTURES
 from .models.llama import BuildOptions, LlamaForCausalLM
 from .threads import available_cpus
@@ -43,6 +44,7 @@ class BuiltModel:
     tokenizer: Tokenizer
     vocab_size: int
     hidden_size: int
+    packed: bool = False  # dense linears hold oneDNN-packed weights (layers/packed.py)
 
 
 def _release_freed_memory() -> None:
@@ -69,10 +71,12 @@ def build_model(checkpoint: Checkpoint, config: EngineConfig) -> BuiltModel:
         config.max_model_len or min(cfg.get("max_position_embeddings", 4096), 4096),
         cfg.get("max_position_embeddings", 1 << 30),
     )
-    opts = BuildOptions(quant, dtype, config.device, model_len, config.int4_group_size)
+    packed = (config.packed_weights and config.device == "cpu" and dtype == torch.float32 and quant == "none"
+              and packing_available())
+    opts = BuildOptions(quant, dtype, config.device, model_len, config.int4_group_size, packed=packed)
     with torch.inference_mode():
         model = ARCHITECTURES[arch](cfg, checkpoint.tensors, opts).eval()
     _release_freed_memory()  # conversion transients go back to the OS before the KV pool is touched
     return BuiltModel(model=model, dtype=dtype, quant=quant, model_len=model_len, threads=threads,
                       tokenizer=Tokenizer(checkpoint.tokenizer_json, checkpoint.chat_template, cfg),
-                      vocab_size=int(cfg["vocab_size"]), hidden_size=int(cfg["hidden_size"]))
+                      vocab_size=int(cfg["vocab_size"]), hidden_size=int(cfg["hidden_size"]), packed=packed)

@@ -14,22 +14,17 @@ plaintext weights or the data key to cross a process boundary: docs/vllm-backend
 
 from __future__ import annotations
 
-import asyncio
-import logging
 import threading
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from enclave_worker.engine.config import RequestOutput, SamplingParams, TokenLogprob
-from enclave_worker.engine.errors import EngineDeadError, InvalidRequestError
+from enclave_worker.engine.engine_thread import ThreadedEngine
 from enclave_worker.engine.output_processor import OutputProcessor
-from enclave_worker.engine.output_stream import Sink, stream_request
+from enclave_worker.engine.output_stream import Sink
 from enclave_worker.engine.sequence import SeqStatus, Sequence
 from enclave_worker.engine.tokenizer import Tokenizer
 
 from .runtime import VllmRuntime
-
-log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -71,21 +66,18 @@ def _records(logprobs: list | None, count: int | None) -> list[TokenLogprob | No
     return out
 
 
-class VllmEngine:
+class VllmEngine(ThreadedEngine[_Request]):
+    thread_name = "vllm-engine"
+
     def __init__(self, runtime: VllmRuntime, tokenizer: Tokenizer) -> None:
+        super().__init__()
         self.runtime = runtime
         self.tokenizer = tokenizer
         self.vocab_size = tokenizer.vocab_size
         self.max_model_len = runtime.max_model_len
         self.output = OutputProcessor(tokenizer)
-        self._requests: dict[str, _Request] = {}
         self._by_vllm: dict[str, _Request] = {}
         self._ops = _Ops()
-        self._cond = threading.Condition(threading.Lock())
-        self._thread: threading.Thread | None = None
-        self._stopped = False
-        self._dead: BaseException | None = None
-        self._next_seq_id = 0
         self.prefix_cached_tokens = 0
         self.prefix_queried_tokens = 0
 
@@ -103,55 +95,24 @@ class VllmEngine:
 
     # ------------------------------------------------------------ requests
 
-    def _validate(self, request_id: str, prompt: list[int], params: SamplingParams, cache_salt: bytes) -> None:
-        if not isinstance(params, SamplingParams):
-            raise InvalidRequestError("params must be SamplingParams")
-        if not isinstance(request_id, str) or not request_id:
-            raise InvalidRequestError("request_id must be a non-empty string")
-        if not isinstance(cache_salt, bytes):
-            raise InvalidRequestError("cache_salt must be bytes")
-        if not prompt:
-            raise InvalidRequestError("prompt must not be empty")
-        if not all(isinstance(t, int) and 0 <= t < self.vocab_size for t in prompt):
-            raise InvalidRequestError(f"prompt token ids must be integers in [0, {self.vocab_size})")
-        if len(prompt) >= self.max_model_len:
-            raise InvalidRequestError(
-                f"prompt has {len(prompt)} tokens; the context holds {self.max_model_len} (prompt + output)")
-        bad = [t for t in params.stop_token_ids if t >= self.vocab_size]
-        if bad:
-            raise InvalidRequestError(f"unknown stop token ids {bad}")
-
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, sink: Sink,
                     cache_salt: bytes = b"") -> None:
         prompt = list(prompt_token_ids)
-        self._validate(request_id, prompt, params, cache_salt)
+        self.validate(request_id, prompt, params, cache_salt)
         max_tokens = min(params.max_tokens, self.max_model_len - len(prompt))
         vparams = vllm_sampling(params, max_tokens, self.tokenizer.eos_token_ids)
         # The salt is derived in the worker per tenant (WorkerState.cache_salt): vLLM hashes it into
         # the request's first prefix-cache block, so tenants never share a cached block.
         inputs = {"prompt_token_ids": prompt, **({"cache_salt": cache_salt.hex()} if cache_salt else {})}
-        with self._cond:
-            if self._stopped or self._dead is not None:
-                raise EngineDeadError("engine is shut down")
-            if request_id in self._requests:
-                raise InvalidRequestError(f"duplicate request id {request_id!r}")
-            seq = Sequence(self._next_seq_id, request_id, prompt, len(prompt), params, max_tokens, cache_salt)
-            self._next_seq_id += 1
-            req = _Request(seq, sink)
-            self._requests[request_id] = req
-            self._ops.add.append((req, inputs, vparams))
-            self._cond.notify()
 
-    def abort(self, request_id: str) -> None:
-        with self._cond:
-            req = self._requests.pop(request_id, None)
-            if req is None:
-                return
-            self._finish(req, "abort")
-            out = self.output.emit(req.seq)
-        req.sink(out)
+        def make(seq_id: int) -> _Request:
+            req = _Request(Sequence(seq_id, request_id, prompt, len(prompt), params, max_tokens, cache_salt), sink)
+            self._ops.add.append((req, inputs, vparams))  # handed to vLLM by the stepping thread
+            return req
 
-    def _finish(self, req: _Request, reason: str) -> None:
+        self._submit(request_id, make)
+
+    def _release(self, req: _Request, reason: str) -> None:
         """Under the lock: mark finished and have vLLM drop the request (and its KV blocks)."""
         req.seq.status, req.seq.finish_reason = SeqStatus.FINISHED, reason
         if req.vllm_id:
@@ -213,16 +174,12 @@ class VllmEngine:
             reason = "length" if completion.finish_reason == "length" else (completion.finish_reason or "stop")
         if reason is not None:
             del self._requests[seq.request_id]
-            self._finish(req, reason)
+            self._release(req, reason)
             if out.finished:  # vLLM is done with it already: nothing to abort
                 self._ops.abort = [a for a in self._ops.abort if a != req.vllm_id]
         if not tokens and reason is None:
             return []
         return [(req.sink, self.output.emit(seq))]
-
-    def has_unfinished_requests(self) -> bool:
-        with self._cond:
-            return bool(self._requests)
 
     def stats(self) -> dict:
         with self._cond:
@@ -233,45 +190,13 @@ class VllmEngine:
                     "prefix_cache_query_tokens": self.prefix_queried_tokens,
                     **self.runtime.kv_stats(), **self.runtime.metrics()}
 
+    def _has_work(self) -> bool:
+        return bool(self._requests or self._ops.abort)
+
     def _loop(self) -> None:
+        # As `vllm serve` threads its CPU worker (runtime.bind_stepping_thread), before the first step.
         self.runtime.bind_stepping_thread()
-        while True:
-            with self._cond:
-                while not self._stopped and not self._requests and not self._ops.abort:
-                    self._cond.wait()
-                if self._stopped:
-                    return
-            try:
-                self.step()
-            except BaseException as exc:  # vLLM is unusable: fail every request
-                log.exception("vLLM engine step failed")
-                with self._cond:
-                    self._dead = exc
-                    reqs, self._requests = list(self._requests.values()), {}
-                for req in reqs:
-                    req.sink(EngineDeadError(f"engine step failed: {type(exc).__name__}"))
-                return
+        super()._loop()
 
-    def _ensure_thread(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._loop, name="vllm-engine", daemon=True)
-            self._thread.start()
-
-    def generate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                 cache_salt: bytes = b"") -> AsyncIterator[RequestOutput]:
-        def start(sink: Sink) -> None:
-            self.add_request(request_id, prompt_token_ids, params, sink, cache_salt)
-            self._ensure_thread()
-
-        return stream_request(start, lambda: self.abort(request_id))
-
-    async def shutdown(self) -> None:
-        with self._cond:
-            self._stopped = True
-            ids = list(self._requests)
-            self._cond.notify_all()
-        for rid in ids:
-            self.abort(rid)
-        if self._thread is not None:
-            await asyncio.get_running_loop().run_in_executor(None, self._thread.join)
+    def _closed(self) -> None:
         self.runtime.close()

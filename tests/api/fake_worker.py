@@ -19,6 +19,7 @@ from fastapi import FastAPI
 from enclave_worker.grpc_server import heartbeats
 from enclave_worker.server import WorkerState
 from enclave_worker.settings import WorkerSettings
+from protocol.asgi import freeze_startup_heap
 from protocol.rpc import worker_pb2, worker_pb2_grpc
 
 
@@ -68,6 +69,7 @@ async def main_async(args: argparse.Namespace) -> None:
     address = f"127.0.0.1:{args.grpc_port}"
     server.add_insecure_port(address)
     await server.start()
+    freeze_startup_heap()  # as the real worker's lifespan does (protocol/asgi.py)
     token = Path(args.token_file).read_text().strip()
     beat = asyncio.create_task(heartbeats(state, [args.gateway], token, address, interval=0.3))
     app = FastAPI()

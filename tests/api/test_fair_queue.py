@@ -5,6 +5,7 @@ per step for every running request), so the result does not depend on this machi
 from __future__ import annotations
 
 import asyncio
+import random
 
 import pytest
 
@@ -141,3 +142,49 @@ def test_with_the_old_reserve_the_overshoot_blocks_the_quiet_tenant() -> None:
     got = sched.next()
     sched.queue.push("quiet", "q2")
     assert got is None or sched.next() is None  # the first or the second quiet request had to wait
+
+
+def test_order_is_the_smallest_tag_of_an_eligible_tenant_under_random_pushes_cancels_and_pops() -> None:
+    """Against a reference that scans every waiting entry: the lanes must give the same order."""
+    rng = random.Random(7)
+    queue = FairQueue(max_queued=10_000, max_queued_per_tenant=10_000)
+    waiting: list = []
+    tenants = ["a", "b", "c", "d"]
+    for _ in range(3000):
+        op = rng.random()
+        if op < 0.5:
+            tenant = rng.choice(tenants)
+            waiting.append(queue.push(tenant, object(), weight=rng.choice((1.0, 2.0)), cost=rng.choice((1, 4)),
+                                      priority=rng.choice((0, 0, 1))))
+        elif op < 0.6 and waiting:
+            victim = waiting.pop(rng.randrange(len(waiting)))
+            queue.cancel(victim)
+        else:
+            allowed = set(rng.sample(tenants, rng.randint(0, len(tenants))))
+            candidates = [e for e in waiting if e.tenant in allowed]
+            expected = min(candidates, key=lambda e: e.sort_key) if candidates else None
+            got = queue.pop_entry(lambda t, allowed=allowed: t in allowed)
+            assert got is expected
+            if got is not None:
+                waiting.remove(got)
+        assert len(queue) == len(waiting)
+
+
+def test_a_pop_looks_at_each_tenant_once_not_at_each_queued_request() -> None:
+    """A flooder's queued requests are one lane: a slot release while it is ineligible must not walk
+    through all of them (that walk was an eighth of the gateway's loop under a flood)."""
+    queue = FairQueue(max_queued=10_000, max_queued_per_tenant=10_000)
+    for i in range(1000):
+        queue.push("flood", i)
+    queue.push("quiet", "q")
+    asked: list[str] = []
+
+    def eligible(tenant: str) -> bool:
+        asked.append(tenant)
+        return tenant == "quiet"
+
+    assert queue.pop(eligible) == ("quiet", "q")
+    assert len(asked) <= 2
+    asked.clear()
+    assert queue.pop(eligible) is None
+    assert asked == ["flood"] and len(queue) == 1000

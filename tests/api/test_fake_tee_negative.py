@@ -48,7 +48,7 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
     home = Home(root / "home")
     package_for_demo(home, random_checkpoint("tiny", "cpu", torch.float32))
     prepare_demo(home, log=lambda *_: None)
-    signer = PolicyStore(home.broker).get(DEMO_TENANT, DEMO_MODEL).required_signer
+    signer = PolicyStore(home.broker).get(ModelRef(DEMO_TENANT, DEMO_MODEL, DEMO_VERSION)).required_signer
     put_release_policy(home, signer or "", require_gpu_cc=True)
     port = free_port()
     proc = subprocess.Popen(

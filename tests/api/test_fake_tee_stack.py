@@ -18,13 +18,14 @@ import pytest
 import torch
 
 from api.home import Home
-from api.stack import DEMO_MODEL, DEMO_TENANT, Stack, free_port, launch, prepare_demo
+from api.stack import DEMO_MODEL, DEMO_TENANT, DEMO_VERSION, Stack, free_port, launch, prepare_demo
 from attestation.testing.platform import SNP_MEASUREMENT, TDX_MR_TD, FakePlatform
 from key_broker.errors import KeyStoreError
 from key_broker.keystore import load_master_key
 from key_broker.policies import PolicyStore
 from key_broker.statefile import local_ledger
 from policy.release import ReleasePolicy
+from protocol.model_ref import ModelRef
 from sealed_bench.gpu_models import random_checkpoint
 from tests.enclave_worker.demo_package import package_for_demo
 
@@ -44,7 +45,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Env:
     home = Home(root / "home")
     package_for_demo(home, random_checkpoint("tiny", "cpu", torch.float32))
     demo = prepare_demo(home, log=lambda *_: None)
-    signer = PolicyStore(home.broker).get(DEMO_TENANT, DEMO_MODEL).required_signer
+    signer = PolicyStore(home.broker).get(ModelRef(DEMO_TENANT, DEMO_MODEL, DEMO_VERSION)).required_signer
     assert signer
     return Env(home, platform, demo.api_key, signer)
 
@@ -52,7 +53,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Env:
 def put_release_policy(home: Home, signer: str, *, require_gpu_cc: bool) -> None:
     store = PolicyStore(home.broker, local_ledger(home.broker, load_master_key(home.broker / "master.key")))
     try:
-        version = store.get(DEMO_TENANT, DEMO_MODEL).version + 1
+        version = store.get(ModelRef(DEMO_TENANT, DEMO_MODEL, DEMO_VERSION)).version + 1
     except KeyStoreError:
         version = 1
     store.put(ReleasePolicy(

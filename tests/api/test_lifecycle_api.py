@@ -103,10 +103,25 @@ def test_retire_moves_traffic_hides_the_version_and_rollback_restores(gw: TestCl
 
 def test_version_bounds_are_checked(gw: TestClient) -> None:
     for body in ({"model": "x", "version": "v1", "min_warm": 3, "max_replicas": 2},
-                 {"model": "x/../y", "version": "v1"}, {"model": "x", "version": "v1", "min_warm": -1},
+                 {"model": "x/../y", "version": "v1"}, {"model": "x..y", "version": "v1"},
+                 {"model": "x", "version": "v..1"}, {"model": "x", "version": "v1", "min_warm": -1},
                  {"model": "x", "version": "v1", "ttft_slo_ms": 0}):
         assert gw.post("/admin/v1/tenants/acme/models", json=body, headers=auth()).status_code == 400, body
     assert gw.get("/admin/v1/tenants/acme/models", headers=auth()).json()["data"] == []
+
+
+def test_names_that_form_no_model_ref_are_refused_at_the_route_and_change_nothing(gw: TestClient) -> None:
+    h = auth()
+    assert gw.post("/admin/v1/tenants/a..b/models", json={"model": "x", "version": "v1"}, headers=h).status_code == 400
+    assert gw.app.state.service.store.tenant("a..b") is None  # type: ignore[attr-defined]
+    assert gw.post("/admin/v1/tenants/acme/models", json={"model": "x", "version": "v1"}, headers=h).status_code == 201
+    assert gw.post("/admin/v1/tenants/acme/models/x..y/versions/v1/retire", headers=h).status_code == 404
+    assert gw.post("/admin/v1/tenants/acme/models/x/rollout", json={"version": "v..1", "percent": 50},
+                   headers=h).status_code == 404
+    assert gw.put("/admin/v1/deployments/acme/x/v..1/status", json={"status": "failing"},
+                  headers=h).status_code == 404
+    rows = gw.get("/admin/v1/tenants/acme/models", headers=h).json()["data"]
+    assert [(r["version"], r["traffic_percent"], r["retired"]) for r in rows] == [("v1", 100.0, False)]
 
 
 def test_tokens_are_minted_by_operators_only_and_work(gw: TestClient) -> None:

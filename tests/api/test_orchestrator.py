@@ -75,7 +75,7 @@ class FakeRuntime:
         self.stopped: list[str] = []
         self.statuses: dict[str, dict] = {}
 
-    def package_dir(self, tenant: str, model: str, version: str, address: str | None) -> Path | None:
+    def package_dir(self, ref: ModelRef, address: str | None) -> Path | None:
         return Path("/pkg") if address else None
 
     def policy_files(self, tenant: str, policy: Any) -> TenantPolicyFiles:
@@ -168,9 +168,10 @@ def test_local_measurement_is_the_one_the_launched_worker_has(tmp_path: Path) ->
     admin = tmp_path / "admin.pub.pem"
     admin.write_text("-----BEGIN PUBLIC KEY-----\nMCowBQYDK2VwAyEA" + "A" * 43 + "=\n-----END PUBLIC KEY-----\n")
     for key, files in ((None, TenantPolicyFiles(None, None)), (admin, TenantPolicyFiles(tmp_path / "p.json", admin))):
-        launched = worker_settings("acme", "m", "v1", tmp_path / "pkg", files, "http://broker", None, 9999)
-        assert local_measurement("acme", "m", "v1", key) == simulated_measurement(launched.measured_config()).hex()
-    assert local_measurement("acme", "m", "v1", None) != local_measurement("acme", "m", "v2", None)
+        launched = worker_settings(ModelRef("acme", "m", "v1"), tmp_path / "pkg", files, "http://broker", None, 9999)
+        assert local_measurement(ModelRef("acme", "m", "v1"), key) == simulated_measurement(
+            launched.measured_config()).hex()
+    assert local_measurement(ModelRef("acme", "m", "v1"), None) != local_measurement(ModelRef("acme", "m", "v2"), None)
 
 
 def test_cli_secrets_never_come_from_argv_and_credentials_are_private(tmp_path: Path,

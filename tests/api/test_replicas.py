@@ -15,6 +15,7 @@ import pytest
 from api.stack import free_port
 from api.store.db import make_engine, session_factory, upgrade
 from api.store.repo import Store
+from protocol.model_ref import ModelRef
 from tests.api.fleet import REDIS_URL, postgres_database, redis_client
 
 
@@ -57,7 +58,7 @@ def test_tenant_rpm_holds_across_two_gateway_processes(tmp_path: Path, pg_url: s
     store = Store(session_factory(engine))
     tenant = f"t{secrets.token_hex(4)}"
     store.ensure_tenant(tenant, rpm=5)
-    store.upsert_version(tenant, "m", "v1")
+    store.upsert_version(ModelRef(tenant, "m", "v1"))
     secret, _ = store.create_key(tenant, "k")
     engine.dispose()
     gateways = [_start_gateway(tmp_path, f"gw{i}", pg_url, db) for i in range(2)]

@@ -13,6 +13,7 @@ from api.store.db import make_engine, session_factory, upgrade
 from api.store.models import UsageRow
 from api.store.repo import Store
 from policy.limiter import TokenBucketLimiter
+from protocol.model_ref import ModelRef
 from tests.api.fleet import postgres_database, redis_client
 
 
@@ -61,12 +62,12 @@ def test_agent_kill_switch_is_per_key_reversible_and_scoped_to_its_tenant(store:
 
 
 def test_rollout_is_gradual_and_rollback_is_one_call(store: Store) -> None:
-    store.upsert_version("acme", "m", "v1")
-    store.upsert_version("acme", "m", "v2")
+    store.upsert_version(ModelRef("acme", "m", "v1"))
+    store.upsert_version(ModelRef("acme", "m", "v2"))
     split = {v.version: v.traffic_percent for v in store.model_versions("acme")}
     assert split == {"v1": 100.0, "v2": 0.0}
-    store.set_rollout("acme", "m", "v2", 10)
-    store.set_rollout("acme", "m", "v2", 50)
+    store.set_rollout(ModelRef("acme", "m", "v2"), 10)
+    store.set_rollout(ModelRef("acme", "m", "v2"), 50)
     assert {v.version: v.traffic_percent for v in store.model_versions("acme")} == {"v1": 50.0, "v2": 50.0}
     store.rollback("acme", "m")
     assert {v.version: v.traffic_percent for v in store.model_versions("acme")} == {"v1": 90.0, "v2": 10.0}

@@ -40,10 +40,11 @@ def _write_policies(home: Any, api_key: str, gpu_settings: Any) -> None:
     """The tenant's signed policy set (demo controls + a release policy allowing a CC-off GPU),
     and the broker's release policy for this worker's simulated measurement."""
     from api.home import ed25519_key
-    from api.stack import DEMO_MODEL, DEMO_TENANT, demo_policy_set
+    from api.stack import DEMO_MODEL, DEMO_TENANT, DEMO_VERSION, demo_policy_set
     from enclave_worker.measurement import simulated_measurement
     from key_broker.policies import PolicyStore
     from policy.documents import sign_policy_document
+    from protocol.model_ref import ModelRef
 
     release = {"policy_id": "demo-gpu", "version": 1, "tenant": DEMO_TENANT, "model": DEMO_MODEL,
                "allowed_tee": ["sim"], "unsafe_allow_simulated_tee": True, "unsafe_allow_gpu_cc_off": True}
@@ -55,7 +56,7 @@ def _write_policies(home: Any, api_key: str, gpu_settings: Any) -> None:
     from key_broker.statefile import local_ledger
 
     store = PolicyStore(home.broker, local_ledger(home.broker, load_master_key(home.broker / "master.key")))
-    current = store.get(DEMO_TENANT, DEMO_MODEL)
+    current = store.get(ModelRef(DEMO_TENANT, DEMO_MODEL, DEMO_VERSION))
     measurement = simulated_measurement(gpu_settings.measured_config()).hex()
     store.put(dataclasses.replace(current, version=current.version + 1,
                                   allowed_measurements=frozenset({measurement})))

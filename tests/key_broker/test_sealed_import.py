@@ -67,3 +67,15 @@ def test_bad_sealed_uploads_register_nothing(kb: Harness, sealed_upload: Any, na
     ciphertext = (body.get("sealed_key") or {}).get("sealed", "")
     assert not ciphertext or ciphertext not in json.dumps(response.json())  # errors never echo key material
     assert not kb.service.datakeys.exists(ModelRef("acme", "m", "v1"))
+
+
+@pytest.mark.parametrize("version", ["V1", "a..b", "-v", "v" * 65])
+def test_a_bad_name_in_the_path_is_a_422_and_registers_nothing(kb: Harness, sealed_upload: Any, version: str) -> None:
+    # ModelRef accepts "V1" and 65 characters; the broker's own file-name rule does not: the route
+    # checks the stricter rule first, so each is the broker's typed refusal, not a 500.
+    assert kb.admin("POST", "/tenants/acme/key").status_code == 201
+    body = sealed_upload(_import_pem(kb), "acme", "m", "v1")[0]
+    response = kb.admin("PUT", f"/tenants/acme/models/m/versions/{version}/data-key", json=body)
+    assert response.status_code == 422, response.text
+    assert response.json()["error"]["type"] == "invalid_request"
+    assert kb.service.datakeys.records("acme") == []

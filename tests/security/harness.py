@@ -90,8 +90,9 @@ async def gateway(tmp: Path, servicers: list, *, tenant: str = "acme", model: st
 
 
 @contextlib.asynccontextmanager
-async def http_server(app: object, **limits: object) -> AsyncIterator[str]:
-    """The app behind the gateway's real uvicorn configuration on 127.0.0.1; yields its base URL."""
+async def http_server(app: object, http: str = "auto", **limits: object) -> AsyncIterator[str]:
+    """The app behind the gateway's real uvicorn configuration on 127.0.0.1 (`http`: its HTTP parser,
+    httptools or h11; auto: as the gateway runs); yields its base URL."""
     import asyncio
 
     import uvicorn
@@ -99,7 +100,8 @@ async def http_server(app: object, **limits: object) -> AsyncIterator[str]:
     from api.gateway.http_server import ConnectionLimits, server_config
 
     port = free_port()
-    server = uvicorn.Server(server_config(app, "127.0.0.1", port, ConnectionLimits(**limits)))  # type: ignore[arg-type]
+    server = uvicorn.Server(server_config(app, "127.0.0.1", port, ConnectionLimits(**limits),  # type: ignore[arg-type]
+                                          http=http))  # type: ignore[arg-type]
     task = asyncio.create_task(server.serve())
     while not server.started:
         if task.done():

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -129,3 +130,51 @@ def test_admin_routes_never_answer_500(kb: Harness, method: str, path: str, body
     r = kb.admin(method, path, json=body) if body is not None else kb.admin(method, path)
     assert r.status_code < 500, (r.status_code, r.text)
     assert "-----BEGIN" not in r.text and "x" * 257 not in r.text
+
+
+def test_schema_refusals_are_audited_in_aggregate(tmp_path: Path) -> None:
+    """The broker's schema errors (FastAPI's 422) are refusals too: audited like the gateway's edge
+    refusals (the first of each kind per 60 s in full, the rest counted in a summary), without the
+    values sent; the caller's answer is unchanged."""
+    canary = "CANARY-5b1e-never-logged"
+    harness = Harness(tmp_path / "kb", Clock(), rate_limit_per_minute=1_000_000)
+    try:
+        for _ in range(40):
+            r = harness.client.post("/v1/key", json={"token": 5, "tenant": canary, "model": "m", "version": "v1"})
+            assert r.status_code == 422 and r.json()["error"]["type"] == "invalid_request", r.text
+            assert canary not in r.text
+        assert harness.client.post("/v1/attest", json={"session_id": canary}).status_code == 422
+        early = [e["action"] for e in harness.audit_entries() if e["action"].startswith("edge-refusal")]
+        assert early == ["edge-refusal", "edge-refusal"]  # one per kind while the window is open
+    finally:
+        harness.close()  # the broker stops: the window's summaries are written
+    rows = [e for e in harness.audit_entries() if e["action"].startswith("edge-refusal")]
+    assert [(e["action"], e["metadata"]["route"], e["metadata"]["status"]) for e in rows] == [
+        ("edge-refusal", "/v1/key", 422), ("edge-refusal", "/v1/attest", 422),
+        ("edge-refusal-summary", "/v1/key", 422)]
+    assert rows[2]["metadata"]["count"] == 39 and all(e["tenant"] == "-" and e["decision"] == "deny" for e in rows)
+    assert canary not in (harness.settings.data_dir.parent / "audit" / "key-broker.audit.jsonl").read_text()
+
+
+def test_other_edge_refusals_are_audited_in_aggregate(tmp_path: Path) -> None:
+    """The same for the broker's other answers at the edge: an unknown admin token (401), an unknown
+    route (404), a wrong method (405), a body over the limit (413); the answers are unchanged."""
+    canary = "CANARY-9d2f-never-logged"
+    harness = Harness(tmp_path / "kb", Clock(), rate_limit_per_minute=1_000_000, max_body_bytes=4096)
+    try:
+        for _ in range(5):
+            r = harness.admin("GET", "/tenants/acme", token=canary)
+            assert r.status_code == 401 and r.json() == {"detail": {"type": "unauthorized",
+                                                                     "message": "missing or invalid admin token"}}
+        assert harness.client.get("/v1/nope").status_code == 404
+        assert harness.client.get("/v1/key").status_code == 405
+        assert harness.client.post("/v1/key", content=b"x" * 5000,
+                                   headers={"content-type": "application/json"}).status_code == 413
+    finally:
+        harness.close()
+    rows = [e for e in harness.audit_entries() if e["action"].startswith("edge-refusal")]
+    got = [(e["action"], e["metadata"]["status"], e["metadata"].get("count")) for e in rows]
+    assert got == [("edge-refusal", 401, None), ("edge-refusal", 404, None), ("edge-refusal", 405, None),
+                   ("edge-refusal", 413, None), ("edge-refusal-summary", 401, 4)]
+    assert rows[0]["metadata"]["route"] == "/v1/admin/tenants/{tenant}"  # the template, not the path
+    assert canary not in (harness.settings.data_dir.parent / "audit" / "key-broker.audit.jsonl").read_text()

@@ -29,6 +29,7 @@ from policy.audit import AuditLog, read_entries
 from policy.audit.worker_record import public_key_bytes, sign_decision, verify_logged_decision
 from policy.limiter import TokenBucketLimiter
 from policy.policyset import PolicySet
+from protocol.model_ref import ModelRef
 from protocol.rpc import worker_pb2, worker_pb2_grpc
 from protocol.sealed import RequestContext, seal_request
 from protocol.sealed.http import ResponseHead
@@ -61,7 +62,7 @@ async def test_a_sealed_refusal_in_the_enclave_is_signed_relayed_and_audited_wit
                              AdmissionController(TokenBucketLimiter(), LocalQueueCounter(), 8, 8))
     usage_hex = public_key_bytes(state.usage_key).hex()
     service.registry.workers["w1"] = WorkerInfo(
-        worker_id="w1", grpc_address=f"127.0.0.1:{port}", tenant="acme", model="m", version="v1", status="ready",
+        worker_id="w1", grpc_address=f"127.0.0.1:{port}", ref=ModelRef("acme", "m", "v1"), status="ready",
         tee="sim", insecure=True, usage_public_key=usage_hex, sealed_key_id=state.serving_key.key_id,
         last_seen=service.registry.clock.now())
     body = json.dumps({"model": "m", "messages": [{"role": "user", "content": f"{MARK}: my SSN is 123-45-6789"}]})

@@ -129,6 +129,9 @@ NEGATIVES = [
     ("garbage-signature", lambda w: {**w.beat(), "signature": "zz" * 64}, 401),
     ("url-as-grpc-address", lambda w: _resigned(w, grpc_address="http://169.254.169.254/latest"), 400),
     ("unknown-status", lambda w: _resigned(w, status="paused"), 400),  # not a ServingState
+    # Names that form no ModelRef: refused at the route, never stored in the registry.
+    ("model-not-a-model-ref", lambda w: _resigned(w, model="m..x"), 400),
+    ("version-not-a-model-ref", lambda w: _resigned(w, version="v1/../v2"), 400),
 ]
 
 
@@ -144,6 +147,7 @@ def test_unsigned_or_stale_heartbeats_change_nothing(gateway: TestClient, tmp_pa
     worker = Worker(tmp_path, 5001)
     assert post(gateway, make(worker)) == status
     assert ready(gateway) == []
+    assert gateway.app.state.service.registry.workers == {}  # type: ignore[attr-defined]
 
 
 class InternalService:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from .packed import PackedMatmul, try_pack
+
 _DEQUANT_MIN_ROWS = 16  # from this many rows, dequantize the weight per call and use a dense GEMM
 
 
@@ -64,7 +66,8 @@ def transposed_storage(w: torch.Tensor, in_place: bool) -> torch.Tensor:
 
 
 class Linear(torch.nn.Module):
-    """Dense y = x W^T (+ b). ``in_place``: the weight may be rearranged in its own memory (no copy)."""
+    """Dense y = x W^T (+ b). ``in_place``: the weight may be rearranged in its own memory (no copy).
+    ``packed``: fp32 on the CPU is held in oneDNN's packed layout instead (layers/packed.py)."""
 
     def __init__(
         self,
@@ -74,12 +77,20 @@ class Linear(torch.nn.Module):
         device: str,
         in_place: bool = False,
         switch: BlasSwitch | None = None,
+        packed: bool = False,
     ) -> None:
         super().__init__()
         w = weight.to(device=device, dtype=dtype)
         self.bias = None if bias is None else bias.to(device=device, dtype=dtype)
-        self.matmul = DenseMatmul(w, transpose=True, in_place=in_place or w is not weight, switch=switch)
-        self.weight = self.matmul.weight
+        owned = in_place or w is not weight
+        # Not fp32 on the CPU, or a layout the wipe could not fully check: the plain kernels.
+        pm = try_pack(w, consume=owned) if packed else None
+        self.matmul: DenseMatmul | PackedMatmul
+        if pm is None:
+            dense = DenseMatmul(w, transpose=True, in_place=owned, switch=switch)
+            self.matmul, self.weight = dense, dense.weight
+        else:
+            self.matmul, self.weight = pm, pm.packed
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.matmul(x, self.bias)
@@ -217,12 +228,14 @@ def make_linear(
     group_size: int = 32,
     in_place: bool = False,
     switch: BlasSwitch | None = None,
+    packed: bool = False,
 ) -> torch.nn.Module:
-    """quant: "none" | "int8" | "int4" | "fp8". ``in_place``: the caller hands over the weight's memory."""
+    """quant: "none" | "int8" | "int4" | "fp8". ``in_place``: the caller hands over the weight's memory.
+    ``packed``: dense fp32 CPU weights in oneDNN's packed layout (Linear)."""
     if quant == "fp8":
         return Fp8Linear(weight, bias, dtype, device)
     if quant == "int8":
         return Int8Linear(weight, bias, dtype, device)
     if quant == "int4":
         return Int4Linear(weight, bias, dtype, device, group_size)
-    return Linear(weight, bias, dtype, device, in_place, switch)
+    return Linear(weight, bias, dtype, device, in_place, switch, packed)

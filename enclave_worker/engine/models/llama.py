@@ -27,6 +27,7 @@ class BuildOptions:
     max_positions: int
     int4_group_size: int = 32
     blas: BlasSwitch | None = None  # shared by every dense layer; the runner flips it per step
+    packed: bool = False  # dense fp32 CPU linears in oneDNN's packed layout (layers/packed.py)
 
 
 class _Weights:
@@ -74,7 +75,8 @@ class DecoderLayer(torch.nn.Module):
         eps, a, m = cfg["rms_norm_eps"], prefix + "self_attn.", prefix + "mlp."
         # The builder owns the popped checkpoint tensors, so layers may rearrange them in place.
         lin = lambda wt, b=None: make_linear(  # noqa: E731
-            wt, b, opt.quant, opt.dtype, opt.device, opt.int4_group_size, in_place=True, switch=opt.blas
+            wt, b, opt.quant, opt.dtype, opt.device, opt.int4_group_size, in_place=True, switch=opt.blas,
+            packed=opt.packed,
         )
         self.input_norm = RMSNorm(w.take(prefix + "input_layernorm.weight").to(opt.device, opt.dtype), eps)
         qkv = [a + "q_proj.", a + "k_proj.", a + "v_proj."]
@@ -149,7 +151,7 @@ class LlamaForCausalLM(torch.nn.Module):
         else:
             self.lm_head = make_linear(
                 lm_head, None, "int8" if opt.quant != "none" else "none", opt.dtype, opt.device, in_place=True,
-                switch=opt.blas,
+                switch=opt.blas, packed=opt.packed,
             )
         del lm_head
         layer0 = self.layers[0]

@@ -30,6 +30,7 @@ from api.store.models import UsageRow
 from policy.audit import AuditLog
 from policy.documents import sign_policy_document
 from protocol.heartbeat import heartbeat_signing_input, worker_id_for
+from protocol.model_ref import ModelRef
 from tests.key_broker.conftest import Harness
 
 TENANTS = ("acme", "globex")
@@ -155,7 +156,7 @@ def build_site(root: Path) -> Site:
     for n, tenant in enumerate(TENANTS):
         store.ensure_tenant(tenant, token_budget=5000 * (n + 1))
         _, key = store.create_key(tenant, f"{tenant}-app", token_budget=3000)
-        store.upsert_version(tenant, "chat", "v1")
+        store.upsert_version(ModelRef(tenant, "chat", "v1"))
         for i in range(30):
             store.record_usage(UsageRow(request_id=f"r-{tenant}-{i}", tenant=tenant, key_id=key.key_id, model="chat",
                                         version="v1", worker_id=f"w-{tenant}", prompt_tokens=20 + i,

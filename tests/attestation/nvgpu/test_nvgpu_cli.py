@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from attestation.cli_request import VerifyRequest
 from attestation.errors import CollateralError, FreshnessError, ParseError, PolicyViolation
 from attestation.nvgpu.cli import inspect_for_cli, verify_for_cli
 from attestation.nvgpu.collect import CollectedGpu, bundle_json
@@ -26,7 +27,7 @@ def _r(tv: Path, name: str) -> bytes:
 
 
 def test_hex_report_verifies(testvectors: Path) -> None:
-    out = verify_for_cli(
+    out = verify_for_cli(VerifyRequest(
         _r(testvectors, "nvtrust_hopperAttestationReport.hex.txt"),
         [_r(testvectors, "nvtrust_hopperCertChain.pem")],
         [],
@@ -35,7 +36,7 @@ def test_hex_report_verifies(testvectors: Path) -> None:
         AT,
         None,
         True,
-    )
+    ))
     json.dumps(out)
     (gpu,) = out["gpus"]
     assert out["fresh"] and not out["appraised"]
@@ -50,22 +51,23 @@ def test_coco_with_rim_and_policy(testvectors: Path) -> None:
         [_r(testvectors, "trustee_hopper_coco_certs1.txt")],
     )
     rim = [_r(testvectors, RIM)]
-    out = verify_for_cli(*args, rim, None, COCO_NONCE, AT, None, True)
+    out = verify_for_cli(VerifyRequest(*args, rim, None, COCO_NONCE, AT, None, True))
     assert out["gpus"][0]["rim_matched"] is False
     assert out["gpus"][0]["rim_mismatches"] == {"96.00.74.00.1A": [9]}
-    assert verify_for_cli(*args, rim, None, COCO_NONCE, AT, None, False)["gpus"][0]["rim_matched"] is None
+    unapplied = verify_for_cli(VerifyRequest(*args, rim, None, COCO_NONCE, AT, None, False))
+    assert unapplied["gpus"][0]["rim_matched"] is None
     policy = {"min_driver_version": "590.0", "allowed_vbios_versions": ["96.00.74.00.1a"]}
     with pytest.raises(PolicyViolation) as err:
-        verify_for_cli(*args, rim, None, COCO_NONCE, AT, policy, True)
+        verify_for_cli(VerifyRequest(*args, rim, None, COCO_NONCE, AT, policy, True))
     text = " | ".join(err.value.violations)
     assert "driver version 580.95.05" in text and "index 9" in text and "OCSP" in text
     assert "no driver RIM" in text and len(err.value.violations) == 4
     with pytest.raises(PolicyViolation, match="unknown policy key 'nope'"):
-        verify_for_cli(*args, [], None, COCO_NONCE, AT, {"nope": 1}, True)
+        verify_for_cli(VerifyRequest(*args, [], None, COCO_NONCE, AT, {"nope": 1}, True))
     with pytest.raises(ParseError, match="unrecognised collateral"):
-        verify_for_cli(*args, [b"-----BEGIN X509 CRL-----"], None, COCO_NONCE, AT, None, True)
+        verify_for_cli(VerifyRequest(*args, [b"-----BEGIN X509 CRL-----"], None, COCO_NONCE, AT, None, True))
     with pytest.raises(CollateralError):  # a VBIOS RIM for another GPU
-        verify_for_cli(
+        verify_for_cli(VerifyRequest(
             _r(testvectors, "nvtrust_hopperAttestationReport.bin"),
             [_r(testvectors, "nvtrust_hopperCertChain.pem")],
             rim,
@@ -74,17 +76,17 @@ def test_coco_with_rim_and_policy(testvectors: Path) -> None:
             AT,
             None,
             True,
-        )
+        ))
 
 
 def test_eight_gpu_json(testvectors: Path) -> None:
     blob = _r(testvectors, "nvtrust_ppcie_gpu_evidence_8gpu.json")
-    out = verify_for_cli(blob, [], [], None, PPCIE_NONCE, AT, None, True)
+    out = verify_for_cli(VerifyRequest(blob, [], [], None, PPCIE_NONCE, AT, None, True))
     assert len(out["gpus"]) == 8 and {g["nonce"] for g in out["gpus"]} == {PPCIE_NONCE.hex()}
     assert {g["feature_flag"] for g in out["gpus"]} == {"PPCIE"}
-    assert verify_for_cli(blob, [], [], None, None, AT, None, True)["fresh"] is False
+    assert verify_for_cli(VerifyRequest(blob, [], [], None, None, AT, None, True))["fresh"] is False
     with pytest.raises(FreshnessError):
-        verify_for_cli(blob, [], [], None, COCO_NONCE, AT, None, True)
+        verify_for_cli(VerifyRequest(blob, [], [], None, COCO_NONCE, AT, None, True))
     assert [g["index"] for g in inspect_for_cli(blob)["gpus"]] == list(range(8))
 
 
@@ -114,11 +116,11 @@ def test_collected_bundle_with_test_roots(tmp_path: Path) -> None:
         "unsafe_allow_ocsp_unknown": True,
         "expected_nonce": nonce.hex(),
     }
-    out = verify_for_cli(
+    out = verify_for_cli(VerifyRequest(
         bundle, [], [], tmp_path, nonce, dt.datetime(2026, 1, 1, tzinfo=dt.UTC), policy, True
-    )
+    ))
     assert out["appraised"] and out["gpus"][0]["fwid"] == "11" * 48
     tampered = json.loads(bundle)
     tampered[0]["nonce"] = "00" * 32
     with pytest.raises(ParseError, match="listed nonce"):
-        verify_for_cli(json.dumps(tampered).encode(), [], [], tmp_path, None, AT, None, True)
+        verify_for_cli(VerifyRequest(json.dumps(tampered).encode(), [], [], tmp_path, None, AT, None, True))

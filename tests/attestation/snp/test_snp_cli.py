@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives import serialization
 
+from attestation.cli_request import VerifyRequest
 from attestation.errors import FreshnessError, ParseError, PolicyViolation, RevokedError
 from attestation.snp.cli import inspect_for_cli, verify_for_cli
 from attestation.snp.tcb import Product
@@ -33,7 +34,7 @@ def test_verify_real_milan(snp_dir: Path) -> None:
         "allow_debug": True,
         "min_tcb": {"bl": 2, "snp": 5, "ucode": 68},
     }
-    out = verify_for_cli(raw, [vek], [], None, bytes.fromhex("0102030405"), MILAN_AT, policy, True)
+    out = verify_for_cli(VerifyRequest(raw, [vek], [], None, bytes.fromhex("0102030405"), MILAN_AT, policy, True))
     json.dumps(out)
     assert out["tee"] == "snp" and out["debug"] is True and out["tcb_status"] == "UpToDate"
     assert out["measurement"] == MEAS and out["product"] == "Milan" and out["signer"] == "vcek"
@@ -45,28 +46,29 @@ def test_verify_real_milan(snp_dir: Path) -> None:
 
     vek_pem = load_der_or_pem(vek).public_bytes(pem)
     bundle = (ROOTS_DIR / "amd_milan_ask_ark.pem").read_bytes()
-    out2 = verify_for_cli(raw.hex().encode(), [vek_pem, bundle], [], ROOTS_DIR, None, MILAN_AT, None, False)
+    out2 = verify_for_cli(VerifyRequest(raw.hex().encode(), [vek_pem, bundle], [], ROOTS_DIR, None, MILAN_AT, None,
+                                        False))
     assert out2["measurement"] == MEAS
 
 
 def test_verify_rejections(snp_dir: Path) -> None:
     raw, vek = _milan(snp_dir)
     with pytest.raises(PolicyViolation) as err:
-        verify_for_cli(raw, [vek], [], None, None, MILAN_AT, {"allowed_measurements": [MEAS]}, True)
+        verify_for_cli(VerifyRequest(raw, [vek], [], None, None, MILAN_AT, {"allowed_measurements": [MEAS]}, True))
     assert err.value.violations == ["guest policy allows DEBUG"]
     with pytest.raises(PolicyViolation) as err:
-        verify_for_cli(raw, [vek], [], None, None, MILAN_AT, {}, True)  # default-deny: no measurement
+        verify_for_cli(VerifyRequest(raw, [vek], [], None, None, MILAN_AT, {}, True))  # default-deny: no measurement
     assert len(err.value.violations) == 2
     with pytest.raises(FreshnessError):
-        verify_for_cli(raw, [vek], [], None, b"\x01\x02\x03\x04\x06", MILAN_AT, None, True)
+        verify_for_cli(VerifyRequest(raw, [vek], [], None, b"\x01\x02\x03\x04\x06", MILAN_AT, None, True))
     with pytest.raises(FreshnessError):
-        verify_for_cli(raw, [vek], [], None, b"\x01" * 65, MILAN_AT, None, True)
+        verify_for_cli(VerifyRequest(raw, [vek], [], None, b"\x01" * 65, MILAN_AT, None, True))
     with pytest.raises(ParseError, match="unknown SNP policy keys"):
-        verify_for_cli(raw, [vek], [], None, None, MILAN_AT, {"debug": False}, True)
+        verify_for_cli(VerifyRequest(raw, [vek], [], None, None, MILAN_AT, {"debug": False}, True))
     with pytest.raises(ParseError, match="CRL"):
-        verify_for_cli(raw, [vek], [b"not a crl"], None, None, MILAN_AT, None, True)
+        verify_for_cli(VerifyRequest(raw, [vek], [b"not a crl"], None, None, MILAN_AT, None, True))
     with pytest.raises(ParseError):
-        verify_for_cli(raw[:-1], [vek], [], None, None, MILAN_AT, None, True)
+        verify_for_cli(VerifyRequest(raw[:-1], [vek], [], None, None, MILAN_AT, None, True))
 
 
 def test_crl_collateral_switch(pkis: dict[Product, AmdTestPki], test_keys: KeySet, roots_dir: Path) -> None:
@@ -77,11 +79,11 @@ def test_crl_collateral_switch(pkis: dict[Product, AmdTestPki], test_keys: KeySe
     raw = sign_report(rep, test_keys.vek)
     crl = pki.make_crl([77], issuer="ask")
     at = EPOCH + dt.timedelta(days=5)
-    out = verify_for_cli(raw, [der], [crl], roots_dir, None, at, None, False)
+    out = verify_for_cli(VerifyRequest(raw, [der], [crl], roots_dir, None, at, None, False))
     assert out["crl_checked"] == "false"
     with pytest.raises(RevokedError):
-        verify_for_cli(raw, [der], [crl], roots_dir, None, at, None, True)
-    out = verify_for_cli(raw, [der], [pki.make_crl([1], issuer="ark")], roots_dir, None, at, None, True)
+        verify_for_cli(VerifyRequest(raw, [der], [crl], roots_dir, None, at, None, True))
+    out = verify_for_cli(VerifyRequest(raw, [der], [pki.make_crl([1], issuer="ark")], roots_dir, None, at, None, True))
     assert out["crl_checked"] == "true"
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives.serialization import Encoding
 
+from attestation.cli_request import VerifyRequest
 from attestation.errors import ChainError, CollateralError, FreshnessError, PolicyViolation
 from attestation.tdx.cli import inspect_for_cli, verify_for_cli
 from attestation.tdx.verify import INTEL_ROOT_FILE
@@ -37,28 +38,29 @@ def _pile(pki: tp.TestPki) -> list[bytes]:
 def test_verify_synthetic(pki: tp.TestPki, roots_dir: Path) -> None:
     quote = tp.build_quote(pki, report_data=NONCE)
     policy = {"allowed_mrtd": [tp.BODY_DEFAULTS["mr_td"].hex()], "report_data": NONCE.hex()}
-    out = verify_for_cli(quote, [pki.signing_chain_pem()], _pile(pki), roots_dir, NONCE, tp.NOW, policy, True)
+    out = verify_for_cli(VerifyRequest(quote, [pki.signing_chain_pem()], _pile(pki), roots_dir, NONCE, tp.NOW, policy,
+                                       True))
     json.dumps(out)
     assert out["tee"] == "tdx" and out["tcb_status"] == "UpToDate" and out["crls_checked"] is True
     assert out["measurement"] == tp.BODY_DEFAULTS["mr_td"].hex() and out["rtmr0"] == "10" * 48
     short = tp.build_quote(pki, report_data=b"abc" + bytes(61))
-    bare = verify_for_cli(short, [], [], roots_dir, b"abc", tp.NOW, None, False)
+    bare = verify_for_cli(VerifyRequest(short, [], [], roots_dir, b"abc", tp.NOW, None, False))
     assert bare["tcb_status"] == "Unknown"
 
 
 def test_verify_errors(pki: tp.TestPki, roots_dir: Path) -> None:
     quote = tp.build_quote(pki, td_attributes=bytes.fromhex("0100001000000000"))
     with pytest.raises(FreshnessError):
-        verify_for_cli(quote, [], [], roots_dir, NONCE, tp.NOW, None, False)
+        verify_for_cli(VerifyRequest(quote, [], [], roots_dir, NONCE, tp.NOW, None, False))
     with pytest.raises(PolicyViolation, match="unknown TDX policy keys: bogus"):
-        verify_for_cli(quote, [], [], roots_dir, None, tp.NOW, {"bogus": 1}, False)
+        verify_for_cli(VerifyRequest(quote, [], [], roots_dir, None, tp.NOW, {"bogus": 1}, False))
     with pytest.raises(PolicyViolation) as err:
-        verify_for_cli(quote, [], [], roots_dir, None, tp.NOW, {}, False)
+        verify_for_cli(VerifyRequest(quote, [], [], roots_dir, None, tp.NOW, {}, False))
     assert len(err.value.violations) == 3  # MRTD, debug, Unknown TCB status
     with pytest.raises(CollateralError, match="signing_chain"):
-        verify_for_cli(quote, [], _pile(pki), roots_dir, None, tp.NOW, None, True)
+        verify_for_cli(VerifyRequest(quote, [], _pile(pki), roots_dir, None, tp.NOW, None, True))
     with pytest.raises(ChainError):
-        verify_for_cli(quote, [], [], None, None, tp.NOW, None, False)  # shipped Intel root
+        verify_for_cli(VerifyRequest(quote, [], [], None, None, tp.NOW, None, False))  # shipped Intel root
 
 
 def test_verify_real_quote_with_shipped_root(testvectors: Path) -> None:
@@ -74,7 +76,8 @@ def test_verify_real_quote_with_shipped_root(testvectors: Path) -> None:
     ]
     pile = [(tdx / n).read_bytes() for n in names]
     at = dt.datetime(2023, 7, 1, 1, tzinfo=dt.UTC)
-    out = verify_for_cli((tdx / "trustee_tdx_quote_4.dat").read_bytes(), [], pile, None, None, at, None, True)
+    quote = (tdx / "trustee_tdx_quote_4.dat").read_bytes()
+    out = verify_for_cli(VerifyRequest(quote, [], pile, None, None, at, None, True))
     assert out["tcb_status"] == "UpToDate" and out["debug"] is True and out["fmspc"] == "50806f000000"
 
 

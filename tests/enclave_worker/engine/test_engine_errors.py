@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from enclave_worker.engine import EngineError, InvalidRequestError, SamplingParams
+from enclave_worker.engine import EngineDeadError, EngineError, InvalidRequestError, SamplingParams
 from protocol.sampling import InvalidSamplingParams
 
 
@@ -102,3 +102,20 @@ async def test_a_slow_consumer_gets_what_piled_up_as_one_delta(engine):
     assert len(outs) < len(fast) and outs[-1].finished and outs[-1].completion_tokens == 12
     assert [t for o in outs for t in o.delta_token_ids] == [t for o in fast for t in o.delta_token_ids]
     assert "".join(o.delta_text for o in outs) == "".join(o.delta_text for o in fast)
+
+
+async def test_a_failed_step_fails_every_request_by_type_only_and_takes_no_more(make_engine):
+    engine = make_engine(kv_cache_memory_bytes=8 << 20)
+    prompt = engine.tokenizer.encode("Hello")
+
+    def broken(*_args, **_kwargs):
+        raise RuntimeError("text of a prompt")  # an exception's message may quote content
+
+    engine.runner.execute = broken
+    with pytest.raises(EngineDeadError) as failed:
+        await _collect(engine, "a", prompt, SamplingParams(max_tokens=4, temperature=0))
+    assert "RuntimeError" in str(failed.value) and "prompt" not in str(failed.value)
+    with pytest.raises(EngineDeadError):  # the stepping thread is gone: no request waits forever
+        await _collect(engine, "b", prompt, SamplingParams(max_tokens=4, temperature=0))
+    assert not engine.has_unfinished_requests()
+    await engine.shutdown()

@@ -1,24 +1,31 @@
-"""Revocation wipe: every weight the engine holds, copies included, and the KV pool end up zero."""
+"""Revocation wipe: every weight the engine holds, copies and packed layouts included, and the KV pool end up zero."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from enclave_worker.engine.layers.packed import is_zero, packing_available
 
-@pytest.mark.parametrize("dtype", ["float32", "int8"])
-def test_wipe_zeroes_every_weight_copy_and_the_kv_pool(make_engine, dtype: str) -> None:
-    eng = make_engine(dtype=dtype, kv_cache_memory_bytes=8 << 20)
+
+@pytest.mark.parametrize(("dtype", "packed"), [("float32", False), ("float32", True), ("int8", False)])
+def test_wipe_zeroes_every_weight_copy_and_the_kv_pool(make_engine, dtype: str, packed: bool) -> None:
+    if packed and not packing_available():
+        pytest.skip("torch built without oneDNN")
+    eng = make_engine(dtype=dtype, packed_weights=packed, kv_cache_memory_bytes=8 << 20)
     layer = eng.model.layers[0]
     fused = layer.qkv_proj.weight if dtype == "float32" else layer.qkv_proj.qweight  # a copy (fused)
+    assert fused.is_mkldnn == packed
     held = eng.held_tensors()
     assert any(t is fused for t in held)
     assert any(t is eng.runner.kv_cache for t in held)
     # every linear layer of every decoder layer is covered, not only registered parameters
     assert len(held) >= 4 * len(eng.model.layers)
-    assert fused.abs().sum() > 0
+    if packed:  # the packed layouts are held tensors too: four linears a layer
+        assert sum(t.is_mkldnn for t in held) >= 4 * len(eng.model.layers)
+    assert not is_zero(fused)
     eng.wipe()
-    assert all(not t.any() for t in eng.held_tensors())
+    assert all(is_zero(t) for t in eng.held_tensors())
     assert not torch.any(eng.model.embed.weight)
 
 
@@ -31,4 +38,4 @@ def test_booted_worker_wipe_reaches_the_engine_and_the_decrypted_buffer(make_eng
     decrypted = DecryptedModel(None, "signer", {}, {}, buffer)  # type: ignore[arg-type]
     BootedWorker(eng, None, "blake3:00", decrypted).wipe()  # type: ignore[arg-type]
     assert not buffer.any()
-    assert all(not t.any() for t in eng.held_tensors())
+    assert all(is_zero(t) for t in eng.held_tensors())

@@ -26,6 +26,7 @@ from enclave_worker.engine.checkpoint import Checkpoint, default_gguf_path, load
 from enclave_worker.package import decrypt_package
 from key_broker.keystore import DataKeyRegistry, LocalKeyStore, load_master_key
 from protocol.model_ref import ModelRef
+from protocol.package import PackageError
 from protocol.package.keywrap import load_or_create_import_key, public_pem
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):\n    ", "List three prime numbers:",
@@ -54,7 +55,10 @@ def released(plain: Checkpoint, tmp_path_factory: pytest.TempPathFactory, upload
     app = upload_app(store, lambda: "demo")
     upload_package(tenant_dir / "pkg", TestClient(app), chunk_bytes=32 << 20)
     stored = stored_package_dir(store, "demo", "smollm2", "v1")
-    assert import_sealed_key(broker_dir, tenant_dir / "key.json", stored) == "demo/smollm2/v1"
+    with pytest.raises(PackageError, match="not demo/smollm2/v2"):  # another version than asked for
+        import_sealed_key(broker_dir, tenant_dir / "key.json", stored, ModelRef("demo", "smollm2", "v2"))
+    assert not (broker_dir / "keystore").exists()  # refused before anything was stored
+    import_sealed_key(broker_dir, tenant_dir / "key.json", stored, ModelRef("demo", "smollm2", "v1"))
     keystore = LocalKeyStore(broker_dir / "keystore", load_master_key(broker_dir / "master.key"))
     data_key, record = DataKeyRegistry(broker_dir / "keystore", keystore).data_key(ModelRef("demo", "smollm2", "v1"))
     assert record.model_digest == encrypted.manifest.plaintext_digest

@@ -1,0 +1,53 @@
+"""A key over its own limits is refused before its request body is read.
+
+A tenant flooding with maximal requests is refused by its own limits anyway (requests per minute,
+its queue bound); answering those 429s after reading, parsing and validating each body (up to
+4 MiB, 64 choices) spent much of the gateway's event loop on the flooder. This ASGI middleware,
+the outermost, answers them from the request line and the Authorization header alone: for a POST
+to a route that admission charges, with a key this gateway authenticated within the last second
+(`Catalog.recent_key`, no database, no thread hop), it peeks at the key's and tenant's
+requests-per-minute buckets and the tenant's queue counter (`Admission.early_refusal`). Over a
+bound: the same 429 (`Retry-After`, OpenAI's error body) the route would answer, counted in the
+metrics and audited like it (aggregated, tickets.py). Otherwise, or for a key not seen recently,
+the request goes on untouched and is charged once, by the usual admission. Nothing is charged
+here, so nothing can be charged twice or leak.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from api.gateway.errors import error_response
+
+if TYPE_CHECKING:
+    from api.gateway.service import GatewayService
+
+# The routes whose requests pass admission (the rate limits and the queue bound).
+ADMITTED_ROUTES = frozenset({"/v1/chat/completions", "/v1/completions", "/tokenize", "/detokenize",
+                             "/v1/sealed/chat/completions", "/v1/sealed/completions"})
+
+
+def bearer(scope: Scope) -> str:
+    """The bearer secret of the Authorization header ('' if none), as `dependencies.bearer_secret` reads it."""
+    for name, value in scope.get("headers") or ():
+        if name == b"authorization":
+            scheme, _, secret = value.decode("latin-1").partition(" ")
+            return secret.strip() if scheme.lower() == "bearer" else ""
+    return ""
+
+
+class AdmissionGate:
+    def __init__(self, app: ASGIApp, service: GatewayService) -> None:
+        self.app, self.service = app, service
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope.get("method") == "POST" and scope.get("path") in ADMITTED_ROUTES:
+            secret = bearer(scope)
+            key = self.service.catalog.recent_key(secret) if secret else None
+            refusal = self.service.admissions.early_refusal(key) if key is not None else None
+            if refusal is not None:
+                await error_response(refusal)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)

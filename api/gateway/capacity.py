@@ -1,0 +1,75 @@
+"""Dispatch slots that follow what the gateway can relay: AIMD on its own event loop's lag.
+
+`max_inflight` is a ceiling, not a capacity: how many streams one gateway process can relay
+depends on the machine, the token rate of the workers behind it, and what else runs there. Past
+that point every stream still "runs" but the loop falls behind, and every request, a quiet
+tenant's first token included, waits its turn behind thousands of queued callbacks (under `sealed
+bench flood` a quiet tenant's TTFT went to 6x its unloaded value while its requests had free
+reserved slots).
+
+So the loop clock's ticker (liveness.py) reports each turn's lag, and the number of dispatch slots
+follows it, as TCP's congestion window follows loss: a turn later than `target_lag_s` while slots
+are in use cuts the slots by `decrease`; a calm turn adds a few back, up to the ceiling. Requests
+beyond the slots wait in the fair queue, where waiting costs no CPU, in fair order. The floor keeps
+the reserve of slots for tenants with little in flight (fairqueue.py) plus some shared ones, so
+neither the quiet tenant nor the bulk tenant is ever shut out. Netflix's concurrency-limits and
+Envoy's adaptive concurrency filter do the same from request latency; the loop's lag is the more
+direct signal here, because relaying, not the workers, is what this limit protects.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from api.gateway.fairqueue import FairScheduler
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CapacityPolicy:
+    target_lag_s: float = 0.02  # a ticker turn later than this (at a 0.1 s tick) means the loop is behind
+    decrease: float = 0.75  # multiplicative cut per late turn
+    increase_fraction: float = 1 / 16  # additive increase per calm turn, as a fraction of the slots
+    shared_floor: int = 16  # shared slots (beyond the reserve) that are never taken away
+
+
+class AdaptiveCapacity:
+    def __init__(self, scheduler: FairScheduler, dispatch: Callable[[], None], ceiling: int,
+                 policy: CapacityPolicy = CapacityPolicy()) -> None:
+        self.scheduler, self.dispatch, self.ceiling, self.policy = scheduler, dispatch, ceiling, policy
+        self.floor = min(ceiling, scheduler.reserved + policy.shared_floor)
+        self.cuts = 0  # late turns that cut the slots (a metric, and what the tests read)
+        self._logged_at, self._logged_slots = 0.0, scheduler.capacity
+
+    @property
+    def slots(self) -> int:
+        return self.scheduler.capacity
+
+    def observe(self, lag_s: float) -> None:
+        """One ticker turn's lag: cut the slots when the loop is behind while they are in use, else grow."""
+        sched = self.scheduler
+        if lag_s > self.policy.target_lag_s:
+            if sched.total_running > self.floor:  # relaying is what could be shed
+                cut = max(self.floor, int(sched.capacity * self.policy.decrease))
+                if cut < sched.capacity:
+                    sched.capacity = cut
+                    self.cuts += 1
+                    self._report(lag_s)
+            return
+        if sched.capacity < self.ceiling:
+            step = max(2, int(sched.capacity * self.policy.increase_fraction))
+            sched.capacity = min(self.ceiling, sched.capacity + step)
+            self.dispatch()  # requests waiting for the slots just added start now
+            self._report(lag_s)
+
+    def _report(self, lag_s: float) -> None:
+        """At most one line per 10 s, and only when the slots moved by a quarter since the last one."""
+        now, slots = time.monotonic(), self.scheduler.capacity
+        if now - self._logged_at >= 10 and abs(slots - self._logged_slots) * 4 >= max(1, self._logged_slots):
+            log.info("dispatch slots %d of %d (event loop %.0f ms late; %d running)", slots, self.ceiling,
+                     lag_s * 1000, self.scheduler.total_running)
+            self._logged_at, self._logged_slots = now, slots

@@ -1,0 +1,125 @@
+"""The vLLM adapter's own logic (request table, stepping thread, aborts, a failed step, shutdown;
+enclave_worker/engine/engine_thread.py, shared with our engine) over a scripted stand-in for vLLM's
+engine core, so it runs without vLLM. What vLLM itself answers is test_vllm_engine.py's job."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from tokenizers import Tokenizer as HFTokenizer
+from tokenizers.models import WordLevel
+from tokenizers.pre_tokenizers import Whitespace
+
+import enclave_worker.vllm_engine.engine as adapter
+from enclave_worker.engine import EngineDeadError, SamplingParams, Tokenizer
+from enclave_worker.vllm_engine.engine import VllmEngine
+
+VOCAB = {"<eos>": 0, "a": 1, "b": 2, "c": 3, "[UNK]": 4}
+
+
+class ScriptedCore:
+    """vLLM's LLMEngine as the adapter uses it: every step samples token "a" for each request it holds."""
+
+    def __init__(self) -> None:
+        self.held: dict[str, int] = {}  # request id -> tokens still to sample
+        self.aborted: list[str] = []
+        self.fail = False
+
+    def add_request(self, request_id: str, inputs: dict[str, Any], params: Any) -> None:
+        self.held[request_id] = params.max_tokens
+
+    def abort_request(self, ids: list[str]) -> None:
+        self.aborted += ids
+        for rid in ids:
+            self.held.pop(rid, None)
+
+    def step(self) -> list[Any]:
+        if self.fail:
+            raise RuntimeError("text of a prompt")
+        time.sleep(0.005)  # a step takes time: a consumer can stop before a long request ends
+        outs = []
+        for rid in list(self.held):
+            self.held[rid] -= 1
+            done = self.held[rid] == 0
+            if done:
+                del self.held[rid]
+            outs.append(SimpleNamespace(request_id=rid, finished=done, num_cached_tokens=0, outputs=[
+                SimpleNamespace(token_ids=[1], logprobs=None, finish_reason="length" if done else None)]))
+        return outs
+
+
+class ScriptedRuntime:
+    max_model_len, block_size = 64, 16
+
+    def __init__(self) -> None:
+        self.llm = ScriptedCore()
+        self.closed = False
+
+    def kv_stats(self) -> dict[str, Any]:
+        return {}
+
+    def metrics(self) -> dict[str, Any]:
+        return {}
+
+    def held_tensors(self) -> list[Any]:
+        return []
+
+    def bind_stepping_thread(self) -> None:
+        self.bound = True  # the real one pins the thread as vLLM's CPU worker; nothing to pin here
+
+    def close(self) -> None:
+        self.closed = True
+
+
+@pytest.fixture()
+def engine(monkeypatch: pytest.MonkeyPatch) -> VllmEngine:
+    # vLLM's SamplingParams, minus vLLM: the scripted core reads max_tokens only.
+    monkeypatch.setattr(adapter, "vllm_sampling",
+                        lambda params, max_tokens, eos: SimpleNamespace(max_tokens=max_tokens))
+    hf = HFTokenizer(WordLevel(VOCAB, unk_token="[UNK]"))
+    hf.pre_tokenizer = Whitespace()
+    tokenizer = Tokenizer(hf.to_str(), None, {"eos_token_id": 0, "vocab_size": len(VOCAB)})
+    return VllmEngine(ScriptedRuntime(), tokenizer)  # type: ignore[arg-type]
+
+
+async def _collect(engine: VllmEngine, rid: str, max_tokens: int) -> list[Any]:
+    params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
+    return [o async for o in engine.generate(rid, [1, 2, 3], params)]
+
+
+async def test_requests_stream_to_their_end_and_shutdown_closes_vllm(engine: VllmEngine) -> None:
+    first, second = await asyncio.wait_for(asyncio.gather(_collect(engine, "r1", 3), _collect(engine, "r2", 5)), 30)
+    assert sum(len(o.delta_token_ids) for o in first) == 3 and first[-1].finish_reason == "length"
+    assert sum(len(o.delta_token_ids) for o in second) == 5 and second[-1].finished
+    assert not engine.has_unfinished_requests()
+    await engine.shutdown()
+    assert engine.runtime.closed  # type: ignore[attr-defined]
+
+
+async def test_a_consumer_that_stops_aborts_its_request_in_vllm(engine: VllmEngine) -> None:
+    gen = engine.generate("long", [1, 2], SamplingParams(max_tokens=50, temperature=0, ignore_eos=True))
+    await gen.__anext__()
+    await gen.aclose()
+    for _ in range(200):  # the abort reaches vLLM at the thread's next step
+        if "long" in engine.runtime.llm.aborted:  # type: ignore[attr-defined]
+            break
+        await asyncio.sleep(0.01)
+    assert engine.runtime.llm.aborted == ["long"]  # type: ignore[attr-defined]
+    assert not engine.has_unfinished_requests()
+    await engine.shutdown()
+
+
+async def test_a_failed_step_fails_every_request_by_type_only(engine: VllmEngine) -> None:
+    engine.runtime.llm.fail = True  # type: ignore[attr-defined]
+    with pytest.raises(EngineDeadError) as failed:
+        await asyncio.wait_for(_collect(engine, "r1", 3), 30)
+    assert "RuntimeError" in str(failed.value) and "prompt" not in str(failed.value)
+    with pytest.raises(EngineDeadError):
+        await _collect(engine, "r2", 3)
+    assert json.dumps(engine.stats())  # still answers its status
+    await engine.shutdown()
