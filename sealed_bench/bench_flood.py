@@ -130,6 +130,10 @@ async def load(args: argparse.Namespace, url: str, keys: dict[str, str]) -> dict
                   "ttft_loaded_ms": {"p50": 1000 * (statistics.median(ok_loaded) if ok_loaded else 0),
                                      "p99": 1000 * (p99_loaded or 0)},
                   "p99_ratio": (p99_loaded / p99_base) if p99_base and p99_loaded else None,
+                  # In request order (None: failed), so an outlier can be told apart (the first
+                  # request opens a connection; later ones reuse it).
+                  "ttft_alone_each_ms": [None if t is None else round(1000 * t, 1) for t in baseline["ttfts"]],
+                  "ttft_loaded_each_ms": [None if t is None else round(1000 * t, 1) for t in loaded["ttfts"]],
                   "loaded_phase_s": loaded_s, "statuses_alone": baseline["statuses"],
                   "statuses_loaded": loaded["statuses"]},
         "loadavg_during_loaded_phase": {"start": load_before, "end": load_after},
@@ -239,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quiet-tokens", type=int, default=8)
     parser.add_argument("--token-delay", type=float, default=0.02, help="the stand-in worker's seconds per token")
     parser.add_argument("--max-inflight", type=int, default=256, help="the gateway's dispatch slots")
-    parser.add_argument("--adaptive-lag", type=float, default=0.02,
+    parser.add_argument("--adaptive-lag", type=float, default=0.005,
                         help="the gateway's --adaptive-lag (0: fixed --max-inflight slots)")
     parser.add_argument("--warmup-s", type=float, default=5.0, help="load before the quiet tenant starts")
     parser.add_argument("--flood-rpm", type=int, default=120, help="the flooding tenant's requests per minute")

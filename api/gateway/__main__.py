@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jwt-secret-file", type=Path, default=None)
     parser.add_argument("--max-inflight", type=int, default=256)
     parser.add_argument("--max-queued", type=int, default=1024)
-    parser.add_argument("--adaptive-lag", type=float, default=0.02,
+    parser.add_argument("--adaptive-lag", type=float, default=0.005,
                         help="event-loop lag (s) past which dispatch slots shrink below --max-inflight; 0: fixed")
     parser.add_argument("--header-timeout", type=float, default=10.0,
                         help="seconds a connection may take to send a request's headers")

@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class CapacityPolicy:
-    target_lag_s: float = 0.02  # a ticker turn later than this (at a 0.1 s tick) means the loop is behind
+    target_lag_s: float = 0.005  # a ticker turn later than this (at a 0.1 s tick) means the loop is behind
     decrease: float = 0.75  # multiplicative cut per late turn
     increase_fraction: float = 1 / 16  # additive increase per calm turn, as a fraction of the slots
     shared_floor: int = 16  # shared slots (beyond the reserve) that are never taken away

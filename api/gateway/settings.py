@@ -35,7 +35,7 @@ class GatewaySettings:
     heartbeat_timeout_s: float = 3.0
     max_inflight: int = 256  # requests dispatched to workers at once (beyond: fair queue)
     # Dispatch slots follow the event loop's lag below max_inflight (capacity.py); None: fixed slots.
-    adaptive_lag_s: float | None = 0.02
+    adaptive_lag_s: float | None = 0.005
     max_queued: int = 1024  # queued across tenants; and the default bound per tenant
     default_max_tokens: int = DEFAULT_MAX_TOKENS
     max_body_bytes: int = 4 << 20
