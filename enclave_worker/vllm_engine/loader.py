@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 
 import torch
 
+from enclave_worker.engine.layers.packed import packing_available
 from enclave_worker.package import DecryptedModel
 
 from . import packed
@@ -158,7 +159,7 @@ def register() -> None:
             so no plaintext is left in freed memory."""
             model = super().load_model(vllm_config, model_config, prefix)
             extra = self.load_config.model_loader_extra_config or {}
-            if extra.get(CPU_LINEAR_KEY, "packed") == "packed" and packed.can_pack():
+            if extra.get(CPU_LINEAR_KEY, "packed") == "packed" and packing_available():
                 with torch.no_grad():
                     pack_cpu_weights(model)
             live = {t.untyped_storage().data_ptr() for t in (*model.parameters(), *model.buffers())}

@@ -25,10 +25,6 @@ def _packed_linear(packed: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
-def can_pack() -> bool:
-    return bool(torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
-
-
 def pack_linear(layer: torch.nn.Module, *, release_dense: bool) -> None:
     """`layer.cpu_linear` (what vLLM's CPU linear and LM head call) becomes oneDNN's matmul over a
     packed copy of `layer.weight`. With `release_dense`, the weight parameter becomes empty (an
