@@ -35,7 +35,7 @@ from enclave_worker.sealed import SealedRefusal, answer_sealed, open_sealed_requ
 from enclave_worker.server import WorkerState, create_app, serving
 from enclave_worker.settings import WorkerSettings
 from policy.audit.worker_record import DECISION_METADATA_KEY, public_key_bytes, sign_decision
-from protocol.asgi import freeze_startup_heap
+from protocol.asgi import freeze_startup_heap, schedule_full_collections
 from protocol.heartbeat import heartbeat_signing_input, worker_id_for
 from protocol.openai.errors import OpenAIError
 from protocol.rpc import worker_pb2, worker_pb2_grpc
@@ -448,6 +448,7 @@ def main(argv: list[str] | None = None) -> int:
     token = args.register_token_file.read_text().strip() if args.register_token_file else ""
     client_cert = args.gateway_client_cert.read_bytes() if args.gateway_client_cert else None
     freeze_startup_heap()  # before any key or weight exists: full GC passes scan only what serving creates
+    schedule_full_collections()  # and run on a timer, not every few seconds under load
     asyncio.run(serve(settings, args.grpc_port, args.register_url, token, client_cert, args.advertise_host))
     return 0
 

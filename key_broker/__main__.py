@@ -15,7 +15,7 @@ import uvicorn
 
 from key_broker.app import create_app
 from key_broker.settings import BrokerSettings, admin_token_hashes, vault_token_from_env
-from protocol.asgi import freeze_startup_heap
+from protocol.asgi import freeze_startup_heap, schedule_full_collections
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -69,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     # Held lease renewals (long polls) must not hold a stopping broker: workers simply renew again.
     app = create_app(settings)
     freeze_startup_heap()  # before any key is fetched: full GC passes scan only what serving creates
+    schedule_full_collections()  # and run on a timer, not every few seconds under load
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning",
                 timeout_graceful_shutdown=3)
     return 0

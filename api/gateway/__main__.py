@@ -13,7 +13,7 @@ from api.console.settings import ConsoleSettings
 from api.gateway.app import create_app
 from api.gateway.http_server import ConnectionLimits, server_config
 from api.gateway.settings import GatewaySettings, WorkerRoute
-from protocol.asgi import freeze_startup_heap
+from protocol.asgi import freeze_startup_heap, schedule_full_collections
 
 
 def _secret(path: Path | None) -> str:
@@ -74,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     limits = ConnectionLimits(header_timeout_s=args.header_timeout, max_connections=args.max_connections)
     app = create_app(settings)
     freeze_startup_heap()  # full GC passes scan only what serving creates
+    schedule_full_collections()  # and run on a timer, not every few seconds under load
     uvicorn.Server(server_config(app, args.host, args.port, limits, http=args.http,
                                  timeout_graceful_shutdown=5)).run()
     return 0
