@@ -32,6 +32,7 @@ def pack_linear(layer: torch.nn.Module, *, release_dense: bool) -> torch.Tensor 
     last references, so its memory is freed before the next layer's pack is allocated, as vLLM's
     own dispatch frees it). An embedding used as LM head keeps its weight (the lookup reads it)."""
     weight = layer.weight
+    assert isinstance(weight, torch.Tensor)
     packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_BATCH)
     setattr(layer, _ATTR, packed)
     layer.cpu_linear = functools.partial(_packed_linear, packed)
