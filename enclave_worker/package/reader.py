@@ -4,9 +4,11 @@ The tensors are views into that buffer, so there is exactly one plaintext copy a
 memory only. Any failure wipes the buffer before the error propagates: nothing partial is served.
 
 Three stages overlap: a read-ahead thread fills the next ciphertext buffer (readinto releases the
-GIL), the calling thread decrypts with update_into straight into the tensor buffer (cryptography
-holds the GIL here, so it gets a thread of its own), and a hashing thread digests the plaintext
-(blake3 releases the GIL). Peak memory is the model plus two ciphertext segments.
+GIL), the calling thread decrypts with update_into straight into the tensor buffer, and a hashing
+thread digests the plaintext (blake3 releases the GIL). cryptography 50 releases the GIL in
+update_into too (2.25 GB/s in one thread, 3.85 in two, dev VM), but a second decrypting thread
+gained only ~0.05 s of 0.4 s on 2 cores beside the hashing (docs/benchmarks.md, "vLLM engine").
+Peak memory is the model plus two ciphertext segments.
 """
 
 from __future__ import annotations

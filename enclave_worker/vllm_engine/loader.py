@@ -105,17 +105,28 @@ def keep_cpu_weights_in_place(model: torch.nn.Module) -> int:
     return kept
 
 
-def pack_cpu_weights(model: torch.nn.Module) -> int:
+def _same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.dtype == b.dtype
+
+
+def pack_cpu_weights(model: torch.nn.Module, loaded: list[torch.Tensor] | None = None) -> int:
     """After vLLM's post-processing: oneDNN's prepacked matmul for every layer kept in place, its
     pack a tensor the wipe zeroes (packed.py). Linear layers drop their dense weight (as vLLM's
-    own dispatch does); the LM head keeps it (tied, it is the embedding table the lookup reads).
-    The input embedding is not packed: only its lookup runs. Returns the number of layers packed."""
+    own dispatch does), zeroed at once and taken out of `loaded` (the loader's references to the
+    loaded tensors) so that its memory is freed before the next pack is
+    allocated: the allocator then reuses it (fresh pages cost a fault each, ~0.2 s per 540 MB on
+    the dev VM) and the peak stays near 2x the weights. The LM head keeps its dense weight (tied,
+    it is the embedding table the lookup reads). The input embedding is not packed: only its
+    lookup runs. Returns the number of layers packed."""
     from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
 
     count = 0
     for module in model.modules():
         if getattr(module, "_sealed_pack", False) and module.weight.ndim == 2:
-            packed.pack_linear(module, release_dense=True)
+            dense = packed.pack_linear(module, release_dense=True)
+            if dense is not None and loaded is not None:
+                loaded[:] = [t for t in loaded if not _same_view(t, dense)]
+            del dense
             count += 1
         elif isinstance(module, ParallelLMHead) and getattr(module, "cpu_linear", None) is torch.nn.functional.linear:
             packed.pack_linear(module, release_dense=False)
@@ -140,6 +151,7 @@ def register() -> None:
 
         def __init__(self, load_config) -> None:  # type: ignore[no-untyped-def]
             super().__init__(load_config)
+            # The tensors load_weights filled: load_model zeroes any that post-processing replaced.
             self.loaded_tensors: list[torch.Tensor] = []
 
         def load_weights(self, model: torch.nn.Module, model_config) -> None:  # type: ignore[no-untyped-def]
@@ -161,7 +173,7 @@ def register() -> None:
             extra = self.load_config.model_loader_extra_config or {}
             if extra.get(CPU_LINEAR_KEY, "packed") == "packed" and packing_available():
                 with torch.no_grad():
-                    pack_cpu_weights(model)
+                    pack_cpu_weights(model, self.loaded_tensors)
             live = {t.untyped_storage().data_ptr() for t in (*model.parameters(), *model.buffers())}
             with torch.no_grad():
                 for tensor in self.loaded_tensors:

@@ -4,8 +4,8 @@ On the CPU, vLLM re-packs each linear weight for oneDNN into a handle whose memo
 tensor reaches it, so a wipe could not zero it. Here the same re-layout is made by torch's own
 oneDNN binding into an MKLDNN tensor instead: still oneDNN's blocked layout and matmul, but a torch
 tensor whose address and byte size torch reports, so `zero_every_byte` zeroes all of it (blocked
-layouts may pad; the padding is zeroed too). The layer's dense weight is released, as vLLM
-releases it; the loader zeroes it first (`loader.SealedPackageLoader.load_model`).
+layouts may pad; the padding is zeroed too). The layer's dense weight is zeroed and released
+right after its pack is made, as vLLM releases it (unzeroed) in its own dispatch.
 """
 
 from __future__ import annotations
@@ -25,16 +25,22 @@ def _packed_linear(packed: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
-def pack_linear(layer: torch.nn.Module, *, release_dense: bool) -> None:
+def pack_linear(layer: torch.nn.Module, *, release_dense: bool) -> torch.Tensor | None:
     """`layer.cpu_linear` (what vLLM's CPU linear and LM head call) becomes oneDNN's matmul over a
-    packed copy of `layer.weight`. With `release_dense`, the weight parameter becomes empty (an
-    embedding used as LM head keeps it: the lookup reads it)."""
+    packed copy of `layer.weight`. With `release_dense`, the weight parameter becomes empty and the
+    dense weight is zeroed here, right after its pack exists, and returned (the caller drops its
+    last references, so its memory is freed before the next layer's pack is allocated, as vLLM's
+    own dispatch frees it). An embedding used as LM head keeps its weight (the lookup reads it)."""
     weight = layer.weight
+    assert isinstance(weight, torch.Tensor)
     packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_BATCH)
     setattr(layer, _ATTR, packed)
     layer.cpu_linear = functools.partial(_packed_linear, packed)
-    if release_dense:
-        layer.weight = torch.nn.Parameter(torch.empty(0, dtype=weight.dtype), requires_grad=False)
+    if not release_dense:
+        return None
+    layer.weight = torch.nn.Parameter(torch.empty(0, dtype=weight.dtype), requires_grad=False)
+    weight.data.zero_()
+    return weight.data
 
 
 def packed_tensors(model: torch.nn.Module) -> list[torch.Tensor]:
