@@ -85,7 +85,7 @@ def schedule_full_collections(interval_s: float = 60.0) -> FullCollections:
     After `freeze_startup_heap`, a full collection still walks every object that serving keeps alive:
     under `sealed bench flood` (500 open streams) the gateway's heap held ~150,000 of them, and
     CPython's own trigger ran a full pass every ~5 s, each pausing the event loop for 50-400 ms
-    (gc.callbacks). Those pauses were the quiet tenant's p99 time to first token. They found almost
+    (gc.callbacks), lining up with the quiet tenant's slowest times to first token. They found almost
     nothing to free (20-2,800 objects a pass): cycles die young and generations 0 and 1, which still
     collect on their thresholds, take them. So a full pass runs on a timer, here on its own thread,
     which bounds the cyclic garbage that reaches generation 2 to what one interval makes, and the
