@@ -151,6 +151,15 @@ class FairScheduler:
     The reserve serves tenants with little in flight (fewer than `small` slots running, default a
     quarter of the reserve), not only those with nothing: a quiet tenant's second concurrent
     request starts at once too, while a bulk or flooding tenant waits for the shared slots.
+
+    The reserve outlives a cut: `capacity` may drop below what is running (adaptive capacity,
+    capacity.py, cuts it while the loop lags, and running streams are never preempted), and then
+    no slot is free until enough streams end, up to a 64-token flood request's whole stream.
+    Tenants with little in flight still start then, as long as the slots they hold together are
+    fewer than `reserved`, so a quiet tenant never waits for the flood to drain. Each such start is
+    one request of a tenant below `small`, so the excess over `capacity` stays bounded: at most
+    `reserved` slots among tenants still below `small`, and one request's streams per tenant the
+    start took past it.
     """
 
     def __init__(self, capacity: int, reserved: int, queue: FairQueue, small: int | None = None) -> None:
@@ -159,13 +168,19 @@ class FairScheduler:
         self.running: Counter[str] = Counter()
         self.total_running = 0  # sum(running.values()), kept as it changes: it is read on every pop
 
+    def _held_by_small(self) -> int:
+        """Slots held by tenants with little in flight (what of the reserve is in use)."""
+        return sum(n for n in self.running.values() if n < self.small)
+
     def _eligible(self, tenant: str) -> bool:
         free = self.capacity - self.total_running
-        return free > 0 and (free > self.reserved or self.running[tenant] < self.small)
+        if self.running[tenant] >= self.small:
+            return free > self.reserved
+        return free > 0 or self._held_by_small() < self.reserved
 
     def next(self) -> tuple[str, Any] | None:
         """The next request to start now, if any may start; the caller must call done(tenant) later."""
-        if self.total_running >= self.capacity:
+        if self.total_running >= self.capacity and self._held_by_small() >= self.reserved:
             return None
         entry = self.queue.pop_entry(self._eligible)
         if entry is None:

@@ -85,3 +85,24 @@ async def test_the_loop_clock_reports_a_blocked_loop_as_lag_and_the_admission_sl
         await clock.stop()
     assert max(lags) > 0.05
     assert ctl.scheduler.capacity < 64 and capacity.cuts >= 1
+
+
+def test_a_cut_below_what_runs_leaves_the_reserve_to_tenants_with_little_in_flight() -> None:
+    """Under `sealed bench flood` the cut slots fell below the streams running (they are never
+    preempted), no slot was free, and a quiet request waited up to 485 ms for the flood to drain."""
+    sched = _scheduler()
+    capacity = AdaptiveCapacity(sched, lambda: None, 256)
+    _fill(sched, "bulk", 500)
+    for _ in range(50):
+        capacity.observe(LATE)
+    assert sched.capacity - sched.total_running < 0  # cut below what runs: no slot is free
+    for _ in range(2):  # a quiet tenant's first request and a second concurrent one start at once
+        sched.queue.push("quiet", "q")
+        assert sched.next() == ("quiet", "q")
+    assert sched.next() is None and sched.queue.queued("bulk")  # bulk still waits for shared slots
+    # The reserve is bounded: tenants with little in flight hold at most `reserved` slots beyond the cut.
+    for i in range(200):
+        sched.queue.push(f"small-{i}", i)
+    while sched.next() is not None:
+        pass
+    assert sum(n for t, n in sched.running.items() if t != "bulk") == sched.reserved
