@@ -169,7 +169,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     url = f"http://127.0.0.1:{port}"
     procs = [_spawn(["api.gateway", "--data-dir", str(data), "--routes", str(root / "routes.json"), "--port",
                      str(port), "--dev", "--register-token-file", str(token), "--max-inflight",
-                     str(args.max_inflight), "--http", args.http, "--adaptive-lag", str(args.adaptive_lag)],
+                     str(args.max_inflight), "--http", args.http, "--loop", args.loop, "--adaptive-lag",
+                     str(args.adaptive_lag)],
                     root / "gateway.log")]
     try:
         for t in TENANTS:
@@ -251,6 +252,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--unauthorized", type=int, default=300, help="requests with unknown keys (401s)")
     parser.add_argument("--http", choices=("auto", "httptools", "h11"), default="auto",
                         help="the gateway's HTTP parser (auto: httptools when installed)")
+    parser.add_argument("--loop", choices=("auto", "uvloop", "asyncio"), default="auto",
+                        help="the gateway's event loop (auto: uvloop when installed)")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--quiet-client", default=None, help=argparse.SUPPRESS)  # the quiet tenant's process
     args = parser.parse_args(argv)
@@ -266,6 +269,9 @@ def main(argv: list[str] | None = None) -> int:
                          "usage_exact": result["usage_exact"], "tokens_exact": result["tokens_exact"],
                          "audit_exact": result["audit_exact"]}
     result["parameters"] = vars(args) | {"json": str(args.json) if args.json else None}
+    from api.gateway.http_server import event_loop
+
+    result["gateway_loop"] = event_loop(args.loop)  # what `auto` resolved to in this environment
     result["machine"] = {"cores": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
                          "cpu": next((line.split(":", 1)[1].strip() for line in
                                       Path("/proc/cpuinfo").read_text().splitlines()

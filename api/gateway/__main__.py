@@ -40,6 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-connections", type=int, default=4096, help="open client connections at once")
     parser.add_argument("--http", choices=("auto", "httptools", "h11"), default="auto",
                         help="HTTP/1.1 parser (auto: httptools when installed, else h11)")
+    parser.add_argument("--loop", choices=("auto", "uvloop", "asyncio"), default="auto",
+                        help="event loop (auto: uvloop when installed, else asyncio's)")
     parser.add_argument("--broker-jwks", type=Path, default=None,
                         help="route only to workers whose broker-signed attestation binds their channel keys")
     parser.add_argument("--audit-dir", type=Path, default=None, help="audit logs the console shows and verifies")
@@ -76,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     freeze_startup_heap()  # full GC passes scan only what serving creates
     schedule_full_collections()  # and run on a timer, not every few seconds under load
     uvicorn.Server(server_config(app, args.host, args.port, limits, http=args.http,
-                                 timeout_graceful_shutdown=5)).run()
+                                 loop=args.loop, timeout_graceful_shutdown=5)).run()
     return 0
 
 

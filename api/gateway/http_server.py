@@ -9,6 +9,12 @@ after each response on a kept-alive connection), and refuses connections beyond
 `max_connections` at once. Header size: h11 is given `max_header_bytes` as its incomplete-event
 limit; llhttp has no such limit, so on httptools the guard counts the bytes received while a
 request's headers are incomplete and answers 400 (and closes) beyond `max_header_bytes`.
+
+The event loop is uvloop (libuv, in C) when it is installed (a dependency), else asyncio's own:
+under `sealed bench flood` the gateway's loop runs many small callbacks (accepting connections,
+waking a task per relayed chunk, socket writes), and uvloop's cost per callback and per I/O event
+is lower. grpc.aio (the gateway's worker channels) runs on either loop. `loop="asyncio"` chooses
+asyncio's loop (`--loop asyncio`).
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 Http = Literal["auto", "httptools", "h11"]
+Loop = Literal["auto", "uvloop", "asyncio"]
 
 
 @dataclass(frozen=True)
@@ -39,6 +46,15 @@ def base_protocol(http: Http = "auto") -> type[asyncio.Protocol]:
 
         return HttpToolsProtocol
     return H11Protocol
+
+
+def event_loop(loop: Loop = "auto") -> Literal["uvloop", "asyncio"]:
+    """uvloop if it is installed (or asked for), else asyncio's loop: uvicorn's `loop` setting."""
+    if loop == "auto":
+        return "uvloop" if importlib.util.find_spec("uvloop") is not None else "asyncio"
+    if loop == "uvloop" and importlib.util.find_spec("uvloop") is None:
+        raise RuntimeError("loop 'uvloop' was asked for but uvloop is not installed")
+    return loop
 
 
 def guarded_protocol(limits: ConnectionLimits, http: Http = "auto") -> type[asyncio.Protocol]:
@@ -117,9 +133,9 @@ def guarded_protocol(limits: ConnectionLimits, http: Http = "auto") -> type[asyn
 
 
 def server_config(app: Any, host: str, port: int, limits: ConnectionLimits | None = None, http: Http = "auto",
-                  **kw: Any) -> uvicorn.Config:
+                  loop: Loop = "auto", **kw: Any) -> uvicorn.Config:
     limits = limits or ConnectionLimits()
     # access_log off: request lines are metadata, but we keep the gateway's logs to decisions only.
     return uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
                           timeout_keep_alive=int(limits.keep_alive_s), http=guarded_protocol(limits, http),
-                          h11_max_incomplete_event_size=limits.max_header_bytes, **kw)
+                          loop=event_loop(loop), h11_max_incomplete_event_size=limits.max_header_bytes, **kw)
