@@ -10,11 +10,12 @@ after each response on a kept-alive connection), and refuses connections beyond
 limit; llhttp has no such limit, so on httptools the guard counts the bytes received while a
 request's headers are incomplete and answers 400 (and closes) beyond `max_header_bytes`.
 
-The event loop is uvloop (libuv, in C) when it is installed (a dependency), else asyncio's own:
-under `sealed bench flood` the gateway's loop runs many small callbacks (accepting connections,
-waking a task per relayed chunk, socket writes), and uvloop's cost per callback and per I/O event
-is lower. grpc.aio (the gateway's worker channels) runs on either loop. `loop="asyncio"` chooses
-asyncio's loop (`--loop asyncio`).
+The event loop: uvloop (libuv, in C) where it is installed, as uvicorn's own default does, else
+asyncio's (`--loop uvloop|asyncio` chooses; asking for uvloop where it is missing is an error).
+uvloop is not a dependency: its cost per callback and per I/O event is lower, but under `sealed
+bench flood` it did not measurably change the quiet tenant's latency (docs/benchmarks.md), where
+the loop's time goes to Python work per request and per relayed chunk. grpc.aio, the gateway's
+worker channels, streams and cancels on either loop (tests/api/test_event_loop.py).
 """
 
 from __future__ import annotations

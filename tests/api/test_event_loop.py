@@ -1,6 +1,6 @@
-"""The gateway's event loop: uvloop when installed (a dependency), asyncio's where it is missing or
-not wanted (`--loop asyncio`); and grpc.aio, the gateway's worker channels, streams and cancels on
-uvloop as it does on asyncio's loop."""
+"""The gateway's event loop: uvloop where it is installed (optional), asyncio's where it is missing
+or not wanted (`--loop asyncio`); and grpc.aio, the gateway's worker channels, streams and cancels
+on uvloop as it does on asyncio's loop (that case runs where uvloop is installed)."""
 
 from __future__ import annotations
 
