@@ -29,9 +29,10 @@ class EngineConfig:
     # activation) on CUDA when Triton is installed; "torch" keeps the gather + SDPA path everywhere.
     decode_kernels: str = "auto"
     cuda_graphs: bool = True  # replay captured decode steps on CUDA (needs the Triton decode kernels)
-    # Dense fp32 linears on the CPU hold their weights in oneDNN's packed layout (one copy, wiped
-    # like any other; layers/packed.py) instead of OpenBLAS / torch on the checkpoint's layout.
-    packed_weights: bool = False
+    # Dense fp32 / bf16 linears on the CPU hold their weights in oneDNN's packed layout (one copy,
+    # wiped like any other; layers/packed.py) instead of OpenBLAS / torch on the checkpoint's layout.
+    # None: packed for bf16 on a CPU with bf16 instructions (AVX512-BF16, AMX), plain otherwise.
+    packed_weights: bool | None = None
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:

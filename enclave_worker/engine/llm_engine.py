@@ -15,7 +15,9 @@ from .config import EngineConfig, RequestOutput, SamplingParams
 from .engine_thread import ThreadedEngine
 from .errors import EngineError
 from .kernels import triton_installed
+from .kernels.cpu_ops import cpu_ops
 from .kv_cache import KVCacheSpec, allocate_kv_cache, gpu_kv_budget
+from .layers.packed import zero_every_byte
 from .model_builder import BuiltModel, build_model
 from .model_runner import ModelRunner
 from .models import model_tensors
@@ -34,6 +36,14 @@ def _fused_decode(config: EngineConfig, cuda: bool) -> bool:
             raise EngineError("decode_kernels='triton' needs the triton package")
         return True
     return cuda and triton_installed()
+
+
+def _cpu_kernels(config: EngineConfig, dtype: torch.dtype) -> bool:
+    """Whether CPU steps take the C++ kernels (kernels/cpu_ops.py: decode attention in place, fused
+    norm / rotary / activation): "auto" where they build, for fp32 and bf16; "torch" keeps torch's ops."""
+    if config.device != "cpu" or config.decode_kernels == "torch" or dtype not in (torch.float32, torch.bfloat16):
+        return False
+    return cpu_ops() is not None
 
 
 @dataclass
@@ -75,6 +85,8 @@ class LLMEngine(ThreadedEngine[_Request]):
                     and not built.packed)
         dense_bytes = sum(t.nbytes for t in model_tensors(self.model)) if fp32_cpu else 0
         fused = _fused_decode(config, cuda)
+        cpu_kernels = _cpu_kernels(config, built.dtype) and built.quant == "none"
+        self.model.cpu_kernels = cpu_kernels
         graphs = fused and cuda and config.cuda_graphs
         # With decode graphs, one extra block no sequence owns takes the padding rows' K/V writes.
         self.runner = ModelRunner(
@@ -86,6 +98,8 @@ class LLMEngine(ThreadedEngine[_Request]):
             dense_bytes,
             fused_decode=fused,
             max_model_len=self.max_model_len,
+            cpu_kernel=cpu_kernels,
+            packed_weights=built.packed,
         )
         if graphs:
             self.runner.enable_decode_graphs(config.max_num_seqs, pad_slot=num_blocks * config.block_size)
@@ -112,7 +126,7 @@ class LLMEngine(ThreadedEngine[_Request]):
         """
         with self._step_lock, torch.inference_mode():
             for tensor in self.held_tensors():
-                tensor.zero_()
+                zero_every_byte(tensor)
 
     # ------------------------------------------------------------ requests
 

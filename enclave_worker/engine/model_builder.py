@@ -17,7 +17,7 @@ from threadpoolctl import threadpool_limits
 from .checkpoint import Checkpoint
 from .config import EngineConfig
 from .errors import EngineError
-from .layers.packed import packing_available
+from .layers.packed import PACKABLE_DTYPES, bf16_native, packing_available
 from .models import ARCHITECTURES
 from .models.llama import BuildOptions, LlamaForCausalLM
 from .threads import available_cpus
@@ -71,8 +71,9 @@ def build_model(checkpoint: Checkpoint, config: EngineConfig) -> BuiltModel:
         config.max_model_len or min(cfg.get("max_position_embeddings", 4096), 4096),
         cfg.get("max_position_embeddings", 1 << 30),
     )
-    packed = (config.packed_weights and config.device == "cpu" and dtype == torch.float32 and quant == "none"
-              and packing_available())
+    packed = (config.device == "cpu" and dtype in PACKABLE_DTYPES and quant == "none" and packing_available()
+              and (config.packed_weights if config.packed_weights is not None
+                   else dtype == torch.bfloat16 and bf16_native()))
     opts = BuildOptions(quant, dtype, config.device, model_len, config.int4_group_size, packed=packed)
     with torch.inference_mode():
         model = ARCHITECTURES[arch](cfg, checkpoint.tensors, opts).eval()

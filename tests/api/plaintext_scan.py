@@ -16,13 +16,20 @@ NEEDLE_TENSORS = ("model.layers.0.self_attn.q_proj.weight", "model.layers.7.mlp.
 
 def weight_needles() -> list[bytes]:
     """64 bytes from the middle of known tensors as a worker holds them (fp32; vLLM fuses q/k/v
-    but keeps each row's bytes) and from the middle of the GGUF file."""
+    but keeps each row's bytes; the bf16 embedding table) and from the middle of the GGUF file."""
     checkpoint = load_gguf(default_model_path())
     needles = []
     for name in NEEDLE_TENSORS:
         raw = checkpoint.tensors[name].contiguous().numpy().tobytes()
         middle = len(raw) // 2
         needles.append(raw[middle: middle + 64])
+    # As a bf16 worker holds them too (the CPU default where the CPU computes bf16): the embedding
+    # table's rows stay plain bf16 (the packed weights are in oneDNN's blocked layout).
+    import torch
+
+    raw = checkpoint.tensors["model.embed_tokens.weight"].to(torch.bfloat16).contiguous().view(torch.uint8)
+    middle = raw.numel() // 2
+    needles.append(raw[middle: middle + 64].numpy().tobytes())
     gguf = default_model_path().read_bytes()
     needles.append(gguf[len(gguf) // 2: len(gguf) // 2 + 64])
     return needles

@@ -1,10 +1,12 @@
-"""Token embedding and (optionally tied) LM head; int8 row-quantized when weights are quantized."""
+"""Token embedding and (optionally tied) LM head; int8 row-quantized when weights are quantized,
+oneDNN-packed for the head when the model's weights are packed."""
 
 from __future__ import annotations
 
 import torch
 
 from .linear import BlasSwitch, DenseMatmul, _int8_op_works
+from .packed import PackedMatmul
 
 
 class Embedding(torch.nn.Module):
@@ -16,7 +18,9 @@ class Embedding(torch.nn.Module):
         device: str,
         in_place: bool = False,
         switch: BlasSwitch | None = None,
+        packed: bool = False,
     ) -> None:
+        """``packed``: a dense table also held as a oneDNN-packed tied head (fp32 / bf16 on the CPU)."""
         super().__init__()
         self.quantized = quant in ("int8", "int4")
         if self.quantized:
@@ -27,6 +31,14 @@ class Embedding(torch.nn.Module):
             self.head_dtype = torch.bfloat16 if _int8_op_works(device, torch.bfloat16) else dtype
             self.head_scale = scale.to(device=device, dtype=self.head_dtype)
             self.fused = _int8_op_works(device, self.head_dtype)
+        elif packed:
+            # Rows for the lookup, and the tied head packed for oneDNN (a second copy of the table in
+            # the compute dtype, held and wiped like every weight: layers/packed.py).
+            w = weight.to(device=device, dtype=dtype)
+            self.weight = w if w is not weight or in_place else w.clone()
+            if in_place and w is not weight:
+                weight.zero_()  # the handed-over source in another dtype: no longer needed
+            self.head: DenseMatmul | PackedMatmul = PackedMatmul(self.weight, consume=False)
         else:
             # Stored [hidden, vocab] on CPU in fp32 (the LM head's fast matrix-vector layout, see
             # DenseMatmul); a lookup gathers columns instead of rows.

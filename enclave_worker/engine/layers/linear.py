@@ -67,7 +67,7 @@ def transposed_storage(w: torch.Tensor, in_place: bool) -> torch.Tensor:
 
 class Linear(torch.nn.Module):
     """Dense y = x W^T (+ b). ``in_place``: the weight may be rearranged in its own memory (no copy).
-    ``packed``: fp32 on the CPU is held in oneDNN's packed layout instead (layers/packed.py)."""
+    ``packed``: fp32 or bf16 on the CPU is held in oneDNN's packed layout instead (layers/packed.py)."""
 
     def __init__(
         self,
@@ -83,8 +83,10 @@ class Linear(torch.nn.Module):
         w = weight.to(device=device, dtype=dtype)
         self.bias = None if bias is None else bias.to(device=device, dtype=dtype)
         owned = in_place or w is not weight
-        # Not fp32 on the CPU, or a layout the wipe could not fully check: the plain kernels.
+        # Not fp32 / bf16 on the CPU, or a layout the wipe could not fully check: the plain kernels.
         pm = try_pack(w, consume=owned) if packed else None
+        if pm is not None and in_place and w is not weight:
+            weight.zero_()  # the handed-over source (fp32 of a bf16 layer): the packed copy is the only one
         self.matmul: DenseMatmul | PackedMatmul
         if pm is None:
             dense = DenseMatmul(w, transpose=True, in_place=owned, switch=switch)

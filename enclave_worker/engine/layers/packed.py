@@ -1,15 +1,17 @@
-"""Dense fp32 weights prepacked once for the CPU GEMM kernels (EngineConfig.packed_weights).
+"""Dense fp32 / bf16 weights prepacked once for the CPU GEMM kernels (EngineConfig.packed_weights).
 
 MKL / oneDNN stream a weight fastest in their own blocked layout; packing on every call (what
 F.linear and OpenBLAS do inside sgemm) is the cost they save. The packed weight is the layer's one
 plaintext copy: the source matrix is zeroed after packing when the caller hands it over (a
 decrypted package's buffer then holds zeros there), and the packed buffer is a torch tensor (an
-opaque-layout tensor whose ``zero_`` clears its whole buffer), so ``LLMEngine.wipe`` reaches it
+opaque-layout tensor that ``zero_every_byte`` clears with memset), so ``LLMEngine.wipe`` reaches it
 like any other weight. A layout with padding beyond the matrix's own elements is refused: a
 wipe check that reads the elements back could not see the padding.
 """
 
 from __future__ import annotations
+
+import ctypes
 
 import torch
 
@@ -26,32 +28,62 @@ def packing_available() -> bool:
 
 
 def is_zero(tensor: torch.Tensor) -> bool:
-    """All elements zero, for plain and packed (opaque-layout) tensors alike."""
-    return not bool((tensor.to_dense() if tensor.is_mkldnn else tensor).any())
+    """Every byte zero, for plain and packed (opaque-layout) tensors alike (a packed one read as oneDNN
+    holds it, padding included)."""
+    if tensor.is_mkldnn:
+        return not any(ctypes.string_at(torch.ops.mkldnn.data_ptr(tensor), torch.ops.mkldnn._nbytes(tensor)))
+    return not bool(tensor.any())
+
+
+def zero_every_byte(tensor: torch.Tensor) -> None:
+    """The wipe of one tensor. A packed (MKLDNN) tensor is cleared with memset over oneDNN's allocation:
+    torch's ``zero_`` on one writes as if its elements were plain, which corrupted the heap for bf16
+    (seen 2026-12-02) and would miss a padded tail."""
+    if tensor.is_mkldnn:
+        ctypes.memset(torch.ops.mkldnn.data_ptr(tensor), 0, torch.ops.mkldnn._nbytes(tensor))
+    else:
+        tensor.zero_()
+
+
+PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
+
+
+def bf16_native() -> bool:
+    """Whether this CPU has bf16 dot-product instructions (AVX512-BF16 or AMX) that oneDNN uses."""
+    return packing_available() and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 class PackedMatmul:
-    """y = x W^T (+ b) for an fp32 W [out, in] held only in oneDNN's packed layout."""
+    """y = x W^T (+ b) for an fp32 or bf16 W [out, in] held only in oneDNN's packed layout.
+
+    A bf16 layer takes its input in bf16 (what the kernel reads) and answers in the input's dtype.
+    """
 
     def __init__(self, weight: torch.Tensor, consume: bool) -> None:
         """``consume``: the weight's memory is ours; zero it once the packed copy exists."""
-        if weight.dtype != torch.float32 or weight.device.type != "cpu" or weight.dim() != 2:
-            raise PackingError("packed weights are fp32 matrices on the CPU")
+        if weight.dtype not in PACKABLE_DTYPES or weight.device.type != "cpu" or weight.dim() != 2:
+            raise PackingError("packed weights are fp32 or bf16 matrices on the CPU")
         self.out_features, self.in_features = weight.shape
         with torch.inference_mode():
-            packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), PACK_ROWS)
-            if torch.ops.mkldnn._nbytes(packed) != packed.numel() * packed.element_size():
-                packed.zero_()
+            # The layout is probed on zeros first: a padded layout is refused before any weight value is
+            # copied into it (zero_ on a padded bf16 layout corrupted the heap, so it is never called).
+            probe = torch.ops.mkldnn._reorder_linear_weight(torch.zeros_like(weight), PACK_ROWS)
+            if torch.ops.mkldnn._nbytes(probe) != probe.numel() * probe.element_size():
                 raise PackingError(f"oneDNN pads a {tuple(weight.shape)} weight; it would not wipe as checked")
+            del probe
+            packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), PACK_ROWS)
             if consume:
                 weight.zero_()
         self.packed = packed
+        self.dtype = weight.dtype
 
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        shape = x.shape
-        y: torch.Tensor = torch.ops.mkldnn._linear_pointwise(
-            x.reshape(-1, self.in_features), self.packed, bias, "none", [], "")
-        return y.reshape(*shape[:-1], self.out_features)
+        shape, dtype = x.shape, x.dtype
+        x2 = x.reshape(-1, self.in_features)
+        if dtype != self.dtype:
+            x2, bias = x2.to(self.dtype), None if bias is None else bias.to(self.dtype)
+        y: torch.Tensor = torch.ops.mkldnn._linear_pointwise(x2, self.packed, bias, "none", [], "")
+        return y.to(dtype).reshape(*shape[:-1], self.out_features)
 
 
 def try_pack(weight: torch.Tensor, consume: bool) -> PackedMatmul | None:

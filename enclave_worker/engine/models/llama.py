@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from ..kernels import fused
+from ..kernels import cpu_ops, fused
 from ..kernels.paged_attention import paged_decode_attention
 from ..layers.activation import silu_and_mul
 from ..layers.attention import AttentionMetadata, PagedAttention
@@ -27,7 +27,7 @@ class BuildOptions:
     max_positions: int
     int4_group_size: int = 32
     blas: BlasSwitch | None = None  # shared by every dense layer; the runner flips it per step
-    packed: bool = False  # dense fp32 CPU linears in oneDNN's packed layout (layers/packed.py)
+    packed: bool = False  # dense fp32 / bf16 CPU linears in oneDNN's packed layout (layers/packed.py)
 
 
 class _Weights:
@@ -105,6 +105,31 @@ class DecoderLayer(torch.nn.Module):
         return x + self.down_proj(silu_and_mul(self.gate_up_proj(self.post_norm(x))))
 
 
+    def forward_cpu(
+        self,
+        x: torch.Tensor,
+        residual: torch.Tensor | None,
+        rope_rows: tuple[torch.Tensor, torch.Tensor],
+        meta: AttentionMetadata,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``forward`` through the CPU kernels (kernels/cpu_ops.py): the residual stream is carried apart
+        and added inside the norms (in place), rotary and the cache write are one call, decode attention
+        reads K/V in place. Same math as ``forward`` (tested)."""
+        t = x.shape[0]
+        h = cpu_ops.add_rms_norm(None if residual is None else x, x if residual is None else residual,
+                                 self.input_norm.weight, self.input_norm.eps)
+        residual = x if residual is None else residual
+        qkv = self.qkv_proj(h).contiguous()
+        attn = self.attn
+        cpu_ops.rope_and_cache(qkv, *rope_rows, meta.slot_mapping, attn.k_cache, attn.v_cache, self.num_heads,
+                               self.num_kv_heads)
+        q = qkv[:, : self.q_size].view(t, self.num_heads, self.head_dim)
+        k = qkv[:, self.q_size : self.q_size + self.kv_size].view(t, self.num_kv_heads, self.head_dim)
+        v = qkv[:, self.q_size + self.kv_size :].view(t, self.num_kv_heads, self.head_dim)
+        h = cpu_ops.add_rms_norm(self.o_proj(attn.attend(q, k, v, meta)), residual, self.post_norm.weight,
+                                 self.post_norm.eps)
+        return self.down_proj(cpu_ops.silu_and_mul(self.gate_up_proj(h).contiguous())), residual
+
     def forward_fused(
         self,
         x: torch.Tensor,
@@ -137,9 +162,14 @@ class LlamaForCausalLM(torch.nn.Module):
         super().__init__()
         w = _Weights(tensors)
         self.blas = opt.blas or BlasSwitch()
+        self.cpu_kernels = False  # set by the engine where kernels/cpu_ops.py builds
         opt = dataclasses.replace(opt, blas=self.blas)
         self.embed = Embedding(
-            w.take("model.embed_tokens.weight"), opt.quant, opt.dtype, opt.device, in_place=True, switch=opt.blas
+            w.take("model.embed_tokens.weight"), opt.quant, opt.dtype, opt.device, in_place=True, switch=opt.blas,
+            # A tied head is packed in bf16 only: there the table is converted anyway, and the head is a
+            # fifth of a decode step's GEMM; an fp32 table stays one copy (DenseMatmul's layout).
+            packed=opt.packed and opt.dtype == torch.bfloat16
+            and (cfg.get("tie_word_embeddings", False) or "lm_head.weight" not in tensors),
         )
         self.layers = torch.nn.ModuleList(
             DecoderLayer(cfg, w, f"model.layers.{i}.", opt) for i in range(cfg["num_hidden_layers"])
@@ -175,10 +205,26 @@ class LlamaForCausalLM(torch.nn.Module):
         x = self.embed(input_ids)
         if meta.fused:
             return self._forward_fused(x, positions, meta, logits_index)
+        if self.cpu_kernels:
+            return self._forward_cpu(x, positions, meta, logits_index)
         rope_table = self.rope.lookup(positions)  # once per step, not per layer
         for layer in self.layers:
             x = layer(x, rope_table, self.rope, meta)
         x = self.norm(x[logits_index])
+        logits = self.embed.as_lm_head(x) if self.lm_head is None else self.lm_head(x)
+        return logits.float()
+
+    def _forward_cpu(
+        self, x: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, logits_index: torch.Tensor
+    ) -> torch.Tensor:
+        cos, sin = self.rope.lookup(positions)  # [T, 1, D] float32, once per step
+        rope_rows = (cos.reshape(cos.shape[0], -1), sin.reshape(sin.shape[0], -1))
+        residual: torch.Tensor | None = None
+        for layer in self.layers:
+            x, residual = layer.forward_cpu(x, residual, rope_rows, meta)
+        assert residual is not None
+        residual.add_(x)  # the last layer's output joins the stream; only the sampled rows are normed
+        x = cpu_ops.add_rms_norm(None, residual[logits_index].contiguous(), self.norm.weight, self.norm.eps)
         logits = self.embed.as_lm_head(x) if self.lm_head is None else self.lm_head(x)
         return logits.float()
 

@@ -70,6 +70,27 @@ def test_single_sequence_decode_without_mask_equals_masked_attention() -> None:
     torch.testing.assert_close(exact, masked)
 
 
+@pytest.mark.parametrize("mixed", [False, True])
+def test_bf16_decode_attention_equals_fp32_sdpa(mixed: bool) -> None:
+    """bf16 decode on the CPU takes two batched matmuls (not SDPA's flash kernel): the same answer as
+    fp32 SDPA within bf16 rounding, for a padded batch of three (GQA 6:2), also inside a mixed step."""
+    torch.manual_seed(0)
+    block, blocks, lens = 4, 12, [10, 3, 7]
+    kc, vc = torch.randn(block * blocks, 2, 8), torch.randn(block * blocks, 2, 8)
+    table = torch.tensor([[4, 1, 3], [7, 0, 0], [2, 9, 0]])
+    slots = torch.tensor([3 * block + 1, 7 * block + 2, 9 * block + 2])  # each sequence's newest token
+    mask = (torch.arange(12)[None, :] < torch.tensor(lens)[:, None])[:, None, None, :]
+    q, k, v = torch.randn(3, 6, 8), torch.randn(3, 2, 8), torch.randn(3, 2, 8)
+    meta = AttentionMetadata(slots, torch.arange(3), table, mask, (), not mixed, 0)
+    out = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        attn = PagedAttention(6, 2, 8)
+        attn.k_cache, attn.v_cache, attn.num_blocks = kc.to(dtype), vc.to(dtype), blocks
+        out[dtype] = attn(q.to(dtype), k.to(dtype), v.to(dtype), meta)
+    assert out[torch.bfloat16].dtype == torch.bfloat16
+    torch.testing.assert_close(out[torch.bfloat16].float(), out[torch.float32], rtol=3e-2, atol=3e-2)
+
+
 def test_in_place_linear_rearranges_the_weight_in_its_own_memory() -> None:
     w = torch.randn(40, 24)
     reference, x = w.clone(), torch.randn(1, 24)

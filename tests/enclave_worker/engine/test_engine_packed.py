@@ -1,4 +1,4 @@
-"""Prepacked fp32 weights (EngineConfig.packed_weights): same math, same greedy tokens, one copy."""
+"""Prepacked fp32 / bf16 weights (EngineConfig.packed_weights): same math, same greedy tokens, one copy."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from enclave_worker.engine import SamplingParams
 from enclave_worker.engine.layers.linear import Linear
-from enclave_worker.engine.layers.packed import PackedMatmul, is_zero, packing_available
+from enclave_worker.engine.layers.packed import PackedMatmul, is_zero, packing_available, zero_every_byte
 
 pytestmark = pytest.mark.skipif(not packing_available(), reason="torch built without oneDNN")
 
@@ -36,18 +36,70 @@ def test_packing_consumes_an_owned_weight_and_leaves_a_borrowed_one() -> None:
     torch.testing.assert_close(lin(x), x @ reference.T, rtol=1e-5, atol=1e-5)
 
 
-def test_packed_weight_zeroes_completely() -> None:
-    lin = Linear(torch.randn(128, 64), None, torch.float32, "cpu", packed=True)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_packed_weight_zeroes_completely(dtype: torch.dtype) -> None:
+    lin = Linear(torch.randn(128, 64), None, dtype, "cpu", packed=True)
+    assert lin.weight.is_mkldnn
     assert not is_zero(lin.weight)
-    with torch.inference_mode():  # as LLMEngine.wipe does
-        lin.weight.zero_()
+    zero_every_byte(lin.weight)  # as LLMEngine.wipe does
     assert is_zero(lin.weight)
     assert not lin(torch.randn(1, 64)).any()
 
 
-def test_non_fp32_weights_keep_the_plain_kernels() -> None:
-    lin = Linear(torch.randn(32, 16), None, torch.bfloat16, "cpu", packed=True)
+def test_fp16_weights_keep_the_plain_kernels() -> None:
+    lin = Linear(torch.randn(32, 16), None, torch.float16, "cpu", packed=True)
     assert not isinstance(lin.matmul, PackedMatmul) and not lin.weight.is_mkldnn
+
+
+@pytest.mark.parametrize("rows", [1, 5, 64])
+def test_bf16_packed_linear_matches_bf16_math_and_consumes_its_fp32_source(rows: int) -> None:
+    g = torch.Generator().manual_seed(1)
+    w, b, x = torch.randn(128, 64, generator=g), torch.randn(128, generator=g), torch.randn(rows, 64, generator=g)
+    reference = F.linear(x.bfloat16(), w.bfloat16(), b.bfloat16())
+    source = w.clone()
+    lin = Linear(source, b, torch.bfloat16, "cpu", in_place=True, packed=True)
+    assert isinstance(lin.matmul, PackedMatmul) and lin.weight.is_mkldnn and lin.weight.dtype == torch.bfloat16
+    assert is_zero(source)  # the fp32 original was handed over: the packed bf16 tensor is the only copy
+    torch.testing.assert_close(lin(x.bfloat16()), reference, rtol=2e-2, atol=2e-2)
+    y = lin(x)  # an fp32 input is converted and answered in fp32
+    assert y.dtype == torch.float32
+    torch.testing.assert_close(y, reference.float(), rtol=2e-2, atol=2e-2)
+
+
+def test_a_padded_bf16_layout_is_refused_before_the_weight_is_copied_into_it() -> None:
+    """oneDNN pads a 96-row bf16 matrix: the layer keeps torch's kernel, and its weight is intact."""
+    w = torch.randn(96, 64)
+    lin = Linear(w, None, torch.bfloat16, "cpu", in_place=True, packed=True)
+    assert not isinstance(lin.matmul, PackedMatmul) and not lin.weight.is_mkldnn
+    x = torch.randn(3, 64).bfloat16()
+    torch.testing.assert_close(lin(x), F.linear(x, w.bfloat16()), rtol=2e-2, atol=2e-2)
+
+
+def test_bf16_defaults_to_packed_only_where_the_cpu_has_bf16_instructions(make_engine) -> None:
+    from enclave_worker.engine.layers.packed import bf16_native
+
+    eng = make_engine(dtype="bfloat16", kv_cache_memory_bytes=8 << 20)
+    assert eng.model.layers[0].gate_up_proj.weight.is_mkldnn == bf16_native()
+    assert not make_engine(kv_cache_memory_bytes=8 << 20).model.layers[0].gate_up_proj.weight.is_mkldnn  # fp32
+    off = make_engine(dtype="bfloat16", packed_weights=False, kv_cache_memory_bytes=8 << 20)
+    assert not off.model.layers[0].gate_up_proj.weight.is_mkldnn
+
+
+def test_bf16_packed_engine_agrees_with_the_plain_bf16_engine(make_engine, h) -> None:
+    """Same model in bf16, packed (oneDNN) and plain (torch): the tied head is packed too, and the
+    logits of a teacher-forced pass agree within bf16 rounding."""
+    from enclave_worker.engine.perplexity import perplexity
+
+    plain = make_engine(dtype="bfloat16", packed_weights=False, kv_cache_memory_bytes=16 << 20)
+    packed = make_engine(dtype="bfloat16", packed_weights=True, kv_cache_memory_bytes=16 << 20)
+    assert packed.model.embed.head.packed.is_mkldnn and packed.model.lm_head is None
+    assert not packed.model.embed.weight.is_mkldnn  # rows for the lookup stay plain
+    text = plain.tokenizer.encode(h.prompts[0] + " " + h.prompts[1])
+    p_plain, p_packed = perplexity(plain, text), perplexity(packed, text)
+    assert abs(p_packed - p_plain) / p_plain < 0.01, (p_packed, p_plain)
+    greedy = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+    out = h.run_sync(packed, [("r", packed.tokenizer.encode("The capital of France is"), greedy)])["r"]
+    assert "Paris" in "".join(o.delta_text for o in out)
 
 
 def test_packed_engine_gives_the_plain_engines_greedy_tokens(make_engine, h) -> None:

@@ -8,13 +8,14 @@ import torch
 from enclave_worker.engine.layers.packed import is_zero, packing_available
 
 
-@pytest.mark.parametrize(("dtype", "packed"), [("float32", False), ("float32", True), ("int8", False)])
+@pytest.mark.parametrize(("dtype", "packed"),
+                         [("float32", False), ("float32", True), ("bfloat16", True), ("int8", False)])
 def test_wipe_zeroes_every_weight_copy_and_the_kv_pool(make_engine, dtype: str, packed: bool) -> None:
     if packed and not packing_available():
         pytest.skip("torch built without oneDNN")
     eng = make_engine(dtype=dtype, packed_weights=packed, kv_cache_memory_bytes=8 << 20)
     layer = eng.model.layers[0]
-    fused = layer.qkv_proj.weight if dtype == "float32" else layer.qkv_proj.qweight  # a copy (fused)
+    fused = layer.qkv_proj.qweight if dtype == "int8" else layer.qkv_proj.weight  # a copy (fused)
     assert fused.is_mkldnn == packed
     held = eng.held_tensors()
     assert any(t is fused for t in held)
@@ -27,6 +28,8 @@ def test_wipe_zeroes_every_weight_copy_and_the_kv_pool(make_engine, dtype: str, 
     eng.wipe()
     assert all(is_zero(t) for t in eng.held_tensors())
     assert not torch.any(eng.model.embed.weight)
+    if dtype == "bfloat16":  # the tied head's packed copy too
+        assert any(t is eng.model.embed.head.packed for t in held) and is_zero(eng.model.embed.head.packed)
 
 
 def test_booted_worker_wipe_reaches_the_engine_and_the_decrypted_buffer(make_engine) -> None:
