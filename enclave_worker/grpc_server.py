@@ -415,8 +415,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="how long one lease renewal is held open at the broker")
     parser.add_argument("--device", choices=("cpu", "cuda", "auto"), default="cpu",
                         help="where the engine runs; auto = cuda when a CUDA device is visible")
-    parser.add_argument("--dtype", default=None, help="engine dtype (default: bfloat16 on cuda and, for our engine, "
-                                                      "on a CPU with bf16 instructions; else float32)")
+    parser.add_argument("--dtype", default=None, help="engine dtype (default: bfloat16 on cuda, float32 on cpu)")
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9,
                         help="share of GPU memory for weights, KV pool and activations")
     parser.add_argument("--engine", choices=("sealed", "vllm"), default="sealed",

@@ -2,26 +2,12 @@
 
 from __future__ import annotations
 
-import functools
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from protocol.model_ref import ModelRef
-
-BF16_CPU_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
-
-
-@functools.cache
-def cpu_has_bf16_instructions(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
-    """Whether this CPU computes bf16 natively (AVX512-BF16 or AMX), read without importing torch."""
-    try:
-        text = cpuinfo.read_text()
-    except OSError:
-        return False
-    return any(bool(BF16_CPU_FLAGS & set(line.split(":", 1)[1].split()))
-               for line in text.splitlines() if line.startswith("flags"))
 
 
 @dataclass(frozen=True)
@@ -46,9 +32,7 @@ class WorkerSettings:
     kv_cache_memory_bytes: int = 256 << 20  # CPU; on a GPU the pool is sized by gpu_memory_utilization
     device: str = "cpu"  # cpu | cuda (resolved from `auto` before settings are built)
     engine: str = "sealed"  # sealed (ours) | vllm (docs/vllm-backend.md); measured
-    # None: bfloat16 on a GPU, and for our engine on a CPU with bf16 instructions (perplexity within
-    # 0.1% of fp32, about 2x the speed: docs/engine.md); float32 elsewhere (and for vLLM on a CPU).
-    engine_dtype: str | None = None
+    engine_dtype: str | None = None  # None: bfloat16 on a GPU, float32 on the CPU
     gpu_memory_utilization: float = 0.9  # share of GPU memory for weights + KV pool + activations
     policy_file: Path | None = None  # the tenant's signed policy set (data and tool-use controls)
     policy_admin_key: Path | None = None  # Ed25519 public key that must have signed it (measured)
@@ -85,10 +69,7 @@ class WorkerSettings:
 
     @property
     def dtype(self) -> str:
-        if self.engine_dtype:
-            return self.engine_dtype
-        native_bf16 = self.on_gpu or (self.engine == "sealed" and cpu_has_bf16_instructions())
-        return "bfloat16" if native_bf16 else "float32"
+        return self.engine_dtype or ("bfloat16" if self.on_gpu else "float32")
 
     def promises(self) -> dict[str, Any]:
         """What this worker build promises about a client's data; measured, so a client can require it."""

@@ -27,7 +27,7 @@ def weight_needles() -> list[bytes]:
     # table's rows stay plain bf16 (the packed weights are in oneDNN's blocked layout).
     import torch
 
-    raw = checkpoint.tensors["model.embed_tokens.weight"].to(torch.bfloat16).contiguous().view(torch.uint8)
+    raw = checkpoint.tensors["model.embed_tokens.weight"].to(torch.bfloat16).contiguous().view(torch.uint8).reshape(-1)
     middle = raw.numel() // 2
     needles.append(raw[middle: middle + 64].numpy().tobytes())
     gguf = default_model_path().read_bytes()

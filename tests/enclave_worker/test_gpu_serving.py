@@ -80,24 +80,11 @@ def test_unsafe_allow_gpu_cc_off_contradicts_require_gpu_cc() -> None:
 
 def test_device_dtype_and_memory_share_are_measured() -> None:
     cpu, gpu = settings(), settings(device="cuda", tee="snp", gpu_tee="nvgpu", gpu_memory_utilization=0.8)
-    from enclave_worker.settings import cpu_has_bf16_instructions
-
-    assert cpu.dtype == ("bfloat16" if cpu_has_bf16_instructions() else "float32") and gpu.dtype == "bfloat16"
-    assert settings(engine_dtype="float32").dtype == "float32"
+    assert cpu.dtype == "float32" and gpu.dtype == "bfloat16"
     assert gpu.measured_config()["engine"] == {"max_num_seqs": 16, "max_model_len": 2048, "dtype": "bfloat16",
                                                "device": "cuda", "gpu_memory_utilization": 0.8}
-    assert settings(engine_dtype="float32").measured_config() != settings(engine_dtype="bfloat16").measured_config()
+    assert cpu.measured_config() != settings(engine_dtype="bfloat16").measured_config()
     assert not gpu.insecure and settings(device="cuda", tee="snp").insecure
-
-
-def test_cpu_bf16_instructions_are_read_from_cpuinfo(tmp_path: Path) -> None:
-    from enclave_worker.settings import cpu_has_bf16_instructions
-
-    zen4, zen3 = tmp_path / "zen4", tmp_path / "zen3"
-    zen4.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_bf16 avx512_vnni\n")
-    zen3.write_text("processor\t: 0\nflags\t\t: fpu avx2 fma\nbugs\t\t: avx512_bf16_in_a_bug_name\n")
-    assert cpu_has_bf16_instructions(zen4) and not cpu_has_bf16_instructions(zen3)
-    assert not cpu_has_bf16_instructions(tmp_path / "missing")
 
 
 def test_kv_budget_from_gpu_memory() -> None:
