@@ -15,6 +15,8 @@ import functools
 
 import torch
 
+from enclave_worker.engine.layers.packed import zero_every_byte as zero_every_byte  # one wipe for both engines
+
 # The batch oneDNN chooses the packed layout for; vLLM packs for 32 as well (layers/utils.py).
 PACK_BATCH = 32
 _ATTR = "_sealed_packed_weight"
@@ -60,10 +62,3 @@ def raw_bytes(tensor: torch.Tensor) -> bytes:
     return ctypes.string_at(address, nbytes(tensor))
 
 
-def zero_every_byte(tensor: torch.Tensor) -> None:
-    if tensor.is_mkldnn:
-        # torch's zero_ on an MKLDNN tensor writes numel elements from the start, which misses the
-        # tail of a padded blocked layout; memset covers oneDNN's whole allocation.
-        ctypes.memset(torch.ops.mkldnn.data_ptr(tensor), 0, nbytes(tensor))
-    else:
-        tensor.zero_()
