@@ -104,6 +104,12 @@ class DecoderLayer(torch.nn.Module):
         x = x + self.o_proj(self.attn(q, k, v, meta))
         return x + self.down_proj(silu_and_mul(self.gate_up_proj(self.post_norm(x))))
 
+    def _split_qkv(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Views of the fused QKV output: q [T, H, D], k and v [T, Hkv, D]."""
+        t, q_end = qkv.shape[0], self.q_size + self.kv_size
+        return (qkv[:, : self.q_size].view(t, self.num_heads, self.head_dim),
+                qkv[:, self.q_size : q_end].view(t, self.num_kv_heads, self.head_dim),
+                qkv[:, q_end:].view(t, self.num_kv_heads, self.head_dim))
 
     def forward_cpu(
         self,
@@ -115,7 +121,6 @@ class DecoderLayer(torch.nn.Module):
         """``forward`` through the CPU kernels (kernels/cpu_ops.py): the residual stream is carried apart
         and added inside the norms (in place), rotary and the cache write are one call, decode attention
         reads K/V in place. Same math as ``forward`` (tested)."""
-        t = x.shape[0]
         h = cpu_ops.add_rms_norm(None if residual is None else x, x if residual is None else residual,
                                  self.input_norm.weight, self.input_norm.eps)
         residual = x if residual is None else residual
@@ -123,9 +128,7 @@ class DecoderLayer(torch.nn.Module):
         attn = self.attn
         cpu_ops.rope_and_cache(qkv, *rope_rows, meta.slot_mapping, attn.k_cache, attn.v_cache, self.num_heads,
                                self.num_kv_heads)
-        q = qkv[:, : self.q_size].view(t, self.num_heads, self.head_dim)
-        k = qkv[:, self.q_size : self.q_size + self.kv_size].view(t, self.num_kv_heads, self.head_dim)
-        v = qkv[:, self.q_size + self.kv_size :].view(t, self.num_kv_heads, self.head_dim)
+        q, k, v = self._split_qkv(qkv)
         h = cpu_ops.add_rms_norm(self.o_proj(attn.attend(q, k, v, meta)), residual, self.post_norm.weight,
                                  self.post_norm.eps)
         return self.down_proj(cpu_ops.silu_and_mul(self.gate_up_proj(h).contiguous())), residual
@@ -144,10 +147,7 @@ class DecoderLayer(torch.nn.Module):
             residual, h = x, self.input_norm(x)
         else:
             h, residual = fused.add_rms_norm(x, residual, self.input_norm.weight, self.input_norm.eps)
-        qkv = self.qkv_proj(h)
-        q = qkv[:, : self.q_size].view(t, self.num_heads, self.head_dim)
-        k = qkv[:, self.q_size : self.q_size + self.kv_size].view(t, self.num_kv_heads, self.head_dim)
-        v = qkv[:, self.q_size + self.kv_size :].view(t, self.num_kv_heads, self.head_dim)
+        q, k, v = self._split_qkv(self.qkv_proj(h))
         attn = self.attn
         q, k = fused.rope_and_cache(q, k, v, *rope_half, meta.slot_mapping, attn.k_cache, attn.v_cache)
         o = paged_decode_attention(q, attn.k_cache, attn.v_cache, meta.decode_blocks, meta.context_lens,
