@@ -134,7 +134,7 @@ def worker_sealed(spec: dict) -> dict:
         mean_ttft_in_batch_s=round(mean_ttft, 4),
         threads=torch.get_num_threads(),
         weight_bytes_fp32=weight_bytes,
-        packed_weights=engine.runner.model.layers[0].o_proj.weight.is_mkldnn,
+        packed_weights=engine.runner.packed_weights,
     )
 
 

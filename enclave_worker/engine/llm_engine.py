@@ -38,10 +38,11 @@ def _fused_decode(config: EngineConfig, cuda: bool) -> bool:
     return cuda and triton_installed()
 
 
-def _cpu_kernels(config: EngineConfig, dtype: torch.dtype) -> bool:
+def _cpu_kernels(config: EngineConfig, built: BuiltModel) -> bool:
     """Whether CPU steps take the C++ kernels (kernels/cpu_ops.py: decode attention in place, fused
-    norm / rotary / activation): "auto" where they build, for fp32 and bf16; "torch" keeps torch's ops."""
-    if config.device != "cpu" or config.decode_kernels == "torch" or dtype not in (torch.float32, torch.bfloat16):
+    norm / rotary / activation): "auto" where they build, for dense fp32 and bf16; "torch" keeps torch's ops."""
+    if (config.device != "cpu" or config.decode_kernels == "torch" or built.quant != "none"
+            or built.dtype not in (torch.float32, torch.bfloat16)):
         return False
     return cpu_ops() is not None
 
@@ -85,7 +86,7 @@ class LLMEngine(ThreadedEngine[_Request]):
                     and not built.packed)
         dense_bytes = sum(t.nbytes for t in model_tensors(self.model)) if fp32_cpu else 0
         fused = _fused_decode(config, cuda)
-        cpu_kernels = _cpu_kernels(config, built.dtype) and built.quant == "none"
+        cpu_kernels = _cpu_kernels(config, built)
         self.model.cpu_kernels = cpu_kernels
         graphs = fused and cuda and config.cuda_graphs
         # With decode graphs, one extra block no sequence owns takes the padding rows' K/V writes.

@@ -10,7 +10,7 @@ tensor, copies it again into the layout a batched matmul wants, and runs two mat
 64 sequences x 256 tokens in bf16 that was ~2.2 ms a layer, 45% of a decode step (2-vCPU AMD EPYC,
 2026-12-02; docs/engine.md). This kernel walks each sequence's block table and reads K and V rows
 where they lie: one pass over K, one over V, fp32 accumulation, a max-subtracted softmax, one task
-per (sequence, KV head) on torch's own thread pool (at::parallel_for: no second OpenMP runtime).
+per sequence (all its KV heads) on torch's own thread pool (at::parallel_for: no second OpenMP runtime).
 
 The elementwise kernels replace 5-7 torch ops each (float conversions, pow, mean, rsqrt, roll, ...):
 a batch-1 bf16 decode step dispatches ~900 small ops, several ms of a ~33 ms token.
@@ -204,13 +204,12 @@ torch::Tensor add_rms_norm(torch::Tensor x, torch::Tensor residual, torch::Tenso
 // written to the caches at their slots. cos / sin_signed [T, D] float32 (rotary.py's full-width rows).
 template <typename T>
 void rope_rows(T* qkv, const float* cos, const float* sin, const int64_t* slots, T* kc, T* vc, int64_t tokens,
-               int64_t heads, int64_t kv_heads, int64_t dim, std::atomic<int>& bad, int64_t num_slots) {
+               int64_t heads, int64_t kv_heads, int64_t dim) {  // slots checked by the caller
   const int64_t width = (heads + 2 * kv_heads) * dim, half = dim / 2;
   at::parallel_for(0, tokens, 8, [&](int64_t begin, int64_t end) {
     std::vector<float> xf(dim);
     for (int64_t t = begin; t < end; ++t) {
       const int64_t slot = slots[t];
-      if (slot < 0 || slot >= num_slots) { bad = 1; continue; }
       T* row = qkv + t * width;
       const float* c = cos + t * dim;
       const float* s = sin + t * dim;
@@ -241,7 +240,6 @@ void rope_and_cache(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, tor
   TORCH_CHECK(slot_mapping.dim() == 1 && slot_mapping.size(0) == tokens && slot_mapping.scalar_type() == torch::kLong &&
               slot_mapping.is_contiguous(), "slot mapping [T] int64");
   TORCH_CHECK(qkv.scalar_type() == k_cache.scalar_type() && qkv.scalar_type() == v_cache.scalar_type(), "one dtype");
-  std::atomic<int> bad{0};
   const int64_t num_slots = k_cache.size(0);
   const int64_t* slots = slot_mapping.data_ptr<int64_t>();
   for (int64_t t = 0; t < tokens; ++t) {  // every slot checked before anything is rotated or written
@@ -250,15 +248,14 @@ void rope_and_cache(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, tor
   if (qkv.scalar_type() == torch::kFloat) {
     rope_rows<float>(qkv.data_ptr<float>(), cos.data_ptr<float>(), sin.data_ptr<float>(),
                      slot_mapping.data_ptr<int64_t>(), k_cache.data_ptr<float>(), v_cache.data_ptr<float>(), tokens,
-                     heads, kv_heads, dim, bad, num_slots);
+                     heads, kv_heads, dim);
   } else if (qkv.scalar_type() == torch::kBFloat16) {
     rope_rows<at::BFloat16>(qkv.data_ptr<at::BFloat16>(), cos.data_ptr<float>(), sin.data_ptr<float>(),
                             slot_mapping.data_ptr<int64_t>(), k_cache.data_ptr<at::BFloat16>(),
-                            v_cache.data_ptr<at::BFloat16>(), tokens, heads, kv_heads, dim, bad, num_slots);
+                            v_cache.data_ptr<at::BFloat16>(), tokens, heads, kv_heads, dim);
   } else {
     TORCH_CHECK(false, "float32 or bfloat16 only");
   }
-  TORCH_CHECK(bad.load() == 0, "a slot outside the KV pool");
 }
 
 // x [T, 2I] (gate | up) -> silu(gate) rounded, times up, rounded: F.silu(gate) * up's math.
