@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .blas_calibration import BlasSpeedup, measure_blas_speedup
 from .block_manager import BlockManager
 from .checkpoint import Checkpoint
 from .config import EngineConfig, RequestOutput, SamplingParams
@@ -17,6 +18,7 @@ from .errors import EngineError
 from .kernels import triton_installed
 from .kernels.cpu_ops import cpu_ops
 from .kv_cache import KVCacheSpec, allocate_kv_cache, gpu_kv_budget
+from .layers.linear import DenseMatmul, Linear
 from .layers.packed import zero_every_byte
 from .model_builder import BuiltModel, build_model
 from .model_runner import ModelRunner
@@ -36,6 +38,16 @@ def _fused_decode(config: EngineConfig, cuda: bool) -> bool:
             raise EngineError("decode_kernels='triton' needs the triton package")
         return True
     return cuda and triton_installed()
+
+
+def _blas_speedup(model: torch.nn.Module, threads: int) -> BlasSpeedup | None:
+    """OpenBLAS's measured advantage over torch on the model's largest dense fp32 layer (None: no such layer)."""
+    shapes = [tuple(m.weight.shape) for m in model.modules()
+              if isinstance(m, Linear) and isinstance(m.matmul, DenseMatmul) and m.matmul.weight_t_np is not None]
+    if not shapes:
+        return None
+    out_features, in_features = max(shapes, key=lambda s: s[0] * s[1])
+    return measure_blas_speedup(out_features, in_features, threads)
 
 
 def _cpu_kernels(config: EngineConfig, built: BuiltModel) -> bool:
@@ -85,6 +97,7 @@ class LLMEngine(ThreadedEngine[_Request]):
         fp32_cpu = (config.device == "cpu" and built.dtype == torch.float32 and built.quant == "none"
                     and not built.packed)
         dense_bytes = sum(t.nbytes for t in model_tensors(self.model)) if fp32_cpu else 0
+        blas_speedup = _blas_speedup(self.model, built.threads) if fp32_cpu else None
         fused = _fused_decode(config, cuda)
         cpu_kernels = _cpu_kernels(config, built)
         self.model.cpu_kernels = cpu_kernels
@@ -101,6 +114,7 @@ class LLMEngine(ThreadedEngine[_Request]):
             max_model_len=self.max_model_len,
             cpu_kernel=cpu_kernels,
             packed_weights=built.packed,
+            blas_speedup=blas_speedup,
         )
         if graphs:
             self.runner.enable_decode_graphs(config.max_num_seqs, pad_slot=num_blocks * config.block_size)

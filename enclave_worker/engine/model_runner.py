@@ -6,6 +6,7 @@ import time
 
 import torch
 
+from .blas_calibration import BlasSpeedup
 from .config import TokenLogprob
 from .cuda_graphs import DecodeGraphs, DecodeInputs, TransferCounter, capture_sizes
 from .kernels.paged_attention import num_splits_for
@@ -15,7 +16,8 @@ from .layers.sampler import sample
 from .scheduler import ScheduledSeq
 from .threads import ThreadPools, ThreadTuner, step_kind
 
-BLAS_MAX_TOKENS = 64  # above this many rows a step is a real GEMM; torch's pool is as fast and multi-threaded
+BLAS_MAX_TOKENS = 64  # above this many rows a step is a real GEMM (prefill): OpenBLAS only where it measured faster
+BLAS_PREFILL_GAIN = 1.2  # ... by this factor at 256 rows (blas_calibration.py)
 
 
 class ModelRunner:
@@ -31,6 +33,7 @@ class ModelRunner:
         max_model_len: int = 0,
         cpu_kernel: bool = False,
         packed_weights: bool = False,
+        blas_speedup: BlasSpeedup | None = None,
     ) -> None:
         self.model = model
         self.packed_weights = packed_weights  # dense layers run oneDNN over packed weights (layers/packed.py)
@@ -49,6 +52,8 @@ class ModelRunner:
         self.tuner = ThreadTuner(num_threads if device == "cpu" else 1)
         self.pools = ThreadPools() if device == "cpu" else None
         self.weight_bytes = weight_bytes
+        # torch's dense time over OpenBLAS's on this machine (blas_calibration.py); 1.0: no advantage.
+        self.blas_speedup = blas_speedup or BlasSpeedup.unmeasured()
         self.kv_bytes_per_token = kv_cache.nbytes // max(1, kv_cache.shape[2])  # K and V, every layer
         for i, layer in enumerate(model.layers):
             layer.attn.k_cache = kv_cache[0, i]
@@ -208,15 +213,18 @@ class ModelRunner:
     def use_blas(self, num_tokens: int, context_tokens: int) -> bool:
         """Whether this step's dense matmuls go to OpenBLAS, with torch on one thread (BlasSwitch).
 
-        Worth it while the step is weight-streaming bound: few rows, and attention (which then runs
-        on one thread) reads at most half as many KV bytes as the matmuls read weight bytes.
-        Measured crossovers: docs/engine.md.
+        Decode-sized steps: while attention (which then runs on one thread) reads at most as many
+        KV bytes as the matmuls read weight bytes, scaled by how much faster OpenBLAS measured than
+        torch here (``blas_speedup``): the more the matmuls gain, the more attention may lose.
+        Larger steps (prefill): where OpenBLAS measured at least ``BLAS_PREFILL_GAIN`` times faster
+        at 256 rows (torch's GEMM on an AVX2 AMD EPYC). Measured crossovers: docs/engine.md.
         """
-        return (
-            self.weight_bytes > 0
-            and num_tokens <= BLAS_MAX_TOKENS
-            and 2 * context_tokens * self.kv_bytes_per_token <= self.weight_bytes
-        )
+        if self.weight_bytes <= 0:
+            return False
+        if num_tokens > BLAS_MAX_TOKENS:
+            return self.blas_speedup.prefill >= BLAS_PREFILL_GAIN
+        gain = max(1.0, self.blas_speedup.decode)
+        return context_tokens * self.kv_bytes_per_token <= self.weight_bytes * gain
 
     @torch.inference_mode()
     def execute(

@@ -108,5 +108,22 @@ class ThreadPools:
             self._torch.set_num_threads(torch_threads)
         if blas_threads is not None and blas_threads != self._blas_threads:
             for lib in self._blas:
+                _take_control(lib)
                 lib.set_num_threads(blas_threads)
             self._blas_threads = blas_threads
+
+
+def _take_control(lib: object) -> None:
+    """Make the calling thread the one whose OpenBLAS limits count.
+
+    threadpoolctl >= 3.8 lets only one thread (the first to set a limit, here the main thread that
+    built the model) change a pthreads OpenBLAS pool; a set from any other thread silently does
+    nothing. Engine steps run on the engine's own thread, so without this every OpenBLAS step kept
+    the pool the main thread left (one thread): dense matmuls at half speed on two cores (seen
+    2026-12-02, threadpoolctl 3.8.0, OpenBLAS 0.3.31). The engine thread is the only one that
+    sets the pool while serving, so taking control from the builder is safe.
+    """
+    clear = getattr(type(lib), "clear_controlling_thread", None)
+    if clear is not None:
+        clear(force=True)
+

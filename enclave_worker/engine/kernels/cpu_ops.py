@@ -65,6 +65,51 @@ inline void load_row(const at::BFloat16* src, float* dst, int64_t n) {
 
 inline void store_row(const float* src, float* dst, int64_t n) { std::memcpy(dst, src, n * sizeof(float)); }
 
+// A K or V row as fp32: the cache row itself for fp32 (no copy), converted into ``buf`` for bf16.
+inline const float* row_f32(const float* src, float*, int64_t) { return src; }
+inline const float* row_f32(const at::BFloat16* src, float* buf, int64_t n) { load_row(src, buf, n); return buf; }
+
+// q . k over DIM values in 16 independent partial sums: the loop vectorizes into 2-4 accumulators
+// (AVX2 / AVX-512) instead of one serial chain (the scalar loop was ~60% of a batch-64 decode step).
+template <int DIM>
+inline float dot(const float* a, const float* b, int64_t dim_arg) {
+  const int64_t dim = DIM > 0 ? DIM : dim_arg;
+  if (dim % 16 != 0) {
+    float s = 0.f;
+    for (int64_t d = 0; d < dim; ++d) s += a[d] * b[d];
+    return s;
+  }
+  float part[16] = {0.f};
+  for (int64_t d = 0; d < dim; d += 16) {
+    for (int j = 0; j < 16; ++j) part[j] += a[d + j] * b[d + j];
+  }
+  float s = 0.f;
+  for (int j = 0; j < 16; ++j) s += part[j];
+  return s;
+}
+
+// exp(x) for x <= 0 (softmax after the max is subtracted), written so the loop over a row
+// vectorizes: x = n ln2 + r, |r| <= ln2/2, e^r by a degree-6 polynomial (relative error < 2e-7,
+// as torch's own vectorized exp), 2^n built in the exponent bits. Below -87 the result is 0.
+inline void exp_nonpositive(float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = std::max(x[i], -87.f);
+    const float k = std::nearbyint(v * 1.44269504088896341f);
+    const float r = v - k * 0.693145751953125f - k * 1.428606765330187045e-06f;
+    float p = 1.f / 720.f;
+    p = p * r + 1.f / 120.f;
+    p = p * r + 1.f / 24.f;
+    p = p * r + 1.f / 6.f;
+    p = p * r + 0.5f;
+    p = p * r + 1.f;
+    p = p * r + 1.f;
+    const int32_t bits = (static_cast<int32_t>(k) + 127) << 23;
+    float scale;
+    std::memcpy(&scale, &bits, sizeof(float));
+    x[i] = x[i] < -87.f ? 0.f : p * scale;
+  }
+}
+
 inline void store_row(const float* src, at::BFloat16* dst, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dst[i] = at::BFloat16(src[i]);  // round to nearest even
 }
@@ -95,28 +140,25 @@ void decode(const T* q, const T* kc, const T* vc, const int64_t* tables, const i
       if (!ok) { bad = 1; continue; }
       load_row(q + b * heads * dim, qf.data(), heads * dim);
       scores.resize(heads * len);  // [heads][len]
-      float* r = row.data();
       for (int64_t t = 0; t < len; ++t) {  // scores = q k^T, one pass over K
-        load_row(kc + offsets[t], r, width);
+        const float* r = row_f32(kc + offsets[t], row.data(), width);
         for (int64_t hq = 0; hq < heads; ++hq) {
-          const float* qh = qf.data() + hq * dim;
-          const float* kh = r + (hq / groups) * dim;
-          float s = 0.f;
-          for (int64_t d = 0; d < dim; ++d) s += qh[d] * kh[d];
-          scores[hq * len + t] = s * scale;
+          scores[hq * len + t] = dot<DIM>(qf.data() + hq * dim, r + (hq / groups) * dim, dim) * scale;
         }
       }
       for (int64_t hq = 0; hq < heads; ++hq) {  // softmax per query head, max subtracted
         float* sh = scores.data() + hq * len;
         const float m = *std::max_element(sh, sh + len);
+        for (int64_t t = 0; t < len; ++t) sh[t] -= m;
+        exp_nonpositive(sh, len);
         float sum = 0.f;
-        for (int64_t t = 0; t < len; ++t) { sh[t] = std::exp(sh[t] - m); sum += sh[t]; }
+        for (int64_t t = 0; t < len; ++t) sum += sh[t];
         const float inv = 1.f / sum;
         for (int64_t t = 0; t < len; ++t) sh[t] *= inv;
       }
       std::fill(acc.begin(), acc.end(), 0.f);
       for (int64_t t = 0; t < len; ++t) {  // out = p V, one pass over V
-        load_row(vc + offsets[t], r, width);
+        const float* r = row_f32(vc + offsets[t], row.data(), width);
         for (int64_t hq = 0; hq < heads; ++hq) {
           const float p = scores[hq * len + t];
           const float* vh = r + (hq / groups) * dim;

@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from enclave_worker.engine.blas_calibration import BlasSpeedup
 from enclave_worker.engine.layers.attention import AttentionMetadata, PagedAttention
 from enclave_worker.engine.layers.embedding import Embedding
 from enclave_worker.engine.layers.linear import BlasSwitch, Linear
@@ -107,11 +108,16 @@ def test_linear_leaves_a_borrowed_weight_untouched() -> None:
     assert torch.equal(w, reference)
 
 
-def test_runner_routes_only_small_weight_bound_steps_to_blas(make_engine) -> None:
+def test_runner_routes_steps_to_blas_by_the_measured_speedup(make_engine) -> None:
     eng = make_engine(kv_cache_memory_bytes=8 << 20)
     runner = eng.runner
-    limit = runner.weight_bytes // (2 * runner.kv_bytes_per_token)  # context tokens at the crossover
+    assert runner.blas_speedup.decode > 0 and runner.blas_speedup.prefill > 0  # measured at build
+    runner.blas_speedup = BlasSpeedup(decode=1.0, prefill=1.0)  # OpenBLAS no faster than torch
+    limit = runner.weight_bytes // runner.kv_bytes_per_token  # context tokens at the crossover
     assert runner.use_blas(1, 100)
     assert runner.use_blas(64, limit) and not runner.use_blas(64, limit + 1)
     assert not runner.use_blas(65, 65)  # a real GEMM (prefill): torch, all threads
+    runner.blas_speedup = BlasSpeedup(decode=3.0, prefill=1.5)  # torch's GEMM much slower (AVX2 EPYC)
+    assert runner.use_blas(64, 3 * limit) and not runner.use_blas(64, 3 * limit + 1)
+    assert runner.use_blas(2048, 2048)  # prefill too
     assert not make_engine(dtype="bfloat16", kv_cache_memory_bytes=8 << 20).runner.use_blas(1, 10)

@@ -76,3 +76,31 @@ def test_returns_to_all_threads_when_the_load_goes() -> None:
     assert tuner.choose(kind) == 1
     after = _run(tuner, kind, {1: 3.0, 2: 1.0}, EXPLORE_EVERY * MAX_BACKOFF + 4)
     assert after[-3:] == [2, 2, 2]  # one try at the faster count is enough
+
+
+def test_the_engine_thread_sets_openblas_after_the_main_thread_did() -> None:
+    """threadpoolctl >= 3.8 lets only the first thread that set a limit change OpenBLAS; the engine
+    steps on its own thread, so its sets must take effect (they silently did not: half-speed GEMMs)."""
+    import threading
+
+    from threadpoolctl import threadpool_limits
+
+    pools = ThreadPools()
+    if not pools._blas or available_cpus() < 2:
+        return
+    threadpool_limits(1, user_api="blas")  # what build_model does, on the main thread
+    seen: list[list[int]] = []
+
+    def step() -> None:
+        pools.set(1, 2)
+        seen.append([lib.get_num_threads() for lib in pools._blas])
+        pools.set(1, 1)
+
+    before = torch.get_num_threads()
+    try:
+        worker = threading.Thread(target=step)
+        worker.start()
+        worker.join()
+    finally:
+        torch.set_num_threads(before)
+    assert seen == [[2] * len(pools._blas)]

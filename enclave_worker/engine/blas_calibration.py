@@ -1,0 +1,76 @@
+"""How much faster OpenBLAS runs this model's dense fp32 matmuls than torch does, measured once.
+
+Which library is faster depends on the CPU and the builds: on an AVX2 AMD EPYC, torch's CPU GEMM
+(MKL) ran a SmolLM2-135M pass at 64 rows 1.8x slower than numpy's OpenBLAS and at 256 rows 1.55x
+slower (`sealed bench linear`, 2026-12-02), so steps of every size belong on OpenBLAS there; on
+other hosts the two are closer. ModelRunner.use_blas weighs this measured speedup against the
+cost of running attention on one thread (what an OpenBLAS step does). The measurement takes the
+model's largest dense layer, both libraries on the same threads, best of a few calls: about 0.1 s
+once per process and shape (cached), a small fraction of a model load.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .threads import ThreadPools
+
+ROWS = (64, 256)  # a decode-sized step and a prefill-sized one
+REPEATS = 3
+
+
+@dataclass(frozen=True)
+class BlasSpeedup:
+    """torch's time over OpenBLAS's for one dense matmul (> 1: OpenBLAS is faster)."""
+
+    decode: float  # at 64 rows
+    prefill: float  # at 256 rows
+
+    @classmethod
+    def unmeasured(cls) -> BlasSpeedup:
+        """No OpenBLAS path (not fp32 on the CPU): every step stays on torch."""
+        return cls(decode=1.0, prefill=1.0)
+
+
+def _best_seconds(fn, repeats: int = REPEATS) -> float:  # type: ignore[no-untyped-def]
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+@functools.cache
+def _measure(out_features: int, in_features: int, threads: int) -> BlasSpeedup:
+    gen = torch.Generator().manual_seed(0)
+    # The engine's layout: W stored [in, out] contiguous, torch reading it through a transposed view.
+    w_t = torch.randn(in_features, out_features, generator=gen) * 0.02
+    w = w_t.t()
+    w_np = w_t.numpy()
+    pools = ThreadPools()
+    before = torch.get_num_threads()
+    ratios = []
+    try:
+        pools.set(threads, threads)
+        for rows in ROWS:
+            x = torch.randn(rows, in_features, generator=gen)
+            x_np = x.numpy()
+            t_torch = _best_seconds(lambda x=x: torch.nn.functional.linear(x, w))
+            t_blas = _best_seconds(lambda x_np=x_np: np.matmul(x_np, w_np))
+            ratios.append(t_torch / max(t_blas, 1e-9))
+    finally:
+        pools.set(before, 1)
+    return BlasSpeedup(decode=ratios[0], prefill=ratios[1])
+
+
+def measure_blas_speedup(out_features: int, in_features: int, threads: int) -> BlasSpeedup:
+    """torch-over-OpenBLAS time ratios for an [out, in] fp32 weight at ``ROWS`` rows on ``threads``."""
+    with torch.inference_mode():
+        return _measure(out_features, in_features, threads)
