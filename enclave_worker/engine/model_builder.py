@@ -71,9 +71,11 @@ def build_model(checkpoint: Checkpoint, config: EngineConfig) -> BuiltModel:
         config.max_model_len or min(cfg.get("max_position_embeddings", 4096), 4096),
         cfg.get("max_position_embeddings", 1 << 30),
     )
+    # bf16 packs only where oneDNN has bf16 on this CPU (PackedMatmul refuses it elsewhere): asking for
+    # packed bf16 on an AVX2-only CPU builds the plain bf16 model.
     packed = (config.device == "cpu" and dtype in PACKABLE_DTYPES and quant == "none" and packing_available()
-              and (config.packed_weights if config.packed_weights is not None
-                   else dtype == torch.bfloat16 and bf16_native()))
+              and (dtype != torch.bfloat16 or bf16_native())
+              and (config.packed_weights if config.packed_weights is not None else dtype == torch.bfloat16))
     opts = BuildOptions(quant, dtype, config.device, model_len, config.int4_group_size, packed=packed)
     with torch.inference_mode():
         model = ARCHITECTURES[arch](cfg, checkpoint.tensors, opts).eval()

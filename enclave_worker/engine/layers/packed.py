@@ -63,6 +63,10 @@ class PackedMatmul:
         """``consume``: the weight's memory is ours; zero it once the packed copy exists."""
         if weight.dtype not in PACKABLE_DTYPES or weight.device.type != "cpu" or weight.dim() != 2:
             raise PackingError("packed weights are fp32 or bf16 matrices on the CPU")
+        if weight.dtype == torch.bfloat16 and not bf16_native():
+            # torch refuses to reorder bf16 without AVX512BW/VL/DQ or AVX-NE-CONVERT (an AVX2 Zen 3):
+            # asked anyway, it raises a RuntimeError mid-build; the layer keeps torch's kernel instead.
+            raise PackingError("this CPU has no bf16 support in oneDNN")
         self.out_features, self.in_features = weight.shape
         with torch.inference_mode():
             # The layout is probed on zeros first: a padded layout is refused before any weight value is

@@ -7,10 +7,20 @@ import torch
 import torch.nn.functional as F
 
 from enclave_worker.engine import SamplingParams
+from enclave_worker.engine.layers import packed as packed_module
 from enclave_worker.engine.layers.linear import Linear
-from enclave_worker.engine.layers.packed import PackedMatmul, is_zero, packing_available, zero_every_byte
+from enclave_worker.engine.layers.packed import (
+    PackedMatmul,
+    PackingError,
+    bf16_native,
+    is_zero,
+    packing_available,
+    zero_every_byte,
+)
 
 pytestmark = pytest.mark.skipif(not packing_available(), reason="torch built without oneDNN")
+needs_bf16 = pytest.mark.skipif(not bf16_native(),
+                                reason="oneDNN has no bf16 on this CPU (AVX512BW/VL/DQ or AVX-NE-CONVERT)")
 
 
 @pytest.mark.parametrize("rows", [1, 3, 64, 130])
@@ -36,7 +46,7 @@ def test_packing_consumes_an_owned_weight_and_leaves_a_borrowed_one() -> None:
     torch.testing.assert_close(lin(x), x @ reference.T, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, pytest.param(torch.bfloat16, marks=needs_bf16)])
 def test_packed_weight_zeroes_completely(dtype: torch.dtype) -> None:
     lin = Linear(torch.randn(128, 64), None, dtype, "cpu", packed=True)
     assert lin.weight.is_mkldnn
@@ -46,11 +56,26 @@ def test_packed_weight_zeroes_completely(dtype: torch.dtype) -> None:
     assert not lin(torch.randn(1, 64)).any()
 
 
+def test_bf16_without_cpu_support_keeps_the_plain_kernels_and_its_source(monkeypatch) -> None:
+    """On a CPU where oneDNN has no bf16 (AVX2 only), packing is refused before anything is copied: torch
+    raised a RuntimeError mid-build there, and an engine asked for packed bf16 failed to build."""
+    monkeypatch.setattr(packed_module, "bf16_native", lambda: False)
+    w = torch.randn(128, 64)
+    with pytest.raises(PackingError):
+        PackedMatmul(w.bfloat16(), consume=True)
+    source = w.clone()
+    lin = Linear(source, None, torch.bfloat16, "cpu", in_place=True, packed=True)
+    assert not isinstance(lin.matmul, PackedMatmul) and not lin.weight.is_mkldnn
+    x = torch.randn(2, 64).bfloat16()
+    torch.testing.assert_close(lin(x), F.linear(x, w.bfloat16()), rtol=2e-2, atol=2e-2)
+
+
 def test_fp16_weights_keep_the_plain_kernels() -> None:
     lin = Linear(torch.randn(32, 16), None, torch.float16, "cpu", packed=True)
     assert not isinstance(lin.matmul, PackedMatmul) and not lin.weight.is_mkldnn
 
 
+@needs_bf16
 @pytest.mark.parametrize("rows", [1, 5, 64])
 def test_bf16_packed_linear_matches_bf16_math_and_consumes_its_fp32_source(rows: int) -> None:
     g = torch.Generator().manual_seed(1)
@@ -66,6 +91,7 @@ def test_bf16_packed_linear_matches_bf16_math_and_consumes_its_fp32_source(rows:
     torch.testing.assert_close(y, reference.float(), rtol=2e-2, atol=2e-2)
 
 
+@needs_bf16
 def test_a_padded_bf16_layout_is_refused_before_the_weight_is_copied_into_it() -> None:
     """oneDNN pads a 96-row bf16 matrix: the layer keeps torch's kernel, and its weight is intact."""
     w = torch.randn(96, 64)
@@ -85,6 +111,7 @@ def test_bf16_defaults_to_packed_only_where_the_cpu_has_bf16_instructions(make_e
     assert not off.model.layers[0].gate_up_proj.weight.is_mkldnn
 
 
+@needs_bf16
 def test_bf16_packed_engine_agrees_with_the_plain_bf16_engine(make_engine, h) -> None:
     """Same model in bf16, packed (oneDNN) and plain (torch): the tied head is packed too, and the
     logits of a teacher-forced pass agree within bf16 rounding."""

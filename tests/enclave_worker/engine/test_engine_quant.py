@@ -31,11 +31,13 @@ def test_quantized_perplexity_close_to_fp32(make_engine, engine, ppl_fp32, dtype
 def test_bf16_perplexity_within_one_percent_of_fp32(make_engine, engine, ppl_fp32, packed):
     """bf16 is the CPU engine's default where the CPU has bf16 instructions (issue #14: the best
     precision within 1% perplexity); packed = oneDNN's kernels, plain = torch's."""
-    from enclave_worker.engine.layers.packed import packing_available
+    from enclave_worker.engine.layers.packed import bf16_native, packing_available
 
     if packed and not packing_available():
         pytest.skip("torch built without oneDNN")
     bf16 = make_engine(dtype="bfloat16", packed_weights=packed, max_num_seqs=2, kv_cache_memory_bytes=16 << 20)
+    # Without bf16 in oneDNN (AVX2 only) the packed request builds the plain bf16 model (model_builder).
+    assert bf16.model.layers[0].gate_up_proj.weight.is_mkldnn == (packed and bf16_native())
     ppl = perplexity(bf16, engine.tokenizer.encode(TEXT))
     assert abs(ppl - ppl_fp32) / ppl_fp32 < 0.01, (packed, ppl, ppl_fp32)
 
