@@ -6,13 +6,15 @@ slower (`sealed bench linear`, 2026-12-02), so steps of every size belong on Ope
 other hosts the two are closer. ModelRunner.use_blas weighs this measured speedup against the
 cost of running attention on one thread (what an OpenBLAS step does). The measurement takes the
 model's largest dense layer, both libraries on the same threads, best of a few calls: about 0.1 s
-once per process and shape (cached), a small fraction of a model load.
+once per process and shape (cached), a small fraction of a model load. On a machine loaded at
+that moment the ratio may be off; a wrong routing costs speed, never correctness.
 """
 
 from __future__ import annotations
 
 import functools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -37,7 +39,7 @@ class BlasSpeedup:
         return cls(decode=1.0, prefill=1.0)
 
 
-def _best_seconds(fn, repeats: int = REPEATS) -> float:  # type: ignore[no-untyped-def]
+def _best_seconds(fn: Callable[[], object], repeats: int = REPEATS) -> float:
     fn()
     best = float("inf")
     for _ in range(repeats):
