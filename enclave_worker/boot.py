@@ -48,6 +48,7 @@ def engine_config(settings: WorkerSettings) -> EngineConfig:
         device=settings.device,
         dtype=settings.dtype,
         max_num_seqs=settings.max_num_seqs,
+        max_num_batched_tokens=settings.step_token_budget,
         max_model_len=settings.max_model_len,
         kv_cache_memory_bytes=settings.kv_cache_memory_bytes,
         gpu_memory_utilization=settings.gpu_memory_utilization if settings.on_gpu else None,

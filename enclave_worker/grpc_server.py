@@ -421,6 +421,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--engine", choices=("sealed", "vllm"), default="sealed",
                         help="the inference engine (measured); vllm needs vLLM installed in this interpreter")
     parser.add_argument("--max-num-seqs", type=int, default=16)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=None,
+                        help="tokens per engine step (default: 512 on the CPU, 2048 on a GPU)")
     parser.add_argument("--max-model-len", type=int, default=2048)
     args = parser.parse_args(argv)
     try:
@@ -441,12 +443,17 @@ def main(argv: list[str] | None = None) -> int:
         sev_guest_device=args.sev_guest_device, ccel_table=args.ccel_table, ccel_data=args.ccel_data,
         sim_platform_key=args.sim_platform_key,
         unsafe_sim_measurement=args.unsafe_sim_measurement, host=args.host, port=args.port,
-        engine=args.engine, max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
+        engine=args.engine, max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
         policy_file=args.policy_file,
         policy_admin_key=args.policy_admin_key, unsafe_no_tenant_policy=args.unsafe_no_tenant_policy,
         lease_s=args.lease_seconds, lease_watch_s=args.lease_watch_seconds)
     token = args.register_token_file.read_text().strip() if args.register_token_file else ""
     client_cert = args.gateway_client_cert.read_bytes() if args.gateway_client_cert else None
+    if settings.engine != "vllm" and device == "cpu":
+        from enclave_worker.engine.threads import single_threaded_caller
+
+        single_threaded_caller()  # the engine's own thread is the one that computes in parallel
     freeze_startup_heap()  # before any key or weight exists: full GC passes scan only what serving creates
     schedule_full_collections()  # and run on a timer, not every few seconds under load
     asyncio.run(serve(settings, args.grpc_port, args.register_url, token, client_cert, args.advertise_host))

@@ -26,6 +26,12 @@ class WorkerSettings:
     port: int = 8002
     max_num_seqs: int = 16
     max_model_len: int = 2048
+    # Tokens one engine step may compute (prefill chunks + decodes); None: 512 on the CPU, 2048 on a GPU.
+    # On two CPU cores 16 prompts arriving together (`vllm bench serve` at concurrency 16) took 2 s
+    # as one 2048-token step, so every one of them waited 2 s for a first token, and they then ended
+    # together and the next 16 arrived together again. In 512-token chunks the first ones answer after a
+    # quarter of that, the streams drift apart, and a later prompt is prefilled beside the decodes.
+    max_num_batched_tokens: int | None = None
     # On SIGTERM (scale-in, rollout): streams in flight get this long to finish before the engine
     # stops; below the control loop's stop timeout (25 s) and the pod's terminationGracePeriodSeconds (60 s).
     drain_s: float = 20.0
@@ -68,6 +74,10 @@ class WorkerSettings:
         return self.tee == "sim" or (self.on_gpu and self.gpu_tee is None)
 
     @property
+    def step_token_budget(self) -> int:
+        return self.max_num_batched_tokens or (2048 if self.on_gpu else 512)
+
+    @property
     def dtype(self) -> str:
         return self.engine_dtype or ("bfloat16" if self.on_gpu else "float32")
 
@@ -100,6 +110,8 @@ class WorkerSettings:
                 **({"kind": self.engine} if self.engine != "sealed" else {}),
                 "max_num_seqs": self.max_num_seqs,
                 "max_model_len": self.max_model_len,
+                # Listed only when set (measurements of workers on the defaults stay as they were).
+                **({"max_num_batched_tokens": self.max_num_batched_tokens} if self.max_num_batched_tokens else {}),
                 "dtype": self.dtype,
                 "device": self.device,
                 **({"gpu_memory_utilization": self.gpu_memory_utilization} if self.on_gpu else {}),

@@ -87,10 +87,10 @@ def _row(system: str, spec: dict, tok_s: float, ttft: float, **extra) -> dict:
 def worker_sealed(spec: dict) -> dict:
     import asyncio
 
-    import torch
-
     from enclave_worker.engine import EngineConfig, LLMEngine, SamplingParams, load_gguf
+    from enclave_worker.engine.threads import single_threaded_caller
 
+    single_threaded_caller()  # as the worker does: only the engine's thread computes in parallel
     ckpt = load_gguf(Path(spec["model"]))
     weight_bytes = sum(t.numel() * 4 for t in ckpt.tensors.values())
     total = spec["input_len"] + spec["output_len"]
@@ -132,7 +132,7 @@ def worker_sealed(spec: dict) -> dict:
         tok_s,
         ttft_1,
         mean_ttft_in_batch_s=round(mean_ttft, 4),
-        threads=torch.get_num_threads(),
+        threads=engine.runner.num_threads,
         weight_bytes_fp32=weight_bytes,
         packed_weights=engine.runner.packed_weights,
     )

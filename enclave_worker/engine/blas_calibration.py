@@ -1,4 +1,5 @@
-"""How much faster OpenBLAS runs this model's dense fp32 matmuls than torch does, measured once.
+"""How much faster OpenBLAS runs this model's dense fp32 matmuls than torch does, and how much faster
+again oneDNN runs them over prepacked weights, measured once.
 
 Which library is faster depends on the CPU and the builds: on an AVX2 AMD EPYC, torch's CPU GEMM
 (MKL) ran a SmolLM2-135M pass at 64 rows 1.8x slower than numpy's OpenBLAS and at 256 rows 1.55x
@@ -8,6 +9,11 @@ cost of running attention on one thread (what an OpenBLAS step does). The measur
 model's largest dense layer, both libraries on the same threads, best of a few calls: about 0.1 s
 once per process and shape (cached), a small fraction of a model load. On a machine loaded at
 that moment the ratio may be off; a wrong routing costs speed, never correctness.
+
+Packed fp32 (layers/packed.py) is a build-time choice: on an AVX-512 Zen 5, oneDNN's packed GEMM ran
+the same layer at 64 rows 2.2x faster than OpenBLAS and 2.5x faster than torch (440 against 206 and
+175 GFLOP/s, 2026-12-02), and at one row (batch-1 decode) about 15% slower. ``measure_packed_speedup``
+gives the 64-row ratio against the better of the two, which the builder weighs (model_builder.py).
 """
 
 from __future__ import annotations
@@ -58,18 +64,48 @@ def _measure(out_features: int, in_features: int, threads: int) -> BlasSpeedup:
     w_np = w_t.numpy()
     pools = ThreadPools()
     before = torch.get_num_threads()
-    ratios = []
     try:
         pools.set(threads, threads)
-        for rows in ROWS:
-            x = torch.randn(rows, in_features, generator=gen)
-            x_np = x.numpy()
-            t_torch = _best_seconds(lambda x=x: torch.nn.functional.linear(x, w))
-            t_blas = _best_seconds(lambda x_np=x_np: np.matmul(x_np, w_np))
-            ratios.append(t_torch / max(t_blas, 1e-9))
+        xs = [torch.randn(rows, in_features, generator=gen) for rows in ROWS]
+        # torch first at every size: OpenBLAS's workers spin for tens of ms after a call and slowed a
+        # torch GEMM measured right after it (overstating OpenBLAS's gain, 4.2x against 2.4x at 256 rows).
+        t_torch = [_best_seconds(lambda x=x: torch.nn.functional.linear(x, w)) for x in xs]
+        t_blas = [_best_seconds(lambda x_np=x.numpy(): np.matmul(x_np, w_np)) for x in xs]
+        ratios = [t / max(b, 1e-9) for t, b in zip(t_torch, t_blas, strict=True)]
     finally:
         pools.set(before, 1)
     return BlasSpeedup(decode=ratios[0], prefill=ratios[1])
+
+
+@functools.cache
+def _measure_packed(out_features: int, in_features: int, threads: int) -> float:
+    from .layers.packed import PACK_ROWS, PackedMatmul
+
+    gen = torch.Generator().manual_seed(0)
+    w_t = torch.randn(in_features, out_features, generator=gen) * 0.02
+    w, w_np = w_t.t(), w_t.numpy()
+    packed = PackedMatmul(w.contiguous(), consume=False)
+    x = torch.randn(PACK_ROWS, in_features, generator=gen)
+    x_np = x.numpy()
+    pools = ThreadPools()
+    before = torch.get_num_threads()
+    try:
+        pools.set(threads, threads)
+        # oneDNN first: OpenBLAS's workers spin for tens of ms after a call and would slow oneDNN's
+        # threads on a small machine (a measured 4.0 against 0.7 ms on 2 vCPUs).
+        t_packed = _best_seconds(lambda: packed(x))
+        plain = min(_best_seconds(lambda: torch.nn.functional.linear(x, w)),
+                    _best_seconds(lambda: np.matmul(x_np, w_np)))
+        return plain / max(t_packed, 1e-9)
+    finally:
+        pools.set(before, 1)
+
+
+def measure_packed_speedup(out_features: int, in_features: int, threads: int) -> float:
+    """The better of torch's and OpenBLAS's time over oneDNN's on prepacked fp32 weights, for an [out, in]
+    layer at ``PACK_ROWS`` rows on ``threads`` (raises PackingError where this torch cannot pack)."""
+    with torch.inference_mode():
+        return _measure_packed(out_features, in_features, threads)
 
 
 def measure_blas_speedup(out_features: int, in_features: int, threads: int) -> BlasSpeedup:

@@ -18,6 +18,7 @@ import threading
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, ClassVar, Generic, Protocol, TypeVar
 
+from .compute_thread import ComputeThread
 from .config import RequestOutput, SamplingParams
 from .errors import EngineDeadError, InvalidRequestError
 from .output_stream import Sink, stream_request
@@ -46,7 +47,10 @@ class ThreadedEngine(Generic[R]):
     max_model_len: int
     output: OutputProcessor
 
-    def __init__(self) -> None:
+    def __init__(self, compute: ComputeThread | None = None) -> None:
+        """``compute``: the thread the model was built on, which then runs the step loop (compute_thread.py);
+        None: the loop gets a thread of its own."""
+        self._compute = compute
         self._requests: dict[str, R] = {}
         self._next_seq_id = 0
         self._cond = threading.Condition(threading.Lock())  # guards the request table and engine state
@@ -143,7 +147,13 @@ class ThreadedEngine(Generic[R]):
                 return
 
     def _ensure_thread(self) -> None:
-        if self._thread is None:
+        if self._thread is not None:
+            return
+        if self._compute is not None:
+            self._compute.start(self._loop)
+            self._compute.close()  # the loop is its last call: the thread ends with it
+            self._thread = self._compute.thread
+        else:
             self._thread = threading.Thread(target=self._loop, name=self.thread_name, daemon=True)
             self._thread.start()
 
@@ -168,6 +178,9 @@ class ThreadedEngine(Generic[R]):
             self._cond.notify_all()
         for rid in ids:
             self.abort(rid)
+        if self._thread is None and self._compute is not None:  # never stepped: end the idle thread
+            self._compute.close()
+            self._thread = self._compute.thread
         if self._thread is not None:
             await asyncio.get_running_loop().run_in_executor(None, self._thread.join)
         self._closed()

@@ -12,6 +12,7 @@ import torch
 from .blas_calibration import BlasSpeedup, measure_blas_speedup
 from .block_manager import BlockManager
 from .checkpoint import Checkpoint
+from .compute_thread import ComputeThread
 from .config import EngineConfig, RequestOutput, SamplingParams
 from .engine_thread import ThreadedEngine
 from .errors import EngineError
@@ -68,9 +69,10 @@ class _Request:
 class LLMEngine(ThreadedEngine[_Request]):
     thread_name = "llm-engine"
 
-    def __init__(self, built: BuiltModel, config: EngineConfig) -> None:
-        """Wire a built model to its KV pool, block manager, scheduler and runner."""
-        super().__init__()
+    def __init__(self, built: BuiltModel, config: EngineConfig, compute: ComputeThread | None = None) -> None:
+        """Wire a built model to its KV pool, block manager, scheduler and runner (``compute``: the thread
+        that built it, where the steps will run: ThreadedEngine)."""
+        super().__init__(compute)
         self.config = config
         self.model = built.model
         cuda = torch.device(config.device).type == "cuda"
@@ -126,8 +128,13 @@ class LLMEngine(ThreadedEngine[_Request]):
     @classmethod
     def from_checkpoint(cls, checkpoint: Checkpoint, config: EngineConfig) -> LLMEngine:
         """Build the model from ``checkpoint`` (see ``build_model``: its tensors are consumed) and the
-        engine around it."""
-        return cls(build_model(checkpoint, config), config)
+        engine around it, on the thread that will step it (compute_thread.py)."""
+        compute = ComputeThread(cls.thread_name)
+        try:
+            return compute.call(lambda: cls(build_model(checkpoint, config), config, compute))
+        except BaseException:
+            compute.close()
+            raise
 
     def held_tensors(self) -> list[torch.Tensor]:
         """Every tensor the model holds (weights, scales, packed kernels' layouts, tables) plus the KV pool."""

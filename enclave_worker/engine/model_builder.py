@@ -14,10 +14,11 @@ from dataclasses import dataclass
 import torch
 from threadpoolctl import threadpool_limits
 
+from .blas_calibration import measure_packed_speedup
 from .checkpoint import Checkpoint
 from .config import EngineConfig
 from .errors import EngineError
-from .layers.packed import PACKABLE_DTYPES, bf16_native, packing_available
+from .layers.packed import PACKABLE_DTYPES, PackingError, bf16_native, packing_available
 from .models import ARCHITECTURES
 from .models.llama import BuildOptions, LlamaForCausalLM
 from .threads import available_cpus
@@ -54,6 +55,20 @@ def _release_freed_memory() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
+PACK_FP32_GAIN = 1.5  # packed fp32 by default where oneDNN measured this much faster at 64 rows
+
+
+def _packed_fp32_pays(cfg: dict, threads: int) -> bool:
+    """Whether oneDNN over packed fp32 weights beats OpenBLAS and torch on this CPU by ``PACK_FP32_GAIN``
+    at a decode batch, on the model's MLP shape (blas_calibration.py). It costs batch-1 decode ~15% on
+    an AVX-512 Zen 5 and gains 2x at 16-2048 rows there; an AVX2 CPU may measure no gain and stay plain."""
+    try:
+        gain = measure_packed_speedup(2 * int(cfg["intermediate_size"]), int(cfg["hidden_size"]), threads)
+    except (KeyError, ValueError, PackingError):
+        return False
+    return gain >= PACK_FP32_GAIN
+
+
 def build_model(checkpoint: Checkpoint, config: EngineConfig) -> BuiltModel:
     cfg = checkpoint.config
     arch = (cfg.get("architectures") or ["LlamaForCausalLM"])[0]
@@ -75,7 +90,8 @@ def build_model(checkpoint: Checkpoint, config: EngineConfig) -> BuiltModel:
     # packed bf16 on an AVX2-only CPU builds the plain bf16 model.
     packed = (config.device == "cpu" and dtype in PACKABLE_DTYPES and quant == "none" and packing_available()
               and (dtype != torch.bfloat16 or bf16_native())
-              and (config.packed_weights if config.packed_weights is not None else dtype == torch.bfloat16))
+              and (config.packed_weights if config.packed_weights is not None
+                   else dtype == torch.bfloat16 or _packed_fp32_pays(cfg, threads)))
     opts = BuildOptions(quant, dtype, config.device, model_len, config.int4_group_size, packed=packed)
     with torch.inference_mode():
         model = ARCHITECTURES[arch](cfg, checkpoint.tensors, opts).eval()

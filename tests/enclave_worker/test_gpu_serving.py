@@ -87,6 +87,18 @@ def test_device_dtype_and_memory_share_are_measured() -> None:
     assert not gpu.insecure and settings(device="cuda", tee="snp").insecure
 
 
+def test_step_token_budget_is_small_on_the_cpu_and_measured_when_set() -> None:
+    from enclave_worker.boot import engine_config
+
+    cpu, gpu = settings(), settings(device="cuda", tee="snp", gpu_tee="nvgpu")
+    assert engine_config(cpu).max_num_batched_tokens == 512 and gpu.step_token_budget == 2048
+    assert "max_num_batched_tokens" not in cpu.measured_config()["engine"]  # defaults measure as before
+    wide = settings(max_num_batched_tokens=2048)
+    assert engine_config(wide).max_num_batched_tokens == 2048
+    assert wide.measured_config()["engine"]["max_num_batched_tokens"] == 2048
+    assert wide.measured_config() != cpu.measured_config()
+
+
 def test_kv_budget_from_gpu_memory() -> None:
     # 140 GiB device, 3 GiB used by weights: 0.9 * 140 - 3 - 1 reserve = 122 GiB for the KV pool.
     assert gpu_kv_budget(0.9, GIB, lambda: (137 * GIB, 140 * GIB)) == int(140 * GIB * 0.9) - 3 * GIB - GIB

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
-from enclave_worker.engine.blas_calibration import BlasSpeedup, measure_blas_speedup
+from enclave_worker.engine.blas_calibration import BlasSpeedup, measure_blas_speedup, measure_packed_speedup
+from enclave_worker.engine.layers.packed import packing_available
 
 
 def test_measures_both_sizes_and_restores_the_pools() -> None:
@@ -18,3 +20,13 @@ def test_measures_both_sizes_and_restores_the_pools() -> None:
 
 def test_unmeasured_prefers_torch() -> None:
     assert BlasSpeedup.unmeasured() == BlasSpeedup(decode=1.0, prefill=1.0)
+
+
+def test_packed_speedup_is_measured_once_and_restores_the_pools() -> None:
+    if not packing_available():
+        pytest.skip("torch built without oneDNN")
+    before = torch.get_num_threads()
+    got = measure_packed_speedup(128, 64, 1)  # a shape oneDNN packs without padding
+    assert 0.01 < got < 100
+    assert torch.get_num_threads() == before
+    assert measure_packed_speedup(128, 64, 1) == got

@@ -17,6 +17,7 @@ from enclave_worker.engine.layers.packed import (
     packing_available,
     zero_every_byte,
 )
+from enclave_worker.engine.model_builder import PACK_FP32_GAIN
 
 pytestmark = pytest.mark.skipif(not packing_available(), reason="torch built without oneDNN")
 needs_bf16 = pytest.mark.skipif(not bf16_native(),
@@ -106,9 +107,35 @@ def test_bf16_defaults_to_packed_only_where_the_cpu_has_bf16_instructions(make_e
 
     eng = make_engine(dtype="bfloat16", kv_cache_memory_bytes=8 << 20)
     assert eng.model.layers[0].gate_up_proj.weight.is_mkldnn == bf16_native()
-    assert not make_engine(kv_cache_memory_bytes=8 << 20).model.layers[0].gate_up_proj.weight.is_mkldnn  # fp32
     off = make_engine(dtype="bfloat16", packed_weights=False, kv_cache_memory_bytes=8 << 20)
     assert not off.model.layers[0].gate_up_proj.weight.is_mkldnn
+
+
+@pytest.mark.parametrize(("gain", "packed"), [(PACK_FP32_GAIN, True), (PACK_FP32_GAIN * 0.99, False)])
+def test_fp32_defaults_to_packed_where_onednn_measured_faster(make_engine, monkeypatch, gain, packed) -> None:
+    """The fp32 default follows the measured gain of oneDNN over OpenBLAS and torch (blas_calibration.py);
+    an explicit setting wins over the measurement."""
+    from enclave_worker.engine import model_builder
+
+    asked = []
+    monkeypatch.setattr(model_builder, "measure_packed_speedup", lambda *shape: asked.append(shape) or gain)
+    eng = make_engine(kv_cache_memory_bytes=8 << 20)
+    assert eng.model.layers[0].gate_up_proj.weight.is_mkldnn == packed
+    assert isinstance(eng.model.embed.head, PackedMatmul) == packed  # the tied head with the layers
+    assert len(asked) == 1  # measured once, on the MLP's shape
+    asked.clear()
+    forced = make_engine(packed_weights=not packed, kv_cache_memory_bytes=8 << 20)
+    assert forced.model.layers[0].gate_up_proj.weight.is_mkldnn == (not packed) and not asked
+
+
+def test_fp32_stays_plain_where_the_gain_cannot_be_measured(make_engine, monkeypatch) -> None:
+    from enclave_worker.engine import model_builder
+
+    def refuse(*shape: int) -> float:
+        raise PackingError("no oneDNN here")
+
+    monkeypatch.setattr(model_builder, "measure_packed_speedup", refuse)
+    assert not make_engine(kv_cache_memory_bytes=8 << 20).model.layers[0].gate_up_proj.weight.is_mkldnn
 
 
 @needs_bf16
@@ -133,6 +160,7 @@ def test_packed_engine_gives_the_plain_engines_greedy_tokens(make_engine, h) -> 
     plain = make_engine(packed_weights=False, kv_cache_memory_bytes=16 << 20)
     packed = make_engine(packed_weights=True, kv_cache_memory_bytes=16 << 20)
     assert all(isinstance(layer.gate_up_proj.matmul, PackedMatmul) for layer in packed.model.layers)
+    assert isinstance(packed.model.embed.head, PackedMatmul) and not packed.model.embed.weight.is_mkldnn
     assert not any(isinstance(layer.gate_up_proj.matmul, PackedMatmul) for layer in plain.model.layers)
     greedy = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
     requests = [(f"r{i}", plain.tokenizer.encode(p), greedy) for i, p in enumerate(h.prompts[:4])]

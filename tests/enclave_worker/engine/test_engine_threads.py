@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from enclave_worker.engine.threads import (
+    EAGER_MAX_TOKENS,
     EXPLORE_EVERY,
     MAX_BACKOFF,
     ThreadPools,
@@ -30,6 +31,19 @@ def test_picks_the_faster_count_and_keeps_checking_the_other() -> None:
     assert sorted(chosen[:4]) == [1, 1, 2, 2]  # both measured first
     tail = chosen[4:]
     assert 2 <= tail.count(2) <= 4 and tail.count(1) == len(tail) - tail.count(2)  # exploration only
+
+
+def test_a_large_step_runs_on_all_threads_first_and_tries_one_thread_late() -> None:
+    """A prefill step on the wrong count costs seconds: it is never among the first measurements."""
+    tuner, kind = ThreadTuner(2), step_kind(False, 2048)
+    assert kind[1] > EAGER_MAX_TOKENS
+    chosen = _run(tuner, kind, {1: 9.0, 2: 5.0}, 2 * EXPLORE_EVERY + 2)
+    assert chosen[:EXPLORE_EVERY] == [2] * EXPLORE_EVERY
+    assert chosen.count(1) == 1  # the periodic try only (the next after 1.8 x EXPLORE_EVERY steps)
+    # ... and a machine where one thread is faster (a busy core) is still found
+    loaded, kind = ThreadTuner(2), step_kind(False, 512)
+    later = _run(loaded, kind, {1: 5.0, 2: 30.0}, 2 * EXPLORE_EVERY)
+    assert later[-EXPLORE_EVERY:].count(1) >= EXPLORE_EVERY - 1
 
 
 def test_a_much_slower_count_is_tried_less_often() -> None:

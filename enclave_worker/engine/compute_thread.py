@@ -1,0 +1,52 @@
+"""The one thread a CPU model is built on and then stepped on.
+
+Built on one thread and stepped on another, the same bf16 model ran a 64-prompt benchmark 35-40%
+slower than with both on one thread (Zen 5, 2 vCPUs, 2026-12-02: 23-24 s against 17 s; the
+stepping thread took twice the system time, and building on a thread that had exited before the
+stepping began was as fast as one thread). Two threads that each ran torch's parallel ops leave
+two OpenMP teams and two malloc arenas behind; on two cores they compete with the steps. So the
+engine builds its model on the thread that later runs its step loop: `call` runs the build there
+and returns its result, `start` hands over the loop. No torch import: the vLLM adapter shares the
+engine thread module.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+class ComputeThread:
+    """A daemon thread that runs submitted calls in order until closed."""
+
+    def __init__(self, name: str) -> None:
+        self._calls: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]] | None] = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self.thread.start()
+
+    def call(self, fn: Callable[[], T]) -> T:
+        """Run ``fn`` on the thread and return its result (or raise its exception) here."""
+        return self.start(fn).result()
+
+    def start(self, fn: Callable[[], T]) -> Future[T]:
+        """Queue ``fn`` on the thread; its future completes when it has run."""
+        done: Future[T] = Future()
+        self._calls.put((fn, done))
+        return done
+
+    def close(self) -> None:
+        """The thread ends after the calls queued before this one."""
+        self._calls.put(None)
+
+    def _run(self) -> None:
+        while (item := self._calls.get()) is not None:
+            fn, done = item
+            try:
+                done.set_result(fn())
+            except BaseException as exc:  # handed to the caller, who decides
+                done.set_exception(exc)
