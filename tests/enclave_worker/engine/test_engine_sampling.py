@@ -90,3 +90,27 @@ def test_streamed_text_is_stable_with_multibyte_tokens(engine, h):
 def test_chat_template(engine):
     text = engine.tokenizer.apply_chat_template([{"role": "user", "content": "hi"}])
     assert text.startswith("<|im_start|>system\n") and text.endswith("<|im_start|>assistant\n")
+
+
+def test_draw_follows_the_distribution_and_never_picks_a_cut_token():
+    """The inverse-CDF draw (layers/sampler.py::draw) against the probabilities it was given."""
+    import torch
+
+    from enclave_worker.engine.layers.sampler import draw
+
+    probs = torch.tensor([0.5, 0.0, 0.3, 0.0, 0.2])
+    gen = torch.Generator().manual_seed(7)
+    n = 20000
+    picks = []
+    for _ in range(n // 100):
+        picks += draw(probs.expand(100, -1), [gen] * 100)
+    counts = [picks.count(t) for t in range(5)]
+    assert counts[1] == counts[3] == 0  # probability zero (top-k / top-p cut): never drawn
+    for t, p in ((0, 0.5), (2, 0.3), (4, 0.2)):
+        sd = math.sqrt(n * p * (1 - p))
+        assert abs(counts[t] - n * p) < 5 * sd, counts
+    # each row from its own generator: same seed, same draw; the last token is reachable
+    a = draw(torch.tensor([[0.25, 0.25, 0.25, 0.25]] * 2),
+             [torch.Generator().manual_seed(1), torch.Generator().manual_seed(1)])
+    assert a[0] == a[1]
+    assert draw(torch.tensor([[0.0, 0.0, 1.0]]), [torch.Generator().manual_seed(3)]) == [2]
