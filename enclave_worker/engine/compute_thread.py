@@ -46,7 +46,11 @@ class ComputeThread:
     def _run(self) -> None:
         while (item := self._calls.get()) is not None:
             fn, done = item
+            del item
             try:
                 done.set_result(fn())
             except BaseException as exc:  # handed to the caller, who decides
                 done.set_exception(exc)
+            # While the thread waits for the next call it must not hold this one: the future holds the
+            # built engine and the call its checkpoint, which would then never be freed.
+            del fn, done

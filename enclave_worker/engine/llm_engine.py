@@ -5,6 +5,7 @@ from __future__ import annotations
 import secrets
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -131,10 +132,14 @@ class LLMEngine(ThreadedEngine[_Request]):
         engine around it, on the thread that will step it (compute_thread.py)."""
         compute = ComputeThread(cls.thread_name)
         try:
-            return compute.call(lambda: cls(build_model(checkpoint, config), config, compute))
+            engine = compute.call(lambda: cls(build_model(checkpoint, config), config, compute))
         except BaseException:
             compute.close()
             raise
+        # An engine dropped without shutdown() ends its idle thread (and the OpenMP team that thread
+        # holds) when it is collected; a running step loop keeps the engine alive until it returns.
+        weakref.finalize(engine, compute.close)
+        return engine
 
     def held_tensors(self) -> list[torch.Tensor]:
         """Every tensor the model holds (weights, scales, packed kernels' layouts, tables) plus the KV pool."""

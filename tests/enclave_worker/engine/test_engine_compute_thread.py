@@ -42,6 +42,18 @@ def test_an_engine_never_stepped_ends_its_thread_at_shutdown(make_engine) -> Non
     assert not thread.is_alive()
 
 
+def test_an_engine_dropped_without_shutdown_ends_its_thread(make_engine) -> None:
+    """Tests and callers that step directly never call shutdown(): the idle thread must not outlive them."""
+    import gc
+
+    eng = make_engine(kv_cache_memory_bytes=8 << 20)
+    thread = eng._compute.thread
+    del eng
+    gc.collect()
+    thread.join(10)
+    assert not thread.is_alive()
+
+
 def test_a_failed_call_raises_to_the_caller_and_the_thread_ends_when_closed() -> None:
     compute = ComputeThread("test-compute")
 
