@@ -58,6 +58,9 @@ class WorkerSettings:
     def __post_init__(self) -> None:
         if self.engine not in ("sealed", "vllm"):
             raise ValueError(f"engine must be 'sealed' or 'vllm', not {self.engine!r}")
+        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
+            # None picks the device's default; 0 must not silently mean the same.
+            raise ValueError(f"max_num_batched_tokens must be >= 1, not {self.max_num_batched_tokens}")
 
     @property
     def ref(self) -> ModelRef:
@@ -75,7 +78,9 @@ class WorkerSettings:
 
     @property
     def step_token_budget(self) -> int:
-        return self.max_num_batched_tokens or (2048 if self.on_gpu else 512)
+        if self.max_num_batched_tokens is not None:
+            return self.max_num_batched_tokens
+        return 2048 if self.on_gpu else 512
 
     @property
     def dtype(self) -> str:

@@ -18,9 +18,10 @@ gives the 64-row ratio against the better of the two, which the builder weighs (
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -55,25 +56,31 @@ def _best_seconds(fn: Callable[[], object], repeats: int = REPEATS) -> float:
     return best
 
 
-@functools.cache
-def _measure(out_features: int, in_features: int, threads: int) -> BlasSpeedup:
+@contextlib.contextmanager
+def _weight_on_threads(out_features: int, in_features: int, threads: int) -> Iterator[tuple]:
+    """A random [out, in] weight in the engine's layout (stored [in, out] contiguous, torch reading it
+    through a transposed view, numpy the storage) and its generator, with both pools on ``threads``;
+    torch's count is put back after."""
     gen = torch.Generator().manual_seed(0)
-    # The engine's layout: W stored [in, out] contiguous, torch reading it through a transposed view.
     w_t = torch.randn(in_features, out_features, generator=gen) * 0.02
-    w = w_t.t()
-    w_np = w_t.numpy()
     pools = ThreadPools()
     before = torch.get_num_threads()
     try:
         pools.set(threads, threads)
+        yield gen, w_t.t(), w_t.numpy()
+    finally:
+        pools.set(before, 1)
+
+
+@functools.cache
+def _measure(out_features: int, in_features: int, threads: int) -> BlasSpeedup:
+    with _weight_on_threads(out_features, in_features, threads) as (gen, w, w_np):
         xs = [torch.randn(rows, in_features, generator=gen) for rows in ROWS]
         # torch first at every size: OpenBLAS's workers spin for tens of ms after a call and slowed a
         # torch GEMM measured right after it (overstating OpenBLAS's gain, 4.2x against 2.4x at 256 rows).
         t_torch = [_best_seconds(lambda x=x: torch.nn.functional.linear(x, w)) for x in xs]
         t_blas = [_best_seconds(lambda x_np=x.numpy(): np.matmul(x_np, w_np)) for x in xs]
         ratios = [t / max(b, 1e-9) for t, b in zip(t_torch, t_blas, strict=True)]
-    finally:
-        pools.set(before, 1)
     return BlasSpeedup(decode=ratios[0], prefill=ratios[1])
 
 
@@ -81,24 +88,16 @@ def _measure(out_features: int, in_features: int, threads: int) -> BlasSpeedup:
 def _measure_packed(out_features: int, in_features: int, threads: int) -> float:
     from .layers.packed import PACK_ROWS, PackedMatmul
 
-    gen = torch.Generator().manual_seed(0)
-    w_t = torch.randn(in_features, out_features, generator=gen) * 0.02
-    w, w_np = w_t.t(), w_t.numpy()
-    packed = PackedMatmul(w.contiguous(), consume=False)
-    x = torch.randn(PACK_ROWS, in_features, generator=gen)
-    x_np = x.numpy()
-    pools = ThreadPools()
-    before = torch.get_num_threads()
-    try:
-        pools.set(threads, threads)
+    with _weight_on_threads(out_features, in_features, threads) as (gen, w, w_np):
+        packed = PackedMatmul(w.contiguous(), consume=False)
+        x = torch.randn(PACK_ROWS, in_features, generator=gen)
+        x_np = x.numpy()
         # oneDNN first: OpenBLAS's workers spin for tens of ms after a call and would slow oneDNN's
         # threads on a small machine (a measured 4.0 against 0.7 ms on 2 vCPUs).
         t_packed = _best_seconds(lambda: packed(x))
         plain = min(_best_seconds(lambda: torch.nn.functional.linear(x, w)),
                     _best_seconds(lambda: np.matmul(x_np, w_np)))
         return plain / max(t_packed, 1e-9)
-    finally:
-        pools.set(before, 1)
 
 
 def measure_packed_speedup(out_features: int, in_features: int, threads: int) -> float:

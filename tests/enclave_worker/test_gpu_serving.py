@@ -97,6 +97,9 @@ def test_step_token_budget_is_small_on_the_cpu_and_measured_when_set() -> None:
     assert engine_config(wide).max_num_batched_tokens == 2048
     assert wide.measured_config()["engine"]["max_num_batched_tokens"] == 2048
     assert wide.measured_config() != cpu.measured_config()
+    for bad in (0, -1):
+        with pytest.raises(ValueError, match="max_num_batched_tokens"):
+            settings(max_num_batched_tokens=bad)
 
 
 def test_kv_budget_from_gpu_memory() -> None:
