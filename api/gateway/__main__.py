@@ -11,7 +11,7 @@ import uvicorn
 
 from api.console.settings import ConsoleSettings
 from api.gateway.app import create_app
-from api.gateway.http_server import ConnectionLimits, server_config
+from api.gateway.http_server import ConnectionLimits, server_config, shorten_gil_switch_interval
 from api.gateway.settings import GatewaySettings, WorkerRoute
 from protocol.asgi import freeze_startup_heap, schedule_full_collections
 
@@ -38,6 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--header-timeout", type=float, default=10.0,
                         help="seconds a connection may take to send a request's headers")
     parser.add_argument("--max-connections", type=int, default=4096, help="open client connections at once")
+    parser.add_argument("--gil-switch-interval", type=float, default=0.001,
+                        help="seconds a thread holds the GIL while another waits (CPython's default: 0.005)")
     parser.add_argument("--http", choices=("auto", "httptools", "h11"), default="auto",
                         help="HTTP/1.1 parser (auto: httptools when installed, else h11)")
     parser.add_argument("--loop", choices=("auto", "uvloop", "asyncio"), default="auto",
@@ -75,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
                                                        policy_keys_dir=args.policy_keys_dir))
     limits = ConnectionLimits(header_timeout_s=args.header_timeout, max_connections=args.max_connections)
     app = create_app(settings)
+    shorten_gil_switch_interval(args.gil_switch_interval)
     freeze_startup_heap()  # full GC passes scan only what serving creates
     schedule_full_collections()  # and run on a timer, not every few seconds under load
     uvicorn.Server(server_config(app, args.host, args.port, limits, http=args.http,

@@ -52,6 +52,7 @@ def build_service(settings: GatewaySettings) -> GatewayService:
         capacity = AdaptiveCapacity(admission.scheduler, admission.dispatch, settings.max_inflight,
                                     CapacityPolicy(target_lag_s=settings.adaptive_lag_s))
         service.registry.clock.on_tick(capacity.observe)  # the loop clock's ticker measures the lag
+        service.delivery_probe.on_delay(capacity.observe_delivery)  # and the probe gRPC's delivery
         service.metrics.dispatch_slots.set_function(lambda: float(capacity.slots))
     for route in settings.workers:
         store.upsert_version(ModelRef(route.tenant, route.model, route.version))
@@ -65,7 +66,10 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         service.registry.clock.start()  # worker liveness on the gateway's own (loop-lag-adjusted) clock
+        if settings.adaptive_lag_s is not None:
+            service.delivery_probe.start()
         yield
+        await service.delivery_probe.stop()
         await service.close()
 
     # No public /docs, /redoc or /openapi.json: the schema maps the admin surface. `app.openapi()`

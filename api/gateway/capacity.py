@@ -33,8 +33,10 @@ log = logging.getLogger(__name__)
 class CapacityPolicy:
     target_lag_s: float = 0.005  # a ticker turn later than this (at a 0.1 s tick) means the loop is behind
     decrease: float = 0.75  # multiplicative cut per late turn
-    increase_fraction: float = 1 / 16  # additive increase per calm turn, as a fraction of the slots
-    shared_floor: int = 16  # shared slots (beyond the reserve) that are never taken away
+    increase_fraction: float = 1 / 64  # additive increase per calm turn, as a fraction of the slots
+    shared_floor: int = 0  # shared slots (beyond the reserve) that are never taken away
+    target_delivery_s: float = 0.010  # a worker's answer queued longer than this in gRPC's path is late
+    delivery_hold_s: float = 1.0  # after a late probe, the loop's calm turns do not add slots for this long
 
 
 class AdaptiveCapacity:
@@ -44,32 +46,49 @@ class AdaptiveCapacity:
         self.floor = min(ceiling, scheduler.reserved + policy.shared_floor)
         self.cuts = 0  # late turns that cut the slots (a metric, and what the tests read)
         self._logged_at, self._logged_slots = 0.0, scheduler.capacity
+        self._delivery_late_at = float("-inf")
 
     @property
     def slots(self) -> int:
         return self.scheduler.capacity
 
     def observe(self, lag_s: float) -> None:
-        """One ticker turn's lag: cut the slots when the loop is behind while they are in use, else grow."""
-        sched = self.scheduler
+        """One ticker turn's lag: cut the slots when the loop is behind while they are in use, else grow
+        (unless a delivery probe was late within the hold)."""
         if lag_s > self.policy.target_lag_s:
-            if sched.total_running > self.floor:  # relaying is what could be shed
-                cut = max(self.floor, int(sched.capacity * self.policy.decrease))
-                if cut < sched.capacity:
-                    sched.capacity = cut
-                    self.cuts += 1
-                    self._report(lag_s)
+            self._cut(f"event loop {lag_s * 1000:.0f} ms late")
             return
+        if time.monotonic() - self._delivery_late_at < self.policy.delivery_hold_s:
+            return
+        self._grow(lag_s)
+
+    def observe_delivery(self, delay_s: float) -> None:
+        """One delivery probe's queueing delay (delivery_probe.py): late means cut, as a late loop turn."""
+        if delay_s > self.policy.target_delivery_s:
+            self._delivery_late_at = time.monotonic()
+            self._cut(f"worker answers queued {delay_s * 1000:.0f} ms")
+
+    def _cut(self, why: str) -> None:
+        sched = self.scheduler
+        if sched.total_running > self.floor:  # relaying is what could be shed
+            cut = max(self.floor, int(sched.capacity * self.policy.decrease))
+            if cut < sched.capacity:
+                sched.capacity = cut
+                self.cuts += 1
+                self._report(why)
+
+    def _grow(self, lag_s: float) -> None:
+        sched = self.scheduler
         if sched.capacity < self.ceiling:
             step = max(2, int(sched.capacity * self.policy.increase_fraction))
             sched.capacity = min(self.ceiling, sched.capacity + step)
             self.dispatch()  # requests waiting for the slots just added start now
-            self._report(lag_s)
+            self._report(f"event loop {lag_s * 1000:.0f} ms late")
 
-    def _report(self, lag_s: float) -> None:
+    def _report(self, why: str) -> None:
         """At most one line per 10 s, and only when the slots moved by a quarter since the last one."""
         now, slots = time.monotonic(), self.scheduler.capacity
         if now - self._logged_at >= 10 and abs(slots - self._logged_slots) * 4 >= max(1, self._logged_slots):
-            log.info("dispatch slots %d of %d (event loop %.0f ms late; %d running)", slots, self.ceiling,
-                     lag_s * 1000, self.scheduler.total_running)
+            log.info("dispatch slots %d of %d (%s; %d running)", slots, self.ceiling, why,
+                     self.scheduler.total_running)
             self._logged_at, self._logged_slots = now, slots

@@ -94,7 +94,7 @@ class FairQueue:
 
     def pop(self, eligible: Callable[[str], bool] = lambda _: True) -> tuple[str, Any] | None:
         """The first (tenant, item) in fair order whose tenant is eligible; others keep their place."""
-        entry = self.pop_entry(eligible)
+        entry = self.pop_entry(lambda tenant, _cost: eligible(tenant))
         return None if entry is None else (entry.tenant, entry.item)
 
     def _live_head(self, lane: Lane) -> _Entry | None:
@@ -107,7 +107,8 @@ class FairQueue:
             return None
         return fifo[0]
 
-    def pop_entry(self, eligible: Callable[[str], bool] = lambda _: True) -> _Entry | None:
+    def pop_entry(self, eligible: Callable[[str, int], bool] = lambda _t, _c: True) -> _Entry | None:
+        """The first entry in fair order for which `eligible(tenant, cost)` holds (its lane's head)."""
         skipped: list[tuple[tuple[int, float, int], Lane]] = []
         found = None
         while self._heads:
@@ -118,7 +119,7 @@ class FairQueue:
             if head.sort_key != key:  # the head it was filed under was cancelled: refile in its place
                 heapq.heappush(self._heads, (head.sort_key, lane))
                 continue
-            if not eligible(lane[0]):
+            if not eligible(lane[0], head.cost):
                 skipped.append((head.sort_key, lane))
                 continue
             self._lanes[lane].popleft()
@@ -144,13 +145,18 @@ class FairScheduler:
     finds a slot free at once, while a lone tenant still gets all but `reserved` of them.
 
     A request takes as many slots as it opens streams (its cost: prompts x n), so a 64-choice
-    request weighs 64 single ones. It may start while one slot is free; the overshoot is bounded by
-    the per-request bound on choices, and the admission controller keeps the reserve larger than
-    that bound, so a big request's overshoot never empties it.
+    request weighs 64 single ones. A big tenant's request starts only when it fits whole in the
+    shared slots (free slots beyond the reserve); a request from a tenant with little in flight may
+    overshoot by at most `small` streams, and the admission controller keeps the reserve larger than
+    the per-request bound on choices.
 
     The reserve serves tenants with little in flight (fewer than `small` slots running, default a
     quarter of the reserve), not only those with nothing: a quiet tenant's second concurrent
-    request starts at once too, while a bulk or flooding tenant waits for the shared slots.
+    request starts at once too, while a bulk or flooding tenant waits for the shared slots. What
+    counts is what the tenant would hold with the request started: a 64-choice request from a
+    tenant with nothing running is a big tenant's request and waits for shared slots too (from the
+    reserve it started even while the slots were cut, and its 64 streams filled the gateway that
+    the cut was shedding load from).
 
     The reserve outlives a cut: `capacity` may drop below what is running (adaptive capacity,
     capacity.py, cuts it while the loop lags, and running streams are never preempted), and then
@@ -164,6 +170,7 @@ class FairScheduler:
 
     def __init__(self, capacity: int, reserved: int, queue: FairQueue, small: int | None = None) -> None:
         self.capacity, self.reserved, self.queue = capacity, min(reserved, max(0, capacity - 1)), queue
+        self.ceiling = capacity  # as configured; `capacity` may be cut below it (capacity.py)
         self.small = max(1, self.reserved // 4) if small is None else small
         self.running: Counter[str] = Counter()
         self.total_running = 0  # sum(running.values()), kept as it changes: it is read on every pop
@@ -172,17 +179,37 @@ class FairScheduler:
         """Slots held by tenants with little in flight (what of the reserve is in use)."""
         return sum(n for n in self.running.values() if n < self.small)
 
-    def _eligible(self, tenant: str) -> bool:
+    def _eligible(self, tenant: str, cost: int = 1) -> bool:
         free = self.capacity - self.total_running
-        if self.running[tenant] >= self.small:
-            return free > self.reserved
-        return free > 0 or self._held_by_small() < self.reserved
+        if self.running[tenant] + cost <= self.small:  # a tenant with little in flight: the reserve
+            return free > 0 or self._held_by_small() < self.reserved
+        if free - cost >= self.reserved:  # a big tenant's request: whole, in the shared slots
+            return True
+        # One that could not fit even in the whole uncut gateway starts once no big tenant runs.
+        return (cost + self.reserved > self.ceiling and free > self.reserved
+                and self.total_running == self._held_by_small())
 
     def next(self) -> tuple[str, Any] | None:
-        """The next request to start now, if any may start; the caller must call done(tenant) later."""
+        """The next request to start now, if any may start; the caller must call done(tenant) later.
+
+        In fair order, a big tenant's request that does not fit yet holds back the big requests
+        behind it (head-of-line, for the shared slots only): otherwise single-stream requests would
+        take every shared slot that frees and a 64-stream request would wait for ever.
+        """
         if self.total_running >= self.capacity and self._held_by_small() >= self.reserved:
             return None
-        entry = self.queue.pop_entry(self._eligible)
+        waiting_big = False
+
+        def eligible(tenant: str, cost: int) -> bool:
+            nonlocal waiting_big
+            big = self.running[tenant] + cost > self.small
+            if big and waiting_big:
+                return False
+            ok = self._eligible(tenant, cost)
+            waiting_big = waiting_big or (big and not ok)
+            return ok
+
+        entry = self.queue.pop_entry(eligible)
         if entry is None:
             return None
         self.running[entry.tenant] += entry.cost

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import sys
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -56,6 +57,22 @@ def event_loop(loop: Loop = "auto") -> Literal["uvloop", "asyncio"]:
     if loop == "uvloop" and importlib.util.find_spec("uvloop") is None:
         raise RuntimeError("loop 'uvloop' was asked for but uvloop is not installed")
     return loop
+
+
+def shorten_gil_switch_interval(interval_s: float = 0.001) -> None:
+    """Let the gateway's helper threads get the GIL back from the event loop within `interval_s`.
+
+    Key look-ups (a thread per cache miss), the usage writer and gRPC's callbacks run beside the
+    loop, and each of their calls into SQLite or gRPC's core drops and retakes the GIL. Under load the
+    loop always wants it, and CPython hands it over only after the switch interval (5 ms by default),
+    per retake: a quiet tenant's first request after a pause (its key looked up again) waited
+    25-55 ms under `sealed bench flood` for a look-up that takes 1 ms alone. At 1 ms the loaded
+    quiet tenant's p99 fell from 72-88 to 47-64 ms (docs/benchmarks.md); the loop loses nothing
+    measurable (its callbacks are short and mostly hold the GIL only between I/O waits).
+    """
+    if not 0 < interval_s <= 0.1:
+        raise ValueError("the GIL switch interval must be in (0, 0.1] seconds")
+    sys.setswitchinterval(interval_s)
 
 
 def guarded_protocol(limits: ConnectionLimits, http: Http = "auto") -> type[asyncio.Protocol]:

@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 from api.gateway.admission import AdmissionController
 from api.gateway.audit import admin_meta, audit_worker_decisions, open_gateway_audit
 from api.gateway.catalog import Catalog
+from api.gateway.delivery_probe import DeliveryProbe
 from api.gateway.demand import Demand
 from api.gateway.edge_audit import EdgeAudit
 from api.gateway.enrolment import Enrolment
@@ -52,6 +53,7 @@ class GatewayService:
                           if settings.broker_jwks is not None else None)
         self.clients = WorkerClients(load_or_create(settings.data_dir / "gateway-client.key",
                                                     settings.data_dir / "gateway-client.pem"))
+        self.delivery_probe = DeliveryProbe(self.registry, self.clients)  # started by the app if slots adapt
         self.metrics = Metrics(lambda: float(admission.running), lambda: float(len(admission.queue)))
         # vLLM workers' engine metrics, under vLLM's names (docs/vllm-backend.md).
         self.metrics.registry.register(EngineMetrics(lambda: self.registry.workers.values()))

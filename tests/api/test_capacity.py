@@ -106,3 +106,30 @@ def test_a_cut_below_what_runs_leaves_the_reserve_to_tenants_with_little_in_flig
     while sched.next() is not None:
         pass
     assert sum(n for t, n in sched.running.items() if t != "bulk") == sched.reserved
+
+
+def test_a_late_delivery_probe_cuts_and_holds_back_growth_on_calm_loop_turns() -> None:
+    """Under `sealed bench flood` the loop ran thousands of short turns (no lag) while workers'
+    chunks waited 40-135 ms in gRPC's path: the loop alone never cut, and the bulk tenant kept it full."""
+    sched = _scheduler()
+    capacity = AdaptiveCapacity(sched, lambda: None, 256, CapacityPolicy(delivery_hold_s=60.0))
+    _fill(sched, "bulk", 500)
+    capacity.observe_delivery(0.002)  # within the target: nothing happens
+    assert sched.capacity == 256
+    for _ in range(50):
+        capacity.observe_delivery(0.050)
+    assert sched.capacity == capacity.floor == sched.reserved  # down to the reserve, no shared floor
+    for _ in range(20):
+        capacity.observe(CALM)  # the loop is calm, but answers were late within the hold
+    assert sched.capacity == capacity.floor
+
+
+def test_after_the_hold_calm_turns_grow_the_slots_slowly() -> None:
+    sched = _scheduler()
+    capacity = AdaptiveCapacity(sched, lambda: None, 256, CapacityPolicy(delivery_hold_s=0.0))
+    _fill(sched, "bulk", 500)
+    for _ in range(50):
+        capacity.observe_delivery(0.050)
+    floor = sched.capacity
+    capacity.observe(CALM)
+    assert sched.capacity == floor + 2  # additive: a 64-stream request does not get in on one calm turn

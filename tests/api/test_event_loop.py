@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import sys
 from collections.abc import AsyncIterator, Callable
 
 import grpc
@@ -14,7 +15,7 @@ import pytest
 from api.gateway import http_server
 from api.gateway.__main__ import main as gateway_main
 from api.gateway.grpc_client import WorkerClients
-from api.gateway.http_server import event_loop, server_config
+from api.gateway.http_server import event_loop, server_config, shorten_gil_switch_interval
 from api.stack import free_port
 from protocol.rpc import worker_pb2, worker_pb2_grpc
 
@@ -59,6 +60,19 @@ def test_uvloop_asked_for_but_missing_is_an_error_not_a_silent_fallback(monkeypa
 def test_the_gateway_command_takes_the_loop_choice() -> None:
     with pytest.raises(SystemExit):  # argparse refuses an unknown loop before anything starts
         gateway_main(["--data-dir", "/nonexistent", "--loop", "trio"])
+
+
+def test_the_gil_switch_interval_is_set_and_bounded() -> None:
+    before = sys.getswitchinterval()
+    try:
+        shorten_gil_switch_interval(0.001)
+        assert sys.getswitchinterval() == pytest.approx(0.001)
+        for bad in (0.0, -1.0, 0.5):
+            with pytest.raises(ValueError, match="switch interval"):
+                shorten_gil_switch_interval(bad)
+        assert sys.getswitchinterval() == pytest.approx(0.001)  # a refused value changes nothing
+    finally:
+        sys.setswitchinterval(before)
 
 
 class _Counting(worker_pb2_grpc.WorkerServicer):

@@ -163,7 +163,7 @@ def test_order_is_the_smallest_tag_of_an_eligible_tenant_under_random_pushes_can
             allowed = set(rng.sample(tenants, rng.randint(0, len(tenants))))
             candidates = [e for e in waiting if e.tenant in allowed]
             expected = min(candidates, key=lambda e: e.sort_key) if candidates else None
-            got = queue.pop_entry(lambda t, allowed=allowed: t in allowed)
+            got = queue.pop_entry(lambda t, _cost, allowed=allowed: t in allowed)
             assert got is expected
             if got is not None:
                 waiting.remove(got)
@@ -188,3 +188,71 @@ def test_a_pop_looks_at_each_tenant_once_not_at_each_queued_request() -> None:
     asked.clear()
     assert queue.pop(eligible) is None
     assert asked == ["flood"] and len(queue) == 1000
+
+
+def _sched(capacity: int = 256, reserved: int = 72) -> FairScheduler:
+    return FairScheduler(capacity, reserved, FairQueue(max_queued=10_000, max_queued_per_tenant=10_000))
+
+
+def test_a_big_request_from_a_tenant_with_nothing_running_does_not_start_from_the_reserve() -> None:
+    """`sealed bench flood`: between its requests the flooder held nothing, so its next 64-stream
+    request counted as a small tenant's and started from the reserve while the slots were cut."""
+    sched = _sched()
+    sched.capacity = 80  # cut (capacity.py): 8 slots above the reserve
+    for tenant in ("a", "b", "c"):  # three tenants with little in flight each
+        for _ in range(6):
+            sched.queue.push(tenant, "x")
+    sched.queue.push("flood", "big", cost=64)
+    started = []
+    while (got := sched.next()) is not None:
+        started.append(got)
+    assert ("flood", "big") not in started
+    free = sched.capacity - sched.total_running
+    assert sched.total_running == 18 and free - 64 < sched.reserved  # it does not fit in the shared slots
+    # With the old rule (nothing running: the reserve's rule) it would have started on one free slot.
+    assert free > 0
+    for tenant in ("a", "b", "c"):
+        for _ in range(6):
+            sched.done(tenant)
+    assert sched.next() is None  # nothing runs now, but 80 - 64 leaves less than the reserve
+    sched.capacity = 137
+    assert sched.next() == ("flood", "big")  # 137 - 64 >= 72: it fits whole
+
+
+def test_a_big_request_is_not_overtaken_for_ever_by_a_big_tenants_single_requests() -> None:
+    """Head of line for the shared slots: bulk's streams end and are replaced, one at a time; without
+    the hold, each freed shared slot went to bulk again and the 64-stream request never fit."""
+    sched = _sched()
+    for i in range(1000):
+        sched.queue.push("bulk", i)
+    while sched.next() is not None:
+        pass
+    assert sched.total_running == 256 - 72
+    sched.queue.push("flood", "big", cost=64)
+    started_flood = False
+    for _ in range(600):  # bulk streams end one by one; what starts in the slots they free?
+        sched.done("bulk")
+        while (got := sched.next()) is not None:
+            if got[0] == "flood":
+                started_flood = True
+        if started_flood:
+            break
+    assert started_flood
+    assert sched.capacity - sched.total_running >= sched.reserved  # it fitted whole: the reserve is intact
+
+
+def test_a_request_that_cannot_fit_beside_others_starts_once_no_big_tenant_runs() -> None:
+    """Small configurations: a request wider than capacity minus twice the reserve never fits in the
+    shared slots while anything big runs; it must still start (no dead end)."""
+    sched = _sched(capacity=16, reserved=4)  # small = 1
+    for i in range(3):
+        sched.queue.push("bulk", i, cost=4)
+    while sched.next() is not None:
+        pass
+    sched.queue.push("wide", "w", cost=10)
+    for i in range(3, 20):
+        sched.queue.push("bulk", i, cost=4)
+    assert sched.next() is None  # 16 - 12 - 10 < 4: it waits, and bulk's next ones wait behind it
+    for _ in range(3):
+        sched.done("bulk", 4)
+    assert sched.next() == ("wide", "w")

@@ -1,0 +1,124 @@
+"""How long the gateway takes to hear a worker's answer: a congestion signal the event loop cannot see.
+
+Every chunk a worker sends reaches the gateway's code through gRPC's core (the socket read, HTTP/2)
+and its completion-queue thread, one message per `read()`. Under `sealed bench flood` that path,
+not the event loop, was what fell behind: a quiet tenant's first chunk was on the wire within
+0.1 ms of the worker yielding it and reached the gateway's `read()` 40-135 ms later, while the loop
+ran thousands of short turns and its ticker (liveness.py) saw no lag, so the adaptive slots
+(capacity.py) stayed up and the bulk tenant's messages kept the backlog full.
+
+So a probe sends the cheapest RPC there is (`Status`) to a ready worker every `interval_s`, in turn,
+and measures the round trip through that same path. As LEDBAT (RFC 6817) does with one-way delay,
+the base is each worker's smallest round trip in the last `base_window_s` (the network and the worker's own
+answer time), and what lies above it is queueing in the gateway: the delay reported to the
+observers (the adaptive capacity cuts slots beyond its target). An error status is an answer too
+(it came back the same way); a probe that times out reports its timeout. The probe never judges a
+worker (health checks and heartbeats do that).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import grpc
+
+from api.gateway.grpc_client import WorkerClients
+from api.gateway.registry import WorkerRegistry
+from protocol.rpc import worker_pb2
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ProbePolicy:
+    interval_s: float = 0.05
+    timeout_s: float = 1.0
+    base_window_s: float = 30.0  # the base round trip is the minimum over this long
+    base_bucket_s: float = 2.0  # kept as per-bucket minima (LEDBAT's base-delay history)
+
+
+class BaseDelay:
+    """The minimum round trip over a sliding window, kept as per-bucket minima."""
+
+    def __init__(self, policy: ProbePolicy) -> None:
+        self.policy = policy
+        self._buckets: deque[tuple[float, float]] = deque()  # (bucket start, min rtt in it)
+
+    def add(self, now: float, rtt: float) -> float:
+        """Record `rtt` at `now`; returns the base (the window's minimum, this sample included)."""
+        if self._buckets and now - self._buckets[-1][0] < self.policy.base_bucket_s:
+            start, low = self._buckets[-1]
+            self._buckets[-1] = (start, min(low, rtt))
+        else:
+            self._buckets.append((now, rtt))
+        while self._buckets and now - self._buckets[0][0] > self.policy.base_window_s:
+            self._buckets.popleft()
+        return min(low for _, low in self._buckets)
+
+
+class DeliveryProbe:
+    def __init__(self, registry: WorkerRegistry, clients: WorkerClients, policy: ProbePolicy = ProbePolicy()) -> None:
+        self.registry, self.clients, self.policy = registry, clients, policy
+        self._bases: dict[str, BaseDelay] = {}  # per worker: each has its own network path
+        self.last_delay_s = 0.0
+        self._observers: list[Callable[[float], None]] = []
+        self._next = 0
+        self._task: asyncio.Task[None] | None = None
+
+    def on_delay(self, observer: Callable[[float], None]) -> None:
+        """Call `observer(queueing_delay_s)` after every probe."""
+        self._observers.append(observer)
+
+    def start(self) -> None:
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.policy.interval_s)
+            try:
+                await self.probe_once()
+            except Exception:  # the probe must never stop: log and go on
+                log.exception("delivery probe failed")
+
+    async def probe_once(self) -> float | None:
+        """One round trip to the next ready worker; returns the queueing delay (None: no worker, or
+        no connection to it)."""
+        workers = [w for w in self.registry.workers.values() if self.registry.alive(w) and self.registry.routable(w)]
+        if not workers:
+            return None
+        worker = workers[self._next % len(workers)]
+        self._next += 1
+        started = time.monotonic()
+        try:
+            await self.clients.stub(worker.grpc_address, worker.tls_cert).Status(
+                worker_pb2.StatusRequest(), timeout=self.policy.timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.UNAVAILABLE:
+                return None  # no connection (the registry's health checks judge that): no sample
+            # An error status came back over the same path: its round trip counts like an answer's.
+            timed_out = exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            rtt = self.policy.timeout_s if timed_out else time.monotonic() - started
+        else:
+            rtt = time.monotonic() - started
+        now = time.monotonic()
+        base = self._bases.setdefault(worker.worker_id, BaseDelay(self.policy))
+        for gone in set(self._bases) - set(self.registry.workers):
+            del self._bases[gone]
+        self.last_delay_s = max(0.0, rtt - base.add(now, rtt))
+        for observer in self._observers:
+            observer(self.last_delay_s)
+        return self.last_delay_s

@@ -1,0 +1,79 @@
+"""The gateway's key cache: long on a single gateway (its management API forgets keys on every change),
+none with a shared database (another replica may revoke), and expiry checked at every use."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from pathlib import Path
+
+import pytest
+
+from api.gateway import catalog as catalog_module
+from api.gateway.catalog import CACHE_S, SINGLE_GATEWAY_KEY_CACHE_S, Catalog
+from api.gateway.registry import WorkerRegistry
+from api.gateway.settings import GatewaySettings
+from api.store.db import make_engine, session_factory, upgrade
+from api.store.repo import Store, hash_secret
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+def _catalog(tmp_path: Path, shared_db: bool) -> tuple[Catalog, Store]:
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    engine = make_engine(url)
+    upgrade(engine)
+    store = Store(session_factory(engine))
+    settings = GatewaySettings(data_dir=tmp_path, dev=True, database_url=url if shared_db else None)
+    return Catalog(settings, store, WorkerRegistry()), store
+
+
+@pytest.fixture()
+def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
+    fake = Clock()
+    monkeypatch.setattr(catalog_module, "time", fake)
+    return fake
+
+
+def test_a_single_gateway_serves_a_known_key_from_memory_until_a_change_forgets_it(tmp_path: Path,
+                                                                                    clock: Clock) -> None:
+    catalog, store = _catalog(tmp_path, shared_db=False)
+    secret, record = store.create_key("acme", "k")
+    assert catalog.cached_key(secret) is None  # never looked up: the caller looks it up
+    catalog.authenticate(secret)
+    clock.now += 60  # a pause far longer than a second
+    assert catalog.cached_key(secret) == catalog.authenticate(secret)
+    assert catalog.recent_key(secret) is not None  # just authenticated again
+    clock.now += CACHE_S + 0.1
+    assert catalog.recent_key(secret) is None  # early refusals still use the one-second view
+    assert catalog.cached_key(secret) is not None
+    clock.now += SINGLE_GATEWAY_KEY_CACHE_S
+    assert catalog.cached_key(secret) is None  # the bound holds
+    catalog.authenticate(secret)
+    store.revoke_key("acme", record.key_id)
+    catalog.forget()  # what the management API does on every change (api/management/app.py)
+    assert catalog.cached_key(secret) is None
+
+
+def test_with_a_shared_database_no_key_is_served_from_memory(tmp_path: Path, clock: Clock) -> None:
+    catalog, store = _catalog(tmp_path, shared_db=True)
+    secret, _ = store.create_key("acme", "k")
+    catalog.authenticate(secret)
+    assert catalog.cached_key(secret) is None
+
+
+def test_an_expired_key_is_not_served_from_memory(tmp_path: Path, clock: Clock) -> None:
+    catalog, store = _catalog(tmp_path, shared_db=False)
+    secret, record = store.create_key("acme", "k")
+    catalog.authenticate(secret)
+    assert catalog.cached_key(secret) is not None
+    # The same cached record, as if its expiry had passed since it was looked up.
+    past = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=1)
+    catalog._cache[("key", hash_secret(secret))] = (clock.now, dataclasses.replace(record, expires_at=past))
+    assert catalog.cached_key(secret) is None and catalog.recent_key(secret) is None
