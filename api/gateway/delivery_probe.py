@@ -8,9 +8,11 @@ ran thousands of short turns and its ticker (liveness.py) saw no lag, so the ada
 (capacity.py) stayed up and the bulk tenant's messages kept the backlog full.
 
 So a probe sends the cheapest RPC there is (`Status`) to a ready worker every `interval_s`, in turn,
-and measures the round trip through that same path. As LEDBAT (RFC 6817) does with one-way delay,
-the base is each worker's smallest round trip in the last `base_window_s` (the network and the worker's own
-answer time), and what lies above it is queueing in the gateway: the delay reported to the
+and measures the round trip through that same path (on channels of its own, created on the loop
+that probes: the core, its completion-queue thread and the loop are shared by every channel). As
+LEDBAT (RFC 6817) does with one-way delay, the base is each worker's smallest round trip in the
+last `base_window_s` (the network and the worker's own answer time), and what lies above it is
+queueing in the gateway: the delay reported to the
 observers (the adaptive capacity cuts slots beyond its target). An error status is an answer too
 (it came back the same way); a probe that times out reports its timeout. The probe never judges a
 worker (health checks and heartbeats do that).
@@ -80,11 +82,14 @@ class DeliveryProbe:
             self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def stop(self) -> None:
+        """Stop probing and close the probe's channels (idempotent)."""
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            if task.get_loop() is asyncio.get_running_loop():  # a probe of another (finished) loop: cancelled only
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+                await self.clients.close()
 
     async def _run(self) -> None:
         while True:

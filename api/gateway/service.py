@@ -51,9 +51,10 @@ class GatewayService:
                                        require_attestation=settings.broker_jwks is not None)
         self._verifier = (load_verifier(settings.broker_jwks, settings.broker_issuer)
                           if settings.broker_jwks is not None else None)
-        self.clients = WorkerClients(load_or_create(settings.data_dir / "gateway-client.key",
-                                                    settings.data_dir / "gateway-client.pem"))
-        self.delivery_probe = DeliveryProbe(self.registry, self.clients)  # started by the app if slots adapt
+        identity = load_or_create(settings.data_dir / "gateway-client.key", settings.data_dir / "gateway-client.pem")
+        self.clients = WorkerClients(identity)
+        # Its own channels (created on the loop that probes): gRPC's path in this process is shared.
+        self.delivery_probe = DeliveryProbe(self.registry, WorkerClients(identity))  # started if slots adapt
         self.metrics = Metrics(lambda: float(admission.running), lambda: float(len(admission.queue)))
         # vLLM workers' engine metrics, under vLLM's names (docs/vllm-backend.md).
         self.metrics.registry.register(EngineMetrics(lambda: self.registry.workers.values()))
