@@ -27,6 +27,12 @@ class FakeServicer(worker_pb2_grpc.WorkerServicer):
     def __init__(self, state: WorkerState, delay: float) -> None:
         self.state, self.delay = state, delay
 
+    async def Status(self, request: worker_pb2.StatusRequest, context: grpc.aio.ServicerContext
+                     ) -> worker_pb2.StatusReply:
+        # As the real worker answers it: health checks and the gateway's delivery probe call it.
+        report = self.state.report()
+        return worker_pb2.StatusReply(status=report.status, worker_status=report.model_dump_json())
+
     async def Tokenize(self, request: worker_pb2.TokenizeRequest, context: grpc.aio.ServicerContext
                        ) -> worker_pb2.TokenizeReply:
         # A byte tokenizer: enough to carry the protocol.
