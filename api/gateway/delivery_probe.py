@@ -12,10 +12,10 @@ and measures the round trip through that same path (on channels of its own, crea
 that probes: the core, its completion-queue thread and the loop are shared by every channel). As
 LEDBAT (RFC 6817) does with one-way delay, the base is each worker's smallest round trip in the
 last `base_window_s` (the network and the worker's own answer time), and what lies above it is
-queueing in the gateway: the delay reported to the
-observers (the adaptive capacity cuts slots beyond its target). An error status is an answer too
-(it came back the same way); a probe that times out reports its timeout. The probe never judges a
-worker (health checks and heartbeats do that).
+queueing in the gateway: the delay reported to the observers (the adaptive capacity cuts slots
+beyond its target). An error status is an answer too (it came back the same way); a probe that
+times out reports its timeout. The probe never judges a worker (health checks and heartbeats do
+that); it closes its channel to a worker that refused the connection or left the registry.
 """
 
 from __future__ import annotations
@@ -67,8 +67,8 @@ class BaseDelay:
 class DeliveryProbe:
     def __init__(self, registry: WorkerRegistry, clients: WorkerClients, policy: ProbePolicy = ProbePolicy()) -> None:
         self.registry, self.clients, self.policy = registry, clients, policy
-        self._bases: dict[str, BaseDelay] = {}  # per worker: each has its own network path
-        self.last_delay_s = 0.0
+        # Per worker (each has its own network path): its channel's key and its base round trip.
+        self._bases: dict[str, tuple[tuple[str, str], BaseDelay]] = {}
         self._observers: list[Callable[[float], None]] = []
         self._next = 0
         self._task: asyncio.Task[None] | None = None
@@ -113,17 +113,23 @@ class DeliveryProbe:
                 worker_pb2.StatusRequest(), timeout=self.policy.timeout_s)
         except grpc.aio.AioRpcError as exc:
             if exc.code() == grpc.StatusCode.UNAVAILABLE:
+                await self.clients.forget(worker.grpc_address, worker.tls_cert)  # as a request's call does
                 return None  # no connection (the registry's health checks judge that): no sample
             # An error status came back over the same path: its round trip counts like an answer's.
             timed_out = exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED
             rtt = self.policy.timeout_s if timed_out else time.monotonic() - started
         else:
             rtt = time.monotonic() - started
-        now = time.monotonic()
-        base = self._bases.setdefault(worker.worker_id, BaseDelay(self.policy))
-        for gone in set(self._bases) - set(self.registry.workers):
-            del self._bases[gone]
-        self.last_delay_s = max(0.0, rtt - base.add(now, rtt))
+        _, base = self._bases.setdefault(worker.worker_id, ((worker.grpc_address, worker.tls_cert),
+                                                            BaseDelay(self.policy)))
+        delay = max(0.0, rtt - base.add(time.monotonic(), rtt))
+        gone = set(self._bases) - set(self.registry.workers)
+        if gone:
+            live = {(w.grpc_address, w.tls_cert) for w in self.registry.workers.values()}
+            for worker_id in gone:
+                channel, _ = self._bases.pop(worker_id)
+                if channel not in live:  # a restarted worker may reuse the address and certificate
+                    await self.clients.forget(*channel)
         for observer in self._observers:
-            observer(self.last_delay_s)
-        return self.last_delay_s
+            observer(delay)
+        return delay

@@ -82,11 +82,7 @@ async def test_an_unanswered_probe_reports_its_timeout_and_an_error_status_count
         probe = DeliveryProbe(_registry(other), clients, policy)
         await probe.probe_once()
         assert await probe.probe_once() < 0.1  # an error status came back over the same path
-        servicer.delay_s = 5.0
         probe = DeliveryProbe(_registry(address), clients, policy)
-        await probe.probe_once()  # the first sample is its own base: a timed-out one sets a high base
-        probe._bases.clear()
-        servicer.delay_s = 0.0
         await probe.probe_once()  # base: a quick answer
         servicer.delay_s = 5.0
         assert await probe.probe_once() >= 0.25  # timed out: reported as (about) the timeout
@@ -103,6 +99,7 @@ async def test_no_ready_worker_no_probe_and_the_probe_task_survives_errors(serve
     registry.workers["gone"] = WorkerInfo("gone", f"127.0.0.1:{free_port()}", ModelRef("t", "m", "v1"), "ready",
                                           "sim", True, "", last_seen=registry.clock.now())  # nothing listens
     assert await probe.probe_once() is None  # no connection: no sample (health checks judge the worker)
+    assert not clients._channels  # and its channel is closed, as a request's call closes it
     del registry.workers["gone"]
     calls: list[float] = []
 
@@ -121,3 +118,24 @@ async def test_no_ready_worker_no_probe_and_the_probe_task_survives_errors(serve
         await probe.stop()
         await clients.close()
     assert len(calls) >= 2
+
+
+async def test_a_worker_that_left_the_registry_loses_its_base_and_channel(server: tuple[str, SlowStatus]) -> None:
+    registry = _registry(server[0])
+    clients = WorkerClients()
+    probe = DeliveryProbe(registry, clients)
+    try:
+        await probe.probe_once()
+        assert len(clients._channels) == 1 and set(probe._bases) == {"w0"}
+        del registry.workers["w0"]  # a restarted worker: the same address and certificate, a new id
+        registry.workers["w1"] = WorkerInfo("w1", server[0], ModelRef("t", "m", "v1"), "ready", "sim", True, "",
+                                            last_seen=registry.clock.now())
+        assert await probe.probe_once() is not None
+        assert set(probe._bases) == {"w1"} and len(clients._channels) == 1  # its channel is still in use
+        del registry.workers["w1"]
+        registry.workers["w2"] = WorkerInfo("w2", server[0], ModelRef("t", "m", "v1"), "ready", "sim", True, "",
+                                            tls_cert="another", last_seen=registry.clock.now())
+        await probe.probe_once()  # w2's channel opens; w1's, no longer anyone's, is closed
+        assert set(probe._bases) == {"w2"} and [k[1] for k in clients._channels] == ["another"]
+    finally:
+        await clients.close()
