@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from api.gateway.errors import error_response
+from api.gateway.priority_loop import mark_urgent
 
 if TYPE_CHECKING:
     from api.gateway.service import GatewayService
@@ -50,4 +51,7 @@ class AdmissionGate:
             if refusal is not None:
                 await error_response(refusal)(scope, receive, send)
                 return
+            # Reading and parsing its body runs ahead of relaying for a tenant with little in flight
+            # (priority_loop.py); Run.start settles it once the request's streams are known.
+            mark_urgent(key is not None and self.service.admission.light(key.tenant))
         await self.app(scope, receive, send)

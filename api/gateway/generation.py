@@ -18,6 +18,7 @@ from starlette.types import Receive, Scope, Send
 
 from api.gateway.admission import Ticket
 from api.gateway.errors import GatewayError
+from api.gateway.priority_loop import mark_urgent
 from api.gateway.service import GatewayService
 from api.store.repo import KeyRecord
 from protocol.openai.runner import ChoiceResult, collect_choice, merge_streams, prepend
@@ -89,6 +90,10 @@ class CleanupStreamingResponse(StreamingResponse):
 class Run:
     def __init__(self, service: GatewayService, key: KeyRecord, model: str, ticket: Ticket) -> None:
         self.service, self.key, self.model, self.ticket = service, key, model, ticket
+        # A request of a tenant with little in flight runs ahead of the others in each loop turn
+        # (priority_loop.py). Marked here, in the request's own task, before start() and the
+        # relaying run in tasks of their own, which take this mark with them.
+        mark_urgent(service.admission.light(ticket.tenant, ticket.streams))
         self.started = time.monotonic()
         self._stack = contextlib.AsyncExitStack()
         self.used_tokens = 0

@@ -11,7 +11,8 @@ limit; llhttp has no such limit, so on httptools the guard counts the bytes rece
 request's headers are incomplete and answers 400 (and closes) beyond `max_header_bytes`.
 
 The event loop: uvloop (libuv, in C) where it is installed, as uvicorn's own default does, else
-asyncio's (`--loop uvloop|asyncio` chooses; asking for uvloop where it is missing is an error).
+asyncio's selector loop with a light tenant's callbacks first (priority_loop.py; `--loop
+uvloop|asyncio` chooses; asking for uvloop where it is missing is an error).
 uvloop is not a dependency: its cost per callback and per I/O event is lower, but under `sealed
 bench flood` it did not measurably change the quiet tenant's latency (docs/benchmarks.md), where
 the loop's time goes to Python work per request and per relayed chunk. grpc.aio, the gateway's
@@ -30,6 +31,9 @@ import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 Http = Literal["auto", "httptools", "h11"]
+# What uvicorn builds the loop with: asyncio's selector loop with light tenants' callbacks first
+# (priority_loop.py), or uvloop's.
+LOOP_FACTORIES = {"asyncio": "api.gateway.priority_loop:PriorityEventLoop", "uvloop": "uvloop"}
 Loop = Literal["auto", "uvloop", "asyncio"]
 
 
@@ -156,4 +160,5 @@ def server_config(app: Any, host: str, port: int, limits: ConnectionLimits | Non
     # access_log off: request lines are metadata, but we keep the gateway's logs to decisions only.
     return uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
                           timeout_keep_alive=int(limits.keep_alive_s), http=guarded_protocol(limits, http),
-                          loop=event_loop(loop), h11_max_incomplete_event_size=limits.max_header_bytes, **kw)
+                          loop=LOOP_FACTORIES[event_loop(loop)], h11_max_incomplete_event_size=limits.max_header_bytes,
+                          **kw)

@@ -15,7 +15,8 @@ import pytest
 from api.gateway import http_server
 from api.gateway.__main__ import main as gateway_main
 from api.gateway.grpc_client import WorkerClients
-from api.gateway.http_server import event_loop, server_config, shorten_gil_switch_interval
+from api.gateway.http_server import LOOP_FACTORIES, event_loop, server_config, shorten_gil_switch_interval
+from api.gateway.priority_loop import PriorityEventLoop
 from api.stack import free_port
 from protocol.rpc import worker_pb2, worker_pb2_grpc
 
@@ -33,20 +34,20 @@ def _without_uvloop(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_auto_is_uvloop_where_installed_else_asyncio(monkeypatch: pytest.MonkeyPatch) -> None:
     installed = importlib.util.find_spec("uvloop") is not None
     assert event_loop("auto") == ("uvloop" if installed else "asyncio")
-    assert server_config(_app, "127.0.0.1", 1).loop == event_loop("auto")
+    assert server_config(_app, "127.0.0.1", 1).loop == LOOP_FACTORIES[event_loop("auto")]
     _without_uvloop(monkeypatch)
     assert event_loop("auto") == "asyncio"
-    assert server_config(_app, "127.0.0.1", 1).loop == "asyncio"
+    assert server_config(_app, "127.0.0.1", 1).loop == LOOP_FACTORIES["asyncio"]
 
 
-def test_asyncio_is_asyncio_even_where_uvloop_is_installed() -> None:
+def test_asyncio_is_asyncios_selector_loop_with_priorities_even_where_uvloop_is_installed() -> None:
     config = server_config(_app, "127.0.0.1", 1, loop="asyncio")
-    assert config.loop == "asyncio"
     factory = config.get_loop_factory()
-    assert factory is not None
+    assert factory is PriorityEventLoop
     loop = factory()
     try:
-        assert type(loop).__module__.startswith("asyncio")
+        assert isinstance(loop, asyncio.SelectorEventLoop)
+        assert "uvloop" not in type(loop).__module__
     finally:
         loop.close()
 
@@ -123,7 +124,8 @@ async def _stream_and_cancel() -> tuple[list[int], bool]:
 
 
 def _loops() -> list[tuple[str, Callable[[], asyncio.AbstractEventLoop]]]:
-    loops: list[tuple[str, Callable[[], asyncio.AbstractEventLoop]]] = [("asyncio", asyncio.new_event_loop)]
+    loops: list[tuple[str, Callable[[], asyncio.AbstractEventLoop]]] = [("asyncio", asyncio.new_event_loop),
+                                                                       ("priority", PriorityEventLoop)]
     if importlib.util.find_spec("uvloop") is not None:
         import uvloop
 

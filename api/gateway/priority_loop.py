@@ -1,0 +1,71 @@
+"""An asyncio event loop that runs the callbacks of light tenants' requests first.
+
+Fair queueing (fairqueue.py) decides who gets a dispatch slot, and the reserve means a tenant with
+little in flight gets one at once. After that every request's work shares one event loop, which
+runs its ready callbacks in FIFO order: under `sealed bench flood` a quiet tenant's chunk, arrived
+from its worker, waited behind hundreds of callbacks relaying a flooding tenant's 64 streams and a
+bulk tenant's hundreds (each loop turn up to the lag target, several turns per request). This loop
+keeps two ready queues: callbacks whose context marks them `urgent` (the tasks of a request from a
+tenant with little in flight, `mark_urgent`) run before the others; the others keep their order.
+A turn still runs as many callbacks as were ready when it began, so the others wait only for as
+much urgent work as there is, and that is bounded: which tenant counts as light is the scheduler's
+own rule (fairqueue.py, `small`, a quarter of the reserve), so urgent requests hold few streams.
+
+It is asyncio's selector loop with its ready queue replaced (`_ready`, a private attribute that
+CPython's base loop uses in four places: append, popleft, len, clear; checked at start-up).
+uvloop (`--loop uvloop`) has no such hook and runs every callback in FIFO order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from contextvars import ContextVar
+from typing import Any
+
+URGENT: ContextVar[bool] = ContextVar("sealed_gateway_urgent", default=False)
+
+
+def mark_urgent(urgent: bool) -> None:
+    """Mark the current task (and the tasks and callbacks it schedules from now on) urgent or not."""
+    if URGENT.get() != urgent:
+        URGENT.set(urgent)
+
+
+class TwoLevelReadyQueue:
+    """The loop's ready queue: urgent handles first, each level in FIFO order."""
+
+    __slots__ = ("normal", "urgent")
+
+    def __init__(self) -> None:
+        self.urgent: collections.deque[asyncio.Handle] = collections.deque()
+        self.normal: collections.deque[asyncio.Handle] = collections.deque()
+
+    def append(self, handle: asyncio.Handle) -> None:
+        context = handle._context  # type: ignore[attr-defined]  # the context the callback runs in
+        if context is not None and context.get(URGENT, False):
+            self.urgent.append(handle)
+        else:
+            self.normal.append(handle)
+
+    def popleft(self) -> asyncio.Handle:
+        return self.urgent.popleft() if self.urgent else self.normal.popleft()
+
+    def clear(self) -> None:
+        self.urgent.clear()
+        self.normal.clear()
+
+    def __len__(self) -> int:
+        return len(self.urgent) + len(self.normal)
+
+    def __bool__(self) -> bool:
+        return bool(self.urgent) or bool(self.normal)
+
+
+class PriorityEventLoop(asyncio.SelectorEventLoop):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        ready = getattr(self, "_ready", None)
+        if not isinstance(ready, collections.deque) or ready:
+            raise RuntimeError("this Python's event loop has no empty `_ready` deque to replace")
+        self._ready = TwoLevelReadyQueue()
