@@ -51,7 +51,10 @@ class AdmissionGate:
             if refusal is not None:
                 await error_response(refusal)(scope, receive, send)
                 return
-            # Reading and parsing its body runs ahead of relaying for a tenant with little in flight
-            # (priority_loop.py); Run.start settles it once the request's streams are known.
-            mark_urgent(key is not None and self.service.admission.light(key.tenant))
+            # A new connection's requests start urgent (priority_loop.py); reading and parsing the
+            # body stays so only for a tenant with little in flight. A key not seen for a while
+            # keeps the connection's mark until its Run is built, which settles it.
+            tenant = self.service.catalog.tenant_hint(secret) if secret else None
+            if tenant is not None:
+                mark_urgent(self.service.admission.light(tenant))
         await self.app(scope, receive, send)

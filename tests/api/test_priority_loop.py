@@ -194,10 +194,11 @@ async def test_a_light_tenants_request_runs_urgent_and_a_wide_or_busy_tenants_do
         assert seen == [False]
 
 
-async def test_the_gate_marks_a_recent_keys_request_by_its_tenants_load() -> None:
+async def test_the_gate_marks_a_known_keys_request_by_its_tenants_load() -> None:
     light: dict[str, bool] = {"quiet": True, "bulk": False}
     service = SimpleNamespace(
-        catalog=SimpleNamespace(recent_key=lambda secret: SimpleNamespace(tenant=secret) if secret in light else None),
+        catalog=SimpleNamespace(recent_key=lambda secret: None,
+                                tenant_hint=lambda secret: secret if secret in light else None),
         admissions=SimpleNamespace(early_refusal=lambda key: None),
         admission=SimpleNamespace(light=lambda tenant, streams=1: light[tenant]))
     seen: list[bool] = []
@@ -206,8 +207,40 @@ async def test_the_gate_marks_a_recent_keys_request_by_its_tenants_load() -> Non
         seen.append(URGENT.get())
 
     gate = AdmissionGate(app, service)  # type: ignore[arg-type]
-    for secret in ("quiet", "bulk", "unknown"):
-        scope = {"type": "http", "method": "POST", "path": "/v1/completions",
-                 "headers": [(b"authorization", f"Bearer {secret}".encode())]}
-        await asyncio.create_task(gate(scope, None, None))  # type: ignore[arg-type]  # a task each, as uvicorn runs them
-    assert seen == [True, False, False]
+    for connection_urgent in (False, True):
+        mark_urgent(connection_urgent)  # what a request inherits from its connection
+        for secret in ("quiet", "bulk", "unknown"):
+            scope = {"type": "http", "method": "POST", "path": "/v1/completions",
+                     "headers": [(b"authorization", f"Bearer {secret}".encode())]}
+            await asyncio.create_task(gate(scope, None, None))  # type: ignore[arg-type]  # a task each, as uvicorn runs them
+    mark_urgent(False)
+    # A key not known yet keeps its connection's mark until its Run settles it.
+    assert seen == [True, False, False, True, False, True]
+
+
+def test_a_new_connection_and_its_reads_are_urgent_and_other_work_is_not() -> None:
+    seen: dict[str, bool] = {}
+
+    async def main() -> None:
+        got = asyncio.Event()
+
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            seen["connection"] = URGENT.get()
+            await reader.readexactly(5)
+            seen["after a read"] = URGENT.get()
+            writer.close()
+            got.set()
+
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        seen["serving task"] = URGENT.get()
+        _, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"hello")
+        await writer.drain()
+        await asyncio.wait_for(got.wait(), 5)
+        writer.close()
+        server.close()
+        await server.wait_closed()
+
+    _run(main())
+    assert seen == {"serving task": False, "connection": True, "after a read": True}
