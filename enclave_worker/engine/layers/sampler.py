@@ -6,6 +6,9 @@ import torch
 
 from ..config import SamplingParams, TokenLogprob
 
+# Where top-p looks for the nucleus first (see top_p_filter).
+NUCLEUS_CANDIDATES = 1024
+
 
 def _filter(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
     logits = logits / p.temperature
@@ -13,11 +16,27 @@ def _filter(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
         kth = torch.topk(logits, p.top_k).values[-1]
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if p.top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, descending=True)
-        probs = sorted_logits.softmax(-1)
-        drop = probs.cumsum(-1) - probs > p.top_p  # keep the smallest prefix with mass >= top_p
-        logits = logits.masked_fill(torch.zeros_like(drop).scatter(0, order, drop), float("-inf"))
+        logits = top_p_filter(logits, p.top_p)
     return logits
+
+
+def top_p_filter(logits: torch.Tensor, top_p: float, candidates: int = NUCLEUS_CANDIDATES) -> torch.Tensor:
+    """Keep the smallest set of most likely tokens whose mass reaches `top_p`; the rest get -inf.
+
+    Sorting the whole vocabulary (49,152 logits) took 2-3 ms a row on one core, per decode step of
+    every sampled sequence; the nucleus nearly always lies among the few hundred most likely tokens,
+    and topk finds those in 0.15 ms. Only when their mass is not above `top_p` (a flat distribution)
+    is everything sorted. Above it, every token past the candidates has more than `top_p` ahead of
+    it, so it is cut either way: the result is the full sort's.
+    """
+    k = min(candidates, logits.shape[-1])
+    values, order = torch.topk(logits, k)  # most likely first
+    probs = (values - torch.logsumexp(logits, -1)).exp()
+    if k < logits.shape[-1] and float(probs.sum()) <= top_p:
+        values, order = torch.sort(logits, descending=True)
+        probs = values.softmax(-1)
+    kept = order[~(probs.cumsum(-1) - probs > top_p)]  # the smallest prefix with mass >= top_p
+    return torch.full_like(logits, float("-inf")).index_put_((kept,), logits[kept])
 
 
 def draw(probs: torch.Tensor, generators: list[torch.Generator | None]) -> list[int]:

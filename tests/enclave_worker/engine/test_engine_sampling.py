@@ -114,3 +114,49 @@ def test_draw_follows_the_distribution_and_never_picks_a_cut_token():
              [torch.Generator().manual_seed(1), torch.Generator().manual_seed(1)])
     assert a[0] == a[1]
     assert draw(torch.tensor([[0.0, 0.0, 1.0]]), [torch.Generator().manual_seed(3)]) == [2]
+
+
+def _full_sort_top_p(logits, top_p):
+    """The reference: sort the whole vocabulary, keep the smallest prefix with mass >= top_p."""
+    import torch
+
+    values, order = torch.sort(logits, descending=True)
+    probs = values.softmax(-1)
+    drop = probs.cumsum(-1) - probs > top_p
+    return logits.masked_fill(torch.zeros_like(drop).scatter(0, order, drop), float("-inf"))
+
+
+def test_top_p_looks_among_the_likeliest_first_and_keeps_what_a_full_sort_keeps():
+    import torch
+
+    from enclave_worker.engine.layers import sampler
+
+    gen = torch.Generator().manual_seed(11)
+    calls = {"sort": 0}
+    real_sort = torch.sort
+
+    def counting_sort(*a, **k):
+        calls["sort"] += 1
+        return real_sort(*a, **k)
+
+    cases = []
+    for scale in (8.0, 3.0, 0.05):  # peaked (nucleus among the candidates) to flat (it is not)
+        for top_p in (0.1, 0.5, 0.9, 0.95, 0.999):
+            cases.append(((torch.randn(49152, generator=gen) * scale), top_p))
+    masked = torch.randn(49152, generator=gen) * 3.0  # top-k's -inf first, as _filter applies it
+    masked[masked < masked.topk(40).values[-1]] = float("-inf")
+    cases += [(masked, 0.9), (torch.randn(100, generator=gen), 0.8)]  # and a vocabulary smaller than k
+    sorted_cases = 0
+    for logits, top_p in cases:
+        before = calls["sort"]
+        torch.sort = counting_sort
+        try:
+            fast = sampler.top_p_filter(logits, top_p)
+        finally:
+            torch.sort = real_sort
+        sorted_cases += calls["sort"] - before
+        reference = _full_sort_top_p(logits, top_p)
+        assert torch.equal(torch.isinf(fast), torch.isinf(reference)), (top_p, logits.shape)
+        assert torch.equal(fast[~torch.isinf(fast)], logits[~torch.isinf(reference)])
+    # The flat cases fell back to the full sort, the peaked ones did not.
+    assert 0 < sorted_cases < len(cases)
