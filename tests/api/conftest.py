@@ -26,6 +26,21 @@ class RunningStack:
     proc: subprocess.Popen
 
 
+def stop_with_pytest() -> None:
+    """`preexec_fn` for a long-lived stack: the kernel sends it SIGTERM when the test process dies.
+
+    `sealed up` stops its whole stack on SIGTERM, but a test run that is killed (a CI timeout, an
+    interrupted run) never reaches the fixture's finaliser, and its stacks (gateway, worker, broker,
+    about a tenth of a core each) kept running and skewed every benchmark after it. Called in the
+    child between fork and exec; the stacks are started from pytest's main thread, which lives as
+    long as the run (the signal follows the thread that forked)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
 def start_sealed_up(root: Path, timeout: float = 420.0, ready_line: bool = False,
                     args: tuple[str, ...] = ()) -> RunningStack:
     """Start `sealed up`; return once /readyz says ready, or (`ready_line`) the moment it prints "Sealed is up"."""
@@ -36,6 +51,7 @@ def start_sealed_up(root: Path, timeout: float = 420.0, ready_line: bool = False
     proc = subprocess.Popen(
         [sys.executable, "-m", "api.cli.main", "up", "--port", str(port), *args],
         env=env, stdout=open(root / "up.log", "wb"), stderr=subprocess.STDOUT,  # noqa: SIM115
+        preexec_fn=stop_with_pytest,
     )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + timeout

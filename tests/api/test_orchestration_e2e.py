@@ -23,6 +23,7 @@ import pytest
 
 from api.stack import DEMO_MODEL, free_port
 from api.tenant_tools import default_model_path
+from tests.api.conftest import stop_with_pytest
 from tests.api.traffic import ChatTraffic, wait_ready
 
 # The issue asks for a minute (a quieter run of this 2-core machine had a ready worker in 25 s,
@@ -68,7 +69,7 @@ def host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Host]:
     env.pop("SEALED_MANAGEMENT_TOKEN", None)
     proc = subprocess.Popen([sys.executable, "-m", "api.cli.main", "up", "--port", str(port)], env=env,
                             stdout=open(root / "up.log", "wb"), stderr=subprocess.STDOUT,  # noqa: SIM115
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=stop_with_pytest)
     url = f"http://127.0.0.1:{port}"
     wait_ready(proc, url, root / "up.log")
     yield Host(url, home, work, proc, env)
