@@ -10,13 +10,14 @@ after each response on a kept-alive connection), and refuses connections beyond
 limit; llhttp has no such limit, so on httptools the guard counts the bytes received while a
 request's headers are incomplete and answers 400 (and closes) beyond `max_header_bytes`.
 
-The event loop: uvloop (libuv, in C) where it is installed, as uvicorn's own default does, else
-asyncio's selector loop with a light tenant's callbacks first (priority_loop.py; `--loop
-uvloop|asyncio` chooses; asking for uvloop where it is missing is an error).
-uvloop is not a dependency: its cost per callback and per I/O event is lower, but under `sealed
-bench flood` it did not measurably change the quiet tenant's latency (docs/benchmarks.md), where
-the loop's time goes to Python work per request and per relayed chunk. grpc.aio, the gateway's
-worker channels, streams and cancels on either loop (tests/api/test_event_loop.py).
+The event loop: asyncio's selector loop with a light tenant's callbacks first (priority_loop.py),
+also where uvloop is installed, unlike uvicorn's own default: an optional package must not take
+the fair share away unseen. uvloop (libuv, in C) only when asked for (`--loop uvloop`; asking for
+it where it is missing is an error): its cost per callback and per I/O event is lower, but it has
+no priorities, and under `sealed bench flood` it did not measurably change the quiet tenant's
+latency (docs/benchmarks.md), where the loop's time goes to Python work per request and per
+relayed chunk. grpc.aio, the gateway's worker channels, streams and cancels on either loop
+(tests/api/test_event_loop.py).
 """
 
 from __future__ import annotations
@@ -55,9 +56,9 @@ def base_protocol(http: Http = "auto") -> type[asyncio.Protocol]:
 
 
 def event_loop(loop: Loop = "auto") -> Literal["uvloop", "asyncio"]:
-    """uvloop if it is installed (or asked for), else asyncio's loop: uvicorn's `loop` setting."""
+    """asyncio's loop (with priorities, LOOP_FACTORIES) unless uvloop is asked for: uvicorn's `loop` setting."""
     if loop == "auto":
-        return "uvloop" if importlib.util.find_spec("uvloop") is not None else "asyncio"
+        return "asyncio"
     if loop == "uvloop" and importlib.util.find_spec("uvloop") is None:
         raise RuntimeError("loop 'uvloop' was asked for but uvloop is not installed")
     return loop

@@ -1,6 +1,6 @@
-"""The gateway's event loop: uvloop where it is installed (optional), asyncio's where it is missing
-or not wanted (`--loop asyncio`); and grpc.aio, the gateway's worker channels, streams and cancels
-on uvloop as it does on asyncio's loop (that case runs where uvloop is installed)."""
+"""The gateway's event loop: asyncio's with priorities (priority_loop.py) unless uvloop is asked for
+(`--loop uvloop`, optional); and grpc.aio, the gateway's worker channels, streams and cancels on each
+loop as on asyncio's own (the uvloop case runs where uvloop is installed)."""
 
 from __future__ import annotations
 
@@ -31,13 +31,16 @@ def _without_uvloop(monkeypatch: pytest.MonkeyPatch) -> None:
                         lambda name, *a: None if name == "uvloop" else real(name, *a))
 
 
-def test_auto_is_uvloop_where_installed_else_asyncio(monkeypatch: pytest.MonkeyPatch) -> None:
-    installed = importlib.util.find_spec("uvloop") is not None
-    assert event_loop("auto") == ("uvloop" if installed else "asyncio")
-    assert server_config(_app, "127.0.0.1", 1).loop == LOOP_FACTORIES[event_loop("auto")]
-    _without_uvloop(monkeypatch)
+def test_auto_is_the_priority_loop_even_where_uvloop_is_installed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """uvloop has no priorities: an optional package that happens to be installed must not turn them off."""
+    real = importlib.util.find_spec
+    monkeypatch.setattr(http_server.importlib.util, "find_spec",
+                        lambda name, *a: object() if name == "uvloop" else real(name, *a))  # "installed"
     assert event_loop("auto") == "asyncio"
     assert server_config(_app, "127.0.0.1", 1).loop == LOOP_FACTORIES["asyncio"]
+    assert server_config(_app, "127.0.0.1", 1, loop="uvloop").loop == "uvloop"  # asked for: FIFO, by choice
+    _without_uvloop(monkeypatch)
+    assert event_loop("auto") == "asyncio"
 
 
 def test_asyncio_is_asyncios_selector_loop_with_priorities_even_where_uvloop_is_installed() -> None:
