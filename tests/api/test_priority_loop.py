@@ -4,14 +4,15 @@ the gateway marks which requests are light: a tenant with little in flight, as t
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from api.gateway import priority_loop
 from api.gateway.admission_gate import AdmissionGate
 from api.gateway.generation import Run
 from api.gateway.priority_loop import URGENT, PriorityEventLoop, TwoLevelReadyQueue, mark_urgent
@@ -24,38 +25,33 @@ def _run(main: Any) -> Any:
         return runner.run(main)
 
 
-def test_an_urgent_tasks_steps_run_before_normal_ones_that_were_ready_first() -> None:
+def _step_order(loop_factory: Callable[[], asyncio.AbstractEventLoop], tasks: dict[str, bool], steps: int
+                ) -> list[str]:
+    """The order in which tasks (name: urgent), started in that order, finish each of their steps."""
     order: list[str] = []
 
-    async def steps(name: str, urgent: bool) -> None:
+    async def task(name: str, urgent: bool) -> None:
         mark_urgent(urgent)
-        for _ in range(3):
+        for _ in range(steps):
             await asyncio.sleep(0)
             order.append(name)
 
     async def main() -> None:
-        await asyncio.gather(*(steps(f"n{i}", False) for i in range(3)), steps("U", True))
+        await asyncio.gather(*(task(name, urgent) for name, urgent in tasks.items()))
 
-    _run(main())
+    with asyncio.Runner(loop_factory=loop_factory) as runner:
+        runner.run(main())
+    return order
+
+
+def test_an_urgent_tasks_steps_run_before_normal_ones_that_were_ready_first() -> None:
+    order = _step_order(PriorityEventLoop, {"n0": False, "n1": False, "n2": False, "U": True}, 3)
     assert order == ["U"] * 3 + ["n0", "n1", "n2"] * 3  # normal tasks keep their round-robin order
 
 
 def test_on_asyncios_own_loop_the_same_tasks_run_in_fifo_order() -> None:
     """The control: what the priority loop changes (and that the test above can fail)."""
-    order: list[str] = []
-
-    async def steps(name: str, urgent: bool) -> None:
-        mark_urgent(urgent)
-        for _ in range(2):
-            await asyncio.sleep(0)
-            order.append(name)
-
-    async def main() -> None:
-        await asyncio.gather(steps("n0", False), steps("U", True))
-
-    with asyncio.Runner(loop_factory=asyncio.SelectorEventLoop) as runner:
-        runner.run(main())
-    assert order == ["n0", "U", "n0", "U"]
+    assert _step_order(asyncio.SelectorEventLoop, {"n0": False, "U": True}, 2) == ["n0", "U", "n0", "U"]
 
 
 def test_children_inherit_urgency_and_a_task_can_give_it_up() -> None:
@@ -87,7 +83,7 @@ def test_children_inherit_urgency_and_a_task_can_give_it_up() -> None:
     assert order.index("demoted") > order.index("normal")  # once demoted it waits its FIFO turn
 
 
-def test_callbacks_from_timers_and_other_threads_take_their_contexts_urgency() -> None:
+def test_callbacks_scheduled_here_and_from_other_threads_take_their_contexts_urgency() -> None:
     order: list[str] = []
 
     async def main() -> None:
@@ -95,7 +91,7 @@ def test_callbacks_from_timers_and_other_threads_take_their_contexts_urgency() -
         done = asyncio.Event()
         loop.call_soon(order.append, "normal")
         mark_urgent(True)
-        urgent_context = __import__("contextvars").copy_context()
+        urgent_context = contextvars.copy_context()
         mark_urgent(False)
         thread = threading.Thread(target=lambda: loop.call_soon_threadsafe(order.append, "threadsafe",
                                                                            context=urgent_context))
@@ -113,8 +109,6 @@ def test_the_ready_queue_is_two_fifos_and_counts_both() -> None:
     assert not queue and len(queue) == 0
     loop = asyncio.new_event_loop()
     try:
-        import contextvars
-
         normal = [asyncio.Handle(print, (i,), loop, contextvars.Context()) for i in range(2)]
         ctx = contextvars.Context()
         ctx.run(URGENT.set, True)
@@ -141,7 +135,6 @@ def test_a_python_without_the_ready_deque_is_refused_at_start(monkeypatch: pytes
     monkeypatch.setattr(asyncio.SelectorEventLoop, "__init__", init)
     with pytest.raises(RuntimeError, match="_ready"):
         PriorityEventLoop()
-    assert priority_loop.PriorityEventLoop is PriorityEventLoop
 
 
 def _recording(gw: Any, monkeypatch: pytest.MonkeyPatch) -> tuple[list[bool], list[bool]]:
