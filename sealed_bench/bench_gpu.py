@@ -103,17 +103,20 @@ def run_hf(model: Any, batch: list[list[int]], out_len: int, static: bool) -> di
     return {"tok_s": len(batch) * out_len / (time.perf_counter() - start)}
 
 
-def make_engine(checkpoint: Any, dtype: str, max_seqs: int, max_len: int, device: str) -> LLMEngine:
+def make_engine(checkpoint: Any, dtype: str, max_seqs: int, max_len: int, device: str,
+                decode_kernels: str = "auto", cuda_graphs: bool = False) -> LLMEngine:
     tensors = {k: v.clone() for k, v in checkpoint.tensors.items()}
     cfg = EngineConfig(device=device, dtype=dtype, max_num_seqs=max_seqs, max_num_batched_tokens=16384,
-                       max_model_len=max_len, kv_cache_memory_bytes=4 << 30, enable_prefix_caching=False)
+                       max_model_len=max_len, kv_cache_memory_bytes=4 << 30, enable_prefix_caching=False,
+                       decode_kernels=decode_kernels, cuda_graphs=cuda_graphs)
     return LLMEngine.from_checkpoint(dataclasses.replace(checkpoint, tensors=tensors), cfg)
 
 
-def greedy_equality(arch: str, device: str, assets: Path | None, n_prompts: int = 8, n_tokens: int = 32) -> dict:
+def greedy_equality(arch: str, device: str, assets: Path | None, n_prompts: int = 8, n_tokens: int = 32,
+                    decode_kernels: str = "auto", cuda_graphs: bool = False) -> dict:
     ck = random_checkpoint(arch, device, torch.float32, assets, seed=1, head_std=1.0)
     hf = hf_model(ck, device, torch.float32)
-    engine = make_engine(ck, "float32", n_prompts, 256, device)
+    engine = make_engine(ck, "float32", n_prompts, 256, device, decode_kernels, cuda_graphs)
     batch = prompts(n_prompts, 16, seed=2)
     params = SamplingParams(max_tokens=n_tokens, temperature=0, ignore_eos=True)
     outs: dict[str, list[int]] = {f"r{i}": [] for i in range(n_prompts)}
@@ -140,11 +143,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--check-hf", action="store_true", help="greedy fp32 equality with HF (8 prompts x 32 tokens)")
     ap.add_argument("--assets", type=Path, default=None, help="tokenizer assets (see tests/gpu/README.md)")
     ap.add_argument("--json", type=Path, default=None)
+    # The default decode path is the one measured on a GPU; engine_checks.sh asks for the opt-in
+    # Triton kernels and CUDA graphs, which stay opt-in until that run has passed (docs/engine.md).
+    ap.add_argument("--decode-kernels", default="auto", choices=("auto", "triton", "torch"))
+    ap.add_argument("--cuda-graphs", action="store_true", help="replay captured decode steps (needs triton)")
     args = ap.parse_args(argv)
+    path = {"decode_kernels": args.decode_kernels, "cuda_graphs": args.cuda_graphs}
     dev = args.device
     report: dict[str, Any] = {"arch": args.arch, "device": torch.cuda.get_device_name() if dev.startswith("cuda")
                               else platform.processor(), "torch": torch.__version__,
-                              "input_len": args.input_len, "output_len": args.output_len, "rows": []}
+                              "input_len": args.input_len, "output_len": args.output_len, **path, "rows": []}
 
     def emit(row: dict[str, Any]) -> None:
         report["rows"].append(row)
@@ -153,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
             args.json.write_text(json.dumps(report, indent=1))
 
     if args.check_hf:
-        emit({"check": "greedy_fp32_vs_hf", **greedy_equality(args.arch, dev, args.assets)})
+        emit({"check": "greedy_fp32_vs_hf", **greedy_equality(args.arch, dev, args.assets, **path)})
     bw = read_bandwidth(dev, (2 << 30) if dev.startswith("cuda") else (64 << 20))
     batches = [int(b) for b in args.batch.split(",")]
     ck = random_checkpoint(args.arch, dev, torch.bfloat16, args.assets)
@@ -163,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
           f"batch-1 bound {bw / weight_bytes:.0f} tok/s", flush=True)
     max_len = args.input_len + args.output_len + 16
     for name in ["bf16", *[q for q in args.quant.split(",") if q]]:
-        engine = make_engine(ck, DTYPES[name][0], max(batches), max_len, dev)
+        engine = make_engine(ck, DTYPES[name][0], max(batches), max_len, dev, **path)
         run_sealed(engine, prompts(1, args.input_len, 0), 8)  # warm-up (Triton compiles, cuBLAS handles)
         for batch in batches if name == "bf16" else [1]:
             row = run_sealed(engine, prompts(batch, args.input_len, batch), args.output_len)

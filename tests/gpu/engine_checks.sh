@@ -20,9 +20,11 @@ SEALED_KERNEL_DEVICE=cuda TRITON_INTERPRET=0 timeout 150 python3 -m pytest -q -p
   -o addopts="" tests/enclave_worker/engine/kernels/test_paged_attention.py \
   tests/enclave_worker/engine/kernels/test_fused.py 2>&1 | tee "$OUT/kernels.log"
 
-# 2. Greedy fp32 equality with HF (8 prompts x 32 tokens), then the benchmark table: batch 1/64/256 bf16,
-#    int4 and FP8 at batch 1, HF eager and HF static cache + torch.compile, bandwidth bound, TTFT,
-#    host<->device crossings per decode step (engine count and CUDA profiler).
+# 2. The opt-in decode path (Triton kernels + CUDA graphs; EngineConfig's default on CUDA stays the
+#    gather + SDPA path until this run has passed): greedy fp32 equality with HF (8 prompts x 32
+#    tokens), then the benchmark table: batch 1/64/256 bf16, int4 and FP8 at batch 1, HF eager and
+#    HF static cache + torch.compile, bandwidth bound, TTFT, host<->device crossings per decode step (engine count and CUDA profiler).
 timeout 420 python3 -m sealed_bench.bench_gpu --arch tinyllama-1.1b --check-hf --assets .gpu-assets \
   --batch 1,64,256 --quant int4,fp8 --compare hf,hf-compile --compile-batches 1,64 \
+  --decode-kernels triton --cuda-graphs \
   --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log"
