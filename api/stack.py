@@ -20,6 +20,7 @@ from pathlib import Path
 import httpx
 from cryptography.hazmat.primitives import serialization
 
+from api.console.settings import loopback_host
 from api.gateway.keys import ApiKeyStore
 from api.home import Home, ed25519_key, write_public_key
 from api.orchestrator.local import LocalRuntime
@@ -300,6 +301,12 @@ def broker_admin_token(home: Home) -> Path:
     return hashes
 
 
+def console_cookie_args(host: str) -> list[str]:
+    """On a loopback bind the console is reached over plain HTTP (http://127.0.0.1): its session
+    cookie cannot be Secure there, and `sealed up` says so. Any other bind keeps it Secure."""
+    return ["--unsafe-console-plain-http-loopback"] if loopback_host(host) else []
+
+
 def launch(home: Home, *, host: str = "127.0.0.1", port: int = 8000,
            unsafe_sim_measurement: str | None = None, num_workers: int = 1,
            gateway_args: tuple[str, ...] = (), broker_args: tuple[str, ...] = (),
@@ -337,7 +344,8 @@ def launch(home: Home, *, host: str = "127.0.0.1", port: int = 8000,
             "--broker-jwks", str(home.broker / "jwks.json"), "--reference-values", str(home.reference_values),
             # The console (in the gateway) reads the audit logs and uses the broker's admin API.
             "--audit-dir", str(home.audit), "--audit-witness", str(home.audit_witness), "--broker-url", broker_url,
-            "--broker-admin-token-file", str(home.broker / "admin-token"), *gateway_args], on_restart=stack.write_pids)
+            "--broker-admin-token-file", str(home.broker / "admin-token"), *console_cookie_args(host), *gateway_args],
+            on_restart=stack.write_pids)
         _wait_http(f"{local_gateway}/healthz", gateway)
         for i, (http_port, grpc_port) in enumerate(worker_ports):
             args = worker_args(home, broker_url, http_port, grpc_port, [local_gateway], unsafe_sim_measurement,

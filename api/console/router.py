@@ -31,6 +31,7 @@ from api.console.session import (
     ConsoleForbidden,
     Viewer,
     check_csrf,
+    cookie_secure,
     exchange,
     same_origin,
     set_session_cookie,
@@ -141,20 +142,22 @@ def login(request: Request, token: str = Form("", max_length=4096)) -> Response:
     secret = _service(request).settings.jwt_secret
     state = _state(request)
     try:
-        session = exchange(secret, token, state.settings.session_ttl_s)
+        session = exchange(secret, token, state.settings.session_ttl_s, _service(request).store.revocations)
     except (ConsoleAuthError, ConsoleForbidden) as exc:
         # The same form again, with the reason; the token is never echoed back.
         response = _render(request, "login.html", None, error=str(exc))
         response.status_code = 401 if isinstance(exc, ConsoleAuthError) else 403
         return response
     response = RedirectResponse("/console/audit", status_code=303)
-    set_session_cookie(response, session, secure=request.url.scheme == "https", max_age=state.settings.session_ttl_s)
+    set_session_cookie(response, session, secure=cookie_secure(request, state.settings.unsafe_plain_http_loopback),
+                       max_age=state.settings.session_ttl_s)
     return response
 
 
 @router.post("/logout", dependencies=[Depends(same_origin)])
 def logout(request: Request, csrf: str = Form(""), who: Viewer = Depends(viewer)) -> Response:
     check_csrf(request, csrf, who)
+    _service(request).store.revocations.end_session(who.principal.token_id)  # ends it for every replica
     response = RedirectResponse("/console/login", status_code=303)
     response.delete_cookie(COOKIE, path="/console")
     return response

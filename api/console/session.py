@@ -1,10 +1,16 @@
 """Browser sessions: a management token is exchanged once for an HttpOnly, SameSite=Strict cookie.
 
 The cookie holds a console session token (HS256 JWT, audience ``sealed-console``) signed with the
-management API's key, so any gateway replica accepts it and nothing is kept server side. It
-carries the same subject, role and tenant as the management token it was exchanged for, and
-expires with it (or after ``session_ttl_s``, whichever is first). State-changing forms carry a
-CSRF token: an HMAC of the session's id under the same key (double submit, bound to the session).
+management API's key. It carries the same subject, role and tenant as the management token it was
+exchanged for, and expires with it (or after ``session_ttl_s``, whichever is first). Its id (jti)
+is recorded in the control-plane store and checked on every request (api/store/revocation.py), so
+logout, a revocation (of the session, its management token, its subject or tenant) and tenant
+removal end it at once on every replica. State-changing forms carry a CSRF token: an HMAC of the
+session's id under the same key (double submit, bound to the session).
+
+The cookie is ``Secure`` except where the operator named the one exception,
+``ConsoleSettings.unsafe_plain_http_loopback`` (``--unsafe-console-plain-http-loopback``), and
+the request reached the gateway directly over plain HTTP on loopback (``cookie_secure``).
 """
 
 from __future__ import annotations
@@ -17,7 +23,9 @@ import secrets
 import jwt
 from fastapi import Depends, Request
 
-from api.management.auth import AUDIENCE, ROLES, Principal
+from api.console.settings import loopback_host
+from api.management.auth import ROLES, Principal, decode_token
+from api.store.revocation import ConsoleSession, Revocations, TokenClaims, TokenRevoked
 
 COOKIE = "sealed_console"
 SESSION_AUDIENCE = "sealed-console"
@@ -39,28 +47,39 @@ def _secret(request: Request) -> str:
     return secret
 
 
-def exchange(secret: str, management_token: str, ttl_s: int, now: dt.datetime | None = None) -> str:
-    """A session token for a valid management token of a console role; raises ConsoleAuthError."""
+def exchange(secret: str, management_token: str, ttl_s: int, revocations: Revocations,
+             now: dt.datetime | None = None) -> str:
+    """A session token for a valid, unrevoked management token of a console role, recorded in the
+    store; raises ConsoleAuthError or ConsoleForbidden."""
     now = now or dt.datetime.now(dt.UTC)
     try:
-        claims = jwt.decode(management_token.strip(), secret, algorithms=["HS256"], audience=AUDIENCE,
-                            options={"require": ["exp", "sub", "aud"]})
+        claims = decode_token(secret, management_token.strip())
     except jwt.PyJWTError as exc:
         raise ConsoleAuthError("invalid management token") from exc
-    role = claims.get("role")
+    role, subject, tenant = claims.get("role"), claims.get("sub"), claims.get("tenant")
     if role not in ROLES or role not in CONSOLE_ROLES:
         raise ConsoleForbidden(f"role {role!s} has no console access")
-    tenant = claims.get("tenant")
     if role == "tenant-admin" and not tenant:
         raise ConsoleForbidden("tenant-admin token without a tenant")
+    if not isinstance(subject, str) or not isinstance(claims["jti"], str) or not (
+            tenant is None or isinstance(tenant, str)):
+        raise ConsoleAuthError("invalid management token")
+    tenant = tenant if role == "tenant-admin" else None
+    try:
+        revocations.check_token(TokenClaims(claims["jti"], subject, tenant, float(claims["iat"])))
+    except TokenRevoked as exc:
+        raise ConsoleAuthError("management token revoked") from exc
     expires = min(int(claims["exp"]), int((now + dt.timedelta(seconds=ttl_s)).timestamp()))
-    return jwt.encode({"sub": str(claims["sub"]), "role": role, "tenant": tenant, "aud": SESSION_AUDIENCE,
-                       "iat": int(now.timestamp()), "exp": expires, "jti": secrets.token_hex(16)},
+    session = ConsoleSession(secrets.token_hex(16), subject, role, tenant, claims["jti"], now.timestamp(),
+                             dt.datetime.fromtimestamp(expires, dt.UTC))
+    revocations.record_session(session)
+    return jwt.encode({"sub": subject, "role": role, "tenant": tenant, "aud": SESSION_AUDIENCE,
+                       "iat": int(now.timestamp()), "exp": expires, "jti": session.jti},
                       secret, algorithm="HS256")
 
 
-def read_session(secret: str, token: str) -> tuple[Principal, str]:
-    """The principal and session id of a session cookie; raises ConsoleAuthError."""
+def read_session(secret: str, token: str, revocations: Revocations) -> tuple[Principal, str]:
+    """The principal and session id of a live session cookie; raises ConsoleAuthError."""
     try:
         claims = jwt.decode(token, secret, algorithms=["HS256"], audience=SESSION_AUDIENCE,
                             options={"require": ["exp", "sub", "aud", "jti"]})
@@ -68,7 +87,12 @@ def read_session(secret: str, token: str) -> tuple[Principal, str]:
         raise ConsoleAuthError("session expired or invalid") from exc
     if claims.get("role") not in CONSOLE_ROLES:
         raise ConsoleAuthError("session for a role without console access")
-    return Principal(str(claims["sub"]), claims["role"], claims.get("tenant")), str(claims["jti"])
+    try:
+        # The store's record, not the cookie's claims, says who this is: they agree unless the key leaked.
+        session = revocations.check_session(str(claims["jti"]))
+    except TokenRevoked as exc:
+        raise ConsoleAuthError("session ended; log in again") from exc
+    return Principal(session.subject, session.role, session.tenant, session.jti), session.jti
 
 
 def csrf_token(secret: str, session_id: str) -> str:
@@ -100,7 +124,7 @@ def viewer(request: Request) -> Viewer:
     token = request.cookies.get(COOKIE)
     if not token:
         raise ConsoleAuthError("not logged in")
-    who, session_id = read_session(secret, token)
+    who, session_id = read_session(secret, token, request.app.state.service.store.revocations)
     return Viewer(who, csrf_token(secret, session_id))
 
 
@@ -112,6 +136,22 @@ def check_csrf(request: Request, submitted: str, who: Viewer = Depends(viewer)) 
 def set_session_cookie(response, token: str, *, secure: bool, max_age: int) -> None:  # type: ignore[no-untyped-def]
     response.set_cookie(COOKIE, token, max_age=max_age, path="/console", httponly=True, samesite="strict",
                         secure=secure)
+
+
+_FORWARDED = ("x-forwarded-proto", "x-forwarded-for", "x-forwarded-host", "forwarded")
+
+
+def cookie_secure(request: Request, unsafe_plain_http_loopback: bool) -> bool:
+    """Secure, always, unless the operator opted out for plain HTTP on loopback and this request is
+    exactly that: scheme http, from a loopback peer to a loopback host, and through no proxy. A
+    forwarding header (a TLS terminator's X-Forwarded-Proto, or any proxy's) keeps it Secure: the
+    headers are trusted only to add the flag, never to drop it, so a client cannot spoof it away."""
+    if not unsafe_plain_http_loopback or request.url.scheme != "http":
+        return True
+    if any(name in request.headers for name in _FORWARDED):
+        return True
+    peer = request.client.host if request.client is not None else None
+    return not (loopback_host(peer) and loopback_host(request.url.hostname))
 
 
 def same_origin(request: Request) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +25,10 @@ class ConsoleSettings:
     # Tenant policy admin public keys, `<tenant>/<key_id>.pub` (PEM), to verify signed policies.
     policy_keys_dir: Path | None = None
     session_ttl_s: int = 8 * 3600
+    # Session cookies are Secure. The one exception, for a gateway reached directly over plain HTTP
+    # on loopback (`sealed up` on 127.0.0.1): True drops the flag for exactly such requests
+    # (api/console/session.py cookie_secure); the gateway refuses it on a non-loopback bind.
+    unsafe_plain_http_loopback: bool = False
     page_size: int = 50
 
     @property
@@ -31,3 +36,13 @@ class ConsoleSettings:
         if self.audit_keys_dir is not None:
             return self.audit_keys_dir
         return self.audit_dir / "keys" if self.audit_dir is not None else None
+
+
+def loopback_host(host: str | None) -> bool:
+    """A loopback address or name (where --unsafe-console-plain-http-loopback may apply)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address((host or "").strip("[]")).is_loopback
+    except ValueError:
+        return False

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import uvicorn
 
-from api.console.settings import ConsoleSettings
+from api.console.settings import ConsoleSettings, loopback_host
 from api.gateway.app import create_app
 from api.gateway.http_server import ConnectionLimits, server_config, shorten_gil_switch_interval
 from api.gateway.settings import GatewaySettings, WorkerRoute
@@ -59,8 +59,17 @@ def main(argv: list[str] | None = None) -> int:
                         help="tenant policy admin public keys, TENANT/KEY_ID.pub, to verify signed policies")
     parser.add_argument("--reference-values", type=Path, default=None,
                         help="signed reference values to serve at /.well-known/reference-values")
+    parser.add_argument("--unsafe-console-plain-http-loopback", action="store_true",
+                        help="console session cookies without Secure for plain-HTTP requests on loopback "
+                             "(only with a loopback --host; anything proxied stays Secure)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s gateway %(levelname)s %(message)s")
+    if args.unsafe_console_plain_http_loopback:
+        if not loopback_host(args.host):
+            parser.error("--unsafe-console-plain-http-loopback needs a loopback --host (127.0.0.1, ::1, localhost)")
+        logging.getLogger("api.gateway").warning(
+            "UNSAFE: console session cookies are not Secure for plain-HTTP requests on loopback "
+            "(--unsafe-console-plain-http-loopback); serve the console over HTTPS anywhere else")
     routes = tuple(WorkerRoute(**r) for r in json.loads(args.routes.read_text())) if args.routes else ()
     settings = GatewaySettings(data_dir=args.data_dir, workers=routes, dev=args.dev,
                                database_url=args.database_url, redis_url=args.redis_url,
@@ -74,7 +83,8 @@ def main(argv: list[str] | None = None) -> int:
                                                        audit_anchor_url=args.audit_anchor_url,
                                                        broker_url=args.broker_url,
                                                        broker_admin_token=_secret(args.broker_admin_token_file),
-                                                       policy_keys_dir=args.policy_keys_dir))
+                                                       policy_keys_dir=args.policy_keys_dir,
+                                                       unsafe_plain_http_loopback=args.unsafe_console_plain_http_loopback))
     limits = ConnectionLimits(header_timeout_s=args.header_timeout, max_connections=args.max_connections)
     app = create_app(settings)
     shorten_gil_switch_interval(args.gil_switch_interval)

@@ -84,9 +84,11 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         from api.management import uploads
         from api.management.app import router as management_router
         from api.management.lifecycle import router as lifecycle_router
+        from api.management.sessions import router as sessions_router
 
         app.include_router(management_router, prefix="/admin/v1")
         app.include_router(lifecycle_router, prefix="/admin/v1")
+        app.include_router(sessions_router, prefix="/admin/v1")  # logout, revocation, tenant removal
         app.include_router(uploads.router)  # package uploads, for tenant admins
         app.state.package_store = uploads.PackageStore(settings.data_dir / "package-store")
         from api.console.router import install as install_console

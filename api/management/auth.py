@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import re
+import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -16,6 +17,7 @@ from fastapi import Depends, Request
 
 from api.gateway.dependencies import bearer_secret
 from api.gateway.errors import GatewayError
+from api.store.revocation import TokenClaims, TokenRevoked
 
 ROLES = ("operator", "tenant-admin", "tenant-user", "auditor")
 _TENANT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-]{0,63}$")
@@ -27,6 +29,7 @@ class Principal:
     subject: str
     role: str
     tenant: str | None
+    token_id: str = ""  # the token's jti (what logout and revocation by id name)
 
 
 def issue_token(secret: str, subject: str, role: str, tenant: str | None = None, ttl_s: int = 3600) -> str:
@@ -35,8 +38,26 @@ def issue_token(secret: str, subject: str, role: str, tenant: str | None = None,
     if role.startswith("tenant-") and not tenant:
         raise ValueError("tenant roles need a tenant")
     now = dt.datetime.now(dt.UTC)
-    return jwt.encode({"sub": subject, "role": role, "tenant": tenant, "aud": AUDIENCE, "iat": now,
-                       "exp": now + dt.timedelta(seconds=ttl_s)}, secret, algorithm="HS256")
+    # iat to the microsecond: a revocation of a subject covers tokens issued up to that instant,
+    # not the whole second (a token issued right after a revocation must work).
+    return jwt.encode({"sub": subject, "role": role, "tenant": tenant, "aud": AUDIENCE, "iat": now.timestamp(),
+                       "exp": now + dt.timedelta(seconds=ttl_s), "jti": secrets.token_hex(16)},
+                      secret, algorithm="HS256")
+
+
+def decode_token(secret: str, token: str) -> dict:
+    """A management token's claims (signature, audience, expiry; jti and iat for revocation)."""
+    return jwt.decode(token, secret, algorithms=["HS256"], audience=AUDIENCE,
+                      options={"require": ["exp", "iat", "sub", "aud", "jti"]})
+
+
+def check_not_revoked(request: Request, claims: dict, who: Principal) -> None:
+    """Refuse a token the store has revoked (checked on every request; every replica shares it)."""
+    try:
+        request.app.state.service.store.revocations.check_token(
+            TokenClaims(who.token_id, who.subject, who.tenant, float(claims["iat"])))
+    except TokenRevoked as exc:
+        raise GatewayError(401, "management token revoked", code="invalid_token") from exc
 
 
 def principal(request: Request, token: str = Depends(bearer_secret)) -> Principal:
@@ -44,11 +65,11 @@ def principal(request: Request, token: str = Depends(bearer_secret)) -> Principa
     if not secret:
         raise GatewayError(503, "management API disabled: no JWT secret configured", type_="server_error")
     try:
-        claims = jwt.decode(token, secret, algorithms=["HS256"], audience=AUDIENCE,
-                            options={"require": ["exp", "sub", "aud"]})
+        claims = decode_token(secret, token)
     except jwt.PyJWTError as exc:
         raise GatewayError(401, "invalid management token", code="invalid_token") from exc
     who = _typed_principal(claims)
+    check_not_revoked(request, claims, who)
     # A refusal after this (403, 404, a schema error) is audited under the principal's tenant.
     request.scope.setdefault("state", {})["audit_tenant"] = who.tenant
     return who
@@ -58,7 +79,9 @@ def _typed_principal(claims: dict) -> Principal:
     """Claims are typed strictly: a signed token with a wrong-typed claim is refused, never guessed at
     (a tenant role with `tenant: null` must not read as "every tenant", nor a list reach a query)."""
     role, subject, tenant = claims.get("role"), claims.get("sub"), claims.get("tenant")
-    if not isinstance(subject, str) or not subject or not isinstance(role, str):
+    jti, iat = claims.get("jti"), claims.get("iat")
+    if (not isinstance(subject, str) or not subject or not isinstance(role, str) or not isinstance(jti, str)
+            or not jti or len(jti) > 64 or isinstance(iat, bool) or not isinstance(iat, int | float)):
         raise GatewayError(401, "invalid management token", code="invalid_token")
     if role not in ROLES:
         raise GatewayError(403, "unknown role", type_="permission_error", code="forbidden")
@@ -66,7 +89,7 @@ def _typed_principal(claims: dict) -> Principal:
         raise GatewayError(401, "invalid management token", code="invalid_token")
     if role.startswith("tenant-") and tenant is None:
         raise GatewayError(401, "invalid management token: a tenant role needs a tenant", code="invalid_token")
-    return Principal(subject, role, tenant if role.startswith("tenant-") else None)
+    return Principal(subject, role, tenant if role.startswith("tenant-") else None, jti)
 
 
 def require(*roles: str) -> Callable[..., Principal]:

@@ -110,3 +110,29 @@ class PolicyVersionRow(Base):
     version: Mapped[int] = mapped_column(Integer, primary_key=True)
     document: Mapped[dict] = mapped_column(JSON)
     created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class ConsoleSessionRow(Base):
+    """A console session (the cookie's jti): a session is live only while its row is and not revoked."""
+
+    __tablename__ = "console_sessions"
+    jti: Mapped[str] = mapped_column(String(64), primary_key=True)
+    subject: Mapped[str] = mapped_column(String(256), index=True)
+    role: Mapped[str] = mapped_column(String(32))
+    tenant: Mapped[str | None] = mapped_column(String(64), nullable=True, index=True)
+    token_jti: Mapped[str] = mapped_column(String(64))  # the management token it was exchanged for
+    issued_at: Mapped[float] = mapped_column(Float)  # epoch seconds, compared with revocation cut-offs
+    expires_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True))
+    revoked_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+
+
+class TokenRevocation(Base):
+    """Management tokens are minted offline (the CLI, the control loop), so they are revoked by
+    deny-list: one token by jti, or every token of a subject or tenant (or all) issued up to a time."""
+
+    __tablename__ = "token_revocations"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    kind: Mapped[str] = mapped_column(String(16), index=True)  # jti | subject | tenant | all
+    value: Mapped[str] = mapped_column(String(256), index=True)  # "" for all
+    issued_until: Mapped[float] = mapped_column(Float)  # tokens issued (iat) at or before this are revoked
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

@@ -8,10 +8,11 @@ import hmac
 import secrets
 from dataclasses import dataclass
 
-from sqlalchemy import func, select
+from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.store.models import ApiKeyRow, ModelVersion, PolicyRow, PolicyVersionRow, Tenant, UsageRow
+from api.store.revocation import Revocations
 from protocol.model_ref import ModelRef
 
 KEY_PREFIX = "sk-sealed-"
@@ -49,6 +50,7 @@ def _record(row: ApiKeyRow) -> KeyRecord:
 class Store:
     def __init__(self, sessions: sessionmaker[Session]) -> None:
         self.sessions = sessions
+        self.revocations = Revocations(sessions)  # console sessions and management tokens
 
     # -- tenants
     def ensure_tenant(self, name: str, **fields: object) -> Tenant:
@@ -70,6 +72,20 @@ class Store:
     def tenants(self) -> list[Tenant]:
         with self.sessions() as s:
             return list(s.scalars(select(Tenant).order_by(Tenant.name)))
+
+    def remove_tenant(self, name: str) -> bool:
+        """The tenant, its API keys and its traffic go (its versions are retired: workers drain and
+        stop; usage and policy history stay for the audit); False when there is no such tenant.
+        Its console sessions and management tokens are revoked with it."""
+        if self.tenant(name) is None:
+            return False
+        self.revocations.revoke("tenant", name)  # first: a failure below leaves no session behind
+        with self.sessions.begin() as s:
+            s.execute(delete(ApiKeyRow).where(ApiKeyRow.tenant == name))
+            s.execute(update(ModelVersion).where(ModelVersion.tenant == name)
+                      .values(traffic_percent=0.0, previous_percent=None, min_warm=0, retired=True))
+            s.execute(delete(Tenant).where(Tenant.name == name))
+        return True
 
     # -- API keys
     def create_key(self, tenant: str, name: str, models: tuple[str, ...] = (), expires_at: dt.datetime | None = None,

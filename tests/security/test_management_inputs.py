@@ -4,6 +4,7 @@ management token claims are typed strictly (tenant null or a list is refused, ne
 from __future__ import annotations
 
 import datetime as dt
+import secrets
 from pathlib import Path
 
 import jwt
@@ -46,7 +47,8 @@ def test_manifest_names_never_become_paths_outside_the_store(upload_app, tmp_pat
 
 def _token(claims: dict) -> str:
     now = dt.datetime.now(dt.UTC)
-    return jwt.encode({"sub": "x", "aud": AUDIENCE, "iat": now, "exp": now + dt.timedelta(minutes=5), **claims},
+    return jwt.encode({"sub": "x", "aud": AUDIENCE, "iat": now, "exp": now + dt.timedelta(minutes=5),
+                       "jti": secrets.token_hex(16), **claims},
                       JWT_SECRET, algorithm="HS256")
 
 

@@ -4,6 +4,7 @@ every tenant and model without authentication, and /docs and /openapi.json were 
 from __future__ import annotations
 
 import datetime as dt
+import secrets
 from pathlib import Path
 
 import jwt
@@ -16,7 +17,8 @@ from tests.security.harness import JWT_SECRET, REGISTER_TOKEN, gateway, heartbea
 def _jwt(role: str, tenant: str | None = None) -> dict[str, str]:
     now = dt.datetime.now(dt.UTC)
     token = jwt.encode({"sub": "x", "role": role, "tenant": tenant, "aud": AUDIENCE, "iat": now,
-                        "exp": now + dt.timedelta(minutes=5)}, JWT_SECRET, algorithm="HS256")
+                        "exp": now + dt.timedelta(minutes=5), "jti": secrets.token_hex(16)}, JWT_SECRET,
+                       algorithm="HS256")
     return {"Authorization": f"Bearer {token}"}
 
 

@@ -147,7 +147,10 @@ def build_site(root: Path) -> Site:
         data_dir=root / "gateway", dev=True, jwt_secret=jwt_secret, register_token=register_token,
         heartbeat_timeout_s=3600.0,
         console=ConsoleSettings(audit_dir=audit_dir, broker_url=broker_url, broker_admin_token=broker.admin_token,
-                                policy_keys_dir=policy_keys))
+                                policy_keys_dir=policy_keys,
+                                # Reached over http://127.0.0.1, as under `sealed up`: httpx and the
+                                # browser send no Secure cookie over plain HTTP.
+                                unsafe_plain_http_loopback=True))
     (root / "gateway").mkdir(parents=True, exist_ok=True)
     app = create_app(settings)
     service = app.state.service

@@ -86,6 +86,17 @@ def test_session_cookie_is_httponly_strict_and_scoped(site: Site) -> None:
         assert fresh.status_code == 303
 
 
+def test_behind_a_tls_terminator_the_cookie_is_secure(site: Site) -> None:
+    """The console site runs with the loopback opt-out (as `sealed up` does); a proxy's
+    X-Forwarded-Proto: https still gets the Secure flag, and a direct request does not."""
+    login = {"token": site.token("auditor")}
+    proxied = httpx.post(f"{site.url}/console/login", data=login, headers={"X-Forwarded-Proto": "https"})
+    direct = httpx.post(f"{site.url}/console/login", data=login)
+    assert proxied.status_code == direct.status_code == 303
+    assert "secure" in proxied.headers["set-cookie"].lower()
+    assert "secure" not in direct.headers["set-cookie"].lower()
+
+
 @pytest.mark.parametrize(("role", "tenant"), ROLES)
 def test_each_role_sees_exactly_its_scope(site: Site, role: str, tenant: str | None) -> None:
     with _client(site, role, tenant) as client:
