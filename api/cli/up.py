@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import shlex
 import signal
 import time
 from pathlib import Path
@@ -10,9 +11,23 @@ from pathlib import Path
 import typer
 
 from api.home import Home, default_home
-from api.stack import launch, prepare_demo
+from api.stack import console_cookie_args, launch, prepare_demo
 from api.supervisor import AlreadyRunning, RunLock
 from api.vllm_python import VllmNotInstalled
+
+
+def verify_command(url: str, layout: Home, tenant: str) -> str:
+    """The `sealed verify` line `sealed up` prints: it must work pasted as is, so it names the API
+    key's file (the gateway shows a tenant's workers only to its key) and the demo client policy."""
+    return shlex.join(["sealed", "verify", url, "--policy", str(layout.root / "demo" / "client-policy.json"),
+                       "--api-key-file", str(layout.api_key_file(tenant))])
+
+
+def _console_note(host: str) -> str:
+    if console_cookie_args(host):
+        return ("  (plain HTTP on loopback: its session cookie is not Secure here, "
+                "--unsafe-console-plain-http-loopback; serve it over HTTPS elsewhere)")
+    return ""
 
 
 def up(
@@ -86,8 +101,10 @@ print(c.chat.completions.create(model='{info.model}', \\
 messages=[{{'role': 'user', 'content': 'What is the capital of France?'}}]).choices[0].message.content)"
 
 Sealed mode (the prompt is encrypted to the attested worker; docs/sealed-mode.md):
-  sealed verify {url} --policy {layout.root / 'demo' / 'client-policy.json'}
+  {verify_command(url, layout, info.tenant)}
   SealedOpenAI(base_url='{url}/v1', api_key=..., policy='{layout.root / 'demo' / 'client-policy.json'}')
+
+Console: {url}/console{_console_note(host)}
 
 Ctrl-C stops every process; one that dies is restarted.""")
         while True:

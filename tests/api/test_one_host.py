@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -86,6 +87,35 @@ def _wait_new_pid(host: Host, name: str, old: int) -> float:
     raise AssertionError(f"{name} was not restarted")
 
 
+def _printed_line(host: Host, command: str) -> str:
+    """The line of `sealed up`'s banner that starts with `command` (the banner follows readiness)."""
+    deadline = time.monotonic() + 120  # a hang guard for the banner, not a measured duration
+    while True:
+        found = [ln.strip() for ln in host.log.read_text().splitlines() if ln.strip().startswith(command)]
+        if found:
+            return found[0]
+        assert time.monotonic() < deadline and host.proc.poll() is None, host.log.read_text()[-3000:]
+        time.sleep(0.2)
+
+
+def test_the_printed_sealed_verify_line_works_when_pasted(host: Host) -> None:
+    """Exactly the printed arguments, through the CLI, in a shell that has no API key in its
+    environment (it used to answer 401: the line lacked the key)."""
+    line = _printed_line(host, "sealed verify ")
+    argv = shlex.split(line)
+    assert argv[:2] == ["sealed", "verify"]
+    env = {k: v for k, v in os.environ.items() if k not in ("SEALED_API_KEY", "OPENAI_API_KEY")}
+    out = subprocess.run([sys.executable, "-m", "api.cli.main", *argv[1:]], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "worker " in out.stdout and "measurement" in out.stdout
+    assert host.api_key not in out.stdout + out.stderr  # named by its file, never printed
+
+
+def test_sealed_up_says_its_console_cookie_is_not_secure_on_plain_http_loopback(host: Host) -> None:
+    assert "--unsafe-console-plain-http-loopback" in _printed_line(host, "Console: ")
+
+
 def test_a_second_sealed_up_beside_a_running_one_prints_one_line_and_fails(host: Host) -> None:
     env = {**os.environ, "SEALED_HOME": str(host.home)}
     out = subprocess.run([sys.executable, "-m", "api.cli.main", "up", "--port", str(free_port())], env=env,
@@ -110,7 +140,7 @@ def test_kill_9_of_the_broker_under_load_loses_no_request(host: Host) -> None:
             time.sleep(0.2)
         load.wait_for(load.ok + 3)
     after = host.pids()
-    assert took < RESTART_BOUND_S
+    assert took < RESTART_BOUND_S  # timed-assert-ok: the supervisor's restart bound (docs), ~10x a restart
     # The workers hold their key: serving never stopped, nothing failed.
     assert load.errors == []
     assert after["gateway"] == before["gateway"] and after["workers"] == before["workers"]
@@ -140,7 +170,7 @@ def test_kill_9_of_the_gateway_under_load_fails_only_in_flight_requests(host: Ho
             time.sleep(0.2)
         load.wait_for(load.ok + 3)  # the restarted gateway serves again
     after = host.pids()
-    assert took < RESTART_BOUND_S
+    assert took < RESTART_BOUND_S  # timed-assert-ok: the supervisor's restart bound (docs), ~10x a restart
     assert after["key-broker"] == before["key-broker"] and after["workers"] == before["workers"]
     # Only what was on the dead gateway failed (3 clients: at most 3 in flight), with a clear error,
     # and while it was down new connections were refused (never a hang).

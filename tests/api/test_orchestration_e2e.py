@@ -113,7 +113,7 @@ def test_second_tenant_from_the_cli_to_a_served_answer_and_back_after_kill_9(hos
     key = (w / "acme.key").read_text().strip()
     answer = None
     while answer is None:
-        assert time.monotonic() - registered < ANSWER_WITHIN_S, host.readiness()
+        assert time.monotonic() - registered < ANSWER_WITHIN_S, host.readiness()  # timed-assert-ok: hang guard
         try:
             answer = _ask(host.url, key, "tiny", timeout=ANSWER_TIMEOUT_S)
         except openai.APIStatusError as exc:
@@ -129,7 +129,7 @@ def test_second_tenant_from_the_cli_to_a_served_answer_and_back_after_kill_9(hos
     os.kill(victim, signal.SIGKILL)
     killed, seen = time.monotonic(), []
     while True:
-        assert time.monotonic() - killed < ANSWER_WITHIN_S, f"not back: {seen}"
+        assert time.monotonic() - killed < ANSWER_WITHIN_S, f"not back: {seen}"  # timed-assert-ok: hang guard
         started = time.monotonic()
         try:
             _ask(host.url, key, "tiny", timeout=ANSWER_TIMEOUT_S)
@@ -139,6 +139,7 @@ def test_second_tenant_from_the_cli_to_a_served_answer_and_back_after_kill_9(hos
             assert exc.status_code == 503 and exc.response.headers.get("retry-after"), exc
             assert exc.body["code"] in ("model_unavailable", "worker_lost"), exc.body
             seen.append(exc.body["code"])
+            # timed-assert-ok: a 503 comes in milliseconds; 15 s only tells it from a hang.
             assert time.monotonic() - started < 15, "an error must come at once, not after a hang"
         time.sleep(0.3)
     print(f"worker back and serving {time.monotonic() - killed:.1f} s after kill -9; "

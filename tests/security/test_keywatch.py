@@ -60,7 +60,8 @@ def test_a_broker_that_always_answers_429_does_not_kill_the_watcher() -> None:
         started = time.monotonic()
         # It cannot renew, so at the end of its lease the worker gives the key up.
         assert asyncio.run(scenario()) == "lease-expired"
-        assert 3.8 <= time.monotonic() - started < 20
+        # timed-assert-ok: a lower bound (the key is kept until its lease ends); load only lengthens it.
+        assert time.monotonic() - started >= 3.8
 
 
 def _forged_mac(body: dict, key: bytes) -> dict:
