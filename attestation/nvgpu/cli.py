@@ -16,7 +16,7 @@ from attestation.errors import ParseError
 from attestation.nvgpu.abi import GpuEvidence, parse_evidence
 from attestation.nvgpu.rim import parse_rim
 from attestation.nvgpu.validate import Policy, to_claims, validate
-from attestation.nvgpu.verify import VerifiedGpu, verify_gpu_list
+from attestation.nvgpu.verify import GpuVerifyOptions, VerifiedGpu, verify_gpu_list
 from attestation.x509chain import load_pem_chain
 
 _HEX = frozenset(string.hexdigits.encode() + b" \t\r\n")
@@ -110,7 +110,8 @@ def verify_for_cli(request: VerifyRequest) -> dict:
             raise ParseError(f"entry {i}: listed nonce {claimed} differs from the report's nonce")
     policy_obj = Policy.from_dict(request.policy) if request.policy is not None else None
     verified = verify_gpu_list(
-        [(ev, chain) for ev, chain, _ in items], nonce=expected, now=at, roots_dir=request.roots_dir, rims=rims
+        [(ev, chain) for ev, chain, _ in items], nonce=expected, now=at,
+        options=GpuVerifyOptions(roots_dir=request.roots_dir, rims=tuple(rims)),
     )
     claims = validate(verified, policy_obj) if policy_obj is not None else [
         to_claims(v, i) for i, v in enumerate(verified)
