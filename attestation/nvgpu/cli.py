@@ -31,6 +31,13 @@ def _b64(text: Any, what: str) -> bytes:
         raise ParseError(f"{what} is not base64") from exc
 
 
+def _unhex(text: bytes) -> bytes:
+    try:
+        return bytes.fromhex(text.decode())
+    except ValueError as exc:  # odd length, or whitespace inside a byte
+        raise ParseError(f"evidence is hex text but does not decode: {exc}") from exc
+
+
 Item = tuple[GpuEvidence, list[x509.Certificate], str | None]
 
 
@@ -72,7 +79,7 @@ def _split(evidence: bytes, certs: list[bytes]) -> list[Item]:
             claimed = e.get("nonce", top_nonce)
             out.append((ev, chain, claimed if isinstance(claimed, str) else None))
         return out
-    raw = bytes.fromhex(text.decode()) if text and all(c in _HEX for c in text) else evidence
+    raw = _unhex(text) if text and all(c in _HEX for c in text) else evidence
     if len(certs) != 1:
         raise ParseError(f"one PEM certificate chain is needed for a single report, got {len(certs)}")
     return [(parse_evidence(raw), load_pem_chain(certs[0]), None)]
@@ -130,7 +137,7 @@ def inspect_for_cli(evidence: bytes) -> dict:
         entries, _ = _entries(text)
         reports = [parse_evidence(_b64(e.get("evidence"), f"entry {i}")) for i, e in enumerate(entries)]
     elif text and all(c in _HEX for c in text):
-        reports = [parse_evidence(bytes.fromhex(text.decode()))]
+        reports = [parse_evidence(_unhex(text))]
     else:
         reports = [parse_evidence(evidence)]
     return {"tee": "nvgpu", "verified": False, "gpus": [_inspect(i, r) for i, r in enumerate(reports)]}
