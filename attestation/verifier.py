@@ -129,7 +129,8 @@ def _verify_gpus(bundle: EvidenceBundle, now: dt.datetime, trust: VerifierTrust)
 
     # Every GPU must answer the same nonce as the CPU evidence, each with its own device key.
     verified = nvgpu.verify_gpu_list([(g.evidence, g.certificate_chain) for g in bundle.gpus],
-                                     nonce=bundle.runtime_data.nonce, now=now, roots_dir=trust.roots_dir)
+                                     nonce=bundle.runtime_data.nonce, now=now,
+                                     options=nvgpu.GpuVerifyOptions(roots_dir=trust.roots_dir))
     return tuple(nvgpu.to_claims(v, i) for i, v in enumerate(verified))
 
 

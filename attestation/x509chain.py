@@ -22,20 +22,38 @@ ROOTS_DIR = Path(__file__).with_name("roots")
 BAD_DER = (ValueError, TypeError, UnsupportedAlgorithm, x509.InvalidVersion, x509.DuplicateExtension)
 
 
-def load_der_or_pem(data: bytes) -> x509.Certificate:
-    """Load one certificate. AMD KDS certificates carry serial 0, which cryptography warns about."""
+def parsed_in_full(cert: x509.Certificate) -> x509.Certificate:
+    """`cert`, once every field that cryptography decodes lazily has been decoded; raises ParseError.
+
+    Names, extensions and the public key are decoded on first access, so a certificate that loads
+    can still raise ValueError later (an invalid EC point, a wrong ASN.1 tag inside the issuer),
+    deep inside a chain walk. Decoding them here keeps every malformed certificate at the boundary.
+    """
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
+        warnings.simplefilter("ignore")  # AMD KDS certificates carry serial 0
         try:
-            if data.lstrip().startswith(b"-----BEGIN"):
-                return x509.load_pem_x509_certificate(data)
-            return x509.load_der_x509_certificate(data)
+            _ = (cert.version, cert.issuer.rfc4514_string(), cert.subject.rfc4514_string(), list(cert.extensions),
+                 cert.public_key(), cert.signature_hash_algorithm, cert.not_valid_before_utc,
+                 cert.not_valid_after_utc, cert.serial_number)
+        except BAD_DER as exc:
+            raise ParseError(f"malformed certificate: {exc}") from exc
+    return cert
+
+
+def load_der_or_pem(data: bytes) -> x509.Certificate:
+    """Load one certificate, every field decoded (see parsed_in_full)."""
+    pem = data.lstrip().startswith(b"-----BEGIN")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # AMD KDS certificates carry serial 0
+        try:
+            cert = x509.load_pem_x509_certificate(data) if pem else x509.load_der_x509_certificate(data)
         except BAD_DER as exc:
             raise ParseError(f"not a certificate: {exc}") from exc
+    return parsed_in_full(cert)
 
 
 def load_pem_chain(data: bytes) -> list[x509.Certificate]:
-    """Load every certificate of a PEM bundle, in file order."""
+    """Load every certificate of a PEM bundle, in file order, every field decoded."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
@@ -44,7 +62,7 @@ def load_pem_chain(data: bytes) -> list[x509.Certificate]:
             raise ParseError(f"not a PEM certificate bundle: {exc}") from exc
     if not certs:
         raise ParseError("empty certificate bundle")
-    return certs
+    return [parsed_in_full(c) for c in certs]
 
 
 def load_pinned_roots(name: str, roots_dir: Path | None = None) -> list[x509.Certificate]:
@@ -86,7 +104,7 @@ def check_issued_by(child: x509.Certificate, issuer: x509.Certificate, what: str
         raise ChainError(f"{what}: issuer name does not match {issuer.subject.rfc4514_string()}")
     try:
         child.verify_directly_issued_by(issuer)
-    except (InvalidSignature, ValueError, TypeError) as exc:
+    except (InvalidSignature, UnsupportedAlgorithm, ValueError, TypeError) as exc:
         raise ChainError(f"{what}: signature does not verify under its issuer: {exc}") from exc
 
 
@@ -122,12 +140,17 @@ def verify_chain(
 
 
 def load_crl(data: bytes) -> x509.CertificateRevocationList:
+    """Load a CRL with every lazily decoded field decoded, so later reads cannot raise."""
+    pem = data.lstrip().startswith(b"-----BEGIN")
     try:
-        if data.lstrip().startswith(b"-----BEGIN"):
-            return x509.load_pem_x509_crl(data)
-        return x509.load_der_x509_crl(data)
+        crl = x509.load_pem_x509_crl(data) if pem else x509.load_der_x509_crl(data)
+        _ = (crl.issuer.rfc4514_string(), list(crl.extensions), crl.signature_hash_algorithm,
+             crl.last_update_utc, crl.next_update_utc)
+        for entry in crl:
+            _ = (entry.serial_number, entry.revocation_date_utc, list(entry.extensions))
     except BAD_DER as exc:
         raise ParseError(f"not a CRL: {exc}") from exc
+    return crl
 
 
 def check_crl(

@@ -310,9 +310,9 @@ class AuditIndex:
     def _feed(self, st: _LogState, index: int, raw: bytes, by_size: dict[int, list[Checkpoint]]) -> None:
         # Step numbers follow policy.audit.verify.verify_log.
         try:
-            entry, body = parse_entry(raw.decode("ascii"))
-        except (ValueError, UnicodeDecodeError, KeyError) as exc:
-            self._fail(st, index, f"malformed entry: {exc}")
+            entry, body = parse_entry(raw, index)
+        except AuditIntegrityError as exc:
+            self._fail(st, index, exc.reason)
             return  # unreadable: not shown, and nothing after it verifies
         rule = str(entry.metadata.get("rule") or entry.reason)
         st.rows.append(Row(entry, st.path.name, index, rule))

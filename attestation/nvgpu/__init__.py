@@ -2,9 +2,9 @@
 
 from attestation.nvgpu.abi import GpuEvidence, parse_evidence
 from attestation.nvgpu.validate import Policy, to_claims, validate
-from attestation.nvgpu.verify import VerifiedGpu, verify_gpu_evidence, verify_gpu_list
+from attestation.nvgpu.verify import GpuVerifyOptions, VerifiedGpu, verify_gpu_evidence, verify_gpu_list
 
 __all__ = [
-    "GpuEvidence", "Policy", "VerifiedGpu", "parse_evidence", "to_claims", "validate",
+    "GpuEvidence", "GpuVerifyOptions", "Policy", "VerifiedGpu", "parse_evidence", "to_claims", "validate",
     "verify_gpu_evidence", "verify_gpu_list",
 ]

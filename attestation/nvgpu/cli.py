@@ -16,7 +16,7 @@ from attestation.errors import ParseError
 from attestation.nvgpu.abi import GpuEvidence, parse_evidence
 from attestation.nvgpu.rim import parse_rim
 from attestation.nvgpu.validate import Policy, to_claims, validate
-from attestation.nvgpu.verify import VerifiedGpu, verify_gpu_list
+from attestation.nvgpu.verify import GpuVerifyOptions, VerifiedGpu, verify_gpu_list
 from attestation.x509chain import load_pem_chain
 
 _HEX = frozenset(string.hexdigits.encode() + b" \t\r\n")
@@ -29,6 +29,13 @@ def _b64(text: Any, what: str) -> bytes:
         return base64.b64decode(text, validate=True)
     except (binascii.Error, ValueError) as exc:
         raise ParseError(f"{what} is not base64") from exc
+
+
+def _unhex(text: bytes) -> bytes:
+    try:
+        return bytes.fromhex(text.decode())
+    except ValueError as exc:  # odd length, or whitespace inside a byte
+        raise ParseError(f"evidence is hex text but does not decode: {exc}") from exc
 
 
 Item = tuple[GpuEvidence, list[x509.Certificate], str | None]
@@ -72,7 +79,7 @@ def _split(evidence: bytes, certs: list[bytes]) -> list[Item]:
             claimed = e.get("nonce", top_nonce)
             out.append((ev, chain, claimed if isinstance(claimed, str) else None))
         return out
-    raw = bytes.fromhex(text.decode()) if text and all(c in _HEX for c in text) else evidence
+    raw = _unhex(text) if text and all(c in _HEX for c in text) else evidence
     if len(certs) != 1:
         raise ParseError(f"one PEM certificate chain is needed for a single report, got {len(certs)}")
     return [(parse_evidence(raw), load_pem_chain(certs[0]), None)]
@@ -110,7 +117,8 @@ def verify_for_cli(request: VerifyRequest) -> dict:
             raise ParseError(f"entry {i}: listed nonce {claimed} differs from the report's nonce")
     policy_obj = Policy.from_dict(request.policy) if request.policy is not None else None
     verified = verify_gpu_list(
-        [(ev, chain) for ev, chain, _ in items], nonce=expected, now=at, roots_dir=request.roots_dir, rims=rims
+        [(ev, chain) for ev, chain, _ in items], nonce=expected, now=at,
+        options=GpuVerifyOptions(roots_dir=request.roots_dir, rims=tuple(rims)),
     )
     claims = validate(verified, policy_obj) if policy_obj is not None else [
         to_claims(v, i) for i, v in enumerate(verified)
@@ -129,7 +137,7 @@ def inspect_for_cli(evidence: bytes) -> dict:
         entries, _ = _entries(text)
         reports = [parse_evidence(_b64(e.get("evidence"), f"entry {i}")) for i, e in enumerate(entries)]
     elif text and all(c in _HEX for c in text):
-        reports = [parse_evidence(bytes.fromhex(text.decode()))]
+        reports = [parse_evidence(_unhex(text))]
     else:
         reports = [parse_evidence(evidence)]
     return {"tee": "nvgpu", "verified": False, "gpus": [_inspect(i, r) for i, r in enumerate(reports)]}

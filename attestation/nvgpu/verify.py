@@ -6,6 +6,7 @@ Computing Deployment Guide", attestation section) over DMTF DSP0274 SPDM 1.1 mes
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import hmac
 from collections.abc import Sequence
@@ -19,6 +20,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.utils import encode_dss_signature
 from cryptography.hazmat.primitives.serialization import Encoding
 
+from attestation import der
 from attestation.errors import ChainError, CollateralError, FreshnessError, ParseError, SignatureError
 from attestation.nvgpu.abi import NONCE_LEN, SIGNATURE_LEN, GpuEvidence, parse_evidence
 from attestation.nvgpu.rim import Rim, RimComparison, compare_rim, parse_rim, verify_rim
@@ -51,30 +53,6 @@ class VerifiedGpu:
         return all(not r.mismatched for r in self.rim_results)
 
 
-def _der_items(data: bytes) -> list[tuple[int, bytes]]:
-    """Split DER into (tag, value) pairs; definite lengths only, which DER requires."""
-    items: list[tuple[int, bytes]] = []
-    off = 0
-    while off < len(data):
-        if len(data) - off < 2:
-            raise ChainError("FWID extension: truncated DER")
-        tag, first = data[off], data[off + 1]
-        off += 2
-        if first < 0x80:
-            size = first
-        else:
-            n = first & 0x7F
-            if n == 0 or n > 3 or len(data) - off < n:
-                raise ChainError("FWID extension: bad DER length")
-            size = int.from_bytes(data[off : off + n], "big")
-            off += n
-        if len(data) - off < size:
-            raise ChainError("FWID extension: DER value overruns")
-        items.append((tag, data[off : off + size]))
-        off += size
-    return items
-
-
 def cert_fwid(cert: x509.Certificate) -> bytes:
     """FWID from the leaf's 2.23.133.5.4.1 extension: SEQUENCE {..., SEQUENCE {sha384 OID, OCTET STRING}}.
 
@@ -87,14 +65,15 @@ def cert_fwid(cert: x509.Certificate) -> bytes:
         where = cert.subject.rfc4514_string()
         raise ChainError(f"FWID extension (2.23.133.5.4.1) not found in {where}") from exc
     raw = ext.value.value if isinstance(ext.value, x509.UnrecognizedExtension) else b""
-    outer = _der_items(raw)
-    if len(outer) != 1 or outer[0][0] != 0x30:
-        raise ChainError("FWID extension is not one DER SEQUENCE")
-    inner = _der_items(outer[0][1])
-    if not inner or inner[-1][0] != 0x30:
-        raise ChainError("FWID extension does not end with an FWID SEQUENCE")
-    fwid = _der_items(inner[-1][1])
-    if len(fwid) != 2 or fwid[0] != (0x06, SHA384_OID_DER[2:]) or fwid[1][0] != 0x04 or len(fwid[1][1]) != 48:
+    try:
+        inner = der.children(der.single(raw, der.TAG_SEQUENCE, "FWID extension"), "FWID extension")
+        if not inner or inner[-1][0] != der.TAG_SEQUENCE:
+            raise ChainError("FWID extension does not end with an FWID SEQUENCE")
+        fwid = der.children(inner[-1][1], "FWID extension")
+    except ParseError as exc:  # a leaf whose FWID cannot be read cannot be bound to the report
+        raise ChainError(str(exc)) from exc
+    if (len(fwid) != 2 or fwid[0] != (der.TAG_OID, SHA384_OID_DER[2:]) or fwid[1][0] != der.TAG_OCTET_STRING
+            or len(fwid[1][1]) != 48):
         raise ChainError("FWID extension: expected a SHA-384 FWID of 48 bytes")
     return fwid[1][1]
 
@@ -112,22 +91,35 @@ def _check_signature(evidence: GpuEvidence, leaf: x509.Certificate) -> None:
         raise SignatureError("SPDM MEASUREMENTS signature does not verify with the GPU leaf key") from exc
 
 
+@dataclass(frozen=True)
+class GpuVerifyOptions:
+    """What GPU evidence is checked against, beyond the nonce and the time of each call.
+
+    roots / rim_roots: pinned device and RIM roots (default: the shipped NVIDIA roots, read from
+    `roots_dir` when given); ocsp: the revocation source (default: offline, every status UNKNOWN);
+    rims: signed reference values (SWID RIMs) to compare measurements with.
+    """
+
+    roots: tuple[x509.Certificate, ...] | None = None
+    rim_roots: tuple[x509.Certificate, ...] | None = None
+    roots_dir: Path | None = None
+    ocsp: OcspChecker | None = None
+    rims: tuple[bytes, ...] = ()
+
+
 def verify_gpu_evidence(
     evidence: bytes | GpuEvidence,
     chain: Sequence[x509.Certificate] | bytes,
     *,
     nonce: bytes,
     now: dt.datetime,
-    roots: Sequence[x509.Certificate] | None = None,
-    rim_roots: Sequence[x509.Certificate] | None = None,
-    roots_dir: Path | None = None,
-    ocsp: OcspChecker | None = None,
-    rims: Sequence[bytes] = (),
+    options: GpuVerifyOptions = GpuVerifyOptions(),  # frozen: one shared default is safe
 ) -> VerifiedGpu:
     """Verify one GPU's report against its certificate chain (leaf first) and the pinned roots."""
     if now.tzinfo is None:
         raise ValueError("now must be timezone-aware")
-    checker = ocsp if ocsp is not None else OfflineOcspChecker()
+    roots, rim_roots, roots_dir, rims = options.roots, options.rim_roots, options.roots_dir, options.rims
+    checker = options.ocsp if options.ocsp is not None else OfflineOcspChecker()
     # Step 1: parse request || MEASUREMENTS at exact offsets (DSP0274 1.1 GET_MEASUREMENTS clause).
     ev = evidence if isinstance(evidence, GpuEvidence) else parse_evidence(evidence)
     # Step 2: chain shape. A root alone cannot sign anything (trustee case 2).
@@ -198,11 +190,7 @@ def verify_gpu_list(
     *,
     nonce: bytes,
     now: dt.datetime,
-    roots: Sequence[x509.Certificate] | None = None,
-    rim_roots: Sequence[x509.Certificate] | None = None,
-    roots_dir: Path | None = None,
-    ocsp: OcspChecker | None = None,
-    rims: Sequence[bytes] = (),
+    options: GpuVerifyOptions = GpuVerifyOptions(),  # frozen: one shared default is safe
 ) -> list[VerifiedGpu]:
     """Verify every GPU of a multi-GPU bundle with the same nonce; one failure fails the bundle.
 
@@ -210,13 +198,13 @@ def verify_gpu_list(
     """
     if not items:
         raise ChainError("empty GPU evidence list")
+    rims = options.rims
     out: list[VerifiedGpu] = []
     for i, (ev, chain) in enumerate(items):
-        applicable = _applicable_rims(ev, rims)
+        applicable = tuple(_applicable_rims(ev, rims))
         try:
             out.append(verify_gpu_evidence(
-                ev, chain, nonce=nonce, now=now, roots=roots, rim_roots=rim_roots,
-                roots_dir=roots_dir, ocsp=ocsp, rims=applicable,
+                ev, chain, nonce=nonce, now=now, options=dataclasses.replace(options, rims=applicable)
             ))
         except Exception as exc:
             exc.add_note(f"GPU {i}")

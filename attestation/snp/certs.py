@@ -1,7 +1,7 @@
 """VCEK/VLEK certificates: the AMD KDS X.509 extensions (1.3.6.1.4.1.3704.1.*) and chain material.
 
 See AMD "Versioned Chip Endorsement Key (VCEK) Certificate and KDS Interface Specification" (#57230)
-for the extension table; the values are small DER primitives, so a tiny reader suffices here.
+for the extension table; the values are small DER primitives, read with attestation.der.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import NameOID
 
+from attestation import der
 from attestation.errors import ChainError, ParseError
 from attestation.snp.tcb import Product, TcbVersion, product_from_name
 from attestation.x509chain import BAD_DER, load_der_or_pem, load_pem_chain
@@ -29,9 +30,6 @@ OID_FMC_SPL = f"{AMD_OID}.3.9"  # Turin only
 OID_HWID = f"{AMD_OID}.4"
 OID_CSP_ID = f"{AMD_OID}.5"  # VLEK only
 
-_TAG_INTEGER = 0x02
-_TAG_OCTET_STRING = 0x04
-_TAG_IA5STRING = 0x16
 
 
 class VekKind(enum.StrEnum):
@@ -43,39 +41,10 @@ class VekKind(enum.StrEnum):
         return "ask_ark" if self is VekKind.VCEK else "vlek_asvk_ark"
 
 
-def _der_primitive(value: bytes, tag: int, what: str) -> bytes:
-    """Content of one short-form or long-form DER primitive with `tag`, which must fill `value`."""
-    if len(value) < 2 or value[0] != tag:
-        raise ParseError(f"{what}: expected DER tag {tag:#x}")
-    length, pos = value[1], 2
-    if length & 0x80:
-        n = length & 0x7F
-        if n == 0 or n > 2 or len(value) < 2 + n:
-            raise ParseError(f"{what}: bad DER length")
-        length, pos = int.from_bytes(value[2 : 2 + n], "big"), 2 + n
-    if pos + length != len(value):
-        raise ParseError(f"{what}: DER length does not match the extension")
-    return value[pos:]
-
-
-def der_integer(value: bytes, what: str) -> int:
-    content = _der_primitive(value, _TAG_INTEGER, what)
-    if not content:
-        raise ParseError(f"{what}: empty INTEGER")
-    return int.from_bytes(content, "big", signed=True)
-
-
-def der_ia5(value: bytes, what: str) -> str:
-    try:
-        return _der_primitive(value, _TAG_IA5STRING, what).decode("ascii")
-    except UnicodeDecodeError as exc:
-        raise ParseError(f"{what}: not ASCII") from exc
-
-
 def _hwid(value: bytes) -> bytes:
     """hwID is 64 bytes (8 on Turin), raw in older certificates, OCTET STRING-wrapped in newer ones."""
     for n in (64, 8):
-        if len(value) == n + 2 and value[0] == _TAG_OCTET_STRING and value[1] == n:
+        if len(value) == n + 2 and value[0] == der.TAG_OCTET_STRING and value[1] == n:
             return value[2:]
     if len(value) in (64, 8):
         return value
@@ -137,14 +106,14 @@ def _parse_vek(cert: x509.Certificate) -> VekInfo:
     ]
     if missing:
         raise ParseError(f"{kind.value.upper()} lacks AMD extensions {missing}")
-    name = der_ia5(exts[OID_PRODUCT_NAME], "productName")
+    name = der.ia5(exts[OID_PRODUCT_NAME], "productName")
     product = product_from_name(name)
-    spl = {oid: der_integer(exts[oid], oid) for oid in (OID_BL_SPL, OID_TEE_SPL, OID_SNP_SPL, OID_UCODE_SPL)}
+    spl = {oid: der.integer(exts[oid], oid) for oid in (OID_BL_SPL, OID_TEE_SPL, OID_SNP_SPL, OID_UCODE_SPL)}
     fmc: int | None = None
     if product.fmc_layout:
         if OID_FMC_SPL not in exts:
             raise ParseError("Turin VEK lacks the fmcSPL extension")
-        fmc = der_integer(exts[OID_FMC_SPL], "fmcSPL")
+        fmc = der.integer(exts[OID_FMC_SPL], "fmcSPL")
     if any(not 0 <= v <= 255 for v in [*spl.values(), fmc or 0]):
         raise ParseError("VEK SPL extension out of range 0-255")
     tcb = TcbVersion(
@@ -153,12 +122,12 @@ def _parse_vek(cert: x509.Certificate) -> VekInfo:
     hwid = _hwid(exts[OID_HWID]) if OID_HWID in exts else None
     if kind is VekKind.VCEK and hwid is None:
         raise ParseError("VCEK lacks the hwID extension")
-    csp = der_ia5(exts[OID_CSP_ID], "csp_id") if OID_CSP_ID in exts else None
+    csp = der.ia5(exts[OID_CSP_ID], "csp_id") if OID_CSP_ID in exts else None
     key = cert.public_key()
     if not isinstance(key, ec.EllipticCurvePublicKey) or not isinstance(key.curve, ec.SECP384R1):
         raise ChainError(f"{kind.value.upper()} key must be ECDSA P-384")
     struct_version = (
-        der_integer(exts[OID_STRUCT_VERSION], "structVersion") if OID_STRUCT_VERSION in exts else 0
+        der.integer(exts[OID_STRUCT_VERSION], "structVersion") if OID_STRUCT_VERSION in exts else 0
     )
     return VekInfo(cert, kind, product, name, struct_version, tcb, hwid, csp, key)
 

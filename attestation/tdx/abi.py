@@ -15,7 +15,6 @@ import struct
 from dataclasses import dataclass
 
 from cryptography import x509
-from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives.serialization import Encoding
 
 from attestation.errors import ParseError, UnsupportedError
@@ -207,31 +206,13 @@ def _parse_pck_chain(pem: bytes) -> tuple[x509.Certificate, ...]:
     # signature or the pinned-root comparison, and no byte of the quote is unauthenticated.
     if not pem.startswith(b"-----BEGIN CERTIFICATE-----"):
         raise ParseError("PCK certification data is not a PEM certificate chain")
-    try:
-        certs = load_pem_chain(pem)
-    except (TypeError, x509.InvalidVersion) as exc:
-        raise ParseError(f"PCK chain certificate is malformed: {exc}") from exc
+    certs = load_pem_chain(pem)  # every field decoded: a damaged certificate is a ParseError here
     if len(certs) != 3:
         raise ParseError(f"PCK chain must hold leaf, intermediate and root; got {len(certs)} certificates")
-    for cert in certs:
-        force_decode(cert)
     canonical = b"".join(c.public_bytes(Encoding.PEM) for c in certs)
     if pem not in (canonical, canonical + b"\0"):
         raise ParseError("PCK certificate chain PEM is not in canonical form")
     return tuple(certs)
-
-
-def force_decode(cert: x509.Certificate) -> None:
-    # cryptography decodes names, keys and extensions lazily; decode them now so a damaged
-    # certificate is a ParseError here instead of a stray ValueError deep inside chain checks.
-    try:
-        _ = cert.version
-        cert.subject.rfc4514_string()
-        cert.issuer.rfc4514_string()
-        cert.public_key()
-        _ = cert.extensions, cert.signature_hash_algorithm, cert.not_valid_after_utc
-    except (ValueError, TypeError, UnsupportedAlgorithm, x509.InvalidVersion, x509.DuplicateExtension) as exc:
-        raise ParseError(f"PCK chain certificate is malformed: {exc}") from exc
 
 
 def parse_signature_data(sd: bytes) -> SignatureData:

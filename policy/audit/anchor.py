@@ -27,8 +27,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Protocol
 
-from policy.audit.checkpoint import Checkpoint
-from policy.audit.entry import parse_ts
+from policy.audit.checkpoint import Checkpoint, checkpoint_from_json
+from policy.audit.lines import json_object
 from policy.audit.merkle import consistency_proof, verify_consistency
 from policy.errors import AuditIntegrityError
 
@@ -41,11 +41,6 @@ class CheckpointAnchor(Protocol):
     def publish(self, checkpoint: Checkpoint) -> None: ...
 
     def checkpoints(self, log_name: str) -> list[Checkpoint]: ...
-
-
-def checkpoint_from_json(raw: dict) -> Checkpoint:
-    return Checkpoint(str(raw["component"]), str(raw["log"]), int(raw["tree_size"]), str(raw["root"]),
-                      str(raw["last_hash"]), parse_ts(str(raw["ts"])), str(raw["sig"]))
 
 
 class WitnessFile:
@@ -61,10 +56,8 @@ class WitnessFile:
         for index, line in enumerate(self.path.read_text(encoding="ascii", errors="replace").splitlines()):
             if not line.strip():
                 continue
-            try:
-                out.append(checkpoint_from_json(json.loads(line)))
-            except (ValueError, KeyError, TypeError) as exc:
-                raise AuditIntegrityError(index, f"malformed witness line: {exc}", str(self.path)) from exc
+            raw = json_object(line, index, str(self.path), "witness line")
+            out.append(checkpoint_from_json(raw, index, str(self.path)))
         return out
 
     def checkpoints(self, log_name: str) -> list[Checkpoint]:

@@ -8,7 +8,6 @@ even by someone who can re-sign entries, and lets a single entry be proved with 
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -18,6 +17,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from policy.audit.entry import canonical, format_ts, parse_ts
+from policy.audit.lines import field, hex64, json_object
 from policy.errors import AuditIntegrityError
 
 _DOMAIN = b"sealed-audit-checkpoint-v1\x00"
@@ -73,13 +73,24 @@ def read_checkpoints(log_path: Path) -> list[Checkpoint]:
     for index, line in enumerate(text.splitlines(keepends=True)):
         if not line.endswith("\n"):
             break  # torn by a crash mid-write; the previous checkpoint still stands
-        try:
-            raw = json.loads(line)
-            out.append(Checkpoint(raw["component"], raw["log"], int(raw["tree_size"]), raw["root"],
-                                  raw["last_hash"], parse_ts(raw["ts"]), raw["sig"]))
-        except (ValueError, KeyError, TypeError) as exc:
-            raise AuditIntegrityError(index, f"malformed checkpoint: {exc}", str(path)) from exc
+        out.append(checkpoint_from_json(json_object(line, index, str(path), "checkpoint"), index, str(path)))
     return out
+
+
+def checkpoint_from_json(raw: dict[str, Any], index: int = 0, path: str | None = None) -> Checkpoint:
+    """A checkpoint from its JSON object (a .ckpt line, a witness line, an anchor row), every field
+    checked; raises AuditIntegrityError naming line `index` of `path`."""
+    what = "checkpoint"
+    text = {k: field(raw, k, str, index, path, what) for k in ("component", "log", "last_hash", "ts", "sig")}
+    tree_size = field(raw, "tree_size", int, index, path, what)
+    if tree_size < 0:
+        raise AuditIntegrityError(index, "malformed checkpoint: negative tree_size", path)
+    try:
+        ts = parse_ts(text["ts"])
+    except ValueError as exc:
+        raise AuditIntegrityError(index, f"malformed checkpoint: {exc}", path) from None
+    return Checkpoint(text["component"], text["log"], tree_size, hex64(raw, "root", index, path, what),
+                      text["last_hash"], ts, text["sig"])
 
 
 def latest_checkpoint(log_path: Path) -> Checkpoint | None:

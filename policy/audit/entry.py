@@ -22,6 +22,9 @@ from typing import Any
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from policy.audit.lines import field, hex64, json_object
+from policy.errors import AuditIntegrityError
+
 FORMAT_VERSION = 1
 GENESIS = "0" * 64
 _DOMAIN = b"sealed-audit-entry-v1\x00"  # domain separation: an entry hash is never a checkpoint hash
@@ -165,24 +168,28 @@ def make_entry(signer: Ed25519PrivateKey, *, seq: int, ts: datetime, component: 
     return entry, line
 
 
-def parse_entry(line: str) -> tuple[AuditEntry, dict[str, Any]]:
-    """Parse one JSONL line; returns the entry and the raw body (for re-hashing as written)."""
-    raw = json.loads(line)
-    if not isinstance(raw, dict):
-        raise ValueError("entry is not a JSON object")
+def parse_entry(line: str | bytes, index: int = 0, path: str | None = None) -> tuple[AuditEntry, dict[str, Any]]:
+    """Parse one JSONL line; returns the entry and the raw body (for re-hashing as written).
+    Anything malformed is an AuditIntegrityError naming line `index` of `path`."""
+    raw = json_object(line, index, path, "entry")
     if raw.get("v") != FORMAT_VERSION:
-        raise ValueError(f"unknown entry format version {raw.get('v')!r}")
+        raise AuditIntegrityError(index, f"unknown entry format version {str(raw.get('v'))[:20]!r}", path)
     expected = {"v", "seq", "ts", "component", "tenant", "action", "decision", "reason",
                 "metadata", "prev", "hash", "sig"}
     if set(raw) != expected:
-        raise ValueError(f"entry fields {sorted(set(raw) ^ expected)} unexpected or missing")
+        raise AuditIntegrityError(index, f"entry fields {sorted(set(raw) ^ expected)[:8]} unexpected or missing",
+                                  path)
     body = {k: v for k, v in raw.items() if k not in ("hash", "sig")}
-    if not isinstance(raw["metadata"], dict) or not isinstance(raw["seq"], int):
-        raise ValueError("malformed entry fields")
-    entry = AuditEntry(raw["seq"], parse_ts(raw["ts"]), str(raw["component"]), str(raw["tenant"]),
-                       str(raw["action"]), str(raw["decision"]), str(raw["reason"]),
-                       MappingProxyType(raw["metadata"]), str(raw["prev"]), str(raw["hash"]),
-                       str(raw["sig"]))
+    seq, metadata = field(raw, "seq", int, index, path, "entry"), field(raw, "metadata", dict, index, path, "entry")
+    text = {k: field(raw, k, str, index, path, "entry")
+            for k in ("ts", "component", "tenant", "action", "decision", "reason", "prev", "sig")}
+    try:
+        ts = parse_ts(text["ts"])
+    except ValueError as exc:
+        raise AuditIntegrityError(index, f"malformed entry: {exc}", path) from None
+    entry = AuditEntry(seq, ts, text["component"], text["tenant"], text["action"], text["decision"],
+                       text["reason"], MappingProxyType(metadata), text["prev"],
+                       hex64(raw, "hash", index, path, "entry"), text["sig"])
     return entry, body
 
 

@@ -105,10 +105,7 @@ class AuditLog:
         self._offset = end
         leaves: list[bytes] = []
         for index, line in enumerate(data[:end].splitlines()):
-            try:
-                entry, _ = parse_entry(line.decode("ascii"))
-            except (ValueError, UnicodeDecodeError) as exc:
-                raise AuditIntegrityError(index, f"unreadable entry: {exc}", str(self.path)) from exc
+            entry, _ = parse_entry(line, index, str(self.path))
             if entry.seq != index or entry.prev != self._prev:
                 raise AuditIntegrityError(index, "chain broken; refusing to append", str(self.path))
             if entry.component != self.component:

@@ -15,7 +15,6 @@ from typing import TextIO
 
 from policy.audit.entry import AuditEntry, parse_entry
 from policy.audit.verify import log_files
-from policy.errors import AuditIntegrityError
 
 
 def _iter_file(path: Path) -> Iterator[AuditEntry]:
@@ -23,10 +22,7 @@ def _iter_file(path: Path) -> Iterator[AuditEntry]:
         for index, line in enumerate(fh):
             if not line.endswith("\n"):
                 return  # torn tail left by a crash
-            try:
-                yield parse_entry(line)[0]
-            except (ValueError, KeyError) as exc:
-                raise AuditIntegrityError(index, f"malformed entry: {exc}", str(path)) from exc
+            yield parse_entry(line, index, str(path))[0]
 
 
 def _matches(e: AuditEntry, tenant: str | None, since: datetime | None, component: str | None,

@@ -75,10 +75,7 @@ def verify_log(path: Path, public_keys: Mapping[str, Ed25519PublicKey],
     prev = GENESIS
     component: str | None = None
     for index, raw_line in enumerate(lines):
-        try:
-            entry, body = parse_entry(raw_line.decode("ascii"))
-        except (ValueError, UnicodeDecodeError, KeyError) as exc:
-            raise AuditIntegrityError(index, f"malformed entry: {exc}", where) from exc
+        entry, body = parse_entry(raw_line, index, where)
         if component is None:
             component = entry.component
         elif entry.component != component:
@@ -148,7 +145,7 @@ def entry_hashes(path: Path) -> list[bytes]:
     """The leaf data (entry hashes) of a log, in order; a torn final line is skipped."""
     data = Path(path).read_bytes()
     lines = data[: data.rfind(b"\n") + 1].splitlines()
-    return [bytes.fromhex(parse_entry(line.decode("ascii"))[0].hash) for line in lines]
+    return [bytes.fromhex(parse_entry(line, i, str(path))[0].hash) for i, line in enumerate(lines)]
 
 
 def prove_inclusion(path: Path, index: int, tree_size: int) -> list[str]:

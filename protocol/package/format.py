@@ -136,8 +136,8 @@ class Manifest:
             )
         except PackageFormatError:
             raise
-        except (KeyError, TypeError, ValueError, UnicodeDecodeError) as exc:
-            raise PackageFormatError(f"malformed manifest: {exc}") from exc
+        except (KeyError, TypeError, ValueError, RecursionError) as exc:  # RecursionError: deep nesting
+            raise PackageFormatError(f"malformed manifest: {str(exc)[:200]}") from exc
         if manifest.to_bytes() != raw:
             raise PackageFormatError("manifest is not in canonical form")
         manifest.check_layout()

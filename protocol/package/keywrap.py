@@ -70,8 +70,8 @@ class SealedDataKey:
                                                      "import_key_id", "sealed")})
         except KeySealError:
             raise
-        except (KeyError, TypeError, ValueError) as exc:
-            raise KeySealError(f"malformed sealed key: {exc}") from exc
+        except (KeyError, TypeError, ValueError, RecursionError, AttributeError) as exc:  # Attribute: not an object
+            raise KeySealError(f"malformed sealed key: {str(exc)[:200]}") from exc
 
 
 def seal_data_key(data_key: bytes, manifest: Manifest, import_public_key: X25519PublicKey) -> SealedDataKey:

@@ -85,7 +85,7 @@ def verify_manifest_signature(pkg_dir: Path, manifest_bytes: bytes, claimed_sign
         doc = json.loads((pkg_dir / SIGNATURE_FILE).read_text())
         public_key = Ed25519PublicKey.from_public_bytes(base64.b64decode(doc["public_key"], validate=True))
         signature = base64.b64decode(doc["signature"], validate=True)
-    except (OSError, KeyError, TypeError, ValueError) as exc:
+    except (OSError, KeyError, TypeError, ValueError, RecursionError) as exc:
         raise PackageSignatureError(f"manifest signature missing or malformed: {exc}") from exc
     try:
         public_key.verify(signature, manifest_bytes)
@@ -121,7 +121,7 @@ def _model_signing_verify(pkg_dir: Path, manifest_bytes: bytes, claimed_signer: 
         bundle = json.loads((pkg_dir / MODEL_SIGNING_FILE).read_text())
         statement = json.loads(base64.b64decode(bundle["dsseEnvelope"]["payload"], validate=True))
         resources = {r["name"]: r for r in statement["predicate"]["resources"]}
-    except (OSError, KeyError, TypeError, ValueError) as exc:
+    except (OSError, KeyError, TypeError, ValueError, RecursionError) as exc:
         raise PackageSignatureError(f"model signature missing or malformed: {exc}") from exc
     if not isinstance(public_key, ec.EllipticCurvePublicKey):
         raise PackageSignatureError("the signer key is not an EC public key")

@@ -47,7 +47,7 @@ class ResponseHead:
         try:
             doc = json.loads(raw)
             head = cls(int(doc["status"]), str(doc["content_type"]))
-        except (ValueError, KeyError, TypeError) as exc:
+        except (ValueError, KeyError, TypeError, RecursionError) as exc:  # RecursionError: deep nesting
             raise ResponseCorrupted("first response chunk is not a response head") from exc
         if not 100 <= head.status <= 599:
             raise ResponseCorrupted("response head has no valid status")

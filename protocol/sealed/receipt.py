@@ -59,7 +59,7 @@ def verify_receipt(final_chunk: bytes, signer: bytes, *, request_sha256: str, re
         doc: Any = json.loads(final_chunk)
         receipt = Receipt(**doc["receipt"])
         signature = bytes.fromhex(doc["signature"])
-    except (ValueError, KeyError, TypeError) as exc:
+    except (ValueError, KeyError, TypeError, RecursionError) as exc:  # RecursionError: deep nesting
         raise ReceiptInvalid("the response carries no well-formed receipt") from exc
     try:
         Ed25519PublicKey.from_public_bytes(signer).verify(signature, receipt.canonical())

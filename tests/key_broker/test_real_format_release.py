@@ -65,7 +65,7 @@ class RealFormatPlatform:
                     [(g.evidence, g.certificate_chain) for g in bundle.gpus],
                     nonce=nonce,
                     now=now,
-                    roots=[self.gpu_chain[-1]],
+                    options=nvgpu.GpuVerifyOptions(roots=(self.gpu_chain[-1],)),
                 )
                 gpus = tuple(nvgpu.to_claims(v, i) for i, v in enumerate(verified))
             return AttestationResult(

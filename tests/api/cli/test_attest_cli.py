@@ -9,6 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from api.cli.main import build
+from attestation.testing.tampered import TamperedCase, tampered_cases
 
 MILAN_MEASUREMENT = ("b07af9620f3b839b47996422ddec6058338951d984e312115131ea82705eaf5b"
                      "6bdf8a9ece31a5a608eb0cf2e4872b01")
@@ -89,3 +90,23 @@ def test_inspect_garbage_fails(tmp_path: Path) -> None:
 def test_detect_lists_the_simulated_tee() -> None:
     code, out = sealed("attest", "detect")
     assert code == 0 and "sim" in out and "INSECURE" in out
+
+
+_TAMPERED = tampered_cases(Path(__file__).resolve().parents[2] / "vectors" / "attestation")
+
+
+@pytest.mark.parametrize("case", _TAMPERED, ids=[c.name for c in _TAMPERED])
+def test_tampered_certificates_print_not_verified_and_a_reason(case: TamperedCase, tmp_path: Path) -> None:
+    """Each input that once crashed `sealed attest verify` with a traceback is refused in one line."""
+    evidence = tmp_path / "evidence"
+    evidence.write_bytes(case.evidence)
+    args = ["attest", "verify", "--tee", case.tee, "--evidence", str(evidence), "--at", case.at.isoformat(),
+            "--no-collateral"]
+    for i, blob in enumerate(case.certs):
+        (tmp_path / f"cert{i}").write_bytes(blob)
+        args += ["--cert", str(tmp_path / f"cert{i}")]
+    result = CliRunner().invoke(build(), args)
+    assert result.exit_code == 1, result.output
+    assert isinstance(result.exception, SystemExit), repr(result.exception)  # not an uncaught error
+    assert f"NOT verified: {case.refusal.__name__}: " in result.output
+    assert "Traceback" not in result.output

@@ -24,7 +24,7 @@ from attestation.errors import (
     SignatureError,
     UnsupportedError,
 )
-from attestation.nvgpu import Policy, validate, verify_gpu_list
+from attestation.nvgpu import GpuVerifyOptions, Policy, validate, verify_gpu_list
 from attestation.nvgpu.collect import CollectedGpu, attest_and_ready, collect_gpu_evidence
 from attestation.nvgpu.verify import VerifiedGpu
 from attestation.ocsp import StaticOcspChecker
@@ -141,7 +141,11 @@ def _verify(pki: SimpleNamespace, gpus: list[CollectedGpu], nonce: bytes, **kw: 
         "ocsp": StaticOcspChecker(good=_serials(pki)),
     }
     args.update(kw)
-    return verify_gpu_list(items, nonce=nonce, now=NOW, **args)
+    return verify_gpu_list(items, nonce=nonce, now=NOW, options=_options(args))
+
+
+def _options(args: dict[str, Any]) -> GpuVerifyOptions:
+    return GpuVerifyOptions(**{k: tuple(v) if isinstance(v, list) else v for k, v in args.items()})
 
 
 def _serials(pki: SimpleNamespace) -> frozenset[int]:
@@ -220,7 +224,7 @@ def test_negative_table(
     }
     args.update(kw)
     with pytest.raises(error, match=match):
-        verify_gpu_list(items, nonce=expect_nonce, now=now, **args)
+        verify_gpu_list(items, nonce=expect_nonce, now=now, options=_options(args))
 
 
 def test_cc_off_and_devtools_refused_at_collection(pki: SimpleNamespace) -> None:

@@ -11,7 +11,9 @@ import pytest
 
 from attestation.errors import ChainError, CollateralError, FreshnessError, ParseError, SignatureError
 from attestation.nvgpu import (
+    GpuVerifyOptions,
     Policy,
+    VerifiedGpu,
     parse_evidence,
     to_claims,
     validate,
@@ -110,11 +112,12 @@ def test_wrong_nonce_is_freshness_error(testvectors: Path) -> None:
             verify_gpu_evidence(report, chain, nonce=bad, now=NOW)  # type: ignore[arg-type]
 
 
-def _coco(tv: Path, raw: bytes | None = None, **kw: object):  # type: ignore[no-untyped-def]
+def _coco(tv: Path, raw: bytes | None = None, rims: tuple[bytes, ...] = ()) -> VerifiedGpu:
     chain = load_pem_chain(_read(tv, "trustee_hopper_coco_certs1.txt"))
     return verify_gpu_evidence(
-        raw or _read(tv, "trustee_hopper_coco_report1.bin"), chain, nonce=COCO_NONCE, now=NOW, **kw
-    )  # type: ignore[arg-type]
+        raw or _read(tv, "trustee_hopper_coco_report1.bin"), chain, nonce=COCO_NONCE, now=NOW,
+        options=GpuVerifyOptions(rims=rims),
+    )
 
 
 def test_coco_report_trailing_byte(testvectors: Path) -> None:
@@ -152,7 +155,7 @@ def test_coco_versions_and_policy(testvectors: Path) -> None:
 
 def test_rim_signature_chain_and_index_9_mismatch(testvectors: Path) -> None:
     rim_blob = _read(testvectors, RIM)
-    v = _coco(testvectors, rims=[rim_blob])
+    v = _coco(testvectors, rims=(rim_blob,))
     assert v.rims[0].signer.startswith("CN=HCC RIM L4 Signer")
     (result,) = v.rim_results
     assert result.checked == (0, 1, 2, 3, 4, 5, 6, 8, 9, 10, 11, 12)  # 12 active indices
@@ -191,7 +194,7 @@ def test_rim_for_other_version_is_collateral_error(testvectors: Path) -> None:
             chain,
             nonce=NVTRUST_NONCE,
             now=NOW,
-            rims=[_read(testvectors, RIM)],
+            options=GpuVerifyOptions(rims=(_read(testvectors, RIM),)),
         )
 
 
