@@ -15,6 +15,7 @@ import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -77,7 +78,7 @@ class WorkerState:
             load_s=round(booted.load_s, 3) if booted else None, gpu_memory=gpu_memory() if s.on_gpu else None,
             stats=booted.engine.stats() if booted else {})
 
-    def promises(self) -> dict:
+    def promises(self) -> dict[str, Any]:
         return self.settings.promises()
 
     def identity(self) -> WorkerIdentity:
@@ -107,8 +108,9 @@ async def _boot(state: WorkerState) -> None:
         # The tenant's signed policy first: no key is fetched for a worker that could not enforce it.
         state.guard = build_guard(s.policy_file, s.policy_admin_key, s.tenant, s.unsafe_no_tenant_policy)
         started = time.monotonic()
-        state.booted = await asyncio.to_thread(boot, s, state.channel_binding, state.serving_key.private_key,
-                                               state.guard.policy_set if state.guard else None)
+        booted = await asyncio.to_thread(boot, s, state.channel_binding, state.serving_key.private_key,
+                                         state.guard.policy_set if state.guard else None)
+        state.booted = booted
         state.status = "ready"
         # Cold-start figure (docs/deploy.md): attestation + key release + package load + engine build.
         log.info("ready %.1f s after boot started (attest, key release, package load)", time.monotonic() - started)
@@ -124,7 +126,7 @@ async def _boot(state: WorkerState) -> None:
         return
     # The token clients verify is renewed for the worker's whole life (enclave_worker/freshness.py).
     renewal = asyncio.create_task(AttestationRenewal(state).run())
-    state.lease = KeyLease(s.broker_url, state.booted.released, state.identity(), s.ref,
+    state.lease = KeyLease(s.broker_url, booted.released, state.identity(), s.ref,
                            LeaseTiming(lease_s=s.lease_s, watch_s=s.lease_watch_s))
     try:
         await state.lease.run(lambda reason: _revoke(state))

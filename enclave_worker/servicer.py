@@ -14,6 +14,7 @@ import grpc
 
 from enclave_worker.answer import Answer
 from enclave_worker.engine import InvalidRequestError
+from enclave_worker.engine_protocol import ServingEngine
 from enclave_worker.errors import AnswerError, RequestRefused, SealedRefusal
 from enclave_worker.guard import GuardRefusal
 from enclave_worker.render import prompt_ids
@@ -30,6 +31,12 @@ MAX_SEALED_DECISIONS = 16  # a sealed request with many choices may not make its
 class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     def __init__(self, state: WorkerState) -> None:
         self.state = state
+
+    async def _engine(self, context: grpc.aio.ServicerContext) -> ServingEngine:
+        if not serving(self.state) or self.state.booted is None:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "model unavailable")
+            raise AssertionError("context.abort raises")  # (grpc's stubs do not say so)
+        return self.state.booted.engine
 
     async def Status(self, request: worker_pb2.StatusRequest, context: grpc.aio.ServicerContext
                      ) -> worker_pb2.StatusReply:
@@ -71,12 +78,10 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     async def Tokenize(self, request: worker_pb2.TokenizeRequest, context: grpc.aio.ServicerContext
                        ) -> worker_pb2.TokenizeReply:
         """The token ids the engine would see for this prompt (the same rendering and data controls)."""
-        if not serving(self.state) or self.state.booted is None:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "model unavailable")
+        engine = await self._engine(context)
         as_generate = worker_pb2.GenerateRequest(tenant=request.tenant, key_id=request.key_id, kind=request.kind,
                                                  messages_json=request.messages_json, prompt=request.prompt,
                                                  tools_json=request.tools_json)
-        engine = self.state.booted.engine
         try:
             ids = prompt_ids(engine, self.state.guard, self.state.settings.model, as_generate,
                              add_generation_prompt=request.add_generation_prompt)
@@ -90,9 +95,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
 
     async def Detokenize(self, request: worker_pb2.DetokenizeRequest, context: grpc.aio.ServicerContext
                          ) -> worker_pb2.DetokenizeReply:
-        if not serving(self.state) or self.state.booted is None:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "model unavailable")
-        tok = self.state.booted.engine.tokenizer
+        tok = (await self._engine(context)).tokenizer
         try:
             text = tok.decode(tok.check_ids(request.tokens), skip_special_tokens=False)
         except InvalidRequestError as exc:
