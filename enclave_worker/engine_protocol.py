@@ -9,8 +9,8 @@ strings, stop ids, EOS, logprobs and streamed text decided by the same OutputPro
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from typing import Protocol
+from collections.abc import AsyncGenerator
+from typing import Any, Protocol
 
 import torch
 
@@ -25,11 +25,11 @@ class ServingEngine(Protocol):
     max_model_len: int
 
     def generate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                 cache_salt: bytes = b"") -> AsyncIterator[RequestOutput]:
+                 cache_salt: bytes = b"") -> AsyncGenerator[RequestOutput, None]:
         """Stream one request's deltas; closing the iterator early aborts the request."""
         ...
 
-    def stats(self) -> dict: ...
+    def stats(self) -> dict[str, Any]: ...
 
     def held_tensors(self) -> list[torch.Tensor]:
         """Every tensor holding model weights or KV cache (what `wipe` zeroes)."""

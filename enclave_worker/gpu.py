@@ -25,7 +25,9 @@ def gpu_cc_on(nvml: Any = None) -> bool:
     """True when NVML reports CC mode on; False when it is off or NVML cannot say (no driver)."""
     if nvml is None:
         try:
-            import pynvml as nvml
+            import pynvml
+
+            nvml = pynvml
         except ImportError:
             return False
     try:

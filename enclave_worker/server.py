@@ -10,31 +10,31 @@ import asyncio
 import contextlib
 import hashlib
 import hmac
-import json
 import logging
 import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
-from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
 from attestation.errors import AttestationError
 from enclave_worker.boot import BootedWorker, boot
+from enclave_worker.clock import Clock
 from enclave_worker.freshness import AttestationRenewal
 from enclave_worker.guard import WorkerGuard, build_guard
 from enclave_worker.keywatch import KeyLease, LeaseTiming
 from enclave_worker.settings import WorkerSettings
+from enclave_worker.signing import RequestSigner
 from policy.errors import PolicyError
 from protocol.asgi import without_native_telemetry
 from protocol.broker.client import WorkerIdentity
 from protocol.broker.errors import BrokerRateLimited, BrokerRefused
 from protocol.package.errors import PackageError
-from protocol.rpc import worker_pb2
 from protocol.sealed import ReplayGuard, WorkerKey
 from protocol.worker_status import ServingState, WorkerStatus
 
@@ -58,15 +58,14 @@ class WorkerState:
     # release (its public key is the runtime data's hpke_public_key), kept for the process's life.
     serving_key: WorkerKey = field(default_factory=WorkerKey.generate)
     replay: ReplayGuard = field(default_factory=ReplayGuard)
+    clock: Clock = field(default_factory=Clock)  # a fixed one in tests (no test asserts a duration)
     # Set by the process that serves gRPC: on shutdown it lets in-flight streams finish first.
     drain: Callable[[], Awaitable[None]] | None = None
 
-    def sign_usage(self, record: dict) -> worker_pb2.UsageRecord:
-        payload = json.dumps(record, sort_keys=True, separators=(",", ":")).encode()
-        public = self.usage_key.public_key().public_bytes(serialization.Encoding.Raw,
-                                                          serialization.PublicFormat.Raw)
-        return worker_pb2.UsageRecord(payload=payload, signature=self.usage_key.sign(payload),
-                                      public_key=public)
+    @property
+    def signer(self) -> RequestSigner:
+        """Signs this worker's usage records and in-enclave decisions (`enclave_worker/signing.py`)."""
+        return RequestSigner(self.usage_key, self.settings.model, self.settings.version)
 
     def report(self) -> WorkerStatus:
         """What this worker says about itself (`/internal/status`, the heartbeat's body)."""
@@ -79,7 +78,7 @@ class WorkerState:
             load_s=round(booted.load_s, 3) if booted else None, gpu_memory=gpu_memory() if s.on_gpu else None,
             stats=booted.engine.stats() if booted else {})
 
-    def promises(self) -> dict:
+    def promises(self) -> dict[str, Any]:
         return self.settings.promises()
 
     def identity(self) -> WorkerIdentity:
@@ -109,8 +108,9 @@ async def _boot(state: WorkerState) -> None:
         # The tenant's signed policy first: no key is fetched for a worker that could not enforce it.
         state.guard = build_guard(s.policy_file, s.policy_admin_key, s.tenant, s.unsafe_no_tenant_policy)
         started = time.monotonic()
-        state.booted = await asyncio.to_thread(boot, s, state.channel_binding, state.serving_key.private_key,
-                                               state.guard.policy_set if state.guard else None)
+        booted = await asyncio.to_thread(boot, s, state.channel_binding, state.serving_key.private_key,
+                                         state.guard.policy_set if state.guard else None)
+        state.booted = booted
         state.status = "ready"
         # Cold-start figure (docs/deploy.md): attestation + key release + package load + engine build.
         log.info("ready %.1f s after boot started (attest, key release, package load)", time.monotonic() - started)
@@ -126,7 +126,7 @@ async def _boot(state: WorkerState) -> None:
         return
     # The token clients verify is renewed for the worker's whole life (enclave_worker/freshness.py).
     renewal = asyncio.create_task(AttestationRenewal(state).run())
-    state.lease = KeyLease(s.broker_url, state.booted.released, state.identity(), s.ref,
+    state.lease = KeyLease(s.broker_url, booted.released, state.identity(), s.ref,
                            LeaseTiming(lease_s=s.lease_s, watch_s=s.lease_watch_s))
     try:
         await state.lease.run(lambda reason: _revoke(state))

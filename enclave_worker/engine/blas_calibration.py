@@ -23,6 +23,7 @@ import functools
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -57,7 +58,8 @@ def _best_seconds(fn: Callable[[], object], repeats: int = REPEATS) -> float:
 
 
 @contextlib.contextmanager
-def _weight_on_threads(out_features: int, in_features: int, threads: int) -> Iterator[tuple]:
+def _weight_on_threads(out_features: int, in_features: int, threads: int
+                       ) -> Iterator[tuple[torch.Generator, torch.Tensor, np.ndarray[Any, Any]]]:
     """A random [out, in] weight in the engine's layout (stored [in, out] contiguous, torch reading it
     through a transposed view, numpy the storage) and its generator, with both pools on ``threads``;
     torch's count is put back after."""
@@ -78,8 +80,8 @@ def _measure(out_features: int, in_features: int, threads: int) -> BlasSpeedup:
         xs = [torch.randn(rows, in_features, generator=gen) for rows in ROWS]
         # torch first at every size: OpenBLAS's workers spin for tens of ms after a call and slowed a
         # torch GEMM measured right after it (overstating OpenBLAS's gain, 4.2x against 2.4x at 256 rows).
-        t_torch = [_best_seconds(lambda x=x: torch.nn.functional.linear(x, w)) for x in xs]
-        t_blas = [_best_seconds(lambda x_np=x.numpy(): np.matmul(x_np, w_np)) for x in xs]
+        t_torch = [_best_seconds(functools.partial(torch.nn.functional.linear, x, w)) for x in xs]
+        t_blas = [_best_seconds(functools.partial(np.matmul, x.numpy(), w_np)) for x in xs]
         ratios = [t / max(b, 1e-9) for t, b in zip(t_torch, t_blas, strict=True)]
     return BlasSpeedup(decode=ratios[0], prefill=ratios[1])
 

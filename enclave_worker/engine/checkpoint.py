@@ -112,7 +112,10 @@ def _gguf_config(reader: Any) -> tuple[dict[str, Any], str]:
     if arch not in _ARCHS:
         raise CheckpointError(f"unsupported GGUF architecture {arch!r}")
     hf_arch, model_type, bias = _ARCHS[arch]
-    g = lambda k, d=None: _field(reader, f"{arch}.{k}", d)  # noqa: E731
+
+    def g(key: str, default: Any = None) -> Any:
+        return _field(reader, f"{arch}.{key}", default)
+
     hidden, n_heads = int(g("embedding_length")), int(g("attention.head_count"))
     names = {t.name for t in reader.tensors}
     eos = _field(reader, "tokenizer.ggml.eos_token_id")
@@ -261,9 +264,8 @@ def load_hf_dir(path: Path) -> Checkpoint:
 
 
 def _tok_str(v: Any) -> str | None:
-    if isinstance(v, dict):
-        return v.get("content")
-    return v
+    token: str | None = v.get("content") if isinstance(v, dict) else v
+    return token
 
 
 def default_gguf_path() -> Path:

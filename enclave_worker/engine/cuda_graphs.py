@@ -12,8 +12,12 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from torch.cuda import _POOL_HANDLE  # a private alias: at run time its import is a cycle
 
 DEFAULT_CAPTURE_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256)
 
@@ -127,7 +131,7 @@ class DecodeGraph:
         self.graph: torch.cuda.CUDAGraph | None = None
         self.output: torch.Tensor | None = None
 
-    def capture(self, pool: object | None = None) -> object | None:
+    def capture(self, pool: _POOL_HANDLE | None = None) -> _POOL_HANDLE | None:
         if self.inputs.device.type != "cuda":
             return pool
         self.step(self.inputs)  # warm-up outside the graph: lazy inits, Triton autotuning, cuBLAS handles

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from typing import TYPE_CHECKING, ClassVar, Generic, Protocol, TypeVar
 
 from .compute_thread import ComputeThread
@@ -33,8 +33,11 @@ log = logging.getLogger(__name__)
 class EngineRequest(Protocol):
     """One request as an engine tracks it: its sequence and where its outputs go."""
 
-    seq: Sequence
-    sink: Sink
+    @property
+    def seq(self) -> Sequence: ...
+
+    @property
+    def sink(self) -> Sink: ...
 
 
 R = TypeVar("R", bound=EngineRequest)
@@ -162,7 +165,7 @@ class ThreadedEngine(Generic[R]):
         raise NotImplementedError
 
     def generate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                 cache_salt: bytes = b"") -> AsyncIterator[RequestOutput]:
+                 cache_salt: bytes = b"") -> AsyncGenerator[RequestOutput, None]:
         """Stream one request's deltas; closing the iterator early aborts the request."""
         def start(sink: Sink) -> None:
             self.add_request(request_id, prompt_token_ids, params, sink, cache_salt)

@@ -7,6 +7,7 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -201,7 +202,8 @@ class LLMEngine(ThreadedEngine[_Request]):
             sink(out)
         return [out for _, out in delivered]
 
-    def _postprocess(self, batch: list[ScheduledSeq], tokens: list[int], records: list) -> list:
+    def _postprocess(self, batch: list[ScheduledSeq], tokens: list[int], records: list[Any]
+                     ) -> list[tuple[Sink, RequestOutput]]:
         delivered = []
         sampled = iter(zip(tokens, records, strict=True))
         for s in batch:
@@ -221,7 +223,7 @@ class LLMEngine(ThreadedEngine[_Request]):
             delivered.append((req.sink, self.output.emit(seq)))
         return delivered
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, Any]:
         with self._cond:
             b = self.blocks
             return {

@@ -10,6 +10,7 @@ import contextlib
 import ctypes
 import gc
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from threadpoolctl import threadpool_limits
@@ -58,7 +59,7 @@ def _release_freed_memory() -> None:
 PACK_FP32_GAIN = 1.5  # packed fp32 by default where oneDNN measured this much faster at 64 rows
 
 
-def _packed_fp32_pays(cfg: dict, threads: int) -> bool:
+def _packed_fp32_pays(cfg: dict[str, Any], threads: int) -> bool:
     """Whether oneDNN over packed fp32 weights beats OpenBLAS and torch on this CPU by ``PACK_FP32_GAIN``
     at a decode batch, on the model's MLP shape (blas_calibration.py). It costs batch-1 decode ~15% on
     an AVX-512 Zen 5 and gains 2x at 16-2048 rows there; an AVX2 CPU may measure no gain and stay plain."""

@@ -8,11 +8,12 @@ import torch
 
 from .blas_calibration import BlasSpeedup
 from .config import TokenLogprob
-from .cuda_graphs import DecodeGraphs, DecodeInputs, TransferCounter, capture_sizes
+from .cuda_graphs import DecodeGraphs, DecodeInputs, SamplingRow, TransferCounter, capture_sizes
 from .kernels.paged_attention import num_splits_for
 from .kernels.sampling import BatchSampling, sample_on_device
 from .layers.attention import AttentionMetadata, PrefillChunk
 from .layers.sampler import sample
+from .models.llama import LlamaForCausalLM
 from .scheduler import ScheduledSeq
 from .threads import ThreadPools, ThreadTuner, step_kind
 
@@ -20,10 +21,16 @@ BLAS_MAX_TOKENS = 64  # above this many rows a step is a real GEMM (prefill): Op
 BLAS_PREFILL_GAIN = 1.2  # ... by this factor at 256 rows (blas_calibration.py)
 
 
+# A step's inputs: token ids, positions, attention metadata and the rows to sample; (None, None, None, [])
+# when a captured decode graph's static buffers take them (execute() fills those).
+StepInputs = tuple[torch.Tensor | None, torch.Tensor | None, AttentionMetadata | None, list[int]]
+# Decodes of a step: their rows in the batch, block tables, mask, single length, context lengths.
+DecodeMeta = tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None, int, torch.Tensor | None]
+
 class ModelRunner:
     def __init__(
         self,
-        model: torch.nn.Module,
+        model: LlamaForCausalLM,
         kv_cache: torch.Tensor,
         block_size: int,
         device: str,
@@ -55,7 +62,7 @@ class ModelRunner:
         # torch's dense time over OpenBLAS's on this machine (blas_calibration.py); 1.0: no advantage.
         self.blas_speedup = blas_speedup or BlasSpeedup.unmeasured()
         self.kv_bytes_per_token = kv_cache.nbytes // max(1, kv_cache.shape[2])  # K and V, every layer
-        for i, layer in enumerate(model.layers):
+        for i, layer in enumerate(model.decoder_layers):
             layer.attn.k_cache = kv_cache[0, i]
             layer.attn.v_cache = kv_cache[1, i]
             layer.attn.num_blocks = kv_cache.shape[2] // block_size
@@ -67,7 +74,7 @@ class ModelRunner:
         pos = torch.arange(start, end)
         return blocks[pos // bs] * bs + pos % bs
 
-    def prepare(self, batch: list[ScheduledSeq]) -> tuple:
+    def prepare(self, batch: list[ScheduledSeq]) -> StepInputs:
         if self._graph_step_fits(batch):
             return None, None, None, []  # the captured graph's static buffers take the inputs in execute()
         if self.fused_decode and all(s.num_tokens == 1 for s in batch):
@@ -104,7 +111,7 @@ class ModelRunner:
         pos = torch.cat(positions).to(self.device)
         return input_ids, pos, meta, logits_index
 
-    def _decode_meta(self, decodes: list[tuple[int, ScheduledSeq]]) -> tuple:
+    def _decode_meta(self, decodes: list[tuple[int, ScheduledSeq]]) -> DecodeMeta:
         if not decodes:
             return None, None, None, 0, None
         bs = self.block_size
@@ -125,7 +132,8 @@ class ModelRunner:
 
     # ------------------------------------------------------------ fused decode and CUDA graphs
 
-    def _decode_lists(self, batch: list[ScheduledSeq]) -> tuple:
+    def _decode_lists(self, batch: list[ScheduledSeq]
+                      ) -> tuple[list[int], list[int], list[int], list[list[int]], list[SamplingRow]]:
         ids = [s.seq.token_ids[s.start] for s in batch]
         positions = [s.start for s in batch]
         bs = self.block_size
@@ -138,7 +146,7 @@ class ModelRunner:
                                  fused=True, context_lens=inputs.context_lens, num_splits=self.num_splits,
                                  block_size=self.block_size)
 
-    def _prepare_fused(self, batch: list[ScheduledSeq]) -> tuple:
+    def _prepare_fused(self, batch: list[ScheduledSeq]) -> StepInputs:
         """Eager fused decode: the step's inputs packed into one buffer, one host->device copy."""
         inputs = DecodeInputs(len(batch), self.max_blocks, torch.device(self.device))
         ids, positions, slots, tables, sampling = self._decode_lists(batch)
@@ -157,7 +165,9 @@ class ModelRunner:
         @torch.inference_mode()
         def step(inputs: DecodeInputs) -> torch.Tensor:
             self.model.blas.enabled = False
-            return self.model(inputs.input_ids, inputs.positions, self._fused_meta(inputs), index[inputs.size])
+            logits: torch.Tensor = self.model(inputs.input_ids, inputs.positions, self._fused_meta(inputs),
+                                              index[inputs.size])
+            return logits
 
         self.graphs = DecodeGraphs(tuple(index), self.max_blocks, device, pad_slot, step)
         self.graphs.counter = self.transfers
@@ -169,7 +179,7 @@ class ModelRunner:
                 and all(s.num_tokens == 1 for s in batch))
 
     def _sample_on_device(self, batch: list[ScheduledSeq], logits: torch.Tensor,
-                          inputs: DecodeInputs) -> tuple[list, list]:
+                          inputs: DecodeInputs) -> tuple[list[int], list[TokenLogprob | None]]:
         params = [s.seq.params for s in batch]
         self.transfers.device_to_host += 1  # the one copy back: the sampled tokens (or the logits)
         if any(p.logprobs is not None for p in params):  # logprob records are built on the host
@@ -192,8 +202,10 @@ class ModelRunner:
         """``blas``: this step's dense matmuls go to OpenBLAS (see use_blas); set for every call."""
         index = torch.tensor(logits_index, dtype=torch.long, device=self.device)
         self.model.blas.enabled = blas
+        logits: torch.Tensor
         if self.pools is None:
-            return self.model(input_ids, positions, meta, index)
+            logits = self.model(input_ids, positions, meta, index)
+            return logits
         # A step on OpenBLAS runs torch's ops on one thread (their pools must not spin together);
         # one token (batch-1 decode) too, its ops being too small to split, except over packed
         # weights, where oneDNN's 1-row GEMV streams the weights faster on more threads (bf16 on 2 vCPUs:
@@ -230,9 +242,9 @@ class ModelRunner:
     def execute(
         self,
         batch: list[ScheduledSeq],
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
-        meta: AttentionMetadata,
+        input_ids: torch.Tensor | None,
+        positions: torch.Tensor | None,
+        meta: AttentionMetadata | None,
         logits_index: list[int],
     ) -> tuple[list[int], list[TokenLogprob | None]]:
         """Forward the batch; sample for sequences whose chunk reached their end (in batch order)."""
@@ -241,6 +253,7 @@ class ModelRunner:
             ran = self.graphs.run(*self._decode_lists(batch))
             assert ran is not None
             return self._sample_on_device(batch, *ran)
+        assert positions is not None and meta is not None  # prepare() made an eager step
         blas = self.use_blas(input_ids.numel(), sum(s.start + s.num_tokens for s in batch))
         logits = self.forward(input_ids, positions, meta, logits_index, blas=blas)
         sampled = [s.seq for s in batch if s.samples]

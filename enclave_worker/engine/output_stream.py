@@ -5,14 +5,15 @@ ended the request); the caller iterates. Closing the iterator early aborts the r
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 
 from enclave_worker.engine.config import RequestOutput
 
 Sink = Callable[[RequestOutput | BaseException], None]
 
 
-async def stream_request(start: Callable[[Sink], None], abort: Callable[[], None]) -> AsyncIterator[RequestOutput]:
+async def stream_request(start: Callable[[Sink], None], abort: Callable[[], None]
+                         ) -> AsyncGenerator[RequestOutput, None]:
     """`start(sink)` submits the request (on first iteration, so a refusal raises there); `abort()`
     runs if the consumer stops before the request finished."""
     loop = asyncio.get_running_loop()

@@ -25,6 +25,7 @@ def perplexity(engine: LLMEngine, token_ids: list[int]) -> float:
         try:
             sched = ScheduledSeq(seq, 0, len(token_ids))
             input_ids, positions, meta, _ = engine.runner.prepare([sched])
+            assert input_ids is not None and positions is not None and meta is not None  # a prefill: eager
             logits = engine.runner.forward(input_ids, positions, meta, list(range(len(token_ids) - 1)))
         finally:
             engine.blocks.free_seq(seq)

@@ -68,7 +68,8 @@ class Tokenizer:
         return out
 
     def apply_chat_template(
-        self, messages: list[dict], add_generation_prompt: bool = True, tools: list[dict] | None = None
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
     ) -> str:
         if self._template is None:
             raise InvalidRequestError("this model has no chat template")

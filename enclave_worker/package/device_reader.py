@@ -10,8 +10,8 @@ Ciphertext is read ahead in a thread (two segment buffers), as in reader.decrypt
 from __future__ import annotations
 
 from collections.abc import Callable
+from io import RawIOBase
 from pathlib import Path
-from typing import BinaryIO
 
 import torch
 
@@ -46,9 +46,9 @@ def decrypt_package_to_device(
             staging.zero_()
 
 
-def _stream(fh: BinaryIO, manifest: Manifest, manifest_bytes: bytes, data_key: bytes, buffer: torch.Tensor,
+def _stream(fh: RawIOBase, manifest: Manifest, manifest_bytes: bytes, data_key: bytes, buffer: torch.Tensor,
             staging: torch.Tensor, on_segment: SegmentHook | None) -> None:
-    out = memoryview(staging.numpy())
+    out = staging.numpy().data
     hasher = new_hasher(manifest.digest_alg)
     for i, plaintext in decrypt_segments(fh, manifest, manifest_bytes, data_key, lambda i: out):
         n = len(plaintext)

@@ -17,8 +17,9 @@ import json
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from io import RawIOBase
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import torch
 
@@ -92,7 +93,7 @@ def load_into(buffer: torch.Tensor, manifest: Manifest, signer: str, fill: Calla
 
 
 def decrypt_stream(
-    fh: BinaryIO,
+    fh: RawIOBase,
     manifest: Manifest,
     manifest_bytes: bytes,
     data_key: bytes,
@@ -105,7 +106,7 @@ def decrypt_stream(
     `timings`, if given, accumulates the seconds spent in the cipher itself under "decrypt_s"
     (the benchmark compares that with `openssl speed`).
     """
-    out = memoryview(buffer.numpy())
+    out = buffer.numpy().data
     hasher = new_hasher(manifest.digest_alg)
     with ThreadPoolExecutor(1, "pkg-hash") as hashing:
         try:

@@ -15,8 +15,9 @@ import hmac
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from io import RawIOBase
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
@@ -36,7 +37,7 @@ from protocol.package.signing import read_manifest
 
 @contextlib.contextmanager
 def open_payload(pkg_dir: Path, data_key: bytes, required_signer: str | None
-                 ) -> Iterator[tuple[Manifest, bytes, str, BinaryIO]]:
+                 ) -> Iterator[tuple[Manifest, bytes, str, RawIOBase]]:
     """(manifest, its signed bytes, signer, payload file): the key is the package's, the payload
     has exactly the size the manifest requires (truncation or extension refused before any
     allocation or decryption)."""
@@ -45,7 +46,7 @@ def open_payload(pkg_dir: Path, data_key: bytes, required_signer: str | None
                                                       manifest.key_check):
         raise WrongKeyError("data key does not match this package")
     try:
-        fh: BinaryIO = open(Path(pkg_dir) / "payload.bin", "rb", buffering=0)  # noqa: SIM115 (closed below)
+        fh: RawIOBase = open(Path(pkg_dir) / "payload.bin", "rb", buffering=0)  # noqa: SIM115 (closed below)
     except OSError as exc:
         raise PackageIntegrityError("payload missing") from exc
     with fh:
@@ -56,7 +57,7 @@ def open_payload(pkg_dir: Path, data_key: bytes, required_signer: str | None
         yield manifest, raw, signer, fh
 
 
-def read_exact(fh: BinaryIO, view: memoryview) -> int:
+def read_exact(fh: RawIOBase, view: memoryview) -> int:
     got = 0
     while got < len(view):
         n = fh.readinto(view[got:])
@@ -66,7 +67,7 @@ def read_exact(fh: BinaryIO, view: memoryview) -> int:
     return got
 
 
-def decrypt_segments(fh: BinaryIO, manifest: Manifest, manifest_bytes: bytes, data_key: bytes,
+def decrypt_segments(fh: RawIOBase, manifest: Manifest, manifest_bytes: bytes, data_key: bytes,
                      into: Callable[[int], memoryview], timings: dict[str, float] | None = None
                      ) -> Iterator[tuple[int, memoryview]]:
     """Yield (index, plaintext) per segment, decrypted into `into(index)` and authenticated.

@@ -36,7 +36,7 @@ _DTYPE_NAMES = {
 
 def _tensor_bytes(t: torch.Tensor) -> memoryview:
     flat = t.detach().contiguous().reshape(-1)
-    return memoryview(flat.view(torch.uint8).numpy())
+    return flat.view(torch.uint8).numpy().data
 
 
 def _plaintext_chunks(meta: bytes, tensors: Sequence[tuple[str, torch.Tensor]],

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
+from typing import Any
 
 from enclave_worker.engine.config import RequestOutput, SamplingParams, TokenLogprob
 from enclave_worker.engine.engine_thread import ThreadedEngine
@@ -55,7 +56,7 @@ def vllm_sampling(params: SamplingParams, max_tokens: int, eos_ids: tuple[int, .
         output_kind=RequestOutputKind.DELTA)
 
 
-def _records(logprobs: list | None, count: int | None) -> list[TokenLogprob | None]:
+def _records(logprobs: list[Any] | None, count: int | None) -> list[TokenLogprob | None]:
     if count is None or not logprobs:
         return []
     out: list[TokenLogprob | None] = []
@@ -181,7 +182,7 @@ class VllmEngine(ThreadedEngine[_Request]):
             return []
         return [(req.sink, self.output.emit(seq))]
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, Any]:
         with self._cond:
             running = sum(1 for r in self._requests.values() if r.vllm_id)
             return {"num_running": running, "num_waiting": len(self._requests) - running,

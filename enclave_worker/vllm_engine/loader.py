@@ -73,7 +73,8 @@ def wiping_tensors(model: DecryptedModel) -> Iterator[tuple[str, torch.Tensor]]:
 
 
 def _plain_cpu_linear(layer: torch.nn.Module) -> None:
-    layer.cpu_linear = torch.nn.functional.linear  # the GEMM reads layer.weight in place
+    # the GEMM reads layer.weight in place (cpu_linear: vLLM's hook on its layers, unknown to torch's types)
+    layer.cpu_linear = torch.nn.functional.linear  # type: ignore[assignment]
 
 
 def _cpu_linear_kind(module: torch.nn.Module) -> str:
@@ -96,8 +97,8 @@ def keep_cpu_weights_in_place(model: torch.nn.Module) -> int:
         if kind == "UnquantizedLinearMethod":
             # A layer vLLM itself keeps unpacked (MLA's kv_b_proj) has its weight read directly:
             # it stays dense, never packed.
-            module._sealed_pack = not getattr(module, "_cpu_skip_gemm_dispatch", False)
-            module._cpu_skip_gemm_dispatch = True  # vLLM's own switch: torch.nn.functional.linear
+            module._sealed_pack = not getattr(module, "_cpu_skip_gemm_dispatch", False)  # type: ignore[assignment]
+            module._cpu_skip_gemm_dispatch = True  # type: ignore[assignment]  # vLLM's switch: F.linear
             kept += 1
         elif kind == "UnquantizedEmbeddingMethod":
             module.quant_method.process_weights_after_loading = _plain_cpu_linear  # type: ignore[union-attr]
@@ -143,7 +144,7 @@ def register() -> None:
         return
 
     @registry.register_model_loader(LOAD_FORMAT)
-    class SealedPackageLoader(BaseModelLoader):
+    class SealedPackageLoader(BaseModelLoader):  # type: ignore[misc]  # vLLM's class (not type-checked here)
         """Weights from a decrypted package held in this process's memory."""
 
         def download_model(self, model_config) -> None:  # type: ignore[no-untyped-def]
@@ -158,7 +159,7 @@ def register() -> None:
             extra = self.load_config.model_loader_extra_config or {}
             decrypted = take(str(extra.get(HANDOFF_KEY, "")))()
             expected = {n for n, _ in model.named_parameters()}
-            loaded = model.load_weights(wiping_tensors(decrypted))
+            loaded = model.load_weights(wiping_tensors(decrypted))  # type: ignore[operator]  # vLLM's model
             missing = expected - set(loaded or expected)
             if missing:
                 raise HandoffError(f"the package lacks {len(missing)} of the model's weights")
@@ -169,7 +170,7 @@ def register() -> None:
             """vLLM's load, then our packing (pack_cpu_weights), then: any weight that post-processing
             replaced (a re-layout, a copy, a dense weight now packed) is zeroed before it is freed,
             so no plaintext is left in freed memory."""
-            model = super().load_model(vllm_config, model_config, prefix)
+            model: torch.nn.Module = super().load_model(vllm_config, model_config, prefix)
             extra = self.load_config.model_loader_extra_config or {}
             if extra.get(CPU_LINEAR_KEY, "packed") == "packed" and packing_available():
                 with torch.no_grad():

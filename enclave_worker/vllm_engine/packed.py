@@ -24,7 +24,8 @@ _ATTR = "_sealed_packed_weight"
 
 def _packed_linear(packed: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
                    bias: torch.Tensor | None) -> torch.Tensor:
-    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+    out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+    return out
 
 
 def pack_linear(layer: torch.nn.Module, *, release_dense: bool) -> torch.Tensor | None:
@@ -37,7 +38,7 @@ def pack_linear(layer: torch.nn.Module, *, release_dense: bool) -> torch.Tensor 
     assert isinstance(weight, torch.Tensor)
     packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_BATCH)
     setattr(layer, _ATTR, packed)
-    layer.cpu_linear = functools.partial(_packed_linear, packed)
+    layer.cpu_linear = functools.partial(_packed_linear, packed)  # type: ignore[assignment]  # vLLM's hook
     if not release_dense:
         return None
     layer.weight = torch.nn.Parameter(torch.empty(0, dtype=weight.dtype), requires_grad=False)

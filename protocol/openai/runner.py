@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -42,7 +42,7 @@ async def collect_choice(stream: AsyncIterator[worker_pb2.GenerateChunk],
     return out
 
 
-async def merge_streams(streams: Streams) -> AsyncIterator[tuple[int, worker_pb2.GenerateChunk]]:
+async def merge_streams(streams: Streams) -> AsyncGenerator[tuple[int, worker_pb2.GenerateChunk], None]:
     """(choice index, chunk) in arrival order, one pump task per stream; a stream's error is raised
     here. Use it under `contextlib.aclosing`, so that leaving early cancels the pumps at once."""
     queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()

@@ -16,7 +16,7 @@ import grpc
 import uvicorn
 from fastapi import FastAPI
 
-from enclave_worker.grpc_server import heartbeats
+from enclave_worker.heartbeat import heartbeats
 from enclave_worker.server import WorkerState
 from enclave_worker.settings import WorkerSettings
 from protocol.asgi import freeze_startup_heap
@@ -58,11 +58,7 @@ class FakeServicer(worker_pb2_grpc.WorkerServicer):
             chunk = worker_pb2.GenerateChunk(text=f"{self.state.settings.version}{mark} ", prompt_tokens=3,
                                              completion_tokens=i + 1, finish_reason="length" if last else "")
             if last:
-                chunk.usage.CopyFrom(self.state.sign_usage({
-                    "request_id": request.request_id, "tenant": request.tenant, "key_id": request.key_id,
-                    "model": self.state.settings.model, "version": self.state.settings.version,
-                    "prompt_tokens": 3, "completion_tokens": n, "worker_seconds": time.monotonic() - started,
-                    "at": time.time()}))
+                chunk.usage.CopyFrom(self.state.signer.usage(request, 3, n, time.monotonic() - started, time.time()))
             yield chunk
 
 

@@ -46,10 +46,7 @@ class OneChunk(FakeServicer):
     async def Generate(self, request: worker_pb2.GenerateRequest, context: grpc.aio.ServicerContext
                        ) -> AsyncIterator[worker_pb2.GenerateChunk]:
         chunk = worker_pb2.GenerateChunk(text="ok", prompt_tokens=3, completion_tokens=1, finish_reason="length")
-        chunk.usage.CopyFrom(self.state.sign_usage({
-            "request_id": request.request_id, "tenant": request.tenant, "key_id": request.key_id, "model": "m",
-            "version": "v1", "prompt_tokens": 3, "completion_tokens": 1, "worker_seconds": 0.001,
-            "at": time.time()}))
+        chunk.usage.CopyFrom(self.state.signer.usage(request, 3, 1, 0.001, time.time()))
         yield chunk
 
 

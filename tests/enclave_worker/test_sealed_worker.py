@@ -10,10 +10,10 @@ from typing import Any
 import grpc
 import pytest
 
-from enclave_worker.grpc_server import WorkerServicer
 from enclave_worker.guard import WorkerGuard
 from enclave_worker.sealed import SealedRefusal, open_sealed_request
 from enclave_worker.server import WorkerState
+from enclave_worker.servicer import WorkerServicer
 from enclave_worker.settings import WorkerSettings
 from policy.policyset import PolicySet
 from protocol.rpc import worker_pb2

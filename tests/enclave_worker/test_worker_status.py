@@ -10,8 +10,9 @@ from types import SimpleNamespace
 from fastapi.testclient import TestClient
 
 from api.gateway.worker_attestation import verify_heartbeat_signature
-from enclave_worker.grpc_server import WorkerServicer, heartbeat_body
+from enclave_worker.heartbeat import heartbeat_body
 from enclave_worker.server import WorkerState, create_app
+from enclave_worker.servicer import WorkerServicer
 from enclave_worker.settings import WorkerSettings
 from protocol.rpc import worker_pb2
 from protocol.worker_status import Heartbeat, WorkerStatus

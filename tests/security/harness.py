@@ -48,8 +48,8 @@ _SEQ = itertools.count(1)
 
 
 def heartbeat_doc(state: WorkerState, grpc_port: int | None = None) -> dict:
-    """The worker's own signed heartbeat (enclave_worker.grpc_server.heartbeat_body)."""
-    from enclave_worker.grpc_server import heartbeat_body
+    """The worker's own signed heartbeat (enclave_worker.heartbeat.heartbeat_body)."""
+    from enclave_worker.heartbeat import heartbeat_body
 
     return heartbeat_body(state, f"127.0.0.1:{grpc_port or state.settings.port}", "", next(_SEQ))
 

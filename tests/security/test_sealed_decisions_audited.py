@@ -21,9 +21,9 @@ from api.gateway.service import GatewayService
 from api.gateway.settings import GatewaySettings
 from api.store.db import make_engine, session_factory, upgrade
 from api.store.repo import Store
-from enclave_worker.grpc_server import WorkerServicer
 from enclave_worker.guard import WorkerGuard
 from enclave_worker.server import WorkerState
+from enclave_worker.servicer import WorkerServicer
 from enclave_worker.settings import WorkerSettings
 from policy.audit import AuditLog, read_entries
 from policy.audit.worker_record import public_key_bytes, sign_decision, verify_logged_decision

@@ -30,7 +30,7 @@ from api.gateway.settings import GatewaySettings, WorkerRoute
 from api.gateway.worker_attestation import expected_binding
 from attestation.bundle import EvidenceBundle, RuntimeData
 from attestation.token import TokenIssuer
-from enclave_worker.grpc_server import heartbeat_body
+from enclave_worker.heartbeat import heartbeat_body
 from enclave_worker.server import WorkerState
 from enclave_worker.settings import WorkerSettings
 from protocol.broker.client import ReleasedKey
@@ -42,7 +42,7 @@ ISSUER = TokenIssuer(ec.generate_private_key(ec.SECP256R1()), "sealed-key-broker
 
 
 class Worker:
-    """A worker's identity and heartbeats exactly as `enclave_worker.grpc_server` makes them."""
+    """A worker's identity and heartbeats exactly as `enclave_worker.heartbeat` makes them."""
 
     def __init__(self, tmp: Path, port: int, *, bind: bool = True) -> None:
         self.state = WorkerState(WorkerSettings(broker_url="", package_dir=tmp, **SCOPE), status="ready")

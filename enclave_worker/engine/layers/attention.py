@@ -46,13 +46,19 @@ class PagedAttention(torch.nn.Module):
         self.v_cache: torch.Tensor | None = None
         self.num_blocks = 0
 
+    def caches(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The K and V pools (bound by the runner before any step)."""
+        if self.k_cache is None or self.v_cache is None:
+            raise RuntimeError("the KV cache is not bound")
+        return self.k_cache, self.v_cache
+
     def _gather_blocks(self, blocks: torch.Tensor, length: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """Whole blocks (contiguous rows of block_size slots) -> [B, Hkv, blocks * block_size, D].
 
         With ``length`` (one sequence), only its first ``length`` slots: no padding, so no mask.
         """
         b, nb = blocks.shape
-        kc, vc = self.k_cache, self.v_cache
+        kc, vc = self.caches()
         slots_per_block = kc.shape[0] // self.num_blocks
         shape = (b, nb * slots_per_block, self.num_kv_heads, self.head_dim)
         flat = blocks.reshape(-1)
@@ -65,9 +71,11 @@ class PagedAttention(torch.nn.Module):
     def _decode_step(self, q: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """This step's single-token decodes, q [B, H, D] -> [B, H, D]: the CPU kernel reading K/V in
         place when the runner chose it, else a gather of the blocks and torch's attention."""
+        assert meta.decode_blocks is not None  # a step with decodes has their block tables
         if meta.decode_lens is not None:
-            return paged_decode_attention(q.contiguous(), self.k_cache, self.v_cache, meta.decode_blocks,
-                                          meta.decode_lens, self.k_cache.shape[0] // self.num_blocks, self.scale)
+            kc, vc = self.caches()
+            return paged_decode_attention(q.contiguous(), kc, vc, meta.decode_blocks, meta.decode_lens,
+                                          kc.shape[0] // self.num_blocks, self.scale)
         kd, vd = self._gather_blocks(meta.decode_blocks, meta.single_decode_len)  # [B, Hkv, L, D]
         return self._decode(q, kd, vd, meta.decode_mask)
 
@@ -94,14 +102,15 @@ class PagedAttention(torch.nn.Module):
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """q: [T, H, D]; k, v: [T, Hkv, D] -> [T, H*D]."""
-        self.k_cache.index_copy_(0, meta.slot_mapping, k)
-        self.v_cache.index_copy_(0, meta.slot_mapping, v)
+        kc, vc = self.caches()
+        kc.index_copy_(0, meta.slot_mapping, k)
+        vc.index_copy_(0, meta.slot_mapping, v)
         return self.attend(q, k, v, meta)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """Attention of this step's tokens, their K/V already in the cache (forward, or the fused CPU
         rotary + cache write). q: [T, H, D]; k, v: [T, Hkv, D] -> [T, H*D]."""
-        kc, vc = self.k_cache, self.v_cache
+        kc, vc = self.caches()
         if meta.all_decode:  # pure decode step: no scatter/gather of queries
             return self._decode_step(q, meta).reshape(q.shape[0], -1)
         out = torch.empty_like(q)

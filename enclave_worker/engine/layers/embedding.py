@@ -61,5 +61,6 @@ class Embedding(torch.nn.Module):
             return self.head(x)
         xh = x.to(self.head_dtype)  # bf16 activations: the int8 kernel's fast path (see Int8Linear)
         if self.fused:
-            return torch.ops.aten._weight_int8pack_mm(xh, self.weight, self.head_scale).to(x.dtype)
+            out: torch.Tensor = torch.ops.aten._weight_int8pack_mm(xh, self.weight, self.head_scale)
+            return out.to(x.dtype)
         return ((xh @ self.weight.to(xh.dtype).T) * self.head_scale).to(x.dtype)

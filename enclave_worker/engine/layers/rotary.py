@@ -39,7 +39,7 @@ class RotaryEmbedding(torch.nn.Module):
         # [x2, x1] and sin_signed is [-sin, sin], which gives HF's [x1 cos - x2 sin, x2 cos + x1 sin].
         self.cos = torch.cat((cos, cos), dim=-1).to(device)  # [max_positions, head_dim]
         self.sin_signed = torch.cat((-sin, sin), dim=-1).to(device)
-        self.half = head_dim // 2
+        self.half_dim = head_dim // 2  # not `half`: that is nn.Module.half(), the dtype conversion
 
     def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and signed sin rows for these positions, [tokens, 1, head_dim]; shared by every layer."""
@@ -47,10 +47,10 @@ class RotaryEmbedding(torch.nn.Module):
 
     def half_lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin of these positions, [tokens, head_dim / 2] float32 (the fused kernel's layout)."""
-        return self.cos[positions, : self.half], self.sin_signed[positions, self.half :]
+        return self.cos[positions, : self.half_dim], self.sin_signed[positions, self.half_dim :]
 
     def forward(self, table: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
         """x: [tokens, heads, head_dim]; rotated in float32, returned in x's dtype."""
         cos, sin = table
         xf = x.float()
-        return torch.addcmul(xf * cos, torch.roll(xf, self.half, -1), sin).to(x.dtype)
+        return torch.addcmul(xf * cos, torch.roll(xf, self.half_dim, -1), sin).to(x.dtype)

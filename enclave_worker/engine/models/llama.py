@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -74,10 +74,11 @@ class DecoderLayer(torch.nn.Module):
         self.head_dim = cfg.get("head_dim") or cfg["hidden_size"] // self.num_heads
         eps, a, m = cfg["rms_norm_eps"], prefix + "self_attn.", prefix + "mlp."
         # The builder owns the popped checkpoint tensors, so layers may rearrange them in place.
-        lin = lambda wt, b=None: make_linear(  # noqa: E731
-            wt, b, opt.quant, opt.dtype, opt.device, opt.int4_group_size, in_place=True, switch=opt.blas,
-            packed=opt.packed,
-        )
+
+        def lin(wt: torch.Tensor, b: torch.Tensor | None = None) -> torch.nn.Module:
+            return make_linear(wt, b, opt.quant, opt.dtype, opt.device, opt.int4_group_size, in_place=True,
+                               switch=opt.blas, packed=opt.packed)
+
         self.input_norm = RMSNorm(w.take(prefix + "input_layernorm.weight").to(opt.device, opt.dtype), eps)
         qkv = [a + "q_proj.", a + "k_proj.", a + "v_proj."]
         self.qkv_proj = lin(w.take_cat([p + "weight" for p in qkv]), w.take_cat_opt([p + "bias" for p in qkv]))
@@ -102,7 +103,8 @@ class DecoderLayer(torch.nn.Module):
         q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
         v = qkv[:, self.q_size + self.kv_size :].reshape(t, self.num_kv_heads, self.head_dim)
         x = x + self.o_proj(self.attn(q, k, v, meta))
-        return x + self.down_proj(silu_and_mul(self.gate_up_proj(self.post_norm(x))))
+        out: torch.Tensor = x + self.down_proj(silu_and_mul(self.gate_up_proj(self.post_norm(x))))
+        return out
 
     def _split_qkv(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Views of the fused QKV output: q [T, H, D], k and v [T, Hkv, D]."""
@@ -126,7 +128,8 @@ class DecoderLayer(torch.nn.Module):
         residual = x if residual is None else residual
         qkv = self.qkv_proj(h).contiguous()
         attn = self.attn
-        cpu_ops.rope_and_cache(qkv, *rope_rows, meta.slot_mapping, attn.k_cache, attn.v_cache, self.num_heads,
+        k_cache, v_cache = attn.caches()
+        cpu_ops.rope_and_cache(qkv, *rope_rows, meta.slot_mapping, k_cache, v_cache, self.num_heads,
                                self.num_kv_heads)
         q, k, v = self._split_qkv(qkv)
         h = cpu_ops.add_rms_norm(self.o_proj(attn.attend(q, k, v, meta)), residual, self.post_norm.weight,
@@ -149,8 +152,10 @@ class DecoderLayer(torch.nn.Module):
             h, residual = fused.add_rms_norm(x, residual, self.input_norm.weight, self.input_norm.eps)
         q, k, v = self._split_qkv(self.qkv_proj(h))
         attn = self.attn
-        q, k = fused.rope_and_cache(q, k, v, *rope_half, meta.slot_mapping, attn.k_cache, attn.v_cache)
-        o = paged_decode_attention(q, attn.k_cache, attn.v_cache, meta.decode_blocks, meta.context_lens,
+        k_cache, v_cache = attn.caches()
+        assert meta.decode_blocks is not None and meta.context_lens is not None  # a fused step is all decodes
+        q, k = fused.rope_and_cache(q, k, v, *rope_half, meta.slot_mapping, k_cache, v_cache)
+        o = paged_decode_attention(q, k_cache, v_cache, meta.decode_blocks, meta.context_lens,
                                    meta.block_size, attn.scale, meta.num_splits)
         h, residual = fused.add_rms_norm(self.o_proj(o.reshape(t, -1)), residual, self.post_norm.weight,
                                          self.post_norm.eps)
@@ -174,6 +179,8 @@ class LlamaForCausalLM(torch.nn.Module):
         self.layers = torch.nn.ModuleList(
             DecoderLayer(cfg, w, f"model.layers.{i}.", opt) for i in range(cfg["num_hidden_layers"])
         )
+        # The same layers, typed (a ModuleList's items are plain Modules to the type checker).
+        self.decoder_layers: list[DecoderLayer] = cast(list[DecoderLayer], list(self.layers))
         self.norm = RMSNorm(w.take("model.norm.weight").to(opt.device, opt.dtype), cfg["rms_norm_eps"])
         lm_head = w.take_opt("lm_head.weight")
         if cfg.get("tie_word_embeddings", False) or lm_head is None:
@@ -184,7 +191,7 @@ class LlamaForCausalLM(torch.nn.Module):
                 switch=opt.blas, packed=opt.packed,
             )
         del lm_head
-        layer0 = self.layers[0]
+        layer0 = self.decoder_layers[0]
         self.num_kv_heads, self.head_dim = layer0.num_kv_heads, layer0.head_dim
         self.rope = RotaryEmbedding(
             layer0.head_dim,
@@ -220,7 +227,7 @@ class LlamaForCausalLM(torch.nn.Module):
         cos, sin = self.rope.lookup(positions)  # [T, 1, D] float32, once per step
         rope_rows = (cos.reshape(cos.shape[0], -1), sin.reshape(sin.shape[0], -1))
         residual: torch.Tensor | None = None
-        for layer in self.layers:
+        for layer in self.decoder_layers:
             x, residual = layer.forward_cpu(x, residual, rope_rows, meta)
         assert residual is not None
         residual.add_(x)  # the last layer's output joins the stream; only the sampled rows are normed
@@ -233,7 +240,7 @@ class LlamaForCausalLM(torch.nn.Module):
     ) -> torch.Tensor:
         rope_half = self.rope.half_lookup(positions)
         residual: torch.Tensor | None = None
-        for layer in self.layers:
+        for layer in self.decoder_layers:
             x, residual = layer.forward_fused(x, residual, rope_half, meta)
         assert residual is not None
         x, _ = fused.add_rms_norm(x, residual, self.norm.weight, self.norm.eps)

@@ -1,0 +1,101 @@
+"""The worker process's command line: `python -m enclave_worker ...` (or, as before,
+`python -m enclave_worker.grpc_server ...`). Parses the flags into `WorkerSettings`, prepares the
+process (logging, the engine's threads, the heap), and serves (`enclave_worker/serve.py`)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+from pathlib import Path
+
+from attestation.errors import UnsupportedError
+from enclave_worker.attesters import resolve_tee
+from enclave_worker.serve import serve
+from enclave_worker.settings import WorkerSettings
+from protocol.asgi import freeze_startup_heap, schedule_full_collections
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m enclave_worker")
+    parser.add_argument("--broker-url", required=True)
+    parser.add_argument("--package-dir", type=Path, required=True)
+    parser.add_argument("--tenant", required=True)
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--version", required=True)
+    parser.add_argument("--tee", default="sim",
+                        help="sim | snp | tdx | auto, optionally +nvgpu (GPUs in CC mode), e.g. snp+nvgpu")
+    parser.add_argument("--tsm-dir", type=Path, default=Path("/sys/kernel/config/tsm/report"),
+                        help="configfs-tsm report directory")
+    parser.add_argument("--tsm-entry", default=None, help="use this existing configfs-tsm entry")
+    parser.add_argument("--sev-guest-device", type=Path, default=Path("/dev/sev-guest"))
+    parser.add_argument("--ccel-table", type=Path, default=Path("/sys/firmware/acpi/tables/CCEL"),
+                        help="ACPI CCEL table (TDX CC event log)")
+    parser.add_argument("--ccel-data", type=Path, default=Path("/sys/firmware/acpi/tables/data/CCEL"))
+    parser.add_argument("--sim-platform-key", type=Path, default=os.environ.get("SEALED_SIM_PLATFORM_KEY") or None,
+                        help="simulated TEE's key (dev; default $SEALED_SIM_PLATFORM_KEY)")
+    parser.add_argument("--unsafe-sim-measurement", default=None)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--advertise-host", default=None,
+                        help="address announced to the gateway (default --host; in a pod: its IP)")
+    parser.add_argument("--port", type=int, default=8002)
+    parser.add_argument("--grpc-port", type=int, required=True)
+    parser.add_argument("--register-url", action="append", default=[], help="gateway to send heartbeats to")
+    parser.add_argument("--register-token-file", type=Path, default=None)
+    parser.add_argument("--gateway-client-cert", type=Path, default=None,
+                        help="serve gRPC over mutual TLS, accepting only this gateway certificate")
+    parser.add_argument("--policy-file", type=Path, default=None, help="the tenant's signed policy set")
+    parser.add_argument("--policy-admin-key", type=Path, default=None, help="tenant admin key that signed it")
+    parser.add_argument("--unsafe-no-tenant-policy", action="store_true",
+                        help="run without data and tool-use controls (logs a warning)")
+    parser.add_argument("--lease-seconds", type=float, default=60.0,
+                        help="serve at most this long without a key lease renewal (measured)")
+    parser.add_argument("--lease-watch-seconds", type=float, default=20.0,
+                        help="how long one lease renewal is held open at the broker")
+    parser.add_argument("--device", choices=("cpu", "cuda", "auto"), default="cpu",
+                        help="where the engine runs; auto = cuda when a CUDA device is visible")
+    parser.add_argument("--dtype", default=None, help="engine dtype (default: bfloat16 on cuda, float32 on cpu)")
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.9,
+                        help="share of GPU memory for weights, KV pool and activations")
+    parser.add_argument("--engine", choices=("sealed", "vllm"), default="sealed",
+                        help="the inference engine (measured); vllm needs vLLM installed in this interpreter")
+    parser.add_argument("--max-num-seqs", type=int, default=16)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=None,
+                        help="tokens per engine step (default: 512 on the CPU, 2048 on a GPU)")
+    parser.add_argument("--max-model-len", type=int, default=2048)
+    args = parser.parse_args(argv)
+    try:
+        tee, gpu_tee = resolve_tee(args.tee)
+    except UnsupportedError as exc:
+        parser.error(str(exc))
+    device = args.device
+    if device == "auto":
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s worker %(levelname)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per heartbeat otherwise
+    settings = WorkerSettings(
+        broker_url=args.broker_url, package_dir=args.package_dir, tenant=args.tenant, model=args.model,
+        version=args.version, tee=tee, gpu_tee=gpu_tee, device=device, engine_dtype=args.dtype,
+        gpu_memory_utilization=args.gpu_memory_utilization, tsm_dir=args.tsm_dir, tsm_entry=args.tsm_entry,
+        sev_guest_device=args.sev_guest_device, ccel_table=args.ccel_table, ccel_data=args.ccel_data,
+        sim_platform_key=args.sim_platform_key,
+        unsafe_sim_measurement=args.unsafe_sim_measurement, host=args.host, port=args.port,
+        engine=args.engine, max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
+        policy_file=args.policy_file,
+        policy_admin_key=args.policy_admin_key, unsafe_no_tenant_policy=args.unsafe_no_tenant_policy,
+        lease_s=args.lease_seconds, lease_watch_s=args.lease_watch_seconds)
+    token = args.register_token_file.read_text().strip() if args.register_token_file else ""
+    client_cert = args.gateway_client_cert.read_bytes() if args.gateway_client_cert else None
+    if settings.engine != "vllm" and device == "cpu":
+        from enclave_worker.engine.threads import single_threaded_caller
+
+        single_threaded_caller()  # the engine's own thread is the one that computes in parallel
+    freeze_startup_heap()  # before any key or weight exists: full GC passes scan only what serving creates
+    schedule_full_collections()  # and run on a timer, not every few seconds under load
+    asyncio.run(serve(settings, args.grpc_port, args.register_url, token, client_cert, args.advertise_host))
+    return 0
+

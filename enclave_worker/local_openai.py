@@ -1,0 +1,134 @@
+"""The OpenAI layer (`protocol/openai`) over this worker's own request pipeline, for sealed mode.
+
+In plaintext mode the gateway runs the OpenAI layer and sends the worker one `GenerateRequest` per
+choice; in sealed mode the worker runs the same layer itself, and each choice goes through the
+same pipeline (`enclave_worker/answer.py`) the plaintext RPC uses, so both answer alike.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import Any, TypeVar
+
+from pydantic import ValidationError
+
+from enclave_worker.answer import Answer
+from enclave_worker.server import WorkerState
+from protocol.openai.chat import chat_body, chat_events, plan_chat
+from protocol.openai.completions import completion_body, completion_events, plan_completion
+from protocol.openai.errors import OpenAIError
+from protocol.openai.runner import ChoiceResult, Streams, collect_choice, merge_streams, prepend
+from protocol.openai.schemas import ChatCompletionRequest, CompletionRequest
+from protocol.rpc import worker_pb2
+from protocol.sampling import DEFAULT_MAX_TOKENS
+from protocol.sealed.http import ResponseHead
+
+R = TypeVar("R", ChatCompletionRequest, CompletionRequest)
+
+
+class LocalRun:
+    """The OpenAI layer's choice runner over this worker's pipeline (the gateway's is
+    api/gateway/generation.Run, over workers)."""
+
+    def __init__(self, state: WorkerState) -> None:
+        self.state = state
+        self._answers: list[Answer] = []
+        self._streams: list[AsyncGenerator[worker_pb2.GenerateChunk, None]] = []
+        self.tokens: dict[int, tuple[int, int]] = {}
+
+    @property
+    def decisions(self) -> tuple[worker_pb2.UsageRecord, ...]:
+        """What the pipeline signed for every choice that ended (answered or refused)."""
+        return tuple(d for a in self._answers for d in a.decisions)
+
+    async def start(self, requests: list[worker_pb2.GenerateRequest]) -> Streams:
+        self._answers = [Answer(self.state, r) for r in requests]
+        self._streams = [a.chunks() for a in self._answers]
+        try:
+            firsts = await asyncio.gather(*(anext(s) for s in self._streams))
+        except BaseException:
+            await self.close()
+            raise
+        return [prepend(f, s) for f, s in zip(firsts, self._streams, strict=True)]
+
+    def _account(self, i: int, chunk: worker_pb2.GenerateChunk) -> None:
+        if chunk.finish_reason:
+            self.tokens[i] = (chunk.prompt_tokens, chunk.completion_tokens)
+
+    async def collect(self, streams: Streams) -> list[ChoiceResult]:
+        try:
+            return list(await asyncio.gather(*(self._collect_one(i, s) for i, s in enumerate(streams))))
+        finally:
+            await self.close()
+
+    async def _collect_one(self, i: int, stream: AsyncIterator[worker_pb2.GenerateChunk]) -> ChoiceResult:
+        return await collect_choice(stream, lambda chunk: self._account(i, chunk))
+
+    async def merged(self, streams: Streams) -> AsyncIterator[tuple[int, worker_pb2.GenerateChunk]]:
+        async with contextlib.aclosing(merge_streams(streams)) as merged:
+            async for i, chunk in merged:
+                self._account(i, chunk)
+                yield i, chunk
+
+    async def close(self) -> None:
+        for s in self._streams:
+            await s.aclose()
+
+
+async def inner_answer(state: WorkerState, request: worker_pb2.SealedRequest, body: bytes,
+                       run: LocalRun) -> tuple[ResponseHead, AsyncIterator[bytes]]:
+    """The inner HTTP answer to an opened sealed request, exactly as the gateway gives it in
+    plaintext mode. A request the OpenAI layer refuses raises OpenAIError."""
+    s, rid = state.settings, request.request_id
+    chat = request.endpoint == "/v1/chat/completions"
+    tee = {"tee": s.tee, "insecure": s.insecure, "system_fingerprint": f"sealed-{s.tee}"}
+    if chat:
+        req = _parse(ChatCompletionRequest, body, request.model)
+        plan = plan_chat(req, rid=rid, tenant=request.tenant, key_id=request.key_id,
+                         agent_killed=request.agent_killed, default_max_tokens=DEFAULT_MAX_TOKENS)
+        base = {"id": f"chatcmpl-{rid}", "created": int(state.clock.now()), "model": req.model, **tee}
+        streams = await run.start(plan.requests)
+        if req.stream:
+            return ResponseHead(200, "text/event-stream"), chat_events(req, plan, run, streams, base)
+        # Not streamed: the whole answer first, so a failure is its status, as in plaintext mode.
+        return _whole(await chat_body(req, plan, run, streams, base))
+    creq = _parse(CompletionRequest, body, request.model)
+    cplan = plan_completion(creq, rid=rid, tenant=request.tenant, key_id=request.key_id)
+    base = {"id": f"cmpl-{rid}", "created": int(state.clock.now()), "model": creq.model,
+            "object": "text_completion", **tee}
+    streams = await run.start(cplan.requests)
+    if creq.stream:
+        return ResponseHead(200, "text/event-stream"), completion_events(creq, cplan, run, streams, base)
+    return _whole(await completion_body(creq, cplan, run, streams, base))
+
+
+def _parse(schema: type[R], body: bytes, model: str) -> R:
+    try:
+        req = schema.model_validate_json(body)
+    except ValidationError as exc:
+        raise _validation_error(exc) from exc
+    if req.model != model:
+        raise OpenAIError(400, "the body names another model than the sealed request", param="model")
+    return req
+
+
+def _validation_error(exc: ValidationError) -> OpenAIError:
+    errors = exc.errors()
+    if any(e.get("type") == "json_invalid" for e in errors):
+        return OpenAIError(400, "request body is not valid JSON", code="invalid_json")
+    if not errors:
+        return OpenAIError(400, "invalid request", code="invalid_value")
+    param = ".".join(str(p) for p in errors[0].get("loc", ())) or None
+    message = f"invalid request: {param}: {errors[0].get('msg', 'invalid value')}" if param else "invalid request"
+    return OpenAIError(400, message, code="invalid_value", param=param)
+
+
+def _whole(document: dict[str, Any]) -> tuple[ResponseHead, AsyncIterator[bytes]]:
+    return ResponseHead(200, "application/json"), single(json.dumps(document).encode())
+
+
+async def single(data: bytes) -> AsyncIterator[bytes]:
+    yield data

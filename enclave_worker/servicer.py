@@ -1,0 +1,103 @@
+"""The worker's gRPC service (`protocol/rpc/worker.proto`): each RPC mapped onto the request pipeline.
+
+Generation, plaintext or sealed, is `enclave_worker/answer.py`; this module only turns its results
+and errors into gRPC (statuses, trailing metadata). Cancelling a call (client gone, gateway gave
+up) cancels the handler, and the pipeline's cleanup aborts the request in the engine, so its KV
+blocks are freed at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import grpc
+
+from enclave_worker.answer import Answer
+from enclave_worker.engine import InvalidRequestError
+from enclave_worker.engine_protocol import ServingEngine
+from enclave_worker.errors import AnswerError, RequestRefused, SealedRefusal
+from enclave_worker.guard import GuardRefusal
+from enclave_worker.render import prompt_ids
+from enclave_worker.sealed import SealedAnswer, open_sealed_request
+from enclave_worker.server import WorkerState, serving
+from enclave_worker.signing import decision_metadata
+from protocol.rpc import worker_pb2, worker_pb2_grpc
+
+_GRPC_CODES = {400: grpc.StatusCode.INVALID_ARGUMENT, 403: grpc.StatusCode.PERMISSION_DENIED,
+               503: grpc.StatusCode.UNAVAILABLE}
+MAX_SEALED_DECISIONS = 16  # a sealed request with many choices may not make its trailers unbounded
+
+
+class WorkerServicer(worker_pb2_grpc.WorkerServicer):
+    def __init__(self, state: WorkerState) -> None:
+        self.state = state
+
+    async def _engine(self, context: grpc.aio.ServicerContext) -> ServingEngine:
+        if not serving(self.state) or self.state.booted is None:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "model unavailable")
+            raise AssertionError("context.abort raises")  # (grpc's stubs do not say so)
+        return self.state.booted.engine
+
+    async def Status(self, request: worker_pb2.StatusRequest, context: grpc.aio.ServicerContext
+                     ) -> worker_pb2.StatusReply:
+        report = self.state.report()
+        return worker_pb2.StatusReply(status=report.status, worker_status=report.model_dump_json())
+
+    async def Generate(self, request: worker_pb2.GenerateRequest, context: grpc.aio.ServicerContext
+                       ) -> AsyncIterator[worker_pb2.GenerateChunk]:
+        guard = self.state.guard
+        if guard is not None and guard.policy_set is not None and guard.policy_set.require_sealed:
+            # The tenant's signed policy: prompts reach this worker only sealed (docs/sealed-mode.md).
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, "this tenant requires sealed mode")
+        answer = Answer(self.state, request)
+        try:
+            async for chunk in answer.chunks():
+                yield chunk
+        except RequestRefused as exc:
+            # A policy refusal carries the worker's signed decisions for the gateway's audit trail.
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, exc.message,
+                                trailing_metadata=decision_metadata(exc.decisions))
+        except AnswerError as exc:
+            await context.abort(_GRPC_CODES.get(exc.status, grpc.StatusCode.UNAVAILABLE), exc.message)
+        if answer.decisions:  # redactions, calls held for approval: signed, at the end of the answer
+            context.set_trailing_metadata(decision_metadata(answer.decisions))
+
+    async def SealedGenerate(self, request: worker_pb2.SealedRequest, context: grpc.aio.ServicerContext
+                             ) -> AsyncIterator[worker_pb2.SealedChunk]:
+        try:
+            opened = open_sealed_request(self.state, request)
+        except SealedRefusal as exc:
+            await context.abort(exc.grpc_code, exc.message)
+        answer = SealedAnswer(self.state, request, opened)
+        async for chunk in answer.chunks():
+            yield chunk
+        # In-enclave decisions on a sealed request travel like plaintext ones (ids and rules, never content).
+        if answer.decisions:
+            context.set_trailing_metadata(decision_metadata(answer.decisions[:MAX_SEALED_DECISIONS]))
+
+    async def Tokenize(self, request: worker_pb2.TokenizeRequest, context: grpc.aio.ServicerContext
+                       ) -> worker_pb2.TokenizeReply:
+        """The token ids the engine would see for this prompt (the same rendering and data controls)."""
+        engine = await self._engine(context)
+        as_generate = worker_pb2.GenerateRequest(tenant=request.tenant, key_id=request.key_id, kind=request.kind,
+                                                 messages_json=request.messages_json, prompt=request.prompt,
+                                                 tools_json=request.tools_json)
+        try:
+            ids = prompt_ids(engine, self.state.guard, self.state.settings.model, as_generate,
+                             add_generation_prompt=request.add_generation_prompt)
+        except GuardRefusal as exc:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
+        except InvalidRequestError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        tok = engine.tokenizer
+        strs = [tok.decode([i], skip_special_tokens=False) for i in ids] if request.return_token_strs else []
+        return worker_pb2.TokenizeReply(tokens=ids, token_strs=strs, max_model_len=self.state.settings.max_model_len)
+
+    async def Detokenize(self, request: worker_pb2.DetokenizeRequest, context: grpc.aio.ServicerContext
+                         ) -> worker_pb2.DetokenizeReply:
+        tok = (await self._engine(context)).tokenizer
+        try:
+            text = tok.decode(tok.check_ids(request.tokens), skip_special_tokens=False)
+        except InvalidRequestError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        return worker_pb2.DetokenizeReply(prompt=text)
