@@ -57,6 +57,14 @@ def pad(payload: bytes, policy: PaddingPolicy) -> bytes:
     return _LENGTH.pack(len(payload)) + payload + bytes(policy.bucket(framed) - framed)
 
 
+def pad_fixed(payload: bytes, size: int) -> bytes:
+    """A frame of exactly `size` bytes (records whose size must say nothing: decision records)."""
+    framed = LENGTH_BYTES + len(payload)
+    if framed > size:
+        raise SealedFormatError(f"payload of {len(payload)} bytes does not fit a {size}-byte frame")
+    return _LENGTH.pack(len(payload)) + payload + bytes(size - framed)
+
+
 def unpad(frame: bytes) -> bytes:
     """The payload of a padded frame; SealedFormatError for a bad length or non-zero padding."""
     if len(frame) < LENGTH_BYTES:
