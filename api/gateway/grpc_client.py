@@ -187,6 +187,7 @@ class WorkerStream:
 
     async def aclose(self) -> None:
         await self._it.aclose()
+        self._call.cancel()  # also when the stream was never read (its generator's cleanup never ran)
 
     async def _chunks(self) -> AsyncIterator[worker_pb2.GenerateChunk]:
         try:

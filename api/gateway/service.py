@@ -240,3 +240,6 @@ class GatewayService:
             raise
         finally:
             worker.inflight -= 1
+            closing = getattr(rest, "aclose", None)
+            if closing is not None:  # the client left: cancel the call now, not when it is collected
+                await closing()

@@ -80,7 +80,9 @@ async def sealed_stack(tmp_path: Path, decision_key: X25519PrivateKey | None,
     state = WorkerState(WorkerSettings(broker_url="http://b", package_dir=Path("/nonexistent"), tenant="acme",
                                        model="m", version="v1"), status="ready")
     state.guard = WorkerGuard(tenant_policy(decision_key))
-    state.booted = SimpleNamespace(engine=engine, model_digest="d" * 64)  # type: ignore[assignment]
+    released = SimpleNamespace(bundle=SimpleNamespace(to_json=dict), token="t")  # what a heartbeat shows
+    state.booted = SimpleNamespace(engine=engine, model_digest="d" * 64, released=released,  # type: ignore[assignment]
+                                   load_s=0.1, gpu_cc_off=False)
     server = grpc.aio.server()
     worker_pb2_grpc.add_WorkerServicer_to_server(WorkerServicer(state), server)
     port = server.add_insecure_port("127.0.0.1:0")
