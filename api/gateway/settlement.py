@@ -21,6 +21,7 @@ from collections import OrderedDict
 from api.gateway.metering import Metering
 from api.gateway.registry import WorkerInfo
 from policy.audit import AuditLog
+from policy.audit.entry import MetaValue
 from protocol.rpc import worker_pb2
 from protocol.sealed.decision_record import record_seq
 from protocol.sealed.errors import SealedFormatError
@@ -46,7 +47,7 @@ class Settlement:
             return False
         if (worker.worker_id, seq) in self._seen:
             return True
-        meta = {"worker_id": worker.worker_id[:64], "worker_key": worker.usage_public_key, "seq": seq,
+        meta: dict[str, MetaValue] = {"worker_id": worker.worker_id[:64], "worker_key": worker.usage_public_key, "seq": seq,
                 "sealed_record": base64.b64encode(wire).decode()}
         if request_id:
             meta["request_id"] = request_id[:128]
