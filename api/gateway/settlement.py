@@ -47,8 +47,8 @@ class Settlement:
             return False
         if (worker.worker_id, seq) in self._seen:
             return True
-        meta: dict[str, MetaValue] = {"worker_id": worker.worker_id[:64], "worker_key": worker.usage_public_key, "seq": seq,
-                "sealed_record": base64.b64encode(wire).decode()}
+        meta: dict[str, MetaValue] = {"worker_id": worker.worker_id[:64], "worker_key": worker.usage_public_key,
+                                      "seq": seq, "sealed_record": base64.b64encode(wire).decode()}
         if request_id:
             meta["request_id"] = request_id[:128]
         self.audit.append(tenant=worker.tenant, action="sealed-record", decision="record", metadata=meta)
