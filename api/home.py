@@ -8,6 +8,7 @@ from pathlib import Path
 
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from protocol.fsutil import atomic_write
 
@@ -65,6 +66,11 @@ class Home:
     def tenant_policy_admin_public(self, tenant: str) -> Path:
         return self.root / "tenants" / tenant / "policy-admin.pub.pem"
 
+    def tenant_decision_record_key(self, tenant: str) -> Path:
+        """The tenant's X25519 private key that opens workers' sealed decision records (its public
+        half is in the signed policy set): a tenant's file, like everything under tenants/<tenant>/."""
+        return self.root / "tenants" / tenant / "decision-record.pem"
+
     def tenant_policy(self, tenant: str) -> Path:
         return self.root / "tenants" / tenant / "policy.json"
 
@@ -90,6 +96,19 @@ def ed25519_key(path: Path) -> Ed25519PrivateKey:
     atomic_write(path, key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                          serialization.NoEncryption()))
     return key
+
+
+def x25519_key(path: Path) -> X25519PrivateKey:
+    """Load or create (0600) an X25519 private key in PEM."""
+    if path.exists():
+        key = serialization.load_pem_private_key(path.read_bytes(), password=None)
+        if not isinstance(key, X25519PrivateKey):
+            raise ValueError(f"{path} is not an X25519 key")
+        return key
+    created = X25519PrivateKey.generate()
+    atomic_write(path, created.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                             serialization.NoEncryption()))
+    return created
 
 
 def write_public_key(key: Ed25519PrivateKey, path: Path) -> None:

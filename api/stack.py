@@ -22,10 +22,11 @@ from cryptography.hazmat.primitives import serialization
 
 from api.console.settings import loopback_host
 from api.gateway.keys import ApiKeyStore
-from api.home import Home, ed25519_key, write_public_key
+from api.home import Home, ed25519_key, write_public_key, x25519_key
 from api.orchestrator.local import LocalRuntime
 from api.orchestrator.loop import ControlLoop
 from api.supervisor import Child, RunLock, Supervisor
+from api.tenant_audit import decision_key_public_hex
 from api.tenant_tools import default_model_path, encrypt_model
 from api.vllm_python import vllm_python
 from attestation.refvalues import sign_reference_values
@@ -109,11 +110,13 @@ def prepare_demo(home: Home, model_path: Path | None = None, log: callable = pri
     return DemoInfo(api_key, DEMO_TENANT, DEMO_MODEL, DEMO_VERSION, pkg)
 
 
-def demo_policy_set(api_key: str) -> dict:
+def demo_policy_set(api_key: str, decision_record_key: str | None = None) -> dict:
     """The demo tenant's in-enclave controls: SSNs in prompts are refused, card numbers redacted,
-    and the demo key may call one tool, get_weather, with an object of arguments."""
+    and the demo key may call one tool, get_weather, with an object of arguments; decisions on
+    sealed requests are sealed to `decision_record_key` (the tenant's X25519 key, hex)."""
     key_id = f"key_{hashlib.sha256(api_key.encode()).hexdigest()[:16]}"  # the gateway's id for this key
-    return {
+    sealed_records = {"decision_record_key": decision_record_key} if decision_record_key else {}
+    return {**sealed_records,
         "policy_id": "demo-policy", "version": 1, "tenant": DEMO_TENANT,
         "data": {"retention_days": 30, "pii_input": {"US_SSN": "block", "CREDIT_CARD": "redact"}},
         "agents": {key_id: {"tools": {"get_weather": {"args_schema": {"type": "object"}}},
@@ -125,7 +128,9 @@ def _write_demo_policy(home: Home, api_key: str) -> None:
     """Signed by the tenant's policy admin key, whose public half the worker's measurement pins."""
     admin = ed25519_key(home.tenant_policy_admin(DEMO_TENANT))
     write_public_key(admin, home.tenant_policy_admin_public(DEMO_TENANT))
-    doc = sign_policy_document(demo_policy_set(api_key), admin, "demo-admin")
+    # The tenant's own key for its sealed decision records (`sealed audit decisions --key ...`).
+    records = decision_key_public_hex(x25519_key(home.tenant_decision_record_key(DEMO_TENANT)))
+    doc = sign_policy_document(demo_policy_set(api_key, records), admin, "demo-admin")
     home.tenant_policy(DEMO_TENANT).write_text(json.dumps(doc, sort_keys=True))
 
 

@@ -16,7 +16,7 @@ failure is an `AnswerError` with the status the gateway would answer.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 
 from enclave_worker.engine import EngineError, InvalidRequestError, RequestOutput, Tokenizer
 from enclave_worker.engine.config import TokenLogprob
@@ -40,23 +40,42 @@ class Answer:
         self.state, self.request = state, request
         self.notes: list[GuardNote] = []  # decisions that let the request go on (redactions, held calls)
         self.decisions: tuple[worker_pb2.UsageRecord, ...] = ()
+        self.ended = False  # answered or refused: `decisions` is final
+        self.progress: tuple[int, int] | None = None  # (prompt, completion) tokens the engine has run so far
+        self.started = state.clock.monotonic()
 
     async def chunks(self) -> AsyncGenerator[worker_pb2.GenerateChunk, None]:
         engine = self._engine()
-        started = self.state.clock.monotonic()
+        started = self.started = self.state.clock.monotonic()
         try:
             stream, first = await self._start(engine)  # render → guard → engine
             async with contextlib.aclosing(stream):  # leaving early aborts the engine request
                 if self._checks_whole_answer():
-                    outs = await _rest(first, stream)
+                    outs = await _rest(first, stream, self._ran)
                     yield self._sign_usage(self._checked(engine.tokenizer, outs), started)  # check → sign
                 else:
                     async for chunk in self._streamed(engine.tokenizer, first, stream, started):
                         yield chunk
         except GuardRefusal as exc:
             self.decisions = self.state.signer.decisions(self.request, self.notes, exc, self.state.clock.now())
+            self.ended = True
             raise RequestRefused(str(exc), self.decisions) from exc
         self.decisions = self.state.signer.decisions(self.request, self.notes, None, self.state.clock.now())
+        self.ended = True
+
+    def decisions_so_far(self) -> tuple[worker_pb2.UsageRecord, ...]:
+        """The signed decisions, also of an answer cut short (its client left): those noted so far."""
+        if self.ended:
+            return self.decisions
+        return self.state.signer.decisions(self.request, self.notes, None, self.state.clock.now())
+
+    def usage_so_far(self) -> worker_pb2.UsageRecord | None:
+        """A signed usage record for the tokens run so far (an answer cut short is metered too);
+        None if the engine never ran this request."""
+        if self.progress is None:
+            return None
+        clock = self.state.clock
+        return self.state.signer.usage(self.request, *self.progress, clock.monotonic() - self.started, clock.now())
 
     def _engine(self) -> ServingEngine:
         if not serving(self.state) or self.state.booted is None:  # serving() may have just revoked the key
@@ -71,7 +90,10 @@ class Answer:
             if state.guard is not None:
                 state.guard.check_admission(request.key_id, state.settings.model, len(prompt), params.max_tokens)
             stream = engine.generate(request.request_id, prompt, params, cache_salt=state.cache_salt(request.tenant))
-            return stream, await anext(stream)
+            self.progress = (len(prompt), 0)  # from here on, an answer cut short is metered
+            first = await anext(stream)
+            self._ran(first)
+            return stream, first
         except (InvalidRequestError, ValueError) as exc:
             raise AnswerError(400, str(exc), code="invalid_value") from exc
         except EngineError as exc:
@@ -94,6 +116,10 @@ class Answer:
             if out.finished:
                 return
             out = await _next(stream)
+            self._ran(out)
+
+    def _ran(self, out: RequestOutput) -> None:
+        self.progress = (out.prompt_tokens, out.completion_tokens)
 
     def _checked(self, tokenizer: Tokenizer, outs: Sequence[RequestOutput]) -> worker_pb2.GenerateChunk:
         """The whole answer as one chunk, after the tenant's tool-call and output controls."""
@@ -127,10 +153,11 @@ async def _next(stream: Outputs) -> RequestOutput:
         raise AnswerError(503, "engine failed", type_="server_error", code="worker_lost") from exc
 
 
-async def _rest(first: RequestOutput, stream: Outputs) -> list[RequestOutput]:
+async def _rest(first: RequestOutput, stream: Outputs, ran: Callable[[RequestOutput], None]) -> list[RequestOutput]:
     outs = [first]
     while not outs[-1].finished:
         outs.append(await _next(stream))
+        ran(outs[-1])
     return outs
 
 

@@ -64,6 +64,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-num-batched-tokens", type=int, default=None,
                         help="tokens per engine step (default: 512 on the CPU, 2048 on a GPU)")
     parser.add_argument("--max-model-len", type=int, default=2048)
+    parser.add_argument("--sealed-padding-min-bytes", type=int, default=256,
+                        help="pad each sealed response chunk to a power-of-two size of at least this many "
+                             "bytes (0: exact sizes, visible to the gateway; measured)")
     args = parser.parse_args(argv)
     try:
         tee, gpu_tee = resolve_tee(args.tee)
@@ -76,18 +79,10 @@ def main(argv: list[str] | None = None) -> int:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     logging.basicConfig(level=logging.INFO, format="%(asctime)s worker %(levelname)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per heartbeat otherwise
-    settings = WorkerSettings(
-        broker_url=args.broker_url, package_dir=args.package_dir, tenant=args.tenant, model=args.model,
-        version=args.version, tee=tee, gpu_tee=gpu_tee, device=device, engine_dtype=args.dtype,
-        gpu_memory_utilization=args.gpu_memory_utilization, tsm_dir=args.tsm_dir, tsm_entry=args.tsm_entry,
-        sev_guest_device=args.sev_guest_device, ccel_table=args.ccel_table, ccel_data=args.ccel_data,
-        sim_platform_key=args.sim_platform_key,
-        unsafe_sim_measurement=args.unsafe_sim_measurement, host=args.host, port=args.port,
-        engine=args.engine, max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
-        policy_file=args.policy_file,
-        policy_admin_key=args.policy_admin_key, unsafe_no_tenant_policy=args.unsafe_no_tenant_policy,
-        lease_s=args.lease_seconds, lease_watch_s=args.lease_watch_seconds)
+    try:
+        settings = _settings(args, tee, gpu_tee, device)
+    except ValueError as exc:
+        parser.error(str(exc))
     token = args.register_token_file.read_text().strip() if args.register_token_file else ""
     client_cert = args.gateway_client_cert.read_bytes() if args.gateway_client_cert else None
     if settings.engine != "vllm" and device == "cpu":
@@ -99,3 +94,18 @@ def main(argv: list[str] | None = None) -> int:
     asyncio.run(serve(settings, args.grpc_port, args.register_url, token, client_cert, args.advertise_host))
     return 0
 
+
+def _settings(args: argparse.Namespace, tee: str, gpu_tee: str | None, device: str) -> WorkerSettings:
+    return WorkerSettings(
+        broker_url=args.broker_url, package_dir=args.package_dir, tenant=args.tenant, model=args.model,
+        version=args.version, tee=tee, gpu_tee=gpu_tee, device=device, engine_dtype=args.dtype,
+        gpu_memory_utilization=args.gpu_memory_utilization, tsm_dir=args.tsm_dir, tsm_entry=args.tsm_entry,
+        sev_guest_device=args.sev_guest_device, ccel_table=args.ccel_table, ccel_data=args.ccel_data,
+        sim_platform_key=args.sim_platform_key,
+        unsafe_sim_measurement=args.unsafe_sim_measurement, host=args.host, port=args.port,
+        engine=args.engine, max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
+        policy_file=args.policy_file,
+        policy_admin_key=args.policy_admin_key, unsafe_no_tenant_policy=args.unsafe_no_tenant_policy,
+        lease_s=args.lease_seconds, lease_watch_s=args.lease_watch_seconds,
+        sealed_padding_min_bytes=args.sealed_padding_min_bytes)

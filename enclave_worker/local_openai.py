@@ -44,6 +44,15 @@ class LocalRun:
         """What the pipeline signed for every choice that ended (answered or refused)."""
         return tuple(d for a in self._answers for d in a.decisions)
 
+    def decisions_so_far(self) -> tuple[worker_pb2.UsageRecord, ...]:
+        """Every choice's signed decisions, also of choices cut short (the client left)."""
+        return tuple(d for a in self._answers for d in a.decisions_so_far())
+
+    def progress(self) -> tuple[int, int]:
+        """(prompt, completion) tokens the engine has run so far for all choices."""
+        runs = [a.progress for a in self._answers if a.progress is not None]
+        return sum(p for p, _ in runs), sum(c for _, c in runs)
+
     async def start(self, requests: list[worker_pb2.GenerateRequest]) -> Streams:
         self._answers = [Answer(self.state, r) for r in requests]
         self._streams = [a.chunks() for a in self._answers]

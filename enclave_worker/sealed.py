@@ -45,7 +45,8 @@ def open_sealed_request(state: WorkerState, request: worker_pb2.SealedRequest) -
     ctx = RequestContext(tenant=request.tenant, model=request.model, endpoint=request.endpoint,
                          key_id=request.worker_key_id)
     try:
-        return open_request(state.serving_key, ctx, request.body, state.clock.now(), state.replay)
+        return open_request(state.serving_key, ctx, request.body, state.clock.now(), state.replay,
+                            response_padding=s.response_padding)
     except WrongWorkerKey as exc:
         # The client pinned a key this worker does not hold: it must verify the deployment again.
         raise SealedRefusal(grpc.StatusCode.FAILED_PRECONDITION, "sealed to another worker key; re-attest") from exc
@@ -58,19 +59,28 @@ def open_sealed_request(state: WorkerState, request: worker_pb2.SealedRequest) -
 
 class SealedAnswer:
     """One opened sealed request's answer. Iterate `chunks()` (ciphertext, the last one with the
-    sealed receipt and the signed usage record); when it ends, `decisions` holds what the pipeline
-    signed for its choices."""
+    sealed receipt and the signed usage record); `decisions_so_far()` is what the pipeline signed
+    for its choices (for the tenant's sealed record, never the gateway)."""
 
     def __init__(self, state: WorkerState, request: worker_pb2.SealedRequest, opened: OpenedRequest) -> None:
         self.state, self.request, self.opened = state, request, opened
         self._run = LocalRun(state)
+        self._started = state.clock.monotonic()
+        self.final_usage: worker_pb2.UsageRecord | None = None  # set with the final chunk
 
-    @property
-    def decisions(self) -> tuple[worker_pb2.UsageRecord, ...]:
-        return self._run.decisions
+    def decisions_so_far(self) -> tuple[worker_pb2.UsageRecord, ...]:
+        return self._run.decisions_so_far()
+
+    def usage_so_far(self) -> worker_pb2.UsageRecord:
+        """The final chunk's usage record, or, for an answer cut short, one for the tokens run so far."""
+        if self.final_usage is not None:
+            return self.final_usage
+        clock = self.state.clock
+        return self.state.signer.usage(self.request, *self._run.progress(), clock.monotonic() - self._started,
+                                       clock.now())
 
     async def chunks(self) -> AsyncIterator[worker_pb2.SealedChunk]:
-        sealer, started = self.opened.sealer, self.state.clock.monotonic()
+        sealer, started = self.opened.sealer, self._started
         try:
             try:
                 head, parts = await inner_answer(self.state, self.request, self.opened.body, self._run)
@@ -104,6 +114,7 @@ class SealedAnswer:
             issued_at=clock.now())
         final = worker_pb2.SealedChunk(data=self.opened.sealer.seal(sign_receipt(receipt, state.usage_key),
                                                                     final=True))
-        final.usage.CopyFrom(state.signer.usage(self.request, prompt, completion, clock.monotonic() - started,
-                                                clock.now()))
+        self.final_usage = state.signer.usage(self.request, prompt, completion, clock.monotonic() - started,
+                                              clock.now())
+        final.usage.CopyFrom(self.final_usage)
         return final

@@ -28,8 +28,10 @@ from enclave_worker.clock import Clock
 from enclave_worker.freshness import AttestationRenewal
 from enclave_worker.guard import WorkerGuard, build_guard
 from enclave_worker.keywatch import KeyLease, LeaseTiming
+from enclave_worker.outbox import Outbox
 from enclave_worker.settings import WorkerSettings
 from enclave_worker.signing import RequestSigner
+from enclave_worker.tenant_records import TenantRecords
 from policy.errors import PolicyError
 from protocol.asgi import without_native_telemetry
 from protocol.broker.client import WorkerIdentity
@@ -61,6 +63,18 @@ class WorkerState:
     clock: Clock = field(default_factory=Clock)  # a fixed one in tests (no test asserts a duration)
     # Set by the process that serves gRPC: on shutdown it lets in-flight streams finish first.
     drain: Callable[[], Awaitable[None]] | None = None
+    # Usage and sealed decision records of calls that ended early, for the next heartbeats.
+    outbox: Outbox = field(default_factory=Outbox)
+    _records: TenantRecords | None = None
+
+    @property
+    def records(self) -> TenantRecords:
+        """The tenant's sealed decision records, under the key its signed policy set names (if any)."""
+        if self._records is None:
+            policy_set = self.guard.policy_set if self.guard else None
+            self._records = TenantRecords(policy_set.decision_record_key if policy_set else None, self.usage_key,
+                                          self.settings.model, self.settings.version)
+        return self._records
 
     @property
     def signer(self) -> RequestSigner:
@@ -107,6 +121,9 @@ async def _boot(state: WorkerState) -> None:
     try:
         # The tenant's signed policy first: no key is fetched for a worker that could not enforce it.
         state.guard = build_guard(s.policy_file, s.policy_admin_key, s.tenant, s.unsafe_no_tenant_policy)
+        if state.records.tenant_key is None:
+            log.warning("the tenant's policy set names no decision_record_key: the tenant will not see this "
+                        "worker's decisions on sealed requests (they are never sent in clear)")
         started = time.monotonic()
         booted = await asyncio.to_thread(boot, s, state.channel_binding, state.serving_key.private_key,
                                          state.guard.policy_set if state.guard else None)

@@ -3,7 +3,11 @@
 Generation, plaintext or sealed, is `enclave_worker/answer.py`; this module only turns its results
 and errors into gRPC (statuses, trailing metadata). Cancelling a call (client gone, gateway gave
 up) cancels the handler, and the pipeline's cleanup aborts the request in the engine, so its KV
-blocks are freed at once.
+blocks are freed at once; what the call still owed the gateway (its usage record, the tenant's
+sealed decision record) goes out with the next heartbeats (`delivery.py`).
+
+Every call that carries content honours the tenant's signed `require_sealed`: Generate, Tokenize
+and Detokenize are refused (PERMISSION_DENIED) when the tenant accepts only sealed requests.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from collections.abc import AsyncIterator
 import grpc
 
 from enclave_worker.answer import Answer
+from enclave_worker.delivery import Delivery
 from enclave_worker.engine import InvalidRequestError
 from enclave_worker.engine_protocol import ServingEngine
 from enclave_worker.errors import AnswerError, RequestRefused, SealedRefusal
@@ -25,7 +30,12 @@ from protocol.rpc import worker_pb2, worker_pb2_grpc
 
 _GRPC_CODES = {400: grpc.StatusCode.INVALID_ARGUMENT, 403: grpc.StatusCode.PERMISSION_DENIED,
                503: grpc.StatusCode.UNAVAILABLE}
-MAX_SEALED_DECISIONS = 16  # a sealed request with many choices may not make its trailers unbounded
+
+
+def sealed_only(state: WorkerState) -> bool:
+    """The tenant's signed policy says prompts reach this worker only sealed (docs/sealed-mode.md)."""
+    guard = state.guard
+    return guard is not None and guard.policy_set is not None and guard.policy_set.require_sealed
 
 
 class WorkerServicer(worker_pb2_grpc.WorkerServicer):
@@ -45,22 +55,26 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
 
     async def Generate(self, request: worker_pb2.GenerateRequest, context: grpc.aio.ServicerContext
                        ) -> AsyncIterator[worker_pb2.GenerateChunk]:
-        guard = self.state.guard
-        if guard is not None and guard.policy_set is not None and guard.policy_set.require_sealed:
-            # The tenant's signed policy: prompts reach this worker only sealed (docs/sealed-mode.md).
+        if sealed_only(self.state):
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, "this tenant requires sealed mode")
         answer = Answer(self.state, request)
+        delivery = Delivery(self.state, answer.usage_so_far)
+        context.add_done_callback(delivery.settle)
         try:
             async for chunk in answer.chunks():
                 yield chunk
+            if answer.decisions:  # redactions, calls held for approval: signed, at the end of the answer
+                context.set_trailing_metadata(decision_metadata(answer.decisions))
+            delivery.completed()
         except RequestRefused as exc:
+            delivery.completed()  # refused before the engine ran: nothing to meter
             # A policy refusal carries the worker's signed decisions for the gateway's audit trail.
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, exc.message,
                                 trailing_metadata=decision_metadata(exc.decisions))
         except AnswerError as exc:
             await context.abort(_GRPC_CODES.get(exc.status, grpc.StatusCode.UNAVAILABLE), exc.message)
-        if answer.decisions:  # redactions, calls held for approval: signed, at the end of the answer
-            context.set_trailing_metadata(decision_metadata(answer.decisions))
+        finally:
+            delivery.settle()
 
     async def SealedGenerate(self, request: worker_pb2.SealedRequest, context: grpc.aio.ServicerContext
                              ) -> AsyncIterator[worker_pb2.SealedChunk]:
@@ -69,15 +83,23 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         except SealedRefusal as exc:
             await context.abort(exc.grpc_code, exc.message)
         answer = SealedAnswer(self.state, request, opened)
-        async for chunk in answer.chunks():
-            yield chunk
-        # In-enclave decisions on a sealed request travel like plaintext ones (ids and rules, never content).
-        if answer.decisions:
-            context.set_trailing_metadata(decision_metadata(answer.decisions[:MAX_SEALED_DECISIONS]))
+        # The decisions on a sealed request go only into the tenant's sealed record: one for every
+        # opened request, decisions or none, so its presence says nothing (docs/sealed-mode.md).
+        delivery = Delivery(self.state, answer.usage_so_far, (request, answer.decisions_so_far))
+        context.add_done_callback(delivery.settle)
+        try:
+            async for chunk in answer.chunks():
+                yield chunk
+            context.set_trailing_metadata(delivery.trailers())
+            delivery.completed()
+        finally:
+            delivery.settle()
 
     async def Tokenize(self, request: worker_pb2.TokenizeRequest, context: grpc.aio.ServicerContext
                        ) -> worker_pb2.TokenizeReply:
         """The token ids the engine would see for this prompt (the same rendering and data controls)."""
+        if sealed_only(self.state):  # a prompt in clear, like Generate's
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, "this tenant requires sealed mode")
         engine = await self._engine(context)
         as_generate = worker_pb2.GenerateRequest(tenant=request.tenant, key_id=request.key_id, kind=request.kind,
                                                  messages_json=request.messages_json, prompt=request.prompt,
@@ -95,6 +117,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
 
     async def Detokenize(self, request: worker_pb2.DetokenizeRequest, context: grpc.aio.ServicerContext
                          ) -> worker_pb2.DetokenizeReply:
+        if sealed_only(self.state):  # its answer is text in clear
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, "this tenant requires sealed mode")
         tok = (await self._engine(context)).tokenizer
         try:
             text = tok.decode(tok.check_ids(request.tokens), skip_special_tokens=False)

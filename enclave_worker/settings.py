@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from protocol.model_ref import ModelRef
+from protocol.sealed.padding import PaddingPolicy
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,9 @@ class WorkerSettings:
     policy_file: Path | None = None  # the tenant's signed policy set (data and tool-use controls)
     policy_admin_key: Path | None = None  # Ed25519 public key that must have signed it (measured)
     unsafe_no_tenant_policy: bool = False
+    # Sealed answers: each response chunk padded to a power-of-two bucket of at least this many bytes
+    # (protocol/sealed/padding.py; 0: exact sizes, which the gateway then sees). Measured.
+    sealed_padding_min_bytes: int = 256
     # The key lease (docs/security.md, "Revocation"): without a renewal for lease_s the worker
     # wipes and stops serving; a renewal is held open at the broker for up to lease_watch_s.
     lease_s: float = 60.0
@@ -61,6 +65,14 @@ class WorkerSettings:
         if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
             # None picks the device's default; 0 must not silently mean the same.
             raise ValueError(f"max_num_batched_tokens must be >= 1, not {self.max_num_batched_tokens}")
+        self.response_padding  # noqa: B018 - a bad padding size is refused here, not on the first request
+
+    @property
+    def response_padding(self) -> PaddingPolicy:
+        try:
+            return PaddingPolicy(min_bytes=self.sealed_padding_min_bytes)
+        except ValueError as exc:
+            raise ValueError(f"sealed_padding_min_bytes: {exc}") from None
 
     @property
     def ref(self) -> ModelRef:
@@ -111,6 +123,8 @@ class WorkerSettings:
             "promises": self.promises(),
             # How long this worker may serve a key the broker no longer vouches for.
             "lease_s": self.lease_s,
+            # What a gateway can learn from a sealed answer's frame sizes.
+            "sealed_padding_min_bytes": self.sealed_padding_min_bytes,
             "engine": {
                 **({"kind": self.engine} if self.engine != "sealed" else {}),
                 "max_num_seqs": self.max_num_seqs,

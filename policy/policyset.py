@@ -14,7 +14,7 @@ from policy.release import ReleasePolicy
 from policy.schema import CEDAR_SCHEMA
 
 _KEYS = {"policy_id", "version", "tenant", "admission", "key_overrides", "agents", "data", "release", "cedar",
-         "require_sealed"}
+         "require_sealed", "decision_record_key"}
 
 
 @dataclass(frozen=True)
@@ -31,6 +31,9 @@ class PolicySet:
     release: tuple[ReleasePolicy, ...] = ()
     cedar: str = ""  # extra tenant rules: forbid-only, each with @id (they can narrow, never widen)
     require_sealed: bool = False  # refuse plaintext requests: prompts only sealed to the worker (docs/sealed-mode.md)
+    # The tenant's X25519 public key (64 hex), to which workers seal their decisions on sealed
+    # requests (docs/sealed-mode.md, "Decision records"); None: those decisions reach no one.
+    decision_record_key: str | None = None
 
     def __post_init__(self) -> None:
         _name(self.policy_id, "policy_id")
@@ -44,6 +47,8 @@ class PolicySet:
         object.__setattr__(self, "agents", _frozen(self.agents))
         if type(self.require_sealed) is not bool:
             raise PolicyInvalid("require_sealed must be true or false")
+        if self.decision_record_key is not None and not _is_x25519_hex(self.decision_record_key):
+            raise PolicyInvalid("decision_record_key must be an X25519 public key: 64 lowercase hex digits")
         if self.cedar.strip():
             custom = compile_cedar(self.cedar)
             if any(effect != "forbid" for effect in custom.effects.values()):
@@ -87,7 +92,7 @@ class PolicySet:
             agents={_name(k, "agent key id"): AgentPolicy.from_dict(v) for k, v in agents.items()},
             data=DataPolicy.from_dict(d["data"]) if d.get("data") is not None else None,
             release=tuple(ReleasePolicy.from_dict(r) for r in release), cedar=cedar,
-            require_sealed=d.get("require_sealed", False),
+            require_sealed=d.get("require_sealed", False), decision_record_key=d.get("decision_record_key"),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -106,4 +111,12 @@ class PolicySet:
             out["cedar"] = self.cedar
         if self.require_sealed:
             out["require_sealed"] = True
+        if self.decision_record_key is not None:
+            out["decision_record_key"] = self.decision_record_key
         return out
+
+
+def _is_x25519_hex(value: object) -> bool:
+    if not isinstance(value, str) or len(value) != 64 or value.strip("0123456789abcdef"):
+        return False
+    return bytes.fromhex(value) != bytes(32)  # the all-zero point: every shared secret would be zero

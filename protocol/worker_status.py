@@ -8,7 +8,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -62,6 +62,26 @@ class WorkerAttestationDoc(BaseModel):
     promises: dict[str, Any] = Field(default_factory=dict)
 
 
+class OwedUsage(BaseModel):
+    """A signed usage record a call could not deliver (the client left before its final chunk)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    payload: str = Field(max_length=4096, pattern=r"^[A-Za-z0-9+/]*={0,2}$")  # base64 of the signed JSON
+    signature: str = Field(min_length=128, max_length=128, pattern=r"^[0-9a-f]+$")
+
+
+class Settle(BaseModel):
+    """What calls that ended early still owe the gateway (enclave_worker/outbox.py), at most one
+    batch per heartbeat: usage records and the tenant's sealed decision records (base64)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    usage: list[OwedUsage] = Field(default_factory=list, max_length=64)
+    records: list[Annotated[str, Field(max_length=8192, pattern=r"^[A-Za-z0-9+/]*={0,2}$")]] = Field(
+        default_factory=list, max_length=16)
+
+
 class Heartbeat(WorkerStatus):
     """A worker's WorkerStatus plus where to reach it and who it is, signed by its identity key."""
 
@@ -80,3 +100,4 @@ class Heartbeat(WorkerStatus):
     seq: int = Field(ge=1, le=2**62)
     at: int = Field(ge=0, le=2**40)
     signature: str = Field(min_length=128, max_length=128)
+    settle: Settle | None = None

@@ -10,6 +10,7 @@ from typing import Any
 import httpx2
 import openai
 
+from protocol.sealed.padding import DEFAULT_PADDING, PaddingPolicy
 from sealed_client.deployment import ClientTrust
 from sealed_client.session import SealedSession
 from sealed_client.transport import AsyncSealedTransport, SealedTransport
@@ -39,8 +40,9 @@ class SealedOpenAI(openai.OpenAI):
 
     def __init__(self, *, base_url: str, api_key: str, policy: ClientTrust | str | Path | dict | None = None,
                  unsafe_allow_simulated: bool = False, clock: Callable[[], dt.datetime] | None = None,
-                 inner_transport: httpx2.BaseTransport | None = None, **kwargs: Any) -> None:
-        self.sealed = SealedSession(_trust(policy, unsafe_allow_simulated), clock=clock)
+                 inner_transport: httpx2.BaseTransport | None = None, padding: PaddingPolicy = DEFAULT_PADDING,
+                 **kwargs: Any) -> None:
+        self.sealed = SealedSession(_trust(policy, unsafe_allow_simulated), clock=clock, padding=padding)
         transport = SealedTransport(self.sealed, _gateway_url(base_url), inner_transport)
         kwargs.setdefault("http_client", httpx2.Client(transport=transport, timeout=kwargs.pop("timeout", 600.0)))
         super().__init__(base_url=base_url, api_key=api_key, **kwargs)
@@ -51,8 +53,9 @@ class AsyncSealedOpenAI(openai.AsyncOpenAI):
 
     def __init__(self, *, base_url: str, api_key: str, policy: ClientTrust | str | Path | dict | None = None,
                  unsafe_allow_simulated: bool = False, clock: Callable[[], dt.datetime] | None = None,
-                 inner_transport: httpx2.AsyncBaseTransport | None = None, **kwargs: Any) -> None:
-        self.sealed = SealedSession(_trust(policy, unsafe_allow_simulated), clock=clock)
+                 inner_transport: httpx2.AsyncBaseTransport | None = None, padding: PaddingPolicy = DEFAULT_PADDING,
+                 **kwargs: Any) -> None:
+        self.sealed = SealedSession(_trust(policy, unsafe_allow_simulated), clock=clock, padding=padding)
         transport = AsyncSealedTransport(self.sealed, _gateway_url(base_url), inner_transport)
         kwargs.setdefault("http_client", httpx2.AsyncClient(transport=transport,
                                                             timeout=kwargs.pop("timeout", 600.0)))

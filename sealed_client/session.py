@@ -35,6 +35,7 @@ from protocol.sealed.http import (
     ResponseHead,
     sealed_path,
 )
+from protocol.sealed.padding import DEFAULT_PADDING, PaddingPolicy
 from sealed_client.deployment import ClientTrust, PinnedKey, verify_published, verify_sealed_document
 
 RECEIPT_HEADER = "Sealed-Receipt"
@@ -72,11 +73,13 @@ class SealedSession:
     """Pins per model (verified on first use, again on every key change); seals; checks answers.
 
     ``clock`` returns now (tests inject one). ``receipts`` keeps the last verified receipts.
+    ``padding``: the size buckets request bodies are padded to, so the gateway sees a size class.
     """
 
     def __init__(self, trust: ClientTrust, *, clock: Callable[[], dt.datetime] | None = None,
-                 keep_receipts: int = 1000) -> None:
+                 keep_receipts: int = 1000, padding: PaddingPolicy = DEFAULT_PADDING) -> None:
         self.trust = trust
+        self.padding = padding
         self.clock = clock or (lambda: dt.datetime.now(dt.UTC))
         self._pins: dict[str, PinnedKey] = {}
         self._jwks: Mapping[str, Any] | None = trust.broker_jwks
@@ -130,7 +133,7 @@ class SealedSession:
     # -- requests
     def seal(self, pin: PinnedKey, endpoint: str, body: bytes) -> Exchange:
         ctx = RequestContext(tenant=pin.tenant, model=pin.model, endpoint=endpoint, key_id=pin.worker_key_id)
-        return Exchange(pin, seal_request(pin.hpke_public_key, ctx, body, time.time()))
+        return Exchange(pin, seal_request(pin.hpke_public_key, ctx, body, time.time(), padding=self.padding))
 
     @staticmethod
     def sealed_headers(exchange: Exchange, original: Mapping[str, str]) -> dict[str, str]:

@@ -1,4 +1,4 @@
-"""`sealed audit verify|export|witness`: check the tamper-evident audit log, export a tenant's entries."""
+"""`sealed audit verify|export|witness|decisions`: check the tamper-evident audit log, export a tenant's entries."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import typer
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
+from api.cli.audit_decisions import decisions
 from api.home import Home, default_home
 from policy.audit import (
     Checkpoint,
@@ -129,4 +130,5 @@ def build() -> typer.Typer:
     app.command("verify")(verify)
     app.command("export")(export)
     app.command("witness")(witness_update)
+    app.command("decisions")(decisions)
     return app

@@ -72,22 +72,19 @@ def open_gateway_audit(settings: GatewaySettings) -> AuditLog:
 
 
 def audit_worker_decisions(audit: AuditLog, records: list[worker_pb2.UsageRecord], *, pinned_key_hex: str,
-                           request_id: str, tenant: str, worker_id: str, sealed: bool = False) -> int:
-    """Verify each signed in-enclave decision against the worker's attested key and append it.
-    A record that does not verify, or names another request or tenant, is itself audited as
-    refused (a worker or a path in between misbehaves); returns how many were appended as valid.
-    `sealed`: a sealed request's decisions name its choices (`<request_id>-<i>`), which the
-    gateway, seeing only ciphertext, knows by that prefix."""
+                           request_id: str, tenant: str, worker_id: str) -> int:
+    """Verify each signed in-enclave decision of a plaintext request against the worker's attested
+    key and append it. A record that does not verify, or names another request or tenant, is itself
+    audited as refused (a worker or a path in between misbehaves); returns how many were appended
+    as valid. A sealed request's decisions never come here: they are in the tenant's sealed record
+    (`settlement.py`)."""
     appended = 0
     for record in records:
         try:
             if record.public_key.hex() != pinned_key_hex:
                 raise DecisionRecordError("signed by a key other than the worker's attested one")
             fields = verify_decision(record.payload, record.signature, record.public_key)
-            named = str(fields["request_id"])
-            ours = named == request_id[:128] or (sealed and named.startswith(request_id + "-")
-                                                  and named[len(request_id) + 1:].isdigit())
-            if not ours or fields["tenant"] != tenant[:128]:
+            if fields["request_id"] != request_id[:128] or fields["tenant"] != tenant[:128]:
                 raise DecisionRecordError("record names another request or tenant")
         except DecisionRecordError as exc:
             log.error("worker %s sent an invalid decision record: %s", worker_id, exc)

@@ -16,6 +16,7 @@ from google.protobuf.message import DecodeError
 from api.gateway.errors import GatewayError
 from policy.audit.worker_record import DECISION_METADATA_KEY
 from protocol.rpc import worker_pb2, worker_pb2_grpc
+from protocol.sealed.decision_record import RECORD_METADATA_KEY
 from protocol.tls import TARGET_NAME, TlsIdentity
 
 
@@ -133,7 +134,7 @@ async def open_sealed(clients: WorkerClients, address: str, request: worker_pb2.
         raise
     if first is grpc.aio.EOF:
         raise GatewayError(502, "the worker returned no output", type_="server_error")
-    return first, WorkerStream(call)  # its `decisions`: the worker's signed in-enclave decisions
+    return first, WorkerStream(call)  # its `sealed_record`: the tenant's record of the worker's decisions
 
 
 def _translate_sealed(exc: grpc.aio.AioRpcError) -> GatewayError:
@@ -159,13 +160,23 @@ def _decision_records(metadata: object) -> list[worker_pb2.UsageRecord]:
     return out
 
 
+def _sealed_record(metadata: object) -> bytes | None:
+    """The tenant's sealed decision record from a SealedGenerate call's trailers (opaque here)."""
+    for key, value in tuple(metadata or ()):  # type: ignore[arg-type]
+        if key == RECORD_METADATA_KEY and isinstance(value, bytes):
+            return value
+    return None
+
+
 class WorkerStream:
-    """The rest of a Generate stream; after it ends, ``decisions`` holds the worker's signed
-    in-enclave decisions sent as trailing metadata (redactions, calls held for approval)."""
+    """The rest of a Generate or SealedGenerate stream; after it ends, ``decisions`` holds the
+    worker's signed in-enclave decisions sent as trailing metadata (plaintext mode: redactions,
+    calls held for approval) and ``sealed_record`` the tenant's sealed record (sealed mode)."""
 
     def __init__(self, call: grpc.aio.UnaryStreamCall) -> None:
         self._call = call
         self.decisions: list[worker_pb2.UsageRecord] = []
+        self.sealed_record: bytes | None = None
         self._it = self._chunks()
 
     def __aiter__(self) -> WorkerStream:
@@ -176,13 +187,15 @@ class WorkerStream:
 
     async def aclose(self) -> None:
         await self._it.aclose()
+        self._call.cancel()  # also when the stream was never read (its generator's cleanup never ran)
 
     async def _chunks(self) -> AsyncIterator[worker_pb2.GenerateChunk]:
         try:
             while True:
                 chunk = await self._call.read()
                 if chunk is grpc.aio.EOF:
-                    self.decisions = _decision_records(await self._call.trailing_metadata())
+                    trailers = await self._call.trailing_metadata()
+                    self.decisions, self.sealed_record = _decision_records(trailers), _sealed_record(trailers)
                     return
                 yield chunk
         except grpc.aio.AioRpcError as exc:

@@ -36,7 +36,11 @@ async def heartbeat(body: Heartbeat, request: Request, service: GatewayService =
     signed = json.loads(await request.body())
     await asyncio.get_running_loop().run_in_executor(service.registry.executor, service.heartbeat,
                                                      body.model_dump(), signed, seen_at)
-    return {"ok": True}
+    if body.settle is None:
+        return {"ok": True}
+    # What the worker's calls that ended early owe (usage, the tenant's sealed records), signed with the
+    # beat: stored before the answer says so, so the worker forgets only what is stored.
+    return {"ok": True, "settled": await service.settle_owed(body.worker_id, body.settle)}
 
 
 @router.get("/healthz")

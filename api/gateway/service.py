@@ -24,6 +24,7 @@ from api.gateway.metering import Metering
 from api.gateway.metrics import EngineMetrics, Metrics
 from api.gateway.registry import WorkerInfo, WorkerRegistry, reattest_required
 from api.gateway.settings import GatewaySettings
+from api.gateway.settlement import Settlement
 from api.gateway.tickets import Admission
 from api.gateway.usage_writer import UsageWriter
 from api.gateway.worker_attestation import load_verifier
@@ -31,6 +32,7 @@ from api.store.repo import KeyRecord, Store
 from policy.audit import AuditLog
 from protocol.rpc import worker_pb2
 from protocol.tls import load_or_create
+from protocol.worker_status import Settle
 
 log = logging.getLogger(__name__)
 Chunk = TypeVar("Chunk", worker_pb2.GenerateChunk, worker_pb2.SealedChunk)
@@ -65,6 +67,7 @@ class GatewayService:
         self.admissions = Admission(settings, self.catalog, admission, self.metrics, self.audit)
         self.enrolment = Enrolment(self.registry, self._verifier, self.demand, self.metrics)
         self.metering = Metering(self.metrics, self.usage_writer)
+        self.settlement = Settlement(self.audit, self.metering)  # sealed records; usage owed by heartbeat
         # The parts' entry points, as the routes call them.
         self.forget, self.bootstrap_keys = self.catalog.forget, self.catalog.bootstrap_keys
         self.cached_key, self.authenticate = self.catalog.cached_key, self.catalog.authenticate
@@ -165,6 +168,27 @@ class GatewayService:
         finally:
             self._probing.discard(worker.worker_id)
 
+    def _audit_trailers(self, worker: WorkerInfo, request: worker_pb2.GenerateRequest | worker_pb2.SealedRequest,
+                        rest: AsyncIterator[Any], sealed: bool) -> None:
+        if sealed:  # never decisions in clear, whatever the worker sent: only the tenant's record
+            record = getattr(rest, "sealed_record", None)
+            if record is not None:
+                self.settlement.sealed_record(worker, record, request.request_id)
+            return
+        decisions = getattr(rest, "decisions", ())
+        if decisions:
+            audit_worker_decisions(self.audit, list(decisions), pinned_key_hex=worker.usage_public_key,
+                                   request_id=request.request_id, tenant=request.tenant, worker_id=worker.worker_id)
+
+    async def settle_owed(self, worker_id: str, settle: Settle) -> bool:
+        """A heartbeat's batch of what calls that ended early owe (its signature checked with the
+        beat's); False while the worker is not attested (it keeps the batch and sends it again)."""
+        worker = self.registry.workers.get(worker_id)
+        if worker is None or (self.registry.require_attestation and not worker.attested):
+            return False
+        await self.settlement.owed(worker, settle)
+        return True
+
     def check_plaintext_allowed(self, key: KeyRecord) -> None:
         if self.require_sealed(key.tenant):
             self.metrics.rejected.labels(key.tenant, "sealed_required").inc()
@@ -192,25 +216,30 @@ class GatewayService:
 
     async def _relay(self, worker: WorkerInfo, request: worker_pb2.GenerateRequest | worker_pb2.SealedRequest,
                      first: Chunk, rest: AsyncIterator[Chunk], *, sealed: bool) -> AsyncIterator[Chunk]:
-        """Relay an opened stream (plain or sealed, the same way): chunks to the caller, the final
-        usage to metering, the worker's signed in-enclave decisions (no content) to the audit log
-        once verified; a worker lost mid-stream gets a health check. Releases the worker's
-        in-flight slot the caller took, however the stream ends."""
+        """Relay an opened stream (plain or sealed, the same way): chunks to the caller; the final
+        chunk's usage to metering and what the trailers carry to the audit log (plaintext: the
+        worker's signed decisions, verified; sealed: the tenant's opaque record), both settled
+        before the final chunk is passed on, so a client that leaves then cannot cut them off; a
+        worker lost mid-stream gets a health check. Releases the worker's in-flight slot the
+        caller took, however the stream ends."""
         try:
-            chunk = first
-            yield first
-            async for chunk in rest:
+            chunk: Chunk | None = first
+            while chunk is not None and not chunk.HasField("usage"):
                 yield chunk
-            if chunk.HasField("usage"):
+                chunk = await anext(rest, None)
+            if chunk is not None:  # the final chunk: read the call to its end (trailers) first
+                async for _ in rest:
+                    pass
                 await self.metering.record(chunk.usage, worker, request)
-            decisions = getattr(rest, "decisions", ())
-            if decisions:
-                audit_worker_decisions(self.audit, list(decisions), pinned_key_hex=worker.usage_public_key,
-                                       request_id=request.request_id, tenant=request.tenant,
-                                       worker_id=worker.worker_id, sealed=sealed)
+            self._audit_trailers(worker, request, rest, sealed)
+            if chunk is not None:
+                yield chunk
         except WorkerLost:
             log.warning("worker %s lost mid-stream", worker.worker_id)
             self._probe_soon(worker)
             raise
         finally:
             worker.inflight -= 1
+            closing = getattr(rest, "aclose", None)
+            if closing is not None:  # the client left: cancel the call now, not when it is collected
+                await closing()

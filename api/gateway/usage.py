@@ -19,8 +19,9 @@ class UsageRejected(Exception):
     pass
 
 
-def verify_usage(record: worker_pb2.UsageRecord, worker: WorkerInfo, request_id: str, tenant: str) -> UsageRow:
-    """Check a record against the key the worker registered with and the request it answers."""
+def verify_usage(record: worker_pb2.UsageRecord, worker: WorkerInfo, request_id: str | None, tenant: str) -> UsageRow:
+    """Check a record against the key the worker registered with and the request it answers
+    (`request_id` None: a record the worker owed by heartbeat, which names its own request)."""
     if record.public_key.hex() != worker.usage_public_key:
         raise UsageRejected("usage record signed by a key the worker did not register")
     try:
@@ -28,6 +29,8 @@ def verify_usage(record: worker_pb2.UsageRecord, worker: WorkerInfo, request_id:
     except (InvalidSignature, ValueError) as exc:
         raise UsageRejected("bad usage signature") from exc
     doc = json.loads(record.payload)
+    if request_id is None and isinstance(doc.get("request_id"), str) and 0 < len(doc["request_id"]) <= 64:
+        request_id = doc["request_id"]
     if doc.get("request_id") != request_id or doc.get("tenant") != tenant:
         raise UsageRejected("usage record is for another request")
     return UsageRow(request_id=request_id, tenant=tenant, key_id=str(doc.get("key_id", "")),

@@ -20,33 +20,34 @@ class UsageWriter:
     def __init__(self, store: Store, max_batch: int = 512) -> None:
         self.store, self.max_batch = store, max_batch
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="usage-writer")
-        self._pending: list[tuple[UsageRow, asyncio.Future[None]]] = []
+        self._pending: list[tuple[UsageRow, asyncio.Future[bool]]] = []
         self._drainer: asyncio.Task[None] | None = None
 
-    async def record(self, row: UsageRow) -> None:
-        """Store `row`; returns once it is committed. A caller cancelled meanwhile does not cancel
-        the write (the row is still stored)."""
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    async def record(self, row: UsageRow) -> bool:
+        """Store `row`; returns once it is committed: False if a row of that worker and request was
+        already stored (and this one is not). A caller cancelled meanwhile does not cancel the write."""
+        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         future.add_done_callback(_consume)
         self._pending.append((row, future))
         if self._drainer is None or self._drainer.done():
             self._drainer = asyncio.create_task(self._drain())
-        await asyncio.shield(future)
+        return await asyncio.shield(future)
 
     async def _drain(self) -> None:
         loop = asyncio.get_running_loop()
         while self._pending:
             batch, self._pending = self._pending[:self.max_batch], self._pending[self.max_batch:]
             try:
-                await loop.run_in_executor(self._executor, self.store.record_usage_batch, [r for r, _ in batch])
+                stored = await loop.run_in_executor(self._executor, self.store.record_usage_batch,
+                                                    [r for r, _ in batch])
             except Exception as exc:  # each waiting stream sees the failure, as with a single write
                 for _, future in batch:
                     if not future.done():
                         future.set_exception(exc)
             else:
-                for _, future in batch:
+                for (_, future), fresh in zip(batch, stored, strict=True):
                     if not future.done():
-                        future.set_result(None)
+                        future.set_result(fresh)
 
     async def close(self) -> None:
         """Commit what is pending, then stop the thread."""
@@ -56,6 +57,6 @@ class UsageWriter:
         self._executor.shutdown(wait=True)
 
 
-def _consume(future: asyncio.Future[None]) -> None:
+def _consume(future: asyncio.Future[bool]) -> None:
     if not future.cancelled():
         future.exception()  # retrieved: a waiter that was cancelled leaves no "never retrieved" warning

@@ -245,10 +245,20 @@ class Store:
     def record_usage(self, row: UsageRow) -> None:
         self.record_usage_batch([row])
 
-    def record_usage_batch(self, rows: list[UsageRow]) -> None:
-        """All rows in one transaction (the gateway's group commit)."""
+    def record_usage_batch(self, rows: list[UsageRow]) -> list[bool]:
+        """All rows in one transaction (the gateway's group commit), each (worker, request id) once:
+        a usage record can arrive twice (on the call, and owed by heartbeat when the worker could
+        not tell it was delivered). Returns, per row, whether it was stored."""
         with self.sessions.begin() as s:
-            s.add_all(rows)
+            seen = {(w, r) for w, r in s.execute(select(UsageRow.worker_id, UsageRow.request_id).where(
+                UsageRow.request_id.in_({r.request_id for r in rows})))}
+            stored = []
+            for row in rows:
+                fresh = (row.worker_id, row.request_id) not in seen
+                seen.add((row.worker_id, row.request_id))
+                stored.append(fresh)
+            s.add_all([row for row, fresh in zip(rows, stored, strict=True) if fresh])
+        return stored
 
     def tokens_used(self, tenant: str, key_id: str | None = None) -> int:
         """Lifetime tokens of a tenant, or of one of its keys."""

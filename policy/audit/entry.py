@@ -43,6 +43,11 @@ MAX_REASON = 512
 MAX_META_KEYS = 32
 MAX_FIELD = 128  # tenant, action and decision (a tenant name from a request is attacker-controlled)
 WITHHELD_PREFIX = "~withheld:"
+# The one kind of long value an entry may hold: a sealed decision record (base64 of ciphertext only
+# the tenant can open, docs/sealed-mode.md); anything else under this key is withheld like a long string.
+SEALED_RECORD_KEY = "sealed_record"
+MAX_SEALED_RECORD = 8192
+_BASE64 = re.compile(r"^[A-Za-z0-9+/]+={0,2}$")
 
 
 @functools.lru_cache(maxsize=4096)
@@ -92,7 +97,10 @@ def validate_metadata(metadata: Mapping[str, MetaValue] | None) -> dict[str, Met
     for key, value in metadata.items():
         if not isinstance(key, str) or not _key_ok(key):
             raise ValueError(f"metadata key {key!r} is malformed or may carry content/secrets; not logged")
-        if isinstance(value, str):
+        if key == SEALED_RECORD_KEY and isinstance(value, str) and len(value) <= MAX_SEALED_RECORD \
+                and _BASE64.match(value):
+            pass
+        elif isinstance(value, str):
             value = bounded(value, MAX_META_STR)
         elif (value is not None and not isinstance(value, int | float | bool)) or (
                 isinstance(value, float) and not math.isfinite(value)):  # no stable JSON form

@@ -69,6 +69,9 @@ async def merge_streams(streams: Streams) -> AsyncGenerator[tuple[int, worker_pb
     finally:
         for t in tasks:
             t.cancel()
+        # Wait for the pumps to stop: closing their streams next (the caller's cleanup) while a pump
+        # still runs one raised "aclose(): asynchronous generator is already running".
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def prepend(first: worker_pb2.GenerateChunk, rest: AsyncIterator[worker_pb2.GenerateChunk]

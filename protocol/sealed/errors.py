@@ -35,3 +35,8 @@ class ReceiptInvalid(SealedError):
 
 class ReattestRequired(SealedError):
     """The pinned worker is gone or its key changed: verify the deployment again before sending."""
+
+
+class DecisionRecordInvalid(SealedError):
+    """A sealed decision record that does not open under the tenant's key, is not signed by the
+    worker it names, or does not match the audit entry that carried it."""

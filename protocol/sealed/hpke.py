@@ -22,13 +22,14 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X
 from pyhpke import AEADId, CipherSuite, KDFId, KEMId, KEMKey, KEMKeyPair, OpenError
 
 from protocol.sealed.errors import RequestRejected, SealedFormatError, WrongWorkerKey
+from protocol.sealed.padding import DEFAULT_PADDING, PaddingPolicy, pad, unpad
 from protocol.sealed.replay import ReplayGuard
 from protocol.sealed.response import RESPONSE_EXPORT_LABEL, SECRET_BYTES, ResponseOpener, ResponseSealer
 
-VERSION = 1
+VERSION = 2  # v2: plaintexts padded to size buckets (padding.py); v1 is refused
 SUITE = CipherSuite.new(KEMId.DHKEM_X25519_HKDF_SHA256, KDFId.HKDF_SHA256, AEADId.AES256_GCM)
-REQUEST_INFO = b"sealed-request-v1"
-_AAD_LABEL = b"sealed-request-v1\x00"
+REQUEST_INFO = b"sealed-request-v2"
+_AAD_LABEL = b"sealed-request-v2\x00"
 ENC_BYTES = 32
 MAX_FIELD = 0xFFFF
 
@@ -95,18 +96,19 @@ class OpenedRequest:
     request_sha256: str
 
 
-def _plaintext(body: bytes, timestamp_ms: int) -> bytes:
-    return struct.pack(">Q", timestamp_ms) + body
+def _plaintext(body: bytes, timestamp_ms: int, padding: PaddingPolicy) -> bytes:
+    return struct.pack(">Q", timestamp_ms) + pad(body, padding)
 
 
 def seal_request(worker_public_key: bytes, ctx: RequestContext, body: bytes, now_s: float, *,
-                 _ephemeral: KEMKeyPair | None = None) -> SealedRequest:
-    """Client side. `_ephemeral` fixes the encapsulation key for the checked-in test vectors only."""
+                 padding: PaddingPolicy = DEFAULT_PADDING, _ephemeral: KEMKeyPair | None = None) -> SealedRequest:
+    """Client side. The body is padded to `padding`'s bucket, so the gateway sees a size class.
+    `_ephemeral` fixes the encapsulation key for the checked-in test vectors only."""
     if key_id(worker_public_key) != ctx.key_id:
         raise WrongWorkerKey("request context names another worker key than the one sealed to")
     recipient = KEMKey.from_pyca_cryptography_key(X25519PublicKey.from_public_bytes(worker_public_key))
     enc, sender = SUITE.create_sender_context(recipient, info=REQUEST_INFO, eks=_ephemeral)
-    plaintext = _plaintext(body, int(now_s * 1000))
+    plaintext = _plaintext(body, int(now_s * 1000), padding)
     ciphertext = sender.seal(plaintext, aad=ctx.aad())
     secret = sender.export(RESPONSE_EXPORT_LABEL, SECRET_BYTES)
     return SealedRequest(wire=bytes([VERSION]) + enc + ciphertext, opener=ResponseOpener(secret, enc),
@@ -114,12 +116,14 @@ def seal_request(worker_public_key: bytes, ctx: RequestContext, body: bytes, now
 
 
 def open_request(worker: WorkerKey, ctx: RequestContext, wire: bytes, now_s: float, replay: ReplayGuard,
-                 *, _response_nonce: bytes | None = None) -> OpenedRequest:
-    """Worker side: check the key id, open with the context as associated data, refuse replays."""
+                 *, response_padding: PaddingPolicy = DEFAULT_PADDING,
+                 _response_nonce: bytes | None = None) -> OpenedRequest:
+    """Worker side: check the key id, open with the context as associated data, refuse replays.
+    The answer's chunks are padded to `response_padding`'s buckets."""
     if ctx.key_id != worker.key_id:
         raise WrongWorkerKey("request is sealed to another worker key")
     if len(wire) < 1 + ENC_BYTES + 16 or wire[0] != VERSION:
-        raise SealedFormatError("not a version-1 sealed request")
+        raise SealedFormatError(f"not a version-{VERSION} sealed request")
     enc = wire[1:1 + ENC_BYTES]
     try:
         recipient = SUITE.create_recipient_context(enc, worker._kem_key, info=REQUEST_INFO)
@@ -129,8 +133,9 @@ def open_request(worker: WorkerKey, ctx: RequestContext, wire: bytes, now_s: flo
     if len(plaintext) < 8:
         raise SealedFormatError("sealed request has no timestamp")
     (timestamp_ms,) = struct.unpack(">Q", plaintext[:8])
+    body = unpad(plaintext[8:])
     replay.check(enc, timestamp_ms / 1000.0, now_s)
     secret = recipient.export(RESPONSE_EXPORT_LABEL, SECRET_BYTES)
-    return OpenedRequest(body=plaintext[8:], timestamp_ms=timestamp_ms,
-                         sealer=ResponseSealer(secret, enc, _response_nonce),
+    return OpenedRequest(body=body, timestamp_ms=timestamp_ms,
+                         sealer=ResponseSealer(secret, enc, _response_nonce, response_padding),
                          request_sha256=hashlib.sha256(plaintext).hexdigest())

@@ -1,7 +1,7 @@
 """Sealed responses: chunked AEAD under a key exported from the request's HPKE context.
 
 Key derivation as RFC 9458 §4.4 (OHTTP response encapsulation):
-    secret      = context.Export("sealed-response-v1", 32)
+    secret      = context.Export("sealed-response-v2", 32)
     salt        = enc || response_nonce          (response_nonce: 32 random bytes, sent first)
     prk         = HKDF-Extract(salt, secret)
     aead_key    = HKDF-Expand(prk, "key", 32)     (AES-256-GCM)
@@ -12,7 +12,9 @@ aead_nonce XOR i (i as a 12-byte big-endian counter) and associated data "" or, 
 without a chunk that opens as "final" is truncated.
 
 Frame: type (1 byte: 0 chunk, 1 final) || length (4 bytes, big-endian) || ciphertext. The type byte
-only tells the reader which associated data to try; flipping it makes the chunk fail to open.
+only tells the reader which associated data to try; flipping it makes the chunk fail to open. Each
+chunk's plaintext is padded to a size bucket before sealing (padding.py); the response hash and the
+receipt cover the chunk itself, not its padding.
 """
 
 from __future__ import annotations
@@ -27,13 +29,15 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF, HKDFExpand
 
 from protocol.sealed.errors import ResponseCorrupted, SealedFormatError
+from protocol.sealed.padding import DEFAULT_PADDING, LENGTH_BYTES, MAX_STEP_BYTES, PaddingPolicy, pad, unpad
 
-RESPONSE_EXPORT_LABEL = b"sealed-response-v1"
+RESPONSE_EXPORT_LABEL = b"sealed-response-v2"
 SECRET_BYTES = 32
 NONCE_BYTES = 32  # max(Nn, Nk), RFC 9458 §4.4
 _AEAD_NONCE = 12
 _FINAL_AAD = b"final"
 MAX_CHUNK = 16 << 20
+_MAX_CIPHERTEXT = MAX_CHUNK + LENGTH_BYTES + MAX_STEP_BYTES + 16  # chunk, padding, GCM tag
 _HEADER = struct.Struct(">BI")
 
 
@@ -65,8 +69,10 @@ class ResponseHash:
 class ResponseSealer:
     """Worker side. `header()` first (the response nonce), then `seal()` per chunk, the last with final=True."""
 
-    def __init__(self, secret: bytes, enc: bytes, response_nonce: bytes | None = None) -> None:
+    def __init__(self, secret: bytes, enc: bytes, response_nonce: bytes | None = None,
+                 padding: PaddingPolicy = DEFAULT_PADDING) -> None:
         self.response_nonce = response_nonce or os.urandom(NONCE_BYTES)
+        self._padding = padding
         if len(self.response_nonce) != NONCE_BYTES:
             raise SealedFormatError("response nonce must be 32 bytes")
         self._aead, self._base = _keys(secret, enc, self.response_nonce)
@@ -84,7 +90,8 @@ class ResponseSealer:
             raise SealedFormatError("response chunk too large")
         if not final:
             self.hash.update(chunk)
-        ciphertext = self._aead.encrypt(_nonce(self._base, self._seq), chunk, _FINAL_AAD if final else b"")
+        ciphertext = self._aead.encrypt(_nonce(self._base, self._seq), pad(chunk, self._padding),
+                                        _FINAL_AAD if final else b"")
         self._seq += 1
         self._done = final
         return _HEADER.pack(1 if final else 0, len(ciphertext)) + ciphertext
@@ -114,7 +121,7 @@ class ResponseOpener:
             if self._done:
                 raise ResponseCorrupted("data after the final response chunk")
             kind, length = _HEADER.unpack_from(self._buf)
-            if kind not in (0, 1) or length > MAX_CHUNK + 16:
+            if kind not in (0, 1) or length > _MAX_CIPHERTEXT:
                 raise ResponseCorrupted("malformed response frame")
             if len(self._buf) < _HEADER.size + length:
                 break
@@ -122,11 +129,15 @@ class ResponseOpener:
             del self._buf[:_HEADER.size + length]
             final = kind == 1
             try:
-                plaintext = self._aead.decrypt(_nonce(self._base, self._seq), ciphertext,
-                                               _FINAL_AAD if final else b"")
+                padded = self._aead.decrypt(_nonce(self._base, self._seq), ciphertext,
+                                            _FINAL_AAD if final else b"")
             except InvalidTag as exc:
                 raise ResponseCorrupted(f"response chunk {self._seq} does not open at its position "
                                         "(tampered, dropped or reordered)") from exc
+            try:
+                plaintext = unpad(padded)
+            except SealedFormatError as exc:
+                raise ResponseCorrupted(f"response chunk {self._seq} is not a padded frame") from exc
             self._seq += 1
             self._done = final
             if not final:

@@ -75,13 +75,25 @@ def test_rollout_is_gradual_and_rollback_is_one_call(store: Store) -> None:
 
 def test_usage_per_tenant_and_key(store: Store) -> None:
     store.ensure_tenant("acme", token_budget=1000)
-    for key, (p, c) in (("k1", (10, 5)), ("k1", (3, 2)), ("k2", (1, 1))):
-        store.record_usage(UsageRow(request_id="r", tenant="acme", key_id=key, model="m", version="v1",
+    for i, (key, (p, c)) in enumerate((("k1", (10, 5)), ("k1", (3, 2)), ("k2", (1, 1)))):
+        store.record_usage(UsageRow(request_id=f"r{i}", tenant="acme", key_id=key, model="m", version="v1",
                                     worker_id="w", prompt_tokens=p, completion_tokens=c, worker_seconds=0.5,
                                     signature="00"))
     rows = {r["key_id"]: r for r in store.usage_summary("acme")}
     assert rows["k1"]["requests"] == 2 and rows["k1"]["prompt_tokens"] == 13 and rows["k2"]["completion_tokens"] == 1
     assert store.tokens_used("acme") == 22
+
+
+def test_a_usage_record_is_stored_once_per_worker_and_request(store: Store) -> None:
+    """#35: a record can arrive twice (on the call, and owed by heartbeat when the worker could not
+    tell the call delivered it); it is metered once. Another worker's record of that id is its own."""
+    def row(worker: str) -> UsageRow:
+        return UsageRow(request_id="r", tenant="acme", key_id="k", model="m", version="v1", worker_id=worker,
+                        prompt_tokens=5, completion_tokens=5, worker_seconds=0.5, signature="00")
+
+    assert store.record_usage_batch([row("w"), row("w")]) == [True, False]
+    assert store.record_usage_batch([row("w"), row("w2")]) == [False, True]
+    assert store.tokens_used("acme") == 20
 
 
 def test_redis_limiter_store_is_shared_between_limiters() -> None:

@@ -22,8 +22,8 @@ def test_usage_per_tenant_and_key_from_the_local_database(tmp_path: Path) -> Non
     upgrade(engine)
     store = Store(session_factory(engine))
     store.ensure_tenant("acme")
-    for key in ("k1", "k1", "k2"):
-        store.record_usage(UsageRow(request_id="r", tenant="acme", key_id=key, model="m", version="v1",
+    for i, key in enumerate(("k1", "k1", "k2")):  # distinct requests: each is metered once
+        store.record_usage(UsageRow(request_id=f"r{i}", tenant="acme", key_id=key, model="m", version="v1",
                                     worker_id="w", prompt_tokens=4, completion_tokens=6, worker_seconds=0.25,
                                     signature="00"))
     engine.dispose()

@@ -2,7 +2,9 @@
 so the same request gets the same answer either way: tokens, usage record, signed decisions.
 
 A real (tiny, random-weight) engine, the real servicer over real gRPC, a fixed clock: the signed
-records must then be equal byte for byte (Ed25519 signatures are deterministic)."""
+records must then be equal byte for byte (Ed25519 signatures are deterministic). The decisions on a
+sealed request reach only the tenant, in its sealed record (#35): opened here with the tenant's key,
+they are the plaintext path's decisions, field for field."""
 
 from __future__ import annotations
 
@@ -16,23 +18,28 @@ from typing import Any
 import grpc
 import pytest
 import torch
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
+from api.tenant_audit import decision_key_public_hex
 from enclave_worker.clock import Clock
 from enclave_worker.engine import EngineConfig, LLMEngine
 from enclave_worker.guard import WorkerGuard
 from enclave_worker.server import WorkerState
 from enclave_worker.servicer import WorkerServicer
 from enclave_worker.settings import WorkerSettings
-from policy.audit.worker_record import DECISION_METADATA_KEY
+from policy.audit.worker_record import DECISION_METADATA_KEY, public_key_bytes
 from policy.policyset import PolicySet
+from protocol.heartbeat import worker_id_for
 from protocol.openai.chat import plan_chat
 from protocol.openai.schemas import ChatCompletionRequest
 from protocol.rpc import worker_pb2, worker_pb2_grpc
 from protocol.sampling import DEFAULT_MAX_TOKENS
 from protocol.sealed import RequestContext, seal_request
+from protocol.sealed.decision_record import DECISION_FIELDS, RECORD_METADATA_KEY, open_decision_record
 from protocol.sealed.http import ResponseHead
 
 ENDPOINT = "/v1/chat/completions"
+TENANT_KEY = X25519PrivateKey.generate()
 
 
 @dataclass(frozen=True)
@@ -61,7 +68,8 @@ def _state(engine: LLMEngine) -> WorkerState:
     state = WorkerState(WorkerSettings(broker_url="http://b", package_dir=Path("/nonexistent"), tenant="acme",
                                        model="m", version="v1"), status="ready", clock=FixedClock())
     state.guard = WorkerGuard(PolicySet.from_dict({"policy_id": "p", "version": 3, "tenant": "acme", "data": {
-        "pii_input": {"EMAIL_ADDRESS": "redact", "US_SSN": "block"}}}))
+        "pii_input": {"EMAIL_ADDRESS": "redact", "US_SSN": "block"}},
+        "decision_record_key": decision_key_public_hex(TENANT_KEY)}))
     state.booted = SimpleNamespace(engine=engine, model_digest="d" * 64)  # type: ignore[assignment]
     return state
 
@@ -76,11 +84,24 @@ class Seen:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     usage: dict[str, Any] | None = None
-    decisions: list[bytes] | None = None
+    decisions: list[dict[str, Any]] | None = None
 
 
-def _decisions(metadata: Any) -> list[bytes]:
-    return [bytes(v) for k, v in (metadata or ()) if k == DECISION_METADATA_KEY]
+def _decisions(metadata: Any) -> list[dict[str, Any]]:
+    """A plaintext call's signed decisions (trailers), as the fields a sealed record keeps of each."""
+    fields = [json.loads(worker_pb2.UsageRecord.FromString(bytes(v)).payload)
+              for k, v in (metadata or ()) if k == DECISION_METADATA_KEY]
+    return [{k: f[k] for k in DECISION_FIELDS} for f in fields]
+
+
+def _sealed_decisions(state: WorkerState, metadata: Any) -> list[dict[str, Any]]:
+    """A sealed call's trailers hold no decision, only the tenant's record; the tenant opens it."""
+    assert _decisions(metadata) == []
+    (wire,) = [bytes(v) for k, v in metadata if k == RECORD_METADATA_KEY]
+    usage_key = public_key_bytes(state.usage_key)
+    record = open_decision_record(wire, TENANT_KEY, tenant="acme", worker_id=worker_id_for(usage_key),
+                                  worker_key=usage_key)
+    return [dict(d) for d in record.decisions]
 
 
 async def _plaintext(stub: worker_pb2_grpc.WorkerStub, body: dict[str, Any]) -> Seen:
@@ -113,7 +134,7 @@ async def _sealed(stub: worker_pb2_grpc.WorkerStub, state: WorkerState, body: di
     async for chunk in call:
         plain += [p for p, _ in sealed.opener.feed(chunk.data)]
         usage = json.loads(chunk.usage.payload) if chunk.HasField("usage") else usage
-    decisions = _decisions(await call.trailing_metadata())
+    decisions = _sealed_decisions(state, await call.trailing_metadata())
     status = ResponseHead.decode(plain[0]).status
     if status != 200:
         return Seen(status, decisions=decisions)
@@ -153,7 +174,7 @@ async def test_an_answered_request_is_the_same_sealed_or_not(
     assert (plaintext.usage.pop("request_id"), sealed.usage.pop("request_id")) == ("rq1-0", "rq1")
     assert plaintext.usage == sealed.usage
     assert plaintext.usage["completion_tokens"] == plaintext.completion_tokens > 0
-    assert plaintext.decisions and plaintext.decisions == sealed.decisions  # the redaction, signed alike
+    assert plaintext.decisions and plaintext.decisions == sealed.decisions  # the redaction, decided alike
 
 
 async def test_a_refused_request_is_refused_alike_sealed_or_not(

@@ -10,11 +10,13 @@ from typing import Any
 import grpc
 import pytest
 
+from enclave_worker.cli import main as cli_main
 from enclave_worker.guard import WorkerGuard
 from enclave_worker.sealed import SealedRefusal, open_sealed_request
 from enclave_worker.server import WorkerState
 from enclave_worker.servicer import WorkerServicer
 from enclave_worker.settings import WorkerSettings
+from policy.errors import PolicyInvalid
 from policy.policyset import PolicySet
 from protocol.rpc import worker_pb2
 from protocol.sealed import RequestContext, WorkerKey, seal_request
@@ -98,3 +100,54 @@ def test_sealed_request_refusals(case: str, code: grpc.StatusCode) -> None:
 def test_a_well_formed_sealed_request_opens() -> None:
     state = _state()
     assert open_sealed_request(state, _sealed(state)).body == b'{"model": "m"}'
+
+
+@pytest.mark.parametrize("call", ["Tokenize", "Detokenize"])
+def test_require_sealed_refuses_every_call_that_carries_content(call: str) -> None:
+    """#35: Tokenize takes a prompt and Detokenize gives text, both in clear: refused like Generate."""
+    context = Context()
+    request = (worker_pb2.TokenizeRequest(tenant="acme", kind="chat", messages_json="[]") if call == "Tokenize"
+               else worker_pb2.DetokenizeRequest(tokens=[1, 2]))
+    with pytest.raises(Aborted):
+        asyncio.run(getattr(WorkerServicer(_state(require_sealed=True)), call)(request, context))
+    assert context.code == grpc.StatusCode.PERMISSION_DENIED
+    # Without the rule the same call gets past that check (and stops at the stand-in engine).
+    with pytest.raises(AttributeError):
+        asyncio.run(getattr(WorkerServicer(_state()), call)(request, Context()))
+
+
+def test_the_policy_set_names_the_tenants_decision_record_key() -> None:
+    key = "11" * 32
+    doc = PolicySet(policy_id="p", version=1, tenant="acme", decision_record_key=key).to_dict()
+    assert PolicySet.from_dict(doc).decision_record_key == key
+    assert "decision_record_key" not in PolicySet(policy_id="p", version=1, tenant="acme").to_dict()
+    for bad in ("11" * 31, "AB" * 32, "00" * 32, 42, "zz" * 32):
+        with pytest.raises(PolicyInvalid):
+            PolicySet.from_dict({"policy_id": "p", "version": 1, "tenant": "acme", "decision_record_key": bad})
+
+
+def test_response_padding_is_a_measured_setting() -> None:
+    def settings(**kw: Any) -> WorkerSettings:
+        return WorkerSettings(broker_url="http://b", package_dir=Path("/x"), tenant="acme", model="m", version="v1",
+                              **kw)
+
+    assert settings().response_padding.min_bytes == 256
+    assert settings(sealed_padding_min_bytes=1024).measured_config() != settings().measured_config()
+    assert settings(sealed_padding_min_bytes=0).response_padding.bucket(10) == 10  # off: exact sizes
+    for bad in (100, -1, 1 << 20):
+        with pytest.raises(ValueError, match="sealed_padding_min_bytes"):
+            settings(sealed_padding_min_bytes=bad)
+    with pytest.raises(SystemExit):  # the flag: a clear usage error, not a traceback
+        cli_main(["--broker-url", "b", "--package-dir", "/x", "--tenant", "t", "--model", "m", "--version", "v",
+                  "--grpc-port", "1", "--sealed-padding-min-bytes", "300"])
+
+
+async def test_the_worker_pads_response_chunks_to_its_setting() -> None:
+    sizes = {}
+    for min_bytes in (256, 4096):
+        state = _state()
+        state.settings = WorkerSettings(broker_url="http://b", package_dir=Path("/x"), tenant="acme", model="m",
+                                        version="v1", sealed_padding_min_bytes=min_bytes)
+        opened = open_sealed_request(state, _sealed(state))
+        sizes[min_bytes] = len(opened.sealer.seal(b"a short token event"))
+    assert sizes[4096] - sizes[256] == 4096 - 256

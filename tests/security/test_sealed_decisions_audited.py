@@ -1,95 +1,144 @@
-"""#13 audit gaps: in sealed mode the worker's in-enclave decisions (a guard refusal) were enforced
-but not audited. Now they travel like plaintext-mode decisions: signed in the enclave with the
-worker's attested key, as gRPC trailing metadata, verified by the gateway and appended to its audit
-log, without content. Real worker servicer, real gRPC, the real gateway service."""
+"""#35: in sealed mode the gateway sees that a request happened, not why or what was decided.
+
+#13 had the worker's in-enclave decisions on a sealed request travel in clear gRPC trailers into the
+gateway's audit log (rule names, deny/redact): the tenant's own rules became an oracle on its users'
+prompts for the operator. Now every opened sealed request yields one fixed-size record, signed by the
+worker and sealed to the tenant's decision-record key; the gateway audits it as an opaque entry, and
+only the tenant's audit view (`sealed audit decisions --key ...`) opens it. Real worker servicer,
+real gRPC, the real gateway service, the real CLI."""
 
 from __future__ import annotations
 
+import base64
 import json
-import time
+import logging
 from pathlib import Path
-from types import SimpleNamespace
 
-import grpc
+import pytest
+from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+from typer.testing import CliRunner
 
-from api.gateway.admission import AdmissionController
+from api.cli.audit import build
 from api.gateway.audit import audit_worker_decisions
-from api.gateway.limits import LocalQueueCounter
-from api.gateway.registry import WorkerInfo
-from api.gateway.service import GatewayService
-from api.gateway.settings import GatewaySettings
-from api.store.db import make_engine, session_factory, upgrade
-from api.store.repo import Store
-from enclave_worker.guard import WorkerGuard
-from enclave_worker.server import WorkerState
-from enclave_worker.servicer import WorkerServicer
-from enclave_worker.settings import WorkerSettings
 from policy.audit import AuditLog, read_entries
-from policy.audit.worker_record import public_key_bytes, sign_decision, verify_logged_decision
-from policy.limiter import TokenBucketLimiter
-from policy.policyset import PolicySet
-from protocol.model_ref import ModelRef
-from protocol.rpc import worker_pb2, worker_pb2_grpc
-from protocol.sealed import RequestContext, seal_request
+from policy.audit.worker_record import DECISION_METADATA_KEY, public_key_bytes, sign_decision
+from protocol.rpc import worker_pb2
+from protocol.sealed.decision_record import RECORD_METADATA_KEY, WIRE_BYTES
 from protocol.sealed.http import ResponseHead
+from tests.security.sealed_harness import CARD_PROMPT, CLEAN_PROMPT, SSN_PROMPT, Stack, sealed_stack
 
-MARK = "quokka-5512"
-
-
-def _worker() -> WorkerState:
-    state = WorkerState(WorkerSettings(broker_url="http://b", package_dir=Path("/nonexistent"), tenant="acme",
-                                       model="m", version="v1"), status="ready")
-    state.guard = WorkerGuard(PolicySet.from_dict({"policy_id": "p", "version": 3, "tenant": "acme",
-                                                   "data": {"pii_input": {"US_SSN": "block"}}}))
-    # The guard refuses before the engine is touched; the receipt names this digest.
-    state.booted = SimpleNamespace(engine=object(), model_digest="d" * 64)  # type: ignore[assignment]
-    return state
+# What the operator must not learn about these prompts: the rules' names and the outcome classes.
+SECRETS = ("US_SSN", "CREDIT_CARD", "pii", "redact", "content-input", "deny", "123-45", "4111", "quokka")
 
 
-async def test_a_sealed_refusal_in_the_enclave_is_signed_relayed_and_audited_without_content(tmp_path: Path) -> None:
-    state = _worker()
-    server = grpc.aio.server()
-    worker_pb2_grpc.add_WorkerServicer_to_server(WorkerServicer(state), server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    engine = make_engine(f"sqlite:///{tmp_path / 'cp.db'}")
-    upgrade(engine)
-    store = Store(session_factory(engine))
-    _, key = store.create_key("acme", "k")
-    (tmp_path / "gw").mkdir()
-    service = GatewayService(GatewaySettings(data_dir=tmp_path / "gw", dev=True), store,
-                             AdmissionController(TokenBucketLimiter(), LocalQueueCounter(), 8, 8))
-    usage_hex = public_key_bytes(state.usage_key).hex()
-    service.registry.workers["w1"] = WorkerInfo(
-        worker_id="w1", grpc_address=f"127.0.0.1:{port}", ref=ModelRef("acme", "m", "v1"), status="ready",
-        tee="sim", insecure=True, usage_public_key=usage_hex, sealed_key_id=state.serving_key.key_id,
-        last_seen=service.registry.clock.now())
-    body = json.dumps({"model": "m", "messages": [{"role": "user", "content": f"{MARK}: my SSN is 123-45-6789"}]})
-    ctx = RequestContext("acme", "m", "/v1/chat/completions", state.serving_key.key_id)
-    sealed = seal_request(state.serving_key.public_bytes, ctx, body.encode(), time.time())
-    request = worker_pb2.SealedRequest(request_id="rq1", tenant="acme", key_id=key.key_id, model="m",
-                                       endpoint="/v1/chat/completions", worker_key_id=state.serving_key.key_id,
-                                       body=sealed.wire)
-    try:
-        plain = []
-        async for chunk in service.sealed_stream(key, "m", request):
-            plain += [p for p, _ in sealed.opener.feed(chunk.data)]
-    finally:
-        await service.close()
-        await server.stop(None)
-    assert ResponseHead.decode(plain[0]).status == 403  # enforced, as before
+def _write_key(key: X25519PrivateKey, path: Path) -> Path:
+    path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                       serialization.NoEncryption()))
+    return path
+
+
+async def _ask(stack: Stack, content: str, request_id: str) -> int:
+    sealed, request = stack.sealed(content, request_id)
+    plain = []
+    async for chunk in stack.service.sealed_stream(stack.key, "m", request):
+        plain += [p for p, _ in sealed.opener.feed(chunk.data)]
+    return ResponseHead.decode(plain[0]).status
+
+
+def _decisions_cli(audit_dir: Path, key: Path, *extra: str) -> tuple[int, str]:
+    result = CliRunner().invoke(build(), ["decisions", "--key", str(key), "--tenant", "acme", "--dir",
+                                          str(audit_dir), *extra])
+    return result.exit_code, result.output
+
+
+async def test_ssn_and_card_decisions_reach_the_tenant_and_not_the_gateway(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    tenant_key = X25519PrivateKey.generate()
+    caplog.set_level(logging.DEBUG)
+    async with sealed_stack(tmp_path, tenant_key) as stack:
+        statuses = [await _ask(stack, SSN_PROMPT, "rq1"), await _ask(stack, CARD_PROMPT, "rq2"),
+                    await _ask(stack, CLEAN_PROMPT, "rq3")]
+        # What the gateway's gRPC client sees in trailers, asked directly: no decision, one record of one size.
+        trailers = []
+        for content, rid in ((SSN_PROMPT, "rq4"), (CARD_PROMPT, "rq5"), (CLEAN_PROMPT, "rq6")):
+            call = stack.stub.SealedGenerate(stack.sealed(content, rid)[1])
+            [_ async for _ in call]
+            trailers.append(list(await call.trailing_metadata()))
+    assert statuses == [403, 200, 200]  # enforced in the enclave, as before
+    for metadata in trailers:
+        assert [k for k, _ in metadata if k == DECISION_METADATA_KEY] == []
+        assert [len(v) for k, v in metadata if k == RECORD_METADATA_KEY] == [WIRE_BYTES]
+
     rows = read_entries(tmp_path / "audit")
-    decisions = [r for r in rows if r.action == "worker-decision"]
-    assert [(r.decision, r.metadata["worker_action"], r.tenant) for r in decisions] == [
-        ("deny", "content-input", "acme")]
-    fields = verify_logged_decision(decisions[0])  # an auditor re-checks the enclave's own signature
-    assert fields["request_id"] == "rq1-0" and fields["policy_version"] == 3
+    assert [r.action for r in rows] == ["sealed-record"] * 3  # one per request, decisions or not
+    assert {(r.decision, r.reason) for r in rows} == {("record", "")}
+    assert len({frozenset(r.metadata) for r in rows}) == 1  # the same fields for each
+    assert len({len(str(r.metadata["sealed_record"])) for r in rows}) == 1
     raw = "".join(p.read_text() for p in (tmp_path / "audit").glob("*.jsonl"))
-    assert MARK not in raw and "123-45" not in raw
+    for secret in SECRETS:
+        assert secret not in raw, secret
+        assert secret not in caplog.text, secret
+
+    # The tenant's view opens them: the rule and outcome of each, in the worker's sequence.
+    code, out = _decisions_cli(tmp_path / "audit", _write_key(tenant_key, tmp_path / "tenant.pem"), "--json")
+    assert code == 0, out
+    report = json.loads(out.splitlines()[0])
+    by_request = {r["request_id"]: r for r in report["records"]}
+    assert [by_request[rid]["seq"] for rid in ("rq1", "rq2", "rq3")] == [1, 2, 3]
+    ssn, card = by_request["rq1"]["decisions"], by_request["rq2"]["decisions"]
+    assert [(d["action"], d["decision"], d["request_id"]) for d in ssn] == [("content-input", "deny", "rq1-0")]
+    assert [(d["action"], d["decision"]) for d in card] == [("content-input", "redact")]
+    assert "US_SSN" in ssn[0]["rule"] or "pii" in ssn[0]["rule"]
+    assert by_request["rq3"]["decisions"] == []
+    assert report["gaps"] == [] and report["invalid"] == []
+    code, text = _decisions_cli(tmp_path / "audit", tmp_path / "tenant.pem")
+    assert code == 0 and ssn[0]["rule"] in text and "redact" in text
+
+    # Another key opens nothing; a pinned worker key that is not this worker's refuses every record.
+    code, out = _decisions_cli(tmp_path / "audit", _write_key(X25519PrivateKey.generate(), tmp_path / "other.pem"))
+    assert code == 1 and "INVALID" in out
+    code, out = _decisions_cli(tmp_path / "audit", tmp_path / "tenant.pem", "--worker-key", "ab" * 32)
+    assert code == 1 and "not pinned" in out
 
 
-def test_sealed_decisions_must_name_that_request(tmp_path: Path) -> None:
+async def test_a_record_the_gateway_drops_is_a_gap_the_tenant_sees(tmp_path: Path) -> None:
+    tenant_key = X25519PrivateKey.generate()
+    async with sealed_stack(tmp_path, tenant_key) as stack:
+        await _ask(stack, CLEAN_PROMPT, "rq1")
+        audit = stack.service.settlement.sealed_record
+        stack.service.settlement.sealed_record = lambda *a, **k: True  # type: ignore[method-assign]
+        await _ask(stack, SSN_PROMPT, "rq2")  # a gateway that drops this one's record
+        stack.service.settlement.sealed_record = audit  # type: ignore[method-assign]
+        await _ask(stack, CLEAN_PROMPT, "rq3")
+    code, out = _decisions_cli(tmp_path / "audit", _write_key(tenant_key, tmp_path / "tenant.pem"))
+    assert code == 2 and "GAP" in out and "records 2 missing" in out
+
+
+async def test_a_record_cannot_be_moved_to_another_seq_or_worker(tmp_path: Path) -> None:
+    tenant_key = X25519PrivateKey.generate()
+    async with sealed_stack(tmp_path, tenant_key) as stack:
+        await _ask(stack, SSN_PROMPT, "rq1")
+        wire = base64.b64decode(str(read_entries(tmp_path / "audit")[0].metadata["sealed_record"]))
+        # The same record again under seq 2 (the gateway rewrites the clear seq): its AAD no longer matches.
+        moved = wire[:1] + (2).to_bytes(8, "big") + wire[9:]
+        stack.service.settlement.sealed_record(stack.worker, moved)
+    code, out = _decisions_cli(tmp_path / "audit", _write_key(tenant_key, tmp_path / "tenant.pem"))
+    assert code == 1 and "INVALID" in out
+
+
+async def test_without_a_decision_record_key_sealed_decisions_reach_no_one(tmp_path: Path) -> None:
+    async with sealed_stack(tmp_path, None) as stack:
+        assert await _ask(stack, SSN_PROMPT, "rq1") == 403
+        call = stack.stub.SealedGenerate(stack.sealed(SSN_PROMPT, "rq2")[1])
+        [_ async for _ in call]
+        assert list(await call.trailing_metadata()) == []
+        assert len(stack.state.outbox) == 0
+    assert read_entries(tmp_path / "audit") == []  # never in clear
+
+
+def test_plaintext_decisions_must_name_that_request(tmp_path: Path) -> None:
     worker = Ed25519PrivateKey.generate()
 
     def record(request_id: str) -> worker_pb2.UsageRecord:
@@ -100,10 +149,8 @@ def test_sealed_decisions_must_name_that_request(tmp_path: Path) -> None:
 
     records = [record("rq1-0"), record("rq1-x"), record("rq10-0"), record("rq2-0")]
     with AuditLog(tmp_path / "g.audit.jsonl", Ed25519PrivateKey.generate(), "gateway") as audit:
-        sealed = audit_worker_decisions(audit, records, pinned_key_hex=public_key_bytes(worker).hex(),
-                                        request_id="rq1", tenant="acme", worker_id="w", sealed=True)
-        plaintext = audit_worker_decisions(audit, records[:1], pinned_key_hex=public_key_bytes(worker).hex(),
-                                           request_id="rq1", tenant="acme", worker_id="w")
-    assert (sealed, plaintext) == (1, 0)  # only a choice of that very request, and only in sealed mode
+        appended = audit_worker_decisions(audit, records, pinned_key_hex=public_key_bytes(worker).hex(),
+                                          request_id="rq1-0", tenant="acme", worker_id="w")
+    assert appended == 1  # only the very request's
     actions = [r.action for r in read_entries(tmp_path / "g.audit.jsonl")]
-    assert actions == ["worker-decision"] + ["worker-decision-invalid"] * 4
+    assert actions == ["worker-decision"] + ["worker-decision-invalid"] * 3

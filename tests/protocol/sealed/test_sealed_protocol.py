@@ -32,7 +32,7 @@ from protocol.sealed.hpke import SUITE
 from protocol.sealed.http import ResponseHead
 from protocol.sealed.vectors import build_vectors
 
-VECTORS = Path(__file__).parents[2] / "vectors" / "sealed" / "sealed-mode-v1.json"
+VECTORS = Path(__file__).parents[2] / "vectors" / "sealed" / "sealed-mode-v2.json"
 NOW = 1_800_000_000.0
 
 
@@ -118,6 +118,7 @@ def _flip(data: bytes, at: int) -> bytes:
     ("from the future", RequestReplayed),
     ("truncated", SealedFormatError),
     ("unknown version", SealedFormatError),
+    ("version 1 (unpadded)", SealedFormatError),
 ])
 def test_request_negative_table(case: str, error: type[Exception]) -> None:
     worker, ctx = _pair()
@@ -155,7 +156,9 @@ def test_request_negative_table(case: str, error: type[Exception]) -> None:
     elif case == "truncated":
         sealed = sealed[:40]
     elif case == "unknown version":
-        sealed = b"\x02" + sealed[1:]
+        sealed = b"\x03" + sealed[1:]
+    elif case == "version 1 (unpadded)":
+        sealed = b"\x01" + sealed[1:]
     with pytest.raises(error):
         open_request(opener_key, opener_ctx, sealed, now, guard)
 
