@@ -11,7 +11,6 @@ import hashlib
 import json
 import os
 import secrets
-import socket
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -24,6 +23,7 @@ from api.gateway.keys import ApiKeyStore
 from api.home import Home, ed25519_key, write_public_key
 from api.orchestrator.local import LocalRuntime
 from api.orchestrator.loop import ControlLoop
+from api.ports import free_port
 from api.supervisor import Child, RunLock, Supervisor
 from api.tenant_tools import default_model_path, encrypt_model
 from api.vllm_python import vllm_python
@@ -54,12 +54,6 @@ class DemoInfo:
     model: str
     version: str
     package_dir: Path
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 def worker_settings(home: Home, broker_url: str, port: int, unsafe_sim_measurement: str | None = None,

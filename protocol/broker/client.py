@@ -18,8 +18,8 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from pydantic import BaseModel, ValidationError
 
-from attestation.bundle import EvidenceBundle, RuntimeData
 from protocol.broker.errors import BrokerClientError, BrokerRateLimited, BrokerRefused
+from protocol.broker.evidence import Evidence, RuntimeData
 from protocol.broker.schemas import (
     AttestRequest,
     AttestResponse,
@@ -38,7 +38,7 @@ class ReleasedKey:
     data_key: bytes
     token: str
     token_id: str
-    bundle: EvidenceBundle
+    bundle: Evidence
     receipt: dict[str, Any]
 
 
@@ -64,7 +64,7 @@ def obtain_data_key(
     client: httpx.Client,
     ref: ModelRef,
     *,
-    make_bundle: Callable[[RuntimeData], EvidenceBundle],
+    make_bundle: Callable[[RuntimeData], Evidence],
     channel_binding: bytes = b"",
     hpke_key: X25519PrivateKey | None = None,
 ) -> ReleasedKey:
@@ -90,10 +90,10 @@ def renew_attestation(
     client: httpx.Client,
     ref: ModelRef,
     *,
-    make_bundle: Callable[[RuntimeData], EvidenceBundle],
+    make_bundle: Callable[[RuntimeData], Evidence],
     hpke_public_key: bytes,
     channel_binding: bytes = b"",
-) -> tuple[str, EvidenceBundle]:
+) -> tuple[str, Evidence]:
     """Fresh evidence for the same keys (a new broker nonce) -> a fresh token. No key is released:
     this keeps the attestation document that clients verify valid for the worker's whole life."""
     challenge = _post(client, "/v1/challenge", None, ChallengeResponse)
