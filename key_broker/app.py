@@ -39,7 +39,7 @@ from key_broker.keystore import (
     load_master_key,
 )
 from key_broker.leases import LeaseBook, LeaseSettings
-from key_broker.limits import BodyLimitMiddleware, RateLimits
+from key_broker.limits import RateLimits, reject_too_large
 from key_broker.policies import PolicyStore
 from key_broker.receipts import ReceiptBook
 from key_broker.refvals import ReferenceValuesStore
@@ -62,6 +62,7 @@ from policy.audit import AuditLog, CheckpointAnchor, SqlAnchor, WitnessFile
 from policy.audit.entry import bounded_reason
 from policy.errors import AuditIntegrityError, PolicyInvalid
 from protocol.asgi import without_native_telemetry
+from protocol.body_limit import BodyLimit
 from protocol.fsutil import atomic_write
 from protocol.package.keywrap import load_or_create_import_key
 
@@ -209,7 +210,7 @@ HTTP_CODES = {401: "unauthorized", 403: "forbidden", 404: "not_found", 405: "met
 def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        # Audited in aggregate (the caller chooses how many; key_broker/edge_audit.py).
+        # Audited in aggregate (the caller chooses how many; policy/audit/edge.py).
         request.app.state.service.edge.refused(request.scope, 422, "invalid_request")
         # Field names only: a value could be a key or a token.
         fields = sorted({".".join(str(p) for p in e["loc"][1:]) for e in exc.errors()})
@@ -277,6 +278,6 @@ def create_app(settings: BrokerSettings, service: KeyBrokerService | None = None
     app.state.import_public = tenant_admin.import_key.public_key()
     app.include_router(router)
     app.include_router(admin_router.router)
-    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, reject=reject_too_large)
     _install_error_handlers(app)
     return app

@@ -36,7 +36,6 @@ from api.console.session import (
     set_session_cookie,
     viewer,
 )
-from api.console.settings import ConsoleSettings
 from api.console.views import (
     Facets,
     bucket_usage,
@@ -47,6 +46,7 @@ from api.console.views import (
     select_rows,
     worker_rows,
 )
+from api.console_settings import ConsoleSettings
 from api.home import ed25519_key, write_public_key
 from policy.audit import AuditLog, CheckpointAnchor, SqlAnchor, WitnessFile
 from policy.errors import PolicyError
