@@ -31,6 +31,12 @@ from policy.audit.log import AuditLog
 
 log = logging.getLogger(__name__)
 
+# Answers audited here; others are audited where they are decided (the gateway's admission
+# refusals: 429 and request_too_large; the worker's signed refusals: content_policy_violation).
+STATUSES = frozenset({400, 401, 403, 404, 405, 413, 422})
+DECIDED_ELSEWHERE = frozenset({"content_policy_violation", "request_too_large", "insufficient_quota",
+                               "rate_limit_exceeded", "queue_full"})
+
 
 def route_of(scope: Mapping[str, Any]) -> str:
     """The matched route's template (never its parameters' values), else the bounded raw path."""
@@ -62,6 +68,8 @@ class EdgeRefusals:
 
     def refused(self, scope: Mapping[str, Any], status: int, code: str | None, tenant: str | None = None) -> None:
         """One refusal answered at the edge (called where the answer is made); never raises."""
+        if status not in STATUSES or (code or "") in DECIDED_ELSEWHERE:
+            return
         client = scope.get("client") or ("", 0)
         kind: Kind = (status, code or "", route_of(scope), str(scope.get("method", ""))[:8], tenant or "-",
                       str(client[0])[:64])
