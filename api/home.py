@@ -82,7 +82,7 @@ class Home:
 
 def ed25519_key(path: Path) -> Ed25519PrivateKey:
     """Load or create (0600) an Ed25519 private key in PEM."""
-    return load_or_create_private_key(path, Ed25519PrivateKey)
+    return load_or_create_private_key(path, Ed25519PrivateKey, Ed25519PrivateKey.generate)
 
 
 def write_public_key(key: Ed25519PrivateKey, path: Path) -> None:

@@ -64,6 +64,7 @@ from policy.errors import AuditIntegrityError, PolicyInvalid
 from protocol.asgi import without_native_telemetry
 from protocol.body_limit import BodyLimit
 from protocol.fsutil import atomic_write
+from protocol.keyfile import load_or_create_private_key
 from protocol.package.keywrap import load_or_create_import_key
 
 log = logging.getLogger(__name__)
@@ -88,21 +89,12 @@ def audit_anchors(witness: Path | None, anchor_url: str | None) -> list[Checkpoi
     return anchors
 
 
-def _private_key(path, generate, load):  # type: ignore[no-untyped-def]
-    if not path.exists():
-        key = generate()
-        atomic_write(path, key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                             serialization.NoEncryption()))
-        return key
-    return load(path.read_bytes())
-
-
-def load_broker_keys(data_dir) -> tuple[ec.EllipticCurvePrivateKey, Ed25519PrivateKey]:  # type: ignore[no-untyped-def]
+def load_broker_keys(data_dir: Path) -> tuple[ec.EllipticCurvePrivateKey, Ed25519PrivateKey]:
     """The token-signing key (ES256) and the receipt/audit signing key (Ed25519), 0600 PEM files."""
-    token_key = _private_key(data_dir / "token-signing.pem", lambda: ec.generate_private_key(ec.SECP256R1()),
-                             lambda b: serialization.load_pem_private_key(b, None))
-    receipt_key = _private_key(data_dir / "receipt-signing.pem", Ed25519PrivateKey.generate,
-                               lambda b: serialization.load_pem_private_key(b, None))
+    token_key = load_or_create_private_key(data_dir / "token-signing.pem", ec.EllipticCurvePrivateKey,
+                                           lambda: ec.generate_private_key(ec.SECP256R1()))
+    receipt_key = load_or_create_private_key(data_dir / "receipt-signing.pem", Ed25519PrivateKey,
+                                             Ed25519PrivateKey.generate)
     return token_key, receipt_key
 
 

@@ -30,7 +30,8 @@ def open_gateway_audit(settings: GatewaySettings) -> AuditLog:
     ``keys/``. In fleet mode
     (a PostgreSQL control plane) every checkpoint is also anchored in that database."""
     audit_dir = settings.audit_dir or settings.data_dir.resolve().parent / "audit"
-    key = load_or_create_private_key(settings.data_dir / "audit-signing.pem", Ed25519PrivateKey)
+    key = load_or_create_private_key(settings.data_dir / "audit-signing.pem", Ed25519PrivateKey,
+                                     Ed25519PrivateKey.generate)
     anchors: list[CheckpointAnchor] = []
     if settings.db_url.startswith("postgresql"):
         anchors.append(SqlAnchor(settings.db_url))

@@ -71,14 +71,13 @@ class EdgeRefusals:
         if status not in STATUSES or (code or "") in DECIDED_ELSEWHERE:
             return
         client = scope.get("client") or ("", 0)
-        kind: Kind = (status, code or "", route_of(scope), str(scope.get("method", ""))[:8], tenant or "-",
-                      str(client[0])[:64])
+        route, method, source = route_of(scope), str(scope.get("method", ""))[:8], str(client[0])[:64]
+        who = tenant or "-"
+        kind: Kind = (status, code or "", route, method, who, source)
 
         def first() -> None:
-            status_, code_, route, method, tenant_, source = kind
-            self.audit.append(tenant=str(tenant_), action="edge-refusal", decision="deny",
-                              reason=f"{status_} {code_}",
-                              metadata={"status": status_, "code": code_, "route": route, "method": method,
+            self.audit.append(tenant=who, action="edge-refusal", decision="deny", reason=f"{status} {code or ''}",
+                              metadata={"status": status, "code": code or "", "route": route, "method": method,
                                         "source": source, "key_fp": fingerprint(scope),
                                         "aggregated_window_s": self.window.window_s})
 
@@ -92,10 +91,10 @@ class EdgeRefusals:
         self.window.flush()
 
     def _summary(self, kind: Kind, count: int, window_s: float) -> None:
-        status, code, route, method, tenant, source = kind
-        self.audit.append(tenant=str(tenant), action="edge-refusal-summary", decision="deny",
+        status, code, route, method, tenant, source = (str(v) for v in kind)
+        self.audit.append(tenant=tenant, action="edge-refusal-summary", decision="deny",
                           reason=f"{status} {code}: {count} more in the window",
-                          metadata={"status": status, "code": code, "route": route, "method": method,
+                          metadata={"status": int(status), "code": code, "route": route, "method": method,
                                     "source": source, "count": count, "window_s": window_s})
 
     def _overflow(self, count: int, window_s: float) -> None:

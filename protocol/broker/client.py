@@ -132,7 +132,7 @@ LEASE_REQUEST_DOMAIN = b"sealed-lease-request-v1\x00"
 LEASE_ANSWER_DOMAIN = b"sealed-lease-answer-v1\x00"
 
 
-def canonical_json(doc: dict) -> bytes:
+def canonical_json(doc: dict[str, Any]) -> bytes:
     return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
 
 
@@ -141,12 +141,12 @@ def lease_mac_key(data_key: bytes, token_id: str) -> bytes:
                 info=b"sealed-lease-mac-v1\x00" + token_id.encode()).derive(data_key)
 
 
-def lease_answer_mac(mac_key: bytes, answer: dict) -> str:
+def lease_answer_mac(mac_key: bytes, answer: dict[str, Any]) -> str:
     fields = {k: answer[k] for k in ("token_id", "seq", "status", "lease_s")}
     return hmac.new(mac_key, LEASE_ANSWER_DOMAIN + canonical_json(fields), hashlib.sha256).hexdigest()
 
 
-def lease_request_payload(body: dict, token_id: str) -> bytes:
+def lease_request_payload(body: dict[str, Any], token_id: str) -> bytes:
     """What the identity key signs: every field of the request but the token itself (its id
     stands for it) and the signature."""
     fields = {k: body[k] for k in ("tenant", "model", "version", "tls_spki", "identity_key", "seq", "at",

@@ -122,7 +122,7 @@ def load_or_create_import_key(path: Path) -> X25519PrivateKey:
     docs/package-format.md for the endpoint the key broker is asked to provide.
     """
     try:
-        return load_or_create_private_key(path, X25519PrivateKey)
+        return load_or_create_private_key(path, X25519PrivateKey, X25519PrivateKey.generate)
     except WrongKeyType as exc:
         raise KeySealError(str(exc)) from exc
 
