@@ -1,5 +1,6 @@
 """mypy passes on the packages whose values cross trust boundaries (pyproject.toml [tool.mypy]:
-protocol, attestation, key_broker, policy; untyped definitions and implicit Any returns refused)."""
+protocol, attestation, key_broker, policy, sealed_client; untyped definitions and implicit Any returns
+refused; protocol, key_broker and sealed_client under mypy's strict flags)."""
 
 from __future__ import annotations
 
