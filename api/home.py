@@ -11,6 +11,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from protocol.fsutil import atomic_write
+from protocol.keyfile import load_or_create_private_key
 
 
 def default_home() -> Path:
@@ -87,15 +88,7 @@ class Home:
 
 def ed25519_key(path: Path) -> Ed25519PrivateKey:
     """Load or create (0600) an Ed25519 private key in PEM."""
-    if path.exists():
-        key = serialization.load_pem_private_key(path.read_bytes(), password=None)
-        if not isinstance(key, Ed25519PrivateKey):
-            raise ValueError(f"{path} is not an Ed25519 key")
-        return key
-    key = Ed25519PrivateKey.generate()
-    atomic_write(path, key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                         serialization.NoEncryption()))
-    return key
+    return load_or_create_private_key(path, Ed25519PrivateKey, Ed25519PrivateKey.generate)
 
 
 def x25519_key(path: Path) -> X25519PrivateKey:

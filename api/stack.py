@@ -11,7 +11,6 @@ import hashlib
 import json
 import os
 import secrets
-import socket
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -20,11 +19,12 @@ from pathlib import Path
 import httpx
 from cryptography.hazmat.primitives import serialization
 
-from api.console.settings import loopback_host
+from api.console_settings import loopback_host
 from api.gateway.keys import ApiKeyStore
 from api.home import Home, ed25519_key, write_public_key, x25519_key
 from api.orchestrator.local import LocalRuntime
 from api.orchestrator.loop import ControlLoop
+from api.ports import free_port
 from api.supervisor import Child, RunLock, Supervisor
 from api.tenant_audit import decision_key_public_hex
 from api.tenant_tools import default_model_path, encrypt_model
@@ -56,12 +56,6 @@ class DemoInfo:
     model: str
     version: str
     package_dir: Path
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 def worker_settings(home: Home, broker_url: str, port: int, unsafe_sim_measurement: str | None = None,

@@ -14,24 +14,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from attestation.errors import FreshnessError, ParseError
+from protocol.broker.evidence import NONCE_BYTES, RuntimeData  # the key-release protocol's inputs
 
 _BINDING_DOMAIN = b"sealed-report-data-v1\x00"
-NONCE_BYTES = 32
 
-
-@dataclass(frozen=True)
-class RuntimeData:
-    nonce: bytes
-    hpke_public_key: bytes  # raw X25519 public key of the worker's ephemeral key pair
-    channel_binding: bytes = b""  # channel_binding(): the worker's TLS and usage keys; empty if none
-
-    def __post_init__(self) -> None:
-        if len(self.nonce) != NONCE_BYTES:
-            raise ParseError(f"nonce must be {NONCE_BYTES} bytes, got {len(self.nonce)}")
-        if len(self.hpke_public_key) != 32:
-            raise ParseError("HPKE public key must be a 32-byte X25519 key")
-        if len(self.channel_binding) not in (0, 32):
-            raise ParseError("channel binding must be empty or 32 bytes")
+__all__ = ["NONCE_BYTES", "EvidenceBundle", "GpuEvidence", "RuntimeData", "channel_binding", "check_binding",
+           "expected_report_data", "gpu_evidence_digest"]
 
 
 def channel_binding(tls_spki_der: bytes, usage_public_key: bytes) -> bytes:

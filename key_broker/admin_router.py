@@ -26,14 +26,14 @@ T = "/tenants/{tenant}"
 
 @router.post(T + "/key", status_code=201)
 def create_tenant_key(tenant: str, who: Principal = Depends(tenant_manager),
-                      admin: TenantAdmin = Depends(get_admin)) -> dict:
+                      admin: TenantAdmin = Depends(get_admin)) -> dict[str, Any]:
     admin.create_tenant_key(who, tenant)
     return admin.status(tenant)
 
 
 @router.get(T)
 def tenant_status(tenant: str, _: Principal = Depends(tenant_manager),
-                  admin: TenantAdmin = Depends(get_admin)) -> dict:
+                  admin: TenantAdmin = Depends(get_admin)) -> dict[str, Any]:
     return admin.status(tenant)
 
 
@@ -46,7 +46,7 @@ def rotate_tenant_key(tenant: str, who: Principal = Depends(tenant_manager),
 
 @router.post(T + "/key/revoke")
 def revoke_tenant_key(tenant: str, request: Request, who: Principal = Depends(tenant_manager),
-                      admin: TenantAdmin = Depends(get_admin)) -> dict:
+                      admin: TenantAdmin = Depends(get_admin)) -> dict[str, Any]:
     admin.revoke(who, tenant)
     request.app.state.leases.changes.notify()  # held lease polls answer "revoked" now
     return admin.status(tenant)
@@ -54,7 +54,7 @@ def revoke_tenant_key(tenant: str, request: Request, who: Principal = Depends(te
 
 @router.put(T + "/models/{model}/versions/{version}/data-key", status_code=201)
 def put_data_key(tenant: str, model: str, version: str, body: DataKeyUpload,
-                 who: Principal = Depends(tenant_manager), admin: TenantAdmin = Depends(get_admin)) -> dict:
+                 who: Principal = Depends(tenant_manager), admin: TenantAdmin = Depends(get_admin)) -> dict[str, Any]:
     record = admin.put_sealed_data_key(who, broker_ref(tenant, model, version), body)
     return {"tenant": tenant, "model": model, "version": version, "key_id": record.key_id,
             "signer": record.signer, "model_digest": record.model_digest}
@@ -62,19 +62,19 @@ def put_data_key(tenant: str, model: str, version: str, body: DataKeyUpload,
 
 @router.put(T + "/policies")
 def put_policy(tenant: str, body: dict[str, Any] = Body(...), who: Principal = Depends(tenant_manager),
-               admin: TenantAdmin = Depends(get_admin)) -> dict:
+               admin: TenantAdmin = Depends(get_admin)) -> dict[str, Any]:
     return admin.put_policy(who, tenant, body).to_dict()
 
 
 @router.get(T + "/policies")
 def list_policies(tenant: str, _: Principal = Depends(tenant_manager),
-                  admin: TenantAdmin = Depends(get_admin)) -> list[dict]:
+                  admin: TenantAdmin = Depends(get_admin)) -> list[dict[str, Any]]:
     return [p.to_dict() for p in admin.policies.list(tenant)]
 
 
 @router.put(T + "/reference-value-keys/{key_id}", status_code=201)
 def add_refval_key(tenant: str, key_id: str, body: SigningKeyUpload, who: Principal = Depends(operator),
-                   admin: TenantAdmin = Depends(get_admin)) -> dict:
+                   admin: TenantAdmin = Depends(get_admin)) -> dict[str, Any]:
     """Operator only: which tenant keys may sign reference values is pinned out of band."""
     admin.add_refval_key(who, tenant, key_id, body.public_key_pem.encode())
     return {"tenant": tenant, "key_id": key_id}

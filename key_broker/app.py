@@ -39,7 +39,7 @@ from key_broker.keystore import (
     load_master_key,
 )
 from key_broker.leases import LeaseBook, LeaseSettings
-from key_broker.limits import BodyLimitMiddleware, RateLimits
+from key_broker.limits import RateLimits, reject_too_large
 from key_broker.policies import PolicyStore
 from key_broker.receipts import ReceiptBook
 from key_broker.refvals import ReferenceValuesStore
@@ -62,7 +62,9 @@ from policy.audit import AuditLog, CheckpointAnchor, SqlAnchor, WitnessFile
 from policy.audit.entry import bounded_reason
 from policy.errors import AuditIntegrityError, PolicyInvalid
 from protocol.asgi import without_native_telemetry
+from protocol.body_limit import BodyLimit
 from protocol.fsutil import atomic_write
+from protocol.keyfile import load_or_create_private_key
 from protocol.package.keywrap import load_or_create_import_key
 
 log = logging.getLogger(__name__)
@@ -87,21 +89,12 @@ def audit_anchors(witness: Path | None, anchor_url: str | None) -> list[Checkpoi
     return anchors
 
 
-def _private_key(path, generate, load):  # type: ignore[no-untyped-def]
-    if not path.exists():
-        key = generate()
-        atomic_write(path, key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                             serialization.NoEncryption()))
-        return key
-    return load(path.read_bytes())
-
-
-def load_broker_keys(data_dir) -> tuple[ec.EllipticCurvePrivateKey, Ed25519PrivateKey]:  # type: ignore[no-untyped-def]
+def load_broker_keys(data_dir: Path) -> tuple[ec.EllipticCurvePrivateKey, Ed25519PrivateKey]:
     """The token-signing key (ES256) and the receipt/audit signing key (Ed25519), 0600 PEM files."""
-    token_key = _private_key(data_dir / "token-signing.pem", lambda: ec.generate_private_key(ec.SECP256R1()),
-                             lambda b: serialization.load_pem_private_key(b, None))
-    receipt_key = _private_key(data_dir / "receipt-signing.pem", Ed25519PrivateKey.generate,
-                               lambda b: serialization.load_pem_private_key(b, None))
+    token_key = load_or_create_private_key(data_dir / "token-signing.pem", ec.EllipticCurvePrivateKey,
+                                           lambda: ec.generate_private_key(ec.SECP256R1()))
+    receipt_key = load_or_create_private_key(data_dir / "receipt-signing.pem", Ed25519PrivateKey,
+                                             Ed25519PrivateKey.generate)
     return token_key, receipt_key
 
 
@@ -209,7 +202,7 @@ HTTP_CODES = {401: "unauthorized", 403: "forbidden", 404: "not_found", 405: "met
 def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        # Audited in aggregate (the caller chooses how many; key_broker/edge_audit.py).
+        # Audited in aggregate (the caller chooses how many; policy/audit/edge.py).
         request.app.state.service.edge.refused(request.scope, 422, "invalid_request")
         # Field names only: a value could be a key or a token.
         fields = sorted({".".join(str(p) for p in e["loc"][1:]) for e in exc.errors()})
@@ -277,6 +270,6 @@ def create_app(settings: BrokerSettings, service: KeyBrokerService | None = None
     app.state.import_public = tenant_admin.import_key.public_key()
     app.include_router(router)
     app.include_router(admin_router.router)
-    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, reject=reject_too_large)
     _install_error_handlers(app)
     return app

@@ -15,7 +15,7 @@ import secrets
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from key_broker.errors import AuthError, KeyBrokerError, SettingsError
 from key_broker.names import check_name
@@ -63,10 +63,10 @@ class AdminTokenStore:
         # A planted token hash would make anyone a tenant admin: read through the state ledger.
         self._files = files if files is not None else UnsafePlainFiles(path.parent)
 
-    def _load(self) -> dict[str, dict]:
+    def _load(self) -> dict[str, dict[str, Any]]:
         try:
             raw = self._files.read(self._path)
-            doc: dict[str, dict] = {} if raw is None else json.loads(raw)
+            doc: dict[str, dict[str, Any]] = {} if raw is None else json.loads(raw)
             return doc
         except (OSError, ValueError) as exc:
             raise KeyBrokerError("admin token file unreadable") from exc

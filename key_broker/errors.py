@@ -34,10 +34,6 @@ class ReferenceValuesError(KeyBrokerError):
     """A signed reference-values document is malformed, unsigned, badly signed or for another tenant."""
 
 
-class ReceiptError(KeyBrokerError):
-    """A receipt does not verify."""
-
-
 class AuthError(KeyBrokerError):
     """Admin API authentication failed (missing, unknown or revoked bearer token)."""
 

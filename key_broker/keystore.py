@@ -14,7 +14,7 @@ import secrets
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -102,7 +102,7 @@ class LocalKeyStore:
     def _kek_path(self, tenant: str) -> Path:
         return self._root / "tenants" / check_name(tenant, "tenant") / "kek.json"
 
-    def _load(self, tenant: str) -> dict:
+    def _load(self, tenant: str) -> dict[str, Any]:
         try:
             raw = self._files.read(self._kek_path(tenant))
             if raw is None:
@@ -116,7 +116,7 @@ class LocalKeyStore:
         except ValueError as exc:
             raise KeyStoreError("tenant key file unreadable") from exc
 
-    def _save(self, tenant: str, doc: dict) -> None:
+    def _save(self, tenant: str, doc: dict[str, Any]) -> None:
         self._files.write(self._kek_path(tenant), json.dumps(doc, sort_keys=True).encode())
 
     def _seal_kek(self, tenant: str, version: int, kek: bytes) -> str:
@@ -124,7 +124,7 @@ class LocalKeyStore:
         ct = self._master.encrypt(nonce, kek, f"kek|{tenant}|{version}".encode())
         return base64.b64encode(nonce + ct).decode()
 
-    def _kek(self, tenant: str, doc: dict, version: int) -> bytes:
+    def _kek(self, tenant: str, doc: dict[str, Any], version: int) -> bytes:
         try:
             blob = base64.b64decode(doc["versions"][str(version)])
             return self._master.decrypt(blob[:12], blob[12:], f"kek|{tenant}|{version}".encode())

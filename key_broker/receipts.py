@@ -17,18 +17,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from key_broker.errors import ReceiptError
 from key_broker.names import check_name
+from protocol.broker.receipts import ReceiptInvalid, receipt_payload, verify_receipt  # the format is public
 
-__all__ = ["ReceiptBook", "ReceiptError", "public_key_pem", "verify_receipt"]
-
-
-def _canonical(body: Mapping[str, Any]) -> bytes:
-    return json.dumps(dict(body), sort_keys=True, separators=(",", ":")).encode()
+__all__ = ["ReceiptBook", "ReceiptInvalid", "public_key_pem", "verify_receipt"]
 
 
 def public_key_pem(key: Ed25519PrivateKey) -> str:
@@ -82,7 +77,7 @@ class ReceiptBook:
         return public_key_pem(self._key)
 
     def issue(self, body: Mapping[str, Any]) -> dict[str, Any]:
-        signature = base64.b64encode(self._key.sign(_canonical(body))).decode()
+        signature = base64.b64encode(self._key.sign(receipt_payload(body))).decode()
         line = {"receipt": dict(body), "signature": signature}
         path = self._root / f"{check_name(str(body['tenant']), 'tenant')}.jsonl"
         data = (json.dumps(line, sort_keys=True) + "\n").encode()
@@ -126,13 +121,3 @@ class ReceiptBook:
                 except (KeyError, TypeError, ValueError):
                     continue
         return ids
-
-
-def verify_receipt(line: Mapping[str, Any], broker_key: Ed25519PublicKey) -> dict[str, Any]:
-    try:
-        body = line["receipt"]
-        signature = base64.b64decode(line["signature"], validate=True)
-        broker_key.verify(signature, _canonical(body))
-    except (KeyError, TypeError, ValueError, InvalidSignature) as exc:
-        raise ReceiptError(f"receipt does not verify: {type(exc).__name__}") from exc
-    return dict(body)

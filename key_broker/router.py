@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import time
+from typing import Any
 
 from cryptography.hazmat.primitives import serialization
 from fastapi import APIRouter, Depends, Request
@@ -108,7 +109,7 @@ async def lease(body: LeaseRequest, request: Request) -> LeaseResponse | JSONRes
 
 
 @router.get("/v1/import-key")
-def import_key(request: Request) -> dict:
+def import_key(request: Request) -> dict[str, Any]:
     """Where tenants seal data keys (`sealed encrypt --broker-import-key`); pin it from attestation."""
     public = request.app.state.import_public
     return {"import_key_id": import_key_id(public), "suite": "DHKEM-X25519-HKDF-SHA256/HKDF-SHA256/AES-256-GCM",
@@ -117,16 +118,16 @@ def import_key(request: Request) -> dict:
 
 
 @router.get("/.well-known/jwks.json")
-def jwks(service: KeyBrokerService = Depends(get_service)) -> dict:
+def jwks(service: KeyBrokerService = Depends(get_service)) -> dict[str, Any]:
     return service.issuer.jwks()
 
 
 @router.get("/v1/receipts/public-key")
-def receipt_public_key(service: KeyBrokerService = Depends(get_service)) -> dict:
+def receipt_public_key(service: KeyBrokerService = Depends(get_service)) -> dict[str, Any]:
     """The broker's receipt-signing key (Ed25519 PEM); tenants pin it to verify receipts offline."""
     return {"alg": "Ed25519", "public_key_pem": service.receipts.public_key_pem}
 
 
 @router.get("/healthz")
-def healthz() -> dict:
+def healthz() -> dict[str, Any]:
     return {"status": "ok"}

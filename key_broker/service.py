@@ -20,7 +20,6 @@ from attestation.bundle import EvidenceBundle
 from attestation.errors import AttestationError
 from attestation.token import AttestationClaims, TokenIssuer, TokenScope, TokenVerifier
 from attestation.verifier import AttestationResult, VerifierTrust, verify_bundle
-from key_broker.edge_audit import EdgeRefusals
 from key_broker.errors import KeyBrokerError, RateLimited, ReleaseRefused
 from key_broker.keystore import DataKeyRegistry, KeyStore
 from key_broker.limits import BrokerLimiter, RateLimits
@@ -31,6 +30,7 @@ from key_broker.receipts import ReceiptBook
 from key_broker.refvals import ReferenceValuesStore
 from key_broker.statefile import StateLedger
 from policy.audit import AuditLog
+from policy.audit.edge import EdgeRefusals
 from policy.errors import PolicyError
 from policy.release import ReleaseFacts, ReleasePolicy, evaluate_release
 from protocol.broker.sealing import release_info, seal

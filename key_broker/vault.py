@@ -59,7 +59,7 @@ class VaultTransitKeyStore:
     def _name(self, tenant: str) -> str:
         return KEY_PREFIX + check_name(tenant, "tenant")
 
-    def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> dict:
+    def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
         # Vault errors can quote request data; never pass their text on (it may echo a ciphertext).
         try:
             return fn(*args, mount_point=self._mount, **kwargs) or {}

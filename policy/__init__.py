@@ -2,9 +2,9 @@
 and the tamper-evident audit log."""
 
 from policy.admission import AdmissionFacts, evaluate_admission
-from policy.decision import DEFAULT_DENY, Decision
+from policy.decision import DEFAULT_DENY, Decision, PolicyDenied
 from policy.documents import PolicyRegistry, sign_policy_document, verify_policy_document
-from policy.errors import AuditIntegrityError, PolicyDenied, PolicyError, PolicyInvalid
+from policy.errors import AuditIntegrityError, PolicyError, PolicyInvalid
 from policy.limiter import BucketSpec, InMemoryLimiterStore, LimiterStore, TokenBucketLimiter
 from policy.model import AgentPolicy, DataPolicy, Limits, ToolRule
 from policy.policyset import PolicySet

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from policy.errors import PolicyDenied
+from policy.errors import PolicyError
 
 DEFAULT_DENY = "default-deny"
 
@@ -28,3 +28,14 @@ class Decision:
     def verdict(self) -> str:
         """The audit-log spelling of the outcome."""
         return "allow" if self.allowed else "deny"
+
+
+class PolicyDenied(PolicyError):
+    """A decision said no; ``.decision`` says which policy, version and rule, and why."""
+
+    def __init__(self, decision: Decision) -> None:
+        self.decision = decision
+        reasons = "; ".join(decision.reasons) or "no reason given"
+        super().__init__(
+            f"denied by {decision.policy_id} v{decision.policy_version} rule {decision.rule}: {reasons}"
+        )

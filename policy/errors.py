@@ -1,29 +1,15 @@
 """The one error tree of the policy package.
 
 Every check in ``policy`` raises one of these; callers catch ``PolicyError`` to handle them all.
+``PolicyDenied`` (a decision said no) lives with ``Decision`` in ``policy.decision``: it carries one,
+and this module imports no other module of the package.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:  # only for the annotation; decision.py imports nothing from here at runtime
-    from policy.decision import Decision
-
 
 class PolicyError(Exception):
     """Base of every error raised by the policy package."""
-
-
-class PolicyDenied(PolicyError):
-    """A decision said no; ``.decision`` says which policy, version and rule, and why."""
-
-    def __init__(self, decision: Decision) -> None:
-        self.decision = decision
-        reasons = "; ".join(decision.reasons) or "no reason given"
-        super().__init__(
-            f"denied by {decision.policy_id} v{decision.policy_version} rule {decision.rule}: {reasons}"
-        )
 
 
 class PolicyInvalid(PolicyError):

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from policy.compile import compile_policy_set
 from policy.engine import CedarPolicies, compile_cedar, validate_against_schema
 from policy.errors import PolicyInvalid
 from policy.model import AgentPolicy, DataPolicy, Limits, _check_keys, _frozen, _name
@@ -67,8 +68,6 @@ class PolicySet:
     @functools.cached_property
     def compiled(self) -> CedarPolicies:
         """The Cedar form of the whole set (parsed once; cached on the frozen instance)."""
-        from policy.compile import compile_policy_set
-
         return compile_cedar(compile_policy_set(self))
 
     @classmethod

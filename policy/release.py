@@ -14,8 +14,9 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from policy.compile import cedar_rule
 from policy.decision import Decision
-from policy.engine import CedarPolicies, authorize, compile_cedar, uid
+from policy.engine import CedarPolicies, authorize, cedar_set, cedar_str, cedar_uid, compile_cedar, uid
 from policy.errors import PolicyInvalid
 
 log = logging.getLogger(__name__)
@@ -139,8 +140,6 @@ class ReleasePolicy:
     @functools.cached_property
     def compiled(self) -> CedarPolicies:
         """This policy as parsed Cedar (compiled once per policy object)."""
-        from policy.compile import compile_release
-
         return compile_cedar(compile_release(self))
 
     def to_dict(self) -> dict[str, Any]:
@@ -198,3 +197,38 @@ def evaluate_release(policy: ReleasePolicy, facts: ReleaseFacts) -> Decision:
         log.warning("releasing under %s v%s to a simulated TEE (unsafe_allow_simulated_tee)",
                     policy.policy_id, policy.version)
     return decision
+
+
+def compile_release(rp: ReleasePolicy) -> str:
+    """A ReleasePolicy as Cedar: one permit for the model, one forbid per failing condition."""
+    scope = f'principal, action == Action::"release", resource == {cedar_uid("Model", rp.model)}'
+    any_scope = 'principal, action == Action::"release", resource'
+    rid = f"release.{rp.policy_id}"
+    out = [cedar_rule(rid, "permit", scope)]
+
+    def forbid(suffix: str, cond: str, reason: str) -> None:
+        out.append(cedar_rule(f"{rid}.{suffix}", "forbid", any_scope, cond, reason))
+
+    forbid("tenant", f"context.tenant != {cedar_str(rp.tenant)}", "tenant is not the policy's tenant")
+    forbid("model", f"context.model != {cedar_str(rp.model)}", "model is not covered by this policy")
+    if rp.model_version is not None:
+        forbid("model_version", f"context.model_version != {cedar_str(rp.model_version)}",
+               "model version is not the allowed version")
+    forbid("tee", f"!{cedar_set(rp.allowed_tee)}.contains(context.tee)", "TEE type is not allowed")
+    forbid("measurement", f"!{cedar_set(rp.allowed_measurements)}.contains(context.measurement)",
+           "measurement is not in the allowed set")
+    for name, floor in sorted(rp.min_tcb.items()):
+        n = cedar_str(name)
+        forbid(f"tcb.{name}", f"!(context.tcb has {n}) || context.tcb[{n}] < {floor}",
+               f"TCB component {name} below floor {floor}")
+    if not rp.allow_debug:
+        forbid("debug", "context.debug", "worker runs in debug mode")
+    if rp.require_gpu_cc:
+        forbid("gpu_cc", "!context.gpu_cc", "GPU confidential computing is off")
+    if rp.required_signer is not None:
+        forbid("signer", f"context.signer != {cedar_str(rp.required_signer)}",
+               "model signer is not the required signer")
+    if not rp.unsafe_allow_simulated_tee:
+        forbid("simulated", 'context.insecure || context.tee == "sim"',
+               "evidence is from a simulated (insecure) TEE")
+    return "".join(out)

@@ -16,8 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sealed_bench.bench_serve import _print, load_tokenizer, make_prompts, run_load, summarize
 from sealed_bench.processes import wait_healthy
+from sealed_bench.serve_load import load_tokenizer, make_prompts, print_summary, run_load, summarize
 from sealed_bench.serve_pairs import CpuMeter, RunBoth, paired, paired_mixed, print_costs, stack_pids
 
 
@@ -185,7 +185,7 @@ def run_sealed(args: argparse.Namespace) -> int:
             run, close = _builtin(args, pids)
         try:
             runner = paired_mixed if args.mixed else paired
-            report = runner(run, args.pairs, CpuMeter(pids), _print)  # type: ignore[operator]
+            report = runner(run, args.pairs, CpuMeter(pids), print_summary)  # type: ignore[operator]
         finally:
             close()
     print_costs(report)

@@ -16,7 +16,7 @@ from sealed_client.session import SealedSession
 from sealed_client.transport import AsyncSealedTransport, SealedTransport
 
 
-def _trust(policy: ClientTrust | str | Path | dict | None, unsafe_allow_simulated: bool) -> ClientTrust:
+def _trust(policy: ClientTrust | str | Path | dict[str, Any] | None, unsafe_allow_simulated: bool) -> ClientTrust:
     if isinstance(policy, ClientTrust):
         return policy
     if isinstance(policy, dict):
@@ -38,7 +38,7 @@ class SealedOpenAI(openai.OpenAI):
     receipt is checked (kept in `client.sealed.receipts`).
     """
 
-    def __init__(self, *, base_url: str, api_key: str, policy: ClientTrust | str | Path | dict | None = None,
+    def __init__(self, *, base_url: str, api_key: str, policy: ClientTrust | str | Path | dict[str, Any] | None = None,
                  unsafe_allow_simulated: bool = False, clock: Callable[[], dt.datetime] | None = None,
                  inner_transport: httpx2.BaseTransport | None = None, padding: PaddingPolicy = DEFAULT_PADDING,
                  **kwargs: Any) -> None:
@@ -51,7 +51,7 @@ class SealedOpenAI(openai.OpenAI):
 class AsyncSealedOpenAI(openai.AsyncOpenAI):
     """`openai.AsyncOpenAI`, sealed like SealedOpenAI."""
 
-    def __init__(self, *, base_url: str, api_key: str, policy: ClientTrust | str | Path | dict | None = None,
+    def __init__(self, *, base_url: str, api_key: str, policy: ClientTrust | str | Path | dict[str, Any] | None = None,
                  unsafe_allow_simulated: bool = False, clock: Callable[[], dt.datetime] | None = None,
                  inner_transport: httpx2.AsyncBaseTransport | None = None, padding: PaddingPolicy = DEFAULT_PADDING,
                  **kwargs: Any) -> None:

@@ -9,6 +9,7 @@ typed errors (protocol.sealed / attestation), which the openai SDK passes throug
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import httpx2
 
@@ -61,14 +62,17 @@ class _GatewayRefused(Exception):
 
 # The sync and async transports differ only in how they wait; what they decide is here, once.
 
-def _json_answer(path: str, response: httpx2.Response) -> dict:
+def _json_answer(path: str, response: httpx2.Response) -> dict[str, Any]:
     """A well-known document (already read): the caller's refusal passes through, anything but 200
     means "verify again"."""
     if response.status_code in (401, 403):
         raise _GatewayRefused(response.status_code, response.headers, response.content)
     if response.status_code != 200:
         raise ReattestRequired(f"{path} answered {response.status_code}")
-    return response.json()
+    doc = response.json()
+    if not isinstance(doc, dict):
+        raise ReattestRequired(f"{path} answered with something other than a JSON object")
+    return doc
 
 
 def _unpinned(exc: Exception, request: httpx2.Request) -> httpx2.Response:
@@ -125,7 +129,7 @@ class SealedTransport(httpx2.BaseTransport):
         self.session, self.gateway_url = session, gateway_url.rstrip("/")
         self._inner = inner or httpx2.HTTPTransport()
 
-    def _get_json(self, path: str, auth: str | None = None) -> dict:
+    def _get_json(self, path: str, auth: str | None = None) -> dict[str, Any]:
         headers = {"Authorization": auth} if auth else {}
         response = self._inner.handle_request(httpx2.Request("GET", self.gateway_url + path, headers=headers))
         try:
@@ -134,7 +138,7 @@ class SealedTransport(httpx2.BaseTransport):
         finally:
             response.close()
 
-    def _optional(self, path: str) -> dict | None:
+    def _optional(self, path: str) -> dict[str, Any] | None:
         try:
             return self._get_json(path)
         except ReattestRequired:
@@ -221,7 +225,7 @@ class AsyncSealedTransport(httpx2.AsyncBaseTransport):
         self.session, self.gateway_url = session, gateway_url.rstrip("/")
         self._inner = inner or httpx2.AsyncHTTPTransport()
 
-    async def _get_json(self, path: str, auth: str | None = None) -> dict:
+    async def _get_json(self, path: str, auth: str | None = None) -> dict[str, Any]:
         headers = {"Authorization": auth} if auth else {}
         response = await self._inner.handle_async_request(httpx2.Request("GET", self.gateway_url + path,
                                                                           headers=headers))
@@ -231,7 +235,7 @@ class AsyncSealedTransport(httpx2.AsyncBaseTransport):
         finally:
             await response.aclose()
 
-    async def _optional(self, path: str) -> dict | None:
+    async def _optional(self, path: str) -> dict[str, Any] | None:
         try:
             return await self._get_json(path)
         except ReattestRequired:

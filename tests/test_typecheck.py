@@ -1,7 +1,7 @@
 """mypy passes on the packages whose values cross trust boundaries (pyproject.toml [tool.mypy]:
-protocol, attestation, key_broker, policy, enclave_worker; untyped definitions and implicit Any
-returns refused everywhere, and enclave_worker, the code inside the trust boundary, under the full
---strict flag set)."""
+protocol, attestation, key_broker, policy, enclave_worker, sealed_client; untyped definitions and implicit
+Any returns refused everywhere; enclave_worker (the code inside the trust boundary), protocol,
+key_broker and sealed_client under mypy's strict flags)."""
 
 from __future__ import annotations
 

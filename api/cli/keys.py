@@ -19,7 +19,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 
 from api.cli.refs import model_ref
 from api.home import Home, default_home
-from key_broker.receipts import ReceiptBook, ReceiptError, verify_receipt
+from key_broker.receipts import ReceiptBook
+from protocol.broker.receipts import ReceiptInvalid, verify_receipt
 
 TOKEN_ENV = "SEALED_ADMIN_TOKEN"
 URL_ENV = "SEALED_BROKER_URL"
@@ -134,7 +135,7 @@ def receipts(
         if public is not None:
             try:
                 body = verify_receipt(line, public)
-            except ReceiptError as exc:
+            except ReceiptInvalid as exc:
                 bad += 1
                 typer.echo(f"receipt {i}: INVALID ({exc})", err=True)
                 continue

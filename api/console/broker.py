@@ -11,8 +11,7 @@ import httpx
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from key_broker.errors import ReceiptError
-from key_broker.receipts import verify_receipt
+from protocol.broker.receipts import ReceiptInvalid, verify_receipt
 
 
 class BrokerUnavailable(Exception):
@@ -74,10 +73,10 @@ class BrokerView:
             body = line.get("receipt") if isinstance(line, dict) else None
             try:
                 if key is None:
-                    raise ReceiptError("no broker receipt key")
+                    raise ReceiptInvalid("no broker receipt key")
                 body = verify_receipt(line, key)
                 verified = True
-            except ReceiptError:
+            except ReceiptInvalid:
                 verified = False
             out.append({"verified": verified, **(body if isinstance(body, dict) else {})})
         return out

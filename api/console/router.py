@@ -37,7 +37,6 @@ from api.console.session import (
     set_session_cookie,
     viewer,
 )
-from api.console.settings import ConsoleSettings
 from api.console.views import (
     Facets,
     bucket_usage,
@@ -48,6 +47,7 @@ from api.console.views import (
     select_rows,
     worker_rows,
 )
+from api.console_settings import ConsoleSettings
 from api.home import ed25519_key, write_public_key
 from policy.audit import AuditLog, CheckpointAnchor, SqlAnchor, WitnessFile
 from policy.errors import PolicyError

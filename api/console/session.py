@@ -23,7 +23,7 @@ import secrets
 import jwt
 from fastapi import Depends, Request
 
-from api.console.settings import loopback_host
+from api.console_settings import loopback_host
 from api.management.auth import ROLES, Principal, decode_token
 from api.store.revocation import ConsoleSession, Revocations, TokenClaims, TokenRevoked
 

@@ -1,9 +1,10 @@
-"""create_app(settings) for the gateway; nothing is built at import time."""
+"""The gateway's own app: `build_service(settings)` and `gateway_app(settings, service)`, its
+OpenAI, sealed and internal routes, error handlers and edge middleware. It knows nothing of the
+management API or the console: `api.app.create_app` composes all three."""
 
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 from collections.abc import AsyncIterator
 
 from fastapi import FastAPI
@@ -60,8 +61,8 @@ def build_service(settings: GatewaySettings) -> GatewayService:
     return service
 
 
-def create_app(settings: GatewaySettings) -> FastAPI:
-    service = build_service(settings)
+def gateway_app(settings: GatewaySettings, service: GatewayService) -> FastAPI:
+    """The gateway's routes over `service`; the composition root adds management and the console."""
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -80,20 +81,6 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     app.include_router(router)
     app.include_router(sealed_router)
     app.include_router(internal.router)
-    if importlib.util.find_spec("api.management") is not None:
-        from api.management import uploads
-        from api.management.app import router as management_router
-        from api.management.lifecycle import router as lifecycle_router
-        from api.management.sessions import router as sessions_router
-
-        app.include_router(management_router, prefix="/admin/v1")
-        app.include_router(lifecycle_router, prefix="/admin/v1")
-        app.include_router(sessions_router, prefix="/admin/v1")  # logout, revocation, tenant removal
-        app.include_router(uploads.router)  # package uploads, for tenant admins
-        app.state.package_store = uploads.PackageStore(settings.data_dir / "package-store")
-        from api.console.router import install as install_console
-
-        install_console(app, settings.console, settings.data_dir)
     app.add_exception_handler(GatewayError, gateway_error_handler)
     app.add_exception_handler(RequestValidationError, validation_error_handler)
     app.add_exception_handler(StarletteHTTPException, http_error_handler)

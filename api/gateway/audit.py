@@ -8,7 +8,6 @@ import hashlib
 import logging
 import os
 import secrets
-from pathlib import Path
 from typing import Any
 
 from cryptography.hazmat.primitives import serialization
@@ -17,25 +16,11 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from api.gateway.settings import GatewaySettings
 from policy.audit import AuditLog, CheckpointAnchor, SqlAnchor, WitnessFile
 from policy.audit.worker_record import DecisionRecordError, logged_metadata, verify_decision
+from protocol.keyfile import load_or_create_private_key
 from protocol.rpc import worker_pb2
 
 log = logging.getLogger(__name__)
 COMPONENT = "gateway"
-
-
-def _signing_key(path: Path) -> Ed25519PrivateKey:
-    if path.exists():
-        key = serialization.load_pem_private_key(path.read_bytes(), None)
-        if not isinstance(key, Ed25519PrivateKey):
-            raise ValueError(f"{path} is not an Ed25519 key")
-        return key
-    key = Ed25519PrivateKey.generate()
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                   serialization.NoEncryption()))
-    return key
 
 
 def open_gateway_audit(settings: GatewaySettings) -> AuditLog:
@@ -45,7 +30,8 @@ def open_gateway_audit(settings: GatewaySettings) -> AuditLog:
     ``keys/``. In fleet mode
     (a PostgreSQL control plane) every checkpoint is also anchored in that database."""
     audit_dir = settings.audit_dir or settings.data_dir.resolve().parent / "audit"
-    key = _signing_key(settings.data_dir / "audit-signing.pem")
+    key = load_or_create_private_key(settings.data_dir / "audit-signing.pem", Ed25519PrivateKey,
+                                     Ed25519PrivateKey.generate)
     anchors: list[CheckpointAnchor] = []
     if settings.db_url.startswith("postgresql"):
         anchors.append(SqlAnchor(settings.db_url))

@@ -2,7 +2,8 @@
 text that cannot be encoded (a lone UTF-16 surrogate such as "\\ud800") refused with 400.
 
 Both run before any route: a request body is read at most `max_body_bytes` far, whether or not it
-declares a Content-Length, and a JSON body is checked once here instead of in every schema.
+declares a Content-Length (the cap is protocol.body_limit's, the key broker's too; a JSON body is
+read whole, bounded, here), and a JSON body is checked once here instead of in every schema.
 """
 
 from __future__ import annotations
@@ -14,12 +15,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.gateway.edge_audit import audit_edge
 from api.gateway.errors import error_body
+from protocol.body_limit import BodyLimit, declared_too_large
 
 _JSON_TYPES = ("application/json", "application/merge-patch+json")
-
-
-class BodyTooLarge(Exception):
-    pass
 
 
 def lone_surrogate(doc: Any) -> bool:
@@ -49,46 +47,28 @@ async def _reply(scope: Scope, send: Send, status: int, message: str, code: str)
     await send({"type": "http.response.body", "body": body})
 
 
+async def _too_large(scope: Scope, send: Send) -> None:
+    await _reply(scope, send, 413, "request body too large", "request_too_large")
+
+
 class EdgeGuard:
     def __init__(self, app: ASGIApp, max_body_bytes: int) -> None:
         self.app, self.max_body_bytes = app, max_body_bytes
+        self.limited = BodyLimit(app, max_body_bytes, _too_large)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        headers = dict(scope.get("headers") or ())
-        length = headers.get(b"content-length")
-        if length is not None and (not length.isdigit() or int(length) > self.max_body_bytes):
-            await _reply(scope, send, 413, "request body too large", "request_too_large")
+        if declared_too_large(scope, self.max_body_bytes):
+            await _too_large(scope, send)
             return
+        headers = dict(scope.get("headers") or ())
         content_type = headers.get(b"content-type", b"").decode("latin-1").split(";")[0].strip().lower()
         if content_type in _JSON_TYPES or (content_type == "" and scope.get("method") in ("POST", "PUT", "PATCH")):
             await self._json(scope, receive, send)
             return
-        seen = 0
-
-        async def bounded() -> Message:
-            nonlocal seen
-            message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.max_body_bytes:
-                    raise BodyTooLarge
-            return message
-
-        started = False
-
-        async def tracking(message: Message) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
-
-        try:
-            await self.app(scope, bounded, tracking)
-        except BodyTooLarge:
-            if not started:
-                await _reply(scope, send, 413, "request body too large", "request_too_large")
+        await self.limited(scope, receive, send)
 
     async def _json(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Read the whole (bounded) body, check it, then hand it to the app in one piece."""
@@ -100,7 +80,7 @@ class EdgeGuard:
             chunk = message.get("body", b"")
             seen += len(chunk)
             if seen > self.max_body_bytes:
-                await _reply(scope, send, 413, "request body too large", "request_too_large")
+                await _too_large(scope, send)
                 return
             parts.append(chunk)
             more = message.get("more_body", False)

@@ -8,8 +8,7 @@ import json
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from fastapi.responses import JSONResponse
 
 from api.gateway.dependencies import bearer_secret, get_service
 from api.gateway.errors import GatewayError
@@ -107,18 +106,3 @@ def readiness(service: GatewayService) -> tuple[bool, dict[str, Any]]:
     ready = bool(models) and (any(m["warm"] for m in models.values()) or not needs_warm)
     failing = {k: m["reason"] for k, m in models.items() if m["state"] == "failing"}
     return ready, {"ready": ready, "workers": workers, "models": models, "failing": failing}
-
-
-def metrics_reader(request: Request, secret: str = Depends(bearer_secret)) -> None:
-    """Metrics name tenants and models: an operator's or auditor's management token (Prometheus:
-    `authorization: {credentials_file: ...}`), not an anonymous request."""
-    from api.management.auth import principal
-
-    who = principal(request, secret)
-    if who.role not in ("operator", "auditor"):
-        raise GatewayError(403, f"role {who.role} may not read metrics", type_="permission_error", code="forbidden")
-
-
-@router.get("/metrics", dependencies=[Depends(metrics_reader)])
-def metrics(service: GatewayService = Depends(get_service)) -> Response:
-    return Response(generate_latest(service.metrics.registry), media_type=CONTENT_TYPE_LATEST)

@@ -16,7 +16,6 @@ from api.gateway.audit import admin_meta, audit_worker_decisions, open_gateway_a
 from api.gateway.catalog import Catalog
 from api.gateway.delivery_probe import DeliveryProbe
 from api.gateway.demand import Demand
-from api.gateway.edge_audit import EdgeAudit
 from api.gateway.enrolment import Enrolment
 from api.gateway.errors import GatewayError
 from api.gateway.grpc_client import WorkerClients, WorkerLost, WorkerUnavailable, open_sealed
@@ -30,6 +29,7 @@ from api.gateway.usage_writer import UsageWriter
 from api.gateway.worker_attestation import load_verifier
 from api.store.repo import KeyRecord, Store
 from policy.audit import AuditLog
+from policy.audit.edge import EdgeRefusals
 from protocol.rpc import worker_pb2
 from protocol.tls import load_or_create
 from protocol.worker_status import Settle
@@ -62,7 +62,7 @@ class GatewayService:
         self.metrics.registry.register(EngineMetrics(lambda: self.registry.workers.values()))
         self.demand = Demand(self.metrics.registry)
         self.usage_writer = UsageWriter(store)
-        self.edge_audit = EdgeAudit(self.audit)  # 401/403/404/405/413/schema refusals, aggregated
+        self.edge_audit = EdgeRefusals(self.audit)  # 401/403/404/405/413/schema refusals, aggregated
         self.catalog = Catalog(settings, store, self.registry)
         self.admissions = Admission(settings, self.catalog, admission, self.metrics, self.audit)
         self.enrolment = Enrolment(self.registry, self._verifier, self.demand, self.metrics)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from api.console.settings import ConsoleSettings
+from api.console_settings import ConsoleSettings
 from protocol.sampling import DEFAULT_MAX_TOKENS
 
 PLACEHOLDER_SECRETS = frozenset({"", "changeme", "change-me", "secret", "dev", "test", "password", "placeholder"})

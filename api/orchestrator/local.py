@@ -22,6 +22,7 @@ from typing import Any
 import httpx
 
 from api.home import Home
+from api.ports import free_port
 from api.supervisor import Supervisor
 from enclave_worker.measurement import simulated_measurement
 from enclave_worker.settings import WorkerSettings
@@ -100,8 +101,6 @@ class LocalRuntime:
 
     # -- processes
     def start(self, key: ModelRef, package_dir: Path, files: TenantPolicyFiles) -> LocalWorker:
-        from api.stack import free_port  # the stack module imports this one
-
         tenant, model, version = key.tenant, key.model, key.version
         http_port, grpc_port = free_port(), free_port()
         self._seq += 1

@@ -18,8 +18,8 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from pydantic import BaseModel, ValidationError
 
-from attestation.bundle import EvidenceBundle, RuntimeData
 from protocol.broker.errors import BrokerClientError, BrokerRateLimited, BrokerRefused
+from protocol.broker.evidence import Evidence, RuntimeData
 from protocol.broker.schemas import (
     AttestRequest,
     AttestResponse,
@@ -38,7 +38,7 @@ class ReleasedKey:
     data_key: bytes
     token: str
     token_id: str
-    bundle: EvidenceBundle
+    bundle: Evidence
     receipt: dict[str, Any]
 
 
@@ -64,7 +64,7 @@ def obtain_data_key(
     client: httpx.Client,
     ref: ModelRef,
     *,
-    make_bundle: Callable[[RuntimeData], EvidenceBundle],
+    make_bundle: Callable[[RuntimeData], Evidence],
     channel_binding: bytes = b"",
     hpke_key: X25519PrivateKey | None = None,
 ) -> ReleasedKey:
@@ -90,10 +90,10 @@ def renew_attestation(
     client: httpx.Client,
     ref: ModelRef,
     *,
-    make_bundle: Callable[[RuntimeData], EvidenceBundle],
+    make_bundle: Callable[[RuntimeData], Evidence],
     hpke_public_key: bytes,
     channel_binding: bytes = b"",
-) -> tuple[str, EvidenceBundle]:
+) -> tuple[str, Evidence]:
     """Fresh evidence for the same keys (a new broker nonce) -> a fresh token. No key is released:
     this keeps the attestation document that clients verify valid for the worker's whole life."""
     challenge = _post(client, "/v1/challenge", None, ChallengeResponse)
@@ -132,7 +132,7 @@ LEASE_REQUEST_DOMAIN = b"sealed-lease-request-v1\x00"
 LEASE_ANSWER_DOMAIN = b"sealed-lease-answer-v1\x00"
 
 
-def canonical_json(doc: dict) -> bytes:
+def canonical_json(doc: dict[str, Any]) -> bytes:
     return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
 
 
@@ -141,12 +141,12 @@ def lease_mac_key(data_key: bytes, token_id: str) -> bytes:
                 info=b"sealed-lease-mac-v1\x00" + token_id.encode()).derive(data_key)
 
 
-def lease_answer_mac(mac_key: bytes, answer: dict) -> str:
+def lease_answer_mac(mac_key: bytes, answer: dict[str, Any]) -> str:
     fields = {k: answer[k] for k in ("token_id", "seq", "status", "lease_s")}
     return hmac.new(mac_key, LEASE_ANSWER_DOMAIN + canonical_json(fields), hashlib.sha256).hexdigest()
 
 
-def lease_request_payload(body: dict, token_id: str) -> bytes:
+def lease_request_payload(body: dict[str, Any], token_id: str) -> bytes:
     """What the identity key signs: every field of the request but the token itself (its id
     stands for it) and the signature."""
     fields = {k: body[k] for k in ("tenant", "model", "version", "tls_spki", "identity_key", "seq", "at",

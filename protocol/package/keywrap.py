@@ -14,7 +14,6 @@ import base64
 import hashlib
 import hmac
 import json
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 from cryptography.hazmat.primitives.hpke import AEAD, KDF, KEM, Suite
 
+from protocol.keyfile import WrongKeyType, load_or_create_private_key
 from protocol.model_ref import ModelRef
 from protocol.package.errors import KeySealError
 from protocol.package.format import Manifest, key_check_value
@@ -121,19 +121,10 @@ def load_or_create_import_key(path: Path) -> X25519PrivateKey:
     A real broker keeps this key inside its attested boundary (its key store); see
     docs/package-format.md for the endpoint the key broker is asked to provide.
     """
-    path = Path(path)
-    if path.exists():
-        key = serialization.load_pem_private_key(path.read_bytes(), None)
-        if not isinstance(key, X25519PrivateKey):
-            raise KeySealError(f"{path} is not an X25519 private key")
-        return key
-    key = X25519PrivateKey.generate()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                   serialization.NoEncryption()))
-    return key
+    try:
+        return load_or_create_private_key(path, X25519PrivateKey, X25519PrivateKey.generate)
+    except WrongKeyType as exc:
+        raise KeySealError(str(exc)) from exc
 
 
 def public_pem(key: X25519PrivateKey) -> bytes:

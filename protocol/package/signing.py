@@ -21,6 +21,7 @@ import hmac
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
@@ -97,7 +98,7 @@ def verify_manifest_signature(pkg_dir: Path, manifest_bytes: bytes, claimed_sign
     return identity
 
 
-def _hashing_config():  # type: ignore[no-untyped-def]
+def _hashing_config() -> Any:  # model_signing.hashing.Config (the library has no type hints)
     import model_signing
 
     return model_signing.hashing.Config().set_ignored_paths(paths=list(_IGNORED), ignore_git_paths=True)

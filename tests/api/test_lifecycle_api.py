@@ -10,7 +10,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from fastapi.testclient import TestClient
 
-from api.gateway.app import create_app
+from api.app import create_app
 from api.gateway.settings import GatewaySettings, WorkerRoute
 from api.management.auth import issue_token
 from policy.documents import sign_policy_document

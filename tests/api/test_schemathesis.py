@@ -29,7 +29,7 @@ from schemathesis.specs.openapi.checks import (
     response_schema_conformance,
 )
 
-from api.gateway.app import create_app
+from api.app import create_app
 from api.gateway.settings import GatewaySettings, WorkerRoute
 from api.management.auth import AUDIENCE
 from api.stack import free_port

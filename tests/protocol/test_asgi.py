@@ -42,7 +42,7 @@ def test_freezing_takes_the_start_up_heap_out_of_the_collectors_walk() -> None:
         gc.unfreeze()
 
 
-@pytest.mark.parametrize("entry", ["api/gateway/__main__.py", "key_broker/__main__.py",
+@pytest.mark.parametrize("entry", ["api/serve.py", "key_broker/__main__.py",
                                    "enclave_worker/cli.py"])
 def test_every_roles_process_entry_point_freezes_before_it_serves(entry: str) -> None:
     source = (Path(__file__).resolve().parents[2] / entry).read_text()

@@ -13,7 +13,7 @@ import grpc
 import httpx
 from cryptography.hazmat.primitives import serialization
 
-from api.gateway.app import create_app
+from api.app import create_app
 from api.gateway.service import GatewayService
 from api.gateway.settings import GatewaySettings, WorkerRoute
 from api.stack import free_port

@@ -16,8 +16,8 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from fastapi.testclient import TestClient
 
+from api.app import create_app
 from api.gateway.admission import AdmissionController
-from api.gateway.app import create_app
 from api.gateway.audit import audit_worker_decisions
 from api.gateway.errors import GatewayError
 from api.gateway.grpc_client import WorkerClients

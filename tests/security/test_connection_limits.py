@@ -15,7 +15,7 @@ import httpx
 import pytest
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from api.gateway.app import create_app
+from api.app import create_app
 from api.gateway.http_server import ConnectionLimits, server_config
 from api.gateway.settings import GatewaySettings
 from tests.security.harness import http_server

@@ -1,7 +1,7 @@
 """#13 audit gaps: answers made at the edge (401, 403, 404, 405, 413, schema errors: FastAPI's 422, answered
 400 in OpenAI's shape) at the gateway
 and the management API are audited, without content, and a flood of them cannot fill the disk
-(aggregated per kind and window, every refusal counted: api/gateway/edge_audit.py)."""
+(aggregated per kind and window, every refusal counted: policy/audit/edge.py)."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ from pathlib import Path
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from fastapi.testclient import TestClient
 
+from api.app import create_app
 from api.cli.audit import load_component_keys
-from api.gateway.app import create_app
-from api.gateway.edge_audit import EdgeAudit
 from api.gateway.settings import GatewaySettings
 from api.management.auth import issue_token
 from policy.audit import AuditLog, read_entries, verify_dir
+from policy.audit.edge import EdgeRefusals
 
 JWT_SECRET = "x" * 40
 CANARY = "CANARY-7f3a9c-do-not-log"
@@ -93,7 +93,7 @@ def test_a_401_flood_is_aggregated_and_every_refusal_counted(tmp_path: Path) -> 
 def test_kinds_are_bounded_and_windows_roll(tmp_path: Path) -> None:
     now = [0.0]
     with AuditLog(tmp_path / "g.audit.jsonl", Ed25519PrivateKey.generate(), "gateway") as audit:
-        edge = EdgeAudit(audit, window_s=60, max_kinds=4, clock=lambda: now[0])
+        edge = EdgeRefusals(audit, window_s=60, max_kinds=4, clock=lambda: now[0])
         for i in range(10):  # ten sources: four kinds in full, the rest counted in one overflow summary
             edge.refused({"client": (f"10.0.0.{i}", 1), "method": "GET", "path": "/v1/models"}, 401,
                          "invalid_api_key")

@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from api.gateway.app import create_app
+from api.app import create_app
 from api.gateway.errors import GatewayError
 from api.gateway.settings import GatewaySettings
 from policy.audit import read_entries

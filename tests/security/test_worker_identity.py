@@ -25,7 +25,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric import ec
 from fastapi.testclient import TestClient
 
-from api.gateway.app import create_app
+from api.app import create_app
 from api.gateway.settings import GatewaySettings, WorkerRoute
 from api.gateway.worker_attestation import expected_binding
 from attestation.bundle import EvidenceBundle, RuntimeData

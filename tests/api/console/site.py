@@ -21,8 +21,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from fastapi import FastAPI
 
-from api.console.settings import ConsoleSettings
-from api.gateway.app import create_app
+from api.app import create_app
+from api.console_settings import ConsoleSettings
 from api.gateway.settings import GatewaySettings
 from api.management.auth import issue_token
 from api.stack import free_port

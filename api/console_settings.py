@@ -1,4 +1,7 @@
-"""What the console reads besides the gateway's own state: the audit directory and the key broker."""
+"""What the console reads besides the gateway's own state: the audit directory and the key broker.
+
+A part of the control plane's settings (`GatewaySettings.console`), so it sits beside the parts, not in
+the console package: the gateway and its settings import no console code."""
 
 from __future__ import annotations
 

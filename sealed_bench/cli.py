@@ -1,4 +1,9 @@
-"""`sealed bench NAME [ARGS...]`: run a benchmark from the shipped `sealed_bench` package."""
+"""`sealed bench NAME [ARGS...]`: run a benchmark from this package.
+
+The command lives here, not in `api/cli/`: the benchmarks import the control plane, so the control
+plane may not import them (pyproject's import contracts). `sealed`'s command table names this
+function by string, as it names every command; the CLI entry point is the one place that knows
+both packages."""
 
 from __future__ import annotations
 

@@ -1,0 +1,33 @@
+"""The control plane's composition root: one HTTP app with the gateway (OpenAI, sealed and internal
+routes), the management API (`/admin/v1`, package uploads) and the web console (`/console`).
+
+The parts do not know each other: the gateway imports neither management nor the console (an
+import contract, pyproject.toml); management and the console read the gateway's state through
+its service (`app.state.service`); the console talks to the key broker only through the broker's
+admin HTTP API and the contracts in `protocol.broker`. Nothing is built at import time.
+"""
+
+from __future__ import annotations
+
+from fastapi import FastAPI
+
+from api.console.router import install as install_console
+from api.gateway.app import build_service, gateway_app
+from api.gateway.settings import GatewaySettings
+from api.management import uploads
+from api.management.app import router as management_router
+from api.management.lifecycle import router as lifecycle_router
+from api.management.metrics import router as metrics_router
+from api.management.sessions import router as sessions_router
+
+
+def create_app(settings: GatewaySettings) -> FastAPI:
+    app = gateway_app(settings, build_service(settings))
+    app.include_router(management_router, prefix="/admin/v1")
+    app.include_router(lifecycle_router, prefix="/admin/v1")
+    app.include_router(sessions_router, prefix="/admin/v1")  # logout, revocation, tenant removal
+    app.include_router(metrics_router)  # /metrics: management tokens (operator, auditor)
+    app.include_router(uploads.router)  # package uploads, for tenant admins
+    app.state.package_store = uploads.PackageStore(settings.data_dir / "package-store")
+    install_console(app, settings.console, settings.data_dir)
+    return app
