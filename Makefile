@@ -11,7 +11,7 @@ KERNEL_BUILD := setup.py enclave_worker/engine/kernels/cpu_ops.cpp enclave_worke
 
 $(VENV)/.installed: pyproject.toml $(KERNEL_BUILD)
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip 'setuptools>=68'
+	$(PY) -m pip install -q --upgrade pip 'setuptools>=70.1'
 	# CPU build of torch first: a bare `torch` requirement would pull a multi-GB CUDA build.
 	$(PY) -m pip install -q torch==2.13.0
 	# Without build isolation: setup.py compiles the CPU kernels against the torch just installed
