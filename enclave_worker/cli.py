@@ -8,6 +8,7 @@ import argparse
 import asyncio
 import logging
 import os
+import sys
 from pathlib import Path
 
 from attestation.errors import UnsupportedError
@@ -86,8 +87,15 @@ def main(argv: list[str] | None = None) -> int:
     token = args.register_token_file.read_text().strip() if args.register_token_file else ""
     client_cert = args.gateway_client_cert.read_bytes() if args.gateway_client_cert else None
     if settings.engine != "vllm" and device == "cpu":
+        from enclave_worker.engine.errors import CpuKernelsUnavailable
+        from enclave_worker.engine.kernels.cpu_ops import load_cpu_ops
         from enclave_worker.engine.threads import single_threaded_caller
 
+        try:  # before anything is attested or fetched: the CPU kernels were built at install time, or it stops here
+            load_cpu_ops()
+        except CpuKernelsUnavailable as exc:
+            print(f"worker: {exc}", file=sys.stderr, flush=True)
+            return 3
         single_threaded_caller()  # the engine's own thread is the one that computes in parallel
     freeze_startup_heap()  # before any key or weight exists: full GC passes scan only what serving creates
     schedule_full_collections()  # and run on a timer, not every few seconds under load

@@ -3,7 +3,9 @@
 The code is the worker's import closure: every module of this project that `python -m
 enclave_worker` can import, found by reading the import statements of its entry point and then of
 every project module reached (function-level imports included, so lazy imports are measured too),
-plus the `__init__` of every package on the way (importing `a.b.c` runs `a` and `a.b`). Editing a
+plus the `__init__` of every package on the way (importing `a.b.c` runs `a` and `a.b`), plus every
+compiled extension module it imports (the engine's CPU kernels, built at install time: their bytes
+as loaded, so a replaced or rebuilt `.so` changes the measurement like an edited module). Editing a
 module the worker can run changes the measurement; editing one it cannot run (the key broker, the
 gateway, the tenant's package writer) does not. The import rules in pyproject.toml keep the closure
 inside `enclave_worker`, `protocol`, `attestation` and `policy`; `docs/architecture.md` says why.
@@ -12,6 +14,7 @@ inside `enclave_worker`, `protocol`, `attestation` and `policy`; `docs/architect
 from __future__ import annotations
 
 import ast
+import importlib.machinery
 import importlib.util
 from collections.abc import Iterator
 from pathlib import Path
@@ -38,11 +41,14 @@ def _package_dirs() -> dict[str, Path]:
 
 
 def _module_file(module: str, dirs: dict[str, Path]) -> Path | None:
+    """The file the import system would load for `module`: a package's __init__.py, then, as Python's
+    own finder orders them, an extension module (this interpreter's suffixes), then a source file."""
     top, *rest = module.split(".")
     if top not in dirs:
         return None
     base = dirs[top].joinpath(*rest)
-    for candidate in (base / "__init__.py", base.with_suffix(".py")):
+    extensions = [base.with_name(base.name + suffix) for suffix in importlib.machinery.EXTENSION_SUFFIXES]
+    for candidate in (base / "__init__.py", *extensions, base.with_suffix(".py")):
         if candidate.is_file():
             return candidate
     return None
@@ -83,16 +89,18 @@ def worker_modules() -> dict[str, Path]:
         found[module] = path
         parts = module.split(".")
         pending.extend(".".join(parts[:i]) for i in range(1, len(parts)))
-        pending.extend(_imports(module, path))
+        if path.suffix == ".py":  # an extension module's imports are its own business (measured as bytes)
+            pending.extend(_imports(module, path))
     return found
 
 
 def measured_code() -> dict[str, bytes]:
-    """Relative path ("enclave_worker/boot.py") -> bytes of every file in the worker's closure."""
+    """Relative path ("enclave_worker/boot.py", "enclave_worker/engine/kernels/_cpu_ops.<abi>.so")
+    -> bytes of every file in the worker's closure."""
     code = {}
     for module, path in worker_modules().items():
-        rel = Path(*module.split("."))
-        rel = rel / "__init__.py" if path.name == "__init__.py" else rel.with_suffix(".py")
+        parent = Path(*module.split("."))
+        rel = parent / path.name if path.name == "__init__.py" else parent.with_name(path.name)
         code[rel.as_posix()] = path.read_bytes()
     return code
 

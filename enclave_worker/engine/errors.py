@@ -17,3 +17,8 @@ class CheckpointError(EngineError):
 
 class EngineDeadError(EngineError):
     """The engine has been shut down or its step loop failed."""
+
+
+class CpuKernelsUnavailable(EngineError):
+    """The C++ CPU kernels built at install time are missing, do not load, or were built from another
+    source, for another torch or another CPU (kernels/cpu_ops.py); the message is one line."""

@@ -19,7 +19,7 @@ from .config import EngineConfig, RequestOutput, SamplingParams
 from .engine_thread import ThreadedEngine
 from .errors import EngineError
 from .kernels import triton_installed
-from .kernels.cpu_ops import cpu_ops
+from .kernels.cpu_ops import load_cpu_ops
 from .kv_cache import KVCacheSpec, allocate_kv_cache, gpu_kv_budget
 from .layers.linear import DenseMatmul, Linear
 from .layers.packed import zero_every_byte
@@ -55,11 +55,13 @@ def _blas_speedup(model: torch.nn.Module, threads: int) -> BlasSpeedup | None:
 
 def _cpu_kernels(config: EngineConfig, built: BuiltModel) -> bool:
     """Whether CPU steps take the C++ kernels (kernels/cpu_ops.py: decode attention in place, fused
-    norm / rotary / activation): "auto" where they build, for dense fp32 and bf16; "torch" keeps torch's ops."""
+    norm / rotary / activation): "auto" for dense fp32 and bf16, from the build installed with the package
+    (CpuKernelsUnavailable, one line, where it is missing or stale); "torch" keeps torch's ops."""
     if (config.device != "cpu" or config.decode_kernels == "torch" or built.quant != "none"
             or built.dtype not in (torch.float32, torch.bfloat16)):
         return False
-    return cpu_ops() is not None
+    load_cpu_ops()
+    return True
 
 
 @dataclass

@@ -54,3 +54,11 @@ def test_measurement_is_over_the_measured_code_and_config() -> None:
     config = {"model": "m", "version": "v1"}
     assert simulated_measurement(config) == worker_measurement(measured_code(), config)
     assert simulated_measurement(config) != simulated_measurement({**config, "version": "v2"})
+
+
+def test_the_cpu_kernels_are_measured_as_loaded() -> None:
+    # Compiled at install time (setup.py), loaded from the package: the bytes the worker dlopens are measured.
+    from enclave_worker.engine.kernels.cpu_ops import load_cpu_ops
+
+    module = Path(load_cpu_ops().__file__ or "")
+    assert measured_code()[module.relative_to(ROOT).as_posix()] == module.read_bytes()

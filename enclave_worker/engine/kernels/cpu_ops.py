@@ -1,7 +1,7 @@
 """CPU kernels in C++: paged decode attention reading K/V in place, and the per-layer elementwise
 work fused (residual add + RMSNorm, rotary + KV-cache write, SiLU-and-mul). Each has a torch
-equivalent in layers/ that the engine runs where this extension cannot be built, and that the tests
-compare against.
+equivalent in layers/ that the engine runs under `decode_kernels="torch"` (and for quantized models),
+and that the tests compare against.
 
 Decode attention: one query token per sequence, K/V read in place from the block pool.
 
@@ -15,388 +15,78 @@ per sequence (all its KV heads) on torch's own thread pool (at::parallel_for: no
 The elementwise kernels replace 5-7 torch ops each (float conversions, pow, mean, rsqrt, roll, ...):
 a batch-1 bf16 decode step dispatches ~900 small ops, several ms of a ~33 ms token.
 
-The extension is built once per machine with torch's C++ extension builder (g++, ninja) into torch's extension
-cache, named by the source, the flags and this CPU's instruction set (it is compiled for the host's
-CPU); where no compiler is present the engine keeps the torch path (`cpu_ops()` is None).
-The C++ source is this module's text, so the worker's measurement covers it.
+The C++ source is cpu_ops.cpp. It is compiled when the project is installed (setup.py: a torch
+CppExtension, `-march=native` unless the build names another instruction set; cpu_build.py) into
+the package as `_cpu_ops`, and never at run time: a worker runs no compiler and writes no build
+cache. `load_cpu_ops` loads the installed module and checks the record the build embedded against
+this package's source, torch and CPU; a missing, unloadable or stale module is a one-line
+CpuKernelsUnavailable, never a silent fallback or a wait. The loaded module's bytes are part of the
+worker's measurement (enclave_worker/measurement.py measures extension modules of its closure).
 Every block index, slot and length is checked against the pool before any row is read or written.
 """
 
 from __future__ import annotations
 
 import functools
-import hashlib
-import logging
-import platform
+import importlib.machinery
 from pathlib import Path
 from types import ModuleType
 
 import torch
 
-log = logging.getLogger(__name__)
+from ..errors import CpuKernelsUnavailable
+from .cpu_build import DIGEST_NAME, MODULE_NAME, SOURCE_NAME, build_record, decode_record, digest_line
 
-# -fopenmp at compile time only: at::parallel_for's OpenMP pragmas then run on the OpenMP runtime
-# torch itself loaded (the symbols resolve through libtorch's own libgomp; nothing links a second one).
-FUNCTIONS = ("paged_decode_attention", "add_rms_norm", "rope_and_cache", "silu_and_mul")
-CXX_FLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fassociative-math", "-fno-signed-zeros",
-             "-fno-trapping-math")
-
-SOURCE = r"""
-#include <torch/extension.h>
-#include <ATen/Parallel.h>
-#include <algorithm>
-#include <atomic>
-#include <cmath>
-#include <cstdint>
-#include <cstring>
-#include <vector>
-
-namespace {
-
-inline void load_row(const float* src, float* dst, int64_t n) { std::memcpy(dst, src, n * sizeof(float)); }
-
-inline void load_row(const at::BFloat16* src, float* dst, int64_t n) {
-  const uint16_t* s = reinterpret_cast<const uint16_t*>(src);
-  for (int64_t i = 0; i < n; ++i) {
-    uint32_t u = static_cast<uint32_t>(s[i]) << 16;
-    std::memcpy(dst + i, &u, sizeof(float));
-  }
-}
-
-inline void store_row(const float* src, float* dst, int64_t n) { std::memcpy(dst, src, n * sizeof(float)); }
-
-// A K or V row as fp32: the cache row itself for fp32 (no copy), converted into ``buf`` for bf16.
-inline const float* row_f32(const float* src, float*, int64_t) { return src; }
-inline const float* row_f32(const at::BFloat16* src, float* buf, int64_t n) { load_row(src, buf, n); return buf; }
-
-// q . k over DIM values in 16 independent partial sums: the loop vectorizes into 2-4 accumulators
-// (AVX2 / AVX-512) instead of one serial chain (the scalar loop was ~60% of a batch-64 decode step).
-template <int DIM>
-inline float dot(const float* a, const float* b, int64_t dim_arg) {
-  const int64_t dim = DIM > 0 ? DIM : dim_arg;
-  if (dim % 16 != 0) {
-    float s = 0.f;
-    for (int64_t d = 0; d < dim; ++d) s += a[d] * b[d];
-    return s;
-  }
-  float part[16] = {0.f};
-  for (int64_t d = 0; d < dim; d += 16) {
-    for (int j = 0; j < 16; ++j) part[j] += a[d + j] * b[d + j];
-  }
-  float s = 0.f;
-  for (int j = 0; j < 16; ++j) s += part[j];
-  return s;
-}
-
-// exp(x) for x <= 0 (softmax after the max is subtracted), written so the loop over a row
-// vectorizes: x = n ln2 + r, |r| <= ln2/2, e^r by a degree-6 polynomial (relative error < 2e-7,
-// as torch's own vectorized exp), 2^n built in the exponent bits. Below -87 the result is 0.
-inline void exp_nonpositive(float* x, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    const float v = std::max(x[i], -87.f);
-    const float k = std::nearbyint(v * 1.44269504088896341f);
-    const float r = v - k * 0.693145751953125f - k * 1.428606765330187045e-06f;
-    float p = 1.f / 720.f;
-    p = p * r + 1.f / 120.f;
-    p = p * r + 1.f / 24.f;
-    p = p * r + 1.f / 6.f;
-    p = p * r + 0.5f;
-    p = p * r + 1.f;
-    p = p * r + 1.f;
-    const int32_t bits = (static_cast<int32_t>(k) + 127) << 23;
-    float scale;
-    std::memcpy(&scale, &bits, sizeof(float));
-    x[i] = x[i] < -87.f ? 0.f : p * scale;
-  }
-}
-
-inline void store_row(const float* src, at::BFloat16* dst, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) dst[i] = at::BFloat16(src[i]);  // round to nearest even
-}
-
-// DIM > 0: the head size known at compile time (64, 128), so the row loops vectorize and unroll.
-// One task per sequence, all its KV heads together: a slot's K (or V) row of every head is one
-// contiguous run of kv_heads * dim values, read once, in block order.
-template <typename T, int DIM>
-void decode(const T* q, const T* kc, const T* vc, const int64_t* tables, const int64_t* lens, T* out,
-            int64_t batch, int64_t heads, int64_t kv_heads, int64_t dim_arg, int64_t max_blocks,
-            int64_t block_size, int64_t num_blocks, float scale, std::atomic<int>& bad) {
-  const int64_t dim = DIM > 0 ? DIM : dim_arg;
-  const int64_t groups = heads / kv_heads, width = kv_heads * dim;
-  at::parallel_for(0, batch, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> qf(heads * dim), row(width), acc(heads * dim), scores;
-    std::vector<int64_t> offsets;
-    for (int64_t b = begin; b < end; ++b) {
-      const int64_t len = lens[b];
-      if (len < 1 || len > max_blocks * block_size) { bad = 1; continue; }
-      const int64_t* table = tables + b * max_blocks;
-      offsets.resize(len);
-      bool ok = true;
-      for (int64_t t = 0; t < len; ++t) {
-        const int64_t block = table[t / block_size];
-        if (block < 0 || block >= num_blocks) { ok = false; break; }
-        offsets[t] = (block * block_size + t % block_size) * width;
-      }
-      if (!ok) { bad = 1; continue; }
-      load_row(q + b * heads * dim, qf.data(), heads * dim);
-      scores.resize(heads * len);  // [heads][len]
-      for (int64_t t = 0; t < len; ++t) {  // scores = q k^T, one pass over K
-        const float* r = row_f32(kc + offsets[t], row.data(), width);
-        for (int64_t hq = 0; hq < heads; ++hq) {
-          scores[hq * len + t] = dot<DIM>(qf.data() + hq * dim, r + (hq / groups) * dim, dim) * scale;
-        }
-      }
-      for (int64_t hq = 0; hq < heads; ++hq) {  // softmax per query head, max subtracted
-        float* sh = scores.data() + hq * len;
-        const float m = *std::max_element(sh, sh + len);
-        for (int64_t t = 0; t < len; ++t) sh[t] -= m;
-        exp_nonpositive(sh, len);
-        float sum = 0.f;
-        for (int64_t t = 0; t < len; ++t) sum += sh[t];
-        const float inv = 1.f / sum;
-        for (int64_t t = 0; t < len; ++t) sh[t] *= inv;
-      }
-      std::fill(acc.begin(), acc.end(), 0.f);
-      for (int64_t t = 0; t < len; ++t) {  // out = p V, one pass over V
-        const float* r = row_f32(vc + offsets[t], row.data(), width);
-        for (int64_t hq = 0; hq < heads; ++hq) {
-          const float p = scores[hq * len + t];
-          const float* vh = r + (hq / groups) * dim;
-          float* ah = acc.data() + hq * dim;
-          for (int64_t d = 0; d < dim; ++d) ah[d] += p * vh[d];
-        }
-      }
-      store_row(acc.data(), out + b * heads * dim, heads * dim);
-    }
-  });
-}
-
-template <typename T>
-void decode_any(const T* q, const T* kc, const T* vc, const int64_t* tables, const int64_t* lens, T* out,
-                int64_t batch, int64_t heads, int64_t kv_heads, int64_t dim, int64_t max_blocks,
-                int64_t block_size, int64_t num_blocks, float scale, std::atomic<int>& bad) {
-  if (dim == 64) {
-    decode<T, 64>(q, kc, vc, tables, lens, out, batch, heads, kv_heads, dim, max_blocks, block_size, num_blocks,
-                  scale, bad);
-  } else if (dim == 128) {
-    decode<T, 128>(q, kc, vc, tables, lens, out, batch, heads, kv_heads, dim, max_blocks, block_size, num_blocks,
-                   scale, bad);
-  } else {
-    decode<T, 0>(q, kc, vc, tables, lens, out, batch, heads, kv_heads, dim, max_blocks, block_size, num_blocks,
-                 scale, bad);
-  }
-}
-
-}  // namespace
-
-template <typename T>
-inline T round_to(float v) { return static_cast<T>(v); }
-
-// residual = residual + x (rounded to the dtype, in place; skipped when x is undefined), then
-// out = weight * round(residual * rsqrt(mean(residual^2) + eps)), the product rounded: HF Llama's math.
-template <typename T>
-void add_rms_norm_rows(const T* x, T* residual, const T* weight, T* out, int64_t rows, int64_t width, float eps) {
-  at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
-    std::vector<float> r(width);
-    for (int64_t i = begin; i < end; ++i) {
-      T* res = residual + i * width;
-      float ss = 0.f;
-      for (int64_t j = 0; j < width; ++j) {
-        float v = static_cast<float>(res[j]);
-        if (x != nullptr) {
-          v = static_cast<float>(round_to<T>(v + static_cast<float>(x[i * width + j])));
-          res[j] = round_to<T>(v);
-        }
-        r[j] = v;
-        ss += v * v;
-      }
-      const float inv = 1.f / std::sqrt(ss / static_cast<float>(width) + eps);
-      for (int64_t j = 0; j < width; ++j) {
-        const float normed = static_cast<float>(round_to<T>(r[j] * inv));
-        out[i * width + j] = round_to<T>(static_cast<float>(weight[j]) * normed);
-      }
-    }
-  });
-}
-
-torch::Tensor add_rms_norm(torch::Tensor x, torch::Tensor residual, torch::Tensor weight, double eps, bool add) {
-  TORCH_CHECK(residual.dim() == 2 && residual.is_contiguous() && weight.dim() == 1 && weight.is_contiguous(),
-              "residual [T, W] and weight [W], contiguous");
-  TORCH_CHECK(weight.size(0) == residual.size(1) && weight.scalar_type() == residual.scalar_type(), "weight shape");
-  if (add) {
-    TORCH_CHECK(x.sizes() == residual.sizes() && x.is_contiguous() && x.scalar_type() == residual.scalar_type(),
-                "x like residual");
-  }
-  auto out = torch::empty_like(residual);
-  const int64_t rows = residual.size(0), width = residual.size(1);
-  if (residual.scalar_type() == torch::kFloat) {
-    add_rms_norm_rows<float>(add ? x.data_ptr<float>() : nullptr, residual.data_ptr<float>(),
-                             weight.data_ptr<float>(), out.data_ptr<float>(), rows, width, static_cast<float>(eps));
-  } else if (residual.scalar_type() == torch::kBFloat16) {
-    add_rms_norm_rows<at::BFloat16>(add ? x.data_ptr<at::BFloat16>() : nullptr, residual.data_ptr<at::BFloat16>(),
-                                    weight.data_ptr<at::BFloat16>(), out.data_ptr<at::BFloat16>(), rows, width,
-                                    static_cast<float>(eps));
-  } else {
-    TORCH_CHECK(false, "float32 or bfloat16 only");
-  }
-  return out;
-}
-
-// qkv [T, (H + 2 Hkv) * D]: q and k rotated in place (HF rotate-half, in fp32, rounded), then k and v
-// written to the caches at their slots. cos / sin_signed [T, D] float32 (rotary.py's full-width rows).
-template <typename T>
-void rope_rows(T* qkv, const float* cos, const float* sin, const int64_t* slots, T* kc, T* vc, int64_t tokens,
-               int64_t heads, int64_t kv_heads, int64_t dim) {  // slots checked by the caller
-  const int64_t width = (heads + 2 * kv_heads) * dim, half = dim / 2;
-  at::parallel_for(0, tokens, 8, [&](int64_t begin, int64_t end) {
-    std::vector<float> xf(dim);
-    for (int64_t t = begin; t < end; ++t) {
-      const int64_t slot = slots[t];
-      T* row = qkv + t * width;
-      const float* c = cos + t * dim;
-      const float* s = sin + t * dim;
-      for (int64_t h = 0; h < heads + kv_heads; ++h) {
-        T* x = row + h * dim;
-        for (int64_t d = 0; d < dim; ++d) xf[d] = static_cast<float>(x[d]);
-        for (int64_t d = 0; d < dim; ++d) {
-          const int64_t other = d < half ? d + half : d - half;
-          x[d] = round_to<T>(xf[d] * c[d] + xf[other] * s[d]);
-        }
-      }
-      std::memcpy(kc + slot * kv_heads * dim, row + heads * dim, kv_heads * dim * sizeof(T));
-      std::memcpy(vc + slot * kv_heads * dim, row + (heads + kv_heads) * dim, kv_heads * dim * sizeof(T));
-    }
-  });
-}
-
-void rope_and_cache(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, torch::Tensor slot_mapping,
-                    torch::Tensor k_cache, torch::Tensor v_cache, int64_t heads, int64_t kv_heads) {
-  TORCH_CHECK(qkv.dim() == 2 && qkv.is_contiguous() && k_cache.is_contiguous() && v_cache.is_contiguous(),
-              "contiguous qkv [T, W] and caches");
-  TORCH_CHECK(k_cache.dim() == 3 && k_cache.sizes() == v_cache.sizes() && k_cache.size(1) == kv_heads, "cache shapes");
-  const int64_t tokens = qkv.size(0), dim = k_cache.size(2);
-  TORCH_CHECK(qkv.size(1) == (heads + 2 * kv_heads) * dim && dim % 2 == 0, "qkv width");
-  TORCH_CHECK(cos.scalar_type() == torch::kFloat && sin.scalar_type() == torch::kFloat && cos.is_contiguous() &&
-              sin.is_contiguous() && cos.dim() == 2 && cos.size(0) == tokens && cos.size(1) == dim &&
-              cos.sizes() == sin.sizes(), "cos / sin [T, D] float32");
-  TORCH_CHECK(slot_mapping.dim() == 1 && slot_mapping.size(0) == tokens && slot_mapping.scalar_type() == torch::kLong &&
-              slot_mapping.is_contiguous(), "slot mapping [T] int64");
-  TORCH_CHECK(qkv.scalar_type() == k_cache.scalar_type() && qkv.scalar_type() == v_cache.scalar_type(), "one dtype");
-  const int64_t num_slots = k_cache.size(0);
-  const int64_t* slots = slot_mapping.data_ptr<int64_t>();
-  for (int64_t t = 0; t < tokens; ++t) {  // every slot checked before anything is rotated or written
-    TORCH_CHECK(slots[t] >= 0 && slots[t] < num_slots, "a slot outside the KV pool");
-  }
-  if (qkv.scalar_type() == torch::kFloat) {
-    rope_rows<float>(qkv.data_ptr<float>(), cos.data_ptr<float>(), sin.data_ptr<float>(),
-                     slot_mapping.data_ptr<int64_t>(), k_cache.data_ptr<float>(), v_cache.data_ptr<float>(), tokens,
-                     heads, kv_heads, dim);
-  } else if (qkv.scalar_type() == torch::kBFloat16) {
-    rope_rows<at::BFloat16>(qkv.data_ptr<at::BFloat16>(), cos.data_ptr<float>(), sin.data_ptr<float>(),
-                            slot_mapping.data_ptr<int64_t>(), k_cache.data_ptr<at::BFloat16>(),
-                            v_cache.data_ptr<at::BFloat16>(), tokens, heads, kv_heads, dim);
-  } else {
-    TORCH_CHECK(false, "float32 or bfloat16 only");
-  }
-}
-
-// x [T, 2I] (gate | up) -> silu(gate) rounded, times up, rounded: F.silu(gate) * up's math.
-template <typename T>
-void silu_mul_rows(const T* x, T* out, int64_t rows, int64_t inner) {
-  at::parallel_for(0, rows, 4, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      const T* g = x + i * 2 * inner;
-      const T* u = g + inner;
-      T* o = out + i * inner;
-      for (int64_t j = 0; j < inner; ++j) {
-        const float gv = static_cast<float>(g[j]);
-        const float silu = static_cast<float>(round_to<T>(gv / (1.f + std::exp(-gv))));
-        o[j] = round_to<T>(silu * static_cast<float>(u[j]));
-      }
-    }
-  });
-}
-
-torch::Tensor silu_and_mul(torch::Tensor x) {
-  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.size(1) % 2 == 0, "x [T, 2I] contiguous");
-  const int64_t rows = x.size(0), inner = x.size(1) / 2;
-  auto out = torch::empty({rows, inner}, x.options());
-  if (x.scalar_type() == torch::kFloat) {
-    silu_mul_rows<float>(x.data_ptr<float>(), out.data_ptr<float>(), rows, inner);
-  } else if (x.scalar_type() == torch::kBFloat16) {
-    silu_mul_rows<at::BFloat16>(x.data_ptr<at::BFloat16>(), out.data_ptr<at::BFloat16>(), rows, inner);
-  } else {
-    TORCH_CHECK(false, "float32 or bfloat16 only");
-  }
-  return out;
-}
-
-torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
-                                     torch::Tensor block_tables, torch::Tensor context_lens, int64_t block_size,
-                                     double scale) {
-  TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 3 && v_cache.dim() == 3, "q [B, H, D], caches [slots, Hkv, D]");
-  TORCH_CHECK(q.is_contiguous() && k_cache.is_contiguous() && v_cache.is_contiguous(), "contiguous tensors");
-  TORCH_CHECK(q.scalar_type() == k_cache.scalar_type() && q.scalar_type() == v_cache.scalar_type(), "one dtype");
-  TORCH_CHECK(k_cache.sizes() == v_cache.sizes(), "K and V pools of one shape");
-  TORCH_CHECK(block_tables.dim() == 2 && block_tables.scalar_type() == torch::kLong && block_tables.is_contiguous(),
-              "block tables [B, max_blocks] int64");
-  TORCH_CHECK(context_lens.dim() == 1 && context_lens.scalar_type() == torch::kLong && context_lens.is_contiguous(),
-              "context lengths [B] int64");
-  const int64_t batch = q.size(0), heads = q.size(1), dim = q.size(2), kv_heads = k_cache.size(1);
-  TORCH_CHECK(k_cache.size(2) == dim && kv_heads > 0 && heads % kv_heads == 0, "head shapes");
-  TORCH_CHECK(block_tables.size(0) == batch && context_lens.size(0) == batch, "one table and length per sequence");
-  TORCH_CHECK(block_size > 0 && k_cache.size(0) % block_size == 0, "pool of whole blocks");
-  const int64_t num_blocks = k_cache.size(0) / block_size, max_blocks = block_tables.size(1);
-  auto out = torch::empty_like(q);
-  std::atomic<int> bad{0};
-  if (q.scalar_type() == torch::kFloat) {
-    decode_any<float>(q.data_ptr<float>(), k_cache.data_ptr<float>(), v_cache.data_ptr<float>(),
-                  block_tables.data_ptr<int64_t>(), context_lens.data_ptr<int64_t>(), out.data_ptr<float>(), batch,
-                  heads, kv_heads, dim, max_blocks, block_size, num_blocks, static_cast<float>(scale), bad);
-  } else if (q.scalar_type() == torch::kBFloat16) {
-    decode_any<at::BFloat16>(q.data_ptr<at::BFloat16>(), k_cache.data_ptr<at::BFloat16>(),
-                         v_cache.data_ptr<at::BFloat16>(), block_tables.data_ptr<int64_t>(),
-                         context_lens.data_ptr<int64_t>(), out.data_ptr<at::BFloat16>(), batch, heads, kv_heads, dim,
-                         max_blocks, block_size, num_blocks, static_cast<float>(scale), bad);
-  } else {
-    TORCH_CHECK(false, "float32 or bfloat16 only");
-  }
-  TORCH_CHECK(bad.load() == 0, "a block index or context length outside the KV pool");
-  return out;
-}
-"""
+REBUILD = "build them: `make install`, or `pip install --no-build-isolation -e .` after torch (docs/engine.md)"
 
 
-def _cpu_flags() -> str:
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _check_complete(package: Path) -> None:
+    """The module Python would load (this interpreter's suffixes, in its finder's order) is there, and is
+    the file the build finished: its digest, written after it, matches. Checked before it is loaded."""
+    candidates = [package / (MODULE_NAME + suffix) for suffix in importlib.machinery.EXTENSION_SUFFIXES]
+    module = next((path for path in candidates if path.is_file()), None)
+    if module is None:
+        raise CpuKernelsUnavailable(f"the CPU kernels are not built (no {MODULE_NAME}.*.so in {package}); {REBUILD}")
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return line
+        recorded = (package / DIGEST_NAME).read_text()
     except OSError:
-        pass
-    return platform.processor()
+        recorded = ""
+    if recorded != digest_line(module):
+        raise CpuKernelsUnavailable(f"the CPU kernel build is incomplete or altered ({module.name} does not match "
+                                    f"{DIGEST_NAME}: an interrupted build?); {REBUILD}")
 
 
 @functools.cache
-def cpu_ops() -> ModuleType | None:
-    """The compiled kernel module, or None where it cannot be built (no compiler): the torch path then."""
-    key = hashlib.sha256("\0".join([SOURCE, *CXX_FLAGS, _cpu_flags(), torch.__version__]).encode()).hexdigest()
+def load_cpu_ops() -> ModuleType:
+    """The kernel module built when the project was installed (setup.py), checked against what it must
+    have been built from: this package's cpu_ops.cpp, the flags, the torch in this process and, for a
+    -march=native build, this CPU. Never compiles anything. Raises CpuKernelsUnavailable (one line:
+    what is wrong and how to build them) where the module is missing, does not load or is stale."""
+    _check_complete(Path(__file__).parent)
     try:
-        from torch.utils.cpp_extension import load_inline
-
-        return load_inline(name=f"sealed_cpu_ops_{key[:16]}", cpp_sources=[SOURCE],
-                           functions=list(FUNCTIONS), extra_cflags=list(CXX_FLAGS), verbose=False)
-    except Exception as exc:  # any build failure means: use the torch path
-        log.warning("CPU kernels not built (%s); the engine stays on torch's ops",
-                    type(exc).__name__)
-        return None
+        from . import _cpu_ops
+    except ImportError as exc:  # built for another Python or against another libtorch, ...
+        raise CpuKernelsUnavailable(f"the CPU kernels do not load ({_one_line(str(exc))}); {REBUILD}") from exc
+    try:
+        built = decode_record(_cpu_ops.build_info())
+        source = Path(__file__).with_name(SOURCE_NAME).read_bytes()
+    except (AttributeError, ValueError, OSError) as exc:
+        raise CpuKernelsUnavailable(f"the CPU kernels carry no readable build record or {SOURCE_NAME} is missing "
+                                    f"({type(exc).__name__}); {REBUILD}") from exc
+    expected = build_record(source, torch.__version__, str(built.get("march")))
+    stale = [key for key in sorted(expected) if built.get(key) != expected[key]]
+    if stale:
+        raise CpuKernelsUnavailable(f"the CPU kernels are stale: built with another {', '.join(stale)} "
+                                    f"({_cpu_ops.__file__}); {REBUILD}")
+    return _cpu_ops
 
 
 def _ops() -> ModuleType:
-    ops = cpu_ops()
-    if ops is None:
-        raise RuntimeError("the CPU kernels are not available")
-    return ops
+    return load_cpu_ops()
 
 
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,

@@ -12,8 +12,6 @@ from enclave_worker.engine.layers.activation import silu_and_mul
 from enclave_worker.engine.layers.norm import RMSNorm
 from enclave_worker.engine.layers.rotary import RotaryEmbedding
 
-pytestmark = pytest.mark.skipif(cpu_ops.cpu_ops() is None, reason="no C++ compiler: the engine keeps torch's ops")
-
 DTYPES = [torch.float32, torch.bfloat16]
 
 
@@ -140,9 +138,15 @@ def test_engine_on_the_cpu_kernels_matches_the_torch_ops(make_engine, h, dtype: 
     assert abs(p_fast - p_plain) / p_plain < (1e-4 if dtype == "float32" else 0.01), (p_fast, p_plain)
 
 
-def test_engine_keeps_torch_ops_where_the_kernels_do_not_build(make_engine, monkeypatch) -> None:
+def test_a_missing_kernel_build_stops_the_engine_and_torch_ops_need_none(make_engine, monkeypatch) -> None:
     import enclave_worker.engine.llm_engine as llm_engine
+    from enclave_worker.engine.errors import CpuKernelsUnavailable
 
-    monkeypatch.setattr(llm_engine, "cpu_ops", lambda: None)
-    eng = make_engine(kv_cache_memory_bytes=8 << 20)
+    def missing() -> None:
+        raise CpuKernelsUnavailable("the CPU kernels are not built")
+
+    monkeypatch.setattr(llm_engine, "load_cpu_ops", missing)
+    with pytest.raises(CpuKernelsUnavailable):  # no silent fallback: "auto" on the CPU means the built kernels
+        make_engine(kv_cache_memory_bytes=8 << 20)
+    eng = make_engine(kv_cache_memory_bytes=8 << 20, decode_kernels="torch")
     assert not eng.model.cpu_kernels and not eng.runner.cpu_kernel
