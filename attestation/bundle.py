@@ -1,9 +1,10 @@
 """The evidence bundle a worker presents, and the REPORT_DATA binding of its runtime data.
 
 REPORT_DATA = SHA-512(domain || nonce || HPKE public key || len || channel binding || SHA-384(GPU
-evidence)), so the CPU report vouches for the freshness nonce, the key that release will be sealed
-to, the worker's channel keys (its mTLS certificate key and usage-signing key) and the exact GPU
-evidence collected with the same nonce.
+evidence) [|| u32 len || workload claims]), so the CPU report vouches for the freshness nonce, the
+key that release will be sealed to, the worker's channel keys (its mTLS certificate key and
+usage-signing key), the exact GPU evidence collected with the same nonce, and what the worker says
+it serves and promises (tenant, model, version, model digest, promises).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from attestation.errors import FreshnessError, ParseError
 
 _BINDING_DOMAIN = b"sealed-report-data-v1\x00"
 NONCE_BYTES = 32
+MAX_WORKLOAD_BYTES = 4096
 
 
 @dataclass(frozen=True)
@@ -24,6 +26,9 @@ class RuntimeData:
     nonce: bytes
     hpke_public_key: bytes  # raw X25519 public key of the worker's ephemeral key pair
     channel_binding: bytes = b""  # channel_binding(): the worker's TLS and usage keys; empty if none
+    # workload_claims(): what the worker is configured to serve and promise (canonical JSON), so a
+    # client reads tenant, model and promises from what the hardware signed; empty if none.
+    workload: bytes = b""
 
     def __post_init__(self) -> None:
         if len(self.nonce) != NONCE_BYTES:
@@ -32,6 +37,8 @@ class RuntimeData:
             raise ParseError("HPKE public key must be a 32-byte X25519 key")
         if len(self.channel_binding) not in (0, 32):
             raise ParseError("channel binding must be empty or 32 bytes")
+        if len(self.workload) > MAX_WORKLOAD_BYTES:
+            raise ParseError(f"workload claims must be at most {MAX_WORKLOAD_BYTES} bytes")
 
 
 def channel_binding(tls_spki_der: bytes, usage_public_key: bytes) -> bytes:
@@ -86,6 +93,7 @@ class EvidenceBundle:
                 "nonce": self.runtime_data.nonce.hex(),
                 "hpke_public_key": self.runtime_data.hpke_public_key.hex(),
                 "channel_binding": self.runtime_data.channel_binding.hex(),
+                **({"workload": self.runtime_data.workload.hex()} if self.runtime_data.workload else {}),
             },
             "gpus": [g.to_json() for g in self.gpus],
             **({"event_log": base64.b64encode(self.event_log).decode()} if self.event_log else {}),
@@ -104,6 +112,7 @@ class EvidenceBundle:
                 runtime_data=RuntimeData(
                     nonce=bytes.fromhex(rd["nonce"]), hpke_public_key=bytes.fromhex(rd["hpke_public_key"]),
                     channel_binding=bytes.fromhex(rd.get("channel_binding", "")),
+                    workload=bytes.fromhex(rd.get("workload", "")),
                 ),
                 gpus=tuple(GpuEvidence.from_json(g) for g in data.get("gpus", [])),
                 event_log=base64.b64decode(data.get("event_log", ""), validate=True),
@@ -120,6 +129,8 @@ class EvidenceBundle:
             h.update(b"event-log" + self.event_log)
         rd = self.runtime_data
         h.update(rd.nonce + rd.hpke_public_key + rd.channel_binding)
+        if rd.workload:
+            h.update(b"workload" + rd.workload)
         return h.hexdigest()
 
 
@@ -131,9 +142,12 @@ def gpu_evidence_digest(gpus: tuple[GpuEvidence, ...]) -> bytes:
 
 
 def expected_report_data(runtime: RuntimeData, gpus: tuple[GpuEvidence, ...]) -> bytes:
+    # The workload claims come last, length-prefixed and only when present (every field before
+    # them has a fixed or prefixed length), so evidence without them keeps its REPORT_DATA.
+    workload = len(runtime.workload).to_bytes(4, "big") + runtime.workload if runtime.workload else b""
     return hashlib.sha512(
         _BINDING_DOMAIN + runtime.nonce + runtime.hpke_public_key
-        + bytes([len(runtime.channel_binding)]) + runtime.channel_binding + gpu_evidence_digest(gpus)
+        + bytes([len(runtime.channel_binding)]) + runtime.channel_binding + gpu_evidence_digest(gpus) + workload
     ).digest()
 
 
