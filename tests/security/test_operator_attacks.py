@@ -87,7 +87,7 @@ class _Forward(http.server.BaseHTTPRequestHandler):
         key = self.server.operator_key
         if key is not None and self.headers.get(HEADER_KEY_ID) == key.key_id:
             ctx = RequestContext(DEMO_TENANT, self.headers[HEADER_MODEL], "/v1/chat/completions", key.key_id)
-            self.server.opened.append(open_request(key, ctx, body, time.time(), ReplayGuard()).plaintext)
+            self.server.opened.append(open_request(key, ctx, body, time.time(), ReplayGuard()).body)
         headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "content-length")}
         answer = httpx.request(self.command, self.server.gateway + self.path, headers=headers, content=body,
                                timeout=60.0)
