@@ -280,7 +280,13 @@ def write_demo_client_policy(home: Home, engine: str = "sealed") -> Path:
         promises=settings.promises()), indent=2))
     path = home.root / "demo" / "client-policy.json"
     path.parent.mkdir(parents=True, exist_ok=True)
+    # The client verifies the simulated TEE's reports itself, with the platform's public key: a file
+    # of the operator's in this demo, which is exactly why the simulated TEE protects nothing.
+    sim_public = ed25519_key(home.sim_key).public_key().public_bytes(serialization.Encoding.Raw,
+                                                                     serialization.PublicFormat.Raw)
     path.write_text(json.dumps({
+        "tenant": DEMO_TENANT,
+        "evidence": {"sim_platform_key": sim_public.hex()},
         "appraisal": {"allowed_tee": ["sim"], "allowed_measurements": [], "unsafe_allow_simulated_tee": True},
         "reference_values": {"publisher_key": publisher.public_key().public_bytes(
             serialization.Encoding.Raw, serialization.PublicFormat.Raw).hex()},

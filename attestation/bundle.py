@@ -1,9 +1,10 @@
 """The evidence bundle a worker presents, and the REPORT_DATA binding of its runtime data.
 
 REPORT_DATA = SHA-512(domain || nonce || HPKE public key || len || channel binding || SHA-384(GPU
-evidence)), so the CPU report vouches for the freshness nonce, the key that release will be sealed
-to, the worker's channel keys (its mTLS certificate key and usage-signing key) and the exact GPU
-evidence collected with the same nonce.
+evidence) [|| u32 len || workload claims]), so the CPU report vouches for the freshness nonce, the
+key that release will be sealed to, the worker's channel keys (its mTLS certificate key and
+usage-signing key), the exact GPU evidence collected with the same nonce, and what the worker says
+it serves and promises (tenant, model, version, model digest, promises).
 """
 
 from __future__ import annotations
@@ -14,12 +15,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from attestation.errors import FreshnessError, ParseError
-from protocol.broker.evidence import NONCE_BYTES, RuntimeData  # the key-release protocol's inputs
+from protocol.broker.evidence import MAX_WORKLOAD_BYTES, NONCE_BYTES, RuntimeData  # the key-release protocol's inputs
 
 _BINDING_DOMAIN = b"sealed-report-data-v1\x00"
 
-__all__ = ["NONCE_BYTES", "EvidenceBundle", "GpuEvidence", "RuntimeData", "channel_binding", "check_binding",
-           "expected_report_data", "gpu_evidence_digest"]
+__all__ = ["MAX_WORKLOAD_BYTES", "NONCE_BYTES", "EvidenceBundle", "GpuEvidence", "RuntimeData", "channel_binding",
+           "check_binding", "expected_report_data", "gpu_evidence_digest"]
 
 
 def channel_binding(tls_spki_der: bytes, usage_public_key: bytes) -> bytes:
@@ -74,6 +75,7 @@ class EvidenceBundle:
                 "nonce": self.runtime_data.nonce.hex(),
                 "hpke_public_key": self.runtime_data.hpke_public_key.hex(),
                 "channel_binding": self.runtime_data.channel_binding.hex(),
+                **({"workload": self.runtime_data.workload.hex()} if self.runtime_data.workload else {}),
             },
             "gpus": [g.to_json() for g in self.gpus],
             **({"event_log": base64.b64encode(self.event_log).decode()} if self.event_log else {}),
@@ -92,6 +94,7 @@ class EvidenceBundle:
                 runtime_data=RuntimeData(
                     nonce=bytes.fromhex(rd["nonce"]), hpke_public_key=bytes.fromhex(rd["hpke_public_key"]),
                     channel_binding=bytes.fromhex(rd.get("channel_binding", "")),
+                    workload=bytes.fromhex(rd.get("workload", "")),
                 ),
                 gpus=tuple(GpuEvidence.from_json(g) for g in data.get("gpus", [])),
                 event_log=base64.b64decode(data.get("event_log", ""), validate=True),
@@ -108,6 +111,8 @@ class EvidenceBundle:
             h.update(b"event-log" + self.event_log)
         rd = self.runtime_data
         h.update(rd.nonce + rd.hpke_public_key + rd.channel_binding)
+        if rd.workload:
+            h.update(b"workload" + rd.workload)
         return h.hexdigest()
 
 
@@ -119,9 +124,12 @@ def gpu_evidence_digest(gpus: tuple[GpuEvidence, ...]) -> bytes:
 
 
 def expected_report_data(runtime: RuntimeData, gpus: tuple[GpuEvidence, ...]) -> bytes:
+    # The workload claims come last, length-prefixed and only when present (every field before
+    # them has a fixed or prefixed length), so evidence without them keeps its REPORT_DATA.
+    workload = len(runtime.workload).to_bytes(4, "big") + runtime.workload if runtime.workload else b""
     return hashlib.sha512(
         _BINDING_DOMAIN + runtime.nonce + runtime.hpke_public_key
-        + bytes([len(runtime.channel_binding)]) + runtime.channel_binding + gpu_evidence_digest(gpus)
+        + bytes([len(runtime.channel_binding)]) + runtime.channel_binding + gpu_evidence_digest(gpus) + workload
     ).digest()
 
 

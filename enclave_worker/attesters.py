@@ -15,6 +15,7 @@ The kernel and driver interfaces are the seams the fakes in attestation/testing 
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import logging
 from collections.abc import Callable
@@ -182,8 +183,11 @@ class Attester:
 
     cpu: CpuAttester
     gpu: NvgpuAttester | None = None
+    workload: bytes = b""  # attestation.workload.WorkloadClaims.encode(): bound into every bundle
 
     def bundle(self, runtime: RuntimeData) -> EvidenceBundle:
+        if self.workload:
+            runtime = dataclasses.replace(runtime, workload=self.workload)
         # GPU first, for the broker's own nonce; the CPU report then binds that exact GPU evidence.
         gpus = self.gpu.collect(runtime.nonce) if self.gpu else ()
         evidence = self.cpu.attest(expected_report_data(runtime, gpus))

@@ -10,6 +10,7 @@ import httpx
 import torch
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
+from attestation.workload import WorkloadClaims
 from enclave_worker.engine import EngineConfig, LLMEngine
 from enclave_worker.engine.checkpoint import Checkpoint
 from enclave_worker.engine_protocol import ServingEngine
@@ -113,6 +114,9 @@ def boot(settings: WorkerSettings, channel_binding: bytes = b"", hpke_key: X2551
             raise ValueError("package is for another tenant, model or version")
         if receipt.get("model_digest") != manifest.plaintext_digest:
             raise ValueError("decrypted model digest differs from the digest the key was released for")
+        if WorkloadClaims.decode(attester.workload).model_digest != manifest.plaintext_digest:
+            # The evidence told clients this digest: serve nothing else (a package swapped on disk).
+            raise ValueError("decrypted model digest differs from the digest the evidence binds")
         engine = build_engine(settings, model)
         model = _release_unaliased(model, engine)
     except BaseException:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 
@@ -11,9 +12,11 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from attestation.bundle import EvidenceBundle, RuntimeData
 from attestation.errors import UnsupportedError
 from attestation.sim import SimTee
+from attestation.workload import WorkloadClaims
 from enclave_worker.attesters import Attester, CpuEvidence, KernelInterfaces, hardware_attester
 from enclave_worker.measurement import simulated_measurement
 from enclave_worker.settings import WorkerSettings
+from protocol.package.signing import read_manifest
 
 log = logging.getLogger(__name__)
 
@@ -43,14 +46,25 @@ def _sim_attester(settings: WorkerSettings) -> Attester:
     return Attester(SimAttester(SimTee(key, measurement)))
 
 
+def workload_claims(settings: WorkerSettings) -> WorkloadClaims:
+    """What every bundle of this worker binds (REPORT_DATA): its tenant, model, version, the digest
+    of the package it will decrypt (boot refuses a package with another) and its promises, so a
+    client reads them from the hardware's signature rather than from the gateway."""
+    manifest, _, _ = read_manifest(settings.package_dir)
+    return WorkloadClaims(tenant=settings.tenant, model=settings.model, version=settings.version,
+                          model_digest=manifest.plaintext_digest, promises=settings.promises())
+
+
 def make_attester(settings: WorkerSettings) -> Attester:
     if settings.tee == "sim":
         if settings.gpu_tee:
             raise UnsupportedError("the simulated TEE cannot vouch for GPU evidence")
-        return _sim_attester(settings)
-    kernel = KernelInterfaces(settings.tsm_dir, settings.tsm_entry, settings.sev_guest_device,
-                              settings.ccel_table, settings.ccel_data)
-    return hardware_attester(settings.tee, settings.gpu_tee, kernel)
+        attester = _sim_attester(settings)
+    else:
+        kernel = KernelInterfaces(settings.tsm_dir, settings.tsm_entry, settings.sev_guest_device,
+                                  settings.ccel_table, settings.ccel_data)
+        attester = hardware_attester(settings.tee, settings.gpu_tee, kernel)
+    return dataclasses.replace(attester, workload=workload_claims(settings).encode())
 
 
 def bundle_maker(settings: WorkerSettings) -> Callable[[RuntimeData], EvidenceBundle]:

@@ -7,7 +7,9 @@ every answer. Imports no server code (no torch, FastAPI or gRPC).
 """
 
 from sealed_client.deployment import ClientTrust, PinnedKey, verify_sealed_document
+from sealed_client.errors import UnsealedRequest
 from sealed_client.openai_client import AsyncSealedOpenAI, SealedOpenAI
 from sealed_client.session import SealedSession
 
-__all__ = ["AsyncSealedOpenAI", "ClientTrust", "PinnedKey", "SealedOpenAI", "SealedSession", "verify_sealed_document"]
+__all__ = ["AsyncSealedOpenAI", "ClientTrust", "PinnedKey", "SealedOpenAI", "SealedSession", "UnsealedRequest",
+           "verify_sealed_document"]

@@ -12,6 +12,7 @@ import openai
 
 from protocol.sealed.padding import DEFAULT_PADDING, PaddingPolicy
 from sealed_client.deployment import ClientTrust
+from sealed_client.errors import UnsealedRequest
 from sealed_client.session import SealedSession
 from sealed_client.transport import AsyncSealedTransport, SealedTransport
 
@@ -24,6 +25,18 @@ def _trust(policy: ClientTrust | str | Path | dict[str, Any] | None, unsafe_allo
     if policy is None:
         raise ValueError("SealedOpenAI needs a client policy (ClientTrust, dict, or a JSON file path)")
     return ClientTrust.load(policy, unsafe_allow_simulated=unsafe_allow_simulated)
+
+
+def _own_http_client(kwargs: dict[str, Any], sealing: tuple[type, ...], unsafe_allow_plaintext: bool) -> None:
+    """A caller's own `http_client` would carry every request past the sealing transport: refused
+    (give `inner_transport` to route sealed requests your own way), unless it is one of ours (the SDK's
+    `copy()` passes the client's own) or the caller asked for plaintext."""
+    client = kwargs.get("http_client")
+    if client is None or isinstance(getattr(client, "_transport", None), sealing):
+        return
+    if not unsafe_allow_plaintext:
+        raise UnsealedRequest("a caller-supplied http_client bypasses sealing; pass inner_transport= instead "
+                              "(or unsafe_allow_plaintext=True to send in plaintext)")
 
 
 def _gateway_url(base_url: str) -> str:
@@ -42,8 +55,12 @@ class SealedOpenAI(openai.OpenAI):
                  unsafe_allow_simulated: bool = False, clock: Callable[[], dt.datetime] | None = None,
                  inner_transport: httpx2.BaseTransport | None = None, padding: PaddingPolicy = DEFAULT_PADDING,
                  **kwargs: Any) -> None:
+        # A plaintext opt-in, taken from kwargs (the openai client's own options pass through there).
+        unsafe_allow_plaintext = bool(kwargs.pop("unsafe_allow_plaintext", False))
+        _own_http_client(kwargs, (SealedTransport,), unsafe_allow_plaintext)
         self.sealed = SealedSession(_trust(policy, unsafe_allow_simulated), clock=clock, padding=padding)
-        transport = SealedTransport(self.sealed, _gateway_url(base_url), inner_transport)
+        transport = SealedTransport(self.sealed, _gateway_url(base_url), inner_transport,
+                                    unsafe_allow_plaintext=unsafe_allow_plaintext)
         kwargs.setdefault("http_client", httpx2.Client(transport=transport, timeout=kwargs.pop("timeout", 600.0)))
         super().__init__(base_url=base_url, api_key=api_key, **kwargs)
 
@@ -55,8 +72,11 @@ class AsyncSealedOpenAI(openai.AsyncOpenAI):
                  unsafe_allow_simulated: bool = False, clock: Callable[[], dt.datetime] | None = None,
                  inner_transport: httpx2.AsyncBaseTransport | None = None, padding: PaddingPolicy = DEFAULT_PADDING,
                  **kwargs: Any) -> None:
+        unsafe_allow_plaintext = bool(kwargs.pop("unsafe_allow_plaintext", False))
+        _own_http_client(kwargs, (AsyncSealedTransport,), unsafe_allow_plaintext)
         self.sealed = SealedSession(_trust(policy, unsafe_allow_simulated), clock=clock, padding=padding)
-        transport = AsyncSealedTransport(self.sealed, _gateway_url(base_url), inner_transport)
+        transport = AsyncSealedTransport(self.sealed, _gateway_url(base_url), inner_transport,
+                                         unsafe_allow_plaintext=unsafe_allow_plaintext)
         kwargs.setdefault("http_client", httpx2.AsyncClient(transport=transport,
                                                             timeout=kwargs.pop("timeout", 600.0)))
         super().__init__(base_url=base_url, api_key=api_key, **kwargs)

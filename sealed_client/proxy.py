@@ -3,7 +3,8 @@
 For curl, LangChain, `vllm bench serve` or any client that speaks the OpenAI API: point it at the
 proxy; the proxy verifies the deployment, seals each chat and completion request to the attested
 worker, opens and checks each answer (receipt in the `Sealed-Receipt` header when not streamed)
-and passes everything else through. The API key is the caller's own (its Authorization header).
+and refuses anything else it cannot seal (400, code `UnsealedRequest`; only the model list passes
+through) unless started with `--unsafe-allow-plaintext`. The API key is the caller's own (its Authorization header).
 Runs on the caller's machine: the plaintext never leaves it unsealed.
 """
 
@@ -20,18 +21,21 @@ from starlette.routing import Route
 from attestation.errors import AttestationError
 from protocol.sealed import SealedError
 from sealed_client.deployment import ClientTrust
+from sealed_client.errors import UnsealedRequest
 from sealed_client.session import SealedSession
 from sealed_client.transport import AsyncSealedTransport
 
 _HOP = {"host", "content-length", "connection", "transfer-encoding", "accept-encoding"}
 
 
-def create_proxy_app(upstream: str, trust: ClientTrust, inner: httpx2.AsyncBaseTransport | None = None
-                     ) -> Starlette:
+def create_proxy_app(upstream: str, trust: ClientTrust, inner: httpx2.AsyncBaseTransport | None = None,
+                     *, unsafe_allow_plaintext: bool = False) -> Starlette:
     session = SealedSession(trust)
     upstream = upstream.rstrip("/")
     gateway = upstream[: -len("/v1")] if upstream.endswith("/v1") else upstream
-    client = httpx2.AsyncClient(transport=AsyncSealedTransport(session, gateway, inner), timeout=600.0)
+    client = httpx2.AsyncClient(transport=AsyncSealedTransport(session, gateway, inner,
+                                                               unsafe_allow_plaintext=unsafe_allow_plaintext),
+                                timeout=600.0)
 
     async def forward(request: Request) -> Response:
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP}
@@ -39,6 +43,11 @@ def create_proxy_app(upstream: str, trust: ClientTrust, inner: httpx2.AsyncBaseT
                                    headers=headers, content=await request.body())
         try:
             response = await client.send(out, stream=True)
+        except UnsealedRequest as exc:
+            # The caller's request itself cannot be sealed (another endpoint): nothing was sent.
+            return JSONResponse(status_code=400, content={"error": {
+                "message": f"sealed proxy refused: {exc}", "type": "sealed_error", "param": None,
+                "code": type(exc).__name__}})
         except (SealedError, AttestationError) as exc:
             # Nothing was served: say why, in OpenAI's error shape, with a status that is not a success.
             return JSONResponse(status_code=502, content={"error": {

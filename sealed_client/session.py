@@ -17,6 +17,7 @@ from attestation.token import TokenVerifier
 from protocol.sealed import (
     ReattestRequired,
     Receipt,
+    ReceiptInvalid,
     RequestContext,
     RequestRejected,
     RequestReplayed,
@@ -111,7 +112,7 @@ class SealedSession:
             if doc.get("model") != model:
                 continue
             try:
-                pin = verify_sealed_document(doc, verifier, self.trust, now, published)
+                pin = verify_sealed_document(doc, verifier, self.trust, now, published, model=model)
             except (AttestationError, KeyError, ValueError, TypeError) as exc:
                 first_error = first_error or exc
                 continue
@@ -123,8 +124,15 @@ class SealedSession:
         raise NoAttestedWorker(model)
 
     def pinned(self, model: str) -> PinnedKey | None:
+        """The pin for `model`, while the token that corroborated its evidence lasts; after that a
+        request verifies the deployment again (fresh evidence, the same checks)."""
+        now = self.clock()
         with self._lock:
-            return self._pins.get(model)
+            pin = self._pins.get(model)
+            if pin is not None and pin.expired(now):
+                del self._pins[model]
+                return None
+            return pin
 
     def forget(self, model: str) -> None:
         with self._lock:
@@ -175,6 +183,14 @@ class SealedSession:
         return AnswerReader(self, exchange)
 
 
+def _check_receipt_names_the_pin(receipt: Receipt, pin: PinnedKey) -> None:
+    """A receipt names the tenant, version and model digest the evidence bound, or it is refused."""
+    if (receipt.tenant, receipt.model_version) != (pin.tenant, pin.version) or (
+            pin.model_digest and receipt.model_digest != pin.model_digest):
+        raise ReceiptInvalid("the receipt names another tenant, model version or model digest than the "
+                             "attested worker serves")
+
+
 class AnswerReader:
     """Feed the sealed response's bytes; get the inner head, then inner body chunks; the receipt is
     checked when the final chunk arrives and `finish()` refuses a stream that ended early."""
@@ -193,6 +209,7 @@ class AnswerReader:
                     plaintext, self._exchange.pin.receipt_key, request_sha256=self._exchange.sealed.request_sha256,
                     response_sha256=self._opener.hash.hexdigest(), worker_key_id=self._exchange.pin.worker_key_id,
                     model=self._exchange.pin.model)
+                _check_receipt_names_the_pin(self.receipt, self._exchange.pin)
                 self._session.receipts.append(self.receipt)
             elif self.head is None:
                 self.head = ResponseHead.decode(plaintext)

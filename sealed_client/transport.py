@@ -1,6 +1,9 @@
 """httpx2 transports (the HTTP library the openai SDK uses) that seal chat and completion requests.
 
-Everything else (models list, usage) passes through unchanged. A sealed request goes only to the
+A request the client cannot seal is refused with `UnsealedRequest` before anything is sent (any
+other endpoint, e.g. `responses.create`; a base URL without `/v1`, whose paths do not end in a
+sealed endpoint), unless the transport was made with `unsafe_allow_plaintext` (logged). Only a
+`GET` of the model list passes through: it carries nothing of the caller's. A sealed request goes only to the
 pinned worker; on `409 reattest_required` the transport verifies the deployment again and retries
 once with the newly verified key. Plaintext successes, unverifiable answers and bad receipts raise
 typed errors (protocol.sealed / attestation), which the openai SDK passes through unwrapped.
@@ -14,13 +17,14 @@ from typing import Any
 import httpx2
 
 from protocol.sealed import ReattestRequired
+from sealed_client.routing import route_of as _route
+from sealed_client.routing import warn_plaintext
 from sealed_client.session import (
     RECEIPT_HEADER,
     AnswerReader,
     Exchange,
     NoAttestedWorker,
     SealedSession,
-    endpoint_of,
 )
 
 
@@ -125,9 +129,11 @@ def _stream_head(reader: AnswerReader) -> tuple[int, dict[str, str]]:
 
 
 class SealedTransport(httpx2.BaseTransport):
-    def __init__(self, session: SealedSession, gateway_url: str, inner: httpx2.BaseTransport | None = None) -> None:
+    def __init__(self, session: SealedSession, gateway_url: str, inner: httpx2.BaseTransport | None = None, *,
+                 unsafe_allow_plaintext: bool = False) -> None:
         self.session, self.gateway_url = session, gateway_url.rstrip("/")
         self._inner = inner or httpx2.HTTPTransport()
+        self.unsafe_allow_plaintext = warn_plaintext(unsafe_allow_plaintext)
 
     def _get_json(self, path: str, auth: str | None = None) -> dict[str, Any]:
         headers = {"Authorization": auth} if auth else {}
@@ -156,8 +162,8 @@ class SealedTransport(httpx2.BaseTransport):
         return pin
 
     def handle_request(self, request: httpx2.Request) -> httpx2.Response:
-        route = endpoint_of(request.url.path)
-        if route is None or request.method != "POST":
+        route = _route(request, self.unsafe_allow_plaintext)
+        if route is None:
             return self._inner.handle_request(request)
         prefix, endpoint = route
         body = request.read()
@@ -221,9 +227,10 @@ class _SyncBody(httpx2.SyncByteStream):
 
 class AsyncSealedTransport(httpx2.AsyncBaseTransport):
     def __init__(self, session: SealedSession, gateway_url: str,
-                 inner: httpx2.AsyncBaseTransport | None = None) -> None:
+                 inner: httpx2.AsyncBaseTransport | None = None, *, unsafe_allow_plaintext: bool = False) -> None:
         self.session, self.gateway_url = session, gateway_url.rstrip("/")
         self._inner = inner or httpx2.AsyncHTTPTransport()
+        self.unsafe_allow_plaintext = warn_plaintext(unsafe_allow_plaintext)
 
     async def _get_json(self, path: str, auth: str | None = None) -> dict[str, Any]:
         headers = {"Authorization": auth} if auth else {}
@@ -252,8 +259,8 @@ class AsyncSealedTransport(httpx2.AsyncBaseTransport):
         return pin
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
-        route = endpoint_of(request.url.path)
-        if route is None or request.method != "POST":
+        route = _route(request, self.unsafe_allow_plaintext)
+        if route is None:
             return await self._inner.handle_async_request(request)
         prefix, endpoint = route
         body = await request.aread()

@@ -21,23 +21,32 @@ def _trust(policy: Path | None, unsafe_allow_simulated: bool, unsafe_trust_gatew
 
 
 def _report(pin: Any, doc: dict[str, Any], now: dt.datetime) -> list[str]:
+    """What was verified, read from the hardware evidence (the CPU and GPU reports and the runtime
+    data REPORT_DATA binds); the broker's token only corroborated it."""
+    hw, workload = pin.worker.hardware, pin.worker.workload
+    cpu = hw.cpu
     claims = pin.worker.attestation
-    result = claims.result
-    lines = [
-        f"worker {doc.get('worker_id', '?')}: model {pin.model} {pin.version}, tenant {pin.tenant}",
-        f"  TEE           {result.tee}" + ("  (INSECURE: simulated, no hardware protection)" if result.insecure
-                                           else ""),
-        f"  TCB           status {result.tcb_status}, debug {result.debug}, "
-        f"{json.dumps(dict(result.tcb), sort_keys=True)}",
-        f"  measurement   {claims.measurement} (allowed by the policy or the signed reference values)",
-        "  GPUs          " + (", ".join(f"{g.arch} cc={g.cc_enabled} rim={g.rim_matched}"
-                                        for g in result.gpus) or "none"),
-        f"  broker token  issuer {claims.issuer}, expires in {int(claims.expires_at - now.timestamp())} s",
-        f"  sealing key   {pin.worker_key_id} (X25519, bound by REPORT_DATA)",
-        f"  receipt key   {pin.receipt_key.hex()} (Ed25519, bound by the channel binding)",
-        "  promises      " + ", ".join(f"{k}={v}" for k, v in sorted(pin.promises.items())),
+    return [
+        f"worker {doc.get('worker_id', '?')}: tenant {workload.tenant}, model {workload.model} {workload.version}, "
+        f"digest {workload.model_digest}",
+        "  verified from the hardware evidence (signature and chain to the pinned vendor roots):",
+        f"  TEE           {cpu.tee.value}" + ("  (INSECURE: simulated, no hardware protection)" if hw.insecure
+                                              else ""),
+        f"  measurement   {cpu.measurement.hex()} (allowed by the policy or the signed reference values)",
+        f"  TCB           status {cpu.tcb_status.value}, {json.dumps(dict(cpu.tcb), sort_keys=True)}",
+        f"  debug         {'on' if cpu.debug else 'off'}",
+        "  GPUs          " + (", ".join(f"{g.arch} cc={'on' if g.cc_enabled else 'off'} rim={g.rim_matched}"
+                                        for g in hw.gpus) or "none"),
+        f"  REPORT_DATA   {cpu.report_data.hex()}",
+        "    binds       nonce " + hw.nonce.hex(),
+        f"                sealing key {pin.worker_key_id} (X25519 {pin.hpke_public_key.hex()})",
+        f"                receipt key {pin.receipt_key.hex()} (Ed25519, through the channel binding "
+        f"{hw.channel_binding.hex()})",
+        "                workload: tenant, model, version, digest, promises",
+        "  promises      " + ", ".join(f"{k}={v}" for k, v in sorted(workload.promises.items())),
+        f"  broker token  (corroboration) issuer {claims.issuer}, expires in "
+        f"{int(claims.expires_at - now.timestamp())} s: the pin lasts as long",
     ]
-    return lines
 
 
 def verify(
@@ -97,7 +106,7 @@ def verify(
     failed = 0
     for doc in workers:
         try:
-            pin = verify_sealed_document(doc, verifier, trust, now, published)
+            pin = verify_sealed_document(doc, verifier, trust, now, published, model=doc.get("model"))
         except (AttestationError, KeyError, ValueError, TypeError) as exc:
             failed += 1
             reasons = exc.violations if isinstance(exc, PolicyViolation) else [str(exc)]
@@ -118,12 +127,16 @@ def proxy(
     port: int = typer.Option(8300),
     unsafe_allow_simulated: bool = typer.Option(False, "--unsafe-allow-simulated"),
     unsafe_trust_gateway_jwks: bool = typer.Option(False, "--unsafe-trust-gateway-jwks"),
+    unsafe_allow_plaintext: bool = typer.Option(False, "--unsafe-allow-plaintext",
+                                                help="pass requests it cannot seal through in PLAINTEXT"),
 ) -> None:
-    """A local OpenAI-compatible endpoint that seals every request to the attested worker."""
+    """A local OpenAI-compatible endpoint that seals every request to the attested worker and refuses
+    (400) any it cannot seal."""
     import uvicorn
 
     from sealed_client.proxy import create_proxy_app
 
-    app = create_proxy_app(upstream, _trust(policy, unsafe_allow_simulated, unsafe_trust_gateway_jwks))
+    app = create_proxy_app(upstream, _trust(policy, unsafe_allow_simulated, unsafe_trust_gateway_jwks),
+                           unsafe_allow_plaintext=unsafe_allow_plaintext)
     typer.echo(f"sealed proxy on http://{host}:{port}/v1 -> {upstream}")
     uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)

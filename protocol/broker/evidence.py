@@ -15,10 +15,11 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 NONCE_BYTES = 32
+MAX_WORKLOAD_BYTES = 4096
 
 
 class InvalidRuntimeData(ValueError):
-    """A nonce, HPKE key or channel binding of the wrong length."""
+    """A nonce, HPKE key, channel binding or workload claims of the wrong length."""
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,9 @@ class RuntimeData:
     nonce: bytes
     hpke_public_key: bytes  # raw X25519 public key of the worker's ephemeral key pair
     channel_binding: bytes = b""  # attestation.bundle.channel_binding(): TLS and usage keys; empty if none
+    # The worker's workload claims (attestation.workload): what it is configured to serve and promise
+    # (canonical JSON), so a client reads tenant, model and promises from what the hardware signed.
+    workload: bytes = b""
 
     def __post_init__(self) -> None:
         if len(self.nonce) != NONCE_BYTES:
@@ -34,6 +38,8 @@ class RuntimeData:
             raise InvalidRuntimeData("HPKE public key must be a 32-byte X25519 key")
         if len(self.channel_binding) not in (0, 32):
             raise InvalidRuntimeData("channel binding must be empty or 32 bytes")
+        if len(self.workload) > MAX_WORKLOAD_BYTES:
+            raise InvalidRuntimeData(f"workload claims must be at most {MAX_WORKLOAD_BYTES} bytes")
 
 
 class Evidence(Protocol):

@@ -6,8 +6,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
 from api.home import Home
-from api.stack import worker_settings
+from api.stack import DEMO_TENANT, worker_settings
 from enclave_worker.measurement import simulated_measurement
 
 
@@ -17,7 +19,9 @@ def demo_client_policy(home: Path) -> dict[str, Any]:
     if written.exists():
         return json.loads(written.read_text())
     measurement = simulated_measurement(worker_settings(Home(home), "", 0).measured_config()).hex()
-    return {"appraisal": {"allowed_tee": ["sim"], "allowed_measurements": [measurement],
+    sim_public = ed25519(Home(home).sim_key).public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+    return {"tenant": DEMO_TENANT, "evidence": {"sim_platform_key": sim_public.hex()},
+            "appraisal": {"allowed_tee": ["sim"], "allowed_measurements": [measurement],
                           "unsafe_allow_simulated_tee": True},
             "broker_jwks": json.loads((home / "broker" / "jwks.json").read_text()),
             "require_promises": {"prompts_logged": False, "prefix_cache_isolation": "per-tenant-salt"}}

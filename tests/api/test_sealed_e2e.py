@@ -260,6 +260,14 @@ def test_sealed_verify_prints_what_it_verified_and_fails_closed(stack: RunningSt
     for what in ("TEE           sim", "measurement", "sealing key", "receipt key", "prompts_logged=False",
                  "1 of 1 workers verified"):
         assert what in ok.stdout
-    # No policy: the simulated TEE is allowed by the flag, but no measurement is: non-zero, with the reason.
-    refused = verify("--unsafe-allow-simulated", "--unsafe-trust-gateway-jwks")
+    assert "verified from the hardware evidence" in ok.stdout and "REPORT_DATA" in ok.stdout
+    # A policy that allows no measurement: non-zero, with the reason.
+    doc = demo_client_policy(stack.home)
+    doc.pop("reference_values", None)
+    doc["appraisal"]["allowed_measurements"] = []
+    policy.write_text(json.dumps(doc))
+    refused = verify("--policy", str(policy))
     assert refused.returncode == 1 and "measurement is not in the allowed set" in refused.stdout
+    # No policy: no tenant, so nothing can be verified for anyone.
+    nothing = verify("--unsafe-allow-simulated", "--unsafe-trust-gateway-jwks")
+    assert nothing.returncode == 2 and "tenant" in nothing.stderr

@@ -30,14 +30,16 @@ from attestation.errors import (
 from attestation.sim import SimTee, parse_sim_report, verify_sim_report, worker_measurement
 from attestation.token import TokenIssuer, TokenVerifier
 from attestation.verifier import VerifierTrust, verify_bundle
+from attestation.workload import WorkloadClaims
 
 NOW = dt.datetime(2026, 11, 29, 12, 0, tzinfo=dt.UTC)
 PLATFORM = Ed25519PrivateKey.generate()
 MEASUREMENT = bytes(range(48))
 
 
-def make_bundle(nonce: bytes | None = None, key: Ed25519PrivateKey = PLATFORM, gpus: tuple = ()) -> EvidenceBundle:
-    runtime = RuntimeData(nonce=nonce or os.urandom(32), hpke_public_key=os.urandom(32))
+def make_bundle(nonce: bytes | None = None, key: Ed25519PrivateKey = PLATFORM, gpus: tuple = (),
+                workload: bytes = b"") -> EvidenceBundle:
+    runtime = RuntimeData(nonce=nonce or os.urandom(32), hpke_public_key=os.urandom(32), workload=workload)
     report = SimTee(key, MEASUREMENT).get_report(expected_report_data(runtime, gpus))
     return EvidenceBundle(tee="sim", cpu_evidence=report, runtime_data=runtime, gpus=gpus)
 
@@ -228,10 +230,10 @@ def test_unknown_policy_keys_rejected() -> None:
 
 def _worker_doc(iss: TokenIssuer) -> tuple[dict, EvidenceBundle]:
     nonce = os.urandom(32)
-    bundle = make_bundle(nonce)
+    bundle = make_bundle(nonce, workload=WorkloadClaims("acme", "m", "v1", "d").encode())
     result = verify_bundle(bundle, expected_nonce=nonce, now=NOW, trust=trust())
-    return {"model": "m", "version": "v1", "evidence": bundle.to_json(),
-            "token": iss.issue(result.token_claims(), NOW)}, bundle
+    claims = {**result.token_claims(), "sealed": {"tenant": "acme", "model": "m", "version": "v1"}}
+    return {"model": "m", "version": "v1", "evidence": bundle.to_json(), "token": iss.issue(claims, NOW)}, bundle
 
 
 def test_client_pins_worker_key_only_under_a_policy_allowing_sim() -> None:
@@ -240,11 +242,12 @@ def test_client_pins_worker_key_only_under_a_policy_allowing_sim() -> None:
     verifier = TokenVerifier(iss.jwks(), "sealed-key-broker")
     sim_ok = AppraisalPolicy(allowed_tee=frozenset({"sim"}), allowed_measurements=frozenset({MEASUREMENT.hex()}),
                              unsafe_allow_simulated_tee=True)
-    pinned = verify_worker_document(doc, verifier, sim_ok, NOW)
+    pinned = verify_worker_document(doc, verifier, sim_ok, NOW, evidence_trust=trust())
     assert pinned.hpke_public_key == bundle.runtime_data.hpke_public_key and pinned.insecure
+    assert pinned.workload.tenant == "acme"
     with pytest.raises(PolicyViolation):
         verify_worker_document(doc, verifier, AppraisalPolicy(allowed_tee=frozenset({"sim"}),
-                               allowed_measurements=frozenset({MEASUREMENT.hex()})), NOW)
+                               allowed_measurements=frozenset({MEASUREMENT.hex()})), NOW, evidence_trust=trust())
 
 
 def test_client_rejects_evidence_swapped_under_a_valid_token() -> None:
@@ -253,4 +256,6 @@ def test_client_rejects_evidence_swapped_under_a_valid_token() -> None:
     other, _ = _worker_doc(iss)
     doc["evidence"] = other["evidence"]
     with pytest.raises(FreshnessError):
-        verify_worker_document(doc, TokenVerifier(iss.jwks(), "sealed-key-broker"), AppraisalPolicy(), NOW)
+        verify_worker_document(doc, TokenVerifier(iss.jwks(), "sealed-key-broker"), AppraisalPolicy(
+            allowed_tee=frozenset({"sim"}), allowed_measurements=frozenset({MEASUREMENT.hex()}),
+            unsafe_allow_simulated_tee=True), NOW, evidence_trust=trust())

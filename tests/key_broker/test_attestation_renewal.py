@@ -3,6 +3,7 @@ evidence, same keys) at half its remaining lifetime. Injected clock: one hour an
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 from typing import Any
 
@@ -14,6 +15,7 @@ from attestation.appraisal import AppraisalPolicy
 from attestation.bundle import EvidenceBundle, channel_binding
 from attestation.errors import TokenError
 from attestation.token import TokenVerifier
+from attestation.workload import WorkloadClaims
 from enclave_worker.freshness import renew_in
 from protocol.broker.client import obtain_data_key, renew_attestation
 from protocol.model_ref import ModelRef
@@ -35,11 +37,19 @@ def test_client_verifies_the_worker_long_after_boot(kb: Any, clock: Any, horizon
     serving, usage = WorkerKey.generate(), Ed25519PrivateKey.generate()
     usage_public = usage.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
     binding = channel_binding(b"", usage_public)
-    released = obtain_data_key(kb.client, ModelRef("acme", "m", "v1"), make_bundle=kb.bundle,
+    # The worker binds what it serves into every bundle (enclave_worker.tee.workload_claims).
+    workload = WorkloadClaims("acme", "m", "v1", "d").encode()
+
+    def make_bundle(runtime: Any) -> EvidenceBundle:
+        return kb.bundle(dataclasses.replace(runtime, workload=workload))
+
+    released = obtain_data_key(kb.client, ModelRef("acme", "m", "v1"), make_bundle=make_bundle,
                                channel_binding=binding, hpke_key=serving.private_key)
     appraisal = AppraisalPolicy(allowed_tee=frozenset({"sim"}), allowed_measurements=frozenset({MEASUREMENT.hex()}),
                                 unsafe_allow_simulated_tee=True)
-    trust = ClientTrust(appraisal, broker_jwks=kb.client.get("/.well-known/jwks.json").json())
+    platform = kb.platform.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    trust = ClientTrust(appraisal, tenant="acme", broker_jwks=kb.client.get("/.well-known/jwks.json").json(),
+                        sim_platform_key=platform)
     verifier = TokenVerifier(trust.broker_jwks, trust.broker_issuer)  # type: ignore[arg-type]
     boot = clock.now
     pin = verify_sealed_document(_doc(released.token, released.bundle, serving, usage_public), verifier, trust, boot)
@@ -57,7 +67,7 @@ def test_client_verifies_the_worker_long_after_boot(kb: Any, clock: Any, horizon
         if clock.now + dt.timedelta(seconds=wait) > target:
             break
         clock.advance(wait)
-        token, bundle = renew_attestation(kb.client, ModelRef("acme", "m", "v1"), make_bundle=kb.bundle,
+        token, bundle = renew_attestation(kb.client, ModelRef("acme", "m", "v1"), make_bundle=make_bundle,
                                           hpke_public_key=serving.public_bytes, channel_binding=binding)
         renewals += 1
     clock.now = target

@@ -5,6 +5,7 @@ gateway is the adversary, so it is the seam. Each case gets a typed error and no
 from __future__ import annotations
 
 import base64
+import dataclasses
 import datetime as dt
 import json
 import os
@@ -19,9 +20,11 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from attestation.bundle import EvidenceBundle, RuntimeData, channel_binding
-from attestation.errors import FreshnessError, PolicyViolation, TokenError
+from attestation.bundle import EvidenceBundle, RuntimeData, channel_binding, expected_report_data
+from attestation.errors import FreshnessError, ParseError, PolicyViolation, SignatureError, TokenError
+from attestation.sim import SimTee
 from attestation.token import TokenIssuer
+from attestation.workload import WorkloadClaims
 from protocol.sealed import (
     ReattestRequired,
     Receipt,
@@ -38,8 +41,11 @@ from protocol.sealed import (
 )
 from protocol.sealed.http import HEADER_KEY_ID, HEADER_MODEL, ResponseHead
 from sealed_client import SealedOpenAI
+from sealed_client.errors import UnsealedRequest
 
 MEASUREMENT = "ab" * 48
+PLATFORM = Ed25519PrivateKey.generate()  # the simulated TEE's "hardware" key
+PLATFORM_HEX = PLATFORM.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw).hex()
 ANSWER = {"id": "chatcmpl-1", "object": "chat.completion", "created": 0, "model": "m", "tee": "sim",
           "choices": [{"index": 0, "message": {"role": "assistant", "content": "secret answer"},
                        "finish_reason": "stop", "logprobs": None}],
@@ -83,15 +89,22 @@ class World:
         self.receipt_edit: Callable[[dict], None] | None = None
         self.documented = 0  # which worker /.well-known/attestation shows
         self.captured: list[bytes] = []
+        self.requests: list[str] = []  # every path the gateway was sent
+        self.workload = WorkloadClaims("acme", "m", "v1", "d", {"prompts_logged": False})
+        self.token_hpke: bytes | None = None  # the key the broker's token names (default: the evidence's)
 
     def document(self, w: Worker, measurement: str = MEASUREMENT) -> dict[str, Any]:
         runtime = RuntimeData(nonce=os.urandom(32), hpke_public_key=w.key.public_bytes,
-                              channel_binding=channel_binding(b"", w.usage_public))
-        bundle = EvidenceBundle(tee="sim", cpu_evidence=b"report", runtime_data=runtime)
+                              channel_binding=channel_binding(b"", w.usage_public), workload=self.workload.encode())
+        report = SimTee(PLATFORM, bytes.fromhex(measurement)).get_report(expected_report_data(runtime, ()))
+        bundle = EvidenceBundle(tee="sim", cpu_evidence=report, runtime_data=runtime)
+        if self.token_hpke is not None:  # the operator's own key, in the runtime data and the token
+            bundle = EvidenceBundle(tee="sim", cpu_evidence=report, runtime_data=dataclasses.replace(
+                runtime, hpke_public_key=self.token_hpke))
         claims = {"tee": "sim", "measurement": measurement, "insecure": True, "debug": False, "tcb": {},
                   "gpus": [], "evidence_digest": bundle.digest(),
-                  "runtime_data": {"hpke_public_key": w.key.public_bytes.hex()},
-                  "sealed": {"tenant": "acme", "model": "m", "version": "v1"}}
+                  "runtime_data": {"hpke_public_key": bundle.runtime_data.hpke_public_key.hex()},
+                  "sealed": {"tenant": self.workload.tenant, "model": "m", "version": "v1"}}
         doc = {"worker_id": "w1", "model": "m", "version": "v1", "tenant": "acme",
                "usage_public_key": w.usage_public.hex(), "grpc_tls_cert": None,
                "token": self.issuer.issue(claims, dt.datetime.now(dt.UTC)), "evidence": bundle.to_json(),
@@ -102,15 +115,17 @@ class World:
 
     def handle(self, request: httpx2.Request) -> httpx2.Response:
         path = request.url.path
+        self.requests.append(path)
+        if not path.startswith("/.well-known"):
+            self.captured.append(request.read())
         if path == "/.well-known/jwks.json":
             return httpx2.Response(200, json=self.issuer.jwks())
         if path == "/.well-known/attestation":
             return httpx2.Response(200, json={"workers": [self.document(self.workers[self.documented])]})
         if path == "/v1/models":
             return httpx2.Response(200, json={"object": "list", "data": []})
-        assert path == "/v1/sealed/chat/completions"
+        assert path == "/v1/sealed/chat/completions", path
         wire = request.read()
-        self.captured.append(wire)
         if self.request_edit:
             wire = self.request_edit(wire)
         worker = self.workers[self.serving]
@@ -131,12 +146,16 @@ class World:
             body = self.response_edit(body)
         return httpx2.Response(200, headers={"content-type": "application/sealed-response"}, content=body)
 
-    def client(self, measurements: tuple[str, ...] = (MEASUREMENT,), **policy: Any) -> SealedOpenAI:
-        trust = {"appraisal": {"allowed_tee": ["sim"], "allowed_measurements": list(measurements),
-                               "unsafe_allow_simulated_tee": True},
-                 "broker_jwks": self.issuer.jwks(), **policy}
-        return SealedOpenAI(base_url="http://gw/v1", api_key="sk-test", policy=trust, max_retries=0,
-                            inner_transport=httpx2.MockTransport(self.handle))
+    def policy(self, measurements: tuple[str, ...] = (MEASUREMENT,), **policy: Any) -> dict[str, Any]:
+        return {"tenant": "acme", "evidence": {"sim_platform_key": PLATFORM_HEX},
+                "appraisal": {"allowed_tee": ["sim"], "allowed_measurements": list(measurements),
+                              "unsafe_allow_simulated_tee": True},
+                "broker_jwks": self.issuer.jwks(), **policy}
+
+    def client(self, measurements: tuple[str, ...] = (MEASUREMENT,), base_url: str = "http://gw/v1",
+               **policy: Any) -> SealedOpenAI:
+        return SealedOpenAI(base_url=base_url, api_key="sk-test", policy=self.policy(measurements, **policy),
+                            max_retries=0, inner_transport=httpx2.MockTransport(self.handle))
 
 
 def ask(client: SealedOpenAI) -> Any:
@@ -193,6 +212,18 @@ def _other_receipt_key(doc: dict) -> None:
     doc["usage_public_key"] = "11" * 32
 
 
+def _tamper_evidence(at: int) -> Callable[[dict], None]:
+    def edit(doc: dict) -> None:
+        raw = bytearray(base64.b64decode(doc["evidence"]["cpu_evidence"]))
+        raw[at] ^= 1
+        doc["evidence"]["cpu_evidence"] = base64.b64encode(bytes(raw)).decode()
+    return edit
+
+
+def _other_channel_binding(doc: dict) -> None:
+    doc["evidence"]["runtime_data"]["channel_binding"] = "22" * 32
+
+
 NEGATIVE: dict[str, tuple[str, Any, type[Exception]]] = {
     # (what the adversary changes, the change, the typed error)
     "tampered ciphertext": ("request_edit", _flip(60), RequestRejected),
@@ -208,6 +239,9 @@ NEGATIVE: dict[str, tuple[str, Any, type[Exception]]] = {
     "receipt key not bound by the evidence": ("doc_edit", _other_receipt_key, FreshnessError),
     "token with a broken signature": ("doc_edit", _unsigned_token, TokenError),
     "measurement not in the published set": ("doc_edit", None, PolicyViolation),
+    "tampered evidence byte (the report's signature)": ("doc_edit", _tamper_evidence(-1), SignatureError),
+    "tampered evidence byte (the report's body)": ("doc_edit", _tamper_evidence(40), ParseError),
+    "runtime data not bound by REPORT_DATA": ("doc_edit", _other_channel_binding, FreshnessError),
 }
 
 
@@ -271,8 +305,7 @@ def test_plaintext_success_from_the_gateway_is_refused() -> None:
         return world.handle(request)
 
     client = SealedOpenAI(base_url="http://gw/v1", api_key="k", max_retries=0, inner_transport=httpx2.MockTransport(
-        plaintext), policy={"appraisal": {"allowed_tee": ["sim"], "allowed_measurements": [MEASUREMENT],
-                                          "unsafe_allow_simulated_tee": True}, "broker_jwks": world.issuer.jwks()})
+        plaintext), policy=world.policy())
     with pytest.raises(SealedFormatError):
         ask(client)
 
@@ -281,6 +314,94 @@ def test_required_promise_missing_is_refused() -> None:
     world = World()
     with pytest.raises(PolicyViolation):
         ask(world.client(require_promises={"prompts_retained": False}))
+
+
+def test_promises_served_beside_the_evidence_are_not_relied_on() -> None:
+    """The gateway serves the promise the client requires, but the evidence does not bind it."""
+    world = World()
+    world.doc_edit = _set(promises={"prompts_logged": False, "prompts_retained": False})
+    with pytest.raises(PolicyViolation, match="prompts_retained"):
+        ask(world.client(require_promises={"prompts_retained": False}))
+    assert world.workers[0].served == 0
+
+
+def test_token_for_a_key_the_evidence_does_not_bind_is_refused() -> None:
+    """The broker's token signing key is the operator's: it mints a valid token for its own HPKE key
+    and serves the worker's real report beside it. The report does not bind that key."""
+    world = World()
+    operator = WorkerKey.generate()
+    world.token_hpke = operator.public_bytes
+    world.doc_edit = _set(sealed_key_id=operator.key_id)
+    with pytest.raises(FreshnessError, match="REPORT_DATA"):
+        ask(world.client())
+    assert world.captured == [] and world.workers[0].served == 0
+
+
+def test_worker_of_another_tenant_with_the_same_model_name_is_refused() -> None:
+    world = World()
+    world.workload = WorkloadClaims("other-tenant", "m", "v1", "d", {"prompts_logged": False})
+    with pytest.raises(PolicyViolation, match="tenant"):
+        ask(world.client())
+    assert world.captured == [] and world.workers[0].served == 0
+
+
+def test_evidence_without_workload_claims_is_refused() -> None:
+    world = World()
+    world.doc_edit = lambda doc: doc["evidence"]["runtime_data"].pop("workload")
+    with pytest.raises(FreshnessError):
+        ask(world.client())
+
+
+def test_pin_expires_with_its_token_and_is_verified_again() -> None:
+    world = World()
+    now = [dt.datetime.now(dt.UTC)]
+    client = SealedOpenAI(base_url="http://gw/v1", api_key="k", max_retries=0, policy=world.policy(),
+                          clock=lambda: now[0], inner_transport=httpx2.MockTransport(world.handle))
+    ask(client)
+    ask(client)
+    assert world.requests.count("/.well-known/attestation") == 1
+    now[0] += dt.timedelta(minutes=6)  # past the token's 5 minutes
+    with pytest.raises(TokenError):  # the served document's token has expired too: nothing is sent
+        ask(client)
+    assert world.requests.count("/.well-known/attestation") == 2
+
+
+# -- fail closed: nothing the client cannot seal leaves it (sealed_client/routing.py)
+def _plain(client: SealedOpenAI, how: str) -> Any:
+    if how == "responses.create":
+        return client.responses.create(model="m", input="the canary")
+    if how == "embeddings.create":
+        return client.embeddings.create(model="m", input="the canary")
+    return client.chat.completions.create(model="m", messages=[{"role": "user", "content": "the canary"}])
+
+
+@pytest.mark.parametrize(("how", "base_url"), [("responses.create", "http://gw/v1"),
+                                               ("embeddings.create", "http://gw/v1"),
+                                               ("chat, base_url without /v1", "http://gw")])
+def test_requests_the_client_cannot_seal_are_refused_before_sending(how: str, base_url: str) -> None:
+    world = World()
+    with pytest.raises(UnsealedRequest):
+        _plain(world.client(base_url=base_url), how)
+    assert world.captured == []
+
+
+def test_a_callers_own_http_client_is_refused() -> None:
+    world = World()
+    own = httpx2.Client(transport=httpx2.MockTransport(world.handle))
+    with pytest.raises(UnsealedRequest, match="http_client"):
+        SealedOpenAI(base_url="http://gw/v1", api_key="k", policy=world.policy(), http_client=own)
+    assert world.captured == []
+
+
+def test_plaintext_only_when_explicitly_asked_and_logged(caplog: pytest.LogCaptureFixture) -> None:
+    world = World()
+    client = SealedOpenAI(base_url="http://gw/v1", api_key="k", max_retries=0, policy=world.policy(),
+                          inner_transport=httpx2.MockTransport(world.handle), unsafe_allow_plaintext=True)
+    assert "UNSAFE" in caplog.text
+    with pytest.raises(Exception):  # noqa: B017 - the mock gateway knows no /v1/responses: it was sent
+        _plain(client, "responses.create")
+    assert world.requests[-1] == "/v1/responses"
+    assert world.client().models.list().data == []  # content-free: passes through
 
 
 def test_gateway_errors_pass_through_as_openai_errors() -> None:
@@ -308,8 +429,7 @@ def _published(world: World, envelope: Any) -> SealedOpenAI:
             return httpx2.Response(404, json={}) if envelope is None else httpx2.Response(200, json=envelope)
         return world.handle(request)
 
-    trust = {"appraisal": {"allowed_tee": ["sim"], "allowed_measurements": [], "unsafe_allow_simulated_tee": True},
-             "broker_jwks": world.issuer.jwks(), "reference_values": {"publisher_key": PUBLISHER_HEX}}
+    trust = world.policy((), reference_values={"publisher_key": PUBLISHER_HEX})
     return SealedOpenAI(base_url="http://gw/v1", api_key="k", max_retries=0, policy=trust,
                         inner_transport=httpx2.MockTransport(handle))
 

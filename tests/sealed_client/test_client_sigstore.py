@@ -32,7 +32,8 @@ def _policy(identity: str = IDENTITY, *, key: bool = False) -> dict[str, Any]:
         {"key": "11" * 32} if key else
         {"sigstore": {"identity": identity, "issuer": ISSUER,
                       "trusted_root": str(VECTORS / "staging.trusted_root.json")}})
-    return {"appraisal": {"allowed_tee": ["snp"]}, "broker_jwks": JWKS, "reference_values": {"publisher": publisher}}
+    return {"tenant": "acme", "appraisal": {"allowed_tee": ["snp"]}, "broker_jwks": JWKS,
+            "reference_values": {"publisher": publisher}}
 
 
 @pytest.mark.parametrize(("case", "published", "policy", "error"), [

@@ -1,0 +1,54 @@
+"""What a worker says it serves and promises, bound into its evidence (REPORT_DATA, see bundle.py).
+
+The worker writes these claims into its runtime data; the CPU report's REPORT_DATA covers them, so
+a relying party reads the tenant, model, version, model digest and the worker's promises from what
+the hardware signed, not from a token or a field the gateway serves beside it. They are as true as
+the measured code that wrote them: a measured worker writes its own settings here.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from attestation.errors import FreshnessError, ParseError
+
+WORKLOAD_CLAIMS_VERSION = 1
+_FIELDS = {"v", "tenant", "model", "version", "model_digest", "promises"}
+
+
+@dataclass(frozen=True)
+class WorkloadClaims:
+    tenant: str
+    model: str
+    version: str
+    model_digest: str  # the package manifest's plaintext digest the worker decrypts and checks
+    promises: Mapping[str, Any] = field(default_factory=dict)
+
+    def encode(self) -> bytes:
+        """Canonical JSON (sorted keys, no spaces): the bytes REPORT_DATA commits to."""
+        return json.dumps({"v": WORKLOAD_CLAIMS_VERSION, "tenant": self.tenant, "model": self.model,
+                           "version": self.version, "model_digest": self.model_digest,
+                           "promises": dict(self.promises)}, sort_keys=True, separators=(",", ":")).encode()
+
+    @classmethod
+    def decode(cls, raw: bytes) -> WorkloadClaims:
+        """The claims of evidence; raises FreshnessError when the evidence binds none (an older worker,
+        or runtime data stripped of them: the client then has nothing the hardware said)."""
+        if not raw:
+            raise FreshnessError("the evidence binds no workload claims (tenant, model, promises)")
+        try:
+            doc = json.loads(raw)
+            if not isinstance(doc, dict) or set(doc) != _FIELDS or doc["v"] != WORKLOAD_CLAIMS_VERSION:
+                raise ParseError("workload claims have unexpected fields or version")
+            if not isinstance(doc["promises"], dict):
+                raise ParseError("workload promises must be an object")
+            claims = cls(tenant=str(doc["tenant"]), model=str(doc["model"]), version=str(doc["version"]),
+                         model_digest=str(doc["model_digest"]), promises=dict(doc["promises"]))
+        except (UnicodeDecodeError, ValueError, TypeError) as exc:
+            raise ParseError(f"malformed workload claims: {exc}") from exc
+        if claims.encode() != raw:
+            raise ParseError("workload claims are not in canonical form")
+        return claims

@@ -1,0 +1,11 @@
+"""The client's own refusals, in sealed mode's error tree (protocol.sealed.SealedError)."""
+
+from __future__ import annotations
+
+from protocol.sealed import SealedError
+
+
+class UnsealedRequest(SealedError):
+    """A request the client cannot seal (an endpoint other than the sealed ones, a base URL without
+    `/v1`, a caller's own HTTP client): refused before anything is sent, unless the caller asked for
+    plaintext with `unsafe_allow_plaintext`."""
