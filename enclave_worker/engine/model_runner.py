@@ -16,6 +16,7 @@ from .layers.logits_processors import process
 from .layers.sampler import History, sample
 from .scheduler import ScheduledSeq
 from .sequence import Sequence
+from .structured import apply_grammar_masks
 from .threads import ThreadPools, ThreadTuner, step_kind
 
 BLAS_MAX_TOKENS = 64  # above this many rows a step is a real GEMM (prefill): OpenBLAS only where it measured faster
@@ -175,6 +176,7 @@ class ModelRunner:
         seqs = [s.seq for s in batch]
         params = [q.params for q in seqs]
         self.transfers.device_to_host += 1  # the one copy back: the sampled tokens (or the logits)
+        logits = apply_grammar_masks(logits, [q.grammar for q in seqs])
         if any(p.logprobs is not None for p in params):  # logprob records are built on the host
             return sample(logits, params, [q.generator for q in seqs], token_history(seqs))
         logits = process(logits, params, *token_history(seqs))  # bias and penalties, on the device
@@ -251,6 +253,7 @@ class ModelRunner:
         blas = self.use_blas(input_ids.numel(), sum(s.start + s.num_tokens for s in batch))
         logits = self.forward(input_ids, positions, meta, logits_index, blas=blas)
         sampled = [s.seq for s in batch if s.samples]
+        logits = apply_grammar_masks(logits, [q.grammar for q in sampled])
         return sample(logits, [q.params for q in sampled], [q.generator for q in sampled], token_history(sampled))
 
 

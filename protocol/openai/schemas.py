@@ -6,7 +6,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from protocol.sampling import MAX_LOGIT_BIAS, MAX_REPETITION_PENALTY
+from protocol.sampling import MAX_LOGIT_BIAS, MAX_REPETITION_PENALTY, MAX_STRUCTURED_SPEC
 
 # Bounds that keep every number inside the worker protocol's types (a 500 otherwise) and every
 # request's fan-out small: prompts x n choices run as that many streams.
@@ -97,6 +97,11 @@ class SamplingFields(Strict):
     # vLLM extensions (`vllm bench serve` sends repetition_penalty 1.0 on every request).
     repetition_penalty: float | None = Field(default=None, gt=0.0, le=MAX_REPETITION_PENALTY)
     min_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    # vLLM's constrained-decoding extras (protocol/openai/constraints.py); at most one of them.
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = Field(default=None, min_length=1, max_length=MAX_STRUCTURED_SPEC)
+    guided_choice: list[Annotated[str, Field(min_length=1)]] | None = Field(default=None, min_length=1,
+                                                                             max_length=256)
 
     @field_validator("logit_bias")
     @classmethod
