@@ -16,15 +16,22 @@ from typing import Any
 
 from protocol.openai.errors import OpenAIError
 from protocol.openai.schemas import ChatCompletionRequest, SamplingFields
-from protocol.sampling import StructuredOutput
+from protocol.sampling import InvalidSamplingParams, StructuredOutput
 
 JSON_OBJECT = {"type": "object"}
+
+
+def _structured(kind: str, spec: str, param: str) -> StructuredOutput:
+    try:
+        return StructuredOutput(kind, spec)
+    except InvalidSamplingParams as exc:  # e.g. a schema over the size limit
+        raise OpenAIError(400, str(exc), param=param) from None
 
 
 def _schema(doc: Any, param: str) -> StructuredOutput:
     if not isinstance(doc, dict | bool):
         raise OpenAIError(400, "a JSON schema must be an object", param=param)
-    return StructuredOutput("json_schema", json.dumps(doc, ensure_ascii=False))
+    return _structured("json_schema", json.dumps(doc, ensure_ascii=False), param)
 
 
 def response_format_constraint(req: ChatCompletionRequest) -> StructuredOutput | None:
@@ -63,8 +70,8 @@ def guided_constraint(req: SamplingFields) -> StructuredOutput | None:
         except ValueError:
             raise OpenAIError(400, "guided_json is not valid JSON", param=name) from None
     if isinstance(value, str):  # guided_regex
-        return StructuredOutput("regex", value)
-    return StructuredOutput("regex", "|".join(f"(?:{_escape(c)})" for c in value))  # guided_choice
+        return _structured("regex", value, name)
+    return _structured("regex", "|".join(f"(?:{_escape(c)})" for c in value), name)  # guided_choice
 
 
 def _escape(text: str) -> str:
