@@ -81,6 +81,16 @@ def memory_bandwidth_gbs(size_mb: int = 256, repeats: int = 5) -> float:
 # ----------------------------------------------------------------------------- workers (run in subprocesses)
 
 
+# `--structured json`: each measured request constrained to an array of at least 64 {name, age, city}
+# objects (about 15 tokens each, so the grammar never completes within --output-len and every request
+# runs its full length, as the unconstrained ones do): the constrained-decoding overhead (docs/engine.md).
+BENCH_SCHEMA = {"type": "array", "minItems": 64, "items": {
+    "type": "object", "additionalProperties": False, "required": ["name", "age", "city"],
+    "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer", "minimum": 0,
+                                                                         "maximum": 99},
+                   "city": {"type": "string", "maxLength": 12}}}}
+
+
 def _sampling(spec: dict) -> tuple[float, float]:
     """(temperature, top_p) of the measured requests; temperature 0 is greedy."""
     return float(spec.get("temperature", 0.0)), float(spec.get("top_p", 1.0))
@@ -92,6 +102,7 @@ def _row(system: str, spec: dict, tok_s: float, ttft: float, **extra) -> dict:
         "system": system,
         "temperature": temperature,
         "top_p": top_p,
+        "structured": spec.get("structured", "off"),
         "dtype": spec["dtype"],
         "batch": spec["batch"],
         "input_len": spec["input_len"],
@@ -129,9 +140,14 @@ def worker_sealed(spec: dict) -> dict:
     ps = prompts(spec["batch"], spec["input_len"])
     temperature, top_p = _sampling(spec)
 
+    from protocol.sampling import StructuredOutput
+
+    structured = (StructuredOutput("json_schema", json.dumps(BENCH_SCHEMA))
+                  if spec.get("structured", "off") == "json" else None)
+
     def measured(i: int) -> SamplingParams:
         return SamplingParams(max_tokens=spec["output_len"], temperature=temperature, top_p=top_p,
-                              seed=i if temperature else None, ignore_eos=True)
+                              seed=i if temperature else None, ignore_eos=True, structured=structured)
 
     async def one(rid: str, prompt: list[int], params: SamplingParams) -> float:
         t0, first = time.perf_counter(), None
@@ -140,7 +156,8 @@ def worker_sealed(spec: dict) -> dict:
         return first or 0.0
 
     async def run() -> tuple[float, float, float]:
-        await one("warmup", ps[0][:16], SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
+        await one("warmup", ps[0][:16], SamplingParams(max_tokens=4, temperature=0, ignore_eos=True,
+                                                      structured=structured))  # the grammar's one-time setup
         ttft_1 = await one("ttft", ps[0], SamplingParams(max_tokens=1, temperature=0))
         t0 = time.perf_counter()
         ttfts = await asyncio.gather(*(one(f"r{i}", p, measured(i)) for i, p in enumerate(ps)))
@@ -309,12 +326,13 @@ def busy_core(enabled: bool) -> Iterator[None]:
 
 
 def summarize_rounds(rows: list[dict]) -> list[dict]:
-    """Min and median output tok/s per (system, dtype, batch) over the rounds."""
+    """Min and median output tok/s per (system, dtype, batch, structured) over the rounds."""
     groups: dict[tuple, list[float]] = {}
     for r in rows:
         if "output_tok_per_s" in r:
-            groups.setdefault((r["system"], r["dtype"], r["batch"]), []).append(r["output_tok_per_s"])
-    return [{"system": k[0], "dtype": k[1], "batch": k[2], "rounds": len(v), "min_tok_s": min(v),
+            key = (r["system"], r["dtype"], r["batch"], r.get("structured", "off"))
+            groups.setdefault(key, []).append(r["output_tok_per_s"])
+    return [{"system": k[0], "dtype": k[1], "batch": k[2], "structured": k[3], "rounds": len(v), "min_tok_s": min(v),
              "median_tok_s": round(statistics.median(v), 2), "max_tok_s": max(v)} for k, v in groups.items()]
 
 
@@ -356,6 +374,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--temperature", type=float, default=0.0,
                     help="sample the measured requests at this temperature in every system (0: greedy)")
     ap.add_argument("--top-p", type=float, default=1.0, help="with --temperature: nucleus sampling in every system")
+    ap.add_argument("--structured", default="off",
+                    help="comma-separated: off,json (json: Sealed's requests constrained to a JSON schema; "
+                         "peers run only unconstrained)")
     ap.add_argument("--timeout", type=float, default=1800)
     ap.add_argument("--busy-core", action="store_true",
                     help="keep one core busy with a second process during every run (a loaded machine)")
@@ -368,6 +389,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.temperature < 0 or not 0 < args.top_p <= 1:
         ap.error("--temperature must be >= 0 and --top-p in (0, 1]")
+    if not set(args.structured.split(",")) <= {"off", "json"}:
+        ap.error("--structured takes off and json")
     if args.worker:
         print(json.dumps(WORKERS[args.worker](json.loads(args.spec))), flush=True)
         return 0
@@ -403,11 +426,11 @@ def _one_round(args: argparse.Namespace, bw: float, hf_dir: list[Path], rows: li
     for dtype in args.dtype.split(","):
         bound = bw * 1e9 / (N_PARAMS * WEIGHT_BYTES[dtype])
         print(f"{dtype}: batch-1 bandwidth bound = bandwidth / weight bytes per token = {bound:.1f} tok/s")
-        for batch in (int(b) for b in args.batch.split(",")):
+        for batch, structured in ((int(b), s) for b in args.batch.split(",") for s in args.structured.split(",")):
             spec = {"model": str(args.model), "dtype": dtype, "batch": batch, "input_len": args.input_len,
                     "output_len": args.output_len, "threads": args.threads, "packed_weights": args.packed_weights,
-                    "temperature": args.temperature, "top_p": args.top_p}
-            for system in ["sealed", *peers]:
+                    "temperature": args.temperature, "top_p": args.top_p, "structured": structured}
+            for system in ["sealed", *(peers if structured == "off" else [])]:
                 python = sys.executable
                 if system == "vllm":
                     if dtype not in ("fp32", "bf16") or not args.vllm_python:

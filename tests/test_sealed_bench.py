@@ -71,12 +71,13 @@ def test_engine_benchmark_samples_when_asked_and_records_how(tmp_path) -> None: 
 
     out = tmp_path / "engine.json"
     assert bench_engine.main(["--batch", "2", "--input-len", "8", "--output-len", "4", "--temperature", "0.9",
-                              "--top-p", "0.95", "--threads", "1", "--json", str(out)]) == 0
-    (row,) = json.loads(out.read_text())["rows"]
-    assert "error" not in row, row
-    assert (row["system"], row["temperature"], row["top_p"], row["batch"]) == ("sealed", 0.9, 0.95, 2)
-    assert row["output_tok_per_s"] > 0
-    for bad in (["--temperature", "-1"], ["--top-p", "0"], ["--top-p", "1.5"]):
+                              "--top-p", "0.95", "--threads", "1", "--structured", "off,json", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert all("error" not in row for row in rows), rows
+    assert [(row["system"], row["temperature"], row["top_p"], row["batch"], row["structured"]) for row in rows] == [
+        ("sealed", 0.9, 0.95, 2, "off"), ("sealed", 0.9, 0.95, 2, "json")]  # with and without a JSON schema
+    assert all(row["output_tok_per_s"] > 0 for row in rows)
+    for bad in (["--temperature", "-1"], ["--top-p", "0"], ["--top-p", "1.5"], ["--structured", "yaml"]):
         with pytest.raises(SystemExit):
             bench_engine.main(bad)
 

@@ -9,6 +9,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
+from api.gateway.catalog import not_found
 from api.gateway.dependencies import current_key, get_service
 from api.gateway.errors import GatewayError
 from api.gateway.generation import CleanupStreamingResponse, Run, request_id, unless_disconnected
@@ -34,10 +35,23 @@ def _reserve(text_len: int, max_tokens: int, n: int) -> int:
     return text_len // 3 + max_tokens * n  # worst-case estimate; the unused part is given back
 
 
+def _model_card(model: str, key: KeyRecord) -> dict[str, Any]:
+    return {"id": model, "object": "model", "created": 0, "owned_by": key.tenant}
+
+
 @router.get("/v1/models")
 def list_models(key: KeyRecord = Depends(current_key), service: GatewayService = Depends(get_service)) -> dict:
-    return {"object": "list", "data": [
-        {"id": m, "object": "model", "created": 0, "owned_by": key.tenant} for m in service.models_for(key)]}
+    return {"object": "list", "data": [_model_card(m, key) for m in service.models_for(key)]}
+
+
+@router.get("/v1/models/{model:path}")
+def retrieve_model(model: str, key: KeyRecord = Depends(current_key),
+                   service: GatewayService = Depends(get_service)) -> dict:
+    """One model as /v1/models lists it; a model the key may not see, or that no ready worker holds,
+    is OpenAI's 404 (the same answer whether it belongs to another tenant or does not exist)."""
+    if model not in service.models_for(key):
+        raise not_found(model)
+    return _model_card(model, key)
 
 
 # JSON, or server-sent events with "stream": true.

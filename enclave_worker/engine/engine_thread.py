@@ -101,6 +101,9 @@ class ThreadedEngine(Generic[R]):
         bad = [t for t in params.stop_token_ids if t >= self.vocab_size]
         if bad:
             raise InvalidRequestError(f"unknown stop token ids {bad}")
+        bad = [t for t, _ in params.logit_bias if t >= self.vocab_size]
+        if bad:
+            raise InvalidRequestError(f"logit_bias names token ids outside the vocabulary: {bad[:8]}")
 
     def _submit(self, request_id: str, make: Callable[[int], R]) -> None:
         """Take a request: `make(seq_id)` builds it and queues it to the engine (under the lock)."""

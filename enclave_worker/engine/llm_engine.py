@@ -30,6 +30,7 @@ from .output_processor import OutputProcessor
 from .output_stream import Sink
 from .scheduler import ScheduledSeq, Scheduler
 from .sequence import Sequence
+from .structured import GrammarCompiler
 
 
 def _fused_decode(config: EngineConfig) -> bool:
@@ -127,6 +128,7 @@ class LLMEngine(ThreadedEngine[_Request]):
         self.tokenizer = built.tokenizer
         self.vocab_size = built.vocab_size
         self.output = OutputProcessor(self.tokenizer)
+        self.grammars = GrammarCompiler(self.tokenizer.to_json(), self.vocab_size, self.tokenizer.eos_token_ids)
         self._step_lock = threading.Lock()  # one step at a time (background thread or a direct caller)
 
     @classmethod
@@ -176,9 +178,12 @@ class LLMEngine(ThreadedEngine[_Request]):
             gen = torch.Generator(device=self.config.device)
             gen.manual_seed(params.seed if params.seed is not None else secrets.randbits(63))
         max_tokens = min(params.max_tokens, self.max_model_len - len(prompt))
+        # Built before queueing: a schema or grammar that cannot be enforced is this request's error.
+        grammar = self.grammars.matcher(params.structured) if params.structured is not None else None
 
         def make(seq_id: int) -> _Request:
             seq = Sequence(seq_id, request_id, prompt, len(prompt), params, max_tokens, cache_salt, gen)
+            seq.grammar = grammar
             self.scheduler.add(seq)
             return _Request(seq, sink)
 

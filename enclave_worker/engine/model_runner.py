@@ -12,9 +12,12 @@ from .cuda_graphs import DecodeGraphs, DecodeInputs, SamplingRow, TransferCounte
 from .kernels.paged_attention import num_splits_for
 from .kernels.sampling import BatchSampling, sample_on_device
 from .layers.attention import AttentionMetadata, PrefillChunk
-from .layers.sampler import sample
+from .layers.logits_processors import process
+from .layers.sampler import History, sample
 from .models.llama import LlamaForCausalLM
 from .scheduler import ScheduledSeq
+from .sequence import Sequence
+from .structured import apply_grammar_masks
 from .threads import ThreadPools, ThreadTuner, step_kind
 
 BLAS_MAX_TOKENS = 64  # above this many rows a step is a real GEMM (prefill): OpenBLAS only where it measured faster
@@ -180,14 +183,20 @@ class ModelRunner:
 
     def _sample_on_device(self, batch: list[ScheduledSeq], logits: torch.Tensor,
                           inputs: DecodeInputs) -> tuple[list[int], list[TokenLogprob | None]]:
-        params = [s.seq.params for s in batch]
+        seqs = [s.seq for s in batch]
+        params = [q.params for q in seqs]
         self.transfers.device_to_host += 1  # the one copy back: the sampled tokens (or the logits)
+        logits = apply_grammar_masks(logits, [q.grammar for q in seqs])
         if any(p.logprobs is not None for p in params):  # logprob records are built on the host
-            return sample(logits, params, [s.seq.generator for s in batch])
+            return sample(logits, params, [q.generator for q in seqs], token_history(seqs))
+        logits = process(logits, params, *token_history(seqs))  # bias and penalties, on the device
         if all(p.greedy for p in params):
             return logits.argmax(dim=-1).tolist(), [None] * len(batch)
-        sampling = BatchSampling(*inputs.sampling(len(batch)))
-        tokens = sample_on_device(logits, sampling, [s.seq.generator for s in batch])
+        min_p = None
+        if any(p.min_p for p in params):
+            min_p = torch.tensor([p.min_p for p in params], dtype=torch.float32, device=logits.device)
+        sampling = BatchSampling(*inputs.sampling(len(batch)), min_p=min_p)
+        tokens = sample_on_device(logits, sampling, [q.generator for q in seqs])
         return tokens.tolist(), [None] * len(batch)
 
     @torch.inference_mode()
@@ -257,4 +266,13 @@ class ModelRunner:
         blas = self.use_blas(input_ids.numel(), sum(s.start + s.num_tokens for s in batch))
         logits = self.forward(input_ids, positions, meta, logits_index, blas=blas)
         sampled = [s.seq for s in batch if s.samples]
-        return sample(logits, [q.params for q in sampled], [q.generator for q in sampled])
+        logits = apply_grammar_masks(logits, [q.grammar for q in sampled])
+        return sample(logits, [q.params for q in sampled], [q.generator for q in sampled], token_history(sampled))
+
+
+def token_history(seqs: list[Sequence]) -> History:
+    """Each sequence's prompt and output tokens, for the penalties; empty lists for rows without one
+    (building the lists costs a copy of every token, so only penalized rows pay it)."""
+    prompts = [q.token_ids[: q.num_prompt_tokens] if q.params.penalized else [] for q in seqs]
+    outputs = [q.completion_ids if q.params.penalized else [] for q in seqs]
+    return prompts, outputs

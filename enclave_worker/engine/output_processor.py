@@ -21,6 +21,8 @@ class OutputProcessor:
         p = seq.params
         if token in p.stop_token_ids or (not p.ignore_eos and token in eos_token_ids):
             return "stop"  # the stop token's text is not part of the output
+        # Constrained: the grammar takes the token; a complete answer ends here (EOS is never sampled).
+        complete = seq.grammar is not None and seq.grammar.advance(token)
         ids = seq.completion_ids
         text, seq.prefix_offset, seq.read_offset = self.tokenizer.decode_incremental(
             ids, seq.prefix_offset, seq.read_offset
@@ -35,6 +37,8 @@ class OutputProcessor:
                 if hits:
                     seq.output_text = seq.output_text[: min(hits)]
                     return "stop"
+        if complete:
+            return "stop"
         if seq.num_completion_tokens >= seq.max_tokens:
             return "length"
         return None

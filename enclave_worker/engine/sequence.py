@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from .config import SamplingParams, TokenLogprob
+
+if TYPE_CHECKING:
+    from .structured import GrammarState
 
 
 class SeqStatus(enum.Enum):
@@ -39,6 +43,7 @@ class Sequence:
     emitted_chars: int = 0
     emitted_tokens: int = 0
     pending_logprobs: list[TokenLogprob] = field(default_factory=list)
+    grammar: GrammarState | None = None  # constrained decoding (structured.py): what may come next
 
     def __len__(self) -> int:
         return len(self.token_ids)

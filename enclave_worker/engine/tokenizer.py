@@ -35,6 +35,10 @@ class Tokenizer:
             env.globals["raise_exception"] = _raise
             self._template = env.from_string(chat_template)
 
+    def to_json(self) -> str:
+        """The tokenizer.json this was built from (the grammar library builds its own view of it)."""
+        return str(self._tok.to_str())
+
     def encode(self, text: str, parse_special: bool = True) -> list[int]:
         """Token ids of `text`; `parse_special=False` for untrusted text (special tokens stay text)."""
         if not isinstance(text, str):

@@ -42,18 +42,33 @@ class _Ops:
     abort: list[str] = field(default_factory=list)
 
 
-def vllm_sampling(params: SamplingParams, max_tokens: int, eos_ids: tuple[int, ...]):  # type: ignore[no-untyped-def]
-    """Our sampling parameters as vLLM's: EOS handled through stop ids, text left to us."""
-    from vllm import SamplingParams as VSamplingParams
-    from vllm.sampling_params import RequestOutputKind
-
+def vllm_sampling_kwargs(params: SamplingParams, max_tokens: int, eos_ids: tuple[int, ...]) -> dict[str, Any]:
+    """Our sampling parameters as vLLM's SamplingParams arguments: EOS handled through stop ids,
+    text left to us; penalties, logit_bias and min_p are vLLM's own (ours copy their semantics)."""
     stop_ids = list(params.stop_token_ids) + ([] if params.ignore_eos else [t for t in eos_ids
                                                                            if t not in params.stop_token_ids])
-    return VSamplingParams(
-        n=1, max_tokens=max_tokens, temperature=params.temperature, top_p=params.top_p,
-        top_k=params.top_k or 0, seed=params.seed, stop_token_ids=stop_ids, ignore_eos=True,
-        logprobs=params.logprobs, detokenize=False, skip_special_tokens=False,
-        output_kind=RequestOutputKind.DELTA)
+    return {"n": 1, "max_tokens": max_tokens, "temperature": params.temperature, "top_p": params.top_p,
+            "top_k": params.top_k or 0, "seed": params.seed, "stop_token_ids": stop_ids, "ignore_eos": True,
+            "logprobs": params.logprobs, "detokenize": False, "skip_special_tokens": False,
+            "presence_penalty": params.presence_penalty, "frequency_penalty": params.frequency_penalty,
+            "repetition_penalty": params.repetition_penalty, "min_p": params.min_p,
+            "logit_bias": dict(params.logit_bias) or None}
+
+
+# Our structured-output kinds as vLLM's StructuredOutputsParams fields (its `grammar` takes the
+# Lark dialect through its guidance backend, which is llguidance, as ours).
+VLLM_STRUCTURED_FIELD = {"json_schema": "json", "regex": "regex", "lark": "grammar"}
+
+
+def vllm_sampling(params: SamplingParams, max_tokens: int, eos_ids: tuple[int, ...]):  # type: ignore[no-untyped-def]
+    from vllm import SamplingParams as VSamplingParams
+    from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
+
+    kwargs = vllm_sampling_kwargs(params, max_tokens, eos_ids)
+    if params.structured is not None:
+        kwargs["structured_outputs"] = StructuredOutputsParams(
+            **{VLLM_STRUCTURED_FIELD[params.structured.kind]: params.structured.spec})
+    return VSamplingParams(**kwargs, output_kind=RequestOutputKind.DELTA)
 
 
 def _records(logprobs: list[Any] | None, count: int | None) -> list[TokenLogprob | None]:

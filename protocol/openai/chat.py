@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from protocol.openai import format as fmt
+from protocol.openai.constraints import guided_constraint, response_format_constraint, tool_call_constraint
 from protocol.openai.errors import OpenAIError, error_body
 from protocol.openai.runner import SSE_DONE, ChoiceRunner, ChunkEncoder, Streams, sampling_params, sse, usage_of
 from protocol.openai.schemas import ChatCompletionRequest, NamedToolChoice
@@ -21,6 +22,7 @@ class ChatPlan:
     prefix: str
     use_tools: bool
     json_mode: bool
+    constrained: bool  # the worker's engine enforces the answer's form (protocol/openai/constraints.py)
     tool_names: frozenset[str]
     affinity: str  # the prompt's opening, for prefix-cache routing
     reserve_chars: int
@@ -28,7 +30,7 @@ class ChatPlan:
     @property
     def shape(self) -> fmt.ChatAnswerShape:
         return fmt.ChatAnswerShape(prefix=self.prefix, use_tools=self.use_tools, json_mode=self.json_mode,
-                                   tool_names=self.tool_names)
+                                   tool_names=self.tool_names, constrained=self.constrained)
 
 
 def plan_chat(req: ChatCompletionRequest, *, rid: str, tenant: str, key_id: str, agent_killed: bool,
@@ -39,26 +41,35 @@ def plan_chat(req: ChatCompletionRequest, *, rid: str, tenant: str, key_id: str,
     choice = req.tool_choice.model_dump() if isinstance(req.tool_choice, NamedToolChoice) else req.tool_choice
     use_tools = bool(tools) and choice != "none"
     prefix, extra_stop = (fmt.tool_prefix(choice) if use_tools else ""), []
+    structured = guided_constraint(req)
     if isinstance(choice, dict) and use_tools:
         tools = [t for t in tools if t["function"]["name"] == choice["function"].get("name")]
         if not tools:
             raise OpenAIError(400, "tool_choice names a function that is not in tools", param="tool_choice")
         extra_stop = ["</tool_call>"]
+    forced = use_tools and (choice == "required" or isinstance(choice, dict))
     json_mode = req.response_format is not None and req.response_format.type != "text" and not use_tools
+    if structured is not None and (forced or json_mode):
+        raise OpenAIError(400, "guided_* cannot be combined with response_format or a forced tool_choice",
+                          param="response_format" if json_mode else "tool_choice")
+    if forced:  # the whole call is constrained: the name is one of the tools, the arguments follow its schema
+        prefix = fmt.tool_prefix("required")
+        structured = tool_call_constraint(tools)
     if json_mode:
         hint = fmt.JSON_SYSTEM
         if req.response_format and req.response_format.json_schema:
             hint += " It must follow this JSON schema: " + json.dumps(req.response_format.json_schema.get("schema"))
         messages = [{"role": "system", "content": hint}, *messages]
-        prefix = "{"
+        structured = response_format_constraint(req)  # decoding follows the schema; nothing is forced in text
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     requests = [worker_pb2.GenerateRequest(
         request_id=f"{rid}-{i}", tenant=tenant, key_id=key_id, kind="chat", agent_killed=agent_killed,
         messages_json=json.dumps(messages, ensure_ascii=False),
         tools_json=json.dumps(tools, ensure_ascii=False) if use_tools else "",
-        assistant_prefix=prefix, params=sampling_params(req, max_tokens, logprobs, extra_stop, i))
+        assistant_prefix=prefix, params=sampling_params(req, max_tokens, logprobs, extra_stop, i, structured))
         for i in range(req.n)]
     return ChatPlan(requests=requests, prefix=prefix, use_tools=use_tools, json_mode=json_mode,
+                    constrained=structured is not None,
                     tool_names=frozenset(t["function"]["name"] for t in tools),
                     affinity=json.dumps(messages[:2])[:4096], reserve_chars=len(requests[0].messages_json))
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from protocol.openai import format as fmt
+from protocol.openai.constraints import guided_constraint
 from protocol.openai.errors import OpenAIError, error_body
 from protocol.openai.runner import SSE_DONE, ChoiceRunner, ChunkEncoder, Streams, sampling_params, sse, usage_of
 from protocol.openai.schemas import CompletionRequest
@@ -30,9 +31,10 @@ def plan_completion(req: CompletionRequest, *, rid: str, tenant: str, key_id: st
     if not prompts or any(not p for p in prompts):
         raise OpenAIError(400, "prompt must not be empty", param="prompt")
     max_tokens = resolve_max_tokens(req.max_tokens, "completions")
+    structured = guided_constraint(req)
     requests = [worker_pb2.GenerateRequest(
         request_id=f"{rid}-{pi}-{j}", tenant=tenant, key_id=key_id, kind="completion", prompt=prompt,
-        params=sampling_params(req, max_tokens, req.logprobs, [], j)) for pi, prompt in enumerate(prompts)
+        params=sampling_params(req, max_tokens, req.logprobs, [], j, structured)) for pi, prompt in enumerate(prompts)
         for j in range(req.n)]
     return CompletionPlan(requests=requests, prompts=prompts, affinity=prompts[0][:4096],
                           reserve_chars=sum(map(len, prompts)))

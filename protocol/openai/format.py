@@ -45,6 +45,7 @@ class ChatAnswerShape:
     use_tools: bool = False
     json_mode: bool = False
     tool_names: frozenset[str] = frozenset()
+    constrained: bool = False  # the engine enforced the form: a JSON answer is complete unless cut by length
 
     @property
     def streams_text(self) -> bool:
@@ -65,6 +66,8 @@ class ChatAnswerShape:
             if calls:
                 return {"role": "assistant", "content": content, "tool_calls": calls}, "tool_calls"
             return {"role": "assistant", "content": text}, reason
+        if self.json_mode and self.constrained and reason != "length":
+            return {"role": "assistant", "content": text}, reason  # valid JSON by construction, any top-level type
         if self.json_mode:
             return {"role": "assistant", "content": coerce_json(self.prefix + text)}, reason
         return {"role": "assistant", "content": text}, reason

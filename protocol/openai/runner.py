@@ -13,7 +13,7 @@ from protocol.openai.errors import OpenAIError
 from protocol.openai.schemas import SamplingFields
 from protocol.rpc import worker_pb2
 from protocol.rpc.sampling import to_wire
-from protocol.sampling import InvalidSamplingParams, SamplingParams
+from protocol.sampling import InvalidSamplingParams, SamplingParams, StructuredOutput
 
 
 @dataclass
@@ -90,8 +90,8 @@ class ChoiceRunner(Protocol):
     async def close(self) -> None: ...
 
 
-def sampling_params(req: SamplingFields, max_tokens: int, logprobs: int | None, extra_stop: list[str], index: int
-                    ) -> worker_pb2.SamplingParams:
+def sampling_params(req: SamplingFields, max_tokens: int, logprobs: int | None, extra_stop: list[str], index: int,
+                    structured: StructuredOutput | None = None) -> worker_pb2.SamplingParams:
     """The request's sampling fields as the one contract (protocol/sampling.py), on the wire."""
     # n > 1 with a seed: distinct yet reproducible choices (wrapping within int64, the wire type).
     seed = None if req.seed is None else (req.seed + index + (1 << 63)) % (1 << 64) - (1 << 63)
@@ -99,7 +99,12 @@ def sampling_params(req: SamplingFields, max_tokens: int, logprobs: int | None, 
         params = SamplingParams(max_tokens=max_tokens, temperature=1.0 if req.temperature is None else req.temperature,
                                 top_p=1.0 if req.top_p is None else req.top_p, seed=seed,
                                 stop=tuple(req.stop_list() + extra_stop), logprobs=logprobs,
-                                ignore_eos=req.ignore_eos)
+                                ignore_eos=req.ignore_eos, presence_penalty=req.presence_penalty or 0.0,
+                                frequency_penalty=req.frequency_penalty or 0.0,
+                                repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+                                min_p=req.min_p or 0.0,
+                                logit_bias=tuple(sorted((int(t), b) for t, b in (req.logit_bias or {}).items())),
+                                structured=structured)
     except InvalidSamplingParams as exc:
         raise OpenAIError(400, str(exc)) from None
     return to_wire(params)

@@ -6,6 +6,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from protocol.sampling import MAX_LOGIT_BIAS, MAX_REPETITION_PENALTY, MAX_STRUCTURED_SPEC
+
 # Bounds that keep every number inside the worker protocol's types (a 500 otherwise) and every
 # request's fan-out small: prompts x n choices run as that many streams.
 MAX_TOKENS = 1 << 20  # far above any context we serve; uint32 on the wire
@@ -85,19 +87,34 @@ class SamplingFields(Strict):
     seed: int | None = Field(default=None, ge=INT64_MIN, le=INT64_MAX)
     stop: str | list[str] | None = None
     user: str | None = Field(default=None, max_length=256)
+    # Sampling beyond temperature / top_p, with vLLM's semantics (enclave_worker/engine/layers/
+    # logits_processors.py); every field here is honoured or refused, none is ignored.
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    logit_bias: dict[str, float] | None = None  # token id (as a string, OpenAI's shape) -> bias in [-100, 100]
     priority: int | None = Field(default=None, ge=-10, le=10)  # vLLM-style; capped by the key's priority
     ignore_eos: bool = False  # vLLM extension: benchmarks need exact output lengths
-    # vLLM extension that `vllm bench serve` sends on every request, always 1.0 (no penalty). The engine
-    # has no repetition penalty, so any other value is refused, never silently ignored.
-    repetition_penalty: float | None = None
+    # vLLM extensions (`vllm bench serve` sends repetition_penalty 1.0 on every request).
+    repetition_penalty: float | None = Field(default=None, gt=0.0, le=MAX_REPETITION_PENALTY)
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    # vLLM's constrained-decoding extras (protocol/openai/constraints.py); at most one of them.
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = Field(default=None, min_length=1, max_length=MAX_STRUCTURED_SPEC)
+    guided_choice: list[Annotated[str, Field(min_length=1)]] | None = Field(default=None, min_length=1,
+                                                                             max_length=256)
 
-    @field_validator("repetition_penalty")
+    @field_validator("logit_bias")
     @classmethod
-    def _no_repetition_penalty(cls, v: float | None) -> float | None:
-        if v is not None and v != 1.0:
-            raise ValueError("only 1.0 (no penalty) is supported")
+    def _logit_bias(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        if v is None:
+            return v
+        if len(v) > MAX_LOGIT_BIAS:
+            raise ValueError(f"at most {MAX_LOGIT_BIAS} tokens")
+        for key, bias in v.items():
+            if not key.isdigit() or int(key) >= 1 << 32:
+                raise ValueError(f"keys are token ids (non-negative integers), not {key[:32]!r}")
+            if not -100 <= bias <= 100:
+                raise ValueError("biases are in [-100, 100]")
         return v
 
     @field_validator("stop")

@@ -8,6 +8,7 @@ import time
 from typing import Any as RunningStack
 
 import httpx
+import jsonschema
 import openai
 import pytest
 
@@ -89,6 +90,40 @@ def test_json_mode_returns_a_json_object(stack: RunningStack) -> None:
         model=DEMO_MODEL, temperature=0, max_tokens=48, response_format={"type": "json_object"},
         messages=[{"role": "user", "content": "Give the name and country of the capital of France as JSON."}])
     assert isinstance(json.loads(r.choices[0].message.content), dict)
+
+
+PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
+                                          "age": {"type": "integer", "minimum": 0, "maximum": 120},
+                                          "pet": {"enum": ["cat", "dog", "none"]}},
+          "required": ["name", "age", "pet"], "additionalProperties": False}
+FORECAST = {"type": "function", "function": {"name": "get_weather", "parameters": {  # the demo policy's one tool
+    "type": "object", "properties": {"city": {"type": "string", "maxLength": 16},
+                                     "unit": {"enum": ["celsius", "fahrenheit"]}},
+    "required": ["city", "unit"], "additionalProperties": False}}}
+
+
+def test_json_schema_and_tool_arguments_are_enforced_while_decoding(stack: RunningStack) -> None:
+    """Sampled at temperature 1, the answer follows the schema (the engine masks what would break
+    it), streamed or not; a forced tool call names an offered tool and its arguments follow its schema."""
+    c = client(stack)
+    fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
+    msgs = [{"role": "user", "content": "Invent a person."}]
+    for seed in (1, 2):
+        r = c.chat.completions.create(model=DEMO_MODEL, messages=msgs, temperature=1.0, seed=seed, max_tokens=64,
+                                      response_format=fmt)
+        jsonschema.validate(json.loads(r.choices[0].message.content), PERSON)
+        assert r.choices[0].finish_reason == "stop"
+        chunks = list(c.chat.completions.create(model=DEMO_MODEL, messages=msgs, temperature=1.0, seed=seed,
+                                                max_tokens=64, response_format=fmt, stream=True))
+        pieces = [ch.choices[0].delta.content for ch in chunks if ch.choices and ch.choices[0].delta.content]
+        assert len(pieces) > 1  # streamed as it is decoded, not held to the end
+        jsonschema.validate(json.loads("".join(pieces)), PERSON)
+    for seed, choice in ((3, "required"), (4, {"type": "function", "function": {"name": "get_weather"}})):
+        r = c.chat.completions.create(model=DEMO_MODEL, messages=[{"role": "user", "content": "Weather, anywhere."}],
+                                      tools=[FORECAST], tool_choice=choice, temperature=1.0, seed=seed, max_tokens=64)
+        (call,) = r.choices[0].message.tool_calls
+        assert call.function.name == "get_weather"
+        jsonschema.validate(json.loads(call.function.arguments), FORECAST["function"]["parameters"])
 
 
 def test_usage_endpoint_and_metrics(stack: RunningStack) -> None:

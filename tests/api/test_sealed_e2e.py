@@ -45,6 +45,9 @@ def _norm(doc: Any) -> Any:
     return doc
 
 
+PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
+                                          "age": {"type": "integer", "minimum": 0, "maximum": 120}},
+          "required": ["name", "age"], "additionalProperties": False}
 CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "chat": ("chat", {"messages": Q, "temperature": 0, "max_tokens": 16}),
     "chat streamed with usage": ("chat", {"messages": Q, "temperature": 0, "max_tokens": 16, "stream": True,
@@ -60,6 +63,20 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
                                   "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}),
     "json mode": ("chat", {"messages": [{"role": "user", "content": "Give a JSON object with a name."}],
                            "response_format": {"type": "json_object"}, "temperature": 0, "max_tokens": 24}),
+    # Constrained decoding and sampling settings travel inside the sealed request (the OpenAI layer
+    # runs in the worker): sampled answers equal the plaintext ones seed for seed.
+    "json schema sampled": ("chat", {"messages": [{"role": "user", "content": "Invent a person."}],
+                                     "response_format": {"type": "json_schema", "json_schema": {
+                                         "name": "p", "schema": PERSON}}, "temperature": 1.0, "seed": 5,
+                                     "max_tokens": 48}),
+    "json schema streamed": ("chat", {"messages": [{"role": "user", "content": "Invent a person."}],
+                                      "response_format": {"type": "json_schema", "json_schema": {
+                                          "name": "p", "schema": PERSON}}, "temperature": 1.0, "seed": 6,
+                                      "max_tokens": 48, "stream": True}),
+    "penalties, bias and min_p": ("chat", {"messages": [{"role": "user", "content": "Count to five."}],
+                                           "temperature": 0.8, "seed": 7, "max_tokens": 16, "frequency_penalty": 1.0,
+                                           "presence_penalty": 0.5, "logit_bias": {"28": -100},
+                                           "extra_body": {"min_p": 0.05, "repetition_penalty": 1.2}}),
     "completion with logprobs and echo": ("completion", {"prompt": "The capital of France is", "max_tokens": 4,
                                                          "temperature": 0, "logprobs": 2, "echo": True}),
     "completion streamed with usage": ("completion", {"prompt": "The capital of France is", "max_tokens": 4,

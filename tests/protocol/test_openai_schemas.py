@@ -16,8 +16,13 @@ def test_vllm_bench_serves_request_body_is_accepted() -> None:
 
 
 @pytest.mark.parametrize("model", [CompletionRequest, ChatCompletionRequest])
-def test_a_repetition_penalty_the_engine_cannot_apply_is_refused(model: type) -> None:
-    body = {"model": "m", "prompt": "hi", "messages": [{"role": "user", "content": "hi"}], "repetition_penalty": 1.2}
+def test_sampling_extras_are_taken_in_range_and_refused_outside_it(model: type) -> None:
+    body = {"model": "m", "prompt": "hi", "messages": [{"role": "user", "content": "hi"}]}
     body.pop("messages" if model is CompletionRequest else "prompt")
-    with pytest.raises(ValidationError, match=r"only 1\.0"):
-        model.model_validate(body)
+    ok = model.model_validate({**body, "repetition_penalty": 1.2, "min_p": 0.1, "logit_bias": {"5": -100},
+                               "guided_choice": ["yes", "no"]})
+    assert (ok.repetition_penalty, ok.min_p, ok.logit_bias) == (1.2, 0.1, {"5": -100})
+    for bad in ({"repetition_penalty": 0}, {"min_p": 2}, {"logit_bias": {"x": 1}}, {"logit_bias": {"1": 200}},
+                {"logit_bias": {str(i): 1 for i in range(301)}}, {"guided_choice": []}, {"top_a": 1}):
+        with pytest.raises(ValidationError, match=next(iter(bad))):
+            model.model_validate({**body, **bad})

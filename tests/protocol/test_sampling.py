@@ -17,6 +17,7 @@ from protocol.sampling import (
     DEFAULT_MAX_TOKENS,
     InvalidSamplingParams,
     SamplingParams,
+    StructuredOutput,
     resolve_max_tokens,
 )
 
@@ -27,7 +28,10 @@ def test_the_engine_uses_the_protocol_class() -> None:
 
 def test_the_wire_round_trips_every_field() -> None:
     params = SamplingParams(max_tokens=7, temperature=0.5, top_p=0.25, top_k=3, seed=-(1 << 63),
-                            stop=("a", "bc"), stop_token_ids=(1, 2), logprobs=0, ignore_eos=True)
+                            stop=("a", "bc"), stop_token_ids=(1, 2), logprobs=0, ignore_eos=True,
+                            presence_penalty=-1.5, frequency_penalty=0.75, repetition_penalty=1.25, min_p=0.125,
+                            logit_bias=((3, -100.0), (70000, 2.5)),
+                            structured=StructuredOutput("json_schema", '{"type": "object"}'))
     assert from_wire(worker_pb2.SamplingParams.FromString(to_wire(params).SerializeToString())) == params
     assert from_wire(to_wire(SamplingParams(seed=None, logprobs=None))) == SamplingParams()
 

@@ -19,6 +19,7 @@ class BatchSampling:
     temperature: torch.Tensor  # [B] float32; 0 means greedy
     top_k: torch.Tensor  # [B] int64; 0 means off
     top_p: torch.Tensor  # [B] float32; 1 means off
+    min_p: torch.Tensor | None = None  # [B] float32; 0 means off; None: off for every row
 
     @classmethod
     def from_lists(cls, temperature: list[float], top_k: list[int], top_p: list[float],
@@ -29,10 +30,13 @@ class BatchSampling:
 
 
 def filtered_probs(logits: torch.Tensor, params: BatchSampling) -> torch.Tensor:
-    """Softmax of temperature-scaled logits with top-k and top-p applied per row, [B, V] float32."""
+    """Softmax of temperature-scaled logits with min-p, top-k and top-p applied per row, [B, V] float32."""
     vocab = logits.shape[-1]
     temp = torch.where(params.temperature > 0, params.temperature, torch.ones_like(params.temperature))
     scaled = logits.float() / temp[:, None]
+    if params.min_p is not None:  # after temperature, before top-k / top-p, as vLLM does
+        probs = scaled.softmax(-1)
+        scaled = scaled.masked_fill(probs < probs.amax(-1, keepdim=True) * params.min_p[:, None], float("-inf"))
     sorted_logits, order = scaled.sort(dim=-1, descending=True)
     rank = torch.arange(vocab, device=logits.device)[None, :]
     k = torch.where(params.top_k > 0, params.top_k, torch.full_like(params.top_k, vocab))

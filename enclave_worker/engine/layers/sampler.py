@@ -1,17 +1,22 @@
-"""Sampling: greedy, temperature, top-k, top-p with per-request generators; logprobs with alternatives."""
+"""Sampling: logit bias and penalties, greedy, temperature, min-p, top-k, top-p with per-request
+generators; logprobs (of the raw logits) with alternatives. The order is vLLM's (logits_processors.py)."""
 
 from __future__ import annotations
 
 import torch
 
 from ..config import SamplingParams, TokenLogprob
+from .logits_processors import apply_min_p, process
+
+# The tokens each row has seen, for the penalties: (prompt token ids, output token ids) per row.
+History = tuple[list[list[int]], list[list[int]]]
 
 # Where top-p looks for the nucleus first (see top_p_filter).
 NUCLEUS_CANDIDATES = 1024
 
 
 def _filter(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
-    logits = logits / p.temperature
+    """Top-k then top-p on one row of temperature-scaled logits."""
     if p.top_k and p.top_k < logits.shape[-1]:
         kth = torch.topk(logits, p.top_k).values[-1]
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -55,14 +60,29 @@ def draw(probs: torch.Tensor, generators: list[torch.Generator | None]) -> list[
     return picked.clamp_(max=probs.shape[-1] - 1).tolist()
 
 
+def scaled_rows(processed: torch.Tensor, params: list[SamplingParams], rows: list[int]) -> torch.Tensor:
+    """The sampled rows of the processed logits over their temperatures, min-p applied (batched)."""
+    dev = processed.device
+    temps = torch.tensor([params[i].temperature for i in rows], dtype=torch.float32, device=dev)
+    scaled = processed[torch.tensor(rows, device=dev)].float() / temps[:, None]
+    if any(params[i].min_p for i in rows):
+        scaled = apply_min_p(scaled, torch.tensor([params[i].min_p for i in rows], device=dev))
+    return scaled
+
+
 def sample(
-    logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
+    logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None],
+    history: History | None = None,
 ) -> tuple[list[int], list[TokenLogprob | None]]:
-    """logits: [B, V] float32. Returns the next token and its logprob record (if asked) per row."""
-    tokens: list[int] = logits.argmax(dim=-1).tolist()
+    """logits: [B, V] float32. Returns the next token and its logprob record (if asked) per row.
+    ``history``: the rows' prompt and output tokens (needed only when a row has a penalty)."""
+    prompts, outputs = history or ([[] for _ in params], [[] for _ in params])
+    processed = process(logits, params, prompts, outputs)
+    tokens: list[int] = processed.argmax(dim=-1).tolist()
     drawn = [i for i, p in enumerate(params) if not p.greedy]
     if drawn:
-        probs = torch.stack([_filter(logits[i], params[i]).softmax(-1) for i in drawn])
+        scaled = scaled_rows(processed, params, drawn)
+        probs = torch.stack([_filter(scaled[j], params[i]).softmax(-1) for j, i in enumerate(drawn)])
         for i, token in zip(drawn, draw(probs, [generators[i] for i in drawn]), strict=True):
             tokens[i] = token
     records: list[TokenLogprob | None] = [None] * len(params)

@@ -123,3 +123,17 @@ async def test_a_failed_step_fails_every_request_by_type_only(engine: VllmEngine
         await _collect(engine, "r2", 3)
     assert json.dumps(engine.stats())  # still answers its status
     await engine.shutdown()
+
+
+def test_penalties_bias_min_p_and_structured_output_reach_vllms_sampling_params() -> None:
+    from protocol.sampling import StructuredOutput
+
+    params = SamplingParams(max_tokens=9, temperature=0.5, presence_penalty=0.5, frequency_penalty=-1.0,
+                            repetition_penalty=1.3, min_p=0.1, logit_bias=((4, -100.0), (2, 3.0)),
+                            structured=StructuredOutput("json_schema", '{"type": "object"}'))
+    kwargs = adapter.vllm_sampling_kwargs(params, 9, (0,))
+    assert (kwargs["presence_penalty"], kwargs["frequency_penalty"], kwargs["repetition_penalty"],
+            kwargs["min_p"], kwargs["logit_bias"]) == (0.5, -1.0, 1.3, 0.1, {4: -100.0, 2: 3.0})
+    assert adapter.vllm_sampling_kwargs(SamplingParams(), 9, (0,))["logit_bias"] is None
+    assert {k: adapter.VLLM_STRUCTURED_FIELD[k] for k in ("json_schema", "regex", "lark")} == {
+        "json_schema": "json", "regex": "regex", "lark": "grammar"}
