@@ -13,9 +13,9 @@ import pytest
 from fastapi.testclient import TestClient
 from starlette.requests import Request
 
+from api.app import create_app
 from api.console.session import COOKIE, cookie_secure
 from api.gateway.__main__ import main as gateway_main
-from api.gateway.app import create_app
 from api.gateway.settings import GatewaySettings
 from api.management.auth import issue_token
 from tests.api.fleet import postgres_database

@@ -15,7 +15,7 @@ from pathlib import Path
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from fastapi.testclient import TestClient
 
-from api.gateway.app import create_app
+from api.app import create_app
 from api.gateway.settings import GatewaySettings, WorkerRoute
 from api.tenant_audit import read_sealed_decisions
 from enclave_worker.guard import WorkerGuard
