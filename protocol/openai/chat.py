@@ -8,7 +8,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from protocol.openai import format as fmt
-from protocol.openai.constraints import guided_constraint, response_format_constraint, tool_call_constraint
+from protocol.openai.constraints import (
+    guided_constraint,
+    named_call_arguments_constraint,
+    response_format_constraint,
+    tool_call_constraint,
+)
 from protocol.openai.errors import OpenAIError, error_body
 from protocol.openai.runner import SSE_DONE, ChoiceRunner, ChunkEncoder, Streams, sampling_params, sse, usage_of
 from protocol.openai.schemas import ChatCompletionRequest, NamedToolChoice
@@ -52,8 +57,9 @@ def plan_chat(req: ChatCompletionRequest, *, rid: str, tenant: str, key_id: str,
     if structured is not None and (forced or json_mode):
         raise OpenAIError(400, "guided_* cannot be combined with response_format or a forced tool_choice",
                           param="response_format" if json_mode else "tool_choice")
-    if forced:  # the whole call is constrained: the name is one of the tools, the arguments follow its schema
-        prefix = fmt.tool_prefix("required")
+    if forced and isinstance(choice, dict):  # the name is in the prefix; the arguments follow its schema
+        structured = named_call_arguments_constraint(tools[0])
+    elif forced:  # the whole call is constrained: the name is one of the tools, the arguments follow its schema
         structured = tool_call_constraint(tools)
     if json_mode:
         hint = fmt.JSON_SYSTEM

@@ -2,10 +2,13 @@
 token (protocol/sampling.py::StructuredOutput; enclave_worker/engine/structured.py): JSON mode, a
 JSON schema, a forced tool call's JSON, and vLLM's `guided_json` / `guided_regex` / `guided_choice`.
 
-Tool calls: the answer starts with `<tool_call>\\n` (the assistant prefix) and the constraint is
-one call object, `{"name": <one of the allowed tools>, "arguments": <that tool's parameters>}`, so
-the name is a tool the request offered and the arguments follow its schema. Exactly one call is
-made under `required` (the grammar allows one object).
+Tool calls: under `required` the answer starts with `<tool_call>\\n` (the assistant prefix) and the
+constraint is one call object, `{"name": <one of the offered tools>, "arguments": <that tool's
+parameters>}`, so the name is a tool the request offered and the arguments follow its schema; exactly
+one call is made (the grammar allows one object). Under a named tool_choice the prefix already holds
+`<tool_call>\\n{"name": "<name>", "arguments": ` (so the worker's guard knows the call from the first
+token on, before any argument byte exists) and the constraint is the arguments, then the closing
+brace (`named_call_arguments_constraint`, a Lark grammar around the JSON schema).
 """
 
 from __future__ import annotations
@@ -53,6 +56,17 @@ def tool_call_constraint(tools: list[dict[str, Any]]) -> StructuredOutput:
         "arguments": t["function"].get("parameters") or JSON_OBJECT},
         "required": ["name", "arguments"], "additionalProperties": False} for t in tools]
     return _schema(calls[0] if len(calls) == 1 else {"anyOf": calls}, "tools")
+
+
+def named_call_arguments_constraint(tool: dict[str, Any]) -> StructuredOutput:
+    """The rest of a named call after its prefix: the arguments (the tool's parameters), then `}`."""
+    schema = tool["function"].get("parameters") or JSON_OBJECT
+    if not isinstance(schema, dict):
+        raise OpenAIError(400, "a tool's parameters must be a JSON schema object", param="tools")
+    # The same compact layout the engine gives JSON schemas (structured.JSON_DEFAULTS), inline.
+    layout = {"x-guidance": {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}}
+    return _structured("lark", 'start: arguments "}"\narguments: %json ' + json.dumps({**schema, **layout}),
+                       "tools")
 
 
 def guided_constraint(req: SamplingFields) -> StructuredOutput | None:

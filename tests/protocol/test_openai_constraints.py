@@ -45,8 +45,13 @@ def test_forced_tool_calls_are_one_call_to_an_offered_tool_with_its_arguments_sc
     assert [c["properties"]["name"] for c in spec["anyOf"]] == [{"const": "f"}, {"const": "g"}]
     assert spec["anyOf"][0]["properties"]["arguments"] == TOOL["function"]["parameters"]
     assert spec["anyOf"][1]["properties"]["arguments"] == {"type": "object"}
-    named = _structured(_plan(tools=[TOOL, OTHER], tool_choice={"type": "function", "function": {"name": "g"}}))[1]
-    assert named["properties"]["name"] == {"const": "g"}
+    # A named call: the name is in the prefix (the guard knows the call before any argument exists);
+    # the grammar is that tool's arguments, then the call's closing brace.
+    named_plan = _plan(tools=[TOOL, OTHER], tool_choice={"type": "function", "function": {"name": "f"}})
+    assert named_plan.prefix == '<tool_call>\n{"name": "f", "arguments": '
+    kind, grammar = _structured(named_plan)
+    assert kind == "lark" and str(grammar).startswith('start: arguments "}"')
+    assert json.dumps(TOOL["function"]["parameters"])[1:-1] in str(grammar)
     assert not _plan(tools=[TOOL], tool_choice="auto").requests[0].params.HasField("structured")
 
 
