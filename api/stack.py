@@ -198,10 +198,17 @@ class Stack:
         if self.lock is not None:
             self.lock.release()
 
+    def raise_if_failed(self) -> None:
+        """Raise ChildFailed if a process cannot run as configured (the caller stops the stack)."""
+        failure = self.supervisor.failed()
+        if failure is not None:
+            raise failure
+
     def wait_ready(self, timeout: float = 300.0) -> str:
         """Wait until the first worker is ready or failed; returns its final status."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
+            self.raise_if_failed()
             try:
                 status = httpx.get(f"{self.worker_url}/internal/status", timeout=2.0).json()["status"]
                 if status in ("ready", "failed"):
@@ -216,6 +223,7 @@ class Stack:
         ready, attested worker is routed to) and a one-token completion through it succeeds."""
         deadline, headers = time.monotonic() + timeout, {"Authorization": f"Bearer {api_key}"}
         while time.monotonic() < deadline:
+            self.raise_if_failed()
             try:
                 listed = httpx.get(f"{self.gateway_url}/v1/models", headers=headers, timeout=5.0).json()
                 if any(m.get("id") == model for m in listed.get("data", [])):
@@ -234,6 +242,9 @@ def _wait_http(url: str, child: Child, timeout: float = 60.0) -> None:
     while time.monotonic() < deadline:
         proc = child.proc
         if proc is not None and proc.poll() is not None:
+            failed = child.failed()
+            if failed is not None:
+                raise failed  # one line that says why; restarting cannot help
             raise RuntimeError(f"{child.name} exited with {proc.returncode} (log: {child.log_dir / child.name}.log)")
         try:
             if httpx.get(url, timeout=1.0).status_code < 500:

@@ -6,6 +6,10 @@ by the kernel to stop if the supervisor itself dies (`PR_SET_PDEATHSIG`), so not
 even after `kill -9` of `sealed up`. A child that exits while the stack runs is started again with
 the same arguments (same ports: workers keep their broker and gateway addresses) after a backoff
 that doubles on each quick failure (0.5 s up to 10 s) and resets once the child has run for 30 s.
+A child that exits with `EXIT_CONFIG_ERROR` (protocol/exit_codes.py: it cannot run as configured,
+e.g. the worker's compiled CPU kernels are missing or stale) is not restarted: the supervisor keeps
+that as `failure` (a `ChildFailed` with the child's last log line), and `sealed up` stops the stack
+and shows it.
 
 `RunLock` is the pid file `$SEALED_HOME/run/sealed.pid`, held with `flock` for the supervisor's
 life: a second `sealed up` on the same home is refused with one line, and a stale file left by a
@@ -26,6 +30,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from protocol.exit_codes import EXIT_CONFIG_ERROR
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +73,26 @@ class RunLock:
             self._fd = None
 
 
+class ChildFailed(RuntimeError):
+    """A child exited with EXIT_CONFIG_ERROR: the stack cannot run until its configuration changes."""
+
+    def __init__(self, name: str, code: int, last_line: str, log_path: Path) -> None:
+        super().__init__(f"{name} cannot start: {last_line or '(no output)'} (exit {code}; restarting cannot help; "
+                         f"log: {log_path})")
+        self.name, self.code, self.last_line, self.log_path = name, code, last_line, log_path
+
+
+def last_log_line(path: Path, tail_bytes: int = 4096) -> str:
+    """The last non-empty line of a child's log (its one-line reason; the log is appended to across runs)."""
+    try:
+        with path.open("rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - tail_bytes))
+            lines = f.read().decode(errors="replace").splitlines()
+    except OSError:
+        return ""
+    return next((line.strip() for line in reversed(lines) if line.strip()), "")[:500]
+
+
 def _die_with_parent() -> None:  # runs in the child between fork and exec
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
@@ -89,8 +115,20 @@ class Child:
     def pid(self) -> int | None:
         return self.proc.pid if self.proc is not None else None
 
+    @property
+    def log_path(self) -> Path:
+        return self.log_dir / f"{self.name}.log"
+
+    def failed(self) -> ChildFailed | None:
+        """Why this child cannot run, if it exited with EXIT_CONFIG_ERROR (else None: running, or
+        an exit that a restart may cure)."""
+        proc = self.proc
+        if proc is None or proc.poll() != EXIT_CONFIG_ERROR:
+            return None
+        return ChildFailed(self.name, EXIT_CONFIG_ERROR, last_log_line(self.log_path), self.log_path)
+
     def spawn(self) -> subprocess.Popen:
-        out = open(self.log_dir / f"{self.name}.log", "ab")  # noqa: SIM115 (the child's for its lifetime)
+        out = open(self.log_path, "ab")  # noqa: SIM115 (the child's for its lifetime)
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         try:
             self.proc = subprocess.Popen([self.python, "-m", *self.args], stdout=out, stderr=subprocess.STDOUT,
@@ -106,6 +144,7 @@ class Child:
 class Supervisor:
     log_dir: Path
     children: dict[str, Child] = field(default_factory=dict)
+    failure: ChildFailed | None = None  # the first child that exited with EXIT_CONFIG_ERROR (never restarted)
     _stopping: threading.Event = field(default_factory=threading.Event)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _thread: threading.Thread | None = None
@@ -143,6 +182,12 @@ class Supervisor:
                 proc = child.proc
                 if proc is None or proc.poll() is None:
                     continue
+                failed = child.failed()
+                if failed is not None:
+                    if self.failure is None:
+                        log.error("%s", failed)
+                        self.failure = failed
+                    continue  # restarting cannot help
                 if child.restart_at is None:
                     ran = now - child.started_at
                     child.quick_failures = 0 if ran >= STABLE_AFTER_S else child.quick_failures + 1
@@ -156,6 +201,13 @@ class Supervisor:
                     log.warning("%s restarted (pid %s, restart %d)", child.name, child.pid, child.restarts)
                     if child.on_restart is not None:
                         child.on_restart(child)
+
+    def failed(self) -> ChildFailed | None:
+        """The first child that cannot run (exited with EXIT_CONFIG_ERROR), also before `check` saw it."""
+        if self.failure is None:
+            with self._lock:
+                self.failure = next((f for c in self.children.values() if (f := c.failed()) is not None), None)
+        return self.failure
 
     def running(self) -> bool:
         return not self._stopping.is_set()

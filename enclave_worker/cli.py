@@ -16,6 +16,7 @@ from enclave_worker.attesters import resolve_tee
 from enclave_worker.serve import serve
 from enclave_worker.settings import WorkerSettings
 from protocol.asgi import freeze_startup_heap, schedule_full_collections
+from protocol.exit_codes import EXIT_CONFIG_ERROR
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -95,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
             load_cpu_ops()
         except CpuKernelsUnavailable as exc:
             print(f"worker: {exc}", file=sys.stderr, flush=True)
-            return 3
+            return EXIT_CONFIG_ERROR  # restarting cannot help: the supervisor stops and shows this line
         single_threaded_caller()  # the engine's own thread is the one that computes in parallel
     freeze_startup_heap()  # before any key or weight exists: full GC passes scan only what serving creates
     schedule_full_collections()  # and run on a timer, not every few seconds under load

@@ -12,7 +12,7 @@ import typer
 
 from api.home import Home, default_home
 from api.stack import console_cookie_args, launch, prepare_demo
-from api.supervisor import AlreadyRunning, RunLock
+from api.supervisor import AlreadyRunning, ChildFailed, RunLock
 from api.vllm_python import VllmNotInstalled
 
 
@@ -52,6 +52,7 @@ def up(
         typer.echo(f"sealed up: {exc}", err=True)
         raise typer.Exit(1) from None
     stopping = False
+    failed: ChildFailed | None = None
 
     def _stop(*_: object) -> None:
         # The first signal interrupts whatever runs (start-up, the wait); later ones are ignored so
@@ -69,6 +70,10 @@ def up(
     except KeyboardInterrupt:
         lock.release()  # launch() stopped whatever it had started
         raise typer.Exit(130) from None
+    except ChildFailed as exc:  # launch() stopped whatever it had started
+        lock.release()
+        typer.echo(f"sealed up: {exc}", err=True)
+        raise typer.Exit(1) from None
     except VllmNotInstalled as exc:
         lock.release()
         typer.echo(f"sealed up: {exc}", err=True)
@@ -108,11 +113,17 @@ Console: {url}/console{_console_note(host)}
 
 Ctrl-C stops every process; one that dies is restarted.""")
         while True:
+            stack.raise_if_failed()  # e.g. a worker the control loop started cannot run
             time.sleep(0.5)
     except KeyboardInterrupt:
         pass
+    except ChildFailed as exc:
+        failed = exc
     finally:
         stopping = True
         with contextlib.suppress(OSError):  # the terminal may be gone (SIGHUP)
             typer.echo("stopping ...")
         stack.stop()
+    if failed is not None:
+        typer.echo(f"sealed up: {failed}", err=True)
+        raise typer.Exit(1)

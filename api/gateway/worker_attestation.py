@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from cryptography import x509
-from cryptography.exceptions import InvalidSignature
+from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
@@ -43,10 +43,13 @@ def load_verifier(jwks_file: Path, issuer: str) -> TokenVerifier:
 
 def expected_binding(tls_cert_pem: str, usage_public_key_hex: str) -> bytes:
     spki = b""
-    if tls_cert_pem:
-        spki = x509.load_pem_x509_certificate(tls_cert_pem.encode()).public_key().public_bytes(
-            serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
-    return channel_binding(spki, bytes.fromhex(usage_public_key_hex))
+    try:
+        if tls_cert_pem:
+            spki = x509.load_pem_x509_certificate(tls_cert_pem.encode()).public_key().public_bytes(
+                serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+        return channel_binding(spki, bytes.fromhex(usage_public_key_hex))
+    except (ValueError, UnsupportedAlgorithm) as exc:  # cryptography reads some fields only when asked
+        raise FreshnessError(f"worker's TLS certificate or usage key cannot be read ({type(exc).__name__})") from None
 
 
 def verify_heartbeat_signature(body: Mapping[str, Any], now: float | None = None) -> None:

@@ -14,6 +14,7 @@ can re-verify every such entry on its own: ``verify_logged_decision(entry)``.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -52,8 +53,9 @@ def _check(fields: Mapping[str, Any]) -> dict[str, Any]:
             if type(v) is not int:
                 raise DecisionRecordError("policy_version must be an int")
         elif k == "at":
-            if not isinstance(v, int | float) or isinstance(v, bool):
-                raise DecisionRecordError("at must be a number")
+            # Finite: the audit log's canonical encoder refuses NaN and infinities.
+            if not isinstance(v, int | float) or isinstance(v, bool) or not math.isfinite(v):
+                raise DecisionRecordError("at must be a finite number")
         elif not isinstance(v, str) or len(v) > MAX_FIELD or "\n" in v:
             raise DecisionRecordError(f"{k} must be a short string")
     if out["action"] not in ACTIONS:
@@ -74,6 +76,8 @@ def verify_decision(payload: bytes, signature: bytes, public_key: bytes) -> dict
         raw = json.loads(payload)
     except (InvalidSignature, ValueError) as exc:
         raise DecisionRecordError("worker decision signature does not verify") from exc
+    except RecursionError:  # signed, but nested past the JSON decoder's depth
+        raise DecisionRecordError("not a worker decision record") from None
     if not isinstance(raw, dict) or raw.pop("kind", None) != KIND:
         raise DecisionRecordError("not a worker decision record")
     fields = _check(raw)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from protocol.model_ref import ModelRef
 
@@ -15,37 +15,41 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class Scoped(Strict):
+    """A body naming a model version: the names form a ModelRef, or the schema refuses the body
+    (a 422), so a route can take `ref` (the pattern alone lets ".." through)."""
+
+    tenant: str = Field(pattern=_NAME)
+    model: str = Field(pattern=_NAME)
+    version: str = Field(pattern=_NAME)
+
+    @model_validator(mode="after")
+    def _names_form_a_model_ref(self) -> Scoped:
+        ModelRef(self.tenant, self.model, self.version)  # InvalidModelRef is a ValueError: reported as invalid
+        return self
+
+    @property
+    def ref(self) -> ModelRef:
+        return ModelRef(self.tenant, self.model, self.version)
+
+
 class ChallengeResponse(Strict):
     session_id: str
     nonce: str
     expires_at: str
 
 
-class AttestRequest(Strict):
+class AttestRequest(Scoped):
     session_id: str = Field(max_length=64)
-    tenant: str = Field(pattern=_NAME)
-    model: str = Field(pattern=_NAME)
-    version: str = Field(pattern=_NAME)
     evidence: dict[str, Any]
-
-    @property
-    def ref(self) -> ModelRef:
-        return ModelRef(self.tenant, self.model, self.version)
 
 
 class AttestResponse(Strict):
     token: str
 
 
-class KeyRequest(Strict):
+class KeyRequest(Scoped):
     token: str = Field(max_length=16384)
-    tenant: str = Field(pattern=_NAME)
-    model: str = Field(pattern=_NAME)
-    version: str = Field(pattern=_NAME)
-
-    @property
-    def ref(self) -> ModelRef:
-        return ModelRef(self.tenant, self.model, self.version)
 
 
 class KeyResponse(Strict):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from api.supervisor import AlreadyRunning, RunLock, Supervisor
+from api.supervisor import AlreadyRunning, ChildFailed, RunLock, Supervisor
 
 SLEEPER = ["http.server", "0", "--bind", "127.0.0.1"]  # any long-running module
 
@@ -111,3 +111,117 @@ def test_a_stale_pid_file_from_a_killed_supervisor_does_not_block(tmp_path: Path
     holder.wait()
     assert (tmp_path / "run" / "sealed.pid").read_text().strip() == str(holder.pid)  # stale, not locked
     RunLock(tmp_path / "run").release()
+
+
+FAKE_WORKER = """import sys
+print("starting ...", flush=True)
+print("worker: the compiled CPU kernels are stale (rebuild them: make kernels)", file=sys.stderr, flush=True)
+sys.exit(int(sys.argv[1]))
+"""
+
+
+@pytest.fixture()
+def fake_worker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A module that prints one reason on stderr and exits with the code it is given."""
+    (tmp_path / "mods").mkdir()
+    (tmp_path / "mods" / "fake_worker_exit.py").write_text(FAKE_WORKER)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path / "mods"), os.environ.get("PYTHONPATH", "")]))
+    return "fake_worker_exit"
+
+
+def test_a_configuration_error_is_not_restarted_and_says_why(tmp_path: Path, fake_worker: str) -> None:
+    from protocol.exit_codes import EXIT_CONFIG_ERROR
+
+    sup = Supervisor(tmp_path)
+    child = sup.start("worker", [fake_worker, str(EXIT_CONFIG_ERROR)])
+    other = sup.start("gateway", SLEEPER)
+    assert child.proc is not None and other.proc is not None
+    try:
+        child.proc.wait(60)
+        for _ in range(3):  # as often as the watch thread would: never restarted, whatever the backoff
+            sup.check()
+        assert child.restarts == 0 and child.restart_at is None
+        failure = sup.failed()
+        assert isinstance(failure, ChildFailed) and failure is sup.failure
+        assert failure.code == EXIT_CONFIG_ERROR and failure.name == "worker"
+        assert failure.last_line == "worker: the compiled CPU kernels are stale (rebuild them: make kernels)"
+        assert str(failure) == (f"worker cannot start: {failure.last_line} (exit 3; restarting cannot help; "
+                                f"log: {tmp_path / 'worker.log'})")
+        assert other.proc.poll() is None  # stopping the stack is the caller's (sealed up's) decision
+    finally:
+        sup.stop()
+
+
+def test_another_exit_code_is_still_restarted(tmp_path: Path, fake_worker: str) -> None:
+    sup = Supervisor(tmp_path)
+    child = sup.start("worker", [fake_worker, "1"])
+    assert child.proc is not None
+    try:
+        child.proc.wait(60)
+        sup.check()
+        assert child.restart_at is not None and sup.failed() is None
+    finally:
+        sup.stop()
+
+
+def test_launch_stops_at_once_when_the_worker_cannot_start(tmp_path: Path, fake_worker: str) -> None:
+    """`_wait_http` (how launch waits for each process) raises the child's reason, not a timeout."""
+    from api.stack import _wait_http
+    from protocol.exit_codes import EXIT_CONFIG_ERROR
+
+    sup = Supervisor(tmp_path)
+    child = sup.start("worker", [fake_worker, str(EXIT_CONFIG_ERROR)])
+    try:
+        with pytest.raises(ChildFailed, match="compiled CPU kernels are stale"):
+            _wait_http("http://127.0.0.1:9/never", child, timeout=600)
+    finally:
+        sup.stop()
+
+
+def test_sealed_up_prints_the_reason_in_one_line_and_exits_non_zero(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    import api.cli.up as up_module
+    from api.cli.main import build
+
+    log = tmp_path / "logs" / "worker.log"
+    failure = ChildFailed("worker", 3, "worker: the compiled CPU kernels are missing", log)
+
+    def launch(*_: object, **__: object) -> None:
+        raise failure
+
+    monkeypatch.setattr(up_module, "prepare_demo", lambda *a, **k: None)
+    monkeypatch.setattr(up_module, "launch", launch)
+    result = CliRunner().invoke(build(), ["up", "--home", str(tmp_path / "home")])
+    assert result.exit_code == 1
+    assert result.stderr.strip().splitlines() == [f"sealed up: {failure}"]
+    assert "Traceback" not in result.output
+    # The home's run lock was released: the next `sealed up` is not refused.
+    RunLock(tmp_path / "home" / "run").release()
+
+
+def test_the_real_worker_on_stale_kernels_stops_the_stack_with_its_line(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The chain end to end: a copy of the worker whose kernel source changed after the build (a pull
+    without a reinstall), supervised as `sealed up` does: its one line comes back as ChildFailed."""
+    from tests.enclave_worker.engine import test_engine_cpu_kernels_install as kernels
+
+    tree = kernels._copy_of_the_worker(tmp_path)
+    kernels._break_stale(kernels._built_module(tree))
+    for name, value in kernels._no_compiler_env(tmp_path, tree).items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.chdir(tmp_path)  # `python -m` puts the working directory first: the copy, not this checkout
+    sup = Supervisor(tmp_path)
+    child = sup.start("worker", ["enclave_worker", "--broker-url", "http://127.0.0.1:9", "--package-dir",
+                                 str(tmp_path), "--tenant", "acme", "--model", "m", "--version", "v1",
+                                 "--grpc-port", "0", "--port", "0"])
+    try:
+        from api.stack import _wait_http
+
+        with pytest.raises(ChildFailed) as failed:
+            _wait_http("http://127.0.0.1:9/never", child, timeout=kernels.BOOT_TIMEOUT_S)
+        assert failed.value.code == 3 and child.restarts == 0
+        assert failed.value.last_line.startswith("worker: the CPU kernels are stale"), failed.value.last_line
+    finally:
+        sup.stop()
