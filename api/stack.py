@@ -13,8 +13,10 @@ import os
 import secrets
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 from cryptography.hazmat.primitives import serialization
@@ -69,7 +71,7 @@ def worker_settings(home: Home, broker_url: str, port: int, unsafe_sim_measureme
     )
 
 
-def prepare_demo(home: Home, model_path: Path | None = None, log: callable = print,  # type: ignore[valid-type]
+def prepare_demo(home: Home, model_path: Path | None = None, log: Callable[[str], None] = print,
                  engine: str = "sealed") -> DemoInfo:
     """Idempotent: keys, the encrypted demo model, its data key, release policy and API key."""
     home.create()
@@ -182,7 +184,7 @@ class Stack:
 
     def write_pids(self, *_: object) -> None:
         children = self.supervisor.children
-        doc = {name: child.pid for name, child in list(children.items())}
+        doc: dict[str, Any] = {name: child.pid for name, child in list(children.items())}
         doc.update({"supervisor": os.getpid(), "workers": [c.pid for n, c in list(children.items())
                                                           if n.startswith("worker")],
                     "broker_url": self.broker_url, "worker_url": self.worker_url,
@@ -210,7 +212,7 @@ class Stack:
         while time.monotonic() < deadline:
             self.raise_if_failed()
             try:
-                status = httpx.get(f"{self.worker_url}/internal/status", timeout=2.0).json()["status"]
+                status: str = httpx.get(f"{self.worker_url}/internal/status", timeout=2.0).json()["status"]
                 if status in ("ready", "failed"):
                     return status
             except (httpx.HTTPError, ValueError, KeyError):

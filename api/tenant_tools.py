@@ -12,6 +12,7 @@ from enclave_worker.engine.checkpoint import Checkpoint, load_gguf, load_hf_dir
 from enclave_worker.package.writer import write_package
 from protocol.model_ref import ModelRef
 from protocol.package import Manifest, PackageError
+from protocol.package.format import DEFAULT_SEGMENT_SIZE
 from protocol.package.keywrap import SealedDataKey, load_import_public_key, seal_data_key
 from protocol.package.signing import SigningKey
 
@@ -31,14 +32,13 @@ def encrypt_checkpoint(checkpoint: Checkpoint, out: Path, *, tenant: str, model:
                        segment_size: int | None = None) -> EncryptedModel:
     """A fresh data key per model version; the package holds only ciphertext and public metadata."""
     data_key = secrets.token_bytes(32)
-    extra = {"segment_size": segment_size} if segment_size else {}
     manifest = write_package(
         out,
         metadata={"format": "hf-llama", "config": checkpoint.config,
                   "tokenizer_json": checkpoint.tokenizer_json, "chat_template": checkpoint.chat_template},
         tensors=list(checkpoint.tensors.items()),
         data_key=data_key, key_id=f"dek-{secrets.token_hex(8)}", tenant=tenant, model=model, version=version,
-        signing_key=signing_key, progress=progress, **extra,
+        signing_key=signing_key, progress=progress, segment_size=segment_size or DEFAULT_SEGMENT_SIZE,
     )
     return EncryptedModel(manifest, data_key)
 

@@ -29,4 +29,5 @@ def load(name: str) -> Callable[[list[str]], int]:
     if name not in available():
         raise UnknownBenchmarkError(f"unknown benchmark {name!r}; available: {', '.join(available())}")
     module: ModuleType = importlib.import_module(f"{__name__}.{PREFIX}{name}")
-    return module.main
+    main: Callable[[list[str]], int] = module.main
+    return main

@@ -86,8 +86,8 @@ def main(argv: list[str] | None = None) -> int:
                                    console=ConsoleSettings(audit_dir=root / "audit"))
         (root / "gateway").mkdir()
         app = create_app(settings)
-        for t in range(args.tenants):
-            app.state.service.store.ensure_tenant(f"tenant-{t:02d}", token_budget=10**6)
+        for n in range(args.tenants):
+            app.state.service.store.ensure_tenant(f"tenant-{n:02d}", token_budget=10**6)
         port = free_port()
         server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
         threading.Thread(target=server.run, daemon=True).start()

@@ -25,6 +25,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "int8": "int8", "int4": "int4"}
 
@@ -96,7 +97,7 @@ def _sampling(spec: dict) -> tuple[float, float]:
     return float(spec.get("temperature", 0.0)), float(spec.get("top_p", 1.0))
 
 
-def _row(system: str, spec: dict, tok_s: float, ttft: float, **extra) -> dict:
+def _row(system: str, spec: dict, tok_s: float, ttft: float, **extra: Any) -> dict:
     temperature, top_p = _sampling(spec)
     return {
         "system": system,
@@ -345,7 +346,8 @@ def run_worker(python: str, system: str, spec: dict, timeout: float) -> dict:
         return {"system": system, "error": f"timeout after {timeout}s", **spec}
     for line in reversed(proc.stdout.splitlines()):
         if line.startswith("{"):
-            return json.loads(line)
+            row: dict = json.loads(line)  # the worker's one result line
+            return row
     return {
         "system": system,
         "error": (proc.stderr or proc.stdout)[-800:],

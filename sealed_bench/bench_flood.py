@@ -56,11 +56,15 @@ async def _quiet_client(url: str, key: str, requests: int, concurrency: int, tok
     import httpx
 
     body = {"model": MODEL, "prompt": "hello", "max_tokens": tokens, "stream": True}
-    sem, ttfts, statuses = asyncio.Semaphore(concurrency), [], {}
+    sem = asyncio.Semaphore(concurrency)
+    ttfts: list[float | None] = []
+    statuses: dict[str, int] = {}
 
     async def one(client: httpx.AsyncClient) -> None:
         async with sem:
-            started, ttft, done, status = time.perf_counter(), None, False, "error"
+            started, done = time.perf_counter(), False
+            ttft: float | None = None
+            status: int | str = "error"  # the HTTP status, or the client's error
             try:
                 async with client.stream("POST", "/v1/completions", json=body,
                                          headers={"Authorization": f"Bearer {key}"}) as r:
@@ -91,7 +95,8 @@ async def quiet_run(url: str, key: str, args: argparse.Namespace) -> dict[str, A
     proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "sealed_bench.bench_flood", "--quiet-client",
                                                 config, stdout=asyncio.subprocess.PIPE)
     out, _ = await proc.communicate()
-    return json.loads(out)
+    summary: dict[str, Any] = json.loads(out)  # _quiet_client's answer
+    return summary
 
 
 async def load(args: argparse.Namespace, url: str, keys: dict[str, str]) -> dict[str, Any]:
@@ -222,11 +227,11 @@ def _accounting(args: argparse.Namespace, store: Any, audit_dir: Path, result: d
     entries = read_entries(audit_dir)
     # Admission refusals are aggregated like edge refusals: the first of each kind per window in full,
     # the rest counted in `admission-summary` entries (api/gateway/tickets.py).
-    admission = {t: sum(1 if e.action == "admission" else int(e.metadata.get("count", 0)) for e in entries
+    admission = {t: sum(1 if e.action == "admission" else int(e.metadata.get("count") or 0) for e in entries
                         if e.tenant == t and e.action in ("admission", "admission-summary")) for t in TENANTS}
     refused = {t: sum(n for s, n in result["statuses"].get(t, {}).items() if s in ("429", "400"))
                for t in ("bulk", "flood")}
-    edge_401 = sum(1 if e.action == "edge-refusal" else int(e.metadata.get("count", 0)) for e in entries
+    edge_401 = sum(1 if e.action == "edge-refusal" else int(e.metadata.get("count") or 0) for e in entries
                    if e.action in ("edge-refusal", "edge-refusal-summary") and e.metadata.get("status") == 401)
     return {"usage_rows": rows, "usage_exact": rows == result["choices_completed"],
             "completion_tokens": {"usage": served, "served": expected}, "tokens_exact": served == expected,

@@ -19,7 +19,8 @@ from typing import Any
 
 import torch
 
-from enclave_worker.engine import EngineConfig, LLMEngine, SamplingParams
+from enclave_worker.engine import EngineConfig, LLMEngine, RequestOutput, SamplingParams
+from enclave_worker.engine.output_stream import Sink
 from sealed_bench.gpu_models import ARCHS, hf_model, random_checkpoint
 
 DTYPES = {"bf16": ("bfloat16", torch.bfloat16), "fp32": ("float32", torch.float32),
@@ -51,6 +52,22 @@ def prompts(batch: int, length: int, seed: int) -> list[list[int]]:
     return torch.randint(100, 40000, (batch, length), generator=g).tolist()
 
 
+def _note_first(firsts: dict[str, float], request_id: str) -> Sink:
+    """A sink that notes when the request's first output came."""
+    def sink(_: RequestOutput | BaseException) -> None:
+        firsts.setdefault(request_id, time.perf_counter())
+    return sink
+
+
+def _collect(tokens: list[int]) -> Sink:
+    """A sink that appends the request's tokens (an engine error is raised where it arrives)."""
+    def sink(output: RequestOutput | BaseException) -> None:
+        if isinstance(output, BaseException):
+            raise output
+        tokens.extend(output.delta_token_ids)
+    return sink
+
+
 def run_sealed(engine: LLMEngine, batch: list[list[int]], out_len: int) -> dict[str, Any]:
     firsts: dict[str, float] = {}
     params = SamplingParams(max_tokens=out_len, temperature=0, ignore_eos=True)
@@ -58,7 +75,7 @@ def run_sealed(engine: LLMEngine, batch: list[list[int]], out_len: int) -> dict[
     sync()
     start = time.perf_counter()
     for i, p in enumerate(batch):
-        engine.add_request(f"r{i}", p, params, lambda o, i=i: firsts.setdefault(f"r{i}", time.perf_counter()))
+        engine.add_request(f"r{i}", p, params, _note_first(firsts, f"r{i}"))
     steps = 0
     while engine.has_unfinished_requests():
         engine.step()
@@ -92,7 +109,8 @@ def profiled_crossings(engine: LLMEngine, prompt: list[int]) -> dict[str, int]:
 
 def run_hf(model: Any, batch: list[list[int]], out_len: int, static: bool) -> dict[str, Any]:
     ids = torch.tensor(batch, device=model.device)
-    kwargs = {"max_new_tokens": out_len, "min_new_tokens": out_len, "do_sample": False, "pad_token_id": 0}
+    kwargs: dict[str, Any] = {"max_new_tokens": out_len, "min_new_tokens": out_len, "do_sample": False,
+                              "pad_token_id": 0}
     if static:
         kwargs["cache_implementation"] = "static"
         model.generate(ids, **{**kwargs, "max_new_tokens": 8, "min_new_tokens": 8})  # compile outside the timing
@@ -121,7 +139,7 @@ def greedy_equality(arch: str, device: str, assets: Path | None, n_prompts: int 
     params = SamplingParams(max_tokens=n_tokens, temperature=0, ignore_eos=True)
     outs: dict[str, list[int]] = {f"r{i}": [] for i in range(n_prompts)}
     for i, p in enumerate(batch):
-        engine.add_request(f"r{i}", p, params, lambda o, i=i: outs[f"r{i}"].extend(o.delta_token_ids))
+        engine.add_request(f"r{i}", p, params, _collect(outs[f"r{i}"]))
     while engine.has_unfinished_requests():
         engine.step()
     ref = hf.generate(torch.tensor(batch, device=device), max_new_tokens=n_tokens, min_new_tokens=n_tokens,

@@ -210,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
             proc.wait(15)
     receipt_ids = [line["receipt"]["token_id"] for line in receipts]
     keys = burst.pop("keys")
-    result = {
+    result: dict[str, Any] = {
         "benchmark": "keyrelease",
         "machine": {
             "platform": platform.platform(),

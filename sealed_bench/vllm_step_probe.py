@@ -57,8 +57,10 @@ class Switches:
     def __init__(self, model: torch.nn.Module) -> None:
         from vllm import _custom_ops as ops
 
-        self.layers = [m for m in model.modules() if hasattr(m, "cpu_linear") and getattr(m, "weight", None) is not None
-                       and m.weight.ndim == 2]
+        # vLLM's linear layers as our loader set them up, found by their attributes (`cpu_linear`, a
+        # 2-D `weight`), which torch types only as `Tensor | Module`.
+        self.layers: list[Any] = [m for m in model.modules() if hasattr(m, "cpu_linear")
+                                  and getattr(m, "weight", None) is not None and m.weight.ndim == 2]
         self.fns: dict[str, dict[int, Callable[..., torch.Tensor]]] = {
             "torch": {id(m): m.cpu_linear for m in self.layers}, "onednn": {}, "mkldnn": {}}
         self.padded = 0

@@ -1,7 +1,7 @@
-"""mypy passes on the packages whose values cross trust boundaries (pyproject.toml [tool.mypy]:
-protocol, attestation, key_broker, policy, enclave_worker, sealed_client; untyped definitions and implicit
-Any returns refused everywhere; enclave_worker (the code inside the trust boundary), protocol,
-key_broker and sealed_client under mypy's strict flags)."""
+"""mypy passes on every product package (pyproject.toml [tool.mypy]: protocol, attestation,
+key_broker, policy, enclave_worker, sealed_client, api, sealed_bench); untyped definitions and
+implicit Any returns refused everywhere; enclave_worker (the code inside the trust boundary),
+protocol, key_broker and sealed_client under mypy's strict flags as well."""
 
 from __future__ import annotations
 

@@ -8,10 +8,15 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from typer.core import TyperGroup
+
+if TYPE_CHECKING:
+    # The click that typer vendors (and passes to these overrides: a plain click Context, not
+    # typer.Context); typer's TyperGroup signatures name these types.
+    from typer._click import Command, Context, HelpFormatter
 
 
 @dataclass(frozen=True)
@@ -29,10 +34,10 @@ class LazyGroup(TyperGroup):
 
     commands_table: dict[str, LazyCommand] = {}  # noqa: RUF012 - replaced per subclass, never mutated
 
-    def list_commands(self, ctx: typer.Context) -> list[str]:
+    def list_commands(self, ctx: Context) -> list[str]:
         return sorted(self.commands_table)
 
-    def get_command(self, ctx: typer.Context, cmd_name: str) -> Any:
+    def get_command(self, ctx: Context, cmd_name: str) -> Command | None:
         entry = self.commands_table.get(cmd_name)
         if entry is None:
             return None
@@ -41,11 +46,12 @@ class LazyGroup(TyperGroup):
         holder = typer.Typer(add_completion=False)
         if entry.is_group:
             holder.add_typer(obj(), name=cmd_name)
-            return typer.main.get_command(holder).commands[cmd_name]  # type: ignore[attr-defined]
+            # With a sub-Typer added, get_command builds exactly get_group's TyperGroup.
+            return typer.main.get_group(holder).commands[cmd_name]
         holder.command(cmd_name, context_settings=entry.context_settings)(obj)
         return typer.main.get_command(holder)
 
-    def format_help(self, ctx: typer.Context, formatter: Any) -> None:
+    def format_help(self, ctx: Context, formatter: HelpFormatter) -> None:
         # Plain help from the table: the rich help would build (so import) every subcommand.
         formatter.write_usage(ctx.command_path, "COMMAND [ARGS]...")
         formatter.write_paragraph()

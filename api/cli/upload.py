@@ -44,7 +44,8 @@ def _check(response: httpx.Response) -> dict[str, Any]:
     if response.status_code >= 400:
         raise UploadFailed(f"{response.request.method} {response.request.url.path}: "
                            f"{response.status_code} {response.text[:300]}")
-    return response.json()
+    answer: dict[str, Any] = response.json()
+    return answer
 
 
 def upload_package(pkg: Path, client: httpx.Client, *, chunk_bytes: int = DEFAULT_CHUNK,

@@ -22,7 +22,8 @@ def _rows(home: Path | None, url: str | None, token: str | None, tenant: str | N
         r = httpx.get(f"{url.rstrip('/')}/admin/v1/usage", params={"tenant": tenant} if tenant else None,
                       headers={"Authorization": f"Bearer {token}"}, timeout=30)
         r.raise_for_status()
-        return r.json()["data"]
+        rows: list[dict] = r.json()["data"]
+        return rows
     from api.store.db import make_engine, session_factory, sqlite_url, upgrade
     from api.store.repo import Store
 

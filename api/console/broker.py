@@ -49,7 +49,8 @@ class BrokerView:
             self._http.close()
 
     def tenant_status(self, tenant: str) -> dict[str, Any] | None:
-        return self._call("GET", f"/v1/admin/tenants/{tenant}")
+        status: dict[str, Any] | None = self._call("GET", f"/v1/admin/tenants/{tenant}")  # None: no such tenant
+        return status
 
     def release_policies(self, tenant: str) -> list[dict[str, Any]]:
         return self._call("GET", f"/v1/admin/tenants/{tenant}/policies") or []

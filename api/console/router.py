@@ -38,6 +38,7 @@ from api.console.session import (
     viewer,
 )
 from api.console.views import (
+    AuditFilter,
     Facets,
     bucket_usage,
     chain_status,
@@ -99,7 +100,8 @@ class ConsoleState:
 
 
 def _state(request: Request) -> ConsoleState:
-    return request.app.state.console
+    state: ConsoleState = request.app.state.console
+    return state
 
 
 def _service(request: Request) -> Any:
@@ -148,10 +150,10 @@ def login(request: Request, token: str = Form("", max_length=4096)) -> Response:
         response = _render(request, "login.html", None, error=str(exc))
         response.status_code = 401 if isinstance(exc, ConsoleAuthError) else 403
         return response
-    response = RedirectResponse("/console/audit", status_code=303)
-    set_session_cookie(response, session, secure=cookie_secure(request, state.settings.unsafe_plain_http_loopback),
+    redirect = RedirectResponse("/console/audit", status_code=303)
+    set_session_cookie(redirect, session, secure=cookie_secure(request, state.settings.unsafe_plain_http_loopback),
                        max_age=state.settings.session_ttl_s)
-    return response
+    return redirect
 
 
 @router.post("/logout", dependencies=[Depends(same_origin)])
@@ -170,7 +172,7 @@ def home() -> RedirectResponse:
 
 
 def _audit_query(who: Viewer, tenant: str | None, component: str | None, rule: str | None,
-                 decision: str | None, since: str | None, until: str | None):  # type: ignore[no-untyped-def]
+                 decision: str | None, since: str | None, until: str | None) -> tuple[AuditFilter, str | None]:
     try:
         return scoped_filter(who, tenant=tenant, component=component, rule=rule, decision=decision, since=since,
                              until=until), None
@@ -397,8 +399,8 @@ def policies_page(request: Request, who: Viewer = Depends(viewer), tenant: str |
     by_version = {v.version: v.document for v in versions}
     diff, pair = None, None
     if len(versions) >= 2:
-        new = b if b in by_version else versions[0].version
-        old = a if a in by_version else versions[1].version
+        new = b if b is not None and b in by_version else versions[0].version
+        old = a if a is not None and a in by_version else versions[1].version
         diff, pair = policy_diff(by_version[old], by_version[new], old, new), (old, new)
     return _render(request, "policies.html", who, tenant=chosen, tenants=_tenants(request, who), rows=rows,
                    diff=diff, pair=pair)

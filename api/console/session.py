@@ -41,7 +41,7 @@ class ConsoleForbidden(Exception):
 
 
 def _secret(request: Request) -> str:
-    secret = request.app.state.service.settings.jwt_secret
+    secret: str = request.app.state.service.settings.jwt_secret
     if not secret:
         raise ConsoleForbidden("console disabled: no management JWT secret configured")
     return secret

@@ -15,7 +15,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 import jwt
 from cryptography import x509
@@ -124,7 +124,12 @@ class NewestFirst(Sequence[Row]):
     def __len__(self) -> int:
         return len(self._rows)
 
-    def __getitem__(self, item):  # type: ignore[no-untyped-def,override]
+    @overload
+    def __getitem__(self, item: int) -> Row: ...
+    @overload
+    def __getitem__(self, item: slice) -> list[Row]: ...
+
+    def __getitem__(self, item: int | slice) -> Row | list[Row]:
         n = len(self._rows)
         if isinstance(item, slice):
             start, stop, step = item.indices(n)

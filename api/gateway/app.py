@@ -22,7 +22,7 @@ from api.gateway.errors import (
     http_error_handler,
     validation_error_handler,
 )
-from api.gateway.limits import LocalQueueCounter, RedisLimiterStore, RedisQueueCounter
+from api.gateway.limits import LocalQueueCounter, QueueCounter, RedisLimiterStore, RedisQueueCounter
 from api.gateway.router import router
 from api.gateway.sealed_router import router as sealed_router
 from api.gateway.service import GatewayService
@@ -38,6 +38,7 @@ def build_service(settings: GatewaySettings) -> GatewayService:
     engine = make_engine(settings.db_url)
     upgrade(engine)
     store = Store(session_factory(engine))
+    counter: QueueCounter
     if settings.redis_url:
         import redis  # only fleets need it
 

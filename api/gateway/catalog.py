@@ -40,7 +40,8 @@ class Catalog:
     def cached(self, key: tuple, compute: Callable[[], T]) -> T:
         hit = self._cache.get(key)
         if hit and time.monotonic() - hit[0] < CACHE_S:
-            return hit[1]
+            stored: T = hit[1]  # what `compute` made for this key
+            return stored
         value = compute()
         self._cache[key] = (time.monotonic(), value)
         return value
@@ -79,8 +80,11 @@ class Catalog:
 
     def _authenticated(self, secret: str, within_s: float) -> KeyRecord | None:
         hit = self._cache.get(("key", hash_secret(secret)))
-        if hit and time.monotonic() - hit[0] < within_s and not hit[1].expired(dt.datetime.now(dt.UTC)):
-            return hit[1]
+        if not hit:
+            return None
+        key: KeyRecord = hit[1]  # ("key", hash) entries hold the KeyRecord that authenticate() found
+        if time.monotonic() - hit[0] < within_s and not key.expired(dt.datetime.now(dt.UTC)):
+            return key
         return None
 
     def authenticate(self, secret: str) -> KeyRecord:

@@ -15,7 +15,8 @@ from api.store.repo import KeyRecord
 
 
 async def get_service(request: Request) -> GatewayService:
-    return request.app.state.service
+    service: GatewayService = request.app.state.service
+    return service
 
 
 async def bearer_secret(request: Request) -> str:
@@ -30,6 +31,8 @@ async def bearer_secret(request: Request) -> str:
 async def current_key(request: Request, secret: str = Depends(bearer_secret),
                       service: GatewayService = Depends(get_service)) -> KeyRecord:
     # A key seen within the last second is served from memory: under a flood the threads are busy.
-    key = service.cached_key(secret) or await asyncio.to_thread(service.authenticate, secret)
+    key = service.cached_key(secret)
+    if key is None:
+        key = await asyncio.to_thread(service.authenticate, secret)
     request.scope.setdefault("state", {})["audit_tenant"] = key.tenant  # a later refusal's audit entry names it
     return key

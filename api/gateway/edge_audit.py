@@ -4,12 +4,13 @@ too), with the tenant when a key or principal named one."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from policy.audit.edge import EdgeRefusals
 
 
-def audit_edge(scope: dict[str, Any], status: int, code: str | None) -> None:
+def audit_edge(scope: Mapping[str, Any], status: int, code: str | None) -> None:
     """Audit an answer made at the edge, through the app's service (when it has an EdgeRefusals). The
     answer goes out even if the audit log refuses the write (a tampered log stops the gateway's
     decisions, not its error replies); that failure is logged."""

@@ -56,7 +56,9 @@ class CleanupStreamingResponse(StreamingResponse):
             nonlocal finished
             try:
                 async for event in self.body_iterator:
-                    pending.append(event if isinstance(event, bytes) else bytes(event))
+                    # Our content is bytes; starlette's type also allows str (encoded as starlette does).
+                    data = event.encode(self.charset) if isinstance(event, str) else event
+                    pending.append(data if isinstance(data, bytes) else bytes(data))
                     ready.set()
                     if len(pending) >= self.max_pending:
                         drained.clear()

@@ -7,7 +7,7 @@ the request in its engine. A worker that vanishes mid-stream surfaces as WorkerL
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable
 from typing import Any
 
 import grpc
@@ -24,6 +24,15 @@ class WorkerLost(GatewayError):
     def __init__(self) -> None:
         super().__init__(502, "the worker serving this request stopped; the answer is incomplete",
                          type_="server_error", code="worker_lost")
+
+
+class WorkerRefusal(GatewayError):
+    """The worker's in-enclave policy refused the request; `worker_decisions` are its signed
+    decisions (from the call's trailers), which the service verifies and audits."""
+
+    def __init__(self, message: str, worker_decisions: list[worker_pb2.UsageRecord]) -> None:
+        super().__init__(403, message, code="content_policy_violation")
+        self.worker_decisions = worker_decisions
 
 
 class WorkerUnavailable(GatewayError):
@@ -89,7 +98,8 @@ class WorkerClients:
     async def status_ok(self, address: str, worker_cert: str = "", timeout_s: float = 2.0) -> bool:
         """The health check: does the worker answer its Status RPC, and say it is ready?"""
         try:
-            reply = await self.stub(address, worker_cert).Status(worker_pb2.StatusRequest(), timeout=timeout_s)
+            reply: worker_pb2.StatusReply = await self.stub(address, worker_cert).Status(worker_pb2.StatusRequest(),
+                                                                                         timeout=timeout_s)
         except grpc.aio.AioRpcError:
             return False
         return reply.status == "ready"
@@ -148,10 +158,14 @@ def _translate_sealed(exc: grpc.aio.AioRpcError) -> GatewayError:
     return _translate(exc, started=False)
 
 
-def _decision_records(metadata: object) -> list[worker_pb2.UsageRecord]:
+# gRPC metadata: (key, value) pairs; values of "-bin" keys are bytes (grpc ships no type hints).
+Metadata = Iterable[tuple[str, str | bytes]]
+
+
+def _decision_records(metadata: Metadata | None) -> list[worker_pb2.UsageRecord]:
     """The worker's signed in-enclave decisions from gRPC trailing metadata (verified by the service)."""
-    out = []
-    for key, value in tuple(metadata or ()):  # type: ignore[arg-type]
+    out: list[worker_pb2.UsageRecord] = []
+    for key, value in tuple(metadata or ()):
         if key == DECISION_METADATA_KEY and isinstance(value, bytes) and len(out) < 16:
             try:
                 out.append(worker_pb2.UsageRecord.FromString(value))
@@ -160,9 +174,9 @@ def _decision_records(metadata: object) -> list[worker_pb2.UsageRecord]:
     return out
 
 
-def _sealed_record(metadata: object) -> bytes | None:
+def _sealed_record(metadata: Metadata | None) -> bytes | None:
     """The tenant's sealed decision record from a SealedGenerate call's trailers (opaque here)."""
-    for key, value in tuple(metadata or ()):  # type: ignore[arg-type]
+    for key, value in tuple(metadata or ()):
         if key == RECORD_METADATA_KEY and isinstance(value, bytes):
             return value
     return None
@@ -189,7 +203,7 @@ class WorkerStream:
         await self._it.aclose()
         self._call.cancel()  # also when the stream was never read (its generator's cleanup never ran)
 
-    async def _chunks(self) -> AsyncIterator[worker_pb2.GenerateChunk]:
+    async def _chunks(self) -> AsyncGenerator[worker_pb2.GenerateChunk, None]:
         try:
             while True:
                 chunk = await self._call.read()
@@ -210,9 +224,7 @@ def _translate(exc: grpc.aio.AioRpcError, started: bool) -> GatewayError:
     if code == grpc.StatusCode.PERMISSION_DENIED:
         # The worker's in-enclave policy refused the prompt, the answer or a tool call; its signed
         # decision rides along for the audit trail.
-        error = GatewayError(403, exc.details() or "refused by policy", code="content_policy_violation")
-        error.worker_decisions = _decision_records(exc.trailing_metadata())
-        return error
+        return WorkerRefusal(exc.details() or "refused by policy", _decision_records(exc.trailing_metadata()))
     if code == grpc.StatusCode.INVALID_ARGUMENT:
         return GatewayError(400, exc.details() or "invalid request", code="invalid_value")
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED:

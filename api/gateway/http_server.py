@@ -83,7 +83,7 @@ def shorten_gil_switch_interval(interval_s: float = 0.001) -> None:
 def guarded_protocol(limits: ConnectionLimits, http: Http = "auto") -> type[asyncio.Protocol]:
     base: Any = base_protocol(http)
 
-    class GuardedProtocol(base):  # type: ignore[misc, valid-type]
+    class GuardedProtocol(base):  # whichever of uvicorn's two protocols is installed
         """Uses only what both uvicorn protocols have: `connections`, `loop`, `transport`, `cycle`
         (None, or the latest request's, with `response_complete`), `on_response_complete`."""
 

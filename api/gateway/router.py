@@ -55,12 +55,13 @@ def retrieve_model(model: str, key: KeyRecord = Depends(current_key),
 
 
 # JSON, or server-sent events with "stream": true.
-_STREAMABLE = {200: {"content": {"application/json": {}, "text/event-stream": {}}}}
+_STREAMABLE: dict[int | str, dict[str, Any]] = {
+    200: {"content": {"application/json": {}, "text/event-stream": {}}}}
 
 
 @router.post("/v1/chat/completions", response_model=None, responses=_STREAMABLE)
 async def chat_completions(req: ChatCompletionRequest, request: Request, key: KeyRecord = Depends(current_key),
-                           service: GatewayService = Depends(get_service)):  # type: ignore[no-untyped-def]
+                           service: GatewayService = Depends(get_service)) -> JSONResponse | CleanupStreamingResponse:
     split = service.resolve(key, req.model)
     service.check_plaintext_allowed(key)
     rid = request_id()
@@ -80,7 +81,7 @@ async def chat_completions(req: ChatCompletionRequest, request: Request, key: Ke
 
 @router.post("/v1/completions", response_model=None, responses=_STREAMABLE)
 async def completions(req: CompletionRequest, request: Request, key: KeyRecord = Depends(current_key),
-                      service: GatewayService = Depends(get_service)):  # type: ignore[no-untyped-def]
+                      service: GatewayService = Depends(get_service)) -> JSONResponse | CleanupStreamingResponse:
     split = service.resolve(key, req.model)
     service.check_plaintext_allowed(key)
     prompts = [req.prompt] if isinstance(req.prompt, str) else list(req.prompt)

@@ -55,7 +55,7 @@ async def _sealed(endpoint: str, request: Request, key: KeyRecord, service: Gate
             service.audit_refusal(key, "queue", exc)
             raise
         stream = service.sealed_stream(key, model, sealed)
-        stack.push_async_callback(stream.aclose)  # type: ignore[attr-defined]
+        stack.push_async_callback(stream.aclose)
         first = await anext(stream)
     except BaseException:
         await stack.aclose()

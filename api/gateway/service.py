@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from typing import Any, TypeVar
 
@@ -18,7 +18,7 @@ from api.gateway.delivery_probe import DeliveryProbe
 from api.gateway.demand import Demand
 from api.gateway.enrolment import Enrolment
 from api.gateway.errors import GatewayError
-from api.gateway.grpc_client import WorkerClients, WorkerLost, WorkerUnavailable, open_sealed
+from api.gateway.grpc_client import WorkerClients, WorkerLost, WorkerRefusal, WorkerUnavailable, open_sealed
 from api.gateway.metering import Metering
 from api.gateway.metrics import EngineMetrics, Metrics
 from api.gateway.registry import WorkerInfo, WorkerRegistry, reattest_required
@@ -96,7 +96,8 @@ class GatewayService:
 
     # -- routing and streaming
     async def stream(self, key: KeyRecord, model: str, split: dict[str, float],
-                     request: worker_pb2.GenerateRequest, affinity: str) -> AsyncIterator[worker_pb2.GenerateChunk]:
+                     request: worker_pb2.GenerateRequest, affinity: str
+                     ) -> AsyncGenerator[worker_pb2.GenerateChunk, None]:
         """One choice: pick a worker (another one if it cannot take the call), relay, meter.
 
         No request's error takes a worker out of rotation: an unreachable one is only skipped for this
@@ -120,7 +121,7 @@ class GatewayService:
                 self._probe_soon(worker)
             except GatewayError as exc:
                 worker.inflight -= 1
-                if getattr(exc, "worker_decisions", ()):  # the worker's signed refusal: verified, then audited
+                if isinstance(exc, WorkerRefusal) and exc.worker_decisions:  # signed: verified, then audited
                     audit_worker_decisions(self.audit, exc.worker_decisions, pinned_key_hex=worker.usage_public_key,
                                            request_id=request.request_id, tenant=request.tenant,
                                            worker_id=worker.worker_id)
@@ -196,7 +197,7 @@ class GatewayService:
                                "(docs/sealed-mode.md)", code="sealed_required")
 
     async def sealed_stream(self, key: KeyRecord, model: str, request: worker_pb2.SealedRequest
-                            ) -> AsyncIterator[worker_pb2.SealedChunk]:
+                            ) -> AsyncGenerator[worker_pb2.SealedChunk, None]:
         """Relay one sealed exchange with the pinned worker; never another one."""
         worker = self.registry.pinned(key.tenant, model, request.worker_key_id)
         worker.inflight += 1
@@ -215,7 +216,7 @@ class GatewayService:
                 yield chunk
 
     async def _relay(self, worker: WorkerInfo, request: worker_pb2.GenerateRequest | worker_pb2.SealedRequest,
-                     first: Chunk, rest: AsyncIterator[Chunk], *, sealed: bool) -> AsyncIterator[Chunk]:
+                     first: Chunk, rest: AsyncIterator[Chunk], *, sealed: bool) -> AsyncGenerator[Chunk, None]:
         """Relay an opened stream (plain or sealed, the same way): chunks to the caller; the final
         chunk's usage to metering and what the trailers carry to the audit log (plaintext: the
         worker's signed decisions, verified; sealed: the tenant's opaque record), both settled

@@ -41,10 +41,10 @@ class Admission:
         self.refusals.refused(refusal, first)
 
     def _summary(self, refusal: Kind, count: int, window_s: float) -> None:
-        tenant, key_id, kind, status, code = refusal
+        tenant, key_id, kind, status, code = (str(v) for v in refusal)  # as audit_refusal built it
         self.audit.append(tenant=tenant, action="admission-summary", decision="deny",
                           reason=f"{kind}: {code}: {count} more in the window",
-                          metadata={"key_id": key_id, "status": status, "limit": kind, "code": code,
+                          metadata={"key_id": key_id, "status": int(status), "limit": kind, "code": code,
                                     "count": count, "window_s": window_s})
 
     def _overflow(self, count: int, window_s: float) -> None:

@@ -139,7 +139,7 @@ def caller_tenant(principal: Any = Depends(uploader)) -> str:
 
 
 def package_store(request: Request) -> PackageStore:
-    store = getattr(request.app.state, "package_store", None)
+    store: PackageStore | None = getattr(request.app.state, "package_store", None)
     if store is None:
         raise HTTPException(404, "package uploads are not enabled here")
     return store
@@ -242,7 +242,7 @@ def get_package(address: str, tenant: str = Depends(caller_tenant),
                 store: PackageStore = Depends(package_store)) -> dict[str, Any]:
     if not _HEX64.match(address) or not (store.packages / address / "record.json").exists():
         raise HTTPException(404, "no such package")
-    record = json.loads((store.packages / address / "record.json").read_text())
+    record: dict[str, Any] = json.loads((store.packages / address / "record.json").read_text())
     if record["tenant"] != tenant:
         raise HTTPException(404, "no such package")
     return record
@@ -252,4 +252,5 @@ def stored_package_dir(store_dir: Path, tenant: str, model: str, version: str) -
     """Where a released model version's package lies (for a worker's --package-dir)."""
     ref = (Path(store_dir) / "refs" / path_component(tenant, "tenant") / path_component(model, "model")
            / f"{path_component(version, 'version')}.json")
-    return Path(store_dir) / "packages" / json.loads(ref.read_text())["address"]
+    address: str = json.loads(ref.read_text())["address"]
+    return Path(store_dir) / "packages" / address

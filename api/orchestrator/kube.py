@@ -24,10 +24,11 @@ import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from api.orchestrator.reconcile import History, Inputs, decide
 from api.orchestrator.spec import VersionSpec
+from protocol.model_ref import ModelRef
 
 log = logging.getLogger(__name__)
 TEMPLATE = "sealed-worker-template"
@@ -133,8 +134,8 @@ class Plan:
 
 
 def plan(specs: list[VersionSpec], template: dict[str, Any], existing: set[tuple[str, str]],
-         inputs: dict[tuple[str, str, str], Inputs], policies: dict[str, dict[str, Any] | None],
-         prometheus_url: str, now: float, history: dict[tuple[str, str, str], History] | None = None) -> Plan:
+         inputs: dict[ModelRef, Inputs], policies: dict[str, dict[str, Any] | None],
+         prometheus_url: str, now: float, history: dict[ModelRef, History] | None = None) -> Plan:
     """Pure: what to create or update, what to delete, and what to report."""
     namespace = template["metadata"].get("namespace")
     history = history if history is not None else {}
@@ -192,12 +193,16 @@ class KubeCluster:
 
     def managed(self) -> set[tuple[str, str]]:
         selector = "app.kubernetes.io/managed-by=sealed-controller"
+        # The API server names every object it lists; the client's models make metadata optional.
         found = {("Deployment", d.metadata.name) for d in
-                 self.apps.list_namespaced_deployment(self.namespace, label_selector=selector).items}
+                 self.apps.list_namespaced_deployment(self.namespace, label_selector=selector).items
+                 if d.metadata is not None and d.metadata.name is not None}
         found |= {("ConfigMap", c.metadata.name) for c in
-                  self.core.list_namespaced_config_map(self.namespace, label_selector=selector).items}
-        scaled = self.custom.list_namespaced_custom_object("keda.sh", "v1alpha1", self.namespace, "scaledobjects",
-                                                           label_selector=selector)
+                  self.core.list_namespaced_config_map(self.namespace, label_selector=selector).items
+                  if c.metadata is not None and c.metadata.name is not None}
+        # Custom objects come back as the decoded JSON (the client types them `object`).
+        scaled = cast("dict[str, Any]", self.custom.list_namespaced_custom_object(
+            "keda.sh", "v1alpha1", self.namespace, "scaledobjects", label_selector=selector))
         found |= {("ScaledObject", s["metadata"]["name"]) for s in scaled.get("items", [])}
         return found
 
@@ -209,23 +214,25 @@ class KubeCluster:
                     current = self.apps.read_namespaced_deployment(name, self.namespace)
                     # KEDA owns the replica count once the ScaledObject exists.
                     obj = {**obj, "spec": {**obj["spec"], "replicas": current.spec.replicas}}
-                    self.apps.replace_namespaced_deployment(name, self.namespace, obj)
+                    # The bodies are manifests as dicts: the client's validate_call turns a dict into
+                    # the model at call time, but its signatures name only the model class.
+                    self.apps.replace_namespaced_deployment(name, self.namespace, obj)  # type: ignore[arg-type]
                 except self._exc as exc:
                     if exc.status != 404:
                         raise
-                    self.apps.create_namespaced_deployment(self.namespace, obj)
+                    self.apps.create_namespaced_deployment(self.namespace, obj)  # type: ignore[arg-type]
             elif kind == "ConfigMap":
                 try:
-                    self.core.replace_namespaced_config_map(name, self.namespace, obj)
+                    self.core.replace_namespaced_config_map(name, self.namespace, obj)  # type: ignore[arg-type]
                 except self._exc as exc:
                     if exc.status != 404:
                         raise
-                    self.core.create_namespaced_config_map(self.namespace, obj)
+                    self.core.create_namespaced_config_map(self.namespace, obj)  # type: ignore[arg-type]
             else:
                 args = ("keda.sh", "v1alpha1", self.namespace, "scaledobjects")
                 try:
-                    current = self.custom.get_namespaced_custom_object(*args, name)
-                    obj["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
+                    live = cast("dict[str, Any]", self.custom.get_namespaced_custom_object(*args, name))
+                    obj["metadata"]["resourceVersion"] = live["metadata"]["resourceVersion"]
                     self.custom.replace_namespaced_custom_object(*args, name, obj)
                 except self._exc as exc:
                     if exc.status != 404:
@@ -253,8 +260,8 @@ class KubeController:
 
     def __init__(self, cluster: Cluster, source: Any, prometheus_url: str) -> None:
         self.cluster, self.source, self.prometheus_url = cluster, source, prometheus_url
-        self.history: dict[tuple[str, str, str], History] = {}
-        self.reported: dict[tuple[str, str, str], tuple[str, str]] = {}
+        self.history: dict[ModelRef, History] = {}
+        self.reported: dict[ModelRef, tuple[str, str]] = {}
 
     def step(self, now: float | None = None) -> Plan:
         specs = [VersionSpec.from_api(d) for d in self.source.deployments()]

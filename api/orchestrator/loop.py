@@ -140,10 +140,10 @@ class ControlLoop:
             for worker in extra:
                 worker.draining_since = now
             history.low_since = None
-        for worker in [w for w in mine if w.draining_since is not None]:
+        for worker, since in [(w, w.draining_since) for w in mine if w.draining_since is not None]:
             load = next((float(w.get("load") or 0) for w in spec.registered_workers
                          if w.get("pid") == self.runtime.pid(worker)), 0.0)
-            if load == 0 or now - worker.draining_since >= self.drain_s:
+            if load == 0 or now - since >= self.drain_s:
                 mine.remove(worker)
                 self.runtime.stop(worker)
                 log.info("stopped a worker of %s (drained)", spec.name)

@@ -11,6 +11,8 @@ config = context.config
 connection = config.attributes.get("connection")
 if connection is None:
     url = config.get_main_option("sqlalchemy.url")
+    if url is None:
+        raise RuntimeError("alembic: no connection given and no sqlalchemy.url set")
     with create_engine(url).begin() as conn:
         context.configure(connection=conn, target_metadata=Base.metadata, render_as_batch=True)
         with context.begin_transaction():

@@ -28,6 +28,7 @@ Every block index, slot and length is checked against the pool before any row is
 from __future__ import annotations
 
 import functools
+import importlib
 import importlib.machinery
 from pathlib import Path
 from types import ModuleType
@@ -68,7 +69,8 @@ def load_cpu_ops() -> ModuleType:
     what is wrong and how to build them) where the module is missing, does not load or is stale."""
     _check_complete(Path(__file__).parent)
     try:
-        from . import _cpu_ops
+        # By name: a compiled module, which mypy cannot see (`from . import` of it fails the type check).
+        _cpu_ops = importlib.import_module(f"{__package__}.{MODULE_NAME}")
     except ImportError as exc:  # built for another Python or against another libtorch, ...
         raise CpuKernelsUnavailable(f"the CPU kernels do not load ({_one_line(str(exc))}); {REBUILD}") from exc
     try:
