@@ -86,6 +86,8 @@ class Answer:
         state, request = self.state, self.request
         try:
             prompt = prompt_ids(engine, state.guard, state.settings.model, request, self.notes)
+            if state.guard is not None and request.tools_json:  # a call forced by name: judged before any byte
+                state.guard.check_forced_call(request.key_id, request.assistant_prefix, request.agent_killed)
             params = from_wire(request.params)
             if state.guard is not None:
                 state.guard.check_admission(request.key_id, state.settings.model, len(prompt), params.max_tokens)

@@ -123,6 +123,26 @@ class WorkerGuard:
             notes.append(GuardNote("content-output", "redact", verdict.decision))
         return verdict.text
 
+    def check_forced_call(self, key_id: str, prefix: str, killed: bool = False) -> None:
+        """A call the request forces by name (its assistant prefix opens it) to a tool outside the
+        agent's allowlist, or with the agent killed, is refused before the engine runs: no byte of a
+        forbidden call is generated, however max_tokens cuts the answer. Its arguments do not exist
+        yet, so only the name is judged here (on a fresh session: nothing counts against the caps);
+        the whole call is checked again when the answer is complete (check_tools)."""
+        if self.policy_set is None or not prefix:
+            return
+        agent = self.policy_set.agents.get(key_id)
+        allowed = agent.tools if agent is not None else {}
+        for call in parse_tool_calls(prefix).calls:
+            if call.name in allowed and not killed:
+                continue
+            verdicts = check_tool_calls(self.policy_set, key_id, SessionState(key_id), [ToolCall(call.name, {})],
+                                        kill_switch=self.kill_switch, killed=killed)
+            denied = verdicts.by_outcome("deny")
+            if denied:
+                raise GuardRefusal(f"tool call {call.name!r} refused by agent policy "
+                                   f"(rule {denied[0].decision.rule})", "tool-call", denied[0].decision)
+
     def check_tools(self, key_id: str, text: str, killed: bool = False, notes: list[GuardNote] | None = None) -> str:
         """Refuse denied calls; strip calls that need approval and say so. Returns the finish reason
         override ("requires_approval") or "". ``killed``: the gateway reports the key's kill switch

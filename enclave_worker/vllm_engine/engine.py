@@ -20,6 +20,7 @@ from typing import Any
 
 from enclave_worker.engine.config import RequestOutput, SamplingParams, TokenLogprob
 from enclave_worker.engine.engine_thread import ThreadedEngine
+from enclave_worker.engine.errors import InvalidRequestError
 from enclave_worker.engine.output_processor import OutputProcessor
 from enclave_worker.engine.output_stream import Sink
 from enclave_worker.engine.sequence import SeqStatus, Sequence
@@ -55,20 +56,12 @@ def vllm_sampling_kwargs(params: SamplingParams, max_tokens: int, eos_ids: tuple
             "logit_bias": dict(params.logit_bias) or None}
 
 
-# Our structured-output kinds as vLLM's StructuredOutputsParams fields (its `grammar` takes the
-# Lark dialect through its guidance backend, which is llguidance, as ours).
-VLLM_STRUCTURED_FIELD = {"json_schema": "json", "regex": "regex", "lark": "grammar"}
-
-
 def vllm_sampling(params: SamplingParams, max_tokens: int, eos_ids: tuple[int, ...]):  # type: ignore[no-untyped-def]
     from vllm import SamplingParams as VSamplingParams
-    from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
+    from vllm.sampling_params import RequestOutputKind
 
-    kwargs = vllm_sampling_kwargs(params, max_tokens, eos_ids)
-    if params.structured is not None:
-        kwargs["structured_outputs"] = StructuredOutputsParams(
-            **{VLLM_STRUCTURED_FIELD[params.structured.kind]: params.structured.spec})
-    return VSamplingParams(**kwargs, output_kind=RequestOutputKind.DELTA)
+    # Structured output never gets here: validate() refuses it on this backend.
+    return VSamplingParams(**vllm_sampling_kwargs(params, max_tokens, eos_ids), output_kind=RequestOutputKind.DELTA)
 
 
 def _records(logprobs: list[Any] | None, count: int | None) -> list[TokenLogprob | None]:
@@ -96,6 +89,17 @@ class VllmEngine(ThreadedEngine[_Request]):
         self._ops = _Ops()
         self.prefix_cached_tokens = 0
         self.prefix_queried_tokens = 0
+
+    def validate(self, request_id: str, prompt: list[int], params: SamplingParams, cache_salt: bytes) -> None:
+        """As our engine's, and: no structured output. vLLM's structured outputs need vLLM's own
+        tokenizer, and this backend gives it none (``skip_tokenizer_init``: the worker tokenizes, so
+        no tokenizer file is written); a constraint is refused here (400), never ignored, and never
+        reaches vLLM's step, where it would fail the whole batch."""
+        super().validate(request_id, prompt, params, cache_salt)
+        if params.structured is not None:
+            raise InvalidRequestError(
+                "structured output (response_format json_object/json_schema, a forced tool_choice, guided_*) "
+                "is not available on the vLLM engine backend; use the sealed engine")
 
     def held_tensors(self) -> list:  # type: ignore[type-arg]
         return self.runtime.held_tensors()

@@ -177,8 +177,11 @@ def test_kill_9_of_the_gateway_under_load_fails_only_in_flight_requests(host: Ho
     assert set(load.errors) <= {"APIConnectionError", "APITimeoutError", "InternalServerError",
                                 "APIStatusError"}, load.errors
     assert not any(e == "APITimeoutError" for e in load.errors)
-    # Usage continues: every answer a client received was metered, across both gateway lives.
-    assert _usage_requests(host) - used_before == load.ok
+    # Usage continues: every answer a client received was metered, across both gateway lives; the
+    # requests cut off on the dead gateway (at most one per client thread) are metered too, for the
+    # tokens the worker ran: it settles them with the restarted gateway (its outbox, #35).
+    metered = _usage_requests(host) - used_before
+    assert load.ok <= metered <= load.ok + 3, (metered, load.ok)
 
 
 def _ok(url: str) -> bool:

@@ -69,8 +69,9 @@ def load_cpu_ops() -> ModuleType:
     what is wrong and how to build them) where the module is missing, does not load or is stale."""
     _check_complete(Path(__file__).parent)
     try:
-        # By name: a compiled module, which mypy cannot see (`from . import` of it fails the type check).
-        _cpu_ops = importlib.import_module(f"{__package__}.{MODULE_NAME}")
+        # A static import, so the worker's measured import closure (measurement.py) includes the
+        # compiled module's bytes; mypy has no source for it.
+        from . import _cpu_ops  # type: ignore[attr-defined]
     except ImportError as exc:  # built for another Python or against another libtorch, ...
         raise CpuKernelsUnavailable(f"the CPU kernels do not load ({_one_line(str(exc))}); {REBUILD}") from exc
     try:

@@ -17,6 +17,7 @@ from tokenizers.pre_tokenizers import Whitespace
 
 import enclave_worker.vllm_engine.engine as adapter
 from enclave_worker.engine import EngineDeadError, SamplingParams, Tokenizer
+from enclave_worker.engine.errors import InvalidRequestError
 from enclave_worker.vllm_engine.engine import VllmEngine
 
 VOCAB = {"<eos>": 0, "a": 1, "b": 2, "c": 3, "[UNK]": 4}
@@ -125,15 +126,23 @@ async def test_a_failed_step_fails_every_request_by_type_only(engine: VllmEngine
     await engine.shutdown()
 
 
-def test_penalties_bias_min_p_and_structured_output_reach_vllms_sampling_params() -> None:
-    from protocol.sampling import StructuredOutput
-
+def test_penalties_bias_and_min_p_reach_vllms_sampling_params() -> None:
     params = SamplingParams(max_tokens=9, temperature=0.5, presence_penalty=0.5, frequency_penalty=-1.0,
-                            repetition_penalty=1.3, min_p=0.1, logit_bias=((4, -100.0), (2, 3.0)),
-                            structured=StructuredOutput("json_schema", '{"type": "object"}'))
+                            repetition_penalty=1.3, min_p=0.1, logit_bias=((4, -100.0), (2, 3.0)))
     kwargs = adapter.vllm_sampling_kwargs(params, 9, (0,))
     assert (kwargs["presence_penalty"], kwargs["frequency_penalty"], kwargs["repetition_penalty"],
             kwargs["min_p"], kwargs["logit_bias"]) == (0.5, -1.0, 1.3, 0.1, {4: -100.0, 2: 3.0})
     assert adapter.vllm_sampling_kwargs(SamplingParams(), 9, (0,))["logit_bias"] is None
-    assert {k: adapter.VLLM_STRUCTURED_FIELD[k] for k in ("json_schema", "regex", "lark")} == {
-        "json_schema": "json", "regex": "regex", "lark": "grammar"}
+
+
+@pytest.mark.parametrize("kind, spec", [("json_schema", '{"type": "object"}'), ("regex", "[0-9]+"),
+                                        ("lark", 'start: "a"')])
+def test_structured_output_is_refused_before_it_reaches_vllm(engine: VllmEngine, kind: str, spec: str) -> None:
+    """vLLM's structured outputs need its tokenizer, which this backend never gives it: a constraint
+    is a 400 at admission (never ignored, and never a failed step that would end the batch)."""
+    from protocol.sampling import StructuredOutput
+
+    params = SamplingParams(max_tokens=4, structured=StructuredOutput(kind, spec))
+    with pytest.raises(InvalidRequestError, match="not available on the vLLM engine backend"):
+        engine.validate("r1", [1, 2, 3], params, b"")
+    engine.validate("r1", [1, 2, 3], SamplingParams(max_tokens=4), b"")  # the same request unconstrained
