@@ -44,6 +44,16 @@ def _gateway_url(base_url: str) -> str:
     return base[: -len("/v1")] if base.endswith("/v1") else base
 
 
+def _sealed_session(kwargs: dict[str, Any], own_transports: tuple[type, ...], policy: Any,
+                    unsafe_allow_simulated: bool, clock: Callable[[], dt.datetime] | None,
+                    padding: PaddingPolicy) -> tuple[SealedSession, bool]:
+    """The session both clients seal with, and the plaintext opt-in (taken from kwargs, where the
+    openai client's own options pass through); a caller's http_client that bypasses sealing is refused."""
+    unsafe_allow_plaintext = bool(kwargs.pop("unsafe_allow_plaintext", False))
+    _own_http_client(kwargs, own_transports, unsafe_allow_plaintext)
+    return SealedSession(_trust(policy, unsafe_allow_simulated), clock=clock, padding=padding), unsafe_allow_plaintext
+
+
 class SealedOpenAI(openai.OpenAI):
     """`openai.OpenAI` whose chat and completion requests are sealed to the attested worker.
 
@@ -55,10 +65,8 @@ class SealedOpenAI(openai.OpenAI):
                  unsafe_allow_simulated: bool = False, clock: Callable[[], dt.datetime] | None = None,
                  inner_transport: httpx2.BaseTransport | None = None, padding: PaddingPolicy = DEFAULT_PADDING,
                  **kwargs: Any) -> None:
-        # A plaintext opt-in, taken from kwargs (the openai client's own options pass through there).
-        unsafe_allow_plaintext = bool(kwargs.pop("unsafe_allow_plaintext", False))
-        _own_http_client(kwargs, (SealedTransport,), unsafe_allow_plaintext)
-        self.sealed = SealedSession(_trust(policy, unsafe_allow_simulated), clock=clock, padding=padding)
+        self.sealed, unsafe_allow_plaintext = _sealed_session(kwargs, (SealedTransport,), policy,
+                                                              unsafe_allow_simulated, clock, padding)
         transport = SealedTransport(self.sealed, _gateway_url(base_url), inner_transport,
                                     unsafe_allow_plaintext=unsafe_allow_plaintext)
         kwargs.setdefault("http_client", httpx2.Client(transport=transport, timeout=kwargs.pop("timeout", 600.0)))
@@ -72,9 +80,8 @@ class AsyncSealedOpenAI(openai.AsyncOpenAI):
                  unsafe_allow_simulated: bool = False, clock: Callable[[], dt.datetime] | None = None,
                  inner_transport: httpx2.AsyncBaseTransport | None = None, padding: PaddingPolicy = DEFAULT_PADDING,
                  **kwargs: Any) -> None:
-        unsafe_allow_plaintext = bool(kwargs.pop("unsafe_allow_plaintext", False))
-        _own_http_client(kwargs, (AsyncSealedTransport,), unsafe_allow_plaintext)
-        self.sealed = SealedSession(_trust(policy, unsafe_allow_simulated), clock=clock, padding=padding)
+        self.sealed, unsafe_allow_plaintext = _sealed_session(kwargs, (AsyncSealedTransport,), policy,
+                                                              unsafe_allow_simulated, clock, padding)
         transport = AsyncSealedTransport(self.sealed, _gateway_url(base_url), inner_transport,
                                          unsafe_allow_plaintext=unsafe_allow_plaintext)
         kwargs.setdefault("http_client", httpx2.AsyncClient(transport=transport,
