@@ -25,6 +25,7 @@ from enclave_worker.errors import AnswerError, RequestRefused
 from enclave_worker.guard import GuardNote, GuardRefusal
 from enclave_worker.render import prompt_ids
 from enclave_worker.server import WorkerState, serving
+from enclave_worker.tool_stream import ToolCallRelease
 from protocol.rpc import worker_pb2
 from protocol.rpc.sampling import from_wire
 from protocol.toolcalls import strip_tool_calls
@@ -53,6 +54,9 @@ class Answer:
                 if self._checks_whole_answer():
                     outs = await _rest(first, stream, self._ran)
                     yield self._sign_usage(self._checked(engine.tokenizer, outs), started)  # check → sign
+                elif self._checks_tool_calls():
+                    async for chunk in self._released(engine.tokenizer, first, stream, started):
+                        yield chunk
                 else:
                     async for chunk in self._streamed(engine.tokenizer, first, stream, started):
                         yield chunk
@@ -102,9 +106,42 @@ class Answer:
             raise AnswerError(503, "engine unavailable", type_="server_error", code="model_unavailable") from exc
 
     def _checks_whole_answer(self) -> bool:
-        """Output or tool-call controls: nothing may leave the worker before the whole answer is checked."""
+        """Output controls: nothing may leave the worker before the whole answer is checked."""
         guard = self.state.guard
-        return guard is not None and (guard.buffers_output or bool(self.request.tools_json and guard.policy_set))
+        return guard is not None and guard.buffers_output
+
+    def _checks_tool_calls(self) -> bool:
+        """Tool-use controls: each call leaves only once judged (enclave_worker/tool_stream.py)."""
+        guard = self.state.guard
+        return guard is not None and guard.policy_set is not None and bool(self.request.tools_json)
+
+    async def _released(self, tokenizer: Tokenizer, first: RequestOutput, stream: Outputs,
+                        started: float) -> AsyncIterator[worker_pb2.GenerateChunk]:
+        """The answer as the tool-use controls release it: text outside calls as it is generated, a
+        call once judged. Token ids and logprobs wait while any text is held (they would show it)."""
+        guard, request = self.state.guard, self.request
+        assert guard is not None
+        release = ToolCallRelease(guard, request.key_id, request.assistant_prefix, request.agent_killed, self.notes)
+        text, ids, logprobs, out = request.assistant_prefix, [], [], first
+        while True:
+            text += out.delta_text
+            ids.extend(out.delta_token_ids)
+            logprobs.extend(wire_logprobs(tokenizer, out.logprobs))
+            piece = release.release(text, out.finished)
+            if out.finished or piece or (not release.holding and ids):
+                finish = "requires_approval" if out.finished and release.held_for_approval else out.finish_reason
+                chunk = worker_pb2.GenerateChunk(
+                    text=piece, finish_reason=finish or "", prompt_tokens=out.prompt_tokens,
+                    completion_tokens=out.completion_tokens)
+                if not release.holding and not release.held_for_approval:  # a dropped call's ids never leave
+                    chunk.token_ids.extend(ids)
+                    chunk.logprobs.extend(logprobs)
+                    ids, logprobs = [], []
+                yield self._sign_usage(chunk, started) if out.finished else chunk
+            if out.finished:
+                return
+            out = await _next(stream)
+            self._ran(out)
 
     async def _streamed(self, tokenizer: Tokenizer, first: RequestOutput, stream: Outputs,
                         started: float) -> AsyncIterator[worker_pb2.GenerateChunk]:

@@ -143,6 +143,11 @@ class WorkerGuard:
                 raise GuardRefusal(f"tool call {call.name!r} refused by agent policy "
                                    f"(rule {denied[0].decision.rule})", "tool-call", denied[0].decision)
 
+    def session(self, key_id: str) -> SessionState:
+        """The agent key's session: its tool calls counted so far."""
+        with self._lock:
+            return self._sessions.setdefault(key_id, SessionState(key_id))
+
     def check_tools(self, key_id: str, text: str, killed: bool = False, notes: list[GuardNote] | None = None) -> str:
         """Refuse denied calls; strip calls that need approval and say so. Returns the finish reason
         override ("requires_approval") or "". ``killed``: the gateway reports the key's kill switch
@@ -154,9 +159,7 @@ class WorkerGuard:
         calls = [ToolCall(c.name, c.arguments) for c in parse_tool_calls(text).calls]
         if not calls:
             return ""
-        with self._lock:
-            session = self._sessions.setdefault(key_id, SessionState(key_id))
-        verdicts = check_tool_calls(self.policy_set, key_id, session, calls, kill_switch=self.kill_switch,
+        verdicts = check_tool_calls(self.policy_set, key_id, self.session(key_id), calls, kill_switch=self.kill_switch,
                                     killed=killed)
         denied = verdicts.by_outcome("deny")
         if denied:

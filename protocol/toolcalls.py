@@ -20,6 +20,7 @@ from dataclasses import dataclass
 TOOL_CALL_OPEN = "<tool_call>"
 TOOL_CALL_CLOSE = "</tool_call>"
 _BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.S)
+TOOL_CALL_BLOCK = _BLOCK  # where a block starts and ends; group 1 is its body (protocol/toolcall_stream.py)
 
 JsonObject = Mapping[str, object]
 
@@ -49,8 +50,13 @@ class ParsedAnswer:
 def parse_tool_calls(text: str) -> ParsedAnswer:
     calls: list[GeneratedToolCall] = []
     for body in _BLOCK.findall(text):
-        calls.extend(_calls_from(_decode(body)))
+        calls.extend(block_calls(body))
     return ParsedAnswer(content=strip_tool_calls(text) if calls else text, calls=tuple(calls))
+
+
+def block_calls(body: str) -> list[GeneratedToolCall]:
+    """The calls in one block's body (group 1 of TOOL_CALL_BLOCK)."""
+    return _calls_from(_decode(body))
 
 
 def strip_tool_calls(text: str) -> str:

@@ -6,11 +6,13 @@ from policy.agents.tools import (
     ToolCall,
     ToolCallVerdict,
     ToolCallVerdicts,
+    args_decide,
+    check_tool_call,
     check_tool_calls,
 )
 from policy.agents.urls import UrlRejected, check_url, normalize_host
 
 __all__ = [
     "KillSwitch", "SessionState", "ToolCall", "ToolCallVerdict", "ToolCallVerdicts", "UrlRejected",
-    "check_tool_calls", "check_url", "normalize_host",
+    "args_decide", "check_tool_call", "check_tool_calls", "check_url", "normalize_host",
 ]

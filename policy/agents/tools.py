@@ -126,26 +126,42 @@ def check_tool_calls(policy_set: PolicySet, agent_key: str, session_state: Sessi
                      kill_switch: KillSwitch | None = None, killed: bool = False) -> ToolCallVerdicts:
     """One verdict per call, in order. Every call counts against the request and session caps,
     denied ones included, so a looping agent cannot probe forever."""
-    agent = policy_set.agents.get(agent_key)
     before = session_state.reserve(len(tool_calls))
     killed = killed or (kill_switch.is_killed(agent_key) if kill_switch is not None else False)
+    return ToolCallVerdicts(tuple(
+        check_tool_call(policy_set, agent_key, call, request_calls=index + 1, session_calls=before + index + 1,
+                        killed=killed) for index, call in enumerate(tool_calls)))
+
+
+def args_decide(policy_set: PolicySet, agent_key: str, name: str) -> bool:
+    """Whether a call to `name` may be decided differently depending on its arguments (an argument
+    schema beyond "an object", URL arguments): such a call is judged only once it is complete. A tool
+    outside the allowlist is decided by its name alone (its arguments are not checked)."""
+    agent = policy_set.agents.get(agent_key)
+    rule = agent.tools.get(name) if agent else None
+    if rule is None:
+        return False
+    return bool(rule.url_args) or dict(rule.args_schema or {}) not in ({}, {"type": "object"})
+
+
+def check_tool_call(policy_set: PolicySet, agent_key: str, call: ToolCall, *, request_calls: int,
+                    session_calls: int, killed: bool) -> ToolCallVerdict:
+    """The verdict on one call, the `request_calls`-th of its request and `session_calls`-th of its
+    session (the caller has counted it: SessionState.reserve)."""
+    agent = policy_set.agents.get(agent_key)
     entities = [{"uid": uid("Agent", agent_key), "attrs": {}, "parents": [uid("Tenant", policy_set.tenant)]}]
-    out: list[ToolCallVerdict] = []
-    for index, call in enumerate(tool_calls):
-        rule = agent.tools.get(call.name) if agent else None
-        args_valid, urls_allowed, details = _check_args(rule, call.arguments)
-        context = {"killed": killed, "args_valid": args_valid, "urls_allowed": urls_allowed,
-                   "request_calls": index + 1, "session_calls": before + index + 1,
-                   "approved": call.approved}
-        common: dict[str, Any] = {"policy_id": policy_set.policy_id, "version": policy_set.version,
-                                  "principal": uid("Agent", agent_key), "action": "call_tool",
-                                  "resource": uid("Tool", call.name), "entities": entities}
-        decision, kinds = evaluate(policy_set.compiled, context=context, **common)
-        outcome = ALLOW if decision.allowed else DENY
-        if kinds == {"approval"}:
-            # Only approval rules said no: would the call pass once approved? (A permit must match.)
-            lifted, _ = evaluate(policy_set.compiled, context={**context, "approved": True}, **common)
-            outcome = REQUIRES_APPROVAL if lifted.allowed else DENY
-            decision = decision if lifted.allowed else lifted
-        out.append(ToolCallVerdict(call, outcome, decision, tuple(details)))
-    return ToolCallVerdicts(tuple(out))
+    rule = agent.tools.get(call.name) if agent else None
+    args_valid, urls_allowed, details = _check_args(rule, call.arguments)
+    context = {"killed": killed, "args_valid": args_valid, "urls_allowed": urls_allowed,
+               "request_calls": request_calls, "session_calls": session_calls, "approved": call.approved}
+    common: dict[str, Any] = {"policy_id": policy_set.policy_id, "version": policy_set.version,
+                              "principal": uid("Agent", agent_key), "action": "call_tool",
+                              "resource": uid("Tool", call.name), "entities": entities}
+    decision, kinds = evaluate(policy_set.compiled, context=context, **common)
+    outcome = ALLOW if decision.allowed else DENY
+    if kinds == {"approval"}:
+        # Only approval rules said no: would the call pass once approved? (A permit must match.)
+        lifted, _ = evaluate(policy_set.compiled, context={**context, "approved": True}, **common)
+        outcome = REQUIRES_APPROVAL if lifted.allowed else DENY
+        decision = decision if lifted.allowed else lifted
+    return ToolCallVerdict(call, outcome, decision, tuple(details))

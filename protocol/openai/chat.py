@@ -17,6 +17,7 @@ from protocol.openai.constraints import (
 from protocol.openai.errors import OpenAIError, error_body
 from protocol.openai.runner import SSE_DONE, ChoiceRunner, ChunkEncoder, Streams, sampling_params, sse, usage_of
 from protocol.openai.schemas import ChatCompletionRequest, NamedToolChoice
+from protocol.openai.tool_deltas import ToolCallDeltas
 from protocol.rpc import worker_pb2
 from protocol.sampling import resolve_max_tokens
 
@@ -92,18 +93,36 @@ async def chat_body(req: ChatCompletionRequest, plan: ChatPlan, run: ChoiceRunne
     return {**base, "object": "chat.completion", "choices": choices, "usage": usage_of(results)}
 
 
+def _tool_choices(i: int, tools: ToolCallDeltas, text: str, finish: str | None,
+                  lp: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """One choice's chunks for new output when tools are on: content, then one chunk per tool-call
+    delta (as OpenAI sends them), and at the end the finish reason ("tool_calls" once a call was sent)."""
+    content, calls = tools.feed(text, finish is not None)
+    out: list[dict[str, Any]] = []
+    if content or (lp and not finish):
+        out.append({"index": i, "delta": {"content": content}, "finish_reason": None, "logprobs": lp})
+        lp = None
+    out.extend({"index": i, "delta": {"tool_calls": [call]}, "finish_reason": None, "logprobs": None} for call in calls)
+    if finish is not None:
+        delta = {} if tools.count else {"content": tools.rest(text)}
+        reason = "tool_calls" if tools.count and finish != "requires_approval" else finish
+        out.append({"index": i, "delta": delta, "finish_reason": reason, "logprobs": lp})
+    return out
+
+
 async def chat_events(req: ChatCompletionRequest, plan: ChatPlan, run: ChoiceRunner, streams: Streams,
                       base: dict[str, Any]) -> AsyncIterator[bytes]:
     """The answer as server-sent events (stream=true), one event per yielded bytes."""
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
-    # Forced tool calls and JSON mode: the answer's shape is only known at its end. Tools on `auto`:
-    # text streams until a <tool_call> marker could be starting, then the rest waits for the end,
-    # where the worker guard's own parser (protocol.toolcalls) reads the whole answer.
+    # JSON mode (unconstrained): the answer's shape is only known at its end. Tools: text streams
+    # until a <tool_call> marker could be starting; each call then streams in OpenAI's delta shape
+    # (protocol/openai/tool_deltas.py) as the worker's guard releases it.
     shape = plan.shape
-    buffered = not shape.streams_text
+    buffered = not shape.streams_text and not shape.use_tools
     chunk_base = {**base, "object": "chat.completion.chunk"}
     encode = ChunkEncoder(chunk_base)
     texts, sent, results = [""] * req.n, [0] * req.n, [worker_pb2.GenerateChunk()] * req.n
+    tools = [ToolCallDeltas(plan.prefix, plan.tool_names) for _ in range(req.n)] if shape.use_tools else []
     for i in range(req.n):
         yield sse({**chunk_base, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
                                               "finish_reason": None, "logprobs": None}]})
@@ -112,7 +131,10 @@ async def chat_events(req: ChatCompletionRequest, plan: ChatPlan, run: ChoiceRun
             results[i] = out
             texts[i] += out.text
             lp = fmt.chat_logprobs(list(out.logprobs)) if req.logprobs else None
-            if not buffered and not out.finish_reason:
+            if tools:
+                for choice in _tool_choices(i, tools[i], texts[i], out.finish_reason or None, lp):
+                    yield encode(choice)
+            elif not buffered and not out.finish_reason:
                 upto = shape.streamable(texts[i])
                 if upto > sent[i] or lp:
                     yield encode({"index": i, "delta": {"content": texts[i][sent[i]:upto]}, "finish_reason": None,
@@ -121,10 +143,7 @@ async def chat_events(req: ChatCompletionRequest, plan: ChatPlan, run: ChoiceRun
             elif out.finish_reason:
                 message, reason = shape.message(texts[i], out.finish_reason)
                 message.pop("role")
-                if "tool_calls" in message:
-                    message["tool_calls"] = [{"index": j, **c} for j, c in enumerate(message["tool_calls"])]
-                    message.pop("content", None)
-                elif not buffered:
+                if not buffered:
                     message["content"] = texts[i][sent[i]:]
                 yield sse({**chunk_base, "choices": [{"index": i, "delta": message,
                                                       "finish_reason": reason, "logprobs": lp}]})

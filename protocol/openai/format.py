@@ -63,8 +63,9 @@ class ChatAnswerShape:
         """The final message for the whole answer `text`, and its finish reason."""
         if self.use_tools:
             content, calls = parse_tool_calls(self.prefix + text, set(self.tool_names))
-            if calls:
-                return {"role": "assistant", "content": content, "tool_calls": calls}, "tool_calls"
+            if calls:  # a call held for approval was dropped by the guard: the finish reason says so
+                return ({"role": "assistant", "content": content, "tool_calls": calls},
+                        reason if reason == "requires_approval" else "tool_calls")
             return {"role": "assistant", "content": text}, reason
         if self.json_mode and self.constrained and reason != "length":
             return {"role": "assistant", "content": text}, reason  # valid JSON by construction, any top-level type
