@@ -21,12 +21,14 @@ from protocol.openai.chat import chat_body, chat_events, plan_chat
 from protocol.openai.completions import completion_body, completion_events, plan_completion
 from protocol.openai.errors import OpenAIError
 from protocol.openai.runner import ChoiceResult, Streams, collect_choice, merge_streams, prepend
+from protocol.openai.responses import responses_body, responses_events
+from protocol.openai.responses_request import ResponsesRequest, to_chat
 from protocol.openai.schemas import ChatCompletionRequest, CompletionRequest
 from protocol.rpc import worker_pb2
 from protocol.sampling import DEFAULT_MAX_TOKENS
 from protocol.sealed.http import ResponseHead
 
-R = TypeVar("R", ChatCompletionRequest, CompletionRequest)
+R = TypeVar("R", ChatCompletionRequest, CompletionRequest, ResponsesRequest)
 
 
 class LocalRun:
@@ -94,6 +96,8 @@ async def inner_answer(state: WorkerState, request: worker_pb2.SealedRequest, bo
     s, rid = state.settings, request.request_id
     chat = request.endpoint == "/v1/chat/completions"
     tee = {"tee": s.tee, "insecure": s.insecure, "system_fingerprint": f"sealed-{s.tee}"}
+    if request.endpoint == "/v1/responses":
+        return await _responses(state, request, body, run, tee)
     if chat:
         req = _parse(ChatCompletionRequest, body, request.model)
         plan = plan_chat(req, rid=rid, tenant=request.tenant, key_id=request.key_id,
@@ -112,6 +116,21 @@ async def inner_answer(state: WorkerState, request: worker_pb2.SealedRequest, bo
     if creq.stream:
         return ResponseHead(200, "text/event-stream"), completion_events(creq, cplan, run, streams, base)
     return _whole(await completion_body(creq, cplan, run, streams, base))
+
+
+async def _responses(state: WorkerState, request: worker_pb2.SealedRequest, body: bytes, run: LocalRun,
+                     tee: dict[str, Any]) -> tuple[ResponseHead, AsyncIterator[bytes]]:
+    """The Responses API over the chat pipeline, as the gateway serves it in plaintext mode."""
+    req = _parse(ResponsesRequest, body, request.model)
+    chat = to_chat(req)
+    plan = plan_chat(chat, rid=request.request_id, tenant=request.tenant, key_id=request.key_id,
+                     agent_killed=request.agent_killed, default_max_tokens=DEFAULT_MAX_TOKENS)
+    base = {"id": f"chatcmpl-{request.request_id}", "created": int(state.clock.now()), "model": req.model, **tee}
+    streams = await run.start(plan.requests)
+    if req.stream:
+        return ResponseHead(200, "text/event-stream"), responses_events(req, chat_events(chat, plan, run, streams,
+                                                                                         base), base)
+    return _whole(responses_body(req, await chat_body(chat, plan, run, streams, base), base))
 
 
 def _parse(schema: type[R], body: bytes, model: str) -> R:

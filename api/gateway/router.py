@@ -17,6 +17,8 @@ from api.gateway.service import GatewayService
 from api.store.repo import KeyRecord
 from protocol.openai.chat import chat_body, chat_events, plan_chat
 from protocol.openai.completions import completion_body, completion_events, plan_completion
+from protocol.openai.responses import responses_body, responses_events
+from protocol.openai.responses_request import ResponsesRequest, to_chat
 from protocol.openai.schemas import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from protocol.rpc import worker_pb2
 from protocol.sampling import resolve_max_tokens
@@ -77,6 +79,28 @@ async def chat_completions(req: ChatCompletionRequest, request: Request, key: Ke
         return JSONResponse(await unless_disconnected(request.receive, chat_body(req, plan, run, streams, base)))
     return CleanupStreamingResponse(chat_events(req, plan, run, streams, base), run.close,
                                     media_type="text/event-stream", headers={"Cache-Control": "no-store"})
+
+
+@router.post("/v1/responses", response_model=None, responses=_STREAMABLE)
+async def responses(req: ResponsesRequest, request: Request, key: KeyRecord = Depends(current_key),
+                    service: GatewayService = Depends(get_service)) -> JSONResponse | CleanupStreamingResponse:
+    """OpenAI's Responses API, stateless, over the chat pipeline (protocol/openai/responses*.py)."""
+    chat = to_chat(req)
+    split = service.resolve(key, req.model)
+    service.check_plaintext_allowed(key)
+    rid = request_id()
+    plan = plan_chat(chat, rid=rid, tenant=key.tenant, key_id=key.key_id, agent_killed=key.tools_killed,
+                     default_max_tokens=service.settings.default_max_tokens)
+    ticket = service.ticket(key, _reserve(plan.reserve_chars, plan.requests[0].params.max_tokens, 1), chat.priority)
+    run = Run(service, key, req.model, ticket)
+    streams = await unless_disconnected(request.receive, run.start(split, plan.requests, affinity=plan.affinity))
+    base = {"id": f"chatcmpl-{rid}", "created": int(time.time()), "model": req.model,
+            **_tee(service, key.tenant, req.model)}
+    if not req.stream:
+        body = await unless_disconnected(request.receive, chat_body(chat, plan, run, streams, base))
+        return JSONResponse(responses_body(req, body, base))
+    return CleanupStreamingResponse(responses_events(req, chat_events(chat, plan, run, streams, base), base),
+                                    run.close, media_type="text/event-stream", headers={"Cache-Control": "no-store"})
 
 
 @router.post("/v1/completions", response_model=None, responses=_STREAMABLE)

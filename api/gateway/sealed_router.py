@@ -102,3 +102,9 @@ async def sealed_chat(request: Request, key: KeyRecord = Depends(current_key),
 async def sealed_completions(request: Request, key: KeyRecord = Depends(current_key),
                              service: GatewayService = Depends(get_service)) -> CleanupStreamingResponse:
     return await _sealed("/v1/completions", request, key, service)
+
+
+@router.post("/v1/sealed/responses", response_model=None)
+async def sealed_responses(request: Request, key: KeyRecord = Depends(current_key),
+                           service: GatewayService = Depends(get_service)) -> CleanupStreamingResponse:
+    return await _sealed("/v1/responses", request, key, service)

@@ -375,14 +375,21 @@ def _plain(client: SealedOpenAI, how: str) -> Any:
     return client.chat.completions.create(model="m", messages=[{"role": "user", "content": "the canary"}])
 
 
-@pytest.mark.parametrize(("how", "base_url"), [("responses.create", "http://gw/v1"),
-                                               ("embeddings.create", "http://gw/v1"),
+@pytest.mark.parametrize(("how", "base_url"), [("embeddings.create", "http://gw/v1"),
                                                ("chat, base_url without /v1", "http://gw")])
 def test_requests_the_client_cannot_seal_are_refused_before_sending(how: str, base_url: str) -> None:
     world = World()
     with pytest.raises(UnsealedRequest):
         _plain(world.client(base_url=base_url), how)
     assert world.captured == []
+
+
+def test_responses_create_is_sealed_not_sent_in_the_clear() -> None:
+    world = World()
+    with pytest.raises(AssertionError):  # the mock gateway serves sealed chat only: it was sealed and sent
+        _plain(world.client(), "responses.create")
+    assert "/v1/sealed/responses" in world.requests and "/v1/responses" not in world.requests
+    assert world.captured and all(b"the canary" not in body for body in world.captured)
 
 
 def test_a_callers_own_http_client_is_refused() -> None:
@@ -398,9 +405,9 @@ def test_plaintext_only_when_explicitly_asked_and_logged(caplog: pytest.LogCaptu
     client = SealedOpenAI(base_url="http://gw/v1", api_key="k", max_retries=0, policy=world.policy(),
                           inner_transport=httpx2.MockTransport(world.handle), unsafe_allow_plaintext=True)
     assert "UNSAFE" in caplog.text
-    with pytest.raises(Exception):  # noqa: B017 - the mock gateway knows no /v1/responses: it was sent
-        _plain(client, "responses.create")
-    assert world.requests[-1] == "/v1/responses"
+    with pytest.raises(Exception):  # noqa: B017 - the mock gateway knows no /v1/embeddings: it was sent
+        _plain(client, "embeddings.create")
+    assert world.requests[-1] == "/v1/embeddings"
     assert world.client().models.list().data == []  # content-free: passes through
 
 
