@@ -122,7 +122,9 @@ class Answer:
         guard, request = self.state.guard, self.request
         assert guard is not None
         release = ToolCallRelease(guard, request.key_id, request.assistant_prefix, request.agent_killed, self.notes)
-        text, ids, logprobs, out = request.assistant_prefix, [], [], first
+        text, out = request.assistant_prefix, first
+        ids: list[int] = []
+        logprobs: list[worker_pb2.TokenLogprob] = []
         while True:
             text += out.delta_text
             ids.extend(out.delta_token_ids)

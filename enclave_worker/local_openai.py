@@ -20,9 +20,9 @@ from enclave_worker.server import WorkerState
 from protocol.openai.chat import chat_body, chat_events, plan_chat
 from protocol.openai.completions import completion_body, completion_events, plan_completion
 from protocol.openai.errors import OpenAIError
-from protocol.openai.runner import ChoiceResult, Streams, collect_choice, merge_streams, prepend
 from protocol.openai.responses import responses_body, responses_events
 from protocol.openai.responses_request import ResponsesRequest, to_chat
+from protocol.openai.runner import ChoiceResult, Streams, collect_choice, merge_streams, prepend
 from protocol.openai.schemas import ChatCompletionRequest, CompletionRequest
 from protocol.rpc import worker_pb2
 from protocol.sampling import DEFAULT_MAX_TOKENS

@@ -25,7 +25,7 @@ def _id(prefix: str) -> str:
 
 def _echo(req: ResponsesRequest, base: dict[str, Any], rid: str) -> dict[str, Any]:
     """The response object's fields that do not depend on the answer."""
-    extra = {k: base[k] for k in ("tee", "insecure", "system_fingerprint") if k in base}
+    extra: dict[str, Any] = {k: base[k] for k in ("tee", "insecure", "system_fingerprint") if k in base}
     return {"id": rid, "object": "response", "created_at": base.get("created", 0), "model": req.model,
             "status": "in_progress", "error": None, "incomplete_details": None, "instructions": req.instructions,
             "max_output_tokens": req.max_output_tokens, "output": [],

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, ValidationError
 
 from protocol.openai.errors import OpenAIError
 from protocol.openai.schemas import MAX_TOKENS, ChatCompletionRequest, Strict
@@ -86,8 +86,8 @@ def to_chat(req: ResponsesRequest) -> ChatCompletionRequest:
         body["response_format"] = _format(req.text)
     try:
         return ChatCompletionRequest.model_validate({k: v for k, v in body.items() if v is not None})
-    except ValueError as exc:  # pydantic's ValidationError: name the first field it refused
-        errors = getattr(exc, "errors", lambda: [])()
+    except ValidationError as exc:  # name the first field it refused
+        errors = exc.errors()
         loc = ".".join(str(p) for p in errors[0].get("loc", ())) if errors else ""
         raise OpenAIError(400, f"invalid request: {loc or 'input'}: {errors[0].get('msg') if errors else exc}",
                           param=_param(loc)) from None
@@ -124,7 +124,8 @@ def _messages(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
             out.append({"role": "tool", "tool_call_id": _str(item, "call_id", i),
                         "content": output if isinstance(output, str) else _text(output, i)})
         else:
-            raise OpenAIError(400, f"input items of type {str(kind)[:64]!r} are not supported", param=f"input[{i}].type")
+            raise OpenAIError(400, f"input items of type {str(kind)[:64]!r} are not supported",
+                              param=f"input[{i}].type")
     return out
 
 

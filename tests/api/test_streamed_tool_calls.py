@@ -67,8 +67,9 @@ def test_a_forbidden_tool_is_refused_before_any_byte_of_its_call_reaches_the_cli
     """`required` with only delete_files offered: the name is generated (it is not in the prompt's
     prefix), the worker's guard refuses it as soon as it is known, and nothing of it is sent."""
     def refusals() -> int:
-        return sum(1 for r in read_entries(stack.home / "audit", component="gateway")
-                   if r.action == "worker-decision" and r.decision == "deny" and r.metadata["worker_action"] == "tool-call")
+        rows = read_entries(stack.home / "audit", component="gateway")
+        return sum(1 for r in rows if r.action == "worker-decision" and r.decision == "deny"
+                   and r.metadata["worker_action"] == "tool-call")
 
     before = refusals()
     received: list[Any] = []
