@@ -153,13 +153,18 @@ def test_sealed_canary_is_nowhere_outside_the_worker_and_plaintext_is_where_expe
             {"role": "user", "content": f"Repeat after me: {sealed_canary}"}])
         if stream:
             list(out)
-    assert len(client.sealed.receipts) == 2
+    for stream in (False, True):  # the Responses API is sealed the same way (responses.create, .stream)
+        answer = client.responses.create(model=DEMO_MODEL, max_output_tokens=8, temperature=0, stream=stream,
+                                         input=f"Repeat after me: {sealed_canary}")
+        if stream:
+            list(answer)
+    assert len(client.sealed.receipts) == 4
     time.sleep(1.5)  # usage rows and logs are written after the answer
     assert not _everywhere_at_rest(home, redis, pg_url, sealed_canary)
     assert sealed_canary.encode() not in recorder.captured
     assert not in_process_memory(gateway_pid, sealed_canary.encode())
     with create_engine(pg_url).connect() as conn:  # metered all the same, from the worker's signed usage
-        assert conn.execute(text("SELECT count(*) FROM usage")).scalar() >= 2
+        assert conn.execute(text("SELECT count(*) FROM usage")).scalar() >= 4
 
     plain_canary = f"canary-plain-{secrets.token_hex(12)}"
     plain = openai.OpenAI(base_url=url, api_key=key, max_retries=0)
