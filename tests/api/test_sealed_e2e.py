@@ -241,6 +241,20 @@ def test_the_proxy_answers_exactly_as_plaintext(stack: RunningStack, proxy_url: 
     assert len(app.state.session.receipts) == before + 1
 
 
+def test_the_proxy_seals_the_responses_api(stack: RunningStack, proxy_url: Any) -> None:
+    url, app = proxy_url
+    before = len(app.state.session.receipts)
+    through_proxy = openai.OpenAI(base_url=url, api_key=stack.api_key, max_retries=0)
+    args: dict[str, Any] = {"model": DEMO_MODEL, "input": "What is the capital of France?", "temperature": 0,
+                            "max_output_tokens": 8}
+    want = plain(stack).responses.create(**args)
+    assert through_proxy.responses.create(**args).output_text == want.output_text
+    with through_proxy.responses.stream(**args) as stream:
+        deltas = [e.delta for e in stream if e.type == "response.output_text.delta"]
+    assert "".join(deltas) == want.output_text
+    assert len(app.state.session.receipts) == before + 2
+
+
 def test_the_proxy_shows_the_receipt_and_keeps_errors(stack: RunningStack, proxy_url: Any) -> None:
     url, _ = proxy_url
     through_proxy = openai.OpenAI(base_url=url, api_key=stack.api_key, max_retries=0)

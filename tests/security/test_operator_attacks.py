@@ -281,8 +281,12 @@ def test_base_url_without_v1_is_refused(live: Live, proxy: OperatorProxy) -> Non
     _refused_before_sending(proxy, lambda: ask(sealed_client(live, base_url=proxy.url)))
 
 
-def test_responses_create_is_refused(live: Live, proxy: OperatorProxy) -> None:
-    _refused_before_sending(proxy, lambda: sealed_client(live).responses.create(model=DEMO_MODEL, input=CANARY))
+def test_responses_create_is_sealed(live: Live, proxy: OperatorProxy) -> None:
+    """The Responses API is a sealed endpoint: the operator's proxy sees only ciphertext."""
+    before = proxy.sealed_requests()
+    answer = sealed_client(live).responses.create(model=DEMO_MODEL, input=CANARY, max_output_tokens=4, temperature=0)
+    assert answer.object == "response"
+    assert proxy.sealed_requests() == before + 1 and not proxy.saw_canary()
 
 
 def test_another_endpoint_is_refused(live: Live, proxy: OperatorProxy) -> None:
@@ -295,7 +299,7 @@ def test_async_client_refuses_too(live: Live, proxy: OperatorProxy) -> None:
     async def go() -> Any:
         client = AsyncSealedOpenAI(base_url=f"{proxy.url}/v1", api_key=live.env.api_key, max_retries=0,
                                    policy=client_policy(live))
-        return await client.responses.create(model=DEMO_MODEL, input=CANARY)
+        return await client.embeddings.create(model=DEMO_MODEL, input=CANARY)
 
     _refused_before_sending(proxy, lambda: asyncio.run(go()))
 
@@ -307,7 +311,7 @@ def test_a_callers_own_http_client_is_refused(live: Live, proxy: OperatorProxy) 
 def test_sealed_proxy_refuses_what_it_cannot_seal(live: Live, proxy: OperatorProxy) -> None:
     app = create_proxy_app(f"{proxy.url}/v1", ClientTrust.from_dict(client_policy(live)))
     with TestClient(app) as local:
-        answer = local.post("/v1/responses", json={"model": DEMO_MODEL, "input": CANARY},
+        answer = local.post("/v1/embeddings", json={"model": DEMO_MODEL, "input": CANARY},
                             headers={"Authorization": f"Bearer {live.env.api_key}"})
     assert answer.status_code == 400 and answer.json()["error"]["code"] == "UnsealedRequest"
     assert not proxy.saw_canary()
