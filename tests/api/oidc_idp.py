@@ -139,7 +139,18 @@ def running_idp(root: Path) -> Iterator[Idp]:
 
 
 _FORM = re.compile(r'<form[^>]*action="([^"]+)"', re.I)
-_INPUT = re.compile(r'<input[^>]*name="([^"]+)"[^>]*?(?:value="([^"]*)")?[^>]*>', re.I)
+_INPUT = re.compile(r"<input[^>]*>", re.I)
+_NAME = re.compile(r'\bname="([^"]*)"')
+_VALUE = re.compile(r'\bvalue="([^"]*)"')
+
+
+def _fields(page: str) -> dict[str, str]:
+    out = {}
+    for tag in _INPUT.findall(page):
+        name, value = _NAME.search(tag), _VALUE.search(tag)
+        if name is not None:
+            out[unescape(name.group(1))] = unescape(value.group(1)) if value is not None else ""
+    return out
 
 
 def idp_login(idp_browser: httpx.Client, authorize_url: str, account: str) -> str:
@@ -155,7 +166,7 @@ def idp_login(idp_browser: httpx.Client, authorize_url: str, account: str) -> st
             r = idp_browser.get(url)
         action = _FORM.search(r.text)
         assert action is not None, f"no form on the IdP's page {r.url}:\n{r.text[:2000]}"
-        fields = {name: unescape(value or "") for name, value in _INPUT.findall(r.text)}
+        fields = _fields(r.text)
         if "login" in fields:
             fields.update(login=account, password="any")
         r = idp_browser.post(urljoin(str(r.url), unescape(action.group(1))), data=fields)
