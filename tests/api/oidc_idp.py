@@ -72,13 +72,13 @@ class Idp:
                           headers={"kid": kid if kid is not None else self.kid})
 
 
-def _clients() -> list[dict[str, Any]]:
+def _clients(redirect_uris: tuple[str, ...]) -> list[dict[str, Any]]:
     machine = [{"client_id": c, "client_secret": MACHINE_SECRET, "grant_types": ["client_credentials"],
                 "redirect_uris": [], "response_types": []}
                for c in ("automation", "acme-bot", "globex-bot", "auditor-bot", "no-role-bot")]
-    return [{"client_id": CONSOLE_CLIENT, "client_secret": CONSOLE_SECRET, "redirect_uris": [REDIRECT_URI],
-             "post_logout_redirect_uris": [POST_LOGOUT_URI], "grant_types": ["authorization_code"],
-             "response_types": ["code"]}, *machine]
+    return [{"client_id": CONSOLE_CLIENT, "client_secret": CONSOLE_SECRET,
+             "redirect_uris": [REDIRECT_URI, *redirect_uris], "post_logout_redirect_uris": [POST_LOGOUT_URI],
+             "grant_types": ["authorization_code"], "response_types": ["code"]}, *machine]
 
 
 CLAIMS: dict[str, dict[str, Any]] = {
@@ -106,7 +106,7 @@ def _npm_install() -> None:
 
 
 @contextlib.contextmanager
-def running_idp(root: Path) -> Iterator[Idp]:
+def running_idp(root: Path, redirect_uris: tuple[str, ...] = ()) -> Iterator[Idp]:
     _npm_install()
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     kid = "idp-key-1"
@@ -116,7 +116,7 @@ def running_idp(root: Path) -> Iterator[Idp]:
     issuer = f"http://127.0.0.1:{port}"
     claims = json.loads(json.dumps(CLAIMS))
     config = {"port": port, "issuer": issuer, "audience": AUDIENCE, "jwks": {"keys": [private]},
-              "clients": _clients(), "claims": claims}
+              "clients": _clients(redirect_uris), "claims": claims}
     log = root / "oidc-provider.log"
     env = {**os.environ, "SEALED_TEST_OIDC": json.dumps(config), "NODE_ENV": "test"}
     with log.open("w") as out:
