@@ -117,6 +117,7 @@ def running_idp(root: Path, redirect_uris: tuple[str, ...] = ()) -> Iterator[Idp
     claims = json.loads(json.dumps(CLAIMS))
     config = {"port": port, "issuer": issuer, "audience": AUDIENCE, "jwks": {"keys": [private]},
               "clients": _clients(redirect_uris), "claims": claims}
+    root.mkdir(parents=True, exist_ok=True)
     log = root / "oidc-provider.log"
     env = {**os.environ, "SEALED_TEST_OIDC": json.dumps(config), "NODE_ENV": "test"}
     with log.open("w") as out:
