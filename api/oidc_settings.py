@@ -1,7 +1,7 @@
 """Single sign-on settings: the enterprise's OpenID Provider (issuer, clients, claim mappings).
 
 A part of the control plane's settings (`GatewaySettings.oidc`), read from a JSON file
-(`--oidc-config FILE`, docs/operations.md "Single sign-on"). Without it the control plane runs in
+(`--oidc-config FILE`, docs/sso.md). Without it the control plane runs in
 the local-development mode: shared-secret HS256 tokens (`sealed up`'s default, and it says so).
 
 Roles come from the IdP's claims only through `role_rules`: the first rule whose `value` appears

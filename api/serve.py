@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reference-values", type=Path, default=None,
                         help="signed reference values to serve at /.well-known/reference-values")
     parser.add_argument("--oidc-config", type=Path, default=None,
-                        help="single sign-on: JSON settings of the enterprise's OpenID Provider (docs/operations.md); "
+                        help="single sign-on: JSON settings of the enterprise's OpenID Provider (docs/sso.md); "
                              "without it, the local-development mode (shared-secret HS256 tokens)")
     parser.add_argument("--unsafe-console-plain-http-loopback", action="store_true",
                         help="console session cookies without Secure for plain-HTTP requests on loopback "
