@@ -17,7 +17,6 @@ import datetime as dt
 import hmac
 import logging
 import secrets
-from typing import Any
 from urllib.parse import urlencode
 
 import httpx
@@ -36,7 +35,7 @@ from api.console.session import (
 )
 from api.management.auth import Principal
 from api.management.claims import identity
-from api.management.oidc import OidcVerifier
+from api.management.oidc import OidcVerifier, ProviderMetadata
 from api.management.oidc_errors import IdpUnavailable, OidcError, RoleRefused, TokenRefused
 
 log = logging.getLogger(__name__)
@@ -150,7 +149,7 @@ def end_session_url(request: Request) -> str | None:
     return meta.end_session_endpoint + ("&" if "?" in meta.end_session_endpoint else "?") + urlencode(params)
 
 
-def _metadata(verifier: OidcVerifier) -> Any:
+def _metadata(verifier: OidcVerifier) -> ProviderMetadata:
     try:
         return verifier.metadata()
     except IdpUnavailable as exc:

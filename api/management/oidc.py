@@ -10,7 +10,11 @@ the configured issuer, for the expected audience, and unexpired (with `leeway_s`
 
 from __future__ import annotations
 
+import logging
+import math
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +24,7 @@ import jwt
 from api.management.oidc_errors import IdpUnavailable, TokenRefused
 from api.oidc_settings import OidcConfigError, OidcSettings, check_url
 
+log = logging.getLogger(__name__)
 REQUIRED = ("exp", "iat", "iss", "aud", "sub")
 
 
@@ -35,8 +40,10 @@ class ProviderMetadata:
 
 
 class OidcVerifier:
-    def __init__(self, settings: OidcSettings) -> None:
+    def __init__(self, settings: OidcSettings, clock: Callable[[], float] = time.monotonic) -> None:
         self.settings = settings
+        self.clock = clock
+        self._failed_at = -math.inf
         self._lock = threading.Lock()
         self._metadata: ProviderMetadata | None = None
         self._jwks: jwt.PyJWKClient | None = None
@@ -45,7 +52,16 @@ class OidcVerifier:
     def metadata(self) -> ProviderMetadata:
         with self._lock:
             if self._metadata is None:
-                self._metadata = self._discover()
+                # After a failure, answer at once for a while: a down IdP must not hold every
+                # request's thread for the timeout.
+                if self.clock() - self._failed_at < self.settings.jwks_min_refresh_s:
+                    raise IdpUnavailable("OIDC discovery failed recently; retrying later")
+                try:
+                    self._metadata = self._discover()
+                except IdpUnavailable as exc:
+                    self._failed_at = self.clock()
+                    log.error("single sign-on: the IdP is unavailable: %s", exc)
+                    raise
             return self._metadata
 
     def _discover(self) -> ProviderMetadata:
@@ -107,6 +123,7 @@ class OidcVerifier:
         try:
             key = self._key_set().get_signing_key(kid)
         except jwt.PyJWKClientConnectionError as exc:
+            log.error("single sign-on: the IdP's key set could not be fetched (%s)", type(exc).__name__)
             raise IdpUnavailable("the IdP's key set could not be fetched") from exc
         except jwt.PyJWKClientError as exc:
             raise TokenRefused("token signed by a key the IdP does not publish", code="token_unknown_key") from exc

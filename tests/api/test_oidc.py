@@ -22,6 +22,8 @@ from api.app import create_app
 from api.console_settings import ConsoleSettings
 from api.gateway.settings import GatewaySettings
 from api.management.auth import issue_token
+from api.management.oidc import OidcVerifier
+from api.management.oidc_errors import IdpUnavailable
 from api.oidc_settings import OidcSettings, RoleRule
 from api.stack import free_port
 from tests.api.oidc_idp import AUDIENCE, CONSOLE_CLIENT, CONSOLE_SECRET, POST_LOGOUT_URI, REDIRECT_URI, Idp, running_idp
@@ -212,3 +214,18 @@ def test_an_unreachable_idp_is_a_503_not_a_pass(tmp_path: Path, idp: Idp) -> Non
     with gateway(tmp_path, sso_settings(idp, issuer=f"http://127.0.0.1:{free_port()}", http_timeout_s=2)) as gw:
         r = gw.get("/admin/v1/whoami", headers=bearer(idp.mint()))
         assert r.status_code == 503 and r.json()["error"]["code"] == "idp_unavailable"
+
+
+def test_a_down_idp_is_not_asked_again_on_every_request(idp: Idp) -> None:
+    """After a failed discovery the verifier answers 'unavailable' at once until jwks_min_refresh_s
+    has passed (an injected clock), so a down IdP cannot hold every request's thread for the timeout."""
+    now = [1000.0]
+    verifier = OidcVerifier(sso_settings(idp, issuer=f"http://127.0.0.1:{free_port()}", http_timeout_s=2),
+                            clock=lambda: now[0])
+    with pytest.raises(IdpUnavailable, match="discovery failed \\("):
+        verifier.metadata()
+    with pytest.raises(IdpUnavailable, match="failed recently"):
+        verifier.access_token(idp.mint())
+    now[0] += 31
+    with pytest.raises(IdpUnavailable, match="discovery failed \\("):
+        verifier.metadata()
