@@ -229,3 +229,9 @@ def test_a_down_idp_is_not_asked_again_on_every_request(idp: Idp) -> None:
     now[0] += 31
     with pytest.raises(IdpUnavailable, match="discovery failed \\("):
         verifier.metadata()
+
+
+def test_with_sso_the_api_mints_no_local_tokens(gw: TestClient, idp: Idp) -> None:
+    r = gw.post("/admin/v1/tokens", json={"subject": "bob", "role": "operator"},
+                headers=bearer(idp.client_credentials("automation")))
+    assert r.status_code == 409 and r.json()["error"]["code"] == "sso_tokens_only", r.text
