@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
@@ -94,6 +95,12 @@ class WorkerState:
 
     def promises(self) -> dict[str, Any]:
         return self.settings.promises()
+
+    @property
+    def usage_public_hex(self) -> str:
+        """The usage key's raw public key, hex (receipts name it: a third party checks them with it)."""
+        return self.usage_key.public_key().public_bytes(serialization.Encoding.Raw,
+                                                        serialization.PublicFormat.Raw).hex()
 
     def identity(self) -> WorkerIdentity:
         return WorkerIdentity(self.usage_key, self.tls_spki)
