@@ -127,7 +127,7 @@ class SealedAnswer:
             prompt_tokens=prompt, completion_tokens=completion, tee=s.tee, insecure=s.insecure,
             issued_at=clock.now(), api_key_id=self.request.key_id, signing_key=state.usage_public_hex,
             channel_spki=state.tls_spki.hex(),
-            evidence_sha256=booted.released.bundle.digest() if booted else "")
+            evidence_sha256=state.evidence_sha256())
         final = worker_pb2.SealedChunk(data=self.opened.sealer.seal(sign_receipt(receipt, state.usage_key),
                                                                     final=True))
         self.final_usage = state.signer.usage(self.request, prompt, completion, clock.monotonic() - started,

@@ -67,6 +67,7 @@ class WorkerState:
     # Usage and sealed decision records of calls that ended early, for the next heartbeats.
     outbox: Outbox = field(default_factory=Outbox)
     _records: TenantRecords | None = None
+    _evidence_digest: tuple[object, str] = (None, "")  # (the bundle, its digest): receipts name it
 
     @property
     def records(self) -> TenantRecords:
@@ -95,6 +96,18 @@ class WorkerState:
 
     def promises(self) -> dict[str, Any]:
         return self.settings.promises()
+
+    def evidence_sha256(self) -> str:
+        """`EvidenceBundle.digest()` of the evidence this worker serves now (renewals replace it), computed
+        once per bundle: every receipt names it, so a third party knows which evidence to check it with."""
+        booted = self.booted
+        bundle = booted.released.bundle if booted is not None else None
+        if bundle is None:
+            return ""
+        if self._evidence_digest[0] is not bundle:
+            digest = getattr(bundle, "digest", None)
+            self._evidence_digest = (bundle, str(digest()) if callable(digest) else "")
+        return self._evidence_digest[1]
 
     @property
     def usage_public_hex(self) -> str:

@@ -245,7 +245,8 @@ def test_the_proxy_shows_the_receipt_and_keeps_errors(stack: RunningStack, proxy
     url, _ = proxy_url
     through_proxy = openai.OpenAI(base_url=url, api_key=stack.api_key, max_retries=0)
     raw = through_proxy.chat.completions.with_raw_response.create(model=DEMO_MODEL, messages=Q, max_tokens=2)
-    assert json.loads(base64.b64decode(raw.headers["sealed-receipt"]))["model"] == DEMO_MODEL
+    signed = json.loads(base64.b64decode(raw.headers["sealed-receipt"]))  # the signed receipt: a third party checks it
+    assert signed["receipt"]["model"] == DEMO_MODEL and signed["signature"]
     with pytest.raises(openai.BadRequestError):
         through_proxy.chat.completions.create(model=DEMO_MODEL, messages=Q, temperature=5)
     with pytest.raises(openai.NotFoundError):
