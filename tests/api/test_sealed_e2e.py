@@ -276,7 +276,7 @@ def test_sealed_verify_prints_what_it_verified_and_fails_closed(stack: RunningSt
     ok = verify("--policy", str(policy))
     assert ok.returncode == 0, ok.stdout + ok.stderr
     for what in ("TEE           sim", "measurement", "sealing key", "receipt key", "prompts_logged=False",
-                 "1 of 1 workers verified"):
+                 "tenant policy version 1", "1 of 1 workers verified"):
         assert what in ok.stdout
     assert "verified from the hardware evidence" in ok.stdout and "REPORT_DATA" in ok.stdout
     # A policy that allows no measurement: non-zero, with the reason.
