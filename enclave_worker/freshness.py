@@ -57,7 +57,8 @@ class AttestationRenewal:
     async def run(self) -> None:
         guard = self.state.guard  # the policy version the boot evidence bound, bound again
         policy_version = guard.policy_set.version if guard and guard.policy_set else 0
-        make_bundle = await asyncio.to_thread(bundle_maker, self.state.settings, policy_version)  # once: it measures the code
+        # Once: it measures the code.
+        make_bundle = await asyncio.to_thread(bundle_maker, self.state.settings, policy_version)
         while True:
             booted = self.state.booted
             if booted is None:
