@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from api.store.models import ApiKeyRow, ModelVersion, PolicyRow, PolicyVersionRow, Tenant, UsageRow, utcnow
 from api.store.revocation import Revocations
 from protocol.model_ref import ModelRef
+from protocol.sealed.hpke import api_key_id
 
 KEY_PREFIX = "sk-sealed-"
 _USAGE_COLUMNS = ("request_id", "tenant", "key_id", "model", "version", "worker_id", "prompt_tokens",
@@ -105,7 +106,9 @@ class Store:
                    secret: str | None = None, token_budget: int | None = None) -> tuple[str, KeyRecord]:
         self.ensure_tenant(tenant)
         secret = secret or KEY_PREFIX + secrets.token_urlsafe(32)
-        row = ApiKeyRow(key_hash=hash_secret(secret), key_id=f"key_{secrets.token_hex(8)}", tenant=tenant, name=name,
+        # The id derives from the secret (sealed mode: the client computes it and binds it into the
+        # request's associated data, so the gateway cannot relabel a request with another key's id).
+        row = ApiKeyRow(key_hash=hash_secret(secret), key_id=api_key_id(secret), tenant=tenant, name=name,
                         models=list(models), expires_at=expires_at, rpm=rpm, tpm=tpm, priority=priority,
                         token_budget=token_budget)
         with self.sessions.begin() as s:

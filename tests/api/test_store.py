@@ -45,6 +45,16 @@ def test_keys_are_hashed_scoped_expirable_and_revocable(store: Store) -> None:
     assert store.revoke_key("acme", rec.key_id) and store.lookup_key(secret) is None
 
 
+def test_a_keys_id_derives_from_the_key(store: Store) -> None:
+    """Sealed mode binds the API key id into a request's associated data; the client computes it from
+    the key it holds (protocol.sealed.api_key_id), so the control plane must name keys the same way."""
+    from protocol.sealed import api_key_id
+
+    secret, rec = store.create_key("acme", "ci")
+    other, other_rec = store.create_key("acme", "ci-2")
+    assert rec.key_id == api_key_id(secret) and other_rec.key_id == api_key_id(other) != rec.key_id
+
+
 def test_agent_kill_switch_is_per_key_reversible_and_scoped_to_its_tenant(store: Store) -> None:
     secret, rec = store.create_key("acme", "agent")
     other_secret, _ = store.create_key("acme", "other")
