@@ -9,6 +9,8 @@ admin HTTP API and the contracts in `protocol.broker`. Nothing is built at impor
 
 from __future__ import annotations
 
+import logging
+
 from fastapi import FastAPI
 
 from api.console.router import install as install_console
@@ -18,6 +20,7 @@ from api.management import uploads
 from api.management.app import router as management_router
 from api.management.lifecycle import router as lifecycle_router
 from api.management.metrics import router as metrics_router
+from api.management.oidc import OidcVerifier
 from api.management.sessions import router as sessions_router
 
 
@@ -29,5 +32,15 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     app.include_router(metrics_router)  # /metrics: management tokens (operator, auditor)
     app.include_router(uploads.router)  # package uploads, for tenant admins
     app.state.package_store = uploads.PackageStore(settings.data_dir / "package-store")
-    install_console(app, settings.console, settings.data_dir)
+    oidc = settings.oidc
+    app.state.oidc = OidcVerifier(oidc) if oidc is not None else None
+    if oidc is None:
+        logging.getLogger("api.app").warning(
+            "auth: LOCAL DEVELOPMENT MODE - management API and console accept shared-secret HS256 tokens, "
+            "no single sign-on; configure --oidc-config for production")
+    elif oidc.accept_local_tokens:
+        logging.getLogger("api.app").warning(
+            "auth: single sign-on, and local HS256 management tokens accepted too (accept_local_tokens)")
+    install_console(app, settings.console, settings.data_dir, sso=oidc is not None and oidc.console_enabled,
+                    local_auth=oidc is None or oidc.accept_local_tokens)
     return app

@@ -14,6 +14,7 @@ from api.app import create_app
 from api.console_settings import ConsoleSettings, loopback_host
 from api.gateway.http_server import ConnectionLimits, server_config, shorten_gil_switch_interval
 from api.gateway.settings import GatewaySettings, WorkerRoute
+from api.oidc_settings import OidcSettings
 from protocol.asgi import freeze_startup_heap, schedule_full_collections
 
 
@@ -60,6 +61,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="tenant policy admin public keys, TENANT/KEY_ID.pub, to verify signed policies")
     parser.add_argument("--reference-values", type=Path, default=None,
                         help="signed reference values to serve at /.well-known/reference-values")
+    parser.add_argument("--oidc-config", type=Path, default=None,
+                        help="single sign-on: JSON settings of the enterprise's OpenID Provider (docs/sso.md); "
+                             "without it, the local-development mode (shared-secret HS256 tokens)")
     parser.add_argument("--unsafe-console-plain-http-loopback", action="store_true",
                         help="console session cookies without Secure for plain-HTTP requests on loopback "
                              "(only with a loopback --host; anything proxied stays Secure)")
@@ -79,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
                                adaptive_lag_s=args.adaptive_lag or None,
                                max_queued=args.max_queued, broker_jwks=args.broker_jwks,
                                reference_values=args.reference_values,
+                               oidc=OidcSettings.from_file(args.oidc_config) if args.oidc_config else None,
                                console=ConsoleSettings(audit_dir=args.audit_dir, audit_keys_dir=args.audit_keys_dir,
                                                        audit_witness=args.audit_witness,
                                                        audit_anchor_url=args.audit_anchor_url,

@@ -44,6 +44,7 @@ from protocol.fsutil import atomic_write
 from protocol.model_ref import ModelRef
 from protocol.package import read_manifest
 from protocol.package.signing import signer_identity
+from protocol.sealed.hpke import api_key_id
 from protocol.tls import load_or_create
 
 DEMO_TENANT = "demo"
@@ -110,7 +111,7 @@ def demo_policy_set(api_key: str, decision_record_key: str | None = None) -> dic
     """The demo tenant's in-enclave controls: SSNs in prompts are refused, card numbers redacted,
     and the demo key may call one tool, get_weather, with an object of arguments; decisions on
     sealed requests are sealed to `decision_record_key` (the tenant's X25519 key, hex)."""
-    key_id = f"key_{hashlib.sha256(api_key.encode()).hexdigest()[:16]}"  # the gateway's id for this key
+    key_id = api_key_id(api_key)  # the gateway's id for this key
     sealed_records = {"decision_record_key": decision_record_key} if decision_record_key else {}
     return {**sealed_records,
         "policy_id": "demo-policy", "version": 1, "tenant": DEMO_TENANT,
@@ -288,9 +289,12 @@ def write_demo_client_policy(home: Home, engine: str = "sealed") -> Path:
     # The operator publishes this build's measurement, signed; the client pins the publisher's key.
     (home.root / "publisher").mkdir(exist_ok=True, mode=0o700)
     publisher = ed25519_key(home.root / "publisher" / "reference-values.key")
+    # The serial grows with every statement (the signing time in seconds): a client refuses one older
+    # than the newest it has seen.
+    now = dt.datetime.now(dt.UTC)
     home.reference_values.write_text(json.dumps(sign_reference_values(
-        publisher, [measurement], tee="sim", issued_at=dt.datetime.now(dt.UTC), valid_for=dt.timedelta(days=30),
-        promises=settings.promises()), indent=2))
+        publisher, [measurement], tee="sim", issued_at=now, valid_for=dt.timedelta(days=30),
+        serial=int(now.timestamp()), promises=settings.promises()), indent=2))
     path = home.root / "demo" / "client-policy.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     # The client verifies the simulated TEE's reports itself, with the platform's public key: a file

@@ -45,3 +45,9 @@ class PolicyViolation(AttestationError):
     def __init__(self, violations: list[str]) -> None:
         self.violations = list(violations)
         super().__init__("; ".join(self.violations) or "policy violation")
+
+
+class UnboundClaim(PolicyViolation):
+    """A claim served beside the evidence (promises, tenant, model, version, model digest) differs from
+    the one the evidence binds: edited on the way. The client relies only on what the hardware signed,
+    and refuses a document that says otherwise next to it."""

@@ -2,12 +2,20 @@
 
 The operator publishes an in-toto Statement v1 in a DSSE envelope (the format Sigstore bundles wrap),
 signed with its Ed25519 publisher key; a client pins that key (the publisher's identity), not raw
-hashes, and accepts a worker only if its measurement is a subject of an unexpired statement.
+hashes, and accepts a worker only if its measurement is a subject of an unexpired statement that is
+not older than the newest it has seen (nor than its policy's floor).
 
     statement = {"_type": "https://in-toto.io/Statement/v1",
                  "subject": [{"name": "sealed-worker", "digest": {"sha384": "<measurement hex>"}}, ...],
                  "predicateType": PREDICATE_TYPE,
-                 "predicate": {"tee": "sim", "issued_at": "...", "expires_at": "...", "promises": {...}}}
+                 "predicate": {"tee": "sim", "serial": 7, "issued_at": "...", "expires_at": "...",
+                               "promises": {...}}}
+
+`serial` is the statement's place in the publisher's sequence: a positive integer that grows with
+every statement it signs (a statement without one is refused). A verifier refuses a statement whose
+serial is below a floor (`min_serial`: the newest it has verified, or what its policy sets), so an
+older statement, still unexpired and validly signed, cannot bring back a measurement the publisher
+has since withdrawn.
     envelope  = {"payloadType": "application/vnd.in-toto+json", "payload": b64(statement),
                  "signatures": [{"keyid": hex SHA-256 of the raw key, "sig": b64 Ed25519 over PAE}]}
 
@@ -42,6 +50,11 @@ class ReferenceValuesError(AttestationError):
     """The published reference values are unsigned, signed by another key, expired or malformed."""
 
 
+class StaleReferenceValues(ReferenceValuesError):
+    """A validly signed, unexpired statement older (lower serial) than the newest the verifier has seen
+    or than the floor its policy sets: a rollback to a set the publisher has replaced."""
+
+
 class NotReferenceValues(ReferenceValuesError):
     """A validly signed in-toto statement, but not a reference-value statement (another predicate
     type or payload type): a publisher's signature over something else is no list of measurements."""
@@ -61,13 +74,17 @@ def _raw(key: Ed25519PublicKey) -> bytes:
 
 
 def sign_reference_values(key: Ed25519PrivateKey, measurements: Iterable[str], *, tee: str, issued_at: dt.datetime,
-                          valid_for: dt.timedelta, promises: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                          valid_for: dt.timedelta, serial: int,
+                          promises: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """A signed statement; `serial` must grow with every statement the publisher signs."""
+    if type(serial) is not int or serial < 1:
+        raise ValueError("a reference-value statement's serial is a positive integer")
     statement = {
         "_type": STATEMENT_TYPE,
         "subject": [{"name": "sealed-worker", "digest": {"sha384": m.lower()}} for m in sorted(set(measurements))],
         "predicateType": PREDICATE_TYPE,
-        "predicate": {"tee": tee, "issued_at": issued_at.isoformat(), "expires_at": (issued_at + valid_for).isoformat(),
-                      "promises": dict(promises or {})},
+        "predicate": {"tee": tee, "serial": serial, "issued_at": issued_at.isoformat(),
+                      "expires_at": (issued_at + valid_for).isoformat(), "promises": dict(promises or {})},
     }
     body = json.dumps(statement, sort_keys=True, separators=(",", ":")).encode()
     return {"payloadType": PAYLOAD_TYPE, "payload": base64.b64encode(body).decode(),
@@ -82,11 +99,14 @@ class ReferenceValues:
     expires_at: dt.datetime
     promises: Mapping[str, Any]
     signer: str = ""  # who signed it, as the client pinned it: "ed25519 <key id>" or "sigstore <identity> ..."
+    serial: int = 0  # the statement's place in the publisher's sequence
 
 
-def read_statement(payload_type: str, body: bytes, now: dt.datetime, signer: str) -> ReferenceValues:
+def read_statement(payload_type: str, body: bytes, now: dt.datetime, signer: str,
+                   min_serial: int = 0) -> ReferenceValues:
     """A verified DSSE payload -> reference values: an in-toto Statement v1 with our predicate type,
-    not expired (and not issued in the future). Call only with a payload whose signature verified."""
+    not expired (and not issued in the future), with a serial of at least `min_serial`. Call only
+    with a payload whose signature verified."""
     if payload_type != PAYLOAD_TYPE:
         raise NotReferenceValues(f"signed by {signer}, but the payload is {payload_type!r}, not an in-toto statement")
     try:
@@ -102,17 +122,25 @@ def read_statement(payload_type: str, body: bytes, now: dt.datetime, signer: str
         issued = dt.datetime.fromisoformat(predicate["issued_at"])
         expires = dt.datetime.fromisoformat(predicate["expires_at"])
         measurements = frozenset(str(s["digest"]["sha384"]).lower() for s in statement["subject"])
+        serial = predicate["serial"]
     except (KeyError, TypeError, ValueError) as exc:
         raise ReferenceValuesError(f"malformed reference values: {exc}") from exc
+    if type(serial) is not int or serial < 1:
+        raise ReferenceValuesError("reference values carry no serial (a positive integer)")
     if not issued - dt.timedelta(minutes=5) <= now < expires:
         raise ReferenceValuesError("reference values are expired or not yet valid")
+    if serial < min_serial:
+        raise StaleReferenceValues(f"reference values serial {serial} is older than {min_serial}, the newest "
+                                   f"this verifier has seen or its policy's floor (signed by {signer})")
     return ReferenceValues(measurements=measurements, tee=str(predicate.get("tee", "")), expires_at=expires,
-                           promises=dict(predicate.get("promises") or {}), signer=signer)
+                           promises=dict(predicate.get("promises") or {}), signer=signer, serial=serial)
 
 
-def verify_reference_values(envelope: Mapping[str, Any], publisher_key: bytes, now: dt.datetime) -> ReferenceValues:
+def verify_reference_values(envelope: Mapping[str, Any], publisher_key: bytes, now: dt.datetime,
+                            min_serial: int = 0) -> ReferenceValues:
     """1. DSSE signature by the pinned publisher key over PAE(payloadType, payload); 2. an in-toto
-    Statement v1 with our predicate type; 3. not expired (and not issued in the future)."""
+    Statement v1 with our predicate type; 3. not expired (and not issued in the future); 4. a
+    serial of at least `min_serial`."""
     try:
         body = base64.b64decode(envelope["payload"], validate=True)
         signatures = list(envelope.get("signatures") or [])
@@ -132,4 +160,4 @@ def verify_reference_values(envelope: Mapping[str, Any], publisher_key: bytes, n
             continue
     if not signed:
         raise ReferenceValuesError("reference values are not signed by the pinned publisher")
-    return read_statement(payload_type, body, now, signer=f"ed25519 {wanted}")
+    return read_statement(payload_type, body, now, signer=f"ed25519 {wanted}", min_serial=min_serial)

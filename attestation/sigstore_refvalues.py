@@ -96,6 +96,8 @@ def verify_sigstore_bundle(bundle_doc: Mapping[str, Any] | str | bytes, publishe
 
 
 def verify_sigstore_reference_values(bundle_doc: Mapping[str, Any] | str | bytes, publisher: SigstorePublisher,
-                                     now: dt.datetime) -> ReferenceValues:
+                                     now: dt.datetime, min_serial: int = 0) -> ReferenceValues:
+    """The bundle verified offline, then its statement read as the pinned-key path reads it (serial
+    at least `min_serial`: an older statement is `StaleReferenceValues`)."""
     payload_type, body = verify_sigstore_bundle(bundle_doc, publisher)
-    return read_statement(payload_type, body, now, signer=publisher.describe())
+    return read_statement(payload_type, body, now, signer=publisher.describe(), min_serial=min_serial)

@@ -90,7 +90,7 @@ def boot(settings: WorkerSettings, channel_binding: bytes = b"", hpke_key: X2551
     started = time.monotonic()
     # Before any key is asked for: a worker that may not serve on its device never gets one.
     gpu_cc_off = check_gpu_confidentiality(settings, policy_set)
-    attester = make_attester(settings)
+    attester = make_attester(settings, policy_set.version if policy_set else 0)
     with httpx.Client(base_url=settings.broker_url, timeout=30.0) as client:
         released = obtain_data_key(client, settings.ref, make_bundle=attester.bundle,
                                    channel_binding=channel_binding, hpke_key=hpke_key)

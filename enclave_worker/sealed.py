@@ -10,6 +10,7 @@ after it are sealed inner responses.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import AsyncIterator
 
 import grpc
@@ -32,6 +33,7 @@ from protocol.sealed import (
 from protocol.sealed.http import ENDPOINTS, ResponseHead
 
 __all__ = ["SealedAnswer", "SealedRefusal", "open_sealed_request"]
+log = logging.getLogger(__name__)
 
 
 def open_sealed_request(state: WorkerState, request: worker_pb2.SealedRequest) -> OpenedRequest:
@@ -42,8 +44,11 @@ def open_sealed_request(state: WorkerState, request: worker_pb2.SealedRequest) -
         raise SealedRefusal(grpc.StatusCode.INVALID_ARGUMENT, "sealed request for an unknown endpoint")
     if (request.tenant, request.model) != (s.tenant, s.model):
         raise SealedRefusal(grpc.StatusCode.INVALID_ARGUMENT, "sealed request for another tenant or model")
+    # The API key id the gateway names picks the policy's per-key rules: it is bound as associated
+    # data with the version and policy version this worker serves, so a relabelled request does not open.
     ctx = RequestContext(tenant=request.tenant, model=request.model, endpoint=request.endpoint,
-                         key_id=request.worker_key_id)
+                         key_id=request.worker_key_id, version=s.version, api_key_id=request.key_id,
+                         policy_version=policy_version(state))
     try:
         return open_request(state.serving_key, ctx, request.body, state.clock.now(), state.replay,
                             response_padding=s.response_padding)
@@ -53,8 +58,18 @@ def open_sealed_request(state: WorkerState, request: worker_pb2.SealedRequest) -
     except RequestReplayed as exc:
         raise SealedRefusal(grpc.StatusCode.ALREADY_EXISTS, str(exc)) from exc
     except SealedError as exc:
+        # Nothing of the request is known (it did not open): the reason's type only, never content.
+        log.warning("sealed request %s refused: %s (does not open under its context: tampered, or its "
+                    "tenant, model, version, endpoint, API key id or policy version relabelled)",
+                    request.request_id[:64], type(exc).__name__)
         raise SealedRefusal(grpc.StatusCode.INVALID_ARGUMENT,
                             f"sealed request rejected ({type(exc).__name__})") from exc
+
+
+def policy_version(state: WorkerState) -> int:
+    """The version of the tenant's signed policy set this worker enforces (0: none), as its evidence binds."""
+    guard = state.guard
+    return guard.policy_set.version if guard and guard.policy_set else 0
 
 
 class SealedAnswer:
@@ -104,14 +119,15 @@ class SealedAnswer:
         state, s, clock = self.state, self.state.settings, self.state.clock
         prompt = sum(p for p, _ in self._run.tokens.values())
         completion = sum(c for _, c in self._run.tokens.values())
-        booted, guard = state.booted, state.guard
+        booted = state.booted
         receipt = Receipt(
             request_sha256=self.opened.request_sha256, response_sha256=self.opened.sealer.hash.hexdigest(),
             worker_key_id=state.serving_key.key_id, tenant=s.tenant, model=s.model, model_version=s.version,
-            model_digest=booted.model_digest if booted else "", policy_version=(
-                guard.policy_set.version if guard and guard.policy_set else 0),
+            model_digest=booted.model_digest if booted else "", policy_version=policy_version(state),
             prompt_tokens=prompt, completion_tokens=completion, tee=s.tee, insecure=s.insecure,
-            issued_at=clock.now())
+            issued_at=clock.now(), api_key_id=self.request.key_id, signing_key=state.usage_public_hex,
+            channel_spki=state.tls_spki.hex(),
+            evidence_sha256=state.evidence_sha256())
         final = worker_pb2.SealedChunk(data=self.opened.sealer.seal(sign_receipt(receipt, state.usage_key),
                                                                     final=True))
         self.final_usage = state.signer.usage(self.request, prompt, completion, clock.monotonic() - started,

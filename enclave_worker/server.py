@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
@@ -66,6 +67,7 @@ class WorkerState:
     # Usage and sealed decision records of calls that ended early, for the next heartbeats.
     outbox: Outbox = field(default_factory=Outbox)
     _records: TenantRecords | None = None
+    _evidence_digest: tuple[object, str] = (None, "")  # (the bundle, its digest): receipts name it
 
     @property
     def records(self) -> TenantRecords:
@@ -94,6 +96,24 @@ class WorkerState:
 
     def promises(self) -> dict[str, Any]:
         return self.settings.promises()
+
+    def evidence_sha256(self) -> str:
+        """`EvidenceBundle.digest()` of the evidence this worker serves now (renewals replace it), computed
+        once per bundle: every receipt names it, so a third party knows which evidence to check it with."""
+        booted = self.booted
+        bundle = booted.released.bundle if booted is not None else None
+        if bundle is None:
+            return ""
+        if self._evidence_digest[0] is not bundle:
+            digest = getattr(bundle, "digest", None)
+            self._evidence_digest = (bundle, str(digest()) if callable(digest) else "")
+        return self._evidence_digest[1]
+
+    @property
+    def usage_public_hex(self) -> str:
+        """The usage key's raw public key, hex (receipts name it: a third party checks them with it)."""
+        return self.usage_key.public_key().public_bytes(serialization.Encoding.Raw,
+                                                        serialization.PublicFormat.Raw).hex()
 
     def identity(self) -> WorkerIdentity:
         return WorkerIdentity(self.usage_key, self.tls_spki)

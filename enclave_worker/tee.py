@@ -46,16 +46,18 @@ def _sim_attester(settings: WorkerSettings) -> Attester:
     return Attester(SimAttester(SimTee(key, measurement)))
 
 
-def workload_claims(settings: WorkerSettings) -> WorkloadClaims:
+def workload_claims(settings: WorkerSettings, policy_version: int = 0) -> WorkloadClaims:
     """What every bundle of this worker binds (REPORT_DATA): its tenant, model, version, the digest
-    of the package it will decrypt (boot refuses a package with another) and its promises, so a
-    client reads them from the hardware's signature rather than from the gateway."""
+    of the package it will decrypt (boot refuses a package with another), the version of the signed
+    tenant policy set it loaded (`policy_version`, 0 for none: a sealed request binds it) and its
+    promises, so a client reads them from the hardware's signature rather than from the gateway."""
     manifest, _, _ = read_manifest(settings.package_dir)
     return WorkloadClaims(tenant=settings.tenant, model=settings.model, version=settings.version,
-                          model_digest=manifest.plaintext_digest, promises=settings.promises())
+                          model_digest=manifest.plaintext_digest, promises=settings.promises(),
+                          policy_version=policy_version)
 
 
-def make_attester(settings: WorkerSettings) -> Attester:
+def make_attester(settings: WorkerSettings, policy_version: int = 0) -> Attester:
     if settings.tee == "sim":
         if settings.gpu_tee:
             raise UnsupportedError("the simulated TEE cannot vouch for GPU evidence")
@@ -64,8 +66,8 @@ def make_attester(settings: WorkerSettings) -> Attester:
         kernel = KernelInterfaces(settings.tsm_dir, settings.tsm_entry, settings.sev_guest_device,
                                   settings.ccel_table, settings.ccel_data)
         attester = hardware_attester(settings.tee, settings.gpu_tee, kernel)
-    return dataclasses.replace(attester, workload=workload_claims(settings).encode())
+    return dataclasses.replace(attester, workload=workload_claims(settings, policy_version).encode())
 
 
-def bundle_maker(settings: WorkerSettings) -> Callable[[RuntimeData], EvidenceBundle]:
-    return make_attester(settings).bundle
+def bundle_maker(settings: WorkerSettings, policy_version: int = 0) -> Callable[[RuntimeData], EvidenceBundle]:
+    return make_attester(settings, policy_version).bundle

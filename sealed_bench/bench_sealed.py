@@ -52,7 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     padding = PaddingPolicy(min_bytes=args.padding_min_bytes)
     worker, signer = WorkerKey.generate(), Ed25519PrivateKey.generate()
     signer_public = signer.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
-    ctx = RequestContext("tenant", "model", "/v1/chat/completions", worker.key_id)
+    ctx = RequestContext("tenant", "model", "/v1/chat/completions", worker.key_id, version="v1",
+                         api_key_id="key_0123456789abcdef", policy_version=1)
     body, chunk = b"x" * args.body_bytes, b"y" * args.chunk_bytes
     guard = ReplayGuard(max_entries=10 * args.iterations + 10)
     sealed = seal_request(worker.public_bytes, ctx, body, time.time(), padding=padding)
@@ -60,7 +61,9 @@ def main(argv: list[str] | None = None) -> int:
     frames = [opened.sealer.seal(chunk) for _ in range(args.iterations)]
     sealed.opener.feed(opened.sealer.header())
     frame_iter = iter(frames)
-    receipt = Receipt("a" * 64, "b" * 64, worker.key_id, "tenant", "model", "v1", "d", 1, 10, 20, "sim", True, 0.0)
+    receipt = Receipt("a" * 64, "b" * 64, worker.key_id, "tenant", "model", "v1", "d", 1, 10, 20, "sim", True, 0.0,
+                      api_key_id=ctx.api_key_id, signing_key=signer_public.hex(), channel_spki="",
+                      evidence_sha256="e" * 64)
     final = sign_receipt(receipt, signer)
     results = {
         "seal_request_us": _median_us(lambda: seal_request(worker.public_bytes, ctx, body, time.time(),

@@ -20,11 +20,12 @@ from attestation.appraisal import AppraisalPolicy
 from attestation.bundle import EvidenceBundle, channel_binding
 from attestation.client import PinnedWorker, verify_worker_document
 from attestation.collateral import CollateralConfig, CollateralStore
-from attestation.errors import FreshnessError, PolicyViolation
+from attestation.errors import FreshnessError, PolicyViolation, UnboundClaim
 from attestation.refvalues import ReferenceValues, ReferenceValuesError, verify_reference_values
 from attestation.sigstore_refvalues import SigstorePublisher, is_sigstore_bundle, verify_sigstore_reference_values
 from attestation.token import TokenVerifier
 from attestation.verifier import VerifierTrust
+from attestation.workload import WorkloadClaims
 from protocol.sealed import key_id
 
 log = logging.getLogger(__name__)
@@ -55,6 +56,10 @@ class ClientTrust:
     sim_platform_key: bytes | None = None  # raw Ed25519: the simulated TEE's "vendor" (a file of the operator's)
     unsafe_roots_dir: Path | None = None
     collateral_dir: Path | None = None
+    # Floors the tenant sets: the oldest reference-value statement (its `serial`) and the oldest
+    # signed tenant policy set (the `policy_version` the evidence binds) this client accepts.
+    min_reference_values_serial: int = 0
+    min_policy_version: int = 0
 
     def __post_init__(self) -> None:
         if not self.tenant:
@@ -67,6 +72,8 @@ class ClientTrust:
             raise ValueError("pin the key broker's JWKS (broker_jwks), or set unsafe_trust_gateway_jwks")
         if self.broker_jwks is None:
             log.warning("UNSAFE: trusting the key broker JWKS the gateway serves (trust on first use)")
+        if self.min_reference_values_serial < 0 or self.min_policy_version < 0:
+            raise ValueError("min_reference_values_serial and min_policy_version are non-negative")
 
     @functools.cached_property
     def evidence_trust(self) -> VerifierTrust:
@@ -93,14 +100,16 @@ class ClientTrust:
     def from_dict(cls, doc: Mapping[str, Any], *, unsafe_allow_simulated: bool = False,
                   base: Path | None = None) -> ClientTrust:
         """`{"tenant": "...", "appraisal": {...AppraisalPolicy...}, "broker_jwks": {...}, "broker_issuer": "...",
-        "require_promises": {...}, "unsafe_trust_gateway_jwks": false, "reference_values": {...},
-        "evidence": {"sim_platform_key": "<hex>", "collateral_dir": path, "unsafe_roots_dir": path}}`.
+        "require_promises": {...}, "min_policy_version": 0, "unsafe_trust_gateway_jwks": false,
+        "reference_values": {...}, "evidence": {"sim_platform_key": "<hex>", "collateral_dir": path,
+        "unsafe_roots_dir": path}}`.
 
         `reference_values`: `{"publisher_key": "<hex>"}` (or `{"publisher": {"key": "<hex>"}}`), or
         `{"publisher": {"sigstore": {"identity": ..., "issuer": ..., "trusted_root": "production" | path}}}`
-        (a relative path is taken from the policy file's folder)."""
+        (a relative path is taken from the policy file's folder); `"min_serial": N` refuses statements
+        older than serial N."""
         unknown = set(doc) - {"tenant", "appraisal", "broker_jwks", "broker_issuer", "require_promises",
-                              "unsafe_trust_gateway_jwks", "reference_values", "evidence"}
+                              "unsafe_trust_gateway_jwks", "reference_values", "evidence", "min_policy_version"}
         if unknown:
             raise PolicyViolation([f"unknown client policy keys: {sorted(unknown)}"])
         evidence = dict(doc.get("evidence") or {})
@@ -114,7 +123,7 @@ class ClientTrust:
             appraisal["allowed_tee"] = sorted({*appraisal.get("allowed_tee", []), "sim"})
         refs = dict(doc.get("reference_values") or {})
         pinned = dict(refs.get("publisher") or {})
-        if set(refs) - {"publisher_key", "publisher"} or set(pinned) - {"key", "sigstore"}:
+        if set(refs) - {"publisher_key", "publisher", "min_serial"} or set(pinned) - {"key", "sigstore"}:
             raise PolicyViolation([f"unknown reference_values keys: {sorted(set(refs) | set(pinned))}"])
         publisher = refs.get("publisher_key") or pinned.get("key")
         sigstore = pinned.get("sigstore")
@@ -127,7 +136,9 @@ class ClientTrust:
                    reference_values_sigstore=SigstorePublisher.from_dict(sigstore, base) if sigstore else None,
                    broker_issuer=str(doc.get("broker_issuer", "sealed-key-broker")),
                    require_promises=dict(doc.get("require_promises") or {}),
-                   unsafe_trust_gateway_jwks=bool(doc.get("unsafe_trust_gateway_jwks", False)))
+                   unsafe_trust_gateway_jwks=bool(doc.get("unsafe_trust_gateway_jwks", False)),
+                   min_reference_values_serial=_count(refs.get("min_serial", 0), "reference_values.min_serial"),
+                   min_policy_version=_count(doc.get("min_policy_version", 0), "min_policy_version"))
 
     @classmethod
     def load(cls, path: str | Path, *, unsafe_allow_simulated: bool = False) -> ClientTrust:
@@ -135,11 +146,19 @@ class ClientTrust:
                              base=Path(path).parent)
 
 
+def _count(value: Any, name: str) -> int:
+    if type(value) is not int or value < 0:
+        raise PolicyViolation([f"{name} must be a non-negative integer"])
+    return value
+
+
 @dataclass(frozen=True)
 class PinnedKey:
     """One verified worker: the key requests are sealed to, and the key its receipts are signed with.
-    Tenant, model, version, model digest and promises are the ones the hardware evidence binds; the
-    pin lasts as long as the token that corroborated the evidence (`expired`)."""
+    Tenant, model, version, model digest, policy version and promises are the ones the hardware
+    evidence binds; a pin is for exactly that (tenant, model, version, model digest). It lasts as long
+    as what it was verified with (`expires_at`): the token that corroborated the evidence, and the
+    reference-value statement the measurement was found in; after that, fresh evidence is verified."""
 
     tenant: str
     model: str
@@ -151,9 +170,13 @@ class PinnedKey:
     promises: Mapping[str, Any]
     token_expires_at: int
     model_digest: str = ""
+    policy_version: int = 0  # the tenant's signed policy set the worker enforces (bound by its evidence)
+    evidence_sha256: str = ""  # EvidenceBundle.digest() of the evidence verified
+    channel_spki: bytes = b""  # DER: the worker's TLS key, the channel binding's other half
+    expires_at: float = 0.0  # min(token expiry, reference values' expiry); 0: the token's
 
     def expired(self, now: dt.datetime) -> bool:
-        return now.timestamp() >= self.token_expires_at
+        return now.timestamp() >= (self.expires_at or self.token_expires_at)
 
 
 def _spki(cert_pem: str | None) -> bytes:
@@ -179,11 +202,15 @@ def verify_sealed_document(doc: Mapping[str, Any], verifier: TokenVerifier, trus
     """One entry of /.well-known/attestation: hardware evidence, appraisal and the token's
     corroboration (attestation.client), then what sealed mode relies on, each from the evidence:
     the tenant is the client's and the model the one asked for, the HPKE key is the one REPORT_DATA
-    binds, the receipt key is bound by its channel binding, and the promises the client requires are
-    among the ones REPORT_DATA binds (the `promises` served beside the evidence are not read)."""
+    binds, the receipt key is bound by its channel binding, the policy version is at least the
+    client's floor, and the promises the client requires are among the ones REPORT_DATA binds (and
+    the publisher's statement, when it states promises). A claim served beside the evidence that
+    differs from the bound one (edited promises, another version or digest) is refused: the client
+    relies on the evidence alone and does not accept a document that contradicts it."""
     worker = verify_worker_document(doc, verifier, effective_appraisal(trust, published), now,
                                     evidence_trust=trust.evidence_trust)
     workload = worker.workload
+    check_served_claims(doc, workload)
     if workload.tenant != trust.tenant:
         raise PolicyViolation([f"the worker serves tenant {workload.tenant!r}; this client's policy is for "
                                f"tenant {trust.tenant!r}"])
@@ -200,31 +227,60 @@ def verify_sealed_document(doc: Mapping[str, Any], verifier: TokenVerifier, trus
         raise FreshnessError("the worker's receipt key is missing or malformed") from exc
     if binding != bundle.runtime_data.channel_binding:
         raise FreshnessError("the worker's receipt key is not the one its evidence binds")
+    if workload.policy_version < trust.min_policy_version:
+        raise PolicyViolation([f"the worker enforces tenant policy version {workload.policy_version}, older than "
+                               f"this client's floor {trust.min_policy_version}"])
     promises = workload.promises
     unmet = [k for k, v in trust.require_promises.items() if promises.get(k) != v]
     if unmet:
         raise PolicyViolation([f"the worker's evidence does not bind the promise {k}={trust.require_promises[k]!r}"
                                for k in unmet])
+    if published is not None:
+        differ = [k for k, v in published.promises.items() if promises.get(k) != v]
+        if differ:
+            raise PolicyViolation([f"the worker's evidence binds {k}={promises.get(k)!r}, the publisher's "
+                                   f"statement says {published.promises[k]!r}" for k in differ])
+    expires = float(worker.attestation.expires_at)
+    if published is not None:
+        expires = min(expires, published.expires_at.timestamp())
     return PinnedKey(tenant=workload.tenant, model=workload.model, version=workload.version,
                      worker_key_id=key_id(worker.hpke_public_key), hpke_public_key=worker.hpke_public_key,
                      receipt_key=receipt_key, worker=worker, promises=promises,
-                     token_expires_at=worker.attestation.expires_at, model_digest=workload.model_digest)
+                     token_expires_at=worker.attestation.expires_at, model_digest=workload.model_digest,
+                     policy_version=workload.policy_version, evidence_sha256=bundle.digest(),
+                     channel_spki=_spki(doc.get("grpc_tls_cert")), expires_at=expires)
 
 
-def verify_published(trust: ClientTrust, published: Mapping[str, Any] | None, now: dt.datetime
-                     ) -> ReferenceValues | None:
+_SERVED_CLAIMS = ("tenant", "model", "version", "model_digest", "promises")
+
+
+def check_served_claims(doc: Mapping[str, Any], workload: WorkloadClaims) -> None:
+    """Fields the gateway serves beside the evidence must say what the evidence binds, or be absent."""
+    bound = {"tenant": workload.tenant, "model": workload.model, "version": workload.version,
+             "model_digest": workload.model_digest, "promises": dict(workload.promises)}
+    edited = [k for k in _SERVED_CLAIMS if k in doc and doc[k] != bound[k]]
+    if edited:
+        raise UnboundClaim([f"the served {k!r} is not what the worker's evidence binds (edited beside the "
+                            "evidence; only the evidence is relied on)" for k in edited])
+
+
+def verify_published(trust: ClientTrust, published: Mapping[str, Any] | None, now: dt.datetime,
+                     newest_seen: int = 0) -> ReferenceValues | None:
     """The published reference values, verified as the client pinned their publisher: a Sigstore
-    bundle for a Sigstore identity, a DSSE envelope for a key; the other form is refused."""
+    bundle for a Sigstore identity, a DSSE envelope for a key; the other form is refused. A statement
+    older than the policy's floor or than `newest_seen` (the newest this client verified) is refused
+    (`StaleReferenceValues`): a publisher's older, unexpired statement cannot roll the set back."""
     if not trust.pins_publisher:
         return None
     if published is None:
         raise ReferenceValuesError("no reference values published")
+    floor = max(trust.min_reference_values_serial, newest_seen)
     if trust.reference_values_sigstore is not None:
         if not is_sigstore_bundle(published):
             raise ReferenceValuesError("the client pins a Sigstore publisher but the reference values are "
                                        "not a Sigstore bundle")
-        return verify_sigstore_reference_values(published, trust.reference_values_sigstore, now)
+        return verify_sigstore_reference_values(published, trust.reference_values_sigstore, now, min_serial=floor)
     if is_sigstore_bundle(published):
         raise ReferenceValuesError("the client pins a publisher key but the reference values are a Sigstore bundle")
     assert trust.reference_values_key is not None
-    return verify_reference_values(published, trust.reference_values_key, now)
+    return verify_reference_values(published, trust.reference_values_key, now, min_serial=floor)

@@ -23,6 +23,7 @@ from protocol.sealed import (
     RequestReplayed,
     SealedFormatError,
     SealedRequest,
+    api_key_id,
     seal_request,
     verify_receipt,
 )
@@ -38,6 +39,7 @@ from protocol.sealed.http import (
 )
 from protocol.sealed.padding import DEFAULT_PADDING, PaddingPolicy
 from sealed_client.deployment import ClientTrust, PinnedKey, verify_published, verify_sealed_document
+from sealed_client.errors import PinConflict
 
 RECEIPT_HEADER = "Sealed-Receipt"
 
@@ -68,10 +70,17 @@ class Exchange:
 
     pin: PinnedKey
     sealed: SealedRequest
+    api_key_id: str  # of the API key the request is sent with (bound as associated data)
 
 
 class SealedSession:
-    """Pins per model (verified on first use, again on every key change); seals; checks answers.
+    """Pins per model (verified on first use, again on every key change and when what it was verified
+    with expires); seals; checks answers.
+
+    A pin is for one (tenant, model, version, model digest), as the evidence binds them. The session
+    remembers each (model, version) it verified with its digest: a later document that shows the same
+    version with another digest is refused (`PinConflict`), and it remembers the newest reference-value
+    statement it verified: an older one is refused (`StaleReferenceValues`).
 
     ``clock`` returns now (tests inject one). ``receipts`` keeps the last verified receipts.
     ``padding``: the size buckets request bodies are padded to, so the gateway sees a size class.
@@ -83,6 +92,8 @@ class SealedSession:
         self.padding = padding
         self.clock = clock or (lambda: dt.datetime.now(dt.UTC))
         self._pins: dict[str, PinnedKey] = {}
+        self._digests: dict[tuple[str, str], str] = {}  # (model, version) -> the model digest verified
+        self._newest_refvals = 0  # the newest reference-value serial verified
         self._jwks: Mapping[str, Any] | None = trust.broker_jwks
         self._lock = threading.Lock()
         self.receipts: collections.deque[Receipt] = collections.deque(maxlen=keep_receipts)
@@ -106,26 +117,42 @@ class SealedSession:
             raise AttestationError("no key broker JWKS to verify tokens with")
         verifier = TokenVerifier(self._jwks, self.trust.broker_issuer)
         now = self.clock()
-        published = verify_published(self.trust, reference_values, now)  # raises: nothing is sent
+        with self._lock:
+            newest = self._newest_refvals
+        published = verify_published(self.trust, reference_values, now, newest)  # raises: nothing is sent
+        if published is not None:
+            with self._lock:
+                self._newest_refvals = max(self._newest_refvals, published.serial)
         first_error: Exception | None = None
         for doc in attestation_doc.get("workers", []):
             if doc.get("model") != model:
                 continue
             try:
                 pin = verify_sealed_document(doc, verifier, self.trust, now, published, model=model)
+                self._check_same_digest(pin)
             except (AttestationError, KeyError, ValueError, TypeError) as exc:
                 first_error = first_error or exc
                 continue
             with self._lock:
+                self._digests.setdefault((pin.model, pin.version), pin.model_digest)
                 self._pins[model] = pin
             return pin
         if first_error is not None:
             raise first_error
         raise NoAttestedWorker(model)
 
+    def _check_same_digest(self, pin: PinnedKey) -> None:
+        with self._lock:
+            known = self._digests.get((pin.model, pin.version))
+        if known is not None and known != pin.model_digest:
+            raise PinConflict([f"{pin.model} version {pin.version} was verified with model digest {known}; the "
+                               f"deployment now shows {pin.model_digest} under the same version (a pin is per "
+                               "version and digest: a package swapped under a version name is refused)"])
+
     def pinned(self, model: str) -> PinnedKey | None:
-        """The pin for `model`, while the token that corroborated its evidence lasts; after that a
-        request verifies the deployment again (fresh evidence, the same checks)."""
+        """The pin for `model`, while what it was verified with lasts (the token that corroborated its
+        evidence, the reference values); after that a request verifies the deployment again (fresh
+        evidence, the same checks)."""
         now = self.clock()
         with self._lock:
             pin = self._pins.get(model)
@@ -139,9 +166,14 @@ class SealedSession:
             self._pins.pop(model, None)
 
     # -- requests
-    def seal(self, pin: PinnedKey, endpoint: str, body: bytes) -> Exchange:
-        ctx = RequestContext(tenant=pin.tenant, model=pin.model, endpoint=endpoint, key_id=pin.worker_key_id)
-        return Exchange(pin, seal_request(pin.hpke_public_key, ctx, body, time.time(), padding=self.padding))
+    def seal(self, pin: PinnedKey, endpoint: str, body: bytes, api_key: str) -> Exchange:
+        """Seal `body` to the pinned worker, binding (as associated data) the tenant, model, version and
+        policy version its evidence binds, the endpoint, the worker key, and the id of `api_key` (the
+        API key this request is sent with), so the gateway can relabel none of them."""
+        ctx = RequestContext(tenant=pin.tenant, model=pin.model, endpoint=endpoint, key_id=pin.worker_key_id,
+                             version=pin.version, api_key_id=api_key_id(api_key), policy_version=pin.policy_version)
+        return Exchange(pin, seal_request(pin.hpke_public_key, ctx, body, time.time(), padding=self.padding),
+                        ctx.api_key_id)
 
     @staticmethod
     def sealed_headers(exchange: Exchange, original: Mapping[str, str]) -> dict[str, str]:
@@ -183,12 +215,14 @@ class SealedSession:
         return AnswerReader(self, exchange)
 
 
-def _check_receipt_names_the_pin(receipt: Receipt, pin: PinnedKey) -> None:
-    """A receipt names the tenant, version and model digest the evidence bound, or it is refused."""
-    if (receipt.tenant, receipt.model_version) != (pin.tenant, pin.version) or (
-            pin.model_digest and receipt.model_digest != pin.model_digest):
-        raise ReceiptInvalid("the receipt names another tenant, model version or model digest than the "
-                             "attested worker serves")
+def expected_receipt(exchange: Exchange) -> dict[str, Any]:
+    """What a receipt must name besides the hashes, worker key and model: everything the request bound
+    and the evidence the pin was made from (tenant, version, digest, policy version), the API key id,
+    and the receipt key's other half of the channel binding."""
+    pin = exchange.pin
+    return {"tenant": pin.tenant, "model_version": pin.version, "model_digest": pin.model_digest,
+            "policy_version": pin.policy_version, "api_key_id": exchange.api_key_id,
+            "channel_spki": pin.channel_spki.hex(), "tee": pin.worker.tee, "insecure": pin.worker.insecure}
 
 
 class AnswerReader:
@@ -200,6 +234,7 @@ class AnswerReader:
         self._opener = exchange.sealed.opener
         self.head: ResponseHead | None = None
         self.receipt: Receipt | None = None
+        self.signed_receipt = b""  # the final chunk as signed: what a third party verifies
 
     def feed(self, data: bytes) -> list[bytes]:
         body: list[bytes] = []
@@ -208,8 +243,10 @@ class AnswerReader:
                 self.receipt = verify_receipt(
                     plaintext, self._exchange.pin.receipt_key, request_sha256=self._exchange.sealed.request_sha256,
                     response_sha256=self._opener.hash.hexdigest(), worker_key_id=self._exchange.pin.worker_key_id,
-                    model=self._exchange.pin.model)
-                _check_receipt_names_the_pin(self.receipt, self._exchange.pin)
+                    model=self._exchange.pin.model, **expected_receipt(self._exchange))
+                if not self.receipt.evidence_sha256:
+                    raise ReceiptInvalid("the receipt names no evidence (a third party could not verify it)")
+                self.signed_receipt = plaintext
                 self._session.receipts.append(self.receipt)
             elif self.head is None:
                 self.head = ResponseHead.decode(plaintext)
@@ -224,7 +261,8 @@ class AnswerReader:
         return self.receipt
 
     def receipt_header(self) -> str:
-        receipt = self.receipt
-        if receipt is None:
+        """Base64 of the signed receipt (`{"receipt": ..., "signature": ...}`): with the evidence it
+        names, all a third party needs (sealed_client.receipts.verify_receipt_with_evidence)."""
+        if self.receipt is None:
             return ""
-        return base64.b64encode(receipt.canonical()).decode()
+        return base64.b64encode(self.signed_receipt).decode()

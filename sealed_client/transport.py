@@ -88,9 +88,17 @@ def _unpinned(exc: Exception, request: httpx2.Request) -> httpx2.Response:
     return httpx2.Response(404, json=exc.as_response_body(), request=request)
 
 
+def _api_key(request: httpx2.Request) -> str:
+    """The API key the request is sent with (its id is bound into the sealed request)."""
+    scheme, _, key = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not key.strip():
+        raise ValueError("a sealed request carries its API key (Authorization: Bearer ...)")
+    return key.strip()
+
+
 def _sealed_request(session: SealedSession, request: httpx2.Request, prefix: str, endpoint: str, pin: object,
                     body: bytes) -> tuple[Exchange, httpx2.Request]:
-    exchange = session.seal(pin, endpoint, body)  # type: ignore[arg-type]
+    exchange = session.seal(pin, endpoint, body, _api_key(request))  # type: ignore[arg-type]
     out = httpx2.Request("POST", request.url.copy_with(path=session.sealed_url_path(prefix, endpoint)),
                          headers=session.sealed_headers(exchange, request.headers),
                          content=exchange.sealed.wire, extensions=request.extensions)

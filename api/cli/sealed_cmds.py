@@ -42,10 +42,12 @@ def _report(pin: Any, doc: dict[str, Any], now: dt.datetime) -> list[str]:
         f"                sealing key {pin.worker_key_id} (X25519 {pin.hpke_public_key.hex()})",
         f"                receipt key {pin.receipt_key.hex()} (Ed25519, through the channel binding "
         f"{hw.channel_binding.hex()})",
-        "                workload: tenant, model, version, digest, promises",
+        "                workload: tenant, model, version, digest, policy version, promises",
+        f"  policy        tenant policy version {workload.policy_version} (sealed requests bind it)",
         "  promises      " + ", ".join(f"{k}={v}" for k, v in sorted(workload.promises.items())),
         f"  broker token  (corroboration) issuer {claims.issuer}, expires in "
-        f"{int(claims.expires_at - now.timestamp())} s: the pin lasts as long",
+        f"{int(claims.expires_at - now.timestamp())} s; the pin lasts "
+        f"{max(0, int((pin.expires_at or claims.expires_at) - now.timestamp()))} s (token, reference values)",
     ]
 
 

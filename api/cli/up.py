@@ -110,6 +110,9 @@ Sealed mode (the prompt is encrypted to the attested worker; docs/sealed-mode.md
   SealedOpenAI(base_url='{url}/v1', api_key=..., policy='{layout.root / 'demo' / 'client-policy.json'}')
 
 Console: {url}/console{_console_note(host)}
+Sign-in: local development mode (shared-secret HS256 management tokens, no single sign-on): \
+`sealed login --local-operator`; in production, single sign-on with the gateway's --oidc-config \
+(docs/sso.md)
 
 Ctrl-C stops every process; one that dies is restarted.""")
         while True:

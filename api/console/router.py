@@ -37,6 +37,8 @@ from api.console.session import (
     set_session_cookie,
     viewer,
 )
+from api.console.sso import end_session_url
+from api.console.sso import router as sso_router
 from api.console.views import (
     AuditFilter,
     Facets,
@@ -143,6 +145,8 @@ def login_form(request: Request, error: str | None = None) -> HTMLResponse:
 def login(request: Request, token: str = Form("", max_length=4096)) -> Response:
     secret = _service(request).settings.jwt_secret
     state = _state(request)
+    if not state.templates.env.globals.get("local_auth"):
+        raise ConsoleForbidden("sign in with single sign-on; local management tokens are not accepted here")
     try:
         session = exchange(secret, token, state.settings.session_ttl_s, _service(request).store.revocations)
     except (ConsoleAuthError, ConsoleForbidden) as exc:
@@ -160,7 +164,8 @@ def login(request: Request, token: str = Form("", max_length=4096)) -> Response:
 def logout(request: Request, csrf: str = Form(""), who: Viewer = Depends(viewer)) -> Response:
     check_csrf(request, csrf, who)
     _service(request).store.revocations.end_session(who.principal.token_id)  # ends it for every replica
-    response = RedirectResponse("/console/login", status_code=303)
+    # With single sign-on the IdP's session ends too (RP-initiated logout), where it supports that.
+    response = RedirectResponse(end_session_url(request) or "/console/login", status_code=303)
     response.delete_cookie(COOKIE, path="/console")
     return response
 
@@ -406,11 +411,14 @@ def policies_page(request: Request, who: Viewer = Depends(viewer), tenant: str |
                    diff=diff, pair=pair)
 
 
-def install(app: FastAPI, settings: ConsoleSettings, data_dir: Path) -> None:
+def install(app: FastAPI, settings: ConsoleSettings, data_dir: Path, *, sso: bool = False,
+            local_auth: bool = True) -> None:
     """Serve the console from ``app`` (the gateway with its management API); ``data_dir`` keeps
-    the console's audit signing key."""
+    the console's audit signing key. ``sso``: sign-in through the IdP (api/console/sso.py);
+    ``local_auth``: the pasted local management token (the development mode, or SSO's opt-in)."""
     templates = Jinja2Templates(directory=str(HERE / "templates"))
     templates.env.autoescape = True
+    templates.env.globals.update(sso=sso, local_auth=local_auth, dev_auth=local_auth and not sso)
     anchors: list[CheckpointAnchor] = []
     if settings.audit_witness is not None:
         anchors.append(WitnessFile(settings.audit_witness))
@@ -422,6 +430,7 @@ def install(app: FastAPI, settings: ConsoleSettings, data_dir: Path) -> None:
                                      BrokerView(settings.broker_url, settings.broker_admin_token), templates,
                                      audit_key_file=data_dir / "console-audit.pem")
     app.include_router(router)
+    app.include_router(sso_router)
     app.mount("/console/static", StaticFiles(directory=str(HERE / "static")), name="console-static")
 
     async def auth_error(request: Request, _: Exception) -> Response:

@@ -69,11 +69,19 @@ def exchange(secret: str, management_token: str, ttl_s: int, revocations: Revoca
         revocations.check_token(TokenClaims(claims["jti"], subject, tenant, float(claims["iat"])))
     except TokenRevoked as exc:
         raise ConsoleAuthError("management token revoked") from exc
-    expires = min(int(claims["exp"]), int((now + dt.timedelta(seconds=ttl_s)).timestamp()))
-    session = ConsoleSession(secrets.token_hex(16), subject, role, tenant, claims["jti"], now.timestamp(),
-                             dt.datetime.fromtimestamp(expires, dt.UTC))
+    return open_session(secret, Principal(subject, role, tenant, claims["jti"]), int(claims["exp"]), ttl_s,
+                        revocations, now)
+
+
+def open_session(secret: str, who: Principal, token_expires: int, ttl_s: int, revocations: Revocations,
+                 now: dt.datetime) -> str:
+    """A session cookie's token for ``who`` (its token_id: the credential it came from), recorded in the
+    store; it ends with that credential (``token_expires``) or after ``ttl_s``, whichever is first."""
+    expires = min(token_expires, int((now + dt.timedelta(seconds=ttl_s)).timestamp()))
+    session = ConsoleSession(secrets.token_hex(16), who.subject, who.role, who.tenant, who.token_id,
+                             now.timestamp(), dt.datetime.fromtimestamp(expires, dt.UTC))
     revocations.record_session(session)
-    return jwt.encode({"sub": subject, "role": role, "tenant": tenant, "aud": SESSION_AUDIENCE,
+    return jwt.encode({"sub": who.subject, "role": who.role, "tenant": who.tenant, "aud": SESSION_AUDIENCE,
                        "iat": int(now.timestamp()), "exp": expires, "jti": session.jti},
                       secret, algorithm="HS256")
 

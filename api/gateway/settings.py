@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from api.console_settings import ConsoleSettings
+from api.oidc_settings import OidcSettings
 from protocol.sampling import DEFAULT_MAX_TOKENS
 
 PLACEHOLDER_SECRETS = frozenset({"", "changeme", "change-me", "secret", "dev", "test", "password", "placeholder"})
@@ -49,6 +50,9 @@ class GatewaySettings:
     # The shared audit directory (default: <data_dir>/../audit, beside the key broker's log).
     audit_dir: Path | None = None
     console: ConsoleSettings = field(default_factory=ConsoleSettings)  # the web console (/console)
+    # Single sign-on (management API bearer tokens and console sign-in from the enterprise's IdP);
+    # None: the local-development mode, shared-secret HS256 tokens (`jwt_secret`).
+    oidc: OidcSettings | None = None
 
     def __post_init__(self) -> None:
         if self.dev:

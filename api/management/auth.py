@@ -1,4 +1,8 @@
-"""Management bearer tokens (JWT, HS256) and role checks as chained dependencies.
+"""Management bearer tokens and role checks as chained dependencies.
+
+Tokens are the enterprise IdP's access tokens when single sign-on is configured
+(`GatewaySettings.oidc`: api/management/oidc.py validates them, api/management/claims.py maps
+their claims to a role), else the local-development mode's HS256 JWTs minted from `jwt_secret`.
 
 Roles: operator (everything), tenant-admin (its own tenant: keys, models, rollouts, policies,
 usage), tenant-user (its own tenant's usage and models, read-only), auditor (read-only, all tenants).
@@ -17,6 +21,9 @@ from fastapi import Depends, Request
 
 from api.gateway.dependencies import bearer_secret
 from api.gateway.errors import GatewayError
+from api.management.claims import identity
+from api.management.oidc import OidcVerifier
+from api.management.oidc_errors import OidcError
 from api.store.revocation import TokenClaims, TokenRevoked
 
 ROLES = ("operator", "tenant-admin", "tenant-user", "auditor")
@@ -61,6 +68,12 @@ def check_not_revoked(request: Request, claims: dict, who: Principal) -> None:
 
 
 def principal(request: Request, token: str = Depends(bearer_secret)) -> Principal:
+    verifier: OidcVerifier | None = getattr(request.app.state, "oidc", None)
+    if verifier is not None and not (verifier.settings.accept_local_tokens and _is_local(token)):
+        idp = idp_principal(verifier, token)
+        check_not_revoked(request, {"iat": idp.issued_at}, idp.principal)
+        request.scope.setdefault("state", {})["audit_tenant"] = idp.principal.tenant
+        return idp.principal
     secret = request.app.state.service.settings.jwt_secret
     if not secret:
         raise GatewayError(503, "management API disabled: no JWT secret configured", type_="server_error")
@@ -73,6 +86,35 @@ def principal(request: Request, token: str = Depends(bearer_secret)) -> Principa
     # A refusal after this (403, 404, a schema error) is audited under the principal's tenant.
     request.scope.setdefault("state", {})["audit_tenant"] = who.tenant
     return who
+
+
+@dataclass(frozen=True)
+class IdpPrincipal:
+    principal: Principal
+    issued_at: float
+    expires_at: float
+
+
+def idp_principal(verifier: OidcVerifier, token: str) -> IdpPrincipal:
+    """The principal of an IdP access token; a refusal is a GatewayError whose code names the reason
+    (the edge audit records it: token_expired, token_wrong_audience, no_role, ...)."""
+    try:
+        claims = verifier.access_token(token)
+        who = identity(claims, verifier.settings, token)
+    except OidcError as exc:
+        type_ = "permission_error" if exc.status == 403 else (
+            "server_error" if exc.status >= 500 else "invalid_request_error")
+        raise GatewayError(exc.status, f"management token refused: {exc}", type_=type_, code=exc.code) from exc
+    return IdpPrincipal(Principal(who.subject, who.role, who.tenant, who.token_id), who.issued_at,
+                        float(claims["exp"]))
+
+
+def _is_local(token: str) -> bool:
+    """An HS256 token (the local mode's); it still needs `jwt_secret` to verify."""
+    try:
+        return jwt.get_unverified_header(token).get("alg") == "HS256"
+    except jwt.PyJWTError:
+        return False
 
 
 def _typed_principal(claims: dict) -> Principal:

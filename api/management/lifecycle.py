@@ -14,7 +14,7 @@ import datetime as dt
 import json
 from pathlib import Path
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Request
 from pydantic import Field
 
 from api.gateway.dependencies import get_service
@@ -61,9 +61,14 @@ def whoami(who: Principal = Depends(require(*ROLES))) -> dict:
 
 
 @router.post("/tokens", status_code=201)
-def mint_token(body: TokenIn, _: Principal = Depends(require(OP)),
+def mint_token(request: Request, body: TokenIn, _: Principal = Depends(require(OP)),
                service: GatewayService = Depends(get_service)) -> dict:
-    """Shown once; tokens are not stored (they are signed, and expire)."""
+    """Shown once; tokens are not stored (they are signed, and expire). Local tokens only: with single
+    sign-on, tokens come from the IdP, unless the local ones are accepted too (accept_local_tokens)."""
+    oidc = getattr(request.app.state, "oidc", None)
+    if oidc is not None and not oidc.settings.accept_local_tokens:
+        raise GatewayError(409, "single sign-on is on: management tokens come from the identity provider",
+                           code="sso_tokens_only")
     if body.role.startswith("tenant-") and not body.tenant:
         raise GatewayError(400, "tenant roles need a tenant", param="tenant", code="invalid_value")
     if body.tenant and service.store.tenant(body.tenant) is None:

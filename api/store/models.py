@@ -10,6 +10,7 @@ from sqlalchemy import (
     DateTime,
     Float,
     ForeignKey,
+    Index,
     Integer,
     String,
     Text,
@@ -77,6 +78,8 @@ class ModelVersion(Base):
 
 class UsageRow(Base):
     __tablename__ = "usage"
+    # One row per (worker, request id): replicas that both receive a record cannot both store it.
+    __table_args__ = (Index("ux_usage_worker_request", "worker_id", "request_id", unique=True),)
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     request_id: Mapped[str] = mapped_column(String(64), index=True)
     tenant: Mapped[str] = mapped_column(String(64), index=True)

@@ -6,16 +6,29 @@ import datetime as dt
 import hashlib
 import hmac
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import delete, func, select, update
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, sessionmaker
 
-from api.store.models import ApiKeyRow, ModelVersion, PolicyRow, PolicyVersionRow, Tenant, UsageRow
+from api.store.models import ApiKeyRow, ModelVersion, PolicyRow, PolicyVersionRow, Tenant, UsageRow, utcnow
 from api.store.revocation import Revocations
 from protocol.model_ref import ModelRef
+from protocol.sealed.hpke import api_key_id
 
 KEY_PREFIX = "sk-sealed-"
+_USAGE_COLUMNS = ("request_id", "tenant", "key_id", "model", "version", "worker_id", "prompt_tokens",
+                  "completion_tokens", "worker_seconds", "signature")
+
+
+def _dialect_insert(session: Session) -> Callable[..., Any]:
+    """INSERT with ON CONFLICT for the session's database (PostgreSQL in fleet mode, else SQLite)."""
+    if session.get_bind().dialect.name == "postgresql":
+        return postgresql.insert
+    return sqlite.insert
 
 
 def hash_secret(secret: str) -> str:
@@ -93,7 +106,9 @@ class Store:
                    secret: str | None = None, token_budget: int | None = None) -> tuple[str, KeyRecord]:
         self.ensure_tenant(tenant)
         secret = secret or KEY_PREFIX + secrets.token_urlsafe(32)
-        row = ApiKeyRow(key_hash=hash_secret(secret), key_id=f"key_{secrets.token_hex(8)}", tenant=tenant, name=name,
+        # The id derives from the secret (sealed mode: the client computes it and binds it into the
+        # request's associated data, so the gateway cannot relabel a request with another key's id).
+        row = ApiKeyRow(key_hash=hash_secret(secret), key_id=api_key_id(secret), tenant=tenant, name=name,
                         models=list(models), expires_at=expires_at, rpm=rpm, tpm=tpm, priority=priority,
                         token_budget=token_budget)
         with self.sessions.begin() as s:
@@ -248,17 +263,23 @@ class Store:
     def record_usage_batch(self, rows: list[UsageRow]) -> list[bool]:
         """All rows in one transaction (the gateway's group commit), each (worker, request id) once:
         a usage record can arrive twice (on the call, and owed by heartbeat when the worker could
-        not tell it was delivered). Returns, per row, whether it was stored."""
+        not tell it was delivered), and to two replicas at once. The database's unique index
+        decides (INSERT ... ON CONFLICT DO NOTHING), so concurrent replicas cannot both store it.
+        Returns, per row, whether it was stored."""
+        if not rows:
+            return []
+        first: dict[tuple[str, str], UsageRow] = {}
+        for row in rows:
+            first.setdefault((row.worker_id, row.request_id), row)
+        values = [{**{c: getattr(row, c) for c in _USAGE_COLUMNS}, "created_at": row.created_at or utcnow()}
+                  for row in first.values()]
         with self.sessions.begin() as s:
-            seen = {(w, r) for w, r in s.execute(select(UsageRow.worker_id, UsageRow.request_id).where(
-                UsageRow.request_id.in_({r.request_id for r in rows})))}
-            stored = []
-            for row in rows:
-                fresh = (row.worker_id, row.request_id) not in seen
-                seen.add((row.worker_id, row.request_id))
-                stored.append(fresh)
-            s.add_all([row for row, fresh in zip(rows, stored, strict=True) if fresh])
-        return stored
+            insert = _dialect_insert(s)(UsageRow).values(values)
+            stored_keys = {tuple(k) for k in s.execute(insert.on_conflict_do_nothing(
+                index_elements=["worker_id", "request_id"]).returning(UsageRow.worker_id, UsageRow.request_id)
+            ).all()}
+        return [first[(r.worker_id, r.request_id)] is r and (r.worker_id, r.request_id) in stored_keys
+                for r in rows]
 
     def tokens_used(self, tenant: str, key_id: str | None = None) -> int:
         """Lifetime tokens of a tenant, or of one of its keys."""

@@ -19,6 +19,7 @@ from protocol.sealed.hpke import (
     RequestContext,
     SealedRequest,
     WorkerKey,
+    api_key_id,
     key_id,
     open_request,
     seal_request,
@@ -30,6 +31,6 @@ from protocol.sealed.response import ResponseOpener, ResponseSealer
 __all__ = [
     "OpenedRequest", "ReattestRequired", "Receipt", "ReceiptInvalid", "ReplayGuard", "RequestContext",
     "RequestRejected", "RequestReplayed", "ResponseCorrupted", "ResponseOpener", "ResponseSealer",
-    "SealedError", "SealedFormatError", "SealedRequest", "WorkerKey", "WrongWorkerKey", "key_id",
+    "SealedError", "SealedFormatError", "SealedRequest", "WorkerKey", "WrongWorkerKey", "api_key_id", "key_id",
     "open_request", "seal_request", "sign_receipt", "verify_receipt",
 ]

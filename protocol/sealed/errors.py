@@ -17,7 +17,7 @@ class WrongWorkerKey(SealedError):
 
 class RequestRejected(SealedError):
     """The request does not decrypt under this worker's key with this context (tampered ciphertext,
-    or model, tenant or endpoint changed on the way)."""
+    or tenant, model, version, endpoint, API key id or policy version changed on the way)."""
 
 
 class RequestReplayed(SealedError):

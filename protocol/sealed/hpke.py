@@ -1,9 +1,12 @@
 """Sealed requests: RFC 9180 HPKE base mode to the worker's attested X25519 key.
 
 Suite: DHKEM(X25519, HKDF-SHA256), HKDF-SHA256, AES-256-GCM (the suite key release uses). One
-fresh encapsulation per request. The model, tenant, endpoint and worker key id are the AEAD's
-associated data, so a gateway that moves a request to another model, tenant or endpoint makes it
-fail to open. The response key is exported from the same HPKE context (RFC 9180 §5.3), as RFC 9458
+fresh encapsulation per request. Everything the gateway routes by or relays beside the ciphertext,
+and everything the worker decides by, is the AEAD's associated data (`RequestContext`): tenant,
+model, model version, endpoint, worker key id, the API key id (the worker's in-enclave policy picks
+its per-key rules by it) and the tenant policy version the client verified. A gateway that moves a
+request to another model, tenant, version or endpoint, or relabels its API key id, makes it fail to
+open. The response key is exported from the same HPKE context (RFC 9180 §5.3), as RFC 9458
 §4.4 does for OHTTP responses: see response.py.
 
 Library: `pyhpke` (built on `cryptography`). cryptography 50's `hazmat.primitives.hpke` is
@@ -26,10 +29,13 @@ from protocol.sealed.padding import DEFAULT_PADDING, PaddingPolicy, pad, unpad
 from protocol.sealed.replay import ReplayGuard
 from protocol.sealed.response import RESPONSE_EXPORT_LABEL, SECRET_BYTES, ResponseOpener, ResponseSealer
 
-VERSION = 2  # v2: plaintexts padded to size buckets (padding.py); v1 is refused
+# v3: the associated data binds version, API key id and policy version too; v2 (padding, the old
+# context) and v1 (unpadded) are refused.
+VERSION = 3
 SUITE = CipherSuite.new(KEMId.DHKEM_X25519_HKDF_SHA256, KDFId.HKDF_SHA256, AEADId.AES256_GCM)
-REQUEST_INFO = b"sealed-request-v2"
-_AAD_LABEL = b"sealed-request-v2\x00"
+REQUEST_INFO = b"sealed-request-v3"
+_AAD_LABEL = b"sealed-request-v3\x00"
+_POLICY_VERSION = struct.Struct(">Q")
 ENC_BYTES = 32
 MAX_FIELD = 0xFFFF
 
@@ -41,23 +47,38 @@ def key_id(public_key: bytes) -> str:
     return hashlib.sha256(public_key).hexdigest()
 
 
+def api_key_id(api_key: str) -> str:
+    """The id the control plane gives an API key: "key_" + the first 16 hex of SHA-256(key). The client
+    computes it from the key it holds, so the gateway cannot relabel a request with another key's id."""
+    return "key_" + hashlib.sha256(api_key.encode()).hexdigest()[:16]
+
+
 @dataclass(frozen=True)
 class RequestContext:
-    """What the gateway may see and must not change: bound as the request's associated data."""
+    """What the gateway may see and must not change: bound as the request's associated data.
+
+    The client fills it from what it verified (tenant, model, version and policy version from the
+    workload claims REPORT_DATA binds; the worker key it pinned) and from its own API key; the worker
+    from its own settings and signed policy, and from the gateway's authenticated tenant and key id."""
 
     tenant: str
     model: str
     endpoint: str  # "/v1/chat/completions" | "/v1/completions"
     key_id: str  # the worker key id the client pinned
+    version: str  # the model version the worker serves
+    api_key_id: str  # the API key's id (api_key_id()): the in-enclave policy's per-key rules use it
+    policy_version: int  # the tenant's signed policy set in force in the worker (0: none)
 
     def aad(self) -> bytes:
         out = bytearray(_AAD_LABEL)
-        for value in (self.tenant, self.model, self.endpoint, self.key_id):
+        for value in (self.tenant, self.model, self.endpoint, self.key_id, self.version, self.api_key_id):
             raw = value.encode()
             if len(raw) > MAX_FIELD:
                 raise SealedFormatError("request context field too long")
             out += struct.pack(">H", len(raw)) + raw
-        return bytes(out)
+        if not 0 <= self.policy_version < 2**63:
+            raise SealedFormatError("policy version out of range")
+        return bytes(out + _POLICY_VERSION.pack(self.policy_version))
 
 
 class WorkerKey:
@@ -129,7 +150,9 @@ def open_request(worker: WorkerKey, ctx: RequestContext, wire: bytes, now_s: flo
         recipient = SUITE.create_recipient_context(enc, worker._kem_key, info=REQUEST_INFO)
         plaintext = recipient.open(wire[1 + ENC_BYTES:], aad=ctx.aad())
     except (OpenError, ValueError) as exc:
-        raise RequestRejected("sealed request does not open under this worker key and context") from exc
+        raise RequestRejected("sealed request does not open under this worker key and context (tampered, or "
+                              "its tenant, model, version, endpoint, API key id or policy version changed "
+                              "on the way)") from exc
     if len(plaintext) < 8:
         raise SealedFormatError("sealed request has no timestamp")
     (timestamp_ms,) = struct.unpack(">Q", plaintext[:8])

@@ -4,11 +4,20 @@ The receipt is the plaintext of the response's final chunk:
     {"receipt": {...fields below...}, "signature": hex Ed25519 over canonical JSON of "receipt"}
 The signing key is the worker's usage-signing key, which its evidence binds (REPORT_DATA's channel
 binding), so a client that verified the deployment knows the key.
+
+Version 2 binds everything the request's associated data binds (tenant, model, version, worker key
+id, API key id, policy version) and carries what a third party needs to check it without the
+client: the signing key itself (`signing_key`), the worker's TLS public key that the channel
+binding covers with it (`channel_spki`), and a reference to the evidence (`evidence_sha256`,
+`EvidenceBundle.digest()` of the bundle the worker served when it signed). A third party verifies
+that evidence (any bundle of the same worker binds the same keys), recomputes the channel binding
+from the two keys, and checks the signature (`sealed_client.receipts.verify_receipt_with_evidence`).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,7 +26,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 
 from protocol.sealed.errors import ReceiptInvalid
 
-RECEIPT_VERSION = 1
+RECEIPT_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -35,6 +44,10 @@ class Receipt:
     tee: str
     insecure: bool
     issued_at: float
+    api_key_id: str  # the API key id the request was sealed with (and its per-key rules applied)
+    signing_key: str  # hex raw Ed25519: the key that signs this receipt (bound by the evidence)
+    channel_spki: str  # hex DER of the worker's TLS public key ("" without mTLS): the channel binding's other half
+    evidence_sha256: str  # EvidenceBundle.digest() of the evidence the worker served when it signed
     version: int = RECEIPT_VERSION
 
     def fields(self) -> dict[str, Any]:
@@ -52,23 +65,44 @@ def sign_receipt(receipt: Receipt, key: Ed25519PrivateKey) -> bytes:
                       sort_keys=True, separators=(",", ":")).encode()
 
 
-def verify_receipt(final_chunk: bytes, signer: bytes, *, request_sha256: str, response_sha256: str,
-                   worker_key_id: str, model: str) -> Receipt:
-    """Check the signature with the attested key, then that it describes exactly this exchange."""
+def read_signed_receipt(signed: bytes) -> Receipt:
+    """A signed receipt on its own (what a third party holds): well-formed, version 2, and signed by
+    the key it names. Whether that key is an attested worker's is the caller's check."""
     try:
-        doc: Any = json.loads(final_chunk)
-        receipt = Receipt(**doc["receipt"])
+        doc: Any = json.loads(signed)
+        fields = doc["receipt"]
+        if not isinstance(fields, dict) or fields.get("version") != RECEIPT_VERSION:
+            raise ReceiptInvalid(f"not a version-{RECEIPT_VERSION} receipt")
+        receipt = Receipt(**fields)
         signature = bytes.fromhex(doc["signature"])
+        key = Ed25519PublicKey.from_public_bytes(bytes.fromhex(receipt.signing_key))
+    except ReceiptInvalid:
+        raise
     except (ValueError, KeyError, TypeError, RecursionError) as exc:  # RecursionError: deep nesting
         raise ReceiptInvalid("the response carries no well-formed receipt") from exc
     try:
-        Ed25519PublicKey.from_public_bytes(signer).verify(signature, receipt.canonical())
-    except (InvalidSignature, ValueError) as exc:
-        raise ReceiptInvalid("receipt is not signed by the attested worker key") from exc
-    mismatches = [name for name, want, got in (
-        ("version", RECEIPT_VERSION, receipt.version), ("request", request_sha256, receipt.request_sha256),
-        ("response", response_sha256, receipt.response_sha256), ("worker key", worker_key_id, receipt.worker_key_id),
-        ("model", model, receipt.model)) if want != got]
+        key.verify(signature, receipt.canonical())
+    except InvalidSignature as exc:
+        raise ReceiptInvalid("receipt is not signed by the key it names") from exc
+    return receipt
+
+
+def check_receipt_fields(receipt: Receipt, expected: Mapping[str, Any]) -> None:
+    """Every expected field has its value, or ReceiptInvalid names the ones that differ."""
+    fields = receipt.fields()
+    mismatches = [name for name, want in expected.items() if fields.get(name) != want]
     if mismatches:
         raise ReceiptInvalid(f"receipt does not match this exchange: {', '.join(mismatches)}")
+
+
+def verify_receipt(final_chunk: bytes, signer: bytes, *, request_sha256: str, response_sha256: str,
+                   worker_key_id: str, model: str, **expected: Any) -> Receipt:
+    """Check the signature with the attested key, then that it describes exactly this exchange:
+    the hashes, the worker key, the model and every `expected` field (tenant, model_version,
+    model_digest, api_key_id, policy_version, ...)."""
+    receipt = read_signed_receipt(final_chunk)
+    if receipt.signing_key != signer.hex():
+        raise ReceiptInvalid("receipt is not signed by the attested worker key")
+    check_receipt_fields(receipt, {"request_sha256": request_sha256, "response_sha256": response_sha256,
+                                   "worker_key_id": worker_key_id, "model": model, **expected})
     return receipt

@@ -116,6 +116,11 @@ def test_sealed_up_says_its_console_cookie_is_not_secure_on_plain_http_loopback(
     assert "--unsafe-console-plain-http-loopback" in _printed_line(host, "Console: ")
 
 
+def test_sealed_up_says_it_signs_in_in_the_local_development_mode(host: Host) -> None:
+    line = _printed_line(host, "Sign-in: ")
+    assert "local development mode" in line and "--oidc-config" in line
+
+
 def test_a_second_sealed_up_beside_a_running_one_prints_one_line_and_fails(host: Host) -> None:
     env = {**os.environ, "SEALED_HOME": str(host.home)}
     out = subprocess.run([sys.executable, "-m", "api.cli.main", "up", "--port", str(free_port())], env=env,

@@ -38,10 +38,10 @@ def _start_gateway(tmp: Path, name: str, db_url: str, redis_url: str) -> tuple[s
     return proc, f"http://127.0.0.1:{port}"
 
 
-def _wait(url: str, proc: subprocess.Popen) -> None:
+def _wait(url: str, proc: subprocess.Popen, log: Path) -> None:
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        assert proc.poll() is None, "gateway exited"
+        assert proc.poll() is None, f"gateway exited:\n{log.read_text(errors='replace')[-4000:]}"
         try:
             httpx.get(f"{url}/healthz", timeout=1)
             return
@@ -63,8 +63,8 @@ def test_tenant_rpm_holds_across_two_gateway_processes(tmp_path: Path, pg_url: s
     engine.dispose()
     gateways = [_start_gateway(tmp_path, f"gw{i}", pg_url, db) for i in range(2)]
     try:
-        for proc, url in gateways:
-            _wait(url, proc)
+        for i, (proc, url) in enumerate(gateways):
+            _wait(url, proc, tmp_path / f"gw{i}.log")
         statuses = []
         for i in range(12):
             url = gateways[i % 2][1]

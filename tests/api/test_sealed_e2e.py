@@ -259,7 +259,8 @@ def test_the_proxy_shows_the_receipt_and_keeps_errors(stack: RunningStack, proxy
     url, _ = proxy_url
     through_proxy = openai.OpenAI(base_url=url, api_key=stack.api_key, max_retries=0)
     raw = through_proxy.chat.completions.with_raw_response.create(model=DEMO_MODEL, messages=Q, max_tokens=2)
-    assert json.loads(base64.b64decode(raw.headers["sealed-receipt"]))["model"] == DEMO_MODEL
+    signed = json.loads(base64.b64decode(raw.headers["sealed-receipt"]))  # the signed receipt: a third party checks it
+    assert signed["receipt"]["model"] == DEMO_MODEL and signed["signature"]
     with pytest.raises(openai.BadRequestError):
         through_proxy.chat.completions.create(model=DEMO_MODEL, messages=Q, temperature=5)
     with pytest.raises(openai.NotFoundError):
@@ -289,7 +290,7 @@ def test_sealed_verify_prints_what_it_verified_and_fails_closed(stack: RunningSt
     ok = verify("--policy", str(policy))
     assert ok.returncode == 0, ok.stdout + ok.stderr
     for what in ("TEE           sim", "measurement", "sealing key", "receipt key", "prompts_logged=False",
-                 "1 of 1 workers verified"):
+                 "tenant policy version 1", "1 of 1 workers verified"):
         assert what in ok.stdout
     assert "verified from the hardware evidence" in ok.stdout and "REPORT_DATA" in ok.stdout
     # A policy that allows no measurement: non-zero, with the reason.

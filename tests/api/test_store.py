@@ -45,6 +45,16 @@ def test_keys_are_hashed_scoped_expirable_and_revocable(store: Store) -> None:
     assert store.revoke_key("acme", rec.key_id) and store.lookup_key(secret) is None
 
 
+def test_a_keys_id_derives_from_the_key(store: Store) -> None:
+    """Sealed mode binds the API key id into a request's associated data; the client computes it from
+    the key it holds (protocol.sealed.api_key_id), so the control plane must name keys the same way."""
+    from protocol.sealed import api_key_id
+
+    secret, rec = store.create_key("acme", "ci")
+    other, other_rec = store.create_key("acme", "ci-2")
+    assert rec.key_id == api_key_id(secret) and other_rec.key_id == api_key_id(other) != rec.key_id
+
+
 def test_agent_kill_switch_is_per_key_reversible_and_scoped_to_its_tenant(store: Store) -> None:
     secret, rec = store.create_key("acme", "agent")
     other_secret, _ = store.create_key("acme", "other")
@@ -96,6 +106,31 @@ def test_a_usage_record_is_stored_once_per_worker_and_request(store: Store) -> N
     assert store.tokens_used("acme") == 20
 
 
+def test_two_replicas_storing_the_same_record_at_once_meter_it_once(store: Store) -> None:
+    """The database's unique index decides, not a check-then-insert in each replica: eight threads,
+    each its own store (its own connection pool, as two gateway processes), race on one batch."""
+    import threading
+
+    other = Store(session_factory(make_engine(str(store.sessions.kw["bind"].url))))
+    barrier = threading.Barrier(8)
+    results: list[list[bool]] = []
+
+    def race(target: Store) -> None:
+        rows = [UsageRow(request_id=f"r{i}", tenant="acme", key_id="k", model="m", version="v1", worker_id="w",
+                         prompt_tokens=1, completion_tokens=1, worker_seconds=0.1, signature="00") for i in range(20)]
+        barrier.wait()
+        results.append(target.record_usage_batch(rows))
+
+    threads = [threading.Thread(target=race, args=(store if i % 2 else other,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(results) == 8
+    assert [sum(column) for column in zip(*results, strict=True)] == [1] * 20  # each record stored once
+    assert store.tokens_used("acme") == 40
+
+
 def test_redis_limiter_store_is_shared_between_limiters() -> None:
     client = redis_client()
     prefix = f"sealed-test:{id(client)}:"
@@ -139,3 +174,38 @@ def test_tenant_and_key_token_budgets_are_enforced_at_admission(store: Store, tm
     service.forget()
     with pytest.raises(GatewayError, match="token budget"):
         service.ticket(free, reserved_tokens=10)
+
+
+@pytest.mark.parametrize("dialect", ["sqlite", "postgresql"])
+def test_the_unique_usage_migration_keeps_the_first_of_existing_duplicates(dialect: str, tmp_path: Path) -> None:
+    from alembic import command
+    from alembic.config import Config
+    from sqlalchemy import text
+
+    from api.store.db import MIGRATIONS
+
+    cleanup = None
+    if dialect == "sqlite":
+        url = f"sqlite:///{tmp_path / 'old.db'}"
+    else:
+        cleanup = postgres_database()
+        url = next(cleanup)
+    engine = make_engine(url)
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS))
+    with engine.begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, "0006")
+    with engine.begin() as conn:
+        for i, worker in enumerate(["w", "w", "w2", "w"]):
+            conn.execute(text("INSERT INTO usage (request_id, tenant, key_id, model, version, worker_id, "
+                              "prompt_tokens, completion_tokens, worker_seconds, signature, created_at) VALUES "
+                              "('r', 'acme', 'k', 'm', 'v1', :w, :p, 0, 0.0, '00', CURRENT_TIMESTAMP)"),
+                         {"w": worker, "p": 10 + i})
+    upgrade(engine)
+    with engine.connect() as conn:
+        rows = conn.execute(text("SELECT worker_id, prompt_tokens FROM usage ORDER BY id")).all()
+    assert [tuple(r) for r in rows] == [("w", 10), ("w2", 12)]
+    engine.dispose()
+    if cleanup is not None:
+        next(cleanup, None)

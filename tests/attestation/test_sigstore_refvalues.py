@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from attestation.refvalues import NotReferenceValues, ReferenceValuesError, read_statement
+from attestation.refvalues import NotReferenceValues, ReferenceValuesError, StaleReferenceValues, read_statement
 from attestation.sigstore_refvalues import (
     PRODUCTION_TRUSTED_ROOT,
     SigstoreBundleError,
@@ -138,10 +138,13 @@ def test_the_statement_reader_is_the_one_the_pinned_key_path_uses() -> None:
     from attestation.refvalues import sign_reference_values
 
     envelope = sign_reference_values(Ed25519PrivateKey.generate(), ["ab" * 48], tee="snp", issued_at=NOW,
-                                     valid_for=dt.timedelta(days=1))
+                                     valid_for=dt.timedelta(days=1), serial=9)
     body = base64.b64decode(envelope["payload"])
     values = read_statement(envelope["payloadType"], body, NOW, signer=PUBLISHER.describe())
     assert values.measurements == {"ab" * 48} and values.signer.startswith("sigstore https://github.com/")
+    assert values.serial == 9 and read_statement(envelope["payloadType"], body, NOW, "x", min_serial=9).serial == 9
+    with pytest.raises(StaleReferenceValues, match="serial 9"):  # the Sigstore path passes its floor here too
+        read_statement(envelope["payloadType"], body, NOW, signer="x", min_serial=10)
     with pytest.raises(ReferenceValuesError, match="expired"):
         read_statement(envelope["payloadType"], body, NOW + dt.timedelta(days=2), signer="x")
     with pytest.raises(NotReferenceValues):

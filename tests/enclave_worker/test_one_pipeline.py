@@ -70,7 +70,8 @@ def _state(engine: LLMEngine) -> WorkerState:
     state.guard = WorkerGuard(PolicySet.from_dict({"policy_id": "p", "version": 3, "tenant": "acme", "data": {
         "pii_input": {"EMAIL_ADDRESS": "redact", "US_SSN": "block"}},
         "decision_record_key": decision_key_public_hex(TENANT_KEY)}))
-    state.booted = SimpleNamespace(engine=engine, model_digest="d" * 64)  # type: ignore[assignment]
+    state.booted = SimpleNamespace(engine=engine, model_digest="d" * 64,  # type: ignore[assignment]
+                                   released=SimpleNamespace(bundle=SimpleNamespace(digest=lambda: "e" * 64)))
     return state
 
 
@@ -125,8 +126,8 @@ async def _plaintext(stub: worker_pb2_grpc.WorkerStub, body: dict[str, Any]) -> 
 
 async def _sealed(stub: worker_pb2_grpc.WorkerStub, state: WorkerState, body: dict[str, Any]) -> Seen:
     key = state.serving_key
-    sealed = seal_request(key.public_bytes, RequestContext("acme", "m", ENDPOINT, key.key_id),
-                          json.dumps(body).encode(), state.clock.now())
+    ctx = RequestContext("acme", "m", ENDPOINT, key.key_id, version="v1", api_key_id="k1", policy_version=3)
+    sealed = seal_request(key.public_bytes, ctx, json.dumps(body).encode(), state.clock.now())
     call = stub.SealedGenerate(worker_pb2.SealedRequest(
         request_id="rq1", tenant="acme", key_id="k1", model="m", endpoint=ENDPOINT, worker_key_id=key.key_id,
         body=sealed.wire))

@@ -61,11 +61,15 @@ def test_policy_set_round_trips_require_sealed() -> None:
 
 
 def _sealed(state: WorkerState, *, key: WorkerKey | None = None, tenant: str = "acme", model: str = "m",
-            endpoint: str = "/v1/chat/completions") -> worker_pb2.SealedRequest:
+            endpoint: str = "/v1/chat/completions", api_key_id: str = "key_a", version: str = "",
+            policy_version: int = 3) -> worker_pb2.SealedRequest:
+    """A request as the client seals it (binding the API key id, version and policy version it
+    verified) and the gateway relays it (naming `key_a` as the API key id)."""
     key = key or state.serving_key
-    ctx = RequestContext(tenant, model, endpoint, key.key_id)
+    ctx = RequestContext(tenant, model, endpoint, key.key_id, version=version or state.settings.version,
+                         api_key_id=api_key_id, policy_version=policy_version)
     wire = seal_request(key.public_bytes, ctx, b'{"model": "m"}', time.time()).wire
-    return worker_pb2.SealedRequest(request_id="r", tenant=tenant, key_id="k", model=model, endpoint=endpoint,
+    return worker_pb2.SealedRequest(request_id="r", tenant=tenant, key_id="key_a", model=model, endpoint=endpoint,
                                     worker_key_id=key.key_id, body=wire)
 
 
@@ -76,6 +80,9 @@ def _sealed(state: WorkerState, *, key: WorkerKey | None = None, tenant: str = "
     ("unknown endpoint", grpc.StatusCode.INVALID_ARGUMENT),
     ("replayed", grpc.StatusCode.ALREADY_EXISTS),
     ("tampered", grpc.StatusCode.INVALID_ARGUMENT),
+    ("API key id relabelled by the gateway", grpc.StatusCode.INVALID_ARGUMENT),
+    ("sealed for another model version", grpc.StatusCode.INVALID_ARGUMENT),
+    ("sealed for another policy version", grpc.StatusCode.INVALID_ARGUMENT),
 ])
 def test_sealed_request_refusals(case: str, code: grpc.StatusCode) -> None:
     state = _state()
@@ -92,6 +99,12 @@ def test_sealed_request_refusals(case: str, code: grpc.StatusCode) -> None:
         open_sealed_request(state, request)
     elif case == "tampered":
         request.body = request.body[:-1] + bytes([request.body[-1] ^ 1])
+    elif case == "API key id relabelled by the gateway":  # another key's per-key rules would apply
+        request.key_id = "key_b"
+    elif case == "sealed for another model version":
+        request = _sealed(state, version="v0")
+    elif case == "sealed for another policy version":  # the worker enforces version 3
+        request = _sealed(state, policy_version=2)
     with pytest.raises(SealedRefusal) as refused:
         open_sealed_request(state, request)
     assert refused.value.grpc_code == code

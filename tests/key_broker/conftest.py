@@ -7,7 +7,6 @@ import datetime as dt
 import json
 import secrets
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -23,6 +22,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from fastapi.testclient import TestClient
 
+from api.ports import free_port
 from attestation.bundle import EvidenceBundle, RuntimeData, expected_report_data
 from attestation.sim import SimTee
 from enclave_worker.package.writer import write_package
@@ -213,12 +213,6 @@ def harness_factory(tmp_path: Path, clock: Clock) -> Iterator[Any]:
     yield make
     for h in made:
         h.close()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def bao_binary() -> str | None:

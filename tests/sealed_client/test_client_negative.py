@@ -21,7 +21,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from attestation.bundle import EvidenceBundle, RuntimeData, channel_binding, expected_report_data
-from attestation.errors import FreshnessError, ParseError, PolicyViolation, SignatureError, TokenError
+from attestation.errors import FreshnessError, ParseError, PolicyViolation, SignatureError, TokenError, UnboundClaim
 from attestation.sim import SimTee
 from attestation.token import TokenIssuer
 from attestation.workload import WorkloadClaims
@@ -36,12 +36,13 @@ from protocol.sealed import (
     ResponseCorrupted,
     SealedFormatError,
     WorkerKey,
+    api_key_id,
     open_request,
     sign_receipt,
 )
 from protocol.sealed.http import HEADER_KEY_ID, HEADER_MODEL, ResponseHead
 from sealed_client import SealedOpenAI
-from sealed_client.errors import UnsealedRequest
+from sealed_client.errors import PinConflict, UnsealedRequest
 
 MEASUREMENT = "ab" * 48
 PLATFORM = Ed25519PrivateKey.generate()  # the simulated TEE's "hardware" key
@@ -67,8 +68,9 @@ class Worker:
         out += sealer.seal(json.dumps(ANSWER).encode())
         fields = dict(request_sha256=opened.request_sha256, response_sha256=sealer.hash.hexdigest(),
                       worker_key_id=self.key.key_id, tenant="acme", model="m", model_version="v1", model_digest="d",
-                      policy_version=1, prompt_tokens=3, completion_tokens=2, tee="sim", insecure=True,
-                      issued_at=time.time())
+                      policy_version=ctx.policy_version, prompt_tokens=3, completion_tokens=2, tee="sim",
+                      insecure=True, issued_at=time.time(), api_key_id=ctx.api_key_id,
+                      signing_key=self.usage_public.hex(), channel_spki="", evidence_sha256="e" * 64)
         if receipt_edit:
             receipt_edit(fields)
         self.served += 1
@@ -90,7 +92,8 @@ class World:
         self.documented = 0  # which worker /.well-known/attestation shows
         self.captured: list[bytes] = []
         self.requests: list[str] = []  # every path the gateway was sent
-        self.workload = WorkloadClaims("acme", "m", "v1", "d", {"prompts_logged": False})
+        self.workload = WorkloadClaims("acme", "m", "v1", "d", {"prompts_logged": False}, policy_version=1)
+        self.relabel_key_id = ""  # the API key id the gateway names to the worker ("": the caller's own)
         self.token_hpke: bytes | None = None  # the key the broker's token names (default: the evidence's)
 
     def document(self, w: Worker, measurement: str = MEASUREMENT) -> dict[str, Any]:
@@ -104,11 +107,12 @@ class World:
         claims = {"tee": "sim", "measurement": measurement, "insecure": True, "debug": False, "tcb": {},
                   "gpus": [], "evidence_digest": bundle.digest(),
                   "runtime_data": {"hpke_public_key": bundle.runtime_data.hpke_public_key.hex()},
-                  "sealed": {"tenant": self.workload.tenant, "model": "m", "version": "v1"}}
-        doc = {"worker_id": "w1", "model": "m", "version": "v1", "tenant": "acme",
+                  "sealed": {"tenant": self.workload.tenant, "model": "m", "version": self.workload.version}}
+        doc = {"worker_id": "w1", "model": "m", "version": self.workload.version, "tenant": self.workload.tenant,
                "usage_public_key": w.usage_public.hex(), "grpc_tls_cert": None,
                "token": self.issuer.issue(claims, dt.datetime.now(dt.UTC)), "evidence": bundle.to_json(),
-               "sealed_key_id": w.key.key_id, "promises": {"prompts_logged": False}}
+               "sealed_key_id": w.key.key_id, "promises": dict(self.workload.promises),
+               "model_digest": self.workload.model_digest}
         if self.doc_edit:
             self.doc_edit(doc)
         return doc
@@ -129,8 +133,12 @@ class World:
         if self.request_edit:
             wire = self.request_edit(wire)
         worker = self.workers[self.serving]
+        # As the real gateway: the API key's id (api/store/repo.py), the worker's version and policy.
+        bearer = request.headers["authorization"].removeprefix("Bearer ")
         ctx = RequestContext("acme", request.headers[HEADER_MODEL], "/v1/chat/completions",
-                             request.headers[HEADER_KEY_ID])
+                             request.headers[HEADER_KEY_ID], version="v1",
+                             api_key_id=self.relabel_key_id or api_key_id(bearer),
+                             policy_version=self.workload.policy_version)
         if ctx.key_id != worker.key.key_id:
             return httpx2.Response(409, json={"error": {"message": "gone", "type": "invalid_request_error",
                                                         "param": None, "code": "reattest_required"}})
@@ -235,6 +243,19 @@ NEGATIVE: dict[str, tuple[str, Any, type[Exception]]] = {
     "receipt over another response": ("receipt_edit", _set(response_sha256="00" * 32), ReceiptInvalid),
     "receipt for another request": ("receipt_edit", _set(request_sha256="00" * 32), ReceiptInvalid),
     "receipt for another model": ("receipt_edit", _set(model="other"), ReceiptInvalid),
+    "receipt for another API key id": ("receipt_edit", _set(api_key_id="key_fedcba9876543210"), ReceiptInvalid),
+    "receipt for another policy version": ("receipt_edit", _set(policy_version=2), ReceiptInvalid),
+    "receipt for another model version": ("receipt_edit", _set(model_version="v2"), ReceiptInvalid),
+    "receipt for another model digest": ("receipt_edit", _set(model_digest="e"), ReceiptInvalid),
+    "receipt naming another signing key": ("receipt_edit", _set(signing_key="11" * 32), ReceiptInvalid),
+    "receipt without an evidence reference": ("receipt_edit", _set(evidence_sha256=""), ReceiptInvalid),
+    "receipt from the simulated TEE marked secure": ("receipt_edit", _set(insecure=False), ReceiptInvalid),
+    "API key id relabelled by the gateway": ("relabel_key_id", "key_fedcba9876543210", RequestRejected),
+    "served promises edited beside the evidence": ("doc_edit", _set(promises={"prompts_logged": True}),
+                                                   UnboundClaim),
+    "served version edited beside the evidence": ("doc_edit", _set(version="v2"), UnboundClaim),
+    "served model digest edited beside the evidence": ("doc_edit", _set(model_digest="e"), UnboundClaim),
+    "served tenant edited beside the evidence": ("doc_edit", _set(tenant="globex"), UnboundClaim),
     "sealing key not bound by the evidence": ("doc_edit", _break_doc_binding, FreshnessError),
     "receipt key not bound by the evidence": ("doc_edit", _other_receipt_key, FreshnessError),
     "token with a broken signature": ("doc_edit", _unsigned_token, TokenError),
@@ -254,6 +275,8 @@ def test_negative_table(case: str) -> None:
         setattr(world, attr, change)
     with pytest.raises(error):
         ask(client)
+    if attr in ("doc_edit", "relabel_key_id"):  # refused before anything was served
+        assert world.workers[0].served == 0
 
 
 def test_replayed_request_is_refused_and_nothing_served() -> None:
@@ -317,12 +340,73 @@ def test_required_promise_missing_is_refused() -> None:
 
 
 def test_promises_served_beside_the_evidence_are_not_relied_on() -> None:
-    """The gateway serves the promise the client requires, but the evidence does not bind it."""
+    """The gateway serves the promise the client requires, but the evidence does not bind it: the
+    edited field is refused, and without it the requirement is unmet."""
     world = World()
     world.doc_edit = _set(promises={"prompts_logged": False, "prompts_retained": False})
+    with pytest.raises(UnboundClaim, match="promises"):
+        ask(world.client(require_promises={"prompts_retained": False}))
+    world.doc_edit = lambda doc: doc.pop("promises")
     with pytest.raises(PolicyViolation, match="prompts_retained"):
         ask(world.client(require_promises={"prompts_retained": False}))
     assert world.workers[0].served == 0
+
+
+def test_a_worker_on_a_policy_older_than_the_clients_floor_is_refused() -> None:
+    world = World()
+    with pytest.raises(PolicyViolation, match="policy version 1"):
+        ask(world.client(min_policy_version=2))
+    assert world.workers[0].served == 0
+    assert ask(world.client(min_policy_version=1)).choices[0].message.content == "secret answer"
+
+
+def test_a_pin_is_per_version_and_digest() -> None:
+    """After (m, v1, d) was verified, a worker that shows v1 with another digest is refused, even with
+    valid evidence (the package was swapped under the version name); a new version verifies."""
+    world = World()
+    client = world.client()
+    ask(client)
+    pin = client.sealed.pinned("m")
+    assert pin is not None and (pin.tenant, pin.model, pin.version, pin.model_digest, pin.policy_version) == (
+        "acme", "m", "v1", "d", 1)
+    world.serving = world.documented = 1
+    world.workload = dataclasses.replace(world.workload, model_digest="swapped")
+    client.sealed.forget("m")
+    served = world.workers[1].served
+    with pytest.raises(PinConflict, match="swapped"):
+        ask(client)
+    assert world.workers[1].served == served
+    world.workload = dataclasses.replace(world.workload, version="v2", model_digest="new")
+    pin2 = client.sealed.pin_from("m", {"workers": [world.document(world.workers[1])]})
+    assert (pin2.version, pin2.model_digest) == ("v2", "new")
+
+
+def test_a_receipt_verifies_for_a_third_party_with_the_evidence_it_names() -> None:
+    """The signed receipt (the Sealed-Receipt header) plus the worker's evidence: all a third party needs."""
+    from sealed_client.deployment import ClientTrust
+    from sealed_client.receipts import verify_receipt_with_evidence
+
+    world = World()
+    client = world.client()
+    raw = client.chat.completions.with_raw_response.create(model="m", messages=[{"role": "user", "content": "hi"}])
+    signed = base64.b64decode(raw.headers["Sealed-Receipt"])
+    evidence = world.document(world.workers[0])["evidence"]
+    trust = ClientTrust.from_dict(world.policy())
+    now = dt.datetime.now(dt.UTC)
+    receipt = verify_receipt_with_evidence(signed, evidence, trust, now)
+    assert receipt.api_key_id == api_key_id("sk-test") and receipt.signing_key == world.workers[0].usage_public.hex()
+    other = world.document(world.workers[1])["evidence"]
+    with pytest.raises(ReceiptInvalid, match="does not bind the key"):
+        verify_receipt_with_evidence(signed, other, trust, now)
+    with pytest.raises(ReceiptInvalid, match="not the one the receipt names"):
+        verify_receipt_with_evidence(signed, evidence, trust, now, exact_evidence=True)
+    doc = json.loads(signed)
+    doc["receipt"]["completion_tokens"] += 1
+    with pytest.raises(ReceiptInvalid):
+        verify_receipt_with_evidence(json.dumps(doc).encode(), evidence, trust, now)
+    world.workload = dataclasses.replace(world.workload, policy_version=2)  # evidence of another policy version
+    with pytest.raises(ReceiptInvalid, match="policy_version"):
+        verify_receipt_with_evidence(signed, world.document(world.workers[0])["evidence"], trust, now)
 
 
 def test_token_for_a_key_the_evidence_does_not_bind_is_refused() -> None:
@@ -430,23 +514,27 @@ PUBLISHER = Ed25519PrivateKey.generate()
 PUBLISHER_HEX = PUBLISHER.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw).hex()
 
 
-def _published(world: World, envelope: Any) -> SealedOpenAI:
+def _published(world: World, envelope: Any, clock: Callable[[], dt.datetime] | None = None,
+               **refs: Any) -> SealedOpenAI:
+    """A client pinning PUBLISHER; the gateway serves `envelope` (a list: the one served now is its last)."""
     def handle(request: httpx2.Request) -> httpx2.Response:
+        served = envelope[-1] if isinstance(envelope, list) else envelope
         if request.url.path == "/.well-known/reference-values":
-            return httpx2.Response(404, json={}) if envelope is None else httpx2.Response(200, json=envelope)
+            return httpx2.Response(404, json={}) if served is None else httpx2.Response(200, json=served)
         return world.handle(request)
 
-    trust = world.policy((), reference_values={"publisher_key": PUBLISHER_HEX})
-    return SealedOpenAI(base_url="http://gw/v1", api_key="k", max_retries=0, policy=trust,
+    trust = world.policy((), reference_values={"publisher_key": PUBLISHER_HEX, **refs})
+    return SealedOpenAI(base_url="http://gw/v1", api_key="k", max_retries=0, policy=trust, clock=clock,
                         inner_transport=httpx2.MockTransport(handle))
 
 
 def _statement(measurements: list[str], *, key: Ed25519PrivateKey = PUBLISHER, issued_days_ago: float = 0,
-               valid_days: float = 30) -> dict[str, Any]:
+               valid_days: float = 30, serial: int = 5, promises: dict[str, Any] | None = None) -> dict[str, Any]:
     from attestation.refvalues import sign_reference_values
 
     return sign_reference_values(key, measurements, tee="sim", valid_for=dt.timedelta(days=valid_days),
-                                 issued_at=dt.datetime.now(dt.UTC) - dt.timedelta(days=issued_days_ago))
+                                 issued_at=dt.datetime.now(dt.UTC) - dt.timedelta(days=issued_days_ago),
+                                 serial=serial, promises=promises)
 
 
 def test_measurement_in_the_signed_published_set_is_accepted() -> None:
@@ -455,7 +543,8 @@ def test_measurement_in_the_signed_published_set_is_accepted() -> None:
 
 
 @pytest.mark.parametrize("case", ["expired", "unsigned", "signed by another key", "not published",
-                                  "measurement not in the published set", "tampered statement"])
+                                  "measurement not in the published set", "tampered statement", "no serial",
+                                  "serial below the policy's floor", "promises other than the evidence binds"])
 def test_reference_value_negative_table(case: str) -> None:
     from attestation.refvalues import ReferenceValuesError
 
@@ -476,9 +565,51 @@ def test_reference_value_negative_table(case: str) -> None:
         body = json.loads(base64.b64decode(envelope["payload"]))
         body["subject"].append({"name": "x", "digest": {"sha384": "ef" * 48}})
         envelope["payload"] = base64.b64encode(json.dumps(body).encode()).decode()
+    elif case == "no serial":  # re-signed without one
+        envelope = _without_serial(_statement([MEASUREMENT]))
+    elif case == "promises other than the evidence binds":
+        envelope, error = _statement([MEASUREMENT], promises={"prompts_logged": True}), PolicyViolation
+    refs = {"min_serial": 6} if case == "serial below the policy's floor" else {}
     with pytest.raises(error):
-        ask(_published(world, envelope))
+        ask(_published(world, envelope, **refs))
     assert world.workers[0].served == 0
+
+
+def _without_serial(envelope: dict[str, Any]) -> dict[str, Any]:
+    from attestation.refvalues import PAYLOAD_TYPE, _pae
+
+    body = json.loads(base64.b64decode(envelope["payload"]))
+    del body["predicate"]["serial"]
+    raw = json.dumps(body).encode()
+    signature = base64.b64encode(PUBLISHER.sign(_pae(PAYLOAD_TYPE, raw))).decode()
+    return {**envelope, "payload": base64.b64encode(raw).decode(),
+            "signatures": [{**envelope["signatures"][0], "sig": signature}]}
+
+
+def test_an_older_signed_statement_is_refused_after_a_newer_one() -> None:
+    """Both statements are the publisher's, unexpired and validly signed; once serial 5 was verified,
+    serial 4 (which still lists a measurement since withdrawn) is refused."""
+    from attestation.refvalues import StaleReferenceValues
+
+    world = World()
+    served = [_statement([MEASUREMENT], serial=5)]
+    now = [dt.datetime.now(dt.UTC)]
+    client = _published(world, served, clock=lambda: now[0])
+    ask(client)
+    served.append(_statement([MEASUREMENT, "cd" * 48], serial=4))
+    now[0] += dt.timedelta(minutes=6)  # the pin expired: the deployment is verified again
+    world.doc_edit = None
+    with pytest.raises(StaleReferenceValues, match="serial 4"):
+        ask(client)
+
+
+def test_a_pin_expires_with_the_reference_values_it_was_verified_with() -> None:
+    world = World()
+    statement = _statement([MEASUREMENT], issued_days_ago=1, valid_days=1 + 1 / (24 * 60))  # 1 minute left
+    client = _published(world, statement)
+    ask(client)
+    pin = client.sealed.pinned("m")
+    assert pin is not None and pin.expires_at < pin.token_expires_at
 
 
 def test_attest_inspect_parses_the_deployments_own_document(tmp_path: Any) -> None:

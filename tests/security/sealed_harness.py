@@ -66,8 +66,10 @@ class Stack:
                                                                                    worker_pb2.SealedRequest]:
         key = self.state.serving_key
         body = {"model": "m", "max_tokens": 4, "stream": stream, "messages": [{"role": "user", "content": content}]}
-        sealed = seal_request(key.public_bytes, RequestContext("acme", "m", ENDPOINT, key.key_id),
-                              json.dumps(body).encode(), time.time())
+        guard = self.state.guard
+        ctx = RequestContext("acme", "m", ENDPOINT, key.key_id, version="v1", api_key_id=self.key.key_id,
+                             policy_version=guard.policy_set.version if guard and guard.policy_set else 0)
+        sealed = seal_request(key.public_bytes, ctx, json.dumps(body).encode(), time.time())
         return sealed, worker_pb2.SealedRequest(request_id=request_id, tenant="acme", key_id=self.key.key_id,
                                                 model="m", endpoint=ENDPOINT, worker_key_id=key.key_id,
                                                 body=sealed.wire)
@@ -80,7 +82,8 @@ async def sealed_stack(tmp_path: Path, decision_key: X25519PrivateKey | None,
     state = WorkerState(WorkerSettings(broker_url="http://b", package_dir=Path("/nonexistent"), tenant="acme",
                                        model="m", version="v1"), status="ready")
     state.guard = WorkerGuard(tenant_policy(decision_key))
-    released = SimpleNamespace(bundle=SimpleNamespace(to_json=dict), token="t")  # what a heartbeat shows
+    released = SimpleNamespace(bundle=SimpleNamespace(to_json=dict, digest=lambda: "e" * 64),  # what a heartbeat
+                               token="t")  # shows, and the evidence a receipt names
     state.booted = SimpleNamespace(engine=engine, model_digest="d" * 64, released=released,  # type: ignore[assignment]
                                    load_s=0.1, gpu_cc_off=False)
     server = grpc.aio.server()

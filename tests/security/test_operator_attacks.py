@@ -40,7 +40,7 @@ from attestation.token import TokenIssuer
 from key_broker.app import load_broker_keys
 from key_broker.policies import PolicyStore
 from protocol.model_ref import ModelRef
-from protocol.sealed import ReplayGuard, RequestContext, SealedError, WorkerKey, open_request
+from protocol.sealed import ReplayGuard, RequestContext, SealedError, WorkerKey, api_key_id, open_request
 from protocol.sealed.http import HEADER_KEY_ID, HEADER_MODEL
 from sealed_bench.gpu_models import random_checkpoint
 from sealed_client import AsyncSealedOpenAI, ClientTrust, SealedOpenAI
@@ -86,7 +86,10 @@ class _Forward(http.server.BaseHTTPRequestHandler):
         self.server.seen.append(f"{self.command} {self.path}\n".encode() + body)
         key = self.server.operator_key
         if key is not None and self.headers.get(HEADER_KEY_ID) == key.key_id:
-            ctx = RequestContext(DEMO_TENANT, self.headers[HEADER_MODEL], "/v1/chat/completions", key.key_id)
+            # What a client that accepted the operator's key would bind (the demo's policy set is version 1).
+            bearer = self.headers.get("Authorization", "").removeprefix("Bearer ")
+            ctx = RequestContext(DEMO_TENANT, self.headers[HEADER_MODEL], "/v1/chat/completions", key.key_id,
+                                 version=DEMO_VERSION, api_key_id=api_key_id(bearer), policy_version=1)
             self.server.opened.append(open_request(key, ctx, body, time.time(), ReplayGuard()).body)
         headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "content-length")}
         answer = httpx.request(self.command, self.server.gateway + self.path, headers=headers, content=body,

@@ -24,7 +24,8 @@ NOW = 1_800_000_000.0
 
 
 def _ctx(worker: WorkerKey) -> RequestContext:
-    return RequestContext("acme", "m", "/v1/chat/completions", worker.key_id)
+    return RequestContext("acme", "m", "/v1/chat/completions", worker.key_id, version="v1",
+                          api_key_id="key_0123456789abcdef", policy_version=1)
 
 
 @pytest.mark.parametrize("short, long", [(10, 200), (300, 500), (1_100, 2_000), (70_000, 120_000)])

@@ -32,7 +32,15 @@ from protocol.sealed.hpke import SUITE
 from protocol.sealed.http import ResponseHead
 from protocol.sealed.vectors import build_vectors
 
-VECTORS = Path(__file__).parents[2] / "vectors" / "sealed" / "sealed-mode-v2.json"
+
+def ctx_for(worker_key_id: str, tenant: str = "acme", model: str = "m", endpoint: str = "/v1/chat/completions",
+            **changes: object) -> RequestContext:
+    """A request context with the bindings every test shares; `changes` relabel one of them."""
+    fields: dict[str, object] = {"version": "v1", "api_key_id": "key_0123456789abcdef", "policy_version": 3}
+    fields.update(changes)
+    return RequestContext(tenant, model, endpoint, worker_key_id, **fields)  # type: ignore[arg-type]
+
+VECTORS = Path(__file__).parents[2] / "vectors" / "sealed" / "sealed-mode-v3.json"
 NOW = 1_800_000_000.0
 
 
@@ -64,7 +72,11 @@ def test_suite_interoperates_with_cryptography_hpke() -> None:
 
 def _pair(worker: WorkerKey | None = None) -> tuple[WorkerKey, RequestContext]:
     worker = worker or WorkerKey.generate()
-    return worker, RequestContext("acme", "m", "/v1/chat/completions", worker.key_id)
+    return worker, ctx_for(worker.key_id)
+
+
+def _raw(key: Ed25519PrivateKey) -> str:
+    return key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw).hex()
 
 
 def _exchange(chunks: list[bytes]) -> tuple[object, bytes, str, str, Ed25519PrivateKey, WorkerKey]:
@@ -74,7 +86,8 @@ def _exchange(chunks: list[bytes]) -> tuple[object, bytes, str, str, Ed25519Priv
     signer = Ed25519PrivateKey.generate()
     frames = [opened.sealer.seal(c) for c in chunks]
     receipt = Receipt(opened.request_sha256, opened.sealer.hash.hexdigest(), worker.key_id, "acme", "m", "v1",
-                      "d", 3, 5, 7, "sim", True, NOW)
+                      "d", 3, 5, 7, "sim", True, NOW, api_key_id=ctx.api_key_id, signing_key=_raw(signer),
+                      channel_spki="", evidence_sha256="ee" * 32)
     frames.append(opened.sealer.seal(sign_receipt(receipt, signer), final=True))
     return sealed, opened.sealer.header(), frames, sealed.request_sha256, signer, worker  # type: ignore[return-value]
 
@@ -113,12 +126,16 @@ def _flip(data: bytes, at: int) -> bytes:
     ("model changed by the gateway", RequestRejected),
     ("tenant changed by the gateway", RequestRejected),
     ("endpoint changed by the gateway", RequestRejected),
+    ("API key id relabelled by the gateway", RequestRejected),
+    ("version changed by the gateway", RequestRejected),
+    ("policy version other than the client verified", RequestRejected),
     ("replayed", RequestReplayed),
     ("stale", RequestReplayed),
     ("from the future", RequestReplayed),
     ("truncated", SealedFormatError),
     ("unknown version", SealedFormatError),
     ("version 1 (unpadded)", SealedFormatError),
+    ("version 2 (context without version, API key id, policy version)", SealedFormatError),
 ])
 def test_request_negative_table(case: str, error: type[Exception]) -> None:
     worker, ctx = _pair()
@@ -127,14 +144,14 @@ def test_request_negative_table(case: str, error: type[Exception]) -> None:
     sealed = seal_request(worker.public_bytes, ctx, body, NOW).wire
     opener_key, opener_ctx = worker, ctx
     if case == "sealed to another worker's key":
-        sealed = seal_request(other.public_bytes, RequestContext("acme", "m", ctx.endpoint, other.key_id), body,
+        sealed = seal_request(other.public_bytes, ctx_for(other.key_id), body,
                               NOW).wire
-        opener_ctx = RequestContext("acme", "m", ctx.endpoint, other.key_id)
+        opener_ctx = ctx_for(other.key_id)
     elif case == "sealed to another worker's key, key id rewritten by the gateway":
-        sealed = seal_request(other.public_bytes, RequestContext("acme", "m", ctx.endpoint, other.key_id), body,
+        sealed = seal_request(other.public_bytes, ctx_for(other.key_id), body,
                               NOW).wire
     elif case == "key id of another worker in the context":
-        opener_ctx = RequestContext("acme", "m", ctx.endpoint, other.key_id)
+        opener_ctx = ctx_for(other.key_id)
     elif case == "tampered encapsulated key":
         sealed = _flip(sealed, 5)
     elif case == "tampered ciphertext":
@@ -142,11 +159,17 @@ def test_request_negative_table(case: str, error: type[Exception]) -> None:
     elif case == "tampered tag":
         sealed = _flip(sealed, len(sealed) - 1)
     elif case == "model changed by the gateway":
-        opener_ctx = RequestContext("acme", "other-model", ctx.endpoint, ctx.key_id)
+        opener_ctx = ctx_for(ctx.key_id, model="other-model")
     elif case == "tenant changed by the gateway":
-        opener_ctx = RequestContext("globex", "m", ctx.endpoint, ctx.key_id)
+        opener_ctx = ctx_for(ctx.key_id, tenant="globex")
     elif case == "endpoint changed by the gateway":
-        opener_ctx = RequestContext("acme", "m", "/v1/completions", ctx.key_id)
+        opener_ctx = ctx_for(ctx.key_id, endpoint="/v1/completions")
+    elif case == "API key id relabelled by the gateway":
+        opener_ctx = ctx_for(ctx.key_id, api_key_id="key_fedcba9876543210")
+    elif case == "version changed by the gateway":
+        opener_ctx = ctx_for(ctx.key_id, version="v2")
+    elif case == "policy version other than the client verified":
+        opener_ctx = ctx_for(ctx.key_id, policy_version=2)
     elif case == "replayed":
         open_request(worker, ctx, sealed, now, guard)
     elif case == "stale":
@@ -156,7 +179,9 @@ def test_request_negative_table(case: str, error: type[Exception]) -> None:
     elif case == "truncated":
         sealed = sealed[:40]
     elif case == "unknown version":
-        sealed = b"\x03" + sealed[1:]
+        sealed = b"\x04" + sealed[1:]
+    elif case == "version 2 (context without version, API key id, policy version)":
+        sealed = b"\x02" + sealed[1:]
     elif case == "version 1 (unpadded)":
         sealed = b"\x01" + sealed[1:]
     with pytest.raises(error):
@@ -201,7 +226,9 @@ def test_response_negative_table(case: str) -> None:
 
 
 @pytest.mark.parametrize("case", ["response mismatch", "request mismatch", "other signer", "unsigned",
-                                  "other worker key", "other model"])
+                                  "other worker key", "other model", "other API key id", "other policy version",
+                                  "other tenant", "other version", "signing key field rewritten",
+                                  "version 1 receipt"])
 def test_receipt_negative_table(case: str) -> None:
     sealed, header, frames, request_hash, signer, worker = _exchange([b"answer"])
     chunks = sealed.opener.feed(header + b"".join(frames))  # type: ignore[attr-defined]
@@ -224,8 +251,47 @@ def test_receipt_negative_table(case: str) -> None:
         kwargs["worker_key_id"] = "ab" * 32
     elif case == "other model":
         kwargs["model"] = "n"
+    elif case == "other API key id":
+        kwargs["api_key_id"] = "key_fedcba9876543210"
+    elif case == "other policy version":
+        kwargs["policy_version"] = 4
+    elif case == "other tenant":
+        kwargs["tenant"] = "globex"
+    elif case == "other version":
+        kwargs["model_version"] = "v2"
+    elif case == "signing key field rewritten":  # names another key: its signature no longer verifies
+        doc = json.loads(final)
+        doc["receipt"]["signing_key"] = _raw(Ed25519PrivateKey.generate())
+        final = json.dumps(doc).encode()
+    elif case == "version 1 receipt":
+        doc = json.loads(final)
+        doc["receipt"]["version"] = 1
+        final = json.dumps(doc).encode()
     with pytest.raises(ReceiptInvalid):
         verify_receipt(final, public, **kwargs)
+
+
+def test_receipt_carries_what_a_third_party_needs() -> None:
+    """Signature, key and evidence reference travel in the receipt: read_signed_receipt checks it alone."""
+    from protocol.sealed.receipt import read_signed_receipt
+
+    sealed, header, frames, _, signer, _ = _exchange([b"answer"])
+    final = sealed.opener.feed(header + b"".join(frames))[-1][0]  # type: ignore[attr-defined]
+    receipt = read_signed_receipt(final)
+    assert receipt.signing_key == _raw(signer) and receipt.evidence_sha256 == "ee" * 32
+    assert receipt.api_key_id == "key_0123456789abcdef" and receipt.version == 2
+    doc = json.loads(final)
+    doc["receipt"]["prompt_tokens"] += 1
+    with pytest.raises(ReceiptInvalid, match="not signed by the key it names"):
+        read_signed_receipt(json.dumps(doc).encode())
+
+
+def test_api_key_id_is_the_control_planes() -> None:
+    """The client derives the id from its key as the control plane does (api/store/repo.py)."""
+    from api.store.repo import hash_secret
+    from protocol.sealed import api_key_id
+
+    assert api_key_id("sk-sealed-abc") == "key_" + hash_secret("sk-sealed-abc")[:16]
 
 
 def test_response_head_must_be_a_head() -> None:
