@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Body, Depends, Request
+from fastapi import APIRouter, Body, Depends, HTTPException, Request
 
 from key_broker.admin_schemas import (
     DataKeyUpload,
@@ -22,7 +22,6 @@ from key_broker.admin_schemas import (
 )
 from key_broker.auth import Principal
 from key_broker.dependencies import get_admin, operator, tenant_manager, tenant_self
-from key_broker.errors import KeyStoreError
 from key_broker.names import broker_ref
 from key_broker.tenants import TenantAdmin
 
@@ -86,7 +85,7 @@ def get_policy_admin_key(tenant: str, _: Principal = Depends(tenant_manager),
     """The registered key (the tenant checks it is its own before trusting the broker with data keys)."""
     record = admin.policies.admin_keys.get(tenant)
     if record is None:
-        raise KeyStoreError(f"tenant {tenant} has registered no policy-admin key")
+        raise HTTPException(404, {"type": "not_found", "message": "no policy-admin key registered"})
     return record.public()
 
 

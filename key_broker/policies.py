@@ -105,6 +105,10 @@ class PolicyStore:
         self._files.write(path, json.dumps(dict(envelope), sort_keys=True).encode())
         return stored
 
+    def stored_version(self, tenant: str, model: str, model_version: str | None = None) -> int | None:
+        """The version of the stored policy of this model (or of this model version), signed or not."""
+        return self._version_on_disk(self._path(tenant, model, model_version))
+
     def _version_on_disk(self, path: Path) -> int | None:
         """The version of the stored document, signed or not (so versions only move forward)."""
         try:
