@@ -18,7 +18,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from key_broker.admin_schemas import DataKeyUpload
 from key_broker.auth import AdminTokenStore, Principal
-from key_broker.errors import KeyBrokerError, KeyStoreError
+from key_broker.errors import KeyBrokerError, KeyStoreError, PolicyUnsigned
 from key_broker.keystore import DataKeyRecord, DataKeyRegistry, KeyStore
 from key_broker.names import check_name, check_ref
 from key_broker.policies import PolicyStore, StoredPolicy
@@ -141,7 +141,7 @@ class TenantAdmin:
         try:
             payload = envelope.get("payload") if isinstance(envelope, dict) else None
             if isinstance(payload, dict) and payload.get("tenant") != tenant:
-                raise KeyStoreError("the policy names another tenant")
+                raise PolicyUnsigned("the policy names another tenant")
             if isinstance(payload, dict) and isinstance(payload.get("reference_values"), str):
                 self.refvals.load(tenant, str(payload["reference_values"]))  # must exist and verify now
             stored = self.policies.put(envelope)

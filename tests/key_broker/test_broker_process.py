@@ -112,7 +112,8 @@ class BrokerProcess:
         if tenant not in self.policy_keys:
             key = Ed25519PrivateKey.generate()
             statement = admin_key_statement(tenant, key.public_key(), "k1", 1, key, "k1")
-            r = self.admin("PUT", f"/tenants/{tenant}/policy-admin-key", token=self.tenant_token(tenant), json=statement)
+            r = self.admin("PUT", f"/tenants/{tenant}/policy-admin-key", token=self.tenant_token(tenant),
+                           json=statement)
             assert r.status_code == 200, r.text
             self.policy_keys[tenant] = key
         return self.admin("PUT", f"/tenants/{tenant}/policies",
