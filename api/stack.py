@@ -380,9 +380,10 @@ def launch(home: Home, *, host: str = "127.0.0.1", port: int = 8000,
             "--port", str(port), "--register-token-file", str(_secret_file(home.gateway / "register-token")),
             "--jwt-secret-file", str(_secret_file(home.gateway / "jwt-secret")),
             "--broker-jwks", str(home.broker / "jwks.json"), "--reference-values", str(home.reference_values),
-            # The console (in the gateway) reads the audit logs and uses the broker's admin API.
+            # The console (in the gateway) reads the audit logs and the broker's admin API, the latter
+            # with each person's own broker token: the gateway is given no broker credential.
             "--audit-dir", str(home.audit), "--audit-witness", str(home.audit_witness), "--broker-url", broker_url,
-            "--broker-admin-token-file", str(home.broker / "admin-token"), *console_cookie_args(host), *gateway_args],
+            *console_cookie_args(host), *gateway_args],
             on_restart=stack.write_pids)
         _wait_http(f"{local_gateway}/healthz", gateway)
         for i, (http_port, grpc_port) in enumerate(worker_ports):
