@@ -17,7 +17,6 @@ from key_broker.admin_schemas import (
     ReceiptsResponse,
     ReferenceValuesResponse,
     RotationResponse,
-    SigningKeyUpload,
     TenantTokenResponse,
 )
 from key_broker.auth import Principal
@@ -96,10 +95,11 @@ def list_policies(tenant: str, _: Principal = Depends(tenant_manager),
 
 
 @router.put(T + "/reference-value-keys/{key_id}", status_code=201)
-def add_refval_key(tenant: str, key_id: str, body: SigningKeyUpload, who: Principal = Depends(operator),
+def add_refval_key(tenant: str, key_id: str, body: dict[str, Any] = Body(...), who: Principal = Depends(tenant_manager),
                    admin: TenantAdmin = Depends(get_admin)) -> dict[str, Any]:
-    """Operator only: which tenant keys may sign reference values is pinned out of band."""
-    admin.add_refval_key(who, tenant, key_id, body.public_key_pem.encode())
+    """Pin a signer of the tenant's reference values: a statement signed by the tenant's policy-admin
+    key (policy/release_documents.py::refval_key_statement), whoever carries it."""
+    admin.add_refval_key(who, tenant, key_id, body)
     return {"tenant": tenant, "key_id": key_id}
 
 

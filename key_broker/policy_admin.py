@@ -124,3 +124,21 @@ class PolicyAdminKeys:
                 {"tenant": tenant, "version": record.version, "key_id": record.key_id, "keys": keys,
                  "statement": dict(envelope)}, sort_keys=True).encode())
             return record
+
+    def verify_current(self, tenant: str, envelope: Any, domain: bytes) -> dict[str, Any]:
+        """The payload of a statement for ``tenant`` signed by its current policy-admin key; raises
+        PolicyUnsigned otherwise."""
+        try:
+            payload, signer_id = envelope_parts(envelope)
+        except PolicyInvalid as exc:
+            raise PolicyUnsigned(f"statement refused: {exc}") from exc
+        if payload["tenant"] != tenant:
+            raise PolicyUnsigned("statement names another tenant")
+        record = self.require(tenant)
+        if signer_id != record.key_id:
+            raise PolicyUnsigned("statement is not signed by the tenant's current policy-admin key")
+        try:
+            check_envelope_signature(envelope, record.current(), domain)
+        except PolicyInvalid as exc:
+            raise PolicyUnsigned(f"statement refused: {exc}") from exc
+        return dict(payload)

@@ -28,6 +28,7 @@ from key_broker.refvals import ReferenceValues, ReferenceValuesStore
 from policy.audit import AuditLog
 from policy.audit.entry import bounded_reason
 from policy.errors import PolicyInvalid
+from policy.release_documents import REFVAL_KEY_DOMAIN, REFVAL_KEY_FIELDS
 from protocol.model_ref import ModelRef
 from protocol.package import PackageError, read_manifest
 from protocol.package.format import manifest_names
@@ -164,8 +165,17 @@ class TenantAdmin:
         self._log(who, tenant, "policy-admin-key", key_id=record.key_id, key_version=record.version)
         return record
 
-    def add_refval_key(self, who: Principal, tenant: str, key_id: str, public_pem: bytes) -> None:
-        self.refvals.add_signing_key(tenant, key_id, public_pem)
+    def add_refval_key(self, who: Principal, tenant: str, key_id: str, envelope: Any) -> None:
+        """Pin a signer of the tenant's reference values: its measurements join release policies, so
+        only a statement of the tenant's policy-admin key pins one. Refusals are audited."""
+        try:
+            payload = self.policies.admin_keys.verify_current(tenant, envelope, REFVAL_KEY_DOMAIN)
+            if set(payload) != REFVAL_KEY_FIELDS or payload["key_id"] != key_id:
+                raise PolicyUnsigned("the pin must name exactly this tenant, this key id and its PEM")
+            self.refvals.add_signing_key(tenant, key_id, str(payload["public_key_pem"]).encode())
+        except KeyBrokerError as exc:
+            self.refused(who, tenant, "refval-key-add", exc, key_id=key_id[:64])
+            raise
         self._log(who, tenant, "refval-key-add", key_id=key_id)
 
     def put_reference_values(self, who: Principal, tenant: str, envelope: Any) -> ReferenceValues:

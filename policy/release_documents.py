@@ -6,6 +6,9 @@
 - A policy-admin key statement: the payload names the tenant, the key (id and PEM) and a version.
   Version 1 registers the tenant's first key and is signed by that key itself (proof of
   possession); each later version names a new key and is signed by the key it replaces.
+- A reference-value key pin: the payload names the tenant and a key (id and PEM) that may sign the
+  tenant's reference values (whose measurements join a release policy), signed by the tenant's
+  policy-admin key.
 
 Each kind has its own domain-separation prefix, so a signed data policy never verifies as a release
 policy or a key statement, nor the other way round.
@@ -27,6 +30,8 @@ RELEASE_DOMAIN = b"sealed-release-policy-v1\x00"
 ADMIN_KEY_DOMAIN = b"sealed-policy-admin-key-v1\x00"
 REFERENCE_KEY = "reference_values"
 ADMIN_KEY_FIELDS = frozenset({"tenant", "key_id", "public_key_pem", "version"})
+REFVAL_KEY_DOMAIN = b"sealed-refval-key-v1\x00"
+REFVAL_KEY_FIELDS = frozenset({"tenant", "key_id", "public_key_pem"})
 
 
 def release_payload(policy: ReleasePolicy | Mapping[str, Any]) -> dict[str, Any]:
@@ -55,6 +60,13 @@ def admin_key_statement(tenant: str, new_key: Ed25519PublicKey, new_key_id: str,
     """Register (version 1, ``signer`` is the new key) or rotate to ``new_key`` (signed by the current)."""
     payload = {"tenant": tenant, "key_id": new_key_id, "public_key_pem": public_pem(new_key), "version": version}
     return sign_envelope(payload, signer, signer_key_id, ADMIN_KEY_DOMAIN)
+
+
+def refval_key_statement(tenant: str, key_id: str, refval_key: Ed25519PublicKey, admin_key: Ed25519PrivateKey,
+                         admin_key_id: str) -> dict[str, Any]:
+    """The tenant pins ``refval_key`` as a signer of its reference values (signed by its policy-admin key)."""
+    payload = {"tenant": tenant, "key_id": key_id, "public_key_pem": public_pem(refval_key)}
+    return sign_envelope(payload, admin_key, admin_key_id, REFVAL_KEY_DOMAIN)
 
 
 def load_admin_public_key(pem: str) -> Ed25519PublicKey:
