@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,6 +71,7 @@ class PolicyStore:
         self.admin_keys = admin_keys if admin_keys is not None else PolicyAdminKeys(root, self._files)
         # Parsed, verified policies by content digest: the hot path skips JSON, signature and validation.
         self._cache: dict[Path, tuple[bytes, StoredPolicy]] = {}
+        self._lock = threading.Lock()  # the version check and the write are one step
 
     @property
     def root(self) -> Path:
@@ -99,10 +101,11 @@ class PolicyStore:
         stored = StoredPolicy.from_dict(payload)  # PolicyInvalid: a signed but malformed policy
         p = stored.policy
         path = self._path(p.tenant, p.model, p.model_version)
-        current = self._version_on_disk(path)
-        if current is not None and p.version <= current:
-            raise PolicyUnsigned(f"policy version {p.version} is not newer than {current}")
-        self._files.write(path, json.dumps(dict(envelope), sort_keys=True).encode())
+        with self._lock:
+            current = self._version_on_disk(path)
+            if current is not None and p.version <= current:
+                raise PolicyUnsigned(f"policy version {p.version} is not newer than {current}")
+            self._files.write(path, json.dumps(dict(envelope), sort_keys=True).encode())
         return stored
 
     def stored_version(self, tenant: str, model: str, model_version: str | None = None) -> int | None:
