@@ -28,7 +28,10 @@ from protocol.broker.errors import BrokerRefused
 from protocol.model_ref import ModelRef
 from tests.api.test_fake_tee_stack import audit_records
 from tests.key_broker.conftest import sealed_key_upload
-from tests.security.test_operator_attacks import Live, live  # noqa: F401 (the live stack fixture)
+from tests.security import test_operator_attacks as attacks
+from tests.security.test_operator_attacks import Live
+
+live = attacks.live  # the live stack fixture (module scope: a stack of this module's own)
 
 ROGUE = bytes(range(200, 248))  # the operator's own build
 DEMO = ModelRef(DEMO_TENANT, DEMO_MODEL, DEMO_VERSION)
