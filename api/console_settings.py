@@ -21,10 +21,10 @@ class ConsoleSettings:
     # database; anchored checkpoints are checked against the log like verify_log does.
     audit_witness: Path | None = None
     audit_anchor_url: str | None = None
-    # The key broker's admin API (receipts, key state, release policies, revocation) and the
-    # operator admin token the console uses there; the console checks the caller's role first.
+    # The key broker's admin API (receipts, key state, release policies, revocation). The console
+    # holds no broker credential: it forwards the signed-in person's own broker token
+    # (api/console/broker_token.py), after checking the person's role and tenant.
     broker_url: str | None = None
-    broker_admin_token: str = ""
     # Tenant policy admin public keys, `<tenant>/<key_id>.pub` (PEM), to verify signed policies.
     policy_keys_dir: Path | None = None
     session_ttl_s: int = 8 * 3600

@@ -54,9 +54,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--audit-witness", type=Path, default=None,
                         help="witness file of anchored audit checkpoints the console checks the logs against")
     parser.add_argument("--audit-anchor-url", default=None, help="anchor database of audit checkpoints (SQL URL)")
-    parser.add_argument("--broker-url", default=None, help="key broker admin API, for the console's Keys page")
-    parser.add_argument("--broker-admin-token-file", type=Path, default=None,
-                        help="operator token of that broker (the console checks the user's role first)")
+    parser.add_argument("--broker-url", default=None,
+                        help="key broker admin API, for the console's Keys page (the gateway holds no broker "
+                             "credential: the console forwards each person's own broker token)")
     parser.add_argument("--policy-keys-dir", type=Path, default=None,
                         help="tenant policy admin public keys, TENANT/KEY_ID.pub, to verify signed policies")
     parser.add_argument("--reference-values", type=Path, default=None,
@@ -88,7 +88,6 @@ def main(argv: list[str] | None = None) -> int:
                                                        audit_witness=args.audit_witness,
                                                        audit_anchor_url=args.audit_anchor_url,
                                                        broker_url=args.broker_url,
-                                                       broker_admin_token=_secret(args.broker_admin_token_file),
                                                        policy_keys_dir=args.policy_keys_dir,
                                                        unsafe_plain_http_loopback=args.unsafe_console_plain_http_loopback))
     limits = ConnectionLimits(header_timeout_s=args.header_timeout, max_connections=args.max_connections)

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as dt
 import hashlib
 import json
@@ -40,6 +41,7 @@ from key_broker.policies import PolicyStore
 from key_broker.statefile import StateLedger, local_ledger
 from policy.documents import sign_policy_document
 from policy.release import ReleasePolicy
+from policy.release_documents import admin_key_statement, sign_release_policy
 from protocol.fsutil import atomic_write
 from protocol.model_ref import ModelRef
 from protocol.package import read_manifest
@@ -50,6 +52,7 @@ from protocol.tls import load_or_create
 DEMO_TENANT = "demo"
 DEMO_MODEL = "smollm2-135m-instruct"
 DEMO_VERSION = "v1"
+DEMO_ADMIN_KEY_ID = "demo-admin"  # the demo tenant's policy-admin key (data and release policies)
 
 
 @dataclass(frozen=True)
@@ -127,7 +130,7 @@ def _write_demo_policy(home: Home, api_key: str) -> None:
     write_public_key(admin, home.tenant_policy_admin_public(DEMO_TENANT))
     # The tenant's own key for its sealed decision records (`sealed audit decisions --key ...`).
     records = decision_key_public_hex(x25519_key(home.tenant_decision_record_key(DEMO_TENANT)))
-    doc = sign_policy_document(demo_policy_set(api_key, records), admin, "demo-admin")
+    doc = sign_policy_document(demo_policy_set(api_key, records), admin, DEMO_ADMIN_KEY_ID)
     home.tenant_policy(DEMO_TENANT).write_text(json.dumps(doc, sort_keys=True))
 
 
@@ -142,11 +145,28 @@ def _ensure_release_policy(home: Home, ledger: StateLedger, tenant_signer: str, 
         current = None
     if current is not None and current.allowed_measurements == frozenset({measurement}):
         return
-    store.put(ReleasePolicy(
-        policy_id="demo-release", version=(current.version + 1) if current else 1, tenant=DEMO_TENANT,
+    store_demo_release_policy(home, ledger, ReleasePolicy(
+        policy_id="demo-release", version=1, tenant=DEMO_TENANT,
         model=DEMO_MODEL, allowed_tee=frozenset({"sim"}), allowed_measurements=frozenset({measurement}),
         required_signer=tenant_signer, unsafe_allow_simulated_tee=True,
     ))
+
+
+def store_demo_release_policy(home: Home, ledger: StateLedger, policy: ReleasePolicy) -> ReleasePolicy:
+    """The demo tenant signs ``policy`` with its policy-admin key (a tenant's file, local only in the
+    one-machine demo) and the broker's store takes it; its version is moved above the stored one. The
+    key is registered first (self-signed) if the broker has none for the tenant."""
+    admin = ed25519_key(home.tenant_policy_admin(policy.tenant))
+    store = PolicyStore(home.broker, ledger)
+    if store.admin_keys.get(policy.tenant) is None:
+        store.admin_keys.apply(policy.tenant, admin_key_statement(policy.tenant, admin.public_key(), DEMO_ADMIN_KEY_ID,
+                                                                  1, admin, DEMO_ADMIN_KEY_ID))
+    key_id = store.admin_keys.require(policy.tenant).key_id
+    path_version = store.stored_version(policy.tenant, policy.model, policy.model_version)
+    if path_version is not None and policy.version <= path_version:
+        policy = dataclasses.replace(policy, version=path_version + 1)
+    store.put(sign_release_policy(policy, admin, key_id))
+    return policy
 
 
 def _secret_file(path: Path) -> Path:
@@ -364,9 +384,10 @@ def launch(home: Home, *, host: str = "127.0.0.1", port: int = 8000,
             "--port", str(port), "--register-token-file", str(_secret_file(home.gateway / "register-token")),
             "--jwt-secret-file", str(_secret_file(home.gateway / "jwt-secret")),
             "--broker-jwks", str(home.broker / "jwks.json"), "--reference-values", str(home.reference_values),
-            # The console (in the gateway) reads the audit logs and uses the broker's admin API.
+            # The console (in the gateway) reads the audit logs and the broker's admin API, the latter
+            # with each person's own broker token: the gateway is given no broker credential.
             "--audit-dir", str(home.audit), "--audit-witness", str(home.audit_witness), "--broker-url", broker_url,
-            "--broker-admin-token-file", str(home.broker / "admin-token"), *console_cookie_args(host), *gateway_args],
+            *console_cookie_args(host), *gateway_args],
             on_restart=stack.write_pids)
         _wait_http(f"{local_gateway}/healthz", gateway)
         for i, (http_port, grpc_port) in enumerate(worker_ports):

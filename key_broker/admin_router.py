@@ -1,22 +1,26 @@
 """Admin API: the operator (admin token) and tenant admins (tenant-admin tokens) manage tenant
-keys, data keys, release policies, reference values and read release receipts."""
+keys, data keys, release policies, reference values and read release receipts.
+
+What releases a tenant's keys is the tenant's alone: a release policy takes effect only when the
+tenant's policy-admin key signed it (whoever carries it); the policy-admin key is registered and
+rotated only with the tenant's own token (and a rotation only with the current key's signature);
+data keys are imported only with the tenant's own token. The operator's token can do none of these."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Body, Depends, Request
+from fastapi import APIRouter, Body, Depends, HTTPException, Request
 
 from key_broker.admin_schemas import (
     DataKeyUpload,
     ReceiptsResponse,
     ReferenceValuesResponse,
     RotationResponse,
-    SigningKeyUpload,
     TenantTokenResponse,
 )
 from key_broker.auth import Principal
-from key_broker.dependencies import get_admin, operator, tenant_manager
+from key_broker.dependencies import get_admin, operator, tenant_manager, tenant_self
 from key_broker.names import broker_ref
 from key_broker.tenants import TenantAdmin
 
@@ -54,7 +58,7 @@ def revoke_tenant_key(tenant: str, request: Request, who: Principal = Depends(te
 
 @router.put(T + "/models/{model}/versions/{version}/data-key", status_code=201)
 def put_data_key(tenant: str, model: str, version: str, body: DataKeyUpload,
-                 who: Principal = Depends(tenant_manager), admin: TenantAdmin = Depends(get_admin)) -> dict[str, Any]:
+                 who: Principal = Depends(tenant_self), admin: TenantAdmin = Depends(get_admin)) -> dict[str, Any]:
     record = admin.put_sealed_data_key(who, broker_ref(tenant, model, version), body)
     return {"tenant": tenant, "model": model, "version": version, "key_id": record.key_id,
             "signer": record.signer, "model_digest": record.model_digest}
@@ -63,7 +67,25 @@ def put_data_key(tenant: str, model: str, version: str, body: DataKeyUpload,
 @router.put(T + "/policies")
 def put_policy(tenant: str, body: dict[str, Any] = Body(...), who: Principal = Depends(tenant_manager),
                admin: TenantAdmin = Depends(get_admin)) -> dict[str, Any]:
+    """A release policy envelope signed by the tenant's policy-admin key (policy/release_documents.py)."""
     return admin.put_policy(who, tenant, body).to_dict()
+
+
+@router.put(T + "/policy-admin-key")
+def put_policy_admin_key(tenant: str, body: dict[str, Any] = Body(...), who: Principal = Depends(tenant_self),
+                         admin: TenantAdmin = Depends(get_admin)) -> dict[str, Any]:
+    """Register (self-signed, version 1) or rotate (signed by the current key) the tenant's policy-admin key."""
+    return admin.put_admin_key(who, tenant, body).public()
+
+
+@router.get(T + "/policy-admin-key")
+def get_policy_admin_key(tenant: str, _: Principal = Depends(tenant_manager),
+                         admin: TenantAdmin = Depends(get_admin)) -> dict[str, Any]:
+    """The registered key (the tenant checks it is its own before trusting the broker with data keys)."""
+    record = admin.policies.admin_keys.get(tenant)
+    if record is None:
+        raise HTTPException(404, {"type": "not_found", "message": "no policy-admin key registered"})
+    return record.public()
 
 
 @router.get(T + "/policies")
@@ -73,10 +95,11 @@ def list_policies(tenant: str, _: Principal = Depends(tenant_manager),
 
 
 @router.put(T + "/reference-value-keys/{key_id}", status_code=201)
-def add_refval_key(tenant: str, key_id: str, body: SigningKeyUpload, who: Principal = Depends(operator),
+def add_refval_key(tenant: str, key_id: str, body: dict[str, Any] = Body(...), who: Principal = Depends(tenant_manager),
                    admin: TenantAdmin = Depends(get_admin)) -> dict[str, Any]:
-    """Operator only: which tenant keys may sign reference values is pinned out of band."""
-    admin.add_refval_key(who, tenant, key_id, body.public_key_pem.encode())
+    """Pin a signer of the tenant's reference values: a statement signed by the tenant's policy-admin
+    key (policy/release_documents.py::refval_key_statement), whoever carries it."""
+    admin.add_refval_key(who, tenant, key_id, body)
     return {"tenant": tenant, "key_id": key_id}
 
 

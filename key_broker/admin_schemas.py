@@ -20,10 +20,6 @@ class DataKeyUpload(Strict):
     signature_files: dict[str, str] = Field(description="file name -> base64 (manifest.sig or model-signing)")
 
 
-class SigningKeyUpload(Strict):
-    public_key_pem: str = Field(max_length=1024)
-
-
 class RotationResponse(Strict):
     kek_version: int
     rewrapped: int

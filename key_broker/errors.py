@@ -44,3 +44,9 @@ class Forbidden(KeyBrokerError):
 
 class SettingsError(KeyBrokerError, ValueError):
     """Broker settings are unsafe or inconsistent (e.g. a placeholder secret outside dev mode)."""
+
+
+class PolicyUnsigned(Forbidden):
+    """A release policy or policy-admin key statement is not signed by the tenant's policy-admin key
+    (unsigned, another key, another tenant's, tampered after signing) or does not move the version
+    forward. Answered as the opaque 403; the reason is in the audit log."""

@@ -1,7 +1,11 @@
-"""Release policies per (tenant, model), optionally per version, stored as JSON and loaded as typed
-ReleasePolicy data; a release looks its policy up by the `ModelRef` it is for. A policy may
-reference a signed reference-values document by id; its measurements then join the policy's
-inline ones (after the document's signature verifies).
+"""Release policies per (tenant, model), optionally per version, stored as the tenant's signed
+envelope (policy/release_documents.py) and loaded as typed ReleasePolicy data; a release looks its
+policy up by the `ModelRef` it is for. A policy may reference a signed reference-values document by
+id; its measurements then join the policy's inline ones (after the document's signature verifies).
+
+A policy takes effect only when the tenant's policy-admin key (key_broker/policy_admin.py) signed
+it, with a version above the stored one: checked when it is stored and again whenever it is read
+(a file without the tenant's signature decides nothing). No operator credential can write one.
 
 Lookup: the version-specific policy wins; otherwise the model-wide one; otherwise nothing (deny).
 """
@@ -11,20 +15,22 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from key_broker.errors import KeyStoreError
+from key_broker.errors import KeyStoreError, PolicyUnsigned
 from key_broker.names import check_name
+from key_broker.policy_admin import PolicyAdminKeys
 from key_broker.refvals import ReferenceValues, ReferenceValuesStore
 from key_broker.statefile import StateFiles, UnsafePlainFiles
+from policy.documents import check_envelope_signature, envelope_parts
 from policy.errors import PolicyInvalid
 from policy.release import ReleasePolicy
+from policy.release_documents import REFERENCE_KEY, RELEASE_DOMAIN, load_admin_public_key
 from protocol.model_ref import ModelRef
-
-REFERENCE_KEY = "reference_values"
 
 
 @dataclass(frozen=True)
@@ -58,12 +64,14 @@ def effective_policy(stored: StoredPolicy, values: ReferenceValues | None) -> Re
 
 
 class PolicyStore:
-    def __init__(self, root: Path, files: StateFiles | None = None) -> None:
+    def __init__(self, root: Path, files: StateFiles | None = None, admin_keys: PolicyAdminKeys | None = None) -> None:
         self._root = root
         # Policies decide who gets a key: read and written only through the state ledger.
         self._files = files if files is not None else UnsafePlainFiles(root)
-        # Parsed policies by content digest: the hot path skips JSON parsing and validation.
+        self.admin_keys = admin_keys if admin_keys is not None else PolicyAdminKeys(root, self._files)
+        # Parsed, verified policies by content digest: the hot path skips JSON, signature and validation.
         self._cache: dict[Path, tuple[bytes, StoredPolicy]] = {}
+        self._lock = threading.Lock()  # the version check and the write are one step
 
     @property
     def root(self) -> Path:
@@ -75,15 +83,63 @@ class PolicyStore:
             return base / f"{check_name(model, 'model')}.json"
         return base / f"{check_name(model, 'model')}@{check_name(version, 'version')}.json"
 
-    def put(self, policy: ReleasePolicy | StoredPolicy) -> None:
-        """Store a policy; versions only move forward, so an old policy cannot be replayed in."""
-        stored = policy if isinstance(policy, StoredPolicy) else StoredPolicy(policy)
+    def put(self, envelope: Any) -> StoredPolicy:
+        """Store the tenant's signed policy: its signature must verify with the tenant's current
+        policy-admin key and its version must be above the stored one (an old policy cannot be
+        replayed in). Raises PolicyUnsigned (or PolicyInvalid) and changes nothing otherwise."""
+        try:
+            payload, key_id = envelope_parts(envelope)
+        except PolicyInvalid as exc:
+            raise PolicyUnsigned(f"release policy refused: {exc}") from exc
+        record = self.admin_keys.require(str(payload["tenant"]))
+        if key_id != record.key_id:
+            raise PolicyUnsigned("release policy is not signed by the tenant's current policy-admin key")
+        try:
+            check_envelope_signature(envelope, record.current(), RELEASE_DOMAIN)
+        except PolicyInvalid as exc:
+            raise PolicyUnsigned(f"release policy refused: {exc}") from exc
+        stored = StoredPolicy.from_dict(payload)  # PolicyInvalid: a signed but malformed policy
         p = stored.policy
         path = self._path(p.tenant, p.model, p.model_version)
-        current = self._read(path)
-        if current is not None and p.version <= current.policy.version:
-            raise KeyStoreError(f"policy version {p.version} is not newer than {current.policy.version}")
-        self._files.write(path, json.dumps(stored.to_dict(), sort_keys=True).encode())
+        with self._lock:
+            current = self._version_on_disk(path)
+            if current is not None and p.version <= current:
+                raise PolicyUnsigned(f"policy version {p.version} is not newer than {current}")
+            self._files.write(path, json.dumps(dict(envelope), sort_keys=True).encode())
+        return stored
+
+    def stored_version(self, tenant: str, model: str, model_version: str | None = None) -> int | None:
+        """The version of the stored policy of this model (or of this model version), signed or not."""
+        return self._version_on_disk(self._path(tenant, model, model_version))
+
+    def _version_on_disk(self, path: Path) -> int | None:
+        """The version of the stored document, signed or not (so versions only move forward)."""
+        try:
+            raw = self._files.read(path)
+            if raw is None:
+                return None
+            doc = json.loads(raw)
+            payload = doc.get("payload", doc) if isinstance(doc, dict) else {}
+            version = payload.get("version") if isinstance(payload, dict) else None
+        except (OSError, ValueError) as exc:
+            raise KeyStoreError(f"policy file {path.name} unreadable") from exc
+        return version if type(version) is int else 0
+
+    def _verified(self, path: Path, doc: Any) -> StoredPolicy:
+        """The policy of a stored envelope whose signature verifies with a key the tenant registered."""
+        try:
+            payload, key_id = envelope_parts(doc)
+        except PolicyInvalid as exc:
+            raise PolicyUnsigned(f"policy file {path.name} is not signed by the tenant") from exc
+        record = self.admin_keys.require(str(payload["tenant"]))
+        pem = record.keys.get(key_id)
+        if pem is None or payload["tenant"] != path.parent.name:
+            raise PolicyUnsigned(f"policy file {path.name} is not signed by the tenant's key")
+        try:
+            check_envelope_signature(doc, load_admin_public_key(pem), RELEASE_DOMAIN)
+        except PolicyInvalid as exc:
+            raise PolicyUnsigned(f"policy file {path.name} is not signed by the tenant's key") from exc
+        return StoredPolicy.from_dict(payload)
 
     def _read(self, path: Path) -> StoredPolicy | None:
         try:
@@ -94,7 +150,7 @@ class PolicyStore:
             cached = self._cache.get(path)
             if cached is not None and cached[0] == ident:
                 return cached[1]
-            stored = StoredPolicy.from_dict(json.loads(raw))
+            stored = self._verified(path, json.loads(raw))
         except OSError as exc:
             raise KeyStoreError(f"policy file {path.name} unreadable") from exc
         except ValueError as exc:  # PolicyInvalid is not a ValueError; let it propagate
@@ -105,7 +161,10 @@ class PolicyStore:
     def lookup(self, ref: ModelRef) -> StoredPolicy:
         """The policy that decides releases of `ref`: its version's own, else its model's."""
         for path in (self._path(ref.tenant, ref.model, ref.version), self._path(ref.tenant, ref.model)):
-            stored = self._read(path)
+            try:
+                stored = self._read(path)
+            except PolicyUnsigned as exc:  # a file the tenant did not sign decides nothing
+                raise KeyStoreError(str(exc)) from exc
             if stored is not None:
                 return stored
         raise KeyStoreError(f"no release policy for {ref.tenant}/{ref.model}")
@@ -114,8 +173,19 @@ class PolicyStore:
         return self.lookup(ref).policy
 
     def list(self, tenant: str) -> list[StoredPolicy]:
+        """The tenant's policies in effect (a stored file without a valid tenant signature is left out)."""
         base = self._root / "policies" / check_name(tenant, "tenant")
-        return [s for p in self._files.list(base, ".json") if p.parent == base and (s := self._read(p)) is not None]
+        out = []
+        for path in self._files.list(base, ".json"):
+            if path.parent != base:
+                continue
+            try:
+                stored = self._read(path)
+            except PolicyUnsigned:
+                continue
+            if stored is not None:
+                out.append(stored)
+        return out
 
 
 def resolve(store: PolicyStore, refvals: ReferenceValuesStore, ref: ModelRef

@@ -326,7 +326,8 @@ def state_files_to_adopt(data_dir: Path) -> list[Path]:
     """The files a StateLedger protects in a broker data directory (for ``adopt``)."""
     d = Path(data_dir)
     return sorted([*d.glob("keystore/tenants/*/kek.json"), *d.glob("keystore/datakeys/*/*/*.json"),
-                   *d.glob("policies/*/*.json"), *d.glob("refvals/*/keys/*.pem"), *d.glob("refvals/*/docs/*.json"),
+                   *d.glob("policies/*/*.json"), *d.glob("policy-admin/*.json"), *d.glob("refvals/*/keys/*.pem"),
+                   *d.glob("refvals/*/docs/*.json"),
                    *d.glob("vault-state/revoked/*"), *[p for p in [d / "admin-tokens.json"] if p.exists()]])
 
 
@@ -344,6 +345,8 @@ def local_ledger(data_dir: Path, master_key: bytes, anchor: Path | None = None) 
 def tenant_of(rel: str) -> str:
     """The tenant a state file belongs to (for the audit entry of a refusal), or "-"."""
     parts = rel.split("/")
+    if parts[0] == "policy-admin" and len(parts) == 2:
+        return parts[1].removesuffix(".json")
     for prefix, index in ((("keystore", "tenants"), 2), (("keystore", "datakeys"), 2), (("policies",), 1),
                           (("refvals",), 1), (("vault-state", "revoked"), 2)):
         if tuple(parts[:len(prefix)]) == prefix and len(parts) > index:

@@ -1,6 +1,7 @@
 """Tenant operations behind the admin API and `sealed keys`: tenant keys (create, rotate with
-re-wrap of every data key, revoke), data keys, release policies, reference values, receipts.
-Each operation is audited with the acting principal; none logs key material."""
+re-wrap of every data key, revoke), data keys, release policies (signed by the tenant's
+policy-admin key), the policy-admin key itself, reference values, receipts.
+Each operation is audited with the acting principal, refusals included; none logs key material."""
 
 from __future__ import annotations
 
@@ -17,13 +18,17 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from key_broker.admin_schemas import DataKeyUpload
 from key_broker.auth import AdminTokenStore, Principal
-from key_broker.errors import KeyStoreError
+from key_broker.errors import KeyBrokerError, KeyStoreError, PolicyUnsigned
 from key_broker.keystore import DataKeyRecord, DataKeyRegistry, KeyStore
 from key_broker.names import check_name, check_ref
 from key_broker.policies import PolicyStore, StoredPolicy
+from key_broker.policy_admin import AdminKeyRecord
 from key_broker.receipts import ReceiptBook
 from key_broker.refvals import ReferenceValues, ReferenceValuesStore
 from policy.audit import AuditLog
+from policy.audit.entry import bounded_reason
+from policy.errors import PolicyInvalid
+from policy.release_documents import REFVAL_KEY_DOMAIN, REFVAL_KEY_FIELDS
 from protocol.model_ref import ModelRef
 from protocol.package import PackageError, read_manifest
 from protocol.package.format import manifest_names
@@ -61,6 +66,12 @@ class TenantAdmin:
         self._audit.append(tenant=tenant, action=action, decision="allow", reason="admin",
                            metadata={"principal": who.token_id, "role": who.role, **meta})
 
+    def refused(self, who: Principal, tenant: str, action: str, exc: Exception, **meta: Any) -> None:
+        """Audit a refused admin operation (the caller re-raises: nothing was changed)."""
+        self._audit.append(tenant=tenant, action=action, decision="deny",
+                           reason=bounded_reason(f"{type(exc).__name__}: {exc}"),
+                           metadata={"principal": who.token_id, "role": who.role, **meta})
+
     def create_tenant_key(self, who: Principal, tenant: str) -> None:
         check_name(tenant, "tenant")
         if self.keystore.has_tenant_key(tenant):
@@ -89,7 +100,15 @@ class TenantAdmin:
                               for r in (self.datakeys.records(tenant) if has_key else [])]}
 
     def put_sealed_data_key(self, who: Principal, ref: ModelRef, upload: DataKeyUpload) -> DataKeyRecord:
-        """Open a data key sealed to our import key, for exactly the signed package it names."""
+        """Open a data key sealed to our import key, for exactly the signed package it names.
+        Refusals are audited."""
+        try:
+            return self._put_sealed_data_key(who, ref, upload)
+        except KeyBrokerError as exc:
+            self.refused(who, ref.tenant, "data-key-register", exc, model=ref.model, version=ref.version)
+            raise
+
+    def _put_sealed_data_key(self, who: Principal, ref: ModelRef, upload: DataKeyUpload) -> DataKeyRecord:
         check_ref(ref)
         if self.datakeys.exists(ref):
             raise Conflict(f"{ref} already has a data key; publish a new version")
@@ -117,19 +136,46 @@ class TenantAdmin:
                   key_id=manifest.key_id[:64])
         return record
 
-    def put_policy(self, who: Principal, tenant: str, doc: dict[str, Any]) -> StoredPolicy:
-        stored = StoredPolicy.from_dict(doc)
-        if stored.policy.tenant != tenant:
-            raise KeyStoreError("the policy names another tenant")
-        if stored.reference_values is not None:
-            self.refvals.load(tenant, stored.reference_values)  # must exist and verify now
-        self.policies.put(stored)
+    def put_policy(self, who: Principal, tenant: str, envelope: dict[str, Any]) -> StoredPolicy:
+        """Store a release policy signed by the tenant's policy-admin key (whoever carries it: the
+        bearer token is transport, the signature is the authority). Refusals are audited."""
+        try:
+            payload = envelope.get("payload") if isinstance(envelope, dict) else None
+            if isinstance(payload, dict) and payload.get("tenant") != tenant:
+                raise PolicyUnsigned("the policy names another tenant")
+            if isinstance(payload, dict) and isinstance(payload.get("reference_values"), str):
+                self.refvals.load(tenant, str(payload["reference_values"]))  # must exist and verify now
+            stored = self.policies.put(envelope)
+        except (KeyBrokerError, PolicyInvalid) as exc:
+            self.refused(who, tenant, "policy-put", exc)
+            raise
         self._log(who, tenant, "policy-put", policy_id=stored.policy.policy_id[:64],
-                  policy_version=stored.policy.version, model=stored.policy.model)
+                  policy_version=stored.policy.version, model=stored.policy.model,
+                  signed_by=str(envelope.get("key_id"))[:64])
         return stored
 
-    def add_refval_key(self, who: Principal, tenant: str, key_id: str, public_pem: bytes) -> None:
-        self.refvals.add_signing_key(tenant, key_id, public_pem)
+    def put_admin_key(self, who: Principal, tenant: str, envelope: Any) -> AdminKeyRecord:
+        """Register the tenant's policy-admin key (self-signed, by the tenant's own token) or
+        rotate it (signed by the current key). Refusals are audited."""
+        try:
+            record = self.policies.admin_keys.apply(tenant, envelope)
+        except KeyBrokerError as exc:
+            self.refused(who, tenant, "policy-admin-key", exc)
+            raise
+        self._log(who, tenant, "policy-admin-key", key_id=record.key_id, key_version=record.version)
+        return record
+
+    def add_refval_key(self, who: Principal, tenant: str, key_id: str, envelope: Any) -> None:
+        """Pin a signer of the tenant's reference values: its measurements join release policies, so
+        only a statement of the tenant's policy-admin key pins one. Refusals are audited."""
+        try:
+            payload = self.policies.admin_keys.verify_current(tenant, envelope, REFVAL_KEY_DOMAIN)
+            if set(payload) != REFVAL_KEY_FIELDS or payload["key_id"] != key_id:
+                raise PolicyUnsigned("the pin must name exactly this tenant, this key id and its PEM")
+            self.refvals.add_signing_key(tenant, key_id, str(payload["public_key_pem"]).encode())
+        except KeyBrokerError as exc:
+            self.refused(who, tenant, "refval-key-add", exc, key_id=key_id[:64])
+            raise
         self._log(who, tenant, "refval-key-add", key_id=key_id)
 
     def put_reference_values(self, who: Principal, tenant: str, envelope: Any) -> ReferenceValues:

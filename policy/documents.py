@@ -3,7 +3,9 @@ upload and refuses rollbacks.
 
 Envelope (JSON): ``{"payload": <policy set>, "key_id": ..., "alg": "Ed25519", "sig": hex}``.
 The signature covers the canonical JSON of the payload, so whitespace or key order changes made
-in transit do not matter but any change of meaning does.
+in transit do not matter but any change of meaning does. The same envelope, under another
+domain-separation prefix, carries the tenant's release policies and policy-admin key statements
+(policy/release_documents.py): a signature made for one kind never verifies as another.
 """
 
 from __future__ import annotations
@@ -24,19 +26,48 @@ _DOMAIN = b"sealed-policy-document-v1\x00"
 ALG = "Ed25519"
 
 
-def _digest(payload: Mapping[str, Any]) -> bytes:
+def _digest(payload: Mapping[str, Any], domain: bytes = _DOMAIN) -> bytes:
     try:
-        return hashlib.sha256(_DOMAIN + canonical(payload)).digest()
+        return hashlib.sha256(domain + canonical(payload)).digest()
     except (TypeError, ValueError) as exc:
         raise PolicyInvalid(f"policy payload is not canonical JSON: {exc}") from exc
+
+
+def sign_envelope(payload: Mapping[str, Any], admin_key: Ed25519PrivateKey, key_id: str,
+                  domain: bytes = _DOMAIN) -> dict[str, Any]:
+    """The signed envelope of ``payload`` (already validated by the caller) under ``domain``."""
+    return {"payload": dict(payload), "key_id": key_id, "alg": ALG,
+            "sig": admin_key.sign(_digest(payload, domain)).hex()}
+
+
+def envelope_parts(envelope: Any) -> tuple[Mapping[str, Any], str]:
+    """(payload, key_id) of a well-formed envelope, before any signature check; raises PolicyInvalid."""
+    if not isinstance(envelope, Mapping) or set(envelope) != {"payload", "key_id", "alg", "sig"}:
+        raise PolicyInvalid("policy envelope must have exactly payload, key_id, alg, sig")
+    if envelope["alg"] != ALG:
+        raise PolicyInvalid(f"unsupported signature algorithm {str(envelope['alg'])[:32]!r}")
+    payload, key_id = envelope["payload"], envelope["key_id"]
+    if not isinstance(payload, Mapping) or not isinstance(payload.get("tenant"), str):
+        raise PolicyInvalid("policy payload must be an object naming its tenant")
+    if not isinstance(key_id, str) or not isinstance(envelope["sig"], str):
+        raise PolicyInvalid("key_id and sig must be strings")
+    return payload, key_id
+
+
+def check_envelope_signature(envelope: Mapping[str, Any], key: Ed25519PublicKey, domain: bytes = _DOMAIN) -> None:
+    """Raise PolicyInvalid unless ``key`` signed this envelope's payload under ``domain``."""
+    payload, _ = envelope_parts(envelope)
+    try:
+        key.verify(bytes.fromhex(str(envelope["sig"])), _digest(payload, domain))
+    except (InvalidSignature, ValueError) as exc:
+        raise PolicyInvalid("policy signature does not verify") from exc
 
 
 def sign_policy_document(policy: PolicySet | Mapping[str, Any], admin_key: Ed25519PrivateKey,
                          key_id: str) -> dict[str, Any]:
     """Validate (by parsing) and sign a policy set; returns the envelope to upload."""
     ps = policy if isinstance(policy, PolicySet) else PolicySet.from_dict(policy)
-    payload = ps.to_dict()
-    return {"payload": payload, "key_id": key_id, "alg": ALG, "sig": admin_key.sign(_digest(payload)).hex()}
+    return sign_envelope(ps.to_dict(), admin_key, key_id)
 
 
 def verify_policy_document(envelope: Mapping[str, Any],
@@ -46,20 +77,11 @@ def verify_policy_document(envelope: Mapping[str, Any],
     ``admin_keys`` maps tenant -> key id -> public key, so one tenant's admin can never sign
     another tenant's policy.
     """
-    if not isinstance(envelope, Mapping) or set(envelope) != {"payload", "key_id", "alg", "sig"}:
-        raise PolicyInvalid("policy envelope must have exactly payload, key_id, alg, sig")
-    if envelope["alg"] != ALG:
-        raise PolicyInvalid(f"unsupported signature algorithm {envelope['alg']!r}")
-    payload = envelope["payload"]
-    if not isinstance(payload, Mapping) or not isinstance(payload.get("tenant"), str):
-        raise PolicyInvalid("policy payload must be an object naming its tenant")
-    key = admin_keys.get(payload["tenant"], {}).get(str(envelope["key_id"]))
+    payload, key_id = envelope_parts(envelope)
+    key = admin_keys.get(payload["tenant"], {}).get(key_id)
     if key is None:
         raise PolicyInvalid("unknown admin key for this tenant")
-    try:
-        key.verify(bytes.fromhex(str(envelope["sig"])), _digest(payload))
-    except (InvalidSignature, ValueError) as exc:
-        raise PolicyInvalid("policy signature does not verify") from exc
+    check_envelope_signature(envelope, key)
     return PolicySet.from_dict(payload)
 
 

@@ -83,16 +83,18 @@ def start_broker(
 
 
 def provision(url: str, admin_token: str) -> bytes:
+    from sealed_bench.broker_tenant import put_policy, tenant_client
+
     signing_key = Ed25519PrivateKey.generate()
-    headers = {"Authorization": f"Bearer {admin_token}"}
-    with httpx.Client(base_url=f"{url}/v1/admin/tenants/bench", headers=headers, timeout=10) as c:
-        c.post("/key").raise_for_status()
+    c, policy_key = tenant_client(url, admin_token, "bench")
+    with c:
         import_pem = httpx.get(f"{url}/v1/import-key", timeout=10).json()["public_key_pem"]
         body, data_key = _sealed_upload(import_pem, signing_key)
         c.put("/models/m/versions/v1/data-key", json=body).raise_for_status()
-        c.put(
-            "/policies",
-            json={
+        put_policy(
+            c,
+            policy_key,
+            {
                 "policy_id": "bench",
                 "version": 1,
                 "tenant": "bench",
@@ -102,7 +104,7 @@ def provision(url: str, admin_token: str) -> bytes:
                 "required_signer": signer_identity(signing_key.public_key()),
                 "unsafe_allow_simulated_tee": True,
             },
-        ).raise_for_status()
+        )
     return data_key
 
 

@@ -66,13 +66,12 @@ def provision(url: str, admin_token: str, tenant: str) -> None:
 
     from enclave_worker.package.writer import write_package
     from protocol.package.keywrap import seal_data_key, sealed_upload_body
+    from sealed_bench.broker_tenant import put_policy, tenant_client
 
     signing_key = Ed25519PrivateKey.generate()
     data_key = secrets.token_bytes(32)
-    headers = {"Authorization": f"Bearer {admin_token}"}
-    with httpx.Client(base_url=f"{url}/v1/admin/tenants/{tenant}", headers=headers, timeout=30) as c, \
-            tempfile.TemporaryDirectory() as tmp:
-        c.post("/key").raise_for_status()
+    c, policy_key = tenant_client(url, admin_token, tenant)
+    with c, tempfile.TemporaryDirectory() as tmp:
         manifest = write_package(Path(tmp), metadata={"config": {}}, tensors=[("w", torch.zeros(4))],
                                  data_key=data_key, key_id="k1", tenant=tenant, model="m", version="v1",
                                  signing_key=signing_key)
@@ -80,10 +79,10 @@ def provision(url: str, admin_token: str, tenant: str) -> None:
         public = serialization.load_pem_public_key(import_pem.encode())
         body = sealed_upload_body(Path(tmp), seal_data_key(data_key, manifest, public))  # type: ignore[arg-type]
         c.put("/models/m/versions/v1/data-key", json=body).raise_for_status()
-        c.put("/policies", json={
+        put_policy(c, policy_key, {
             "policy_id": tenant, "version": 1, "tenant": tenant, "model": "m", "allowed_tee": ["sim"],
             "allowed_measurements": [MEASUREMENT.hex()], "required_signer": signer_identity(signing_key.public_key()),
-            "unsafe_allow_simulated_tee": True}).raise_for_status()
+            "unsafe_allow_simulated_tee": True})
 
 
 class Flood:

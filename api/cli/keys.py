@@ -1,4 +1,5 @@
-"""`sealed keys ...`: tenant keys, policies and release receipts.
+"""`sealed keys ...`: tenant keys, the tenant's policy-admin key, signed release policies and
+release receipts.
 
 Key operations go through the broker's admin API (`--url`, default $SEALED_BROKER_URL or the
 local `sealed up` broker; bearer token from $SEALED_ADMIN_TOKEN, never from argv). `receipts
@@ -39,7 +40,8 @@ def _broker_url(url: str | None, home: Path | None) -> str:
     raise typer.BadParameter(f"give --url or set {URL_ENV}")
 
 
-def _admin(method: str, path: str, url: str | None, home: Path | None, body: Any = None) -> Any:
+def _admin(method: str, path: str, url: str | None, home: Path | None, body: Any = None,
+           missing_ok: bool = False) -> Any:
     token = os.environ.get(TOKEN_ENV)
     if not token:
         from api.cli.mgmt_client import PROFILE_ENV, broker_credentials
@@ -51,6 +53,8 @@ def _admin(method: str, path: str, url: str | None, home: Path | None, body: Any
                                  "--local-operator` on the host of `sealed up`)")
     response = httpx.request(method, f"{_broker_url(url, home)}/v1/admin{path}", json=body, timeout=30.0,
                              headers={"Authorization": f"Bearer {token}"})
+    if missing_ok and response.status_code == 404:
+        return None
     if response.status_code >= 400:
         typer.echo(f"error {response.status_code}: {response.text[:500]}", err=True)
         raise typer.Exit(1)
@@ -86,11 +90,51 @@ def status(tenant: str = TENANT, url: str = URL, home: Path = HOME) -> None:
     typer.echo(json.dumps(_admin("GET", f"/tenants/{tenant}", url, home), indent=1))
 
 
-def policy(tenant: str = TENANT, file: Path = typer.Option(..., exists=True, help="release policy JSON"),
-           url: str = URL, home: Path = HOME) -> None:
-    """Upload a release policy (versions only move forward)."""
-    doc = json.loads(file.read_text())
-    typer.echo(json.dumps(_admin("PUT", f"/tenants/{tenant}/policies", url, home, doc)))
+ADMIN_KEY = typer.Option(None, "--admin-key", exists=True,
+                         help="the tenant's policy-admin private key (PEM; default: this host's "
+                              "<home>/tenants/<tenant>/policy-admin.pem)")
+
+
+def policy(tenant: str = TENANT, file: Path = typer.Option(..., exists=True, help="release policy JSON (or an "
+                                                                                  "envelope signed already)"),
+           admin_key: Path = ADMIN_KEY, url: str = URL, home: Path = HOME) -> None:
+    """Sign a release policy with the tenant's policy-admin key and upload it (versions only move
+    forward). The broker takes it only with the signature of the key the tenant registered."""
+    from api.cli import release_signing as rs
+
+    key = rs.admin_key(tenant, admin_key, home)
+    current = _admin("GET", f"/tenants/{tenant}/policy-admin-key", url, home, missing_ok=True)
+    if current is None:
+        raise typer.BadParameter(f"{tenant} has registered no policy-admin key: `sealed keys admin-key` first")
+    envelope = rs.signed_release(rs.read_json(file), tenant, key, str(current["key_id"]))
+    typer.echo(json.dumps(_admin("PUT", f"/tenants/{tenant}/policies", url, home, envelope)))
+
+
+def admin_key_cmd(tenant: str = TENANT, admin_key: Path = ADMIN_KEY,
+                  key_id: str = typer.Option(None, help="id of the key to register (default <tenant>-admin)"),
+                  new_key: Path = typer.Option(None, exists=True, help="rotate: the new private key (PEM); "
+                                                                       "--admin-key is the current one"),
+                  new_key_id: str = typer.Option(None, help="rotate: id of the new key"),
+                  url: str = URL, home: Path = HOME) -> None:
+    """Register the tenant's policy-admin key (self-signed; needs the tenant's own tenant-admin token
+    in $SEALED_ADMIN_TOKEN, the operator's is refused) or rotate it (signed by the current key)."""
+    from api.cli import release_signing as rs
+    from policy.release_documents import admin_key_statement
+
+    key = rs.admin_key(tenant, admin_key, home)
+    path = f"/tenants/{tenant}/policy-admin-key"
+    if new_key is None:
+        kid = rs.ensure_registered(lambda m, p, b: _admin(m, p, url, home, b, missing_ok=True), tenant, key, key_id)
+        typer.echo(f"policy-admin key of {tenant}: {kid}")
+        return
+    current = _admin("GET", path, url, home, missing_ok=True)
+    if current is None:
+        raise typer.BadParameter(f"{tenant} has no policy-admin key to rotate")
+    new = rs.admin_key(tenant, new_key, home)
+    kid = new_key_id or f"{rs.default_key_id(tenant)}-{int(current['version']) + 1}"
+    statement = admin_key_statement(tenant, new.public_key(), kid, int(current["version"]) + 1, key,
+                                    str(current["key_id"]))
+    typer.echo(json.dumps(_admin("PUT", path, url, home, statement)))
 
 
 def releases(tenant: str = TENANT, url: str = URL, home: Path = HOME,
@@ -180,7 +224,7 @@ def import_pubkey(home: Path = typer.Option(None)) -> None:
 def build() -> typer.Typer:
     app = typer.Typer(no_args_is_help=True, help="Tenant keys, release policies and release receipts.")
     for name, fn in (("create", create), ("rotate", rotate), ("revoke", revoke), ("status", status),
-                     ("policy", policy), ("releases", releases), ("receipts", receipts),
+                     ("policy", policy), ("admin-key", admin_key_cmd), ("releases", releases), ("receipts", receipts),
                      ("import", import_key), ("import-pubkey", import_pubkey)):
         app.command(name)(fn)
     return app

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -18,6 +19,7 @@ from api.cli.mgmt_client import (
     URL,
     broker_call,
     broker_credentials,
+    broker_tenant_call,
     call,
     gateway_url,
     local_stack_url,
@@ -184,13 +186,25 @@ def policies_show(tenant: str = TENANT, profile: str = PROFILE, url: str = URL) 
 def policies_release(
     tenant: str = TENANT,
     file: Path = typer.Option(..., exists=True, help="release policy JSON (versions only move forward)"),
+    admin_key: Path = typer.Option(None, "--admin-key", exists=True,
+                                   help="the tenant's policy-admin private key (default: this host's "
+                                        "<home>/tenants/<tenant>/policy-admin.pem, made if missing)"),
     profile: str = PROFILE,
 ) -> None:
-    """Upload the tenant's key-release policy to the key broker (which workers may get its keys)."""
-    import json
+    """Sign the tenant's key-release policy with its policy-admin key (registered at the key broker
+    first if the tenant has none) and upload it: which workers may get the tenant's keys."""
+    from api.cli import release_signing as rs
 
-    doc = broker_call("PUT", f"/tenants/{tenant}/policies", profile=profile, body=json.loads(file.read_text()))
-    typer.echo(f"release policy {doc.get('policy_id')} v{doc.get('version')} for {tenant}/{doc.get('model')}")
+    key = rs.admin_key(tenant, admin_key)
+
+    def as_tenant(method: str, path: str, body: Any) -> Any:
+        return broker_tenant_call(method, path, tenant=tenant, profile=profile, body=body, missing_ok=True)
+
+    key_id = rs.ensure_registered(as_tenant, tenant, key, None)
+    envelope = rs.signed_release(rs.read_json(file), tenant, key, key_id)
+    doc = broker_call("PUT", f"/tenants/{tenant}/policies", profile=profile, body=envelope)
+    typer.echo(f"release policy {doc.get('policy_id')} v{doc.get('version')} for {tenant}/{doc.get('model')} "
+               f"(signed by {key_id})")
 
 
 def _group(help_: str, commands: dict) -> typer.Typer:

@@ -26,6 +26,7 @@ from protocol.fsutil import atomic_write
 TOKEN_ENV = "SEALED_MANAGEMENT_TOKEN"
 GATEWAY_ENV = "SEALED_GATEWAY"
 PROFILE_ENV = "SEALED_PROFILE"
+BROKER_TENANT_TOKEN_ENV = "SEALED_BROKER_TENANT_TOKEN"
 BROKER_TOKEN_ENV = "SEALED_ADMIN_TOKEN"
 
 PROFILE = typer.Option("default", "--profile", envvar=PROFILE_ENV, help="stored login to use")
@@ -129,6 +130,35 @@ def broker_call(method: str, path: str, *, profile: str, body: Any = None) -> An
     base, token = creds
     response = httpx.request(method, f"{base}/v1/admin{path}", json=body, timeout=60.0,
                              headers={"Authorization": f"Bearer {token}"})
+    if response.status_code >= 400:
+        fail(response)
+    return response.json()
+
+
+def broker_tenant_call(method: str, path: str, *, tenant: str, profile: str, body: Any = None,
+                       missing_ok: bool = False) -> Any:
+    """A broker admin call as the tenant itself (data-key import, policy-admin key), which the
+    operator's token may not make. The tenant's tenant-admin token is $SEALED_BROKER_TENANT_TOKEN or
+    kept in the profile; on the host of `sealed up` (operator and tenant are one person there) a
+    `--local-operator` login mints one for the tenant once and keeps it (0600)."""
+    creds = broker_credentials(profile)
+    if creds is None:
+        raise typer.BadParameter(f"no key broker credentials: `sealed login --local-operator` or ${BROKER_TOKEN_ENV}")
+    base, operator_token = creds
+    stored = load_profiles().get(profile, {})
+    token = os.environ.get(BROKER_TENANT_TOKEN_ENV) or (stored.get("broker_tenant_tokens") or {}).get(tenant)
+    if not token:
+        minted = httpx.post(f"{base}/v1/admin/tenants/{tenant}/admin-tokens", timeout=60.0,
+                            headers={"Authorization": f"Bearer {operator_token}"})
+        if minted.status_code >= 400:
+            fail(minted)
+        token = str(minted.json()["token"])
+        save_profile(profile, {**stored, "broker_tenant_tokens": {**(stored.get("broker_tenant_tokens") or {}),
+                                                                  tenant: token}})
+    response = httpx.request(method, f"{base}/v1/admin{path}", json=body, timeout=60.0,
+                             headers={"Authorization": f"Bearer {token}"})
+    if missing_ok and response.status_code == 404:
+        return None
     if response.status_code >= 400:
         fail(response)
     return response.json()

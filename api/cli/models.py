@@ -13,7 +13,7 @@ from pathlib import Path
 
 import typer
 
-from api.cli.mgmt_client import PROFILE, URL, broker_call, call, show
+from api.cli.mgmt_client import PROFILE, URL, broker_tenant_call, call, show
 from api.cli.refs import model_name, model_ref
 
 TENANT = typer.Option(..., "--tenant")
@@ -50,8 +50,8 @@ def register(
         sealed = SealedDataKey.from_json(data_key.read_text())
         if sealed.ref != ref:
             raise typer.BadParameter(f"the data key is for {sealed.ref}")
-        broker_call("PUT", f"/tenants/{ref.tenant}/models/{ref.model}/versions/{ref.version}/data-key",
-                    profile=profile, body=sealed_upload_body(package, sealed))
+        broker_tenant_call("PUT", f"/tenants/{ref.tenant}/models/{ref.model}/versions/{ref.version}/data-key",
+                           tenant=ref.tenant, profile=profile, body=sealed_upload_body(package, sealed))
         typer.echo(f"data key of {ref} is at the key broker (it was sealed to the broker)")
     body = {"model": ref.model, "version": ref.version, "min_warm": min_warm, "max_replicas": max_replicas,
             "ttft_slo_ms": ttft_slo_ms}

@@ -1,6 +1,8 @@
-"""The console's view of the key broker, through its admin API (operator token, never shown).
+"""The console's view of the key broker, through its admin API, with the signed-in person's own
+broker token (api/console/broker_token.py): the console holds no broker credential of its own.
 
-The console decides who may see or do what (session role and tenant) before it calls here.
+The console decides who may see or do what (session role and tenant) before it calls here; the
+broker then decides with the caller's token (a tenant-admin token reaches only its tenant).
 """
 
 from __future__ import annotations
@@ -15,31 +17,35 @@ from protocol.broker.receipts import ReceiptInvalid, verify_receipt
 
 
 class BrokerUnavailable(Exception):
-    """No broker configured, or it did not answer; the page says so instead of failing."""
+    """No broker configured, no broker token given, or the broker refused or did not answer; the
+    page says so instead of failing."""
 
 
 class BrokerView:
-    def __init__(self, url: str | None, admin_token: str, timeout_s: float = 5.0) -> None:
+    def __init__(self, url: str | None, timeout_s: float = 5.0) -> None:
         self.url = url.rstrip("/") if url else None
-        self._token = admin_token
         self._timeout = timeout_s
         self._http: httpx.Client | None = None  # one pooled client: no TLS context or connection per page
 
     @property
     def configured(self) -> bool:
-        return bool(self.url and self._token)
+        return bool(self.url)
 
-    def _call(self, method: str, path: str) -> Any:
+    def _call(self, method: str, path: str, token: str | None) -> Any:
         if not self.configured:
             raise BrokerUnavailable("no key broker configured for the console")
+        if not token:
+            raise BrokerUnavailable("connect the key broker with your own tenant-admin token")
         if self._http is None:
             self._http = httpx.Client(base_url=self.url or "", timeout=self._timeout)
         try:
-            response = self._http.request(method, path, headers={"Authorization": f"Bearer {self._token}"})
+            response = self._http.request(method, path, headers={"Authorization": f"Bearer {token}"})
         except httpx.HTTPError as exc:
             raise BrokerUnavailable(f"key broker unreachable ({type(exc).__name__})") from exc
         if response.status_code == 404:
             return None
+        if response.status_code in (401, 403):
+            raise BrokerUnavailable(f"the key broker refused your token ({response.status_code})")
         if response.status_code >= 400:
             raise BrokerUnavailable(f"key broker answered {response.status_code}")
         return response.json()
@@ -48,24 +54,25 @@ class BrokerView:
         if self._http is not None:
             self._http.close()
 
-    def tenant_status(self, tenant: str) -> dict[str, Any] | None:
-        status: dict[str, Any] | None = self._call("GET", f"/v1/admin/tenants/{tenant}")  # None: no such tenant
+    def tenant_status(self, tenant: str, token: str | None) -> dict[str, Any] | None:
+        status: dict[str, Any] | None = self._call("GET", f"/v1/admin/tenants/{tenant}", token)  # None: no tenant
         return status
 
-    def release_policies(self, tenant: str) -> list[dict[str, Any]]:
-        return self._call("GET", f"/v1/admin/tenants/{tenant}/policies") or []
+    def release_policies(self, tenant: str, token: str | None) -> list[dict[str, Any]]:
+        return self._call("GET", f"/v1/admin/tenants/{tenant}/policies", token) or []
 
-    def revoke(self, tenant: str) -> dict[str, Any]:
-        return self._call("POST", f"/v1/admin/tenants/{tenant}/key/revoke") or {}
+    def revoke(self, tenant: str, token: str | None) -> dict[str, Any]:
+        return self._call("POST", f"/v1/admin/tenants/{tenant}/key/revoke", token) or {}
 
-    def receipts(self, tenant: str, pinned: Ed25519PublicKey | None = None) -> list[dict[str, Any]]:
+    def receipts(self, tenant: str, token: str | None, pinned: Ed25519PublicKey | None = None
+                 ) -> list[dict[str, Any]]:
         """The tenant's release receipts, each checked against the broker's receipt key.
 
         ``pinned`` is the key the console already trusts (the broker's audit key, which signs
         receipts too); without it the key served next to the receipts is used. Each row carries
         ``verified`` (bool) and the receipt body; one that does not verify is shown, flagged.
         """
-        doc = self._call("GET", f"/v1/admin/tenants/{tenant}/receipts")
+        doc = self._call("GET", f"/v1/admin/tenants/{tenant}/receipts", token)
         if not doc:
             return []
         key = pinned or _ed25519(doc.get("broker_public_key_pem", ""))

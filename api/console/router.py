@@ -24,6 +24,7 @@ from fastapi.templating import Jinja2Templates
 from api.console import exports
 from api.console.auditindex import AuditIndex, load_component_keys
 from api.console.broker import BrokerUnavailable, BrokerView
+from api.console.broker_token import broker_token, delete_broker_cookie, set_broker_cookie
 from api.console.charts import bar_chart
 from api.console.session import (
     COOKIE,
@@ -167,6 +168,7 @@ def logout(request: Request, csrf: str = Form(""), who: Viewer = Depends(viewer)
     # With single sign-on the IdP's session ends too (RP-initiated logout), where it supports that.
     response = RedirectResponse(end_session_url(request) or "/console/login", status_code=303)
     response.delete_cookie(COOKIE, path="/console")
+    delete_broker_cookie(response)  # the person's own broker token goes with the session
     return response
 
 
@@ -248,9 +250,12 @@ async def _reference_values(request: Request, tenants: set[str]) -> dict[tuple[s
     out: dict[tuple[str, str], set[str]] = {}
     if not broker.configured:
         return out
+    token = broker_token(request)
+    if token is None:
+        return out
     for tenant in tenants:
         try:
-            policies = await asyncio.to_thread(broker.release_policies, tenant)
+            policies = await asyncio.to_thread(broker.release_policies, tenant, token)
         except BrokerUnavailable:
             continue
         for p in policies:
@@ -285,8 +290,9 @@ async def keys_page(request: Request, who: Viewer = Depends(viewer), tenant: str
     status, receipts, error = None, [], None
     if chosen is not None:
         try:
-            status = await asyncio.to_thread(state.broker.tenant_status, chosen)
-            receipts = await asyncio.to_thread(state.broker.receipts, chosen, _pinned_receipt_key(state))
+            token = broker_token(request)
+            status = await asyncio.to_thread(state.broker.tenant_status, chosen, token)
+            receipts = await asyncio.to_thread(state.broker.receipts, chosen, token, _pinned_receipt_key(state))
         except BrokerUnavailable as exc:
             error = str(exc)
     receipts = sorted(receipts, key=lambda r: str(r.get("time", "")), reverse=True)[:200]
@@ -306,7 +312,27 @@ async def keys_page(request: Request, who: Viewer = Depends(viewer), tenant: str
                  "servable": not revoked and (v.model, v.version) in data_keys} for v in versions]
     return _render(request, "keys.html", who, tenant=chosen, tenants=_tenants(request, who), status=status,
                    receipts=receipts, error=error, history=history, servable=servable, done=done,
-                   can_revoke=who.role in REVOKE_ROLES and status is not None and not revoked)
+                   can_revoke=who.role in REVOKE_ROLES and status is not None and not revoked,
+                   broker=state.broker.configured, connected=broker_token(request) is not None)
+
+
+@router.post("/keys/broker", dependencies=[Depends(same_origin)])
+def connect_broker(request: Request, token: str = Form("", max_length=4096), csrf: str = Form(""),
+                   disconnect: str = Form(""), who: Viewer = Depends(viewer)) -> Response:
+    """Keep the person's own broker token in this browser (api/console/broker_token.py); the console
+    stores nothing. ``disconnect`` forgets it."""
+    check_csrf(request, csrf, who)
+    response = RedirectResponse("/console/keys", status_code=303)
+    if disconnect:
+        delete_broker_cookie(response)
+        return response
+    token = token.strip()
+    if not token or len(token) > 256 or not token.isascii() or not token.isprintable():
+        raise ConsoleForbidden("give your key-broker tenant-admin token")
+    state = _state(request)
+    set_broker_cookie(response, token, secure=cookie_secure(request, state.settings.unsafe_plain_http_loopback),
+                      max_age=state.settings.session_ttl_s)
+    return response
 
 
 @router.get("/keys/revoke", response_class=HTMLResponse)
@@ -333,7 +359,7 @@ async def revoke(request: Request, tenant: str = Form(..., max_length=64), confi
         return response
     state = _state(request)
     try:
-        await asyncio.to_thread(state.broker.revoke, tenant)
+        await asyncio.to_thread(state.broker.revoke, tenant, broker_token(request))
     except BrokerUnavailable as exc:
         _record(request, who, tenant, "deny", str(exc))
         response = _render(request, "revoke.html", who, tenant=tenant, error=f"not revoked: {exc}")
@@ -344,8 +370,8 @@ async def revoke(request: Request, tenant: str = Form(..., max_length=64), confi
 
 
 def _record(request: Request, who: Viewer, tenant: str, decision: str, reason: str) -> None:
-    """Audit a console action with the person who did it (the broker's own entry names only the
-    console's operator token): in the console's signed log, and in the process log."""
+    """Audit a console action with the person who did it (the broker's own entry names the broker
+    token the person gave, not who they are): in the console's signed log, and in the process log."""
     meta = {"actor": who.principal.subject[:128], "role": who.role, "via": "console"}
     log.warning("console: %s (%s) revoke tenant key of %s: %s", who.principal.subject, who.role, tenant, decision)
     audit = _state(request).audit_log()
@@ -427,7 +453,7 @@ def install(app: FastAPI, settings: ConsoleSettings, data_dir: Path, *, sso: boo
     index = (AuditIndex(settings.audit_dir, settings.keys_dir, anchors) if settings.audit_dir is not None
              else None)
     app.state.console = ConsoleState(settings, index, Facets(),
-                                     BrokerView(settings.broker_url, settings.broker_admin_token), templates,
+                                     BrokerView(settings.broker_url), templates,
                                      audit_key_file=data_dir / "console-audit.pem")
     app.include_router(router)
     app.include_router(sso_router)

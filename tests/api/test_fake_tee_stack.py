@@ -18,9 +18,17 @@ import pytest
 import torch
 
 from api.home import Home
-from api.stack import DEMO_MODEL, DEMO_TENANT, DEMO_VERSION, Stack, free_port, launch, prepare_demo
+from api.stack import (
+    DEMO_MODEL,
+    DEMO_TENANT,
+    DEMO_VERSION,
+    Stack,
+    free_port,
+    launch,
+    prepare_demo,
+    store_demo_release_policy,
+)
 from attestation.testing.platform import SNP_MEASUREMENT, TDX_MR_TD, FakePlatform
-from key_broker.errors import KeyStoreError
 from key_broker.keystore import load_master_key
 from key_broker.policies import PolicyStore
 from key_broker.statefile import local_ledger
@@ -51,13 +59,10 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Env:
 
 
 def put_release_policy(home: Home, signer: str, *, require_gpu_cc: bool) -> None:
-    store = PolicyStore(home.broker, local_ledger(home.broker, load_master_key(home.broker / "master.key")))
-    try:
-        version = store.get(ModelRef(DEMO_TENANT, DEMO_MODEL, DEMO_VERSION)).version + 1
-    except KeyStoreError:
-        version = 1
-    store.put(ReleasePolicy(
-        policy_id="demo-release", version=version, tenant=DEMO_TENANT, model=DEMO_MODEL,
+    """The demo tenant signs (with its local policy-admin key) a policy admitting the fake platform."""
+    store_demo_release_policy(home, local_ledger(home.broker, load_master_key(home.broker / "master.key")),
+                              ReleasePolicy(
+        policy_id="demo-release", version=1, tenant=DEMO_TENANT, model=DEMO_MODEL,
         allowed_tee=frozenset({"snp", "tdx"}), allowed_measurements=frozenset({SNP_MEASUREMENT.hex(), TDX_MR_TD.hex()}),
         required_signer=signer, require_gpu_cc=require_gpu_cc))
 

@@ -58,8 +58,11 @@ def _write_policies(home: Any, api_key: str, gpu_settings: Any) -> None:
     store = PolicyStore(home.broker, local_ledger(home.broker, load_master_key(home.broker / "master.key")))
     current = store.get(ModelRef(DEMO_TENANT, DEMO_MODEL, DEMO_VERSION))
     measurement = simulated_measurement(gpu_settings.measured_config()).hex()
-    store.put(dataclasses.replace(current, version=current.version + 1,
-                                  allowed_measurements=frozenset({measurement})))
+    from api.stack import store_demo_release_policy
+
+    store_demo_release_policy(home, local_ledger(home.broker, load_master_key(home.broker / "master.key")),
+                              dataclasses.replace(current, version=current.version + 1,
+                                                  allowed_measurements=frozenset({measurement})))
 
 
 def _stream_chat(url: str, api_key: str) -> dict[str, float]:

@@ -30,6 +30,7 @@ from key_broker.app import build_service, create_app
 from key_broker.auth import hash_token
 from key_broker.service import EvidenceVerifier
 from key_broker.settings import BrokerSettings
+from policy.release_documents import admin_key_statement, sign_release_policy
 from protocol.broker.client import ReleasedKey, obtain_data_key
 from protocol.model_ref import ModelRef
 from protocol.package.keywrap import seal_data_key, sealed_upload_body
@@ -111,6 +112,8 @@ class Harness:
         self.service = build_service(self.settings, clock=clock, verify=verify)
         self.app = create_app(self.settings, self.service)
         self.client = TestClient(self.app)
+        self._tenant_tokens: dict[str, str] = {}
+        self._policy_keys: dict[str, Ed25519PrivateKey] = {}
 
     def close(self) -> None:
         self.service.close()
@@ -119,6 +122,30 @@ class Harness:
     def admin(self, method: str, path: str, token: str | None = None, **kw: Any) -> httpx.Response:
         headers = {"Authorization": f"Bearer {token or self.admin_token}"}
         return self.client.request(method, f"/v1/admin{path}", headers=headers, **kw)
+
+    def tenant_token(self, tenant: str) -> str:
+        """The tenant's own tenant-admin token (issued once by the operator)."""
+        if tenant not in self._tenant_tokens:
+            r = self.admin("POST", f"/tenants/{tenant}/admin-tokens")
+            assert r.status_code == 201, r.text
+            self._tenant_tokens[tenant] = r.json()["token"]
+        return self._tenant_tokens[tenant]
+
+    def as_tenant(self, tenant: str, method: str, path: str, **kw: Any) -> httpx.Response:
+        return self.admin(method, path, token=self.tenant_token(tenant), **kw)
+
+    def policy_key(self, tenant: str) -> Ed25519PrivateKey:
+        """The tenant's policy-admin key, registered (self-signed, with the tenant's token) on first use."""
+        if tenant not in self._policy_keys:
+            key = Ed25519PrivateKey.generate()
+            statement = admin_key_statement(tenant, key.public_key(), f"{tenant}-admin", 1, key, f"{tenant}-admin")
+            r = self.as_tenant(tenant, "PUT", f"/tenants/{tenant}/policy-admin-key", json=statement)
+            assert r.status_code == 200, r.text
+            self._policy_keys[tenant] = key
+        return self._policy_keys[tenant]
+
+    def signed_policy(self, tenant: str, doc: dict[str, Any]) -> dict[str, Any]:
+        return sign_release_policy(doc, self.policy_key(tenant), f"{tenant}-admin")
 
     def setup_tenant(
         self,
@@ -136,7 +163,7 @@ class Harness:
             assert self.admin("POST", f"/tenants/{tenant}/key").status_code == 201
         body, data_key = sealed_key_upload(self.client.get("/v1/import-key").json()["public_key_pem"],
                                            tenant, model, version)
-        r = self.admin("PUT", f"/tenants/{tenant}/models/{model}/versions/{version}/data-key", json=body)
+        r = self.as_tenant(tenant, "PUT", f"/tenants/{tenant}/models/{model}/versions/{version}/data-key", json=body)
         assert r.status_code == 201, r.text
         if not with_policy:
             return data_key
@@ -155,7 +182,9 @@ class Harness:
         return data_key
 
     def put_policy(self, tenant: str, doc: dict[str, Any]) -> httpx.Response:
-        r = self.admin("PUT", f"/tenants/{tenant}/policies", json=doc)
+        """Sign ``doc`` with the tenant's policy-admin key (unless it is an envelope already) and store it."""
+        envelope = doc if "payload" in doc else self.signed_policy(tenant, doc)
+        r = self.admin("PUT", f"/tenants/{tenant}/policies", json=envelope)
         assert r.status_code == 200, r.text
         return r
 

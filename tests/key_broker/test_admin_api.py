@@ -16,6 +16,7 @@ from api.cli.keys import build as build_keys_cli
 from key_broker.errors import SettingsError
 from key_broker.refvals import sign_reference_values
 from key_broker.settings import BrokerSettings, admin_token_hashes
+from policy.release_documents import refval_key_statement
 from protocol.broker.client import check_key_status
 from protocol.broker.errors import BrokerRateLimited, BrokerRefused
 from protocol.model_ref import ModelRef
@@ -113,12 +114,17 @@ def test_signed_reference_values_extend_a_policy_and_are_verified_on_load(kb: Ha
         .public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
         .decode()
     )
-    assert (
-        kb.admin(
-            "PUT", "/tenants/acme/reference-value-keys/release-2026", json={"public_key_pem": pem}
-        ).status_code
-        == 201
-    )
+    # Which keys may sign the tenant's reference values is the tenant's: the operator cannot pin one.
+    path = "/tenants/acme/reference-value-keys/release-2026"
+    assert kb.admin("PUT", path, json={"public_key_pem": pem}).status_code == 403
+    own = refval_key_statement("acme", "release-2026", signer.public_key(), Ed25519PrivateKey.generate(), "acme-admin")
+    assert kb.admin("PUT", path, json=own).status_code == 403  # signed by a key that is not the tenant's
+    other = refval_key_statement("acme", "other-id", signer.public_key(), kb.policy_key("acme"), "acme-admin")
+    assert kb.admin("PUT", path, json=other).status_code == 403  # a pin for another key id
+    assert not (kb.settings.data_dir / "refvals" / "acme" / "keys").exists()
+    assert [e["decision"] for e in kb.audit_entries() if e["action"] == "refval-key-add"] == ["deny"] * 3
+    pin = refval_key_statement("acme", "release-2026", signer.public_key(), kb.policy_key("acme"), "acme-admin")
+    assert kb.admin("PUT", path, json=pin).status_code == 201
     doc = sign_reference_values("acme", "prod", 1, [MEASUREMENT], signer, "release-2026")
     r = kb.admin("PUT", "/tenants/acme/reference-values", json=doc)
     assert r.status_code == 200 and r.json()["measurements"] == [MEASUREMENT]

@@ -23,6 +23,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from attestation.bundle import EvidenceBundle, RuntimeData, expected_report_data
 from attestation.sim import SimTee
 from key_broker.router import REFUSED
+from policy.release_documents import admin_key_statement, sign_release_policy
 from protocol.broker.client import obtain_data_key
 from protocol.broker.sealing import raw_public_key
 from protocol.model_ref import ModelRef
@@ -49,6 +50,8 @@ class BrokerProcess:
             self.port = port
         self.proc: subprocess.Popen | None = None
         self.extra_args: list[str] = []
+        self.tenant_tokens: dict[str, str] = {}
+        self.policy_keys: dict[str, Ed25519PrivateKey] = {}
 
     def start(self) -> None:
         env = {**os.environ, "SEALED_BROKER_ADMIN_TOKEN": self.admin_token, "PYTHONUNBUFFERED": "1"}
@@ -98,6 +101,24 @@ class BrokerProcess:
             **kw,
         )
 
+    def tenant_token(self, tenant: str) -> str:
+        """The tenant's own tenant-admin token (issued once by the operator)."""
+        if tenant not in self.tenant_tokens:
+            self.tenant_tokens[tenant] = self.admin("POST", f"/tenants/{tenant}/admin-tokens").json()["token"]
+        return self.tenant_tokens[tenant]
+
+    def put_signed_policy(self, tenant: str, doc: dict[str, Any]) -> httpx.Response:
+        """``doc`` signed by the tenant's policy-admin key (registered with its own token on first use)."""
+        if tenant not in self.policy_keys:
+            key = Ed25519PrivateKey.generate()
+            statement = admin_key_statement(tenant, key.public_key(), "k1", 1, key, "k1")
+            r = self.admin("PUT", f"/tenants/{tenant}/policy-admin-key", token=self.tenant_token(tenant),
+                           json=statement)
+            assert r.status_code == 200, r.text
+            self.policy_keys[tenant] = key
+        return self.admin("PUT", f"/tenants/{tenant}/policies",
+                          json=sign_release_policy(doc, self.policy_keys[tenant], "k1"))
+
     def make_bundle(self, runtime: RuntimeData) -> EvidenceBundle:
         report = SimTee(self.platform, MEASUREMENT).get_report(expected_report_data(runtime, ()))
         return EvidenceBundle(tee="sim", cpu_evidence=report, runtime_data=runtime)
@@ -130,12 +151,12 @@ def _import_pem(broker: BrokerProcess) -> str:
 def test_restart_loses_nothing_and_in_flight_sessions_fail_cleanly(broker: BrokerProcess, sealed_upload) -> None:  # type: ignore[no-untyped-def]
     body, data_key = sealed_upload(_import_pem(broker), "acme", "m", "v1")
     assert broker.admin("POST", "/tenants/acme/key").status_code == 201
-    assert broker.admin("PUT", "/tenants/acme/models/m/versions/v1/data-key", json=body).status_code == 201
+    assert broker.admin("PUT", "/tenants/acme/models/m/versions/v1/data-key", json=body,
+                        token=broker.tenant_token("acme")).status_code == 201
     assert (
-        broker.admin(
-            "PUT",
-            "/tenants/acme/policies",
-            json={
+        broker.put_signed_policy(
+            "acme",
+            {
                 "policy_id": "acme-m",
                 "version": 1,
                 "tenant": "acme",
@@ -148,7 +169,7 @@ def test_restart_loses_nothing_and_in_flight_sessions_fail_cleanly(broker: Broke
         ).status_code
         == 200
     )
-    tenant_token = broker.admin("POST", "/tenants/acme/admin-tokens").json()["token"]
+    tenant_token = broker.tenant_token("acme")
     with httpx.Client(base_url=broker.url, timeout=10) as client:
         first = obtain_data_key(client, ModelRef("acme", "m", "v1"), make_bundle=broker.make_bundle)
         assert first.data_key == data_key
@@ -186,6 +207,7 @@ def test_restart_loses_nothing_and_in_flight_sessions_fail_cleanly(broker: Broke
     bad = broker.admin(
         "PUT",
         "/tenants/acme/models/m/versions/v9/data-key",
+        token=tenant_token,
         json={"data_key": base64.b64encode(leaked).decode(), "key_id": "k" * 500, "model_digest": "zz"},  # old shape
     )
     assert bad.status_code == 422
@@ -229,9 +251,22 @@ def test_cli_manages_tenant_keys_through_the_admin_api(
         '{"policy_id": "p", "version": 1, "tenant": "acme", "model": "m", "allowed_tee": ["sim"],'
         f' "allowed_measurements": ["{MEASUREMENT.hex()}"], "unsafe_allow_simulated_tee": true}}'
     )
-    assert runner.invoke(cli, ["policy", "--tenant", "acme", "--file", str(policy), *url]).exit_code == 0
+    admin_key = tmp_path / "acme-admin.pem"
+    admin_key.write_bytes(Ed25519PrivateKey.generate().private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+    signing = ["--admin-key", str(admin_key), "--home", str(tmp_path / "home")]
+    # The operator's token can neither register the tenant's policy-admin key nor write its policy.
+    assert runner.invoke(cli, ["admin-key", "--tenant", "acme", *signing, *url]).exit_code == 1
+    assert runner.invoke(cli, ["policy", "--tenant", "acme", "--file", str(policy), *signing, *url]).exit_code != 0
+    monkeypatch.setenv("SEALED_ADMIN_TOKEN", broker.tenant_token("acme"))  # the tenant's own token
+    registered = runner.invoke(cli, ["admin-key", "--tenant", "acme", *signing, *url])
+    assert registered.exit_code == 0 and "acme-admin" in registered.output, registered.output
+    assert runner.invoke(cli, ["policy", "--tenant", "acme", "--file", str(policy), *signing, *url]).exit_code == 0
     body, _ = sealed_upload(_import_pem(broker), "acme", "m", "v1")
-    assert broker.admin("PUT", "/tenants/acme/models/m/versions/v1/data-key", json=body).status_code == 201
+    assert broker.admin("PUT", "/tenants/acme/models/m/versions/v1/data-key", json=body).status_code == 403
+    assert broker.admin("PUT", "/tenants/acme/models/m/versions/v1/data-key", json=body,
+                        token=broker.tenant_token("acme")).status_code == 201
+    monkeypatch.setenv("SEALED_ADMIN_TOKEN", broker.admin_token)
     with httpx.Client(base_url=broker.url, timeout=10) as client:
         obtain_data_key(client, ModelRef("acme", "m", "v1"), make_bundle=broker.make_bundle)
     rotated = runner.invoke(cli, ["rotate", "--tenant", "acme", *url])

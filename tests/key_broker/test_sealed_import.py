@@ -20,7 +20,7 @@ def _import_pem(kb: Harness) -> str:
 
 
 def _put(kb: Harness, body: dict, version: str = "v1") -> int:
-    return kb.admin("PUT", f"/tenants/acme/models/m/versions/{version}/data-key", json=body).status_code
+    return kb.as_tenant("acme", "PUT", f"/tenants/acme/models/m/versions/{version}/data-key", json=body).status_code
 
 
 def test_sealed_key_registers_and_releases(kb: Harness, sealed_upload: Any) -> None:
@@ -61,7 +61,7 @@ def test_bad_sealed_uploads_register_nothing(kb: Harness, sealed_upload: Any, na
                                              status: int) -> None:
     assert kb.admin("POST", "/tenants/acme/key").status_code == 201
     body = make(kb, sealed_upload)
-    response = kb.admin("PUT", "/tenants/acme/models/m/versions/v1/data-key", json=body)
+    response = kb.as_tenant("acme", "PUT", "/tenants/acme/models/m/versions/v1/data-key", json=body)
     assert response.status_code == status, response.text
     assert response.json()["error"]["message"]
     ciphertext = (body.get("sealed_key") or {}).get("sealed", "")
@@ -75,7 +75,7 @@ def test_a_bad_name_in_the_path_is_a_422_and_registers_nothing(kb: Harness, seal
     # checks the stricter rule first, so each is the broker's typed refusal, not a 500.
     assert kb.admin("POST", "/tenants/acme/key").status_code == 201
     body = sealed_upload(_import_pem(kb), "acme", "m", "v1")[0]
-    response = kb.admin("PUT", f"/tenants/acme/models/m/versions/{version}/data-key", json=body)
+    response = kb.as_tenant("acme", "PUT", f"/tenants/acme/models/m/versions/{version}/data-key", json=body)
     assert response.status_code == 422, response.text
     assert response.json()["error"]["type"] == "invalid_request"
     assert kb.service.datakeys.records("acme") == []

@@ -42,7 +42,7 @@ def _integrity_denials(kb: Harness) -> list[dict[str, Any]]:
 def test_measurement_added_to_a_policy_file_gets_no_token(kb: Harness) -> None:
     path = kb.settings.data_dir / "policies" / "acme" / "m.json"
     doc = json.loads(path.read_text())
-    doc["allowed_measurements"].append(ROGUE.hex())
+    doc["payload"]["allowed_measurements"].append(ROGUE.hex())
     path.write_text(json.dumps(doc, sort_keys=True))
     with pytest.raises(BrokerRefused):
         kb.obtain("acme", measurement=ROGUE)
@@ -108,7 +108,7 @@ def test_planted_state_files_are_refused(kb: Harness) -> None:
     data = kb.settings.data_dir
     # A policy for a model version the tenant never uploaded a policy for: version-specific wins.
     doc = json.loads((data / "policies" / "acme" / "m.json").read_text())
-    doc["allowed_measurements"] = [ROGUE.hex()]
+    doc["payload"]["allowed_measurements"] = [ROGUE.hex()]
     (data / "policies" / "acme" / "m@v1.json").write_text(json.dumps(doc))
     with pytest.raises(BrokerRefused):
         kb.obtain("acme", measurement=ROGUE)

@@ -43,11 +43,12 @@ def setup_tenant(broker: BrokerProcess) -> None:
     pem = httpx.get(f"{broker.url}/v1/import-key", timeout=10).json()["public_key_pem"]
     body, _ = sealed_key_upload(pem, "acme", "m", "v1")
     assert broker.admin("POST", "/tenants/acme/key").status_code == 201
-    assert broker.admin("PUT", "/tenants/acme/models/m/versions/v1/data-key", json=body).status_code == 201
+    assert broker.admin("PUT", "/tenants/acme/models/m/versions/v1/data-key", json=body,
+                        token=broker.tenant_token("acme")).status_code == 201
     policy = {"policy_id": "acme-m", "version": 1, "tenant": "acme", "model": "m", "allowed_tee": ["sim"],
               "allowed_measurements": [MEASUREMENT.hex()], "required_signer": SIGNER,
               "unsafe_allow_simulated_tee": True}
-    assert broker.admin("PUT", "/tenants/acme/policies", json=policy).status_code == 200
+    assert broker.put_signed_policy("acme", policy).status_code == 200
 
 
 class RunningWorker:

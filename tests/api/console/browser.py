@@ -34,3 +34,11 @@ def login(browser, url: str, token: str):  # type: ignore[no-untyped-def]
     page.click("button[type=submit]")
     page.wait_for_url(f"{url}/console/audit")
     return page
+
+
+def connect_broker(page, url: str, token: str) -> None:  # type: ignore[no-untyped-def]
+    """Give the console the person's own key-broker token on the Keys page (it holds none itself)."""
+    page.goto(f"{url}/console/keys")
+    page.fill("form.broker-connect input[name=token]", token)
+    page.click("form.broker-connect button[type=submit]")
+    page.wait_for_url(f"{url}/console/keys")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import json
+import re
 import secrets
 import threading
 import time
@@ -53,9 +54,17 @@ class Site:
     def token(self, role: str, tenant: str | None = None, subject: str | None = None) -> str:
         return issue_token(self.jwt_secret, subject or f"{role}@test", role, tenant)
 
+    def broker_token(self, role: str, tenant: str | None = None) -> str | None:
+        """The person's own key-broker token, which they give the console (it holds none): a tenant
+        admin's tenant-admin token, the operator's admin token; the auditor has none."""
+        if role == "tenant-admin" and tenant:
+            return self.broker.tenant_token(tenant)
+        return self.broker.admin_token if role == "operator" else None
+
     def secrets(self) -> list[str]:
         """Key material and content that must never be shown: data keys, tokens, secrets, canaries."""
-        out = [PROMPT, COMPLETION, self.jwt_secret, self.broker.admin_token, "-----BEGIN"]
+        out = [PROMPT, COMPLETION, self.jwt_secret, self.broker.admin_token, "-----BEGIN",
+               *(self.broker.tenant_token(t) for t in TENANTS)]
         for key in self.data_keys.values():
             out += [key.hex(), key.hex().upper()]
         return out
@@ -146,7 +155,7 @@ def build_site(root: Path) -> Site:
     settings = GatewaySettings(
         data_dir=root / "gateway", dev=True, jwt_secret=jwt_secret, register_token=register_token,
         heartbeat_timeout_s=3600.0,
-        console=ConsoleSettings(audit_dir=audit_dir, broker_url=broker_url, broker_admin_token=broker.admin_token,
+        console=ConsoleSettings(audit_dir=audit_dir, broker_url=broker_url,  # and no broker credential
                                 policy_keys_dir=policy_keys,
                                 # Reached over http://127.0.0.1, as under `sealed up`: httpx and the
                                 # browser send no Secure cookie over plain HTTP.
@@ -195,6 +204,14 @@ def login(client: httpx.Client, site: Site, role: str, tenant: str | None = None
     response = client.post(f"{site.url}/console/login", data={"token": site.token(role, tenant)})
     assert response.status_code == 303, response.text
     return client
+
+
+def connect_broker(client: httpx.Client, site: Site, token: str) -> httpx.Response:
+    """Give the console this person's own broker token (kept in the browser's cookie)."""
+    page = client.get(f"{site.url}/console/keys").text
+    csrf = re.search(r'name="csrf" value="([0-9a-f]+)"', page)
+    assert csrf is not None, page[:500]
+    return client.post(f"{site.url}/console/keys/broker", data={"token": token, "csrf": csrf.group(1)})
 
 
 def dump(obj: Any) -> str:

@@ -14,7 +14,7 @@ import pytest
 from api.console.auditindex import load_component_keys
 from policy.audit import verify_log
 from policy.errors import AuditIntegrityError
-from tests.api.console.browser import launch_chromium, login
+from tests.api.console.browser import connect_broker, launch_chromium, login
 from tests.api.console.site import TENANTS, Site
 
 PAGES = ("audit", "workers", "keys", "usage", "policies")
@@ -49,7 +49,13 @@ def test_login_per_role_sees_its_scope_and_every_page_renders(browser, site: Sit
         text = page.content()
         if tenant:
             assert all(other not in text for other in TENANTS if other != tenant), name
-    # The revoke action is offered to tenant admins and operators, never to the auditor.
+    # The revoke action is offered to tenant admins and operators, never to the auditor, and only
+    # once the person gave the console its own broker token (the console holds none).
+    page.goto(f"{site.url}/console/keys")
+    assert page.locator("a.button.danger").count() == 0
+    token = site.broker_token(role, tenant)
+    if token is not None:
+        connect_broker(page, site.url, token)
     page.goto(f"{site.url}/console/keys")
     assert page.locator("a.button.danger").count() == (0 if role == "auditor" else 1)
     page.context.close()
@@ -135,6 +141,7 @@ def test_tampered_byte_shows_the_break_at_that_entry(browser, site: Site, screen
 
 def test_revoke_a_tenant_key_with_confirmation(browser, site: Site, screenshot_dir: Path) -> None:
     page = login(browser, site.url, site.token("tenant-admin", "globex", subject="alice@globex"))
+    connect_broker(page, site.url, site.broker.tenant_token("globex"))  # alice's own broker token
     page.goto(f"{site.url}/console/keys")
     assert page.inner_text("#key-state") == "active"
     page.click("a.button.danger")
@@ -153,7 +160,7 @@ def test_revoke_a_tenant_key_with_confirmation(browser, site: Site, screenshot_d
     assert "tenant-key-revoke" in page.inner_text("body")
     page.goto(f"{site.url}/console/audit?rule=admin&tenant=globex")
     assert "tenant-key-revoke" in page.inner_text("table.timeline")
-    # The console's own signed entry names the person, which the broker's (operator token) cannot.
+    # The console's own signed entry names the person; the broker's names only her broker token.
     page.goto(f"{site.url}/console/audit?component=console")
     row = page.locator("table.timeline tbody tr[data-tenant='globex']")
     assert row.count() == 1 and "actor=alice@globex" in row.inner_text() and "tenant-key-revoke" in row.inner_text()

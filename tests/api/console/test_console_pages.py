@@ -15,7 +15,7 @@ import pytest
 
 from api.console.session import COOKIE
 from policy.audit.entry import entry_hash, parse_entry
-from tests.api.console.site import TENANTS, Site, login
+from tests.api.console.site import TENANTS, Site, connect_broker, login
 
 PAGES = ("audit", "workers", "keys", "usage", "policies")
 EXPORTS = ("jsonl", "csv", "ocsf")
@@ -23,9 +23,14 @@ ROLES = (("auditor", None), ("operator", None), ("tenant-admin", "acme"))
 
 
 @contextlib.contextmanager
-def _client(site: Site, role: str, tenant: str | None = None) -> Iterator[httpx.Client]:
+def _client(site: Site, role: str, tenant: str | None = None, *, broker: bool = True) -> Iterator[httpx.Client]:
+    """Logged in; with ``broker``, the person has also given the console its own broker token."""
     with httpx.Client(timeout=30.0) as client:
-        yield login(client, site, role, tenant)
+        login(client, site, role, tenant)
+        token = site.broker_token(role, tenant)
+        if broker and token is not None:
+            assert connect_broker(client, site, token).status_code == 303
+        yield client
 
 
 def _rows(html: str) -> list[str]:
@@ -234,3 +239,29 @@ def test_usage_charts_per_tenant_key_and_model_against_budgets(site: Site) -> No
     with _client(site, "tenant-admin", "acme") as client:
         html = client.get(f"{site.url}/console/usage?hours=168").text
         assert html.count('<svg class="chart"') == 3 + 2 and "globex" not in html
+
+
+def test_the_console_holds_no_broker_credential_and_forwards_the_persons_own(site: Site) -> None:
+    """The gateway is given no broker token (issue #32): without the person's own, the Keys page shows
+    no key state and offers no revocation, and a revocation is refused before the broker is reached."""
+    assert not hasattr(site.app.state.console.settings, "broker_admin_token")
+    assert site.broker.admin_token not in repr(vars(site.app.state.console.broker))
+    with _client(site, "tenant-admin", "acme", broker=False) as admin:
+        html = admin.get(f"{site.url}/console/keys").text
+        assert "Connect the key broker" in html and 'id="key-state"' not in html and "button danger" not in html
+        form = admin.get(f"{site.url}/console/keys/revoke?tenant=acme").text
+        csrf = re.search(r'name="csrf" value="([0-9a-f]+)"', form).group(1)
+        r = admin.post(f"{site.url}/console/keys/revoke", data={"tenant": "acme", "confirm": "acme", "csrf": csrf})
+        assert r.status_code == 502 and "not revoked" in r.text
+        # Another tenant's broker token: the broker refuses it (the console checked the tenant first).
+        assert connect_broker(admin, site, site.broker.tenant_token("globex")).status_code == 303
+        r = admin.post(f"{site.url}/console/keys/revoke", data={"tenant": "acme", "confirm": "acme", "csrf": csrf})
+        assert r.status_code == 502 and "refused your token" in r.text
+        assert connect_broker(admin, site, site.broker.tenant_token("acme")).status_code == 303
+        html = admin.get(f"{site.url}/console/keys").text
+        assert 'id="key-state">active' in html and "button danger" in html
+        assert site.broker.tenant_token("acme") not in html
+        disconnect = admin.post(f"{site.url}/console/keys/broker", data={"disconnect": "1", "csrf": csrf})
+        assert disconnect.status_code == 303
+        assert 'id="key-state"' not in admin.get(f"{site.url}/console/keys").text
+    assert site.broker.admin("GET", "/tenants/acme").json()["revoked"] is False

@@ -4,6 +4,7 @@ routing to it)."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,7 +15,7 @@ import pytest
 from api.management.auth import issue_token
 from api.stack import DEMO_TENANT
 from tests.api.conftest import RunningStack, start_sealed_up, stop_sealed_up
-from tests.api.console.browser import launch_chromium, login
+from tests.api.console.browser import connect_broker, launch_chromium, login
 
 pytestmark = pytest.mark.slow
 
@@ -41,6 +42,13 @@ def test_revoke_in_the_browser_and_the_worker_drops_out(browser, own_stack: Runn
                                                        screenshot_dir: Path) -> None:
     secret = (own_stack.home / "gateway" / "jwt-secret").read_text().strip()
     page = login(browser, own_stack.url, issue_token(secret, "admin@demo", "tenant-admin", DEMO_TENANT))
+    # The demo tenant's own broker token (on one machine the operator mints it; the gateway has none).
+    operator = (own_stack.home / "broker" / "admin-token").read_text().strip()
+    broker_url = json.loads((own_stack.home / "run" / "pids.json").read_text())["broker_url"]
+    minted = httpx.post(f"{broker_url}/v1/admin/tenants/{DEMO_TENANT}/admin-tokens", timeout=30.0,
+                        headers={"Authorization": f"Bearer {operator}"})
+    assert minted.status_code == 201, minted.text
+    connect_broker(page, own_stack.url, minted.json()["token"])
     page.goto(f"{own_stack.url}/console/workers")
     assert _worker_state(page) == "ready"
     row = page.inner_text(f"table.workers tr[data-tenant='{DEMO_TENANT}']")
