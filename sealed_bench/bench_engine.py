@@ -27,6 +27,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from sealed_bench.decode_bound import ModelDims
+from sealed_bench.decode_report import bound_line, decode_figures
+from sealed_bench.decode_steps import OpTimers, StepClock
+from sealed_bench.machine_rates import copy_bandwidth_gbs, matmul_gflops
 from sealed_bench.peers import add_peer_options, vllm_binding
 
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "int8": "int8", "int4": "int4"}
@@ -64,21 +68,6 @@ def prompts(batch: int, input_len: int, vocab: int = 49152) -> list[list[int]]:
 
     rng = random.Random(1234)
     return [[rng.randrange(100, vocab - 100) for _ in range(input_len)] for _ in range(batch)]
-
-
-def memory_bandwidth_gbs(size_mb: int = 256, repeats: int = 5) -> float:
-    """Copy bandwidth (bytes read + written per second) of a large buffer copy."""
-    import torch
-
-    src = torch.ones(size_mb << 18, dtype=torch.float32)
-    dst = torch.empty_like(src)
-    dst.copy_(src)
-    best = float("inf")
-    for _ in range(repeats):
-        t = time.perf_counter()
-        dst.copy_(src)
-        best = min(best, time.perf_counter() - t)
-    return 2 * src.numel() * 4 / best / 1e9
 
 
 # ----------------------------------------------------------------------------- workers (run in subprocesses)
@@ -126,6 +115,7 @@ def worker_sealed(spec: dict) -> dict:
 
     single_threaded_caller()  # as the worker does: only the engine's thread computes in parallel
     ckpt = load_gguf(Path(spec["model"]))
+    dims = ModelDims.from_config(ckpt.config)
     weight_bytes = sum(t.numel() * 4 for t in ckpt.tensors.values())
     total = spec["input_len"] + spec["output_len"]
     kv_bytes = 2 * 30 * 3 * 64 * (2 if spec["dtype"] == "bf16" else 4) * total * spec["batch"] + (8 << 20)
@@ -140,6 +130,9 @@ def worker_sealed(spec: dict) -> dict:
     )
     engine = LLMEngine.from_checkpoint(ckpt, cfg)
     del ckpt
+    profile = spec.get("profile_decode", 0)
+    clock = StepClock(engine.runner, spec["batch"],
+                      OpTimers(engine.runner.model, dims, spec["dtype"]) if profile else None, profile)
     ps = prompts(spec["batch"], spec["input_len"])
     temperature, top_p = _sampling(spec)
 
@@ -169,7 +162,9 @@ def worker_sealed(spec: dict) -> dict:
         return elapsed, ttft_1, sum(ttfts) / len(ttfts)
 
     elapsed, ttft_1, mean_ttft = asyncio.run(run())
+    clock.close()
     tok_s = spec["batch"] * spec["output_len"] / elapsed
+    decode = decode_figures(clock, dims, spec)
     return _row(
         "sealed",
         spec,
@@ -179,6 +174,7 @@ def worker_sealed(spec: dict) -> dict:
         threads=engine.runner.num_threads,
         weight_bytes_fp32=weight_bytes,
         packed_weights=engine.runner.packed_weights,
+        **decode,
     )
 
 
@@ -400,12 +396,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--packed-weights", choices=("auto", "on", "off"), default="auto",
                     help="Sealed's dense weights in oneDNN's packed layout (EngineConfig.packed_weights; auto: "
                          "bf16 on a CPU with bf16 instructions)")
+    ap.add_argument("--profile-decode", type=int, default=0, metavar="STEPS",
+                    help="time this many full-batch decode steps per op (bytes, FLOPs, GB/s, GFLOP/s per op; "
+                         "decode_steps.py) and write the profile into each Sealed row")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--spec", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     vllm_binding(args, ap)  # a bad binding is a usage error here, not a failed peer row later
     if args.temperature < 0 or not 0 < args.top_p <= 1:
         ap.error("--temperature must be >= 0 and --top-p in (0, 1]")
+    if args.profile_decode < 0:
+        ap.error("--profile-decode must be >= 0")
     if not set(args.structured.split(",")) <= {"off", "json"}:
         ap.error("--structured takes off and json")
     if args.worker:
@@ -415,14 +416,14 @@ def main(argv: list[str] | None = None) -> int:
         from enclave_worker.engine.checkpoint import default_gguf_path
 
         args.model = default_gguf_path()
-    bw = memory_bandwidth_gbs()
-    print(f"machine: {machine()}; copy bandwidth {bw:.1f} GB/s (read+write)")
+    bw, gflops = copy_bandwidth_gbs(), matmul_gflops()
+    print(f"machine: {machine()}; copy bandwidth {bw:.1f} GB/s (read+write); fp32 matmul {gflops:.1f} GFLOP/s")
     rows: list[dict] = []
     hf_dir: list[Path] = []
     try:
         with busy_core(args.busy_core):
             for _ in range(args.rounds):
-                _one_round(args, bw, hf_dir, rows)
+                _one_round(args, (bw, gflops), hf_dir, rows)
     finally:
         for d in hf_dir:
             shutil.rmtree(d, ignore_errors=True)
@@ -438,15 +439,17 @@ WEIGHT_BYTES = {"fp32": 4, "bf16": 2, "int8": 1, "int4": 0.5625}
 N_PARAMS = 134_515_008
 
 
-def _one_round(args: argparse.Namespace, bw: float, hf_dir: list[Path], rows: list[dict]) -> None:
+def _one_round(args: argparse.Namespace, rates: tuple[float, float], hf_dir: list[Path], rows: list[dict]) -> None:
     peers = [p for p in args.compare.split(",") if p]
+    bw, gflops = rates
     for dtype in args.dtype.split(","):
         bound = bw * 1e9 / (N_PARAMS * WEIGHT_BYTES[dtype])
         print(f"{dtype}: batch-1 bandwidth bound = bandwidth / weight bytes per token = {bound:.1f} tok/s")
         for batch, structured in ((int(b), s) for b in args.batch.split(",") for s in args.structured.split(",")):
             spec = {"model": str(args.model), "dtype": dtype, "batch": batch, "input_len": args.input_len,
                     "output_len": args.output_len, "threads": args.threads, "packed_weights": args.packed_weights,
-                    "temperature": args.temperature, "top_p": args.top_p, "structured": structured}
+                    "temperature": args.temperature, "top_p": args.top_p, "structured": structured,
+                    "copy_gbs": bw, "matmul_gflops": gflops, "profile_decode": args.profile_decode}
             for system in ["sealed", *(peers if structured == "off" else [])]:
                 python = sys.executable
                 if system == "vllm":
@@ -469,6 +472,8 @@ def _one_round(args: argparse.Namespace, bw: float, hf_dir: list[Path], rows: li
                            busy_core=args.busy_core, loadavg_1m=round(os.getloadavg()[0], 2))
                 rows.append(row)
                 print(json.dumps(row), flush=True)
+                if "decode_bound" in row:
+                    print(bound_line(row), flush=True)
 
 
 if __name__ == "__main__":
