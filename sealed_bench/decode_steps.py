@@ -115,7 +115,8 @@ def op_rows(totals: dict[str, list[float]], steps: int, step_s: float, copy_gbs:
                      "gflop_per_s": round(f / s / 1e9, 2) if s else None, "bound_ms": round(bound * 1e3, 3),
                      "ratio_to_bound": round(s / bound, 2) if bound else None})
     rest = max(0.0, step_s - timed)
-    rows.append({"op": "other", "ms_per_step": round(rest * 1e3, 3), "share": round(rest / step_s, 3) if step_s else None})
+    rows.append({"op": "other", "ms_per_step": round(rest * 1e3, 3),
+                 "share": round(rest / step_s, 3) if step_s else None})
     return rows
 
 

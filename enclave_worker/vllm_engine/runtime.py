@@ -16,7 +16,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +41,7 @@ class VllmOptions:
     cpu_linear: str = "packed"  # CPU: oneDNN over packs the wipe reaches, or "torch" GEMM (loader.py)
     # CPU: the CPUs vLLM computes on (binding.py): every CPU this process may use, none reserved for
     # a frontend (vLLM's own default, `auto`, kept one of two vCPUs idle for one in another process).
-    cpu_binding: binding.VllmCpuBinding = binding.VllmCpuBinding()
+    cpu_binding: binding.VllmCpuBinding = field(default_factory=binding.VllmCpuBinding)
     seed: int = 0
 
 
