@@ -6,7 +6,11 @@ or sampled alike with `--temperature T --top-p P` (request i seeded with i where
 Run: `sealed bench engine --batch 1,64 --dtype fp32 --compare hf,vllm --vllm-python /work/vllm-venv/bin/python`.
 `--busy-core` starts a second process that keeps one core busy for the whole run (a shared machine,
 reproducibly); `--rounds N` repeats every system in turn N times (paired, alternating) and prints the
-min and median of each.
+min and median of each. Peers run at their best configuration for the machine (peers.py: vLLM on
+every CPU, none reserved; llama.cpp on as many threads), recorded in each row's `peer`. Each Sealed
+row carries `decode_bound`: the full-batch decode step's bound at the copy bandwidth and matmul rate
+measured here, beside the measured step and the ratio (decode_report.py); `--profile-decode N`
+adds a per-op profile of N steps (decode_steps.py).
 """
 
 from __future__ import annotations

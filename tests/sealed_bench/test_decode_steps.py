@@ -70,3 +70,11 @@ def test_the_cost_model_and_the_profile_agree_on_attention_flops() -> None:
     dims = ModelDims(576, 1536, 30, 9, 3, 64, 49152, True)
     with_ctx = decode_step_cost(dims, 1, 99).flops - decode_step_cost(dims, 1, 0).flops
     assert with_ctx == 4 * 9 * 64 * 99 * 30
+
+
+def test_a_negative_profile_step_count_is_a_usage_error() -> None:
+    from sealed_bench import bench_engine
+
+    with pytest.raises(SystemExit) as exc:
+        bench_engine.main(["--profile-decode", "-1"])
+    assert exc.value.code == 2
