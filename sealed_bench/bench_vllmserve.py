@@ -29,7 +29,7 @@ from pathlib import Path
 
 import httpx
 
-from enclave_worker.vllm_engine.binding import allowed_cpus
+from enclave_worker.vllm_engine.binding import VllmCpuBinding, allowed_cpus
 from sealed_bench.peers import PeerConfig, peer_env, vllm_binding, vllm_peer
 from sealed_bench.vllm_side import add_vllm_options, machine, vllm_interpreter
 
@@ -89,10 +89,12 @@ def _bench(python: str, url: str, tokenizer: Path, out: Path, args: argparse.Nam
 
 
 def sealed_side(engine: str) -> dict:
-    """The attested stack's engine configuration, recorded beside the peer's: the worker's vLLM
-    binds every CPU by default (WorkerSettings.vllm_cpu_bind), as does our engine's thread team."""
+    """The attested stack's engine configuration, recorded beside the peer's: the worker (a child of
+    this process, with its CPUs) binds its vLLM to every CPU by default (WorkerSettings.vllm_cpu_bind);
+    our engine's thread team takes every CPU too."""
     if engine == "vllm":
-        return {"engine": "vllm", "vllm_cpu_bind": "all", "dtype": "float32"}
+        return {"engine": "vllm", "vllm_cpu_bind": "all",
+                **vllm_peer(VllmCpuBinding(), allowed_cpus(), "float32", peer="sealed up --engine vllm").record()}
     return {"engine": "sealed", "threads": len(allowed_cpus()), "dtype": "float32"}
 
 

@@ -7,7 +7,7 @@ import argparse
 
 import pytest
 
-from enclave_worker.vllm_engine.binding import BIND_ENV, RESERVED_ENV, VllmCpuBinding
+from enclave_worker.vllm_engine.binding import BIND_ENV, RESERVED_ENV, VllmCpuBinding, allowed_cpus, format_cpu_list
 from sealed_bench import bench_engine, bench_vllmload, bench_vllmserve
 from sealed_bench.peers import add_peer_options, llama_cpp_peer, peer_env, vllm_binding, vllm_peer
 
@@ -75,6 +75,8 @@ def test_every_benchmark_that_runs_vllm_refuses_a_bad_binding_before_it_starts_a
 
 
 def test_the_sealed_side_of_vllmserve_is_recorded_beside_the_peer() -> None:
-    assert bench_vllmserve.sealed_side("vllm") == {"engine": "vllm", "vllm_cpu_bind": "all", "dtype": "float32"}
+    side = bench_vllmserve.sealed_side("vllm")
+    assert side["engine"] == "vllm" and side["vllm_cpu_bind"] == "all" and side["dtype"] == "float32"
+    assert side["env"] == {BIND_ENV: format_cpu_list(allowed_cpus()), RESERVED_ENV: "0"}
     assert bench_vllmserve.sealed_side("sealed")["engine"] == "sealed"
 
