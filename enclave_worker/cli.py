@@ -62,6 +62,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="share of GPU memory for weights, KV pool and activations")
     parser.add_argument("--engine", choices=("sealed", "vllm"), default="sealed",
                         help="the inference engine (measured); vllm needs vLLM installed in this interpreter")
+    parser.add_argument("--vllm-cpu-bind", default="all",
+                        help="engine vllm on the CPU: the CPUs vLLM computes on: all (every CPU the worker may use, "
+                             "none reserved), auto (vLLM's default: one reserved for a frontend) or a list like "
+                             "0-3 (measured)")
     parser.add_argument("--max-num-seqs", type=int, default=16)
     parser.add_argument("--max-num-batched-tokens", type=int, default=None,
                         help="tokens per engine step (default: 512 on the CPU, 2048 on a GPU)")
@@ -112,7 +116,7 @@ def _settings(args: argparse.Namespace, tee: str, gpu_tee: str | None, device: s
         sev_guest_device=args.sev_guest_device, ccel_table=args.ccel_table, ccel_data=args.ccel_data,
         sim_platform_key=args.sim_platform_key,
         unsafe_sim_measurement=args.unsafe_sim_measurement, host=args.host, port=args.port,
-        engine=args.engine, max_num_seqs=args.max_num_seqs,
+        engine=args.engine, max_num_seqs=args.max_num_seqs, vllm_cpu_bind=args.vllm_cpu_bind,
         max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
         policy_file=args.policy_file,
         policy_admin_key=args.policy_admin_key, unsafe_no_tenant_policy=args.unsafe_no_tenant_policy,

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from enclave_worker.vllm_engine.binding import CpuBindingError, VllmCpuBinding
 from protocol.model_ref import ModelRef
 from protocol.sealed.padding import PaddingPolicy
 
@@ -39,6 +40,10 @@ class WorkerSettings:
     kv_cache_memory_bytes: int = 256 << 20  # CPU; on a GPU the pool is sized by gpu_memory_utilization
     device: str = "cpu"  # cpu | cuda (resolved from `auto` before settings are built)
     engine: str = "sealed"  # sealed (ours) | vllm (docs/vllm-backend.md); measured
+    # CPU, engine vllm: the CPUs vLLM computes on (enclave_worker/vllm_engine/binding.py): "all" (every
+    # CPU the worker may use, none reserved), "auto" (vLLM's default: one core of two kept for a
+    # frontend the worker does not run) or a CPU list "0-3". Measured: it changes how the engine runs.
+    vllm_cpu_bind: str = "all"
     engine_dtype: str | None = None  # None: bfloat16 on a GPU, float32 on the CPU
     gpu_memory_utilization: float = 0.9  # share of GPU memory for weights + KV pool + activations
     policy_file: Path | None = None  # the tenant's signed policy set (data and tool-use controls)
@@ -65,6 +70,7 @@ class WorkerSettings:
         if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
             # None picks the device's default; 0 must not silently mean the same.
             raise ValueError(f"max_num_batched_tokens must be >= 1, not {self.max_num_batched_tokens}")
+        self.vllm_cpu_binding  # noqa: B018 - a malformed CPU list is refused here, not when vLLM starts
         self.response_padding  # noqa: B018 - a bad padding size is refused here, not on the first request
 
     @property
@@ -73,6 +79,13 @@ class WorkerSettings:
             return PaddingPolicy(min_bytes=self.sealed_padding_min_bytes)
         except ValueError as exc:
             raise ValueError(f"sealed_padding_min_bytes: {exc}") from None
+
+    @property
+    def vllm_cpu_binding(self) -> VllmCpuBinding:
+        try:
+            return VllmCpuBinding(self.vllm_cpu_bind)
+        except CpuBindingError as exc:
+            raise ValueError(f"vllm_cpu_bind: {exc}") from None
 
     @property
     def ref(self) -> ModelRef:
@@ -134,5 +147,6 @@ class WorkerSettings:
                 "dtype": self.dtype,
                 "device": self.device,
                 **({"gpu_memory_utilization": self.gpu_memory_utilization} if self.on_gpu else {}),
+                **({"vllm_cpu_bind": self.vllm_cpu_bind} if self.engine == "vllm" and not self.on_gpu else {}),
             },
         }

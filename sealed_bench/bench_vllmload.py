@@ -8,6 +8,8 @@ Side by side in one run, each load in a fresh process of vLLM's virtualenv, alte
 Both builds include everything else vLLM does at start (model construction, KV cache allocation,
 warm-up), so the ratio is what a tenant pays for encryption at load. The plaintext directory is
 the benchmark's reference only: written to a temporary directory and deleted at the end.
+Both sides give vLLM the same CPU binding (peers.py: every CPU, none reserved, unless
+`--vllm-cpu-bind` says otherwise); each run row records it.
 """
 
 from __future__ import annotations
@@ -23,15 +25,18 @@ from pathlib import Path
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from enclave_worker.vllm_engine.binding import VllmCpuBinding, allowed_cpus
+from sealed_bench.peers import vllm_binding, vllm_peer
 from sealed_bench.vllm_side import add_vllm_options, machine, vllm_interpreter
 
 REPO = Path(__file__).resolve().parent.parent
 
 
-def _probe(python: str, mode: str, path: Path, key_hex: str = "") -> dict[str, float]:
+def _probe(python: str, mode: str, path: Path, binding: VllmCpuBinding, key_hex: str = "") -> dict[str, float]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     # The data key goes over a pipe from this process, never in argv (which other users can read).
-    proc = subprocess.run([python, "-m", "sealed_bench.vllm_load_probe", mode, str(path)], input=key_hex + "\n",
+    spec = json.dumps({"bind": binding.bind, "reserved": binding.reserved})
+    proc = subprocess.run([python, "-m", "sealed_bench.vllm_load_probe", mode, str(path), spec], input=key_hex + "\n",
                           env=env, capture_output=True, text=True, timeout=1800, cwd=REPO)
     if proc.returncode != 0:
         raise RuntimeError(f"{mode} load failed: {proc.stderr[-2000:]}")
@@ -45,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="loads per side (alternating)")
     add_vllm_options(parser)
     args = parser.parse_args(argv)
+    binding = vllm_binding(args, parser)
+    config = vllm_peer(binding, allowed_cpus(), "float32").record()
 
     from safetensors.torch import save_file
 
@@ -63,21 +70,22 @@ def main(argv: list[str] | None = None) -> int:
         (plain_dir / "config.json").write_text(json.dumps(architecture_config(checkpoint.config)))
         weight_bytes = sum(t.nbytes for t in checkpoint.tensors.values())
         del checkpoint
-        runs: dict[str, list[dict[str, float]]] = {"sealed": [], "plain": []}
+        runs: dict[str, list[dict]] = {"sealed": [], "plain": []}
         for i in range(args.repeats):
             order = ("sealed", "plain") if i % 2 == 0 else ("plain", "sealed")
             for mode in order:
                 path = root / "pkg" if mode == "sealed" else plain_dir
-                runs[mode].append(_probe(python, mode, path, encrypted.data_key.hex() if mode == "sealed" else ""))
-                print(mode, json.dumps({k: round(v, 3) for k, v in runs[mode][-1].items()}), flush=True)
+                timings = _probe(python, mode, path, binding, encrypted.data_key.hex() if mode == "sealed" else "")
+                runs[mode].append({**timings, "config": config})
+                print(mode, json.dumps({k: round(v, 3) for k, v in timings.items()}), flush=True)
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    med = {mode: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for mode, rs in runs.items()}
+    med = {mode: {k: statistics.median(r[k] for r in rs) for k in rs[0] if k != "config"} for mode, rs in runs.items()}
     ratio = med["sealed"]["total_s"] / med["plain"]["total_s"]
     result = {
         "benchmark": "vllmload", "weight_bytes": weight_bytes, "repeats": args.repeats, "runs": runs,
         "median": med, "ratio_sealed_to_plain": round(ratio, 3), "target": 1.2, "met": ratio <= 1.2,
-        "machine": machine(),
+        "config": config, "machine": machine(),
     }
     print(f"sealed (decrypt + vLLM build) {med['sealed']['total_s']:.2f} s "
           f"(decrypt {med['sealed']['decrypt_s']:.2f} s), plain safetensors {med['plain']['total_s']:.2f} s: "

@@ -7,6 +7,9 @@ plaintext (float32, eager, max_model_len, max_num_seqs, KV cache bytes, prefix c
 Runs alternate between the two; the figures are min and median output-token throughput, TTFT p50
 and goodput at the --goodput SLOs, and the ratio of medians: with `--engine vllm` the stack's cost
 (issue #15: <= 5%), with `--engine sealed` our speed against vLLM's (issue #14: >= 1.2x).
+`vllm serve` computes on every CPU this process may use, none reserved (peers.py; `--vllm-cpu-bind`
+for another binding), as the worker's vLLM does by default; every run row records both sides'
+configuration.
 The plaintext directory is the reference server's input only: a temporary directory, deleted at the end.
 """
 
@@ -26,6 +29,8 @@ from pathlib import Path
 
 import httpx
 
+from enclave_worker.vllm_engine.binding import VllmCpuBinding, allowed_cpus
+from sealed_bench.peers import PeerConfig, peer_env, vllm_binding, vllm_peer
 from sealed_bench.vllm_side import add_vllm_options, machine, vllm_interpreter
 
 REPO = Path(__file__).resolve().parent.parent
@@ -83,6 +88,16 @@ def _bench(python: str, url: str, tokenizer: Path, out: Path, args: argparse.Nam
                                     "median_tpot_ms", "median_itl_ms", "request_goodput", "duration")}
 
 
+def sealed_side(engine: str) -> dict:
+    """The attested stack's engine configuration, recorded beside the peer's: the worker (a child of
+    this process, with its CPUs) binds its vLLM to every CPU by default (WorkerSettings.vllm_cpu_bind);
+    our engine's thread team takes every CPU too."""
+    if engine == "vllm":
+        return {"engine": "vllm", "vllm_cpu_bind": "all",
+                **vllm_peer(VllmCpuBinding(), allowed_cpus(), "float32", peer="sealed up --engine vllm").record()}
+    return {"engine": "sealed", "threads": len(allowed_cpus()), "dtype": "float32"}
+
+
 def _summary(runs: list[dict]) -> dict[str, float | None]:
     out: dict[str, float | None] = {}
     for key in ("output_throughput", "median_ttft_ms", "request_goodput"):
@@ -114,9 +129,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="SLOs for vLLM's goodput, e.g. ttft:2000 tpot:200")
     add_vllm_options(parser)
     args = parser.parse_args(argv)
+    binding = vllm_binding(args, parser)
     from api.stack import free_port
 
     python = vllm_interpreter(args)
+    peer: PeerConfig = vllm_peer(binding, allowed_cpus(), "float32", peer="vllm serve")
+    configs = {"sealed": sealed_side(args.engine), "plain": peer.record()}
     root = Path(tempfile.mkdtemp(prefix="sealed-bench-vllmserve-"))
     procs: list[subprocess.Popen] = []
     try:
@@ -133,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
                                        "--served-model-name", SERVED, "--port", str(plain_port), "--dtype", "float32",
                                        "--enforce-eager", "--max-model-len", "2048", "--max-num-seqs", "16",
                                        "--kv-cache-memory-bytes", str(256 << 20), "--seed", "0"],
-                                      env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=REPO, start_new_session=True,
+                                      env=peer_env({**os.environ, "PYTHONPATH": str(REPO)}, peer), cwd=REPO,
+                                      start_new_session=True,
                                       stdout=open(root / "vllm-serve.log", "wb"), stderr=subprocess.STDOUT))  # noqa: SIM115
         _wait(f"http://127.0.0.1:{plain_port}/v1/models", procs[-1], 1200)
         runs: dict[str, list[dict]] = {"sealed": [], "plain": []}
@@ -141,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
             for name in (("sealed", "plain") if i % 2 == 0 else ("plain", "sealed")):
                 port = sealed_port if name == "sealed" else plain_port
                 runs[name].append(_bench(python, f"http://127.0.0.1:{port}", plain, root / f"{name}-{i}.json", args,
-                                         api_key if name == "sealed" else "none"))
+                                         api_key if name == "sealed" else "none") | {"config": configs[name]})
                 print(name, json.dumps(runs[name][-1]), flush=True)
     finally:
         for proc in reversed(procs):
@@ -155,10 +174,11 @@ def main(argv: list[str] | None = None) -> int:
     result = {"benchmark": "vllmserve", "engine": args.engine, "runs": runs, "summary": summary,
               "median_output_tok_per_s": med, "ratio": round(ratio, 4), "cost": round(cost, 4),
               "target": "cost <= 5%" if args.engine == "vllm" else "ratio >= 1.2x", "met": met,
-              "workload": vars(args) | {"json": str(args.json)},
+              "workload": vars(args) | {"json": str(args.json)}, "configs": configs,
               "machine": machine()}
     for name, row in summary.items():
         print(name, json.dumps(row))
+    print(f"vllm serve: {peer.label} ({peer.binding})")
     if args.engine == "vllm":
         print(f"attested stack {med['sealed']:.1f} tok/s vs vllm serve {med['plain']:.1f} tok/s: cost {cost:.1%} "
               "(target <= 5%)")

@@ -3,6 +3,8 @@
 `sealed PKG` (the data key on stdin, hex): decrypt the package into memory and build vLLM's engine
 with our loader. `plain DIR`: build vLLM's engine from a plaintext safetensors directory with its
 own loader. Prints one JSON line: seconds for the decryption, the engine build and both.
+An optional third argument, JSON `{"bind": ..., "reserved": ...}`, is the CPU binding both sides
+give vLLM (enclave_worker/vllm_engine/binding.py; default: every CPU, none reserved).
 """
 
 from __future__ import annotations
@@ -30,7 +32,13 @@ def _import_vllm() -> None:
     import vllm.v1.engine.llm_engine  # noqa: F401
 
 
-def sealed(pkg: Path, key: bytes) -> dict[str, float]:
+def _binding(spec: str | None) -> Any:
+    from enclave_worker.vllm_engine.binding import VllmCpuBinding
+
+    return VllmCpuBinding(**json.loads(spec)) if spec else VllmCpuBinding()
+
+
+def sealed(pkg: Path, key: bytes, bind: str | None = None) -> dict[str, float]:
     _import_vllm()
     from enclave_worker.package import decrypt_package
     from enclave_worker.vllm_engine import loader
@@ -40,13 +48,16 @@ def sealed(pkg: Path, key: bytes) -> dict[str, float]:
     started = time.perf_counter()
     model = decrypt_package(pkg, key)
     decrypted = time.perf_counter()
-    runtime = VllmRuntime(model.metadata["config"], lambda: model, VllmOptions(**OPTIONS))
+    runtime = VllmRuntime(model.metadata["config"], lambda: model, VllmOptions(**OPTIONS, cpu_binding=_binding(bind)))
     done = time.perf_counter()
     runtime.close()
     return {"decrypt_s": decrypted - started, "engine_s": done - decrypted, "total_s": done - started}
 
 
-def plain(model_dir: Path) -> dict[str, float]:
+def plain(model_dir: Path, bind: str | None = None) -> dict[str, float]:
+    from enclave_worker.vllm_engine import binding
+
+    binding.apply(_binding(bind))  # as the sealed side's runtime does, before vLLM builds its worker
     _import_vllm()
     from vllm.engine.arg_utils import EngineArgs
     from vllm.v1.engine.llm_engine import LLMEngine
@@ -61,8 +72,10 @@ def plain(model_dir: Path) -> dict[str, float]:
 
 
 def main(argv: list[str]) -> int:
-    mode, path = argv
-    result = sealed(Path(path), bytes.fromhex(sys.stdin.readline().strip())) if mode == "sealed" else plain(Path(path))
+    mode, path, *rest = argv
+    bind = rest[0] if rest else None
+    result = (sealed(Path(path), bytes.fromhex(sys.stdin.readline().strip()), bind) if mode == "sealed"
+              else plain(Path(path), bind))
     print(json.dumps(result), flush=True)
     return 0
 

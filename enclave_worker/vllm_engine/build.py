@@ -17,5 +17,6 @@ def build_vllm_engine(settings: WorkerSettings, model: DecryptedModel) -> VllmEn
     tokenizer = Tokenizer(model.metadata["tokenizer_json"], model.metadata.get("chat_template"), config)
     options = VllmOptions(dtype=settings.dtype, max_model_len=settings.max_model_len,
                           max_num_seqs=settings.max_num_seqs, kv_cache_memory_bytes=settings.kv_cache_memory_bytes,
-                          device=settings.device, gpu_memory_utilization=settings.gpu_memory_utilization)
+                          device=settings.device, gpu_memory_utilization=settings.gpu_memory_utilization,
+                          cpu_binding=settings.vllm_cpu_binding)
     return VllmEngine(VllmRuntime(config, lambda: model, options), tokenizer)

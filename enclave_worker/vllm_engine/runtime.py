@@ -16,7 +16,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,7 @@ import torch
 
 from enclave_worker.package import DecryptedModel
 
-from . import loader, packed
+from . import binding, loader, packed
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +39,9 @@ class VllmOptions:
     gpu_memory_utilization: float = 0.9
     enforce_eager: bool = True  # CPU: no graph capture or compilation
     cpu_linear: str = "packed"  # CPU: oneDNN over packs the wipe reaches, or "torch" GEMM (loader.py)
+    # CPU: the CPUs vLLM computes on (binding.py): every CPU this process may use, none reserved for
+    # a frontend (vLLM's own default, `auto`, kept one of two vCPUs idle for one in another process).
+    cpu_binding: binding.VllmCpuBinding = field(default_factory=binding.VllmCpuBinding)
     seed: int = 0
 
 
@@ -60,6 +63,9 @@ class VllmRuntime:
 
     def __init__(self, config: dict[str, Any], source: Callable[[], DecryptedModel], options: VllmOptions) -> None:
         _quiet_vllm_logging()
+        self.cpu_env: dict[str, str] = {}
+        if options.device == "cpu":
+            self.cpu_env = binding.apply(options.cpu_binding)  # read by vLLM when it builds its CPU worker
         from vllm.engine.arg_utils import EngineArgs
         from vllm.v1.engine.llm_engine import LLMEngine
 
@@ -166,8 +172,9 @@ class VllmRuntime:
 
 
 def _worker_cpus(vllm_config: Any) -> list[int]:
-    """The CPUs vLLM pins its CPU worker process to (`VLLM_CPU_OMP_THREADS_BIND`, default `auto`:
-    the first NUMA node's cores less those it keeps for its own frontend; none under `nobind`, or
+    """The CPUs vLLM pins its CPU worker process to (`VLLM_CPU_OMP_THREADS_BIND`, which the runtime
+    sets from VllmOptions.cpu_binding: by default every CPU this process may use; under `auto`,
+    the first NUMA node's cores less those vLLM keeps for its own frontend; none under `nobind`, or
     off the CPU)."""
     from vllm.platforms import current_platform
     from vllm.utils.ompmultiprocessing import OMPProcessManager

@@ -112,11 +112,12 @@ def test_the_wipe_reaches_every_byte_of_the_onednn_packed_weights(results: dict)
     assert wipe["packed_nonzero_after"] == 0
 
 
-def test_the_stepping_thread_is_pinned_to_the_cpus_vllm_gives_its_worker(results: dict) -> None:
-    """vLLM's own choice (OMPProcessManager, `VLLM_CPU_OMP_THREADS_BIND=auto`): on a machine with
-    more than one CPU it keeps one for its frontend, so the stepping thread never has them all."""
+def test_the_stepping_thread_computes_on_every_cpu_the_worker_may_use(results: dict) -> None:
+    """The worker's default binding (VllmOptions.cpu_binding, binding.py): every CPU of the
+    process's affinity bound for compute, none reserved. vLLM's own default (`auto`) kept one of
+    two vCPUs for a frontend process the worker does not run, and computed on the other."""
     stepping = results["sealed"]["stepping"]
-    assert stepping["cpus"] and stepping["thread_cpus"] == sorted(stepping["cpus"])
-    assert set(stepping["cpus"]) <= set(stepping["all_cpus"])
-    if len(stepping["all_cpus"]) > 1:
-        assert len(stepping["cpus"]) < len(stepping["all_cpus"])
+    assert stepping["cpus"] == stepping["all_cpus"]
+    assert stepping["thread_cpus"] == sorted(stepping["cpus"])
+    assert stepping["env"]["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "0"
+    assert stepping["omp_bind"] == stepping["env"]["VLLM_CPU_OMP_THREADS_BIND"] != "auto"

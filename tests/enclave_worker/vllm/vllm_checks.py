@@ -92,7 +92,9 @@ async def sealed_checks(engine, tokenizer) -> dict:  # type: ignore[no-untyped-d
     import os
 
     result["stepping"] = {"cpus": engine.runtime.stepping_cpus, "all_cpus": sorted(os.sched_getaffinity(0)),
-                          "thread_cpus": sorted(os.sched_getaffinity(engine._thread.native_id))}
+                          "thread_cpus": sorted(os.sched_getaffinity(engine._thread.native_id)),
+                          "env": engine.runtime.cpu_env,
+                          "omp_bind": os.environ.get("VLLM_CPU_OMP_THREADS_BIND")}
     # Revocation: zero in place (we keep references to look), then vLLM is dropped. Packed weights
     # are read byte by byte over oneDNN's whole allocation, padding included.
     from enclave_worker.vllm_engine.packed import packed_tensors
