@@ -45,3 +45,8 @@ class PolicyViolation(AttestationError):
     def __init__(self, violations: list[str]) -> None:
         self.violations = list(violations)
         super().__init__("; ".join(self.violations) or "policy violation")
+
+
+class WorkloadMismatch(AttestationError):
+    """What a worker runs (arguments, environment, configuration, policy floor) is not what its
+    init-data says, or its hardware does not carry that init-data's digest: it must not start."""
