@@ -16,7 +16,7 @@ from attestation.workload import WorkloadClaims
 from enclave_worker.attesters import Attester, CpuEvidence, KernelInterfaces, hardware_attester
 from enclave_worker.measurement import simulated_measurement
 from enclave_worker.settings import WorkerSettings
-from enclave_worker.workload_check import check_hardware_carries, check_runs_as_declared, load_init_data
+from enclave_worker.workload_check import check_runs_as_declared, load_init_data
 from protocol.package.signing import read_manifest
 
 log = logging.getLogger(__name__)
@@ -65,20 +65,21 @@ def make_attester(settings: WorkerSettings) -> Attester:
         kernel = KernelInterfaces(settings.tsm_dir, settings.tsm_entry, settings.sev_guest_device,
                                   settings.ccel_table, settings.ccel_data)
         attester = hardware_attester(settings.tee, settings.gpu_tee, kernel)
-    return dataclasses.replace(attester, workload=workload_claims(settings).encode())
+    digest = b""
+    if settings.init_data is not None and settings.tee != "sim":
+        digest = load_init_data(settings.init_data).digest_for(settings.tee)
+    return dataclasses.replace(attester, workload=workload_claims(settings).encode(), init_data_digest=digest)
 
 
 def check_workload(settings: WorkerSettings, argv: Sequence[str], environ: Mapping[str, str]) -> None:
     """On SNP and TDX the init-data is required: the worker runs what it says, and its hardware
-    carries its digest (enclave_worker/workload_check.py). The simulated TEE checks a given one."""
+    carries its digest (every report is checked: Attester.bundle). The simulated TEE checks a given one."""
     if settings.init_data is None:
         if settings.tee != "sim":
             raise WorkloadMismatch("no --init-data: on SNP and TDX the evidence must name the workload")
         return
     init = load_init_data(settings.init_data)
     check_runs_as_declared(init, argv, environ, settings)
-    if settings.tee != "sim":
-        check_hardware_carries(init, make_attester(settings).cpu)
     log.info("init-data %s: arguments, environment and configuration are as declared",
              init.digest_for(settings.tee).hex() if settings.tee != "sim" else "(simulated TEE)")
 

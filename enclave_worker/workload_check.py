@@ -5,13 +5,15 @@ HOST_DATA, TDX MRCONFIGID). A relying party that allows that digest allows what 
 names; this module makes the worker hold to it:
 
 1. its hardware reports the digest of the init-data file it was given (else the file is not the
-   one the host launched it with, and the evidence describes another workload);
+   one the host launched it with, and the evidence describes another workload): every report is
+   checked before it leaves the worker (enclave_worker/attesters.py, Attester.bundle);
 2. its arguments, minus the interface locations below, are the document's `argv`, element by element;
 3. its measured environment (names with the prefixes below) is the document's `env`, exactly;
 4. its measured configuration (`WorkerSettings.measured_config()`, which hashes the tenant's
    policy-admin key file) is the document's, and its tenant-policy floor is the document's.
 
-Anything else raises WorkloadMismatch, and the worker exits with EXIT_CONFIG_ERROR.
+A difference in 2-4 raises WorkloadMismatch at start, and the worker exits with EXIT_CONFIG_ERROR; a
+report without the digest (1) fails the boot before any evidence reaches the key broker.
 """
 
 from __future__ import annotations
@@ -25,7 +27,6 @@ from attestation.errors import UnsupportedError, WorkloadMismatch
 from attestation.initdata import InitData
 from attestation.snp.abi import parse_report
 from attestation.tdx.abi import parse_quote
-from enclave_worker.attesters import CpuAttester
 from enclave_worker.settings import WorkerSettings
 
 # Where the guest kernel's interfaces are and which address the gateway is told: not measured
@@ -37,8 +38,6 @@ MEASURED_ENV_PREFIXES = ("SEALED_", "PYTHON", "LD_", "MALLOC_", "OMP_", "MKL_", 
                          "NCCL_", "NVIDIA_", "VLLM_", "HF_", "TRANSFORMERS_", "TOKENIZERS_", "SSL_", "REQUESTS_",
                          "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy",
                          "GRPC_", "OPENSSL_")
-# A check report's REPORT_DATA: never a nonce a relying party issued, so it cannot be replayed as one.
-_PROBE = b"sealed init-data self-check".ljust(64, b"\0")
 
 
 def measured_argv(argv: Sequence[str]) -> tuple[str, ...]:
@@ -96,17 +95,17 @@ def check_runs_as_declared(init: InitData, argv: Sequence[str], environ: Mapping
         raise WorkloadMismatch("; ".join(problems))
 
 
-def reported_digest(cpu: CpuAttester) -> bytes:
-    """The init-data digest this guest's hardware reports (one report, REPORT_DATA a fixed probe)."""
-    evidence = cpu.attest(_PROBE)
-    if cpu.tee == "snp":
-        return parse_report(evidence.report).host_data
-    if cpu.tee == "tdx":
-        return parse_quote(evidence.report).body.mr_config_id
-    raise UnsupportedError(f"TEE {cpu.tee!r} carries no init-data digest")
+def reported_digest(tee: str, report: bytes) -> bytes:
+    """The init-data digest a report of this guest's hardware carries."""
+    if tee == "snp":
+        return parse_report(report).host_data
+    if tee == "tdx":
+        return parse_quote(report).body.mr_config_id
+    raise UnsupportedError(f"TEE {tee!r} carries no init-data digest")
 
 
-def check_hardware_carries(init: InitData, cpu: CpuAttester) -> None:
-    if not hmac.compare_digest(reported_digest(cpu), init.digest_for(cpu.tee)):
-        raise WorkloadMismatch(f"the {cpu.tee.upper()} report does not carry this init-data's digest: "
+def check_report_carries(expected: bytes, tee: str, report: bytes) -> None:
+    """Raise WorkloadMismatch unless the report carries `expected` (InitData.digest_for(tee))."""
+    if not hmac.compare_digest(reported_digest(tee, report), expected):
+        raise WorkloadMismatch(f"the {tee.upper()} report does not carry this worker's init-data digest: "
                                "the host launched this guest with other init-data")
