@@ -16,6 +16,7 @@ from enclave_worker.attesters import resolve_tee
 from enclave_worker.serve import serve
 from enclave_worker.settings import WorkerSettings
 from enclave_worker.tee import check_workload
+from enclave_worker.workload_check import process_environ
 from protocol.asgi import freeze_startup_heap, schedule_full_collections
 from protocol.exit_codes import EXIT_CONFIG_ERROR
 
@@ -103,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s worker %(levelname)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per heartbeat otherwise
     try:  # before anything is attested or fetched: this worker runs what its init-data says, or stops here
-        check_workload(settings, argv, os.environ)
+        check_workload(settings, argv, process_environ())
     except (AttestationError, OSError) as exc:
         print(f"worker: refusing to start: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
         return EXIT_CONFIG_ERROR  # restarting cannot help: the same arguments, the same init-data

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hmac
 import json
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -56,6 +57,17 @@ def measured_argv(argv: Sequence[str]) -> tuple[str, ...]:
     return tuple(out)
 
 
+def process_environ() -> dict[str, str]:
+    """The environment this process was started with (/proc/self/environ): what the runtime set,
+    not what an imported library added since (threadpoolctl and torch set KMP_DUPLICATE_LIB_OK)."""
+    try:
+        raw = Path("/proc/self/environ").read_bytes()
+    except OSError:
+        return dict(os.environ)
+    pairs = (item.decode(errors="surrogateescape").partition("=") for item in raw.split(b"\0") if item)
+    return {k: v for k, _, v in pairs}
+
+
 def measured_env(environ: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in sorted(environ.items()) if k.startswith(MEASURED_ENV_PREFIXES)}
 
@@ -78,8 +90,11 @@ def check_runs_as_declared(init: InitData, argv: Sequence[str], environ: Mapping
     problems: list[str] = []
     mine = measured_argv(argv)
     if mine != init.argv:
-        diff = [a for a, b in zip(mine, init.argv, strict=False) if a != b][:1] or ["(a different count)"]
-        problems.append(f"arguments differ from the init-data's (first difference at {diff[0].split('=')[0]!r})")
+        at = next((i for i, (a, b) in enumerate(zip(mine, init.argv, strict=False)) if a != b),
+                  min(len(mine), len(init.argv)))
+        # The position and the option before it, never a value (it may be a secret).
+        near = next((a.split("=")[0] for a in reversed(mine[:at + 1]) if a.startswith("--")), "")
+        problems.append(f"arguments differ from the init-data's (first at argument {at}, option {near or '-'})")
     env = measured_env(environ)
     changed = sorted(k for k in set(env) | set(init.env) if env.get(k) != init.env.get(k))
     if changed:

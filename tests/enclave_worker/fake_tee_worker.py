@@ -28,7 +28,7 @@ from attestation.testing.fake_nvml import FakeNvml
 from attestation.testing.fake_sev_guest import FakeSevGuest
 from attestation.testing.fake_tsm import FakeTsmTree
 from attestation.testing.platform import FakePlatform, gpu_report
-from enclave_worker.workload_check import init_data_for
+from enclave_worker.workload_check import init_data_for, process_environ
 
 TEST_IMAGE = "sealed-worker@sha256:" + "ab" * 32
 VECTORS = Path(__file__).resolve().parents[1] / "vectors"
@@ -43,7 +43,7 @@ def launch_init_data(path: Path | None, worker_argv: list[str]) -> InitData:
     from enclave_worker.cli import parse
 
     _, settings = parse(worker_argv)
-    return init_data_for(TEST_IMAGE, worker_argv, os.environ, settings)
+    return init_data_for(TEST_IMAGE, worker_argv, process_environ(), settings)
 
 
 def main(argv: list[str] | None = None) -> int:
