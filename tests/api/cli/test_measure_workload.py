@@ -9,9 +9,11 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from api.cli.main import build
+from api.orchestrator.agent_policy import digest, render
 from attestation.initdata import InitData
 from attestation.snp.abi import parse_report
 from attestation.tdx.abi import parse_quote
@@ -20,6 +22,7 @@ from enclave_worker.cli import parse
 from enclave_worker.workload_check import check_runs_as_declared, measured_env, process_environ
 from tests.enclave_worker.fake_tee_worker import TEST_IMAGE, launch_init_data
 
+TEMPLATE = Path(__file__).resolve().parents[3] / "deploy" / "k8s" / "base" / "worker-template.yaml"
 WORKER = ["--broker-url", "https://broker.example", "--package-dir", "/pkg", "--tenant", "acme", "--model", "m",
           "--version", "v1", "--grpc-port", "50051", "--tee", "snp", "--min-policy-version", "2"]
 
@@ -62,4 +65,42 @@ def test_the_agent_policy_is_part_of_the_identity(tmp_path: Path) -> None:
 ])
 def test_bad_input_is_refused(args: list[str], message: str) -> None:
     result = CliRunner().invoke(build(), ["measure", "init-data", *args, "--", *WORKER])
+    assert result.exit_code != 0 and message in result.output, result.output
+
+
+def worker_deployment(tmp_path: Path, **container: object) -> Path:
+    """The base worker template as the controller pins it for one model version: image by digest,
+    literal arguments and environment."""
+    doc = yaml.safe_load(TEMPLATE.read_text())
+    spec = doc["spec"]["template"]["spec"]
+    spec["containers"][0].update({"image": TEST_IMAGE, "args": WORKER, "env": [{"name": "PYTHONHASHSEED",
+                                                                                  "value": "0"}], **container})
+    path = tmp_path / "rendered.yaml"
+    path.write_text(yaml.safe_dump_all([{"kind": "Namespace", "metadata": {"name": "sealed"}}, doc]))
+    return path
+
+
+def test_measure_from_a_rendered_pod_spec(tmp_path: Path) -> None:
+    out = tmp_path / "init-data.json"
+    result = CliRunner().invoke(build(), ["measure", "init-data", "--pod", str(worker_deployment(tmp_path)),
+                                          "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    document = InitData.decode(out.read_bytes())
+    spec = yaml.safe_load(worker_deployment(tmp_path).read_text().split("---")[-1])["spec"]["template"]["spec"]
+    policy = render(spec)
+    assert out.with_suffix(".rego").read_text() == policy and document.agent_policy_digest == digest(policy)
+    assert document.image == TEST_IMAGE and document.env == {"PYTHONHASHSEED": "0"}
+    assert json.loads(result.output)["host_data"] == document.host_data().hex()
+    # The worker that pod starts (its arguments, its environment) accepts it as its own.
+    check_runs_as_declared(document, WORKER, {"PYTHONHASHSEED": "0", "HOSTNAME": "pod-1"}, parse(WORKER)[1])
+
+
+@pytest.mark.parametrize(("container", "message"), [
+    ({"image": "sealed-worker"}, "pinned by digest"),
+    ({"args": ["--broker-url", "$(BROKER_URL)"]}, "literal"),
+    ({"env": [{"name": "BROKER_URL", "valueFrom": {"configMapKeyRef": {"name": "c", "key": "k"}}}]}, "literal value"),
+])
+def test_a_pod_that_cannot_be_pinned_is_refused(tmp_path: Path, container: dict, message: str) -> None:
+    pod = worker_deployment(tmp_path, **container)
+    result = CliRunner().invoke(build(), ["measure", "init-data", "--pod", str(pod)])
     assert result.exit_code != 0 and message in result.output, result.output
