@@ -28,9 +28,17 @@ class AppraisalPolicy:
     allow_debug: bool = False
     require_gpu_cc: bool = False
     unsafe_allow_simulated_tee: bool = False
+    # The init-data digests (attestation/initdata.py: SNP HOST_DATA, TDX MRCONFIGID; lower-case hex)
+    # of the workloads allowed; None: not required (the launch digest alone: any image, any arguments).
+    allowed_workload_ids: frozenset[str] | None = None
+    max_vmpl: int = 0  # SNP: the report must come from VMPL 0 (the guest's most privileged level)
+    allow_migration_agent: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "allowed_measurements", frozenset(m.lower() for m in self.allowed_measurements))
+        if self.allowed_workload_ids is not None:
+            object.__setattr__(self, "allowed_workload_ids",
+                               frozenset(w.lower() for w in self.allowed_workload_ids))
         if self.unsafe_allow_simulated_tee:
             log.warning("appraisal policy accepts the simulated TEE: no hardware protection")
 
@@ -41,8 +49,8 @@ class AppraisalPolicy:
         if unknown:
             raise PolicyViolation([f"unknown policy keys: {sorted(unknown)}"])
         args: dict[str, Any] = dict(doc)
-        for key in ("allowed_tee", "allowed_measurements", "acceptable_tcb_status"):
-            if key in args:
+        for key in ("allowed_tee", "allowed_measurements", "acceptable_tcb_status", "allowed_workload_ids"):
+            if args.get(key) is not None:
                 args[key] = frozenset(args[key])
         return cls(**args)
 
@@ -74,6 +82,12 @@ def appraise(claims: AttestationClaims | ResultClaims | Mapping[str, Any], polic
             violations.append(f"TCB component {name} below {floor}")
     if result.debug and not policy.allow_debug:
         violations.append("debug mode is on")
+    if policy.allowed_workload_ids is not None and result.workload_id not in policy.allowed_workload_ids:
+        violations.append("workload identity (init-data digest) is not in the allowed set")
+    if result.vmpl > policy.max_vmpl:
+        violations.append(f"report comes from VMPL {result.vmpl}, above {policy.max_vmpl}")
+    if result.migration_agent and not policy.allow_migration_agent:
+        violations.append("a migration agent may export the guest's state")
     if policy.require_gpu_cc and (not result.gpus or not all(g.cc_enabled for g in result.gpus)):
         violations.append("GPU confidential computing is not on for every GPU")
     if violations:

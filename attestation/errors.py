@@ -51,3 +51,8 @@ class UnboundClaim(PolicyViolation):
     """A claim served beside the evidence (promises, tenant, model, version, model digest) differs from
     the one the evidence binds: edited on the way. The client relies only on what the hardware signed,
     and refuses a document that says otherwise next to it."""
+
+
+class WorkloadMismatch(AttestationError):
+    """What a worker runs (arguments, environment, configuration, policy floor) is not what its
+    init-data says, or its hardware does not carry that init-data's digest: it must not start."""

@@ -78,6 +78,9 @@ class ResultClaims:
     tcb: Mapping[str, int]
     debug: bool
     gpus: tuple[GpuClaim, ...]
+    workload_id: str = ""  # the init-data digest (SNP HOST_DATA, TDX MRCONFIGID), lower-case hex
+    vmpl: int = 0
+    migration_agent: bool = False
 
     @classmethod
     def from_claims(cls, claims: Mapping[str, Any]) -> ResultClaims:
@@ -91,6 +94,8 @@ class ResultClaims:
                                     cc_enabled=bool(g.get("cc_enabled")),
                                     rim_matched=None if g.get("rim_matched") is None else bool(g["rim_matched"]))
                            for i, g in enumerate(claims.get("gpus") or [])),
+                workload_id=str(claims.get("workload_id") or "").lower(), vmpl=int(claims.get("vmpl") or 0),
+                migration_agent=bool(claims.get("migration_agent")),
             )
         except (TypeError, ValueError, AttributeError) as exc:
             raise TokenError(f"attestation result claims are malformed: {exc}") from exc

@@ -17,6 +17,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from attestation.bundle import EvidenceBundle, check_binding
 from attestation.claims import CpuClaims, GpuClaims, TcbStatus, TeeType
 from attestation.errors import FreshnessError, SignatureError, UnsupportedError
+from attestation.initdata import workload_id_of
 from attestation.sim import verify_sim_report
 
 log = logging.getLogger(__name__)
@@ -45,6 +46,21 @@ class AttestationResult:
     def insecure(self) -> bool:
         return self.cpu.tee is TeeType.SIM
 
+    @property
+    def workload_id(self) -> str:
+        """The init-data digest the hardware carries (SNP HOST_DATA, TDX MRCONFIGID), hex; "" for sim."""
+        return workload_id_of(self.cpu.tee.value, self.cpu.extra)
+
+    @property
+    def vmpl(self) -> int:
+        """The privilege level the SNP report was requested at (0 for TDX and sim, which have none)."""
+        return int(self.cpu.extra.get("vmpl", "0"))
+
+    @property
+    def migration_agent(self) -> bool:
+        """SNP: a migration agent may be bound (GUEST_POLICY.MIGRATE_MA); TDX: TDATTRIBUTES.MIGRATABLE."""
+        return self.cpu.extra.get("migrate_ma", self.cpu.extra.get("migratable", "false")) == "true"
+
     def token_claims(self) -> dict[str, Any]:
         return {
             "eat_nonce": self.nonce.hex(),
@@ -53,6 +69,9 @@ class AttestationResult:
             "tcb_status": self.cpu.tcb_status.value,
             "tcb": dict(self.cpu.tcb),
             "debug": self.cpu.debug,
+            "workload_id": self.workload_id,
+            "vmpl": self.vmpl,
+            "migration_agent": self.migration_agent,
             "report_data": self.cpu.report_data.hex(),
             "runtime_data": {"nonce": self.nonce.hex(), "hpke_public_key": self.hpke_public_key.hex(),
                              "channel_binding": self.channel_binding.hex()},

@@ -32,6 +32,7 @@ from attestation.snp.collect import collect_ioctl, parse_cert_table
 from attestation.tdx.collect import collect_quote
 from attestation.tdx.eventlog import ccel_log_length, parse_cc_event_log
 from attestation.tsm import DEFAULT_BASE, TsmReportClient
+from enclave_worker.workload_check import check_report_carries
 
 log = logging.getLogger(__name__)
 CPU_TEES = ("sim", "snp", "tdx")
@@ -184,6 +185,9 @@ class Attester:
     cpu: CpuAttester
     gpu: NvgpuAttester | None = None
     workload: bytes = b""  # attestation.workload.WorkloadClaims.encode(): bound into every bundle
+    # The init-data digest this guest was launched with (SNP HOST_DATA, TDX MRCONFIGID): a report
+    # carrying another is never handed out (enclave_worker/workload_check.py). b"": not checked (sim).
+    init_data_digest: bytes = b""
 
     def bundle(self, runtime: RuntimeData) -> EvidenceBundle:
         if self.workload:
@@ -191,6 +195,8 @@ class Attester:
         # GPU first, for the broker's own nonce; the CPU report then binds that exact GPU evidence.
         gpus = self.gpu.collect(runtime.nonce) if self.gpu else ()
         evidence = self.cpu.attest(expected_report_data(runtime, gpus))
+        if self.init_data_digest:
+            check_report_carries(self.init_data_digest, self.cpu.tee, evidence.report)
         return EvidenceBundle(tee=self.cpu.tee, cpu_evidence=evidence.report, runtime_data=runtime,
                               cpu_certificates=evidence.certificates, gpus=gpus, event_log=evidence.event_log)
 

@@ -11,15 +11,17 @@ import os
 import sys
 from pathlib import Path
 
-from attestation.errors import UnsupportedError
+from attestation.errors import AttestationError, UnsupportedError
 from enclave_worker.attesters import resolve_tee
 from enclave_worker.serve import serve
 from enclave_worker.settings import WorkerSettings
+from enclave_worker.tee import check_workload
+from enclave_worker.workload_check import process_environ
 from protocol.asgi import freeze_startup_heap, schedule_full_collections
 from protocol.exit_codes import EXIT_CONFIG_ERROR
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m enclave_worker")
     parser.add_argument("--broker-url", required=True)
     parser.add_argument("--package-dir", type=Path, required=True)
@@ -49,6 +51,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="serve gRPC over mutual TLS, accepting only this gateway certificate")
     parser.add_argument("--policy-file", type=Path, default=None, help="the tenant's signed policy set")
     parser.add_argument("--policy-admin-key", type=Path, default=None, help="tenant admin key that signed it")
+    parser.add_argument("--min-policy-version", type=int, default=0,
+                        help="refuse a tenant policy set older than this version (measured)")
+    parser.add_argument("--init-data", type=Path, default=None,
+                        help="the init-data document this guest was launched with (required on snp and tdx)")
     parser.add_argument("--unsafe-no-tenant-policy", action="store_true",
                         help="run without data and tool-use controls (logs a warning)")
     parser.add_argument("--lease-seconds", type=float, default=60.0,
@@ -73,6 +79,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sealed-padding-min-bytes", type=int, default=256,
                         help="pad each sealed response chunk to a power-of-two size of at least this many "
                              "bytes (0: exact sizes, visible to the gateway; measured)")
+    return parser
+
+
+def parse(argv: list[str]) -> tuple[argparse.Namespace, WorkerSettings]:
+    """The worker's options and settings for `argv` (exits with a usage error on bad input)."""
+    parser = _parser()
     args = parser.parse_args(argv)
     try:
         tee, gpu_tee = resolve_tee(args.tee)
@@ -83,12 +95,23 @@ def main(argv: list[str] | None = None) -> int:
         import torch
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s worker %(levelname)s %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per heartbeat otherwise
     try:
-        settings = _settings(args, tee, gpu_tee, device)
+        return args, _settings(args, tee, gpu_tee, device)
     except ValueError as exc:
         parser.error(str(exc))
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args, settings = parse(argv)
+    device = settings.device
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s worker %(levelname)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per heartbeat otherwise
+    try:  # before anything is attested or fetched: this worker runs what its init-data says, or stops here
+        check_workload(settings, argv, process_environ())
+    except (AttestationError, OSError) as exc:
+        print(f"worker: refusing to start: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        return EXIT_CONFIG_ERROR  # restarting cannot help: the same arguments, the same init-data
     token = args.register_token_file.read_text().strip() if args.register_token_file else ""
     client_cert = args.gateway_client_cert.read_bytes() if args.gateway_client_cert else None
     if settings.engine != "vllm" and device == "cpu":
@@ -120,5 +143,6 @@ def _settings(args: argparse.Namespace, tee: str, gpu_tee: str | None, device: s
         max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
         policy_file=args.policy_file,
         policy_admin_key=args.policy_admin_key, unsafe_no_tenant_policy=args.unsafe_no_tenant_policy,
+        min_policy_version=args.min_policy_version, init_data=args.init_data,
         lease_s=args.lease_seconds, lease_watch_s=args.lease_watch_seconds,
         sealed_padding_min_bytes=args.sealed_padding_min_bytes)

@@ -49,8 +49,9 @@ class GuardNote:
     decision: Decision
 
 
-def load_policy_set(document: Path, admin_key: Path, tenant: str) -> PolicySet:
-    """Verify a signed policy document with the measured admin key; it must be for this tenant."""
+def load_policy_set(document: Path, admin_key: Path, tenant: str, min_version: int = 0) -> PolicySet:
+    """Verify a signed policy document with the measured admin key; it must be for this tenant and
+    at least the measured floor's version (an operator cannot roll the tenant's policy back)."""
     key = serialization.load_pem_public_key(admin_key.read_bytes())
     if not isinstance(key, Ed25519PublicKey):
         raise ValueError("the tenant policy admin key must be Ed25519")
@@ -58,6 +59,8 @@ def load_policy_set(document: Path, admin_key: Path, tenant: str) -> PolicySet:
     policy_set = verify_policy_document(envelope, {tenant: {str(envelope.get("key_id")): key}})
     if policy_set.tenant != tenant:
         raise ValueError("policy document is for another tenant")
+    if policy_set.version < min_version:
+        raise ValueError(f"tenant policy version {policy_set.version} is older than this worker's floor {min_version}")
     return policy_set
 
 
@@ -171,11 +174,13 @@ class WorkerGuard:
         return "requires_approval" if held else ""
 
 
-def build_guard(policy_file: Path | None, admin_key: Path | None, tenant: str, unsafe_no_policy: bool
-                ) -> WorkerGuard:
+def build_guard(policy_file: Path | None, admin_key: Path | None, tenant: str, unsafe_no_policy: bool,
+                min_version: int = 0) -> WorkerGuard:
     if policy_file is None or admin_key is None:
+        if min_version:
+            raise ValueError("this worker's init-data sets a tenant policy floor: it needs the signed policy")
         if not unsafe_no_policy:
             raise ValueError("a signed tenant policy is required (or --unsafe-no-tenant-policy)")
         log.warning("UNSAFE: no tenant policy; data and tool-use controls are off in this worker")
         return WorkerGuard(None)
-    return WorkerGuard(load_policy_set(policy_file, admin_key, tenant))
+    return WorkerGuard(load_policy_set(policy_file, admin_key, tenant, min_version))

@@ -140,7 +140,8 @@ async def _boot(state: WorkerState) -> None:
     s = state.settings
     try:
         # The tenant's signed policy first: no key is fetched for a worker that could not enforce it.
-        state.guard = build_guard(s.policy_file, s.policy_admin_key, s.tenant, s.unsafe_no_tenant_policy)
+        state.guard = build_guard(s.policy_file, s.policy_admin_key, s.tenant, s.unsafe_no_tenant_policy,
+                                  s.min_policy_version)
         if state.records.tenant_key is None:
             log.warning("the tenant's policy set names no decision_record_key: the tenant will not see this "
                         "worker's decisions on sealed requests (they are never sent in clear)")

@@ -49,6 +49,12 @@ class WorkerSettings:
     policy_file: Path | None = None  # the tenant's signed policy set (data and tool-use controls)
     policy_admin_key: Path | None = None  # Ed25519 public key that must have signed it (measured)
     unsafe_no_tenant_policy: bool = False
+    # The oldest tenant-signed policy set (its `version`) this worker accepts: an operator cannot roll
+    # back to an older one (a weaker PII rule, require_sealed off). Measured, and in the init-data.
+    min_policy_version: int = 0
+    # The init-data document the host launched this guest with (attestation/initdata.py); its digest
+    # is in every hardware report. The path is not measured, the document is.
+    init_data: Path | None = None
     # Sealed answers: each response chunk padded to a power-of-two bucket of at least this many bytes
     # (protocol/sealed/padding.py; 0: exact sizes, which the gateway then sees). Measured.
     sealed_padding_min_bytes: int = 256
@@ -71,6 +77,8 @@ class WorkerSettings:
             # None picks the device's default; 0 must not silently mean the same.
             raise ValueError(f"max_num_batched_tokens must be >= 1, not {self.max_num_batched_tokens}")
         self.vllm_cpu_binding  # noqa: B018 - a malformed CPU list is refused here, not when vLLM starts
+        if type(self.min_policy_version) is not int or self.min_policy_version < 0:
+            raise ValueError(f"min_policy_version must be a non-negative int, not {self.min_policy_version!r}")
         self.response_padding  # noqa: B018 - a bad padding size is refused here, not on the first request
 
     @property
@@ -133,6 +141,8 @@ class WorkerSettings:
             "policy_admin_key": (hashlib.sha256(self.policy_admin_key.read_bytes()).hexdigest()
                                  if self.policy_admin_key else None),
             "unsafe_no_tenant_policy": self.unsafe_no_tenant_policy,
+            # Listed only when set (measurements of workers without a floor stay as they were).
+            **({"min_policy_version": self.min_policy_version} if self.min_policy_version else {}),
             "promises": self.promises(),
             # How long this worker may serve a key the broker no longer vouches for.
             "lease_s": self.lease_s,

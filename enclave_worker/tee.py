@@ -4,18 +4,19 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from attestation.bundle import EvidenceBundle, RuntimeData
-from attestation.errors import UnsupportedError
+from attestation.errors import UnsupportedError, WorkloadMismatch
 from attestation.sim import SimTee
 from attestation.workload import WorkloadClaims
 from enclave_worker.attesters import Attester, CpuEvidence, KernelInterfaces, hardware_attester
 from enclave_worker.measurement import simulated_measurement
 from enclave_worker.settings import WorkerSettings
+from enclave_worker.workload_check import check_runs_as_declared, load_init_data
 from protocol.package.signing import read_manifest
 
 log = logging.getLogger(__name__)
@@ -66,7 +67,24 @@ def make_attester(settings: WorkerSettings, policy_version: int = 0) -> Attester
         kernel = KernelInterfaces(settings.tsm_dir, settings.tsm_entry, settings.sev_guest_device,
                                   settings.ccel_table, settings.ccel_data)
         attester = hardware_attester(settings.tee, settings.gpu_tee, kernel)
-    return dataclasses.replace(attester, workload=workload_claims(settings, policy_version).encode())
+    digest = b""
+    if settings.init_data is not None and settings.tee != "sim":
+        digest = load_init_data(settings.init_data).digest_for(settings.tee)
+    return dataclasses.replace(attester, workload=workload_claims(settings, policy_version).encode(),
+                               init_data_digest=digest)
+
+
+def check_workload(settings: WorkerSettings, argv: Sequence[str], environ: Mapping[str, str]) -> None:
+    """On SNP and TDX the init-data is required: the worker runs what it says, and its hardware
+    carries its digest (every report is checked: Attester.bundle). The simulated TEE checks a given one."""
+    if settings.init_data is None:
+        if settings.tee != "sim":
+            raise WorkloadMismatch("no --init-data: on SNP and TDX the evidence must name the workload")
+        return
+    init = load_init_data(settings.init_data)
+    check_runs_as_declared(init, argv, environ, settings)
+    log.info("init-data %s: arguments, environment and configuration are as declared",
+             init.digest_for(settings.tee).hex() if settings.tee != "sim" else "(simulated TEE)")
 
 
 def bundle_maker(settings: WorkerSettings, policy_version: int = 0) -> Callable[[RuntimeData], EvidenceBundle]:

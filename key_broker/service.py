@@ -143,6 +143,8 @@ class KeyBrokerService:
             # 2. Evidence: signatures, chains, binding of nonce + HPKE key + GPU evidence.
             result = self._verify(bundle, challenge.nonce, now)
             meta["measurement"] = result.cpu.measurement.hex()
+            if result.workload_id:
+                meta["workload_id"] = result.workload_id
             meta["gpu_cc"] = bool(result.gpus) and all(g.cc_enabled for g in result.gpus)
             # 3. The tenant's release policy for this model version, default deny.
             policy, values = resolve(self.policies, self.refvals, ref)
@@ -155,7 +157,8 @@ class KeyBrokerService:
                 tenant=tenant, model=model, model_version=version, tee=result.cpu.tee.value,
                 measurement=result.cpu.measurement.hex(), debug=result.cpu.debug, tcb=result.cpu.tcb,
                 gpu_cc=bool(result.gpus) and all(g.cc_enabled for g in result.gpus),
-                insecure=result.insecure, signer=record.signer,
+                insecure=result.insecure, signer=record.signer, tcb_status=result.cpu.tcb_status.value,
+                workload_id=result.workload_id, vmpl=result.vmpl, migration_agent=result.migration_agent,
             )
             decision = evaluate_release(self._policy(policy), facts)
             meta.update(policy_id=decision.policy_id, policy_version=decision.policy_version,

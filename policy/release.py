@@ -74,6 +74,14 @@ class ReleasePolicy:
     # GPU whose confidential-computing mode is off (weights and prompts cross PCIe in the clear),
     # and marks every answer insecure. Contradicts require_gpu_cc.
     unsafe_allow_gpu_cc_off: bool = False
+    # The workloads allowed: init-data digests (attestation/initdata.py; SNP HOST_DATA, TDX
+    # MRCONFIGID), hex. None: not named (the launch digest alone decides: any image, arguments and
+    # configuration in an allowed VM); a set names every workload that may receive the key.
+    allowed_workload_ids: frozenset[str] | None = None
+    # TCB statuses accepted (e.g. ["UpToDate"]); None: not named (min_tcb still applies).
+    acceptable_tcb_status: frozenset[str] | None = None
+    max_vmpl: int = 0  # SNP: the report must come from VMPL 0 unless a policy says otherwise
+    allow_migration_agent: bool = False  # SNP MIGRATE_MA / TDX MIGRATABLE: refused unless allowed
 
     def __post_init__(self) -> None:
         if not self.policy_id or not self.tenant or not self.model:
@@ -96,6 +104,17 @@ class ReleasePolicy:
         object.__setattr__(self, "allowed_tee", tees)
         object.__setattr__(self, "allowed_measurements", measurements)
         object.__setattr__(self, "min_tcb", FrozenMap(self.min_tcb))
+        if self.allowed_workload_ids is not None:
+            ids = frozenset(w.lower() for w in self.allowed_workload_ids)
+            if any(not w or not set(w) <= _HEX for w in ids):
+                raise PolicyInvalid("allowed_workload_ids must be hex")
+            object.__setattr__(self, "allowed_workload_ids", ids)
+        if self.acceptable_tcb_status is not None:
+            object.__setattr__(self, "acceptable_tcb_status", frozenset(self.acceptable_tcb_status))
+        if type(self.max_vmpl) is not int or not 0 <= self.max_vmpl <= 3:
+            raise PolicyInvalid("max_vmpl must be an int from 0 to 3")
+        if type(self.allow_migration_agent) is not bool:
+            raise PolicyInvalid("allow_migration_agent must be a bool")
         if self.unsafe_allow_gpu_cc_off and self.require_gpu_cc:
             raise PolicyInvalid("unsafe_allow_gpu_cc_off contradicts require_gpu_cc")
         if self.unsafe_allow_gpu_cc_off:
@@ -118,8 +137,8 @@ class ReleasePolicy:
         if missing:
             raise PolicyInvalid(f"missing release policy keys: {sorted(missing)}")
         args = dict(d)
-        for key in ("allowed_tee", "allowed_measurements"):
-            if key in args:
+        for key in ("allowed_tee", "allowed_measurements", "allowed_workload_ids", "acceptable_tcb_status"):
+            if key in args and (args[key] is not None or key in ("allowed_tee", "allowed_measurements")):
                 value = args[key]
                 if not isinstance(value, list | tuple | frozenset | set) or not all(isinstance(v, str) for v in value):
                     raise PolicyInvalid(f"{key} must be a list of strings")
@@ -159,6 +178,13 @@ class ReleasePolicy:
             "unsafe_allow_simulated_tee": self.unsafe_allow_simulated_tee,
             # Only when set, so every policy written before the flag existed serializes as before.
             **({"unsafe_allow_gpu_cc_off": True} if self.unsafe_allow_gpu_cc_off else {}),
+            # The workload-identity and platform conditions, likewise only when not the default.
+            **({"allowed_workload_ids": sorted(self.allowed_workload_ids)}
+               if self.allowed_workload_ids is not None else {}),
+            **({"acceptable_tcb_status": sorted(self.acceptable_tcb_status)}
+               if self.acceptable_tcb_status is not None else {}),
+            **({"max_vmpl": self.max_vmpl} if self.max_vmpl else {}),
+            **({"allow_migration_agent": True} if self.allow_migration_agent else {}),
         }
 
 
@@ -176,6 +202,10 @@ class ReleaseFacts:
     gpu_cc: bool
     insecure: bool
     signer: str | None
+    tcb_status: str = "Unknown"
+    workload_id: str = ""  # hex: the init-data digest the hardware carries ("" for sim)
+    vmpl: int = 0
+    migration_agent: bool = False
 
 
 def _context(policy: ReleasePolicy, facts: ReleaseFacts) -> dict[str, Any]:
@@ -184,6 +214,8 @@ def _context(policy: ReleasePolicy, facts: ReleaseFacts) -> dict[str, Any]:
         "tee": facts.tee, "measurement": facts.measurement.lower(), "debug": bool(facts.debug),
         "tcb": {str(k): int(v) for k, v in facts.tcb.items()}, "gpu_cc": bool(facts.gpu_cc),
         "insecure": bool(facts.insecure), "signer": facts.signer or "",
+        "tcb_status": facts.tcb_status, "workload_id": facts.workload_id.lower(), "vmpl": int(facts.vmpl),
+        "migration_agent": bool(facts.migration_agent),
     }
 
 
@@ -221,6 +253,15 @@ def compile_release(rp: ReleasePolicy) -> str:
         n = cedar_str(name)
         forbid(f"tcb.{name}", f"!(context.tcb has {n}) || context.tcb[{n}] < {floor}",
                f"TCB component {name} below floor {floor}")
+    if rp.allowed_workload_ids is not None:
+        forbid("workload_id", f"!{cedar_set(rp.allowed_workload_ids)}.contains(context.workload_id)",
+               "workload identity (init-data digest) is not in the allowed set")
+    if rp.acceptable_tcb_status is not None:
+        forbid("tcb_status", f"!{cedar_set(rp.acceptable_tcb_status)}.contains(context.tcb_status)",
+               "TCB status is not acceptable")
+    forbid("vmpl", f"context.vmpl > {rp.max_vmpl}", f"report comes from a VMPL above {rp.max_vmpl}")
+    if not rp.allow_migration_agent:
+        forbid("migration_agent", "context.migration_agent", "a migration agent may export the guest's state")
     if not rp.allow_debug:
         forbid("debug", "context.debug", "worker runs in debug mode")
     if rp.require_gpu_cc:

@@ -105,4 +105,7 @@ def build() -> typer.Typer:
                        + " differ from the quote: the log does not describe this TD", err=True)
             raise typer.Exit(1)
 
+    from api.cli.measure_workload import init_data
+
+    app.command("init-data", context_settings={"allow_interspersed_args": False})(init_data)
     return app

@@ -9,9 +9,11 @@ from attestation.snp.verify import VerifiedReport
 def to_claims(verified: VerifiedReport) -> CpuClaims:
     """CpuClaims for a verified report; every SNP-specific field goes to `extra` as a string.
 
-    tcb_status is UpToDate when the chain and the VEK-to-REPORTED_TCB binding verified (any CRL
-    supplied was checked and did not revoke); AMD publishes no TCB-info to say more, so a report
-    reduced without that binding would be Unknown.
+    AMD publishes no TCB-info (no "latest TCB" to compare with), so the status says only what the
+    report proves: UpToDate when the chain and the VEK-to-REPORTED_TCB binding verified and
+    REPORTED_TCB is at or above COMMITTED_TCB in every component (the host cannot present a VCEK of
+    a TCB older than the firmware committed to); OutOfDate when it is below; Unknown without that
+    binding. A vendor-published floor is a policy's `min_tcb` (components bl, tee, snp, ucode, fmc).
     """
     r = verified.report
     fw = f"{r.current_major}.{r.current_minor}.{r.current_build}"
@@ -43,7 +45,14 @@ def to_claims(verified: VerifiedReport) -> CpuClaims:
         extra["launch_mit_vector"] = f"{r.launch_mit_vector:#018x}"
         extra["current_mit_vector"] = f"{r.current_mit_vector:#018x}"
     tcb = {**verified.reported_tcb.as_dict(), "guest_svn": r.guest_svn}
-    status = TcbStatus.UP_TO_DATE if verified.tcb_verified else TcbStatus.UNKNOWN
+    extra["migrate_ma"] = str(r.guest_policy.migrate_ma).lower()
+    committed = r.tcb("committed", verified.product)
+    if not verified.tcb_verified:
+        status = TcbStatus.UNKNOWN
+    elif verified.reported_tcb.dominates(committed):
+        status = TcbStatus.UP_TO_DATE
+    else:
+        status = TcbStatus.OUT_OF_DATE
     return CpuClaims(
         tee=TeeType.SNP,
         measurement=r.measurement,

@@ -68,6 +68,11 @@ class TdQuoteBody:
         # TDATTRIBUTES bit 0 (TUD.DEBUG): the host VMM can read and write TD memory.
         return bool(self.td_attributes[0] & 1)
 
+    @property
+    def migratable(self) -> bool:
+        # TDATTRIBUTES bit 29 (MIGRATABLE): a migration TD may export this TD's state.
+        return bool(int.from_bytes(self.td_attributes, "little") >> 29 & 1)
+
 
 @dataclass(frozen=True)
 class QeReport:

@@ -174,6 +174,7 @@ def to_claims(verified: VerifiedQuote) -> CpuClaims:
     }
     if verified.tcb is not None and verified.tcb.module_id:
         extra["tdx_module_identity"] = verified.tcb.module_id
+    extra["migratable"] = str(body.migratable).lower()
     return CpuClaims(
         tee=TeeType.TDX,
         measurement=body.mr_td,

@@ -22,7 +22,14 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.hazmat.primitives.asymmetric.types import PrivateKeyTypes
 
-from attestation.snp.tcb import Product
+from attestation.snp.tcb import (
+    POLICY_DEBUG,
+    POLICY_MIGRATE_MA,
+    POLICY_RESERVED_ONE,
+    POLICY_SMT,
+    Product,
+    TcbVersion,
+)
 from attestation.testing import nvgpu_pki as gpu_pki
 from attestation.testing import tdx_collateral as testcollateral
 from attestation.testing import tdx_pki as testpki
@@ -150,22 +157,33 @@ class FakePlatform:
         vek = self.amd.make_vek(report.tcb("reported", Product.MILAN), CHIP_ID, serial=VCEK_SERIAL)
         return vek.public_bytes(serialization.Encoding.DER)
 
-    def snp_report(self, report_data: bytes, vmpl: int = 0) -> bytes:
-        """What the AMD-SP returns for MSG_REPORT_REQ: a v3 Milan report signed by the VCEK."""
+    def snp_report(self, report_data: bytes, vmpl: int = 0, *, host_data: bytes = bytes(32), debug: bool = False,
+                   migrate_ma: bool = False, committed_tcb: TcbVersion | None = None) -> bytes:
+        """What the AMD-SP returns for MSG_REPORT_REQ: a v3 Milan report signed by the VCEK.
+        `host_data`: what the host set at launch (an init-data digest, attestation/initdata.py);
+        `committed_tcb`: the firmware's committed TCB (default: the reported one)."""
+        policy = POLICY_RESERVED_ONE | POLICY_SMT
+        policy |= (POLICY_DEBUG if debug else 0) | (POLICY_MIGRATE_MA if migrate_ma else 0)
+        extra: dict[str, object] = {"committed_tcb": committed_tcb.encode()} if committed_tcb else {}
         report = template_report(3, Product.MILAN, measurement=SNP_MEASUREMENT, chip_id=CHIP_ID,
-                                 report_data=report_data.ljust(64, b"\0"), vmpl=vmpl)
+                                 report_data=report_data.ljust(64, b"\0"), vmpl=vmpl, host_data=host_data,
+                                 policy=policy, **extra)  # type: ignore[arg-type]
         return sign_report(report, self.amd.keys.vek)
 
-    def tdx_quote(self, report_data: bytes, event_log: bytes = b"") -> bytes:
+    def tdx_quote(self, report_data: bytes, event_log: bytes = b"", *, mr_config_id: bytes = bytes(48),
+                  debug: bool = False) -> bytes:
         """What the quoting enclave returns: a v4 TDX quote over a TD report with this REPORTDATA,
-        with the RTMRs that `event_log` (a CC event log, e.g. a real CCEL capture) replays to."""
-        rtmrs: dict[str, bytes] = {}
+        with the RTMRs that `event_log` (a CC event log, e.g. a real CCEL capture) replays to, and
+        the MRCONFIGID the host set at TD creation (an init-data digest)."""
+        fields: dict[str, bytes] = {"mr_config_id": mr_config_id}
+        if debug:
+            fields["td_attributes"] = bytes.fromhex("0100001000000000")  # the default's bits plus DEBUG (bit 0)
         if event_log:
             from attestation.tdx.eventlog import parse_cc_event_log, replay_rtmrs
 
-            rtmrs = {f"rtmr{i}": r for i, r in enumerate(replay_rtmrs(parse_cc_event_log(event_log)))}
+            fields |= {f"rtmr{i}": r for i, r in enumerate(replay_rtmrs(parse_cc_event_log(event_log)))}
         return testpki.build_quote(self.intel, report_data=report_data.ljust(64, b"\0"), mr_td=TDX_MR_TD,
-                                   **rtmrs)  # type: ignore[arg-type]  # rtmr0..3: bytes keywords
+                                   **fields)  # type: ignore[arg-type]  # TD body fields: bytes keywords
 
 
 def fwid_of(index: int) -> bytes:

@@ -1,7 +1,13 @@
 """Run the real worker (enclave_worker.grpc_server) on fake TEE hardware, for the end-to-end tests.
 
 `python -m tests.enclave_worker.fake_tee_worker --platform DIR --cpu snp|tdx [--sev-guest-ioctl]
- [--nvml cc-on|cc-off|none] WORKER-ARGS...`
+ [--nvml cc-on|cc-off|none] [--launch-init-data FILE] WORKER-ARGS...`
+
+The fake guest is launched with init-data (attestation/initdata.py), as a host does: the fake SNP
+reports its SHA-256 as HOST_DATA, the fake TD its SHA-384 as MRCONFIGID. Without
+--launch-init-data the harness writes the document for the worker's own arguments, environment
+and settings (what `sealed measure` computes), and passes it to the worker with --init-data
+unless the worker's arguments name one.
 
 The fakes sit where the hardware's interfaces are, inside this process: a configfs-tsm tree
 answered by a thread (attestation.testing.fake_tsm), or the /dev/sev-guest ioctl
@@ -16,15 +22,28 @@ import os
 import sys
 from pathlib import Path
 
+from attestation.initdata import InitData
 from attestation.snp.collect import encode_cert_table
 from attestation.testing.fake_nvml import FakeNvml
 from attestation.testing.fake_sev_guest import FakeSevGuest
 from attestation.testing.fake_tsm import FakeTsmTree
 from attestation.testing.platform import FakePlatform, gpu_report
+from enclave_worker.workload_check import init_data_for, process_environ
 
+TEST_IMAGE = "sealed-worker@sha256:" + "ab" * 32
 VECTORS = Path(__file__).resolve().parents[1] / "vectors"
 H200_CC_OFF = VECTORS / "nvml" / "h200_cc_off_20261130.json"
 CCEL = VECTORS / "tdx-ccel"
+
+
+def launch_init_data(path: Path | None, worker_argv: list[str]) -> InitData:
+    """The init-data the fake guest is launched with: the file given, or the worker's own."""
+    if path is not None:
+        return InitData.decode(path.read_bytes())
+    from enclave_worker.cli import parse
+
+    _, settings = parse(worker_argv)
+    return init_data_for(TEST_IMAGE, worker_argv, process_environ(), settings)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,25 +52,36 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cpu", choices=("snp", "tdx"), required=True)
     parser.add_argument("--sev-guest-ioctl", action="store_true", help="SNP through the ioctl, no configfs-tsm")
     parser.add_argument("--nvml", choices=("cc-on", "cc-off", "none"), default="none")
+    parser.add_argument("--launch-init-data", type=Path, default=None)
     ours, worker_argv = parser.parse_known_args(argv)
     platform = FakePlatform.load(ours.platform)
     run = ours.platform / f"hw-{os.getpid()}"
     extra: list[str] = []
+    init = launch_init_data(ours.launch_init_data, worker_argv)
+    if "--init-data" not in worker_argv and not any(a.startswith("--init-data=") for a in worker_argv):
+        path = run / "init-data.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(init.encode())
+        extra += ["--init-data", str(path)]
+    host_data, mr_config_id = init.host_data(), init.mr_config_id()
     if ours.cpu == "snp":
         table = encode_cert_table({"vcek": platform.vcek})
         if ours.sev_guest_ioctl:
-            device = FakeSevGuest(run / "dev" / "sev-guest", platform.snp_report, table)
+            device = FakeSevGuest(run / "dev" / "sev-guest",
+                                  lambda d, vmpl: platform.snp_report(d, vmpl, host_data=host_data), table)
             device.install()
             extra += ["--tsm-dir", str(run / "no-configfs"), "--sev-guest-device", str(device.device)]
         else:
-            FakeTsmTree(run / "tsm", "sev_guest", lambda d, vmpl: (platform.snp_report(d, vmpl), table)).start()
+            FakeTsmTree(run / "tsm", "sev_guest",
+                        lambda d, vmpl: (platform.snp_report(d, vmpl, host_data=host_data), table)).start()
             extra += ["--tsm-dir", str(run / "tsm"), "--tsm-entry", "sealed",
                       "--sev-guest-device", str(run / "no-sev-guest")]
     else:
         # The firmware's CC event log: a real capture (tests/vectors/tdx-ccel); the fake TD's RTMRs
         # are what it replays to.
         log = (CCEL / "ccel_data.dat").read_bytes()
-        FakeTsmTree(run / "tsm", "tdx_guest", lambda d, _: (platform.tdx_quote(d, log), None)).start()
+        FakeTsmTree(run / "tsm", "tdx_guest",
+                    lambda d, _: (platform.tdx_quote(d, log, mr_config_id=mr_config_id), None)).start()
         extra += ["--tsm-dir", str(run / "tsm"), "--tsm-entry", "sealed",
                   "--ccel-table", str(CCEL / "ccel_table.dat"), "--ccel-data", str(CCEL / "ccel_data.dat")]
     if ours.nvml == "cc-on":

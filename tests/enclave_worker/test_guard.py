@@ -166,3 +166,14 @@ def test_earlier_tool_call_arguments_are_checked(guard: WorkerGuard) -> None:
                     "function": {"name": "lookup", "arguments": '{"q": "Project Nightingale"}'}}]}]
     with pytest.raises(GuardRefusal):
         guard.check_messages("key_a", "m", history)
+
+
+def test_policy_older_than_the_measured_floor_is_refused(tmp_path: Path) -> None:
+    """The floor (--min-policy-version, in the init-data) stops an operator from rolling the
+    tenant's policy back to an older signed version; the floor itself and newer pass."""
+    doc, pub = write_signed(tmp_path, POLICY, Ed25519PrivateKey.generate())  # version 3
+    with pytest.raises(ValueError, match="older than this worker's floor 4"):
+        load_policy_set(doc, pub, "acme", min_version=4)
+    assert load_policy_set(doc, pub, "acme", min_version=3).version == 3
+    with pytest.raises(ValueError, match="floor"):
+        build_guard(None, None, "acme", unsafe_no_policy=True, min_version=1)

@@ -121,3 +121,49 @@ def test_policy_is_immutable() -> None:
         pol.allow_debug = True  # type: ignore[misc]
     # Hashable, so the key broker can keep policies in sets or as cache keys.
     assert hash(pol) == hash(dataclasses.replace(pol)) and len({pol, dataclasses.replace(pol)}) == 1
+
+
+# Issue #33: the workload identity and the platform conditions.
+W1, W2 = "11" * 32, "22" * 32
+STRICT = dataclasses.replace(BASE, allowed_workload_ids=frozenset({W1.upper()}),
+                             acceptable_tcb_status=frozenset({"UpToDate"}))
+STRICT_FACTS = dataclasses.replace(FACTS, workload_id=W1, tcb_status="UpToDate")
+
+
+def test_strict_policy_allows_the_named_workload() -> None:
+    evaluate_release(STRICT, STRICT_FACTS).require()
+
+
+@pytest.mark.parametrize(("change", "reason_part"), [
+    ({"workload_id": W2}, "workload identity"),
+    ({"workload_id": ""}, "workload identity"),
+    ({"tcb_status": "OutOfDate"}, "TCB status"),
+    ({"tcb_status": "Unknown"}, "TCB status"),
+    ({"vmpl": 1}, "VMPL above 0"),
+    ({"migration_agent": True}, "migration agent"),
+])
+def test_strict_policy_denies(change: dict[str, Any], reason_part: str) -> None:
+    d = evaluate_release(STRICT, dataclasses.replace(STRICT_FACTS, **change))
+    assert not d.allowed and any(reason_part in r for r in d.reasons), d.reasons
+
+
+def test_vmpl_and_migration_agent_are_refused_by_default_and_can_be_allowed() -> None:
+    assert not evaluate_release(BASE, dataclasses.replace(FACTS, vmpl=2)).allowed
+    assert evaluate_release(dataclasses.replace(BASE, max_vmpl=2), dataclasses.replace(FACTS, vmpl=2)).allowed
+    assert not evaluate_release(BASE, dataclasses.replace(FACTS, migration_agent=True)).allowed
+    allow_ma = dataclasses.replace(BASE, allow_migration_agent=True)
+    assert evaluate_release(allow_ma, dataclasses.replace(FACTS, migration_agent=True)).allowed
+
+
+def test_new_keys_round_trip_and_old_policies_keep_their_bytes() -> None:
+    assert set(BASE.to_dict()) & {"allowed_workload_ids", "acceptable_tcb_status", "max_vmpl",
+                                  "allow_migration_agent"} == set()
+    assert ReleasePolicy.from_dict(STRICT.to_dict()) == STRICT
+    assert STRICT.to_dict()["allowed_workload_ids"] == [W1]
+
+
+@pytest.mark.parametrize("change", [{"allowed_workload_ids": ["not-hex"]}, {"max_vmpl": 4},
+                                    {"allow_migration_agent": "yes"}])
+def test_bad_new_keys_are_refused(change: dict[str, Any]) -> None:
+    with pytest.raises(PolicyInvalid):
+        ReleasePolicy.from_dict({**BASE.to_dict(), **change})

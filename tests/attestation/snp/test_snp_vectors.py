@@ -88,7 +88,13 @@ def test_real_vector_verifies_at_pinned_time(
     else:
         assert info.hwid is None and info.csp_id == "CN=cc-us-east-2.amazonaws.com"
     claims = to_claims(vr)
-    assert claims.tcb_status.value == "UpToDate"
+    # Honest status: UpToDate only where REPORTED_TCB is not below COMMITTED_TCB. The AWS VLEK
+    # capture reports ucode 217 (the VLEK's TCB) while the firmware committed 219: its signature
+    # proves no more than 217, so it is OutOfDate, not UpToDate.
+    reported, committed = vr.report.tcb("reported", v.product), vr.report.tcb("committed", v.product)
+    expected = "UpToDate" if reported.dominates(committed) else "OutOfDate"
+    assert claims.tcb_status.value == expected
+    assert (v.report == "trustee_test-vlek-report.bin") == (expected == "OutOfDate")
     assert claims.measurement.hex() == f["measurement"]
     assert claims.extra["chip_id"] == f["chip_id"] and claims.extra["product"] == v.product.value
 

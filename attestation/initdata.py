@@ -1,0 +1,109 @@
+"""The workload identity: one init-data document whose digest the hardware carries at launch.
+
+What a confidential VM's launch digest (SNP MEASUREMENT, TDX MRTD) covers is the firmware (and, for
+SNP with measured direct boot, kernel, initrd and kernel command line): the same for every workload
+started in it. What the workload is (the pinned worker image, its exact command line, its measured
+environment, its measured configuration, the oldest tenant policy version it accepts, and the Kata
+agent policy that keeps the host from running anything else in the pod) is this document. The host
+supplies it at launch and the hardware signs its digest in every report:
+
+* SEV-SNP: HOST_DATA (32 bytes) = SHA-256(encode())
+* TDX: MRCONFIGID (48 bytes) = SHA-384(encode())
+
+so a relying party that allows one digest allows exactly one workload; the worker checks at start
+that what it runs is what this document says (enclave_worker/workload_check.py), and that its own
+hardware reports this digest, and refuses to start otherwise. Canonical form: JSON, sorted keys, no
+spaces, UTF-8; decoding refuses any other form.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from attestation.errors import ParseError, UnsupportedError
+
+INIT_DATA_VERSION = 1
+_FIELDS = {"v", "image", "argv", "env", "measured_config", "min_policy_version", "agent_policy_digest"}
+_IMAGE = re.compile(r"^[^\s@]+@sha256:[0-9a-f]{64}$")
+_SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
+# Which hardware field carries the digest, and how long it is.
+FIELD_BY_TEE = {"snp": ("host_data", 32), "tdx": ("mr_config_id", 48)}
+
+
+@dataclass(frozen=True)
+class InitData:
+    image: str  # the pinned worker image, "<repository>@sha256:<digest>"
+    argv: tuple[str, ...]  # the worker's arguments after the program name, interface paths excluded
+    env: Mapping[str, str] = field(default_factory=dict)  # the measured environment (workload_check.py)
+    measured_config: Mapping[str, Any] = field(default_factory=dict)  # WorkerSettings.measured_config()
+    min_policy_version: int = 0  # the oldest tenant-signed policy set the worker accepts (0: none needed)
+    agent_policy_digest: str = ""  # SHA-256 hex of the Kata agent policy document ("" outside Kata)
+
+    def __post_init__(self) -> None:
+        if not _IMAGE.match(self.image):
+            raise ParseError(f"init-data image must be pinned by digest (name@sha256:<64 hex>): {self.image!r}")
+        if not all(isinstance(a, str) for a in self.argv):
+            raise ParseError("init-data argv must be strings")
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in self.env.items()):
+            raise ParseError("init-data env must map strings to strings")
+        if type(self.min_policy_version) is not int or self.min_policy_version < 0:
+            raise ParseError("init-data min_policy_version must be a non-negative int")
+        if self.agent_policy_digest and not _SHA256_HEX.match(self.agent_policy_digest):
+            raise ParseError("init-data agent_policy_digest must be SHA-256 hex")
+        object.__setattr__(self, "argv", tuple(self.argv))
+        object.__setattr__(self, "env", dict(self.env))
+        object.__setattr__(self, "measured_config", json.loads(json.dumps(dict(self.measured_config))))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"v": INIT_DATA_VERSION, "image": self.image, "argv": list(self.argv), "env": dict(self.env),
+                "measured_config": dict(self.measured_config), "min_policy_version": self.min_policy_version,
+                "agent_policy_digest": self.agent_policy_digest}
+
+    def encode(self) -> bytes:
+        """The canonical bytes the hardware's digest covers."""
+        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+    def host_data(self) -> bytes:
+        """SEV-SNP HOST_DATA (32 bytes), set by the host at SNP_LAUNCH_FINISH."""
+        return hashlib.sha256(self.encode()).digest()
+
+    def mr_config_id(self) -> bytes:
+        """TDX MRCONFIGID (48 bytes), set by the host at TD creation (TDH.MNG.INIT)."""
+        return hashlib.sha384(self.encode()).digest()
+
+    def digest_for(self, tee: str) -> bytes:
+        """The value the `tee`'s hardware reports for this document."""
+        if tee == "snp":
+            return self.host_data()
+        if tee == "tdx":
+            return self.mr_config_id()
+        raise UnsupportedError(f"TEE {tee!r} carries no init-data digest")
+
+    @classmethod
+    def decode(cls, raw: bytes) -> InitData:
+        try:
+            doc = json.loads(raw)
+            if not isinstance(doc, dict) or set(doc) != _FIELDS or doc["v"] != INIT_DATA_VERSION:
+                raise ParseError("init-data has unexpected fields or version")
+            if not isinstance(doc["argv"], list) or not isinstance(doc["env"], dict) \
+                    or not isinstance(doc["measured_config"], dict):
+                raise ParseError("init-data argv must be a list, env and measured_config objects")
+            init = cls(image=doc["image"], argv=tuple(doc["argv"]), env=doc["env"],
+                       measured_config=doc["measured_config"], min_policy_version=doc["min_policy_version"],
+                       agent_policy_digest=doc["agent_policy_digest"])
+        except (UnicodeDecodeError, ValueError, TypeError, AttributeError) as exc:
+            raise ParseError(f"malformed init-data: {exc}") from exc
+        if init.encode() != raw:
+            raise ParseError("init-data is not in canonical form")
+        return init
+
+
+def workload_id_of(tee: str, extra: Mapping[str, str]) -> str:
+    """The init-data digest a verified report carries (hex, from CpuClaims.extra); "" where none."""
+    name = FIELD_BY_TEE.get(tee)
+    return extra.get(name[0], "") if name else ""

@@ -1,0 +1,126 @@
+"""At start, before anything is attested or fetched: the worker runs what its init-data says.
+
+The init-data (attestation/initdata.py) is the document whose digest the hardware carries (SNP
+HOST_DATA, TDX MRCONFIGID). A relying party that allows that digest allows what the document
+names; this module makes the worker hold to it:
+
+1. its hardware reports the digest of the init-data file it was given (else the file is not the
+   one the host launched it with, and the evidence describes another workload): every report is
+   checked before it leaves the worker (enclave_worker/attesters.py, Attester.bundle);
+2. its arguments, minus the interface locations below, are the document's `argv`, element by element;
+3. its measured environment (names with the prefixes below) is the document's `env`, exactly;
+4. its measured configuration (`WorkerSettings.measured_config()`, which hashes the tenant's
+   policy-admin key file) is the document's, and its tenant-policy floor is the document's.
+
+A difference in 2-4 raises WorkloadMismatch at start, and the worker exits with EXIT_CONFIG_ERROR; a
+report without the digest (1) fails the boot before any evidence reaches the key broker.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from attestation.errors import UnsupportedError, WorkloadMismatch
+from attestation.initdata import InitData
+from attestation.snp.abi import parse_report
+from attestation.tdx.abi import parse_quote
+from enclave_worker.settings import WorkerSettings
+
+# Where the guest kernel's interfaces are and which address the gateway is told: not measured
+# (evidence is signed by the TEE whichever path it came through; the pod IP differs per pod).
+UNMEASURED_OPTIONS = frozenset({"--tsm-dir", "--tsm-entry", "--sev-guest-device", "--ccel-table", "--ccel-data",
+                                "--init-data", "--advertise-host"})
+# Environment variables that can change what the interpreter, its libraries or the worker do.
+MEASURED_ENV_PREFIXES = ("SEALED_", "PYTHON", "LD_", "MALLOC_", "OMP_", "MKL_", "KMP_", "TORCH", "CUDA",
+                         "NCCL_", "NVIDIA_", "VLLM_", "HF_", "TRANSFORMERS_", "TOKENIZERS_", "SSL_", "REQUESTS_",
+                         "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy",
+                         "GRPC_", "OPENSSL_")
+
+
+def measured_argv(argv: Sequence[str]) -> tuple[str, ...]:
+    """`argv` without the unmeasured options and their values (`--opt value` or `--opt=value`)."""
+    out: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        name = arg.split("=", 1)[0]
+        if name in UNMEASURED_OPTIONS:
+            skip = "=" not in arg
+            continue
+        out.append(arg)
+    return tuple(out)
+
+
+def process_environ() -> dict[str, str]:
+    """The environment this process was started with (/proc/self/environ): what the runtime set,
+    not what an imported library added since (threadpoolctl and torch set KMP_DUPLICATE_LIB_OK)."""
+    try:
+        raw = Path("/proc/self/environ").read_bytes()
+    except OSError:
+        return dict(os.environ)
+    pairs = (item.decode(errors="surrogateescape").partition("=") for item in raw.split(b"\0") if item)
+    return {k: v for k, _, v in pairs}
+
+
+def measured_env(environ: Mapping[str, str]) -> dict[str, str]:
+    return {k: v for k, v in sorted(environ.items()) if k.startswith(MEASURED_ENV_PREFIXES)}
+
+
+def init_data_for(image: str, argv: Sequence[str], environ: Mapping[str, str], settings: WorkerSettings,
+                  agent_policy_digest: str = "") -> InitData:
+    """The init-data a worker started with these arguments, environment and settings checks against."""
+    return InitData(image=image, argv=measured_argv(argv), env=measured_env(environ),
+                    measured_config=settings.measured_config(), min_policy_version=settings.min_policy_version,
+                    agent_policy_digest=agent_policy_digest)
+
+
+def load_init_data(path: Path) -> InitData:
+    return InitData.decode(path.read_bytes())
+
+
+def check_runs_as_declared(init: InitData, argv: Sequence[str], environ: Mapping[str, str],
+                           settings: WorkerSettings) -> None:
+    """Raise WorkloadMismatch naming every difference (names only: values may be secrets)."""
+    problems: list[str] = []
+    mine = measured_argv(argv)
+    if mine != init.argv:
+        at = next((i for i, (a, b) in enumerate(zip(mine, init.argv, strict=False)) if a != b),
+                  min(len(mine), len(init.argv)))
+        # The position and the option before it, never a value (it may be a secret).
+        near = next((a.split("=")[0] for a in reversed(mine[:at + 1]) if a.startswith("--")), "")
+        problems.append(f"arguments differ from the init-data's (first at argument {at}, option {near or '-'})")
+    env = measured_env(environ)
+    changed = sorted(k for k in set(env) | set(init.env) if env.get(k) != init.env.get(k))
+    if changed:
+        problems.append(f"environment differs from the init-data's: {', '.join(changed)}")
+    canonical = json.loads(json.dumps(settings.measured_config()))
+    if canonical != init.measured_config:
+        keys = sorted(k for k in set(canonical) | set(init.measured_config)
+                      if canonical.get(k) != init.measured_config.get(k))
+        problems.append(f"measured configuration differs from the init-data's: {', '.join(keys)}")
+    if settings.min_policy_version != init.min_policy_version:
+        problems.append("the tenant policy floor differs from the init-data's")
+    if problems:
+        raise WorkloadMismatch("; ".join(problems))
+
+
+def reported_digest(tee: str, report: bytes) -> bytes:
+    """The init-data digest a report of this guest's hardware carries."""
+    if tee == "snp":
+        return parse_report(report).host_data
+    if tee == "tdx":
+        return parse_quote(report).body.mr_config_id
+    raise UnsupportedError(f"TEE {tee!r} carries no init-data digest")
+
+
+def check_report_carries(expected: bytes, tee: str, report: bytes) -> None:
+    """Raise WorkloadMismatch unless the report carries `expected` (InitData.digest_for(tee))."""
+    if not hmac.compare_digest(reported_digest(tee, report), expected):
+        raise WorkloadMismatch(f"the {tee.upper()} report does not carry this worker's init-data digest: "
+                               "the host launched this guest with other init-data")
