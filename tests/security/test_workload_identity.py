@@ -28,7 +28,7 @@ import pytest
 import torch
 
 from api.home import Home
-from api.stack import DEMO_MODEL, DEMO_TENANT, DEMO_VERSION, free_port, prepare_demo
+from api.stack import DEMO_MODEL, DEMO_TENANT, DEMO_VERSION, free_port, prepare_demo, store_demo_release_policy
 from attestation.appraisal import AppraisalPolicy, appraise
 from attestation.bundle import EvidenceBundle, RuntimeData, expected_report_data
 from attestation.collateral import CollateralConfig, CollateralStore
@@ -138,9 +138,9 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
     home = Home(root / "home")
     package_for_demo(home, random_checkpoint("tiny", "cpu", torch.float32))
     prepare_demo(home, log=lambda *_: None)
-    store = PolicyStore(home.broker, local_ledger(home.broker, load_master_key(home.broker / "master.key")))
-    current = store.get(REF)
-    store.put(ReleasePolicy(
+    ledger = local_ledger(home.broker, load_master_key(home.broker / "master.key"))
+    current = PolicyStore(home.broker, ledger).get(REF)
+    store_demo_release_policy(home, ledger, ReleasePolicy(
         policy_id=current.policy_id, version=current.version + 1, tenant=DEMO_TENANT, model=DEMO_MODEL,
         allowed_tee=frozenset({"snp", "tdx"}), allowed_measurements=frozenset({SNP_MEASUREMENT.hex(), TDX_MR_TD.hex()}),
         required_signer=current.required_signer,
