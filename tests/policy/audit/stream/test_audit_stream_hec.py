@@ -55,7 +55,7 @@ def test_events_arrive_in_order_and_a_collector_restart_loses_nothing(tmp_path: 
     check_received(_raw(events, "key_broker"), 12)
     first = events[0]
     assert first["sourcetype"] == "ocsf:api_activity"
-    assert first["fields"] == {"event_id": first["event"]["metadata"]["uid"], "seq": 0}  # type: ignore[index]
+    assert first["fields"] == {"event_id": first["event"]["metadata"]["uid"], "seq": 0}
     no_canary(events)
 
 
@@ -96,7 +96,7 @@ def test_kill_9_of_the_forwarder_and_of_the_collector_mid_run_loses_nothing(tmp_
         proc = _forward(tmp_path, collector.url)
         writer.join()
         deadline = time.monotonic() + 600  # a hang guard, not a timed assertion
-        while len({e["fields"]["event_id"] for e in collector.wait_for(len(collector.events) + 1, 5)}) < 400:  # type: ignore[index]
+        while len({e["fields"]["event_id"] for e in collector.wait_for(len(collector.events) + 1, 5)}) < 400:
             assert proc.poll() is None
             assert time.monotonic() < deadline
     finally:
