@@ -38,6 +38,7 @@ from protocol.broker.client import WorkerIdentity
 from protocol.broker.errors import BrokerRateLimited, BrokerRefused
 from protocol.package.errors import PackageError
 from protocol.sealed import ReplayGuard, WorkerKey
+from protocol.tracing import NoTracing, Tracing
 from protocol.worker_status import ServingState, WorkerStatus
 
 log = logging.getLogger(__name__)
@@ -65,6 +66,8 @@ class WorkerState:
     drain: Callable[[], Awaitable[None]] | None = None
     # Usage and sealed decision records of calls that ended early, for the next heartbeats.
     outbox: Outbox = field(default_factory=Outbox)
+    # Spans of each call (docs/tracing.md); NoTracing (nothing at all) unless OTEL_* turns it on.
+    tracing: Tracing = field(default_factory=NoTracing)
     _records: TenantRecords | None = None
 
     @property
