@@ -129,7 +129,7 @@ async def _boot(state: WorkerState) -> None:
                         "worker's decisions on sealed requests (they are never sent in clear)")
         started = time.monotonic()
         booted = await asyncio.to_thread(boot, s, state.channel_binding, state.serving_key.private_key,
-                                         state.guard.policy_set if state.guard else None)
+                                         state.guard.policy_set if state.guard else None, state.tracing)
         state.booted = booted
         state.status = "ready"
         # Cold-start figure (docs/deploy.md): attestation + key release + package load + engine build.

@@ -119,3 +119,18 @@ def test_no_prompt_or_completion_text_in_any_export(traced: tuple[RunningStack, 
     for span in receiver.spans:
         for value in span.attributes.values():
             assert not (isinstance(value, str) and CANARY in value)
+
+
+def test_the_workers_key_release_is_traced_into_the_key_broker(traced: tuple[RunningStack, OtlpReceiver]) -> None:
+    _, receiver = traced
+
+    def released(spans: list[ReceivedSpan]) -> bool:
+        return {"worker.key_release", "broker.attest", "broker.key_release"} <= {s.name for s in spans}
+
+    spans = receiver.wait_for(released)
+    client = next(s for s in spans if s.name == "worker.key_release")
+    assert client.service == "sealed-worker" and client.kind == CLIENT_KIND
+    for name in ("broker.attest", "broker.key_release"):
+        server = next(s for s in spans if s.name == name and s.parent_span_id == client.span_id)
+        assert server.service == "sealed-key-broker" and server.kind == SERVER_KIND
+        assert server.trace_id == client.trace_id and server.attributes["sealed.decision"] == "allow"
