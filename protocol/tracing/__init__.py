@@ -8,7 +8,8 @@ not one of those is a ``TracingError``, so no prompt, completion or tool argumen
 """
 
 from protocol.tracing.attributes import TracingError
-from protocol.tracing.config import TracingSettings, tracing_from_env
+from protocol.tracing.config import tracing_from_env
 from protocol.tracing.noop import NULL_SPAN, NoTracing, Span, Tracing
+from protocol.tracing.settings import TracingSettings
 
 __all__ = ["NULL_SPAN", "NoTracing", "Span", "Tracing", "TracingError", "TracingSettings", "tracing_from_env"]

@@ -17,8 +17,8 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from protocol.tracing.attributes import Value, checked
-from protocol.tracing.config import TracingSettings
 from protocol.tracing.noop import Parent, Span
+from protocol.tracing.settings import TracingSettings
 
 log = logging.getLogger(__name__)
 _KINDS = {"internal": SpanKind.INTERNAL, "server": SpanKind.SERVER, "client": SpanKind.CLIENT}
