@@ -60,3 +60,18 @@ def test_forward_settings_refuse_nonsense(tmp_path: Path) -> None:
         ForwardSettings(tmp_path, tmp_path, batch=0)
     with pytest.raises(StreamConfigError):
         ForwardSettings(tmp_path, tmp_path, backoff_min_s=5, backoff_max_s=1)
+
+
+def test_a_writer_killed_mid_line_and_restarted_continues_the_stream_without_a_gap(tmp_path: Path) -> None:
+    """The component (gateway, broker) killed -9 mid-write leaves a torn tail; the forwarder leaves
+    it alone, the restarted writer drops it and appends, and forwarding goes on from the same place."""
+    write_entries(tmp_path, "gateway", 4)
+    path = tmp_path / "gateway.audit.jsonl"
+    with open(path, "ab") as fh:
+        fh.write(b'{"v":1,"seq":4,"ts":"2026')  # killed here
+    read = read_after(path, Position(), 100)
+    assert [e.seq for e, _ in read] == [0, 1, 2, 3]
+    write_entries(tmp_path, "gateway", 3, start=4)  # a new writer: recovers (drops the tail), appends
+    rest = read_after(path, read[-1][1], 100)
+    assert [e.seq for e, _ in rest] == [4, 5, 6]
+    assert rest[0][0].prev == read[-1][0].hash
