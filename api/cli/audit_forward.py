@@ -22,7 +22,7 @@ def forward(
     directory: Path = typer.Option(None, "--dir", help="audit directory (default HOME/audit)"),
     state: Path = typer.Option(None, "--state", help="cursor directory (default DIR/forward)"),
     component: list[str] = typer.Option(None, "--component", help="forward only this component's log "
-                                        "(gateway, key_broker, console; repeatable; default: every log)"),
+                                        "(gateway, key-broker, console; repeatable; default: every log)"),
     syslog: str = typer.Option(None, "--syslog", help="HOST:PORT of an RFC 5424 syslog receiver over TLS"),
     syslog_ca: Path = typer.Option(None, "--syslog-ca", help="CA certificate that signed the receiver's"),
     syslog_cert: Path = typer.Option(None, "--syslog-cert", help="client certificate (mutual TLS)"),

@@ -42,7 +42,7 @@ def test_events_arrive_in_order_and_a_collector_restart_loses_nothing(tmp_path: 
         assert len(collector.wait_for(30)) == 30
         collector.stop()
         write_entries(tmp_path / "audit", "gateway", 30, start=30)
-        write_entries(tmp_path / "audit", "key_broker", 12)
+        write_entries(tmp_path / "audit", "key-broker", 12)
         while forwarder.failures == 0:  # it tries while the collector is down, and fails
             threading.Event().wait(0.01)
         collector.start()
@@ -52,7 +52,7 @@ def test_events_arrive_in_order_and_a_collector_restart_loses_nothing(tmp_path: 
         thread.join()
         collector.stop()
     check_received(_raw(events, "gateway"), 60)
-    check_received(_raw(events, "key_broker"), 12)
+    check_received(_raw(events, "key-broker"), 12)
     first = events[0]
     assert first["sourcetype"] == "ocsf:api_activity"
     assert first["fields"] == {"event_id": first["event"]["metadata"]["uid"], "seq": 0}

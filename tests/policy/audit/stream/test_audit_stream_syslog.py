@@ -53,12 +53,12 @@ def test_a_receiver_with_an_untrusted_certificate_is_refused_and_nothing_advance
     trusted = make_pki(tmp_path / "trusted", ca_name="the SIEM's CA")
     impostor = make_pki(tmp_path / "impostor", ca_name="someone else's CA")
     server = SyslogServer(impostor)
-    write_entries(tmp_path / "audit", "key_broker", 3)
+    write_entries(tmp_path / "audit", "key-broker", 3)
     forwarder = _forwarder(tmp_path, SyslogTarget("localhost", server.port, trusted.ca))
     with pytest.raises(DeliveryError, match="not trusted"):
         forwarder.pump()
     assert server.messages == []
-    assert forwarder.cursor.position("key_broker.audit.jsonl").seq == 0
+    assert forwarder.cursor.position("key-broker.audit.jsonl").seq == 0
     server.close()
 
 
