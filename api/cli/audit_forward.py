@@ -30,6 +30,8 @@ def forward(
     hec_url: str = typer.Option(None, "--hec-url", help="HTTP collector URL (Splunk HEC style), "
                                 "e.g. https://splunk:8088/services/collector/event"),
     hec_ca: Path = typer.Option(None, "--hec-ca", help="CA certificate of the collector (default: system CAs)"),
+    unsafe_hec_plaintext: bool = typer.Option(False, "--unsafe-hec-plaintext",
+                                              help="UNSAFE: allow an http:// collector (events and token in clear)"),
     hec_token_file: Path = typer.Option(None, "--hec-token-file", help="file holding the HEC token "
                                         "(mode 600); else $SEALED_AUDIT_HEC_TOKEN. Never a flag value."),
     hostname: str = typer.Option("-", help="HOSTNAME field of syslog messages and host of HEC events"),
@@ -49,7 +51,8 @@ def forward(
             senders.append(SyslogSender(SyslogTarget(host, port, syslog_ca, syslog_cert, syslog_key, hostname)))
         if hec_url:
             senders.append(HecSender(HecTarget(hec_url, hec_token(hec_token_file), hec_ca,
-                                               hostname if hostname != "-" else "sealed")))
+                                               hostname if hostname != "-" else "sealed",
+                                               unsafe_plaintext=unsafe_hec_plaintext)))
     except StreamError as exc:
         raise typer.BadParameter(str(exc)) from None
     if not senders:

@@ -10,6 +10,7 @@ The token comes from the environment or a file, never from argv (settings.py).
 from __future__ import annotations
 
 import json
+import logging
 import ssl
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from policy.audit.ocsf import ocsf_event
 from policy.audit.stream.errors import DeliveryError, StreamConfigError
 
 SOURCETYPE = "ocsf:api_activity"
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -31,10 +33,15 @@ class HecTarget:
     ca_file: Path | None = None  # verify the collector against this CA (else the system's)
     host: str = "sealed"
     timeout_s: float = 10.0
+    unsafe_plaintext: bool = False  # allow http:// (audit and the token in clear on the network)
 
     def __post_init__(self) -> None:
         if not self.url.startswith(("https://", "http://")):
-            raise StreamConfigError("hec: the URL must be http(s)://")
+            raise StreamConfigError("hec: the URL must be https:// (http:// only with unsafe_plaintext)")
+        if self.url.startswith("http://"):
+            if not self.unsafe_plaintext:
+                raise StreamConfigError("hec: the URL must be https:// (http:// only with --unsafe-hec-plaintext)")
+            log.warning("UNSAFE: audit events and the HEC token go to %s in clear", self.url)
         if not self.token:
             raise StreamConfigError("hec: a token is required")
         if self.ca_file is not None and not self.ca_file.is_file():

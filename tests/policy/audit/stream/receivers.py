@@ -166,11 +166,13 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
 
 class HecCollector:
-    """An HEC-style collector on 127.0.0.1; `restart` stops it and starts it again on the same port,
+    """An HEC-style collector over TLS on 127.0.0.1; `stop` then `start` restarts it on the same port,
     keeping what it received (as a SIEM's index would)."""
 
-    def __init__(self, token: str, port: int = 0) -> None:
+    def __init__(self, token: str, pki: Pki, port: int = 0) -> None:
         self.token = token
+        self._ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        self._ctx.load_cert_chain(pki.cert, pki.key)
         self.events: list[dict[str, Any]] = []
         self.got = threading.Condition()
         self.port = port
@@ -179,6 +181,7 @@ class HecCollector:
 
     def start(self) -> None:
         server = _Collector(("127.0.0.1", self.port), _Handler)
+        server.socket = self._ctx.wrap_socket(server.socket, server_side=True)
         server.token, server.events, server.got = self.token, self.events, self.got
         self.port = server.server_address[1]
         threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -192,7 +195,7 @@ class HecCollector:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/services/collector/event"
+        return f"https://localhost:{self.port}/services/collector/event"
 
     def wait_for(self, count: int, timeout_s: float = 60.0) -> list[dict[str, Any]]:
         with self.got:

@@ -18,7 +18,7 @@ from policy.audit.stream.forwarder import Forwarder, ForwardSettings
 from policy.audit.stream.hec import HecSender, HecTarget
 from policy.audit.stream.settings import TOKEN_ENV, hec_token
 from tests.policy.audit.stream.helpers import check_received, no_canary, write_entries
-from tests.policy.audit.stream.receivers import HecCollector
+from tests.policy.audit.stream.receivers import HecCollector, Pki, make_pki
 
 ROOT = Path(__file__).resolve().parents[4]
 TOKEN = "hec-token-1b2c"
@@ -33,10 +33,15 @@ def _settings(tmp_path: Path) -> ForwardSettings:
                            backoff_max_s=0.2)
 
 
-def test_events_arrive_in_order_and_a_collector_restart_loses_nothing(tmp_path: Path) -> None:
-    collector = HecCollector(TOKEN)
+@pytest.fixture
+def pki(tmp_path: Path) -> Pki:
+    return make_pki(tmp_path / "pki")
+
+
+def test_events_arrive_in_order_and_a_collector_restart_loses_nothing(tmp_path: Path, pki: Pki) -> None:
+    collector = HecCollector(TOKEN, pki)
     write_entries(tmp_path / "audit", "gateway", 30)
-    forwarder = Forwarder(_settings(tmp_path), HecSender(HecTarget(collector.url, TOKEN)))
+    forwarder = Forwarder(_settings(tmp_path), HecSender(HecTarget(collector.url, TOKEN, pki.ca)))
     thread = forwarder.start()
     try:
         assert len(collector.wait_for(30)) == 30
@@ -59,10 +64,10 @@ def test_events_arrive_in_order_and_a_collector_restart_loses_nothing(tmp_path: 
     no_canary(events)
 
 
-def test_a_wrong_token_is_a_delivery_failure_and_the_cursor_stays(tmp_path: Path) -> None:
-    collector = HecCollector(TOKEN)
+def test_a_wrong_token_is_a_delivery_failure_and_the_cursor_stays(tmp_path: Path, pki: Pki) -> None:
+    collector = HecCollector(TOKEN, pki)
     write_entries(tmp_path / "audit", "gateway", 3)
-    forwarder = Forwarder(_settings(tmp_path), HecSender(HecTarget(collector.url, "not-the-token")))
+    forwarder = Forwarder(_settings(tmp_path), HecSender(HecTarget(collector.url, "not-the-token", pki.ca)))
     with pytest.raises(DeliveryError, match="HTTP 401"):
         forwarder.pump()
     assert collector.events == []
@@ -70,30 +75,47 @@ def test_a_wrong_token_is_a_delivery_failure_and_the_cursor_stays(tmp_path: Path
     collector.stop()
 
 
-def _forward(tmp_path: Path, url: str) -> subprocess.Popen[bytes]:
+def test_a_collector_with_an_untrusted_certificate_gets_nothing(tmp_path: Path, pki: Pki) -> None:
+    collector = HecCollector(TOKEN, make_pki(tmp_path / "impostor", ca_name="someone else's CA"))
+    write_entries(tmp_path / "audit", "gateway", 3)
+    forwarder = Forwarder(_settings(tmp_path), HecSender(HecTarget(collector.url, TOKEN, pki.ca)))
+    with pytest.raises(DeliveryError, match="ConnectError"):
+        forwarder.pump()
+    assert collector.events == []
+    assert forwarder.cursor.position("gateway.audit.jsonl").seq == 0
+    collector.stop()
+
+
+def test_a_plaintext_collector_needs_the_unsafe_option() -> None:
+    with pytest.raises(StreamConfigError, match="https://"):
+        HecTarget("http://siem:8088/services/collector/event", TOKEN)
+    assert HecTarget("http://siem:8088/x", TOKEN, unsafe_plaintext=True).unsafe_plaintext
+
+
+def _forward(tmp_path: Path, url: str, ca: Path) -> subprocess.Popen[bytes]:
     env = {**os.environ, "PYTHONPATH": str(ROOT), TOKEN_ENV: TOKEN}
     return subprocess.Popen([sys.executable, "-m", "api.cli.main", "audit", "forward", "--dir",
                              str(tmp_path / "audit"), "--state", str(tmp_path / "state"), "--hec-url", url,
-                             "--batch", "5", "--poll", "0.02"], cwd=ROOT, env=env,
+                             "--hec-ca", str(ca), "--batch", "5", "--poll", "0.02"], cwd=ROOT, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def test_kill_9_of_the_forwarder_and_of_the_collector_mid_run_loses_nothing(tmp_path: Path) -> None:
-    collector = HecCollector(TOKEN)
+def test_kill_9_of_the_forwarder_and_of_the_collector_mid_run_loses_nothing(tmp_path: Path, pki: Pki) -> None:
+    collector = HecCollector(TOKEN, pki)
     writer = threading.Thread(target=write_entries, args=(tmp_path / "audit", "gateway", 400))
     writer.start()
-    proc = _forward(tmp_path, collector.url)
+    proc = _forward(tmp_path, collector.url, pki.ca)
     try:
         collector.wait_for(40)
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         collector.stop()  # both down at once; the log keeps growing
-        proc = _forward(tmp_path, collector.url)
+        proc = _forward(tmp_path, collector.url, pki.ca)
         collector.start()
         collector.wait_for(200)
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-        proc = _forward(tmp_path, collector.url)
+        proc = _forward(tmp_path, collector.url, pki.ca)
         writer.join()
         deadline = time.monotonic() + 600  # a hang guard, not a timed assertion
         while len({e["fields"]["event_id"] for e in collector.wait_for(len(collector.events) + 1, 5)}) < 400:
