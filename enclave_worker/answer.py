@@ -16,6 +16,7 @@ failure is an `AnswerError` with the status the gateway would answer.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 
 from enclave_worker.engine import EngineError, InvalidRequestError, RequestOutput, Tokenizer
@@ -25,6 +26,7 @@ from enclave_worker.errors import AnswerError, RequestRefused
 from enclave_worker.guard import GuardNote, GuardRefusal
 from enclave_worker.render import prompt_ids
 from enclave_worker.server import WorkerState, serving
+from enclave_worker.stage_times import StageTimes
 from enclave_worker.tool_stream import ToolCallRelease
 from protocol.rpc import worker_pb2
 from protocol.rpc.sampling import from_wire
@@ -37,8 +39,10 @@ class Answer:
     """One choice of one request. Iterate `chunks()`; when it ends, answered or refused,
     `decisions` holds the decisions the worker signed for it (for the gateway's audit trail)."""
 
-    def __init__(self, state: WorkerState, request: worker_pb2.GenerateRequest) -> None:
+    def __init__(self, state: WorkerState, request: worker_pb2.GenerateRequest,
+                 timing: StageTimes | None = None) -> None:
         self.state, self.request = state, request
+        self.timing = timing  # stamped for traces only (stage_times.py); None when tracing is off
         self.notes: list[GuardNote] = []  # decisions that let the request go on (redactions, held calls)
         self.decisions: tuple[worker_pb2.UsageRecord, ...] = ()
         self.ended = False  # answered or refused: `decisions` is final
@@ -95,9 +99,14 @@ class Answer:
             params = from_wire(request.params)
             if state.guard is not None:
                 state.guard.check_admission(request.key_id, state.settings.model, len(prompt), params.max_tokens)
+            timing = self.timing
+            if timing is not None:
+                timing.submitted = time.monotonic()
             stream = engine.generate(request.request_id, prompt, params, cache_salt=state.cache_salt(request.tenant))
             self.progress = (len(prompt), 0)  # from here on, an answer cut short is metered
             first = await anext(stream)
+            if timing is not None:
+                timing.first, timing.scheduled = time.monotonic(), first.scheduled_at
             self._ran(first)
             return stream, first
         except (InvalidRequestError, ValueError) as exc:

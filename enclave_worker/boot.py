@@ -22,6 +22,7 @@ from enclave_worker.tee import make_attester
 from policy.policyset import PolicySet
 from protocol.broker.client import ReleasedKey, obtain_data_key
 from protocol.package.format import manifest_names
+from protocol.tracing import NULL_SPAN, NoTracing, Tracing
 
 log = logging.getLogger(__name__)
 
@@ -86,14 +87,23 @@ def build_engine(settings: WorkerSettings, model: DecryptedModel) -> ServingEngi
 
 
 def boot(settings: WorkerSettings, channel_binding: bytes = b"", hpke_key: X25519PrivateKey | None = None,
-         policy_set: PolicySet | None = None) -> BootedWorker:
+         policy_set: PolicySet | None = None, tracing: Tracing | None = None) -> BootedWorker:
     started = time.monotonic()
     # Before any key is asked for: a worker that may not serve on its device never gets one.
     gpu_cc_off = check_gpu_confidentiality(settings, policy_set)
     attester = make_attester(settings, policy_set.version if policy_set else 0)
-    with httpx.Client(base_url=settings.broker_url, timeout=30.0) as client:
-        released = obtain_data_key(client, settings.ref, make_bundle=attester.bundle,
-                                   channel_binding=channel_binding, hpke_key=hpke_key)
+    tracing = tracing or NoTracing()
+    span = tracing.start("worker.key_release", kind="client", attributes={
+        "sealed.tenant": settings.tenant, "gen_ai.request.model": settings.model}) if tracing.enabled else NULL_SPAN
+    try:
+        # The span's W3C context rides on the broker requests (key_broker/tracing.py continues it).
+        with httpx.Client(base_url=settings.broker_url, timeout=30.0, headers=tracing.headers(span)) as client:
+            released = obtain_data_key(client, settings.ref, make_bundle=attester.bundle,
+                                       channel_binding=channel_binding, hpke_key=hpke_key)
+    except BaseException as exc:
+        span.end(error=type(exc).__name__)
+        raise
+    span.end()
     # The broker appraised CPU and GPU evidence together and released the key: only now do the
     # GPUs accept work (nvtrust's order: attest, verify, then set the ready state).
     attester.accepted()

@@ -17,6 +17,7 @@ from pydantic import ValidationError
 
 from enclave_worker.answer import Answer
 from enclave_worker.server import WorkerState
+from enclave_worker.stage_times import StageTimes
 from protocol.openai.chat import chat_body, chat_events, plan_chat
 from protocol.openai.completions import completion_body, completion_events, plan_completion
 from protocol.openai.errors import OpenAIError
@@ -35,8 +36,9 @@ class LocalRun:
     """The OpenAI layer's choice runner over this worker's pipeline (the gateway's is
     api/gateway/generation.Run, over workers)."""
 
-    def __init__(self, state: WorkerState) -> None:
+    def __init__(self, state: WorkerState, timed: bool = False) -> None:
         self.state = state
+        self.timed = timed  # stamp each choice's stages for traces (stage_times.py)
         self._answers: list[Answer] = []
         self._streams: list[AsyncGenerator[worker_pb2.GenerateChunk, None]] = []
         self.tokens: dict[int, tuple[int, int]] = {}
@@ -50,13 +52,16 @@ class LocalRun:
         """Every choice's signed decisions, also of choices cut short (the client left)."""
         return tuple(d for a in self._answers for d in a.decisions_so_far())
 
+    def timings(self) -> list[StageTimes]:
+        return [a.timing for a in self._answers if a.timing is not None]
+
     def progress(self) -> tuple[int, int]:
         """(prompt, completion) tokens the engine has run so far for all choices."""
         runs = [a.progress for a in self._answers if a.progress is not None]
         return sum(p for p, _ in runs), sum(c for _, c in runs)
 
     async def start(self, requests: list[worker_pb2.GenerateRequest]) -> Streams:
-        self._answers = [Answer(self.state, r) for r in requests]
+        self._answers = [Answer(self.state, r, StageTimes() if self.timed else None) for r in requests]
         self._streams = [a.chunks() for a in self._answers]
         try:
             firsts = await asyncio.gather(*(anext(s) for s in self._streams))

@@ -18,6 +18,7 @@ import grpc
 from enclave_worker.errors import SealedRefusal
 from enclave_worker.local_openai import LocalRun, inner_answer, single
 from enclave_worker.server import WorkerState, serving
+from enclave_worker.stage_times import StageTimes
 from protocol.openai.errors import OpenAIError, error_body
 from protocol.rpc import worker_pb2
 from protocol.sealed import (
@@ -79,12 +80,16 @@ class SealedAnswer:
 
     def __init__(self, state: WorkerState, request: worker_pb2.SealedRequest, opened: OpenedRequest) -> None:
         self.state, self.request, self.opened = state, request, opened
-        self._run = LocalRun(state)
+        self._run = LocalRun(state, timed=state.tracing.enabled)
         self._started = state.clock.monotonic()
         self.final_usage: worker_pb2.UsageRecord | None = None  # set with the final chunk
 
     def decisions_so_far(self) -> tuple[worker_pb2.UsageRecord, ...]:
         return self._run.decisions_so_far()
+
+    def timings(self) -> list[StageTimes]:
+        """Each choice's stage stamps (tracing on only; sealed: recorded without attributes)."""
+        return self._run.timings()
 
     def usage_so_far(self) -> worker_pb2.UsageRecord:
         """The final chunk's usage record, or, for an answer cut short, one for the tokens run so far."""

@@ -20,6 +20,7 @@ from enclave_worker.settings import WorkerSettings
 from policy.audit.worker_record import public_key_bytes
 from protocol.rpc import worker_pb2_grpc
 from protocol.tls import make_identity
+from protocol.tracing import tracing_from_env
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +41,7 @@ def _listen(server: grpc.aio.Server, address: str, gateway_client_cert: bytes | 
 
 async def serve(settings: WorkerSettings, grpc_port: int, register_urls: list[str], register_token: str,
                 gateway_client_cert: bytes | None = None, advertise_host: str | None = None) -> None:
-    state = WorkerState(settings)
+    state = WorkerState(settings, tracing=tracing_from_env("worker"))
     server = grpc.aio.server(options=[("grpc.max_concurrent_streams", 4096),
                                       ("grpc.max_receive_message_length", 32 << 20)])
     worker_pb2_grpc.add_WorkerServicer_to_server(WorkerServicer(state), server)  # type: ignore[no-untyped-call]
@@ -73,3 +74,4 @@ async def serve(settings: WorkerSettings, grpc_port: int, register_urls: list[st
         if beat is not None:
             beat.cancel()
         await server.stop(grace=1.0)
+        state.tracing.shutdown()

@@ -39,6 +39,7 @@ from protocol.broker.client import WorkerIdentity
 from protocol.broker.errors import BrokerRateLimited, BrokerRefused
 from protocol.package.errors import PackageError
 from protocol.sealed import ReplayGuard, WorkerKey
+from protocol.tracing import NoTracing, Tracing
 from protocol.worker_status import ServingState, WorkerStatus
 
 log = logging.getLogger(__name__)
@@ -66,6 +67,8 @@ class WorkerState:
     drain: Callable[[], Awaitable[None]] | None = None
     # Usage and sealed decision records of calls that ended early, for the next heartbeats.
     outbox: Outbox = field(default_factory=Outbox)
+    # Spans of each call (docs/tracing.md); NoTracing (nothing at all) unless OTEL_* turns it on.
+    tracing: Tracing = field(default_factory=NoTracing)
     _records: TenantRecords | None = None
     _evidence_digest: tuple[object, str] = (None, "")  # (the bundle, its digest): receipts name it
 
@@ -147,7 +150,7 @@ async def _boot(state: WorkerState) -> None:
                         "worker's decisions on sealed requests (they are never sent in clear)")
         started = time.monotonic()
         booted = await asyncio.to_thread(boot, s, state.channel_binding, state.serving_key.private_key,
-                                         state.guard.policy_set if state.guard else None)
+                                         state.guard.policy_set if state.guard else None, state.tracing)
         state.booted = booted
         state.status = "ready"
         # Cold-start figure (docs/deploy.md): attestation + key release + package load + engine build.

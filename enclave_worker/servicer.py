@@ -26,7 +26,9 @@ from enclave_worker.render import prompt_ids
 from enclave_worker.sealed import SealedAnswer, open_sealed_request
 from enclave_worker.server import WorkerState, serving
 from enclave_worker.signing import decision_metadata
+from enclave_worker.stage_times import StageTimes, record_stages
 from protocol.rpc import worker_pb2, worker_pb2_grpc
+from protocol.tracing import NULL_SPAN, Span, Tracing
 
 _GRPC_CODES = {400: grpc.StatusCode.INVALID_ARGUMENT, 403: grpc.StatusCode.PERMISSION_DENIED,
                503: grpc.StatusCode.UNAVAILABLE}
@@ -36,6 +38,18 @@ def sealed_only(state: WorkerState) -> bool:
     """The tenant's signed policy says prompts reach this worker only sealed (docs/sealed-mode.md)."""
     guard = state.guard
     return guard is not None and guard.policy_set is not None and guard.policy_set.require_sealed
+
+
+def server_span(tracing: Tracing, context: grpc.aio.ServicerContext, method: str, request_id: str
+                ) -> tuple[Span, StageTimes | None]:
+    """The RPC's server span, a child of the gateway's call (W3C trace context in the call's
+    metadata), and the stamps for its stages; (NULL_SPAN, None) with tracing off."""
+    if not tracing.enabled:
+        return NULL_SPAN, None
+    parent = tracing.extract(tuple(context.invocation_metadata() or ()))
+    return tracing.start(f"worker.{method}", parent, kind="server", attributes={
+        "rpc.system": "grpc", "rpc.service": "sealed.Worker", "rpc.method": method,
+        "sealed.request_id": request_id}), StageTimes()
 
 
 class WorkerServicer(worker_pb2_grpc.WorkerServicer):
@@ -57,9 +71,12 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                        ) -> AsyncIterator[worker_pb2.GenerateChunk]:
         if sealed_only(self.state):
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, "this tenant requires sealed mode")
-        answer = Answer(self.state, request)
+        tracing = self.state.tracing
+        span, timing = server_span(tracing, context, "Generate", request.request_id)
+        answer = Answer(self.state, request, timing)
         delivery = Delivery(self.state, answer.usage_so_far)
         context.add_done_callback(delivery.settle)
+        error = "failed"
         try:
             async for chunk in answer.chunks():
                 yield chunk
@@ -67,14 +84,21 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 context.set_trailing_metadata(decision_metadata(answer.decisions))
             delivery.completed()
         except RequestRefused as exc:
+            error = "refused"
             delivery.completed()  # refused before the engine ran: nothing to meter
             # A policy refusal carries the worker's signed decisions for the gateway's audit trail.
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, exc.message,
                                 trailing_metadata=decision_metadata(exc.decisions))
         except AnswerError as exc:
+            error = exc.code or "answer_error"
             await context.abort(_GRPC_CODES.get(exc.status, grpc.StatusCode.UNAVAILABLE), exc.message)
+        else:
+            error = ""
         finally:
             delivery.settle()
+            if timing is not None:
+                record_stages(tracing, span.context, timing, answer.progress, sealed=False)
+            span.end(error=error)
 
     async def SealedGenerate(self, request: worker_pb2.SealedRequest, context: grpc.aio.ServicerContext
                              ) -> AsyncIterator[worker_pb2.SealedChunk]:
@@ -82,18 +106,25 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             opened = open_sealed_request(self.state, request)
         except SealedRefusal as exc:
             await context.abort(exc.grpc_code, exc.message)
+        tracing = self.state.tracing
+        span, _ = server_span(tracing, context, "SealedGenerate", request.request_id)
         answer = SealedAnswer(self.state, request, opened)
         # The decisions on a sealed request go only into the tenant's sealed record: one for every
         # opened request, decisions or none, so its presence says nothing (docs/sealed-mode.md).
         delivery = Delivery(self.state, answer.usage_so_far, (request, answer.decisions_so_far))
         context.add_done_callback(delivery.settle)
+        error = "failed"
         try:
             async for chunk in answer.chunks():
                 yield chunk
             context.set_trailing_metadata(delivery.trailers())
             delivery.completed()
+            error = ""
         finally:
             delivery.settle()
+            for timing in answer.timings():  # stage timing only: no counts, no sizes (sealed)
+                record_stages(tracing, span.context, timing, None, sealed=True)
+            span.end(error=error)
 
     async def Tokenize(self, request: worker_pb2.TokenizeRequest, context: grpc.aio.ServicerContext
                        ) -> worker_pb2.TokenizeReply:

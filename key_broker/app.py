@@ -66,6 +66,7 @@ from protocol.body_limit import BodyLimit
 from protocol.fsutil import atomic_write
 from protocol.keyfile import load_or_create_private_key
 from protocol.package.keywrap import load_or_create_import_key
+from protocol.tracing import tracing_from_env
 
 log = logging.getLogger(__name__)
 
@@ -257,14 +258,18 @@ def create_app(settings: BrokerSettings, service: KeyBrokerService | None = None
         audit=svc.audit, clock=svc.clock,
         import_key=load_or_create_import_key(settings.data_dir / IMPORT_KEY_FILE))
 
+    tracing = tracing_from_env("key-broker")  # NoTracing unless OTEL_* asks (docs/tracing.md)
+
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         yield
         svc.close()
+        tracing.shutdown()
 
     app = FastAPI(title="Sealed key broker", docs_url=None, redoc_url=None, lifespan=lifespan,
                   **without_native_telemetry())
     app.state.service = svc
+    app.state.tracing = tracing
     app.state.leases = LeaseBook(svc, LeaseSettings(lease_s=settings.lease_s, max_wait_s=settings.lease_max_wait_s))
     app.state.admin = tenant_admin
     app.state.import_public = tenant_admin.import_key.public_key()

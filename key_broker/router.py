@@ -17,6 +17,7 @@ from key_broker.dependencies import client_address, get_service
 from key_broker.errors import ReleaseRefused
 from key_broker.leases import LeaseBook
 from key_broker.service import KeyBrokerService
+from key_broker.tracing import release_span
 from protocol.broker.schemas import (
     AttestRequest,
     AttestResponse,
@@ -52,28 +53,35 @@ def challenge(service: KeyBrokerService = Depends(get_service),
 
 
 @router.post("/v1/attest", response_model=AttestResponse)
-def attest(body: AttestRequest, service: KeyBrokerService = Depends(get_service),
+def attest(body: AttestRequest, request: Request, service: KeyBrokerService = Depends(get_service),
            client: str = Depends(client_address)) -> AttestResponse | JSONResponse:
-    try:
-        bundle = EvidenceBundle.from_json(body.evidence)
-    except ParseError as exc:
-        service.refuse(body.tenant, "attest", f"ParseError: malformed evidence bundle: {exc}",
-                       {"model": body.model, "version": body.version})
-        return JSONResponse(status_code=400, content={"error": {"type": "invalid_request",
-                                                                "message": "malformed evidence bundle"}})
-    try:
-        token = service.attest(session_id=body.session_id, bundle=bundle, ref=body.ref, client=client)
-    except ReleaseRefused:
-        return refused()
-    return AttestResponse(token=token)
+    with release_span(request, "broker.attest", body.tenant, body.model) as span:
+        span.set("sealed.decision", "deny")
+        try:
+            bundle = EvidenceBundle.from_json(body.evidence)
+        except ParseError as exc:
+            service.refuse(body.tenant, "attest", f"ParseError: malformed evidence bundle: {exc}",
+                           {"model": body.model, "version": body.version})
+            return JSONResponse(status_code=400, content={"error": {"type": "invalid_request",
+                                                                    "message": "malformed evidence bundle"}})
+        try:
+            token = service.attest(session_id=body.session_id, bundle=bundle, ref=body.ref, client=client)
+        except ReleaseRefused:
+            return refused()
+        span.set("sealed.decision", "allow")
+        return AttestResponse(token=token)
 
 
 @router.post("/v1/key", response_model=KeyResponse)
-def key(body: KeyRequest, service: KeyBrokerService = Depends(get_service)) -> KeyResponse | JSONResponse:
-    try:
-        sealed = service.release(token=body.token, ref=body.ref)
-    except ReleaseRefused:
-        return refused()
+def key(body: KeyRequest, request: Request, service: KeyBrokerService = Depends(get_service)
+        ) -> KeyResponse | JSONResponse:
+    with release_span(request, "broker.key_release", body.tenant, body.model) as span:
+        try:
+            sealed = service.release(token=body.token, ref=body.ref)
+        except ReleaseRefused:
+            span.set("sealed.decision", "deny")
+            return refused()
+        span.set("sealed.decision", "allow")
     return KeyResponse(sealed_key=base64.b64encode(sealed.sealed).decode(), token_id=sealed.token_id,
                        receipt=sealed.receipt)
 

@@ -15,8 +15,10 @@ log = logging.getLogger(__name__)
 def without_native_telemetry() -> dict[str, Any]:
     """FastAPI's keyword arguments that turn its native OpenTelemetry off, where it has any.
 
-    We export Prometheus metrics, not OpenTelemetry, and FastAPI's per-request check for a
-    configured provider (environment lookups) was 3% of the gateway's event loop under a flood.
+    We export Prometheus metrics, and traces only through our own spans (protocol/tracing: off unless
+    OTEL_* asks, and then only allow-listed attributes, never a request's body or headers); FastAPI's
+    per-request check for a configured provider (environment lookups) was 3% of the gateway's event
+    loop under a flood.
     FastAPI grew the option in a 0.16x release; the vLLM worker's virtualenv pins an older FastAPI
     (0.136), which has no such check and no such argument.
     """

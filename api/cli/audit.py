@@ -11,6 +11,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from api.cli.audit_decisions import decisions
+from api.cli.audit_forward import forward
 from api.home import Home, default_home
 from policy.audit import (
     Checkpoint,
@@ -131,4 +132,5 @@ def build() -> typer.Typer:
     app.command("export")(export)
     app.command("witness")(witness_update)
     app.command("decisions")(decisions)
+    app.command("forward")(forward)
     return app

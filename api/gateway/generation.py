@@ -23,6 +23,7 @@ from api.gateway.service import GatewayService
 from api.store.repo import KeyRecord
 from protocol.openai.runner import ChoiceResult, collect_choice, merge_streams, prepend
 from protocol.rpc import worker_pb2
+from protocol.tracing import NULL_SPAN, Span
 
 
 class CleanupStreamingResponse(StreamingResponse):
@@ -90,27 +91,32 @@ class CleanupStreamingResponse(StreamingResponse):
 
 
 class Run:
-    def __init__(self, service: GatewayService, key: KeyRecord, model: str, ticket: Ticket) -> None:
+    def __init__(self, service: GatewayService, key: KeyRecord, model: str, ticket: Ticket,
+                 span: Span = NULL_SPAN) -> None:
         self.service, self.key, self.model, self.ticket = service, key, model, ticket
+        self.span = span  # gateway.request (spans.py); ended by close()
         # A request of a tenant with little in flight runs ahead of the others in each loop turn
         # (priority_loop.py). Marked here, in the request's own task, before start() and the
         # relaying run in tasks of their own, which take this mark with them.
         mark_urgent(service.admission.light(ticket.tenant, ticket.streams))
         self.started = time.monotonic()
         self._stack = contextlib.AsyncExitStack()
-        self.used_tokens = 0
+        self.used_tokens = self.prompt_tokens = self.completion_tokens = 0
         self._closed = False
 
     async def start(self, split: dict[str, float], requests: list[worker_pb2.GenerateRequest], affinity: str
                     ) -> list[AsyncIterator[worker_pb2.GenerateChunk]]:
         """Wait for a slot, open every choice and read its first chunk; returns the chunk streams."""
         try:
+            waiting = self.service.tracing.start("gateway.admission", self.span.context)
             try:
                 await self._stack.enter_async_context(self.service.admission.slot(self.ticket))
             except GatewayError as exc:
+                waiting.end(error=exc.code or "refused")
                 self.service.audit_refusal(self.key, "queue", exc)
                 raise
-            streams = [self.service.stream(self.key, self.model, split, r, affinity) for r in requests]
+            waiting.end()
+            streams = [self.service.stream(self.key, self.model, split, r, affinity, self.span) for r in requests]
             for s in streams:
                 self._stack.push_async_callback(s.aclose)
             firsts = await asyncio.gather(*(anext(s) for s in streams))
@@ -124,6 +130,8 @@ class Run:
     def account(self, chunk: worker_pb2.GenerateChunk) -> None:
         if chunk.finish_reason:
             self.used_tokens += chunk.prompt_tokens + chunk.completion_tokens
+            self.prompt_tokens += chunk.prompt_tokens
+            self.completion_tokens += chunk.completion_tokens
             self.service.metrics.requests.labels(self.key.tenant, chunk.finish_reason).inc()
 
     async def close(self) -> None:
@@ -135,6 +143,10 @@ class Run:
         finally:
             self.service.admission.settle(self.ticket, self.used_tokens)
             self.service.metrics.e2e.labels(self.model).observe(time.monotonic() - self.started)
+            if self.service.tracing.enabled:
+                self.span.set("gen_ai.usage.input_tokens", self.prompt_tokens)
+                self.span.set("gen_ai.usage.output_tokens", self.completion_tokens)
+            self.span.end()
 
     async def collect(self, streams: list[AsyncIterator[worker_pb2.GenerateChunk]]) -> list[ChoiceResult]:
         try:

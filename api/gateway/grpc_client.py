@@ -43,6 +43,8 @@ class WorkerUnavailable(GatewayError):
                          code="model_unavailable", headers={"Retry-After": "2"})
 
 
+# gRPC metadata: (key, value) pairs; values of "-bin" keys are bytes (grpc ships no type hints).
+Metadata = Iterable[tuple[str, str | bytes]]
 # Messages a little over the gateway's body limit (JSON escapes, the chat template's hint) must fit.
 MAX_MESSAGE_BYTES = 32 << 20
 
@@ -111,10 +113,12 @@ class WorkerClients:
         except grpc.aio.AioRpcError as exc:
             raise _translate(exc, started=False) from exc
 
-    async def open(self, address: str, request: worker_pb2.GenerateRequest, timeout_s: float, worker_cert: str = ""
+    async def open(self, address: str, request: worker_pb2.GenerateRequest, timeout_s: float, worker_cert: str = "",
+                   metadata: Metadata | None = None
                    ) -> tuple[worker_pb2.GenerateChunk, AsyncIterator[worker_pb2.GenerateChunk]]:
-        """Start generating and wait for the first chunk, so that errors before it can be retried."""
-        call = (await self._connected(address, worker_cert)).Generate(request, timeout=timeout_s)
+        """Start generating and wait for the first chunk, so that errors before it can be retried.
+        ``metadata``: the call's W3C trace context when tracing is on (api/gateway/spans.py)."""
+        call = (await self._connected(address, worker_cert)).Generate(request, timeout=timeout_s, metadata=metadata)
         try:
             first = await call.read()
         except grpc.aio.AioRpcError as exc:
@@ -131,9 +135,10 @@ class WorkerClients:
 
 
 async def open_sealed(clients: WorkerClients, address: str, request: worker_pb2.SealedRequest, timeout_s: float,
-                      worker_cert: str = "") -> tuple[worker_pb2.SealedChunk, AsyncIterator[worker_pb2.SealedChunk]]:
+                      worker_cert: str = "", metadata: Metadata | None = None
+                      ) -> tuple[worker_pb2.SealedChunk, AsyncIterator[worker_pb2.SealedChunk]]:
     """Sealed mode: start the sealed RPC and wait for its first message (the sealed response head)."""
-    call = clients.stub(address, worker_cert).SealedGenerate(request, timeout=timeout_s)
+    call = clients.stub(address, worker_cert).SealedGenerate(request, timeout=timeout_s, metadata=metadata)
     try:
         first = await call.read()
     except grpc.aio.AioRpcError as exc:
@@ -156,10 +161,6 @@ def _translate_sealed(exc: grpc.aio.AioRpcError) -> GatewayError:
     if code == grpc.StatusCode.INVALID_ARGUMENT:
         return GatewayError(400, detail or "sealed request rejected", code="sealed_request_rejected")
     return _translate(exc, started=False)
-
-
-# gRPC metadata: (key, value) pairs; values of "-bin" keys are bytes (grpc ships no type hints).
-Metadata = Iterable[tuple[str, str | bytes]]
 
 
 def _decision_records(metadata: Metadata | None) -> list[worker_pb2.UsageRecord]:

@@ -14,6 +14,7 @@ from api.gateway.dependencies import current_key, get_service
 from api.gateway.errors import GatewayError
 from api.gateway.generation import CleanupStreamingResponse, Run, request_id, unless_disconnected
 from api.gateway.service import GatewayService
+from api.gateway.spans import request_span
 from api.store.repo import KeyRecord
 from protocol.openai.chat import chat_body, chat_events, plan_chat
 from protocol.openai.completions import completion_body, completion_events, plan_completion
@@ -71,7 +72,9 @@ async def chat_completions(req: ChatCompletionRequest, request: Request, key: Ke
                      default_max_tokens=service.settings.default_max_tokens)
     max_tokens = plan.requests[0].params.max_tokens
     ticket = service.ticket(key, _reserve(plan.reserve_chars, max_tokens, req.n), req.priority, streams=req.n)
-    run = Run(service, key, req.model, ticket)
+    run = Run(service, key, req.model, ticket, request_span(service.tracing, request.headers, request_id=rid,
+                                                            tenant=key.tenant, model=req.model, sealed=False,
+                                                            choices=req.n, stream=bool(req.stream)))
     streams = await unless_disconnected(request.receive, run.start(split, plan.requests, affinity=plan.affinity))
     base = {"id": f"chatcmpl-{rid}", "created": int(time.time()), "model": req.model,
             **_tee(service, key.tenant, req.model)}
@@ -122,7 +125,9 @@ async def completions(req: CompletionRequest, request: Request, key: KeyRecord =
                             streams=choices)
     rid = request_id()
     plan = plan_completion(req, rid=rid, tenant=key.tenant, key_id=key.key_id)
-    run = Run(service, key, req.model, ticket)
+    run = Run(service, key, req.model, ticket, request_span(service.tracing, request.headers, request_id=rid,
+                                                            tenant=key.tenant, model=req.model, sealed=False,
+                                                            choices=choices, stream=bool(req.stream)))
     streams = await unless_disconnected(request.receive, run.start(split, plan.requests, affinity=plan.affinity))
     base = {"id": f"cmpl-{rid}", "created": int(time.time()), "model": req.model, "object": "text_completion",
             **_tee(service, key.tenant, req.model)}

@@ -15,6 +15,7 @@ from api.gateway.dependencies import current_key, get_service
 from api.gateway.errors import GatewayError
 from api.gateway.generation import CleanupStreamingResponse, request_id
 from api.gateway.service import GatewayService
+from api.gateway.spans import request_span
 from api.store.repo import KeyRecord
 from protocol.rpc import worker_pb2
 from protocol.sealed.http import (
@@ -48,21 +49,28 @@ async def _sealed(endpoint: str, request: Request, key: KeyRecord, service: Gate
     ticket = service.ticket(key, len(body) // 3 + service.settings.default_max_tokens)
     started, used = time.monotonic(), [0]
     stack = contextlib.AsyncExitStack()
+    # Only what the gateway sees of a sealed request: ids, the ciphertext's size, the signed usage.
+    span = request_span(service.tracing, request.headers, request_id=rid, tenant=key.tenant, model=model,
+                        sealed=True, body_bytes=len(body))
     try:
+        waiting = service.tracing.start("gateway.admission", span.context)
         try:
             await stack.enter_async_context(service.admission.slot(ticket))
         except GatewayError as exc:  # queue full: audited like a plaintext request's
+            waiting.end(error=exc.code or "refused")
             service.audit_refusal(key, "queue", exc)
             raise
-        stream = service.sealed_stream(key, model, sealed)
+        waiting.end()
+        stream = service.sealed_stream(key, model, sealed, span)
         stack.push_async_callback(stream.aclose)
         first = await anext(stream)
     except BaseException:
         await stack.aclose()
         service.admission.settle(ticket, 0)
+        span.end(error="failed")
         raise
     service.metrics.ttft.labels(model).observe(time.monotonic() - started)
-    closed = [False]
+    closed, tokens = [False], [0, 0]  # tokens: the signed usage record's counts, which the gateway meters
 
     async def close() -> None:
         if closed[0]:
@@ -73,6 +81,10 @@ async def _sealed(endpoint: str, request: Request, key: KeyRecord, service: Gate
         finally:
             service.admission.settle(ticket, used[0])
             service.metrics.e2e.labels(model).observe(time.monotonic() - started)
+            if service.tracing.enabled:
+                span.set("gen_ai.usage.input_tokens", tokens[0])
+                span.set("gen_ai.usage.output_tokens", tokens[1])
+            span.end()
 
     async def relay() -> AsyncIterator[bytes]:
         try:
@@ -81,7 +93,8 @@ async def _sealed(endpoint: str, request: Request, key: KeyRecord, service: Gate
                 if chunk.HasField("usage"):
                     with contextlib.suppress(ValueError, KeyError, TypeError):
                         doc = json.loads(chunk.usage.payload)
-                        used[0] = int(doc["prompt_tokens"]) + int(doc["completion_tokens"])
+                        tokens[:] = [int(doc["prompt_tokens"]), int(doc["completion_tokens"])]
+                        used[0] = tokens[0] + tokens[1]
                 yield chunk.data
         except GatewayError:
             return  # the client sees a truncated sealed stream and reports it as such

@@ -24,6 +24,7 @@ from api.gateway.metrics import EngineMetrics, Metrics
 from api.gateway.registry import WorkerInfo, WorkerRegistry, reattest_required
 from api.gateway.settings import GatewaySettings
 from api.gateway.settlement import Settlement
+from api.gateway.spans import worker_call_span
 from api.gateway.tickets import Admission
 from api.gateway.usage_writer import UsageWriter
 from api.gateway.worker_attestation import load_verifier
@@ -32,6 +33,7 @@ from policy.audit import AuditLog
 from policy.audit.edge import EdgeRefusals
 from protocol.rpc import worker_pb2
 from protocol.tls import load_or_create
+from protocol.tracing import NULL_SPAN, Span, tracing_from_env
 from protocol.worker_status import Settle
 
 log = logging.getLogger(__name__)
@@ -78,6 +80,7 @@ class GatewayService:
         self.attestation, self.attestation_all = self.enrolment.attestation, self.enrolment.attestation_all
         self._probing: set[str] = set()
         self._tasks: set[asyncio.Task] = set()
+        self.tracing = tracing_from_env("gateway")  # NoTracing unless OTEL_* asks (docs/tracing.md)
 
     async def close(self) -> None:
         await self.registry.clock.stop()
@@ -87,6 +90,7 @@ class GatewayService:
         self.admissions.refusals.flush()  # the window's admission-summary entries
         await self.clients.close()
         self.audit.close()
+        self.tracing.shutdown()
 
     def audit_admin(self, who: Any, tenant: str, action: str, **meta: Any) -> None:
         """A management action (tenants, keys, models, policies, kill switch) by a principal."""
@@ -96,7 +100,7 @@ class GatewayService:
 
     # -- routing and streaming
     async def stream(self, key: KeyRecord, model: str, split: dict[str, float],
-                     request: worker_pb2.GenerateRequest, affinity: str
+                     request: worker_pb2.GenerateRequest, affinity: str, span: Span = NULL_SPAN
                      ) -> AsyncGenerator[worker_pb2.GenerateChunk, None]:
         """One choice: pick a worker (another one if it cannot take the call), relay, meter.
 
@@ -105,21 +109,30 @@ class GatewayService:
         """
         tried: set[str] = set()
         while True:
+            routing = self.tracing.start("gateway.route", span.context)
             try:
                 worker = self.registry.pick(key.tenant, model, split, affinity, frozenset(tried))
-            except GatewayError:
+            except GatewayError as exc:
+                routing.end(error=exc.code or "no_worker")
                 self.demand.unserved(key.tenant, model)  # wakes a version scaled to zero
                 raise
+            if self.tracing.enabled:
+                routing.set("sealed.worker_id", worker.worker_id)
+                routing.set("sealed.attempts", len(tried) + 1)
+            routing.end()
             worker.inflight += 1
+            call, metadata = worker_call_span(self.tracing, span, "Generate", worker.worker_id)
             try:
                 first, rest = await self.clients.open(worker.grpc_address, request, self.settings.request_timeout_s,
-                                                      worker.tls_cert)
+                                                      worker.tls_cert, metadata)
                 break
             except WorkerUnavailable:
+                call.end(error="worker_unavailable")
                 worker.inflight -= 1
                 tried.add(worker.worker_id)
                 self._probe_soon(worker)
             except GatewayError as exc:
+                call.end(error=exc.code or "worker_error")
                 worker.inflight -= 1
                 if isinstance(exc, WorkerRefusal) and exc.worker_decisions:  # signed: verified, then audited
                     audit_worker_decisions(self.audit, exc.worker_decisions, pinned_key_hex=worker.usage_public_key,
@@ -127,10 +140,11 @@ class GatewayService:
                                            worker_id=worker.worker_id)
                 raise
             except BaseException:
+                call.end(error="cancelled")
                 worker.inflight -= 1
                 raise
         # aclosing: a client that goes away closes this generator, and the relay with it, at once.
-        async with aclosing(self._relay(worker, request, first, rest, sealed=False)) as relay:
+        async with aclosing(self._relay(worker, request, first, rest, sealed=False, call=call)) as relay:
             async for chunk in relay:
                 yield chunk
 
@@ -196,33 +210,47 @@ class GatewayService:
             raise GatewayError(403, "this tenant accepts only sealed requests: use SealedOpenAI or `sealed proxy` "
                                "(docs/sealed-mode.md)", code="sealed_required")
 
-    async def sealed_stream(self, key: KeyRecord, model: str, request: worker_pb2.SealedRequest
-                            ) -> AsyncGenerator[worker_pb2.SealedChunk, None]:
+    async def sealed_stream(self, key: KeyRecord, model: str, request: worker_pb2.SealedRequest,
+                            span: Span = NULL_SPAN) -> AsyncGenerator[worker_pb2.SealedChunk, None]:
         """Relay one sealed exchange with the pinned worker; never another one."""
-        worker = self.registry.pinned(key.tenant, model, request.worker_key_id)
+        routing = self.tracing.start("gateway.route", span.context)
+        try:
+            worker = self.registry.pinned(key.tenant, model, request.worker_key_id)
+        except GatewayError as exc:
+            routing.end(error=exc.code or "no_worker")
+            raise
+        if self.tracing.enabled:
+            routing.set("sealed.worker_id", worker.worker_id)
+        routing.end()
         worker.inflight += 1
+        call, metadata = worker_call_span(self.tracing, span, "SealedGenerate", worker.worker_id)
         try:
             first, rest = await open_sealed(self.clients, worker.grpc_address, request,
-                                            self.settings.request_timeout_s, worker.tls_cert)
-        except GatewayError as exc:
+                                            self.settings.request_timeout_s, worker.tls_cert, metadata)
+        except BaseException as exc:
+            call.end(error=(exc.code if isinstance(exc, GatewayError) else "") or "failed")
+            if not isinstance(exc, GatewayError):
+                raise
             worker.inflight -= 1
             if isinstance(exc, WorkerUnavailable):
                 self._probe_soon(worker)  # health checks, not one request, take a worker out of rotation
                 raise reattest_required() from exc
             raise
         # aclosing: a client that goes away closes this generator, and the relay with it, at once.
-        async with aclosing(self._relay(worker, request, first, rest, sealed=True)) as relay:
+        async with aclosing(self._relay(worker, request, first, rest, sealed=True, call=call)) as relay:
             async for chunk in relay:
                 yield chunk
 
     async def _relay(self, worker: WorkerInfo, request: worker_pb2.GenerateRequest | worker_pb2.SealedRequest,
-                     first: Chunk, rest: AsyncIterator[Chunk], *, sealed: bool) -> AsyncGenerator[Chunk, None]:
+                     first: Chunk, rest: AsyncIterator[Chunk], *, sealed: bool, call: Span = NULL_SPAN
+                     ) -> AsyncGenerator[Chunk, None]:
         """Relay an opened stream (plain or sealed, the same way): chunks to the caller; the final
         chunk's usage to metering and what the trailers carry to the audit log (plaintext: the
         worker's signed decisions, verified; sealed: the tenant's opaque record), both settled
         before the final chunk is passed on, so a client that leaves then cannot cut them off; a
         worker lost mid-stream gets a health check. Releases the worker's in-flight slot the
-        caller took, however the stream ends."""
+        caller took, however the stream ends; ends the call's span (`call`)."""
+        error = "cancelled"
         try:
             chunk: Chunk | None = first
             while chunk is not None and not chunk.HasField("usage"):
@@ -235,11 +263,14 @@ class GatewayService:
             self._audit_trailers(worker, request, rest, sealed)
             if chunk is not None:
                 yield chunk
+            error = ""
         except WorkerLost:
+            error = "worker_lost"
             log.warning("worker %s lost mid-stream", worker.worker_id)
             self._probe_soon(worker)
             raise
         finally:
+            call.end(error=error)
             worker.inflight -= 1
             closing = getattr(rest, "aclose", None)
             if closing is not None:  # the client left: cancel the call now, not when it is collected

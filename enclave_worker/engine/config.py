@@ -66,6 +66,9 @@ class RequestOutput:
     prompt_tokens: int
     completion_tokens: int
     logprobs: tuple[TokenLogprob, ...] | None = None
+    # time.monotonic() when the scheduler first gave the request a batch slot (the end of its wait in
+    # the queue); None where the engine does not say (vLLM). Read only for traces (docs/tracing.md).
+    scheduled_at: float | None = None
 
     def merged(self, later: RequestOutput) -> RequestOutput:
         """This delta followed by ``later`` (of the same request) as one delta."""
@@ -73,4 +76,5 @@ class RequestOutput:
             (self.logprobs or ()) + (later.logprobs or ()))
         return RequestOutput(self.request_id, self.delta_text + later.delta_text,
                              self.delta_token_ids + later.delta_token_ids, later.finished, later.finish_reason,
-                             later.prompt_tokens, later.completion_tokens, logprobs)
+                             later.prompt_tokens, later.completion_tokens, logprobs,
+                             self.scheduled_at if self.scheduled_at is not None else later.scheduled_at)

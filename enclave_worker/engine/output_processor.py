@@ -65,4 +65,5 @@ class OutputProcessor:
             seq.num_prompt_tokens,
             seq.num_completion_tokens,
             lps,
+            seq.scheduled_at,
         )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass
 
@@ -60,6 +61,8 @@ class Scheduler:
             self.waiting.popleft()
             self.blocks.allocate(seq)
             seq.status = SeqStatus.RUNNING
+            if seq.scheduled_at is None:  # a preempted sequence's queue wait was its first one
+                seq.scheduled_at = time.monotonic()
             self.running.append(seq)
             n = min(seq.num_uncomputed_tokens, budget)
             batch.append(ScheduledSeq(seq, seq.num_computed_tokens, n))

@@ -44,6 +44,7 @@ class Sequence:
     emitted_tokens: int = 0
     pending_logprobs: list[TokenLogprob] = field(default_factory=list)
     grammar: GrammarState | None = None  # constrained decoding (structured.py): what may come next
+    scheduled_at: float | None = None  # time.monotonic() of its first batch slot (its queue wait ends)
 
     def __len__(self) -> int:
         return len(self.token_ids)
