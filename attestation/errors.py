@@ -45,3 +45,13 @@ class PolicyViolation(AttestationError):
     def __init__(self, violations: list[str]) -> None:
         self.violations = list(violations)
         super().__init__("; ".join(self.violations) or "policy violation")
+
+
+class SealingError(AttestationError):
+    """State sealed to a measurement does not open here: another measurement, another platform, or
+    edited bytes; or this TEE offers no sealing key."""
+
+
+class BrokerIdentityError(AttestationError):
+    """The key broker's evidence verifies, but it is not a broker this relying party trusts: another
+    measurement, a debug or simulated TEE it does not accept, or an identity document it does not bind."""

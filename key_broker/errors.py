@@ -44,3 +44,8 @@ class Forbidden(KeyBrokerError):
 
 class SettingsError(KeyBrokerError, ValueError):
     """Broker settings are unsafe or inconsistent (e.g. a placeholder secret outside dev mode)."""
+
+
+class SealedStateError(SettingsError):
+    """The broker's sealed keys cannot be opened here (another measurement or platform, edited), or
+    plaintext key files of an older broker are on its disk: it refuses to start."""

@@ -17,11 +17,11 @@ import httpx
 import pytest
 import torch
 
+from api.broker_state import local_broker_keys
 from api.home import Home
 from api.stack import DEMO_MODEL, DEMO_TENANT, DEMO_VERSION, Stack, free_port, launch, prepare_demo
 from attestation.testing.platform import SNP_MEASUREMENT, TDX_MR_TD, FakePlatform
 from key_broker.errors import KeyStoreError
-from key_broker.keystore import load_master_key
 from key_broker.policies import PolicyStore
 from key_broker.statefile import local_ledger
 from policy.release import ReleasePolicy
@@ -51,7 +51,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Env:
 
 
 def put_release_policy(home: Home, signer: str, *, require_gpu_cc: bool) -> None:
-    store = PolicyStore(home.broker, local_ledger(home.broker, load_master_key(home.broker / "master.key")))
+    store = PolicyStore(home.broker, local_ledger(home.broker, local_broker_keys(home).master_key))
     try:
         version = store.get(ModelRef(DEMO_TENANT, DEMO_MODEL, DEMO_VERSION)).version + 1
     except KeyStoreError:
