@@ -309,6 +309,8 @@ def write_demo_client_policy(home: Home, engine: str = "sealed") -> Path:
         "reference_values": {"publisher_key": publisher.public_key().public_bytes(
             serialization.Encoding.Raw, serialization.PublicFormat.Raw).hex()},
         "broker_jwks": json.loads((home.broker / "jwks.json").read_text()),
+        # The key broker this demo's workers pin (`sealed verify --broker URL --policy ...`).
+        "broker": {"tee": "sim", "measurements": list(settings.broker_measurements)},
         "require_promises": {"prompts_logged": False, "prefix_cache_isolation": "per-tenant-salt"},
     }, indent=2, sort_keys=True))
     return path

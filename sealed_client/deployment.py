@@ -100,7 +100,8 @@ class ClientTrust:
         `{"publisher": {"sigstore": {"identity": ..., "issuer": ..., "trusted_root": "production" | path}}}`
         (a relative path is taken from the policy file's folder)."""
         unknown = set(doc) - {"tenant", "appraisal", "broker_jwks", "broker_issuer", "require_promises",
-                              "unsafe_trust_gateway_jwks", "reference_values", "evidence"}
+                              "unsafe_trust_gateway_jwks", "reference_values", "evidence",
+                              "broker"}  # broker: {"tee", "measurements"}, for `sealed verify --broker`
         if unknown:
             raise PolicyViolation([f"unknown client policy keys: {sorted(unknown)}"])
         evidence = dict(doc.get("evidence") or {})
