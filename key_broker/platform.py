@@ -5,8 +5,9 @@
   measurement computed over the broker's own code and measured configuration (key_broker/measurement.py).
 * `snp`: reports through configfs-tsm or /dev/sev-guest (attestation.attesters), the sealing key
   from the firmware (MSG_KEY_REQ, attestation.snp.derived_key), bound to the launch measurement.
-* `tdx`: attests like the worker, but the TDX module offers no sealing key: the broker refuses to
-  start until the design in docs/security.md (a state key released by an attested key service) is built.
+* `tdx`: attests like the worker, but the TDX module offers no sealing key: the broker's keys live
+  only in its memory, made anew at each start, and its state is in OpenBao (vault key store only);
+  docs/security.md has the design (a state key from an attested key service) that would persist them.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ class BrokerPlatform:
     tee: str
     measurement: bytes
     attester: Attester
-    sealing: SealingKeySource
+    sealing: SealingKeySource | None  # None: no sealing key on this TEE (TDX): keys only in memory
     sim_key: Ed25519PrivateKey | None = None  # simulated TEE only: derives any build's sealing key
 
     def sealing_for(self, measurement: bytes) -> SealingKeySource:
@@ -77,5 +78,15 @@ def open_platform(settings: BrokerSettings) -> BrokerPlatform:
             return BrokerPlatform("snp", own, attester, SnpDerivedKey(own))
         except AttestationError as exc:
             raise SealedStateError(f"the broker cannot attest itself or derive its sealing key: {exc}") from exc
-    raise SealedStateError("TDX offers no firmware sealing key: a TDX broker needs the attested key service "
-                           "described in docs/security.md, which is not built; run the broker on SEV-SNP")
+    if settings.keystore != "vault":
+        raise SealedStateError("TDX offers no sealing key: a TDX broker keeps its keys only in memory and its "
+                               "state in OpenBao (--keystore vault); see docs/security.md")
+    from attestation.tdx.abi import parse_quote
+
+    attester = hardware_attester("tdx", None, KernelInterfaces())
+    try:
+        own = parse_quote(attester.cpu.attest(bytes(64)).report).body.mr_td
+    except AttestationError as exc:
+        raise SealedStateError(f"the broker cannot attest itself: {exc}") from exc
+    log.warning("TDX: no sealing key; the broker's keys are made anew at each start and never stored")
+    return BrokerPlatform("tdx", own, attester, None)

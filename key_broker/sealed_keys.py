@@ -25,6 +25,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from attestation.errors import SealingError
 from attestation.sealing import SealedBlob, seal, unseal
+from attestation.sim.sealing import SimSealingKey
 from key_broker.errors import SealedStateError
 from key_broker.platform import BrokerPlatform
 from protocol.fsutil import atomic_write
@@ -91,6 +92,8 @@ def open_broker_keys(data_dir: Path, platform: BrokerPlatform, *, unsafe_sim_res
     and state sealed to another measurement or platform (SealedStateError)."""
     data_dir = Path(data_dir)
     refuse_plaintext_keys(data_dir)
+    if platform.sealing is None:  # TDX: nothing can be sealed; the keys live as long as this process
+        return BrokerKeys.generate()
     path = data_dir / SEALED_KEYS_FILE
     if not path.exists():
         keys = BrokerKeys.generate()
@@ -131,7 +134,6 @@ def open_sim_keys_offline(data_dir: Path, sim_key: Ed25519PrivateKey, measuremen
         blob = SealedBlob.from_bytes(raw)
         if blob.tee != "sim":
             raise SealedStateError(f"the broker's keys are sealed by a {blob.tee} TEE: nothing outside it opens them")
-        sealing = sim_platform(sim_key, bytes.fromhex(blob.measurement)).sealing
-        return BrokerKeys.decode(unseal(sealing, LABEL, raw))
+        return BrokerKeys.decode(unseal(SimSealingKey(sim_key, bytes.fromhex(blob.measurement)), LABEL, raw))
     except (SealingError, ValueError) as exc:
         raise SealedStateError(f"the broker's keys do not open with this simulated platform key: {exc}") from exc
