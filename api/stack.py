@@ -22,6 +22,7 @@ from typing import Any
 import httpx
 from cryptography.hazmat.primitives import serialization
 
+from api.broker_state import broker_measurement, local_broker_keys
 from api.console_settings import loopback_host
 from api.gateway.keys import ApiKeyStore
 from api.home import Home, ed25519_key, write_public_key, x25519_key
@@ -36,7 +37,7 @@ from attestation.refvalues import sign_reference_values
 from enclave_worker.measurement import simulated_measurement
 from enclave_worker.settings import WorkerSettings
 from key_broker.errors import KeyStoreError
-from key_broker.keystore import DataKeyRegistry, LocalKeyStore, load_master_key
+from key_broker.keystore import DataKeyRegistry, LocalKeyStore
 from key_broker.policies import PolicyStore
 from key_broker.statefile import StateLedger, local_ledger
 from policy.documents import sign_policy_document
@@ -66,12 +67,13 @@ class DemoInfo:
 
 def worker_settings(home: Home, broker_url: str, port: int, unsafe_sim_measurement: str | None = None,
                     engine: str = "sealed") -> WorkerSettings:
+    """The demo worker; it pins the local key broker's simulated measurement (measured config)."""
     return WorkerSettings(
         broker_url=broker_url, package_dir=home.package(DEMO_TENANT, DEMO_MODEL, DEMO_VERSION),
         tenant=DEMO_TENANT, model=DEMO_MODEL, version=DEMO_VERSION, tee="sim", sim_platform_key=home.sim_key,
         unsafe_sim_measurement=unsafe_sim_measurement, port=port,
         policy_file=home.tenant_policy(DEMO_TENANT), policy_admin_key=home.tenant_policy_admin_public(DEMO_TENANT),
-        engine=engine,
+        engine=engine, broker_tee="sim", broker_measurements=(broker_measurement(home).hex(),),
     )
 
 
@@ -81,7 +83,9 @@ def prepare_demo(home: Home, model_path: Path | None = None, log: Callable[[str]
     home.create()
     write_public_key(ed25519_key(home.sim_key), home.sim_public_key)
     tenant_key = ed25519_key(home.tenant_signing_key(DEMO_TENANT))
-    master = load_master_key(home.broker / "master.key")
+    # The broker's sealed master key, opened with the simulated platform key: only the simulated TEE
+    # lets anything outside the broker do this (docs/security.md).
+    master = local_broker_keys(home).master_key
     ledger = local_ledger(home.broker, master)  # the broker refuses state files it has no record of
     keystore = LocalKeyStore(home.broker / "keystore", master, ledger)
     if not keystore.has_tenant_key(DEMO_TENANT):
@@ -289,6 +293,7 @@ def worker_args(home: Home, broker_url: str, port: int, grpc_port: int, register
     args = ["enclave_worker.grpc_server", "--broker-url", broker_url, "--package-dir", str(ws.package_dir),
             "--tenant", ws.tenant, "--model", ws.model, "--version", ws.version, "--tee", ws.tee,
             "--sim-platform-key", str(home.sim_key), "--port", str(port), "--grpc-port", str(grpc_port),
+            "--broker-tee", "sim", "--broker-measurement", ws.broker_measurements[0],
             "--register-token-file", str(_secret_file(home.gateway / "register-token")),
             "--gateway-client-cert", str(gateway_client_cert(home)),
             "--policy-file", str(ws.policy_file), "--policy-admin-key", str(ws.policy_admin_key),
@@ -328,6 +333,8 @@ def write_demo_client_policy(home: Home, engine: str = "sealed") -> Path:
         "reference_values": {"publisher_key": publisher.public_key().public_bytes(
             serialization.Encoding.Raw, serialization.PublicFormat.Raw).hex()},
         "broker_jwks": json.loads((home.broker / "jwks.json").read_text()),
+        # The key broker this demo's workers pin (`sealed verify --broker URL --policy ...`).
+        "broker": {"tee": "sim", "measurements": list(settings.broker_measurements)},
         "require_promises": {"prompts_logged": False, "prefix_cache_isolation": "per-tenant-salt"},
     }, indent=2, sort_keys=True))
     return path
@@ -373,6 +380,9 @@ def launch(home: Home, *, host: str = "127.0.0.1", port: int = 8000,
         broker = stack.supervisor.start("key-broker", [
             "key_broker", "--data-dir", str(home.broker), "--port", str(broker_port),
             "--sim-platform-key", str(home.sim_public_key),
+            # Its own (simulated) TEE: it attests itself and seals its keys with the platform key;
+            # re-sealing lets a home outlive an upgrade of the broker's code (simulated TEE only).
+            "--tee", "sim", "--sim-platform-signing-key", str(home.sim_key), "--unsafe-sim-reseal",
             "--admin-token-hash-file", str(broker_admin_token(home)),
             "--audit-witness", str(home.audit_witness), *broker_args], on_restart=stack.write_pids)
         _wait_http(f"{broker_url}/healthz", broker)

@@ -74,17 +74,20 @@ def import_sealed_key(broker_dir: Path, sealed_key: Path, package: Path, expecte
     signed manifest and key commitment, and wraps it under the tenant key. A package of another
     model version than `expected` is refused (PackageError) before anything is stored.
     """
-    from key_broker.keystore import DataKeyRegistry, LocalKeyStore, load_master_key
+    from api.broker_state import local_broker_keys
+    from api.home import Home
+    from key_broker.keystore import DataKeyRegistry, LocalKeyStore
     from key_broker.statefile import local_ledger
     from protocol.package import read_manifest
-    from protocol.package.keywrap import SealedDataKey, load_or_create_import_key, open_data_key
+    from protocol.package.keywrap import SealedDataKey, open_data_key
 
     manifest, _, signer = read_manifest(package)
     if manifest.ref != expected:
         raise PackageError(f"the package is {manifest.ref}, not {expected}")
-    data_key = open_data_key(SealedDataKey.from_json(Path(sealed_key).read_text()),
-                             load_or_create_import_key(broker_import_key_path(broker_dir)), manifest)
-    master = load_master_key(broker_dir / "master.key")
+    # The broker's sealed keys, opened with the simulated platform key (one machine, simulated TEE only).
+    keys = local_broker_keys(Home(Path(broker_dir).parent))
+    data_key = open_data_key(SealedDataKey.from_json(Path(sealed_key).read_text()), keys.import_key, manifest)
+    master = keys.master_key
     ledger = local_ledger(broker_dir, master)  # the broker trusts only state recorded in its ledger
     keystore = LocalKeyStore(broker_dir / "keystore", master, ledger)
     if not keystore.has_tenant_key(manifest.tenant):
@@ -93,5 +96,10 @@ def import_sealed_key(broker_dir: Path, sealed_key: Path, package: Path, expecte
         manifest.ref, data_key, manifest.key_id, signer, manifest.plaintext_digest)
 
 
-def broker_import_key_path(broker_dir: Path) -> Path:
-    return Path(broker_dir) / "import-x25519.pem"
+def broker_import_public_pem(broker_dir: Path) -> bytes:
+    """The local broker's import key (public PEM), from its sealed keys (simulated TEE only)."""
+    from api.broker_state import local_broker_keys
+    from api.home import Home
+    from protocol.package.keywrap import public_pem
+
+    return public_pem(local_broker_keys(Home(Path(broker_dir).parent)).import_key)

@@ -56,3 +56,13 @@ class UnboundClaim(PolicyViolation):
 class WorkloadMismatch(AttestationError):
     """What a worker runs (arguments, environment, configuration, policy floor) is not what its
     init-data says, or its hardware does not carry that init-data's digest: it must not start."""
+
+
+class SealingError(AttestationError):
+    """State sealed to a measurement does not open here: another measurement, another platform, or
+    edited bytes; or this TEE offers no sealing key."""
+
+
+class BrokerIdentityError(AttestationError):
+    """The key broker's evidence verifies, but it is not a broker this relying party trusts: another
+    measurement, a debug or simulated TEE it does not accept, or an identity document it does not bind."""

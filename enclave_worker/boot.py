@@ -11,6 +11,7 @@ import torch
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from attestation.workload import WorkloadClaims
+from enclave_worker.broker_auth import authenticate_broker, check_release
 from enclave_worker.engine import EngineConfig, LLMEngine
 from enclave_worker.engine.checkpoint import Checkpoint
 from enclave_worker.engine_protocol import ServingEngine
@@ -21,6 +22,8 @@ from enclave_worker.settings import WorkerSettings
 from enclave_worker.tee import make_attester
 from policy.policyset import PolicySet
 from protocol.broker.client import ReleasedKey, obtain_data_key
+from protocol.broker.errors import BrokerNotAuthenticated
+from protocol.broker.sealing import raw_public_key
 from protocol.package.format import manifest_names
 from protocol.tracing import NULL_SPAN, NoTracing, Tracing
 
@@ -86,43 +89,61 @@ def build_engine(settings: WorkerSettings, model: DecryptedModel) -> ServingEngi
     return LLMEngine.from_checkpoint(checkpoint, engine_config(settings))
 
 
+def _unauthenticated(settings: WorkerSettings) -> bool:
+    if settings.unsafe_unauthenticated_broker:
+        log.warning("UNSAFE: the key broker is not authenticated; any answer at %s is trusted", settings.broker_url)
+        return True
+    if not settings.broker_measurements:
+        raise BrokerNotAuthenticated("no key broker measurement is pinned in this worker's measured configuration")
+    return False
+
+
 def boot(settings: WorkerSettings, channel_binding: bytes = b"", hpke_key: X25519PrivateKey | None = None,
          policy_set: PolicySet | None = None, tracing: Tracing | None = None) -> BootedWorker:
     started = time.monotonic()
     # Before any key is asked for: a worker that may not serve on its device never gets one.
     gpu_cc_off = check_gpu_confidentiality(settings, policy_set)
     attester = make_attester(settings, policy_set.version if policy_set else 0)
+    hpke_key = hpke_key or X25519PrivateKey.generate()
     tracing = tracing or NoTracing()
     span = tracing.start("worker.key_release", kind="client", attributes={
         "sealed.tenant": settings.tenant, "gen_ai.request.model": settings.model}) if tracing.enabled else NULL_SPAN
     try:
         # The span's W3C context rides on the broker requests (key_broker/tracing.py continues it).
         with httpx.Client(base_url=settings.broker_url, timeout=30.0, headers=tracing.headers(span)) as client:
+            # Before anything is sent or taken: the broker proves it is the attested broker this worker pins.
+            broker = None if _unauthenticated(settings) else authenticate_broker(settings, client)
             released = obtain_data_key(client, settings.ref, make_bundle=attester.bundle,
                                        channel_binding=channel_binding, hpke_key=hpke_key)
     except BaseException as exc:
         span.end(error=type(exc).__name__)
         raise
     span.end()
+    if broker is not None:
+        # The token and the receipt under the broker's attested keys; signer and digest from the receipt.
+        authentic = check_release(broker, released, settings, raw_public_key(hpke_key))
+        signer, digest = authentic.signer, authentic.model_digest
+    else:
+        receipt = released.receipt.get("receipt", {})
+        signer, digest = receipt.get("signer"), receipt.get("model_digest")
     # The broker appraised CPU and GPU evidence together and released the key: only now do the
     # GPUs accept work (nvtrust's order: attest, verify, then set the ready state).
     attester.accepted()
     if settings.gpu_tee:
         log.info("GPUs ready: the key broker accepted their evidence with the CPU's")
-    receipt = released.receipt.get("receipt", {})
     # The signer the key was registered with (and the release policy checked) must have signed
     # the manifest we decrypt; the control plane cannot swap in another tenant-signed package.
     if settings.on_gpu:
         # Segment by segment into GPU memory: one segment of plaintext in CPU memory at a time.
         model = decrypt_package_to_device(settings.package_dir, released.data_key, settings.device,
-                                          required_signer=receipt.get("signer"))
+                                          required_signer=signer)
     else:
-        model = decrypt_package(settings.package_dir, released.data_key, required_signer=receipt.get("signer"))
+        model = decrypt_package(settings.package_dir, released.data_key, required_signer=signer)
     try:
         manifest = model.manifest
         if not manifest_names(manifest, settings.ref):
             raise ValueError("package is for another tenant, model or version")
-        if receipt.get("model_digest") != manifest.plaintext_digest:
+        if digest != manifest.plaintext_digest:
             raise ValueError("decrypted model digest differs from the digest the key was released for")
         if WorkloadClaims.decode(attester.workload).model_digest != manifest.plaintext_digest:
             # The evidence told clients this digest: serve nothing else (a package swapped on disk).

@@ -11,8 +11,8 @@ import os
 import sys
 from pathlib import Path
 
+from attestation.attesters import resolve_tee
 from attestation.errors import AttestationError, UnsupportedError
-from enclave_worker.attesters import resolve_tee
 from enclave_worker.serve import serve
 from enclave_worker.settings import WorkerSettings
 from enclave_worker.tee import check_workload
@@ -40,6 +40,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--sim-platform-key", type=Path, default=os.environ.get("SEALED_SIM_PLATFORM_KEY") or None,
                         help="simulated TEE's key (dev; default $SEALED_SIM_PLATFORM_KEY)")
     parser.add_argument("--unsafe-sim-measurement", default=None)
+    parser.add_argument("--broker-tee", choices=("sim", "snp", "tdx"), default=None,
+                        help="the key broker's TEE (measured)")
+    parser.add_argument("--broker-measurement", action="append", default=[],
+                        help="a key broker measurement (hex) this worker trusts (measured; repeatable)")
+    parser.add_argument("--unsafe-unauthenticated-broker", action="store_true",
+                        help="trust the key broker without verifying its evidence (measured; logs a warning)")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--advertise-host", default=None,
                         help="address announced to the gateway (default --host; in a pod: its IP)")
@@ -138,7 +144,9 @@ def _settings(args: argparse.Namespace, tee: str, gpu_tee: str | None, device: s
         gpu_memory_utilization=args.gpu_memory_utilization, tsm_dir=args.tsm_dir, tsm_entry=args.tsm_entry,
         sev_guest_device=args.sev_guest_device, ccel_table=args.ccel_table, ccel_data=args.ccel_data,
         sim_platform_key=args.sim_platform_key,
-        unsafe_sim_measurement=args.unsafe_sim_measurement, host=args.host, port=args.port,
+        unsafe_sim_measurement=args.unsafe_sim_measurement, broker_tee=args.broker_tee,
+        broker_measurements=tuple(args.broker_measurement),
+        unsafe_unauthenticated_broker=args.unsafe_unauthenticated_broker, host=args.host, port=args.port,
         engine=args.engine, max_num_seqs=args.max_num_seqs, vllm_cpu_bind=args.vllm_cpu_bind,
         max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
         policy_file=args.policy_file,

@@ -4,7 +4,7 @@ tenant's explicit and logged `unsafe_allow_gpu_cc_off` (answers then marked inse
 A GPU in CC mode keeps weights, KV cache and activations in its protected memory and encrypts
 its PCIe traffic with the CVM (bounce buffers); with CC off both are plain to the host. A GPU in
 CC mode refuses work until its ready state is set, which the worker does only after the broker
-accepted its evidence (enclave_worker.attesters), so a CC GPU must be attested (tee=...+nvgpu).
+accepted its evidence (attestation.attesters), so a CC GPU must be attested (tee=...+nvgpu).
 """
 
 from __future__ import annotations

@@ -6,6 +6,12 @@ else after the wait with a renewed lease. On "revoked" the worker wipes at once;
 runs out without a renewal (broker gone too long, network cut, answers forged or dropped), it
 wipes too. Any other failure (network, 429, 403, 5xx, a malformed or unauthenticated answer, a
 bug) is logged by type and retried with backoff: the watcher never dies while the key is held.
+
+Answers are authenticated by their MAC under a key derived from the data key. That suffices: the
+worker authenticated the broker before it took the key (enclave_worker/broker_auth.py: the broker's
+evidence, then the token and the receipt under its attested keys), so only the attested broker
+knows the data key; an impersonator's answer fails the MAC (`LeaseAnswerInvalid`, logged) and can
+only let the lease run out (tests/security/test_operator_attacks_broker.py).
 """
 
 from __future__ import annotations

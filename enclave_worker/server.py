@@ -36,7 +36,7 @@ from enclave_worker.tenant_records import TenantRecords
 from policy.errors import PolicyError
 from protocol.asgi import without_native_telemetry
 from protocol.broker.client import WorkerIdentity
-from protocol.broker.errors import BrokerRateLimited, BrokerRefused
+from protocol.broker.errors import BrokerNotAuthenticated, BrokerRateLimited, BrokerRefused
 from protocol.package.errors import PackageError
 from protocol.sealed import ReplayGuard, WorkerKey
 from protocol.tracing import NoTracing, Tracing
@@ -177,6 +177,8 @@ async def _boot(state: WorkerState) -> None:
 
 def failure_reason(exc: BaseException) -> str:
     """A fixed category for /readyz and the control loop; the details stay in the audit logs."""
+    if isinstance(exc, BrokerNotAuthenticated):
+        return "key broker not authenticated"
     if isinstance(exc, BrokerRefused):
         return "key release refused by the key broker"
     if isinstance(exc, BrokerRateLimited):

@@ -24,6 +24,13 @@ class WorkerSettings:
     sim_platform_key: Path | None = None  # the simulated TEE's signing key (sim only)
     # Replaces the computed simulated measurement (tests of a worker the policy does not allow).
     unsafe_sim_measurement: str | None = None
+    # The key broker this worker trusts (measured, so the tenant's release policy fixes it too):
+    # its TEE and measurement(s); the worker verifies the broker's evidence against them before it
+    # trusts a key, a receipt or a lease answer (enclave_worker/broker_auth.py). Unpinned: no boot.
+    broker_tee: str | None = None
+    broker_measurements: tuple[str, ...] = ()
+    # Trust whatever answers at broker_url (tests of other parts only; measured, logs a warning).
+    unsafe_unauthenticated_broker: bool = False
     host: str = "127.0.0.1"
     port: int = 8002
     max_num_seqs: int = 16
@@ -71,6 +78,10 @@ class WorkerSettings:
     ccel_data: Path = Path("/sys/firmware/acpi/tables/data/CCEL")
 
     def __post_init__(self) -> None:
+        if self.broker_tee not in (None, "sim", "snp", "tdx"):
+            raise ValueError(f"broker_tee must be sim, snp or tdx, not {self.broker_tee!r}")
+        if self.broker_measurements and self.broker_tee is None:
+            raise ValueError("broker_measurements need broker_tee")
         if self.engine not in ("sealed", "vllm"):
             raise ValueError(f"engine must be 'sealed' or 'vllm', not {self.engine!r}")
         if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
@@ -129,6 +140,11 @@ class WorkerSettings:
             "data_controls": "none (unsafe)" if self.unsafe_no_tenant_policy else "signed-tenant-policy",
         }
 
+    def broker_pin(self) -> dict[str, Any]:
+        # A simulated broker is vouched for by whoever holds the simulated platform key: a worker
+        # pinning one says so here (broker_tee "sim"), and the tenant's release policy sees it.
+        return {"tee": self.broker_tee, "measurements": sorted(m.lower() for m in self.broker_measurements)}
+
     def measured_config(self) -> dict[str, Any]:
         """The part of the configuration that changes what the worker does, hence its measurement."""
         return {
@@ -148,6 +164,9 @@ class WorkerSettings:
             "lease_s": self.lease_s,
             # What a gateway can learn from a sealed answer's frame sizes.
             "sealed_padding_min_bytes": self.sealed_padding_min_bytes,
+            # Which key broker it trusts (listed only when set).
+            **({"broker": self.broker_pin()} if self.broker_tee else {}),
+            **({"unsafe_unauthenticated_broker": True} if self.unsafe_unauthenticated_broker else {}),
             "engine": {
                 **({"kind": self.engine} if self.engine != "sealed" else {}),
                 "max_num_seqs": self.max_num_seqs,

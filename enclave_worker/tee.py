@@ -1,4 +1,4 @@
-"""This worker's attester: the simulated TEE, or the hardware attesters in enclave_worker.attesters."""
+"""This worker's attester: the simulated TEE, or the hardware attesters in attestation.attesters."""
 
 from __future__ import annotations
 
@@ -9,27 +9,17 @@ from collections.abc import Callable, Mapping, Sequence
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from attestation.attesters import Attester, KernelInterfaces, SimAttester, hardware_attester
 from attestation.bundle import EvidenceBundle, RuntimeData
 from attestation.errors import UnsupportedError, WorkloadMismatch
 from attestation.sim import SimTee
 from attestation.workload import WorkloadClaims
-from enclave_worker.attesters import Attester, CpuEvidence, KernelInterfaces, hardware_attester
 from enclave_worker.measurement import simulated_measurement
 from enclave_worker.settings import WorkerSettings
 from enclave_worker.workload_check import check_runs_as_declared, load_init_data
 from protocol.package.signing import read_manifest
 
 log = logging.getLogger(__name__)
-
-
-class SimAttester:
-    tee = "sim"
-
-    def __init__(self, tee: SimTee) -> None:
-        self._tee = tee
-
-    def attest(self, report_data: bytes) -> CpuEvidence:
-        return CpuEvidence(self._tee.get_report(report_data))
 
 
 def _sim_attester(settings: WorkerSettings) -> Attester:

@@ -2,7 +2,8 @@
 
 Secrets never come from argv (visible in `ps`): the operator admin token from
 SEALED_BROKER_ADMIN_TOKEN (or --admin-token-hash-file, SHA-256 hex lines), the Vault token from
-SEALED_VAULT_TOKEN / BAO_TOKEN / VAULT_TOKEN, the master key from SEALED_MASTER_KEY or its file.
+SEALED_VAULT_TOKEN / BAO_TOKEN / VAULT_TOKEN. The broker's own keys (token, receipt, import, master)
+are generated inside its TEE (`--tee`) and kept on disk only sealed to its measurement.
 """
 
 from __future__ import annotations
@@ -29,7 +30,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="verifier collateral store (AMD KDS, Intel PCS, NVIDIA); see `sealed attest collateral`")
     parser.add_argument("--collateral-offline", action="store_true",
                         help="use only imported collateral, never fetch (brokers without internet)")
-    parser.add_argument("--master-key-file", type=Path, default=None)
+    parser.add_argument("--tee", choices=("sim", "snp", "tdx"), default="sim",
+                        help="the broker's own TEE: it attests itself and seals its keys with it")
+    parser.add_argument("--sim-platform-signing-key", type=Path, default=None,
+                        help="--tee sim: the simulated platform's private key (a file: protects nothing)")
+    parser.add_argument("--unsafe-sim-reseal", action="store_true",
+                        help="--tee sim: re-seal keys sealed by another broker build to this one")
+    parser.add_argument("--unsafe-sim-measurement", default=None,
+                        help="--tee sim, tests only: the broker's simulated measurement (hex)")
     parser.add_argument("--admin-token-hash-file", type=Path, default=None)
     parser.add_argument("--keystore", choices=("local", "vault"), default="local")
     parser.add_argument("--vault-url", default=None)
@@ -56,7 +64,9 @@ def main(argv: list[str] | None = None) -> int:
     settings = BrokerSettings(
         data_dir=args.data_dir, sim_platform_public_key=args.sim_platform_key, roots_dir=args.roots_dir,
         collateral_dir=args.collateral_dir, collateral_offline=args.collateral_offline,
-        master_key_file=args.master_key_file, rate_limit_per_minute=args.rate_limit_per_minute,
+        tee=args.tee, sim_platform_signing_key=args.sim_platform_signing_key,
+        unsafe_sim_reseal=args.unsafe_sim_reseal, unsafe_sim_measurement=args.unsafe_sim_measurement,
+        rate_limit_per_minute=args.rate_limit_per_minute,
         max_body_bytes=args.max_body_bytes, lease_s=args.lease_seconds,
         lease_max_wait_s=args.lease_max_wait_seconds,
         admin_token_sha256=admin_token_hashes(hash_file=args.admin_token_hash_file, dev=args.unsafe_dev_mode),

@@ -10,7 +10,6 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 
 from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from fastapi import FastAPI, Request
 from fastapi.exception_handlers import http_exception_handler
@@ -22,6 +21,8 @@ from attestation.collateral import CollateralConfig, CollateralStore
 from attestation.token import TokenIssuer
 from attestation.verifier import VerifierTrust
 from key_broker import admin_router
+from key_broker.attestation_router import router as broker_attestation_router
+from key_broker.attested import broker_self
 from key_broker.auth import AdminTokenStore
 from key_broker.errors import (
     Forbidden,
@@ -31,21 +32,17 @@ from key_broker.errors import (
     ReferenceValuesError,
     SettingsError,
 )
-from key_broker.keystore import (
-    DataKeyRegistry,
-    KeyStore,
-    LocalKeyStore,
-    is_placeholder_master_key,
-    load_master_key,
-)
+from key_broker.keystore import DataKeyRegistry, KeyStore, LocalKeyStore
 from key_broker.leases import LeaseBook, LeaseSettings
 from key_broker.limits import RateLimits, reject_too_large
+from key_broker.platform import open_platform
 from key_broker.policies import PolicyStore
 from key_broker.receipts import ReceiptBook
 from key_broker.refvals import ReferenceValuesStore
 from key_broker.router import router
+from key_broker.sealed_keys import open_broker_keys
 from key_broker.service import COMPONENT, EvidenceVerifier, KeyBrokerService
-from key_broker.settings import IMPORT_KEY_FILE, BrokerSettings
+from key_broker.settings import BrokerSettings
 from key_broker.statefile import (
     FileAnchor,
     StateLedger,
@@ -64,8 +61,6 @@ from policy.errors import AuditIntegrityError, PolicyInvalid
 from protocol.asgi import without_native_telemetry
 from protocol.body_limit import BodyLimit
 from protocol.fsutil import atomic_write
-from protocol.keyfile import load_or_create_private_key
-from protocol.package.keywrap import load_or_create_import_key
 from protocol.tracing import tracing_from_env
 
 log = logging.getLogger(__name__)
@@ -90,18 +85,10 @@ def audit_anchors(witness: Path | None, anchor_url: str | None) -> list[Checkpoi
     return anchors
 
 
-def load_broker_keys(data_dir: Path) -> tuple[ec.EllipticCurvePrivateKey, Ed25519PrivateKey]:
-    """The token-signing key (ES256) and the receipt/audit signing key (Ed25519), 0600 PEM files."""
-    token_key = load_or_create_private_key(data_dir / "token-signing.pem", ec.EllipticCurvePrivateKey,
-                                           lambda: ec.generate_private_key(ec.SECP256R1()))
-    receipt_key = load_or_create_private_key(data_dir / "receipt-signing.pem", Ed25519PrivateKey,
-                                             Ed25519PrivateKey.generate)
-    return token_key, receipt_key
-
-
-def build_keystore(settings: BrokerSettings) -> tuple[KeyStore, StateLedger]:
+def build_keystore(settings: BrokerSettings, master: bytes) -> tuple[KeyStore, StateLedger]:
     """The key store and the state ledger every store reads and writes through (docs/key-broker.md,
-    "State integrity"): MACed under the master key, or by a Transit HMAC key in Vault mode."""
+    "State integrity"): MACed under the master key (sealed with the broker's keys), or by a Transit
+    HMAC key in Vault mode."""
     anchor_path = settings.state_anchor or default_anchor_path(settings.data_dir)
     if settings.keystore == "vault":
         from key_broker.vault import VaultTransitKeyStore
@@ -114,9 +101,6 @@ def build_keystore(settings: BrokerSettings) -> tuple[KeyStore, StateLedger]:
                                                       VaultKvAnchor(vault.client, mount_point=settings.vault_kv_mount)])
         return VaultTransitKeyStore(vault.client, settings.data_dir / "vault-state", settings.vault_mount,
                                     ledger), ledger
-    master = load_master_key(settings.master_key_file or settings.data_dir / "master.key")
-    if is_placeholder_master_key(master) and not settings.unsafe_dev_mode:
-        raise SettingsError("the master key is a well-known placeholder; generate a random one")
     ledger = local_ledger(settings.data_dir, master, anchor_path)
     return LocalKeyStore(settings.data_dir / "keystore", master, ledger), ledger
 
@@ -149,8 +133,11 @@ def build_service(settings: BrokerSettings, *, clock: Callable[[], dt.datetime] 
     controllable clock; a verifier over test roots); by default: UTC now, verify_bundle."""
     data_dir = settings.data_dir
     data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    keystore, ledger = build_keystore(settings)
-    token_key, receipt_key = load_broker_keys(data_dir)
+    # The broker's keys: generated inside its TEE on the first start, on disk only sealed to its measurement.
+    platform = open_platform(settings)
+    keys = open_broker_keys(data_dir, platform, unsafe_sim_reseal=settings.unsafe_sim_reseal)
+    token_key, receipt_key = keys.token_key, keys.receipt_key
+    keystore, ledger = build_keystore(settings, keys.master_key)
     sim_key = None
     if settings.sim_platform_public_key is not None:
         loaded = serialization.load_pem_public_key(settings.sim_platform_public_key.read_bytes())
@@ -159,8 +146,10 @@ def build_service(settings: BrokerSettings, *, clock: Callable[[], dt.datetime] 
         sim_key = loaded
         log.warning("key broker accepts simulated-TEE evidence (still subject to each release policy)")
     issuer = TokenIssuer(token_key, settings.issuer, settings.token_ttl)
-    # Relying parties pin this JWKS (it is also served at /.well-known/jwks.json).
+    # Served at /.well-known/jwks.json; relying parties take it from the broker's attested identity
+    # (POST /v1/broker/attestation). This copy is a convenience for the one-machine demo.
     atomic_write(data_dir / "jwks.json", json.dumps(issuer.jwks(), indent=1).encode(), mode=0o644)
+    attested = broker_self(settings, platform, keys, issuer.jwks())
     policies = PolicyStore(data_dir, ledger)
     audit = open_audit_log(data_dir.parent / "audit", COMPONENT, receipt_key,
                            anchors=audit_anchors(settings.audit_witness, settings.audit_anchor_url))
@@ -190,6 +179,8 @@ def build_service(settings: BrokerSettings, *, clock: Callable[[], dt.datetime] 
         challenge_ttl=settings.challenge_ttl,
         limits=RateLimits(settings.rate_limit_per_minute),
         verify=verify,
+        attested=attested,
+        import_key=keys.import_key,
     )
 
 
@@ -256,7 +247,7 @@ def create_app(settings: BrokerSettings, service: KeyBrokerService | None = None
         receipts=svc.receipts, tokens=AdminTokenStore(settings.data_dir / "admin-tokens.json",
                                                       settings.admin_token_sha256, svc.state),
         audit=svc.audit, clock=svc.clock,
-        import_key=load_or_create_import_key(settings.data_dir / IMPORT_KEY_FILE))
+        import_key=svc.import_key)
 
     tracing = tracing_from_env("key-broker")  # NoTracing unless OTEL_* asks (docs/tracing.md)
 
@@ -275,6 +266,7 @@ def create_app(settings: BrokerSettings, service: KeyBrokerService | None = None
     app.state.import_public = tenant_admin.import_key.public_key()
     app.include_router(router)
     app.include_router(admin_router.router)
+    app.include_router(broker_attestation_router)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, reject=reject_too_large)
     _install_error_handlers(app)
     return app

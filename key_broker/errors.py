@@ -50,3 +50,8 @@ class PolicyUnsigned(Forbidden):
     """A release policy or policy-admin key statement is not signed by the tenant's policy-admin key
     (unsigned, another key, another tenant's, tampered after signing) or does not move the version
     forward. Answered as the opaque 403; the reason is in the audit log."""
+
+
+class SealedStateError(SettingsError):
+    """The broker's sealed keys cannot be opened here (another measurement or platform, edited), or
+    plaintext key files of an older broker are on its disk: it refuses to start."""

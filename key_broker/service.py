@@ -7,6 +7,7 @@ audit log, never to the caller. No key material ever reaches the audit log or an
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import json
 import logging
 import threading
@@ -15,11 +16,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import jwt
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from attestation.bundle import EvidenceBundle
 from attestation.errors import AttestationError
 from attestation.token import AttestationClaims, TokenIssuer, TokenScope, TokenVerifier
 from attestation.verifier import AttestationResult, VerifierTrust, verify_bundle
+from key_broker.attested import BrokerSelf
 from key_broker.errors import KeyBrokerError, RateLimited, ReleaseRefused
 from key_broker.keystore import DataKeyRegistry, KeyStore
 from key_broker.limits import BrokerLimiter, RateLimits
@@ -62,9 +65,14 @@ class KeyBrokerService:
         trust: VerifierTrust, issuer: TokenIssuer, audit: AuditLog, clock: Callable[[], dt.datetime],
         challenge_ttl: dt.timedelta = dt.timedelta(seconds=60), refvals: ReferenceValuesStore | None = None,
         limits: RateLimits | None = None, verify: EvidenceVerifier | None = None,
-        state: StateLedger | None = None,
+        state: StateLedger | None = None, attested: BrokerSelf | None = None,
+        import_key: X25519PrivateKey | None = None,
     ) -> None:
         self.state = state  # the state ledger the stores read through (None: unit tests of the service)
+        # The broker's attested identity (POST /v1/broker/attestation) and its sealed import key;
+        # None only in unit tests of the release logic.
+        self.attested = attested
+        self.import_key = import_key or X25519PrivateKey.generate()
         self.keystore = keystore
         self.datakeys = datakeys
         self.policies = policies
@@ -94,6 +102,10 @@ class KeyBrokerService:
         self.audit.append(tenant=tenant or "-", action=action, decision="deny", reason=reason, metadata=meta)
         log.info("refused %s for tenant %s", action, tenant or "-")
         return ReleaseRefused(reason)
+
+    def check_rate(self, action: str, client: str) -> None:
+        """Per-caller rate limit of a public route (RateLimited: the edge answers 429)."""
+        self._limiter.check(action, client)
 
     def refuse(self, tenant: str, action: str, reason: str, meta: dict[str, Any]) -> None:
         """Audit a refusal decided at the edge (a malformed evidence bundle)."""
@@ -214,6 +226,8 @@ class KeyBrokerService:
             "insecure": claims.insecure, "time": now.isoformat(),
             "policy_id": scope.policy_id, "policy_version": scope.policy_version,
             "token_id": claims.token_id, "evidence_digest": claims.evidence_digest,
+            # The worker checks the receipt covers exactly the sealed key it got (protocol/broker/client.py).
+            "sealed_key_sha256": hashlib.sha256(sealed).hexdigest(),
         })
         self.audit.append(tenant=tenant, action="release", decision="allow", reason="sealed-to-attested-key",
                           metadata=meta)

@@ -18,8 +18,8 @@ ADMIN_TOKEN_ENV = "SEALED_BROKER_ADMIN_TOKEN"  # plaintext, hashed at startup, n
 VAULT_TOKEN_ENVS = ("SEALED_VAULT_TOKEN", "BAO_TOKEN", "VAULT_TOKEN")
 
 
-# The broker's X25519 import key pair (tenants seal data keys to it); 0600, inside the broker's CVM.
-IMPORT_KEY_FILE = "import-x25519.pem"
+# The broker's own TEEs: its evidence (POST /v1/broker/attestation) and the key its state is sealed with.
+BROKER_TEES = ("sim", "snp", "tdx")
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,15 @@ class BrokerSettings:
     # broker may fetch (online, with cache) or uses only imported bundles (offline).
     collateral_dir: Path | None = None
     collateral_offline: bool = False
-    master_key_file: Path | None = None
+    # The broker's own TEE (key_broker/platform.py): it attests itself and seals its keys with it.
+    # On the simulated TEE it needs the simulated platform's signing key (a file: nothing is protected).
+    tee: str = "sim"
+    sim_platform_signing_key: Path | None = None
+    # Simulated TEE only: open state sealed by an earlier build of the broker (the platform key derives
+    # every build's sealing key) and seal it to this one. The one-machine demo uses it across upgrades.
+    unsafe_sim_reseal: bool = False
+    # Tests only: the broker's simulated measurement, instead of computing it over its code.
+    unsafe_sim_measurement: str | None = None
     challenge_ttl: dt.timedelta = dt.timedelta(seconds=60)
     token_ttl: dt.timedelta = dt.timedelta(minutes=5)
     max_body_bytes: int = 1 << 20
@@ -63,12 +71,22 @@ class BrokerSettings:
     unsafe_dev_mode: bool = False
 
     def __post_init__(self) -> None:
+        if self.tee not in BROKER_TEES:
+            raise SettingsError(f"unknown broker TEE {self.tee!r}: use one of {', '.join(BROKER_TEES)}")
+        if self.tee == "sim" and self.sim_platform_signing_key is None:
+            raise SettingsError("the broker on the simulated TEE needs the simulated platform's signing key")
+        if self.tee != "sim" and (self.unsafe_sim_reseal or self.unsafe_sim_measurement):
+            raise SettingsError("unsafe_sim_reseal and unsafe_sim_measurement exist only on the simulated TEE")
         if self.keystore not in ("local", "vault"):
             raise SettingsError(f"unknown key store {self.keystore!r}")
         if self.keystore == "vault" and not (self.vault_url and self.vault_token):
             raise SettingsError("the vault key store needs vault_url and a token (env SEALED_VAULT_TOKEN)")
         if self.vault_token is not None:
             check_secret(self.vault_token, "the Vault token", dev=self.unsafe_dev_mode)
+        if self.tee == "sim":
+            log.warning("the key broker runs on the SIMULATED TEE: its keys are sealed with a key file on this disk")
+        if self.unsafe_sim_reseal:
+            log.warning("UNSAFE: state sealed by another broker build is re-sealed to this one (simulated TEE)")
         if self.unsafe_dev_mode:
             log.warning("UNSAFE dev mode: placeholder secrets are accepted; never use this in production")
 

@@ -109,7 +109,8 @@ class ClientTrust:
         (a relative path is taken from the policy file's folder); `"min_serial": N` refuses statements
         older than serial N."""
         unknown = set(doc) - {"tenant", "appraisal", "broker_jwks", "broker_issuer", "require_promises",
-                              "unsafe_trust_gateway_jwks", "reference_values", "evidence", "min_policy_version"}
+                              "unsafe_trust_gateway_jwks", "reference_values", "evidence", "min_policy_version",
+                              "broker"}  # broker: {"tee", "measurements"}, for `sealed verify --broker`
         if unknown:
             raise PolicyViolation([f"unknown client policy keys: {sorted(unknown)}"])
         evidence = dict(doc.get("evidence") or {})

@@ -168,9 +168,10 @@ def receipts(
     if verify:
         if broker_key is not None:
             loaded = serialization.load_pem_public_key(broker_key.read_bytes())
-        else:
-            loaded = serialization.load_pem_private_key(
-                (layout.broker / "receipt-signing.pem").read_bytes(), None).public_key()
+        else:  # the local broker's sealed receipt key (one machine, simulated TEE only)
+            from api.broker_state import local_broker_keys
+
+            loaded = local_broker_keys(layout).receipt_key.public_key()
         if not isinstance(loaded, Ed25519PublicKey):
             raise typer.BadParameter("broker key must be Ed25519")
         public = loaded
@@ -214,11 +215,9 @@ def import_key(
 
 def import_pubkey(home: Path = typer.Option(None)) -> None:
     """Print the local broker's X25519 import public key (PEM) for `sealed encrypt --broker-import-key`."""
-    from api.tenant_tools import broker_import_key_path
-    from protocol.package.keywrap import load_or_create_import_key, public_pem
+    from api.tenant_tools import broker_import_public_pem
 
-    key = load_or_create_import_key(broker_import_key_path(_home(home).broker))
-    typer.echo(public_pem(key).decode(), nl=False)
+    typer.echo(broker_import_public_pem(_home(home).broker).decode(), nl=False)
 
 
 def build() -> typer.Typer:

@@ -104,10 +104,14 @@ def measurement(
     policy_version: int = typer.Option(1, min=1, help="version of that release policy"),
 ) -> None:
     """The measurement of the workers `sealed up` runs for this version (simulated TEE)."""
+    from api.broker_state import broker_measurement
+    from api.home import Home, default_home
     from api.orchestrator.local import local_measurement
 
     ref = model_ref(tenant, model, version)
-    value = local_measurement(ref, policy_admin_key)
+    home = Home(default_home())  # its workers pin the local key broker's measurement (made by `sealed up`)
+    broker = broker_measurement(home).hex() if home.sim_public_key.exists() else None
+    value = local_measurement(ref, policy_admin_key, broker)
     typer.echo(value)
     if release_policy_out is not None:
         if package is None:

@@ -52,7 +52,7 @@ def _report(pin: Any, doc: dict[str, Any], now: dt.datetime) -> list[str]:
 
 
 def verify(
-    url: str = typer.Argument(..., help="the gateway, e.g. http://127.0.0.1:8000"),
+    url: str = typer.Argument(None, help="the gateway, e.g. http://127.0.0.1:8000"),
     policy: Path = typer.Option(None, exists=True, help="client policy JSON (appraisal, broker_jwks, ...)"),
     unsafe_allow_simulated: bool = typer.Option(False, "--unsafe-allow-simulated",
                                                 help="accept the simulated TEE (no hardware protection)"),
@@ -61,8 +61,13 @@ def verify(
     at: str = typer.Option(None, help="verification time, ISO 8601 (default: now)"),
     api_key_file: Path = typer.Option(None, exists=True, dir_okay=False,
                                       help="file holding the API key (default: $SEALED_API_KEY, $OPENAI_API_KEY)"),
+    broker: str = typer.Option(None, "--broker", help="also verify the key broker's own attestation at this URL"),
+    broker_measurement: list[str] = typer.Option([], "--broker-measurement",
+                                                 help="a key broker measurement to accept (hex; or the policy's "
+                                                      "broker.measurements)"),
 ) -> None:
-    """Verify every worker a deployment serves; print what was verified; exit non-zero on any failure.
+    """Verify every worker a deployment serves (and, with --broker, the key broker); print what was
+    verified; exit non-zero on any failure.
 
     The gateway shows each tenant only its own workers, so the API key decides which are verified."""
     import os
@@ -74,6 +79,15 @@ def verify(
     from sealed_client.deployment import verify_published, verify_sealed_document
 
     now = dt.datetime.fromisoformat(at.replace("Z", "+00:00")) if at else dt.datetime.now(dt.UTC)
+    if broker is not None:
+        from api.cli.broker_verify import verify_broker
+
+        verify_broker(broker, policy, broker_measurement, allow_simulated=unsafe_allow_simulated, now=now)
+        if url is None:
+            return
+    if url is None:
+        typer.echo("give the gateway URL, or --broker URL", err=True)
+        raise typer.Exit(2)
     try:
         trust = _trust(policy, unsafe_allow_simulated, unsafe_trust_gateway_jwks)
     except (ValueError, PolicyViolation) as exc:

@@ -21,6 +21,7 @@ from typing import Any
 
 import httpx
 
+from api.broker_state import broker_measurement
 from api.home import Home
 from api.ports import free_port
 from api.supervisor import Supervisor
@@ -43,18 +44,23 @@ class TenantPolicyFiles:
 
 
 def worker_settings(ref: ModelRef, package_dir: Path, files: TenantPolicyFiles, broker_url: str = "",
-                    sim_platform_key: Path | None = None, port: int = 0) -> WorkerSettings:
-    """The one place the local runtime's worker configuration is decided (its measurement follows)."""
+                    sim_platform_key: Path | None = None, port: int = 0,
+                    broker_measurement: str | None = None) -> WorkerSettings:
+    """The one place the local runtime's worker configuration is decided (its measurement follows);
+    `broker_measurement`: the local (simulated) key broker's, which the worker pins."""
     return WorkerSettings(broker_url=broker_url, package_dir=package_dir, tenant=ref.tenant, model=ref.model,
                           version=ref.version, tee="sim", sim_platform_key=sim_platform_key, port=port,
                           policy_file=files.policy_file, policy_admin_key=files.admin_key,
-                          unsafe_no_tenant_policy=files.unsafe_none)
+                          unsafe_no_tenant_policy=files.unsafe_none,
+                          broker_tee="sim" if broker_measurement else None,
+                          broker_measurements=(broker_measurement,) if broker_measurement else ())
 
 
-def local_measurement(ref: ModelRef, admin_key: Path | None) -> str:
+def local_measurement(ref: ModelRef, admin_key: Path | None, broker_measurement: str | None = None) -> str:
     """The simulated measurement of the local runtime's worker for this version (hex)."""
     files = TenantPolicyFiles(Path("policy.json") if admin_key else None, admin_key)
-    return simulated_measurement(worker_settings(ref, Path("."), files).measured_config()).hex()
+    settings = worker_settings(ref, Path("."), files, broker_measurement=broker_measurement)
+    return simulated_measurement(settings.measured_config()).hex()
 
 
 @dataclass
@@ -74,6 +80,8 @@ class LocalRuntime:
         self.register_token_file, self.gateway_client_cert = register_token_file, gateway_client_cert
         self._seq = 0
         self.on_change: Callable[[], None] | None = None  # e.g. rewrite run/pids.json
+        # The local key broker's simulated measurement: every worker started here pins it.
+        self.broker_measurement = broker_measurement(home).hex()
 
     # -- where a version's inputs are
     def package_dir(self, ref: ModelRef, address: str | None) -> Path | None:
@@ -105,9 +113,11 @@ class LocalRuntime:
         http_port, grpc_port = free_port(), free_port()
         self._seq += 1
         name = "worker-" + _SAFE.sub("_", f"{tenant}-{model}-{version}") + f"-{self._seq}"
-        ws = worker_settings(key, package_dir, files, self.broker_url, self.home.sim_key, http_port)
+        ws = worker_settings(key, package_dir, files, self.broker_url, self.home.sim_key, http_port,
+                             self.broker_measurement)
         args = ["enclave_worker.grpc_server", "--broker-url", self.broker_url, "--package-dir", str(package_dir),
                 "--tenant", tenant, "--model", model, "--version", version, "--tee", "sim",
+                "--broker-tee", "sim", "--broker-measurement", self.broker_measurement,
                 "--sim-platform-key", str(self.home.sim_key), "--port", str(http_port),
                 "--grpc-port", str(grpc_port), "--register-url", self.gateway_url,
                 "--register-token-file", str(self.register_token_file),

@@ -1,4 +1,5 @@
-"""A fake /dev/sev-guest behind the ioctl seam: SNP_GET_REPORT and SNP_GET_EXT_REPORT.
+"""A fake /dev/sev-guest behind the ioctl seam: SNP_GET_REPORT, SNP_GET_EXT_REPORT and
+SNP_GET_DERIVED_KEY (MSG_KEY_REQ: a key from a fake chip secret, the launch measurement and policy).
 
 `FakeSevGuest.ioctl` has the signature of `fcntl.ioctl` and works on the same memory as the
 kernel driver does: it reads `struct snp_report_req` (and the extended request's certificate
@@ -14,6 +15,8 @@ from __future__ import annotations
 import ctypes
 import errno
 import fcntl
+import hashlib
+import hmac
 import os
 import struct
 from collections.abc import Callable
@@ -22,6 +25,7 @@ from typing import Any
 
 from attestation.snp.abi import REPORT_SIZE
 from attestation.snp.collect import SNP_GET_EXT_REPORT, SNP_GET_REPORT
+from attestation.snp.derived_key import SNP_GET_DERIVED_KEY
 
 _IOCTL = struct.Struct("<B7xQQQ")
 _VMM_ERR_INVALID_LEN = 1
@@ -29,8 +33,11 @@ PAGE = 4096
 
 
 class FakeSevGuest:
-    def __init__(self, device: Path, make_report: Callable[[bytes, int], bytes], cert_table: bytes = b"") -> None:
+    def __init__(self, device: Path, make_report: Callable[[bytes, int], bytes], cert_table: bytes = b"",
+                 chip_secret: bytes = b"fake-chip-secret", launch_measurement: bytes = bytes(48)) -> None:
         self.device = device
+        self.chip_secret = chip_secret
+        self.launch_measurement = launch_measurement
         self.make_report = make_report
         self.cert_table = cert_table
         self.calls = 0
@@ -56,7 +63,23 @@ class FakeSevGuest:
     def install(self) -> None:
         fcntl.ioctl = self.router(fcntl.ioctl)
 
+    def _derived_key(self, arg: bytearray) -> int:
+        """MSG_KEY_REQ: HMAC(chip secret, selected fields), as the firmware mixes them into its KDF."""
+        msg_version, req_addr, resp_addr, _ = _IOCTL.unpack(bytes(arg))
+        root, _, fields, vmpl, svn, tcb = struct.unpack("<IIQIIQ", ctypes.string_at(req_addr, 32))
+        if root != 0 or vmpl > 3:
+            raise OSError(errno.EINVAL, "invalid key request")
+        mixed = struct.pack("<QIIQ", fields, vmpl, svn, tcb)
+        if fields & (1 << 3):
+            mixed += self.launch_measurement
+        key = hmac.new(self.chip_secret, mixed, hashlib.sha256).digest()
+        ctypes.memmove(resp_addr, struct.pack("<I28x", 0) + key, 64)
+        arg[:] = _IOCTL.pack(msg_version, req_addr, resp_addr, 0)
+        return 0
+
     def ioctl(self, fd: int, request: int, arg: bytearray) -> int:
+        if request == SNP_GET_DERIVED_KEY:
+            return self._derived_key(arg)
         if request not in (SNP_GET_REPORT, SNP_GET_EXT_REPORT):
             raise OSError(errno.ENOTTY, "inappropriate ioctl for device")
         self.calls += 1

@@ -40,6 +40,7 @@ class ReleasedKey:
     token_id: str
     bundle: Evidence
     receipt: dict[str, Any]
+    sealed_key: bytes = b""  # the HPKE blob as received: its receipt must cover exactly it
 
 
 Answer = TypeVar("Answer", bound=BaseModel)
@@ -81,9 +82,9 @@ def obtain_data_key(
     token = _post(client, "/v1/attest", attest, AttestResponse).token
     key = KeyRequest.model_construct(token=token, tenant=ref.tenant, model=ref.model, version=ref.version)
     released = _post(client, "/v1/key", key, KeyResponse)
-    data_key = open_sealed(base64.b64decode(released.sealed_key), ephemeral,
-                           release_info(ref, released.token_id))
-    return ReleasedKey(data_key, token, released.token_id, bundle, released.receipt)
+    sealed = base64.b64decode(released.sealed_key)
+    data_key = open_sealed(sealed, ephemeral, release_info(ref, released.token_id))
+    return ReleasedKey(data_key, token, released.token_id, bundle, released.receipt, sealed)
 
 
 def renew_attestation(
@@ -126,7 +127,10 @@ def check_key_status(client: httpx.Client, released: ReleasedKey, ref: ModelRef)
 # in the broker's token), so the public attestation token alone cannot renew, watch or starve it.
 # The broker's answers are MACed under a key derived from the data key: only the broker that
 # released the key can renew the lease or say "revoked"; a network attacker can only drop answers,
-# which lets the lease run out (the worker then wipes).
+# which lets the lease run out (the worker then wipes). The worker authenticated that broker first
+# (its evidence, then the token and the receipt under its attested keys: enclave_worker/broker_auth.py),
+# so the data key, and the MAC key derived from it, are the attested broker's; no answer of an
+# impersonator carries a valid MAC.
 
 LEASE_REQUEST_DOMAIN = b"sealed-lease-request-v1\x00"
 LEASE_ANSWER_DOMAIN = b"sealed-lease-answer-v1\x00"

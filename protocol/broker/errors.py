@@ -13,3 +13,8 @@ class BrokerRefused(BrokerClientError):
 
 class BrokerRateLimited(BrokerClientError):
     """The broker answered 429: retry later."""
+
+
+class BrokerNotAuthenticated(BrokerClientError):
+    """The key broker could not be authenticated: its evidence, identity, token or receipt does not
+    verify against what the worker pins. Nothing it answered is used."""

@@ -17,6 +17,7 @@ import httpx
 import pytest
 import torch
 
+from api.broker_state import local_broker_keys
 from api.home import Home
 from api.stack import (
     DEMO_MODEL,
@@ -29,7 +30,6 @@ from api.stack import (
     store_demo_release_policy,
 )
 from attestation.testing.platform import SNP_MEASUREMENT, TDX_MR_TD, FakePlatform
-from key_broker.keystore import load_master_key
 from key_broker.policies import PolicyStore
 from key_broker.statefile import local_ledger
 from policy.release import ReleasePolicy
@@ -60,7 +60,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Env:
 
 def put_release_policy(home: Home, signer: str, *, require_gpu_cc: bool) -> None:
     """The demo tenant signs (with its local policy-admin key) a policy admitting the fake platform."""
-    store_demo_release_policy(home, local_ledger(home.broker, load_master_key(home.broker / "master.key")),
+    store_demo_release_policy(home, local_ledger(home.broker, local_broker_keys(home).master_key),
                               ReleasePolicy(
         policy_id="demo-release", version=1, tenant=DEMO_TENANT, model=DEMO_MODEL,
         allowed_tee=frozenset({"snp", "tdx"}), allowed_measurements=frozenset({SNP_MEASUREMENT.hex(), TDX_MR_TD.hex()}),

@@ -13,6 +13,7 @@ import httpx
 import openai
 import pytest
 
+from api.broker_state import local_broker_keys
 from api.home import Home
 from api.stack import DEMO_MODEL, free_port, launch
 from tests.api import plaintext_scan
@@ -66,7 +67,7 @@ def test_logs_and_audit_hold_no_prompts_or_completions(stack: RunningStack) -> N
 
 
 def test_no_key_material_in_logs(stack: RunningStack) -> None:
-    secrets = [(stack.home / "broker" / "master.key").read_text().strip(), stack.api_key]
+    secrets = [local_broker_keys(Home(stack.home)).master_key.hex(), stack.api_key]
     for path in _files_written(stack):
         if path.suffix in (".log", ".jsonl"):
             text = path.read_text(errors="replace")

@@ -166,3 +166,36 @@ def test_dockerfiles_are_multi_stage_non_root_and_pinned(role: str) -> None:
     assert re.fullmatch(r"python:\d+\.\d+\.\d+-slim-\w+(@sha256:[0-9a-f]{64})?", base), base
     assert re.search(r"^USER 10001:10001$", text, re.M), "non-root"
     assert "latest" not in text
+
+
+BROKER_TEE = {"snp": "snp", "tdx": "tdx", "snp-gpu": "snp", "tdx-gpu": "tdx"}
+BROKER_RUNTIME_CLASS = {"snp": "kata-qemu-snp", "tdx": "kata-qemu-tdx", "snp-gpu": "kata-qemu-snp",
+                        "tdx-gpu": "kata-qemu-tdx"}
+
+
+def _broker(objects: list[dict]) -> tuple[dict, dict]:
+    (pod,) = [t for o, t in pods(objects) if o["metadata"]["name"] == "sealed-broker"]
+    (container,) = [c for c in pod["spec"]["containers"] if c["name"] == "broker"]
+    return pod, container
+
+
+@pytest.mark.parametrize("overlay", [o for o in OVERLAYS if o != "dev"])
+def test_the_broker_is_a_confidential_workload_in_the_workers_tee(overlay: str) -> None:
+    """The broker runs under a Kata runtime class of the workers' TEE and attests with it (--tee);
+    workers pin its TEE and measurement (measured configuration)."""
+    objects = render(overlay)
+    pod, container = _broker(objects)
+    assert pod["spec"]["runtimeClassName"] == BROKER_RUNTIME_CLASS[overlay]
+    args = container["args"]
+    assert args[args.index("--tee") + 1] == BROKER_TEE[overlay]
+    assert "--sim-platform-signing-key" not in args and "--unsafe-sim-reseal" not in args
+    for _, worker in workers(objects):
+        (c,) = [c for c in worker["spec"]["containers"] if c["name"] == "worker"]
+        assert "--broker-tee" in c["args"] and "--broker-measurement" in c["args"]
+
+
+def test_the_dev_broker_runs_the_simulated_tee_with_its_platform_key() -> None:
+    pod, container = _broker(render("dev"))
+    assert "runtimeClassName" not in pod["spec"]
+    args = container["args"]
+    assert args[args.index("--tee") + 1] == "sim" and "--sim-platform-signing-key" in args

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from api.broker_state import local_broker_keys
 from api.home import Home, ed25519_key
 from api.stack import DEMO_MODEL, DEMO_TENANT, DEMO_VERSION
 from api.tenant_tools import encrypt_checkpoint
 from enclave_worker.engine.checkpoint import Checkpoint
-from key_broker.keystore import DataKeyRegistry, LocalKeyStore, load_master_key
+from key_broker.keystore import DataKeyRegistry, LocalKeyStore
 from key_broker.statefile import local_ledger
 from protocol.model_ref import ModelRef
 
@@ -22,7 +23,7 @@ def package_for_demo(home: Home, checkpoint: Checkpoint) -> Path:
     """Encrypt `checkpoint` as the demo tenant's model and register its data key with the broker's
     store, so `prepare_demo` finds a package and keeps it."""
     home.create()
-    master = load_master_key(home.broker / "master.key")
+    master = local_broker_keys(home).master_key  # the broker's sealed master key (simulated TEE)
     ledger = local_ledger(home.broker, master)  # as the broker and `sealed up` write: recorded in its ledger
     keystore = LocalKeyStore(home.broker / "keystore", master, ledger)
     if not keystore.has_tenant_key(DEMO_TENANT):

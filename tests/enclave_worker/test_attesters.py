@@ -11,16 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from attestation.bundle import EvidenceBundle, RuntimeData
-from attestation.collateral import CollateralConfig, CollateralStore
-from attestation.errors import AttestationError, FreshnessError, ParseError, UnsupportedError
-from attestation.snp.collect import encode_cert_table
-from attestation.testing.fake_nvml import FakeNvml
-from attestation.testing.fake_sev_guest import FakeSevGuest
-from attestation.testing.fake_tsm import FakeTsmTree
-from attestation.testing.platform import SNP_MEASUREMENT, TDX_MR_TD, FakePlatform, gpu_report
-from attestation.verifier import VerifierTrust, verify_bundle
-from enclave_worker.attesters import (
+from attestation.attesters import (
     Attester,
     KernelInterfaces,
     NvgpuAttester,
@@ -30,6 +21,15 @@ from enclave_worker.attesters import (
     parse_tee,
     resolve_tee,
 )
+from attestation.bundle import EvidenceBundle, RuntimeData
+from attestation.collateral import CollateralConfig, CollateralStore
+from attestation.errors import AttestationError, FreshnessError, ParseError, UnsupportedError
+from attestation.snp.collect import encode_cert_table
+from attestation.testing.fake_nvml import FakeNvml
+from attestation.testing.fake_sev_guest import FakeSevGuest
+from attestation.testing.fake_tsm import FakeTsmTree
+from attestation.testing.platform import SNP_MEASUREMENT, TDX_MR_TD, FakePlatform, gpu_report
+from attestation.verifier import VerifierTrust, verify_bundle
 
 NOW = dt.datetime.now(dt.UTC)
 

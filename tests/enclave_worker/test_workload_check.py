@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 
 import pytest
+from enclave_worker.attesters import Attester, KernelInterfaces, SnpAttester, TdxAttester
 
 from attestation.bundle import RuntimeData
 from attestation.errors import WorkloadMismatch
@@ -17,7 +18,6 @@ from attestation.initdata import InitData
 from attestation.snp.collect import encode_cert_table
 from attestation.testing.fake_tsm import FakeTsmTree
 from attestation.testing.platform import FakePlatform
-from enclave_worker.attesters import Attester, KernelInterfaces, SnpAttester, TdxAttester
 from enclave_worker.cli import main, parse
 from enclave_worker.settings import WorkerSettings
 from enclave_worker.workload_check import (

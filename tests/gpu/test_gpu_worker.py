@@ -52,15 +52,15 @@ def _write_policies(home: Any, api_key: str, gpu_settings: Any) -> None:
     admin = ed25519_key(home.tenant_policy_admin(DEMO_TENANT))
     home.tenant_policy(DEMO_TENANT).write_text(json.dumps(sign_policy_document(doc, admin, "demo-admin"),
                                                           sort_keys=True))
-    from key_broker.keystore import load_master_key
+    from api.broker_state import local_broker_keys
     from key_broker.statefile import local_ledger
 
-    store = PolicyStore(home.broker, local_ledger(home.broker, load_master_key(home.broker / "master.key")))
-    current = store.get(ModelRef(DEMO_TENANT, DEMO_MODEL, DEMO_VERSION))
+    ledger = local_ledger(home.broker, local_broker_keys(home).master_key)
+    current = PolicyStore(home.broker, ledger).get(ModelRef(DEMO_TENANT, DEMO_MODEL, DEMO_VERSION))
     measurement = simulated_measurement(gpu_settings.measured_config()).hex()
     from api.stack import store_demo_release_policy
 
-    store_demo_release_policy(home, local_ledger(home.broker, load_master_key(home.broker / "master.key")),
+    store_demo_release_policy(home, ledger,
                               dataclasses.replace(current, version=current.version + 1,
                                                   allowed_measurements=frozenset({measurement})))
 

@@ -94,18 +94,31 @@ class Harness:
     ) -> None:
         self.root = root
         self.clock = clock
-        self.platform = Ed25519PrivateKey.generate()
-        pub = root / "sim.pub.pem"
         root.mkdir(parents=True, exist_ok=True)
+        # The simulated platform workers attest with; kept across a restart on the same root (the
+        # broker's measured configuration names it, so a new one would be another broker).
+        saved = root / "sim.pem"
+        if not saved.exists():
+            saved.write_bytes(Ed25519PrivateKey.generate().private_bytes(
+                serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+        self.platform = serialization.load_pem_private_key(saved.read_bytes(), None)
+        assert isinstance(self.platform, Ed25519PrivateKey)
+        pub = root / "sim.pub.pem"
         pub.write_bytes(
             self.platform.public_key().public_bytes(
                 serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
             )
         )
+        # The broker's own (simulated) platform: it attests itself and seals its keys with it.
+        self.broker_platform = root / "broker-platform.pem"
+        if not self.broker_platform.exists():
+            self.broker_platform.write_bytes(Ed25519PrivateKey.generate().private_bytes(
+                serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
         self.admin_token = secrets.token_urlsafe(32)
         self.settings = BrokerSettings(
             data_dir=root / "broker",
             sim_platform_public_key=pub,
+            sim_platform_signing_key=self.broker_platform,
             admin_token_sha256=frozenset({hash_token(self.admin_token)}),
             **settings,
         )

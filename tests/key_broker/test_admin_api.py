@@ -64,10 +64,14 @@ def test_placeholder_secrets_are_refused_outside_dev(tmp_path: Path) -> None:
         BrokerSettings(data_dir=tmp_path, keystore="vault", vault_url="http://x", vault_token="root")
     from key_broker.app import build_service
 
-    with pytest.raises(SettingsError):
-        build_service(
-            BrokerSettings(data_dir=tmp_path / "b", master_key_file=_write(tmp_path / "mk", "00" * 32))
-        )
+    # A plaintext master key (an older broker's, or one the operator planted) is refused at start.
+    (tmp_path / "b").mkdir()
+    _write(tmp_path / "b" / "master.key", "00" * 32)
+    platform = tmp_path / "platform.pem"
+    platform.write_bytes(Ed25519PrivateKey.generate().private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+    with pytest.raises(SettingsError, match="plaintext key files"):
+        build_service(BrokerSettings(data_dir=tmp_path / "b", sim_platform_signing_key=platform))
 
 
 def _write(path: Path, text: str) -> Path:

@@ -44,6 +44,9 @@ class BrokerProcess:
                 serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
             )
         )
+        self.broker_platform = root / "broker-platform.pem"  # the broker's own simulated TEE
+        self.broker_platform.write_bytes(Ed25519PrivateKey.generate().private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
         self.admin_token = secrets.token_urlsafe(32)
         with socket_port() as port:
             self.url = f"http://127.0.0.1:{port}"
@@ -67,6 +70,8 @@ class BrokerProcess:
                 str(self.port),
                 "--sim-platform-key",
                 str(self.pub),
+                "--sim-platform-signing-key",
+                str(self.broker_platform),
                 *self.extra_args,
             ],
             stdout=log,
@@ -219,7 +224,6 @@ def test_restart_loses_nothing_and_in_flight_sessions_fail_cleanly(broker: Broke
         base64.b64encode(leaked).decode(),
         broker.admin_token,
         tenant_token,
-        (broker.root / "broker" / "master.key").read_text().strip(),
     ]
     assert not any(s in bad.text for s in secrets_to_find)
     scanned = 0

@@ -31,13 +31,13 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from starlette.testclient import TestClient
 
+from api.broker_state import local_broker_keys
 from api.home import Home
 from api.stack import DEMO_MODEL, DEMO_TENANT, DEMO_VERSION, Stack, prepare_demo
 from attestation.bundle import EvidenceBundle, RuntimeData, channel_binding, expected_report_data
 from attestation.errors import FreshnessError, PolicyViolation
 from attestation.testing.platform import SNP_MEASUREMENT, FakePlatform
 from attestation.token import TokenIssuer
-from key_broker.app import load_broker_keys
 from key_broker.policies import PolicyStore
 from protocol.model_ref import ModelRef
 from protocol.sealed import ReplayGuard, RequestContext, SealedError, WorkerKey, api_key_id, open_request
@@ -167,8 +167,9 @@ def ask(client: SealedOpenAI) -> Any:
 
 def remint(worker: dict, bundle: EvidenceBundle, home: Home, **scope: str) -> None:
     """The operator re-issues the broker's token for evidence of its choosing, with the broker's own
-    token-signing key (a file in the broker's data directory)."""
-    token_key, _ = load_broker_keys(home.broker)
+    token-signing key (sealed to the broker, but on the simulated TEE the operator holds the platform
+    key that derives the sealing key: the client must not rely on the token, and does not)."""
+    token_key = local_broker_keys(home).token_key
     claims = jwt.decode(worker["token"], options={"verify_signature": False})
     for registered in ("iss", "iat", "nbf", "exp", "jti", "eat_profile"):
         claims.pop(registered, None)

@@ -27,6 +27,7 @@ import httpx
 import pytest
 import torch
 
+from api.broker_state import local_broker_keys
 from api.home import Home
 from api.stack import DEMO_MODEL, DEMO_TENANT, DEMO_VERSION, free_port, prepare_demo, store_demo_release_policy
 from attestation.appraisal import AppraisalPolicy, appraise
@@ -39,7 +40,6 @@ from attestation.testing.platform import SNP_MEASUREMENT, TDX_MR_TD, FakePlatfor
 from attestation.verifier import VerifierTrust, verify_bundle
 from enclave_worker.cli import parse
 from enclave_worker.workload_check import MEASURED_ENV_PREFIXES, init_data_for
-from key_broker.keystore import load_master_key
 from key_broker.policies import PolicyStore
 from key_broker.statefile import local_ledger
 from policy.release import ReleasePolicy
@@ -138,7 +138,7 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
     home = Home(root / "home")
     package_for_demo(home, random_checkpoint("tiny", "cpu", torch.float32))
     prepare_demo(home, log=lambda *_: None)
-    ledger = local_ledger(home.broker, load_master_key(home.broker / "master.key"))
+    ledger = local_ledger(home.broker, local_broker_keys(home).master_key)
     current = PolicyStore(home.broker, ledger).get(REF)
     store_demo_release_policy(home, ledger, ReleasePolicy(
         policy_id=current.policy_id, version=current.version + 1, tenant=DEMO_TENANT, model=DEMO_MODEL,

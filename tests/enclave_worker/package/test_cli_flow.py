@@ -13,10 +13,11 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from safetensors.torch import save_file
 from typer.testing import CliRunner
 
+from api.broker_state import local_broker_keys
 from api.cli.main import build
 from api.home import Home
 from enclave_worker.package import decrypt_package
-from key_broker.keystore import DataKeyRegistry, LocalKeyStore, load_master_key
+from key_broker.keystore import DataKeyRegistry, LocalKeyStore
 from protocol.model_ref import ModelRef
 
 CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 16,
@@ -77,7 +78,7 @@ def test_encrypt_seal_import_decrypt(tmp_path: Path, sharded: bool, method: str,
                               "--sealed-key", str(sealed), "--package", str(pkg), "--home", str(home)])
     assert res.exit_code == 0, res.output
     layout = Home(home)
-    keystore = LocalKeyStore(layout.broker / "keystore", load_master_key(layout.broker / "master.key"))
+    keystore = LocalKeyStore(layout.broker / "keystore", local_broker_keys(layout).master_key)  # sealed (sim)
     data_key, record = DataKeyRegistry(layout.broker / "keystore", keystore).data_key(ModelRef("acme", "tiny", "v1"))
     model = decrypt_package(pkg, data_key)
     assert record.model_digest == model.manifest.plaintext_digest

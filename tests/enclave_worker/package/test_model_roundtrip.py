@@ -13,10 +13,12 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from fastapi.testclient import TestClient
 
+from api.broker_state import local_broker_keys
 from api.cli.upload import upload_package
+from api.home import Home
 from api.management.uploads import stored_package_dir
 from api.tenant_tools import (
-    broker_import_key_path,
+    broker_import_public_pem,
     encrypt_checkpoint,
     import_sealed_key,
     seal_for_broker,
@@ -24,10 +26,9 @@ from api.tenant_tools import (
 from enclave_worker.engine import EngineConfig, LLMEngine, SamplingParams
 from enclave_worker.engine.checkpoint import Checkpoint, default_gguf_path, load_gguf
 from enclave_worker.package import decrypt_package
-from key_broker.keystore import DataKeyRegistry, LocalKeyStore, load_master_key
+from key_broker.keystore import DataKeyRegistry, LocalKeyStore
 from protocol.model_ref import ModelRef
 from protocol.package import PackageError
-from protocol.package.keywrap import load_or_create_import_key, public_pem
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):\n    ", "List three prime numbers:",
            "Water boils at a temperature of"]
@@ -47,8 +48,7 @@ def released(plain: Checkpoint, tmp_path_factory: pytest.TempPathFactory, upload
     root = tmp_path_factory.mktemp("release")
     tenant_dir, broker_dir, store = root / "tenant", root / "broker", root / "store"
     broker_dir.mkdir()
-    broker_key = load_or_create_import_key(broker_import_key_path(broker_dir))
-    (root / "broker.pub").write_bytes(public_pem(broker_key))
+    (root / "broker.pub").write_bytes(broker_import_public_pem(broker_dir))  # the broker's sealed import key
     encrypted = encrypt_checkpoint(plain, tenant_dir / "pkg", tenant="demo", model="smollm2", version="v1",
                                    signing_key=Ed25519PrivateKey.generate())
     (tenant_dir / "key.json").write_text(seal_for_broker(encrypted, root / "broker.pub").to_json())
@@ -59,7 +59,7 @@ def released(plain: Checkpoint, tmp_path_factory: pytest.TempPathFactory, upload
         import_sealed_key(broker_dir, tenant_dir / "key.json", stored, ModelRef("demo", "smollm2", "v2"))
     assert not (broker_dir / "keystore").exists()  # refused before anything was stored
     import_sealed_key(broker_dir, tenant_dir / "key.json", stored, ModelRef("demo", "smollm2", "v1"))
-    keystore = LocalKeyStore(broker_dir / "keystore", load_master_key(broker_dir / "master.key"))
+    keystore = LocalKeyStore(broker_dir / "keystore", local_broker_keys(Home(root)).master_key)
     data_key, record = DataKeyRegistry(broker_dir / "keystore", keystore).data_key(ModelRef("demo", "smollm2", "v1"))
     assert record.model_digest == encrypted.manifest.plaintext_digest
     return stored, data_key

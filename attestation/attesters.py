@@ -1,4 +1,4 @@
-"""The worker's attesters, one per TEE, chosen as the verifier dispatches: `sim`, `snp`, `tdx`, and
+"""Attesters (the worker's, the key broker's), one per TEE, as the verifier dispatches: `sim`, `snp`, `tdx`, and
 `nvgpu` for the GPUs beside either (`snp+nvgpu`, `tdx+nvgpu`); set, or detected (`auto`).
 
 * SEV-SNP: configfs-tsm first (Linux >= 6.7), the /dev/sev-guest SNP_GET_EXT_REPORT ioctl as the
@@ -27,6 +27,7 @@ from attestation.bundle import EvidenceBundle, GpuEvidence, RuntimeData, expecte
 from attestation.detect import detect
 from attestation.errors import FreshnessError, UnsupportedError
 from attestation.nvgpu import collect as nvcollect
+from attestation.sim import SimTee
 from attestation.snp.abi import parse_report
 from attestation.snp.collect import collect_ioctl, parse_cert_table
 from attestation.tdx.collect import collect_quote
@@ -92,6 +93,18 @@ def resolve_tee(value: str, *, probe: Callable[[], list[Any]] = detect) -> tuple
     if gpu == "auto":
         gpu = "nvgpu" if caps.get("nvgpu") and caps["nvgpu"].available else None
     return cpu, gpu
+
+
+class SimAttester:
+    """The simulated TEE (attestation.sim): reports signed by the local platform key."""
+
+    tee = "sim"
+
+    def __init__(self, tee: SimTee) -> None:
+        self._tee = tee
+
+    def attest(self, report_data: bytes) -> CpuEvidence:
+        return CpuEvidence(self._tee.get_report(report_data))
 
 
 def _check_report_data(report_data: bytes) -> None:
