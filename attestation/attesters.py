@@ -26,6 +26,7 @@ from typing import Any, Protocol
 from attestation.bundle import EvidenceBundle, GpuEvidence, RuntimeData, expected_report_data
 from attestation.detect import detect
 from attestation.errors import FreshnessError, UnsupportedError
+from attestation.initdata import check_report_carries
 from attestation.nvgpu import collect as nvcollect
 from attestation.sim import SimTee
 from attestation.snp.abi import parse_report
@@ -33,7 +34,6 @@ from attestation.snp.collect import collect_ioctl, parse_cert_table
 from attestation.tdx.collect import collect_quote
 from attestation.tdx.eventlog import ccel_log_length, parse_cc_event_log
 from attestation.tsm import DEFAULT_BASE, TsmReportClient
-from enclave_worker.workload_check import check_report_carries
 
 log = logging.getLogger(__name__)
 CPU_TEES = ("sim", "snp", "tdx")

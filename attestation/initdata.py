@@ -19,13 +19,16 @@ spaces, UTF-8; decoding refuses any other form.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from attestation.errors import ParseError, UnsupportedError
+from attestation.errors import ParseError, UnsupportedError, WorkloadMismatch
+from attestation.snp.abi import parse_report
+from attestation.tdx.abi import parse_quote
 
 INIT_DATA_VERSION = 1
 _FIELDS = {"v", "image", "argv", "env", "measured_config", "min_policy_version", "agent_policy_digest"}
@@ -107,3 +110,19 @@ def workload_id_of(tee: str, extra: Mapping[str, str]) -> str:
     """The init-data digest a verified report carries (hex, from CpuClaims.extra); "" where none."""
     name = FIELD_BY_TEE.get(tee)
     return extra.get(name[0], "") if name else ""
+
+
+def reported_digest(tee: str, report: bytes) -> bytes:
+    """The init-data digest a report of this guest's hardware carries."""
+    if tee == "snp":
+        return parse_report(report).host_data
+    if tee == "tdx":
+        return parse_quote(report).body.mr_config_id
+    raise UnsupportedError(f"TEE {tee!r} carries no init-data digest")
+
+
+def check_report_carries(expected: bytes, tee: str, report: bytes) -> None:
+    """Raise WorkloadMismatch unless the report carries `expected` (InitData.digest_for(tee))."""
+    if not hmac.compare_digest(reported_digest(tee, report), expected):
+        raise WorkloadMismatch(f"the {tee.upper()} report does not carry this worker's init-data digest: "
+                               "the host launched this guest with other init-data")

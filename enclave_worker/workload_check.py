@@ -18,16 +18,13 @@ report without the digest (1) fails the boot before any evidence reaches the key
 
 from __future__ import annotations
 
-import hmac
 import json
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from attestation.errors import UnsupportedError, WorkloadMismatch
+from attestation.errors import WorkloadMismatch
 from attestation.initdata import InitData
-from attestation.snp.abi import parse_report
-from attestation.tdx.abi import parse_quote
 from enclave_worker.settings import WorkerSettings
 
 # Where the guest kernel's interfaces are and which address the gateway is told: not measured
@@ -108,19 +105,3 @@ def check_runs_as_declared(init: InitData, argv: Sequence[str], environ: Mapping
         problems.append("the tenant policy floor differs from the init-data's")
     if problems:
         raise WorkloadMismatch("; ".join(problems))
-
-
-def reported_digest(tee: str, report: bytes) -> bytes:
-    """The init-data digest a report of this guest's hardware carries."""
-    if tee == "snp":
-        return parse_report(report).host_data
-    if tee == "tdx":
-        return parse_quote(report).body.mr_config_id
-    raise UnsupportedError(f"TEE {tee!r} carries no init-data digest")
-
-
-def check_report_carries(expected: bytes, tee: str, report: bytes) -> None:
-    """Raise WorkloadMismatch unless the report carries `expected` (InitData.digest_for(tee))."""
-    if not hmac.compare_digest(reported_digest(tee, report), expected):
-        raise WorkloadMismatch(f"the {tee.upper()} report does not carry this worker's init-data digest: "
-                               "the host launched this guest with other init-data")
