@@ -10,7 +10,9 @@
    the attested receipt key and cover exactly the sealed key received, this token, and name the
    signer and model digest the worker then requires of the package (never taken from the answer
    unauthenticated).
-3. Lease answers are MACed under a key derived from the data key (protocol/broker/client.py): once
+3. The release policy: a second copy of the genuine broker, run with the operator's own state,
+   passes 1 and 2; the tenant-signed policy it must hand over does not (release_policy_check.py).
+4. Lease answers are MACed under a key derived from the data key (protocol/broker/client.py): once
    the data key is the attested broker's, only it can renew or revoke; nothing more is needed.
 
 Any mismatch is `BrokerNotAuthenticated`: no key is used and the worker does not serve.
@@ -31,6 +33,7 @@ from attestation.broker_identity import VerifiedBroker, verify_broker_attestatio
 from attestation.errors import AttestationError
 from attestation.token import TokenVerifier
 from attestation.verifier import VerifierTrust
+from enclave_worker.release_policy_check import check_tenant_release_policy
 from enclave_worker.settings import WorkerSettings
 from protocol.broker.client import ReleasedKey
 from protocol.broker.errors import BrokerClientError, BrokerNotAuthenticated
@@ -109,8 +112,12 @@ def check_release(broker: VerifiedBroker, released: ReleasedKey, settings: Worke
             raise BrokerNotAuthenticated("the key answer names another token")
         body = check_release_receipt(released.receipt, broker.receipt_key, sealed_key=released.sealed_key,
                                      token_id=claims.token_id, ref=ref.as_dict())
+        if settings.policy_admin_key is not None:  # 3. the tenant signed the policy it was released under
+            check_tenant_release_policy(released.release_policy, settings.policy_admin_key, ref, body)
     except (AttestationError, BrokerClientError) as exc:
-        log.error("key release NOT authenticated (%s): the key is not used", type(exc).__name__)
+        # The cause is one of this module's (or the verifiers') fixed sentences: no key, no content.
+        log.error("key release NOT authenticated (%s): the key is not used (%s)", type(exc).__name__,
+                  str(exc)[:200])
         if isinstance(exc, BrokerNotAuthenticated):
             raise
         raise BrokerNotAuthenticated(f"the key release does not verify: {exc}") from exc

@@ -37,6 +37,9 @@ from protocol.model_ref import ModelRef
 class StoredPolicy:
     policy: ReleasePolicy
     reference_values: str | None = None  # id of a signed reference-values document of the tenant
+    # The tenant's signed envelope it was read from: handed to the worker with each release, which
+    # checks the tenant's signature itself (a broker the operator runs with its own state has none).
+    envelope: Mapping[str, Any] | None = dataclasses.field(default=None, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
         doc = self.policy.to_dict()
@@ -139,7 +142,7 @@ class PolicyStore:
             check_envelope_signature(doc, load_admin_public_key(pem), RELEASE_DOMAIN)
         except PolicyInvalid as exc:
             raise PolicyUnsigned(f"policy file {path.name} is not signed by the tenant's key") from exc
-        return StoredPolicy.from_dict(payload)
+        return dataclasses.replace(StoredPolicy.from_dict(payload), envelope=dict(doc))
 
     def _read(self, path: Path) -> StoredPolicy | None:
         try:

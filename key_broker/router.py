@@ -83,7 +83,7 @@ def key(body: KeyRequest, request: Request, service: KeyBrokerService = Depends(
             return refused()
         span.set("sealed.decision", "allow")
     return KeyResponse(sealed_key=base64.b64encode(sealed.sealed).decode(), token_id=sealed.token_id,
-                       receipt=sealed.receipt)
+                       receipt=sealed.receipt, release_policy=sealed.release_policy)
 
 
 @router.post("/v1/key/status", response_model=KeyStatusResponse)

@@ -51,6 +51,7 @@ class SealedKey:
     sealed: bytes
     token_id: str
     receipt: dict[str, Any]
+    release_policy: dict[str, Any] | None = None  # the tenant-signed envelope the release was decided under
 
 
 def _reason(exc: Exception) -> str:
@@ -208,7 +209,8 @@ class KeyBrokerService:
             self._limiter.check("release", f"{claims.measurement}|{scope.chip_id}")
             if self.keystore.is_revoked(tenant):
                 raise ReleaseRefused("tenant key is revoked")
-            current = self.policies.get(ref)
+            stored = self.policies.lookup(ref)
+            current = stored.policy
             if (current.policy_id, current.version) != (scope.policy_id, scope.policy_version):
                 raise ReleaseRefused("the release policy changed since attestation; attest again")
             self._mark_used(claims.token_id, now)
@@ -231,7 +233,8 @@ class KeyBrokerService:
         })
         self.audit.append(tenant=tenant, action="release", decision="allow", reason="sealed-to-attested-key",
                           metadata=meta)
-        return SealedKey(sealed=sealed, token_id=claims.token_id, receipt=receipt)
+        envelope = dict(stored.envelope) if stored.envelope is not None else None
+        return SealedKey(sealed=sealed, token_id=claims.token_id, receipt=receipt, release_policy=envelope)
 
     def key_status(self, *, token: str, ref: ModelRef, client: str = "-") -> str:
         """What a running worker polls: "active", or "revoked" (drop the key now). The token's

@@ -41,6 +41,7 @@ class ReleasedKey:
     bundle: Evidence
     receipt: dict[str, Any]
     sealed_key: bytes = b""  # the HPKE blob as received: its receipt must cover exactly it
+    release_policy: dict[str, Any] | None = None  # the tenant-signed envelope, as received (unverified)
 
 
 Answer = TypeVar("Answer", bound=BaseModel)
@@ -84,7 +85,8 @@ def obtain_data_key(
     released = _post(client, "/v1/key", key, KeyResponse)
     sealed = base64.b64decode(released.sealed_key)
     data_key = open_sealed(sealed, ephemeral, release_info(ref, released.token_id))
-    return ReleasedKey(data_key, token, released.token_id, bundle, released.receipt, sealed)
+    return ReleasedKey(data_key, token, released.token_id, bundle, released.receipt, sealed,
+                       released.release_policy)
 
 
 def renew_attestation(

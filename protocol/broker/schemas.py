@@ -56,6 +56,9 @@ class KeyResponse(Strict):
     sealed_key: str
     token_id: str
     receipt: dict[str, Any]
+    # The tenant-signed release policy the key was released under (the worker verifies the tenant's
+    # signature with the policy-admin key it is measured with).
+    release_policy: dict[str, Any] | None = None
 
 
 class KeyStatusRequest(KeyRequest):

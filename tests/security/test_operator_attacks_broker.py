@@ -305,3 +305,31 @@ def test_no_private_key_of_the_broker_is_in_its_data_directory(live: Live) -> No
         assert b"PRIVATE KEY" not in data, path
         for needle in needles:
             assert needle not in data, f"a broker private key in plaintext in {path}"
+
+
+@pytest.mark.parametrize("case", ["operator-signed", "missing"])
+def test_a_broker_with_the_operators_own_state_is_refused(live: Live, proxies: list[BrokerProxy], case: str) -> None:
+    """A second copy of the genuine broker, run by the operator with state of its own, passes the
+    evidence, token and receipt checks (same code, same measurement, its own keys). What it cannot
+    hand over is a release policy the tenant signed: here the genuine answer's policy is re-signed
+    with the operator's key, or dropped (a policy naming another signer than the receipt's, or
+    another version: tests/enclave_worker/test_release_policy_check.py)."""
+    from policy.release_documents import sign_release_policy
+
+    operator_key = Ed25519PrivateKey.generate()
+
+    def rewrite(path: str, _: dict, answer: dict) -> dict:
+        if path != "/v1/key":
+            return answer
+        if case == "missing":
+            answer.pop("release_policy", None)
+        else:  # its own policy (here: the tenant's text, naming the tenant's key id) signed by its own key
+            envelope = answer["release_policy"]
+            answer["release_policy"] = sign_release_policy(envelope["payload"], operator_key, envelope["key_id"])
+        return answer
+
+    proxy = proxy_for(live, proxies, rewrite)
+    expected = ("no tenant-signed release policy" if case == "missing"
+                else "not signed by this worker's tenant")
+    refused(live, proxy.url, f"worker-broker-state-{case}", "key release NOT authenticated (BrokerNotAuthenticated)")
+    assert expected in (live.env.home.logs / f"worker-broker-state-{case}.log").read_text()
