@@ -6,7 +6,7 @@ names; this module makes the worker hold to it:
 
 1. its hardware reports the digest of the init-data file it was given (else the file is not the
    one the host launched it with, and the evidence describes another workload): every report is
-   checked before it leaves the worker (enclave_worker/attesters.py, Attester.bundle);
+   checked before it leaves the worker (attestation/attesters.py, Attester.bundle);
 2. its arguments, minus the interface locations below, are the document's `argv`, element by element;
 3. its measured environment (names with the prefixes below) is the document's `env`, exactly;
 4. its measured configuration (`WorkerSettings.measured_config()`, which hashes the tenant's

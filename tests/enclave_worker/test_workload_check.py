@@ -10,8 +10,8 @@ import os
 from pathlib import Path
 
 import pytest
-from enclave_worker.attesters import Attester, KernelInterfaces, SnpAttester, TdxAttester
 
+from attestation.attesters import Attester, KernelInterfaces, SnpAttester, TdxAttester
 from attestation.bundle import RuntimeData
 from attestation.errors import WorkloadMismatch
 from attestation.initdata import InitData
