@@ -19,7 +19,8 @@ def test_client_pins_the_worker_key_only_when_its_policy_accepts_the_simulated_t
     # The client verifies the simulated report itself, with the simulated platform's public key.
     platform = serialization.load_pem_public_key((stack.home / "sim" / "platform.pub.pem").read_bytes())
     hardware = VerifierTrust(sim_platform_key=platform)  # type: ignore[arg-type]
-    doc_policy = json.loads(next((stack.home / "broker" / "policies" / "demo").glob("*.json")).read_text())
+    # The stored release policy is the tenant's signed envelope; its payload is the policy.
+    doc_policy = json.loads(next((stack.home / "broker" / "policies" / "demo").glob("*.json")).read_text())["payload"]
     measurements = frozenset(doc_policy["allowed_measurements"])
     strict = AppraisalPolicy(allowed_tee=frozenset({"sim"}), allowed_measurements=measurements)
     with pytest.raises(PolicyViolation, match="simulated"):
