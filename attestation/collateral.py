@@ -2,7 +2,7 @@
 an offline mode:
 
 * AMD KDS (attestation.kds): VCEK/VLEK certificates and the CRLs, under `<dir>/amd`;
-* Intel PCS (attestation.pcs): TDX tcbInfo, QE identity, their signing chain and the CRLs,
+* Intel PCS (attestation.tdx.pcs): TDX tcbInfo, QE identity, their signing chain and the CRLs,
   under `<dir>/intel`;
 * NVIDIA: RIMs (the RIM service) and OCSP answers, under `<dir>/nvidia` (imported; the verifier
   checks them when present).
@@ -28,9 +28,9 @@ from cryptography import x509
 
 from attestation.errors import AttestationError, CollateralError
 from attestation.kds import KDS_BASE, KdsConfig, KdsFetcher, crl_path
-from attestation.pcs import PCS_BASE, CollateralKind, PcsFetcher, _crl_der, _json_top, classify_collateral
 from attestation.snp.certs import VekKind
 from attestation.snp.tcb import Product
+from attestation.tdx.pcs import PCS_BASE, CollateralKind, PcsFetcher, _crl_der, _json_top, classify_collateral
 from attestation.x509chain import load_crl, load_pem_chain
 
 SOURCES = ("amd", "intel", "nvidia")

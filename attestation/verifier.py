@@ -30,7 +30,7 @@ class VerifierTrust:
     roots_dir: Path | None = None
     sim_platform_key: Ed25519PublicKey | None = None
     snp_fetcher: Any = None  # attestation.snp.CollateralFetcher (KDS, cached/offline); None: certs in bundle
-    tdx_collateral: Any = None  # attestation.tdx.CollateralSource, e.g. attestation.pcs.PcsFetcher
+    tdx_collateral: Any = None  # attestation.tdx.CollateralSource, e.g. attestation.tdx.pcs.PcsFetcher
 
 
 @dataclass(frozen=True)

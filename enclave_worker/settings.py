@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from enclave_worker.vllm_engine.binding import CpuBindingError, VllmCpuBinding
+from enclave_worker.vllm_cpu_binding import CpuBindingError, VllmCpuBinding
 from protocol.model_ref import ModelRef
 from protocol.sealed.padding import PaddingPolicy
 
@@ -47,7 +47,7 @@ class WorkerSettings:
     kv_cache_memory_bytes: int = 256 << 20  # CPU; on a GPU the pool is sized by gpu_memory_utilization
     device: str = "cpu"  # cpu | cuda (resolved from `auto` before settings are built)
     engine: str = "sealed"  # sealed (ours) | vllm (docs/vllm-backend.md); measured
-    # CPU, engine vllm: the CPUs vLLM computes on (enclave_worker/vllm_engine/binding.py): "all" (every
+    # CPU, engine vllm: the CPUs vLLM computes on (enclave_worker/vllm_cpu_binding.py): "all" (every
     # CPU the worker may use, none reserved), "auto" (vLLM's default: one core of two kept for a
     # frontend the worker does not run) or a CPU list "0-3". Measured: it changes how the engine runs.
     vllm_cpu_bind: str = "all"

@@ -212,7 +212,7 @@ def worker_hf(spec: dict) -> dict:
 
 
 def worker_vllm(spec: dict) -> dict:
-    from enclave_worker.vllm_engine.binding import VllmCpuBinding, allowed_cpus, apply
+    from enclave_worker.vllm_cpu_binding import VllmCpuBinding, allowed_cpus, apply
     from sealed_bench.peers import vllm_peer
 
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # GiB
@@ -250,7 +250,7 @@ def worker_vllm(spec: dict) -> dict:
 def worker_llama_cpp(spec: dict) -> dict:
     from llama_cpp import Llama
 
-    from enclave_worker.vllm_engine.binding import allowed_cpus
+    from enclave_worker.vllm_cpu_binding import allowed_cpus
     from sealed_bench.peers import llama_cpp_peer
 
     peer = llama_cpp_peer(allowed_cpus(), spec["dtype"], spec.get("threads"))

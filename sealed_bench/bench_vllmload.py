@@ -25,7 +25,7 @@ from pathlib import Path
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from enclave_worker.vllm_engine.binding import VllmCpuBinding, allowed_cpus
+from enclave_worker.vllm_cpu_binding import VllmCpuBinding, allowed_cpus
 from sealed_bench.peers import vllm_binding, vllm_peer
 from sealed_bench.vllm_side import add_vllm_options, machine, vllm_interpreter
 

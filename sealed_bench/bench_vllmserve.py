@@ -29,7 +29,7 @@ from pathlib import Path
 
 import httpx
 
-from enclave_worker.vllm_engine.binding import VllmCpuBinding, allowed_cpus
+from enclave_worker.vllm_cpu_binding import VllmCpuBinding, allowed_cpus
 from sealed_bench.peers import PeerConfig, peer_env, vllm_binding, vllm_peer
 from sealed_bench.vllm_side import add_vllm_options, machine, vllm_interpreter
 

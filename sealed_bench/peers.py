@@ -3,7 +3,7 @@ machine, and the record of that configuration each result row carries.
 
 - vLLM on the CPU: every CPU this process may use bound for compute, none reserved
   (`VLLM_CPU_OMP_THREADS_BIND=<those CPUs>`, `VLLM_CPU_NUM_OF_RESERVED_CPU=0`;
-  enclave_worker/vllm_engine/binding.py). vLLM's own default (`auto`) reserves one core for its
+  enclave_worker/vllm_cpu_binding.py). vLLM's own default (`auto`) reserves one core for its
   frontend, which on a 2-vCPU machine leaves it one core to compute on (issue 38: 72-75 vs 118.5-118.7
   output tok/s). `--vllm-cpu-bind auto` (optionally with `--vllm-reserved-cpus N`) or a CPU list
   runs another configuration, for one that measures faster; the row then says which.
@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from enclave_worker.vllm_engine.binding import (
+from enclave_worker.vllm_cpu_binding import (
     ALL,
     BIND_ENV,
     RESERVED_ENV,

@@ -4,7 +4,7 @@
 with our loader. `plain DIR`: build vLLM's engine from a plaintext safetensors directory with its
 own loader. Prints one JSON line: seconds for the decryption, the engine build and both.
 An optional third argument, JSON `{"bind": ..., "reserved": ...}`, is the CPU binding both sides
-give vLLM (enclave_worker/vllm_engine/binding.py; default: every CPU, none reserved).
+give vLLM (enclave_worker/vllm_cpu_binding.py; default: every CPU, none reserved).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def _import_vllm() -> None:
 
 
 def _binding(spec: str | None) -> Any:
-    from enclave_worker.vllm_engine.binding import VllmCpuBinding
+    from enclave_worker.vllm_cpu_binding import VllmCpuBinding
 
     return VllmCpuBinding(**json.loads(spec)) if spec else VllmCpuBinding()
 
@@ -55,7 +55,7 @@ def sealed(pkg: Path, key: bytes, bind: str | None = None) -> dict[str, float]:
 
 
 def plain(model_dir: Path, bind: str | None = None) -> dict[str, float]:
-    from enclave_worker.vllm_engine import binding
+    from enclave_worker import vllm_cpu_binding as binding
 
     binding.apply(_binding(bind))  # as the sealed side's runtime does, before vLLM builds its worker
     _import_vllm()

@@ -49,6 +49,10 @@ SCRATCH = {
     "circle-policy-errors": ("policy/errors.py", "import policy.decision", "No import circles inside a package"),
     "circle-bench-serve": ("sealed_bench/serve_load.py", "import sealed_bench.bench_serve",
                            "No import circles inside a package"),
+    "circle-attestation-tdx-pcs": ("attestation/tdx/verify.py", "import attestation.tdx.cli",
+                                   "No import circles inside a package"),
+    "circle-worker-vllm-settings": ("enclave_worker/vllm_cpu_binding.py", "import enclave_worker.vllm_engine.build",
+                                    "No import circles inside a package"),
 }
 
 

@@ -7,9 +7,9 @@ from typing import Any
 from attestation import x509chain
 from attestation.cli_request import VerifyRequest, check_report_data
 from attestation.errors import PolicyViolation
-from attestation.pcs import collateral_from_items
 from attestation.tdx.abi import parse_quote
 from attestation.tdx.pck import pck_extensions
+from attestation.tdx.pcs import collateral_from_items
 from attestation.tdx.validate import Policy, to_claims, validate
 from attestation.tdx.verify import INTEL_ROOT_FILE, TdxVerifier, VerifyOptions, ca_kind
 

@@ -22,9 +22,10 @@ from typing import Any
 
 import torch
 
+from enclave_worker import vllm_cpu_binding as binding
 from enclave_worker.package import DecryptedModel
 
-from . import binding, loader, packed
+from . import loader, packed
 
 log = logging.getLogger(__name__)
 

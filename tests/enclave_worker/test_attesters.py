@@ -196,7 +196,7 @@ def test_this_machine_attests(request: pytest.FixtureRequest) -> None:
     evidence with the production interfaces and verify it against the pinned vendor roots. SNP
     verifies offline (VCEK from the host's certificate table); TDX needs Intel PCS collateral, so
     it is verified only with `--run-online` too."""
-    from attestation.pcs import PcsFetcher
+    from attestation.tdx.pcs import PcsFetcher
 
     tee, gpu = resolve_tee("auto+auto")
     attester = hardware_attester(tee, gpu, KernelInterfaces())

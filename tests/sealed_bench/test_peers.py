@@ -7,7 +7,7 @@ import argparse
 
 import pytest
 
-from enclave_worker.vllm_engine.binding import BIND_ENV, RESERVED_ENV, VllmCpuBinding, allowed_cpus, format_cpu_list
+from enclave_worker.vllm_cpu_binding import BIND_ENV, RESERVED_ENV, VllmCpuBinding, allowed_cpus, format_cpu_list
 from sealed_bench import bench_engine, bench_vllmload, bench_vllmserve
 from sealed_bench.peers import add_peer_options, llama_cpp_peer, peer_env, vllm_binding, vllm_peer
 

@@ -12,9 +12,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from attestation.errors import AttestationError
-from attestation.pcs import classify_collateral
 from attestation.tdx.abi import parse_quote
 from attestation.tdx.collateral import parse_qe_identity, parse_tcb_info, split_signed_json
+from attestation.tdx.pcs import classify_collateral
 from attestation.testing import tdx_collateral as tc
 from attestation.testing import tdx_pki as tp
 

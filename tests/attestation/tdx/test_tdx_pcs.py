@@ -10,11 +10,10 @@ import httpx
 import pytest
 from cryptography.hazmat.primitives.serialization import Encoding
 
-from attestation import pcs
 from attestation.claims import TcbStatus
 from attestation.errors import CollateralError
-from attestation.pcs import CollateralKind, PcsFetcher, classify_collateral, collateral_from_items
-from attestation.tdx import TdxVerifier
+from attestation.tdx import TdxVerifier, pcs
+from attestation.tdx.pcs import CollateralKind, PcsFetcher, classify_collateral, collateral_from_items
 from attestation.testing import tdx_collateral as tc
 from attestation.testing import tdx_pki as tp
 

@@ -1,4 +1,4 @@
-"""The CPU binding the worker and the benchmarks give vLLM (enclave_worker/vllm_engine/binding.py):
+"""The CPU binding the worker and the benchmarks give vLLM (enclave_worker/vllm_cpu_binding.py):
 pure functions of the binding and the CPUs allowed; no vLLM started."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from enclave_worker.settings import WorkerSettings
-from enclave_worker.vllm_engine.binding import (
+from enclave_worker.vllm_cpu_binding import (
     BIND_ENV,
     RESERVED_ENV,
     CpuBindingError,
