@@ -113,7 +113,8 @@ def check_release(broker: VerifiedBroker, released: ReleasedKey, settings: Worke
         body = check_release_receipt(released.receipt, broker.receipt_key, sealed_key=released.sealed_key,
                                      token_id=claims.token_id, ref=ref.as_dict())
         if settings.policy_admin_key is not None:  # 3. the tenant signed the policy it was released under
-            check_tenant_release_policy(released.release_policy, settings.policy_admin_key, ref, body)
+            check_tenant_release_policy(released.release_policy, settings.policy_admin_key, ref, body,
+                                        min_version=settings.min_release_policy_version)
     except (AttestationError, BrokerClientError) as exc:
         # The cause is one of this module's (or the verifiers') fixed sentences: no key, no content.
         log.error("key release NOT authenticated (%s): the key is not used (%s)", type(exc).__name__,

@@ -59,6 +59,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--policy-admin-key", type=Path, default=None, help="tenant admin key that signed it")
     parser.add_argument("--min-policy-version", type=int, default=0,
                         help="refuse a tenant policy set older than this version (measured)")
+    parser.add_argument("--min-release-policy-version", type=int, default=0,
+                        help="refuse a key released under a tenant release policy older than this version "
+                             "(measured; needs --policy-admin-key)")
     parser.add_argument("--init-data", type=Path, default=None,
                         help="the init-data document this guest was launched with (required on snp and tdx)")
     parser.add_argument("--unsafe-no-tenant-policy", action="store_true",
@@ -152,5 +155,6 @@ def _settings(args: argparse.Namespace, tee: str, gpu_tee: str | None, device: s
         policy_file=args.policy_file,
         policy_admin_key=args.policy_admin_key, unsafe_no_tenant_policy=args.unsafe_no_tenant_policy,
         min_policy_version=args.min_policy_version, init_data=args.init_data,
+        min_release_policy_version=args.min_release_policy_version,
         lease_s=args.lease_seconds, lease_watch_s=args.lease_watch_seconds,
         sealed_padding_min_bytes=args.sealed_padding_min_bytes)

@@ -59,6 +59,9 @@ class WorkerSettings:
     # The oldest tenant-signed policy set (its `version`) this worker accepts: an operator cannot roll
     # back to an older one (a weaker PII rule, require_sealed off). Measured, and in the init-data.
     min_policy_version: int = 0
+    # The oldest tenant-signed *release* policy (its `version`) the worker accepts its key under: a
+    # broker's sealed state can be rolled back by the operator to an older, laxer policy. Measured.
+    min_release_policy_version: int = 0
     # The init-data document the host launched this guest with (attestation/initdata.py); its digest
     # is in every hardware report. The path is not measured, the document is.
     init_data: Path | None = None
@@ -90,6 +93,12 @@ class WorkerSettings:
         self.vllm_cpu_binding  # noqa: B018 - a malformed CPU list is refused here, not when vLLM starts
         if type(self.min_policy_version) is not int or self.min_policy_version < 0:
             raise ValueError(f"min_policy_version must be a non-negative int, not {self.min_policy_version!r}")
+        if type(self.min_release_policy_version) is not int or self.min_release_policy_version < 0:
+            raise ValueError("min_release_policy_version must be a non-negative int, "
+                             f"not {self.min_release_policy_version!r}")
+        if self.min_release_policy_version and self.policy_admin_key is None:
+            # The floor is checked on the tenant-signed envelope, which needs the tenant's key.
+            raise ValueError("min_release_policy_version needs policy_admin_key")
         self.response_padding  # noqa: B018 - a bad padding size is refused here, not on the first request
 
     @property
@@ -159,6 +168,8 @@ class WorkerSettings:
             "unsafe_no_tenant_policy": self.unsafe_no_tenant_policy,
             # Listed only when set (measurements of workers without a floor stay as they were).
             **({"min_policy_version": self.min_policy_version} if self.min_policy_version else {}),
+            **({"min_release_policy_version": self.min_release_policy_version}
+               if self.min_release_policy_version else {}),
             "promises": self.promises(),
             # How long this worker may serve a key the broker no longer vouches for.
             "lease_s": self.lease_s,

@@ -77,6 +77,14 @@ def test_refusals(case: str, admin_key: Path) -> None:
         check_tenant_release_policy(envelope, admin_key, REF, receipt)
 
 
+def test_the_workers_floor_refuses_an_older_release_policy(admin_key: Path) -> None:
+    """A rolled-back broker state (an older, still tenant-signed policy) is refused below the floor."""
+    envelope = sign_release_policy(_policy(), TENANT_KEY, "k1")
+    assert check_tenant_release_policy(envelope, admin_key, REF, RECEIPT, min_version=3).version == 3
+    with pytest.raises(BrokerNotAuthenticated, match=r"older than this worker's floor \(version 4\)"):
+        check_tenant_release_policy(envelope, admin_key, REF, RECEIPT, min_version=4)
+
+
 def test_an_unreadable_admin_key_refuses(tmp_path: Path) -> None:
     with pytest.raises(BrokerNotAuthenticated):
         check_tenant_release_policy(sign_release_policy(_policy(), TENANT_KEY, "k1"), tmp_path / "absent.pub",

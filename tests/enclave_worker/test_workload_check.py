@@ -125,3 +125,19 @@ def test_worker_with_mismatching_init_data_does_not_start(tmp_path: Path, capsys
     err = capsys.readouterr().err
     assert "refusing to start: WorkloadMismatch: arguments differ" in err, err
 
+
+
+def test_the_release_policy_floor_is_measured(tmp_path: Path) -> None:
+    """`--min-release-policy-version` is in the measured configuration (so in the init-data): a worker
+    started with a lower floor than its init-data declares is refused; no floor without the tenant's key."""
+    key = tmp_path / "admin.pem"
+    key.write_bytes(b"tenant key")
+    argv = [*ARGV, "--policy-admin-key", str(key), "--min-release-policy-version", "4"]
+    settings = settings_of(argv)
+    assert settings.measured_config()["min_release_policy_version"] == 4
+    assert "min_release_policy_version" not in settings_of(ARGV).measured_config()
+    lowered = [a.replace("4", "3") if a == "4" else a for a in argv]
+    with pytest.raises(WorkloadMismatch, match="arguments"):
+        check_runs_as_declared(init_data_for(IMAGE, argv, ENV, settings), lowered, ENV, settings_of(lowered))
+    with pytest.raises(ValueError, match="needs policy_admin_key"):
+        dataclasses.replace(settings_of(ARGV), min_release_policy_version=4)
