@@ -305,7 +305,7 @@ def worker_args(home: Home, broker_url: str, port: int, grpc_port: int, register
     return args
 
 
-def write_demo_client_policy(home: Home, engine: str = "sealed") -> Path:
+def write_demo_client_policy(home: Home, engine: str = "sealed", broker_url: str | None = None) -> Path:
     """`$SEALED_HOME/demo/client-policy.json`: what a sealed-mode client of the demo trusts (this
     build's simulated measurement and the broker's JWKS), for `SealedOpenAI(policy=...)`,
     `sealed verify --policy` and `sealed proxy --policy` (docs/sealed-mode.md)."""
@@ -332,9 +332,12 @@ def write_demo_client_policy(home: Home, engine: str = "sealed") -> Path:
         "appraisal": {"allowed_tee": ["sim"], "allowed_measurements": [], "unsafe_allow_simulated_tee": True},
         "reference_values": {"publisher_key": publisher.public_key().public_bytes(
             serialization.Encoding.Raw, serialization.PublicFormat.Raw).hex()},
-        "broker_jwks": json.loads((home.broker / "jwks.json").read_text()),
-        # The key broker this demo's workers pin (`sealed verify --broker URL --policy ...`).
-        "broker": {"tee": "sim", "measurements": list(settings.broker_measurements)},
+        # The key broker this demo's workers pin; a client asks it to attest itself (at `url`) and
+        # takes its token keys from the attested identity, not from the broker's jwks.json on this
+        # disk (`sealed verify --broker URL --policy ...` prints what it verified).
+        "broker": {"tee": "sim", "measurements": list(settings.broker_measurements),
+                   **({"url": broker_url} if broker_url else {})},
+        **({} if broker_url else {"broker_jwks": json.loads((home.broker / "jwks.json").read_text())}),
         "require_promises": {"prompts_logged": False, "prefix_cache_isolation": "per-tenant-salt"},
     }, indent=2, sort_keys=True))
     return path
@@ -386,7 +389,7 @@ def launch(home: Home, *, host: str = "127.0.0.1", port: int = 8000,
             "--admin-token-hash-file", str(broker_admin_token(home)),
             "--audit-witness", str(home.audit_witness), *broker_args], on_restart=stack.write_pids)
         _wait_http(f"{broker_url}/healthz", broker)
-        write_demo_client_policy(home, engine)
+        write_demo_client_policy(home, engine, broker_url)
         routes = home.gateway / "routes.json"
         routes.write_text(json.dumps([{"tenant": DEMO_TENANT, "model": DEMO_MODEL, "version": DEMO_VERSION}]))
         gateway = stack.supervisor.start("gateway", [

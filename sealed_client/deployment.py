@@ -27,6 +27,7 @@ from attestation.token import TokenVerifier
 from attestation.verifier import VerifierTrust
 from attestation.workload import WorkloadClaims
 from protocol.sealed import key_id
+from sealed_client.broker_pin import BrokerPin
 
 log = logging.getLogger(__name__)
 
@@ -35,8 +36,11 @@ log = logging.getLogger(__name__)
 class ClientTrust:
     """A client's policy: the appraisal policy, the key broker it trusts, what it requires of the worker.
 
-    ``broker_jwks``: the key broker's token keys, pinned by the client. Without them the client takes
-    the gateway's `/.well-known/jwks.json` (trust on first use), only with ``unsafe_trust_gateway_jwks``.
+    ``broker``: the key broker pinned by its hardware evidence (sealed_client/broker_pin.py): with its
+    URL, the client asks the broker to attest itself and takes the token keys from the attested
+    identity document. ``broker_jwks``: the key broker's token keys, pinned as a file instead. Without
+    either, the client takes the gateway's `/.well-known/jwks.json` (trust on first use), only with
+    ``unsafe_trust_gateway_jwks``.
     The token only corroborates: the client verifies the hardware evidence itself against the vendor
     roots pinned in `attestation/roots` (``unsafe_roots_dir`` replaces them: test PKIs), with the
     collateral (CRLs, TDX tcbInfo) of a local offline cache (``collateral_dir``), never the network.
@@ -46,6 +50,7 @@ class ClientTrust:
     appraisal: AppraisalPolicy
     tenant: str = ""
     broker_jwks: Mapping[str, Any] | None = None
+    broker: BrokerPin | None = None
     broker_issuer: str = "sealed-key-broker"
     require_promises: Mapping[str, Any] = field(default_factory=dict)
     unsafe_trust_gateway_jwks: bool = False
@@ -68,9 +73,10 @@ class ClientTrust:
             log.warning("UNSAFE: hardware vendor roots replaced by %s", self.unsafe_roots_dir)
         if self.reference_values_key is not None and self.reference_values_sigstore is not None:
             raise ValueError("pin one reference-value publisher: a key or a Sigstore identity, not both")
-        if self.broker_jwks is None and not self.unsafe_trust_gateway_jwks:
-            raise ValueError("pin the key broker's JWKS (broker_jwks), or set unsafe_trust_gateway_jwks")
-        if self.broker_jwks is None:
+        if self.broker_jwks is None and not self.attests_broker and not self.unsafe_trust_gateway_jwks:
+            raise ValueError("pin the key broker (broker: url, tee, measurements) or its JWKS (broker_jwks), "
+                             "or set unsafe_trust_gateway_jwks")
+        if self.broker_jwks is None and not self.attests_broker:
             log.warning("UNSAFE: trusting the key broker JWKS the gateway serves (trust on first use)")
         if self.min_reference_values_serial < 0 or self.min_policy_version < 0:
             raise ValueError("min_reference_values_serial and min_policy_version are non-negative")
@@ -87,6 +93,11 @@ class ClientTrust:
                              tdx_collateral=tdx)
 
     @property
+    def attests_broker(self) -> bool:
+        """The token keys come from the broker's own attested identity (no JWKS file pinned)."""
+        return self.broker_jwks is None and self.broker is not None and self.broker.url is not None
+
+    @property
     def pins_publisher(self) -> bool:
         return self.reference_values_key is not None or self.reference_values_sigstore is not None
 
@@ -99,7 +110,8 @@ class ClientTrust:
     @classmethod
     def from_dict(cls, doc: Mapping[str, Any], *, unsafe_allow_simulated: bool = False,
                   base: Path | None = None) -> ClientTrust:
-        """`{"tenant": "...", "appraisal": {...AppraisalPolicy...}, "broker_jwks": {...}, "broker_issuer": "...",
+        """`{"tenant": "...", "appraisal": {...AppraisalPolicy...}, "broker": {"url", "tee", "measurements"},
+        "broker_jwks": {...}, "broker_issuer": "...",
         "require_promises": {...}, "min_policy_version": 0, "unsafe_trust_gateway_jwks": false,
         "reference_values": {...}, "evidence": {"sim_platform_key": "<hex>", "collateral_dir": path,
         "unsafe_roots_dir": path}}`.
@@ -110,7 +122,7 @@ class ClientTrust:
         older than serial N."""
         unknown = set(doc) - {"tenant", "appraisal", "broker_jwks", "broker_issuer", "require_promises",
                               "unsafe_trust_gateway_jwks", "reference_values", "evidence", "min_policy_version",
-                              "broker"}  # broker: {"tee", "measurements"}, for `sealed verify --broker`
+                              "broker"}
         if unknown:
             raise PolicyViolation([f"unknown client policy keys: {sorted(unknown)}"])
         evidence = dict(doc.get("evidence") or {})
@@ -128,7 +140,8 @@ class ClientTrust:
             raise PolicyViolation([f"unknown reference_values keys: {sorted(set(refs) | set(pinned))}"])
         publisher = refs.get("publisher_key") or pinned.get("key")
         sigstore = pinned.get("sigstore")
-        return cls(appraisal=AppraisalPolicy.from_dict(appraisal), broker_jwks=doc.get("broker_jwks"),
+        broker = BrokerPin.from_dict(doc["broker"]) if doc.get("broker") else None
+        return cls(appraisal=AppraisalPolicy.from_dict(appraisal), broker_jwks=doc.get("broker_jwks"), broker=broker,
                    tenant=str(doc.get("tenant") or ""),
                    sim_platform_key=bytes.fromhex(sim_key) if sim_key else None,
                    unsafe_roots_dir=folder / evidence["unsafe_roots_dir"] if evidence.get("unsafe_roots_dir") else None,

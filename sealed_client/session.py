@@ -6,6 +6,7 @@ import base64
 import collections
 import datetime as dt
 import json
+import secrets
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -38,10 +39,14 @@ from protocol.sealed.http import (
     sealed_path,
 )
 from protocol.sealed.padding import DEFAULT_PADDING, PaddingPolicy
+from sealed_client.broker_pin import attested_broker_jwks
 from sealed_client.deployment import ClientTrust, PinnedKey, verify_published, verify_sealed_document
 from sealed_client.errors import PinConflict
 
 RECEIPT_HEADER = "Sealed-Receipt"
+# How long the token keys of an attested broker are used before it is asked to attest again (a broker
+# that rotates its token key is then followed within this long).
+BROKER_TTL_S = 3600.0
 
 
 class NoAttestedWorker(ReattestRequired):
@@ -95,16 +100,37 @@ class SealedSession:
         self._digests: dict[tuple[str, str], str] = {}  # (model, version) -> the model digest verified
         self._newest_refvals = 0  # the newest reference-value serial verified
         self._jwks: Mapping[str, Any] | None = trust.broker_jwks
+        self._jwks_until = float("inf")  # an attested broker's keys are asked for again after BROKER_TTL_S
         self._lock = threading.Lock()
         self.receipts: collections.deque[Receipt] = collections.deque(maxlen=keep_receipts)
 
     # -- verification
     def needs_jwks(self) -> bool:
-        return self._jwks is None
+        """The gateway's JWKS is wanted (unsafe_trust_gateway_jwks only: nothing else is pinned)."""
+        return self._jwks is None and not self.trust.attests_broker
 
     def set_gateway_jwks(self, jwks: Mapping[str, Any]) -> None:
-        if self.trust.broker_jwks is None and self._jwks is None:
+        if self.trust.broker_jwks is None and not self.trust.attests_broker and self._jwks is None:
             self._jwks = jwks  # trust on first use (unsafe_trust_gateway_jwks); kept from then on
+
+    def broker_challenge(self) -> tuple[str, bytes] | None:
+        """(URL, fresh nonce) to ask the pinned broker for its attestation, when its keys are wanted."""
+        if not self.trust.attests_broker or self.trust.broker is None:
+            return None
+        with self._lock:
+            if self._jwks is not None and self.clock().timestamp() < self._jwks_until:
+                return None
+        return self.trust.broker.attestation_url, secrets.token_bytes(32)
+
+    def set_broker_attestation(self, answer: Mapping[str, Any], nonce: bytes) -> None:
+        """Take the token keys from the broker's answer if its evidence verifies under the pin (raises
+        an AttestationError otherwise: nothing is pinned and nothing is sent)."""
+        assert self.trust.broker is not None
+        now = self.clock()
+        jwks = attested_broker_jwks(self.trust.broker, answer, nonce=nonce, issuer=self.trust.broker_issuer,
+                                    trust=self.trust.evidence_trust, now=now)
+        with self._lock:
+            self._jwks, self._jwks_until = jwks, now.timestamp() + BROKER_TTL_S
 
     def wants_reference_values(self) -> bool:
         return self.trust.pins_publisher

@@ -17,6 +17,7 @@ from typing import Any
 
 import httpx2
 
+from attestation.errors import BrokerIdentityError
 from protocol.sealed import ReattestRequired
 from sealed_client.routing import route_of as _route
 from sealed_client.routing import warn_plaintext
@@ -77,6 +78,19 @@ def _json_answer(path: str, response: httpx2.Response) -> dict[str, Any]:
     doc = response.json()
     if not isinstance(doc, dict):
         raise ReattestRequired(f"{path} answered with something other than a JSON object")
+    return doc
+
+
+def _broker_answer(response: httpx2.Response) -> dict[str, Any]:
+    """The broker's attestation answer (already read); any other answer refuses: nothing is sent."""
+    if response.status_code != 200:
+        raise BrokerIdentityError(f"the key broker did not attest itself (HTTP {response.status_code})")
+    try:
+        doc = response.json()
+    except ValueError as exc:
+        raise BrokerIdentityError("the key broker's attestation answer is not JSON") from exc
+    if not isinstance(doc, dict):
+        raise BrokerIdentityError("the key broker's attestation answer is not a JSON object")
     return doc
 
 
@@ -159,6 +173,15 @@ class SealedTransport(httpx2.BaseTransport):
         except ReattestRequired:
             return None  # absent: the session refuses if it needs it
 
+    def _post_broker(self, url: str, nonce: bytes) -> dict[str, Any]:
+        """The pinned key broker's attestation for `nonce` (straight to the broker, not the gateway)."""
+        response = self._inner.handle_request(httpx2.Request("POST", url, json={"nonce": nonce.hex()}))
+        try:
+            response.read()
+            return _broker_answer(response)
+        finally:
+            response.close()
+
     def pin(self, model: str, auth: str | None = None) -> object:
         """The verified worker for `model`; the attestation document is fetched with the request's own
         API key (the gateway shows each tenant only its own workers)."""
@@ -166,6 +189,9 @@ class SealedTransport(httpx2.BaseTransport):
         if pin is None:
             if self.session.needs_jwks():
                 self.session.set_gateway_jwks(self._get_json("/.well-known/jwks.json"))
+            challenge = self.session.broker_challenge()
+            if challenge is not None:
+                self.session.set_broker_attestation(self._post_broker(challenge[0], challenge[1]), challenge[1])
             refvals = self._optional("/.well-known/reference-values") if self.session.wants_reference_values() else None
             pin = self.session.pin_from(model, self._get_json("/.well-known/attestation", auth), refvals)
         return pin
@@ -257,11 +283,23 @@ class AsyncSealedTransport(httpx2.AsyncBaseTransport):
         except ReattestRequired:
             return None
 
+    async def _post_broker(self, url: str, nonce: bytes) -> dict[str, Any]:
+        response = await self._inner.handle_async_request(httpx2.Request("POST", url, json={"nonce": nonce.hex()}))
+        try:
+            await response.aread()
+            return _broker_answer(response)
+        finally:
+            await response.aclose()
+
     async def pin(self, model: str, auth: str | None = None) -> object:
         pin = self.session.pinned(model)
         if pin is None:
             if self.session.needs_jwks():
                 self.session.set_gateway_jwks(await self._get_json("/.well-known/jwks.json"))
+            challenge = self.session.broker_challenge()
+            if challenge is not None:
+                answer = await self._post_broker(challenge[0], challenge[1])
+                self.session.set_broker_attestation(answer, challenge[1])
             refvals = (await self._optional("/.well-known/reference-values")
                        if self.session.wants_reference_values() else None)
             pin = self.session.pin_from(model, await self._get_json("/.well-known/attestation", auth), refvals)

@@ -98,7 +98,10 @@ def verify(
                else os.environ.get("SEALED_API_KEY") or os.environ.get("OPENAI_API_KEY"))
     auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     with httpx.Client(timeout=10.0) as http:
-        jwks = trust.broker_jwks or http.get(f"{base}/.well-known/jwks.json").json()
+        if trust.attests_broker:
+            jwks = _attested_broker_jwks(trust, http, now)
+        else:
+            jwks = trust.broker_jwks or http.get(f"{base}/.well-known/jwks.json").json()
         listing = http.get(f"{base}/.well-known/attestation", headers=auth)
         if listing.status_code != 200:
             typer.echo(f"{base}/.well-known/attestation answered {listing.status_code}"
@@ -134,6 +137,29 @@ def verify(
     typer.echo(f"{len(workers) - failed} of {len(workers)} workers verified")
     if failed or not workers:
         raise typer.Exit(1)
+
+
+def _attested_broker_jwks(trust: Any, http: Any, now: dt.datetime) -> Any:
+    """The token keys of the pinned broker, from its own attestation to a fresh nonce (exit 1 if not)."""
+    import secrets
+
+    import httpx
+
+    from attestation.errors import AttestationError
+    from sealed_client.broker_pin import attested_broker_jwks
+
+    pin, nonce = trust.broker, secrets.token_bytes(32)
+    try:
+        answer = http.post(pin.attestation_url, json={"nonce": nonce.hex()})
+        answer.raise_for_status()
+        jwks = attested_broker_jwks(pin, answer.json(), nonce=nonce, issuer=trust.broker_issuer,
+                                    trust=trust.evidence_trust, now=now)
+    except (AttestationError, ValueError, httpx.HTTPError) as exc:
+        typer.echo(f"key broker {pin.url}: NOT verified ({type(exc).__name__}: {exc})")
+        raise typer.Exit(1) from exc
+    typer.echo(f"key broker {pin.url}: token keys taken from its attestation (a pinned measurement, "
+               "verified from the hardware evidence)")
+    return jwks
 
 
 def proxy(

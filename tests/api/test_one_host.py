@@ -109,6 +109,7 @@ def test_the_printed_sealed_verify_line_works_when_pasted(host: Host) -> None:
                          timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "worker " in out.stdout and "measurement" in out.stdout
+    assert "token keys taken from its attestation" in out.stdout  # the broker's own, not a file of the operator's
     assert host.api_key not in out.stdout + out.stderr  # named by its file, never printed
 
 
