@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import threading
 import time
 from dataclasses import dataclass
 
@@ -14,6 +17,8 @@ from attestation.workload import WorkloadClaims
 from enclave_worker.broker_auth import authenticate_broker, check_release
 from enclave_worker.engine import EngineConfig, LLMEngine
 from enclave_worker.engine.checkpoint import Checkpoint
+from enclave_worker.engine.errors import InvalidRequestError
+from enclave_worker.engine.structured import GrammarCompiler
 from enclave_worker.engine_protocol import ServingEngine
 from enclave_worker.gpu import check_gpu_confidentiality
 from enclave_worker.package import DecryptedModel, decrypt_package
@@ -86,7 +91,27 @@ def build_engine(settings: WorkerSettings, model: DecryptedModel) -> ServingEngi
         tokenizer_json=model.metadata["tokenizer_json"],
         chat_template=model.metadata.get("chat_template"),
     )
-    return LLMEngine.from_checkpoint(checkpoint, engine_config(settings))
+    engine = LLMEngine.from_checkpoint(checkpoint, engine_config(settings))
+    warm_grammars_in_background(engine.grammars)
+    return engine
+
+
+def warm_grammars_in_background(grammars: GrammarCompiler) -> threading.Thread:
+    """llguidance's view of the vocabulary and its token tables cost seconds once per engine: built on
+    a thread at the lowest CPU priority (idle cycles only; boot and serving do not wait for it), so the
+    first request that asks for structured output normally finds them built (else it waits on them)."""
+
+    def warm() -> None:
+        with contextlib.suppress(OSError):  # Linux: a thread's own nice value; elsewhere, normal priority
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        try:
+            grammars.warm()
+        except InvalidRequestError as exc:  # no llguidance in this build: constrained requests refuse anyway
+            log.warning("structured output unavailable: %s", exc)
+
+    thread = threading.Thread(target=warm, name="grammar-warm", daemon=True)
+    thread.start()
+    return thread
 
 
 def _unauthenticated(settings: WorkerSettings) -> bool:

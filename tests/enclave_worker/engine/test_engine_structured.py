@@ -144,3 +144,15 @@ def test_regex_and_a_grammar_that_cannot_be_built(wide, h):
         with pytest.raises(InvalidRequestError):
             wide.add_request("bad", [1, 2], SamplingParams(structured=spec), lambda _: None)
     assert not wide.has_unfinished_requests()
+
+
+def test_warming_builds_the_tokenizer_and_token_tables_before_any_request(make_engine):
+    """The worker warms its engine's grammars at boot, on a low-priority thread (enclave_worker/boot.py):
+    afterwards the tokenizer exists and one matcher is built, so no request pays for llguidance's tables."""
+    from enclave_worker.boot import warm_grammars_in_background
+
+    engine = make_engine(max_num_seqs=2, kv_cache_memory_bytes=32 << 20)
+    compiler = engine.grammars
+    assert compiler._tokenizer is None and not compiler._built
+    warm_grammars_in_background(compiler).join()
+    assert compiler._tokenizer is not None and len(compiler._built) == 1
