@@ -22,10 +22,12 @@ import hashlib
 import logging
 import re
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, cast
 
+from api.orchestrator.pin import IMAGE_ENV_ANNOTATION, PinError, is_confidential, pin
 from api.orchestrator.reconcile import History, Inputs, decide
 from api.orchestrator.spec import VersionSpec
 from protocol.model_ref import ModelRef
@@ -84,11 +86,13 @@ def worker_deployment(template: dict[str, Any], spec: VersionSpec, policy_config
     else:
         args.append("--unsafe-no-tenant-policy")  # measured: the release policy must allow exactly this
     container["args"] = args
+    # The image's measured ENV travels with the Deployment: pin.py puts it into the init-data.
+    image_env = {k: v for k, v in (template["metadata"].get("annotations") or {}).items() if k == IMAGE_ENV_ANNOTATION}
     return {
         "apiVersion": "apps/v1", "kind": "Deployment",
         "metadata": {"name": object_name(spec), "namespace": template["metadata"].get("namespace"),
                      "labels": {**labels, **MANAGED_BY},
-                     "annotations": {"sealed.dev/model-version": spec.name}},
+                     "annotations": {"sealed.dev/model-version": spec.name, **image_env}},
         "spec": {"replicas": spec.min_warm, "selector": {"matchLabels": {"sealed.dev/version-id": version_id(spec)}},
                  "template": pod},
     }
@@ -135,8 +139,11 @@ class Plan:
 
 def plan(specs: list[VersionSpec], template: dict[str, Any], existing: set[tuple[str, str]],
          inputs: dict[ModelRef, Inputs], policies: dict[str, dict[str, Any] | None],
-         prometheus_url: str, now: float, history: dict[ModelRef, History] | None = None) -> Plan:
-    """Pure: what to create or update, what to delete, and what to report."""
+         prometheus_url: str, now: float, history: dict[ModelRef, History] | None = None,
+         configmaps: Mapping[str, Mapping[str, str]] | None = None) -> Plan:
+    """Pure: what to create or update, what to delete, and what to report. A confidential
+    template's workers are pinned per version with their own CoCo init-data (pin.py), from the
+    namespace's `configmaps`; a version whose pod cannot be pinned gets nothing and says why."""
     namespace = template["metadata"].get("namespace")
     history = history if history is not None else {}
     apply: list[dict[str, Any]] = []
@@ -151,13 +158,21 @@ def plan(specs: list[VersionSpec], template: dict[str, Any], existing: set[tuple
         if not runnable:
             continue
         policy = policies.get(spec.tenant)
-        cm = None
+        configmap = None
         if policy and policy.get("admin_key_pem") and policy.get("document"):
             configmap = policy_configmap(spec, policy, namespace)
-            cm = configmap["metadata"]["name"]
+        deployment = worker_deployment(template, spec, configmap["metadata"]["name"] if configmap else None)
+        if is_confidential(deployment["spec"]["template"]):
+            try:
+                admin_key = str(policy["admin_key_pem"]).encode() if configmap and policy else None
+                deployment = pin(deployment, configmaps or {}, admin_key).deployment
+            except PinError as exc:
+                status[-1] = (spec, "failing", f"the worker pod cannot be pinned: {exc}")
+                continue
+        if configmap is not None:
             apply.append(configmap)
-            wanted.add(("ConfigMap", cm))
-        apply += [worker_deployment(template, spec, cm), scaled_object(spec, prometheus_url, namespace)]
+            wanted.add(("ConfigMap", configmap["metadata"]["name"]))
+        apply += [deployment, scaled_object(spec, prometheus_url, namespace)]
         wanted |= {("Deployment", object_name(spec)), ("ScaledObject", object_name(spec))}
     delete = tuple(sorted(existing - wanted))
     return Plan(tuple(apply), delete, tuple(status))
@@ -168,6 +183,7 @@ class Cluster(Protocol):
 
     def template(self) -> dict[str, Any]: ...
     def managed(self) -> set[tuple[str, str]]: ...
+    def configmaps(self) -> dict[str, dict[str, str]]: ...
     def apply(self, obj: dict[str, Any]) -> None: ...
     def delete(self, kind: str, name: str) -> None: ...
 
@@ -190,6 +206,11 @@ class KubeCluster:
     def template(self) -> dict[str, Any]:
         obj = self.apps.read_namespaced_deployment(TEMPLATE, self.namespace)
         return dict(self.api.sanitize_for_serialization(obj))
+
+    def configmaps(self) -> dict[str, dict[str, str]]:
+        """The namespace's ConfigMaps (name -> data): the values a pinned worker pod is written with."""
+        return {c.metadata.name: dict(c.data or {}) for c in self.core.list_namespaced_config_map(self.namespace).items
+                if c.metadata is not None and c.metadata.name is not None}
 
     def managed(self) -> set[tuple[str, str]]:
         selector = "app.kubernetes.io/managed-by=sealed-controller"
@@ -274,7 +295,7 @@ class KubeController:
             if spec.tenant not in policies:
                 policies[spec.tenant] = self.source.tenant_policy(spec.tenant)
         result = plan(specs, self.cluster.template(), self.cluster.managed(), inputs, policies, self.prometheus_url,
-                      time.monotonic() if now is None else now, self.history)
+                      time.monotonic() if now is None else now, self.history, self.cluster.configmaps())
         for obj in result.apply:
             self.cluster.apply(obj)
         for kind, name in result.delete:
