@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from api.orchestrator.agent_policy import AgentPolicyError, digest, render
+from api.orchestrator.agent_policy import WORKER_ENTRYPOINT, AgentPolicyError, digest, render
 from attestation.coco_initdata import ANNOTATION, CocoInitData
 from attestation.coco_initdata import render as render_coco
 from attestation.errors import AttestationError
@@ -137,6 +137,8 @@ def pin(deployment: Mapping[str, Any], configmaps: Mapping[str, Mapping[str, str
     container = next((c for c in pod["spec"].get("containers", []) if c.get("name") == "worker"), None)
     if container is None:
         raise PinError("the pod has no container named worker")
+    if container.get("command") and tuple(container["command"]) != WORKER_ENTRYPOINT:
+        raise PinError(f"the worker's command must be the image's entrypoint {list(WORKER_ENTRYPOINT)}")
     container["env"] = _resolve_env(container.get("env", []), configmaps)
     values = {e["name"]: e["value"] for e in container["env"] if "value" in e}
     argv = [_expand(str(a), values) for a in container.get("args", [])]
@@ -148,9 +150,10 @@ def pin(deployment: Mapping[str, Any], configmaps: Mapping[str, Mapping[str, str
     if not any(v.get("name") == INIT_DATA_VOLUME for v in volumes):
         volumes.append({"name": INIT_DATA_VOLUME, "downwardAPI": {"items": [
             {"path": INIT_DATA_FILE, "fieldRef": {"fieldPath": f"metadata.annotations['{ANNOTATION}']"}}]}})
-    environ = {**(image_env if image_env is not None else _image_env(deployment)), **values}
+    image = dict(image_env) if image_env is not None else _image_env(deployment)
+    environ = {**image, **values}
     try:
-        policy = render(pod["spec"])
+        policy = render(pod["spec"], image)
         with tempfile.TemporaryDirectory() as tmp:
             settings = _settings(container["args"], admin_key_pem, Path(tmp))
             workload = init_data_for(container["image"], container["args"], environ, settings, digest(policy))

@@ -47,7 +47,8 @@ from enclave_worker.cli import parse
 from enclave_worker.tee import check_workload
 from enclave_worker.workload_check import load_init_data
 
-from .test_agent_policy import create, evaluate
+from .rego_subset import evaluate
+from .test_agent_policy import RUNTIME_ENV, RUNTIME_MOUNTS, create
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIDENTIAL = ("snp", "tdx", "snp-gpu", "tdx-gpu")
@@ -123,8 +124,7 @@ def start_worker(deployment: dict[str, Any], tmp_path: Path) -> tuple[list[str],
     downward.write_text(pod["metadata"]["annotations"][ANNOTATION])
     argv = [str(downward) if a == f"{INIT_DATA_DIR}/{INIT_DATA_FILE}" else a for a in container["args"]]
     environ = {**json.loads(deployment["metadata"]["annotations"][IMAGE_ENV_ANNOTATION]),
-               **{e["name"]: e["value"] for e in container["env"] if "value" in e},
-               "POD_IP": "10.0.0.7", "HOSTNAME": "pod-1", "PATH": "/opt/sealed/bin:/usr/bin"}
+               **{e["name"]: e["value"] for e in container["env"] if "value" in e}, "POD_IP": "10.0.0.7"}
     settings = parse(argv)[1]
     check_workload(settings, argv, environ)
     return argv, environ, settings
@@ -175,8 +175,14 @@ def test_measure_matches_what_the_fake_hardware_reports_for_the_controllers_work
     toml = tomllib.loads(gzip.decompress(base64.b64decode(annotation)).decode())
     policy = toml["data"]["policy.rego"]
     assert doc["agent_policy_digest"] == measured["agent_policy_sha256"] == hashlib.sha256(policy.encode()).hexdigest()
-    # The agent policy the guest enforces admits this worker as the runtime creates it, and nothing else.
-    assert evaluate(policy, "CreateContainerRequest", create("container", container["args"], image=container["image"]))
+    # The agent policy the guest enforces admits this worker as the runtime creates it (the image's
+    # entrypoint and the pod's arguments; the image's ENV under the pod's; the pod's volumes), nothing else.
+    runtime = create("container", [*container["command"], *container["args"]], image=container["image"],
+                     env=[*(f"{k}={v}" for k, v in environ.items()), *RUNTIME_ENV],
+                     mounts=[*RUNTIME_MOUNTS, *({"destination": m["mountPath"]} for m in container["volumeMounts"])])
+    assert evaluate(policy, "CreateContainerRequest", runtime)
+    assert not evaluate(policy, "CreateContainerRequest", {**runtime, "OCI": {
+        **runtime["OCI"], "Process": {**runtime["OCI"]["Process"], "Args": container["args"]}}})
     assert not evaluate(policy, "CreateContainerRequest", create("container", ["sh"], name="debug"))
     assert not evaluate(policy, "ExecProcessRequest", {"process": {"Args": ["sh"]}})
 
@@ -190,7 +196,7 @@ def test_an_argument_changed_after_pinning_is_refused_by_the_policy_and_the_work
     policy = tomllib.loads(gzip.decompress(base64.b64decode(
         deployment["spec"]["template"]["metadata"]["annotations"][ANNOTATION])).decode())["data"]["policy.rego"]
     container["args"] = [a.replace("sealed-broker.sealed.svc", "evil.example") for a in container["args"]]
-    changed = create("container", container["args"], image=container["image"])
+    changed = create("container", [*container["command"], *container["args"]], image=container["image"])
     assert not evaluate(policy, "CreateContainerRequest", changed)
     with pytest.raises(WorkloadMismatch, match="arguments differ"):
         start_worker(deployment, tmp_path)
