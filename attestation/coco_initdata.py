@@ -150,15 +150,27 @@ class LaunchInitData:
         return self.coco.digest_for(tee) if self.coco is not None else self.workload.digest_for(tee)
 
 
-def load_launch_init_data(raw: bytes) -> LaunchInitData:
-    """A worker's --init-data: the bare Sealed document (JSON), a CoCo init-data TOML, or the pod
-    annotation's value (base64 of the gzip'd TOML, as the downward API writes it)."""
+def _parse(raw: bytes) -> InitData | CocoInitData:
     stripped = raw.strip()
     if stripped.startswith(b"{"):
-        return LaunchInitData(InitData.decode(raw), None)
+        return InitData.decode(raw)
     try:
         text = raw.decode()
     except UnicodeDecodeError as exc:
         raise ParseError(f"init-data is neither JSON, TOML nor an annotation: {exc}") from exc
-    coco = from_annotation(text) if stripped.startswith(b"H4sI") else CocoInitData.parse(text)
-    return LaunchInitData(coco.workload(), coco)
+    return from_annotation(text) if stripped.startswith(b"H4sI") else CocoInitData.parse(text)
+
+
+def load_launch_init_data(raw: bytes) -> LaunchInitData:
+    """A worker's --init-data: the bare Sealed document (JSON), a CoCo init-data TOML, or the pod
+    annotation's value (base64 of the gzip'd TOML, as the downward API writes it)."""
+    parsed = _parse(raw)
+    if isinstance(parsed, InitData):
+        return LaunchInitData(parsed, None)
+    return LaunchInitData(parsed.workload(), parsed)
+
+
+def host_digest(raw: bytes, tee: str) -> bytes:
+    """What a host launching a guest with these init-data bytes sets (Kata for a CoCo TOML), without
+    judging their content: the fake hardware of the tests launches whatever it is given."""
+    return _parse(raw).digest_for(tee)

@@ -250,3 +250,27 @@ def test_an_unpinned_image_is_refused_by_measure_and_the_controller(tmp_path: Pa
     assert result_plan.apply == ()
     ((_, status, reason),) = result_plan.status
     assert status == "failing" and "cannot be pinned" in reason and "pinned by digest" in reason
+
+
+def test_the_worker_process_refuses_a_pod_whose_agent_policy_was_swapped(k8s: Path, platform: FakePlatform,
+                                                                          tmp_path: Path) -> None:
+    """The host keeps the pod's Sealed document but launches it with an allow-all agent policy (a
+    TOML whose digest the hardware then reports): the real worker process (fake SNP) exits at start."""
+    import sys
+
+    from protocol.exit_codes import EXIT_CONFIG_ERROR
+
+    _, objects = rendered(k8s, "snp", tmp_path)
+    deployment = controller_pod(objects)
+    pod = deployment["spec"]["template"]
+    text = gzip.decompress(base64.b64decode(pod["metadata"]["annotations"][ANNOTATION])).decode()
+    policy = tomllib.loads(text)["data"]["policy.rego"]
+    swapped = tmp_path / "swapped.toml"
+    swapped.write_text(text.replace(policy, "package agent_policy\n\ndefault ExecProcessRequest := true\n"))
+    (container,) = pod["spec"]["containers"]
+    argv = [str(swapped) if a == f"{INIT_DATA_DIR}/{INIT_DATA_FILE}" else a for a in container["args"]]
+    harness = [sys.executable, "-m", "tests.enclave_worker.fake_tee_worker", "--platform", str(platform.root)]
+    run = subprocess.run([*harness, "--cpu", "snp", "--launch-init-data", str(swapped), *argv],
+                         capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert run.returncode == EXIT_CONFIG_ERROR, run.stderr[-2000:]
+    assert "refusing to start: WorkloadMismatch: the CoCo init-data's policy.rego is not the agent policy" in run.stderr
