@@ -51,7 +51,9 @@ def init_data(
     image: str = typer.Option(None, help="the worker image pinned by digest: <repository>@sha256:<hex>"),
     pod: Path = typer.Option(None, exists=True, dir_okay=False,
                              help="a rendered manifest (kubectl kustomize output) holding the worker Deployment: "
-                                  "image, arguments, environment and the generated agent policy come from it"),
+                                  "image, arguments, environment and the generated agent policy come from it "
+                                  "(the bare document: a Kata pod reports its CoCo init-data's digest, which "
+                                  "`sealed measure snp|tdx --manifest` prints)"),
     env: list[str] = typer.Option([], "--env", help="NAME=VALUE of the worker's environment (repeat)"),
     agent_policy: Path = typer.Option(None, exists=True, dir_okay=False,
                                       help="the Kata agent policy (Rego) the pod is created under"),
