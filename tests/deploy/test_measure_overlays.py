@@ -274,3 +274,18 @@ def test_the_worker_process_refuses_a_pod_whose_agent_policy_was_swapped(k8s: Pa
                          capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert run.returncode == EXIT_CONFIG_ERROR, run.stderr[-2000:]
     assert "refusing to start: WorkloadMismatch: the CoCo init-data's policy.rego is not the agent policy" in run.stderr
+
+
+def test_tdx_rtmrs_and_mrconfigid_in_one_output_match_the_fake_td(k8s: Path, platform: FakePlatform,
+                                                                   tmp_path: Path) -> None:
+    """`--ccel` (a CC event log captured from a guest of the runtime class; here the real capture
+    the fake TD replays to) adds RTMR0-3 beside MRCONFIGID; each equals the fake TD's quote."""
+    ccel = ROOT / "tests" / "vectors" / "tdx-ccel"
+    manifest, objects = rendered(k8s, "tdx-gpu", tmp_path)
+    measured = measure("tdx", manifest, "--ccel", str(ccel / "ccel_data.dat"), "--acpi-table",
+                       str(ccel / "ccel_table.dat"))
+    annotation = controller_pod(objects)["spec"]["template"]["metadata"]["annotations"][ANNOTATION]
+    quote = parse_quote(platform.tdx_quote(bytes(64), (ccel / "ccel_data.dat").read_bytes(),
+                                           mr_config_id=host_sets(annotation, "tdx")))
+    assert measured["rtmrs"] == [r.hex() for r in quote.body.rtmrs]
+    assert measured["mr_config_id"] == quote.body.mr_config_id.hex()
