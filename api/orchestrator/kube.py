@@ -273,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s controller %(levelname)s %(message)s")
     from api.orchestrator.kube_cluster import KubeCluster
 
-    controller = KubeController(KubeCluster(args.namespace),
+    controller = KubeController(KubeCluster(args.namespace, TEMPLATE),
                                 HttpSource(args.gateway_url, args.broker_url, args.jwt_secret_file,
                                            args.broker_token_file), args.prometheus_url)
     while True:

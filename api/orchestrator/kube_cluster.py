@@ -7,28 +7,26 @@ from __future__ import annotations
 import logging
 from typing import Any, cast
 
-from api.orchestrator.kube import TEMPLATE
-
 log = logging.getLogger(__name__)
 
 
 class KubeCluster:
     """The official `kubernetes` client: apps/v1 Deployments, v1 ConfigMaps, keda.sh ScaledObjects."""
 
-    def __init__(self, namespace: str) -> None:
+    def __init__(self, namespace: str, template: str) -> None:
         from kubernetes import client, config
 
         try:
             config.load_incluster_config()
         except config.ConfigException:
             config.load_kube_config()
-        self.namespace = namespace
+        self.namespace, self.template_name = namespace, template
         self.api = client.ApiClient()
         self.apps, self.core, self.custom = client.AppsV1Api(), client.CoreV1Api(), client.CustomObjectsApi()
         self._exc = client.ApiException
 
     def template(self) -> dict[str, Any]:
-        obj = self.apps.read_namespaced_deployment(TEMPLATE, self.namespace)
+        obj = self.apps.read_namespaced_deployment(self.template_name, self.namespace)
         return dict(self.api.sanitize_for_serialization(obj))
 
     def configmaps(self) -> dict[str, dict[str, str]]:
