@@ -49,7 +49,7 @@ def build() -> typer.Typer:
         the HOST_DATA of a worker pod of that overlay (the digest of its CoCo init-data)."""
         if ovmf is None and manifest is None:
             raise typer.BadParameter("give --ovmf (launch digest), --manifest (HOST_DATA) or both")
-        pinned = (pinned_from_manifest(manifest, tenant, model, version, package, policy_admin_key, image_env)
+        pinned = (pinned_from_manifest("snp", manifest, tenant, model, version, package, policy_admin_key, image_env)
                   if manifest is not None else None)
         if ovmf is None:
             assert pinned is not None
@@ -120,7 +120,7 @@ def build() -> typer.Typer:
 
         if ccel is None and manifest is None:
             raise typer.BadParameter("give --ccel (RTMRs), --manifest (MRCONFIGID) or both")
-        pinned = (pinned_from_manifest(manifest, tenant, model, version, package, policy_admin_key, image_env)
+        pinned = (pinned_from_manifest("tdx", manifest, tenant, model, version, package, policy_admin_key, image_env)
                   if manifest is not None else None)
         pod = workload_values(pinned, "tdx") if pinned is not None else {}
         if ccel is None:

@@ -16,14 +16,15 @@ from typing import Any
 
 import typer
 
-from api.orchestrator.pin import PinError, PinnedWorker
+from api.orchestrator.pin import PinError, PinnedWorker, is_confidential
 
 MANIFEST_HELP = "a rendered overlay (kubectl kustomize output) holding the worker template and its ConfigMaps"
 
 
-def pinned_from_manifest(manifest: Path, tenant: str | None, model: str | None, version: str | None,
+def pinned_from_manifest(tee: str, manifest: Path, tenant: str | None, model: str | None, version: str | None,
                          package: str | None, policy_admin_key: Path | None, image_env: list[str]) -> PinnedWorker:
-    """The version's worker Deployment as the controller creates it from this manifest."""
+    """The version's worker Deployment as the controller creates it from this manifest (a
+    confidential overlay whose workers run on `tee`)."""
     import yaml
 
     from api.orchestrator.kube import TEMPLATE, policy_configmap, worker_deployment
@@ -35,6 +36,9 @@ def pinned_from_manifest(manifest: Path, tenant: str | None, model: str | None, 
     templates = [o for o in objects if o.get("kind") == "Deployment" and o["metadata"]["name"] == TEMPLATE]
     if len(templates) != 1:
         raise typer.BadParameter(f"{manifest}: expected one {TEMPLATE} Deployment", param_hint="--manifest")
+    if not is_confidential(templates[0]["spec"]["template"]):
+        raise typer.BadParameter(f"{manifest}: the worker template has no CoCo init-data annotation: "
+                                 "not a confidential overlay", param_hint="--manifest")
     configmaps = {o["metadata"]["name"]: o.get("data") or {} for o in objects if o.get("kind") == "ConfigMap"}
     spec = VersionSpec(tenant=tenant, model=model, version=version, package=package)
     admin_key = policy_admin_key.read_bytes() if policy_admin_key else None
@@ -53,9 +57,13 @@ def pinned_from_manifest(manifest: Path, tenant: str | None, model: str | None, 
     try:
         from api.orchestrator.pin import pin
 
-        return pin(deployment, configmaps, admin_key, env)
+        pinned = pin(deployment, configmaps, admin_key, env)
     except PinError as exc:
         raise typer.BadParameter(str(exc), param_hint="--manifest") from None
+    if pinned.workload.measured_config.get("tee") != tee:
+        raise typer.BadParameter(f"the overlay's workers run on {pinned.workload.measured_config.get('tee')!r}, "
+                                 f"not {tee!r}", param_hint="--manifest")
+    return pinned
 
 
 def workload_values(pinned: PinnedWorker, tee: str) -> dict[str, Any]:

@@ -289,3 +289,15 @@ def test_tdx_rtmrs_and_mrconfigid_in_one_output_match_the_fake_td(k8s: Path, pla
                                            mr_config_id=host_sets(annotation, "tdx")))
     assert measured["rtmrs"] == [r.hex() for r in quote.body.rtmrs]
     assert measured["mr_config_id"] == quote.body.mr_config_id.hex()
+
+
+@pytest.mark.parametrize(("tee", "overlay", "message"), [
+    ("tdx", "snp", "run on 'snp', not 'tdx'"),
+    ("snp", "dev", "not a confidential overlay"),
+])
+def test_measure_refuses_an_overlay_whose_workers_do_not_run_there(k8s: Path, tmp_path: Path, tee: str, overlay: str,
+                                                                   message: str) -> None:
+    manifest, _ = rendered(k8s, overlay, tmp_path)
+    result = CliRunner().invoke(build(), ["measure", tee, "--manifest", str(manifest),
+                                          *(f"--{k}={v}" for k, v in VERSION.items())])
+    assert result.exit_code != 0 and message in " ".join(result.output.split()), result.output
