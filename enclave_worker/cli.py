@@ -47,8 +47,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--unsafe-unauthenticated-broker", action="store_true",
                         help="trust the key broker without verifying its evidence (measured; logs a warning)")
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--advertise-host", default=None,
-                        help="address announced to the gateway (default --host; in a pod: its IP)")
+    # In a pod the address comes from the downward API ($POD_IP) rather than an argument: a Kata
+    # pod's arguments are pinned in its agent policy and init-data, and the pod IP is known only later.
+    parser.add_argument("--advertise-host", default=os.environ.get("POD_IP") or None,
+                        help="address announced to the gateway (not measured; default $POD_IP, else --host)")
     parser.add_argument("--port", type=int, default=8002)
     parser.add_argument("--grpc-port", type=int, required=True)
     parser.add_argument("--register-url", action="append", default=[], help="gateway to send heartbeats to")

@@ -71,10 +71,11 @@ def check_workload(settings: WorkerSettings, argv: Sequence[str], environ: Mappi
         if settings.tee != "sim":
             raise WorkloadMismatch("no --init-data: on SNP and TDX the evidence must name the workload")
         return
-    init = load_init_data(settings.init_data)
-    check_runs_as_declared(init, argv, environ, settings)
-    log.info("init-data %s: arguments, environment and configuration are as declared",
-             init.digest_for(settings.tee).hex() if settings.tee != "sim" else "(simulated TEE)")
+    launched = load_init_data(settings.init_data)
+    check_runs_as_declared(launched.workload, argv, environ, settings)
+    log.info("init-data %s%s: arguments, environment and configuration are as declared",
+             launched.digest_for(settings.tee).hex() if settings.tee != "sim" else "(simulated TEE)",
+             " (CoCo init-data)" if launched.coco is not None else "")
 
 
 def bundle_maker(settings: WorkerSettings, policy_version: int = 0) -> Callable[[RuntimeData], EvidenceBundle]:

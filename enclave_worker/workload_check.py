@@ -23,6 +23,7 @@ import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from attestation.coco_initdata import LaunchInitData, load_launch_init_data
 from attestation.errors import WorkloadMismatch
 from attestation.initdata import InitData
 from enclave_worker.settings import WorkerSettings
@@ -77,8 +78,10 @@ def init_data_for(image: str, argv: Sequence[str], environ: Mapping[str, str], s
                     agent_policy_digest=agent_policy_digest)
 
 
-def load_init_data(path: Path) -> InitData:
-    return InitData.decode(path.read_bytes())
+def load_init_data(path: Path) -> LaunchInitData:
+    """The Sealed document the guest was launched with, bare or inside CoCo's init-data TOML (a Kata
+    pod: attestation/coco_initdata.py), and so which digest the hardware must report for it."""
+    return load_launch_init_data(path.read_bytes())
 
 
 def check_runs_as_declared(init: InitData, argv: Sequence[str], environ: Mapping[str, str],

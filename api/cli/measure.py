@@ -11,6 +11,7 @@ from pathlib import Path
 
 import typer
 
+from api.cli.measure_pod import MANIFEST_HELP, pinned_from_manifest, workload_values
 from attestation.errors import AttestationError
 
 
@@ -23,8 +24,8 @@ def build() -> typer.Typer:
 
     @app.command("snp")
     def snp(
-        ovmf: Path = typer.Option(..., exists=True, dir_okay=False, help="OVMF firmware image (OVMF.fd)"),
-        vcpus: int = typer.Option(..., min=1, help="number of guest vCPUs"),
+        ovmf: Path = typer.Option(None, exists=True, dir_okay=False, help="OVMF firmware image (OVMF.fd)"),
+        vcpus: int = typer.Option(None, min=1, help="number of guest vCPUs (with --ovmf)"),
         vcpu_type: str = typer.Option(None, help="QEMU CPU model, e.g. EPYC-v4, EPYC-Milan, EPYC-Genoa"),
         vcpu_sig: str = typer.Option(None, help="CPUID signature instead of --vcpu-type (e.g. 0xA00F11)"),
         kernel: Path = typer.Option(None, exists=True, dir_okay=False, help="kernel for measured direct boot"),
@@ -34,8 +35,29 @@ def build() -> typer.Typer:
         vmm_type: str = typer.Option("qemu", help="qemu | ec2 | gce"),
         ovmf_hash: str = typer.Option(None, help="precomputed digest of the firmware pages (hex)"),
         as_json: bool = typer.Option(False, "--json", help="print a JSON document"),
+        manifest: Path = typer.Option(None, exists=True, dir_okay=False, help=MANIFEST_HELP),
+        tenant: str = typer.Option(None, help="with --manifest: the model version's tenant"),
+        model: str = typer.Option(None, help="with --manifest: the model"),
+        version: str = typer.Option(None, help="with --manifest: the version"),
+        package: str = typer.Option(None, help="with --manifest: the uploaded package's content address"),
+        policy_admin_key: Path = typer.Option(None, exists=True, dir_okay=False,
+                                              help="with --manifest: the tenant's policy-admin public key, if any"),
+        image_env: list[str] = typer.Option([], "--image-env", help="NAME=VALUE of the worker image's ENV (repeat; "
+                                            "default: the template's sealed.dev/image-env annotation)"),
     ) -> None:
-        """SEV-SNP launch measurement of a QEMU/OVMF guest (SNP firmware ABI 8.17)."""
+        """SEV-SNP launch measurement of a QEMU/OVMF guest (SNP firmware ABI 8.17) and, with --manifest,
+        the HOST_DATA of a worker pod of that overlay (the digest of its CoCo init-data)."""
+        if ovmf is None and manifest is None:
+            raise typer.BadParameter("give --ovmf (launch digest), --manifest (HOST_DATA) or both")
+        pinned = (pinned_from_manifest("snp", manifest, tenant, model, version, package, policy_admin_key, image_env)
+                  if manifest is not None else None)
+        if ovmf is None:
+            assert pinned is not None
+            typer.echo(json.dumps({"tee": "snp", "measurement": None, **workload_values(pinned, "snp")}, indent=1)
+                       if as_json else pinned.coco.digest_for("snp").hex())
+            return
+        if vcpus is None:
+            raise typer.BadParameter("--ovmf needs --vcpus", param_hint="--vcpus")
         from attestation.snp.launch_digest import load_direct_boot, snp_launch_digest
         from attestation.snp.ovmf import read_ovmf
         from attestation.snp.vmsa import VCPU_TYPES, VmmType
@@ -62,26 +84,49 @@ def build() -> typer.Typer:
         except AttestationError as exc:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(1) from None
+        pod = workload_values(pinned, "snp") if pinned is not None else {}
         if as_json:
             typer.echo(json.dumps({"tee": "snp", "measurement": digest.hex(), "vcpus": vcpus, "vcpu_sig": signature,
                                    "guest_features": features, "vmm": vmm.value, "ovmf": str(ovmf),
-                                   "kernel": str(kernel) if kernel else None, "append": append}, indent=1))
+                                   "kernel": str(kernel) if kernel else None, "append": append, **pod}, indent=1))
         else:
             typer.echo(digest.hex())
+            if pod:
+                typer.echo(f"HOST_DATA {pod['host_data']}")
 
     @app.command("tdx")
     def tdx(
-        ccel: Path = typer.Option(..., exists=True, dir_okay=False,
+        ccel: Path = typer.Option(None, exists=True, dir_okay=False,
                                   help="CC event log (/sys/firmware/acpi/tables/data/CCEL)"),
         acpi_table: Path = typer.Option(None, exists=True, dir_okay=False,
                                         help="ACPI CCEL table (/sys/firmware/acpi/tables/CCEL): bounds the log"),
         quote: Path = typer.Option(None, exists=True, dir_okay=False,
                                    help="a TDX quote: check the replayed RTMRs against it (exit 1 on mismatch)"),
         as_json: bool = typer.Option(False, "--json", help="print a JSON document"),
+        manifest: Path = typer.Option(None, exists=True, dir_okay=False, help=MANIFEST_HELP),
+        tenant: str = typer.Option(None, help="with --manifest: the model version's tenant"),
+        model: str = typer.Option(None, help="with --manifest: the model"),
+        version: str = typer.Option(None, help="with --manifest: the version"),
+        package: str = typer.Option(None, help="with --manifest: the uploaded package's content address"),
+        policy_admin_key: Path = typer.Option(None, exists=True, dir_okay=False,
+                                              help="with --manifest: the tenant's policy-admin public key, if any"),
+        image_env: list[str] = typer.Option([], "--image-env", help="NAME=VALUE of the worker image's ENV (repeat)"),
     ) -> None:
-        """RTMR0..3 replayed from a TDX CC event log (TCG crypto-agile format, SHA-384)."""
+        """RTMR0..3 replayed from a TDX CC event log (TCG crypto-agile format, SHA-384) and, with
+        --manifest, the MRCONFIGID of a worker pod of that overlay (the digest of its CoCo init-data).
+        MRTD (the TD firmware's build-time measurement) is not computed here."""
         from attestation.tdx.abi import parse_quote
         from attestation.tdx.eventlog import ccel_log_length, parse_cc_event_log, replay_rtmrs
+
+        if ccel is None and manifest is None:
+            raise typer.BadParameter("give --ccel (RTMRs), --manifest (MRCONFIGID) or both")
+        pinned = (pinned_from_manifest("tdx", manifest, tenant, model, version, package, policy_admin_key, image_env)
+                  if manifest is not None else None)
+        pod = workload_values(pinned, "tdx") if pinned is not None else {}
+        if ccel is None:
+            typer.echo(json.dumps({"tee": "tdx", "mrtd": None, "rtmrs": None, **pod}, indent=1) if as_json
+                       else f"MRCONFIGID {pod['mr_config_id']}")
+            return
 
         try:
             log = ccel.read_bytes()
@@ -96,10 +141,12 @@ def build() -> typer.Typer:
         mismatched = [i for i in range(4) if quoted is not None and quoted[i] != rtmrs[i]]
         if as_json:
             typer.echo(json.dumps({"tee": "tdx", "events": len(events), "rtmrs": [r.hex() for r in rtmrs],
-                                   "quote_matches": None if quoted is None else not mismatched}, indent=1))
+                                   "quote_matches": None if quoted is None else not mismatched, **pod}, indent=1))
         else:
             for i, value in enumerate(rtmrs):
                 typer.echo(f"RTMR{i} {value.hex()}")
+            if pod:
+                typer.echo(f"MRCONFIGID {pod['mr_config_id']}")
         if mismatched:
             typer.echo("error: replayed " + ", ".join(f"RTMR{i}" for i in mismatched)
                        + " differ from the quote: the log does not describe this TD", err=True)

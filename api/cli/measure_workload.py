@@ -23,7 +23,7 @@ def _from_pod(path: Path) -> tuple[str, list[str], dict[str, str], str]:
     manifest (`kubectl kustomize` output, or one Deployment): the pod spec pinned as it will run."""
     import yaml
 
-    from api.orchestrator.agent_policy import AgentPolicyError, render, worker_container
+    from api.orchestrator.agent_policy import WORKER_ENTRYPOINT, AgentPolicyError, render, worker_container
 
     specs = [d["spec"]["template"]["spec"] for d in yaml.safe_load_all(path.read_text())
              if isinstance(d, dict) and d.get("kind") == "Deployment"
@@ -35,8 +35,9 @@ def _from_pod(path: Path) -> tuple[str, list[str], dict[str, str], str]:
         policy = render(specs[0])
     except AgentPolicyError as exc:
         raise typer.BadParameter(str(exc), param_hint="--pod") from None
-    if container.get("command"):
-        raise typer.BadParameter("the worker's entrypoint is the image's: no `command`", param_hint="--pod")
+    if container.get("command") and tuple(container["command"]) != WORKER_ENTRYPOINT:
+        raise typer.BadParameter(f"the worker's command is the image's entrypoint {list(WORKER_ENTRYPOINT)}",
+                                 param_hint="--pod")
     env = {}
     for item in container.get("env", []):
         if "value" not in item:
@@ -50,7 +51,9 @@ def init_data(
     image: str = typer.Option(None, help="the worker image pinned by digest: <repository>@sha256:<hex>"),
     pod: Path = typer.Option(None, exists=True, dir_okay=False,
                              help="a rendered manifest (kubectl kustomize output) holding the worker Deployment: "
-                                  "image, arguments, environment and the generated agent policy come from it"),
+                                  "image, arguments, environment and the generated agent policy come from it "
+                                  "(the bare document: a Kata pod reports its CoCo init-data's digest, which "
+                                  "`sealed measure snp|tdx --manifest` prints)"),
     env: list[str] = typer.Option([], "--env", help="NAME=VALUE of the worker's environment (repeat)"),
     agent_policy: Path = typer.Option(None, exists=True, dir_okay=False,
                                       help="the Kata agent policy (Rego) the pod is created under"),

@@ -22,10 +22,12 @@ import hashlib
 import logging
 import re
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, cast
+from typing import Any, Protocol
 
+from api.orchestrator.pin import IMAGE_ENV_ANNOTATION, PinError, is_confidential, pin
 from api.orchestrator.reconcile import History, Inputs, decide
 from api.orchestrator.spec import VersionSpec
 from protocol.model_ref import ModelRef
@@ -84,11 +86,13 @@ def worker_deployment(template: dict[str, Any], spec: VersionSpec, policy_config
     else:
         args.append("--unsafe-no-tenant-policy")  # measured: the release policy must allow exactly this
     container["args"] = args
+    # The image's measured ENV travels with the Deployment: pin.py puts it into the init-data.
+    image_env = {k: v for k, v in (template["metadata"].get("annotations") or {}).items() if k == IMAGE_ENV_ANNOTATION}
     return {
         "apiVersion": "apps/v1", "kind": "Deployment",
         "metadata": {"name": object_name(spec), "namespace": template["metadata"].get("namespace"),
                      "labels": {**labels, **MANAGED_BY},
-                     "annotations": {"sealed.dev/model-version": spec.name}},
+                     "annotations": {"sealed.dev/model-version": spec.name, **image_env}},
         "spec": {"replicas": spec.min_warm, "selector": {"matchLabels": {"sealed.dev/version-id": version_id(spec)}},
                  "template": pod},
     }
@@ -135,8 +139,11 @@ class Plan:
 
 def plan(specs: list[VersionSpec], template: dict[str, Any], existing: set[tuple[str, str]],
          inputs: dict[ModelRef, Inputs], policies: dict[str, dict[str, Any] | None],
-         prometheus_url: str, now: float, history: dict[ModelRef, History] | None = None) -> Plan:
-    """Pure: what to create or update, what to delete, and what to report."""
+         prometheus_url: str, now: float, history: dict[ModelRef, History] | None = None,
+         configmaps: Mapping[str, Mapping[str, str]] | None = None) -> Plan:
+    """Pure: what to create or update, what to delete, and what to report. A confidential
+    template's workers are pinned per version with their own CoCo init-data (pin.py), from the
+    namespace's `configmaps`; a version whose pod cannot be pinned gets nothing and says why."""
     namespace = template["metadata"].get("namespace")
     history = history if history is not None else {}
     apply: list[dict[str, Any]] = []
@@ -151,13 +158,21 @@ def plan(specs: list[VersionSpec], template: dict[str, Any], existing: set[tuple
         if not runnable:
             continue
         policy = policies.get(spec.tenant)
-        cm = None
+        configmap = None
         if policy and policy.get("admin_key_pem") and policy.get("document"):
             configmap = policy_configmap(spec, policy, namespace)
-            cm = configmap["metadata"]["name"]
+        deployment = worker_deployment(template, spec, configmap["metadata"]["name"] if configmap else None)
+        if is_confidential(deployment["spec"]["template"]):
+            try:
+                admin_key = str(policy["admin_key_pem"]).encode() if configmap and policy else None
+                deployment = pin(deployment, configmaps or {}, admin_key).deployment
+            except PinError as exc:
+                status[-1] = (spec, "failing", f"the worker pod cannot be pinned: {exc}")
+                continue
+        if configmap is not None:
             apply.append(configmap)
-            wanted.add(("ConfigMap", cm))
-        apply += [worker_deployment(template, spec, cm), scaled_object(spec, prometheus_url, namespace)]
+            wanted.add(("ConfigMap", configmap["metadata"]["name"]))
+        apply += [deployment, scaled_object(spec, prometheus_url, namespace)]
         wanted |= {("Deployment", object_name(spec)), ("ScaledObject", object_name(spec))}
     delete = tuple(sorted(existing - wanted))
     return Plan(tuple(apply), delete, tuple(status))
@@ -168,91 +183,9 @@ class Cluster(Protocol):
 
     def template(self) -> dict[str, Any]: ...
     def managed(self) -> set[tuple[str, str]]: ...
+    def configmaps(self) -> dict[str, dict[str, str]]: ...
     def apply(self, obj: dict[str, Any]) -> None: ...
     def delete(self, kind: str, name: str) -> None: ...
-
-
-class KubeCluster:
-    """The official `kubernetes` client: apps/v1 Deployments, v1 ConfigMaps, keda.sh ScaledObjects."""
-
-    def __init__(self, namespace: str) -> None:
-        from kubernetes import client, config
-
-        try:
-            config.load_incluster_config()
-        except config.ConfigException:
-            config.load_kube_config()
-        self.namespace = namespace
-        self.api = client.ApiClient()
-        self.apps, self.core, self.custom = client.AppsV1Api(), client.CoreV1Api(), client.CustomObjectsApi()
-        self._exc = client.ApiException
-
-    def template(self) -> dict[str, Any]:
-        obj = self.apps.read_namespaced_deployment(TEMPLATE, self.namespace)
-        return dict(self.api.sanitize_for_serialization(obj))
-
-    def managed(self) -> set[tuple[str, str]]:
-        selector = "app.kubernetes.io/managed-by=sealed-controller"
-        # The API server names every object it lists; the client's models make metadata optional.
-        found = {("Deployment", d.metadata.name) for d in
-                 self.apps.list_namespaced_deployment(self.namespace, label_selector=selector).items
-                 if d.metadata is not None and d.metadata.name is not None}
-        found |= {("ConfigMap", c.metadata.name) for c in
-                  self.core.list_namespaced_config_map(self.namespace, label_selector=selector).items
-                  if c.metadata is not None and c.metadata.name is not None}
-        # Custom objects come back as the decoded JSON (the client types them `object`).
-        scaled = cast("dict[str, Any]", self.custom.list_namespaced_custom_object(
-            "keda.sh", "v1alpha1", self.namespace, "scaledobjects", label_selector=selector))
-        found |= {("ScaledObject", s["metadata"]["name"]) for s in scaled.get("items", [])}
-        return found
-
-    def apply(self, obj: dict[str, Any]) -> None:
-        kind, name = obj["kind"], obj["metadata"]["name"]
-        try:
-            if kind == "Deployment":
-                try:
-                    current = self.apps.read_namespaced_deployment(name, self.namespace)
-                    # KEDA owns the replica count once the ScaledObject exists.
-                    obj = {**obj, "spec": {**obj["spec"], "replicas": current.spec.replicas}}
-                    # The bodies are manifests as dicts: the client's validate_call turns a dict into
-                    # the model at call time, but its signatures name only the model class.
-                    self.apps.replace_namespaced_deployment(name, self.namespace, obj)  # type: ignore[arg-type]
-                except self._exc as exc:
-                    if exc.status != 404:
-                        raise
-                    self.apps.create_namespaced_deployment(self.namespace, obj)  # type: ignore[arg-type]
-            elif kind == "ConfigMap":
-                try:
-                    self.core.replace_namespaced_config_map(name, self.namespace, obj)  # type: ignore[arg-type]
-                except self._exc as exc:
-                    if exc.status != 404:
-                        raise
-                    self.core.create_namespaced_config_map(self.namespace, obj)  # type: ignore[arg-type]
-            else:
-                args = ("keda.sh", "v1alpha1", self.namespace, "scaledobjects")
-                try:
-                    live = cast("dict[str, Any]", self.custom.get_namespaced_custom_object(*args, name))
-                    obj["metadata"]["resourceVersion"] = live["metadata"]["resourceVersion"]
-                    self.custom.replace_namespaced_custom_object(*args, name, obj)
-                except self._exc as exc:
-                    if exc.status != 404:
-                        raise
-                    self.custom.create_namespaced_custom_object(*args, obj)
-        except self._exc as exc:
-            log.warning("could not apply %s %s: %s", kind, name, exc.status)
-
-    def delete(self, kind: str, name: str) -> None:
-        try:
-            if kind == "Deployment":
-                self.apps.delete_namespaced_deployment(name, self.namespace)
-            elif kind == "ConfigMap":
-                self.core.delete_namespaced_config_map(name, self.namespace)
-            else:
-                self.custom.delete_namespaced_custom_object("keda.sh", "v1alpha1", self.namespace, "scaledobjects",
-                                                            name)
-        except self._exc as exc:
-            if exc.status != 404:
-                log.warning("could not delete %s %s: %s", kind, name, exc.status)
 
 
 class KubeController:
@@ -274,7 +207,7 @@ class KubeController:
             if spec.tenant not in policies:
                 policies[spec.tenant] = self.source.tenant_policy(spec.tenant)
         result = plan(specs, self.cluster.template(), self.cluster.managed(), inputs, policies, self.prometheus_url,
-                      time.monotonic() if now is None else now, self.history)
+                      time.monotonic() if now is None else now, self.history, self.cluster.configmaps())
         for obj in result.apply:
             self.cluster.apply(obj)
         for kind, name in result.delete:
@@ -338,7 +271,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--interval", type=float, default=5.0)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s controller %(levelname)s %(message)s")
-    controller = KubeController(KubeCluster(args.namespace),
+    from api.orchestrator.kube_cluster import KubeCluster
+
+    controller = KubeController(KubeCluster(args.namespace, TEMPLATE),
                                 HttpSource(args.gateway_url, args.broker_url, args.jwt_secret_file,
                                            args.broker_token_file), args.prometheus_url)
     while True:

@@ -199,3 +199,26 @@ def test_the_dev_broker_runs_the_simulated_tee_with_its_platform_key() -> None:
     assert "runtimeClassName" not in pod["spec"]
     args = container["args"]
     assert args[args.index("--tee") + 1] == "sim" and "--sim-platform-signing-key" in args
+
+
+@pytest.mark.parametrize("overlay", [o for o in OVERLAYS if o != "dev"])
+def test_the_templates_own_init_data_lets_no_container_run(overlay: str) -> None:
+    """The template's pod is never a worker: the controller gives each version's pod its own
+    init-data (test_measure_overlays.py). Until then the agent must refuse every container."""
+    import base64
+    import gzip
+    import tomllib
+
+    from .rego_subset import evaluate
+    from .test_agent_policy import create
+
+    (_, pod), = workers(render(overlay))
+    toml = tomllib.loads(gzip.decompress(base64.b64decode(pod["metadata"]["annotations"][INIT_DATA])).decode())
+    policy = toml["data"]["policy.rego"]
+    (container,) = pod["spec"]["containers"]
+    for request, inp in [("CreateContainerRequest", create("container", container["args"], image=container["image"])),
+                         ("CreateContainerRequest", create("container", ["sh"], name="debug")),
+                         ("PullImageRequest", {"image": container["image"]}),
+                         ("ExecProcessRequest", {"process": {"Args": ["sh"]}}),
+                         ("CopyFileRequest", {"path": "/etc/passwd"})]:
+        assert not evaluate(policy, request, inp), request

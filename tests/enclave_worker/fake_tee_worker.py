@@ -4,7 +4,9 @@
  [--nvml cc-on|cc-off|none] [--launch-init-data FILE] WORKER-ARGS...`
 
 The fake guest is launched with init-data (attestation/initdata.py), as a host does: the fake SNP
-reports its SHA-256 as HOST_DATA, the fake TD its SHA-384 as MRCONFIGID. Without
+reports its SHA-256 as HOST_DATA, the fake TD its SHA-384 as MRCONFIGID; a CoCo init-data TOML (or
+a pod's cc_init_data annotation value) given with --launch-init-data is launched as Kata's runtime
+does (attestation/coco_initdata.py: the TOML's digest). Without
 --launch-init-data the harness writes the document for the worker's own arguments, environment
 and settings (what `sealed measure` computes), and passes it to the worker with --init-data
 unless the worker's arguments name one.
@@ -22,6 +24,7 @@ import os
 import sys
 from pathlib import Path
 
+from attestation.coco_initdata import host_digest
 from attestation.initdata import InitData
 from attestation.snp.collect import encode_cert_table
 from attestation.testing.fake_nvml import FakeNvml
@@ -57,13 +60,16 @@ def main(argv: list[str] | None = None) -> int:
     platform = FakePlatform.load(ours.platform)
     run = ours.platform / f"hw-{os.getpid()}"
     extra: list[str] = []
-    init = launch_init_data(ours.launch_init_data, worker_argv)
+    if ours.launch_init_data is not None:
+        raw = ours.launch_init_data.read_bytes()
+    else:
+        raw = launch_init_data(None, worker_argv).encode()
     if "--init-data" not in worker_argv and not any(a.startswith("--init-data=") for a in worker_argv):
-        path = run / "init-data.json"
+        path = run / "init-data"
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(init.encode())
+        path.write_bytes(raw)
         extra += ["--init-data", str(path)]
-    host_data, mr_config_id = init.host_data(), init.mr_config_id()
+    host_data, mr_config_id = host_digest(raw, "snp"), host_digest(raw, "tdx")
     if ours.cpu == "snp":
         table = encode_cert_table({"vcek": platform.vcek})
         if ours.sev_guest_ioctl:
