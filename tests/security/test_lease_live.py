@@ -43,10 +43,10 @@ def _put_signed_policy(live: Live, measurements: list[str]) -> int:
     return int(doc["version"])
 
 
-def _until(predicate: Any, guard_s: float) -> None:
+def _until(predicate: Any, guard_s: float, what: str) -> None:
     deadline = time.monotonic() + guard_s  # a hang guard, not a duration being tested
     while not predicate():
-        assert time.monotonic() < deadline, "hang guard"
+        assert time.monotonic() < deadline, f"never happened: {what}"
         time.sleep(0.5)
 
 
@@ -57,14 +57,15 @@ def test_a_tightened_release_policy_stops_the_running_worker(live: Live) -> None
     _put_signed_policy(live, [TDX_MR_TD.hex()])  # the worker's SNP measurement is no longer allowed
 
     worker_log = home.logs / "worker.log"
-    _until(lambda: "data key revoked by the key broker" in worker_log.read_text(), 120)
+    _until(lambda: "data key revoked by the key broker" in worker_log.read_text(), 120,
+           "the broker told the worker its key is revoked")
     log = worker_log.read_text()
     assert "key lease expired" not in log  # told by the broker within the lease, not at its end
     denials = [r for r in audit_records(home)[seen:] if r["action"] == "lease" and r["decision"] == "deny"]
     assert denials and denials[0]["reason"].startswith("re-appraisal:"), denials
 
     # The worker wiped and says "failed": the gateway answers 503 for the model.
-    _until(lambda: chat(stack, live.env.api_key, timeout=0).status_code == 503, 60)
+    _until(lambda: chat(stack, live.env.api_key, timeout=0).status_code == 503, 60, "the gateway answers 503")
     r = chat(stack, live.env.api_key, timeout=0)
     assert r.status_code == 503 and r.json()["error"]["code"] == "model_unavailable", r.text
 
