@@ -1,8 +1,10 @@
 """The key lease: the worker keeps its data key only while the key broker renews the lease.
 
 The watcher holds a long poll open at the broker (`POST /v1/lease` with `wait_s`), signed by the
-worker's attested identity key. The broker answers at once when the tenant key is revoked (push),
-else after the wait with a renewed lease. On "revoked" the worker wipes at once; when the lease
+worker's attested identity key and carrying the evidence its token was issued for. The broker
+answers at once when the tenant key is revoked (push) or the worker no longer passes the tenant's
+current release policy under current collateral (key_broker/lease_appraisal.py), else after the
+wait with a renewed lease. On "revoked" the worker wipes at once; when the lease
 runs out without a renewal (broker gone too long, network cut, answers forged or dropped), it
 wipes too. Any other failure (network, 429, 403, 5xx, a malformed or unauthenticated answer, a
 bug) is logged by type and retried with backoff: the watcher never dies while the key is held.
@@ -49,24 +51,32 @@ class KeyLease:
     identity: WorkerIdentity
     ref: ModelRef
     timing: LeaseTiming = field(default_factory=LeaseTiming)
-    clock: Callable[[], float] = time.monotonic
+    clock: Callable[[], float] = time.monotonic  # the worker's Clock.monotonic; a fake one in tests
+    # How renewals reach the broker: None is the network; tests give the broker's ASGI app.
+    transport: httpx.AsyncBaseTransport | None = None
     expires_at: float = 0.0
     _seq: int = 0
 
     def __post_init__(self) -> None:
         # The release itself is the first grant.
         self.expires_at = self.clock() + self.timing.lease_s
-        self._mac_key = lease_mac_key(self.released.data_key, self.released.token_id)
+        # Mutable, so that the end of the lease can zero it (bytes objects cannot be overwritten).
+        self._mac_key = bytearray(lease_mac_key(self.released.data_key, self.released.token_id))
 
     def valid(self) -> bool:
         return self.clock() < self.expires_at
+
+    def end(self) -> None:
+        """The lease is over (revoked, refused or run out): nothing of it may extend it again."""
+        self.expires_at = float("-inf")
+        self._mac_key[:] = bytes(len(self._mac_key))
 
     async def renew(self, client: httpx.AsyncClient, wait_s: float) -> str:
         """One renewal; extends the lease on "active". Returns the broker's status."""
         self._seq += 1
         sent = self.clock()
         answer = await renew_lease(client, self.released, self.identity, self.ref, seq=self._seq, wait_s=wait_s,
-                                   mac_key=self._mac_key)
+                                   mac_key=bytes(self._mac_key))
         if answer.status == "active":
             # Counted from when the request left: the broker vouched for the key no earlier.
             self.expires_at = max(self.expires_at, sent + min(answer.lease_s, self.timing.lease_s))
@@ -77,11 +87,12 @@ class KeyLease:
         t = self.timing
         backoff = t.backoff_min_s
         wait_s = 0.0  # renew at once after boot, then hold long polls
-        async with httpx.AsyncClient(base_url=self.broker_url, timeout=None) as client:
+        async with httpx.AsyncClient(base_url=self.broker_url, timeout=None, transport=self.transport) as client:
             while True:
                 remaining = self.expires_at - self.clock()
                 if remaining <= 0:
                     log.error("key lease expired without a renewal: wiping the model and refusing requests")
+                    self.end()
                     _call(on_lost, "lease-expired")
                     return
                 try:
@@ -97,7 +108,9 @@ class KeyLease:
                     continue
                 backoff = t.backoff_min_s
                 if status == "revoked":
+                    # Revoked, or the tenant's trust withdrawn (the broker's audit log says which).
                     log.warning("data key revoked by the key broker: wiping the model and refusing requests")
+                    self.end()
                     _call(on_lost, "revoked")
                     return
                 wait_s = max(0.0, min(t.watch_s, self.expires_at - self.clock() - t.margin_s))

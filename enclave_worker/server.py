@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 import hmac
 import logging
@@ -168,9 +169,9 @@ async def _boot(state: WorkerState) -> None:
     # The token clients verify is renewed for the worker's whole life (enclave_worker/freshness.py).
     renewal = asyncio.create_task(AttestationRenewal(state).run())
     state.lease = KeyLease(s.broker_url, booted.released, state.identity(), s.ref,
-                           LeaseTiming(lease_s=s.lease_s, watch_s=s.lease_watch_s))
+                           LeaseTiming(lease_s=s.lease_s, watch_s=s.lease_watch_s), clock=state.clock.monotonic)
     try:
-        await state.lease.run(lambda reason: _revoke(state))
+        await state.lease.run(lambda reason: _revoke(state, reason))
     finally:
         renewal.cancel()
 
@@ -194,10 +195,22 @@ def failure_reason(exc: BaseException) -> str:
     return f"boot failed ({type(exc).__name__})"
 
 
-def _revoke(state: WorkerState) -> None:
-    """The key was revoked or its lease ran out: stop serving and wipe every plaintext weight now."""
-    state.status, state.reason = "failed", "data key revoked or its lease ran out"
+LOST_REASONS = {  # a fixed category for the heartbeat and /readyz (the broker's audit log has the cause)
+    "revoked": "data key revoked by the key broker (or the tenant no longer trusts this worker)",
+    "lease-expired": "key lease ran out without a renewal",
+}
+
+
+def _revoke(state: WorkerState, why: str = "") -> None:
+    """The key was revoked, the tenant's trust withdrawn or the lease ran out: stop serving and
+    wipe every plaintext weight now. The heartbeat then says "failed" (the gateway stops routing)."""
+    state.status, state.reason = "failed", LOST_REASONS.get(why, "data key revoked or its lease ran out")
     booted, state.booted = state.booted, None
+    lease = state.lease
+    if lease is not None:
+        lease.end()
+        # Drop the last references to the data key (bytes: Python cannot zero them in place).
+        lease.released = dataclasses.replace(lease.released, data_key=b"")
     if booted is not None:
         booted.wipe()
         asyncio.get_running_loop().create_task(booted.engine.shutdown())

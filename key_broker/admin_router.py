@@ -65,10 +65,12 @@ def put_data_key(tenant: str, model: str, version: str, body: DataKeyUpload,
 
 
 @router.put(T + "/policies")
-def put_policy(tenant: str, body: dict[str, Any] = Body(...), who: Principal = Depends(tenant_manager),
-               admin: TenantAdmin = Depends(get_admin)) -> dict[str, Any]:
+def put_policy(tenant: str, request: Request, body: dict[str, Any] = Body(...),
+               who: Principal = Depends(tenant_manager), admin: TenantAdmin = Depends(get_admin)) -> dict[str, Any]:
     """A release policy envelope signed by the tenant's policy-admin key (policy/release_documents.py)."""
-    return admin.put_policy(who, tenant, body).to_dict()
+    stored = admin.put_policy(who, tenant, body)
+    request.app.state.leases.changes.notify()  # held lease polls appraise their worker again now
+    return stored.to_dict()
 
 
 @router.put(T + "/policy-admin-key")
@@ -104,10 +106,11 @@ def add_refval_key(tenant: str, key_id: str, body: dict[str, Any] = Body(...), w
 
 
 @router.put(T + "/reference-values", response_model=ReferenceValuesResponse)
-def put_reference_values(tenant: str, body: dict[str, Any] = Body(...),
+def put_reference_values(tenant: str, request: Request, body: dict[str, Any] = Body(...),
                          who: Principal = Depends(tenant_manager),
                          admin: TenantAdmin = Depends(get_admin)) -> ReferenceValuesResponse:
     values = admin.put_reference_values(who, tenant, body)
+    request.app.state.leases.changes.notify()  # held lease polls appraise their worker again now
     return ReferenceValuesResponse(id=values.id, version=values.version,
                                    measurements=sorted(values.measurements), digest=values.digest)
 

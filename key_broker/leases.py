@@ -7,13 +7,17 @@ before it reaches the worker's rate-limit bucket, which is keyed by that authent
 
 A renewal may wait (long poll): the broker holds it and answers as soon as the tenant key is
 revoked or the data key removed (pushed by the admin API through `ChangeNotifier`, and re-checked
-every `recheck_s` for changes made elsewhere), else after the wait with a renewed lease. Answers
-carry a MAC under a key derived from the data key, so only this broker can extend a lease.
+every `recheck_s` for changes made elsewhere), else after the wait with a renewed lease. Each
+renewal also appraises the worker's evidence again under the tenant's current release policy and
+the collateral held now (key_broker/lease_appraisal.py): at its start, on every change pushed, and
+every `reappraise_s` while held; a worker the tenant no longer trusts is answered "revoked".
+Answers carry a MAC under a key derived from the data key, so only this broker can extend a lease.
 """
 
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +29,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from attestation.bundle import channel_binding
 from attestation.errors import AttestationError
 from key_broker.errors import KeyBrokerError, RateLimited, ReleaseRefused
+from key_broker.lease_appraisal import Reappraisal, lease_evidence, still_trusted
 from key_broker.service import KeyBrokerService, _reason
 from protocol.broker.client import lease_answer_mac, lease_mac_key, lease_request_payload
 from protocol.model_ref import ModelRef
@@ -36,6 +41,9 @@ class LeaseSettings:
     max_wait_s: float = 30.0  # longest long poll the broker holds
     recheck_s: float = 1.0  # a held poll re-reads revocation state this often (changes made elsewhere)
     max_clock_skew_s: int = 300  # a signed request's time must be this close to the broker's
+    # A held renewal appraises the worker's evidence again at least this often (a CRL or TCB info
+    # imported by another process is seen within it; changes made through the API at once).
+    reappraise_s: float = 10.0
 
 
 @dataclass(frozen=True)
@@ -45,6 +53,7 @@ class LeaseGrant:
     seq: int
     wait_s: float
     mac_key: bytes
+    reappraisal: Reappraisal
 
 
 class ChangeNotifier:
@@ -53,9 +62,11 @@ class ChangeNotifier:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._waiters: set[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = set()
+        self.generation = 0  # counts notifications: a held renewal re-appraises when it moved
 
     def notify(self) -> None:
         with self._lock:
+            self.generation += 1
             waiters = list(self._waiters)
         for loop, event in waiters:
             loop.call_soon_threadsafe(event.set)
@@ -84,7 +95,8 @@ class LeaseBook:
 
     def authenticate(self, body: dict[str, Any]) -> LeaseGrant:
         """Token (signature and scope) -> identity key bound by it -> signature -> freshness ->
-        rate limit per identity. Every refusal is audited and leaves as ReleaseRefused."""
+        rate limit per identity -> the token's evidence. Every refusal is audited and leaves as
+        ReleaseRefused."""
         svc = self.service
         tenant = body["tenant"]
         meta: dict[str, Any] = {"model": body["model"], "version": body["version"]}
@@ -113,6 +125,8 @@ class LeaseBook:
                 self._last_seq[jti] = int(body["seq"])
             # 5. Rate limit by the authenticated worker, never by something public.
             svc._limiter.check("lease", bound)
+            # 6. The evidence the token was issued for, to appraise again (status()).
+            bundle, nonce = lease_evidence(body, claims)
             mac_key = self._mac_key(jti, ref)
         except RateLimited:
             raise
@@ -120,7 +134,8 @@ class LeaseBook:
                 ValueError) as exc:
             raise svc._deny(tenant, "lease", _reason(exc), meta) from exc
         return LeaseGrant(ref, jti, int(body["seq"]),
-                          min(max(float(body["wait_s"]), 0.0), self.settings.max_wait_s), mac_key)
+                          min(max(float(body["wait_s"]), 0.0), self.settings.max_wait_s), mac_key,
+                          Reappraisal(ref, bundle, nonce, jti))
 
     def _mac_key(self, jti: str, ref: ModelRef) -> bytes:
         with self._lock:
@@ -142,7 +157,11 @@ class LeaseBook:
             revoked = svc.keystore.is_revoked(grant.ref.tenant) or not svc.datakeys.exists(grant.ref)
         except KeyBrokerError:
             revoked = True
-        return "revoked" if revoked else "active"
+        if revoked:
+            return "revoked"
+        every = dt.timedelta(seconds=self.settings.reappraise_s)
+        trusted = still_trusted(svc, grant.reappraisal, self.changes.generation, every)
+        return "active" if trusted else "revoked"
 
     def answer(self, grant: LeaseGrant, status: str) -> dict[str, Any]:
         answer: dict[str, Any] = {"token_id": grant.token_id, "seq": grant.seq, "status": status,

@@ -34,6 +34,7 @@ from key_broker.refvals import ReferenceValuesStore
 from key_broker.statefile import StateLedger
 from policy.audit import AuditLog
 from policy.audit.edge import EdgeRefusals
+from policy.decision import Decision
 from policy.errors import PolicyError
 from policy.release import ReleaseFacts, ReleasePolicy, evaluate_release
 from protocol.broker.sealing import release_info, seal
@@ -153,30 +154,7 @@ class KeyBrokerService:
             # 1. The challenge is single use and short-lived: replays and stale bundles stop here.
             challenge = self._challenges.consume(session_id)
             now = self.clock()
-            # 2. Evidence: signatures, chains, binding of nonce + HPKE key + GPU evidence.
-            result = self._verify(bundle, challenge.nonce, now)
-            meta["measurement"] = result.cpu.measurement.hex()
-            if result.workload_id:
-                meta["workload_id"] = result.workload_id
-            meta["gpu_cc"] = bool(result.gpus) and all(g.cc_enabled for g in result.gpus)
-            # 3. The tenant's release policy for this model version, default deny.
-            policy, values = resolve(self.policies, self.refvals, ref)
-            if values is not None:
-                meta.update(reference_values=values.id, reference_values_version=values.version)
-            record = self.datakeys.get(ref)
-            if self.keystore.is_revoked(tenant):
-                raise ReleaseRefused("tenant key is revoked")
-            facts = ReleaseFacts(
-                tenant=tenant, model=model, model_version=version, tee=result.cpu.tee.value,
-                measurement=result.cpu.measurement.hex(), debug=result.cpu.debug, tcb=result.cpu.tcb,
-                gpu_cc=bool(result.gpus) and all(g.cc_enabled for g in result.gpus),
-                insecure=result.insecure, signer=record.signer, tcb_status=result.cpu.tcb_status.value,
-                workload_id=result.workload_id, vmpl=result.vmpl, migration_agent=result.migration_agent,
-            )
-            decision = evaluate_release(self._policy(policy), facts)
-            meta.update(policy_id=decision.policy_id, policy_version=decision.policy_version,
-                        rule=decision.rule)
-            decision.require()
+            result, decision = self.appraise(bundle, challenge.nonce, ref, now, meta)
         except (AttestationError, KeyBrokerError, PolicyError, ValueError) as exc:
             raise self._deny(tenant, "attest", _reason(exc), meta) from exc
         claims = result.token_claims()
@@ -187,6 +165,36 @@ class KeyBrokerService:
         self.audit.append(tenant=tenant, action="attest", decision="allow", reason=decision.rule,
                           metadata=meta)
         return token
+
+    def appraise(self, bundle: EvidenceBundle, nonce: bytes, ref: ModelRef, now: dt.datetime,
+                 meta: dict[str, Any]) -> tuple[AttestationResult, Decision]:
+        """Verify `bundle` as of `now` (under the collateral held now: CRLs, TCB info) and decide
+        under the tenant's CURRENT release policy. Used at attestation and again at every lease
+        renewal (key_broker/lease_appraisal.py). Raises on any failure; `meta` gathers the audit fields."""
+        # Evidence: signatures, chains, revocation, binding of nonce + HPKE key + GPU evidence.
+        result = self._verify(bundle, nonce, now)
+        meta["measurement"] = result.cpu.measurement.hex()
+        if result.workload_id:
+            meta["workload_id"] = result.workload_id
+        meta["gpu_cc"] = bool(result.gpus) and all(g.cc_enabled for g in result.gpus)
+        # The tenant's release policy for this model version, default deny.
+        policy, values = resolve(self.policies, self.refvals, ref)
+        if values is not None:
+            meta.update(reference_values=values.id, reference_values_version=values.version)
+        record = self.datakeys.get(ref)
+        if self.keystore.is_revoked(ref.tenant):
+            raise ReleaseRefused("tenant key is revoked")
+        facts = ReleaseFacts(
+            tenant=ref.tenant, model=ref.model, model_version=ref.version, tee=result.cpu.tee.value,
+            measurement=result.cpu.measurement.hex(), debug=result.cpu.debug, tcb=result.cpu.tcb,
+            gpu_cc=bool(result.gpus) and all(g.cc_enabled for g in result.gpus),
+            insecure=result.insecure, signer=record.signer, tcb_status=result.cpu.tcb_status.value,
+            workload_id=result.workload_id, vmpl=result.vmpl, migration_agent=result.migration_agent,
+        )
+        decision = evaluate_release(self._policy(policy), facts)
+        meta.update(policy_id=decision.policy_id, policy_version=decision.policy_version, rule=decision.rule)
+        decision.require()
+        return result, decision
 
     def _scoped_claims(self, claims: AttestationClaims, ref: ModelRef, meta: dict[str, Any]) -> TokenScope:
         scope = claims.require_scope(ref)

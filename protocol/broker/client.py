@@ -188,12 +188,16 @@ async def renew_lease(client: httpx.AsyncClient, released: ReleasedKey, identity
                       ref: ModelRef, *, seq: int, wait_s: float,
                       mac_key: bytes) -> LeaseAnswer:
     """One renewal. With wait_s > 0 the broker holds the request (long poll) and answers at once
-    when the key is revoked, else after wait_s with a renewed lease. Raises on any failure."""
+    when the key is revoked or the worker no longer passes the tenant's release policy, else after
+    wait_s with a renewed lease. Raises on any failure."""
     body = {**ref.as_dict(), "tls_spki": identity.tls_spki.hex(),
             "identity_key": identity.public_key.hex(), "seq": seq, "at": int(time.time()),
             "wait_s": float(wait_s)}
     body["signature"] = identity.signing_key.sign(lease_request_payload(body, released.token_id)).hex()
-    response = await client.post("/v1/lease", json={**body, "token": released.token})
+    # The evidence the token was issued for rides along (not signed: the broker takes it only if its
+    # digest is the token's), so each renewal is appraised again under the tenant's current policy.
+    response = await client.post("/v1/lease", json={**body, "token": released.token,
+                                                    "evidence": released.bundle.to_json()})
     if response.status_code == 403:
         raise BrokerRefused("the key broker refused the lease renewal")
     if response.status_code == 429:

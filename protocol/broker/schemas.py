@@ -79,6 +79,9 @@ class LeaseRequest(KeyRequest):
     at: int = Field(ge=0, le=2**40)
     wait_s: float = Field(ge=0, le=3600)
     signature: str = Field(min_length=128, max_length=128, pattern=r"^[0-9a-f]{128}$")
+    # The evidence bundle the token was issued for: the broker appraises it again at each renewal
+    # (key_broker/lease_appraisal.py); a renewal without it is refused.
+    evidence: dict[str, Any] | None = None
 
 
 class LeaseResponse(Strict):

@@ -17,6 +17,13 @@ DATA_KEY = bytes(range(32))
 TOKEN_ID = "jti-under-test"
 
 
+class NoEvidence:
+    """The evidence a worker sends with each renewal; the stub appraises nothing."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {}
+
+
 def answer(body: dict[str, Any], status: str, mac_key: bytes, **override: Any) -> dict[str, Any]:
     doc = {"token_id": TOKEN_ID, "seq": body["seq"], "status": status, "lease_s": 60 if status == "active" else 0}
     doc["mac"] = lease_answer_mac(mac_key, doc)

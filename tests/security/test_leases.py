@@ -56,7 +56,7 @@ def signed_body(released: Any, identity: WorkerIdentity, seq: int, **override: A
             "at": int(time.time()), "wait_s": 0.0}
     body.update(override)
     body["signature"] = identity.signing_key.sign(lease_request_payload(body, released.token_id)).hex()
-    return {**body, "token": released.token}
+    return {**body, "token": released.token, "evidence": released.bundle.to_json()}
 
 
 def test_the_attested_worker_renews_its_lease(kb: Harness) -> None:
