@@ -102,6 +102,7 @@ def to_claims(verified: VerifiedGpu, index: int) -> GpuClaims:
         fwid=ev.fwid,
         ueid=verified.ueid,
         rim_matched=verified.rim_matched,
+        ocsp_status=verified.ocsp_status.value,
     )
 
 
