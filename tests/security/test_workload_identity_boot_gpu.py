@@ -127,7 +127,8 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "key_broker", "--data-dir", str(home.broker), "--port", str(port),
          "--roots-dir", str(platform.root / "roots"), "--collateral-dir", str(platform.root / "collateral"),
-         "--collateral-offline", "--tee", "sim", "--sim-platform-signing-key", str(home.sim_key), "--unsafe-sim-reseal"],
+         "--collateral-offline",
+         "--tee", "sim", "--sim-platform-signing-key", str(home.sim_key), "--unsafe-sim-reseal"],
         stdout=open(root / "broker.log", "wb"), stderr=subprocess.STDOUT,  # noqa: SIM115
         env={**os.environ, "PYTHONUNBUFFERED": "1"})
     url = f"http://127.0.0.1:{port}"
