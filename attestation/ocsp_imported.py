@@ -20,6 +20,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from cryptography import x509
+from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import hashes
 from cryptography.x509 import ocsp
 
@@ -40,8 +41,15 @@ def parse_ocsp_response(data: bytes) -> ocsp.OCSPResponse:
         raise ParseError(f"not a DER OCSP response: {exc}") from exc
     if resp.response_status != ocsp.OCSPResponseStatus.SUCCESSFUL:
         raise ParseError(f"OCSP response status is {resp.response_status.name}, not SUCCESSFUL")
-    if len(list(resp.responses)) != 1:
-        raise ParseError("an imported OCSP response must answer for exactly one certificate")
+    try:
+        if len(list(resp.responses)) != 1:
+            raise ParseError("an imported OCSP response must answer for exactly one certificate")
+        # Read every field used later once here, so an unsupported hash or odd field is a ParseError
+        # at import rather than an untyped error in the middle of a verification.
+        _ = (resp.hash_algorithm, resp.signature_hash_algorithm, resp.certificate_status, resp.this_update_utc,
+             resp.next_update_utc, resp.serial_number)
+    except (ValueError, UnsupportedAlgorithm) as exc:
+        raise ParseError(f"OCSP response cannot be read: {exc}") from exc
     return resp
 
 

@@ -168,7 +168,8 @@ def test_the_declared_boot_and_gpu_get_the_key_and_pass_the_client(broker: Broke
     assert len(release(broker, tee, Launch())) == 32
     client_verifies(broker.platform, tee, Launch())
     allowed = [r for r in audit_records(broker.home) if r["action"] == "attest" and r["decision"] == "allow"]
-    assert allowed[-1]["metadata"]["gpu_cc"] is True
+    meta = allowed[-1]["metadata"]
+    assert (meta["gpu_cc"], meta["gpu_rim_matched"], meta["gpu_ocsp_good"]) == (True, True, True)
 
 
 @pytest.mark.parametrize(("name", "launch", "tee", "reason", "error", "text"), ROWS, ids=[r[0] for r in ROWS])
@@ -180,6 +181,8 @@ def test_refused_at_the_broker_and_at_the_client(broker: Broker, name: str, laun
     records = audit_records(broker.home)[before:]
     assert [(r["action"], r["decision"]) for r in records] == [("attest", "deny")], records
     assert reason in records[0]["reason"], records[0]["reason"]
+    if "GPU measurements" in reason:  # verified, appraised and refused: the audit says what the GPU was
+        assert (records[0]["metadata"]["gpu_rim_matched"], records[0]["metadata"]["gpu_ocsp_good"]) == (False, True)
     with pytest.raises(error) as refused:
         client_verifies(broker.platform, tee, launch)
     assert text in str(refused.value), str(refused.value)
