@@ -42,7 +42,9 @@ def with_kernel_cmdline(log: bytes, cmdline: str) -> bytes:
     text = cmdline.encode()
     events[found[0]] = CcEvent(old.mr_index, old.event_type, {SHA384_ALG_ID: hashlib.sha384(text).digest()},
                                CMDLINE_PREFIX + text + b"\x00")
-    return encode_cc_event_log(log[:_header_length(log)], events)
+    out = encode_cc_event_log(log[:_header_length(log)], events)
+    # Keep the log area's size and padding (the ACPI CCEL table gives its length).
+    return out.ljust(len(log), log[-1:] or b"\xff") if len(out) < len(log) else out
 
 
 def kernel_cmdline(log: bytes) -> str:
