@@ -125,9 +125,15 @@ def appraise(claims: AttestationClaims | ResultClaims | Mapping[str, Any], polic
     if policy.allowed_rtmrs is not None and result.tee == "tdx" and not _rtmrs_allowed(policy.allowed_rtmrs,
                                                                                        result.rtmrs):
         violations.append("TDX RTMRs (kernel, initrd, command line) are not an allowed set")
-    if policy.require_gpu_rim_match and (not result.gpus or not all(g.rim_matched for g in result.gpus)):
-        violations.append("GPU measurements do not match the imported RIMs for every GPU")
-    if policy.require_gpu_ocsp_good and (not result.gpus or not all(g.ocsp_status == "good" for g in result.gpus)):
-        violations.append("GPU certificate status is not OCSP 'good' for every GPU")
+    if (policy.require_gpu_rim_match or policy.require_gpu_ocsp_good) and not result.gpus:
+        violations.append("no GPU evidence to appraise against RIMs and OCSP")
+    for g in result.gpus if policy.require_gpu_rim_match else ():
+        if g.rim_matched is False:
+            violations.append(f"GPU measurements do not match the imported RIMs (GPU {g.index})")
+        elif g.rim_matched is None:
+            violations.append(f"no imported driver and VBIOS RIMs for GPU {g.index}'s versions")
+    for g in result.gpus if policy.require_gpu_ocsp_good else ():
+        if g.ocsp_status != "good":
+            violations.append(f"GPU {g.index} certificate status is OCSP {g.ocsp_status!r}, not 'good'")
     if violations:
         raise PolicyViolation(violations)

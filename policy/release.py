@@ -293,7 +293,8 @@ def compile_release(rp: ReleasePolicy) -> str:
                "TDX RTMRs (kernel, initrd, command line as the CC event log replays them) are not an allowed set")
     if rp.require_gpu_rim_match:
         forbid("gpu_rim", "!context.gpu_rim_matched",
-               "GPU measurements do not match the imported RIMs (or no GPU, or no RIM for its versions)")
+               "GPU measurements do not match the imported RIMs (or no GPU, or no driver and VBIOS RIMs for "
+               "its versions)")
     if rp.require_gpu_ocsp_good:
         forbid("gpu_ocsp", "!context.gpu_ocsp_good",
                "GPU certificate status is not OCSP good (no GPU, or no fresh imported OCSP answer)")

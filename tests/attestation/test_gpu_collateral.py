@@ -139,6 +139,21 @@ def test_the_verifier_appraises_gpus_with_the_imported_collateral(platform: Fake
     assert (gpu["rim_matched"], gpu["ocsp_status"]) == (None, "unknown")
 
 
+def test_a_gpu_is_matched_only_against_both_its_driver_and_vbios_rims(platform: FakePlatform, tmp_path: Path) -> None:
+    """An operator who imports only the VBIOS RIM must not get a modified driver through."""
+    store = CollateralStore(CollateralConfig(tmp_path / "store", offline=True))
+    for f in sorted((platform.root / "bundle").rglob("*")):
+        if f.is_file() and f.name != "rim-driver.xml":
+            store.import_file(f.read_bytes(), f.name)
+    bundle, nonce = _bundle(platform, 0)
+    result = verify_bundle(bundle, expected_nonce=nonce, now=NOW, trust=_trust(platform, tmp_path / "store"))
+    assert (result.gpus[0].rim_matched, result.gpus[0].ocsp_status) == (None, "good")
+    policy = AppraisalPolicy(allowed_tee=frozenset({"tdx"}), allowed_measurements=frozenset({"7d" * 48}),
+                             require_gpu_rim_match=True)
+    with pytest.raises(PolicyViolation, match="no imported driver and VBIOS RIMs for GPU 0"):
+        appraise(result.token_claims(), policy)
+
+
 def test_the_client_policy_refuses_what_the_release_policy_refuses(platform: FakePlatform) -> None:
     trust = _trust(platform, platform.root / "collateral")
     expected = {f"rtmr{i}": r.hex() for i, r in enumerate(replay_rtmrs(parse_cc_event_log(CCEL)))}
