@@ -38,6 +38,7 @@ class GpuClaims:
     fwid: bytes
     ueid: str
     rim_matched: bool | None = None  # None: no RIM was provided
+    ocsp_status: str = "unknown"  # attestation.ocsp.OcspStatus over the device (and RIM) chains
 
 
 @dataclass(frozen=True)

@@ -4,8 +4,8 @@ an offline mode:
 * AMD KDS (attestation.kds): VCEK/VLEK certificates and the CRLs, under `<dir>/amd`;
 * Intel PCS (attestation.tdx.pcs): TDX tcbInfo, QE identity, their signing chain and the CRLs,
   under `<dir>/intel`;
-* NVIDIA: RIMs (the RIM service) and OCSP answers, under `<dir>/nvidia` (imported; the verifier
-  checks them when present).
+* NVIDIA: RIMs (the RIM service; one per driver or VBIOS version) and signed OCSP answers for the
+  GPU and RIM certificate chains, under `<dir>/nvidia` (imported only: `attestation.nvgpu.collateral`).
 
 Online, a missing or stale piece is fetched; offline (`offline=True`, brokers with no internet)
 only what was imported (`sealed attest collateral import`) is used. Nothing here is trusted: the
@@ -25,9 +25,13 @@ from typing import Any
 
 import httpx
 from cryptography import x509
+from cryptography.x509 import ocsp
 
-from attestation.errors import AttestationError, CollateralError
+from attestation.errors import AttestationError, CollateralError, ParseError
 from attestation.kds import KDS_BASE, KdsConfig, KdsFetcher, crl_path
+from attestation.nvgpu.collateral import GpuCollateralDir, ocsp_file_name, rim_file_name
+from attestation.nvgpu.rim import parse_rim
+from attestation.ocsp_imported import parse_ocsp_response
 from attestation.snp.certs import VekKind
 from attestation.snp.tcb import Product
 from attestation.tdx.pcs import PCS_BASE, CollateralKind, PcsFetcher, _crl_der, _json_top, classify_collateral
@@ -110,6 +114,11 @@ class CollateralStore:
         return self._kds
 
     @property
+    def nvidia(self) -> GpuCollateralDir:
+        """attestation.nvgpu.GpuCollateralSource: imported RIMs and OCSP answers (read per use)."""
+        return GpuCollateralDir(self.config.root / "nvidia")
+
+    @property
     def tdx(self) -> PcsFetcher:
         """attestation.tdx.CollateralSource: tcbInfo, QE identity, CRLs for an FMSPC."""
         return self._pcs
@@ -127,11 +136,14 @@ class CollateralStore:
             if target is not None:
                 self._kds.seed(crl_path(*target), der)
                 return self._item("amd", self._kds.cache_file(crl_path(*target)))  # type: ignore[arg-type]
-        if data.lstrip().startswith(b"<"):
-            dest = self.config.root / "nvidia" / f"rim-{hashlib.sha256(data).hexdigest()[:16]}.xml"
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            dest.write_bytes(data)
-            return self._item("nvidia", dest)
+        if data.lstrip().startswith(b"<"):  # an NVIDIA RIM (SWID XML); one per version
+            return self._put_nvidia(rim_file_name(data), data)
+        if _is_ocsp_response(data):  # an OCSP answer for a GPU or RIM certificate
+            try:
+                parse_ocsp_response(data)
+            except ParseError as exc:
+                raise CollateralError(f"{name or 'input'}: {exc}") from exc
+            return self._put_nvidia(ocsp_file_name(data), data)
         try:
             kind = classify_collateral(data)
         except CollateralError as exc:
@@ -140,6 +152,12 @@ class CollateralStore:
         dest.parent.mkdir(parents=True, exist_ok=True)
         dest.write_bytes(data)
         return self._item("intel", dest)
+
+    def _put_nvidia(self, file_name: str, data: bytes) -> CollateralItem:
+        dest = self.config.root / "nvidia" / file_name
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_bytes(data)
+        return self._item("nvidia", dest)
 
     def import_dir(self, bundle: Path) -> list[CollateralItem]:
         files = [p for p in sorted(bundle.rglob("*")) if p.is_file()]
@@ -197,7 +215,7 @@ class CollateralStore:
         data = path.read_bytes()
         try:
             if source == "nvidia":
-                return CollateralItem(source, "rim", path.name, "", None, None)
+                return _nvidia_item(path, data)
             der = _crl_der(data) if source == "amd" or not data.lstrip().startswith((b"{", b"-----")) else None
             if der is not None:
                 crl = load_crl(der)
@@ -218,6 +236,22 @@ class CollateralStore:
         except (AttestationError, ValueError):
             pass
         return CollateralItem(source, "unknown", path.name, "", None, None)
+
+
+def _is_ocsp_response(data: bytes) -> bool:
+    try:
+        ocsp.load_der_ocsp_response(data)
+    except ValueError:
+        return False
+    return True
+
+
+def _nvidia_item(path: Path, data: bytes) -> CollateralItem:
+    if path.name.endswith(".xml"):
+        return CollateralItem("nvidia", "rim", path.name, parse_rim(data).version, None, None)
+    resp = parse_ocsp_response(data)
+    subject = f"serial {resp.serial_number:x}: {resp.certificate_status.name.lower()}"
+    return CollateralItem("nvidia", "ocsp", path.name, subject, resp.this_update_utc, resp.next_update_utc)
 
 
 def status_json(items: list[CollateralItem], now: dt.datetime) -> str:

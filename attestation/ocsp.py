@@ -105,7 +105,7 @@ class ResponderOcspChecker:
             raise ChainError(f"OCSP response is malformed: {exc}") from exc
         if resp.response_status != ocsp.OCSPResponseStatus.SUCCESSFUL:
             raise ChainError(f"OCSP responder answered {resp.response_status.name}")
-        self._check_signer(resp, issuer, now)
+        verify_response_signer(resp, issuer, now)
         if resp.serial_number != cert.serial_number or resp.issuer_key_hash != request.issuer_key_hash:
             raise ChainError("OCSP response is for a different certificate")
         try:
@@ -124,22 +124,24 @@ class ResponderOcspChecker:
             return OcspStatus.GOOD
         return OcspStatus.UNKNOWN
 
-    @staticmethod
-    def _check_signer(resp: ocsp.OCSPResponse, issuer: x509.Certificate, now: dt.datetime) -> None:
-        for responder in resp.certificates:
-            if responder.issuer != issuer.subject:
-                continue
-            try:
-                responder.verify_directly_issued_by(issuer)
-                eku = responder.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
-            except (InvalidSignature, ValueError, TypeError, x509.ExtensionNotFound):
-                continue
-            if ExtendedKeyUsageOID.OCSP_SIGNING in eku and (
-                responder.not_valid_before_utc <= now <= responder.not_valid_after_utc
-            ):
-                _verify_signed_by(resp, responder)
-                return
-        _verify_signed_by(resp, issuer)
+
+def verify_response_signer(resp: ocsp.OCSPResponse, issuer: x509.Certificate, now: dt.datetime) -> None:
+    """RFC 6960 section 4.2.2.2: signed by the certificate's issuer itself, or by a responder
+    certificate the issuer signed for OCSPSigning (valid at `now`); raises ChainError otherwise."""
+    for responder in resp.certificates:
+        if responder.issuer != issuer.subject:
+            continue
+        try:
+            responder.verify_directly_issued_by(issuer)
+            eku = responder.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+        except (InvalidSignature, ValueError, TypeError, x509.ExtensionNotFound):
+            continue
+        if ExtendedKeyUsageOID.OCSP_SIGNING in eku and (
+            responder.not_valid_before_utc <= now <= responder.not_valid_after_utc
+        ):
+            _verify_signed_by(resp, responder)
+            return
+    _verify_signed_by(resp, issuer)
 
 
 def check_chain_ocsp(chain: Sequence[x509.Certificate], checker: OcspChecker, now: dt.datetime) -> OcspStatus:

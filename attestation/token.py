@@ -64,6 +64,7 @@ class GpuClaim:
     arch: str
     cc_enabled: bool
     rim_matched: bool | None
+    ocsp_status: str = "unknown"  # "good" only when every certificate of its chains was answered good
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,7 @@ class ResultClaims:
     workload_id: str = ""  # the init-data digest (SNP HOST_DATA, TDX MRCONFIGID), lower-case hex
     vmpl: int = 0
     migration_agent: bool = False
+    rtmrs: tuple[str, ...] = ()  # TDX RTMR0..3, lower-case hex; () for other TEEs
 
     @classmethod
     def from_claims(cls, claims: Mapping[str, Any]) -> ResultClaims:
@@ -92,10 +94,12 @@ class ResultClaims:
                 tcb={str(k): int(v) for k, v in (claims.get("tcb") or {}).items()}, debug=bool(claims.get("debug")),
                 gpus=tuple(GpuClaim(index=int(g.get("index", i)), arch=str(g.get("arch", "")),
                                     cc_enabled=bool(g.get("cc_enabled")),
-                                    rim_matched=None if g.get("rim_matched") is None else bool(g["rim_matched"]))
+                                    rim_matched=None if g.get("rim_matched") is None else bool(g["rim_matched"]),
+                                    ocsp_status=str(g.get("ocsp_status") or "unknown"))
                            for i, g in enumerate(claims.get("gpus") or [])),
                 workload_id=str(claims.get("workload_id") or "").lower(), vmpl=int(claims.get("vmpl") or 0),
                 migration_agent=bool(claims.get("migration_agent")),
+                rtmrs=tuple(str(r).lower() for r in claims.get("rtmrs") or ()),
             )
         except (TypeError, ValueError, AttributeError) as exc:
             raise TokenError(f"attestation result claims are malformed: {exc}") from exc

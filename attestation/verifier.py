@@ -31,6 +31,9 @@ class VerifierTrust:
     sim_platform_key: Ed25519PublicKey | None = None
     snp_fetcher: Any = None  # attestation.snp.CollateralFetcher (KDS, cached/offline); None: certs in bundle
     tdx_collateral: Any = None  # attestation.tdx.CollateralSource, e.g. attestation.tdx.pcs.PcsFetcher
+    # attestation.nvgpu.GpuCollateralSource: imported RIMs and OCSP answers (CollateralStore.nvidia);
+    # None: GPUs are verified without them (no RIM comparison, every OCSP status "unknown").
+    gpu_collateral: Any = None
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,13 @@ class AttestationResult:
         return int(self.cpu.extra.get("vmpl", "0"))
 
     @property
+    def rtmrs(self) -> tuple[str, ...]:
+        """TDX RTMR0..3 from the signed quote (hex), which the CC event log, when sent, replays to."""
+        if self.cpu.tee is not TeeType.TDX:
+            return ()
+        return tuple(self.cpu.extra[f"rtmr{i}"] for i in range(4))
+
+    @property
     def migration_agent(self) -> bool:
         """SNP: a migration agent may be bound (GUEST_POLICY.MIGRATE_MA); TDX: TDATTRIBUTES.MIGRATABLE."""
         return self.cpu.extra.get("migrate_ma", self.cpu.extra.get("migratable", "false")) == "true"
@@ -72,6 +82,7 @@ class AttestationResult:
             "workload_id": self.workload_id,
             "vmpl": self.vmpl,
             "migration_agent": self.migration_agent,
+            **({"rtmrs": list(self.rtmrs)} if self.rtmrs else {}),
             "report_data": self.cpu.report_data.hex(),
             "runtime_data": {"nonce": self.nonce.hex(), "hpke_public_key": self.hpke_public_key.hex(),
                              "channel_binding": self.channel_binding.hex()},
@@ -84,6 +95,7 @@ class AttestationResult:
                     "vbios_version": g.vbios_version,
                     "ueid": g.ueid,
                     "rim_matched": g.rim_matched,
+                    "ocsp_status": g.ocsp_status,
                 }
                 for g in self.gpus
             ],
@@ -146,10 +158,16 @@ def _verify_gpus(bundle: EvidenceBundle, now: dt.datetime, trust: VerifierTrust)
         return ()
     from attestation import nvgpu
 
-    # Every GPU must answer the same nonce as the CPU evidence, each with its own device key.
+    # Every GPU must answer the same nonce as the CPU evidence, each with its own device key. With
+    # imported collateral, each is also compared with the RIMs for its driver and VBIOS versions
+    # and its chains' OCSP answers are checked (a REVOKED answer fails verification here).
+    options = nvgpu.GpuVerifyOptions(roots_dir=trust.roots_dir)
+    if trust.gpu_collateral is not None:
+        collateral = trust.gpu_collateral.load()
+        options = nvgpu.GpuVerifyOptions(roots_dir=trust.roots_dir, ocsp=collateral.ocsp,
+                                         rims=collateral.rims_for([g.evidence for g in bundle.gpus]))
     verified = nvgpu.verify_gpu_list([(g.evidence, g.certificate_chain) for g in bundle.gpus],
-                                     nonce=bundle.runtime_data.nonce, now=now,
-                                     options=nvgpu.GpuVerifyOptions(roots_dir=trust.roots_dir))
+                                     nonce=bundle.runtime_data.nonce, now=now, options=options)
     return tuple(nvgpu.to_claims(v, i) for i, v in enumerate(verified))
 
 

@@ -158,10 +158,10 @@ def build_service(settings: BrokerSettings, *, clock: Callable[[], dt.datetime] 
     except BaseException:
         audit.close()
         raise
-    snp_fetcher = tdx_collateral = None
+    snp_fetcher = tdx_collateral = gpu_collateral = None
     if settings.collateral_dir is not None:
         store = CollateralStore(CollateralConfig(settings.collateral_dir, offline=settings.collateral_offline))
-        snp_fetcher, tdx_collateral = store.snp, store.tdx
+        snp_fetcher, tdx_collateral, gpu_collateral = store.snp, store.tdx, store.nvidia
     else:
         log.warning("no collateral store configured: TDX evidence is refused and SNP CRLs are not checked")
     return KeyBrokerService(
@@ -171,7 +171,7 @@ def build_service(settings: BrokerSettings, *, clock: Callable[[], dt.datetime] 
         refvals=ReferenceValuesStore(data_dir, ledger),
         receipts=ReceiptBook(data_dir, receipt_key),
         trust=VerifierTrust(roots_dir=settings.roots_dir, sim_platform_key=sim_key, snp_fetcher=snp_fetcher,
-                            tdx_collateral=tdx_collateral),
+                            tdx_collateral=tdx_collateral, gpu_collateral=gpu_collateral),
         issuer=issuer,
         audit=audit,
         state=ledger,

@@ -177,6 +177,11 @@ class KeyBrokerService:
         if result.workload_id:
             meta["workload_id"] = result.workload_id
         meta["gpu_cc"] = bool(result.gpus) and all(g.cc_enabled for g in result.gpus)
+        # What the imported NVIDIA collateral said of every GPU (a RIM match, OCSP "good").
+        rim_matched = bool(result.gpus) and all(g.rim_matched for g in result.gpus)
+        ocsp_good = bool(result.gpus) and all(g.ocsp_status == "good" for g in result.gpus)
+        if result.gpus:
+            meta.update(gpu_rim_matched=rim_matched, gpu_ocsp_good=ocsp_good)
         # The tenant's release policy for this model version, default deny.
         policy, values = resolve(self.policies, self.refvals, ref)
         if values is not None:
@@ -190,6 +195,7 @@ class KeyBrokerService:
             gpu_cc=bool(result.gpus) and all(g.cc_enabled for g in result.gpus),
             insecure=result.insecure, signer=record.signer, tcb_status=result.cpu.tcb_status.value,
             workload_id=result.workload_id, vmpl=result.vmpl, migration_agent=result.migration_agent,
+            rtmrs=result.rtmrs, gpu_rim_matched=rim_matched, gpu_ocsp_good=ocsp_good,
         )
         decision = evaluate_release(self._policy(policy), facts)
         meta.update(policy_id=decision.policy_id, policy_version=decision.policy_version, rule=decision.rule)

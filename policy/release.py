@@ -18,6 +18,8 @@ from policy.compile import cedar_rule
 from policy.decision import Decision
 from policy.engine import CedarPolicies, authorize, cedar_set, cedar_str, cedar_uid, compile_cedar, uid
 from policy.errors import PolicyInvalid
+from policy.rtmrs import NAMES as RTMR_NAMES
+from policy.rtmrs import RtmrSet, cedar_allowed, parse_rtmr_sets, rtmr_sets_json
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +84,14 @@ class ReleasePolicy:
     acceptable_tcb_status: frozenset[str] | None = None
     max_vmpl: int = 0  # SNP: the report must come from VMPL 0 unless a policy says otherwise
     allow_migration_agent: bool = False  # SNP MIGRATE_MA / TDX MIGRATABLE: refused unless allowed
+    # TDX boot chains allowed (policy/rtmrs.py): sets of RTMR values, as `sealed measure` and the CC
+    # event log give them; None: not named (any kernel, initrd and command line under the MRTD).
+    allowed_rtmrs: frozenset[RtmrSet] | None = None
+    # Every GPU's measurements match the imported RIMs for its driver and VBIOS versions, and every
+    # certificate of its device and RIM chains has an imported OCSP answer "good" (a "revoked"
+    # answer fails verification whatever the policy). Both need GPU evidence: none is refused.
+    require_gpu_rim_match: bool = False
+    require_gpu_ocsp_good: bool = False
 
     def __post_init__(self) -> None:
         if not self.policy_id or not self.tenant or not self.model:
@@ -98,7 +108,8 @@ class ReleasePolicy:
         for name, floor in self.min_tcb.items():
             if type(floor) is not int or floor < 0:
                 raise PolicyInvalid(f"min_tcb[{name!r}] must be a non-negative int")
-        for flag in ("allow_debug", "require_gpu_cc", "unsafe_allow_simulated_tee", "unsafe_allow_gpu_cc_off"):
+        for flag in ("allow_debug", "require_gpu_cc", "unsafe_allow_simulated_tee", "unsafe_allow_gpu_cc_off",
+                     "require_gpu_rim_match", "require_gpu_ocsp_good"):
             if type(getattr(self, flag)) is not bool:
                 raise PolicyInvalid(f"{flag} must be a bool")
         object.__setattr__(self, "allowed_tee", tees)
@@ -115,6 +126,8 @@ class ReleasePolicy:
             raise PolicyInvalid("max_vmpl must be an int from 0 to 3")
         if type(self.allow_migration_agent) is not bool:
             raise PolicyInvalid("allow_migration_agent must be a bool")
+        if self.allowed_rtmrs is not None:
+            object.__setattr__(self, "allowed_rtmrs", parse_rtmr_sets(self.allowed_rtmrs))
         if self.unsafe_allow_gpu_cc_off and self.require_gpu_cc:
             raise PolicyInvalid("unsafe_allow_gpu_cc_off contradicts require_gpu_cc")
         if self.unsafe_allow_gpu_cc_off:
@@ -185,6 +198,9 @@ class ReleasePolicy:
                if self.acceptable_tcb_status is not None else {}),
             **({"max_vmpl": self.max_vmpl} if self.max_vmpl else {}),
             **({"allow_migration_agent": True} if self.allow_migration_agent else {}),
+            **({"allowed_rtmrs": rtmr_sets_json(self.allowed_rtmrs)} if self.allowed_rtmrs is not None else {}),
+            **({"require_gpu_rim_match": True} if self.require_gpu_rim_match else {}),
+            **({"require_gpu_ocsp_good": True} if self.require_gpu_ocsp_good else {}),
         }
 
 
@@ -206,6 +222,9 @@ class ReleaseFacts:
     workload_id: str = ""  # hex: the init-data digest the hardware carries ("" for sim)
     vmpl: int = 0
     migration_agent: bool = False
+    rtmrs: tuple[str, ...] = ()  # TDX RTMR0..3 (hex) from the signed quote; () for other TEEs
+    gpu_rim_matched: bool = False  # at least one GPU, and every GPU matched its RIMs
+    gpu_ocsp_good: bool = False  # at least one GPU, and every GPU's chains answered "good"
 
 
 def _context(policy: ReleasePolicy, facts: ReleaseFacts) -> dict[str, Any]:
@@ -216,6 +235,9 @@ def _context(policy: ReleasePolicy, facts: ReleaseFacts) -> dict[str, Any]:
         "insecure": bool(facts.insecure), "signer": facts.signer or "",
         "tcb_status": facts.tcb_status, "workload_id": facts.workload_id.lower(), "vmpl": int(facts.vmpl),
         "migration_agent": bool(facts.migration_agent),
+        **{name: (facts.rtmrs[i].lower() if len(facts.rtmrs) == len(RTMR_NAMES) else "")
+           for i, name in enumerate(RTMR_NAMES)},
+        "gpu_rim_matched": bool(facts.gpu_rim_matched), "gpu_ocsp_good": bool(facts.gpu_ocsp_good),
     }
 
 
@@ -266,6 +288,16 @@ def compile_release(rp: ReleasePolicy) -> str:
         forbid("debug", "context.debug", "worker runs in debug mode")
     if rp.require_gpu_cc:
         forbid("gpu_cc", "!context.gpu_cc", "GPU confidential computing is off")
+    if rp.allowed_rtmrs is not None:
+        forbid("rtmrs", f'context.tee == "tdx" && !{cedar_allowed(rp.allowed_rtmrs)}',
+               "TDX RTMRs (kernel, initrd, command line as the CC event log replays them) are not an allowed set")
+    if rp.require_gpu_rim_match:
+        forbid("gpu_rim", "!context.gpu_rim_matched",
+               "GPU measurements do not match the imported RIMs (or no GPU, or no driver and VBIOS RIMs for "
+               "its versions)")
+    if rp.require_gpu_ocsp_good:
+        forbid("gpu_ocsp", "!context.gpu_ocsp_good",
+               "GPU certificate status is not OCSP good (no GPU, or no fresh imported OCSP answer)")
     if rp.required_signer is not None:
         forbid("signer", f"context.signer != {cedar_str(rp.required_signer)}",
                "model signer is not the required signer")

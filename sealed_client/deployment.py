@@ -85,12 +85,12 @@ class ClientTrust:
     def evidence_trust(self) -> VerifierTrust:
         """What the client verifies hardware evidence with (attestation.verifier, as the key broker)."""
         sim = Ed25519PublicKey.from_public_bytes(self.sim_platform_key) if self.sim_platform_key else None
-        snp = tdx = None
+        snp = tdx = gpu = None
         if self.collateral_dir is not None:
             store = CollateralStore(CollateralConfig(self.collateral_dir, offline=True))
-            snp, tdx = store.snp, store.tdx
+            snp, tdx, gpu = store.snp, store.tdx, store.nvidia
         return VerifierTrust(roots_dir=self.unsafe_roots_dir, sim_platform_key=sim, snp_fetcher=snp,
-                             tdx_collateral=tdx)
+                             tdx_collateral=tdx, gpu_collateral=gpu)
 
     @property
     def attests_broker(self) -> bool:

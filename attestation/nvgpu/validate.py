@@ -101,8 +101,17 @@ def to_claims(verified: VerifiedGpu, index: int) -> GpuClaims:
         vbios_version=ev.vbios_version,
         fwid=ev.fwid,
         ueid=verified.ueid,
-        rim_matched=verified.rim_matched,
+        rim_matched=_rim_claim(verified),
+        ocsp_status=verified.ocsp_status.value,
     )
+
+
+def _rim_claim(v: VerifiedGpu) -> bool | None:
+    """False when a RIM mismatches; True only when both a driver and a VBIOS RIM were compared, as
+    nvtrust appraises (with one alone, the other's measurements would pass unchecked); else None."""
+    if v.rim_matched is False:
+        return False
+    return True if v.rim_matched and {r.kind for r in v.rim_results} >= {"driver", "vbios"} else None
 
 
 def _version_ok(value: str, allowed: frozenset[str], minimum: str | None, key: Any) -> bool | None:
@@ -138,11 +147,11 @@ def _gpu_violations(v: VerifiedGpu, claims: GpuClaims, policy: Policy) -> list[s
         out.append(f"{tag}: VBIOS version {claims.vbios_version} is not allowed")
     if policy.require_rim_match:
         kinds = {r.kind for r in v.rim_results}
-        if claims.rim_matched is None:
+        if v.rim_matched is None:  # the claim is None for one kind alone too; say which is missing
             out.append(f"{tag}: no RIM was provided to appraise the measurements")
         else:
             out.extend(f"{tag}: no {k} RIM was provided" for k in ("driver", "vbios") if k not in kinds)
-        if claims.rim_matched is False:
+        if v.rim_matched is False:
             bad = [f"{r.rim_version} index {i}" for r in v.rim_results for i in r.mismatched]
             out.append(f"{tag}: measurements do not match the RIM ({', '.join(bad)})")
     if policy.expected_nonce is not None and claims.nonce != policy.expected_nonce:

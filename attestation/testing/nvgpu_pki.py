@@ -117,6 +117,14 @@ def make_rim_chain(
     not_after: dt.datetime = NOT_AFTER,
 ) -> tuple[list[x509.Certificate], ec.EllipticCurvePrivateKey]:
     """[signer, CA, root] for RIM signing; root plays 'NVIDIA CoRIM signing Root CA'."""
+    certs, keys = make_rim_chain_keys(not_after)
+    return certs, keys[0]
+
+
+def make_rim_chain_keys(
+    not_after: dt.datetime = NOT_AFTER,
+) -> tuple[list[x509.Certificate], tuple[ec.EllipticCurvePrivateKey, ...]]:
+    """make_rim_chain, with the key of every certificate (signer, CA, root)."""
     keys = [ec.generate_private_key(ec.SECP384R1()) for _ in range(3)]
     names = [_name("Test HCC RIM Signer"), _name("Test Reference Value CA"), _name("Test CoRIM Root CA")]
     certs: list[x509.Certificate] = []
@@ -130,7 +138,7 @@ def make_rim_chain(
             .sign(keys[issuer], hashes.SHA384())
         )
         certs.insert(0, cert)
-    return certs, keys[0]
+    return certs, tuple(keys)
 
 
 def rim_xml(version: str, golden: Mapping[int, tuple[bytes, ...]], inactive: tuple[int, ...] = ()) -> bytes:

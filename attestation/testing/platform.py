@@ -10,10 +10,12 @@ Layout of the directory:
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import functools
 import json
 import shutil
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,9 +64,20 @@ class GpuIdentity:
     chain: list[x509.Certificate]
     key: ec.EllipticCurvePrivateKey
     uuid: str
+    # The key of every certificate of `chain` (leaf first, the root's last): the fake NVIDIA OCSP
+    # responder signs each certificate's status with its issuer's key.
+    chain_keys: tuple[ec.EllipticCurvePrivateKey, ...] = ()
 
     def chain_pem(self) -> bytes:
         return _pem(self.chain)
+
+
+@dataclass(frozen=True)
+class RimSigner:
+    """The fake NVIDIA RIM service: its signing chain ([signer, CA, root]) and their keys."""
+
+    chain: list[x509.Certificate]
+    keys: tuple[ec.EllipticCurvePrivateKey, ...]
 
 
 @dataclass(frozen=True)
@@ -73,6 +86,7 @@ class FakePlatform:
     amd: AmdTestPki
     intel: testpki.TestPki
     gpus: tuple[GpuIdentity, ...]
+    rim: RimSigner | None = None
 
     # ---- creation and loading -------------------------------------------------------------
     @classmethod
@@ -84,7 +98,7 @@ class FakePlatform:
         amd = make_pki(amd_keys, Product.MILAN)
         intel = testpki.make_pki()
         idents = make_gpu_identities(gpus)
-        platform = cls(root, amd, intel, tuple(idents))
+        platform = cls(root, amd, intel, tuple(idents), make_rim_signer())
         platform._write(now)
         return platform
 
@@ -98,20 +112,27 @@ class FakePlatform:
             "intel": {name: _pem_key(getattr(self.intel, name)).decode()
                       for name in ("root_key", "ca_key", "pck_key", "tcb_key")},
             "intel_certs": _pem([self.intel.root, self.intel.ca, self.intel.pck, self.intel.tcb_signer]).decode(),
-            "gpus": [{"chain": g.chain_pem().decode(), "key": _pem_key(g.key).decode(), "uuid": g.uuid}
-                     for g in self.gpus],
+            "gpus": [{"chain": g.chain_pem().decode(), "key": _pem_key(g.key).decode(), "uuid": g.uuid,
+                      "chain_keys": [_pem_key(k).decode() for k in g.chain_keys]} for g in self.gpus],
+            **({"nvidia_rim": {"chain": _pem(self.rim.chain).decode(),
+                               "keys": [_pem_key(k).decode() for k in self.rim.keys]}} if self.rim else {}),
         }
         (keys / "platform.json").write_text(json.dumps(doc))
         roots = self.root / "roots"
         self.amd.write_roots(roots)
         (roots / "intel_sgx_root_ca_gotdxguest.pem").write_bytes(_pem([self.intel.root]))
         (roots / "nvidia_device_identity_ca.pem").write_bytes(_pem([self.gpus[0].chain[-1]]))
+        if self.rim is not None:
+            (roots / "nvidia_rim_root.pem").write_bytes(_pem([self.rim.chain[-1]]))
         self.write_collateral(now)
 
-    def write_collateral(self, now: dt.datetime, *, days: int = 30, revoked_vcek: bool = False) -> Path:
+    def write_collateral(self, now: dt.datetime, *, days: int = 30, revoked_vcek: bool = False,
+                         revoked_gpus: Collection[int] | None = None) -> Path:
         """An offline collateral bundle (`bundle/`), valid from a day before `now` for `days` days,
         imported into the broker's store (`collateral/`): the AMD CRL (ASK-issued, listing the
-        VCEK when `revoked_vcek`) and Intel's tcbInfo, QE identity, signing chain and CRLs."""
+        VCEK when `revoked_vcek`) and Intel's tcbInfo, QE identity, signing chain and CRLs; with
+        `revoked_gpus`, NVIDIA's too: RIMs and OCSP answers, "revoked" for those GPUs' leaves
+        (attestation/testing/gpu_collateral.py)."""
         from attestation.collateral import CollateralConfig, CollateralStore
 
         issue = now - dt.timedelta(days=1)
@@ -131,6 +152,10 @@ class FakePlatform:
         (bundle / "signing-chain.pem").write_bytes(pki.signing_chain_pem())
         (bundle / "pck.crl").write_bytes(testcollateral.crl(pki.ca, pki.ca_key, issue=issue, days=days))
         (bundle / "root.crl").write_bytes(testcollateral.crl(pki.root, pki.root_key, issue=issue, days=days))
+        if revoked_gpus is not None:
+            from attestation.testing.gpu_collateral import write_gpu_bundle
+
+            write_gpu_bundle(self.rim, self.gpus, bundle, now, revoked_gpus=revoked_gpus)
         CollateralStore(CollateralConfig(store_dir, offline=True)).import_dir(bundle)
         return store_dir
 
@@ -146,8 +171,12 @@ class FakePlatform:
         intel = testpki.TestPki(_load_key(i["root_key"].encode()), iroot, _load_key(i["ca_key"].encode()), ica,
                                 _load_key(i["pck_key"].encode()), ipck, _load_key(i["tcb_key"].encode()), itcb)
         gpus = tuple(GpuIdentity(x509.load_pem_x509_certificates(g["chain"].encode()), _load_key(g["key"].encode()),
-                                 g["uuid"]) for g in doc["gpus"])
-        return cls(root, amd, intel, gpus)
+                                 g["uuid"], tuple(_load_key(k.encode()) for k in g.get("chain_keys", [])))
+                     for g in doc["gpus"])
+        rim = doc.get("nvidia_rim")
+        signer = None if rim is None else RimSigner(x509.load_pem_x509_certificates(rim["chain"].encode()),
+                                                    tuple(_load_key(k.encode()) for k in rim["keys"]))
+        return cls(root, amd, intel, gpus, signer)
 
     # ---- what the fake hardware signs -----------------------------------------------------
     @functools.cached_property
@@ -207,7 +236,8 @@ def make_gpu_identities(count: int) -> list[GpuIdentity]:
             cert = _gpu_cert(names[layer], issuer_name, keys[layer], issuer_key, ca=layer > 0, fwid=fwid)
             chain.insert(0, cert)
             issuer_name, issuer_key = names[layer], keys[layer]
-        out.append(GpuIdentity(chain, keys[0], f"GPU-{index:08x}-fake-4000-8000-000000000000"))
+        out.append(GpuIdentity(chain, keys[0], f"GPU-{index:08x}-fake-4000-8000-000000000000",
+                               (*keys, root_key)))
     return out
 
 
@@ -225,6 +255,14 @@ def _gpu_cert(subject: x509.Name, issuer: x509.Name, key: ec.EllipticCurvePrivat
     return builder.sign(signer, hashes.SHA384())
 
 
-def gpu_report(ident: GpuIdentity, index: int, nonce: bytes) -> bytes:
-    """SPDM GET_MEASUREMENTS request || signed MEASUREMENTS response, as the GPU returns it."""
-    return gpu_pki.make_evidence(gpu_pki.EvidenceSpec(nonce=nonce, fwid=fwid_of(index)), ident.key)
+def make_rim_signer() -> RimSigner:
+    return RimSigner(*gpu_pki.make_rim_chain_keys())
+
+
+def gpu_report(ident: GpuIdentity, index: int, nonce: bytes, measurements: dict[int, bytes] | None = None) -> bytes:
+    """SPDM GET_MEASUREMENTS request || signed MEASUREMENTS response, as the GPU returns it;
+    `measurements`: what this GPU's firmware measured (default: what the fake RIMs hold)."""
+    spec = gpu_pki.EvidenceSpec(nonce=nonce, fwid=fwid_of(index))
+    if measurements is not None:
+        spec = dataclasses.replace(spec, measurements=measurements)
+    return gpu_pki.make_evidence(spec, ident.key)

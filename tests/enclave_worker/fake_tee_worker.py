@@ -1,7 +1,12 @@
 """Run the real worker (enclave_worker.grpc_server) on fake TEE hardware, for the end-to-end tests.
 
 `python -m tests.enclave_worker.fake_tee_worker --platform DIR --cpu snp|tdx [--sev-guest-ioctl]
- [--nvml cc-on|cc-off|none] [--launch-init-data FILE] WORKER-ARGS...`
+ [--nvml cc-on|cc-on-tampered|cc-off|none] [--launch-init-data FILE] [--kernel-cmdline-append ARG]
+ WORKER-ARGS...`
+
+`--kernel-cmdline-append`: the TD boots the captured CCEL's kernel with one more kernel argument
+(the log's command-line event and so RTMR2 change); `--nvml cc-on-tampered`: GPUs in CC mode whose
+VBIOS measures other than NVIDIA's RIM for its version holds (attestation/testing/gpu_collateral.py).
 
 The fake guest is launched with init-data (attestation/initdata.py), as a host does: the fake SNP
 reports its SHA-256 as HOST_DATA, the fake TD its SHA-384 as MRCONFIGID; a CoCo init-data TOML (or
@@ -27,9 +32,11 @@ from pathlib import Path
 from attestation.coco_initdata import host_digest
 from attestation.initdata import InitData
 from attestation.snp.collect import encode_cert_table
+from attestation.testing.ccel import kernel_cmdline, with_kernel_cmdline
 from attestation.testing.fake_nvml import FakeNvml
 from attestation.testing.fake_sev_guest import FakeSevGuest
 from attestation.testing.fake_tsm import FakeTsmTree
+from attestation.testing.gpu_collateral import tampered_measurements
 from attestation.testing.platform import FakePlatform, gpu_report
 from enclave_worker.workload_check import init_data_for, process_environ
 
@@ -54,7 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--platform", type=Path, required=True)
     parser.add_argument("--cpu", choices=("snp", "tdx"), required=True)
     parser.add_argument("--sev-guest-ioctl", action="store_true", help="SNP through the ioctl, no configfs-tsm")
-    parser.add_argument("--nvml", choices=("cc-on", "cc-off", "none"), default="none")
+    parser.add_argument("--nvml", choices=("cc-on", "cc-on-tampered", "cc-off", "none"), default="none")
+    parser.add_argument("--kernel-cmdline-append", default=None)
     parser.add_argument("--launch-init-data", type=Path, default=None)
     ours, worker_argv = parser.parse_known_args(argv)
     platform = FakePlatform.load(ours.platform)
@@ -85,13 +93,20 @@ def main(argv: list[str] | None = None) -> int:
     else:
         # The firmware's CC event log: a real capture (tests/vectors/tdx-ccel); the fake TD's RTMRs
         # are what it replays to.
-        log = (CCEL / "ccel_data.dat").read_bytes()
+        log, log_file = (CCEL / "ccel_data.dat").read_bytes(), CCEL / "ccel_data.dat"
+        if ours.kernel_cmdline_append:
+            log = with_kernel_cmdline(log, f"{kernel_cmdline(log)} {ours.kernel_cmdline_append}")
+            log_file = run / "ccel_data.dat"
+            log_file.parent.mkdir(parents=True, exist_ok=True)
+            log_file.write_bytes(log)
         FakeTsmTree(run / "tsm", "tdx_guest",
                     lambda d, _: (platform.tdx_quote(d, log, mr_config_id=mr_config_id), None)).start()
         extra += ["--tsm-dir", str(run / "tsm"), "--tsm-entry", "sealed",
-                  "--ccel-table", str(CCEL / "ccel_table.dat"), "--ccel-data", str(CCEL / "ccel_data.dat")]
+                  "--ccel-table", str(CCEL / "ccel_table.dat"), "--ccel-data", str(log_file)]
     if ours.nvml == "cc-on":
         FakeNvml.cc_on(platform.gpus, gpu_report).install()
+    elif ours.nvml == "cc-on-tampered":
+        FakeNvml.cc_on(platform.gpus, lambda g, i, nonce: gpu_report(g, i, nonce, tampered_measurements())).install()
     elif ours.nvml == "cc-off":
         FakeNvml.from_capture(H200_CC_OFF).install()
     from enclave_worker.grpc_server import main as worker_main

@@ -97,3 +97,25 @@ def test_collateral_import_and_status(tmp_path: Path) -> None:
     (junk / "x.bin").write_bytes(base64.b64encode(b"not collateral"))
     code, out = sealed("attest", "collateral", "import", str(junk), "--store", str(store))
     assert code == 1 and "refused" in out
+
+
+def test_collateral_import_of_nvidia_rims_and_ocsp_answers(tmp_path: Path) -> None:
+    """Issue #33: the NVIDIA part of an offline bundle (RIMs, OCSP answers) imports like the rest,
+    and `status` says what each answer is and until when it counts."""
+    now = dt.datetime.now(dt.UTC)
+    platform = FakePlatform.create(tmp_path / "p", gpus=1, now=now)
+    platform.write_collateral(now, revoked_gpus={0})
+    store = tmp_path / "store"
+    code, out = sealed("attest", "collateral", "import", str(platform.root / "bundle"), "--store", str(store))
+    assert code == 0 and "imported 15" in out, out  # 7 AMD/Intel, 2 RIMs, 6 OCSP answers (GPU 4 + RIM 2)
+    code, out = sealed("attest", "collateral", "status", "--store", str(store), "--json")
+    nvidia = [i for i in json.loads(out)["items"] if i["source"] == "nvidia"]
+    assert sorted(i["subject"] for i in nvidia if i["kind"] == "rim") == ["550.90.07", "96.00.9F.00.01"]
+    answers = [i for i in nvidia if i["kind"] == "ocsp"]
+    assert len(answers) == 6 and not any(i["expired"] for i in answers)
+    assert sum(i["subject"].endswith(": revoked") for i in answers) == 1
+    junk = tmp_path / "junk"
+    junk.mkdir()
+    (junk / "rim.xml").write_bytes(b"<SoftwareIdentity/>")  # XML, but no RIM: refused, not stored
+    code, out = sealed("attest", "collateral", "import", str(junk), "--store", str(store))
+    assert code == 1 and "refused" in out and "not an NVIDIA RIM" in out
