@@ -57,6 +57,7 @@ from tests.api.test_stack_security import (  # noqa: F401
 )
 from tests.api.test_streamed_tool_calls import (  # noqa: F401
     test_a_forbidden_tool_is_refused_before_any_byte_of_its_call_reaches_the_client,
+    test_auto_tool_choice_streamed_is_the_non_streamed_message,
     test_the_sdks_stream_accumulation_gives_the_non_streamed_calls,
 )
 from tests.enclave_worker.schema_suite import MAX_TOKENS, SCHEMAS, ask, valid
