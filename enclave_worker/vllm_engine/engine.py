@@ -158,9 +158,10 @@ class VllmEngine(ThreadedEngine[_Request]):
                 self.runtime.llm.add_request(req.seq.request_id, inputs, vparams)
             except self.runtime.request_errors as exc:  # vLLM refused this request alone
                 with self._cond:
-                    self._requests.pop(req.seq.request_id, None)
+                    ours = self._requests.pop(req.seq.request_id, None) is req  # not aborted meanwhile
                     req.seq.status, req.seq.finish_reason = SeqStatus.FINISHED, "abort"
-                req.sink(InvalidRequestError(f"vLLM refused the request ({type(exc).__name__})"))
+                if ours:
+                    req.sink(InvalidRequestError(f"vLLM refused the request ({type(exc).__name__})"))
                 continue
             vid = req.seq.request_id
             with self._cond:

@@ -17,6 +17,8 @@ sampled model pad JSON with whitespace until max_tokens), a regex as is, a Lark 
 from __future__ import annotations
 
 import json
+import logging
+import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -76,6 +78,10 @@ def install(llm: Any, tokenizer: Tokenizer) -> tuple[Any, ThreadPoolExecutor]:
     """Give vLLM's request validation and its structured-output manager a tokenizer. Returns it and
     the grammar-compilation executor vLLM now uses, which the runtime shuts down on close (vLLM
     only shuts down the one it made itself, and it made none without a tokenizer)."""
+    # llguidance's own messages and vLLM's "LLMatcher error" warnings can quote the generated text
+    # or the schema: never logged (vLLM's default log level for llguidance is 1, to stderr).
+    os.environ["LLGUIDANCE_LOG_LEVEL"] = "0"
+    logging.getLogger("vllm.v1.structured_output.backend_guidance").setLevel(logging.ERROR)
     hf = _hf_tokenizer(tokenizer)
     llm.renderer.tokenizer = hf  # read by vLLM's input processor (SamplingParams.verify)
     core = llm.engine_core.engine_core  # in-process engine core (VLLM_ENABLE_V1_MULTIPROCESSING=0)
