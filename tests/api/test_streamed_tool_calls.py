@@ -64,7 +64,7 @@ def test_the_sdks_stream_accumulation_gives_the_non_streamed_calls(stack: Runnin
 
 
 @pytest.mark.parametrize("sealed", [False, True], ids=["plaintext", "sealed"])
-@pytest.mark.parametrize("seed", [1, 2, 3])
+@pytest.mark.parametrize("seed", [1, 2])
 def test_auto_tool_choice_streamed_is_the_non_streamed_message(stack: RunningStack, sealed: bool, seed: int) -> None:
     """`auto`, sampled: whatever the model writes (text before, between or after calls, or no call),
     the SDK's accumulation of the stream is the non-streamed message, content and calls."""
