@@ -87,6 +87,27 @@ def scan(text: str) -> Scan:
     return Scan(tuple(blocks), first)
 
 
+def outside_content(text: str, final: bool = True) -> str:
+    """The answer's text outside its tool-call blocks, as an OpenAI message with tool calls carries it
+    (streamed or not: protocol/openai/format.py, tool_deltas.py): the pieces before, between and
+    after the blocks, each trimmed of the whitespace that touches a block, empty pieces left out,
+    joined by newlines, with no trailing whitespace. For an answer still being generated (`final`
+    False): the part of that which can no longer change, which is a prefix of the final one (no
+    tail that may open a block; no trailing whitespace, which a block or the end would trim)."""
+    found = scan(text)
+    pieces: list[str] = []
+    pos, after_block = 0, False
+    for block in found.blocks:
+        piece = text[pos:block.start]
+        pieces.append((piece.lstrip() if after_block else piece).rstrip())
+        if not block.closed:  # an open block runs to the end of the answer
+            return "\n".join(p for p in pieces if p)
+        pos, after_block = block.end, True
+    tail = text[pos:len(text) if final else found.content_after(text, pos)]
+    pieces.append((tail.lstrip() if after_block else tail).rstrip())
+    return "\n".join(p for p in pieces if p)
+
+
 def _partial_marker(text: str, marker: str) -> int:
     """The length of the longest tail of `text` that is a proper start of `marker`."""
     for k in range(min(len(marker) - 1, len(text)), 0, -1):

@@ -27,6 +27,7 @@ from enclave_worker.engine.sequence import SeqStatus, Sequence
 from enclave_worker.engine.tokenizer import Tokenizer
 
 from .runtime import VllmRuntime
+from .structured import vllm_structured
 
 
 @dataclass
@@ -45,9 +46,12 @@ class _Ops:
 
 def vllm_sampling_kwargs(params: SamplingParams, max_tokens: int, eos_ids: tuple[int, ...]) -> dict[str, Any]:
     """Our sampling parameters as vLLM's SamplingParams arguments: EOS handled through stop ids,
-    text left to us; penalties, logit_bias and min_p are vLLM's own (ours copy their semantics)."""
-    stop_ids = list(params.stop_token_ids) + ([] if params.ignore_eos else [t for t in eos_ids
-                                                                           if t not in params.stop_token_ids])
+    text left to us; penalties, logit_bias and min_p are vLLM's own (ours copy their semantics).
+    A constrained request always stops on EOS: once its grammar is complete, EOS is the only token
+    vLLM's mask allows (our engine ends such a request there without sampling it, ignore_eos or not)."""
+    eos_stops = not params.ignore_eos or params.structured is not None
+    stop_ids = list(params.stop_token_ids) + ([t for t in eos_ids if t not in params.stop_token_ids]
+                                              if eos_stops else [])
     return {"n": 1, "max_tokens": max_tokens, "temperature": params.temperature, "top_p": params.top_p,
             "top_k": params.top_k or 0, "seed": params.seed, "stop_token_ids": stop_ids, "ignore_eos": True,
             "logprobs": params.logprobs, "detokenize": False, "skip_special_tokens": False,
@@ -60,8 +64,9 @@ def vllm_sampling(params: SamplingParams, max_tokens: int, eos_ids: tuple[int, .
     from vllm import SamplingParams as VSamplingParams
     from vllm.sampling_params import RequestOutputKind
 
-    # Structured output never gets here: validate() refuses it on this backend.
-    return VSamplingParams(**vllm_sampling_kwargs(params, max_tokens, eos_ids), output_kind=RequestOutputKind.DELTA)
+    structured = None if params.structured is None else vllm_structured(params.structured)
+    return VSamplingParams(**vllm_sampling_kwargs(params, max_tokens, eos_ids), output_kind=RequestOutputKind.DELTA,
+                           structured_outputs=structured)
 
 
 def _records(logprobs: list[Any] | None, count: int | None) -> list[TokenLogprob | None]:
@@ -89,17 +94,14 @@ class VllmEngine(ThreadedEngine[_Request]):
         self._ops = _Ops()
         self.prefix_cached_tokens = 0
         self.prefix_queried_tokens = 0
+        runtime.enable_structured(tokenizer)
 
     def validate(self, request_id: str, prompt: list[int], params: SamplingParams, cache_salt: bytes) -> None:
-        """As our engine's, and: no structured output. vLLM's structured outputs need vLLM's own
-        tokenizer, and this backend gives it none (``skip_tokenizer_init``: the worker tokenizes, so
-        no tokenizer file is written); a constraint is refused here (400), never ignored, and never
-        reaches vLLM's step, where it would fail the whole batch."""
+        """As our engine's, and: a constraint vLLM's guidance backend cannot build is refused here
+        (400), in the caller's thread, never on the stepping thread where vLLM would fail it later."""
         super().validate(request_id, prompt, params, cache_salt)
         if params.structured is not None:
-            raise InvalidRequestError(
-                "structured output (response_format json_object/json_schema, a forced tool_choice, guided_*) "
-                "is not available on the vLLM engine backend; use the sealed engine")
+            self.runtime.check_structured(params.structured)
 
     def held_tensors(self) -> list:  # type: ignore[type-arg]
         return self.runtime.held_tensors()
@@ -152,7 +154,15 @@ class VllmEngine(ThreadedEngine[_Request]):
             self.runtime.llm.abort_request(aborts)
         for req, inputs, vparams in adds:
             # vLLM makes its own internal id; its outputs and abort_request use ours (the external id).
-            self.runtime.llm.add_request(req.seq.request_id, inputs, vparams)
+            try:
+                self.runtime.llm.add_request(req.seq.request_id, inputs, vparams)
+            except self.runtime.request_errors as exc:  # vLLM refused this request alone
+                with self._cond:
+                    ours = self._requests.pop(req.seq.request_id, None) is req  # not aborted meanwhile
+                    req.seq.status, req.seq.finish_reason = SeqStatus.FINISHED, "abort"
+                if ours:
+                    req.sink(InvalidRequestError(f"vLLM refused the request ({type(exc).__name__})"))
+                continue
             vid = req.seq.request_id
             with self._cond:
                 req.vllm_id = vid
@@ -164,7 +174,7 @@ class VllmEngine(ThreadedEngine[_Request]):
     def step(self) -> list[RequestOutput]:
         self._apply_ops()
         outputs = self.runtime.llm.step()
-        delivered: list[tuple[Sink, RequestOutput]] = []
+        delivered: list[tuple[Sink, RequestOutput | BaseException]] = []
         with self._cond:
             for out in outputs:
                 req = self._by_vllm.get(out.request_id)
@@ -177,9 +187,9 @@ class VllmEngine(ThreadedEngine[_Request]):
                 delivered += self._absorb(req, out)
         for sink, item in delivered:
             sink(item)
-        return [item for _, item in delivered]
+        return [item for _, item in delivered if isinstance(item, RequestOutput)]
 
-    def _absorb(self, req: _Request, out) -> list[tuple[Sink, RequestOutput]]:  # type: ignore[no-untyped-def]
+    def _absorb(self, req: _Request, out) -> list[tuple[Sink, RequestOutput | BaseException]]:  # type: ignore[no-untyped-def]
         seq = req.seq
         completion = out.outputs[0]
         tokens = list(completion.token_ids)
@@ -190,6 +200,13 @@ class VllmEngine(ThreadedEngine[_Request]):
             reason = self.output.append(seq, tok, records[i] if records else None, self.tokenizer.eos_token_ids)
             if reason is not None:
                 break
+        if reason is None and out.finished and completion.finish_reason == "error":
+            # vLLM failed this request alone (a grammar it could not compile, or a token its grammar
+            # refused): the request's error, by type only, never an answer cut short as if complete.
+            del self._requests[seq.request_id]
+            self._release(req, "abort")
+            self._ops.abort = [a for a in self._ops.abort if a != req.vllm_id]
+            return [(req.sink, InvalidRequestError("vLLM could not enforce this request's structured output"))]
         if reason is None and out.finished:
             reason = "length" if completion.finish_reason == "length" else (completion.finish_reason or "stop")
         if reason is not None:

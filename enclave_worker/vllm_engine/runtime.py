@@ -23,9 +23,12 @@ from typing import Any
 import torch
 
 from enclave_worker import vllm_cpu_binding as binding
+from enclave_worker.engine.errors import InvalidRequestError
+from enclave_worker.engine.tokenizer import Tokenizer
 from enclave_worker.package import DecryptedModel
+from protocol.sampling import StructuredOutput
 
-from . import loader, packed
+from . import loader, packed, structured
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +70,9 @@ class VllmRuntime:
         self.cpu_env: dict[str, str] = {}
         if options.device == "cpu":
             self.cpu_env = binding.apply(options.cpu_binding)  # read by vLLM when it builds its CPU worker
+        from vllm.config import StructuredOutputsConfig
         from vllm.engine.arg_utils import EngineArgs
+        from vllm.exceptions import VLLMClientError
         from vllm.v1.engine.llm_engine import LLMEngine
 
         loader.register()
@@ -78,6 +83,7 @@ class VllmRuntime:
             on_cpu = options.device == "cpu"
             args = EngineArgs(
                 model=str(model_dir), skip_tokenizer_init=True, load_format=loader.LOAD_FORMAT,
+                structured_outputs_config=StructuredOutputsConfig(backend=structured.BACKEND),
                 model_loader_extra_config={loader.HANDOFF_KEY: token, loader.CPU_LINEAR_KEY: options.cpu_linear},
                 dtype=options.dtype,
                 max_model_len=options.max_model_len, max_num_seqs=options.max_num_seqs,
@@ -94,6 +100,37 @@ class VllmRuntime:
         self.max_model_len = int(self.llm.model_config.max_model_len)
         self.num_blocks = int(cache.num_gpu_blocks or 0)
         self.stepping_cpus = _worker_cpus(self.llm.vllm_config)
+        # What vLLM's add_request raises for one bad request (the others keep going).
+        self.request_errors: tuple[type[BaseException], ...] = (ValueError, TypeError, VLLMClientError)
+        self._grammar_executor: Any = None
+
+    def enable_structured(self, tokenizer: Tokenizer) -> None:
+        """vLLM's structured outputs, with a tokenizer made in memory (structured.py)."""
+        self._hf_tokenizer, self._grammar_executor = structured.install(self.llm, tokenizer)
+
+    def check_structured(self, spec: StructuredOutput) -> None:
+        """vLLM's own validation of the constraint (its SamplingParams.verify, then the grammar
+        against the model's tokens), in the caller's thread: a refusal is this request's 400."""
+        import llguidance
+        from vllm import SamplingParams as VSamplingParams
+        from vllm.v1.structured_output.backend_guidance import serialize_guidance_grammar
+        from vllm.v1.structured_output.request import get_structured_output_key
+
+        llm = self.llm
+        refusals: tuple[type[BaseException], ...] = (*self.request_errors, KeyError)
+        try:
+            params = VSamplingParams(max_tokens=1, structured_outputs=structured.vllm_structured(spec))
+            params.verify(llm.model_config, None, llm.vllm_config.structured_outputs_config, self._hf_tokenizer)
+            kind, grammar = get_structured_output_key(params.structured_outputs)
+            error = llguidance.LLMatcher.validate_grammar(serialize_guidance_grammar(kind, grammar),
+                                                          self._manager().backend.ll_tokenizer)
+        except refusals as exc:
+            raise InvalidRequestError(f"the {spec.kind} is not valid: {str(exc)[:200]}") from None
+        if error:
+            raise InvalidRequestError(f"the {spec.kind} cannot be enforced: {error[:200]}")
+
+    def _manager(self) -> Any:
+        return self.llm.engine_core.engine_core.structured_output_manager
 
     def bind_stepping_thread(self) -> None:
         """Run by the thread that steps vLLM, before its first step: the threading `vllm serve`
@@ -166,6 +203,8 @@ class VllmRuntime:
         llm = self.__dict__.pop("llm", None)
         if llm is None:
             return
+        if self._grammar_executor is not None:
+            self._grammar_executor.shutdown(wait=True, cancel_futures=True)
         with contextlib.suppress(Exception):
             llm.engine_core.shutdown()
         del llm

@@ -98,13 +98,14 @@ def _tool_choices(i: int, tools: ToolCallDeltas, text: str, finish: str | None,
     """One choice's chunks for new output when tools are on: content, then one chunk per tool-call
     delta (as OpenAI sends them), and at the end the finish reason ("tool_calls" once a call was sent)."""
     content, calls = tools.feed(text, finish is not None)
+    last = finish is not None and not tools.count  # an answer without calls ends with its content's rest
     out: list[dict[str, Any]] = []
-    if content or (lp and not finish):
+    if (content and not last) or (lp and not finish):
         out.append({"index": i, "delta": {"content": content}, "finish_reason": None, "logprobs": lp})
         lp = None
     out.extend({"index": i, "delta": {"tool_calls": [call]}, "finish_reason": None, "logprobs": None} for call in calls)
     if finish is not None:
-        delta = {} if tools.count else {"content": tools.rest(text)}
+        delta = {"content": content} if last else {}
         reason = "tool_calls" if tools.count and finish != "requires_approval" else finish
         out.append({"index": i, "delta": delta, "finish_reason": reason, "logprobs": lp})
     return out
@@ -123,9 +124,11 @@ async def chat_events(req: ChatCompletionRequest, plan: ChatPlan, run: ChoiceRun
     encode = ChunkEncoder(chunk_base)
     texts, sent, results = [""] * req.n, [0] * req.n, [worker_pb2.GenerateChunk()] * req.n
     tools = [ToolCallDeltas(plan.prefix, plan.tool_names) for _ in range(req.n)] if shape.use_tools else []
+    # With tools the first delta carries no content: an answer that is only calls then accumulates to
+    # content null, as its non-streamed message has it.
+    first = {"role": "assistant"} if tools else {"role": "assistant", "content": ""}
     for i in range(req.n):
-        yield sse({**chunk_base, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
-                                              "finish_reason": None, "logprobs": None}]})
+        yield sse({**chunk_base, "choices": [{"index": i, "delta": first, "finish_reason": None, "logprobs": None}]})
     try:
         async for i, out in run.merged(streams):
             results[i] = out

@@ -9,6 +9,7 @@ from typing import Any
 
 from protocol import toolcalls
 from protocol.rpc import worker_pb2
+from protocol.toolcall_stream import outside_content
 from protocol.toolcalls import coerce_json, streamable_len
 
 JSON_SYSTEM = "Respond only with a single valid JSON object."
@@ -26,12 +27,14 @@ def tool_prefix(tool_choice: str | dict[str, Any] | None) -> str:
 
 def parse_tool_calls(text: str, tool_names: set[str]) -> tuple[str | None, list[dict[str, Any]]]:
     """Split an answer into content and OpenAI tool calls, with the parser the worker's guard
-    used on the same text (`protocol.toolcalls`); only calls to the request's tools are kept."""
+    used on the same text (`protocol.toolcalls`); only calls to the request's tools are kept. With
+    calls, the content is the text outside them (`outside_content`, which the streamed answer sends
+    piece by piece, so both give the same message); without, the answer as it is."""
     parsed = toolcalls.parse_tool_calls(text)
     calls = [{"id": f"call_{secrets.token_hex(12)}", "type": "function",
               "function": {"name": c.name, "arguments": c.arguments_json()}}
              for c in parsed.calls if not tool_names or c.name in tool_names]
-    content = parsed.content if calls else text
+    content = outside_content(text) if calls else text
     return (content or None), calls
 
 

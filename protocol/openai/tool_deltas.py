@@ -8,6 +8,12 @@ answer's parser repairs it. Any other call is sent whole when its block is compl
 the request's tools are sent, as in the whole answer (protocol/openai/format.py::parse_tool_calls).
 What reaches this layer has passed the worker's guard (enclave_worker/tool_stream.py): a call
 leaves the worker only once its name is allowed, so no fragment of a refused call is ever here.
+
+Content streams so that the deltas, joined, are the non-streamed message's content: before any call
+is sent, the text before the first block (the whole answer, if no call is ever sent); once a call
+is sent, the text outside the blocks, before, between and after them
+(`protocol.toolcall_stream.outside_content`). Whitespace that a later block or the end may trim is
+held until text follows it.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
-from protocol.toolcall_stream import ScannedBlock, scan
+from protocol.toolcall_stream import ScannedBlock, outside_content, scan
 
 
 def _call_id() -> str:
@@ -37,17 +43,14 @@ class ToolCallDeltas:
     prefix: str
     tool_names: frozenset[str]
     count: int = 0  # calls sent so far
-    _content_sent: int = 0
+    _sent: str = ""  # the content sent so far
     _streaming: dict[int, _Streaming] = field(default_factory=dict)  # block start -> its state
     _done: set[int] = field(default_factory=set)  # blocks sent whole (or skipped)
 
     def feed(self, text: str, finished: bool) -> tuple[str, list[dict[str, Any]]]:
+        """At the end (`finished`), the content returned completes the message's content."""
         full = self.prefix + text
         found = scan(full)
-        content = ""
-        if not self.prefix:
-            upto = found.content_end
-            content, self._content_sent = text[self._content_sent:upto], max(self._content_sent, upto)
         deltas: list[dict[str, Any]] = []
         for block in found.blocks:
             if block.start in self._done:
@@ -60,11 +63,19 @@ class ToolCallDeltas:
                     if call.name in self.tool_names:
                         deltas.append({"index": self._next(), "id": _call_id(), "type": "function",
                                        "function": {"name": call.name, "arguments": call.arguments_json()}})
-        return content, deltas
+        return self._content(text, full, found.content_end, finished), deltas
 
-    def rest(self, text: str) -> str:
-        """An answer that made no call: the content not sent yet (all of it, after a prefix)."""
-        return text[self._content_sent:] if not self.prefix else text
+    def _content(self, text: str, full: str, first_block: int, finished: bool) -> str:
+        if self.count:  # the message will carry calls: its content is the text outside them
+            want = outside_content(full, final=finished)
+        elif finished:  # no call: the answer as it is
+            want = text
+        else:  # no call yet: the text before the first block
+            want = "" if self.prefix else text[:first_block].rstrip()
+        if not want.startswith(self._sent):  # never: each `want` extends the last (outside_content)
+            return ""
+        new, self._sent = want[len(self._sent):], want
+        return new
 
     def _next(self) -> int:
         self.count += 1

@@ -12,6 +12,7 @@ from typing import Any as RunningStack
 import jsonschema
 import openai
 import pytest
+from openai.lib.streaming.chat import ChatCompletionStreamState
 
 from api.stack import DEMO_MODEL
 from policy.audit import read_entries
@@ -52,6 +53,7 @@ def test_the_sdks_stream_accumulation_gives_the_non_streamed_calls(stack: Runnin
         events = list(stream)
         final = stream.get_final_completion()
     assert calls_of(final.choices[0].message) == calls_of(whole.choices[0].message)
+    assert final.choices[0].message.content == whole.choices[0].message.content
     (name, arguments), = calls_of(final.choices[0].message)
     assert name == "get_weather"
     jsonschema.validate(arguments, FORECAST["function"]["parameters"])
@@ -59,6 +61,25 @@ def test_the_sdks_stream_accumulation_gives_the_non_streamed_calls(stack: Runnin
     fragments = [e for e in events if e.type == "tool_calls.function.arguments.delta"]
     assert len(fragments) > 2  # the arguments stream as they are generated, not as one piece at the end
     assert "".join(f.arguments_delta for f in fragments) == final.choices[0].message.tool_calls[0].function.arguments
+
+
+@pytest.mark.parametrize("sealed", [False, True], ids=["plaintext", "sealed"])
+@pytest.mark.parametrize("seed", [1, 2])
+def test_auto_tool_choice_streamed_is_the_non_streamed_message(stack: RunningStack, sealed: bool, seed: int) -> None:
+    """`auto`, sampled: whatever the model writes (text before, between or after calls, or no call),
+    the SDK's accumulation of the stream is the non-streamed message, content and calls."""
+    c = client(stack, sealed)
+    args: dict[str, Any] = {"model": DEMO_MODEL, "messages": ASK, "tools": [FORECAST], "tool_choice": "auto",
+                            "temperature": 1.0, "seed": seed, "max_tokens": 64}
+    whole = c.chat.completions.create(**args)
+    # The SDK's own accumulation (what `.stream()` runs), read as a snapshot: `get_final_completion`
+    # refuses an answer cut by max_tokens, which a sampled answer here may be.
+    state: ChatCompletionStreamState[Any] = ChatCompletionStreamState(input_tools=[FORECAST])
+    for chunk in c.chat.completions.create(**args, stream=True):
+        state.handle_chunk(chunk)
+    got, want = state.current_completion_snapshot.choices[0], whole.choices[0]
+    assert (got.message.content, calls_of(got.message), got.finish_reason) == (
+        want.message.content, calls_of(want.message), want.finish_reason)
 
 
 @pytest.mark.parametrize("sealed", [False, True], ids=["plaintext", "sealed"])

@@ -46,6 +46,11 @@ CASES = [
     ("", block("not_offered", {}) + block("a", {})),
     (NAMED, '{"city": "Rome"}}\n</tool_call>'),
     (NAMED, '{"city": "Ro'),  # cut off by max_tokens: repaired as the whole answer's parser repairs it
+    # Text after and between calls streams too (it was dropped from streamed answers before).
+    ("", "Checking.  \n" + block("get_weather", {"city": "Oslo"}) + "\n\nDone: it is sunny.\n"),
+    ("", block("a", {}) + " then " + block("get_weather", {"city": "Rome"}) + " x < y <to"),
+    ("", block("not_offered", {}) + "between " + block("a", {}) + "\n"),
+    (NAMED, '{"city": "Rome"}}\n</tool_call>\nIt is sunny in Rome.'),
 ]
 
 
@@ -53,7 +58,8 @@ CASES = [
 @pytest.mark.parametrize(("prefix", "answer"), CASES)
 def test_accumulated_deltas_are_the_whole_answers_calls(prefix: str, answer: str, step: int) -> None:
     content, deltas, t = stream(answer, step, prefix)
-    _, whole = parse_tool_calls(prefix + answer, {"get_weather", "a"})
+    whole_content, whole = parse_tool_calls(prefix + answer, {"get_weather", "a"})
+    assert (content or None) == whole_content  # the content too, as the SDK accumulates it
     got = accumulate(deltas)
     assert [(c["name"], json.loads(c["arguments"])) for c in got] == [
         (c["function"]["name"], json.loads(c["function"]["arguments"])) for c in whole]
@@ -69,7 +75,21 @@ def test_a_name_first_call_is_sent_name_first_then_in_fragments() -> None:
                                    for d in deltas[1:])
 
 
-def test_an_answer_without_calls_is_content() -> None:
-    content, deltas, t = stream("No tools needed <b>here</b>.", 2)
-    assert deltas == [] and t.count == 0
-    assert content + t.rest("No tools needed <b>here</b>.") == "No tools needed <b>here</b>."
+@pytest.mark.parametrize("answer", ["No tools needed <b>here</b>.", " Spaces kept \n", "Not <tool_ca"])
+def test_an_answer_without_calls_is_content(answer: str) -> None:
+    for step in (1, 2, 1000):
+        content, deltas, t = stream(answer, step)
+        assert deltas == [] and t.count == 0
+        assert content == answer
+
+
+def test_text_after_a_call_streams_as_it_is_generated() -> None:
+    """Not held to the end: once the call is sent, what follows its block leaves as it comes (less
+    whitespace that a later block or the end could trim)."""
+    t = ToolCallDeltas("", frozenset({"a"}))
+    answer = "Sure. " + block("a", {}) + "\nIt is done. More"
+    content, _ = t.feed(answer, False)
+    assert content == "Sure.\nIt is done. More"
+    assert t.feed(answer + "  ", False)[0] == ""  # trailing whitespace held
+    assert t.feed(answer + "  text", False)[0] == "  text"
+    assert t.feed(answer + "  text\n", True)[0] == ""

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from protocol.toolcall_stream import scan
+from protocol.toolcall_stream import outside_content, scan
 from protocol.toolcalls import parse_tool_calls
 
 
@@ -67,3 +67,23 @@ def test_only_a_name_first_object_block_is_streamable() -> None:
         assert all(b.name is None for b in scan(ANSWERS[case]).blocks)
     assert scan('<tool_call>{"name": "a", "arguments": "text"}').blocks[0].name is None
     assert scan(ANSWERS["parameters"]).blocks[0].name == "a"
+
+
+@pytest.mark.parametrize("answer", [
+    "Sure.  " + '<tool_call>\n{"name": "a", "arguments": {}}\n</tool_call>' + "\n\n Done. \n",
+    '<tool_call>{"name": "a", "arguments": {}}</tool_call> mid <tool_call>[{"name": "b"}]</tool_call>end<tool_c',
+    "  no calls at all, kept as written  ",
+    'before <tool_call>{"name": "a", "arguments": {"x": "</tool_call'])
+def test_outside_content_only_grows_as_the_answer_grows(answer: str) -> None:
+    """What a streamed answer may send of its content at each point is a prefix of the final content,
+    so the deltas never have to be taken back."""
+    final = outside_content(answer)
+    assert "<tool_call>" not in final and not final.endswith((" ", "\n"))
+    for k in range(len(answer) + 1):
+        assert final.startswith(outside_content(answer[:k], final=False)), k
+
+
+def test_outside_content_joins_the_pieces_around_calls() -> None:
+    call = '<tool_call>{"name": "a", "arguments": {}}</tool_call>'
+    assert outside_content("A. " + call + "\nB.\n" + call + call + " C ") == "A.\nB.\nC"
+    assert outside_content(call) == ""

@@ -1,68 +1,18 @@
 """Constrained decoding: every answer of the real model at temperature 1 validates against its JSON
-schema, over 30+ schemas batched through the engine together; the same requests unconstrained do
-not (so this suite can fail). Schemas bound their strings, numbers and arrays so that a sampled
-answer ends well within max_tokens."""
+schema, over 30+ schemas (tests/enclave_worker/schema_suite.py, shared with the vLLM backend's
+tests) batched through the engine together; the same requests unconstrained do not (so this suite
+can fail)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 
-import jsonschema
 import pytest
 
 from enclave_worker.engine import InvalidRequestError, SamplingParams
 from protocol.sampling import StructuredOutput
-
-S = {"type": "string", "maxLength": 12}
-I = {"type": "integer", "minimum": 0, "maximum": 999}  # noqa: E741
-N = {"type": "number", "minimum": -100, "maximum": 100}
-B = {"type": "boolean"}
-
-
-def obj(props: dict, required: list[str] | None = None, **extra: object) -> dict:
-    return {"type": "object", "properties": props, "required": list(props) if required is None else required,
-            "additionalProperties": False, **extra}
-
-
-SCHEMAS: list[tuple[str, dict]] = [
-    ("a person", obj({"name": S, "age": I})),
-    ("a city", obj({"city": S, "country": S, "population": I})),
-    ("a flag", obj({"enabled": B})),
-    ("a colour", obj({"color": {"enum": ["red", "green", "blue"]}})),
-    ("a temperature", obj({"celsius": N})),
-    ("a list of fruits", obj({"fruits": {"type": "array", "items": S, "minItems": 1, "maxItems": 3}})),
-    ("a list of numbers", {"type": "array", "items": I, "minItems": 2, "maxItems": 4}),
-    ("a single word", {"type": "string", "maxLength": 10}),
-    ("a yes or no", {"enum": ["yes", "no"]}),
-    ("a score", {"type": "integer", "minimum": 1, "maximum": 10}),
-    ("a book", obj({"title": S, "author": obj({"first": S, "last": S})})),
-    ("an order", obj({"id": I, "items": {"type": "array", "maxItems": 2, "items": obj({"sku": S, "qty": I})}})),
-    ("a user, email optional", obj({"name": S, "email": S}, required=["name"])),
-    ("a point", obj({"x": N, "y": N}, required=["x", "y"])),
-    ("a status", obj({"status": {"anyOf": [{"const": "ok"}, {"type": "integer", "minimum": 400, "maximum": 599}]}})),
-    ("a value or null", obj({"value": {"anyOf": [I, {"type": "null"}]}})),
-    ("a date", obj({"date": {"type": "string", "format": "date"}})),
-    ("a time", obj({"at": {"type": "string", "format": "time"}})),
-    ("a uuid", obj({"id": {"type": "string", "format": "uuid"}})),
-    ("an ip address", obj({"ip": {"type": "string", "format": "ipv4"}})),
-    ("a zip code", obj({"zip": {"type": "string", "pattern": "^[0-9]{5}$"}})),
-    ("a hex colour", obj({"hex": {"type": "string", "pattern": "^#[0-9a-f]{6}$"}})),
-    ("a tag set", obj({"tags": {"type": "array", "items": {"enum": ["a", "b", "c"]}, "maxItems": 3}})),
-    ("a pair", {"type": "array", "prefixItems": [S, I], "items": False, "minItems": 2}),
-    ("a shape", {"anyOf": [obj({"circle": N}), obj({"square": N})]}),
-    ("a pet", obj({"kind": {"enum": ["cat", "dog"]}, "name": S, "age": I}, required=["kind"])),
-    ("a matrix", obj({"rows": {"type": "array", "maxItems": 2,
-                               "items": {"type": "array", "items": I, "maxItems": 2}}})),
-    ("a config", obj({"debug": B, "level": {"enum": ["low", "high"]}, "retries": I}, required=["debug"])),
-    ("a rating", obj({"stars": {"type": "integer", "enum": [1, 2, 3, 4, 5]}, "comment": S})),
-    ("a constant", obj({"version": {"const": 2}, "name": S})),
-    ("a nested config", obj({"db": obj({"host": S, "port": I}), "cache": obj({"on": B})})),
-    ("an event", obj({"name": S, "day": {"enum": ["mon", "tue", "wed"]}, "hour": {"type": "integer",
-                                                                                   "minimum": 0, "maximum": 23}})),
-    ("two words", obj({"words": {"type": "array", "items": S, "minItems": 2, "maxItems": 2}})),
-]
-MAX_TOKENS = 96
+from tests.enclave_worker.schema_suite import FREE, MAX_TOKENS, SCHEMAS, I, ask, valid
 
 
 @pytest.fixture(scope="module")
@@ -73,15 +23,7 @@ def wide(make_engine):
 
 def _prompt(engine, what: str) -> list[int]:
     tok = engine.tokenizer
-    return tok.encode(tok.apply_chat_template([{"role": "user", "content": f"Reply with {what}, as JSON."}]))
-
-
-def _valid(doc: str, schema: dict) -> bool:
-    try:
-        jsonschema.validate(json.loads(doc), schema, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER)
-    except (ValueError, jsonschema.ValidationError):
-        return False
-    return True
+    return tok.encode(tok.apply_chat_template([{"role": "user", "content": ask(what)}]))
 
 
 def test_every_constrained_answer_validates_and_unconstrained_ones_do_not(wide, h):
@@ -90,14 +32,14 @@ def test_every_constrained_answer_validates_and_unconstrained_ones_do_not(wide, 
         structured = StructuredOutput("json_schema", json.dumps(schema))
         reqs.append((f"c{i}", _prompt(wide, what), SamplingParams(max_tokens=MAX_TOKENS, temperature=1.0, seed=i,
                                                                   structured=structured)))
-    for i, (what, _) in enumerate(SCHEMAS[:8]):  # the same, free: a test that could not fail checks nothing
+    for i, (what, _) in enumerate(SCHEMAS[:FREE]):  # the same, free: a test that could not fail checks nothing
         reqs.append((f"f{i}", _prompt(wide, what), SamplingParams(max_tokens=32, temperature=1.0, seed=i)))
     outs = h.run_sync(wide, reqs)
     texts = {rid: "".join(o.delta_text for o in v) for rid, v in outs.items()}
-    bad = [(SCHEMAS[i][0], texts[f"c{i}"]) for i in range(len(SCHEMAS)) if not _valid(texts[f"c{i}"], SCHEMAS[i][1])]
+    bad = [(SCHEMAS[i][0], texts[f"c{i}"]) for i in range(len(SCHEMAS)) if not valid(texts[f"c{i}"], SCHEMAS[i][1])]
     assert not bad, bad
     assert all(outs[f"c{i}"][-1].finish_reason == "stop" for i in range(len(SCHEMAS)))  # complete, not cut off
-    free_bad = sum(not _valid(texts[f"f{i}"], SCHEMAS[i][1]) for i in range(8))
+    free_bad = sum(not valid(texts[f"f{i}"], SCHEMAS[i][1]) for i in range(FREE))
     assert free_bad >= 4, texts
 
 
@@ -114,7 +56,7 @@ def test_streamed_deltas_make_a_valid_answer(wide):
         return await asyncio.gather(*(one(i, w, s) for i, (w, s) in enumerate(picked)))
 
     for (_, schema), deltas in zip(picked, asyncio.run(run()), strict=True):
-        assert len(deltas) > 1 and _valid("".join(deltas), schema), deltas
+        assert len(deltas) > 1 and valid("".join(deltas), schema), deltas
 
 
 LIST = {"$ref": "#/$defs/node", "$defs": {"node": {  # recursion: a node refers to itself
@@ -126,7 +68,7 @@ def test_a_recursive_schema_takes_nesting_to_any_depth_and_nothing_else(wide):
     """Sampled, a 135M model nests a recursive schema until max_tokens (it never picks null), so the
     grammar itself is checked: it takes a document four levels deep and refuses a wrong one."""
     good = '{"value": 1, "next": {"value": 2, "next": {"value": 3, "next": {"value": 4, "next": null}}}}'
-    assert _valid(good, LIST)
+    assert valid(good, LIST)
     for doc, accepted in ((good, True), ('{"value": 1, "next": {"value": "x"', False)):
         state = wide.grammars.matcher(StructuredOutput("json_schema", json.dumps(LIST)))
         ids = wide.tokenizer.encode(doc)

@@ -30,8 +30,12 @@ class ScriptedCore:
         self.held: dict[str, int] = {}  # request id -> tokens still to sample
         self.aborted: list[str] = []
         self.fail = False
+        self.refuse: set[str] = set()  # ids vLLM's add_request refuses (its own validation)
+        self.error: set[str] = set()  # ids vLLM finishes with its "error" reason (a grammar it failed)
 
     def add_request(self, request_id: str, inputs: dict[str, Any], params: Any) -> None:
+        if request_id in self.refuse:
+            raise ValueError("text of a prompt")
         self.held[request_id] = params.max_tokens
 
     def abort_request(self, ids: list[str]) -> None:
@@ -49,6 +53,11 @@ class ScriptedCore:
             done = self.held[rid] == 0
             if done:
                 del self.held[rid]
+            if rid in self.error:
+                del self.held[rid]
+                outs.append(SimpleNamespace(request_id=rid, finished=True, num_cached_tokens=0, outputs=[
+                    SimpleNamespace(token_ids=[], logprobs=None, finish_reason="error")]))
+                continue
             outs.append(SimpleNamespace(request_id=rid, finished=done, num_cached_tokens=0, outputs=[
                 SimpleNamespace(token_ids=[1], logprobs=None, finish_reason="length" if done else None)]))
         return outs
@@ -57,9 +66,18 @@ class ScriptedCore:
 class ScriptedRuntime:
     max_model_len, block_size = 64, 16
 
+    request_errors = (ValueError, TypeError)
+
     def __init__(self) -> None:
         self.llm = ScriptedCore()
         self.closed = False
+
+    def enable_structured(self, tokenizer: Tokenizer) -> None:
+        self.structured_tokenizer = tokenizer
+
+    def check_structured(self, spec: Any) -> None:
+        if spec.spec == "(unclosed":  # the real one asks vLLM and llguidance (test_vllm_engine.py)
+            raise InvalidRequestError("the regex is not valid")
 
     def kv_stats(self) -> dict[str, Any]:
         return {}
@@ -135,14 +153,45 @@ def test_penalties_bias_and_min_p_reach_vllms_sampling_params() -> None:
     assert adapter.vllm_sampling_kwargs(SamplingParams(), 9, (0,))["logit_bias"] is None
 
 
-@pytest.mark.parametrize("kind, spec", [("json_schema", '{"type": "object"}'), ("regex", "[0-9]+"),
-                                        ("lark", 'start: "a"')])
-def test_structured_output_is_refused_before_it_reaches_vllm(engine: VllmEngine, kind: str, spec: str) -> None:
-    """vLLM's structured outputs need its tokenizer, which this backend never gives it: a constraint
-    is a 400 at admission (never ignored, and never a failed step that would end the batch)."""
+def test_each_constraint_reaches_vllm_as_the_grammar_our_engine_builds() -> None:
+    """What StructuredOutputsParams gets (vLLM's guidance backend then compiles the same grammar text
+    as our engine: test_vllm_engine.py), and a constrained request stops on EOS even under
+    ignore_eos (once the grammar is complete EOS is all vLLM's mask allows)."""
+    from enclave_worker.engine.structured import JSON_DEFAULTS
+    from enclave_worker.vllm_engine.structured import vllm_structured_kwargs
     from protocol.sampling import StructuredOutput
 
-    params = SamplingParams(max_tokens=4, structured=StructuredOutput(kind, spec))
-    with pytest.raises(InvalidRequestError, match="not available on the vLLM engine backend"):
-        engine.validate("r1", [1, 2, 3], params, b"")
-    engine.validate("r1", [1, 2, 3], SamplingParams(max_tokens=4), b"")  # the same request unconstrained
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "x-guidance": {"key_separator": ":"}}
+    assert vllm_structured_kwargs(StructuredOutput("json_schema", json.dumps(schema))) == {
+        "json": {**schema, "x-guidance": {**JSON_DEFAULTS, "key_separator": ":"}}}
+    assert vllm_structured_kwargs(StructuredOutput("regex", "[0-9]+")) == {"regex": "[0-9]+"}
+    assert vllm_structured_kwargs(StructuredOutput("lark", 'start: "a"')) == {"grammar": 'start: "a"'}
+    constrained = SamplingParams(max_tokens=4, ignore_eos=True, structured=StructuredOutput("regex", "a"))
+    assert adapter.vllm_sampling_kwargs(constrained, 4, (0,))["stop_token_ids"] == [0]
+    assert adapter.vllm_sampling_kwargs(SamplingParams(max_tokens=4, ignore_eos=True), 4, (0,))["stop_token_ids"] == []
+
+
+def test_a_constraint_vllm_cannot_build_is_that_requests_400(engine: VllmEngine) -> None:
+    from protocol.sampling import StructuredOutput
+
+    with pytest.raises(InvalidRequestError, match="not valid"):
+        engine.validate("r1", [1, 2, 3], SamplingParams(structured=StructuredOutput("regex", "(unclosed")), b"")
+    engine.validate("r1", [1, 2, 3], SamplingParams(structured=StructuredOutput("regex", "[ab]+")), b"")
+    assert engine.runtime.structured_tokenizer is engine.tokenizer  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("how", ["refused when added", "failed by vLLM"])
+async def test_a_request_vllm_fails_alone_ends_alone(engine: VllmEngine, how: str) -> None:
+    """vLLM refusing a request (its own validation) or finishing it with its "error" reason (a grammar
+    it could not compile) fails that request with a request error, by type only; the engine and the
+    other requests go on. Before, a refusal raised on the stepping thread and killed the engine."""
+    core = engine.runtime.llm  # type: ignore[attr-defined]
+    (core.refuse if how == "refused when added" else core.error).add("bad")
+    ok = asyncio.create_task(_collect(engine, "ok", 4))
+    with pytest.raises(InvalidRequestError) as failed:
+        await asyncio.wait_for(_collect(engine, "bad", 4), 30)
+    assert "prompt" not in str(failed.value)
+    assert (await asyncio.wait_for(ok, 30))[-1].finish_reason == "length"
+    assert sum(len(o.delta_token_ids) for o in await _collect(engine, "after", 2)) == 2
+    assert not engine.has_unfinished_requests()
+    await engine.shutdown()

@@ -121,3 +121,39 @@ def test_the_stepping_thread_computes_on_every_cpu_the_worker_may_use(results: d
     assert stepping["thread_cpus"] == sorted(stepping["cpus"])
     assert stepping["env"]["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "0"
     assert stepping["omp_bind"] == stepping["env"]["VLLM_CPU_OMP_THREADS_BIND"] != "auto"
+
+
+def test_every_schema_of_the_suite_is_enforced_by_vllm_and_free_answers_fail(results: dict) -> None:
+    """The acceptance suite (schema_suite.py) on the vLLM backend: all at once at temperature 1,
+    every answer complete and valid, streamed in several deltas; the first schemas asked without
+    their constraint mostly fail (so this can fail)."""
+    from tests.enclave_worker.schema_suite import FREE, SCHEMAS, valid
+
+    s = results["sealed"]["structured"]
+    answers = s["schemas"]
+    assert len(answers) == len(SCHEMAS) >= 30
+    bad = [(what, a) for (what, schema), a in zip(SCHEMAS, answers, strict=True)
+           if a["finish"] != "stop" or not valid(a["text"], schema)]
+    assert not bad, bad
+    assert sum(a["deltas"] > 1 for a in answers) >= len(SCHEMAS) - 3  # streamed, not one piece at the end
+    assert sum(not valid(a["text"], schema) for (_, schema), a in zip(SCHEMAS[:FREE], s["free"], strict=True)) >= 4
+
+
+def test_regex_named_tool_arguments_and_refusals_on_vllm(results: dict) -> None:
+    import jsonschema
+
+    from tests.enclave_worker.vllm.structured_checks import WEATHER_ARGS
+
+    s = results["sealed"]["structured"]
+    assert s["regex"]["text"] in {"yes", "no", "maybe"} and s["regex"]["finish"] == "stop"  # ignore_eos too
+    tool = s["tool"]
+    assert tool["finish"] == "stop" and tool["text"].endswith("}")
+    jsonschema.validate(json.loads(tool["text"][:-1]), WEATHER_ARGS)  # the arguments, then the call's brace
+    assert set(s["refused"]) == {"json_schema", "regex", "lark"}
+    assert all(msg.startswith(f"the {kind} is not valid") for kind, msg in s["refused"].items()), s["refused"]
+    assert s["serving_after"] in {"stop", "length"}  # a refused constraint failed no other request
+
+
+def test_vllm_compiles_the_grammar_text_our_engine_compiles(results: dict) -> None:
+    parity = results["sealed"]["structured"]["parity"]
+    assert len(parity) >= 32 and all(parity)

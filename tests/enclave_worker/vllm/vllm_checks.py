@@ -2,7 +2,7 @@
 
 `sealed PKG KEYHEX OUT`: our VllmEngine loads the encrypted package through the sealed loader;
 greedy tokens of the 8 prompts, prefix-cache hits per tenant salt, stop strings, logprobs,
-cancellation, and the revocation wipe.
+structured output (structured_checks.py), cancellation, and the revocation wipe.
 `plain DIR OUT`: the reference: vLLM's own default loader on a plaintext safetensors directory
 (written by the test into its temporary directory, for this comparison only).
 """
@@ -41,14 +41,15 @@ def _nonzero(tensor) -> int:  # type: ignore[no-untyped-def]
 
 
 async def _run(engine, rid: str, ids: list[int], params, salt: bytes = b"") -> dict:  # type: ignore[no-untyped-def]
-    text, tokens, logprobs, last = "", [], [], None
+    text, tokens, logprobs, last, deltas = "", [], [], None, 0
     async for out in engine.generate(rid, ids, params, cache_salt=salt):
+        deltas += bool(out.delta_text)
         text += out.delta_text
         tokens += out.delta_token_ids
         logprobs += [(lp.token_id, lp.logprob, [list(t) for t in lp.top]) for lp in out.logprobs or ()]
         last = out
     return {"text": text, "tokens": tokens, "finish": last.finish_reason, "logprobs": logprobs,
-            "completion_tokens": last.completion_tokens}
+            "completion_tokens": last.completion_tokens, "deltas": deltas}
 
 
 async def sealed_checks(engine, tokenizer) -> dict:  # type: ignore[no-untyped-def]
@@ -79,6 +80,10 @@ async def sealed_checks(engine, tokenizer) -> dict:  # type: ignore[no-untyped-d
     result["logprobs"] = await _run(engine, "l1", ids[1], SamplingParams(max_tokens=4, temperature=0, logprobs=3))
     result["seeded"] = [(await _run(engine, f"r{i}", ids[2], SamplingParams(max_tokens=8, temperature=0.8,
                                                                            seed=7)))["tokens"] for i in range(2)]
+    # Structured output through vLLM's own support (structured_checks.py).
+    from tests.enclave_worker.vllm.structured_checks import structured_checks
+
+    result["structured"] = await structured_checks(engine, tokenizer, _run)
     # Cancellation: close the stream after the first delta; vLLM must drop the request.
     stream = engine.generate("c1", ids[3], SamplingParams(max_tokens=200, temperature=0, ignore_eos=True))
     await anext(stream)
