@@ -28,7 +28,7 @@ from enclave_worker.engine.tokenizer import Tokenizer
 from enclave_worker.package import DecryptedModel
 from protocol.sampling import StructuredOutput
 
-from . import loader, packed, structured
+from . import loader, log_redaction, packed, structured
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +60,7 @@ def _quiet_vllm_logging() -> None:
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core stays in this process
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")  # no usage reports leave the enclave
     os.environ.setdefault("DO_NOT_TRACK", "1")
+    log_redaction.install()  # vLLM's few lines that quote token ids are kept without them
 
 
 class VllmRuntime:
