@@ -96,8 +96,9 @@ def authenticate_broker(settings: WorkerSettings, client: httpx.Client,
     except httpx.HTTPStatusError as exc:
         log.error("key broker NOT authenticated: its attestation endpoint answered %d", exc.response.status_code)
         raise BrokerNotAuthenticated("the key broker did not attest itself") from exc
+    pinned = (broker.workload_id[:16] + "...") if settings.broker_workload_ids else "not pinned"
     log.info("key broker authenticated: %s, measurement %s..., workload id %s", broker.cpu.tee.value,
-             broker.measurement[:16], (broker.workload_id[:16] + "...") if settings.broker_workload_ids else "not pinned")
+             broker.measurement[:16], pinned)
     return broker
 
 

@@ -79,8 +79,13 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def settings_from(args: argparse.Namespace) -> BrokerSettings:
-    """The broker's settings for its parsed arguments (secrets from the environment)."""
+def parse(argv: list[str]) -> argparse.Namespace:
+    """The broker's options for `argv` (exits with a usage error on bad input)."""
+    return _parser().parse_args(argv)
+
+
+def settings_from(args: argparse.Namespace, env: dict[str, str] | None = None) -> BrokerSettings:
+    """The broker's settings for its parsed arguments (secrets from `env`, default the environment)."""
     return BrokerSettings(
         data_dir=args.data_dir, sim_platform_public_key=args.sim_platform_key, roots_dir=args.roots_dir,
         collateral_dir=args.collateral_dir, collateral_offline=args.collateral_offline,
@@ -89,9 +94,9 @@ def settings_from(args: argparse.Namespace) -> BrokerSettings:
         rate_limit_per_minute=args.rate_limit_per_minute,
         max_body_bytes=args.max_body_bytes, lease_s=args.lease_seconds,
         lease_max_wait_s=args.lease_max_wait_seconds,
-        admin_token_sha256=admin_token_hashes(hash_file=args.admin_token_hash_file, dev=args.unsafe_dev_mode),
+        admin_token_sha256=admin_token_hashes(env, hash_file=args.admin_token_hash_file, dev=args.unsafe_dev_mode),
         keystore=args.keystore, vault_url=args.vault_url,
-        vault_token=vault_token_from_env() if args.keystore == "vault" else None,
+        vault_token=vault_token_from_env(env) if args.keystore == "vault" else None,
         vault_mount=args.vault_mount, unsafe_dev_mode=args.unsafe_dev_mode,
         audit_witness=args.audit_witness, audit_anchor_url=args.audit_anchor_url,
         state_anchor=args.state_anchor, vault_kv_mount=args.vault_kv_mount, unsafe_adopt_state=args.unsafe_adopt_state,
@@ -102,7 +107,7 @@ def settings_from(args: argparse.Namespace) -> BrokerSettings:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = _parser().parse_args(argv)
+    args = parse(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s key-broker %(levelname)s %(message)s")
     try:  # before any key is made or opened: this broker runs what its init-data says, or stops here
         settings = settings_from(args)

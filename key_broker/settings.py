@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -47,7 +47,7 @@ class BrokerSettings:
     # environment, measured configuration), whose digest its hardware reports; the path is not
     # measured, the document is (key_broker/workload_check.py). Where its attestation interfaces are.
     init_data: Path | None = None
-    kernel: KernelInterfaces = KernelInterfaces()
+    kernel: KernelInterfaces = field(default_factory=KernelInterfaces)
     challenge_ttl: dt.timedelta = dt.timedelta(seconds=60)
     token_ttl: dt.timedelta = dt.timedelta(minutes=5)
     max_body_bytes: int = 1 << 20
