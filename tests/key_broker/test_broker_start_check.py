@@ -5,6 +5,7 @@ init-data never passes as a broker's (attestation/broker_initdata.py, attestatio
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import secrets
 import subprocess
@@ -94,7 +95,7 @@ def test_one_toml_never_names_both_roles(tmp_path: Path) -> None:
 
     broker = dataclasses.replace(_declared(tmp_path), agent_policy_digest=_digest(POLICY))
     text = render(broker, POLICY).text
-    both = text + f'"sealed-worker.json" = "{_worker_document().encode().decode().replace(chr(34), chr(92) + chr(34))}"\n'
+    both = text + f'"sealed-worker.json" = {json.dumps(_worker_document().encode().decode())}\n'
     with pytest.raises(WorkloadMismatch, match="both"):
         CocoInitData.parse(both).broker()
     assert CocoInitData.parse(text).broker() == broker

@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 
@@ -105,11 +106,22 @@ def worker_settings(tmp: Path, pinned: str) -> WorkerSettings:
                           broker_workload_ids=(pinned,))
 
 
+def network(launched: Launched) -> httpx.Client:
+    """The worker's HTTP client; the network relays each request to the broker app unchanged."""
+    def relay(request: httpx.Request) -> httpx.Response:
+        answer = launched.client.request(request.method, request.url.path, content=request.content,
+                                         headers={"content-type": "application/json"})
+        return httpx.Response(answer.status_code, content=answer.content, headers={"content-type": "application/json"})
+
+    return httpx.Client(base_url="http://broker.test", transport=httpx.MockTransport(relay))
+
+
 def worker_accepts(launched: Launched, platform: FakePlatform, tmp: Path, pinned: str,
                    monkeypatch: pytest.MonkeyPatch) -> str:
     """The worker's own check (the test PKI stands in for the packaged AMD roots)."""
     monkeypatch.setattr(broker_auth, "broker_trust", lambda _settings: trust(platform))
-    return broker_auth.authenticate_broker(worker_settings(tmp, pinned), launched.client, now=NOW).workload_id
+    with network(launched) as client:
+        return broker_auth.authenticate_broker(worker_settings(tmp, pinned), client, now=NOW).workload_id
 
 
 def client_accepts(launched: Launched, platform: FakePlatform, pinned: str) -> None:
@@ -181,8 +193,8 @@ def test_a_measurement_pin_alone_accepts_any_broker_image(
     broker = launch(theirs.digest_for("snp"), argv, theirs)
     monkeypatch.setattr(broker_auth, "broker_trust", lambda _settings: trust(platform))
     settings = replace(worker_settings(tmp_path, "00" * 32), broker_workload_ids=())
-    assert broker_auth.authenticate_broker(settings, broker.client, now=NOW).workload_id == \
-        theirs.digest_for("snp").hex()
+    with network(broker) as client:
+        assert broker_auth.authenticate_broker(settings, client, now=NOW).workload_id == theirs.digest_for("snp").hex()
 
 
 def test_a_broker_launched_with_other_init_data_hands_out_no_evidence(launch: Any, tmp_path: Path) -> None:
