@@ -205,3 +205,28 @@ def test_a_broker_launched_with_other_init_data_hands_out_no_evidence(launch: An
     broker = launch(theirs.digest_for("snp"), broker_argv(tmp_path), ours)
     answer = broker.client.post("/v1/broker/attestation", json={"nonce": secrets.token_hex(32)})
     assert answer.status_code == 503
+
+
+def test_sealed_verify_broker_prints_the_workload_id(
+        launch: Any, platform: FakePlatform, tmp_path: Path) -> None:
+    from api.cli.broker_verify import report
+    from attestation.broker_identity import verify_broker_attestation
+
+    ours = declared(tmp_path)
+    pinned = ours.digest_for("snp").hex()
+    broker = launch(ours.digest_for("snp"), broker_argv(tmp_path), ours)
+    nonce = secrets.token_bytes(32)
+    answer = broker.client.post("/v1/broker/attestation", json={"nonce": nonce.hex()}).json()
+    verified = verify_broker_attestation(answer, nonce=nonce, now=NOW, trust=trust(platform),
+                                         allowed_measurements=[SNP_MEASUREMENT.hex()], allowed_workload_ids=[pinned])
+    assert f"  workload id   {pinned} (HOST_DATA: the broker's init-data; pinned)" in report(verified, nonce, True)
+    assert any("NOT pinned" in line for line in report(verified, nonce, False))
+
+
+def test_the_simulated_tee_has_no_workload_id_to_pin(tmp_path: Path) -> None:
+    from attestation.errors import PolicyViolation
+
+    with pytest.raises(PolicyViolation, match="simulated broker has no workload id"):
+        BrokerPin.from_dict({"measurements": ["ab" * 48], "tee": "sim", "workload_ids": ["cd" * 32]})
+    with pytest.raises(ValueError, match="simulated TEE carries no init-data digest"):
+        replace(worker_settings(tmp_path, "cd" * 32), broker_tee="sim")
