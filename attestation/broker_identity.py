@@ -9,7 +9,13 @@ A relying party (a worker before it trusts a key, a receipt or a lease answer; `
    binding the nonce, the import key and the identity digest); no GPU evidence;
 3. the hardware says what the document says (TEE), debug is off, and the measurement is one the
    relying party pins. A simulated broker is accepted only where the verifier holds a simulated
-   platform key, i.e. only by relying parties that accept the simulated TEE at all.
+   platform key, i.e. only by relying parties that accept the simulated TEE at all;
+4. where the relying party pins workload ids, the digest of the broker's init-data its hardware
+   reports (SNP HOST_DATA, TDX MRCONFIGID: attestation/broker_initdata.py, which names the broker
+   image, its arguments, environment and measured configuration) is one of them. A launch digest
+   names only the runtime class's firmware; the workload id names the broker. Pinned, it is
+   required: a report without init-data (all zeros) or with another is refused. The simulated
+   TEE has no such field: a simulated broker cannot satisfy a workload-id pin.
 
 The result carries the broker's attested public keys: the token JWKS, the receipt key, the import key.
 """
@@ -26,6 +32,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from attestation.bundle import EvidenceBundle
 from attestation.claims import CpuClaims
 from attestation.errors import BrokerIdentityError, FreshnessError, ParseError
+from attestation.initdata import workload_id_of
 from attestation.verifier import VerifierTrust, verify_bundle
 from protocol.broker.identity import BrokerIdentity, BrokerIdentityInvalid, broker_runtime_data
 
@@ -44,9 +51,15 @@ class VerifiedBroker:
     def measurement(self) -> str:
         return self.cpu.measurement.hex()
 
+    @property
+    def workload_id(self) -> str:
+        """The init-data digest the broker's hardware reports (hex); "" on the simulated TEE."""
+        return workload_id_of(self.cpu.tee.value, self.cpu.extra)
+
 
 def verify_broker_attestation(answer: Mapping[str, Any], *, nonce: bytes, now: dt.datetime, trust: VerifierTrust,
-                              allowed_measurements: Collection[str]) -> VerifiedBroker:
+                              allowed_measurements: Collection[str],
+                              allowed_workload_ids: Collection[str] = ()) -> VerifiedBroker:
     """The broker's identity, if its evidence verifies and binds it; else an AttestationError."""
     if not allowed_measurements:
         raise BrokerIdentityError("no key broker measurement is pinned: the broker cannot be authenticated")
@@ -67,4 +80,13 @@ def verify_broker_attestation(answer: Mapping[str, Any], *, nonce: bytes, now: d
     measurement = result.cpu.measurement.hex()
     if measurement not in {m.lower() for m in allowed_measurements}:
         raise BrokerIdentityError(f"key broker measurement {measurement[:16]}... is not a pinned one")
-    return VerifiedBroker(identity, result.cpu, result.evidence_digest)
+    verified = VerifiedBroker(identity, result.cpu, result.evidence_digest)
+    if allowed_workload_ids:
+        workload_id = verified.workload_id
+        if not workload_id.strip("0"):  # the simulated TEE has no field; a host that set none leaves zeros
+            raise BrokerIdentityError(f"a key broker workload id is pinned, but the {identity.tee} broker's evidence "
+                                      "carries no init-data")
+        if workload_id not in {w.lower() for w in allowed_workload_ids}:
+            raise BrokerIdentityError(f"key broker workload id {workload_id[:16]}... is not a pinned one: its "
+                                      "init-data (image, arguments, configuration) is another")
+    return verified

@@ -25,7 +25,9 @@ import tomllib
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
+from attestation.broker_initdata import BROKER_KEY, BrokerInitData
 from attestation.errors import ParseError, UnsupportedError, WorkloadMismatch
 from attestation.initdata import InitData
 
@@ -34,7 +36,10 @@ VERSION = "0.1.0"
 ALGORITHMS = {"sha256": hashlib.sha256, "sha384": hashlib.sha384, "sha512": hashlib.sha512}
 FIELD_LENGTH = {"snp": 32, "tdx": 48}  # SNP HOST_DATA, TDX MRCONFIGID
 POLICY_KEY = "policy.rego"  # the Kata agent policy: the agent enforces it
-WORKLOAD_KEY = "sealed-worker.json"  # the Sealed init-data document: the worker checks itself against it
+WORKLOAD_KEY = InitData.COCO_KEY  # the Sealed init-data document: the worker checks itself against it
+# The two roles' documents: a TOML names one of them, never both (one digest, one role).
+ROLE_KEYS = {WORKLOAD_KEY: "worker", BROKER_KEY: "key broker"}
+_Doc = TypeVar("_Doc", InitData, BrokerInitData)
 _MAX_ANNOTATION = 1 << 20  # a decompression bomb from the host is refused, not inflated
 
 
@@ -70,11 +75,22 @@ class CocoInitData:
         return digest[:size].ljust(size, b"\0")
 
     def workload(self) -> InitData:
-        """The Sealed document inside, checked against the agent policy beside it: the document's
+        """The worker's document inside, checked against the agent policy beside it: the document's
         `agent_policy_digest` must be the digest of exactly the policy the agent enforces."""
-        if WORKLOAD_KEY not in self.data:
-            raise WorkloadMismatch(f"the CoCo init-data carries no {WORKLOAD_KEY}: it names no Sealed workload")
-        init = InitData.decode(self.data[WORKLOAD_KEY].encode())
+        return self._document(InitData)
+
+    def broker(self) -> BrokerInitData:
+        """The key broker's document inside, checked as `workload` is."""
+        return self._document(BrokerInitData)
+
+    def _document(self, kind: type[_Doc]) -> _Doc:
+        key = kind.COCO_KEY
+        if key not in self.data:
+            raise WorkloadMismatch(f"the CoCo init-data carries no {key}: it names no Sealed "
+                                   f"{ROLE_KEYS[key]}")
+        if any(other in self.data for other in ROLE_KEYS if other != key):
+            raise WorkloadMismatch("the CoCo init-data names both a worker and a key broker: one digest, one role")
+        init = kind.decode(self.data[key].encode())
         policy = self.data.get(POLICY_KEY)
         named = init.agent_policy_digest
         actual = hashlib.sha256(policy.encode()).hexdigest() if policy is not None else ""
@@ -94,8 +110,9 @@ def _literal(value: str) -> str:
     return "'''\n" + value + "'''"  # TOML drops the newline after the opening delimiter
 
 
-def render(workload: InitData, policy: str, algorithm: str = "sha384") -> CocoInitData:
-    """The CoCo init-data of a Sealed worker pod: the agent policy and the workload document.
+def render(workload: InitData | BrokerInitData, policy: str, algorithm: str = "sha384") -> CocoInitData:
+    """The CoCo init-data of a Sealed worker's (or the key broker's) pod: the agent policy and the
+    role's document, under its own key.
 
     Written here rather than by a TOML library: the digest covers these exact bytes, so their form
     must not change with a library's formatting choices. tomllib reads it back as a check."""
@@ -104,8 +121,9 @@ def render(workload: InitData, policy: str, algorithm: str = "sha384") -> CocoIn
     if workload.agent_policy_digest != hashlib.sha256(policy.encode()).hexdigest():
         raise WorkloadMismatch("the workload document must name this agent policy's digest")
     document = workload.encode().decode()
+    key = workload.COCO_KEY
     text = "\n".join([
-        "# Confidential Containers init-data of a Sealed worker: its digest is the guest's",
+        f"# Confidential Containers init-data of {workload.COCO_TITLE}: its digest is the guest's",
         "# SNP HOST_DATA / TDX MRCONFIGID. Generated from the pod spec; do not edit.",
         f'algorithm = "{algorithm}"',
         f'version = "{VERSION}"',
@@ -113,11 +131,11 @@ def render(workload: InitData, policy: str, algorithm: str = "sha384") -> CocoIn
         "[data]",
         f'"{POLICY_KEY}" = {_literal(policy)}',
         # JSON text with ensure_ascii=False is a valid TOML basic string for the canonical document.
-        f'"{WORKLOAD_KEY}" = {json.dumps(document, ensure_ascii=False)}',
+        f'"{key}" = {json.dumps(document, ensure_ascii=False)}',
         "",
     ])
     parsed = CocoInitData.parse(text)
-    if parsed.data.get(WORKLOAD_KEY) != document or parsed.data.get(POLICY_KEY) != policy:
+    if parsed.data.get(key) != document or parsed.data.get(POLICY_KEY) != policy:
         raise ParseError("the CoCo init-data does not read back as written")
     return parsed
 
@@ -150,10 +168,26 @@ class LaunchInitData:
         return self.coco.digest_for(tee) if self.coco is not None else self.workload.digest_for(tee)
 
 
-def _parse(raw: bytes) -> InitData | CocoInitData:
+@dataclass(frozen=True)
+class BrokerLaunchInitData:
+    """What the key broker was launched with: its document, and the digest its hardware reports."""
+
+    broker: BrokerInitData
+    coco: CocoInitData | None  # None: a bare document whose own digest the host set (no Kata)
+
+    def digest_for(self, tee: str) -> bytes:
+        return self.coco.digest_for(tee) if self.coco is not None else self.broker.digest_for(tee)
+
+
+def _parse(raw: bytes) -> InitData | BrokerInitData | CocoInitData:
     stripped = raw.strip()
     if stripped.startswith(b"{"):
-        return InitData.decode(raw)
+        try:
+            return InitData.decode(raw)
+        except ParseError as worker_error:
+            if b'"role":"key-broker"' not in raw:
+                raise worker_error from None
+            return BrokerInitData.decode(raw)
     try:
         text = raw.decode()
     except UnicodeDecodeError as exc:
@@ -165,9 +199,21 @@ def load_launch_init_data(raw: bytes) -> LaunchInitData:
     """A worker's --init-data: the bare Sealed document (JSON), a CoCo init-data TOML, or the pod
     annotation's value (base64 of the gzip'd TOML, as the downward API writes it)."""
     parsed = _parse(raw)
+    if isinstance(parsed, BrokerInitData):
+        raise WorkloadMismatch("this init-data names a key broker, not a worker")
     if isinstance(parsed, InitData):
         return LaunchInitData(parsed, None)
     return LaunchInitData(parsed.workload(), parsed)
+
+
+def load_broker_launch_init_data(raw: bytes) -> BrokerLaunchInitData:
+    """The key broker's --init-data, in the same three forms."""
+    parsed = _parse(raw)
+    if isinstance(parsed, InitData):
+        raise WorkloadMismatch("this init-data names a worker, not a key broker")
+    if isinstance(parsed, BrokerInitData):
+        return BrokerLaunchInitData(parsed, None)
+    return BrokerLaunchInitData(parsed.broker(), parsed)
 
 
 def host_digest(raw: bytes, tee: str) -> bytes:

@@ -24,7 +24,7 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from attestation.errors import ParseError, UnsupportedError, WorkloadMismatch
 from attestation.snp.abi import parse_report
@@ -40,6 +40,9 @@ FIELD_BY_TEE = {"snp": ("host_data", 32), "tdx": ("mr_config_id", 48)}
 
 @dataclass(frozen=True)
 class InitData:
+    COCO_KEY: ClassVar[str] = "sealed-worker.json"  # its entry in the pod's CoCo init-data TOML
+    COCO_TITLE: ClassVar[str] = "a Sealed worker"
+
     image: str  # the pinned worker image, "<repository>@sha256:<digest>"
     argv: tuple[str, ...]  # the worker's arguments after the program name, interface paths excluded
     env: Mapping[str, str] = field(default_factory=dict)  # the measured environment (workload_check.py)

@@ -2,7 +2,8 @@
 
 1. Before asking for a key: a fresh nonce to `POST /v1/broker/attestation`; the broker's evidence
    must verify and bind its identity document, and its measurement must be one the worker's MEASURED
-   configuration pins (`broker_tee`, `broker_measurements`): the tenant's release policy, which
+   configuration pins (`broker_tee`, `broker_measurements`, and on SNP/TDX `broker_workload_ids`,
+   the digest of the broker's init-data its hardware reports): the tenant's release policy, which
    admits this worker's measurement, thereby also fixes which brokers it trusts
    (attestation/broker_identity.py).
 2. After the release: the attestation token must verify under the broker's attested token key, be
@@ -87,14 +88,17 @@ def authenticate_broker(settings: WorkerSettings, client: httpx.Client,
             raise ValueError("not an object")
         broker = verify_broker_attestation(answer, nonce=nonce, now=now or dt.datetime.now(dt.UTC),
                                            trust=broker_trust(settings),
-                                           allowed_measurements=settings.broker_measurements)
+                                           allowed_measurements=settings.broker_measurements,
+                                           allowed_workload_ids=settings.broker_workload_ids)
     except (AttestationError, ValueError) as exc:
         log.error("key broker NOT authenticated (%s): no key is asked for", type(exc).__name__)
         raise BrokerNotAuthenticated(f"the key broker's attestation does not verify: {exc}") from exc
     except httpx.HTTPStatusError as exc:
         log.error("key broker NOT authenticated: its attestation endpoint answered %d", exc.response.status_code)
         raise BrokerNotAuthenticated("the key broker did not attest itself") from exc
-    log.info("key broker authenticated: %s, measurement %s...", broker.cpu.tee.value, broker.measurement[:16])
+    pinned = (broker.workload_id[:16] + "...") if settings.broker_workload_ids else "not pinned"
+    log.info("key broker authenticated: %s, measurement %s..., workload id %s", broker.cpu.tee.value,
+             broker.measurement[:16], pinned)
     return broker
 
 

@@ -29,6 +29,10 @@ class WorkerSettings:
     # trusts a key, a receipt or a lease answer (enclave_worker/broker_auth.py). Unpinned: no boot.
     broker_tee: str | None = None
     broker_measurements: tuple[str, ...] = ()
+    # The broker's workload id(s): the digest of its init-data (image, arguments, configuration) its
+    # SNP HOST_DATA / TDX MRCONFIGID carries (attestation/broker_initdata.py). Pinned, it is required;
+    # the simulated TEE has none. Measured, so in this worker's own init-data.
+    broker_workload_ids: tuple[str, ...] = ()
     # Trust whatever answers at broker_url (tests of other parts only; measured, logs a warning).
     unsafe_unauthenticated_broker: bool = False
     host: str = "127.0.0.1"
@@ -85,6 +89,9 @@ class WorkerSettings:
             raise ValueError(f"broker_tee must be sim, snp or tdx, not {self.broker_tee!r}")
         if self.broker_measurements and self.broker_tee is None:
             raise ValueError("broker_measurements need broker_tee")
+        if self.broker_workload_ids and self.broker_tee not in ("snp", "tdx"):
+            raise ValueError("broker_workload_ids need broker_tee snp or tdx: the simulated TEE carries no "
+                             "init-data digest, so a simulated broker has no workload id")
         if self.engine not in ("sealed", "vllm"):
             raise ValueError(f"engine must be 'sealed' or 'vllm', not {self.engine!r}")
         if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
@@ -152,7 +159,10 @@ class WorkerSettings:
     def broker_pin(self) -> dict[str, Any]:
         # A simulated broker is vouched for by whoever holds the simulated platform key: a worker
         # pinning one says so here (broker_tee "sim"), and the tenant's release policy sees it.
-        return {"tee": self.broker_tee, "measurements": sorted(m.lower() for m in self.broker_measurements)}
+        return {"tee": self.broker_tee, "measurements": sorted(m.lower() for m in self.broker_measurements),
+                # Listed only when set (measurements of workers that pin none stay as they were).
+                **({"workload_ids": sorted(w.lower() for w in self.broker_workload_ids)}
+                   if self.broker_workload_ids else {})}
 
     def measured_config(self) -> dict[str, Any]:
         """The part of the configuration that changes what the worker does, hence its measurement."""

@@ -19,55 +19,31 @@ report without the digest (1) fails the boot before any evidence reaches the key
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from attestation import launch_env
 from attestation.coco_initdata import LaunchInitData, load_launch_init_data
 from attestation.errors import WorkloadMismatch
 from attestation.initdata import InitData
+from attestation.launch_env import MEASURED_ENV_PREFIXES, first_difference, process_environ
 from enclave_worker.settings import WorkerSettings
 
 # Where the guest kernel's interfaces are and which address the gateway is told: not measured
 # (evidence is signed by the TEE whichever path it came through; the pod IP differs per pod).
 UNMEASURED_OPTIONS = frozenset({"--tsm-dir", "--tsm-entry", "--sev-guest-device", "--ccel-table", "--ccel-data",
                                 "--init-data", "--advertise-host"})
-# Environment variables that can change what the interpreter, its libraries or the worker do.
-MEASURED_ENV_PREFIXES = ("SEALED_", "PYTHON", "LD_", "MALLOC_", "OMP_", "MKL_", "KMP_", "TORCH", "CUDA",
-                         "NCCL_", "NVIDIA_", "VLLM_", "HF_", "TRANSFORMERS_", "TOKENIZERS_", "SSL_", "REQUESTS_",
-                         "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy",
-                         "GRPC_", "OPENSSL_")
+__all__ = ["MEASURED_ENV_PREFIXES", "UNMEASURED_OPTIONS", "check_runs_as_declared", "init_data_for", "load_init_data",
+           "measured_argv", "measured_env", "process_environ"]
 
 
 def measured_argv(argv: Sequence[str]) -> tuple[str, ...]:
     """`argv` without the unmeasured options and their values (`--opt value` or `--opt=value`)."""
-    out: list[str] = []
-    skip = False
-    for arg in argv:
-        if skip:
-            skip = False
-            continue
-        name = arg.split("=", 1)[0]
-        if name in UNMEASURED_OPTIONS:
-            skip = "=" not in arg
-            continue
-        out.append(arg)
-    return tuple(out)
-
-
-def process_environ() -> dict[str, str]:
-    """The environment this process was started with (/proc/self/environ): what the runtime set,
-    not what an imported library added since (threadpoolctl and torch set KMP_DUPLICATE_LIB_OK)."""
-    try:
-        raw = Path("/proc/self/environ").read_bytes()
-    except OSError:
-        return dict(os.environ)
-    pairs = (item.decode(errors="surrogateescape").partition("=") for item in raw.split(b"\0") if item)
-    return {k: v for k, _, v in pairs}
+    return launch_env.measured_argv(argv, UNMEASURED_OPTIONS)
 
 
 def measured_env(environ: Mapping[str, str]) -> dict[str, str]:
-    return {k: v for k, v in sorted(environ.items()) if k.startswith(MEASURED_ENV_PREFIXES)}
+    return launch_env.measured_env(environ)
 
 
 def init_data_for(image: str, argv: Sequence[str], environ: Mapping[str, str], settings: WorkerSettings,
@@ -90,11 +66,7 @@ def check_runs_as_declared(init: InitData, argv: Sequence[str], environ: Mapping
     problems: list[str] = []
     mine = measured_argv(argv)
     if mine != init.argv:
-        at = next((i for i, (a, b) in enumerate(zip(mine, init.argv, strict=False)) if a != b),
-                  min(len(mine), len(init.argv)))
-        # The position and the option before it, never a value (it may be a secret).
-        near = next((a.split("=")[0] for a in reversed(mine[:at + 1]) if a.startswith("--")), "")
-        problems.append(f"arguments differ from the init-data's (first at argument {at}, option {near or '-'})")
+        problems.append(f"arguments differ from the init-data's ({first_difference(mine, init.argv)})")
     env = measured_env(environ)
     changed = sorted(k for k in set(env) | set(init.env) if env.get(k) != init.env.get(k))
     if changed:

@@ -10,16 +10,24 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 from pathlib import Path
 
 import uvicorn
 
+from attestation.attesters import CCEL_DATA, CCEL_TABLE, SEV_GUEST, KernelInterfaces
+from attestation.errors import AttestationError
+from attestation.launch_env import process_environ
+from attestation.tsm import DEFAULT_BASE
 from key_broker.app import create_app
+from key_broker.errors import SettingsError
 from key_broker.settings import BrokerSettings, admin_token_hashes, vault_token_from_env
+from key_broker.workload_check import check_broker_workload
 from protocol.asgi import freeze_startup_heap, schedule_full_collections
+from protocol.exit_codes import EXIT_CONFIG_ERROR
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m key_broker")
     parser.add_argument("--data-dir", type=Path, required=True)
     parser.add_argument("--host", default="127.0.0.1")
@@ -59,9 +67,26 @@ def main(argv: list[str] | None = None) -> int:
                         help="trust the state files on disk as they are (once, for a data dir from before the ledger)")
     parser.add_argument("--unsafe-dev-mode", action="store_true",
                         help="accept placeholder secrets (development only; logs a warning)")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s key-broker %(levelname)s %(message)s")
-    settings = BrokerSettings(
+    # SNP/TDX: the init-data the host launched this guest with (its digest is in every report), and
+    # where the guest kernel's attestation interfaces are (not measured).
+    parser.add_argument("--init-data", type=Path, default=None,
+                        help="the broker's init-data (required on snp and tdx; attestation/broker_initdata.py)")
+    parser.add_argument("--tsm-dir", type=Path, default=DEFAULT_BASE)
+    parser.add_argument("--tsm-entry", default=None)
+    parser.add_argument("--sev-guest-device", type=Path, default=SEV_GUEST)
+    parser.add_argument("--ccel-table", type=Path, default=CCEL_TABLE)
+    parser.add_argument("--ccel-data", type=Path, default=CCEL_DATA)
+    return parser
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    """The broker's options for `argv` (exits with a usage error on bad input)."""
+    return _parser().parse_args(argv)
+
+
+def settings_from(args: argparse.Namespace, env: dict[str, str] | None = None) -> BrokerSettings:
+    """The broker's settings for its parsed arguments (secrets from `env`, default the environment)."""
+    return BrokerSettings(
         data_dir=args.data_dir, sim_platform_public_key=args.sim_platform_key, roots_dir=args.roots_dir,
         collateral_dir=args.collateral_dir, collateral_offline=args.collateral_offline,
         tee=args.tee, sim_platform_signing_key=args.sim_platform_signing_key,
@@ -69,13 +94,30 @@ def main(argv: list[str] | None = None) -> int:
         rate_limit_per_minute=args.rate_limit_per_minute,
         max_body_bytes=args.max_body_bytes, lease_s=args.lease_seconds,
         lease_max_wait_s=args.lease_max_wait_seconds,
-        admin_token_sha256=admin_token_hashes(hash_file=args.admin_token_hash_file, dev=args.unsafe_dev_mode),
+        admin_token_sha256=admin_token_hashes(env, hash_file=args.admin_token_hash_file, dev=args.unsafe_dev_mode),
         keystore=args.keystore, vault_url=args.vault_url,
-        vault_token=vault_token_from_env() if args.keystore == "vault" else None,
+        vault_token=vault_token_from_env(env) if args.keystore == "vault" else None,
         vault_mount=args.vault_mount, unsafe_dev_mode=args.unsafe_dev_mode,
         audit_witness=args.audit_witness, audit_anchor_url=args.audit_anchor_url,
         state_anchor=args.state_anchor, vault_kv_mount=args.vault_kv_mount, unsafe_adopt_state=args.unsafe_adopt_state,
+        init_data=args.init_data, kernel=KernelInterfaces(args.tsm_dir, args.tsm_entry, args.sev_guest_device,
+                                                          args.ccel_table, args.ccel_data),
     )
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = parse(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s key-broker %(levelname)s %(message)s")
+    try:  # before any key is made or opened: this broker runs what its init-data says, or stops here
+        settings = settings_from(args)
+        launched = check_broker_workload(settings, argv, process_environ())
+    except (AttestationError, SettingsError, OSError) as exc:
+        print(f"key-broker: refusing to start: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        return EXIT_CONFIG_ERROR  # restarting cannot help: the same arguments, the same init-data
+    if launched is not None and settings.tee != "sim":
+        logging.getLogger(__name__).info("init-data %s: arguments, environment and configuration are as declared",
+                                         launched.digest_for(settings.tee).hex())
     # Held lease renewals (long polls) must not hold a stopping broker: workers simply renew again.
     app = create_app(settings)
     freeze_startup_heap()  # before any key is fetched: full GC passes scan only what serving creates

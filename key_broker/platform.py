@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +20,7 @@ from pathlib import Path
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from attestation.attesters import Attester, KernelInterfaces, SimAttester, hardware_attester
+from attestation.attesters import Attester, SimAttester, hardware_attester
 from attestation.errors import AttestationError
 from attestation.sealing import SealingKeySource
 from attestation.sim import SimTee
@@ -59,6 +60,19 @@ def sim_platform(key: Ed25519PrivateKey, measurement: bytes) -> BrokerPlatform:
 
 
 def open_platform(settings: BrokerSettings) -> BrokerPlatform:
+    platform = _open(settings)
+    if settings.init_data is not None and platform.tee != "sim":
+        # Every report this broker hands out must carry its init-data's digest (Attester.bundle):
+        # a host that launched it with other init-data gets no evidence out of it.
+        from attestation.coco_initdata import load_broker_launch_init_data
+
+        digest = load_broker_launch_init_data(settings.init_data.read_bytes()).digest_for(platform.tee)
+        platform = dataclasses.replace(platform, attester=dataclasses.replace(platform.attester,
+                                                                             init_data_digest=digest))
+    return platform
+
+
+def _open(settings: BrokerSettings) -> BrokerPlatform:
     if settings.tee == "sim":
         assert settings.sim_platform_signing_key is not None  # checked by BrokerSettings
         key = load_sim_platform_key(settings.sim_platform_signing_key)
@@ -72,10 +86,10 @@ def open_platform(settings: BrokerSettings) -> BrokerPlatform:
         from attestation.snp.abi import parse_report
         from attestation.snp.derived_key import SnpDerivedKey
 
-        attester = hardware_attester("snp", None, KernelInterfaces())
+        attester = hardware_attester("snp", None, settings.kernel)
         try:
             own = parse_report(attester.cpu.attest(bytes(64)).report).measurement
-            return BrokerPlatform("snp", own, attester, SnpDerivedKey(own))
+            return BrokerPlatform("snp", own, attester, SnpDerivedKey(own, device=settings.kernel.sev_guest))
         except AttestationError as exc:
             raise SealedStateError(f"the broker cannot attest itself or derive its sealing key: {exc}") from exc
     if settings.keystore != "vault":
@@ -83,7 +97,7 @@ def open_platform(settings: BrokerSettings) -> BrokerPlatform:
                                "state in OpenBao (--keystore vault); see docs/security.md")
     from attestation.tdx.abi import parse_quote
 
-    attester = hardware_attester("tdx", None, KernelInterfaces())
+    attester = hardware_attester("tdx", None, settings.kernel)
     try:
         own = parse_quote(attester.cpu.attest(bytes(64)).report).body.mr_td
     except AttestationError as exc:

@@ -5,10 +5,11 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from attestation.attesters import KernelInterfaces
 from key_broker.auth import check_secret, hash_token
 from key_broker.errors import SettingsError
 
@@ -42,6 +43,11 @@ class BrokerSettings:
     unsafe_sim_reseal: bool = False
     # Tests only: the broker's simulated measurement, instead of computing it over its code.
     unsafe_sim_measurement: str | None = None
+    # SNP/TDX: the broker's init-data (attestation/broker_initdata.py: its image, arguments,
+    # environment, measured configuration), whose digest its hardware reports; the path is not
+    # measured, the document is (key_broker/workload_check.py). Where its attestation interfaces are.
+    init_data: Path | None = None
+    kernel: KernelInterfaces = field(default_factory=KernelInterfaces)
     challenge_ttl: dt.timedelta = dt.timedelta(seconds=60)
     token_ttl: dt.timedelta = dt.timedelta(minutes=5)
     max_body_bytes: int = 1 << 20

@@ -1,9 +1,11 @@
 """`sealed verify --broker URL`: verify the key broker's own attestation offline and say what the
 hardware evidence showed (attestation/broker_identity.py does the checks).
 
-What it trusts comes from the client policy (`broker`: {"tee", "measurements"}; the simulated
-platform key from `evidence.sim_platform_key`, used only when the simulated TEE is allowed) or from
-`--broker-measurement`; vendor roots are the pinned ones (or the policy's `unsafe_roots_dir`).
+What it trusts comes from the client policy (`broker`: {"tee", "measurements", "workload_ids"}; the
+simulated platform key from `evidence.sim_platform_key`, used only when the simulated TEE is allowed)
+or from `--broker-measurement` / `--broker-workload-id`; vendor roots are the pinned ones (or the
+policy's `unsafe_roots_dir`). A workload id pinned is required (the broker's init-data digest its
+hardware reports); none pinned, the one reported is printed as "not pinned".
 """
 
 from __future__ import annotations
@@ -32,7 +34,17 @@ def broker_trust(policy: dict[str, Any], *, allow_simulated: bool, base: Path | 
         sim_platform_key=Ed25519PublicKey.from_public_bytes(bytes.fromhex(sim_hex)) if (sim_hex and allow) else None)
 
 
-def report(verified: VerifiedBroker, nonce: bytes) -> list[str]:
+def _workload_line(verified: VerifiedBroker, pinned: bool) -> str:
+    field = {"snp": "HOST_DATA", "tdx": "MRCONFIGID"}.get(verified.cpu.tee.value)
+    if field is None:
+        return "  workload id   none (the simulated TEE carries no init-data digest)"
+    if not verified.workload_id.strip("0"):
+        return f"  workload id   none ({field} is zero: launched without init-data; not pinned)"
+    return f"  workload id   {verified.workload_id} ({field}: the broker's init-data; " \
+           f"{'pinned' if pinned else 'NOT pinned: any broker image in this runtime class would pass'})"
+
+
+def report(verified: VerifiedBroker, nonce: bytes, workload_pinned: bool = False) -> list[str]:
     cpu, identity = verified.cpu, verified.identity
     return [
         f"key broker {identity.issuer}:",
@@ -40,6 +52,7 @@ def report(verified: VerifiedBroker, nonce: bytes) -> list[str]:
         f"  TEE           {cpu.tee.value}" + ("  (INSECURE: simulated, its platform key is the operator's)"
                                               if cpu.tee.value == "sim" else ""),
         f"  measurement   {cpu.measurement.hex()} (pinned)",
+        _workload_line(verified, workload_pinned),
         f"  TCB           status {cpu.tcb_status.value}, {json.dumps(dict(cpu.tcb), sort_keys=True)}",
         f"  debug         {'on' if cpu.debug else 'off'}",
         f"  REPORT_DATA   {cpu.report_data.hex()}",
@@ -53,19 +66,21 @@ def report(verified: VerifiedBroker, nonce: bytes) -> list[str]:
 
 
 def verify_broker(url: str, policy_path: Path | None, measurements: list[str], *, allow_simulated: bool,
-                  now: dt.datetime) -> VerifiedBroker:
+                  now: dt.datetime, workload_ids: list[str] | None = None) -> VerifiedBroker:
     """Print what was verified, or why not (typer.Exit(1))."""
     policy: dict[str, Any] = json.loads(policy_path.read_text()) if policy_path else {}
     pinned = [*measurements, *((policy.get("broker") or {}).get("measurements") or [])]
+    workloads = [*(workload_ids or []), *((policy.get("broker") or {}).get("workload_ids") or [])]
     nonce = secrets.token_bytes(32)
     trust = broker_trust(policy, allow_simulated=allow_simulated, base=policy_path.parent if policy_path else None)
     try:
         answer = httpx.post(f"{url.rstrip('/')}/v1/broker/attestation", json={"nonce": nonce.hex()}, timeout=10.0)
         answer.raise_for_status()
         verified = verify_broker_attestation(
-            answer.json(), nonce=nonce, now=now, allowed_measurements=pinned, trust=trust)
+            answer.json(), nonce=nonce, now=now, allowed_measurements=pinned, trust=trust,
+            allowed_workload_ids=workloads)
     except (AttestationError, httpx.HTTPError, ValueError) as exc:
         typer.echo(f"key broker {url}: NOT verified ({type(exc).__name__}: {exc})")
         raise typer.Exit(1) from exc
-    typer.echo("\n".join(report(verified, nonce)))
+    typer.echo("\n".join(report(verified, nonce, workload_pinned=bool(workloads))))
     return verified

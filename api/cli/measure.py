@@ -11,12 +11,29 @@ from pathlib import Path
 
 import typer
 
-from api.cli.measure_pod import MANIFEST_HELP, pinned_from_manifest, workload_values
+from api.cli.measure_pod import BROKER_HELP, MANIFEST_HELP, broker_from_manifest, pinned_from_manifest, workload_values
+from api.orchestrator.broker_pod import PinnedBroker
+from api.orchestrator.pin import PinnedWorker
 from attestation.errors import AttestationError
 
 
 def _int(value: str) -> int:
     return int(value, 0)
+
+
+def _pinned(tee: str, manifest: Path | None, broker: bool, tenant: str | None, model: str | None,
+            version: str | None, package: str | None, policy_admin_key: Path | None,
+            image_env: list[str]) -> PinnedWorker | PinnedBroker | None:
+    """The worker pod of a version, or with --broker the key broker's pod, of the overlay."""
+    if manifest is None:
+        if broker:
+            raise typer.BadParameter("--broker needs --manifest", param_hint="--broker")
+        return None
+    if broker:
+        if tenant or model or version or package or policy_admin_key:
+            raise typer.BadParameter("--broker measures the broker's pod: no model version", param_hint="--broker")
+        return broker_from_manifest(tee, manifest, image_env)
+    return pinned_from_manifest(tee, manifest, tenant, model, version, package, policy_admin_key, image_env)
 
 
 def build() -> typer.Typer:
@@ -44,13 +61,13 @@ def build() -> typer.Typer:
                                               help="with --manifest: the tenant's policy-admin public key, if any"),
         image_env: list[str] = typer.Option([], "--image-env", help="NAME=VALUE of the worker image's ENV (repeat; "
                                             "default: the template's sealed.dev/image-env annotation)"),
+        broker: bool = typer.Option(False, "--broker", help=BROKER_HELP),
     ) -> None:
         """SEV-SNP launch measurement of a QEMU/OVMF guest (SNP firmware ABI 8.17) and, with --manifest,
         the HOST_DATA of a worker pod of that overlay (the digest of its CoCo init-data)."""
         if ovmf is None and manifest is None:
             raise typer.BadParameter("give --ovmf (launch digest), --manifest (HOST_DATA) or both")
-        pinned = (pinned_from_manifest("snp", manifest, tenant, model, version, package, policy_admin_key, image_env)
-                  if manifest is not None else None)
+        pinned = _pinned("snp", manifest, broker, tenant, model, version, package, policy_admin_key, image_env)
         if ovmf is None:
             assert pinned is not None
             typer.echo(json.dumps({"tee": "snp", "measurement": None, **workload_values(pinned, "snp")}, indent=1)
@@ -111,6 +128,7 @@ def build() -> typer.Typer:
         policy_admin_key: Path = typer.Option(None, exists=True, dir_okay=False,
                                               help="with --manifest: the tenant's policy-admin public key, if any"),
         image_env: list[str] = typer.Option([], "--image-env", help="NAME=VALUE of the worker image's ENV (repeat)"),
+        broker: bool = typer.Option(False, "--broker", help=BROKER_HELP),
     ) -> None:
         """RTMR0..3 replayed from a TDX CC event log (TCG crypto-agile format, SHA-384) and, with
         --manifest, the MRCONFIGID of a worker pod of that overlay (the digest of its CoCo init-data).
@@ -120,8 +138,7 @@ def build() -> typer.Typer:
 
         if ccel is None and manifest is None:
             raise typer.BadParameter("give --ccel (RTMRs), --manifest (MRCONFIGID) or both")
-        pinned = (pinned_from_manifest("tdx", manifest, tenant, model, version, package, policy_admin_key, image_env)
-                  if manifest is not None else None)
+        pinned = _pinned("tdx", manifest, broker, tenant, model, version, package, policy_admin_key, image_env)
         pod = workload_values(pinned, "tdx") if pinned is not None else {}
         if ccel is None:
             typer.echo(json.dumps({"tee": "tdx", "mrtd": None, "rtmrs": None, **pod}, indent=1) if as_json

@@ -16,9 +16,41 @@ from typing import Any
 
 import typer
 
+from api.orchestrator.broker_pod import PinnedBroker
 from api.orchestrator.pin import PinError, PinnedWorker, is_confidential
 
 MANIFEST_HELP = "a rendered overlay (kubectl kustomize output) holding the worker template and its ConfigMaps"
+BROKER_HELP = ("with --manifest: the key broker's pod instead of a worker's (its HOST_DATA / MRCONFIGID is the "
+               "broker workload id workers pin with --broker-workload-id)")
+
+
+def _image_env(image_env: list[str]) -> dict[str, str] | None:
+    if not image_env:
+        return None
+    env = {}
+    for item in image_env:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise typer.BadParameter(f"{item!r}: use NAME=VALUE", param_hint="--image-env")
+        env[name] = value
+    return env
+
+
+def broker_from_manifest(tee: str, manifest: Path, image_env: list[str]) -> PinnedBroker:
+    """The key broker's Deployment of this overlay, pinned (api/orchestrator/broker_pod.py)."""
+    import yaml
+
+    from api.orchestrator.broker_pod import broker_from_objects
+
+    objects = [o for o in yaml.safe_load_all(manifest.read_text()) if isinstance(o, dict)]
+    try:
+        pinned = broker_from_objects(objects, _image_env(image_env))
+    except PinError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--manifest") from None
+    if pinned.broker.measured_config.get("tee") != tee:
+        raise typer.BadParameter(f"the overlay's broker runs on {pinned.broker.measured_config.get('tee')!r}, "
+                                 f"not {tee!r}", param_hint="--manifest")
+    return pinned
 
 
 def pinned_from_manifest(tee: str, manifest: Path, tenant: str | None, model: str | None, version: str | None,
@@ -46,14 +78,7 @@ def pinned_from_manifest(tee: str, manifest: Path, tenant: str | None, model: st
     if admin_key is not None:  # the controller mounts the tenant's policy set from this ConfigMap
         cm = policy_configmap(spec, {"document": {}, "admin_key_pem": admin_key.decode()}, None)["metadata"]["name"]
     deployment = worker_deployment(templates[0], spec, cm)
-    env = None
-    if image_env:
-        env = {}
-        for item in image_env:
-            name, sep, value = item.partition("=")
-            if not sep or not name:
-                raise typer.BadParameter(f"{item!r}: use NAME=VALUE", param_hint="--image-env")
-            env[name] = value
+    env = _image_env(image_env)
     try:
         from api.orchestrator.pin import pin
 
@@ -66,13 +91,17 @@ def pinned_from_manifest(tee: str, manifest: Path, tenant: str | None, model: st
     return pinned
 
 
-def workload_values(pinned: PinnedWorker, tee: str) -> dict[str, Any]:
-    """What a relying party allows for this worker, and what the host launches it with."""
+def workload_values(pinned: PinnedWorker | PinnedBroker, tee: str) -> dict[str, Any]:
+    """What a relying party allows for this worker (or broker), and what the host launches it with."""
     field = {"snp": "host_data", "tdx": "mr_config_id"}[tee]
+    document = pinned.workload if isinstance(pinned, PinnedWorker) else pinned.broker
     return {
-        field: pinned.coco.digest_for(tee).hex(),  # release and client policies: allowed_workload_ids
+        # Worker: release and client policies' allowed_workload_ids. Broker: --broker-workload-id,
+        # BROKER_WORKLOAD_ID in sealed-config, a client's broker.workload_ids.
+        field: pinned.coco.digest_for(tee).hex(),
+        "role": "worker" if isinstance(pinned, PinnedWorker) else "key-broker",
         "init_data_algorithm": pinned.coco.algorithm,
         "agent_policy_sha256": hashlib.sha256(pinned.policy.encode()).hexdigest(),
-        "workload": pinned.workload.to_dict(),
+        "workload": document.to_dict(),
         "init_data_annotation": pinned.coco.annotation(),  # the pod's cc_init_data annotation
     }

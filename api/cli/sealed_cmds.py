@@ -65,6 +65,9 @@ def verify(
     broker_measurement: list[str] = typer.Option([], "--broker-measurement",
                                                  help="a key broker measurement to accept (hex; or the policy's "
                                                       "broker.measurements)"),
+    broker_workload_id: list[str] = typer.Option([], "--broker-workload-id",
+                                                 help="a key broker workload id to require (hex SNP HOST_DATA / TDX "
+                                                      "MRCONFIGID; or the policy's broker.workload_ids)"),
 ) -> None:
     """Verify every worker a deployment serves (and, with --broker, the key broker); print what was
     verified; exit non-zero on any failure.
@@ -82,7 +85,8 @@ def verify(
     if broker is not None:
         from api.cli.broker_verify import verify_broker
 
-        verify_broker(broker, policy, broker_measurement, allow_simulated=unsafe_allow_simulated, now=now)
+        verify_broker(broker, policy, broker_measurement, allow_simulated=unsafe_allow_simulated, now=now,
+                      workload_ids=broker_workload_id)
         if url is None:
             return
     if url is None:
@@ -157,8 +161,8 @@ def _attested_broker_jwks(trust: Any, http: Any, now: dt.datetime) -> Any:
     except (AttestationError, ValueError, httpx.HTTPError) as exc:
         typer.echo(f"key broker {pin.url}: NOT verified ({type(exc).__name__}: {exc})")
         raise typer.Exit(1) from exc
-    typer.echo(f"key broker {pin.url}: token keys taken from its attestation (a pinned measurement, "
-               "verified from the hardware evidence)")
+    typer.echo(f"key broker {pin.url}: token keys taken from its attestation (a pinned measurement"
+               + (", a pinned workload id" if pin.workload_ids else "") + ", verified from the hardware evidence)")
     return jwks
 
 

@@ -87,7 +87,7 @@ def _resolve_env(env: list[dict[str, Any]], configmaps: Mapping[str, Mapping[str
     return out
 
 
-def _expand(arg: str, values: Mapping[str, str]) -> str:
+def expand_refs(arg: str, values: Mapping[str, str]) -> str:
     def one(match: re.Match[str]) -> str:
         if match.group(0) == "$$":
             return "$"
@@ -141,7 +141,7 @@ def pin(deployment: Mapping[str, Any], configmaps: Mapping[str, Mapping[str, str
         raise PinError(f"the worker's command must be the image's entrypoint {list(WORKER_ENTRYPOINT)}")
     container["env"] = _resolve_env(container.get("env", []), configmaps)
     values = {e["name"]: e["value"] for e in container["env"] if "value" in e}
-    argv = [_expand(str(a), values) for a in container.get("args", [])]
+    argv = [expand_refs(str(a), values) for a in container.get("args", [])]
     container["args"] = [*argv, "--init-data", f"{INIT_DATA_DIR}/{INIT_DATA_FILE}"]
     mounts = container.setdefault("volumeMounts", [])
     if not any(m.get("name") == INIT_DATA_VOLUME for m in mounts):

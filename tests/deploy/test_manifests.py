@@ -189,9 +189,15 @@ def test_the_broker_is_a_confidential_workload_in_the_workers_tee(overlay: str) 
     args = container["args"]
     assert args[args.index("--tee") + 1] == BROKER_TEE[overlay]
     assert "--sim-platform-signing-key" not in args and "--unsafe-sim-reseal" not in args
+    # Its own init-data: the pod's annotation, read back through a downward-API file (--init-data).
+    assert args[args.index("--init-data") + 1] == "/etc/sealed/init-data/cc_init_data"
+    assert INIT_DATA in pod["metadata"]["annotations"] and container["command"] == ["python", "-m", "key_broker"]
+    (volume,) = [v for v in pod["spec"]["volumes"] if v["name"] == "init-data"]
+    assert volume["downwardAPI"]["items"][0]["fieldRef"]["fieldPath"] == f"metadata.annotations['{INIT_DATA}']"
     for _, worker in workers(objects):
         (c,) = [c for c in worker["spec"]["containers"] if c["name"] == "worker"]
         assert "--broker-tee" in c["args"] and "--broker-measurement" in c["args"]
+        assert c["args"][c["args"].index("--broker-workload-id") + 1] == "$(BROKER_WORKLOAD_ID)"
 
 
 def test_the_dev_broker_runs_the_simulated_tee_with_its_platform_key() -> None:
@@ -199,6 +205,7 @@ def test_the_dev_broker_runs_the_simulated_tee_with_its_platform_key() -> None:
     assert "runtimeClassName" not in pod["spec"]
     args = container["args"]
     assert args[args.index("--tee") + 1] == "sim" and "--sim-platform-signing-key" in args
+    assert "--init-data" not in args  # the simulated TEE has no init-data field, so no workload id
 
 
 @pytest.mark.parametrize("overlay", [o for o in OVERLAYS if o != "dev"])

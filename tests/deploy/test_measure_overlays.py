@@ -54,6 +54,8 @@ ROOT = Path(__file__).resolve().parents[2]
 CONFIDENTIAL = ("snp", "tdx", "snp-gpu", "tdx-gpu")
 WORKER_DIGEST = "sha256:" + "cd" * 32
 BROKER_MEASUREMENT = "ee" * 48
+BROKER_DIGEST = "sha256:" + "bc" * 32
+BROKER_WORKLOAD_ID = "b1" * 32
 VERSION = {"tenant": "acme", "model": "m", "version": "v1", "package": "ab" * 32}
 FIELD = {"snp": "host_data", "tdx": "mr_config_id"}
 
@@ -69,9 +71,14 @@ def k8s(tmp_path_factory: pytest.TempPathFactory) -> Path:
     text = kustomization.read_text()
     pinned = text.replace("newName: registry.example.com/sealed/worker\n    newTag: 0.1.0",
                           f"newName: registry.example.com/sealed/worker\n    digest: {WORKER_DIGEST}")
+    pinned = pinned.replace("newName: registry.example.com/sealed/broker\n    newTag: 0.1.0",
+                            f"newName: registry.example.com/sealed/broker\n    digest: {BROKER_DIGEST}")
     pinned = pinned.replace("BROKER_MEASUREMENT=set-me-to-the-broker-measurement",
                             f"BROKER_MEASUREMENT={BROKER_MEASUREMENT}")
-    assert pinned.count(WORKER_DIGEST) == 1 and BROKER_MEASUREMENT in pinned, "the base kustomization changed"
+    pinned = pinned.replace("BROKER_WORKLOAD_ID=set-me-to-the-broker-workload-id",
+                            f"BROKER_WORKLOAD_ID={BROKER_WORKLOAD_ID}")
+    assert pinned.count(WORKER_DIGEST) == 1 and BROKER_MEASUREMENT in pinned and BROKER_DIGEST in pinned \
+        and BROKER_WORKLOAD_ID in pinned, "the base kustomization changed"
     kustomization.write_text(pinned)
     return root
 
@@ -171,7 +178,8 @@ def test_measure_matches_what_the_fake_hardware_reports_for_the_controllers_work
     assert doc["env"] == {k: v for k, v in environ.items() if k.startswith(("SEALED_", "PYTHON"))}
     assert doc["env"]["SEALED_TEE"] == {"snp": "snp", "tdx": "tdx"}[tee] + ("+nvgpu" if "gpu" in overlay else "")
     assert doc["measured_config"] == json.loads(json.dumps(settings.measured_config()))
-    assert doc["measured_config"]["broker"] == {"tee": tee, "measurements": [BROKER_MEASUREMENT]}
+    assert doc["measured_config"]["broker"] == {"tee": tee, "measurements": [BROKER_MEASUREMENT],
+                                                "workload_ids": [BROKER_WORKLOAD_ID]}
     toml = tomllib.loads(gzip.decompress(base64.b64decode(annotation)).decode())
     policy = toml["data"]["policy.rego"]
     assert doc["agent_policy_digest"] == measured["agent_policy_sha256"] == hashlib.sha256(policy.encode()).hexdigest()
