@@ -11,12 +11,14 @@ verify --broker` checks it; the broker's state is sealed to it (key_broker/seale
 from __future__ import annotations
 
 import hashlib
+from pathlib import Path
 from typing import Any
 
 from cryptography.hazmat.primitives import serialization
 
 from attestation.sim import worker_measurement
 from attestation.sim.closure import closure_code
+from key_broker.errors import SettingsError
 from key_broker.settings import BrokerSettings
 
 ENTRY_POINT = "key_broker.__main__"
@@ -29,7 +31,11 @@ def measured_config(settings: BrokerSettings) -> dict[str, Any]:
         public = serialization.load_pem_public_key(settings.sim_platform_public_key.read_bytes())
         raw = public.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
         sim_workers = hashlib.sha256(raw).hexdigest()
+    # Roots other than the packaged ones (attestation/roots, pinned by the image digest) decide whose
+    # hardware the broker believes: their content is measured, not only their path.
+    roots = {"roots_sha256": roots_digest(settings.roots_dir)} if settings.roots_dir is not None else {}
     return {
+        **roots,
         "role": "key-broker",
         "issuer": settings.issuer,
         "tee": settings.tee,
@@ -38,6 +44,20 @@ def measured_config(settings: BrokerSettings) -> dict[str, Any]:
         "vault_mount": settings.vault_mount if settings.keystore == "vault" else None,
         "accepts_sim_workers": sim_workers,  # sha256 of the simulated platform key it verifies, or None
     }
+
+
+def roots_digest(directory: Path) -> str:
+    """SHA-256 over every file of a roots directory (name and bytes, in name order); a directory that
+    cannot be read is refused rather than measured as empty."""
+    h = hashlib.sha256()
+    try:
+        files = sorted(p for p in directory.iterdir() if p.is_file())
+        for path in files:
+            data = path.read_bytes()
+            h.update(len(path.name).to_bytes(4, "big") + path.name.encode() + len(data).to_bytes(8, "big") + data)
+    except OSError as exc:
+        raise SettingsError(f"the roots directory {directory} cannot be read: {exc}") from exc
+    return h.hexdigest()
 
 
 def simulated_measurement(settings: BrokerSettings) -> bytes:
