@@ -25,7 +25,9 @@ class UnknownBenchmarkError(LookupError):
 
 
 def load(name: str) -> Callable[[list[str]], int]:
-    """The `main` of benchmark NAME; imported through the package so it is registered in sys.modules."""
+    """The `main` of benchmark NAME (`-` and `_` alike: `sealed-path` is `bench_sealed_path`); imported
+    through the package so it is registered in sys.modules."""
+    name = name.replace("-", "_")
     if name not in available():
         raise UnknownBenchmarkError(f"unknown benchmark {name!r}; available: {', '.join(available())}")
     module: ModuleType = importlib.import_module(f"{__name__}.{PREFIX}{name}")

@@ -45,6 +45,13 @@ async def collect_choice(stream: AsyncIterator[worker_pb2.GenerateChunk],
 async def merge_streams(streams: Streams) -> AsyncGenerator[tuple[int, worker_pb2.GenerateChunk], None]:
     """(choice index, chunk) in arrival order, one pump task per stream; a stream's error is raised
     here. Use it under `contextlib.aclosing`, so that leaving early cancels the pumps at once."""
+    if len(streams) == 1:
+        # One choice (nearly every request): read it in place. A pump task and its queue cost two
+        # event-loop turns per token and put the task's wake-up between a token and its client.
+        # Leaving early leaves the stream suspended at a yield; its owner closes it, as with pumps.
+        async for c in streams[0]:
+            yield 0, c
+        return
     queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
 
     async def pump(i: int, s: AsyncIterator[worker_pb2.GenerateChunk]) -> None:

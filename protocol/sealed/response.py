@@ -29,7 +29,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF, HKDFExpand
 
 from protocol.sealed.errors import ResponseCorrupted, SealedFormatError
-from protocol.sealed.padding import DEFAULT_PADDING, LENGTH_BYTES, MAX_STEP_BYTES, PaddingPolicy, pad, unpad
+from protocol.sealed.padding import DEFAULT_PADDING, LENGTH_BYTES, MAX_STEP_BYTES, PaddingPolicy, unpad
 
 RESPONSE_EXPORT_LABEL = b"sealed-response-v2"
 SECRET_BYTES = 32
@@ -39,6 +39,7 @@ _FINAL_AAD = b"final"
 MAX_CHUNK = 16 << 20
 _MAX_CIPHERTEXT = MAX_CHUNK + LENGTH_BYTES + MAX_STEP_BYTES + 16  # chunk, padding, GCM tag
 _HEADER = struct.Struct(">BI")
+_LENGTH = struct.Struct(">I")  # padding.py's length prefix
 
 
 def _keys(secret: bytes, enc: bytes, response_nonce: bytes) -> tuple[AESGCM, bytes]:
@@ -62,6 +63,10 @@ class ResponseHash:
     def update(self, chunk: bytes) -> None:
         self._h.update(struct.pack(">I", len(chunk)) + chunk)
 
+    def update_framed(self, framed: bytes) -> None:
+        """`update` for a chunk already framed as length || plaintext (the padded frame's start)."""
+        self._h.update(framed)
+
     def hexdigest(self) -> str:
         return self._h.hexdigest()
 
@@ -76,6 +81,7 @@ class ResponseSealer:
         if len(self.response_nonce) != NONCE_BYTES:
             raise SealedFormatError("response nonce must be 32 bytes")
         self._aead, self._base = _keys(secret, enc, self.response_nonce)
+        self._base_int = int.from_bytes(self._base, "big")  # chunk i's nonce: this XOR i (`_nonce`)
         self._seq = 0
         self._done = False
         self.hash = ResponseHash()
@@ -84,13 +90,17 @@ class ResponseSealer:
         return self.response_nonce
 
     def seal(self, chunk: bytes, final: bool = False) -> bytes:
+        # One call per streamed token: the frame is built once (length || chunk is both what the
+        # response hash covers and the padded plaintext's start; padding.py's `pad`, unrolled).
         if self._done:
             raise SealedFormatError("response already finished")
         if len(chunk) > MAX_CHUNK:
             raise SealedFormatError("response chunk too large")
+        framed = _LENGTH.pack(len(chunk)) + chunk
         if not final:
-            self.hash.update(chunk)
-        ciphertext = self._aead.encrypt(_nonce(self._base, self._seq), pad(chunk, self._padding),
+            self.hash.update_framed(framed)
+        padded = framed + bytes(self._padding.bucket(len(framed)) - len(framed))
+        ciphertext = self._aead.encrypt((self._base_int ^ self._seq).to_bytes(_AEAD_NONCE, "big"), padded,
                                         _FINAL_AAD if final else b"")
         self._seq += 1
         self._done = final
