@@ -1,0 +1,137 @@
+"""`sealed bench serve --tracing-sample R`: serving throughput with OpenTelemetry tracing on at
+sampling ratio R against tracing off, in alternating pairs (issue #37: within 3% at 10%).
+
+Tracing is a per-process setting read at start (docs/tracing.md), so the benchmark starts two
+`sealed up` stacks of its own, the same in all but the environment: one with no OTEL_* variable
+(tracing off: no OpenTelemetry module is even imported), one with
+``OTEL_EXPORTER_OTLP_ENDPOINT`` pointing at a local OTLP/HTTP sink (sealed_bench/otlp_sink.py),
+``OTEL_TRACES_SAMPLER=parentbased_traceidratio`` and ``OTEL_TRACES_SAMPLER_ARG=R``. Every span of a
+sampled request is made, batched, protobuf-encoded and posted by the SDK's real OTLP exporter; the
+sink counts them. Both stacks are up for the whole run; only one is loaded at a time, and the pairs
+alternate which goes first. The report carries the load average around each run, each stack's
+gateway and worker CPU time per request, and what the sink received (spans, sampled requests).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from api.home import Home
+from api.stack import DEMO_TENANT
+from sealed_bench.serve_load import load_tokenizer, make_prompts, print_summary, run_load, summarize
+from sealed_bench.serve_pairs import CpuMeter, Labels, paired, print_costs, stack_pids
+from sealed_bench.serve_sealed import _free_port, _machine
+
+LABELS: Labels = ("tracing_off", "tracing_on")
+UP_TIMEOUT_S = 1200.0  # encrypting the demo model and loading it, on a loaded 2-core machine
+
+
+def _clean_env() -> dict[str, str]:
+    """This environment without any OTEL_* variable (the baseline must not trace at all)."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+
+
+def tracing_env(sink_port: int, ratio: float) -> dict[str, str]:
+    return {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{sink_port}",
+            "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+            "OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": str(ratio)}
+
+
+class UpStack:
+    """One `sealed up` in its own home, on its own port, with the given environment."""
+
+    def __init__(self, home: Path, env: dict[str, str], label: str) -> None:
+        self.home, self.label, self.port = Home(home), label, _free_port()
+        home.mkdir(parents=True, exist_ok=True)
+        self.log = home / "up.log"
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen([sys.executable, "-m", "api.cli.main", "up", "--home", str(home),
+                                          "--port", str(self.port)], env=env, stdout=out,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def wait_up(self) -> None:
+        deadline = time.monotonic() + UP_TIMEOUT_S
+        while "Sealed is up" not in self.log.read_text(errors="replace"):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                tail = self.log.read_text(errors="replace")[-3000:]
+                raise RuntimeError(f"{self.label}: `sealed up` did not come up:\n{tail}")
+            time.sleep(1.0)
+
+    @property
+    def api_key(self) -> str:
+        return self.home.api_key_file(DEMO_TENANT).read_text().strip()
+
+    def meter(self) -> CpuMeter:
+        return CpuMeter(stack_pids(self.home.root))
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)  # `sealed up` stops every child; tracing flushes its spans
+            try:
+                self.proc.wait(120)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+
+
+def run_tracing(args: argparse.Namespace) -> int:
+    ratio: float = args.tracing_sample
+    if not 0 < ratio <= 1:
+        raise SystemExit("--tracing-sample must be in (0, 1]")
+    tokenizer = load_tokenizer(args.tokenizer_gguf)
+    prompts = make_prompts(args.num_prompts, args.random_input_len, args.seed, tokenizer)
+    with tempfile.TemporaryDirectory(prefix="sealed-bench-tracing-") as scratch_dir:
+        scratch = Path(scratch_dir)
+        sink_port, stats = _free_port(), scratch / "otlp-sink.json"
+        sink = subprocess.Popen([sys.executable, "-m", "sealed_bench.otlp_sink", "--port", str(sink_port),
+                                 "--stats", str(stats)], env=_clean_env())
+        traced_env = _clean_env() | tracing_env(sink_port, ratio)
+        stacks = {LABELS[0]: UpStack(scratch / "off", _clean_env(), LABELS[0]),
+                  LABELS[1]: UpStack(scratch / "on", traced_env, LABELS[1])}
+        try:
+            for stack in stacks.values():
+                stack.wait_up()
+            meters = {label: stack.meter() for label, stack in stacks.items()}
+
+            def run(label: str, mark: Callable[[], None]) -> dict[str, Any]:
+                stack = stacks[label]
+                results, duration = asyncio.run(run_load(
+                    stack.url, args.model, stack.api_key, prompts, args.random_output_len, args.request_rate,
+                    args.max_concurrency, args.seed, args.ignore_eos, on_start=mark))
+                return summarize(results, duration, {}) | {"client": "sealed bench serve"}
+
+            report = paired(run, args.pairs, meters.__getitem__, print_summary, LABELS)
+        finally:
+            for stack in stacks.values():
+                stack.stop()
+            sink.send_signal(signal.SIGTERM)
+            sink.wait(60)
+        received = json.loads(stats.read_text()) if stats.exists() else {}
+    print_costs(report, LABELS)
+    completed = sum(r["completed"] for r in report["runs"] if r["mode"] == LABELS[1])
+    print(f"OTLP sink: {received.get('spans', 0)} spans in {received.get('exports', 0)} exports; "
+          f"{received.get('requests_sampled', 0)} sampled requests of {completed} served traced (+ warm-ups)")
+    conditions = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
+                  if "api_key" not in k and k != "json"}
+    report = {"conditions": conditions | {"tracing_env": tracing_env(0, ratio) | {"OTEL_EXPORTER_OTLP_ENDPOINT":
+                                                                                  "http://127.0.0.1:<sink>"},
+                                          "exporter": "OTLP/HTTP protobuf to a local sink (sealed_bench/otlp_sink.py)"},
+              "machine": _machine(), "otlp_sink": received, "requests_traced": completed, **report}
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=1, default=str))
+    return 0 if all(r["failed"] == 0 for r in report["runs"]) else 1
