@@ -61,8 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--unsafe-allow-simulated", action="store_true", help="--sealed: accept the simulated TEE")
     p.add_argument("--pairs", type=int, default=3, help="--sealed: plaintext/sealed pairs, alternating order")
     p.add_argument("--mixed", action="store_true",
-                   help="--sealed: each pair runs both modes at once, half of --max-concurrency each, in the same "
-                        "engine batches (a loaded machine's drift then hits both alike)")
+                   help="--sealed, --tracing-sample: each pair runs both modes at once, half of --max-concurrency "
+                        "each (a loaded machine's drift then hits both alike)")
     p.add_argument("--home", type=Path, default=None,
                    help="--sealed: the `sealed up` home, to read the gateway's and worker's CPU time per request")
     p.add_argument("--client", choices=("builtin", "vllm"), default="builtin",

@@ -93,11 +93,13 @@ def paired(run: Run, pairs: int, meter: CpuMeter | Callable[[str], CpuMeter],
 RunBoth = Callable[[str, Callable[[], None]], dict[str, Summary]]
 
 
-def paired_mixed(run_both: RunBoth, pairs: int, meter: CpuMeter, show: Callable[[str, Summary], None]
-                 ) -> dict[str, Any]:
+def paired_mixed(run_both: RunBoth, pairs: int, meter: CpuMeter, show: Callable[[str, Summary], None],
+                 labels: Labels = SEALED) -> dict[str, Any]:
     """Each pair runs both modes at the same time (`run_both(first, mark)`: the load of `first` is
-    started first), so both see the same engine batches and the same machine load. CPU time is then
-    the stack's per request of either mode (it cannot be split between them)."""
+    started first), so both see the same machine load (and, on one deployment, the same engine
+    batches). CPU time of one deployment is the stack's per request of either mode (it cannot be
+    split); where the meter's names carry a label (`tracing_on.worker`: two deployments), each mode
+    gets its own."""
     runs: list[tuple[int, str, Summary]] = []
     for i in range(pairs):
         before, load_before, start = meter.snapshot(), os.getloadavg()[0], time.time()
@@ -105,18 +107,20 @@ def paired_mixed(run_both: RunBoth, pairs: int, meter: CpuMeter, show: Callable[
         def mark(b: dict[str, float] = before) -> None:  # the CPU counted from the loads' start
             b.update(meter.snapshot())
 
-        both = run_both("plaintext" if i % 2 == 0 else "sealed", mark)
+        both = run_both(labels[i % 2], mark)
         after, load_after = meter.snapshot(), os.getloadavg()[0]
         done = max(sum(s["completed"] for s in both.values()), 1)
         shared = {k: round(1000 * (after[k] - before[k]) / done, 2) for k in after}
-        for label in ("plaintext", "sealed"):
+        for label in labels:
             summary = both[label]
-            summary.update(cpu_ms_per_request={}, cpu_ms_per_request_both_modes=shared,
+            own = {k.split(".", 1)[1]: round(1000 * (after[k] - before[k]) / max(summary["completed"], 1), 2)
+                   for k in after if k.startswith(f"{label}.")}
+            summary.update(cpu_ms_per_request=own, cpu_ms_per_request_both_modes=shared,
                            loadavg_1m=[load_before, load_after],
                            started_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(start)))
             show(f"pair {i + 1}/{pairs} (both at once): {label}", summary)
             runs.append((i, label, summary))
-    return _report(runs, pairs)
+    return _report(runs, pairs, labels)
 
 
 def _report(runs: list[tuple[int, str, Summary]], pairs: int, labels: Labels = SEALED) -> dict[str, Any]:

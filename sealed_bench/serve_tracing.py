@@ -30,7 +30,7 @@ from typing import Any
 from api.home import Home
 from api.stack import DEMO_TENANT
 from sealed_bench.serve_load import load_tokenizer, make_prompts, print_summary, run_load, summarize
-from sealed_bench.serve_pairs import CpuMeter, Labels, paired, print_costs, stack_pids
+from sealed_bench.serve_pairs import CpuMeter, Labels, Run, RunBoth, paired, paired_mixed, print_costs, stack_pids
 from sealed_bench.serve_sealed import _free_port, _machine
 
 LABELS: Labels = ("tracing_off", "tracing_on")
@@ -89,6 +89,52 @@ class UpStack:
                 self.proc.wait()
 
 
+def _run_one(args: argparse.Namespace, stacks: dict[str, UpStack], prompts: list[str]) -> Run:
+    def run(label: str, mark: Callable[[], None]) -> dict[str, Any]:
+        stack = stacks[label]
+        results, duration = asyncio.run(run_load(
+            stack.url, args.model, stack.api_key, prompts, args.random_output_len, args.request_rate,
+            args.max_concurrency, args.seed, args.ignore_eos, on_start=mark))
+        return summarize(results, duration, {}) | {"client": "sealed bench serve"}
+    return run
+
+
+def _joint_meter(stacks: dict[str, UpStack]) -> CpuMeter:
+    """Both stacks' processes, named `<label>.gateway`, `<label>.worker`: each mode's own CPU."""
+    return CpuMeter({f"{label}.{name}": pids for label, stack in stacks.items()
+                     for name, pids in stack_pids(stack.home.root).items()})
+
+
+def _run_both(args: argparse.Namespace, stacks: dict[str, UpStack], prompts: list[str]) -> RunBoth:
+    """--mixed: both stacks loaded at once, half the concurrency each, so a drift in the machine's
+    load (other jobs) hits both alike; the order they start in swaps from pair to pair."""
+    half = max((args.max_concurrency or len(prompts)) // 2, 1)
+
+    def run_both(first: str, mark: Callable[[], None]) -> dict[str, dict]:
+        marked: list[bool] = []
+
+        def mark_once() -> None:
+            if not marked:
+                marked.append(True)
+                mark()
+
+        async def go() -> dict[str, dict]:
+            gate = asyncio.Barrier(2)
+
+            async def one(label: str) -> tuple[str, dict]:
+                stack = stacks[label]
+                results, duration = await run_load(
+                    stack.url, args.model, stack.api_key, prompts, args.random_output_len, args.request_rate,
+                    half, args.seed, args.ignore_eos, on_start=mark_once, gate=gate)
+                return label, summarize(results, duration, {}) | {"client": "sealed bench serve"}
+
+            second = LABELS[1] if first == LABELS[0] else LABELS[0]
+            return dict(await asyncio.gather(one(first), one(second)))
+
+        return asyncio.run(go())
+    return run_both
+
+
 def run_tracing(args: argparse.Namespace) -> int:
     ratio: float = args.tracing_sample
     if not 0 < ratio <= 1:
@@ -106,16 +152,13 @@ def run_tracing(args: argparse.Namespace) -> int:
         try:
             for stack in stacks.values():
                 stack.wait_up()
-            meters = {label: stack.meter() for label, stack in stacks.items()}
-
-            def run(label: str, mark: Callable[[], None]) -> dict[str, Any]:
-                stack = stacks[label]
-                results, duration = asyncio.run(run_load(
-                    stack.url, args.model, stack.api_key, prompts, args.random_output_len, args.request_rate,
-                    args.max_concurrency, args.seed, args.ignore_eos, on_start=mark))
-                return summarize(results, duration, {}) | {"client": "sealed bench serve"}
-
-            report = paired(run, args.pairs, meters.__getitem__, print_summary, LABELS)
+            if args.mixed:
+                report = paired_mixed(_run_both(args, stacks, prompts), args.pairs, _joint_meter(stacks),
+                                      print_summary, LABELS)
+            else:
+                meters = {label: stack.meter() for label, stack in stacks.items()}
+                report = paired(_run_one(args, stacks, prompts), args.pairs, meters.__getitem__, print_summary,
+                                LABELS)
         finally:
             for stack in stacks.values():
                 stack.stop()
