@@ -55,3 +55,19 @@ def test_the_sink_counts_what_a_real_exporter_sends(tmp_path: Path) -> None:
     assert counts["by_name"] == {"gateway.request": 2, "gateway.route": 2, "worker.decode": 1}
     assert (counts["requests_sampled"], counts["spans"], counts["exports"]) == (2, 5, 5)
     assert counts["bytes"] > 0
+
+
+def test_the_tracing_benchmark_runs_the_real_span_paths_and_exports(tmp_path: Path) -> None:
+    """`sealed bench tracing` end to end, small: the traced runs' spans reach the sink, sampled at
+    the ratio asked (no timing is asserted; the figures are the benchmark's)."""
+    import os
+
+    from sealed_bench.bench_tracing import main
+
+    before = {k: v for k, v in os.environ.items() if k.startswith("OTEL_")}
+    assert main(["--requests", "300", "--rounds", "1", "--sample", "0.5", "--json", str(tmp_path / "t.json")]) == 0
+    report = json.loads((tmp_path / "t.json").read_text())
+    assert 0.3 < report["sampled_fraction"] < 0.7  # 500 traced requests at 0.5
+    assert report["otlp_sink"]["by_name"]["worker.decode"] == report["otlp_sink"]["requests_sampled"]
+    assert {"off", "on", "added_us"} <= set(report["rounds"][0])
+    assert {k: v for k, v in os.environ.items() if k.startswith("OTEL_")} == before  # left as found
