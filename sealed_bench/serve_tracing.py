@@ -76,6 +76,14 @@ class UpStack:
     def api_key(self) -> str:
         return self.home.api_key_file(DEMO_TENANT).read_text().strip()
 
+    def worker_rss_mb(self) -> list[float]:
+        """Each worker's resident memory: the engine's build (e.g. oneDNN-packed fp32 weights, a second
+        copy of the model, chosen by a measurement at boot) shows here, and it moves throughput far
+        more than tracing does, so a pair of stacks that differ here is not a tracing comparison."""
+        import psutil
+
+        return [round(psutil.Process(p).memory_info().rss / 2**20, 1) for p in stack_pids(self.home.root)["worker"]]
+
     def meter(self) -> CpuMeter:
         return CpuMeter(stack_pids(self.home.root))
 
@@ -152,6 +160,7 @@ def run_tracing(args: argparse.Namespace) -> int:
         try:
             for stack in stacks.values():
                 stack.wait_up()
+            rss = {label: stack.worker_rss_mb() for label, stack in stacks.items()}
             if args.mixed:
                 report = paired_mixed(_run_both(args, stacks, prompts), args.pairs, _joint_meter(stacks),
                                       print_summary, LABELS)
@@ -159,6 +168,7 @@ def run_tracing(args: argparse.Namespace) -> int:
                 meters = {label: stack.meter() for label, stack in stacks.items()}
                 report = paired(_run_one(args, stacks, prompts), args.pairs, meters.__getitem__, print_summary,
                                 LABELS)
+            rss_after = {label: stack.worker_rss_mb() for label, stack in stacks.items()}
         finally:
             for stack in stacks.values():
                 stack.stop()
@@ -166,6 +176,8 @@ def run_tracing(args: argparse.Namespace) -> int:
             sink.wait(60)
         received = json.loads(stats.read_text()) if stats.exists() else {}
     print_costs(report, LABELS)
+    print(f"worker RSS (MiB) before the runs {rss}, after {rss_after}: a large difference is a different engine "
+          "build (boot-time measurement), not tracing")
     completed = sum(r["completed"] for r in report["runs"] if r["mode"] == LABELS[1])
     print(f"OTLP sink: {received.get('spans', 0)} spans in {received.get('exports', 0)} exports; "
           f"{received.get('requests_sampled', 0)} sampled requests of {completed} served traced (+ warm-ups)")
@@ -174,7 +186,8 @@ def run_tracing(args: argparse.Namespace) -> int:
     report = {"conditions": conditions | {"tracing_env": tracing_env(0, ratio) | {"OTEL_EXPORTER_OTLP_ENDPOINT":
                                                                                   "http://127.0.0.1:<sink>"},
                                           "exporter": "OTLP/HTTP protobuf to a local sink (sealed_bench/otlp_sink.py)"},
-              "machine": _machine(), "otlp_sink": received, "requests_traced": completed, **report}
+              "machine": _machine(), "otlp_sink": received, "requests_traced": completed,
+              "worker_rss_mb": {"before": rss, "after": rss_after}, **report}
     if args.json:
         args.json.write_text(json.dumps(report, indent=1, default=str))
     return 0 if all(r["failed"] == 0 for r in report["runs"]) else 1
