@@ -155,11 +155,13 @@ def run_tracing(args: argparse.Namespace) -> int:
         sink = subprocess.Popen([sys.executable, "-m", "sealed_bench.otlp_sink", "--port", str(sink_port),
                                  "--stats", str(stats)], env=_clean_env())
         traced_env = _clean_env() | tracing_env(sink_port, ratio)
-        stacks = {LABELS[0]: UpStack(scratch / "off", _clean_env(), LABELS[0]),
-                  LABELS[1]: UpStack(scratch / "on", traced_env, LABELS[1])}
+        stacks: dict[str, UpStack] = {}
         try:
-            for stack in stacks.values():
-                stack.wait_up()
+            # One after the other: each worker measures its matmul libraries at boot (blas_calibration.py)
+            # and builds its engine on the result; two booting at once would skew each other's.
+            for label, home, env in ((LABELS[0], "off", _clean_env()), (LABELS[1], "on", traced_env)):
+                stacks[label] = UpStack(scratch / home, env, label)
+                stacks[label].wait_up()
             rss = {label: stack.worker_rss_mb() for label, stack in stacks.items()}
             if args.mixed:
                 report = paired_mixed(_run_both(args, stacks, prompts), args.pairs, _joint_meter(stacks),
