@@ -57,6 +57,7 @@ from key_broker.statefile import (
 from key_broker.tenants import Conflict, TenantAdmin
 from policy.audit import AuditLog, CheckpointAnchor, SqlAnchor, WitnessFile
 from policy.audit.entry import bounded_reason
+from policy.audit.stream.embedded import forwarding_from_env
 from policy.errors import AuditIntegrityError, PolicyInvalid
 from protocol.asgi import without_native_telemetry
 from protocol.body_limit import BodyLimit
@@ -253,7 +254,11 @@ def create_app(settings: BrokerSettings, service: KeyBrokerService | None = None
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        # Its audit log to the SIEM when SEALED_AUDIT_FORWARD names a config (docs/siem.md).
+        forwarding = forwarding_from_env({svc.audit.component: svc.audit.path.parent})
         yield
+        if forwarding is not None:
+            forwarding.stop()
         svc.close()
         tracing.shutdown()
 

@@ -6,6 +6,9 @@ token throughput; goodput (requests/s meeting every --goodput SLO). Arrivals are
 --request-rate (or all at once with inf), capped by --max-concurrency. With --compare-url the same
 workload (same prompts, same seed) runs against a second server in the same invocation.
 
+--tracing-sample R: tracing off against OpenTelemetry tracing on at sampling ratio R, in --pairs
+alternating pairs, on two `sealed up` stacks this benchmark starts (sealed_bench/serve_tracing.py).
+
 --sealed: plaintext and sealed mode of the same deployment, in --pairs alternating pairs
 (sealed_bench/serve_pairs.py), with this load generator (sealed through the SealedOpenAI transport)
 or, with --client vllm, with vLLM's own `vllm bench serve` (sealed through a `sealed proxy` this
@@ -33,8 +36,8 @@ def _jsonable(value: object) -> Any:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="sealed bench serve", description=__doc__)
-    p.add_argument("--url", required=True, help="server base URL, without /v1")
-    p.add_argument("--model", required=True)
+    p.add_argument("--url", default=None, help="server base URL, without /v1 (required but with --tracing-sample)")
+    p.add_argument("--model", default=None, help="served model (with --tracing-sample: the demo model)")
     p.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY", "none"))
     p.add_argument("--num-prompts", type=int, default=100)
     p.add_argument("--request-rate", type=float, default=float("inf"))
@@ -58,14 +61,27 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--unsafe-allow-simulated", action="store_true", help="--sealed: accept the simulated TEE")
     p.add_argument("--pairs", type=int, default=3, help="--sealed: plaintext/sealed pairs, alternating order")
     p.add_argument("--mixed", action="store_true",
-                   help="--sealed: each pair runs both modes at once, half of --max-concurrency each, in the same "
-                        "engine batches (a loaded machine's drift then hits both alike)")
+                   help="--sealed, --tracing-sample: each pair runs both modes at once, half of --max-concurrency "
+                        "each (a loaded machine's drift then hits both alike)")
     p.add_argument("--home", type=Path, default=None,
                    help="--sealed: the `sealed up` home, to read the gateway's and worker's CPU time per request")
     p.add_argument("--client", choices=("builtin", "vllm"), default="builtin",
                    help="--sealed: this load generator, or `vllm bench serve` (sealed through `sealed proxy`)")
+    p.add_argument("--tracing-sample", type=float, default=None, metavar="RATIO",
+                   help="tracing off against tracing on at this sampling ratio (e.g. 0.1), in --pairs; starts "
+                        "two `sealed up` stacks itself, OTLP export to a local sink (docs/tracing.md)")
     p.add_argument("--vllm-python", default="/work/vllm-venv/bin/python", help="--client vllm: vLLM's interpreter")
     args = p.parse_args(argv)
+    if args.tracing_sample is not None:
+        if args.sealed or args.compare_url or args.url:
+            p.error("--tracing-sample starts its own stacks: no --url, --compare-url or --sealed")
+        from api.stack import DEMO_MODEL
+        from sealed_bench.serve_tracing import run_tracing
+
+        args.model = args.model or DEMO_MODEL
+        return run_tracing(args)
+    if not args.url or not args.model:
+        p.error("--url and --model are required")
     if args.sealed and args.policy is None:
         p.error("--sealed needs --policy (the client policy, e.g. $SEALED_HOME/demo/client-policy.json)")
     if args.sealed:

@@ -51,6 +51,8 @@ def stack_pids(home: Path | None) -> dict[str, list[int]]:
 
 
 Run = Callable[[str, Callable[[], None]], Summary]
+Labels = tuple[str, str]  # (the baseline, the variant whose cost is measured)
+SEALED: Labels = ("plaintext", "sealed")
 
 
 def _measured(run: Run, label: str, meter: CpuMeter) -> Summary:
@@ -74,26 +76,30 @@ def _minmed(values: list[float]) -> dict[str, float]:
     return {"min": min(values), "median": statistics.median(values), "max": max(values)}
 
 
-def paired(run: Run, pairs: int, meter: CpuMeter, show: Callable[[str, Summary], None]
-           ) -> dict[str, Any]:
-    """Run `pairs` plaintext/sealed pairs, alternating which goes first; the costs per pair and overall."""
+def paired(run: Run, pairs: int, meter: CpuMeter | Callable[[str], CpuMeter],
+           show: Callable[[str, Summary], None], labels: Labels = SEALED) -> dict[str, Any]:
+    """Run `pairs` baseline/variant pairs (plaintext/sealed unless `labels` says otherwise),
+    alternating which goes first; the costs per pair and overall. `meter` may depend on the label
+    (two deployments: each run counts the CPU of its own processes)."""
     runs: list[tuple[int, str, Summary]] = []
     for i in range(pairs):
-        for label in (("plaintext", "sealed") if i % 2 == 0 else ("sealed", "plaintext")):
-            summary = _measured(run, label, meter)
+        for label in (labels if i % 2 == 0 else labels[::-1]):
+            summary = _measured(run, label, meter if isinstance(meter, CpuMeter) else meter(label))
             show(f"pair {i + 1}/{pairs}: {label}", summary)
             runs.append((i, label, summary))
-    return _report(runs, pairs)
+    return _report(runs, pairs, labels)
 
 
 RunBoth = Callable[[str, Callable[[], None]], dict[str, Summary]]
 
 
-def paired_mixed(run_both: RunBoth, pairs: int, meter: CpuMeter, show: Callable[[str, Summary], None]
-                 ) -> dict[str, Any]:
+def paired_mixed(run_both: RunBoth, pairs: int, meter: CpuMeter, show: Callable[[str, Summary], None],
+                 labels: Labels = SEALED) -> dict[str, Any]:
     """Each pair runs both modes at the same time (`run_both(first, mark)`: the load of `first` is
-    started first), so both see the same engine batches and the same machine load. CPU time is then
-    the stack's per request of either mode (it cannot be split between them)."""
+    started first), so both see the same machine load (and, on one deployment, the same engine
+    batches). CPU time of one deployment is the stack's per request of either mode (it cannot be
+    split); where the meter's names carry a label (`tracing_on.worker`: two deployments), each mode
+    gets its own."""
     runs: list[tuple[int, str, Summary]] = []
     for i in range(pairs):
         before, load_before, start = meter.snapshot(), os.getloadavg()[0], time.time()
@@ -101,27 +107,31 @@ def paired_mixed(run_both: RunBoth, pairs: int, meter: CpuMeter, show: Callable[
         def mark(b: dict[str, float] = before) -> None:  # the CPU counted from the loads' start
             b.update(meter.snapshot())
 
-        both = run_both("plaintext" if i % 2 == 0 else "sealed", mark)
+        both = run_both(labels[i % 2], mark)
         after, load_after = meter.snapshot(), os.getloadavg()[0]
         done = max(sum(s["completed"] for s in both.values()), 1)
         shared = {k: round(1000 * (after[k] - before[k]) / done, 2) for k in after}
-        for label in ("plaintext", "sealed"):
+        for label in labels:
             summary = both[label]
-            summary.update(cpu_ms_per_request={}, cpu_ms_per_request_both_modes=shared,
+            own = {k.split(".", 1)[1]: round(1000 * (after[k] - before[k]) / max(summary["completed"], 1), 2)
+                   for k in after if k.startswith(f"{label}.")}
+            summary.update(cpu_ms_per_request=own, cpu_ms_per_request_both_modes=shared,
                            loadavg_1m=[load_before, load_after],
                            started_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(start)))
             show(f"pair {i + 1}/{pairs} (both at once): {label}", summary)
             runs.append((i, label, summary))
-    return _report(runs, pairs)
+    return _report(runs, pairs, labels)
 
 
-def _report(runs: list[tuple[int, str, Summary]], pairs: int) -> dict[str, Any]:
+def _report(runs: list[tuple[int, str, Summary]], pairs: int, labels: Labels = SEALED) -> dict[str, Any]:
+    """Costs of labels[1] against labels[0] (for plaintext/sealed: "sealed_cost")."""
+    base, variant = labels
     by_pair: list[dict[str, Summary]] = [{} for _ in range(pairs)]
     for i, label, summary in runs:
         by_pair[i][label] = summary
     costs = []
     for pair in by_pair:
-        plain, sealed = pair["plaintext"], pair["sealed"]
+        plain, sealed = pair[base], pair[variant]
         costs.append({
             "throughput_pct": 100 * (1 - sealed["output_throughput"] / plain["output_throughput"])
             if plain["output_throughput"] else float("nan"),
@@ -131,7 +141,7 @@ def _report(runs: list[tuple[int, str, Summary]], pairs: int) -> dict[str, Any]:
                                    for k, v in plain["cpu_ms_per_request"].items()},
         })
     modes: dict[str, Any] = {}
-    for label in ("plaintext", "sealed"):
+    for label in labels:
         mine = [s for _, lab, s in runs if lab == label]
         modes[label] = {
             "output_throughput": _minmed([s["output_throughput"] for s in mine]),
@@ -143,24 +153,25 @@ def _report(runs: list[tuple[int, str, Summary]], pairs: int) -> dict[str, Any]:
     return {
         "pairs": costs,
         "modes": modes,
-        "sealed_cost": {
+        f"{variant}_cost": {
             "throughput_pct": _minmed([c["throughput_pct"] for c in costs]),
             "ttft_p50_ms": _minmed([c["ttft_p50_ms"] for c in costs]),
             "tpot_p50_ms": _minmed([c["tpot_p50_ms"] for c in costs]),
             # best of each mode against best of the other: the least load-disturbed comparison
-            "throughput_pct_best": 100 * (1 - modes["sealed"]["output_throughput"]["max"]
-                                          / modes["plaintext"]["output_throughput"]["max"]),
-            "ttft_p50_ms_best": modes["sealed"]["ttft_p50_ms"]["min"] - modes["plaintext"]["ttft_p50_ms"]["min"],
-            "cpu_ms_per_request": {k: round(modes["sealed"]["cpu_ms_per_request"][k] - v, 2)
-                                   for k, v in modes["plaintext"]["cpu_ms_per_request"].items()},
+            "throughput_pct_best": 100 * (1 - modes[variant]["output_throughput"]["max"]
+                                          / modes[base]["output_throughput"]["max"]),
+            "ttft_p50_ms_best": modes[variant]["ttft_p50_ms"]["min"] - modes[base]["ttft_p50_ms"]["min"],
+            "cpu_ms_per_request": {k: round(modes[variant]["cpu_ms_per_request"][k] - v, 2)
+                                   for k, v in modes[base]["cpu_ms_per_request"].items()},
         },
         "runs": [{"pair": i + 1, "mode": label, **summary} for i, label, summary in runs],
     }
 
 
-def print_costs(report: dict[str, Any]) -> None:
-    cost = report["sealed_cost"]
-    print(f"============ Sealed cost over {len(report['pairs'])} pairs (sealed - plaintext) ============")
+def print_costs(report: dict[str, Any], labels: Labels = SEALED) -> None:
+    cost = report[f"{labels[1]}_cost"]
+    print(f"============ Cost of {labels[1]} over {len(report['pairs'])} pairs ({labels[1]} - {labels[0]}) "
+          "============")
     for i, c in enumerate(report["pairs"], 1):
         print(f"pair {i}: throughput {c['throughput_pct']:+.2f}%  TTFT p50 {c['ttft_p50_ms']:+.2f} ms  "
               f"TPOT p50 {c['tpot_p50_ms']:+.2f} ms  CPU ms/request {c['cpu_ms_per_request']}")

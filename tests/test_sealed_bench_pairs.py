@@ -67,3 +67,45 @@ def test_mixed_pairs_run_both_modes_at_once_and_swap_who_starts() -> None:
     assert [round(c["throughput_pct"], 6) for c in report["pairs"]] == [3.0, 3.0, 3.0]
     assert report["sealed_cost"]["ttft_p50_ms"]["median"] == 4.0
     assert all("client" in r["cpu_ms_per_request_both_modes"] for r in report["runs"])
+
+
+def test_pairs_of_other_labels_measure_each_with_its_own_meter() -> None:
+    """`--tracing-sample`: tracing off against on, two deployments; each run counts its own CPU."""
+    order: list[str] = []
+    asked: list[str] = []
+    figures = iter([(100.0, 200.0), (97.0, 202.0), (98.0, 201.0), (100.0, 200.0)])
+
+    def run(label: str, mark: Callable[[], None]) -> dict[str, Any]:
+        order.append(label)
+        mark()
+        return _summary_for(*next(figures))
+
+    def meter(label: str) -> CpuMeter:
+        asked.append(label)
+        return CpuMeter({"client": [os.getpid()]})
+
+    report = paired(run, 2, meter, lambda *_: None, ("tracing_off", "tracing_on"))
+    assert order == asked == ["tracing_off", "tracing_on", "tracing_on", "tracing_off"]
+    cost = report["tracing_on_cost"]
+    assert [round(c["throughput_pct"], 6) for c in report["pairs"]] == [3.0, 2.0]
+    assert round(cost["throughput_pct"]["median"], 6) == 2.5 and "sealed_cost" not in report
+    assert {r["mode"] for r in report["runs"]} == {"tracing_off", "tracing_on"}
+
+
+def test_mixed_pairs_of_two_deployments_give_each_mode_its_own_cpu() -> None:
+    from sealed_bench.serve_pairs import paired_mixed
+
+    firsts: list[str] = []
+    labels = ("tracing_off", "tracing_on")
+
+    def run_both(first: str, mark: Callable[[], None]) -> dict[str, Any]:
+        firsts.append(first)
+        mark()
+        return {"tracing_off": _summary_for(100.0, 200.0), "tracing_on": _summary_for(99.0, 201.0)}
+
+    meter = CpuMeter({"tracing_off.client": [os.getpid()], "tracing_on.client": [os.getpid()]})
+    report = paired_mixed(run_both, 2, meter, lambda *_: None, labels)
+    assert firsts == ["tracing_off", "tracing_on"]
+    assert [round(c["throughput_pct"], 6) for c in report["pairs"]] == [1.0, 1.0]
+    assert all(set(r["cpu_ms_per_request"]) == {"client"} for r in report["runs"])
+    assert "client" in report["tracing_on_cost"]["cpu_ms_per_request"]

@@ -31,12 +31,14 @@ from api.gateway.worker_attestation import load_verifier
 from api.store.repo import KeyRecord, Store
 from policy.audit import AuditLog
 from policy.audit.edge import EdgeRefusals
+from policy.audit.stream.embedded import forwarding_from_env
 from protocol.rpc import worker_pb2
 from protocol.tls import load_or_create
 from protocol.tracing import NULL_SPAN, Span, tracing_from_env
 from protocol.worker_status import Settle
 
 log = logging.getLogger(__name__)
+CONSOLE_COMPONENT = "console"  # the console's audit log (api/console/router.py), in this process
 Chunk = TypeVar("Chunk", worker_pb2.GenerateChunk, worker_pb2.SealedChunk)
 
 
@@ -81,6 +83,12 @@ class GatewayService:
         self._probing: set[str] = set()
         self._tasks: set[asyncio.Task] = set()
         self.tracing = tracing_from_env("gateway")  # NoTracing unless OTEL_* asks (docs/tracing.md)
+        # This process's audit logs to the SIEM when SEALED_AUDIT_FORWARD names a config (docs/siem.md);
+        # the console's log ("console", written in this process too) goes with the gateway's own.
+        logs = {self.audit.component: self.audit.path.parent}
+        if settings.console.audit_dir is not None:
+            logs[CONSOLE_COMPONENT] = settings.console.audit_dir
+        self.audit_forwarding = forwarding_from_env(logs)
 
     async def close(self) -> None:
         await self.registry.clock.stop()
@@ -89,6 +97,8 @@ class GatewayService:
         self.edge_audit.flush()
         self.admissions.refusals.flush()  # the window's admission-summary entries
         await self.clients.close()
+        if self.audit_forwarding is not None:
+            self.audit_forwarding.stop()
         self.audit.close()
         self.tracing.shutdown()
 

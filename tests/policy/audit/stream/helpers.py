@@ -6,10 +6,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from policy.audit import AuditLog
-from policy.audit.entry import GENESIS, check_signature, entry_hash, parse_entry
+from policy.audit.entry import GENESIS, AuditEntry, check_signature, entry_hash, parse_entry
 
 KEY = Ed25519PrivateKey.generate()
 CANARY = "CANARY-7f3a-do-not-forward"
@@ -24,25 +24,32 @@ def write_entries(audit_dir: Path, component: str, count: int, start: int = 0) -
                        reason=reason, metadata={"model": "m1", "n": i, "note": "-----BEGIN " + CANARY})
 
 
-def check_received(raw_entries: list[str], expected: int) -> None:
-    """What a SIEM received, in arrival order, as signed entries (OCSF raw_data): every entry at
-    least once, in order (a redelivery repeats a run, same ids), and the chain verifies."""
+def check_received(raw_entries: list[str], expected: int,
+                   key: Ed25519PublicKey | None = None) -> list[AuditEntry]:
+    """What a SIEM received from one log, in arrival order, as signed entries (OCSF raw_data): every
+    entry at least once, in order (a redelivery repeats a run, same ids), and the chain verifies
+    (hashes, signatures with the component's key, links from the genesis). Returns the entries."""
+    key = key or KEY.public_key()
     firsts: dict[str, Any] = {}
     order: list[int] = []
     for raw in raw_entries:
         entry, body = parse_entry(raw)
-        assert entry_hash(body).hex() == entry.hash
-        assert check_signature(entry, bytes.fromhex(entry.hash), KEY.public_key())
+        assert entry_hash(body).hex() == entry.hash, f"entry {entry.seq}: hash does not match its body"
+        assert check_signature(entry, bytes.fromhex(entry.hash), key), f"entry {entry.seq}: bad signature"
         if entry.hash in firsts:
             assert firsts[entry.hash].seq == entry.seq  # a duplicate carries the same event id
             continue
         firsts[entry.hash] = entry
         order.append(entry.seq)
-    assert order == list(range(expected))
+    missing = sorted(set(range(expected)) - set(order))
+    assert order == list(range(expected)), (f"{len(order)} distinct of {expected}; missing seqs {missing[:10]}; "
+                                            f"first arrivals out of order: {order != sorted(order)}")
     prev = GENESIS
-    for entry in sorted(firsts.values(), key=lambda e: e.seq):
-        assert entry.prev == prev
+    entries = sorted(firsts.values(), key=lambda e: e.seq)
+    for entry in entries:
+        assert entry.prev == prev, f"entry {entry.seq} does not chain to entry {entry.seq - 1}"
         prev = entry.hash
+    return entries
 
 
 def no_canary(blob: bytes | str | list[Any]) -> None:

@@ -9,6 +9,7 @@ import json
 import socket
 import ssl
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -133,6 +134,7 @@ class _Collector(http.server.ThreadingHTTPServer):
     token = ""
     events: list[dict[str, Any]]
     got: threading.Condition
+    sink: Callable[[list[dict[str, Any]]], None] | None = None  # stores a batch before it is acknowledged
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -151,6 +153,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         while pos < len(text):
             event, pos = decoder.raw_decode(text, pos)
             events.append(event)
+        if self.server.sink is not None:
+            self.server.sink(events)
         with self.server.got:
             self.server.events.extend(events)
             self.server.got.notify_all()
@@ -169,8 +173,9 @@ class HecCollector:
     """An HEC-style collector over TLS on 127.0.0.1; `stop` then `start` restarts it on the same port,
     keeping what it received (as a SIEM's index would)."""
 
-    def __init__(self, token: str, pki: Pki, port: int = 0) -> None:
-        self.token = token
+    def __init__(self, token: str, pki: Pki, port: int = 0,
+                 sink: Callable[[list[dict[str, Any]]], None] | None = None) -> None:
+        self.token, self.sink = token, sink
         self._ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         self._ctx.load_cert_chain(pki.cert, pki.key)
         self.events: list[dict[str, Any]] = []
@@ -182,7 +187,7 @@ class HecCollector:
     def start(self) -> None:
         server = _Collector(("127.0.0.1", self.port), _Handler)
         server.socket = self._ctx.wrap_socket(server.socket, server_side=True)
-        server.token, server.events, server.got = self.token, self.events, self.got
+        server.token, server.events, server.got, server.sink = self.token, self.events, self.got, self.sink
         self.port = server.server_address[1]
         threading.Thread(target=server.serve_forever, daemon=True).start()
         self._server = server
