@@ -48,10 +48,10 @@ def _kernel_build() -> dict[str, object]:
                  "(or SEALED_CPU_KERNELS=skip for an install that runs no CPU worker)")
     cpu_build = _cpu_build()
     march = os.environ.get("SEALED_CPU_KERNELS_MARCH") or cpu_build.DEFAULT_MARCH
-    source = KERNELS / cpu_build.SOURCE_NAME
-    record = cpu_build.build_record((ROOT / source).read_bytes(), torch.__version__, march)
+    sources = [(KERNELS / name).as_posix() for name in cpu_build.SOURCE_NAMES]
+    record = cpu_build.build_record(cpu_build.read_sources(ROOT / KERNELS), torch.__version__, march)
     extension = CppExtension(
-        ".".join([*KERNELS.parts, cpu_build.MODULE_NAME]), [source.as_posix()],
+        ".".join([*KERNELS.parts, cpu_build.MODULE_NAME]), sources,
         extra_compile_args=[*cpu_build.cxx_flags(march), f"-DSEALED_BUILD_INFO={cpu_build.encode_record(record)}"],
     )
     return {"ext_modules": [extension], "cmdclass": {"build_ext": _with_digest(cpu_build, BuildExtension)}}

@@ -131,6 +131,7 @@ def worker_sealed(spec: dict) -> dict:
         kv_cache_memory_bytes=int(kv_bytes * 1.2),
         num_threads=spec.get("threads"),
         packed_weights={"on": True, "off": False}.get(spec.get("packed_weights", "auto")),
+        panel_weights={"on": True, "off": False}.get(spec.get("panel_weights", "auto")),
     )
     engine = LLMEngine.from_checkpoint(ckpt, cfg)
     del ckpt
@@ -178,6 +179,7 @@ def worker_sealed(spec: dict) -> dict:
         threads=engine.runner.num_threads,
         weight_bytes_fp32=weight_bytes,
         packed_weights=engine.runner.packed_weights,
+        panel_weights=engine.runner.panel_weights,
         **decode,
     )
 
@@ -400,6 +402,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--packed-weights", choices=("auto", "on", "off"), default="auto",
                     help="Sealed's dense weights in oneDNN's packed layout (EngineConfig.packed_weights; auto: "
                          "bf16 on a CPU with bf16 instructions)")
+    ap.add_argument("--panel-weights", choices=("auto", "on", "off"), default="auto",
+                    help="Sealed's dense fp32 weights in column panels for the C++ kernel (EngineConfig.panel_weights; "
+                         "auto: on where not packed); off: OpenBLAS / torch on the checkpoint's layout")
     ap.add_argument("--profile-decode", type=int, default=0, metavar="STEPS",
                     help="time this many full-batch decode steps per op (bytes, FLOPs, GB/s, GFLOP/s per op; "
                          "decode_steps.py) and write the profile into each Sealed row")
@@ -452,6 +457,7 @@ def _one_round(args: argparse.Namespace, rates: tuple[float, float], hf_dir: lis
         for batch, structured in ((int(b), s) for b in args.batch.split(",") for s in args.structured.split(",")):
             spec = {"model": str(args.model), "dtype": dtype, "batch": batch, "input_len": args.input_len,
                     "output_len": args.output_len, "threads": args.threads, "packed_weights": args.packed_weights,
+                    "panel_weights": args.panel_weights,
                     "temperature": args.temperature, "top_p": args.top_p, "structured": structured,
                     "copy_gbs": bw, "matmul_gflops": gflops, "profile_decode": args.profile_decode}
             for system in ["sealed", *(peers if structured == "off" else [])]:

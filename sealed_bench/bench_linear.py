@@ -8,7 +8,8 @@ order, so a shared machine's load falls on all of them alike; the summary is the
 Kernels: `torch` (F.linear on the engine's transposed storage), `openblas` (numpy's matmul on the
 same memory: the engine's decode path), `mkl-packed` (weights packed once by MKL for sgemm,
 `torch.ops.mkl._mkl_linear`), `onednn-packed` (weights reordered once into oneDNN's blocked layout,
-`torch.ops.mkldnn._linear_pointwise`), `onednn-plain` (the same op on the engine's own storage).
+`torch.ops.mkldnn._linear_pointwise`), `onednn-plain` (the same op on the engine's own storage),
+`panel` (the engine's fp32 default since issue 38: column panels and the C++ kernel, layers/panel.py).
 Run: `sealed bench linear --batch 1,16,64 --threads 1 --rounds 15`.
 """
 
@@ -22,7 +23,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-KERNELS = ("torch", "openblas", "mkl-packed", "onednn-packed", "onednn-plain")
+KERNELS = ("torch", "openblas", "mkl-packed", "onednn-packed", "onednn-plain", "panel")
 SHAPES = ((960, 576), (576, 576), (3072, 576), (576, 1536))  # one layer: QKV, O, gate/up, down
 
 
@@ -42,10 +43,13 @@ def _pass_fns(weights: list, batch: int) -> dict[str, Callable[[dict], None]]:
     import numpy as np
     import torch
 
+    from enclave_worker.engine.layers.panel import PanelMatmul
+
     f = torch.nn.functional
     mkl = [torch.ops.mkl._mkl_reorder_linear_weight(w, batch) for w in weights]
     dnn = [torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), batch) for w in weights]
     npw = [w.numpy().T for w in weights]
+    panels = [PanelMatmul(w, consume=False) for w in weights]
 
     def torch_pass(xs: dict) -> None:
         for w in weights:
@@ -67,13 +71,19 @@ def _pass_fns(weights: list, batch: int) -> dict[str, Callable[[dict], None]]:
         for w in weights:
             torch.ops.mkldnn._linear_pointwise(xs[w.shape[1]], w, None, "none", [], "")
 
+    def panel_pass(xs: dict) -> None:
+        for w, p in zip(weights, panels, strict=True):
+            p(xs[w.shape[1]])
+
     return {"torch": torch_pass, "openblas": blas_pass, "mkl-packed": mkl_pass, "onednn-packed": dnn_pass,
-            "onednn-plain": dnn_plain_pass}
+            "onednn-plain": dnn_plain_pass, "panel": panel_pass}
 
 
 def _max_error(weights: list, fns: dict, batch: int) -> dict[str, float]:
     """Each packed kernel's largest deviation from F.linear on one matrix of each shape."""
     import torch
+
+    from enclave_worker.engine.layers.panel import PanelMatmul
 
     x = {k: torch.randn(batch, k) for k in (576, 1536)}
     out: dict[str, float] = {}
@@ -84,7 +94,8 @@ def _max_error(weights: list, fns: dict, batch: int) -> dict[str, float]:
         dnn = torch.ops.mkldnn._linear_pointwise(
             x[w.shape[1]], torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), batch), None, "none", [], "")
         plain = torch.ops.mkldnn._linear_pointwise(x[w.shape[1]], w, None, "none", [], "")
-        for name, y in (("mkl-packed", mkl), ("onednn-packed", dnn), ("onednn-plain", plain)):
+        panel = PanelMatmul(w, consume=False)(x[w.shape[1]])
+        for name, y in (("mkl-packed", mkl), ("onednn-packed", dnn), ("onednn-plain", plain), ("panel", panel)):
             out[name] = max(out.get(name, 0.0), float((y - ref).abs().max()))
     return out
 

@@ -35,6 +35,10 @@ class EngineConfig:
     # wiped like any other; layers/packed.py) instead of OpenBLAS / torch on the checkpoint's layout.
     # None: packed for bf16 on a CPU with bf16 instructions (AVX512-BF16, AMX), plain otherwise.
     packed_weights: bool | None = None
+    # Dense fp32 linears on the CPU (not packed) hold their weights in column panels that the C++
+    # kernel streams once per step for the whole batch (layers/panel.py; needs the CPU kernels, so not
+    # under decode_kernels="torch"). None: on; False: the checkpoint's layout on OpenBLAS / torch.
+    panel_weights: bool | None = None
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:

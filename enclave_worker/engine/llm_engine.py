@@ -100,9 +100,9 @@ class LLMEngine(ThreadedEngine[_Request]):
         self.blocks = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.blocks, config.max_num_seqs, config.max_num_batched_tokens)
         # fp32 weights on the CPU are what the OpenBLAS path serves (ModelRunner.use_blas); 0 turns it off.
-        # Packed weights run on torch's pool (layers/packed.py): OpenBLAS would serve only a tied LM head.
+        # Packed weights and panels run on torch's pool (layers/packed.py, panel.py): none on OpenBLAS.
         fp32_cpu = (config.device == "cpu" and built.dtype == torch.float32 and built.quant == "none"
-                    and not built.packed)
+                    and not built.packed and not built.panel)
         dense_bytes = sum(t.nbytes for t in model_tensors(self.model)) if fp32_cpu else 0
         blas_speedup = _blas_speedup(self.model, built.threads) if fp32_cpu else None
         fused = _fused_decode(config)
@@ -121,6 +121,7 @@ class LLMEngine(ThreadedEngine[_Request]):
             max_model_len=self.max_model_len,
             cpu_kernel=cpu_kernels,
             packed_weights=built.packed,
+            panel_weights=built.panel,
             blas_speedup=blas_speedup,
         )
         if graphs:

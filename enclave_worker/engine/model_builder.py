@@ -47,6 +47,7 @@ class BuiltModel:
     vocab_size: int
     hidden_size: int
     packed: bool = False  # dense linears hold oneDNN-packed weights (layers/packed.py)
+    panel: bool = False  # dense fp32 linears hold column panels for the C++ kernel (layers/panel.py)
 
 
 def _release_freed_memory() -> None:
@@ -93,10 +94,14 @@ def build_model(checkpoint: Checkpoint, config: EngineConfig) -> BuiltModel:
               and (dtype != torch.bfloat16 or bf16_native())
               and (config.packed_weights if config.packed_weights is not None
                    else dtype == torch.bfloat16 or _packed_fp32_pays(cfg, threads)))
-    opts = BuildOptions(quant, dtype, config.device, model_len, config.int4_group_size, packed=packed)
+    # Panels: fp32 dense weights on the CPU that are not packed, where the engine runs the C++ kernels.
+    panel = (config.device == "cpu" and dtype == torch.float32 and quant == "none" and not packed
+             and config.decode_kernels != "torch" and config.panel_weights is not False)
+    opts = BuildOptions(quant, dtype, config.device, model_len, config.int4_group_size, packed=packed, panel=panel)
     with torch.inference_mode():
         model = ARCHITECTURES[arch](cfg, checkpoint.tensors, opts).eval()
     _release_freed_memory()  # conversion transients go back to the OS before the KV pool is touched
     return BuiltModel(model=model, dtype=dtype, quant=quant, model_len=model_len, threads=threads,
                       tokenizer=Tokenizer(checkpoint.tokenizer_json, checkpoint.chat_template, cfg),
-                      vocab_size=int(cfg["vocab_size"]), hidden_size=int(cfg["hidden_size"]), packed=packed)
+                      vocab_size=int(cfg["vocab_size"]), hidden_size=int(cfg["hidden_size"]), packed=packed,
+                      panel=panel)

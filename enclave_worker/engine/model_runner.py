@@ -44,9 +44,11 @@ class ModelRunner:
         cpu_kernel: bool = False,
         packed_weights: bool = False,
         blas_speedup: BlasSpeedup | None = None,
+        panel_weights: bool = False,
     ) -> None:
         self.model = model
         self.packed_weights = packed_weights  # dense layers run oneDNN over packed weights (layers/packed.py)
+        self.panel_weights = panel_weights  # ... or the C++ kernel over column panels (layers/panel.py)
         # CPU steps through kernels/cpu_ops.py (decode K/V read in place, fused elementwise work).
         self.cpu_kernel = cpu_kernel and device == "cpu"
         # Fused decode (kernels/): block tables padded to one fixed width, so a captured graph fits any step.
@@ -218,14 +220,15 @@ class ModelRunner:
         # A step on OpenBLAS runs torch's ops on one thread (their pools must not spin together);
         # one token (batch-1 decode) too, its ops being too small to split, except over packed
         # weights, where oneDNN's 1-row GEMV streams the weights faster on more threads (bf16 on 2 vCPUs:
-        # 17.5 vs 26.9 ms a pass) and the tuner picks between 1 and num_threads as for any step.
+        # 17.5 vs 26.9 ms a pass) and the tuner picks between 1 and num_threads as for any step; so
+        # over panels, whose kernel streams one contiguous run of each layer per thread.
         n = input_ids.numel()
         kind = step_kind(blas, n)
         threads = self.tuner.choose(kind)
         if blas:
             self.pools.set(1, threads)
         else:
-            self.pools.set(1 if n == 1 and not self.packed_weights else threads)
+            self.pools.set(1 if n == 1 and not (self.packed_weights or self.panel_weights) else threads)
         start = time.perf_counter()
         logits = self.model(input_ids, positions, meta, index)
         self.tuner.record(kind, threads, (time.perf_counter() - start) / n)

@@ -1,8 +1,8 @@
-"""What a build of the CPU kernels (cpu_ops.cpp) is made from, shared by the build and the worker.
+"""What a build of the CPU kernels (cpu_ops.cpp, cpu_linear.cpp) is made from, shared by the build and the worker.
 
 The kernels are compiled when the project is installed (setup.py, a torch CppExtension), never at
 run time. The build writes the finished module's digest beside it (`DIGEST_NAME`), and embeds a
-record of what it was made from (`build_record`: the source's SHA-256, the compiler flags, torch's
+record of what it was made from (`build_record`: the sources' SHA-256, the compiler flags, torch's
 version, and for `-march=native` a digest of the build machine's CPU flags); the worker checks both
 (`cpu_ops.load_cpu_ops`) and refuses a module half written by a killed build, or built from another
 source, for another torch or for another CPU.
@@ -17,7 +17,8 @@ import json
 import platform
 from pathlib import Path
 
-SOURCE_NAME = "cpu_ops.cpp"
+SOURCE_NAME = "cpu_ops.cpp"  # the module's own file (its bindings); SOURCE_NAMES: every file compiled into it
+SOURCE_NAMES = (SOURCE_NAME, "cpu_linear.cpp")
 MODULE_NAME = "_cpu_ops"  # enclave_worker.engine.kernels._cpu_ops
 # Written beside the module once it is complete (setup.py): the module's SHA-256 and file name. A build
 # killed before or while the module was written leaves none, or one that does not match: the worker
@@ -51,6 +52,16 @@ def cpu_flags_digest() -> str:
     except OSError:
         pass
     return hashlib.sha256(flags.encode()).hexdigest()
+
+
+def read_sources(directory: Path) -> bytes:
+    """Every source of the module, each named and length-prefixed (a byte moved between two files
+    changes the digest too): what `build_record`'s source digest is taken over."""
+    parts = []
+    for name in SOURCE_NAMES:
+        data = (directory / name).read_bytes()
+        parts.append(f"{name}\0{len(data)}\0".encode() + data)
+    return b"".join(parts)
 
 
 def build_record(source: bytes, torch_version: str, march: str) -> dict[str, object]:

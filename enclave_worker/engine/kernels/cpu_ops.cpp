@@ -325,6 +325,10 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, tor
   return out;
 }
 
+// cpu_linear.cpp (the same module, its own translation unit).
+int64_t panel_width();
+torch::Tensor panel_linear(torch::Tensor x, torch::Tensor panels);
+
 #define SEALED_STR2(x) #x
 #define SEALED_STR(x) SEALED_STR2(x)
 
@@ -333,6 +337,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("add_rms_norm", &add_rms_norm, "add_rms_norm");
   m.def("rope_and_cache", &rope_and_cache, "rope_and_cache");
   m.def("silu_and_mul", &silu_and_mul, "silu_and_mul");
+  m.def("panel_linear", &panel_linear, "panel_linear");
+  m.def("panel_width", &panel_width, "panel_width");
   // Hex of the build's JSON record (hex: no quoting through the compiler's command line).
   m.def("build_info", []() { return std::string(SEALED_STR(SEALED_BUILD_INFO)); }, "build_info");
 }

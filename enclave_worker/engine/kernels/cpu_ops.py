@@ -36,7 +36,7 @@ from types import ModuleType
 import torch
 
 from ..errors import CpuKernelsUnavailable
-from .cpu_build import DIGEST_NAME, MODULE_NAME, SOURCE_NAME, build_record, decode_record, digest_line
+from .cpu_build import DIGEST_NAME, MODULE_NAME, build_record, decode_record, digest_line, read_sources
 
 REBUILD = "build them: `make install`, or `pip install --no-build-isolation -e .` after torch (docs/engine.md)"
 
@@ -64,7 +64,7 @@ def _check_complete(package: Path) -> None:
 @functools.cache
 def load_cpu_ops() -> ModuleType:
     """The kernel module built when the project was installed (setup.py), checked against what it must
-    have been built from: this package's cpu_ops.cpp, the flags, the torch in this process and, for a
+    have been built from: this package's cpu_ops.cpp and cpu_linear.cpp, the flags, the torch in this process and, for a
     -march=native build, this CPU. Never compiles anything. Raises CpuKernelsUnavailable (one line:
     what is wrong and how to build them) where the module is missing, does not load or is stale."""
     _check_complete(Path(__file__).parent)
@@ -76,9 +76,9 @@ def load_cpu_ops() -> ModuleType:
         raise CpuKernelsUnavailable(f"the CPU kernels do not load ({_one_line(str(exc))}); {REBUILD}") from exc
     try:
         built = decode_record(_cpu_ops.build_info())
-        source = Path(__file__).with_name(SOURCE_NAME).read_bytes()
+        source = read_sources(Path(__file__).parent)
     except (AttributeError, ValueError, OSError) as exc:
-        raise CpuKernelsUnavailable(f"the CPU kernels carry no readable build record or {SOURCE_NAME} is missing "
+        raise CpuKernelsUnavailable(f"the CPU kernels carry no readable build record or a source is missing "
                                     f"({type(exc).__name__}); {REBUILD}") from exc
     expected = build_record(source, torch.__version__, str(built.get("march")))
     stale = [key for key in sorted(expected) if built.get(key) != expected[key]]

@@ -1,5 +1,6 @@
 """Token embedding and (optionally tied) LM head; int8 row-quantized when weights are quantized,
-oneDNN-packed for the head when the model's weights are packed."""
+oneDNN-packed for the head when the model's weights are packed, in column panels when they are
+in panels (the table held once, as the head's panels; a lookup gathers from them)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import torch
 
 from .linear import BlasSwitch, DenseMatmul, _int8_op_works
 from .packed import PackedMatmul
+from .panel import PanelMatmul, try_panel
 
 
 class Embedding(torch.nn.Module):
@@ -19,11 +21,20 @@ class Embedding(torch.nn.Module):
         in_place: bool = False,
         switch: BlasSwitch | None = None,
         packed: bool = False,
+        panel: bool = False,
     ) -> None:
-        """``packed``: a dense table also held as a oneDNN-packed tied head (fp32 / bf16 on the CPU)."""
+        """``packed``: a dense table also held as a oneDNN-packed tied head (fp32 / bf16 on the CPU);
+        ``panel``: an fp32 table held only as the tied head's panels (layers/panel.py)."""
         super().__init__()
         self.quantized = quant in ("int8", "int4")
-        if self.quantized:
+        pp = None
+        if panel and not self.quantized:
+            w = weight.to(device=device, dtype=dtype)
+            pp = try_panel(w, consume=in_place or w is not weight)
+        self.head: DenseMatmul | PackedMatmul | PanelMatmul
+        if pp is not None:
+            self.head, self.weight = pp, pp.panels
+        elif self.quantized:
             w = weight.float()
             scale = (w.abs().amax(dim=1) / 127.0).clamp(min=1e-12)
             self.weight = torch.round(w / scale[:, None]).clamp(-128, 127).to(torch.int8).to(device)
@@ -38,7 +49,7 @@ class Embedding(torch.nn.Module):
             self.weight = w if w is not weight or in_place else w.clone()
             if in_place and w is not weight:
                 weight.zero_()  # the handed-over source in another dtype: no longer needed
-            self.head: DenseMatmul | PackedMatmul = PackedMatmul(self.weight, consume=False)
+            self.head = PackedMatmul(self.weight, consume=False)
         else:
             # Stored [hidden, vocab] on CPU in fp32 (the LM head's fast matrix-vector layout, see
             # DenseMatmul); a lookup gathers columns instead of rows.
@@ -48,6 +59,8 @@ class Embedding(torch.nn.Module):
         self.dtype = dtype
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if isinstance(self.head, PanelMatmul):
+            return self.head.rows(ids)
         if not self.quantized and not self.weight.is_contiguous():  # stored transposed
             return self.weight.t().index_select(1, ids).t().contiguous()
         rows = self.weight[ids]

@@ -6,6 +6,7 @@ import numpy as np
 import torch
 
 from .packed import PackedMatmul, try_pack
+from .panel import PanelMatmul, try_panel
 
 _DEQUANT_MIN_ROWS = 16  # from this many rows, dequantize the weight per call and use a dense GEMM
 
@@ -67,7 +68,8 @@ def transposed_storage(w: torch.Tensor, in_place: bool) -> torch.Tensor:
 
 class Linear(torch.nn.Module):
     """Dense y = x W^T (+ b). ``in_place``: the weight may be rearranged in its own memory (no copy).
-    ``packed``: fp32 or bf16 on the CPU is held in oneDNN's packed layout instead (layers/packed.py)."""
+    ``packed``: fp32 or bf16 on the CPU is held in oneDNN's packed layout instead (layers/packed.py);
+    ``panel``: fp32 on the CPU in column panels for the C++ kernel (layers/panel.py)."""
 
     def __init__(
         self,
@@ -78,6 +80,7 @@ class Linear(torch.nn.Module):
         in_place: bool = False,
         switch: BlasSwitch | None = None,
         packed: bool = False,
+        panel: bool = False,
     ) -> None:
         super().__init__()
         w = weight.to(device=device, dtype=dtype)
@@ -87,8 +90,11 @@ class Linear(torch.nn.Module):
         pm = try_pack(w, consume=owned) if packed else None
         if pm is not None and in_place and w is not weight:
             weight.zero_()  # the handed-over source (fp32 of a bf16 layer): the packed copy is the only one
-        self.matmul: DenseMatmul | PackedMatmul
-        if pm is None:
+        pp = try_panel(w, consume=owned) if panel and pm is None else None
+        self.matmul: DenseMatmul | PackedMatmul | PanelMatmul
+        if pp is not None:
+            self.matmul, self.weight = pp, pp.panels
+        elif pm is None:
             dense = DenseMatmul(w, transpose=True, in_place=owned, switch=switch)
             self.matmul, self.weight = dense, dense.weight
         else:
@@ -232,13 +238,14 @@ def make_linear(
     in_place: bool = False,
     switch: BlasSwitch | None = None,
     packed: bool = False,
+    panel: bool = False,
 ) -> torch.nn.Module:
     """quant: "none" | "int8" | "int4" | "fp8". ``in_place``: the caller hands over the weight's memory.
-    ``packed``: dense fp32 CPU weights in oneDNN's packed layout (Linear)."""
+    ``packed``: dense fp32 CPU weights in oneDNN's packed layout; ``panel``: in column panels (Linear)."""
     if quant == "fp8":
         return Fp8Linear(weight, bias, dtype, device)
     if quant == "int8":
         return Int8Linear(weight, bias, dtype, device)
     if quant == "int4":
         return Int4Linear(weight, bias, dtype, device, group_size)
-    return Linear(weight, bias, dtype, device, in_place, switch, packed)
+    return Linear(weight, bias, dtype, device, in_place, switch, packed, panel)

@@ -28,6 +28,7 @@ class BuildOptions:
     int4_group_size: int = 32
     blas: BlasSwitch | None = None  # shared by every dense layer; the runner flips it per step
     packed: bool = False  # dense fp32 / bf16 CPU linears in oneDNN's packed layout (layers/packed.py)
+    panel: bool = False  # dense fp32 CPU linears in column panels for the C++ kernel (layers/panel.py)
 
 
 class _Weights:
@@ -77,7 +78,7 @@ class DecoderLayer(torch.nn.Module):
 
         def lin(wt: torch.Tensor, b: torch.Tensor | None = None) -> torch.nn.Module:
             return make_linear(wt, b, opt.quant, opt.dtype, opt.device, opt.int4_group_size, in_place=True,
-                               switch=opt.blas, packed=opt.packed)
+                               switch=opt.blas, packed=opt.packed, panel=opt.panel)
 
         self.input_norm = RMSNorm(w.take(prefix + "input_layernorm.weight").to(opt.device, opt.dtype), eps)
         qkv = [a + "q_proj.", a + "k_proj.", a + "v_proj."]
@@ -169,12 +170,14 @@ class LlamaForCausalLM(torch.nn.Module):
         self.blas = opt.blas or BlasSwitch()
         self.cpu_kernels = False  # set by the engine where kernels/cpu_ops.py builds
         opt = dataclasses.replace(opt, blas=self.blas)
+        tied = cfg.get("tie_word_embeddings", False) or "lm_head.weight" not in tensors
         self.embed = Embedding(
             w.take("model.embed_tokens.weight"), opt.quant, opt.dtype, opt.device, in_place=True, switch=opt.blas,
             # A tied head is packed too (a second copy of the table, wiped like the first): it is a fifth
             # of a decode step's GEMM, and torch's fp32 GEMM on the plain table took 32 of 100 ms of a
             # batch-64 step on a Zen 5 whose packed layers ran the other four fifths in 42 ms.
-            packed=opt.packed and (cfg.get("tie_word_embeddings", False) or "lm_head.weight" not in tensors),
+            packed=opt.packed and tied,
+            panel=opt.panel and tied,  # in panels, the table is held once: the lookup reads the head's panels
         )
         self.layers = torch.nn.ModuleList(
             DecoderLayer(cfg, w, f"model.layers.{i}.", opt) for i in range(cfg["num_hidden_layers"])
@@ -188,7 +191,7 @@ class LlamaForCausalLM(torch.nn.Module):
         else:
             self.lm_head = make_linear(
                 lm_head, None, "int8" if opt.quant != "none" else "none", opt.dtype, opt.device, in_place=True,
-                switch=opt.blas, packed=opt.packed,
+                switch=opt.blas, packed=opt.packed, panel=opt.panel,
             )
         del lm_head
         layer0 = self.decoder_layers[0]

@@ -109,7 +109,8 @@ def test_linear_leaves_a_borrowed_weight_untouched() -> None:
 
 
 def test_runner_routes_steps_to_blas_by_the_measured_speedup(make_engine) -> None:
-    eng = make_engine(kv_cache_memory_bytes=8 << 20, packed_weights=False)  # OpenBLAS serves plain weights
+    # OpenBLAS serves plain weights: neither packed nor in panels (which run on torch's pool)
+    eng = make_engine(kv_cache_memory_bytes=8 << 20, packed_weights=False, panel_weights=False)
     runner = eng.runner
     assert runner.blas_speedup.decode > 0 and runner.blas_speedup.prefill > 0  # measured at build
     runner.blas_speedup = BlasSpeedup(decode=1.0, prefill=1.0)  # OpenBLAS no faster than torch

@@ -1,0 +1,63 @@
+"""Dense fp32 weights held in column panels for the C++ kernel that streams them once per call
+(EngineConfig.panel_weights; kernels/cpu_linear.cpp).
+
+A decode step multiplies a handful of rows (its batch) by every weight: it is bound by reading the
+weights, and each weight should cross the memory bus once per step. OpenBLAS and torch's GEMM at 16
+rows read the SmolLM2-135M layers at 2-5 GB/s of the ~15 GB/s one core's sum reads on a 2-vCPU Xeon
+(2026-12-03, docs/benchmarks.md). Held as panels [N / NR, K, NR] (NR outputs, every K, contiguous),
+one layer is one front-to-back stream per thread, and the kernel keeps each row's NR outputs in a
+register across K. The panels are the layer's one plaintext copy: the source matrix is rearranged
+in its own memory when the caller hands it over (a decrypted package's buffer then holds the panels),
+and the panels are a plain tensor that ``LLMEngine.wipe`` zeroes like any other weight.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..kernels.cpu_ops import load_cpu_ops
+
+
+class PanelMatmul:
+    """y = x W^T for an fp32 W [out, in] on the CPU, held only as panels (module doc)."""
+
+    def __init__(self, weight: torch.Tensor, consume: bool) -> None:
+        """``consume``: the weight's memory is ours; the panels are written into it."""
+        ops = load_cpu_ops()
+        nr = int(ops.panel_width())
+        n, k = weight.shape
+        self.out_features, self.in_features, self.width = n, k, nr
+        self._ops = ops
+        with torch.inference_mode():
+            if consume and weight.is_contiguous():
+                tmp = weight.clone()
+                panels = weight.view(n // nr, k, nr)  # the same memory, reinterpreted
+                panels.copy_(tmp.view(n // nr, nr, k).transpose(1, 2))
+                tmp.zero_()  # the transient plaintext copy: zeroed before it goes back to the allocator
+                del tmp
+            else:
+                panels = weight.reshape(n // nr, nr, k).transpose(1, 2).contiguous()
+        self.panels = panels
+
+    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        shape = x.shape
+        y: torch.Tensor = self._ops.panel_linear(x.reshape(-1, self.in_features).contiguous(), self.panels)
+        if bias is not None:
+            y.add_(bias)
+        return y.reshape(*shape[:-1], self.out_features)
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """W's rows ``ids`` [T] -> [T, in] (a tied embedding's lookup from its head's panels)."""
+        return self.panels[ids // self.width, :, ids % self.width]
+
+
+def try_panel(weight: torch.Tensor, consume: bool) -> PanelMatmul | None:
+    """The panel matmul, or None where this weight does not fit it (not an fp32 CPU matrix, or its
+    output count not a multiple of the kernel's panel width; it keeps the plain layout). Raises
+    CpuKernelsUnavailable where the kernels are not built: asking for panels is asking for them."""
+    if weight.dtype != torch.float32 or weight.device.type != "cpu" or weight.dim() != 2:
+        return None
+    nr = int(load_cpu_ops().panel_width())
+    if weight.shape[0] % nr or weight.shape[0] == 0:
+        return None
+    return PanelMatmul(weight, consume)
