@@ -403,8 +403,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="Sealed's dense weights in oneDNN's packed layout (EngineConfig.packed_weights; auto: "
                          "bf16 on a CPU with bf16 instructions)")
     ap.add_argument("--panel-weights", choices=("auto", "on", "off"), default="auto",
-                    help="Sealed's dense fp32 weights in column panels for the C++ kernel (EngineConfig.panel_weights; "
-                         "auto: on where not packed); off: OpenBLAS / torch on the checkpoint's layout")
+                    help="Sealed's dense fp32 weights in column panels for the C++ kernel "
+                         "(EngineConfig.panel_weights; auto: the engine's default, off until measured faster on a "
+                         "quiet machine; on: panels where not packed; off: OpenBLAS / torch, checkpoint layout)")
     ap.add_argument("--profile-decode", type=int, default=0, metavar="STEPS",
                     help="time this many full-batch decode steps per op (bytes, FLOPs, GB/s, GFLOP/s per op; "
                          "decode_steps.py) and write the profile into each Sealed row")

@@ -37,7 +37,10 @@ class EngineConfig:
     packed_weights: bool | None = None
     # Dense fp32 linears on the CPU (not packed) hold their weights in column panels that the C++
     # kernel streams once per step for the whole batch (layers/panel.py; needs the CPU kernels, so not
-    # under decode_kernels="torch"). None: on; False: the checkpoint's layout on OpenBLAS / torch.
+    # under decode_kernels="torch"). True: on; None or False: the checkpoint's layout on OpenBLAS /
+    # torch. Off by default until a quiet machine shows it faster end to end: on a shared machine it
+    # streamed the weights 2x faster at batch 16, but single-prompt TTFT measured worse (issue #38,
+    # docs/benchmarks.md); `sealed bench engine --panel-weights on` measures it.
     panel_weights: bool | None = None
 
     def __post_init__(self) -> None:

@@ -96,7 +96,7 @@ def build_model(checkpoint: Checkpoint, config: EngineConfig) -> BuiltModel:
                    else dtype == torch.bfloat16 or _packed_fp32_pays(cfg, threads)))
     # Panels: fp32 dense weights on the CPU that are not packed, where the engine runs the C++ kernels.
     panel = (config.device == "cpu" and dtype == torch.float32 and quant == "none" and not packed
-             and config.decode_kernels != "torch" and config.panel_weights is not False)
+             and config.decode_kernels != "torch" and config.panel_weights is True)
     opts = BuildOptions(quant, dtype, config.device, model_len, config.int4_group_size, packed=packed, panel=panel)
     with torch.inference_mode():
         model = ARCHITECTURES[arch](cfg, checkpoint.tensors, opts).eval()

@@ -42,7 +42,8 @@ SCHEMAS: list[tuple[str, dict]] = [
     ("a status", obj({"status": {"anyOf": [{"const": "ok"}, {"type": "integer", "minimum": 400, "maximum": 599}]}})),
     ("a value or null", obj({"value": {"anyOf": [I, {"type": "null"}]}})),
     ("a date", obj({"date": {"type": "string", "format": "date"}})),
-    ("a time", obj({"at": {"type": "string", "format": "time"}})),
+    # maxLength: RFC 3339 allows any number of fraction digits, which a sampled model can extend to max_tokens
+    ("a time", obj({"at": {"type": "string", "format": "time", "maxLength": 16}})),
     ("a uuid", obj({"id": {"type": "string", "format": "uuid"}})),
     ("an ip address", obj({"ip": {"type": "string", "format": "ipv4"}})),
     ("a zip code", obj({"zip": {"type": "string", "pattern": "^[0-9]{5}$"}})),
