@@ -32,8 +32,11 @@ def measured_config(settings: BrokerSettings) -> dict[str, Any]:
         raw = public.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
         sim_workers = hashlib.sha256(raw).hexdigest()
     # Roots other than the packaged ones (attestation/roots, pinned by the image digest) decide whose
-    # hardware the broker believes: their content is measured, not only their path.
-    roots = {"roots_sha256": roots_digest(settings.roots_dir)} if settings.roots_dir is not None else {}
+    # hardware the broker believes: on a hardware TEE their content is measured (so in the broker's
+    # init-data), not only their path. On the simulated TEE the operator holds the platform key that
+    # makes any measurement, so roots there (the fake-TEE harness's test PKIs) add nothing to it.
+    roots = ({"roots_sha256": roots_digest(settings.roots_dir)}
+             if settings.roots_dir is not None and settings.tee != "sim" else {})
     return {
         **roots,
         "role": "key-broker",
