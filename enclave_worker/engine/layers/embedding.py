@@ -32,6 +32,7 @@ class Embedding(torch.nn.Module):
             w = weight.to(device=device, dtype=dtype)
             pp = try_panel(w, consume=in_place or w is not weight)
         self.head: DenseMatmul | PackedMatmul | PanelMatmul
+        self.in_panels = pp is not None  # the quantized table has no `head` module: test this, not it
         if pp is not None:
             self.head, self.weight = pp, pp.panels
         elif self.quantized:
@@ -59,7 +60,8 @@ class Embedding(torch.nn.Module):
         self.dtype = dtype
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        if isinstance(self.head, PanelMatmul):
+        if self.in_panels:
+            assert isinstance(self.head, PanelMatmul)
             return self.head.rows(ids)
         if not self.quantized and not self.weight.is_contiguous():  # stored transposed
             return self.weight.t().index_select(1, ids).t().contiguous()
