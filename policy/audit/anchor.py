@@ -102,6 +102,9 @@ class WitnessFile:
         return added
 
 
+_DDL_LOCK_KEY = int.from_bytes(b"sealedTH", "big") & 0x7FFF_FFFF_FFFF_FFFF  # constant, not a secret
+
+
 class SqlAnchor:
     """Signed tree heads in a SQL database (PostgreSQL in fleet mode; SQLite works for tests)."""
 
@@ -121,7 +124,13 @@ class SqlAnchor:
             sa.Column("ts", sa.String(40), nullable=False),
             sa.Column("sig", sa.String(200), nullable=False),
         )
-        meta.create_all(self._engine, checkfirst=True)
+        with self._engine.begin() as conn:
+            if conn.dialect.name == "postgresql":
+                # Replicas start together: two `CREATE TABLE` racing past checkfirst collide on
+                # pg_type's unique index and one gateway dies. A transaction-scoped advisory lock
+                # makes the second wait and then see the table.
+                conn.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": _DDL_LOCK_KEY})
+            meta.create_all(conn, checkfirst=True)
 
     def publish(self, checkpoint: Checkpoint) -> None:
         body = json.loads(checkpoint.to_json())

@@ -240,3 +240,32 @@ def test_cli_imports_stay_light() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**os.environ})
     assert out.stdout.strip() == "False"
+
+
+def test_replicas_opening_the_anchor_together_on_a_fresh_database_all_start() -> None:
+    # Two gateways starting at once raced `CREATE TABLE` (pg_type unique violation) and one died.
+    import threading
+
+    for url in postgres_database():
+        anchors: list[SqlAnchor] = []
+        errors: list[BaseException] = []
+        start = threading.Barrier(6)
+
+        def open_anchor() -> None:
+            start.wait()
+            try:
+                anchors.append(SqlAnchor(url))  # noqa: B023 (the loop runs once per fixture database)
+            except BaseException as exc:  # noqa: BLE001 (collected and reported below)
+                errors.append(exc)
+
+        threads = [threading.Thread(target=open_anchor) for _ in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        try:
+            assert errors == [] and len(anchors) == 6
+            assert anchors[0].all() == []
+        finally:
+            for a in anchors:
+                a.close()
