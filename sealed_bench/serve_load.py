@@ -72,6 +72,26 @@ def make_prompts(n: int, input_len: int, seed: int, tokenizer: Any) -> list[str]
     return prompts
 
 
+class FreshPrompts:
+    """A new prompt set for every run: a prompt served before hits the engine's prefix cache, so a
+    run reusing an earlier run's prompts measures a cache hit (and favours whichever mode came later)."""
+
+    def __init__(self, n: int, input_len: int, seed: int, tokenizer: Any) -> None:
+        self._shape, self._tokenizer = (n, input_len), tokenizer
+        self.seed = seed
+        self.drawn = 0
+
+    def next_seed(self) -> int:
+        """The seed of the next set (also handed to a peer's own generator: vllm bench serve --seed)."""
+        seed = self.seed + 7919 * self.drawn
+        self.drawn += 1
+        return seed
+
+    def next(self) -> list[str]:
+        n, input_len = self._shape
+        return make_prompts(n, input_len, self.next_seed(), self._tokenizer)
+
+
 async def one(client: httpx.AsyncClient, url: str, model: str, prompt: str, output_len: int,
               ignore_eos: bool) -> Result:
     body: dict[str, Any] = {"model": model, "prompt": prompt, "max_tokens": output_len, "temperature": 0.0,

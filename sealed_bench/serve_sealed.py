@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from sealed_bench.processes import wait_healthy
-from sealed_bench.serve_load import load_tokenizer, make_prompts, print_summary, run_load, summarize
+from sealed_bench.serve_load import FreshPrompts, load_tokenizer, print_summary, run_load, summarize
 from sealed_bench.serve_pairs import CpuMeter, RunBoth, paired, paired_mixed, print_costs, stack_pids
 
 
@@ -66,13 +66,12 @@ def _half(args: argparse.Namespace) -> int:
 
 
 def _builtin(args: argparse.Namespace, pids: dict[str, list[int]]) -> Runner:
-    tokenizer = load_tokenizer(args.tokenizer_gguf)
-    prompts = make_prompts(args.num_prompts, args.random_input_len, args.seed, tokenizer)
+    fresh = FreshPrompts(args.num_prompts, args.random_input_len, args.seed, load_tokenizer(args.tokenizer_gguf))
     pids["client"] = [os.getpid()]
 
     def run(label: str, mark: Callable[[], None]) -> dict[str, Any]:
         results, duration = asyncio.run(run_load(
-            args.url, args.model, args.api_key, prompts, args.random_output_len, args.request_rate,
+            args.url, args.model, args.api_key, fresh.next(), args.random_output_len, args.request_rate,
             args.max_concurrency, args.seed, args.ignore_eos, args.policy if label == "sealed" else None,
             args.unsafe_allow_simulated, on_start=mark))
         return summarize(results, duration, {}) | {"client": "sealed bench serve"}
@@ -81,14 +80,14 @@ def _builtin(args: argparse.Namespace, pids: dict[str, list[int]]) -> Runner:
 
 
 def _builtin_mixed(args: argparse.Namespace, pids: dict[str, list[int]]) -> RunBoth:
-    """Both modes at once, half the concurrency each; each gets its own prompts (the same lengths; a
-    shared prompt would hit the prefix cache for whichever came second), swapped from pair to pair."""
-    tokenizer = load_tokenizer(args.tokenizer_gguf)
-    sets = [make_prompts(args.num_prompts, args.random_input_len, args.seed + k, tokenizer) for k in (0, 1)]
+    """Both modes at once, half the concurrency each; each run of each mode gets prompts of its own
+    (the same lengths; a prompt served before would hit the prefix cache)."""
+    fresh = FreshPrompts(args.num_prompts, args.random_input_len, args.seed, load_tokenizer(args.tokenizer_gguf))
     pids["client"] = [os.getpid()]
 
     def run_both(first: str, mark: Callable[[], None]) -> dict[str, dict]:
         marked: list[bool] = []
+        sets = [fresh.next(), fresh.next()]
 
         def mark_once() -> None:
             if not marked:
@@ -134,9 +133,11 @@ def _vllm(args: argparse.Namespace, pids: dict[str, list[int]], scratch: Path) -
     # The proxy's CPU, not vLLM's: each vLLM run also loads its tokenizer and builds its dataset.
     pids["proxy"] = [proxy.pid]
 
+    seeds = FreshPrompts(0, 0, args.seed, None)  # vLLM makes the prompts: a new seed for every run
+
     def run(label: str, mark: Callable[[], None]) -> dict[str, Any]:
         mark()  # vLLM's own warm-up (one test prompt) is inside its run
-        return bench.run(args.url if label == "plaintext" else proxy_url, label)
+        return bench.run(args.url if label == "plaintext" else proxy_url, label, ("--seed", str(seeds.next_seed())))
 
     runner: Callable[[str, Callable[[], None]], dict[str, Any]] = run
 
@@ -152,8 +153,8 @@ def _vllm(args: argparse.Namespace, pids: dict[str, list[int]], scratch: Path) -
             half = ("--max-concurrency", str(_half(args)))
             with ThreadPoolExecutor(2) as pool:
                 futures = {label: pool.submit(drivers[label].run, urls[label], label,
-                                              (*half, "--seed", str(args.seed + k)))
-                           for k, label in enumerate((first, _other(first)))}
+                                              (*half, "--seed", str(seeds.next_seed())))
+                           for label in (first, _other(first))}
                 return {label: f.result() for label, f in futures.items()}
 
         runner = run_both

@@ -29,7 +29,7 @@ from typing import Any
 
 from api.home import Home
 from api.stack import DEMO_TENANT
-from sealed_bench.serve_load import load_tokenizer, make_prompts, print_summary, run_load, summarize
+from sealed_bench.serve_load import FreshPrompts, load_tokenizer, print_summary, run_load, summarize
 from sealed_bench.serve_pairs import CpuMeter, Labels, Run, RunBoth, paired, paired_mixed, print_costs, stack_pids
 from sealed_bench.serve_sealed import _free_port, _machine
 
@@ -97,11 +97,11 @@ class UpStack:
                 self.proc.wait()
 
 
-def _run_one(args: argparse.Namespace, stacks: dict[str, UpStack], prompts: list[str]) -> Run:
+def _run_one(args: argparse.Namespace, stacks: dict[str, UpStack], fresh: FreshPrompts) -> Run:
     def run(label: str, mark: Callable[[], None]) -> dict[str, Any]:
         stack = stacks[label]
         results, duration = asyncio.run(run_load(
-            stack.url, args.model, stack.api_key, prompts, args.random_output_len, args.request_rate,
+            stack.url, args.model, stack.api_key, fresh.next(), args.random_output_len, args.request_rate,
             args.max_concurrency, args.seed, args.ignore_eos, on_start=mark))
         return summarize(results, duration, {}) | {"client": "sealed bench serve"}
     return run
@@ -113,13 +113,14 @@ def _joint_meter(stacks: dict[str, UpStack]) -> CpuMeter:
                      for name, pids in stack_pids(stack.home.root).items()})
 
 
-def _run_both(args: argparse.Namespace, stacks: dict[str, UpStack], prompts: list[str]) -> RunBoth:
+def _run_both(args: argparse.Namespace, stacks: dict[str, UpStack], fresh: FreshPrompts) -> RunBoth:
     """--mixed: both stacks loaded at once, half the concurrency each, so a drift in the machine's
     load (other jobs) hits both alike; the order they start in swaps from pair to pair."""
-    half = max((args.max_concurrency or len(prompts)) // 2, 1)
+    half = max((args.max_concurrency or args.num_prompts) // 2, 1)
 
     def run_both(first: str, mark: Callable[[], None]) -> dict[str, dict]:
         marked: list[bool] = []
+        prompts = {label: fresh.next() for label in LABELS}
 
         def mark_once() -> None:
             if not marked:
@@ -132,7 +133,7 @@ def _run_both(args: argparse.Namespace, stacks: dict[str, UpStack], prompts: lis
             async def one(label: str) -> tuple[str, dict]:
                 stack = stacks[label]
                 results, duration = await run_load(
-                    stack.url, args.model, stack.api_key, prompts, args.random_output_len, args.request_rate,
+                    stack.url, args.model, stack.api_key, prompts[label], args.random_output_len, args.request_rate,
                     half, args.seed, args.ignore_eos, on_start=mark_once, gate=gate)
                 return label, summarize(results, duration, {}) | {"client": "sealed bench serve"}
 
@@ -147,8 +148,7 @@ def run_tracing(args: argparse.Namespace) -> int:
     ratio: float = args.tracing_sample
     if not 0 < ratio <= 1:
         raise SystemExit("--tracing-sample must be in (0, 1]")
-    tokenizer = load_tokenizer(args.tokenizer_gguf)
-    prompts = make_prompts(args.num_prompts, args.random_input_len, args.seed, tokenizer)
+    fresh = FreshPrompts(args.num_prompts, args.random_input_len, args.seed, load_tokenizer(args.tokenizer_gguf))
     with tempfile.TemporaryDirectory(prefix="sealed-bench-tracing-") as scratch_dir:
         scratch = Path(scratch_dir)
         sink_port, stats = _free_port(), scratch / "otlp-sink.json"
@@ -164,11 +164,11 @@ def run_tracing(args: argparse.Namespace) -> int:
                 stacks[label].wait_up()
             rss = {label: stack.worker_rss_mb() for label, stack in stacks.items()}
             if args.mixed:
-                report = paired_mixed(_run_both(args, stacks, prompts), args.pairs, _joint_meter(stacks),
+                report = paired_mixed(_run_both(args, stacks, fresh), args.pairs, _joint_meter(stacks),
                                       print_summary, LABELS)
             else:
                 meters = {label: stack.meter() for label, stack in stacks.items()}
-                report = paired(_run_one(args, stacks, prompts), args.pairs, meters.__getitem__, print_summary,
+                report = paired(_run_one(args, stacks, fresh), args.pairs, meters.__getitem__, print_summary,
                                 LABELS)
             rss_after = {label: stack.worker_rss_mb() for label, stack in stacks.items()}
         finally:
