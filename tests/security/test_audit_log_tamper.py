@@ -246,26 +246,28 @@ def test_replicas_opening_the_anchor_together_on_a_fresh_database_all_start() ->
     # Two gateways starting at once raced `CREATE TABLE` (pg_type unique violation) and one died.
     import threading
 
-    for url in postgres_database():
-        anchors: list[SqlAnchor] = []
-        errors: list[BaseException] = []
-        start = threading.Barrier(6)
+    database = postgres_database()
+    url = next(database)  # a database of its own: the table must not exist yet
+    anchors: list[SqlAnchor] = []
+    errors: list[BaseException] = []
+    start = threading.Barrier(6)
 
-        def open_anchor() -> None:
-            start.wait()
-            try:
-                anchors.append(SqlAnchor(url))  # noqa: B023 (the loop runs once per fixture database)
-            except BaseException as exc:  # noqa: BLE001 (collected and reported below)
-                errors.append(exc)
-
-        threads = [threading.Thread(target=open_anchor) for _ in range(6)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+    def open_anchor() -> None:
+        start.wait()
         try:
-            assert errors == [] and len(anchors) == 6
-            assert anchors[0].all() == []
-        finally:
-            for a in anchors:
-                a.close()
+            anchors.append(SqlAnchor(url))
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=open_anchor) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    try:
+        assert errors == [] and len(anchors) == 6
+        assert anchors[0].all() == []
+    finally:
+        for a in anchors:
+            a.close()
+        next(database, None)  # runs the generator on: it drops the database
