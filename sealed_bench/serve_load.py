@@ -157,8 +157,9 @@ async def run_load(url: str, model: str, api_key: str, prompts: list[str], outpu
                                         headers={"Authorization": f"Bearer {api_key}"}))
     async with client_cm as client:
         # One short request before the clock starts, in both modes: connections, and in sealed mode
-        # the deployment's verification, which a client does once.
-        await one(client, url, model, prompts[0], 2, False)
+        # the deployment's verification, which a client does once. Not one of the measured prompts:
+        # that one would then be a prefix-cache hit.
+        await one(client, url, model, "warm up", 2, False)
         async def limited(p: str) -> Result:
             if limit is None:
                 return await one(client, url, model, p, output_len, ignore_eos)

@@ -4,7 +4,8 @@ For curl, LangChain, `vllm bench serve` or any client that speaks the OpenAI API
 proxy; the proxy verifies the deployment, seals each chat and completion request to the attested
 worker, opens and checks each answer (receipt in the `Sealed-Receipt` header when not streamed)
 and refuses anything else it cannot seal (400, code `UnsealedRequest`; only the model list passes
-through) unless started with `--unsafe-allow-plaintext`. The API key is the caller's own (its Authorization header).
+through) unless started with `--unsafe-allow-plaintext`. `GET /healthz` is the proxy's own, answered
+locally (benchmarks and supervisors wait on it). The API key is the caller's own (its Authorization header).
 Runs on the caller's machine: the plaintext never leaves it unsealed.
 """
 
@@ -68,6 +69,12 @@ def create_proxy_app(upstream: str, trust: ClientTrust, inner: httpx2.AsyncBaseT
 
         return StreamingResponse(body(), status_code=response.status_code, headers=keep)
 
-    app = Starlette(routes=[Route("/{path:path}", forward, methods=["GET", "POST", "DELETE"])])
+    async def healthz(_: Request) -> Response:
+        # The proxy's own liveness, answered here and never forwarded: it says the proxy runs, nothing
+        # of the deployment (a caller that wants that verifies it: `sealed verify`).
+        return JSONResponse({"status": "ok", "proxy": "sealed"})
+
+    app = Starlette(routes=[Route("/healthz", healthz, methods=["GET"]),
+                            Route("/{path:path}", forward, methods=["GET", "POST", "DELETE"])])
     app.state.session = session
     return app

@@ -625,3 +625,29 @@ def test_attest_inspect_parses_the_deployments_own_document(tmp_path: Any) -> No
     parsed = json.loads(result.output)
     assert parsed["workers"][0]["sealed_key_id"] == world.workers[0].key.key_id
     assert parsed["workers"][0]["token_claims_unverified"]["measurement"] == MEASUREMENT
+
+
+def test_the_proxy_answers_its_own_health_check_and_still_refuses_other_unsealed_paths() -> None:
+    # `sealed bench serve --client vllm` waits on the proxy's /healthz; fail-closed had turned it into a
+    # 400 (the benchmark never started). It is answered locally: nothing reaches the gateway.
+    from starlette.testclient import TestClient
+
+    from sealed_client.deployment import ClientTrust
+    from sealed_client.proxy import create_proxy_app
+
+    world = World()
+    seen: list[str] = []
+
+    def gateway(request: httpx2.Request) -> httpx2.Response:
+        seen.append(request.url.path)
+        return world.handle(request)
+
+    app = create_proxy_app("http://gw/v1", ClientTrust.from_dict(world.policy()), httpx2.MockTransport(gateway))
+    with TestClient(app) as proxy:
+        health = proxy.get("/healthz")
+        assert health.status_code == 200 and health.json() == {"status": "ok", "proxy": "sealed"}
+        assert seen == []
+        refused = proxy.get("/v1/files")
+        assert refused.status_code == 400 and refused.json()["error"]["code"] == "UnsealedRequest"
+        assert proxy.post("/healthz").status_code == 400  # only the GET is the proxy's own
+        assert seen == []
