@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import pytest
 
@@ -80,3 +81,27 @@ def test_the_sealed_side_of_vllmserve_is_recorded_beside_the_peer() -> None:
     assert side["env"] == {BIND_ENV: format_cpu_list(allowed_cpus()), RESERVED_ENV: "0"}
     assert bench_vllmserve.sealed_side("sealed")["engine"] == "sealed"
 
+
+
+def test_each_vllmserve_pair_serves_prompts_no_earlier_pair_served() -> None:
+    # One seed for every run let each server meet its own earlier prompts from the second pair on
+    # and answer them from its prefix cache; both servers of one pair get the same prompts.
+    args = argparse.Namespace(input_len=128, output_len=128, num_prompts=64, concurrency=16, goodput=[])
+    seeds = []
+    for pair in range(3):
+        cmd = bench_vllmserve.bench_command("py", "http://x", Path("/t"), Path("/o/r.json"), args,
+                                            bench_vllmserve.pair_seed(pair))
+        seeds.append(cmd[cmd.index("--seed") + 1])
+    assert len(set(seeds)) == 3
+
+
+def test_vllmserve_checks_every_target_of_issue_38_for_our_engine() -> None:
+    peer = {"median_output_throughput": 50.0, "median_median_ttft_ms": 3000.0, "median_median_tpot_ms": 250.0,
+            "median_request_goodput": 0.1}
+    fast = {"median_output_throughput": 65.0, "median_median_ttft_ms": 2000.0, "median_median_tpot_ms": 240.0,
+            "median_request_goodput": 0.2}
+    assert all(bench_vllmserve.engine_targets({"sealed": fast, "plain": peer}).values())
+    for key, worse in (("median_output_throughput", 64.0), ("median_median_ttft_ms", 3001.0),
+                       ("median_median_tpot_ms", 251.0), ("median_request_goodput", 0.05)):
+        checks = bench_vllmserve.engine_targets({"sealed": fast | {key: worse}, "plain": peer})
+        assert list(checks.values()).count(False) == 1, (key, checks)
