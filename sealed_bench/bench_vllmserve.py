@@ -75,8 +75,8 @@ def _wait(url: str, proc: subprocess.Popen, timeout: float, headers: dict[str, s
 def pair_seed(pair: int) -> int:
     """The dataset seed of pair `pair` (from 0): both servers of a pair get the same prompts, and no
     pair repeats an earlier one's. With one seed for every run, each server met its own earlier
-    prompts again from the second pair on and served them from its prefix cache (2026-12-04: our
-    engine's TTFT p50 fell from 6.5 s to 1.8 s over three pairs, vLLM's from 3.3 to 2.9 s)."""
+    prompts again from the second pair on, which its prefix cache may answer: a later pair then
+    measured a warmer server than the first (docs/benchmarks.md, "Serving under vllm bench serve")."""
     return 1000 + pair
 
 
