@@ -32,6 +32,7 @@ import httpx
 
 from enclave_worker.vllm_cpu_binding import VllmCpuBinding, allowed_cpus
 from sealed_bench.peers import PeerConfig, peer_env, vllm_binding, vllm_peer
+from sealed_bench.serve_load import FreshPrompts
 from sealed_bench.vllm_side import add_vllm_options, machine, vllm_interpreter
 
 REPO = Path(__file__).resolve().parent.parent
@@ -72,12 +73,13 @@ def _wait(url: str, proc: subprocess.Popen, timeout: float, headers: dict[str, s
     raise TimeoutError(url)
 
 
-def pair_seed(pair: int) -> int:
-    """The dataset seed of pair `pair` (from 0): both servers of a pair get the same prompts, and no
-    pair repeats an earlier one's. With one seed for every run, each server met its own earlier
-    prompts again from the second pair on, which its prefix cache may answer: a later pair then
-    measured a warmer server than the first (docs/benchmarks.md, "Serving under vllm bench serve")."""
-    return 1000 + pair
+def pair_seeds(pairs: int) -> list[int]:
+    """One dataset seed per pair (FreshPrompts' draw, as `sealed bench serve` uses): both servers of
+    a pair get the same prompts, and no pair repeats an earlier one's. With one seed for every run,
+    each server met its own earlier prompts again from the second pair on, which its prefix cache
+    may answer: a later pair then measured a warmer server than the first."""
+    draw = FreshPrompts(0, 0, 0, None)
+    return [draw.next_seed() for _ in range(pairs)]
 
 
 def bench_command(python: str, url: str, tokenizer: Path, out: Path, args: argparse.Namespace,
@@ -186,12 +188,12 @@ def main(argv: list[str] | None = None) -> int:
                                       stdout=open(root / "vllm-serve.log", "wb"), stderr=subprocess.STDOUT))  # noqa: SIM115
         _wait(f"http://127.0.0.1:{plain_port}/v1/models", procs[-1], 1200)
         runs: dict[str, list[dict]] = {"sealed": [], "plain": []}
-        for i in range(args.pairs):
+        for i, seed in enumerate(pair_seeds(args.pairs)):
             for name in (("sealed", "plain") if i % 2 == 0 else ("plain", "sealed")):
                 port = sealed_port if name == "sealed" else plain_port
                 runs[name].append(_bench(python, f"http://127.0.0.1:{port}", plain, root / f"{name}-{i}.json", args,
-                                         api_key if name == "sealed" else "none", pair_seed(i))
-                                  | {"config": configs[name], "seed": pair_seed(i)})
+                                         api_key if name == "sealed" else "none", seed)
+                                  | {"config": configs[name], "seed": seed})
                 print(name, json.dumps(runs[name][-1]), flush=True)
     finally:
         for proc in reversed(procs):

@@ -82,17 +82,15 @@ def test_the_sealed_side_of_vllmserve_is_recorded_beside_the_peer() -> None:
     assert bench_vllmserve.sealed_side("sealed")["engine"] == "sealed"
 
 
-
 def test_each_vllmserve_pair_serves_prompts_no_earlier_pair_served() -> None:
     # One seed for every run let each server meet its own earlier prompts from the second pair on
     # and answer them from its prefix cache; both servers of one pair get the same prompts.
     args = argparse.Namespace(input_len=128, output_len=128, num_prompts=64, concurrency=16, goodput=[])
-    seeds = []
-    for pair in range(3):
-        cmd = bench_vllmserve.bench_command("py", "http://x", Path("/t"), Path("/o/r.json"), args,
-                                            bench_vllmserve.pair_seed(pair))
-        seeds.append(cmd[cmd.index("--seed") + 1])
+    seeds = bench_vllmserve.pair_seeds(3)
     assert len(set(seeds)) == 3
+    for seed in seeds:
+        cmd = bench_vllmserve.bench_command("py", "http://x", Path("/t"), Path("/o/r.json"), args, seed)
+        assert cmd[cmd.index("--seed") + 1] == str(seed)
 
 
 def test_vllmserve_checks_every_target_of_issue_38_for_our_engine() -> None:
