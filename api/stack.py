@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime as dt
+import functools
 import hashlib
 import json
 import os
@@ -29,7 +30,8 @@ from api.home import Home, ed25519_key, write_public_key, x25519_key
 from api.orchestrator.local import LocalRuntime
 from api.orchestrator.loop import ControlLoop
 from api.ports import free_port
-from api.supervisor import Child, RunLock, Supervisor
+from api.stack_children import on_free_ports, wait_http, worker_health
+from api.supervisor import RunLock, Supervisor
 from api.tenant_audit import decision_key_public_hex
 from api.tenant_tools import default_model_path, encrypt_model
 from api.vllm_python import vllm_python
@@ -264,23 +266,6 @@ class Stack:
         raise TimeoutError("the gateway did not answer through the worker in time")
 
 
-def _wait_http(url: str, child: Child, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        proc = child.proc
-        if proc is not None and proc.poll() is not None:
-            failed = child.failed()
-            if failed is not None:
-                raise failed  # one line that says why; restarting cannot help
-            raise RuntimeError(f"{child.name} exited with {proc.returncode} (log: {child.log_dir / child.name}.log)")
-        try:
-            if httpx.get(url, timeout=1.0).status_code < 500:
-                return
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    raise TimeoutError(f"{url} did not come up")
-
-
 def gateway_client_cert(home: Home) -> Path:
     """The gateway's mTLS client certificate (made by whichever of gateway or stack comes first)."""
     load_or_create(home.gateway / "gateway-client.key", home.gateway / "gateway-client.pem")
@@ -373,22 +358,23 @@ def launch(home: Home, *, host: str = "127.0.0.1", port: int = 8000,
     # A vLLM worker runs from vLLM's own virtualenv (api/vllm_python.py); found before anything starts.
     python = vllm_python() if engine == "vllm" else None
     lock = lock or RunLock(home.root / "run")
-    broker_port = free_port()
-    broker_url = f"http://127.0.0.1:{broker_port}"
     local_gateway = f"http://127.0.0.1:{port}"  # workers register over loopback, whatever the public bind
-    worker_ports = [(free_port(), free_port()) for _ in range(num_workers)]
-    stack = Stack(home, f"http://{host}:{port}", broker_url, f"http://127.0.0.1:{worker_ports[0][0]}",
-                  Supervisor(home.logs), lock)
+    stack = Stack(home, f"http://{host}:{port}", "", "", Supervisor(home.logs), lock)
     try:
-        broker = stack.supervisor.start("key-broker", [
-            "key_broker", "--data-dir", str(home.broker), "--port", str(broker_port),
-            "--sim-platform-key", str(home.sim_public_key),
-            # Its own (simulated) TEE: it attests itself and seals its keys with the platform key;
-            # re-sealing lets a home outlive an upgrade of the broker's code (simulated TEE only).
-            "--tee", "sim", "--sim-platform-signing-key", str(home.sim_key), "--unsafe-sim-reseal",
-            "--admin-token-hash-file", str(broker_admin_token(home)),
-            "--audit-witness", str(home.audit_witness), *broker_args], on_restart=stack.write_pids)
-        _wait_http(f"{broker_url}/healthz", broker)
+        def start_broker() -> str:
+            broker_port = free_port()
+            broker = stack.supervisor.start("key-broker", [
+                "key_broker", "--data-dir", str(home.broker), "--port", str(broker_port),
+                "--sim-platform-key", str(home.sim_public_key),
+                # Its own (simulated) TEE: it attests itself and seals its keys with the platform key;
+                # re-sealing lets a home outlive an upgrade of the broker's code (simulated TEE only).
+                "--tee", "sim", "--sim-platform-signing-key", str(home.sim_key), "--unsafe-sim-reseal",
+                "--admin-token-hash-file", str(broker_admin_token(home)),
+                "--audit-witness", str(home.audit_witness), *broker_args], on_restart=stack.write_pids)
+            wait_http(f"http://127.0.0.1:{broker_port}/healthz", broker)
+            return f"http://127.0.0.1:{broker_port}"
+
+        stack.broker_url = broker_url = on_free_ports(stack.supervisor, "key-broker", start_broker)
         write_demo_client_policy(home, engine, broker_url)
         routes = home.gateway / "routes.json"
         routes.write_text(json.dumps([{"tenant": DEMO_TENANT, "model": DEMO_MODEL, "version": DEMO_VERSION}]))
@@ -402,17 +388,24 @@ def launch(home: Home, *, host: str = "127.0.0.1", port: int = 8000,
             "--audit-dir", str(home.audit), "--audit-witness", str(home.audit_witness), "--broker-url", broker_url,
             *console_cookie_args(host), *gateway_args],
             on_restart=stack.write_pids)
-        _wait_http(f"{local_gateway}/healthz", gateway)
-        for i, (http_port, grpc_port) in enumerate(worker_ports):
+        wait_http(f"{local_gateway}/healthz", gateway)
+        def start_worker(name: str) -> str:
+            http_port, grpc_port = free_port(), free_port()
             args = worker_args(home, broker_url, http_port, grpc_port, [local_gateway], unsafe_sim_measurement,
                                engine)
             if worker_launcher:
                 args = [*worker_launcher, *args[1:]]  # the launcher calls the worker's main itself
             args += worker_extra_args
-            stack.supervisor.start("worker" if i == 0 else f"worker-{i}", args, on_restart=stack.write_pids,
-                                   python=python)
-            stack.worker_urls.append(f"http://127.0.0.1:{http_port}")
-        _wait_http(f"{stack.worker_url}/internal/status", stack.supervisor.children["worker"])
+            url = f"http://127.0.0.1:{http_port}"
+            child = stack.supervisor.start(name, args, on_restart=stack.write_pids, python=python,
+                                           health=worker_health(url))
+            wait_http(f"{url}/internal/status", child, timeout=120.0)
+            return url
+
+        for i in range(num_workers):
+            name = "worker" if i == 0 else f"worker-{i}"
+            stack.worker_urls.append(on_free_ports(stack.supervisor, name, functools.partial(start_worker, name)))
+        stack.worker_url = stack.worker_urls[0]
         stack.supervisor.watch()
         # Every other registered model version gets its workers from the control loop.
         runtime = LocalRuntime(home, stack.supervisor, broker_url, local_gateway,

@@ -6,6 +6,10 @@ by the kernel to stop if the supervisor itself dies (`PR_SET_PDEATHSIG`), so not
 even after `kill -9` of `sealed up`. A child that exits while the stack runs is started again with
 the same arguments (same ports: workers keep their broker and gateway addresses) after a backoff
 that doubles on each quick failure (0.5 s up to 10 s) and resets once the child has run for 30 s.
+A child may also be given a health check, asked every `HEALTH_EVERY_S` while it runs: a reason
+it gives means it is up but cannot recover in place (a worker whose key lease ran out wiped its
+model), so the supervisor stops it (SIGTERM, SIGKILL after `STOP_GRACE_S`) and it is restarted like a
+child that exited, with the same backoff.
 A child that exits with `EXIT_CONFIG_ERROR` (protocol/exit_codes.py: it cannot run as configured,
 e.g. the worker's compiled CPU kernels are missing or stale) is not restarted: the supervisor keeps
 that as `failure` (a `ChildFailed` with the child's last log line), and `sealed up` stops the stack
@@ -39,6 +43,8 @@ PR_SET_PDEATHSIG = 1
 BACKOFF_FIRST_S = 0.5
 BACKOFF_MAX_S = 10.0
 STABLE_AFTER_S = 30.0
+HEALTH_EVERY_S = 5.0
+STOP_GRACE_S = 10.0
 
 
 class AlreadyRunning(RuntimeError):
@@ -82,15 +88,20 @@ class ChildFailed(RuntimeError):
         self.name, self.code, self.last_line, self.log_path = name, code, last_line, log_path
 
 
-def last_log_line(path: Path, tail_bytes: int = 4096) -> str:
-    """The last non-empty line of a child's log (its one-line reason; the log is appended to across runs)."""
+def last_log_lines(path: Path, count: int, tail_bytes: int = 4096) -> str:
+    """The last `count` non-empty lines of a child's log (the log is appended to across runs)."""
     try:
         with path.open("rb") as f:
             f.seek(max(0, f.seek(0, os.SEEK_END) - tail_bytes))
             lines = f.read().decode(errors="replace").splitlines()
     except OSError:
         return ""
-    return next((line.strip() for line in reversed(lines) if line.strip()), "")[:500]
+    return "\n".join([line.strip() for line in lines if line.strip()][-count:])
+
+
+def last_log_line(path: Path, tail_bytes: int = 4096) -> str:
+    """The last non-empty line of a child's log (its one-line reason)."""
+    return last_log_lines(path, 1, tail_bytes)[:500]
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec
@@ -110,6 +121,10 @@ class Child:
     restart_at: float | None = None  # set while waiting out a backoff
     on_restart: Callable[[Child], None] | None = None
     python: str = sys.executable  # the interpreter (a vLLM worker runs from vLLM's own virtualenv)
+    # Asked while the child runs: why it must be started again though it has not exited, or None.
+    health: Callable[[Child], str | None] | None = None
+    health_at: float = 0.0  # the next time `health` is asked
+    stopping_since: float | None = None  # set once the supervisor asked a sick child to stop
 
     @property
     def pid(self) -> int | None:
@@ -137,7 +152,32 @@ class Child:
             out.close()
         self.started_at = time.monotonic()
         self.restart_at = None
+        self.health_at = self.started_at + HEALTH_EVERY_S
+        self.stopping_since = None
         return self.proc
+
+    def check_health(self, now: float) -> None:
+        """Stop a running child whose health check gives a reason (the exit then restarts it)."""
+        proc = self.proc
+        if proc is None:
+            return
+        if self.stopping_since is not None:
+            if now - self.stopping_since >= STOP_GRACE_S:
+                proc.kill()
+            return
+        if self.health is None or now < self.health_at:
+            return
+        self.health_at = now + HEALTH_EVERY_S
+        try:
+            reason = self.health(self)
+        except Exception as exc:  # a broken check must not take the supervisor down; it is not a verdict
+            log.warning("%s health check failed (%s)", self.name, type(exc).__name__)
+            return
+        if reason:
+            log.warning("%s (pid %s) is up but cannot serve (%s); stopping it to start it again",
+                        self.name, proc.pid, reason)
+            proc.terminate()
+            self.stopping_since = now
 
 
 @dataclass
@@ -150,9 +190,10 @@ class Supervisor:
     _thread: threading.Thread | None = None
 
     def start(self, name: str, args: list[str], on_restart: Callable[[Child], None] | None = None,
-              python: str | None = None) -> Child:
+              python: str | None = None, health: Callable[[Child], str | None] | None = None) -> Child:
         with self._lock:
-            child = Child(name, list(args), self.log_dir, on_restart=on_restart, python=python or sys.executable)
+            child = Child(name, list(args), self.log_dir, on_restart=on_restart, python=python or sys.executable,
+                          health=health)
             child.spawn()
             self.children[name] = child
             return child
@@ -180,7 +221,10 @@ class Supervisor:
                 if self._stopping.is_set():
                     return
                 proc = child.proc
-                if proc is None or proc.poll() is None:
+                if proc is None:
+                    continue
+                if proc.poll() is None:
+                    child.check_health(now)
                     continue
                 failed = child.failed()
                 if failed is not None:

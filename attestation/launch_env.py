@@ -13,9 +13,13 @@ import os
 from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 
-# Environment variables that can change what the interpreter, its libraries or the role do.
-MEASURED_ENV_PREFIXES = ("SEALED_", "PYTHON", "LD_", "MALLOC_", "OMP_", "MKL_", "KMP_", "TORCH", "CUDA",
-                         "NCCL_", "NVIDIA_", "VLLM_", "HF_", "TRANSFORMERS_", "TOKENIZERS_", "SSL_", "REQUESTS_",
+# Environment variables that can change what the interpreter, its libraries or the role do. Beside
+# the interpreter's and the role's own: the C library's tunables (malloc's, and the parser behind
+# CVE-2023-4911), the dynamic loader, each threading runtime the engine loads (GNU and Intel OpenMP,
+# OpenBLAS, oneDNN, torch under both its prefixes), TLS, gRPC and proxies.
+MEASURED_ENV_PREFIXES = ("SEALED_", "PYTHON", "LD_", "GLIBC_TUNABLES", "MALLOC_", "OMP_", "GOMP_", "KMP_", "MKL_",
+                         "OPENBLAS_", "GOTO_", "ONEDNN_", "DNNL_", "TORCH", "PYTORCH_", "CUDA", "NCCL_", "NVIDIA_",
+                         "VLLM_", "HF_", "TRANSFORMERS_", "TOKENIZERS_", "SSL_", "REQUESTS_",
                          "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy",
                          "GRPC_", "OPENSSL_")
 

@@ -42,8 +42,10 @@ def _listen(server: grpc.aio.Server, address: str, gateway_client_cert: bytes | 
 async def serve(settings: WorkerSettings, grpc_port: int, register_urls: list[str], register_token: str,
                 gateway_client_cert: bytes | None = None, advertise_host: str | None = None) -> None:
     state = WorkerState(settings, tracing=tracing_from_env("worker"))
+    # No SO_REUSEPORT (gRPC's default on Linux): a second process binding this port must fail, not
+    # take a share of the gateway's connections.
     server = grpc.aio.server(options=[("grpc.max_concurrent_streams", 4096),
-                                      ("grpc.max_receive_message_length", 32 << 20)])
+                                      ("grpc.max_receive_message_length", 32 << 20), ("grpc.so_reuseport", 0)])
     worker_pb2_grpc.add_WorkerServicer_to_server(WorkerServicer(state), server)  # type: ignore[no-untyped-call]
     tls_cert, spki = _listen(server, f"{settings.host}:{grpc_port}", gateway_client_cert)
     # Before boot: the evidence the key broker sees commits to exactly these channel keys.

@@ -41,7 +41,7 @@ from protocol.broker.errors import BrokerNotAuthenticated, BrokerRateLimited, Br
 from protocol.package.errors import PackageError
 from protocol.sealed import ReplayGuard, WorkerKey
 from protocol.tracing import NoTracing, Tracing
-from protocol.worker_status import ServingState, WorkerStatus
+from protocol.worker_status import BROKER_RATE_LIMITED, BROKER_UNREACHABLE, LEASE_EXPIRED, ServingState, WorkerStatus
 
 log = logging.getLogger(__name__)
 
@@ -183,11 +183,11 @@ def failure_reason(exc: BaseException) -> str:
     if isinstance(exc, BrokerRefused):
         return "key release refused by the key broker"
     if isinstance(exc, BrokerRateLimited):
-        return "key broker rate limit"
+        return BROKER_RATE_LIMITED
     if isinstance(exc, PackageError):
         return f"package rejected ({type(exc).__name__})"
     if isinstance(exc, httpx.HTTPError):
-        return "key broker unreachable"
+        return BROKER_UNREACHABLE
     if isinstance(exc, FileNotFoundError):
         return "package or policy file missing"
     if isinstance(exc, (PolicyError, ValueError)):
@@ -197,7 +197,7 @@ def failure_reason(exc: BaseException) -> str:
 
 LOST_REASONS = {  # a fixed category for the heartbeat and /readyz (the broker's audit log has the cause)
     "revoked": "data key revoked by the key broker (or the tenant no longer trusts this worker)",
-    "lease-expired": "key lease ran out without a renewal",
+    "lease-expired": LEASE_EXPIRED,
 }
 
 

@@ -19,6 +19,21 @@ from protocol.model_ref import ModelRef
 ServingState = Literal["starting", "ready", "draining", "failed"]
 EngineStats = dict[str, int | float]  # LLMEngine.stats(): counts, sizes, percentages
 
+# `reason` categories of a failed worker that a fresh start may cure: the key broker was away or
+# busy (at boot), or away long enough that the key's lease ran out (the worker wiped the model and
+# cannot take it back in the same process). A supervisor restarts a worker that reports one
+# (api/supervisor.py, `sealed up`); every other category (refused, revoked, a rejected package or
+# policy, failed attestation) needs a person, and a restart would only repeat it.
+BROKER_UNREACHABLE = "key broker unreachable"
+BROKER_RATE_LIMITED = "key broker rate limit"
+LEASE_EXPIRED = "key lease ran out without a renewal"
+RESTART_MAY_CURE = frozenset({BROKER_UNREACHABLE, BROKER_RATE_LIMITED, LEASE_EXPIRED})
+
+
+def restart_may_cure(status: str, reason: str) -> bool:
+    """Whether a worker reporting `status` and `reason` should be started again."""
+    return status == "failed" and reason in RESTART_MAY_CURE
+
 
 class WorkerStatus(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)

@@ -9,7 +9,7 @@ Kernels: `torch` (F.linear on the engine's transposed storage), `openblas` (nump
 same memory: the engine's decode path), `mkl-packed` (weights packed once by MKL for sgemm,
 `torch.ops.mkl._mkl_linear`), `onednn-packed` (weights reordered once into oneDNN's blocked layout,
 `torch.ops.mkldnn._linear_pointwise`), `onednn-plain` (the same op on the engine's own storage),
-`panel` (the engine's fp32 default since issue 38: column panels and the C++ kernel, layers/panel.py).
+`panel` (column panels and the C++ kernel, layers/panel.py; `--panel-weights on` in the engine, off by default).
 Run: `sealed bench linear --batch 1,16,64 --threads 1 --rounds 15`.
 """
 

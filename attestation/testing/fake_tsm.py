@@ -43,10 +43,6 @@ class FakeTsmTree:
         self.reports = 0  # how many reports the "TEE" produced (tests check it answered)
         self._cache: tuple[int, bytes, bytes | None] | None = None
         self._inputs: dict[str, int] = {}
-        # The attribute answered last is not answered again until something else happens (a write,
-        # or a read of another attribute): its reader may still be draining it, and a second
-        # answer would run into the first. The attester is one sequential client, as with configfs.
-        self._last_served: str | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -78,6 +74,14 @@ class FakeTsmTree:
             os.close(fd)
         self._inputs.clear()
 
+    @staticmethod
+    def _renew(path: Path) -> None:
+        fresh = path.with_name(f".{path.name}.next")
+        with contextlib.suppress(FileNotFoundError):
+            fresh.unlink()
+        os.mkfifo(fresh, 0o600)
+        os.replace(fresh, path)  # atomic: an open of `path` finds the old FIFO or the new one, never none
+
     # ---- the kernel's part ----------------------------------------------------------------
     def _drain(self) -> None:
         """Apply every completed write; a write always lands before the writer's next open."""
@@ -96,7 +100,6 @@ class FakeTsmTree:
                 else:
                     self.privlevel = int(data.strip() or b"0")
                 self.generation += 1
-                self._last_served = None
 
     def _report(self) -> tuple[bytes, bytes | None]:
         if self._cache is None or self._cache[0] != self.generation:
@@ -118,10 +121,9 @@ class FakeTsmTree:
             self._drain()
             served = False
             for name in _OUTPUTS:
-                if name == self._last_served:
-                    continue
+                path = self.entry / name
                 try:
-                    fd = os.open(self.entry / name, os.O_WRONLY | os.O_NONBLOCK)
+                    fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
                 except OSError as exc:
                     if exc.errno in (errno.ENXIO, errno.ENOENT):
                         continue  # nobody is reading this attribute now
@@ -135,9 +137,14 @@ class FakeTsmTree:
                 except BrokenPipeError:
                     pass
                 finally:
+                    # Before this answer ends (EOF on close), the name moves to a new FIFO: the reader
+                    # drains the old one, which nobody opens again, so the next open of the name, for
+                    # the next report, waits for a new answer and can never see this one twice. (It
+                    # used to be "never answer the same name twice in a row": a second report's first
+                    # read of `generation` then waited forever.)
+                    self._renew(path)
                     with contextlib.suppress(OSError):
                         os.close(fd)
                 served = True
-                self._last_served = name
             if not served:
                 time.sleep(self.poll_s)

@@ -37,10 +37,10 @@ class EngineConfig:
     packed_weights: bool | None = None
     # Dense fp32 linears on the CPU (not packed) hold their weights in column panels that the C++
     # kernel streams once per step for the whole batch (layers/panel.py; needs the CPU kernels, so not
-    # under decode_kernels="torch"). True: on; None or False: the checkpoint's layout on OpenBLAS /
-    # torch. Off by default until a quiet machine shows it faster end to end: on a shared machine it
-    # streamed the weights 2x faster at batch 16, but single-prompt TTFT measured worse (issue #38,
-    # docs/benchmarks.md); `sealed bench engine --panel-weights on` measures it.
+    # under decode_kernels="torch"); calls of 128+ rows (prefill) unpack a layer for torch's GEMM.
+    # None or True: on; False: the checkpoint's layout on OpenBLAS / torch. On by default since a
+    # quiet A/B (issue #38, docs/benchmarks.md): batch-16 decode step 50-61 against 94-106 ms, batch
+    # 1 alike; `sealed bench engine --panel-weights off|on` measures it.
     panel_weights: bool | None = None
 
     def __post_init__(self) -> None:

@@ -23,6 +23,7 @@ from .kernels.cpu_ops import load_cpu_ops
 from .kv_cache import KVCacheSpec, allocate_kv_cache, gpu_kv_budget
 from .layers.linear import DenseMatmul, Linear
 from .layers.packed import zero_every_byte
+from .layers.panel import PanelMatmul
 from .model_builder import BuiltModel, build_model
 from .model_runner import ModelRunner
 from .models import model_tensors
@@ -48,6 +49,8 @@ def _blas_speedup(model: torch.nn.Module, threads: int) -> BlasSpeedup | None:
     """OpenBLAS's measured advantage over torch on the model's largest dense fp32 layer (None: no such layer)."""
     shapes = [tuple(m.weight.shape) for m in model.modules()
               if isinstance(m, Linear) and isinstance(m.matmul, DenseMatmul) and m.matmul.weight_t_np is not None]
+    shapes += [(m.matmul.out_features, m.matmul.in_features) for m in model.modules()
+               if isinstance(m, Linear) and isinstance(m.matmul, PanelMatmul)]
     if not shapes:
         return None
     out_features, in_features = max(shapes, key=lambda s: s[0] * s[1])
@@ -100,11 +103,12 @@ class LLMEngine(ThreadedEngine[_Request]):
         self.blocks = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.blocks, config.max_num_seqs, config.max_num_batched_tokens)
         # fp32 weights on the CPU are what the OpenBLAS path serves (ModelRunner.use_blas); 0 turns it off.
-        # Packed weights and panels run on torch's pool (layers/packed.py, panel.py): none on OpenBLAS.
+        # Packed weights run on torch's pool (layers/packed.py); panels too, but a prefill-sized step over
+        # panels may go to OpenBLAS where it measured faster (layers/panel.py), so it is measured for them.
         fp32_cpu = (config.device == "cpu" and built.dtype == torch.float32 and built.quant == "none"
                     and not built.packed and not built.panel)
         dense_bytes = sum(t.nbytes for t in model_tensors(self.model)) if fp32_cpu else 0
-        blas_speedup = _blas_speedup(self.model, built.threads) if fp32_cpu else None
+        blas_speedup = _blas_speedup(self.model, built.threads) if fp32_cpu or built.panel else None
         fused = _fused_decode(config)
         cpu_kernels = _cpu_kernels(config, built)
         self.model.cpu_kernels = cpu_kernels

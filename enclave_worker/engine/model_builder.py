@@ -94,9 +94,10 @@ def build_model(checkpoint: Checkpoint, config: EngineConfig) -> BuiltModel:
               and (dtype != torch.bfloat16 or bf16_native())
               and (config.packed_weights if config.packed_weights is not None
                    else dtype == torch.bfloat16 or _packed_fp32_pays(cfg, threads)))
-    # Panels: fp32 dense weights on the CPU that are not packed, where the engine runs the C++ kernels.
+    # Panels: fp32 dense weights on the CPU that are not packed, where the engine runs the C++ kernels
+    # (the default; False keeps the checkpoint's layout).
     panel = (config.device == "cpu" and dtype == torch.float32 and quant == "none" and not packed
-             and config.decode_kernels != "torch" and config.panel_weights is True)
+             and config.decode_kernels != "torch" and config.panel_weights is not False)
     opts = BuildOptions(quant, dtype, config.device, model_len, config.int4_group_size, packed=packed, panel=panel)
     with torch.inference_mode():
         model = ARCHITECTURES[arch](cfg, checkpoint.tensors, opts).eval()

@@ -13,6 +13,7 @@ from .kernels.paged_attention import num_splits_for
 from .kernels.sampling import BatchSampling, sample_on_device
 from .layers.attention import AttentionMetadata, PrefillChunk
 from .layers.logits_processors import process
+from .layers.panel import GEMM_MIN_ROWS as PANEL_GEMM_MIN_ROWS
 from .layers.sampler import History, sample
 from .models.llama import LlamaForCausalLM
 from .scheduler import ScheduledSeq
@@ -241,8 +242,13 @@ class ModelRunner:
         KV bytes as the matmuls read weight bytes, scaled by how much faster OpenBLAS measured than
         torch here (``blas_speedup``): the more the matmuls gain, the more attention may lose.
         Larger steps (prefill): where OpenBLAS measured at least ``BLAS_PREFILL_GAIN`` times faster
-        at 256 rows (torch's GEMM on an AVX2 AMD EPYC). Measured crossovers: docs/engine.md.
+        at 256 rows (torch's GEMM on an AVX2 AMD EPYC). Measured crossovers: docs/engine.md. Over
+        panels: prefill-sized steps only, by the same measured prefill gain.
         """
+        if self.panel_weights:
+            # Over panels only a prefill-sized step multiplies through a GEMM (the layer unpacked for
+            # the call, layers/panel.py); decode stays on the panel kernel.
+            return num_tokens >= PANEL_GEMM_MIN_ROWS and self.blas_speedup.prefill >= BLAS_PREFILL_GAIN
         if self.weight_bytes <= 0:
             return False
         if num_tokens > BLAS_MAX_TOKENS:

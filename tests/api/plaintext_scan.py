@@ -23,6 +23,15 @@ def weight_needles() -> list[bytes]:
         raw = checkpoint.tensors[name].contiguous().numpy().tobytes()
         middle = len(raw) // 2
         needles.append(raw[middle: middle + 64])
+    # As the CPU engine holds fp32 layers by default: in column panels [N / NR, K, NR] (layers/panel.py),
+    # where 64 bytes are one column of NR rows at consecutive k. q_proj's rows lead the fused QKV.
+    from enclave_worker.engine.kernels.cpu_ops import load_cpu_ops
+
+    nr = int(load_cpu_ops().panel_width())
+    q = checkpoint.tensors["model.layers.0.self_attn.q_proj.weight"].float()
+    p, k = q.shape[0] // nr // 2, q.shape[1] // 2
+    column_run = q[p * nr:(p + 1) * nr, k:k + 64 // (4 * nr)].t().contiguous()  # [k, NR]: the panel's order
+    needles.append(column_run.numpy().tobytes())
     # As a bf16 worker holds them too (the CPU default where the CPU computes bf16): the embedding
     # table's rows stay plain bf16 (the packed weights are in oneDNN's blocked layout).
     import torch

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from api.supervisor import AlreadyRunning, ChildFailed, RunLock, Supervisor
+from api.supervisor import HEALTH_EVERY_S, AlreadyRunning, ChildFailed, RunLock, Supervisor
 
 SLEEPER = ["http.server", "0", "--bind", "127.0.0.1"]  # any long-running module
 
@@ -165,15 +165,15 @@ def test_another_exit_code_is_still_restarted(tmp_path: Path, fake_worker: str) 
 
 
 def test_launch_stops_at_once_when_the_worker_cannot_start(tmp_path: Path, fake_worker: str) -> None:
-    """`_wait_http` (how launch waits for each process) raises the child's reason, not a timeout."""
-    from api.stack import _wait_http
+    """`wait_http` (how launch waits for each process) raises the child's reason, not a timeout."""
+    from api.stack_children import wait_http
     from protocol.exit_codes import EXIT_CONFIG_ERROR
 
     sup = Supervisor(tmp_path)
     child = sup.start("worker", [fake_worker, str(EXIT_CONFIG_ERROR)])
     try:
         with pytest.raises(ChildFailed, match="compiled CPU kernels are stale"):
-            _wait_http("http://127.0.0.1:9/never", child, timeout=600)
+            wait_http("http://127.0.0.1:9/never", child, timeout=600)
     finally:
         sup.stop()
 
@@ -217,11 +217,69 @@ def test_the_real_worker_on_stale_kernels_stops_the_stack_with_its_line(tmp_path
                                  str(tmp_path), "--tenant", "acme", "--model", "m", "--version", "v1",
                                  "--grpc-port", "0", "--port", "0"])
     try:
-        from api.stack import _wait_http
+        from api.stack_children import wait_http
 
         with pytest.raises(ChildFailed) as failed:
-            _wait_http("http://127.0.0.1:9/never", child, timeout=kernels.BOOT_TIMEOUT_S)
+            wait_http("http://127.0.0.1:9/never", child, timeout=kernels.BOOT_TIMEOUT_S)
         assert failed.value.code == 3 and child.restarts == 0
         assert failed.value.last_line.startswith("worker: the CPU kernels are stale"), failed.value.last_line
+    finally:
+        sup.stop()
+
+
+def test_a_child_whose_health_check_gives_a_reason_is_stopped_and_started_again(tmp_path: Path) -> None:
+    """A worker whose key lease ran out is up but wiped: the supervisor stops it and the exit path
+    starts it again. A child whose check says nothing, or whose check raises, is left alone."""
+    sick: dict[str, str | None] = {"a": None}
+
+    def health_a(_: object) -> str | None:
+        return sick["a"]
+
+    def broken(_: object) -> str | None:
+        raise RuntimeError("the check itself failed")
+
+    sup = Supervisor(tmp_path)
+    a = sup.start("a", SLEEPER, health=health_a)
+    b = sup.start("b", SLEEPER, health=broken)
+    a_pid, b_pid = a.pid, b.pid
+    try:
+        a.health_at = b.health_at = 0.0  # due now: no waiting on the clock
+        sup.check()
+        assert a.proc.poll() is None and a.stopping_since is None  # healthy: untouched
+        sick["a"] = "key lease ran out without a renewal"
+        a.health_at = b.health_at = 0.0
+        sup.check()
+        assert a.stopping_since is not None
+        a.proc.wait(30)
+        sup.check()  # the exit: a restart is scheduled ...
+        assert a.restart_at is not None
+        a.restart_at = time.monotonic()
+        sup.check()  # ... and made
+        assert a.pid != a_pid and a.proc.poll() is None and a.restarts == 1 and a.stopping_since is None
+        assert a.health_at == a.started_at + HEALTH_EVERY_S  # a new process gets time before it is asked
+        assert b.pid == b_pid and b.proc.poll() is None and b.restarts == 0
+    finally:
+        sup.stop()
+
+
+def test_a_sick_child_that_ignores_sigterm_is_killed_after_the_grace(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "mods").mkdir()
+    (tmp_path / "mods" / "stubborn_child.py").write_text(
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); time.sleep(600)")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path / "mods"), os.environ.get("PYTHONPATH", "")]))
+    sup = Supervisor(tmp_path)
+    child = sup.start("w", ["stubborn_child"], health=lambda _: "key broker unreachable")
+    try:
+        _wait(lambda: "up" in child.log_path.read_text())
+        child.health_at = 0.0
+        sup.check()
+        assert child.stopping_since is not None
+        sup.check()
+        assert child.proc.poll() is None  # SIGTERM ignored; still within the grace
+        child.stopping_since -= 3600  # as if the grace had passed
+        sup.check()
+        child.proc.wait(30)
+        assert child.proc.returncode == -signal.SIGKILL
     finally:
         sup.stop()

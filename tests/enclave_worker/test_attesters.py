@@ -7,6 +7,7 @@ import dataclasses
 import datetime as dt
 import fcntl
 import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -62,6 +63,25 @@ def test_snp_through_configfs_tsm(platform: FakePlatform, tmp_path: Path) -> Non
     assert bundle.tee == "snp" and bundle.cpu_certificates == (platform.vcek,)
     result = verify_bundle(bundle, expected_nonce=rt.nonce, now=NOW, trust=trust(platform))
     assert result.cpu.measurement == SNP_MEASUREMENT and result.gpus == ()
+
+
+def test_one_configfs_tsm_entry_answers_report_after_report(platform: FakePlatform, tmp_path: Path) -> None:
+    """A worker attests more than once over its life (re-attestation, each client's nonce). The fake
+    kernel once answered no attribute twice in a row, so a second report's first read (`generation`,
+    the last read of the first report) waited forever; the attester runs in a thread here so that a
+    hang fails this test instead of the suite."""
+    kernel = KernelInterfaces(tsm_dir=tmp_path / "tsm", tsm_entry="sealed", sev_guest=tmp_path / "absent")
+    with snp_tree(platform, kernel.tsm_dir) as tree:
+        nonces = [runtime() for _ in range(3)]
+        bundles: list = []
+        attester = Attester(SnpAttester(kernel))
+        worker = threading.Thread(target=lambda: bundles.extend(attester.bundle(rt) for rt in nonces), daemon=True)
+        worker.start()
+        worker.join(120)  # a hang guard, not a timing check: three reports take well under a second
+        assert len(bundles) == 3, "a later report through the same configfs-tsm entry never came"
+        assert tree.reports == 3
+    for rt, bundle in zip(nonces, bundles, strict=True):
+        verify_bundle(bundle, expected_nonce=rt.nonce, now=NOW, trust=trust(platform))
 
 
 def test_snp_falls_back_to_the_sev_guest_ioctl(platform: FakePlatform, tmp_path: Path,

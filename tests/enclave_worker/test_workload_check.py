@@ -60,6 +60,10 @@ def test_the_declared_workload_passes() -> None:
     ("unsafe-switch", [*ARGV, "--unsafe-no-tenant-policy"], ENV, "arguments"),
     ("changed-env-var", ARGV, {**ENV, "PYTHONHASHSEED": "1"}, "environment differs.*PYTHONHASHSEED"),
     ("added-env-var", ARGV, {**ENV, "LD_PRELOAD": "/tmp/x.so"}, "environment differs.*LD_PRELOAD"),
+    *((f"threading-runtime-{name}", ARGV, {**ENV, name: value}, f"environment differs.*{name}") for name, value in [
+        ("GOMP_SPINCOUNT", "0"), ("OPENBLAS_NUM_THREADS", "1"), ("GOTO_NUM_THREADS", "1"),
+        ("ONEDNN_MAX_CPU_ISA", "SSE41"), ("DNNL_MAX_CPU_ISA", "SSE41"), ("PYTORCH_NO_CUDA_MEMORY_CACHING", "1"),
+        ("GLIBC_TUNABLES", "glibc.malloc.mmap_threshold=1")]),
     ("lower-policy-floor", [a.replace("--min-policy-version", "--max-num-seqs") for a in ARGV], ENV, "floor"),
 ])
 def test_a_worker_that_differs_from_its_init_data_is_refused(name: str, argv: list[str], env: dict, match: str

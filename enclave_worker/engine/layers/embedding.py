@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from .linear import BlasSwitch, DenseMatmul, _int8_op_works
+from .blas_switch import BlasSwitch
+from .linear import DenseMatmul, _int8_op_works
 from .packed import PackedMatmul
 from .panel import PanelMatmul, try_panel
 

@@ -5,26 +5,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from .blas_switch import BlasSwitch
 from .packed import PackedMatmul, try_pack
 from .panel import PanelMatmul, try_panel
 
 _DEQUANT_MIN_ROWS = 16  # from this many rows, dequantize the weight per call and use a dense GEMM
-
-
-class BlasSwitch:
-    """Per-model flag the runner sets for each step: route dense fp32 matmuls to OpenBLAS or not.
-
-    Small steps (decode of up to a few dozen sequences) are memory-bound matrix-vector-like
-    products, where numpy's OpenBLAS streams the weights up to twice as fast as torch's CPU BLAS
-    (docs/engine.md). Its thread pool and torch's OpenMP pool must not both be busy (their
-    spinning workers stall each other, 10x slower), so the runner turns this on only together
-    with running torch on one thread for that step.
-    """
-
-    __slots__ = ("enabled",)
-
-    def __init__(self) -> None:
-        self.enabled = False
 
 
 class DenseMatmul:
@@ -90,7 +75,7 @@ class Linear(torch.nn.Module):
         pm = try_pack(w, consume=owned) if packed else None
         if pm is not None and in_place and w is not weight:
             weight.zero_()  # the handed-over source (fp32 of a bf16 layer): the packed copy is the only one
-        pp = try_panel(w, consume=owned) if panel and pm is None else None
+        pp = try_panel(w, consume=owned, switch=switch) if panel and pm is None else None
         self.matmul: DenseMatmul | PackedMatmul | PanelMatmul
         if pp is not None:
             self.matmul, self.weight = pp, pp.panels

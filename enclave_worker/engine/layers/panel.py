@@ -13,17 +13,34 @@ and the panels are a plain tensor that ``LLMEngine.wipe`` zeroes like any other 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+import numpy as np
 import torch
 
 from ..kernels.cpu_ops import load_cpu_ops
+
+if TYPE_CHECKING:
+    from .blas_switch import BlasSwitch
+
+# From this many rows (a prefill chunk) the layer is unpacked into W^T's plain [in, out] layout for
+# the call and multiplied by torch's GEMM: the panel kernel streams the weights once per step, which
+# is what a decode step needs, but a prefill is compute-bound and torch's blocked GEMM (packing x,
+# K-blocking for the caches) outruns it there; the unpack is one pass over the layer, under 1/rows
+# of the GEMM's work. Where the model's BlasSwitch is on for the step (OpenBLAS measured faster at
+# prefill sizes on this machine: ModelRunner.use_blas), numpy's OpenBLAS multiplies instead. Below
+# it, the panel kernel (docs/engine.md, "fp32 weights in column panels").
+GEMM_MIN_ROWS = 128
 
 
 class PanelMatmul:
     """y = x W^T for an fp32 W [out, in] on the CPU, held only as panels (module doc)."""
 
-    def __init__(self, weight: torch.Tensor, consume: bool) -> None:
-        """``consume``: the weight's memory is ours; the panels are written into it."""
+    def __init__(self, weight: torch.Tensor, consume: bool, switch: BlasSwitch | None = None) -> None:
+        """``consume``: the weight's memory is ours; the panels are written into it. ``switch``: the
+        model's OpenBLAS flag, for prefill-sized calls (module doc)."""
         ops = load_cpu_ops()
+        self.switch = switch
         nr = int(ops.panel_width())
         n, k = weight.shape
         self.out_features, self.in_features, self.width = n, k, nr
@@ -41,17 +58,35 @@ class PanelMatmul:
 
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         shape = x.shape
-        y: torch.Tensor = self._ops.panel_linear(x.reshape(-1, self.in_features).contiguous(), self.panels)
+        x2 = x.reshape(-1, self.in_features)
+        y: torch.Tensor
+        if x2.shape[0] >= GEMM_MIN_ROWS:
+            y = self._unpacked_gemm(x2)
+        else:
+            y = self._ops.panel_linear(x2.contiguous(), self.panels)
         if bias is not None:
             y.add_(bias)
         return y.reshape(*shape[:-1], self.out_features)
+
+    def _unpacked_gemm(self, x2: torch.Tensor) -> torch.Tensor:
+        """x W^T through W^T unpacked for this call; the transient plaintext copy is zeroed before
+        its memory goes back to the allocator, whatever happens in between."""
+        n, k = self.out_features, self.in_features
+        w_t = torch.empty(k, n, dtype=self.panels.dtype)
+        try:
+            w_t.view(k, n // self.width, self.width).copy_(self.panels.permute(1, 0, 2))
+            if self.switch is not None and self.switch.enabled and x2.dtype == torch.float32:
+                return torch.from_numpy(np.matmul(x2.contiguous().numpy(), w_t.numpy()))
+            return torch.mm(x2, w_t)
+        finally:
+            w_t.zero_()
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """W's rows ``ids`` [T] -> [T, in] (a tied embedding's lookup from its head's panels)."""
         return self.panels[ids // self.width, :, ids % self.width]
 
 
-def try_panel(weight: torch.Tensor, consume: bool) -> PanelMatmul | None:
+def try_panel(weight: torch.Tensor, consume: bool, switch: BlasSwitch | None = None) -> PanelMatmul | None:
     """The panel matmul, or None where this weight does not fit it (not an fp32 CPU matrix, or its
     output count not a multiple of the kernel's panel width; it keeps the plain layout). Raises
     CpuKernelsUnavailable where the kernels are not built: asking for panels is asking for them."""
@@ -60,4 +95,4 @@ def try_panel(weight: torch.Tensor, consume: bool) -> PanelMatmul | None:
     nr = int(load_cpu_ops().panel_width())
     if weight.shape[0] % nr or weight.shape[0] == 0:
         return None
-    return PanelMatmul(weight, consume)
+    return PanelMatmul(weight, consume, switch)

@@ -13,8 +13,9 @@ from ..kernels import cpu_ops, fused
 from ..kernels.paged_attention import paged_decode_attention
 from ..layers.activation import silu_and_mul
 from ..layers.attention import AttentionMetadata, PagedAttention
+from ..layers.blas_switch import BlasSwitch
 from ..layers.embedding import Embedding
-from ..layers.linear import BlasSwitch, make_linear
+from ..layers.linear import make_linear
 from ..layers.norm import RMSNorm
 from ..layers.rotary import RotaryEmbedding
 

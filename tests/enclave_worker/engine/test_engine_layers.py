@@ -8,8 +8,9 @@ import torch.nn.functional as F
 
 from enclave_worker.engine.blas_calibration import BlasSpeedup
 from enclave_worker.engine.layers.attention import AttentionMetadata, PagedAttention
+from enclave_worker.engine.layers.blas_switch import BlasSwitch
 from enclave_worker.engine.layers.embedding import Embedding
-from enclave_worker.engine.layers.linear import BlasSwitch, Linear
+from enclave_worker.engine.layers.linear import Linear
 from enclave_worker.engine.layers.rotary import RotaryEmbedding
 
 

@@ -4,23 +4,26 @@ checkpoint's layout, and wiped with the rest."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
 from enclave_worker.engine import SamplingParams
+from enclave_worker.engine.blas_calibration import BlasSpeedup
 from enclave_worker.engine.kernels.cpu_ops import load_cpu_ops
+from enclave_worker.engine.layers.blas_switch import BlasSwitch
 from enclave_worker.engine.layers.embedding import Embedding
 from enclave_worker.engine.layers.linear import DenseMatmul, Linear
 from enclave_worker.engine.layers.packed import is_zero
-from enclave_worker.engine.layers.panel import PanelMatmul, try_panel
+from enclave_worker.engine.layers.panel import GEMM_MIN_ROWS, PanelMatmul, try_panel
 
 
 def _width() -> int:
     return int(load_cpu_ops().panel_width())
 
 
-@pytest.mark.parametrize("rows", [1, 3, 16, 17, 40, 300])
+@pytest.mark.parametrize("rows", [1, 3, 16, 17, 40, GEMM_MIN_ROWS - 1, GEMM_MIN_ROWS, 300])
 @pytest.mark.parametrize("bias", [False, True])
 def test_panel_linear_matches_the_reference_at_every_row_count(rows: int, bias: bool) -> None:
     """Every micro-kernel height (1 .. MR rows, a remainder, several row blocks) against F.linear."""
@@ -45,6 +48,80 @@ def test_panels_take_an_owned_weights_memory_and_leave_a_borrowed_one() -> None:
     assert not torch.equal(w, reference)  # ... rearranged, not duplicated
     x = torch.randn(5, 64)
     torch.testing.assert_close(owned(x), x @ reference.T, rtol=1e-5, atol=1e-5)
+
+
+def test_a_prefill_unpacks_the_layer_for_the_call_and_zeroes_that_copy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """From GEMM_MIN_ROWS rows the layer goes through torch's GEMM on W^T unpacked for the call; the
+    unpacked copy is plaintext weights, so it is zeroed before the allocator gets it back, also when
+    the GEMM fails."""
+    w = torch.randn(3 * _width(), 48)
+    pm = PanelMatmul(w.clone(), consume=False)
+    seen: list[torch.Tensor] = []
+    real_mm = torch.mm
+
+    def spy(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        seen.append(b)
+        torch.testing.assert_close(b, w.T)  # the unpacked layer is W^T exactly
+        return real_mm(a, b)
+
+    monkeypatch.setattr(torch, "mm", spy)
+    x = torch.randn(GEMM_MIN_ROWS, 48)
+    torch.testing.assert_close(pm(x), x @ w.T, rtol=1e-5, atol=1e-4)
+    assert len(seen) == 1 and not seen[0].any()  # used once, then zeroed
+    pm(x[: GEMM_MIN_ROWS - 1])
+    assert len(seen) == 1  # a decode-sized call stays on the panel kernel
+
+    def failing(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        seen.append(b)
+        raise RuntimeError("out of memory")
+
+    monkeypatch.setattr(torch, "mm", failing)
+    with pytest.raises(RuntimeError, match="out of memory"):
+        pm(x)
+    assert not seen[-1].any()
+
+
+def test_a_prefill_on_the_blas_switch_goes_to_openblas_and_zeroes_the_copy_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the runner turned the model's BlasSwitch on for a prefill-sized step, the unpacked layer is
+    multiplied by numpy's OpenBLAS (not torch's GEMM); a decode-sized call stays on the panel kernel."""
+    w = torch.randn(3 * _width(), 48)
+    switch = BlasSwitch()
+    pm = PanelMatmul(w.clone(), consume=False, switch=switch)
+    torch_calls: list[int] = []
+    real_mm = torch.mm
+    monkeypatch.setattr(torch, "mm", lambda a, b: torch_calls.append(1) or real_mm(a, b))
+    unpacked: list[np.ndarray] = []
+    real_matmul = np.matmul
+    monkeypatch.setattr(np, "matmul", lambda a, b: unpacked.append(b) or real_matmul(a, b))
+    x = torch.randn(GEMM_MIN_ROWS, 48)
+    switch.enabled = True
+    torch.testing.assert_close(pm(x), x @ w.T, rtol=1e-5, atol=1e-4)
+    assert len(unpacked) == 1 and not torch_calls and not unpacked[0].any()  # OpenBLAS, then zeroed
+    switch.enabled = False
+    torch.testing.assert_close(pm(x), x @ w.T, rtol=1e-5, atol=1e-4)
+    assert len(unpacked) == 1 and len(torch_calls) == 1
+
+
+def test_over_panels_only_prefill_sized_steps_go_to_openblas_and_only_where_it_measured_faster(make_engine) -> None:
+    eng = make_engine(panel_weights=True, packed_weights=False, kv_cache_memory_bytes=8 << 20)
+    runner = eng.runner
+    assert runner.blas_speedup.prefill > 0  # measured at build for panels too
+    runner.blas_speedup = BlasSpeedup(decode=3.0, prefill=1.5)
+    assert runner.use_blas(GEMM_MIN_ROWS, GEMM_MIN_ROWS) and runner.use_blas(2048, 2048)
+    assert not runner.use_blas(GEMM_MIN_ROWS - 1, 10_000) and not runner.use_blas(16, 16)  # decode: panels
+    runner.blas_speedup = BlasSpeedup(decode=3.0, prefill=1.0)
+    assert not runner.use_blas(2048, 2048)
+
+
+def test_a_long_prefill_on_openblas_over_panels_gives_the_plain_engines_greedy_tokens(make_engine, h) -> None:
+    plain = make_engine(panel_weights=False, kv_cache_memory_bytes=16 << 20)
+    panel = make_engine(panel_weights=True, packed_weights=False, kv_cache_memory_bytes=16 << 20)
+    panel.runner.blas_speedup = BlasSpeedup(decode=1.0, prefill=10.0)  # every prefill-sized step on OpenBLAS
+    prompt = plain.tokenizer.encode(" ".join(h.prompts) * 3)
+    assert len(prompt) >= GEMM_MIN_ROWS
+    greedy = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+    want = h.tokens_of(h.run_sync(plain, [("r", prompt, greedy)])["r"])
+    assert h.tokens_of(h.run_sync(panel, [("r", prompt, greedy)])["r"]) == want
 
 
 def test_weights_that_do_not_fit_a_panel_keep_the_checkpoint_layout() -> None:
@@ -77,7 +154,7 @@ def test_a_tied_table_in_panels_serves_both_the_lookup_and_the_head() -> None:
 
 def test_panel_engine_gives_the_plain_engines_greedy_tokens(make_engine, h) -> None:
     plain = make_engine(panel_weights=False, kv_cache_memory_bytes=16 << 20)
-    panel = make_engine(panel_weights=True, kv_cache_memory_bytes=16 << 20)  # opt-in until measured quiet
+    panel = make_engine(panel_weights=True, packed_weights=False, kv_cache_memory_bytes=16 << 20)
     assert all(isinstance(layer.gate_up_proj.matmul, PanelMatmul) for layer in panel.model.layers)
     assert isinstance(panel.model.embed.head, PanelMatmul) and panel.runner.panel_weights
     assert panel.runner.weight_bytes == 0  # no step goes to OpenBLAS
@@ -93,13 +170,13 @@ def test_panel_engine_gives_the_plain_engines_greedy_tokens(make_engine, h) -> N
 
 def test_torch_decode_kernels_keep_the_checkpoint_layout(make_engine) -> None:
     """Panels need the C++ kernels: under decode_kernels="torch" the layers stay plain (and on OpenBLAS)."""
-    eng = make_engine(decode_kernels="torch", panel_weights=True, kv_cache_memory_bytes=8 << 20)
+    eng = make_engine(decode_kernels="torch", panel_weights=True, packed_weights=False, kv_cache_memory_bytes=8 << 20)
     assert not eng.runner.panel_weights
     assert not any(isinstance(layer.qkv_proj.matmul, PanelMatmul) for layer in eng.model.layers)
 
 
 def test_wipe_zeroes_the_panels(make_engine) -> None:
-    eng = make_engine(panel_weights=True, kv_cache_memory_bytes=8 << 20)
+    eng = make_engine(panel_weights=True, packed_weights=False, kv_cache_memory_bytes=8 << 20)
     panels = [layer.down_proj.matmul.panels for layer in eng.model.layers] + [eng.model.embed.head.panels]
     held = eng.held_tensors()
     assert all(any(t is p for t in held) for p in panels)
@@ -108,8 +185,13 @@ def test_wipe_zeroes_the_panels(make_engine) -> None:
     assert all(is_zero(p) for p in panels)
 
 
-def test_panels_are_opt_in(make_engine) -> None:
-    """Off by default (EngineConfig.panel_weights None) until a quiet machine shows them faster end to end."""
-    eng = make_engine(kv_cache_memory_bytes=8 << 20)
-    assert not eng.runner.panel_weights
-    assert not any(isinstance(layer.qkv_proj.matmul, PanelMatmul) for layer in eng.model.layers)
+def test_panels_are_the_fp32_cpu_default_and_false_keeps_the_checkpoint_layout(make_engine) -> None:
+    """On by default (EngineConfig.panel_weights None) since the quiet A/B of issue 38; False opts out.
+    packed_weights is pinned: by default fp32 is packed where oneDNN measures 1.5x faster at boot, a
+    measurement a loaded machine can tip (every test here that needs panels pins it)."""
+    eng = make_engine(packed_weights=False, kv_cache_memory_bytes=8 << 20)
+    assert eng.runner.panel_weights
+    assert all(isinstance(layer.qkv_proj.matmul, PanelMatmul) for layer in eng.model.layers)
+    plain = make_engine(panel_weights=False, kv_cache_memory_bytes=8 << 20)
+    assert not plain.runner.panel_weights
+    assert not any(isinstance(layer.qkv_proj.matmul, PanelMatmul) for layer in plain.model.layers)
