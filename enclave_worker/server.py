@@ -27,6 +27,7 @@ from fastapi.responses import JSONResponse
 from attestation.errors import AttestationError
 from enclave_worker.boot import BootedWorker, boot
 from enclave_worker.clock import Clock
+from enclave_worker.engine.compute_thread import on_a_passing_thread
 from enclave_worker.freshness import AttestationRenewal
 from enclave_worker.guard import WorkerGuard, build_guard
 from enclave_worker.keywatch import KeyLease, LeaseTiming
@@ -150,8 +151,9 @@ async def _boot(state: WorkerState) -> None:
             log.warning("the tenant's policy set names no decision_record_key: the tenant will not see this "
                         "worker's decisions on sealed requests (they are never sent in clear)")
         started = time.monotonic()
-        booted = await asyncio.to_thread(boot, s, state.channel_binding, state.serving_key.private_key,
-                                         state.guard.policy_set if state.guard else None, state.tracing)
+        policy_set = state.guard.policy_set if state.guard else None
+        booted = await on_a_passing_thread(
+            lambda: boot(s, state.channel_binding, state.serving_key.private_key, policy_set, state.tracing), "boot")
         state.booted = booted
         state.status = "ready"
         # Cold-start figure (docs/deploy.md): attestation + key release + package load + engine build.

@@ -12,6 +12,8 @@ engine thread module.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import queue
 import threading
 from collections.abc import Callable
@@ -54,3 +56,35 @@ class ComputeThread:
             # While the thread waits for the next call it must not hold this one: the future holds the
             # built engine and the call its checkpoint, which would then never be freed.
             del fn, done
+
+
+async def on_a_passing_thread(fn: Callable[[], T], name: str) -> T:
+    """Run ``fn`` on a new thread that ends when it returns, and await its result.
+
+    For the worker's boot (decrypting the package fills a buffer with torch's parallel ops): the OpenMP
+    team a thread starts lives as long as that thread, and one left behind by asyncio's pool thread
+    made libgomp count more OpenMP threads than CPUs, so the stepping thread's team slept at every
+    barrier instead of spinning (each parallel region then paid a futex wake-up). Ended with its
+    thread, only the stepping thread's team is left."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[T] = loop.create_future()
+
+    def settle(outcome: tuple[bool, Any]) -> None:
+        if done.done():  # the awaiting task was cancelled meanwhile
+            return
+        ok, value = outcome
+        if ok:
+            done.set_result(value)
+        else:
+            done.set_exception(value)
+
+    def run() -> None:
+        try:
+            outcome: tuple[bool, Any] = (True, fn())
+        except BaseException as exc:  # handed to the awaiting task, which decides
+            outcome = (False, exc)
+        with contextlib.suppress(RuntimeError):  # the loop has closed: nobody waits for the outcome
+            loop.call_soon_threadsafe(settle, outcome)
+
+    threading.Thread(target=run, name=name, daemon=True).start()
+    return await done

@@ -19,4 +19,4 @@ def build_vllm_engine(settings: WorkerSettings, model: DecryptedModel) -> VllmEn
                           max_num_seqs=settings.max_num_seqs, kv_cache_memory_bytes=settings.kv_cache_memory_bytes,
                           device=settings.device, gpu_memory_utilization=settings.gpu_memory_utilization,
                           cpu_binding=settings.vllm_cpu_binding)
-    return VllmEngine(VllmRuntime(config, lambda: model, options), tokenizer)
+    return VllmEngine.on_compute_thread(lambda: VllmRuntime(config, lambda: model, options), tokenizer)

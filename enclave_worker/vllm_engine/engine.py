@@ -15,9 +15,13 @@ plaintext weights or the data key to cross a process boundary: docs/vllm-backend
 from __future__ import annotations
 
 import threading
+import time
+import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from enclave_worker.engine.compute_thread import ComputeThread
 from enclave_worker.engine.config import RequestOutput, SamplingParams, TokenLogprob
 from enclave_worker.engine.engine_thread import ThreadedEngine
 from enclave_worker.engine.errors import InvalidRequestError
@@ -80,11 +84,23 @@ def _records(logprobs: list[Any] | None, count: int | None) -> list[TokenLogprob
     return out
 
 
+# vLLM's own metrics (a Prometheus snapshot: every histogram's buckets formatted, ~3 ms of Python
+# when idle) are read at most this often. The worker's status is asked far more often (the gateway's
+# delivery probe sends a Status RPC every 50 ms), and that Python ran on the event loop's thread,
+# holding the GIL the stepping thread needs between vLLM's torch ops: the stepping thread waited on
+# the GIL for ~26% of a loaded run (docs/vllm-backend.md, "Threads"). The heartbeat sends them once a
+# second, Prometheus scrapes them less often.
+METRICS_MAX_AGE_S = 1.0
+
+
 class VllmEngine(ThreadedEngine[_Request]):
     thread_name = "vllm-engine"
 
-    def __init__(self, runtime: VllmRuntime, tokenizer: Tokenizer) -> None:
-        super().__init__()
+    def __init__(self, runtime: VllmRuntime, tokenizer: Tokenizer, compute: ComputeThread | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__(compute)
+        self._clock = clock
+        self._metrics: tuple[float, dict[str, float]] | None = None  # (read at, vLLM's metrics)
         self.runtime = runtime
         self.tokenizer = tokenizer
         self.vocab_size = tokenizer.vocab_size
@@ -95,6 +111,21 @@ class VllmEngine(ThreadedEngine[_Request]):
         self.prefix_cached_tokens = 0
         self.prefix_queried_tokens = 0
         runtime.enable_structured(tokenizer)
+
+    @classmethod
+    def on_compute_thread(cls, make_runtime: Callable[[], VllmRuntime], tokenizer: Tokenizer) -> VllmEngine:
+        """vLLM built (its CPU worker's OpenMP team bound, its warm-up run) on the thread that then
+        steps it, as our engine is (compute_thread.py). Built on one thread (the worker's boot runs in
+        asyncio's thread pool) and stepped on another, the process kept two OpenMP teams on two cores
+        and each decode step waited on the idle one: docs/vllm-backend.md, "Threads"."""
+        compute = ComputeThread(cls.thread_name)
+        try:
+            engine = compute.call(lambda: cls(make_runtime(), tokenizer, compute))
+        except BaseException:
+            compute.close()
+            raise
+        weakref.finalize(engine, compute.close)  # dropped without shutdown(): the idle thread ends
+        return engine
 
     def validate(self, request_id: str, prompt: list[int], params: SamplingParams, cache_salt: bytes) -> None:
         """As our engine's, and: a constraint vLLM's guidance backend cannot build is refused here
@@ -225,7 +256,14 @@ class VllmEngine(ThreadedEngine[_Request]):
                     "max_model_len": self.max_model_len, "block_size": self.runtime.block_size,
                     "prefix_cache_hit_tokens": self.prefix_cached_tokens,
                     "prefix_cache_query_tokens": self.prefix_queried_tokens,
-                    **self.runtime.kv_stats(), **self.runtime.metrics()}
+                    **self.runtime.kv_stats(), **self._vllm_metrics()}
+
+    def _vllm_metrics(self) -> dict[str, float]:
+        """vLLM's metrics, read again once the last reading is METRICS_MAX_AGE_S old."""
+        now, last = self._clock(), self._metrics
+        if last is None or now - last[0] >= METRICS_MAX_AGE_S:
+            last = self._metrics = (now, self.runtime.metrics())
+        return last[1]
 
     def _has_work(self) -> bool:
         return bool(self._requests or self._ops.abort)

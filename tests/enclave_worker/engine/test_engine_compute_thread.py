@@ -6,6 +6,7 @@ import asyncio
 import threading
 
 import pytest
+import torch
 
 from enclave_worker.engine import SamplingParams
 from enclave_worker.engine.compute_thread import ComputeThread
@@ -66,3 +67,48 @@ def test_a_failed_call_raises_to_the_caller_and_the_thread_ends_when_closed() ->
     compute.close()
     compute.thread.join(5)
     assert not compute.thread.is_alive()
+
+
+def test_a_passing_thread_returns_or_raises_and_has_ended() -> None:
+    """The worker's boot runs there (enclave_worker/server.py): the thread, and the OpenMP team torch
+    started on it, are gone once the boot is done, leaving the stepping thread's team alone."""
+    from enclave_worker.engine.compute_thread import on_a_passing_thread
+
+    ran_on: list[threading.Thread] = []
+
+    def work() -> int:
+        ran_on.append(threading.current_thread())
+        torch.zeros(1 << 20).add_(1)  # a parallel op: this thread gets an OpenMP team
+        return 7
+
+    def fail() -> None:
+        raise ValueError("bad package")
+
+    async def run() -> None:
+        assert await on_a_passing_thread(work, "boot") == 7
+        with pytest.raises(ValueError, match="bad package"):
+            await on_a_passing_thread(fail, "boot")
+
+    asyncio.run(run())
+    (thread,) = ran_on
+    assert thread is not threading.main_thread() and thread.name == "boot"
+    thread.join(5)
+    assert not thread.is_alive()
+
+
+def test_a_cancelled_wait_for_a_passing_thread_leaves_the_loop_sound() -> None:
+    from enclave_worker.engine.compute_thread import on_a_passing_thread
+
+    release = threading.Event()
+
+    async def run() -> str:
+        task = asyncio.create_task(on_a_passing_thread(lambda: release.wait(5), "boot"))
+        await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        release.set()  # the thread finishes after its waiter has gone: its result is dropped
+        await asyncio.sleep(0.05)
+        return "loop still runs"
+
+    assert asyncio.run(run()) == "loop still runs"

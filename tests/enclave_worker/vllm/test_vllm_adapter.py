@@ -83,7 +83,8 @@ class ScriptedRuntime:
         return {}
 
     def metrics(self) -> dict[str, Any]:
-        return {}
+        self.metric_reads = getattr(self, "metric_reads", 0) + 1
+        return {"vllm:prompt_tokens": float(self.metric_reads)}
 
     def held_tensors(self) -> list[Any]:
         return []
@@ -195,3 +196,21 @@ async def test_a_request_vllm_fails_alone_ends_alone(engine: VllmEngine, how: st
     assert sum(len(o.delta_token_ids) for o in await _collect(engine, "after", 2)) == 2
     assert not engine.has_unfinished_requests()
     await engine.shutdown()
+
+
+def test_vllms_metrics_are_read_at_most_once_a_second_however_often_the_status_is_asked() -> None:
+    """The delivery probe asks for the worker's status every 50 ms; vLLM's Prometheus snapshot costs
+    milliseconds of Python that the stepping thread waits on (the GIL), so it is reused for a second."""
+    hf = HFTokenizer(WordLevel(VOCAB, unk_token="[UNK]"))
+    now = [100.0]
+    runtime = ScriptedRuntime()
+    eng = VllmEngine(runtime, Tokenizer(hf.to_str(), None, {"eos_token_id": 0, "vocab_size": len(VOCAB)}),  # type: ignore[arg-type]
+                     clock=lambda: now[0])
+    for _ in range(20):  # a second of probes
+        assert eng.stats()["vllm:prompt_tokens"] == 1.0
+        now[0] += adapter.METRICS_MAX_AGE_S / 20 - 1e-6
+    assert runtime.metric_reads == 1
+    now[0] += 1e-3
+    assert eng.stats()["vllm:prompt_tokens"] == 2.0  # a second old: read again
+    assert eng.stats()["num_running"] == 0  # the adapter's own figures are always current
+    assert runtime.metric_reads == 2

@@ -123,6 +123,14 @@ def test_the_stepping_thread_computes_on_every_cpu_the_worker_may_use(results: d
     assert stepping["omp_bind"] == stepping["env"]["VLLM_CPU_OMP_THREADS_BIND"] != "auto"
 
 
+def test_vllm_is_built_on_the_thread_that_steps_it(results: dict) -> None:
+    """One OpenMP team in the process, the stepping thread's (VllmEngine.on_compute_thread): vLLM's
+    build (its CPU worker's thread binding, its warm-up run) ran on the thread that steps it."""
+    sealed = results["sealed"]
+    assert sealed["built_on"] == [sealed["stepping"]["thread"]]
+    assert sealed["stepping"]["thread"] != sealed["stepping"]["main"]
+
+
 def test_every_schema_of_the_suite_is_enforced_by_vllm_and_free_answers_fail(results: dict) -> None:
     """The acceptance suite (schema_suite.py) on the vLLM backend: all at once at temperature 1,
     every answer complete and valid, streamed in several deltas; the first schemas asked without

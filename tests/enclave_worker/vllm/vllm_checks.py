@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+import threading
 from pathlib import Path
 
 PROMPTS = [
@@ -98,6 +99,7 @@ async def sealed_checks(engine, tokenizer) -> dict:  # type: ignore[no-untyped-d
 
     result["stepping"] = {"cpus": engine.runtime.stepping_cpus, "all_cpus": sorted(os.sched_getaffinity(0)),
                           "thread_cpus": sorted(os.sched_getaffinity(engine._thread.native_id)),
+                          "thread": engine._thread.name, "main": threading.main_thread().name,
                           "env": engine.runtime.cpu_env,
                           "omp_bind": os.environ.get("VLLM_CPU_OMP_THREADS_BIND")}
     # Revocation: zero in place (we keep references to look), then vLLM is dropped. Packed weights
@@ -129,8 +131,14 @@ def sealed(pkg: Path, key_hex: str) -> dict:
     model = decrypt_package(pkg, bytes.fromhex(key_hex))
     meta = model.metadata
     tokenizer = Tokenizer(meta["tokenizer_json"], meta.get("chat_template"), meta["config"])
-    engine = VllmEngine(VllmRuntime(meta["config"], lambda: model, VllmOptions(**OPTIONS)), tokenizer)
-    result = {"buffer_nonzero_after_load": int(model.buffer.count_nonzero())}
+    built_on: list[str] = []
+
+    def make_runtime() -> VllmRuntime:  # as build_vllm_engine builds it, noting the thread
+        built_on.append(threading.current_thread().name)
+        return VllmRuntime(meta["config"], lambda: model, VllmOptions(**OPTIONS))
+
+    engine = VllmEngine.on_compute_thread(make_runtime, tokenizer)
+    result = {"buffer_nonzero_after_load": int(model.buffer.count_nonzero()), "built_on": built_on}
     result.update(asyncio.run(sealed_checks(engine, tokenizer)))
     return result
 
