@@ -115,9 +115,9 @@ class VllmEngine(ThreadedEngine[_Request]):
     @classmethod
     def on_compute_thread(cls, make_runtime: Callable[[], VllmRuntime], tokenizer: Tokenizer) -> VllmEngine:
         """vLLM built (its CPU worker's OpenMP team bound, its warm-up run) on the thread that then
-        steps it, as our engine is (compute_thread.py). Built on one thread (the worker's boot runs in
-        asyncio's thread pool) and stepped on another, the process kept two OpenMP teams on two cores
-        and each decode step waited on the idle one: docs/vllm-backend.md, "Threads"."""
+        steps it, as our engine is (compute_thread.py). Built on the boot's thread and stepped on
+        another, the process kept two OpenMP teams on two cores and each decode step waited on the
+        idle one: docs/vllm-backend.md, "Threads"."""
         compute = ComputeThread(cls.thread_name)
         try:
             engine = compute.call(lambda: cls(make_runtime(), tokenizer, compute))
