@@ -16,7 +16,7 @@ python3 -c "import torch, triton, transformers; print('torch', torch.__version__
 'transformers', transformers.__version__)" | tee -a "$OUT/gpu.txt"
 
 # 1. Every Triton kernel against its torch reference, compiled for this GPU (not interpreted).
-SEALED_KERNEL_DEVICE=cuda TRITON_INTERPRET=0 timeout 150 python3 -m pytest -q -p no:cacheprovider \
+SEALED_KERNEL_DEVICE=cuda TRITON_INTERPRET=0 timeout 120 python3 -m pytest -q -p no:cacheprovider \
   -o addopts="" tests/enclave_worker/engine/kernels/test_paged_attention.py \
   tests/enclave_worker/engine/kernels/test_fused.py 2>&1 | tee "$OUT/kernels.log"
 
@@ -24,7 +24,7 @@ SEALED_KERNEL_DEVICE=cuda TRITON_INTERPRET=0 timeout 150 python3 -m pytest -q -p
 #    gather + SDPA path until this run has passed): greedy fp32 equality with HF (8 prompts x 32
 #    tokens), then the benchmark table: batch 1/64/256 bf16, int4 and FP8 at batch 1, HF eager and
 #    HF static cache + torch.compile, bandwidth bound, TTFT, host<->device crossings per decode step (engine count and CUDA profiler).
-timeout 420 python3 -m sealed_bench.bench_gpu --arch tinyllama-1.1b --check-hf --assets .gpu-assets \
+timeout 400 python3 -m sealed_bench.bench_gpu --arch tinyllama-1.1b --check-hf --assets .gpu-assets \
   --batch 1,64,256 --quant int4,fp8 --compare hf,hf-compile --compile-batches 1,64 \
-  --decode-kernels triton --cuda-graphs \
+  --decode-kernels triton --cuda-graphs --baseline-path \
   --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log"
