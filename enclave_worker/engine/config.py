@@ -25,12 +25,15 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     num_threads: int | None = None  # torch intra-op threads on CPU; default: all cores
     int4_group_size: int = 32
-    # Decode steps: "auto" keeps the gather + SDPA path on CUDA (the path measured on a GPU) and
-    # takes the C++ kernels on the CPU; "triton" opts in to the fused Triton kernels (paged attention
-    # in place, fused norm/rope/activation), which stay opt-in until tests/gpu/engine_checks.sh has
-    # passed on a GPU; "torch" keeps the gather + SDPA path everywhere.
+    # Decode steps: "auto" takes the fused Triton kernels (paged attention in place, fused
+    # norm/rope/activation) on CUDA where Triton is installed, and the C++ kernels on the CPU;
+    # "triton" asks for the Triton kernels anywhere (the CPU runs them only under TRITON_INTERPRET, for
+    # tests); "torch" keeps the gather + SDPA path everywhere. The Triton path became the CUDA default
+    # when tests/gpu/engine_checks.sh passed on an H200 (2026-12-04: its kernels, greedy equality with
+    # HF, 44x the gather path's batch-1 decode; docs/benchmarks.md).
     decode_kernels: str = "auto"
-    cuda_graphs: bool = False  # opt-in: replay captured decode steps on CUDA (needs decode_kernels="triton")
+    # Replay captured decode steps on CUDA (needs the Triton kernels). None: on wherever they run on CUDA.
+    cuda_graphs: bool | None = None
     # Dense fp32 / bf16 linears on the CPU hold their weights in oneDNN's packed layout (one copy,
     # wiped like any other; layers/packed.py) instead of OpenBLAS / torch on the checkpoint's layout.
     # None: packed for bf16 on a CPU with bf16 instructions (AVX512-BF16, AMX), plain otherwise.

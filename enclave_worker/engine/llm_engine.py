@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import secrets
 import threading
 import time
@@ -33,6 +34,8 @@ from .scheduler import ScheduledSeq, Scheduler
 from .sequence import Sequence
 from .structured import GrammarCompiler
 
+log = logging.getLogger(__name__)
+
 
 def _fused_decode(config: EngineConfig) -> bool:
     """Whether decode steps take the fused Triton kernels (EngineConfig.decode_kernels)."""
@@ -42,7 +45,12 @@ def _fused_decode(config: EngineConfig) -> bool:
         if not triton_installed():
             raise EngineError("decode_kernels='triton' needs the triton package")
         return True
-    return False  # "auto": opt-in until tests/gpu/engine_checks.sh has passed on a GPU (docs/engine.md)
+    if torch.device(config.device).type == "cuda":  # "auto": Triton on CUDA, where it passed engine_checks.sh
+        if triton_installed():
+            return True
+        log.warning("decode_kernels='auto' on CUDA without the triton package: decode takes the gather + SDPA "
+                    "path, many times slower at small batches (docs/engine.md, 'The GPU path')")
+    return False
 
 
 def _blas_speedup(model: torch.nn.Module, threads: int) -> BlasSpeedup | None:
@@ -112,7 +120,7 @@ class LLMEngine(ThreadedEngine[_Request]):
         fused = _fused_decode(config)
         cpu_kernels = _cpu_kernels(config, built)
         self.model.cpu_kernels = cpu_kernels
-        graphs = fused and cuda and config.cuda_graphs
+        graphs = fused and cuda and config.cuda_graphs is not False
         # With decode graphs, one extra block no sequence owns takes the padding rows' K/V writes.
         self.runner = ModelRunner(
             self.model,

@@ -20,11 +20,13 @@ SEALED_KERNEL_DEVICE=cuda TRITON_INTERPRET=0 timeout 120 python3 -m pytest -q -p
   -o addopts="" tests/enclave_worker/engine/kernels/test_paged_attention.py \
   tests/enclave_worker/engine/kernels/test_fused.py 2>&1 | tee "$OUT/kernels.log"
 
-# 2. The opt-in decode path (Triton kernels + CUDA graphs; EngineConfig's default on CUDA stays the
-#    gather + SDPA path until this run has passed): greedy fp32 equality with HF (8 prompts x 32
-#    tokens), then the benchmark table: batch 1/64/256 bf16, int4 and FP8 at batch 1, HF eager and
-#    HF static cache + torch.compile, bandwidth bound, TTFT, host<->device crossings per decode step (engine count and CUDA profiler).
+# 2. The default CUDA decode path (Triton kernels + CUDA graphs, EngineConfig's default since this run
+#    passed on an H200, 2026-12-04): greedy fp32 equality with HF (8 prompts x 32 tokens), then the
+#    benchmark table: batch 1/64/256 bf16, int4 and FP8 at batch 1, the gather + SDPA path beside it
+#    (--baseline-path), HF eager and HF static cache + compile, bandwidth bound, TTFT, host<->device
+#    crossings per decode step (engine count and CUDA profiler). A failing section is a row with its
+#    error; the later ones still run.
 timeout 400 python3 -m sealed_bench.bench_gpu --arch tinyllama-1.1b --check-hf --assets .gpu-assets \
   --batch 1,64,256 --quant int4,fp8 --compare hf,hf-compile --compile-batches 1,64 \
-  --decode-kernels triton --cuda-graphs --baseline-path \
+  --baseline-path \
   --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log"
