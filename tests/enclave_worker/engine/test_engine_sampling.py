@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from enclave_worker.engine import SamplingParams
 
 
@@ -114,6 +116,32 @@ def test_draw_follows_the_distribution_and_never_picks_a_cut_token():
              [torch.Generator().manual_seed(1), torch.Generator().manual_seed(1)])
     assert a[0] == a[1]
     assert draw(torch.tensor([[0.0, 0.0, 1.0]]), [torch.Generator().manual_seed(3)]) == [2]
+
+
+@pytest.mark.parametrize("vocab", [5, 1024, 1025, 49152, 50000])
+def test_draw_picks_what_one_running_sum_over_the_row_picks(vocab):
+    """The two-level sum (chunks, then inside one chunk) lands every uniform where a float64 running
+    sum over the whole row does, with cut tokens, whole chunks without mass and a ragged last chunk."""
+    import torch
+
+    from enclave_worker.engine.layers.sampler import DRAW_CHUNK, draw
+
+    def one_level(probs, generators):
+        cdf = probs.double().cumsum(-1)
+        u = torch.stack([torch.rand((), dtype=torch.float64, generator=g) for g in generators])
+        return torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(-1), right=True).squeeze(-1).tolist()
+
+    g = torch.Generator().manual_seed(vocab)
+    logits = torch.randn(24, vocab, generator=g) * torch.rand(24, 1, generator=g) * 8
+    logits[:8, torch.rand(vocab, generator=g) < 0.6] = float("-inf")  # top-k / top-p cuts
+    logits[8:12, : min(vocab - 1, 2 * DRAW_CHUNK)] = float("-inf")  # leading chunks without mass
+    logits[:, -1] = 0.0  # every row keeps some mass
+    probs = logits.softmax(-1)
+    for seed in range(5):
+        seeds = [seed * 100 + row for row in range(24)]
+        picked = draw(probs, [torch.Generator().manual_seed(s) for s in seeds])
+        assert picked == one_level(probs, [torch.Generator().manual_seed(s) for s in seeds])
+        assert all(probs[row, token] > 0 for row, token in enumerate(picked))
 
 
 def _full_sort_top_p(logits, top_p):
