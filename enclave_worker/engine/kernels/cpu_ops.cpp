@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -275,9 +276,42 @@ void rope_and_cache(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, tor
   }
 }
 
+// fp32 rows: exp(-g) for a whole row in the vectorizable polynomial (exp_nonpositive's, the
+// argument clamped to [-87, 88]) instead of one libm call per value: libm's scalar exp was ~6% of
+// a served batch-16 fp32 decode step (py-spy, Zen 5, 2026-12-04). Relative error < 2e-7, inside
+// the fp32 test's tolerance; bf16 keeps libm, so its results stay bit-identical to torch's.
+inline void silu_mul_row_f32(const float* g, const float* u, float* o, float* e, int64_t inner) {
+  for (int64_t j = 0; j < inner; ++j) {
+    const float v = std::min(std::max(-g[j], -87.f), 88.f);
+    const float k = std::nearbyint(v * 1.44269504088896341f);
+    const float r = v - k * 0.693145751953125f - k * 1.428606765330187045e-06f;
+    float p = 1.f / 720.f;
+    p = p * r + 1.f / 120.f;
+    p = p * r + 1.f / 24.f;
+    p = p * r + 1.f / 6.f;
+    p = p * r + 0.5f;
+    p = p * r + 1.f;
+    p = p * r + 1.f;
+    const int32_t bits = (static_cast<int32_t>(k) + 127) << 23;
+    float scale;
+    std::memcpy(&scale, &bits, sizeof(float));
+    e[j] = p * scale;
+  }
+  for (int64_t j = 0; j < inner; ++j) o[j] = g[j] / (1.f + e[j]) * u[j];
+}
+
 // x [T, 2I] (gate | up) -> silu(gate) rounded, times up, rounded: F.silu(gate) * up's math.
 template <typename T>
 void silu_mul_rows(const T* x, T* out, int64_t rows, int64_t inner) {
+  if constexpr (std::is_same_v<T, float>) {
+    at::parallel_for(0, rows, 4, [&](int64_t begin, int64_t end) {
+      std::vector<float> e(inner);
+      for (int64_t i = begin; i < end; ++i) {
+        silu_mul_row_f32(x + i * 2 * inner, x + i * 2 * inner + inner, out + i * inner, e.data(), inner);
+      }
+    });
+    return;
+  }
   at::parallel_for(0, rows, 4, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       const T* g = x + i * 2 * inner;
