@@ -70,11 +70,13 @@ def draw(probs: torch.Tensor, generators: list[torch.Generator | None]) -> list[
     blocks = probs.view(rows, chunks, DRAW_CHUNK)
     sums = blocks.sum(-1, dtype=torch.float64)  # [B, chunks]
     ends = sums.cumsum(-1)
-    u = torch.stack([torch.rand((), dtype=torch.float64, generator=g) for g in generators])
+    # Each row's generator lives on the engine's device (a CUDA generator draws only on CUDA).
+    u = torch.stack([torch.rand((), dtype=torch.float64, generator=g, device=probs.device if g is None else g.device)
+                     for g in generators]).to(probs.device)
     target = (u * ends[:, -1]).unsqueeze(-1)
     chunk = torch.searchsorted(ends, target, right=True).clamp_(max=chunks - 1)  # [B, 1]
     start = ends.gather(1, chunk) - sums.gather(1, chunk)  # the mass before the chosen chunk
-    inside = blocks[torch.arange(rows), chunk.squeeze(-1)].double().cumsum(-1) + start
+    inside = blocks[torch.arange(rows, device=probs.device), chunk.squeeze(-1)].double().cumsum(-1) + start
     offset = torch.searchsorted(inside, target, right=True).clamp_(max=DRAW_CHUNK - 1)
     picked = (chunk * DRAW_CHUNK + offset).squeeze(-1)
     return picked.clamp_(max=vocab - 1).tolist()
