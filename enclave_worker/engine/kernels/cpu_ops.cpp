@@ -49,26 +49,28 @@ inline float dot(const float* a, const float* b, int64_t dim_arg) {
   return s;
 }
 
-// exp(x) for x <= 0 (softmax after the max is subtracted), written so the loop over a row
-// vectorizes: x = n ln2 + r, |r| <= ln2/2, e^r by a degree-6 polynomial (relative error < 2e-7,
-// as torch's own vectorized exp), 2^n built in the exponent bits. Below -87 the result is 0.
+// e^v for v in [-87, 88], written so a loop over a row that calls it vectorizes: v = n ln2 + r,
+// |r| <= ln2/2, e^r by a degree-6 polynomial (relative error < 2e-7, as torch's own vectorized exp),
+// 2^n built in the exponent bits.
+inline float exp_in_range(float v) {
+  const float k = std::nearbyint(v * 1.44269504088896341f);
+  const float r = v - k * 0.693145751953125f - k * 1.428606765330187045e-06f;
+  float p = 1.f / 720.f;
+  p = p * r + 1.f / 120.f;
+  p = p * r + 1.f / 24.f;
+  p = p * r + 1.f / 6.f;
+  p = p * r + 0.5f;
+  p = p * r + 1.f;
+  p = p * r + 1.f;
+  const int32_t bits = (static_cast<int32_t>(k) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof(float));
+  return p * scale;
+}
+
+// exp(x) for x <= 0 (softmax after the max is subtracted), in place. Below -87 the result is 0.
 inline void exp_nonpositive(float* x, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    const float v = std::max(x[i], -87.f);
-    const float k = std::nearbyint(v * 1.44269504088896341f);
-    const float r = v - k * 0.693145751953125f - k * 1.428606765330187045e-06f;
-    float p = 1.f / 720.f;
-    p = p * r + 1.f / 120.f;
-    p = p * r + 1.f / 24.f;
-    p = p * r + 1.f / 6.f;
-    p = p * r + 0.5f;
-    p = p * r + 1.f;
-    p = p * r + 1.f;
-    const int32_t bits = (static_cast<int32_t>(k) + 127) << 23;
-    float scale;
-    std::memcpy(&scale, &bits, sizeof(float));
-    x[i] = x[i] < -87.f ? 0.f : p * scale;
-  }
+  for (int64_t i = 0; i < n; ++i) x[i] = x[i] < -87.f ? 0.f : exp_in_range(std::max(x[i], -87.f));
 }
 
 inline void store_row(const float* src, at::BFloat16* dst, int64_t n) {
@@ -276,27 +278,12 @@ void rope_and_cache(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, tor
   }
 }
 
-// fp32 rows: exp(-g) for a whole row in the vectorizable polynomial (exp_nonpositive's, the
-// argument clamped to [-87, 88]) instead of one libm call per value: libm's scalar exp was ~6% of
-// a served batch-16 fp32 decode step (py-spy, Zen 5, 2026-12-04). Relative error < 2e-7, inside
-// the fp32 test's tolerance; bf16 keeps libm, so its results stay bit-identical to torch's.
+// fp32 rows: exp(-g) for a whole row by exp_in_range (the argument clamped to [-87, 88]) instead of
+// one libm call per value: libm's scalar exp was ~6% of a served batch-16 fp32 decode step (py-spy,
+// Zen 5, 2026-12-04). Relative error < 2e-7, inside the fp32 test's tolerance; bf16 keeps libm, so
+// its results stay bit-identical to torch's.
 inline void silu_mul_row_f32(const float* g, const float* u, float* o, float* e, int64_t inner) {
-  for (int64_t j = 0; j < inner; ++j) {
-    const float v = std::min(std::max(-g[j], -87.f), 88.f);
-    const float k = std::nearbyint(v * 1.44269504088896341f);
-    const float r = v - k * 0.693145751953125f - k * 1.428606765330187045e-06f;
-    float p = 1.f / 720.f;
-    p = p * r + 1.f / 120.f;
-    p = p * r + 1.f / 24.f;
-    p = p * r + 1.f / 6.f;
-    p = p * r + 0.5f;
-    p = p * r + 1.f;
-    p = p * r + 1.f;
-    const int32_t bits = (static_cast<int32_t>(k) + 127) << 23;
-    float scale;
-    std::memcpy(&scale, &bits, sizeof(float));
-    e[j] = p * scale;
-  }
+  for (int64_t j = 0; j < inner; ++j) e[j] = exp_in_range(std::min(std::max(-g[j], -87.f), 88.f));
   for (int64_t j = 0; j < inner; ++j) o[j] = g[j] / (1.f + e[j]) * u[j];
 }
 
