@@ -4,9 +4,12 @@ Each message: ``<PRI>1 TIMESTAMP HOSTNAME APP-NAME PROCID MSGID [sealed@32473 ..
 facility 13 (log audit), severity 6 (informational) for allow and 4 (warning) for a refusal.
 
 Syslog over TCP has no acknowledgement, so a batch counts as delivered only once the receiver has
-read all of it: after the batch the forwarder sends TLS close_notify and half-closes, and waits for
-the receiver to close its side (a receiver closes only after reading to the end). Anything short of
-that is a DeliveryError and the batch is sent again (same event ids).
+read all of it: after the batch the forwarder sends TLS close_notify and waits for the receiver's
+close_notify, which RFC 5425 section 4.4 requires it to send in reply (a receiver replies only after
+reading to the end). Anything short of that is a DeliveryError and the batch is sent again (same
+event ids). A bare TCP close is not a receipt: a receiver killed after reading the batch into its
+memory but before storing it closes with a plain FIN (the kernel resets only while bytes are still
+unread), which looks exactly like a receiver that read everything and skipped its close_notify.
 """
 
 from __future__ import annotations
@@ -77,16 +80,14 @@ def frame(message: bytes) -> bytes:
     return str(len(message)).encode("ascii") + b" " + message
 
 
-def _await_receipt(tls: ssl.SSLSocket) -> None:
-    """Our close_notify, then the receiver's end: its close_notify or, from a receiver that skips
-    it, a plain close. A receiver that dies with our bytes unread resets the connection instead."""
+def _await_receipt(tls: ssl.SSLSocket, name: str) -> None:
+    """Our close_notify, then the receiver's: the one sign that it read the batch to the end while
+    alive (see the module docstring). A reset, a timeout or a bare close raises."""
     try:
-        plain = tls.unwrap()
+        tls.unwrap()  # returns once the receiver's close_notify has arrived
     except ssl.SSLEOFError:
-        return  # it closed after reading up to our close_notify, without sending its own
-    plain.shutdown(socket.SHUT_WR)
-    while plain.recv(4096):
-        pass
+        raise DeliveryError(f"{name}: the receiver closed without its TLS close_notify (RFC 5425 section 4.4); "
+                            "it may have died before storing the batch, which is sent again") from None
 
 
 class SyslogSender:
@@ -108,7 +109,7 @@ class SyslogSender:
             with socket.create_connection((t.host, t.port), timeout=t.timeout_s) as raw, \
                     self._ctx.wrap_socket(raw, server_hostname=t.host) as tls:
                 tls.sendall(payload)
-                _await_receipt(tls)
+                _await_receipt(tls, self.name)
         except ssl.SSLCertVerificationError as exc:
             raise DeliveryError(f"{self.name}: the receiver's certificate is not trusted ({exc.verify_message})") \
                 from None

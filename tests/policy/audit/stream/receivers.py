@@ -83,10 +83,13 @@ def read_frames(data: bytes) -> list[bytes]:
 
 @dataclass
 class SyslogServer:
-    """Accepts TLS connections, reads each to the end, then records its messages (in order)."""
+    """Accepts TLS connections, reads each to the end, then records its messages (in order) and
+    replies with close_notify. With `dies_after_reading` it instead drops what it read and closes the
+    socket bare, as a receiver killed between reading a batch and storing it does."""
 
     pki: Pki
     port: int = 0
+    dies_after_reading: bool = False
     messages: list[bytes] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _got: threading.Condition = field(init=False)
@@ -112,6 +115,8 @@ class SyslogServer:
                     data = b""
                     while chunk := tls.recv(65536):
                         data += chunk
+                    if self.dies_after_reading:
+                        continue  # leaving the block closes the socket without a close_notify
                     frames = read_frames(data)
                     with self._got:
                         self.messages.extend(frames)

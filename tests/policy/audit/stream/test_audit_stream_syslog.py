@@ -71,6 +71,23 @@ def test_a_certificate_for_another_host_name_is_refused(tmp_path: Path) -> None:
     server.close()
 
 
+def test_a_bare_close_after_reading_is_no_receipt_and_the_batch_is_sent_again(tmp_path: Path) -> None:
+    """A receiver killed after reading a batch into memory, before storing it, closes with a plain
+    FIN (the kernel resets only while bytes are unread). Only its close_notify counts as a receipt."""
+    pki = make_pki(tmp_path / "pki")
+    server = SyslogServer(pki, dies_after_reading=True)
+    write_entries(tmp_path / "audit", "gateway", 5)
+    forwarder = _forwarder(tmp_path, SyslogTarget("localhost", server.port, pki.ca), batch=5)
+    with pytest.raises(DeliveryError, match="without its TLS close_notify"):
+        forwarder.pump()
+    assert server.messages == []
+    assert forwarder.cursor.position("gateway.audit.jsonl").seq == 0
+    server.dies_after_reading = False  # back up, and storing what it reads
+    assert forwarder.pump() == 5
+    check_received(_raw(server.wait_for(5)), 5)
+    server.close()
+
+
 def test_a_receiver_that_is_down_then_up_gets_everything_once_it_is_back(tmp_path: Path) -> None:
     pki = make_pki(tmp_path / "pki")
     port = free_port()
