@@ -83,8 +83,12 @@ class ModelRunner:
     def prepare(self, batch: list[ScheduledSeq]) -> StepInputs:
         if self._graph_step_fits(batch):
             return None, None, None, []  # the captured graph's static buffers take the inputs in execute()
-        if self.fused_decode and all(s.num_tokens == 1 for s in batch):
-            return self._prepare_fused(batch)
+        if all(s.num_tokens == 1 for s in batch):
+            return self._prepare_fused(batch) if self.fused_decode else self._prepare_decodes(batch)
+        return self._prepare_mixed(batch)
+
+    def _prepare_mixed(self, batch: list[ScheduledSeq]) -> StepInputs:
+        """Any eager step: prefill chunks and decodes."""
         ids: list[int] = []
         positions: list[torch.Tensor] = []
         slot_mapping: list[torch.Tensor] = []
@@ -117,16 +121,29 @@ class ModelRunner:
         pos = torch.cat(positions).to(self.device)
         return input_ids, pos, meta, logits_index
 
+    def _prepare_decodes(self, batch: list[ScheduledSeq]) -> StepInputs:
+        """An eager step of one token per sequence, built from Python ints: one tensor per input instead
+        of a few small torch ops per sequence (those took ~1.4 ms of a batch-16 CPU step). Same inputs
+        as the general path (tested)."""
+        bs, dev = self.block_size, self.device
+        ids = [s.seq.token_ids[s.start] for s in batch]
+        positions = [s.start for s in batch]
+        slots = [s.seq.block_table[s.start // bs] * bs + s.start % bs for s in batch]
+        logits_index = [i for i, s in enumerate(batch) if s.samples]
+        index, table, mask, single_len, lens = self._decode_meta(list(enumerate(batch)))
+        meta = AttentionMetadata(torch.tensor(slots, dtype=torch.long, device=dev), index, table, mask, (), True,
+                                 single_len, decode_lens=lens)
+        return (torch.tensor(ids, dtype=torch.long, device=dev), torch.tensor(positions, dtype=torch.long, device=dev),
+                meta, logits_index)
+
     def _decode_meta(self, decodes: list[tuple[int, ScheduledSeq]]) -> DecodeMeta:
         if not decodes:
             return None, None, None, 0, None
         bs = self.block_size
         lens = [s.start + 1 for _, s in decodes]
         max_blocks = -(-max(lens) // bs)
-        table = torch.zeros(len(decodes), max_blocks, dtype=torch.long)
-        for i, (_, s) in enumerate(decodes):
-            bt = s.seq.block_table[:max_blocks]
-            table[i, : len(bt)] = torch.tensor(bt, dtype=torch.long)
+        rows = [s.seq.block_table[:max_blocks] for _, s in decodes]
+        table = torch.tensor([r + [0] * (max_blocks - len(r)) for r in rows], dtype=torch.long)
         index = torch.tensor([o for o, _ in decodes], dtype=torch.long)
         dev = self.device
         if self.cpu_kernel:  # K/V read in place by the C++ kernel: lengths instead of a mask

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from enclave_worker.engine import SamplingParams
 
@@ -62,3 +63,36 @@ def test_requests_join_while_others_decode(engine, reference, h):
     while engine.has_unfinished_requests():
         engine.step()
     assert {rid: h.tokens_of(o) for rid, o in outs.items()} == ref
+
+
+@pytest.mark.parametrize("decode_kernels", ["auto", "torch"])  # the C++ kernel's lengths; torch's masks
+def test_a_decode_steps_inputs_equal_the_general_paths(make_engine, h, decode_kernels):
+    """The all-decode fast path (`_prepare_decodes`, Python ints) builds exactly what the general path
+    builds for the same batch: ids, positions, slots (across block boundaries), block tables, lengths
+    or masks, and which rows sample."""
+    eng = make_engine(decode_kernels=decode_kernels)
+    runner = eng.runner
+    fast, compared = runner._prepare_decodes, []
+
+    def both(batch):
+        got, want = fast(batch), runner._prepare_mixed(batch)
+        for a, b in zip(got[:2], want[:2], strict=True):
+            assert a.dtype == b.dtype and torch.equal(a, b)
+        for field in ("slot_mapping", "decode_index", "decode_blocks", "decode_mask", "decode_lens"):
+            a, b = getattr(got[2], field), getattr(want[2], field)
+            assert (a is None) == (b is None), field
+            assert a is None or (a.dtype == b.dtype and torch.equal(a, b)), field
+        assert (got[2].prefills, got[2].all_decode, got[2].single_decode_len) == (
+            want[2].prefills, want[2].all_decode, want[2].single_decode_len)
+        assert got[3] == want[3]
+        compared.append(len(batch))
+        return got
+
+    runner._prepare_decodes = both
+    prompts = [eng.tokenizer.encode(p) for p in h.prompts[:3]]
+    params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)  # contexts cross block boundaries
+    outs = h.run_sync(eng, [(f"r{i}", p, params) for i, p in enumerate(prompts)])
+    assert all(len(h.tokens_of(o)) == 40 for o in outs.values())
+    assert 3 in compared and len(compared) >= 39
+    single = h.run_sync(eng, [("one", prompts[0], SamplingParams(max_tokens=3, temperature=0))])
+    assert len(h.tokens_of(single["one"])) == 3 and compared[-1] == 1  # one decode: its own length, no mask
