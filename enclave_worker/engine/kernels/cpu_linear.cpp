@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <cstring>
 #include <utility>
 
 namespace {
@@ -146,4 +147,28 @@ torch::Tensor panel_linear(torch::Tensor x, torch::Tensor panels) {
     });
   }
   return y;
+}
+
+// panels [N / NR, K, NR] -> out [K, N], W^T in the plain layout, for a prefill's GEMM (layers/panel.py).
+// torch's copy of the permuted view moves 32-byte runs through its generic strided loop (docs/engine.md
+// has the figures). Rows in blocks of 16: each panel's rows of a block are one contiguous read, each
+// row of out is written front to back.
+void panel_unpack(torch::Tensor panels, torch::Tensor out) {
+  TORCH_CHECK(panels.dim() == 3 && panels.is_contiguous() && panels.scalar_type() == torch::kFloat &&
+              panels.size(2) == NR, "panels [N / NR, K, NR] float32, contiguous, NR = panel_width()");
+  const int64_t n_panels = panels.size(0), k_len = panels.size(1), n = n_panels * NR;
+  TORCH_CHECK(out.dim() == 2 && out.is_contiguous() && out.scalar_type() == torch::kFloat && out.size(0) == k_len &&
+              out.size(1) == n, "out [K, N] float32, contiguous, for panels of K rows and N outputs");
+  const float* pp = panels.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  constexpr int64_t kRows = 16;
+  at::parallel_for(0, (k_len + kRows - 1) / kRows, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) {
+      const int64_t k0 = b * kRows, k1 = std::min(k_len, k0 + kRows);
+      for (int64_t p = 0; p < n_panels; ++p) {
+        const float* src = pp + (p * k_len + k0) * NR;
+        for (int64_t k = k0; k < k1; ++k, src += NR) std::memcpy(op + k * n + p * NR, src, NR * sizeof(float));
+      }
+    }
+  });
 }

@@ -364,6 +364,7 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, tor
 // cpu_linear.cpp (the same module, its own translation unit).
 int64_t panel_width();
 torch::Tensor panel_linear(torch::Tensor x, torch::Tensor panels);
+void panel_unpack(torch::Tensor panels, torch::Tensor out);
 
 #define SEALED_STR2(x) #x
 #define SEALED_STR(x) SEALED_STR2(x)
@@ -375,6 +376,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("silu_and_mul", &silu_and_mul, "silu_and_mul");
   m.def("panel_linear", &panel_linear, "panel_linear");
   m.def("panel_width", &panel_width, "panel_width");
+  m.def("panel_unpack", &panel_unpack, "panel_unpack");
   // Hex of the build's JSON record (hex: no quoting through the compiler's command line).
   m.def("build_info", []() { return std::string(SEALED_STR(SEALED_BUILD_INFO)); }, "build_info");
 }

@@ -7,7 +7,7 @@ import torch
 
 from .blas_switch import BlasSwitch
 from .packed import PackedMatmul, try_pack
-from .panel import PanelMatmul, try_panel
+from .panel import PanelMatmul, UnpackScratch, try_panel
 
 _DEQUANT_MIN_ROWS = 16  # from this many rows, dequantize the weight per call and use a dense GEMM
 
@@ -66,6 +66,7 @@ class Linear(torch.nn.Module):
         switch: BlasSwitch | None = None,
         packed: bool = False,
         panel: bool = False,
+        scratch: UnpackScratch | None = None,
     ) -> None:
         super().__init__()
         w = weight.to(device=device, dtype=dtype)
@@ -75,7 +76,7 @@ class Linear(torch.nn.Module):
         pm = try_pack(w, consume=owned) if packed else None
         if pm is not None and in_place and w is not weight:
             weight.zero_()  # the handed-over source (fp32 of a bf16 layer): the packed copy is the only one
-        pp = try_panel(w, consume=owned, switch=switch) if panel and pm is None else None
+        pp = try_panel(w, consume=owned, switch=switch, scratch=scratch) if panel and pm is None else None
         self.matmul: DenseMatmul | PackedMatmul | PanelMatmul
         if pp is not None:
             self.matmul, self.weight = pp, pp.panels
@@ -224,13 +225,15 @@ def make_linear(
     switch: BlasSwitch | None = None,
     packed: bool = False,
     panel: bool = False,
+    scratch: UnpackScratch | None = None,
 ) -> torch.nn.Module:
     """quant: "none" | "int8" | "int4" | "fp8". ``in_place``: the caller hands over the weight's memory.
-    ``packed``: dense fp32 CPU weights in oneDNN's packed layout; ``panel``: in column panels (Linear)."""
+    ``packed``: dense fp32 CPU weights in oneDNN's packed layout; ``panel``: in column panels (Linear),
+    ``scratch`` the model's buffer for their prefill-sized calls."""
     if quant == "fp8":
         return Fp8Linear(weight, bias, dtype, device)
     if quant == "int8":
         return Int8Linear(weight, bias, dtype, device)
     if quant == "int4":
         return Int4Linear(weight, bias, dtype, device, group_size)
-    return Linear(weight, bias, dtype, device, in_place, switch, packed, panel)
+    return Linear(weight, bias, dtype, device, in_place, switch, packed, panel, scratch)

@@ -33,14 +33,42 @@ if TYPE_CHECKING:
 GEMM_MIN_ROWS = 128
 
 
+class UnpackScratch:
+    """One model's buffer for the unpacked layer of a prefill-sized call, reused by every panel layer.
+
+    A fresh [in, out] buffer per call adds page faults on first touch and a zeroing pass before the
+    memory goes back to the allocator (docs/engine.md, "fp32 weights in column panels", has the
+    figures). The buffer holds the last unpacked layer's W^T, plaintext like the
+    panels themselves, and is a held tensor of the model (models.model_tensors finds it as an attribute
+    of the model's helper): ``LLMEngine.wipe`` zeroes it with the weights. Layers above ``max_bytes``
+    (a tied LM head) take a fresh buffer, zeroed after the call. One step runs at a time (the engine's
+    step lock), so one buffer serves every layer."""
+
+    def __init__(self, max_bytes: int = 64 << 20) -> None:
+        self.max_bytes = max_bytes
+        self.buffer = torch.empty(0, dtype=torch.float32)
+
+    def take(self, rows: int, cols: int) -> torch.Tensor | None:
+        """A [rows, cols] fp32 view of the buffer (grown if needed), or None above ``max_bytes``."""
+        need = rows * cols
+        if need * 4 > self.max_bytes:
+            return None
+        if self.buffer.numel() < need:
+            old, self.buffer = self.buffer, torch.empty(need, dtype=torch.float32)
+            old.zero_()  # the smaller buffer's last layer, before its memory goes back to the allocator
+        return self.buffer[:need].view(rows, cols)
+
+
 class PanelMatmul:
     """y = x W^T for an fp32 W [out, in] on the CPU, held only as panels (module doc)."""
 
-    def __init__(self, weight: torch.Tensor, consume: bool, switch: BlasSwitch | None = None) -> None:
+    def __init__(self, weight: torch.Tensor, consume: bool, switch: BlasSwitch | None = None,
+                 scratch: UnpackScratch | None = None) -> None:
         """``consume``: the weight's memory is ours; the panels are written into it. ``switch``: the
-        model's OpenBLAS flag, for prefill-sized calls (module doc)."""
+        model's OpenBLAS flag, for prefill-sized calls (module doc). ``scratch``: the model's buffer for
+        those calls' unpacked layer (UnpackScratch); without it each such call allocates its own."""
         ops = load_cpu_ops()
-        self.switch = switch
+        self.switch, self.scratch = switch, scratch
         nr = int(ops.panel_width())
         n, k = weight.shape
         self.out_features, self.in_features, self.width = n, k, nr
@@ -69,24 +97,30 @@ class PanelMatmul:
         return y.reshape(*shape[:-1], self.out_features)
 
     def _unpacked_gemm(self, x2: torch.Tensor) -> torch.Tensor:
-        """x W^T through W^T unpacked for this call; the transient plaintext copy is zeroed before
-        its memory goes back to the allocator, whatever happens in between."""
+        """x W^T through W^T unpacked for this call, into the model's scratch buffer; a transient
+        buffer of its own (no scratch, or a layer above the scratch's size) is zeroed before its
+        memory goes back to the allocator, whatever happens in between."""
         n, k = self.out_features, self.in_features
-        w_t = torch.empty(k, n, dtype=self.panels.dtype)
+        w_t = None if self.scratch is None else self.scratch.take(k, n)
+        transient = w_t is None
+        if w_t is None:
+            w_t = torch.empty(k, n, dtype=self.panels.dtype)
         try:
-            w_t.view(k, n // self.width, self.width).copy_(self.panels.permute(1, 0, 2))
+            self._ops.panel_unpack(self.panels, w_t)
             if self.switch is not None and self.switch.enabled and x2.dtype == torch.float32:
                 return torch.from_numpy(np.matmul(x2.contiguous().numpy(), w_t.numpy()))
             return torch.mm(x2, w_t)
         finally:
-            w_t.zero_()
+            if transient:
+                w_t.zero_()
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """W's rows ``ids`` [T] -> [T, in] (a tied embedding's lookup from its head's panels)."""
         return self.panels[ids // self.width, :, ids % self.width]
 
 
-def try_panel(weight: torch.Tensor, consume: bool, switch: BlasSwitch | None = None) -> PanelMatmul | None:
+def try_panel(weight: torch.Tensor, consume: bool, switch: BlasSwitch | None = None,
+              scratch: UnpackScratch | None = None) -> PanelMatmul | None:
     """The panel matmul, or None where this weight does not fit it (not an fp32 CPU matrix, or its
     output count not a multiple of the kernel's panel width; it keeps the plain layout). Raises
     CpuKernelsUnavailable where the kernels are not built: asking for panels is asking for them."""
@@ -95,4 +129,4 @@ def try_panel(weight: torch.Tensor, consume: bool, switch: BlasSwitch | None = N
     nr = int(load_cpu_ops().panel_width())
     if weight.shape[0] % nr or weight.shape[0] == 0:
         return None
-    return PanelMatmul(weight, consume, switch)
+    return PanelMatmul(weight, consume, switch, scratch)

@@ -17,6 +17,7 @@ from ..layers.blas_switch import BlasSwitch
 from ..layers.embedding import Embedding
 from ..layers.linear import make_linear
 from ..layers.norm import RMSNorm
+from ..layers.panel import UnpackScratch
 from ..layers.rotary import RotaryEmbedding
 
 
@@ -30,6 +31,7 @@ class BuildOptions:
     blas: BlasSwitch | None = None  # shared by every dense layer; the runner flips it per step
     packed: bool = False  # dense fp32 / bf16 CPU linears in oneDNN's packed layout (layers/packed.py)
     panel: bool = False  # dense fp32 CPU linears in column panels for the C++ kernel (layers/panel.py)
+    scratch: UnpackScratch | None = None  # the panels' buffer for prefill-sized calls; the model makes it
 
 
 class _Weights:
@@ -79,7 +81,7 @@ class DecoderLayer(torch.nn.Module):
 
         def lin(wt: torch.Tensor, b: torch.Tensor | None = None) -> torch.nn.Module:
             return make_linear(wt, b, opt.quant, opt.dtype, opt.device, opt.int4_group_size, in_place=True,
-                               switch=opt.blas, packed=opt.packed, panel=opt.panel)
+                               switch=opt.blas, packed=opt.packed, panel=opt.panel, scratch=opt.scratch)
 
         self.input_norm = RMSNorm(w.take(prefix + "input_layernorm.weight").to(opt.device, opt.dtype), eps)
         qkv = [a + "q_proj.", a + "k_proj.", a + "v_proj."]
@@ -170,7 +172,9 @@ class LlamaForCausalLM(torch.nn.Module):
         w = _Weights(tensors)
         self.blas = opt.blas or BlasSwitch()
         self.cpu_kernels = False  # set by the engine where kernels/cpu_ops.py builds
-        opt = dataclasses.replace(opt, blas=self.blas)
+        # An attribute of the model, so its buffer is one of the held tensors the wipe zeroes.
+        self.unpack_scratch = UnpackScratch()
+        opt = dataclasses.replace(opt, blas=self.blas, scratch=self.unpack_scratch)
         tied = cfg.get("tie_word_embeddings", False) or "lm_head.weight" not in tensors
         self.embed = Embedding(
             w.take("model.embed_tokens.weight"), opt.quant, opt.dtype, opt.device, in_place=True, switch=opt.blas,

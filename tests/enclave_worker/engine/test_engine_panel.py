@@ -16,7 +16,7 @@ from enclave_worker.engine.layers.blas_switch import BlasSwitch
 from enclave_worker.engine.layers.embedding import Embedding
 from enclave_worker.engine.layers.linear import DenseMatmul, Linear
 from enclave_worker.engine.layers.packed import is_zero
-from enclave_worker.engine.layers.panel import GEMM_MIN_ROWS, PanelMatmul, try_panel
+from enclave_worker.engine.layers.panel import GEMM_MIN_ROWS, PanelMatmul, UnpackScratch, try_panel
 
 
 def _width() -> int:
@@ -79,6 +79,59 @@ def test_a_prefill_unpacks_the_layer_for_the_call_and_zeroes_that_copy(monkeypat
     with pytest.raises(RuntimeError, match="out of memory"):
         pm(x)
     assert not seen[-1].any()
+
+
+@pytest.mark.parametrize(("panels", "k"), [(1, 1), (3, 37), (5, 16), (2, 200)])
+def test_the_unpack_kernel_writes_w_transposed_exactly(panels: int, k: int) -> None:
+    """Row counts around the kernel's blocks of 16 (1, 37, 16, 200), one panel and several."""
+    w = torch.randn(panels * _width(), k)
+    out = torch.full((k, panels * _width()), float("nan"))
+    load_cpu_ops().panel_unpack(PanelMatmul(w.clone(), consume=False).panels, out)
+    assert torch.equal(out, w.T)
+
+
+def test_the_unpack_kernel_refuses_an_output_of_another_shape_or_type() -> None:
+    pm = PanelMatmul(torch.randn(2 * _width(), 32), consume=False)
+    for bad in (torch.empty(32, _width()), torch.empty(2 * _width(), 32), torch.empty(32, 2 * _width()).double(),
+                torch.empty(2 * _width(), 32).T):
+        with pytest.raises(RuntimeError, match=r"out \[K, N\]"):
+            load_cpu_ops().panel_unpack(pm.panels, bad)
+
+
+def test_a_prefill_with_the_models_scratch_unpacks_there_and_keeps_no_transient_copy(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the model's UnpackScratch the layer is unpacked into that one buffer (a held tensor the
+    wipe zeroes), reused by every layer and grown for a larger one; the smaller buffer it replaces is
+    zeroed first. A layer above the scratch's size takes a transient buffer, zeroed after the call."""
+    scratch = UnpackScratch(max_bytes=4 * 3 * _width() * 48)
+    small = PanelMatmul(torch.randn(2 * _width(), 48), consume=False, scratch=scratch)
+    w = torch.randn(3 * _width(), 48)
+    large = PanelMatmul(w.clone(), consume=False, scratch=scratch)
+    x = torch.randn(GEMM_MIN_ROWS, 48)
+    small(x)
+    first = scratch.buffer
+    assert first.numel() == 2 * _width() * 48 and first.any()
+    torch.testing.assert_close(large(x), x @ w.T, rtol=1e-5, atol=1e-4)
+    assert not first.any()  # replaced by a larger buffer: zeroed before it went back to the allocator
+    assert torch.equal(scratch.buffer.view(48, -1), w.T)  # the last layer's W^T, until the wipe
+    seen: list[torch.Tensor] = []
+    real_mm = torch.mm
+    monkeypatch.setattr(torch, "mm", lambda a, b: seen.append(b) or real_mm(a, b))
+    too_big = PanelMatmul(torch.randn(4 * _width(), 48), consume=False, scratch=scratch)
+    too_big(x)
+    assert seen[-1].data_ptr() != scratch.buffer.data_ptr() and not seen[-1].any()  # its own, zeroed
+
+
+def test_the_engines_unpack_scratch_is_held_and_wiped(make_engine, h) -> None:
+    eng = make_engine(panel_weights=True, packed_weights=False, kv_cache_memory_bytes=16 << 20)
+    prompt = eng.tokenizer.encode(" ".join(h.prompts) * 3)
+    assert len(prompt) >= GEMM_MIN_ROWS  # one prefill-sized step through every layer
+    h.run_sync(eng, [("r", prompt, SamplingParams(max_tokens=2, temperature=0, ignore_eos=True))])
+    scratch = eng.model.unpack_scratch.buffer
+    assert scratch.numel() > 0 and scratch.any()
+    assert any(t is scratch for t in eng.held_tensors())
+    eng.wipe()
+    assert is_zero(scratch)
 
 
 def test_a_prefill_on_the_blas_switch_goes_to_openblas_and_zeroes_the_copy_too(monkeypatch: pytest.MonkeyPatch) -> None:
