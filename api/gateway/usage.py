@@ -39,8 +39,13 @@ def verify_usage(record: worker_pb2.UsageRecord, worker: WorkerInfo, request_id:
 
 
 def _row(doc: dict[str, Any], worker: WorkerInfo, request_id: str | None, tenant: str, signature: str) -> UsageRow:
-    if request_id is None and isinstance(doc.get("request_id"), str) and 0 < len(doc["request_id"]) <= 64:
-        request_id = doc["request_id"]
+    if request_id is None:  # owed by heartbeat: the record names its request, which must be a real id
+        named = doc.get("request_id")
+        if not (isinstance(named, str) and 0 < len(named) <= 64):
+            # A signed record with a null, missing or oversized id once reached the usage table as a
+            # row without a request and failed its NOT NULL constraint: a 500 on the heartbeat.
+            raise UsageRejected("usage record names no valid request id")
+        request_id = named
     if doc.get("request_id") != request_id or doc.get("tenant") != tenant:
         raise UsageRejected("usage record is for another request")
     row = UsageRow(request_id=request_id, tenant=tenant, key_id=str(doc.get("key_id", "")),

@@ -79,6 +79,21 @@ def test_fuzz_signed_usage_payload(payload: bytes, owed: bool) -> None:
     with contextlib.suppress(UsageRejected):
         row = verify_usage(_signed(payload), _worker(), None if owed else "r1", "acme")
         assert row.tenant == "acme"
+        assert isinstance(row.request_id, str) and 0 < len(row.request_id) <= 64  # a row the table takes
+
+
+@pytest.mark.parametrize("request_id", [None, "", "r" * 65, 7, ["r1"], "absent"])
+def test_an_owed_usage_record_without_a_valid_request_id_is_refused(request_id: Any) -> None:
+    """Signed by the worker's own key, so only the content check stands between it and the usage
+    table (whose request_id is NOT NULL): found by the heartbeat fuzz test as a 500."""
+    doc = json.loads(USAGE)
+    if request_id == "absent":
+        del doc["request_id"]
+    else:
+        doc["request_id"] = request_id
+    with pytest.raises(UsageRejected, match="no valid request id"):
+        verify_usage(_signed(json.dumps(doc).encode()), _worker(), None, "acme")
+    assert verify_usage(_signed(USAGE), _worker(), None, "acme").request_id == "r1"  # the valid record passes
 
 
 @pytest.fixture(scope="module")
@@ -176,6 +191,21 @@ def test_fuzz_heartbeat_route(gateway: tuple[TestClient, Worker], seed: int, how
             if isinstance(doc, dict):
                 raw = json.dumps(_sign(worker, doc)).encode()
     assert _post(client, raw) < 500
+
+
+def test_a_heartbeat_settling_usage_without_a_request_id_is_taken_and_the_record_refused(
+        gateway: tuple[TestClient, Worker], caplog: pytest.LogCaptureFixture) -> None:
+    """The heartbeat fuzz test's find (seed 101108, "settle"): a signed usage record whose request id
+    is null reached the usage table and the heartbeat answered 500. Now the beat is taken and the
+    record refused (metering logs it and stores nothing)."""
+    client, worker = gateway
+    key = worker.state.usage_key
+    payload = json.dumps(json.loads(USAGE) | {"request_id": None}).encode()
+    body = {k: v for k, v in worker.beat().items() if k != "signature"} | {
+        "settle": {"usage": [{"payload": base64.b64encode(payload).decode(), "signature": key.sign(payload).hex()}],
+                   "records": []}}
+    assert _post(client, json.dumps(_sign(worker, body)).encode()) == 200
+    assert "no valid request id" in caplog.text
 
 
 def _sign(worker: Worker, body: dict[str, Any]) -> dict[str, Any]:
