@@ -26,6 +26,7 @@ from attestation.sigstore_refvalues import SigstorePublisher, is_sigstore_bundle
 from attestation.token import TokenVerifier
 from attestation.verifier import VerifierTrust
 from attestation.workload import WorkloadClaims
+from attestation.x509chain import BAD_DER
 from protocol.sealed import key_id
 from sealed_client.broker_pin import BrokerPin
 
@@ -196,8 +197,12 @@ class PinnedKey:
 def _spki(cert_pem: str | None) -> bytes:
     if not cert_pem:
         return b""
-    cert = x509.load_pem_x509_certificate(cert_pem.encode())
-    return cert.public_key().public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    try:
+        cert = x509.load_pem_x509_certificate(cert_pem.encode())
+        return cert.public_key().public_bytes(serialization.Encoding.DER,
+                                              serialization.PublicFormat.SubjectPublicKeyInfo)
+    except BAD_DER as exc:  # the gateway's document is hostile: a typed refusal, never cryptography's own error
+        raise FreshnessError(f"the worker's TLS certificate cannot be read ({type(exc).__name__})") from None
 
 
 def effective_appraisal(trust: ClientTrust, published: ReferenceValues | None) -> AppraisalPolicy:

@@ -25,6 +25,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from api.console.auditindex import AuditIndex, Row
 from api.console.session import Viewer
 from attestation.errors import AttestationError
+from attestation.x509chain import BAD_DER
 from policy.audit.entry import parse_ts
 from policy.documents import verify_policy_document
 from policy.errors import PolicyError
@@ -190,7 +191,7 @@ def _cert_fingerprint(pem: str) -> str:
         return ""
     try:
         cert = x509.load_pem_x509_certificate(pem.encode())
-    except ValueError:
+    except BAD_DER:  # what a worker registered is unchecked here (InvalidVersion is no ValueError)
         return "unreadable"
     return hashlib.sha256(cert.public_bytes(serialization.Encoding.DER)).hexdigest()[:16]
 

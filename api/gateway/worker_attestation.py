@@ -19,13 +19,14 @@ from pathlib import Path
 from typing import Any
 
 from cryptography import x509
-from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
+from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from attestation.bundle import EvidenceBundle, channel_binding
 from attestation.errors import FreshnessError, ParseError, TokenError
 from attestation.token import TokenVerifier
+from attestation.x509chain import BAD_DER
 from protocol.heartbeat import heartbeat_signing_input, worker_id_for
 from protocol.model_ref import ModelRef
 from protocol.sealed import SealedError, key_id
@@ -48,7 +49,7 @@ def expected_binding(tls_cert_pem: str, usage_public_key_hex: str) -> bytes:
             spki = x509.load_pem_x509_certificate(tls_cert_pem.encode()).public_key().public_bytes(
                 serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
         return channel_binding(spki, bytes.fromhex(usage_public_key_hex))
-    except (ValueError, UnsupportedAlgorithm) as exc:  # cryptography reads some fields only when asked
+    except BAD_DER as exc:  # cryptography reads some fields only when asked (a bad version: InvalidVersion)
         raise FreshnessError(f"worker's TLS certificate or usage key cannot be read ({type(exc).__name__})") from None
 
 

@@ -141,6 +141,26 @@ def test_fuzz_worker_tls_certificate(tls_der: bytes, data: st.DataObject) -> Non
         assert len(expected_binding(pem.decode(), PUBLIC.hex())) == 32
 
 
+@pytest.mark.parametrize("version", [b"\x69", b"\x05", b"\xff"])
+def test_a_certificate_with_an_invalid_version_is_a_typed_refusal_everywhere_it_is_read(
+        tls_der: bytes, version: bytes) -> None:
+    """cryptography raises InvalidVersion, which is no ValueError, for a version outside v1-v3: the
+    fuzz test's find (2026-12-05). The gateway's binding check, the console's fingerprint and the
+    client's pinning each turn it into their own answer."""
+    from api.console.views import _cert_fingerprint
+    from sealed_client.deployment import _spki
+
+    v3 = b"\xa0\x03\x02\x01\x02"
+    assert tls_der.count(v3) == 1
+    der = tls_der.replace(v3, v3[:-1] + version)
+    pem = (b"-----BEGIN CERTIFICATE-----\n" + base64.encodebytes(der) + b"-----END CERTIFICATE-----\n").decode()
+    with pytest.raises(FreshnessError, match="cannot be read"):
+        expected_binding(pem, PUBLIC.hex())
+    assert _cert_fingerprint(pem) == "unreadable"
+    with pytest.raises(FreshnessError, match="TLS certificate cannot be read"):
+        _spki(pem)
+
+
 # The heartbeat route, end to end: a real worker's signed body, with a batch of owed usage and records.
 
 @pytest.fixture(scope="module")
