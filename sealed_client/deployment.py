@@ -241,7 +241,8 @@ def verify_sealed_document(doc: Mapping[str, Any], verifier: TokenVerifier, trus
                              "without re-attestation)")
     try:
         receipt_key = bytes.fromhex(str(doc["usage_public_key"]))
-        binding = channel_binding(_spki(doc.get("grpc_tls_cert")), receipt_key)
+        channel_spki = _spki(doc.get("grpc_tls_cert"))
+        binding = channel_binding(channel_spki, receipt_key)
     except (KeyError, ValueError) as exc:
         raise FreshnessError("the worker's receipt key is missing or malformed") from exc
     if binding != bundle.runtime_data.channel_binding:
@@ -267,7 +268,7 @@ def verify_sealed_document(doc: Mapping[str, Any], verifier: TokenVerifier, trus
                      receipt_key=receipt_key, worker=worker, promises=promises,
                      token_expires_at=worker.attestation.expires_at, model_digest=workload.model_digest,
                      policy_version=workload.policy_version, evidence_sha256=bundle.digest(),
-                     channel_spki=_spki(doc.get("grpc_tls_cert")), expires_at=expires)
+                     channel_spki=channel_spki, expires_at=expires)
 
 
 _SERVED_CLAIMS = ("tenant", "model", "version", "model_digest", "promises")
