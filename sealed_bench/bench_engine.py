@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from sealed_bench.decode_bound import ModelDims
-from sealed_bench.decode_report import bound_line, decode_figures
+from sealed_bench.decode_report import bound_line, decode_figures, held_matmul_bytes
 from sealed_bench.decode_steps import OpTimers, StepClock
 from sealed_bench.machine_rates import copy_bandwidth_gbs, matmul_gflops
 from sealed_bench.peers import add_peer_options, vllm_binding
@@ -169,7 +169,8 @@ def worker_sealed(spec: dict) -> dict:
     elapsed, ttft_1, mean_ttft = asyncio.run(run())
     clock.close()
     tok_s = spec["batch"] * spec["output_len"] / elapsed
-    decode = decode_figures(clock, dims, spec)
+    held = held_matmul_bytes(engine.runner.model)
+    decode = decode_figures(clock, dims, spec, held)
     return _row(
         "sealed",
         spec,
@@ -180,6 +181,7 @@ def worker_sealed(spec: dict) -> dict:
         weight_bytes_fp32=weight_bytes,
         packed_weights=engine.runner.packed_weights,
         panel_weights=engine.runner.panel_weights,
+        held_matmul_bytes=held,
         **decode,
     )
 

@@ -4,6 +4,7 @@ full-batch step time beside the step's bound (decode_bound.py) at the rates the 
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from typing import Any
 
@@ -11,9 +12,25 @@ from sealed_bench.decode_bound import ModelDims, bound_record, decode_step_cost,
 from sealed_bench.decode_steps import StepClock, op_rows
 
 
-def decode_figures(clock: StepClock, dims: ModelDims, spec: dict[str, Any]) -> dict[str, Any]:
+def held_matmul_bytes(model: Any) -> int:
+    """The bytes a decode step's matmuls read as the engine holds them: every dense layer's and the
+    LM head's held tensors (fp32 panels 4 bytes a weight, exact block codes 1.25, layers/coded_panel.py)."""
+    import torch
+
+    from enclave_worker.engine.layers.linear import Linear
+
+    helpers: list[Any] = [m.matmul for m in model.modules() if isinstance(m, Linear)]
+    helpers.append(getattr(getattr(model, "embed", None), "head", None))
+    held = {id(v): v.nbytes for h in helpers if h is not None for v in vars(h).values() if isinstance(v, torch.Tensor)}
+    return sum(held.values())
+
+
+def decode_figures(clock: StepClock, dims: ModelDims, spec: dict[str, Any],
+                   held_weight_bytes: int | None = None) -> dict[str, Any]:
     """`decode_bound` (and `decode_profile` when profiled) for a worker's row; {} without the
-    driver's rates (a worker run by hand)."""
+    driver's rates (a worker run by hand). The bound is the model's at the row's dtype (fp32: 4 bytes
+    a weight); with ``held_weight_bytes`` (the weights as the engine holds them, when fewer) the row
+    also carries `held_bound`, the same step's bound over the bytes actually read."""
     bw, gflops = spec.get("copy_gbs"), spec.get("matmul_gflops")
     if not bw or not gflops:
         return {}
@@ -25,6 +42,9 @@ def decode_figures(clock: StepClock, dims: ModelDims, spec: dict[str, Any]) -> d
     out: dict[str, Any] = {"decode_bound": {
         **bound_record(cost, bound, clock.median_s()), "steps_timed": len(clock.steps),
         "mean_context": round(context, 1), "copy_gbs": round(bw, 2), "matmul_gflops": round(gflops, 2)}}
+    if held_weight_bytes is not None and held_weight_bytes < cost.weight_bytes:
+        held = dataclasses.replace(cost, weight_bytes=float(held_weight_bytes))
+        out["held_bound"] = bound_record(held, step_bound(held, bw, gflops), clock.median_s())
     if clock.profiled and clock.profile is not None:
         step_s = statistics.median(clock.profiled)
         out["decode_profile"] = {"steps": len(clock.profiled), "step_ms": round(step_s * 1e3, 3),
@@ -40,6 +60,10 @@ def bound_line(row: dict[str, Any]) -> str:
             f"({b['limited_by']}: {b['weight_bytes'] / 1e6:.0f} MB weights + {b['kv_bytes'] / 1e6:.0f} MB KV at "
             f"{b['copy_gbs']:.1f} GB/s = {b['memory_bound_ms']:.1f} ms; {b['gflop']:.2f} GFLOP at "
             f"{b['matmul_gflops']:.1f} GFLOP/s = {b['compute_bound_ms']:.1f} ms); {measured}")
+    if "held_bound" in row:
+        h = row["held_bound"]
+        line += (f"\n  weights as held {h['weight_bytes'] / 1e6:.0f} MB: bound {h['bound_ms']:.1f} ms "
+                 f"({h['limited_by']}), the step {h['ratio_to_bound']:.2f}x that")
     for op in row.get("decode_profile", {}).get("ops", []):
         if op["op"] == "other":
             line += f"\n  {'other':<13} {op['ms_per_step']:8.2f} ms"

@@ -45,6 +45,11 @@ class EngineConfig:
     # quiet A/B (issue #38, docs/benchmarks.md): batch-16 decode step 50-61 against 94-106 ms, batch
     # 1 alike; `sealed bench engine --panel-weights off|on` measures it.
     panel_weights: bool | None = None
+    # Panel layers whose fp32 weights lie exactly on a per-block grid (a GGUF Q4_1 / Q8_0 checkpoint,
+    # dequantized when loaded) are held as int8 codes with a scale and offset per 32 weights: 1.25
+    # bytes a weight instead of 4, every weight rebuilt to the same float before the same FMAs, so
+    # the results are the fp32 panels' to the bit (layers/coded_panel.py). False: fp32 panels always.
+    panel_codes: bool = True
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:

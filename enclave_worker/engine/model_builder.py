@@ -48,6 +48,7 @@ class BuiltModel:
     hidden_size: int
     packed: bool = False  # dense linears hold oneDNN-packed weights (layers/packed.py)
     panel: bool = False  # dense fp32 linears hold column panels for the C++ kernel (layers/panel.py)
+    panel_codes: bool = False  # panels exactly on a block grid may be held as codes (layers/coded_panel.py)
 
 
 def _release_freed_memory() -> None:
@@ -98,11 +99,13 @@ def build_model(checkpoint: Checkpoint, config: EngineConfig) -> BuiltModel:
     # (the default; False keeps the checkpoint's layout).
     panel = (config.device == "cpu" and dtype == torch.float32 and quant == "none" and not packed
              and config.decode_kernels != "torch" and config.panel_weights is not False)
-    opts = BuildOptions(quant, dtype, config.device, model_len, config.int4_group_size, packed=packed, panel=panel)
+    codes = panel and config.panel_codes
+    opts = BuildOptions(quant, dtype, config.device, model_len, config.int4_group_size, packed=packed, panel=panel,
+                        panel_codes=codes)
     with torch.inference_mode():
         model = ARCHITECTURES[arch](cfg, checkpoint.tensors, opts).eval()
     _release_freed_memory()  # conversion transients go back to the OS before the KV pool is touched
     return BuiltModel(model=model, dtype=dtype, quant=quant, model_len=model_len, threads=threads,
                       tokenizer=Tokenizer(checkpoint.tokenizer_json, checkpoint.chat_template, cfg),
                       vocab_size=int(cfg["vocab_size"]), hidden_size=int(cfg["hidden_size"]), packed=packed,
-                      panel=panel)
+                      panel=panel, panel_codes=codes)

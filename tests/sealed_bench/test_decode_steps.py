@@ -37,6 +37,18 @@ def test_the_row_puts_the_measured_decode_step_beside_its_bound(row: dict) -> No
     assert bound["bound_ms"] == max(bound["memory_bound_ms"], bound["compute_bound_ms"])
 
 
+def test_the_row_also_bounds_the_step_by_the_weights_as_the_engine_holds_them(row: dict) -> None:
+    """The default model's GGUF is Q4_1 / Q8_0, so every layer is held as exact block codes (1.25 bytes
+    a weight against fp32's 4, layers/coded_panel.py): `held_bound` is the same step over those bytes."""
+    bound, held = row["decode_bound"], row["held_bound"]
+    assert held["weight_bytes"] == row["held_matmul_bytes"]
+    assert 0.30 < held["weight_bytes"] / bound["weight_bytes"] < 0.32
+    assert (held["kv_bytes"], held["gflop"], held["measured_step_ms"]) == (
+        bound["kv_bytes"], bound["gflop"], bound["measured_step_ms"])
+    assert held["memory_bound_ms"] < bound["memory_bound_ms"] and held["compute_bound_ms"] == bound["compute_bound_ms"]
+    assert held["ratio_to_bound"] >= bound["ratio_to_bound"]
+
+
 def test_the_profile_accounts_for_every_weight_the_bound_counts(row: dict) -> None:
     profile = row["decode_profile"]
     ops = {op["op"]: op for op in profile["ops"]}

@@ -365,6 +365,10 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, tor
 int64_t panel_width();
 torch::Tensor panel_linear(torch::Tensor x, torch::Tensor panels);
 void panel_unpack(torch::Tensor panels, torch::Tensor out);
+int64_t code_block();
+torch::Tensor coded_linear(torch::Tensor x, torch::Tensor codes, torch::Tensor scales, torch::Tensor offsets);
+void coded_unpack(torch::Tensor codes, torch::Tensor scales, torch::Tensor offsets, torch::Tensor out);
+bool grid_encode(torch::Tensor w, torch::Tensor codes, torch::Tensor scales, torch::Tensor offsets);
 
 #define SEALED_STR2(x) #x
 #define SEALED_STR(x) SEALED_STR2(x)
@@ -377,6 +381,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("panel_linear", &panel_linear, "panel_linear");
   m.def("panel_width", &panel_width, "panel_width");
   m.def("panel_unpack", &panel_unpack, "panel_unpack");
+  m.def("code_block", &code_block, "code_block");
+  m.def("coded_linear", &coded_linear, "coded_linear");
+  m.def("coded_unpack", &coded_unpack, "coded_unpack");
+  m.def("grid_encode", &grid_encode, "grid_encode");
   // Hex of the build's JSON record (hex: no quoting through the compiler's command line).
   m.def("build_info", []() { return std::string(SEALED_STR(SEALED_BUILD_INFO)); }, "build_info");
 }

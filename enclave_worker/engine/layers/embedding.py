@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 from .blas_switch import BlasSwitch
+from .coded_panel import try_codes
 from .linear import DenseMatmul, _int8_op_works
 from .packed import PackedMatmul
 from .panel import PanelMatmul, try_panel
@@ -23,15 +24,18 @@ class Embedding(torch.nn.Module):
         switch: BlasSwitch | None = None,
         packed: bool = False,
         panel: bool = False,
+        codes: bool = False,
     ) -> None:
         """``packed``: a dense table also held as a oneDNN-packed tied head (fp32 / bf16 on the CPU);
-        ``panel``: an fp32 table held only as the tied head's panels (layers/panel.py)."""
+        ``panel``: an fp32 table held only as the tied head's panels (layers/panel.py); ``codes``: those
+        panels held as codes where the table is exactly on a block grid (layers/coded_panel.py)."""
         super().__init__()
         self.quantized = quant in ("int8", "int4")
         pp = None
         if panel and not self.quantized:
             w = weight.to(device=device, dtype=dtype)
-            pp = try_panel(w, consume=in_place or w is not weight)
+            owned = in_place or w is not weight
+            pp = (try_codes(w, consume=owned) if codes else None) or try_panel(w, consume=owned)
         self.head: DenseMatmul | PackedMatmul | PanelMatmul
         self.in_panels = pp is not None  # the quantized table has no `head` module: test this, not it
         if pp is not None:

@@ -6,6 +6,7 @@ import numpy as np
 import torch
 
 from .blas_switch import BlasSwitch
+from .coded_panel import try_codes
 from .packed import PackedMatmul, try_pack
 from .panel import PanelMatmul, UnpackScratch, try_panel
 
@@ -54,7 +55,8 @@ def transposed_storage(w: torch.Tensor, in_place: bool) -> torch.Tensor:
 class Linear(torch.nn.Module):
     """Dense y = x W^T (+ b). ``in_place``: the weight may be rearranged in its own memory (no copy).
     ``packed``: fp32 or bf16 on the CPU is held in oneDNN's packed layout instead (layers/packed.py);
-    ``panel``: fp32 on the CPU in column panels for the C++ kernel (layers/panel.py)."""
+    ``panel``: fp32 on the CPU in column panels for the C++ kernel (layers/panel.py); ``codes``: such
+    panels exactly on a block grid held as codes (layers/coded_panel.py)."""
 
     def __init__(
         self,
@@ -67,6 +69,7 @@ class Linear(torch.nn.Module):
         packed: bool = False,
         panel: bool = False,
         scratch: UnpackScratch | None = None,
+        codes: bool = False,
     ) -> None:
         super().__init__()
         w = weight.to(device=device, dtype=dtype)
@@ -76,7 +79,10 @@ class Linear(torch.nn.Module):
         pm = try_pack(w, consume=owned) if packed else None
         if pm is not None and in_place and w is not weight:
             weight.zero_()  # the handed-over source (fp32 of a bf16 layer): the packed copy is the only one
-        pp = try_panel(w, consume=owned, switch=switch, scratch=scratch) if panel and pm is None else None
+        pp = None
+        if panel and pm is None:
+            pp = ((try_codes(w, consume=owned, switch=switch, scratch=scratch) if codes else None)
+                  or try_panel(w, consume=owned, switch=switch, scratch=scratch))
         self.matmul: DenseMatmul | PackedMatmul | PanelMatmul
         if pp is not None:
             self.matmul, self.weight = pp, pp.panels
@@ -226,14 +232,16 @@ def make_linear(
     packed: bool = False,
     panel: bool = False,
     scratch: UnpackScratch | None = None,
+    codes: bool = False,
 ) -> torch.nn.Module:
     """quant: "none" | "int8" | "int4" | "fp8". ``in_place``: the caller hands over the weight's memory.
     ``packed``: dense fp32 CPU weights in oneDNN's packed layout; ``panel``: in column panels (Linear),
-    ``scratch`` the model's buffer for their prefill-sized calls."""
+    ``scratch`` the model's buffer for their prefill-sized calls; ``codes``: such panels exactly on a block
+    grid held as codes (layers/coded_panel.py)."""
     if quant == "fp8":
         return Fp8Linear(weight, bias, dtype, device)
     if quant == "int8":
         return Int8Linear(weight, bias, dtype, device)
     if quant == "int4":
         return Int4Linear(weight, bias, dtype, device, group_size)
-    return Linear(weight, bias, dtype, device, in_place, switch, packed, panel, scratch)
+    return Linear(weight, bias, dtype, device, in_place, switch, packed, panel, scratch, codes)

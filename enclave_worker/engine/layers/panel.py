@@ -104,15 +104,18 @@ class PanelMatmul:
         w_t = None if self.scratch is None else self.scratch.take(k, n)
         transient = w_t is None
         if w_t is None:
-            w_t = torch.empty(k, n, dtype=self.panels.dtype)
+            w_t = torch.empty(k, n, dtype=torch.float32)
         try:
-            self._ops.panel_unpack(self.panels, w_t)
+            self._unpack_into(w_t)
             if self.switch is not None and self.switch.enabled and x2.dtype == torch.float32:
                 return torch.from_numpy(np.matmul(x2.contiguous().numpy(), w_t.numpy()))
             return torch.mm(x2, w_t)
         finally:
             if transient:
                 w_t.zero_()
+
+    def _unpack_into(self, w_t: torch.Tensor) -> None:
+        self._ops.panel_unpack(self.panels, w_t)
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """W's rows ``ids`` [T] -> [T, in] (a tied embedding's lookup from its head's panels)."""

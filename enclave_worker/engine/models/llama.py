@@ -31,6 +31,7 @@ class BuildOptions:
     blas: BlasSwitch | None = None  # shared by every dense layer; the runner flips it per step
     packed: bool = False  # dense fp32 / bf16 CPU linears in oneDNN's packed layout (layers/packed.py)
     panel: bool = False  # dense fp32 CPU linears in column panels for the C++ kernel (layers/panel.py)
+    panel_codes: bool = False  # panels exactly on a block grid held as codes (layers/coded_panel.py)
     scratch: UnpackScratch | None = None  # the panels' buffer for prefill-sized calls; the model makes it
 
 
@@ -81,7 +82,8 @@ class DecoderLayer(torch.nn.Module):
 
         def lin(wt: torch.Tensor, b: torch.Tensor | None = None) -> torch.nn.Module:
             return make_linear(wt, b, opt.quant, opt.dtype, opt.device, opt.int4_group_size, in_place=True,
-                               switch=opt.blas, packed=opt.packed, panel=opt.panel, scratch=opt.scratch)
+                               switch=opt.blas, packed=opt.packed, panel=opt.panel, scratch=opt.scratch,
+                               codes=opt.panel_codes)
 
         self.input_norm = RMSNorm(w.take(prefix + "input_layernorm.weight").to(opt.device, opt.dtype), eps)
         qkv = [a + "q_proj.", a + "k_proj.", a + "v_proj."]
@@ -183,6 +185,7 @@ class LlamaForCausalLM(torch.nn.Module):
             # batch-64 step on a Zen 5 whose packed layers ran the other four fifths in 42 ms.
             packed=opt.packed and tied,
             panel=opt.panel and tied,  # in panels, the table is held once: the lookup reads the head's panels
+            codes=opt.panel_codes,
         )
         self.layers = torch.nn.ModuleList(
             DecoderLayer(cfg, w, f"model.layers.{i}.", opt) for i in range(cfg["num_hidden_layers"])
@@ -196,7 +199,7 @@ class LlamaForCausalLM(torch.nn.Module):
         else:
             self.lm_head = make_linear(
                 lm_head, None, "int8" if opt.quant != "none" else "none", opt.dtype, opt.device, in_place=True,
-                switch=opt.blas, packed=opt.packed, panel=opt.panel,
+                switch=opt.blas, packed=opt.packed, panel=opt.panel, codes=opt.panel_codes,
             )
         del lm_head
         layer0 = self.decoder_layers[0]

@@ -91,9 +91,10 @@ def test_the_unpack_kernel_writes_w_transposed_exactly(panels: int, k: int) -> N
 
 
 def test_the_unpack_kernel_refuses_an_output_of_another_shape_or_type() -> None:
-    pm = PanelMatmul(torch.randn(2 * _width(), 32), consume=False)
-    for bad in (torch.empty(32, _width()), torch.empty(2 * _width(), 32), torch.empty(32, 2 * _width()).double(),
-                torch.empty(2 * _width(), 32).T):
+    # K = 40: no multiple of a panel width (8 or 16), so a transposed shape is never the right one by chance
+    pm = PanelMatmul(torch.randn(2 * _width(), 40), consume=False)
+    for bad in (torch.empty(40, _width()), torch.empty(2 * _width(), 40), torch.empty(40, 2 * _width()).double(),
+                torch.empty(2 * _width(), 40).T):
         with pytest.raises(RuntimeError, match=r"out \[K, N\]"):
             load_cpu_ops().panel_unpack(pm.panels, bad)
 
