@@ -132,6 +132,7 @@ def worker_sealed(spec: dict) -> dict:
         num_threads=spec.get("threads"),
         packed_weights={"on": True, "off": False}.get(spec.get("packed_weights", "auto")),
         panel_weights={"on": True, "off": False}.get(spec.get("panel_weights", "auto")),
+        panel_codes=spec.get("panel_codes", "on") == "on",
     )
     engine = LLMEngine.from_checkpoint(ckpt, cfg)
     del ckpt
@@ -181,6 +182,7 @@ def worker_sealed(spec: dict) -> dict:
         weight_bytes_fp32=weight_bytes,
         packed_weights=engine.runner.packed_weights,
         panel_weights=engine.runner.panel_weights,
+        panel_codes=spec.get("panel_codes", "on"),
         held_matmul_bytes=held,
         **decode,
     )
@@ -348,10 +350,18 @@ def summarize_rounds(rows: list[dict]) -> list[dict]:
     groups: dict[tuple, list[float]] = {}
     for r in rows:
         if "output_tok_per_s" in r:
-            key = (r["system"], r["dtype"], r["batch"], r.get("structured", "off"))
+            key = (r["system"], r["dtype"], r["batch"], r.get("structured", "off"), r.get("panel_codes"))
             groups.setdefault(key, []).append(r["output_tok_per_s"])
-    return [{"system": k[0], "dtype": k[1], "batch": k[2], "structured": k[3], "rounds": len(v), "min_tok_s": min(v),
+    return [{"system": k[0], "dtype": k[1], "batch": k[2], "structured": k[3],
+             **({"panel_codes": k[4]} if k[4] is not None else {}), "rounds": len(v), "min_tok_s": min(v),
              "median_tok_s": round(statistics.median(v), 2), "max_tok_s": max(v)} for k, v in groups.items()]
+
+
+def _codes_choices(text: str) -> list[str]:
+    values = text.split(",")
+    if not values or any(v not in ("on", "off") for v in values) or len(set(values)) != len(values):
+        raise argparse.ArgumentTypeError(f"on, off, on,off or off,on; not {text!r}")
+    return values
 
 
 def run_worker(python: str, system: str, spec: dict, timeout: float) -> dict:
@@ -408,6 +418,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="Sealed's dense fp32 weights in column panels for the C++ kernel "
                          "(EngineConfig.panel_weights; auto: the engine's default, off until measured faster on a "
                          "quiet machine; on: panels where not packed; off: OpenBLAS / torch, checkpoint layout)")
+    ap.add_argument("--panel-codes", default="on", type=_codes_choices,
+                    help="Sealed's panels exactly on a block grid held as int8 codes (EngineConfig.panel_codes): on "
+                         "(the default), off, or both in turn each round (on,off) for an A/B in one run")
     ap.add_argument("--profile-decode", type=int, default=0, metavar="STEPS",
                     help="time this many full-batch decode steps per op (bytes, FLOPs, GB/s, GFLOP/s per op; "
                          "decode_steps.py) and write the profile into each Sealed row")
@@ -463,7 +476,10 @@ def _one_round(args: argparse.Namespace, rates: tuple[float, float], hf_dir: lis
                     "panel_weights": args.panel_weights,
                     "temperature": args.temperature, "top_p": args.top_p, "structured": structured,
                     "copy_gbs": bw, "matmul_gflops": gflops, "profile_decode": args.profile_decode}
-            for system in ["sealed", *(peers if structured == "off" else [])]:
+            codes = args.panel_codes if dtype == "fp32" else ["on"]  # codes are a layout of fp32 panels
+            runs = [("sealed", c) for c in codes] + [(p, "on") for p in (peers if structured == "off" else [])]
+            for system, panel_codes in runs:
+                spec = {**spec, "panel_codes": panel_codes}
                 python = sys.executable
                 if system == "vllm":
                     if dtype not in ("fp32", "bf16") or not args.vllm_python:

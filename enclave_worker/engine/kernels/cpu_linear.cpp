@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <cstring>
 #include <utility>
+#include <vector>
 
 namespace {
 
@@ -265,7 +266,7 @@ inline float to_half(float x) { return static_cast<float>(c10::Half(x)); }
 
 int64_t code_block() { return QB; }
 
-// x [M, K] fp32 contiguous over a coded layer -> y [M, N]; any M (prefill-sized calls unpack instead).
+// x [M, K] fp32 contiguous over a coded layer -> y [M, N]; any M (the engine unpacks for 128+ rows instead).
 torch::Tensor coded_linear(torch::Tensor x, torch::Tensor codes, torch::Tensor scales, torch::Tensor offsets) {
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == torch::kFloat, "x [M, K] float32, contiguous");
   check_codes(codes, scales, offsets);
@@ -278,16 +279,45 @@ torch::Tensor coded_linear(torch::Tensor x, torch::Tensor codes, torch::Tensor s
   const float* sp = scales.data_ptr<float>();
   const float* op = offsets.data_ptr<float>();
   float* yp = y.data_ptr<float>();
-  // Panels split in contiguous runs, one parallel region: each thread streams its run once per MR rows
-  // (once in all for a decode step's batch).
-  at::parallel_for(0, n_panels, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t p = begin; p < end; ++p) {
-      for (int64_t m = 0; m < rows; m += MR) {
-        const int64_t r = std::min<int64_t>(MR, rows - m);
-        MICRO_CODED[r - 1](xp + m * k_len, k_len, cp + p * k_len * NR, sp + p * kb * NR, op + p * kb * NR, k_len,
-                           yp + m * n + p * NR, n);
+  if (rows <= MR) {
+    // A decode step: panels split in contiguous runs, one parallel region, each weight rebuilt in a
+    // register once and used for every row.
+    at::parallel_for(0, n_panels, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t p = begin; p < end; ++p) {
+        MICRO_CODED[rows - 1](xp, k_len, cp + p * k_len * NR, sp + p * kb * NR, op + p * kb * NR, k_len, yp + p * NR, n);
+      }
+    });
+    return y;
+  }
+  // More rows: each pair of panels is rebuilt once into a buffer (2 K NR floats, in L2) and multiplied
+  // by every row with panel_linear's kernels, so the rebuild is paid once a call, not once per MR rows,
+  // and each output's sum runs in the same order as over fp32 panels (the same result to the bit).
+  at::parallel_for(0, (n_panels + 1) / 2, 1, [&](int64_t begin, int64_t end) {
+    // One buffer per thread, kept between calls: a fresh one this size (up to ~200 KB) is an mmap and
+    // its page faults on every call.
+    thread_local std::vector<float> buffer;
+    if (buffer.size() < static_cast<size_t>(2 * k_len * NR)) {
+      explicit_bzero(buffer.data(), buffer.size() * sizeof(float));
+      buffer.assign(2 * k_len * NR, 0.0f);
+    }
+    float* panel = buffer.data();
+    for (int64_t q = begin; q < end; ++q) {
+      const int64_t p = 2 * q;
+      const bool pair = p + 1 < n_panels;
+      for (int64_t i = 0; i < (pair ? 2 : 1); ++i) {
+        const int8_t* c = cp + (p + i) * k_len * NR;
+        for (int64_t b = 0; b < kb; ++b) {
+          const vreg d = vload(sp + ((p + i) * kb + b) * NR), m = vload(op + ((p + i) * kb + b) * NR);
+          for (int64_t k = b * QB; k < (b + 1) * QB; ++k) vstore(panel + (i * k_len + k) * NR, vdecode(c + k * NR, d, m));
+        }
+      }
+      for (int64_t m = 0; m < rows;) {
+        const int64_t r = std::min<int64_t>(pair ? MR2 : MR, rows - m);
+        (pair ? MICRO2[r - 1] : MICRO[r - 1])(xp + m * k_len, k_len, panel, k_len, yp + m * n + p * NR, n);
+        m += r;
       }
     }
+    explicit_bzero(panel, 2 * k_len * NR * sizeof(float));  // rebuilt plaintext weights: not left behind
   });
   return y;
 }
