@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..kernels.cpu_ops import load_cpu_ops
-from .panel import GEMM_MIN_ROWS, PanelMatmul, UnpackScratch
+from .panel import PanelMatmul, UnpackScratch
 
 if TYPE_CHECKING:
     from .blas_switch import BlasSwitch
@@ -41,17 +41,9 @@ class CodedPanelMatmul(PanelMatmul):
         self.panels = codes  # the layer's held weight (Linear.weight), as for the fp32 panels
         self.out_features, self.in_features = codes.shape[0] * self.width, codes.shape[1]
 
-    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        shape = x.shape
-        x2 = x.reshape(-1, self.in_features)
-        y: torch.Tensor
-        if x2.shape[0] >= GEMM_MIN_ROWS:
-            y = self._unpacked_gemm(x2)
-        else:
-            y = self._ops.coded_linear(x2.contiguous(), self.codes, self.scales, self.offsets)
-        if bias is not None:
-            y.add_(bias)
-        return y.reshape(*shape[:-1], self.out_features)
+    def _kernel(self, x2: torch.Tensor) -> torch.Tensor:
+        y: torch.Tensor = self._ops.coded_linear(x2, self.codes, self.scales, self.offsets)
+        return y
 
     def _unpack_into(self, w_t: torch.Tensor) -> None:
         self._ops.coded_unpack(self.codes, self.scales, self.offsets, w_t)

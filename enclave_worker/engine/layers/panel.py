@@ -87,11 +87,7 @@ class PanelMatmul:
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, self.in_features)
-        y: torch.Tensor
-        if x2.shape[0] >= GEMM_MIN_ROWS:
-            y = self._unpacked_gemm(x2)
-        else:
-            y = self._ops.panel_linear(x2.contiguous(), self.panels)
+        y = self._unpacked_gemm(x2) if x2.shape[0] >= GEMM_MIN_ROWS else self._kernel(x2.contiguous())
         if bias is not None:
             y.add_(bias)
         return y.reshape(*shape[:-1], self.out_features)
@@ -113,6 +109,11 @@ class PanelMatmul:
         finally:
             if transient:
                 w_t.zero_()
+
+    def _kernel(self, x2: torch.Tensor) -> torch.Tensor:
+        """x W^T for fewer than GEMM_MIN_ROWS rows (x2 contiguous)."""
+        y: torch.Tensor = self._ops.panel_linear(x2, self.panels)
+        return y
 
     def _unpack_into(self, w_t: torch.Tensor) -> None:
         self._ops.panel_unpack(self.panels, w_t)
