@@ -15,7 +15,16 @@ from protocol.openai.constraints import (
     tool_call_constraint,
 )
 from protocol.openai.errors import OpenAIError, error_body
-from protocol.openai.runner import SSE_DONE, ChoiceRunner, ChunkEncoder, Streams, sampling_params, sse, usage_of
+from protocol.openai.runner import (
+    SSE_DONE,
+    ChoiceRunner,
+    ChunkEncoder,
+    Streams,
+    check_stream_options,
+    sampling_params,
+    sse,
+    usage_of,
+)
 from protocol.openai.schemas import ChatCompletionRequest, NamedToolChoice
 from protocol.openai.tool_deltas import ToolCallDeltas
 from protocol.rpc import worker_pb2
@@ -41,6 +50,9 @@ class ChatPlan:
 
 def plan_chat(req: ChatCompletionRequest, *, rid: str, tenant: str, key_id: str, agent_killed: bool,
               default_max_tokens: int) -> ChatPlan:
+    check_stream_options(req)
+    if req.store:
+        raise OpenAIError(400, "this server keeps no chat completions: store must be false or absent", param="store")
     max_tokens = resolve_max_tokens(req.max_completion_tokens or req.max_tokens, "chat", default_max_tokens)
     messages = [m.model_dump(exclude_none=True) for m in req.messages]
     tools = [t.model_dump(exclude_none=True) for t in req.tools or []]

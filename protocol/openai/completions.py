@@ -9,7 +9,16 @@ from typing import Any
 from protocol.openai import format as fmt
 from protocol.openai.constraints import guided_constraint
 from protocol.openai.errors import OpenAIError, error_body
-from protocol.openai.runner import SSE_DONE, ChoiceRunner, ChunkEncoder, Streams, sampling_params, sse, usage_of
+from protocol.openai.runner import (
+    SSE_DONE,
+    ChoiceRunner,
+    ChunkEncoder,
+    Streams,
+    check_stream_options,
+    sampling_params,
+    sse,
+    usage_of,
+)
 from protocol.openai.schemas import CompletionRequest
 from protocol.rpc import worker_pb2
 from protocol.sampling import resolve_max_tokens
@@ -27,6 +36,7 @@ class CompletionPlan:
 
 
 def plan_completion(req: CompletionRequest, *, rid: str, tenant: str, key_id: str) -> CompletionPlan:
+    check_stream_options(req)
     prompts = [req.prompt] if isinstance(req.prompt, str) else list(req.prompt)
     if not prompts or any(not p for p in prompts):
         raise OpenAIError(400, "prompt must not be empty", param="prompt")

@@ -70,7 +70,11 @@ class ChatAnswerShape:
                 return ({"role": "assistant", "content": content, "tool_calls": calls},
                         reason if reason == "requires_approval" else "tool_calls")
             return {"role": "assistant", "content": text}, reason
-        if self.json_mode and self.constrained and reason != "length":
+        if self.json_mode and reason == "length":
+            # Cut by the token limit: returned as cut, as OpenAI does. A "repaired" object would parse
+            # yet could lack the schema's required keys, and a client that only parses would take it.
+            return {"role": "assistant", "content": self.prefix + text}, reason
+        if self.json_mode and self.constrained:
             return {"role": "assistant", "content": text}, reason  # valid JSON by construction, any top-level type
         if self.json_mode:
             return {"role": "assistant", "content": coerce_json(self.prefix + text)}, reason

