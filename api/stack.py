@@ -118,14 +118,16 @@ def prepare_demo(home: Home, model_path: Path | None = None, log: Callable[[str]
 
 def demo_policy_set(api_key: str, decision_record_key: str | None = None) -> dict:
     """The demo tenant's in-enclave controls: SSNs in prompts are refused, card numbers redacted,
-    and the demo key may call one tool, get_weather, with an object of arguments; decisions on
-    sealed requests are sealed to `decision_record_key` (the tenant's X25519 key, hex)."""
+    and the demo key may call any tool (agent frameworks name their tools freely: LangChain's
+    structured output, the Agents SDK's handoffs), at most 4 calls a request, with get_weather's
+    arguments checked to be an object; decisions on sealed requests are sealed to
+    `decision_record_key` (the tenant's X25519 key, hex)."""
     key_id = api_key_id(api_key)  # the gateway's id for this key
     sealed_records = {"decision_record_key": decision_record_key} if decision_record_key else {}
     return {**sealed_records,
         "policy_id": "demo-policy", "version": 1, "tenant": DEMO_TENANT,
         "data": {"retention_days": 30, "pii_input": {"US_SSN": "block", "CREDIT_CARD": "redact"}},
-        "agents": {key_id: {"tools": {"get_weather": {"args_schema": {"type": "object"}}},
+        "agents": {key_id: {"tools": {"get_weather": {"args_schema": {"type": "object"}}}, "any_tool": True,
                             "max_calls_per_request": 4, "max_calls_per_session": 10_000}},
     }
 

@@ -21,7 +21,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from enclave_worker.chat_format import message_text
 from policy.admission import AdmissionFacts, evaluate_admission
-from policy.agents import KillSwitch, SessionState, ToolCall, check_tool_calls
+from policy.agents import KillSwitch, SessionState, ToolCall, check_tool_calls, refusal_message
 from policy.data import check_content
 from policy.decision import Decision
 from policy.documents import verify_policy_document
@@ -143,8 +143,7 @@ class WorkerGuard:
                                         kill_switch=self.kill_switch, killed=killed)
             denied = verdicts.by_outcome("deny")
             if denied:
-                raise GuardRefusal(f"tool call {call.name!r} refused by agent policy "
-                                   f"(rule {denied[0].decision.rule})", "tool-call", denied[0].decision)
+                raise GuardRefusal(refusal_message(call.name, denied[0].decision.rule), "tool-call", denied[0].decision)
 
     def session(self, key_id: str) -> SessionState:
         """The agent key's session: its tool calls counted so far."""
@@ -166,8 +165,7 @@ class WorkerGuard:
                                     killed=killed)
         denied = verdicts.by_outcome("deny")
         if denied:
-            raise GuardRefusal(f"tool call {denied[0].call.name!r} refused by agent policy "
-                               f"(rule {denied[0].decision.rule})", "tool-call", denied[0].decision)
+            raise GuardRefusal(refusal_message(denied[0].call.name, denied[0].decision.rule), "tool-call", denied[0].decision)
         held = verdicts.by_outcome("requires_approval")
         if held and notes is not None:
             notes.append(GuardNote("tool-call", "requires_approval", held[0].decision))

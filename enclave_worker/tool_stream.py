@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from enclave_worker.guard import GuardNote, GuardRefusal, WorkerGuard
-from policy.agents import ToolCall, ToolCallVerdict, args_decide, check_tool_call
+from policy.agents import ToolCall, ToolCallVerdict, args_decide, check_tool_call, refusal_message
 from protocol.toolcall_stream import ScannedBlock, scan
 
 STREAM, ALLOW, DROP = "stream", "allow", "drop"
@@ -119,7 +119,7 @@ class ToolCallRelease:
         v: ToolCallVerdict = check_tool_call(policy, self.key_id, call, request_calls=self._counted,
                                              session_calls=before + 1, killed=killed)
         if v.outcome == "deny":
-            raise GuardRefusal(f"tool call {call.name!r} refused by agent policy (rule {v.decision.rule})",
+            raise GuardRefusal(refusal_message(call.name, v.decision.rule),
                                "tool-call", v.decision)
         if v.outcome == "requires_approval":
             if not self.held_for_approval:
@@ -136,5 +136,5 @@ class ToolCallRelease:
         for call in calls:
             outcome, v = self._verdict(ToolCall(call.name, call.arguments))
             if outcome != ALLOW:  # held for approval, but part of its block has left: refused instead
-                raise GuardRefusal(f"tool call {call.name!r} refused by agent policy (rule {v.decision.rule})",
+                raise GuardRefusal(refusal_message(call.name, v.decision.rule),
                                    "tool-call", v.decision)

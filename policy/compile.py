@@ -134,7 +134,10 @@ def compile_agents(ps: PolicySections) -> str:
         if agent.disabled:
             out.append(cedar_rule(f"agent.{key}.disabled", "forbid", f"{who}, {call}, resource", None,
                                   "agent key disabled by policy"))
-        if agent.tools:
+        if agent.any_tool:
+            out.append(cedar_rule(f"agent.{key}.any_tool", "permit", f"{who}, {call}, resource",
+                                  f"principal in {tenant}"))
+        elif agent.tools:
             out.append(cedar_rule(f"agent.{key}.tools", "permit", f"{who}, {call}, resource",
                                   f"principal in {tenant} && {_in_list('Tool', list(agent.tools))}.contains(resource)"))
         out.append(cedar_rule(f"agent.{key}.max_per_request", "forbid", f"{who}, {call}, resource",

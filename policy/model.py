@@ -140,21 +140,30 @@ class AgentPolicy:
     max_calls_per_request: int = 0
     max_calls_per_session: int = 0
     disabled: bool = False
+    # Any tool name may be called (agent frameworks name their tools freely); the named rules in
+    # `tools` still check their tools' arguments, and the caps, approvals and kill switch still apply.
+    # Off unless the tenant's signed policy says so: the allowlist stays the default.
+    any_tool: bool = False
 
     @classmethod
     def from_dict(cls, d: Any) -> AgentPolicy:
-        d = _check_keys(d, {"tools", "max_calls_per_request", "max_calls_per_session", "disabled"}, "agent")
+        d = _check_keys(d, {"tools", "max_calls_per_request", "max_calls_per_session", "disabled", "any_tool"},
+                        "agent")
         tools = _check_keys(d.get("tools", {}), set(d.get("tools", {})), "tools")
-        if type(d.get("disabled", False)) is not bool:
-            raise PolicyInvalid("disabled must be a bool")
+        for flag in ("disabled", "any_tool"):
+            if type(d.get(flag, False)) is not bool:
+                raise PolicyInvalid(f"{flag} must be a bool")
         return cls(_frozen({n: ToolRule.from_dict(n, t) for n, t in tools.items()}),
                    _opt_int(d, "max_calls_per_request") or 0, _opt_int(d, "max_calls_per_session") or 0,
-                   d.get("disabled", False))
+                   d.get("disabled", False), d.get("any_tool", False))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"tools": {n: t.to_dict() for n, t in sorted(self.tools.items())},
-                "max_calls_per_request": self.max_calls_per_request,
-                "max_calls_per_session": self.max_calls_per_session, "disabled": self.disabled}
+        out: dict[str, Any] = {"tools": {n: t.to_dict() for n, t in sorted(self.tools.items())},
+                               "max_calls_per_request": self.max_calls_per_request,
+                               "max_calls_per_session": self.max_calls_per_session, "disabled": self.disabled}
+        if self.any_tool:  # only when set, so documents signed before the field existed keep their form
+            out["any_tool"] = True
+        return out
 
 
 @dataclass(frozen=True)

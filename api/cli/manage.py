@@ -178,6 +178,20 @@ def policies_set(
     typer.echo(f"policy of {tenant} is now version {doc['version']}")
 
 
+def policies_sign(
+    file: Path = typer.Option(..., exists=True, help="the policy set JSON (data and tool-use controls)"),
+    admin_key: Path = typer.Option(..., "--admin-key", exists=True,
+                                   help="the tenant's policy-admin Ed25519 private key (PEM; the tenant's file)"),
+    key_id: str = typer.Option(..., "--key-id", help="the admin key's id, as registered for the tenant"),
+    out: Path = typer.Option(..., "--out", help="where to write the signed envelope for `sealed policies set`"),
+) -> None:
+    """Sign a policy set with the tenant's policy-admin key, on the tenant's machine (no server call)."""
+    from policy.cli import policy_sign
+
+    envelope = policy_sign(file, admin_key, key_id, out)
+    typer.echo(f"signed with key {key_id} -> {out} ({len(envelope)} fields)")
+
+
 def policies_show(tenant: str = TENANT, profile: str = PROFILE, url: str = URL) -> None:
     """The tenant's stored policy document."""
     show(call("GET", f"/tenants/{tenant}/policy", profile=profile, url=url), True)
@@ -229,5 +243,5 @@ def build_apikeys() -> typer.Typer:
 
 
 def build_policies() -> typer.Typer:
-    return _group("Tenant policies: in-enclave controls (set, show) and key release (release).",
-                  {"set": policies_set, "show": policies_show, "release": policies_release})
+    return _group("Tenant policies: in-enclave controls (sign, set, show) and key release (release).",
+                  {"sign": policies_sign, "set": policies_set, "show": policies_show, "release": policies_release})

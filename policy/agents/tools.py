@@ -92,6 +92,14 @@ class KillSwitch:
             return agent_key in self._killed
 
 
+def refusal_message(name: str, rule: str) -> str:
+    """What a refused tool call says: the rule that decided, and how the tenant changes it (the tools
+    an agent key may call are in the tenant's signed policy, which only the tenant can sign)."""
+    return (f"tool call {name[:64]!r} refused by agent policy (rule {rule}); the tools each API key may call "
+            "are set in the tenant's signed policy (agents.<key id>.tools, or any_tool): the tenant edits it, "
+            "signs it with `sealed policies sign` and stores it with `sealed policies set`")
+
+
 def _check_args(rule: ToolRule | None, arguments: Mapping[str, Any] | str) -> tuple[bool, bool, list[str]]:
     """(args_valid, urls_allowed, details). Unknown tools pass here; the policy denies them."""
     if rule is None:

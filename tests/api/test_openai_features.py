@@ -85,6 +85,22 @@ def test_forced_tool_call_is_parsed_into_tool_calls(stack: RunningStack) -> None
     assert reasons == ["tool_calls"] and calls[0].function.name == "get_weather"
 
 
+CITY = {"type": "function", "function": {  # the tool LangChain's with_structured_output(method="function_calling") sends
+    "name": "City", "description": "A city.", "parameters": {
+        "type": "object", "properties": {"name": {"type": "string", "maxLength": 16}}, "required": ["name"]}}}
+
+
+def test_the_demo_policy_lets_an_agent_frameworks_own_tools_run(stack: RunningStack) -> None:
+    """The demo tenant's signed policy allows any tool name (any_tool), so a framework's default tools
+    are answered rather than refused (403 default-deny) as when only get_weather was listed."""
+    r = client(stack).chat.completions.create(
+        model=DEMO_MODEL, temperature=0, max_tokens=32, tools=[CITY],
+        tool_choice={"type": "function", "function": {"name": "City"}},
+        messages=[{"role": "user", "content": "Which city is the capital of France?"}])
+    (call,) = r.choices[0].message.tool_calls
+    assert call.function.name == "City" and isinstance(json.loads(call.function.arguments), dict)
+
+
 def test_json_mode_returns_a_json_object(stack: RunningStack) -> None:
     r = client(stack).chat.completions.create(
         model=DEMO_MODEL, temperature=0, max_tokens=48, response_format={"type": "json_object"},

@@ -200,3 +200,71 @@ def test_data_rules_do_not_break_tool_decisions() -> None:
     verdict = check_tool_calls(PolicySet.from_dict(doc), "agent-1", SessionState("s"),
                                [ToolCall("query", {"table": "orders"})]).verdicts[0]
     assert verdict.outcome == "allow", verdict.decision.reasons
+
+
+ANY: dict[str, Any] = {
+    "policy_id": "acme-any", "version": 1, "tenant": "acme",
+    "agents": {"agent-any": {"any_tool": True, "max_calls_per_request": 2, "max_calls_per_session": 3,
+                             "tools": {"fetch": {"args_schema": FETCH_SCHEMA, "url_args": ["url"],
+                                                 "allowed_domains": ["example.com"]},
+                                       "send_email": {"requires_approval": True}}},
+               "agent-list": {"max_calls_per_request": 2, "max_calls_per_session": 3, "tools": {"fetch": {}}}},
+}
+PS_ANY = PolicySet.from_dict(ANY)
+
+
+def any_one(call: ToolCall, agent: str = "agent-any", session: SessionState | None = None,
+            kill: KillSwitch | None = None) -> tuple[str, str]:
+    v = check_tool_calls(PS_ANY, agent, session or SessionState("s"), [call], kill_switch=kill).verdicts[0]
+    return v.outcome, v.decision.rule
+
+
+@pytest.mark.parametrize(
+    ("call", "agent", "outcome", "rule"),
+    [
+        (ToolCall("City", {"name": "Paris"}), "agent-any", "allow", "agent.agent-any.any_tool"),
+        (ToolCall("transfer_to_billing_agent", {}), "agent-any", "allow", "agent.agent-any.any_tool"),
+        # A named rule still checks its own tool's arguments under any_tool.
+        (ToolCall("fetch", {"url": "https://evil.com"}), "agent-any", "deny", "agent.url_allowlist"),
+        (ToolCall("fetch", {"url": "https://example.com/"}), "agent-any", "allow", "agent.agent-any.any_tool"),
+        (ToolCall("send_email", {"to": "a@b.c"}), "agent-any", "requires_approval", "agent.agent-any.approval"),
+        # Without any_tool, the allowlist decides: another key, another tenant's key, no key.
+        (ToolCall("City", {"name": "Paris"}), "agent-list", "deny", "default-deny"),
+        (ToolCall("City", {"name": "Paris"}), "nobody", "deny", "default-deny"),
+    ],
+)
+def test_any_tool_permits_every_name_and_keeps_the_other_rules(call: ToolCall, agent: str, outcome: str,
+                                                               rule: str) -> None:
+    assert any_one(call, agent) == (outcome, rule)
+
+
+def test_any_tool_keeps_the_caps_and_the_kill_switch() -> None:
+    session = SessionState("s")
+    verdicts = check_tool_calls(PS_ANY, "agent-any", session, [ToolCall(f"t{i}", {}) for i in range(3)]).verdicts
+    assert [v.outcome for v in verdicts] == ["allow", "allow", "deny"]
+    assert verdicts[2].decision.rule == "agent.agent-any.max_per_request"
+    kill = KillSwitch()
+    kill.kill("agent-any")
+    assert any_one(ToolCall("City", {}), kill=kill) == ("deny", "agent.kill_switch")
+
+
+@pytest.mark.parametrize("value", ["yes", 1, None, []])
+def test_any_tool_must_be_a_bool(value: object) -> None:
+    from policy.errors import PolicyInvalid
+
+    doc = {**ANY, "agents": {"a": {"any_tool": value, "max_calls_per_request": 1, "max_calls_per_session": 1}}}
+    with pytest.raises(PolicyInvalid, match="any_tool"):
+        PolicySet.from_dict(doc)
+
+
+def test_any_tool_round_trips_and_is_absent_from_documents_that_do_not_set_it() -> None:
+    assert PolicySet.from_dict(PS_ANY.to_dict()).agents["agent-any"].any_tool is True
+    assert "any_tool" not in PS.to_dict()["agents"]["agent-1"]  # earlier signed documents keep their form
+
+
+def test_a_refusal_names_the_rule_and_the_commands_that_change_it() -> None:
+    from policy.agents import refusal_message
+
+    text = refusal_message("shell", "default-deny")
+    assert "'shell'" in text and "rule default-deny" in text
+    assert "sealed policies sign" in text and "sealed policies set" in text
