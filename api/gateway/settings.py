@@ -60,8 +60,9 @@ class GatewaySettings:
         for name in ("register_token", "jwt_secret"):
             value = getattr(self, name)
             if value.strip().lower() in PLACEHOLDER_SECRETS or len(value) < MIN_SECRET_LEN:
-                raise ValueError(f"{name} is a placeholder or too short ({MIN_SECRET_LEN}+ characters) "
-                                 "outside dev mode")
+                flag = "--" + name.replace("_", "-") + "-file"  # the gateway's command-line flag
+                raise ValueError(f"{name} ({flag}) is missing, a placeholder or too short ({MIN_SECRET_LEN}+ "
+                                 "characters) outside dev mode")
 
     @property
     def db_url(self) -> str:

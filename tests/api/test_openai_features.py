@@ -85,7 +85,8 @@ def test_forced_tool_call_is_parsed_into_tool_calls(stack: RunningStack) -> None
     assert reasons == ["tool_calls"] and calls[0].function.name == "get_weather"
 
 
-CITY = {"type": "function", "function": {  # the tool LangChain's with_structured_output(method="function_calling") sends
+# The tool LangChain's with_structured_output(method="function_calling") sends.
+CITY = {"type": "function", "function": {
     "name": "City", "description": "A city.", "parameters": {
         "type": "object", "properties": {"name": {"type": "string", "maxLength": 16}}, "required": ["name"]}}}
 
