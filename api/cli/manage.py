@@ -229,5 +229,9 @@ def build_apikeys() -> typer.Typer:
 
 
 def build_policies() -> typer.Typer:
-    return _group("Tenant policies: in-enclave controls (set, show) and key release (release).",
-                  {"set": policies_set, "show": policies_show, "release": policies_release})
+    from api.cli.revocations import revocations
+
+    return _group("Tenant policies: in-enclave controls (set, show), key release (release), the tenant's "
+                  "revocation list for its clients (revocations).",
+                  {"set": policies_set, "show": policies_show, "release": policies_release,
+                   "revocations": revocations})

@@ -293,3 +293,29 @@ def test_the_statement_is_bound_to_the_receipt_key(tmp_path: Path) -> None:
     pin = world.verify(worker.document())
     assert pin.receipt_key == raw(worker.usage) and pin.release.sha256 == worker.statement()["statement"][
         "release_policy_sha256"]
+
+
+def test_the_tenant_signs_a_revocation_list_with_the_cli_and_its_client_applies_it(tmp_path: Path) -> None:
+    """`sealed policies revocations`: offline, with the tenant's own key; a malformed entry is refused."""
+    from cryptography.hazmat.primitives import serialization
+    from typer.testing import CliRunner
+
+    from api.cli.main import build
+
+    world = World(tmp_path)
+    key_file = tmp_path / "policy-admin.pem"
+    key_file.write_bytes(world.tenant.admin.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                          serialization.NoEncryption()))
+    out = tmp_path / "revocations.json"
+    args = ["policies", "revocations", "--tenant", "acme", "--serial", "3", "--out", str(out), "--admin-key",
+            str(key_file), "--key-id", world.tenant.key_id]
+    bad = CliRunner().invoke(build(), [*args, "--revoke-release-policy", "acme-m"])
+    assert bad.exit_code != 0 and not out.exists()
+    result = CliRunner().invoke(build(), [*args, "--revoke-release-policy", "acme-m:1"])
+    assert result.exit_code == 0, result.output
+    trust = world.trust(revocations=str(out))
+    _, revocations = open_client_state(trust)
+    assert revocations is not None and revocations.serial == 3
+    with pytest.raises(WorkerRevoked, match="acme-m v1"):
+        world.verify(world.worker().document(), trust, revocations=revocations)
+    world.verify(world.worker(version=2).document(), trust, revocations=revocations)  # v2 is not revoked
