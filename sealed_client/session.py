@@ -182,8 +182,8 @@ class SealedSession:
         raise NoAttestedWorker(model)
 
     def add_revocations(self, envelope: Mapping[str, Any]) -> None:
-        """A tenant-signed revocation list fetched by the caller: kept if it verifies and is newer; pins it
-        revokes are dropped (their workers are verified again, and refused, on the next request)."""
+        """A tenant-signed revocation list fetched by the caller: kept if it verifies and is newer; every
+        pin is dropped, so the next request verifies its worker again under the list (a revoked one is refused)."""
         revocations, _ = newest_revocations([envelope], self.trust.tenant_keys, self.trust.tenant)
         if revocations is not None and (self.revocations is None or revocations.serial > self.revocations.serial):
             self.memory.record_revocations(envelope)
