@@ -51,6 +51,7 @@ from protocol.package import read_manifest
 from protocol.package.signing import signer_identity
 from protocol.sealed.hpke import api_key_id
 from protocol.tls import load_or_create
+from sealed_client.memory import ClientMemory
 
 DEMO_TENANT = "demo"
 DEMO_MODEL = "smollm2-135m-instruct"
@@ -313,8 +314,17 @@ def write_demo_client_policy(home: Home, engine: str = "sealed", broker_url: str
     # of the operator's in this demo, which is exactly why the simulated TEE protects nothing.
     sim_public = ed25519_key(home.sim_key).public_key().public_bytes(serialization.Encoding.Raw,
                                                                      serialization.PublicFormat.Raw)
+    # The tenant's own policy-admin key (its public half): a worker is accepted only if its key came under
+    # a release policy this key signed, naming the worker's image (the publisher's statement only
+    # corroborates). The client's memory of what it has seen lives next to the policy (client-state.json).
+    admin_public = home.tenant_policy_admin_public(DEMO_TENANT)
+    if not admin_public.exists():
+        write_public_key(ed25519_key(home.tenant_policy_admin(DEMO_TENANT)), admin_public)
+    ClientMemory.create(path.parent / "client-state.json")
     path.write_text(json.dumps({
         "tenant": DEMO_TENANT,
+        "tenant_keys": [{"key_id": DEMO_ADMIN_KEY_ID, "public_key_pem": admin_public.read_text()}],
+        "state_file": "client-state.json",
         "evidence": {"sim_platform_key": sim_public.hex()},
         "appraisal": {"allowed_tee": ["sim"], "allowed_measurements": [], "unsafe_allow_simulated_tee": True},
         "reference_values": {"publisher_key": publisher.public_key().public_bytes(

@@ -26,6 +26,7 @@ from enclave_worker.package.device_reader import decrypt_package_to_device
 from enclave_worker.settings import WorkerSettings
 from enclave_worker.tee import make_attester
 from policy.policyset import PolicySet
+from policy.release import ReleasePolicy
 from protocol.broker.client import ReleasedKey, obtain_data_key
 from protocol.broker.errors import BrokerNotAuthenticated
 from protocol.broker.sealing import raw_public_key
@@ -43,6 +44,9 @@ class BootedWorker:
     decrypted: DecryptedModel
     gpu_cc_off: bool = False  # serving on a GPU without CC (tenant's unsafe_allow_gpu_cc_off): insecure
     load_s: float = 0.0  # attestation, key release, decryption and engine build
+    # The tenant-signed release policy the key came under, as this worker checked it (None: the worker
+    # pins no policy-admin key); stated to clients with the receipt key (release_statement.py).
+    release_policy: ReleasePolicy | None = None
 
     def wipe(self) -> None:
         """Zero every weight the engine holds (on a GPU: in GPU memory), the KV pool and the
@@ -147,8 +151,9 @@ def boot(settings: WorkerSettings, channel_binding: bytes = b"", hpke_key: X2551
     if broker is not None:
         # The token and the receipt under the broker's attested keys; signer and digest from the receipt.
         authentic = check_release(broker, released, settings, raw_public_key(hpke_key))
-        signer, digest = authentic.signer, authentic.model_digest
+        signer, digest, release_policy = authentic.signer, authentic.model_digest, authentic.release_policy
     else:
+        release_policy = None
         receipt = released.receipt.get("receipt", {})
         signer, digest = receipt.get("signer"), receipt.get("model_digest")
     # The broker appraised CPU and GPU evidence together and released the key: only now do the
@@ -182,4 +187,4 @@ def boot(settings: WorkerSettings, channel_binding: bytes = b"", hpke_key: X2551
     log.info("model %s/%s loaded on %s as %s (%d tensors) in %.1f s; serving", settings.model, settings.version,
              settings.device, settings.dtype, len(model.manifest.tensors), load_s)
     return BootedWorker(engine=engine, released=released, model_digest=model.manifest.plaintext_digest,
-                        decrypted=model, gpu_cc_off=gpu_cc_off, load_s=load_s)
+                        decrypted=model, gpu_cc_off=gpu_cc_off, load_s=load_s, release_policy=release_policy)

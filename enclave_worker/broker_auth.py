@@ -36,6 +36,7 @@ from attestation.token import TokenVerifier
 from attestation.verifier import VerifierTrust
 from enclave_worker.release_policy_check import check_tenant_release_policy
 from enclave_worker.settings import WorkerSettings
+from policy.release import ReleasePolicy
 from protocol.broker.client import ReleasedKey
 from protocol.broker.errors import BrokerClientError, BrokerNotAuthenticated
 from protocol.broker.identity import BrokerAttestationRequest
@@ -50,6 +51,7 @@ class AuthenticatedRelease:
 
     signer: str | None
     model_digest: str
+    release_policy: ReleasePolicy | None = None  # tenant-signed, checked here (None: no policy-admin key pinned)
 
 
 def sim_platform_public(settings: WorkerSettings) -> bytes | None:
@@ -116,8 +118,9 @@ def check_release(broker: VerifiedBroker, released: ReleasedKey, settings: Worke
             raise BrokerNotAuthenticated("the key answer names another token")
         body = check_release_receipt(released.receipt, broker.receipt_key, sealed_key=released.sealed_key,
                                      token_id=claims.token_id, ref=ref.as_dict())
+        policy = None
         if settings.policy_admin_key is not None:  # 3. the tenant signed the policy it was released under
-            check_tenant_release_policy(released.release_policy, settings.policy_admin_key, ref, body,
+            policy = check_tenant_release_policy(released.release_policy, settings.policy_admin_key, ref, body,
                                         min_version=settings.min_release_policy_version)
     except (AttestationError, BrokerClientError) as exc:
         # The cause is one of this module's (or the verifiers') fixed sentences: no key, no content.
@@ -128,4 +131,4 @@ def check_release(broker: VerifiedBroker, released: ReleasedKey, settings: Worke
         raise BrokerNotAuthenticated(f"the key release does not verify: {exc}") from exc
     signer = body.get("signer")
     return AuthenticatedRelease(signer=str(signer) if signer is not None else None,
-                                model_digest=str(body["model_digest"]))
+                                model_digest=str(body["model_digest"]), release_policy=policy)

@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 
 from enclave_worker.outbox import OutboxBatch
+from enclave_worker.release_statement import release_statement
 from enclave_worker.server import WorkerState
 from policy.audit.worker_record import public_key_bytes
 from protocol.heartbeat import heartbeat_signing_input, worker_id_for
@@ -34,7 +35,8 @@ def heartbeat_body(state: WorkerState, grpc_address: str, tls_cert: str, seq: in
     if booted is not None:
         attestation = {"tee": s.tee, "insecure": s.insecure, "evidence": booted.released.bundle.to_json(),
                        "token": booted.released.token, "model_digest": booted.model_digest,
-                       "sealed_key_id": state.serving_key.key_id, "promises": state.promises()}
+                       "sealed_key_id": state.serving_key.key_id, "promises": state.promises(),
+                       "release": release_statement(state)}
     body: dict[str, Any] = {
         **state.report().model_dump(mode="json"), "worker_id": worker_id_for(public), "grpc_address": grpc_address,
         "usage_public_key": public.hex(), "pid": os.getpid(), "tls_cert": tls_cert,

@@ -75,6 +75,9 @@ class WorkerAttestationDoc(BaseModel):
     model_digest: str = Field(max_length=128)
     sealed_key_id: str = Field(default="", pattern=r"^([0-9a-f]{64})?$")
     promises: dict[str, Any] = Field(default_factory=dict)
+    # The worker's signed statement of the tenant-signed release policy it got its key under
+    # (protocol/sealed/release_statement.py); None: it pins no policy-admin key.
+    release: dict[str, Any] | None = None
 
 
 class OwedUsage(BaseModel):

@@ -27,8 +27,11 @@ from attestation.token import TokenVerifier
 from attestation.verifier import VerifierTrust
 from attestation.workload import WorkloadClaims
 from attestation.x509chain import BAD_DER
+from policy.revocations import RevocationList
 from protocol.sealed import key_id
 from sealed_client.broker_pin import BrokerPin
+from sealed_client.memory import ClientMemory
+from sealed_client.tenant_pin import TenantRelease, check_tenant_release, newest_revocations, parse_tenant_keys
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +49,12 @@ class ClientTrust:
     roots pinned in `attestation/roots` (``unsafe_roots_dir`` replaces them: test PKIs), with the
     collateral (CRLs, TDX tcbInfo) of a local offline cache (``collateral_dir``), never the network.
     ``tenant``: the tenant this client's data belongs to; a worker of any other tenant is refused.
+    ``tenant_keys``: the tenant's policy-admin public keys (key id -> key): a worker is accepted only if
+    its key came under a release policy one of them signed, naming its image (tenant_pin.py); none
+    only with ``unsafe_no_tenant_key`` (then any broker of the pinned build, and any publisher, can add
+    a worker). ``state_file``: the client's memory of the newest policy versions, reference-value
+    serial and revocation list seen (memory.py; must exist once named). ``revocations_file``: the
+    tenant's signed revocation list (policy/revocations.py).
     """
 
     appraisal: AppraisalPolicy
@@ -66,10 +75,20 @@ class ClientTrust:
     # signed tenant policy set (the `policy_version` the evidence binds) this client accepts.
     min_reference_values_serial: int = 0
     min_policy_version: int = 0
+    tenant_keys: Mapping[str, Ed25519PublicKey] = field(default_factory=dict)
+    unsafe_no_tenant_key: bool = False
+    state_file: Path | None = None
+    revocations_file: Path | None = None
 
     def __post_init__(self) -> None:
         if not self.tenant:
             raise ValueError("the client policy names its tenant (`tenant`): a worker of another tenant is refused")
+        if not self.tenant_keys and not self.unsafe_no_tenant_key:
+            raise ValueError("the client policy pins the tenant's policy-admin key (`tenant_keys`: a worker is "
+                             "accepted only under a release policy the tenant signed), or sets unsafe_no_tenant_key")
+        if not self.tenant_keys:
+            log.warning("UNSAFE: no tenant key pinned: any broker of the pinned build, and any publisher, can add "
+                        "a worker this client accepts")
         if self.unsafe_roots_dir is not None:
             log.warning("UNSAFE: hardware vendor roots replaced by %s", self.unsafe_roots_dir)
         if self.reference_values_key is not None and self.reference_values_sigstore is not None:
@@ -111,7 +130,9 @@ class ClientTrust:
     @classmethod
     def from_dict(cls, doc: Mapping[str, Any], *, unsafe_allow_simulated: bool = False,
                   base: Path | None = None) -> ClientTrust:
-        """`{"tenant": "...", "appraisal": {...AppraisalPolicy...}, "broker": {"url", "tee", "measurements"},
+        """`{"tenant": "...", "tenant_keys": [{"key_id", "public_key_pem"}], "state_file": "client-state.json",
+        "revocations": "revocations.json", "appraisal": {...AppraisalPolicy...},
+        "broker": {"url", "tee", "measurements"},
         "broker_jwks": {...}, "broker_issuer": "...",
         "require_promises": {...}, "min_policy_version": 0, "unsafe_trust_gateway_jwks": false,
         "reference_values": {...}, "evidence": {"sim_platform_key": "<hex>", "collateral_dir": path,
@@ -123,7 +144,7 @@ class ClientTrust:
         older than serial N."""
         unknown = set(doc) - {"tenant", "appraisal", "broker_jwks", "broker_issuer", "require_promises",
                               "unsafe_trust_gateway_jwks", "reference_values", "evidence", "min_policy_version",
-                              "broker"}
+                              "broker", "tenant_keys", "unsafe_no_tenant_key", "state_file", "revocations"}
         if unknown:
             raise PolicyViolation([f"unknown client policy keys: {sorted(unknown)}"])
         evidence = dict(doc.get("evidence") or {})
@@ -142,7 +163,11 @@ class ClientTrust:
         publisher = refs.get("publisher_key") or pinned.get("key")
         sigstore = pinned.get("sigstore")
         broker = BrokerPin.from_dict(doc["broker"]) if doc.get("broker") else None
-        return cls(appraisal=AppraisalPolicy.from_dict(appraisal), broker_jwks=doc.get("broker_jwks"), broker=broker,
+        tenant_keys = parse_tenant_keys(doc["tenant_keys"]) if doc.get("tenant_keys") is not None else {}
+        return cls(tenant_keys=tenant_keys, unsafe_no_tenant_key=bool(doc.get("unsafe_no_tenant_key", False)),
+                   state_file=folder / str(doc["state_file"]) if doc.get("state_file") else None,
+                   revocations_file=folder / str(doc["revocations"]) if doc.get("revocations") else None,
+                   appraisal=AppraisalPolicy.from_dict(appraisal), broker_jwks=doc.get("broker_jwks"), broker=broker,
                    tenant=str(doc.get("tenant") or ""),
                    sim_platform_key=bytes.fromhex(sim_key) if sim_key else None,
                    unsafe_roots_dir=folder / evidence["unsafe_roots_dir"] if evidence.get("unsafe_roots_dir") else None,
@@ -189,6 +214,8 @@ class PinnedKey:
     evidence_sha256: str = ""  # EvidenceBundle.digest() of the evidence verified
     channel_spki: bytes = b""  # DER: the worker's TLS key, the channel binding's other half
     expires_at: float = 0.0  # min(token expiry, reference values' expiry); 0: the token's
+    # The tenant-signed release policy the worker's key came under (tenant_pin.py); None: no tenant key pinned.
+    release: TenantRelease | None = None
 
     def expired(self, now: dt.datetime) -> bool:
         return now.timestamp() >= (self.expires_at or self.token_expires_at)
@@ -215,9 +242,30 @@ def effective_appraisal(trust: ClientTrust, published: ReferenceValues | None) -
                                allowed_measurements=trust.appraisal.allowed_measurements | published.measurements)
 
 
+def open_client_state(trust: ClientTrust) -> tuple[ClientMemory, RevocationList | None]:
+    """The client's memory (its state file; ClientStateError if named and missing or unreadable) and the
+    newest tenant-signed revocation list of those it holds: its policy's `revocations` file and the
+    one its state remembers (kept there if the file's is newer). A list that does not verify is refused."""
+    memory = ClientMemory(trust.state_file)
+    lists: list[Mapping[str, Any]] = [memory.revocations] if memory.revocations is not None else []
+    if trust.revocations_file is not None:
+        try:
+            lists.append(json.loads(trust.revocations_file.read_text()))
+        except (OSError, ValueError) as exc:
+            raise PolicyViolation([f"the tenant's revocation list {trust.revocations_file} cannot be read "
+                                   f"({type(exc).__name__}): nothing is accepted"]) from None
+    if lists and not trust.tenant_keys:
+        raise PolicyViolation(["a revocation list needs the tenant's key pinned (tenant_keys) to verify it"])
+    revocations, envelope = newest_revocations(lists, trust.tenant_keys, trust.tenant)
+    if envelope is not None:
+        memory.record_revocations(envelope)
+    return memory, revocations
+
+
 def verify_sealed_document(doc: Mapping[str, Any], verifier: TokenVerifier, trust: ClientTrust,
                            now: dt.datetime, published: ReferenceValues | None = None,
-                           model: str | None = None) -> PinnedKey:
+                           model: str | None = None, *, memory: ClientMemory | None = None,
+                           revocations: RevocationList | None = None) -> PinnedKey:
     """One entry of /.well-known/attestation: hardware evidence, appraisal and the token's
     corroboration (attestation.client), then what sealed mode relies on, each from the evidence:
     the tenant is the client's and the model the one asked for, the HPKE key is the one REPORT_DATA
@@ -225,7 +273,11 @@ def verify_sealed_document(doc: Mapping[str, Any], verifier: TokenVerifier, trus
     client's floor, and the promises the client requires are among the ones REPORT_DATA binds (and
     the publisher's statement, when it states promises). A claim served beside the evidence that
     differs from the bound one (edited promises, another version or digest) is refused: the client
-    relies on the evidence alone and does not accept a document that contradicts it."""
+    relies on the evidence alone and does not accept a document that contradicts it.
+
+    With tenant keys pinned, the worker's key must have come under a release policy the tenant signed
+    that names the worker's image, and is not revoked (tenant_pin.py); with `memory`, neither that
+    policy nor the data policy the evidence binds may be older than the newest seen (PolicyDowngrade)."""
     worker = verify_worker_document(doc, verifier, effective_appraisal(trust, published), now,
                                     evidence_trust=trust.evidence_trust)
     workload = worker.workload
@@ -260,6 +312,12 @@ def verify_sealed_document(doc: Mapping[str, Any], verifier: TokenVerifier, trus
         if differ:
             raise PolicyViolation([f"the worker's evidence binds {k}={promises.get(k)!r}, the publisher's "
                                    f"statement says {published.promises[k]!r}" for k in differ])
+    release = None
+    if trust.tenant_keys:
+        release = check_tenant_release(doc, worker, receipt_key, key_id(worker.hpke_public_key), trust.tenant_keys,
+                                       revocations)
+    if memory is not None:
+        memory.check(workload.tenant, workload.model, release.version if release else None, workload.policy_version)
     expires = float(worker.attestation.expires_at)
     if published is not None:
         expires = min(expires, published.expires_at.timestamp())
@@ -268,7 +326,7 @@ def verify_sealed_document(doc: Mapping[str, Any], verifier: TokenVerifier, trus
                      receipt_key=receipt_key, worker=worker, promises=promises,
                      token_expires_at=worker.attestation.expires_at, model_digest=workload.model_digest,
                      policy_version=workload.policy_version, evidence_sha256=bundle.digest(),
-                     channel_spki=channel_spki, expires_at=expires)
+                     channel_spki=channel_spki, expires_at=expires, release=release)
 
 
 _SERVED_CLAIMS = ("tenant", "model", "version", "model_digest", "promises")

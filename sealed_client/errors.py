@@ -16,3 +16,22 @@ class PinConflict(PolicyViolation):
     """The deployment shows, for a (model, version) this client verified before, another model digest:
     a pin is per (tenant, model, version, model digest), and a package swapped under a version name is
     refused (verify again with a new session to accept a re-published version deliberately)."""
+
+
+class TenantPinError(PolicyViolation):
+    """The worker's key did not come under a release policy the pinned tenant key signed, or that
+    policy does not name the worker's image: a second broker, a publisher or the operator cannot add a
+    worker to the tenant's set (sealed_client/tenant_pin.py)."""
+
+
+class PolicyDowngrade(PolicyViolation):
+    """The worker's release or data policy is older than the newest this client has seen (in this
+    session or, through its state file, an earlier one)."""
+
+
+class WorkerRevoked(PolicyViolation):
+    """The tenant's signed revocation list revokes the key, policy or data key the worker names."""
+
+
+class ClientStateError(PolicyViolation):
+    """The client's state file is missing, unreadable or malformed: nothing is accepted (fail closed)."""

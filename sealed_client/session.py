@@ -40,8 +40,15 @@ from protocol.sealed.http import (
 )
 from protocol.sealed.padding import DEFAULT_PADDING, PaddingPolicy
 from sealed_client.broker_pin import attested_broker_jwks
-from sealed_client.deployment import ClientTrust, PinnedKey, verify_published, verify_sealed_document
+from sealed_client.deployment import (
+    ClientTrust,
+    PinnedKey,
+    open_client_state,
+    verify_published,
+    verify_sealed_document,
+)
 from sealed_client.errors import PinConflict
+from sealed_client.tenant_pin import newest_revocations
 
 RECEIPT_HEADER = "Sealed-Receipt"
 # How long the token keys of an attested broker are used before it is asked to attest again (a broker
@@ -85,7 +92,9 @@ class SealedSession:
     A pin is for one (tenant, model, version, model digest), as the evidence binds them. The session
     remembers each (model, version) it verified with its digest: a later document that shows the same
     version with another digest is refused (`PinConflict`), and it remembers the newest reference-value
-    statement it verified: an older one is refused (`StaleReferenceValues`).
+    statement it verified: an older one is refused (`StaleReferenceValues`), and the newest release and
+    data policy versions it verified: an older one is refused (`PolicyDowngrade`); these persist in the
+    client's state file when its policy names one (memory.py).
 
     ``clock`` returns now (tests inject one). ``receipts`` keeps the last verified receipts.
     ``padding``: the size buckets request bodies are padded to, so the gateway sees a size class.
@@ -98,7 +107,9 @@ class SealedSession:
         self.clock = clock or (lambda: dt.datetime.now(dt.UTC))
         self._pins: dict[str, PinnedKey] = {}
         self._digests: dict[tuple[str, str], str] = {}  # (model, version) -> the model digest verified
-        self._newest_refvals = 0  # the newest reference-value serial verified
+        # What this client has seen (its state file, when the policy names one): nothing older is accepted.
+        self.memory, self.revocations = open_client_state(trust)
+        self._newest_refvals = self.memory.reference_values_serial  # the newest reference-value serial verified
         self._jwks: Mapping[str, Any] | None = trust.broker_jwks
         self._jwks_until = float("inf")  # an attested broker's keys are asked for again after BROKER_TTL_S
         self._lock = threading.Lock()
@@ -149,16 +160,19 @@ class SealedSession:
         if published is not None:
             with self._lock:
                 self._newest_refvals = max(self._newest_refvals, published.serial)
+            self.memory.record_reference_values(published.serial)
         first_error: Exception | None = None
         for doc in attestation_doc.get("workers", []):
             if doc.get("model") != model:
                 continue
             try:
-                pin = verify_sealed_document(doc, verifier, self.trust, now, published, model=model)
+                pin = verify_sealed_document(doc, verifier, self.trust, now, published, model=model,
+                                             memory=self.memory, revocations=self.revocations)
                 self._check_same_digest(pin)
             except (AttestationError, KeyError, ValueError, TypeError) as exc:
                 first_error = first_error or exc
                 continue
+            self.memory.record(pin.tenant, pin.model, pin.release.version if pin.release else None, pin.policy_version)
             with self._lock:
                 self._digests.setdefault((pin.model, pin.version), pin.model_digest)
                 self._pins[model] = pin
@@ -166,6 +180,16 @@ class SealedSession:
         if first_error is not None:
             raise first_error
         raise NoAttestedWorker(model)
+
+    def add_revocations(self, envelope: Mapping[str, Any]) -> None:
+        """A tenant-signed revocation list fetched by the caller: kept if it verifies and is newer; every
+        pin is dropped, so the next request verifies its worker again under the list (a revoked one is refused)."""
+        revocations, _ = newest_revocations([envelope], self.trust.tenant_keys, self.trust.tenant)
+        if revocations is not None and (self.revocations is None or revocations.serial > self.revocations.serial):
+            self.memory.record_revocations(envelope)
+            with self._lock:
+                self.revocations = revocations
+                self._pins.clear()
 
     def _check_same_digest(self, pin: PinnedKey) -> None:
         with self._lock:

@@ -243,5 +243,9 @@ def build_apikeys() -> typer.Typer:
 
 
 def build_policies() -> typer.Typer:
-    return _group("Tenant policies: in-enclave controls (sign, set, show) and key release (release).",
-                  {"sign": policies_sign, "set": policies_set, "show": policies_show, "release": policies_release})
+    from api.cli.revocations import revocations
+
+    return _group("Tenant policies: in-enclave controls (sign, set, show), key release (release), the tenant's "
+                  "revocation list for its clients (revocations).",
+                  {"sign": policies_sign, "set": policies_set, "show": policies_show, "release": policies_release,
+                   "revocations": revocations})

@@ -44,6 +44,9 @@ def _report(pin: Any, doc: dict[str, Any], now: dt.datetime) -> list[str]:
         f"{hw.channel_binding.hex()})",
         "                workload: tenant, model, version, digest, policy version, promises",
         f"  policy        tenant policy version {workload.policy_version} (sealed requests bind it)",
+        ("  release       key released under the tenant-signed release policy "
+         f"{pin.release.policy_id} v{pin.release.version} (signed by the pinned tenant key {pin.release.admin_key_id}; "
+         "it names this measurement)") if pin.release else "  release       NOT checked: no tenant key pinned (UNSAFE)",
         "  promises      " + ", ".join(f"{k}={v}" for k, v in sorted(workload.promises.items())),
         f"  broker token  (corroboration) issuer {claims.issuer}, expires in "
         f"{int(claims.expires_at - now.timestamp())} s; the pin lasts "
@@ -65,6 +68,9 @@ def verify(
     broker_measurement: list[str] = typer.Option([], "--broker-measurement",
                                                  help="a key broker measurement to accept (hex; or the policy's "
                                                       "broker.measurements)"),
+    init_state: bool = typer.Option(False, "--init-state",
+                                    help="create the policy's state file (empty: nothing seen yet) if it has none; "
+                                         "a missing one is otherwise refused"),
     broker_workload_id: list[str] = typer.Option([], "--broker-workload-id",
                                                  help="a key broker workload id to require (hex SNP HOST_DATA / TDX "
                                                       "MRCONFIGID; or the policy's broker.workload_ids)"),
@@ -79,7 +85,7 @@ def verify(
 
     from attestation.errors import AttestationError, PolicyViolation
     from attestation.token import TokenVerifier
-    from sealed_client.deployment import verify_published, verify_sealed_document
+    from sealed_client.deployment import open_client_state, verify_published, verify_sealed_document
 
     now = dt.datetime.fromisoformat(at.replace("Z", "+00:00")) if at else dt.datetime.now(dt.UTC)
     if broker is not None:
@@ -94,6 +100,13 @@ def verify(
         raise typer.Exit(2)
     try:
         trust = _trust(policy, unsafe_allow_simulated, unsafe_trust_gateway_jwks)
+        if init_state and trust.state_file is not None:
+            from sealed_client.memory import ClientMemory
+
+            ClientMemory.create(trust.state_file)
+        # What this client has seen before (its state file): nothing older is accepted; the tenant's
+        # signed revocation list is applied.
+        memory, revocations = open_client_state(trust)
     except (ValueError, PolicyViolation) as exc:
         typer.echo(f"bad client policy: {exc}", err=True)
         raise typer.Exit(2) from exc
@@ -118,18 +131,20 @@ def verify(
             response = http.get(f"{base}/.well-known/reference-values")
             published_doc = response.json() if response.status_code == 200 else None
     try:
-        published = verify_published(trust, published_doc, now)
+        published = verify_published(trust, published_doc, now, memory.reference_values_serial)
     except AttestationError as exc:
         typer.echo(f"reference values: NOT verified ({type(exc).__name__}: {exc})")
         raise typer.Exit(1) from exc
     if published is not None:
+        memory.record_reference_values(published.serial)
         typer.echo(f"reference values: {len(published.measurements)} measurement(s), valid until "
                    f"{published.expires_at.isoformat()}\n  signed by     {published.signer} (the pinned publisher)")
     verifier = TokenVerifier(jwks, trust.broker_issuer)
     failed = 0
     for doc in workers:
         try:
-            pin = verify_sealed_document(doc, verifier, trust, now, published, model=doc.get("model"))
+            pin = verify_sealed_document(doc, verifier, trust, now, published, model=doc.get("model"), memory=memory,
+                                         revocations=revocations)
         except (AttestationError, KeyError, ValueError, TypeError) as exc:
             failed += 1
             reasons = exc.violations if isinstance(exc, PolicyViolation) else [str(exc)]
@@ -137,6 +152,7 @@ def verify(
             for reason in reasons:
                 typer.echo(f"  - {reason}")
             continue
+        memory.record(pin.tenant, pin.model, pin.release.version if pin.release else None, pin.policy_version)
         typer.echo("\n".join(_report(pin, doc, now)))
     typer.echo(f"{len(workers) - failed} of {len(workers)} workers verified")
     if failed or not workers:

@@ -67,7 +67,7 @@ class Enrolment:
         doc = w.attestation_doc
         if doc and (w.attested or self.verifier is None):
             entry.update({k: doc[k] for k in ("tee", "insecure", "evidence", "token", "model_digest",
-                                              "sealed_key_id", "promises") if k in doc})
+                                              "sealed_key_id", "promises", "release") if k in doc})
         else:
             entry["status"] = "unavailable"
         return entry

@@ -9,7 +9,7 @@ from typing import Any
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from api.home import Home
-from api.stack import DEMO_TENANT, worker_settings
+from api.stack import DEMO_ADMIN_KEY_ID, DEMO_TENANT, worker_settings
 from enclave_worker.measurement import simulated_measurement
 
 
@@ -17,10 +17,15 @@ def demo_client_policy(home: Path) -> dict[str, Any]:
     """The stack's own client policy if `sealed up` wrote one, else the same computed here."""
     written = home / "demo" / "client-policy.json"
     if written.exists():
-        return json.loads(written.read_text())
+        doc = json.loads(written.read_text())
+        if doc.get("state_file"):  # relative to the policy's folder, which a dict no longer knows
+            doc["state_file"] = str(written.parent / doc["state_file"])
+        return dict(doc)
     measurement = simulated_measurement(worker_settings(Home(home), "", 0).measured_config()).hex()
     sim_public = ed25519(Home(home).sim_key).public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
-    return {"tenant": DEMO_TENANT, "evidence": {"sim_platform_key": sim_public.hex()},
+    admin = Home(home).tenant_policy_admin_public(DEMO_TENANT).read_text()
+    return {"tenant": DEMO_TENANT, "tenant_keys": [{"key_id": DEMO_ADMIN_KEY_ID, "public_key_pem": admin}],
+            "evidence": {"sim_platform_key": sim_public.hex()},
             "appraisal": {"allowed_tee": ["sim"], "allowed_measurements": [measurement],
                           "unsafe_allow_simulated_tee": True},
             "broker_jwks": json.loads((home / "broker" / "jwks.json").read_text()),

@@ -48,7 +48,8 @@ def test_client_verifies_the_worker_long_after_boot(kb: Any, clock: Any, horizon
     appraisal = AppraisalPolicy(allowed_tee=frozenset({"sim"}), allowed_measurements=frozenset({MEASUREMENT.hex()}),
                                 unsafe_allow_simulated_tee=True)
     platform = kb.platform.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
-    trust = ClientTrust(appraisal, tenant="acme", broker_jwks=kb.client.get("/.well-known/jwks.json").json(),
+    trust = ClientTrust(appraisal, tenant="acme", unsafe_no_tenant_key=True,
+                        broker_jwks=kb.client.get("/.well-known/jwks.json").json(),
                         sim_platform_key=platform)
     verifier = TokenVerifier(trust.broker_jwks, trust.broker_issuer)  # type: ignore[arg-type]
     boot = clock.now

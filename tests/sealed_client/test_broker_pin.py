@@ -44,7 +44,7 @@ def _trust(kb: Harness, **pin: Any) -> ClientTrust:
     fields: dict[str, Any] = {"url": BROKER, "tee": frozenset({"sim"}), "measurements": frozenset({_measurement(kb)})}
     fields.update(pin)
     return ClientTrust(appraisal=AppraisalPolicy(allowed_tee=frozenset({"sim"}), unsafe_allow_simulated_tee=True),
-                       tenant="acme", broker=BrokerPin(**fields), sim_platform_key=raw)
+                       unsafe_no_tenant_key=True, tenant="acme", broker=BrokerPin(**fields), sim_platform_key=raw)
 
 
 def _session(kb: Harness, **pin: Any) -> SealedSession:
@@ -163,7 +163,8 @@ def test_a_broker_that_does_not_attest_stops_the_client(kb: Harness) -> None:
 
 
 def test_the_policy_file_pins_the_broker() -> None:
-    doc = {"tenant": "acme", "appraisal": {"allowed_tee": ["snp"], "allowed_measurements": ["aa" * 48]},
+    doc = {"tenant": "acme", "unsafe_no_tenant_key": True,
+           "appraisal": {"allowed_tee": ["snp"], "allowed_measurements": ["aa" * 48]},
            "broker": {"url": "https://broker.example", "tee": "snp", "measurements": ["AB" * 48]}}
     trust = ClientTrust.from_dict(doc)
     assert trust.attests_broker and trust.broker is not None

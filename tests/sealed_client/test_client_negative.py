@@ -155,7 +155,7 @@ class World:
         return httpx2.Response(200, headers={"content-type": "application/sealed-response"}, content=body)
 
     def policy(self, measurements: tuple[str, ...] = (MEASUREMENT,), **policy: Any) -> dict[str, Any]:
-        return {"tenant": "acme", "evidence": {"sim_platform_key": PLATFORM_HEX},
+        return {"tenant": "acme", "unsafe_no_tenant_key": True, "evidence": {"sim_platform_key": PLATFORM_HEX},
                 "appraisal": {"allowed_tee": ["sim"], "allowed_measurements": list(measurements),
                               "unsafe_allow_simulated_tee": True},
                 "broker_jwks": self.issuer.jwks(), **policy}

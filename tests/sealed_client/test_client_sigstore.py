@@ -32,7 +32,7 @@ def _policy(identity: str = IDENTITY, *, key: bool = False) -> dict[str, Any]:
         {"key": "11" * 32} if key else
         {"sigstore": {"identity": identity, "issuer": ISSUER,
                       "trusted_root": str(VECTORS / "staging.trusted_root.json")}})
-    return {"tenant": "acme", "appraisal": {"allowed_tee": ["snp"]}, "broker_jwks": JWKS,
+    return {"tenant": "acme", "unsafe_no_tenant_key": True, "appraisal": {"allowed_tee": ["snp"]}, "broker_jwks": JWKS,
             "reference_values": {"publisher": publisher}}
 
 

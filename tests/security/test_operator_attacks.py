@@ -33,7 +33,7 @@ from starlette.testclient import TestClient
 
 from api.broker_state import local_broker_keys
 from api.home import Home
-from api.stack import DEMO_MODEL, DEMO_TENANT, DEMO_VERSION, Stack, prepare_demo
+from api.stack import DEMO_ADMIN_KEY_ID, DEMO_MODEL, DEMO_TENANT, DEMO_VERSION, Stack, prepare_demo
 from attestation.bundle import EvidenceBundle, RuntimeData, channel_binding, expected_report_data
 from attestation.errors import FreshnessError, PolicyViolation
 from attestation.testing.platform import SNP_MEASUREMENT, FakePlatform
@@ -148,7 +148,8 @@ def proxy(live: Live) -> Iterator[OperatorProxy]:
 def client_policy(live: Live) -> dict[str, Any]:
     """The demo tenant's client policy for SNP: the test PKI's roots stand in for AMD's."""
     platform = live.env.platform.root
-    return {"tenant": DEMO_TENANT,
+    admin = live.env.home.tenant_policy_admin_public(DEMO_TENANT).read_text()
+    return {"tenant": DEMO_TENANT, "tenant_keys": [{"key_id": DEMO_ADMIN_KEY_ID, "public_key_pem": admin}],
             "evidence": {"unsafe_roots_dir": str(platform / "roots"), "collateral_dir": str(platform / "collateral")},
             "appraisal": {"allowed_tee": ["snp"], "allowed_measurements": [SNP_MEASUREMENT.hex()]},
             "broker_jwks": json.loads((live.env.home.broker / "jwks.json").read_text()),

@@ -33,6 +33,7 @@ from attestation.workload import WorkloadClaims
 from key_broker.policies import PolicyStore
 from protocol.model_ref import ModelRef
 from protocol.sealed import RequestRejected, WorkerKey, api_key_id
+from protocol.sealed.release_statement import ReleaseStatement, sign_release_statement
 from sealed_bench.gpu_models import random_checkpoint
 from sealed_client.errors import PinConflict
 from tests.api.test_fake_tee_stack import Env, chat, put_release_policy, start
@@ -238,6 +239,11 @@ def _same_version_other_digest(live: BindingsLive, genuine: dict) -> dict:
                             cpu_certificates=bound.cpu_certificates)
     doc = {**genuine, "usage_public_key": usage_public.hex(), "grpc_tls_cert": None, "sealed_key_id": key.key_id,
            "model_digest": workload.model_digest}
+    # Its statement names the tenant's genuine release policy (which admits the measurement), as the
+    # genuine worker's does: the tenant pin passes, and the digest is what is refused.
+    fields = {k: v for k, v in genuine["release"]["statement"].items() if k != "v"}
+    doc["release"] = sign_release_statement(ReleaseStatement(**{**fields, "worker_key_id": key.key_id}),
+                                            genuine["release"]["release_policy"], usage)
     remint(doc, bundle, live.env.home)
     return doc
 
