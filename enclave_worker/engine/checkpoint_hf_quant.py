@@ -19,6 +19,7 @@ per-tensor scale is broadcast to every channel. Layouts, from the formats' own c
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import torch
@@ -27,14 +28,16 @@ from .errors import CheckpointError
 from .layers.quantized_weight import INT4_GROUP_SIZES, QuantizedWeight, QuantSpec, validate
 
 _AWQ_UNDO = (0, 4, 1, 5, 2, 6, 3, 7)  # natural column j is nibble _AWQ_UNDO[j] of an AWQ word
-_SHIFTS = torch.arange(0, 32, 4, dtype=torch.int32)
+assert sys.byteorder == "little"  # safetensors and GGUF data are little-endian; so is every CPU we run on
 
 
 def _nibbles(words: torch.Tensor, name: str) -> torch.Tensor:
     """int32 [..., C] -> uint8 [..., C, 8]: nibble i of each word (i = 0 the lowest bits)."""
     if words.dtype != torch.int32:
         raise CheckpointError(f"{name}: packed 4-bit weights must be int32, not {words.dtype}")
-    return ((words[..., None] >> _SHIFTS) & 0xF).to(torch.uint8)
+    # Byte j of a little-endian word holds nibbles 2j (low) and 2j + 1: uint8 work, a byte a weight at most.
+    b = words.contiguous().view(torch.uint8).reshape(*words.shape, 4)
+    return torch.stack([b & 0xF, b >> 4], -1).reshape(*words.shape, 8)
 
 
 def _pair(q: torch.Tensor) -> torch.Tensor:

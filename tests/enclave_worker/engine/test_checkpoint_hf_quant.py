@@ -238,3 +238,50 @@ def test_truncated_safetensors_refused(tmp_path):
     f.write_bytes(f.read_bytes()[:-100])
     with pytest.raises(CheckpointError, match="do not hold|truncated"):
         load_hf_dir(path)
+
+
+# ---------------------------------------------------------------- memory
+
+BIG_N, BIG_K, LAYERS = 2048, 2048, 16  # 256 MiB of float32 weights per checkpoint
+
+
+def _big(tmp_path: Path) -> dict[str, Path]:
+    """One checkpoint per format, its codes random words (every bit pattern is a valid 4-bit code)."""
+    rng = np.random.default_rng(5)
+
+    def words(*shape: int) -> torch.Tensor:
+        return torch.from_numpy(rng.integers(0, 2**32, shape, dtype=np.uint32).view(np.int32))
+
+    def scales(*shape: int) -> torch.Tensor:
+        return torch.from_numpy(rng.uniform(0.001, 0.01, shape).astype(np.float16))
+
+    n, k, g = BIG_N, BIG_K, G
+    layers = {
+        "awq": ({"qweight": lambda: words(k, n // 8), "qzeros": lambda: words(k // g, n // 8),
+                 "scales": lambda: scales(k // g, n)}, _awq_cfg()),
+        "gptq": ({"qweight": lambda: words(k // 8, n), "qzeros": lambda: words(k // g, n // 8),
+                  "scales": lambda: scales(k // g, n),
+                  "g_idx": lambda: torch.from_numpy(rng.permutation(np.arange(k) // g).astype(np.int32))},
+                 _gptq_cfg(True)),
+        "w4a16": ({"weight_packed": lambda: words(n, k // 8), "weight_scale": lambda: scales(n, k // g),
+                   "weight_shape": lambda: torch.tensor([n, k])}, ct_layer(rng, "W4A16")[2]),
+        "fp8": ({"weight": lambda: (torch.from_numpy(rng.standard_normal((n, k), np.float32))).to(torch.float8_e4m3fn),
+                 "weight_scale": lambda: torch.tensor([0.01])}, ct_layer(rng, "FP8")[2]),
+    }
+    out = {}
+    for fmt, (make, qc) in layers.items():
+        tensors = {f"model.layers.{i}.mlp.down_proj.{name}": f() for i in range(LAYERS) for name, f in make.items()}
+        out[fmt] = write_dir(tmp_path / fmt, tensors, qc, shards=2)
+    return out
+
+
+def test_quantized_checkpoints_load_without_an_fp32_copy(tmp_path):
+    """Each format's load peaks under half the model's float32 size (int4 codes are an eighth of it, FP8
+    a quarter; a float32 detour would hold all of it): measured in a fresh interpreter, in order."""
+    from tests.enclave_worker.engine.quant_helpers import peak_load_bytes
+
+    dirs = _big(tmp_path)
+    peaks, quantized_fp32 = peak_load_bytes(*(f"checkpoint.load_hf_dir({str(p)!r})" for p in dirs.values()))
+    assert quantized_fp32 == 4 * BIG_N * BIG_K * LAYERS  # every layer came back quantized
+    for fmt, peak in zip(dirs, peaks, strict=True):  # the high-water mark only rises: each bound holds so far
+        assert peak < quantized_fp32 // 2, (fmt, peak, quantized_fp32)
