@@ -18,6 +18,8 @@ from enclave_worker.engine.layers.quantized_linear import quantized_linear
 from enclave_worker.engine.layers.quantized_weight import dequantize as dequantize_weight
 
 N, K = 128, 512
+TEXT = ("The Industrial Revolution began in Great Britain in the late eighteenth century. New machines for "
+        "spinning and weaving cotton changed how cloth was made, and steam engines supplied power to factories.")
 
 # (type, scheme, bound on the relative error of the converted weight against gguf's dequantize)
 CASES = [("Q4_0", "int4", 1e-6), ("Q4_1", "int4", 1e-6), ("Q4_K", "int4", 1e-6),
@@ -120,8 +122,6 @@ def test_default_gguf_native_engine_matches_the_dequantized_one(gguf_path, engin
     from enclave_worker.engine.checkpoint import load_gguf
     from enclave_worker.engine.layers.quantized_linear import PrequantizedInt4Linear
     from enclave_worker.engine.perplexity import perplexity
-
-    from tests.enclave_worker.engine.test_engine_quant import TEXT
 
     native = LLMEngine.from_checkpoint(load_gguf(gguf_path, native=True),
                                        EngineConfig(max_num_seqs=2, kv_cache_memory_bytes=16 << 20, num_threads=1))
