@@ -264,7 +264,7 @@ def _read_safetensors(file: Path, out: dict[str, torch.Tensor]) -> None:
             t = torch.empty(shape, dtype=dtype)
             if end > start:
                 f.seek(base + start)
-                if f.readinto(t.view(-1).view(torch.uint8).numpy()) != end - start:  # type: ignore[attr-defined]
+                if f.readinto(t.view(-1).view(torch.uint8).numpy().data) != end - start:
                     raise CheckpointError(f"safetensors file {file} is truncated at {name}")
             out[name] = t
 

@@ -88,7 +88,9 @@ def concat_rows(parts: list[QuantizedWeight], dim: int) -> QuantizedWeight:
     same = all(p.spec.scheme == first.scheme != "rows" and p.spec.shape[1] == first.shape[1]
                and p.spec.group_size == first.group_size for p in parts)
     perms = [p.perm for p in parts]
-    same_perm = all(q is None for q in perms) or all(q is not None and torch.equal(q, perms[0]) for q in perms)
+    p0 = perms[0]
+    same_perm = all(q is None for q in perms) or (p0 is not None and all(q is not None and torch.equal(q, p0)
+                                                                         for q in perms))
     if same and same_perm:
         zs = [p.zeros for p in parts]
         zeros = None if zs[0] is None else torch.cat([z for z in zs if z is not None])
