@@ -80,19 +80,27 @@ def int8_per_channel(w: torch.Tensor, source: str) -> QuantizedWeight:
     return QuantizedWeight(codes, QuantSpec("int8", (w.shape[0], w.shape[1]), 0, source), scale.float())
 
 
+_ROWS_PER_CHUNK = 256  # rows dequantized at a time: the float32 transient stays a few MB
+
+
 def gguf_int8(data: Any, qtype: str, shape: tuple[int, int], name: str) -> QuantizedWeight:
-    """A Q8_0 / Q5_K / Q6_K tensor, dequantized once (this tensor only) and requantized to int8 per channel."""
+    """A Q8_0 / Q5_K / Q6_K tensor requantized to int8 per output channel, a few rows at a time (gguf's
+    reference dequantization of those rows, then their own scale): no float copy of the tensor."""
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
 
-    b = _blocks(data, qtype, shape, name)
-    w = torch.from_numpy(np.asarray(dequantize(b.reshape(shape[0], -1), GGMLQuantizationType[qtype]),
-                                    dtype=np.float32).reshape(shape))
-    if not bool(torch.isfinite(w).all()):
-        raise CheckpointError(f"GGUF tensor {name}: non-finite {qtype} block scales")
-    out = int8_per_channel(w, f"gguf:{qtype}")
-    del w
-    return out
+    n, k = shape
+    b = _blocks(data, qtype, shape, name).reshape(n, -1)
+    codes = torch.empty((n, k), dtype=torch.int8)
+    scales = torch.empty(n, dtype=torch.float32)
+    for i in range(0, n, _ROWS_PER_CHUNK):
+        w = torch.from_numpy(np.asarray(dequantize(b[i : i + _ROWS_PER_CHUNK], GGMLQuantizationType[qtype]),
+                                        dtype=np.float32).reshape(-1, k))
+        if not bool(torch.isfinite(w).all()):
+            raise CheckpointError(f"GGUF tensor {name}: non-finite {qtype} block scales")
+        part = int8_per_channel(w, "")
+        codes[i : i + w.shape[0]], scales[i : i + w.shape[0]] = part.codes(), part.scales
+    return QuantizedWeight(codes, QuantSpec("int8", shape, 0, f"gguf:{qtype}"), scales)
 
 
 def gguf_native(data: Any, qtype: str, shape: tuple[int, ...], name: str) -> QuantizedWeight:
