@@ -198,9 +198,10 @@ def _logits(engine, ids: list[int]) -> torch.Tensor:
 def test_mixed_gguf_native_model_matches_the_reference_dequantization(small_mixed_gguf):
     """The whole model in the files' own codes (mixed QKV as row blocks) against the same model built from
     gguf's reference dequantization in fp32: logits within 3% relative L2 (bf16 in the int4 kernel, int8
-    requantization of Q6_K and Q8_0), most positions' argmax the same."""
+    requantization of Q6_K and Q8_0), most positions' argmax the same; the wipe zeroes every layout."""
     from enclave_worker.engine import EngineConfig, LLMEngine
     from enclave_worker.engine.checkpoint import load_gguf
+    from enclave_worker.engine.layers.packed import is_zero
     from enclave_worker.engine.layers.quantized_linear import PrequantizedInt4Linear, RowBlocksLinear
 
     cfg = EngineConfig(max_num_seqs=2, kv_cache_memory_bytes=16 << 20, num_threads=1, max_model_len=128)
@@ -209,6 +210,12 @@ def test_mixed_gguf_native_model_matches_the_reference_dequantization(small_mixe
     assert isinstance(layer.qkv_proj, RowBlocksLinear) and isinstance(layer.gate_up_proj, PrequantizedInt4Linear)
     ids = torch.randint(0, 256, (48,), generator=torch.Generator().manual_seed(0)).tolist()
     got = _logits(native, ids)
+    # the revocation wipe reaches the quantized layers' own layouts, row blocks included
+    held = native.held_tensors()
+    v_part = layer.qkv_proj.parts[-1]
+    assert any(t is v_part.qweight for t in held) and any(t is layer.gate_up_proj.packed for t in held)
+    native.wipe()
+    assert all(is_zero(t) for t in native.held_tensors())
     del native
     ref = _logits(LLMEngine.from_checkpoint(load_gguf(small_mixed_gguf), cfg), ids)
     rel = float((got - ref).norm() / ref.norm())
