@@ -35,3 +35,35 @@ def test_encrypt_refuses_what_the_engine_cannot_load(tmp_path, monkeypatch, qc, 
     assert len(lines) == 1 and message in lines[0], result.output
     assert "Traceback" not in result.output
     assert not (tmp_path / "pkg").exists()
+
+
+def test_encrypt_packs_a_native_gguf_with_its_quantization(tmp_path, monkeypatch):
+    """`--gguf-quant native`: the package holds the files' codes and the metadata names each scheme; the
+    worker's unflatten rebuilds them (the data key opened here with the test's own broker key)."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
+    from enclave_worker.engine.layers.quantized_weight import QuantizedWeight, unflatten
+    from enclave_worker.package import decrypt_package
+    from protocol.package import read_manifest
+    from protocol.package.keywrap import SealedDataKey, open_data_key
+    from tests.enclave_worker.engine.quant_helpers import write_mixed_gguf
+
+    monkeypatch.setenv("SEALED_HOME", str(tmp_path / "home"))
+    write_mixed_gguf(tmp_path / "m.gguf", hidden=256, inter=512, layers=1)
+    broker = X25519PrivateKey.generate()
+    (tmp_path / "broker.pub").write_bytes(broker.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+    result = CliRunner().invoke(build(), ["encrypt", str(tmp_path / "m.gguf"), "--tenant", "acme", "--out",
+                                          str(tmp_path / "pkg"), "--signing-key", str(tmp_path / "sign.pem"),
+                                          "--broker-import-key", str(tmp_path / "broker.pub"),
+                                          "--gguf-quant", "native"])
+    assert result.exit_code == 0, result.output
+    manifest, _, _ = read_manifest(tmp_path / "pkg")
+    sealed = SealedDataKey.from_json((tmp_path / "pkg.datakey.json").read_text())
+    model = decrypt_package(tmp_path / "pkg", open_data_key(sealed, broker, manifest))
+    quant = model.metadata["quantization"]
+    assert quant["model.layers.0.self_attn.v_proj.weight"]["source"] == "gguf:Q6_K"
+    tensors = unflatten(model.tensors, quant)
+    sources = {t.spec.source for t in tensors.values() if isinstance(t, QuantizedWeight)}
+    assert sources == {"gguf:Q4_0", "gguf:Q4_1", "gguf:Q4_K", "gguf:Q6_K", "gguf:Q8_0"}
