@@ -3,8 +3,8 @@
 Q4_0, Q4_1 and Q4_K are int4 with a scale and an offset per 32 weights: their 4-bit codes are copied
 as they are and their block scales become the int4 kernel's scale and zero, so the only change is the
 kernel's bf16 rounding of the scales. Q8_0, Q5_K and Q6_K have no kernel of their own: each tensor is
-dequantized a few rows at a time (gguf's reference code) and requantized to int8 per output channel. docs/engine.md states both losses; tests/enclave_worker/engine/test_checkpoint_gguf_quant.py
-measures them.
+dequantized a few rows at a time (gguf's reference code) and requantized to int8 per output channel.
+docs/engine.md states both losses; tests/enclave_worker/engine/test_checkpoint_gguf_quant.py measures them.
 """
 
 from __future__ import annotations
