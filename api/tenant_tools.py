@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from enclave_worker.engine.checkpoint import Checkpoint, load_gguf, load_hf_dir
+from enclave_worker.engine.layers.quantized_weight import flatten as flatten_quantized
 from enclave_worker.package.writer import write_package
 from protocol.model_ref import ModelRef
 from protocol.package import Manifest, PackageError
@@ -23,8 +24,11 @@ class EncryptedModel:
     data_key: bytes  # stays in memory: sealed to a key broker, never written in the clear
 
 
-def load_source(src: Path) -> Checkpoint:
-    return load_gguf(src) if src.is_file() else load_hf_dir(src)
+def load_source(src: Path, native_quant: bool = False) -> Checkpoint:
+    """A GGUF file (``native_quant``: its quantized linears kept in the engine's kernel layouts, else
+    dequantized to float32) or an HF directory (AWQ, GPTQ, compressed-tensors always kept quantized).
+    What the engine would not load raises CheckpointError here, on the tenant's machine."""
+    return load_gguf(src, native=native_quant) if src.is_file() else load_hf_dir(src)
 
 
 def encrypt_checkpoint(checkpoint: Checkpoint, out: Path, *, tenant: str, model: str, version: str,
@@ -32,11 +36,15 @@ def encrypt_checkpoint(checkpoint: Checkpoint, out: Path, *, tenant: str, model:
                        segment_size: int | None = None) -> EncryptedModel:
     """A fresh data key per model version; the package holds only ciphertext and public metadata."""
     data_key = secrets.token_bytes(32)
+    tensors, quantization = flatten_quantized(checkpoint.tensors)  # plain tensors + each one's scheme
+    metadata = {"format": "hf-llama", "config": checkpoint.config,
+                "tokenizer_json": checkpoint.tokenizer_json, "chat_template": checkpoint.chat_template}
+    if quantization:
+        metadata["quantization"] = quantization
     manifest = write_package(
         out,
-        metadata={"format": "hf-llama", "config": checkpoint.config,
-                  "tokenizer_json": checkpoint.tokenizer_json, "chat_template": checkpoint.chat_template},
-        tensors=list(checkpoint.tensors.items()),
+        metadata=metadata,
+        tensors=tensors,
         data_key=data_key, key_id=f"dek-{secrets.token_hex(8)}", tenant=tenant, model=model, version=version,
         signing_key=signing_key, progress=progress, segment_size=segment_size or DEFAULT_SEGMENT_SIZE,
     )

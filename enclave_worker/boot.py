@@ -18,6 +18,7 @@ from enclave_worker.broker_auth import authenticate_broker, check_release
 from enclave_worker.engine import EngineConfig, LLMEngine
 from enclave_worker.engine.checkpoint import Checkpoint
 from enclave_worker.engine.errors import InvalidRequestError
+from enclave_worker.engine.layers.quantized_weight import unflatten as unflatten_quantized
 from enclave_worker.engine.structured import GrammarCompiler
 from enclave_worker.engine_protocol import ServingEngine
 from enclave_worker.gpu import check_gpu_confidentiality
@@ -91,7 +92,8 @@ def build_engine(settings: WorkerSettings, model: DecryptedModel) -> ServingEngi
         return build_vllm_engine(settings, model)
     checkpoint = Checkpoint(
         config=model.metadata["config"],
-        tensors=model.tensors,
+        # a package's quantized weights come back as QuantizedWeight views of the buffer, each checked
+        tensors=unflatten_quantized(model.tensors, model.metadata.get("quantization")),
         tokenizer_json=model.metadata["tokenizer_json"],
         chat_template=model.metadata.get("chat_template"),
     )

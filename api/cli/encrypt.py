@@ -14,6 +14,7 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColu
 from api.cli.refs import model_ref
 from api.home import ed25519_key
 from api.tenant_tools import encrypt_checkpoint, load_source, seal_for_broker
+from enclave_worker.engine.errors import CheckpointError
 from protocol.fsutil import atomic_write
 from protocol.package.signing import ModelSigningKey
 
@@ -31,8 +32,12 @@ def encrypt(
                                            help="key broker's X25519 import public key (PEM or hex); "
                                                 "`sealed keys import-pubkey` prints the local broker's"),
     sealed_key_out: Path = typer.Option(None, help="sealed data key file (default: PKG.datakey.json)"),
+    gguf_quant: str = typer.Option("fp32", help="GGUF quantized linears: 'fp32' (dequantized, the default) or "
+                                               "'native' (kept in the engine's int4/int8 kernel layouts)"),
 ) -> None:
     """Encrypt and sign SRC into a package; plaintext never touches the disk."""
+    if gguf_quant not in ("fp32", "native"):
+        raise typer.BadParameter("--gguf-quant is 'fp32' or 'native'")
     if (signing_key is None) == (model_signing_key is None):
         raise typer.BadParameter("give exactly one of --signing-key (Ed25519) or --model-signing-key (EC)")
     signer = ModelSigningKey(model_signing_key) if model_signing_key else ed25519_key(signing_key)
@@ -41,7 +46,12 @@ def encrypt(
     with Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
                   TransferSpeedColumn(), TimeRemainingColumn()) as progress:
         task = progress.add_task("loading", total=None)
-        checkpoint = load_source(src)
+        try:
+            checkpoint = load_source(src, native_quant=gguf_quant == "native")
+        except CheckpointError as exc:  # what the engine would not load: refused before any encryption
+            progress.stop()
+            typer.echo(f"error: the engine cannot load {src}: {exc}", err=True)
+            raise typer.Exit(2) from None
         total = sum(t.numel() * t.element_size() for t in checkpoint.tensors.values())
         progress.update(task, description="encrypting", total=total)
         result = encrypt_checkpoint(checkpoint, out, tenant=ref.tenant, model=ref.model, version=ref.version,

@@ -10,8 +10,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from .checkpoint_gguf_quant import NATIVE_TYPES, gguf_native
+from .checkpoint_hf_quant import convert as convert_quantized
 from .errors import CheckpointError
 from .gguf_tokenizer import gguf_tokenizer_json
+from .layers.quantized_weight import QuantizedWeight
 
 
 @dataclass(frozen=True)
@@ -107,6 +110,12 @@ def _unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:
     return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
+def _unpermute_any(w: torch.Tensor, n_head: int) -> torch.Tensor:
+    if isinstance(w, QuantizedWeight):  # the same row order, applied to codes, scales and zeros
+        return w.permute_rows(_unpermute(torch.arange(w.spec.shape[0]), n_head))
+    return _unpermute(w, n_head).contiguous()
+
+
 def _gguf_config(reader: Any) -> tuple[dict[str, Any], str]:
     arch = _field(reader, "general.architecture")
     if arch not in _ARCHS:
@@ -143,8 +152,14 @@ def _gguf_config(reader: Any) -> tuple[dict[str, Any], str]:
     return config, arch
 
 
-def load_gguf(path: Path) -> Checkpoint:
-    """Load a GGUF file, dequantizing every tensor to float32 with gguf's quant helpers."""
+_GGUF_FLOAT_TYPES = ("F32", "F16", "BF16")
+
+
+def load_gguf(path: Path, native: bool = False) -> Checkpoint:
+    """Load a GGUF file, dequantizing every tensor to float32 with gguf's quant helpers (the default).
+
+    ``native``: each quantized linear weight is kept in the engine's kernel layout instead, tensor by
+    tensor (checkpoint_gguf_quant.py); a type the engine has no path for raises CheckpointError."""
     import gguf
     from gguf.quants import dequantize
 
@@ -168,11 +183,18 @@ def load_gguf(path: Path) -> Checkpoint:
         else:
             continue  # rope_freqs etc.: derived from config
         shape = tuple(int(d) for d in reversed(t.shape.tolist()))
-        w = _dequantize_into(t.data, t.tensor_type, shape, dequantize)
-        if arch == "llama" and rest_of(t.name) in ("attn_q.weight", "attn_q.bias"):
-            w = _unpermute(w, config["num_attention_heads"]).contiguous()
-        elif arch == "llama" and rest_of(t.name) in ("attn_k.weight", "attn_k.bias"):
-            w = _unpermute(w, config["num_key_value_heads"]).contiguous()
+        qtype = t.tensor_type.name
+        if native and qtype not in _GGUF_FLOAT_TYPES and qtype not in NATIVE_TYPES:
+            raise CheckpointError(f"GGUF tensor {t.name} is {qtype}: the engine loads {', '.join(NATIVE_TYPES)}, "
+                                  f"{', '.join(_GGUF_FLOAT_TYPES)}")
+        w: torch.Tensor
+        if native and qtype in NATIVE_TYPES and (name == "lm_head.weight" or name.endswith("proj.weight")):
+            w = gguf_native(t.data, qtype, shape, t.name)
+        else:
+            w = _dequantize_into(t.data, t.tensor_type, shape, dequantize)
+        for suffix, heads in (("attn_q", "num_attention_heads"), ("attn_k", "num_key_value_heads")):
+            if arch == "llama" and rest_of(t.name).startswith(suffix + "."):
+                w = _unpermute_any(w, config[heads])
         tensors[name] = w
     tok_json = gguf_tokenizer_json(lambda k, d=None: _field(reader, k, d))
     template = _field(reader, "tokenizer.chat_template")
@@ -208,26 +230,43 @@ _ST_DTYPES = {
     "I8": torch.int8,
     "U8": torch.uint8,
     "BOOL": torch.bool,
+    "F8_E4M3": torch.float8_e4m3fn,
 }
 
 
 def _read_safetensors(file: Path, out: dict[str, torch.Tensor]) -> None:
-    """Minimal safetensors reader (format: u64 header length, JSON header, raw little-endian data)."""
-    data = file.read_bytes()
-    n = int.from_bytes(data[:8], "little")
-    header = json.loads(data[8 : 8 + n])
-    base = 8 + n
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        start, end = info["data_offsets"]
-        dtype = _ST_DTYPES.get(info["dtype"])
-        if dtype is None:
-            raise CheckpointError(f"unsupported safetensors dtype {info['dtype']} for {name}")
-        buf = bytearray(data[base + start : base + end])
-        t = torch.frombuffer(buf, dtype=dtype) if buf else torch.empty(0, dtype=dtype)
-        out[name] = t.reshape(info["shape"])
-    del data
+    """Minimal safetensors reader (format: u64 header length, JSON header, raw little-endian data).
+
+    Each tensor is read straight into its own buffer in the file's dtype (bf16 stays bf16): the shard
+    is never held whole beside its tensors, and nothing goes through float32."""
+    with file.open("rb") as f:
+        try:
+            n = int.from_bytes(f.read(8), "little")
+            header = json.loads(f.read(n))
+            size = file.stat().st_size
+        except (ValueError, OSError) as exc:
+            raise CheckpointError(f"cannot read safetensors header of {file}: {exc}") from exc
+        base = 8 + n
+        for name, info in header.items():
+            if name == "__metadata__":
+                continue
+            start, end = info["data_offsets"]
+            dtype = _ST_DTYPES.get(info["dtype"])
+            if dtype is None:
+                raise CheckpointError(f"unsupported safetensors dtype {info['dtype']} for {name}")
+            shape = [int(d) for d in info["shape"]]
+            count = 1
+            for d in shape:
+                count *= d
+            if not 0 <= start <= end <= size - base or end - start != count * dtype.itemsize:
+                raise CheckpointError(f"safetensors tensor {name} in {file}: bytes [{start}, {end}) do not hold "
+                                      f"{info['dtype']} {shape}")
+            t = torch.empty(shape, dtype=dtype)
+            if end > start:
+                f.seek(base + start)
+                if f.readinto(t.view(-1).view(torch.uint8).numpy().data) != end - start:
+                    raise CheckpointError(f"safetensors file {file} is truncated at {name}")
+            out[name] = t
 
 
 def load_hf_dir(path: Path) -> Checkpoint:
@@ -255,6 +294,7 @@ def load_hf_dir(path: Path) -> Checkpoint:
     tensors: dict[str, torch.Tensor] = {}
     for f in files:
         _read_safetensors(path / f, tensors)
+    convert_quantized(config, tensors)  # AWQ, GPTQ, compressed-tensors: into the kernels' layouts
     config.setdefault("tie_word_embeddings", "lm_head.weight" not in tensors)
     if config.get("eos_token_id") is None and tok_cfg.get("eos_token"):
         config["eos_token"] = tok_cfg["eos_token"]

@@ -9,6 +9,7 @@ from .blas_switch import BlasSwitch
 from .coded_panel import try_codes
 from .packed import PackedMatmul, try_pack
 from .panel import PanelMatmul, UnpackScratch, try_panel
+from .quantized_weight import QuantizedWeight
 
 _DEQUANT_MIN_ROWS = 16  # from this many rows, dequantize the weight per call and use a dense GEMM
 
@@ -237,7 +238,12 @@ def make_linear(
     """quant: "none" | "int8" | "int4" | "fp8". ``in_place``: the caller hands over the weight's memory.
     ``packed``: dense fp32 CPU weights in oneDNN's packed layout; ``panel``: in column panels (Linear),
     ``scratch`` the model's buffer for their prefill-sized calls; ``codes``: such panels exactly on a block
-    grid held as codes (layers/coded_panel.py)."""
+    grid held as codes (layers/coded_panel.py). A checkpoint's own quantized weight (QuantizedWeight) is
+    served in its own scheme's kernel, whatever ``quant`` says (layers/quantized_linear.py)."""
+    if isinstance(weight, QuantizedWeight):
+        from .quantized_linear import quantized_linear  # imports this module
+
+        return quantized_linear(weight, bias, dtype, device)
     if quant == "fp8":
         return Fp8Linear(weight, bias, dtype, device)
     if quant == "int8":
