@@ -110,7 +110,7 @@ class Answer:
             if timing is not None:
                 timing.submitted = time.monotonic()
             stream = engine.generate(request.request_id, prompt, params, cache_salt=state.cache_salt(request.tenant))
-            if syntax is not None and syntax.native:  # the family's calls, rewritten as the one syntax the rest reads
+            if syntax is not None and syntax.checked:  # the family's calls, rewritten as the one syntax the rest reads
                 stream = canonical_outputs(stream, syntax, engine.tokenizer, _tool_names(request.tools_json),
                                            request.assistant_prefix)
             self.progress = (len(prompt), 0)  # from here on, an answer cut short is metered

@@ -7,15 +7,17 @@ Families write calls differently (vLLM ships a parser for each):
   optionally after `<|python_tag|>`, several separated by `;`;
 - `mistral`: `[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]`, after any text.
 
-Which one a model uses is read once from its own chat template (inside the tenant's signed package),
+Which one a model uses is read from its own chat template (inside the tenant's signed package),
 never guessed from an answer. Everything after the engine (the guard's tool-use controls, the
 OpenAI layer in the worker or the gateway) reads one syntax, hermes (`protocol/toolcalls.py`): so
 the calls the guard judges are, by construction, the calls the client gets (issue #12). The
-`NativeToolCalls` converter rewrites a llama3_json or mistral answer as it streams: each call's
-JSON object is copied byte for byte into a `<tool_call>` block, text outside calls is kept, the
-markers and separators are dropped. A call that is not a well-formed call to one of the request's
-tools (bad JSON, an unknown name, arguments that are not an object, cut off before it closes) is a
-`ToolCallSyntaxError`: the answer fails with a clear error rather than passing the call on as text.
+`NativeToolCalls` converter rewrites each family's answer as it streams: each call's JSON object
+is copied byte for byte into a `<tool_call>` block, text outside calls is kept, the markers and
+separators are dropped (for hermes only whitespace changes). A call that is not a well-formed call
+to one of the request's tools (bad JSON, an unknown name, arguments that are not an object, cut off
+before it closes) is a `ToolCallSyntaxError`: the answer fails with a clear error rather than
+passing the call on as text. A template that says nothing about calls (SmolLM2's) gets the worker's
+own hermes instructions and keeps the lenient reading of protocol/toolcalls.py (`WORKER_HERMES`).
 
 Forced calls: the gateway's assistant prefix (`protocol/openai/format.py::tool_prefix`) is in the
 hermes syntax; the prompt gets the family's own opening instead (`native_prefix`), and the
@@ -47,16 +49,15 @@ class ToolCallSyntax:
     name: str
     marker: str | None  # the text (often one special token) that opens the calls
     args_key: str  # the key the family's template asks the arguments under
-
-    @property
-    def native(self) -> bool:
-        """Whether answers need rewriting (hermes is already the syntax the rest reads)."""
-        return self.name != HERMES
+    checked: bool = True  # answers go through NativeToolCalls (rewritten, each call validated)
 
 
-SYNTAXES = {s.name: s for s in (ToolCallSyntax(HERMES, None, "arguments"),
+SYNTAXES = {s.name: s for s in (ToolCallSyntax(HERMES, TOOL_CALL_OPEN, "arguments"),
                                 ToolCallSyntax(LLAMA3_JSON, PYTHON_TAG, "parameters"),
                                 ToolCallSyntax(MISTRAL, MISTRAL_MARKER, "arguments"))}
+# A template that says nothing about calls (SmolLM2's): the worker's own hermes instructions, and
+# the lenient reading protocol/toolcalls.py documents (a cut-off call repaired, unknown names dropped).
+WORKER_HERMES = ToolCallSyntax(HERMES, TOOL_CALL_OPEN, "arguments", checked=False)
 
 
 def syntax_for_template(chat_template: str | None) -> ToolCallSyntax:
@@ -69,12 +70,12 @@ def syntax_for_template(chat_template: str | None) -> ToolCallSyntax:
         return SYNTAXES[HERMES]
     if PYTHON_TAG in text or ('"parameters"' in text and "ipython" in text):
         return SYNTAXES[LLAMA3_JSON]
-    return SYNTAXES[HERMES]
+    return WORKER_HERMES
 
 
 def native_prefix(syntax: ToolCallSyntax, prefix: str) -> str:
     """The family's own opening for the gateway's forced-call prefix (hermes), as the prompt ends."""
-    if not syntax.native or not prefix.startswith(_CANONICAL_OPENING):
+    if syntax.name == HERMES or not prefix.startswith(_CANONICAL_OPENING):
         return prefix
     rest = prefix[len(_CANONICAL_OPENING):]  # "" (required) or '{"name": "<name>", "arguments": ' (named)
     if syntax.name == MISTRAL:
@@ -102,7 +103,7 @@ def native_structured(syntax: ToolCallSyntax, prefix: str, structured: Structure
 
 
 # Converter states.
-_START, _CONTENT, _LIST, _BETWEEN, _OBJECT = range(5)
+_START, _CONTENT, _LIST, _BETWEEN, _OBJECT, _CLOSE = range(6)
 
 
 @dataclass
@@ -139,6 +140,8 @@ class NativeToolCalls:
         """The end of the answer: held content is released; an open call is an error."""
         if self._state == _OBJECT:
             raise ToolCallSyntaxError("the model's tool call was cut off before it closed")
+        if self._state == _CLOSE:  # ended after the object (`</tool_call>` may be a stop string): closed
+            return ""
         if self._open_written or (self._state in (_LIST, _BETWEEN) and not self._calls):
             raise ToolCallSyntaxError("the model opened a tool call and wrote none")
         held, self._held = self._held, ""
@@ -150,11 +153,13 @@ class NativeToolCalls:
             self._copy(ch, out)
         elif state in (_START, _CONTENT):
             self._text(ch, out)
+        elif state == _CLOSE:
+            self._close(ch)
         elif ch.isspace():
             pass
         elif ch == "{":
             self._open(out)
-        elif state == _LIST and ch == "[":
+        elif state == _LIST and ch == "[" and self.syntax.name == MISTRAL:
             self._state = _BETWEEN
         elif state == _BETWEEN and self._calls and ch == (";" if self.syntax.name == LLAMA3_JSON else ","):
             pass
@@ -184,7 +189,7 @@ class NativeToolCalls:
             self._held = ""
             out.append(self._content(held))
             return
-        if self.syntax.name == MISTRAL:
+        if self.syntax.name in (MISTRAL, HERMES):
             at = held.find(marker)
             if at >= 0:
                 out.append(self._content(held[:at]))
@@ -235,8 +240,21 @@ class NativeToolCalls:
         if self._depth == 0:
             self._check(self._object)
             self._calls += 1
-            self._state = _BETWEEN
+            self._state = _CLOSE if self.syntax.name == HERMES else _BETWEEN
             out.append(TOOL_CALL_CLOSE)
+
+    def _close(self, ch: str) -> None:
+        """Hermes: after a call's object, only whitespace and `</tool_call>` (one call per block)."""
+        held = self._held + ch
+        if not held.strip():
+            self._held = held
+            return
+        closing = held.lstrip()
+        if not TOOL_CALL_CLOSE.startswith(closing):
+            raise ToolCallSyntaxError("the model's tool call block holds more than one call object")
+        self._held = held
+        if closing == TOOL_CALL_CLOSE:
+            self._held, self._state, self._tail = "", _CONTENT, ""
 
     def _check(self, body: str) -> None:
         try:

@@ -8,8 +8,10 @@ answer with a clear error (the gateway's 500 `invalid_tool_call`), never text.""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import grpc
@@ -24,6 +26,8 @@ from protocol.openai.chat import chat_body, chat_events, plan_chat
 from protocol.openai.runner import ChoiceResult, Streams, collect_choice, merge_streams
 from protocol.openai.schemas import ChatCompletionRequest
 from protocol.rpc import worker_pb2
+from protocol.sealed import RequestContext, seal_request
+from protocol.sealed.http import ResponseHead
 from tests.enclave_worker.tool_families import ScriptedEngine, family_tokenizer
 from tests.security.sealed_harness import Stack, sealed_stack
 
@@ -46,6 +50,10 @@ ANSWERS = [
     ("mistral", "Paris is sunny.</s>", "Paris is sunny.", []),
 ]
 MALFORMED = [
+    ("hermes", '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Par', "length", "cut off"),
+    ("hermes", '<tool_call>\n{"name": get_weather}\n</tool_call><|im_end|>', "stop", "not valid JSON"),
+    ("hermes", '<tool_call>\n{"name": "delete_files", "arguments": {}}\n</tool_call><|im_end|>', "stop",
+     "not one of the request"),
     ("mistral", '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Par', "length", "cut off"),
     ("mistral", '[TOOL_CALLS][{"name": "get_weather", "arguments": {city: Paris}}]</s>', "stop", "not valid JSON"),
     ("mistral", '[TOOL_CALLS][{"name": "delete_files", "arguments": {}}]</s>', "stop", "not one of the request"),
@@ -147,15 +155,17 @@ async def test_a_malformed_call_is_a_clear_error_not_text(tmp_path: Path, family
     assert "".join(texts).startswith("<tool_call>") or not "".join(texts)
 
 
-@pytest.mark.parametrize("family", ["llama3_json", "mistral"])
+@pytest.mark.parametrize("family", ["hermes", "llama3_json", "mistral"])
 @pytest.mark.parametrize("choice", ["required", "named"])
 async def test_a_forced_call_opens_and_is_constrained_in_the_familys_syntax(tmp_path: Path, family: str,
                                                                              choice: str) -> None:
     """The prompt ends with the family's own opening; the engine's constraint is the family's call;
     what the model writes after it reads, with the gateway's prefix, as one call."""
     rest = {("llama3_json", "required"): '{"name": "get_weather", "parameters": {"city": "Paris"}}<|eot_id|>',
-            ("mistral", "required"): '{"name": "get_weather", "arguments": {"city": "Paris"}}</s>'}.get(
-        (family, choice), '{"city": "Paris"}}' + ("<|eot_id|>" if family == "llama3_json" else "</s>"))
+            ("mistral", "required"): '{"name": "get_weather", "arguments": {"city": "Paris"}}</s>',
+            ("hermes", "required"): '{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>',
+            ("hermes", "named"): '{"city": "Paris"}}',  # then the stop string </tool_call>
+            }.get((family, choice), '{"city": "Paris"}}' + ("<|eot_id|>" if family == "llama3_json" else "</s>"))
     engine = _engine(family, rest)
     tool_choice: Any = "required" if choice == "required" else {"type": "function", "function": {"name": "get_weather"}}
     async with sealed_stack(tmp_path, None, engine) as stack:  # type: ignore[arg-type]
@@ -164,7 +174,9 @@ async def test_a_forced_call_opens_and_is_constrained_in_the_familys_syntax(tmp_
                                                 "tool_choice": tool_choice})
     assert _calls(whole) == _calls(streamed) == [PARIS]
     prompt = engine.tokenizer.decode(engine.prompts[0], skip_special_tokens=False)
-    opening = {("llama3_json", "required"): "<|end_header_id|>\n\n",
+    opening = {("hermes", "required"): "<|im_start|>assistant\n<tool_call>\n",
+               ("hermes", "named"): '<|im_start|>assistant\n<tool_call>\n{"name": "get_weather", "arguments": ',
+               ("llama3_json", "required"): "<|end_header_id|>\n\n",
                ("llama3_json", "named"): '{"name": "get_weather", "parameters": ',
                ("mistral", "required"): "[/INST][TOOL_CALLS][",
                ("mistral", "named"): '[/INST][TOOL_CALLS][{"name": "get_weather", "arguments": '}[(family, choice)]
@@ -175,3 +187,37 @@ async def test_a_forced_call_opens_and_is_constrained_in_the_familys_syntax(tmp_
         schema = json.loads(structured.spec)
         key = "parameters" if family == "llama3_json" else "arguments"
         assert set(schema["properties"]) == {"name", key} and key in schema["required"]
+
+
+async def _sealed(stack: Stack, body: dict[str, Any]) -> tuple[int, list[bytes]]:
+    """A sealed request (the OpenAI layer runs in the worker): its status and body pieces."""
+    key = stack.state.serving_key
+    ctx = RequestContext("acme", "m", "/v1/chat/completions", key.key_id, version="v1", api_key_id=stack.key.key_id,
+                         policy_version=0)
+    sealed = seal_request(key.public_bytes, ctx, json.dumps(body).encode(), time.time())
+    request = worker_pb2.SealedRequest(request_id="rs1", tenant="acme", key_id=stack.key.key_id, model="m",
+                                       endpoint="/v1/chat/completions", worker_key_id=key.key_id, body=sealed.wire)
+    plain: list[bytes] = []
+    async for chunk in stack.service.sealed_stream(stack.key, "m", request):
+        plain += [p for p, _ in sealed.opener.feed(chunk.data)]
+    return ResponseHead.decode(plain[0]).status, plain[1:]
+
+
+async def test_sealed_mode_reads_the_familys_calls_in_the_worker(tmp_path: Path) -> None:
+    """In sealed mode the OpenAI layer runs inside the worker: the same calls, and the same error."""
+    body = {"model": "m", "messages": ASK, "tools": [WEATHER]}
+    async with sealed_stack(tmp_path, None, _engine("mistral", ANSWERS[3][1])) as stack:  # type: ignore[arg-type]
+        stack.state.guard = None
+        status, pieces = await _sealed(stack, body)
+    assert status == 200
+    message = ChatCompletion.model_validate(json.loads(pieces[0])).choices[0].message
+    assert _calls(SimpleNamespace(choices=[SimpleNamespace(message=message)])) == [PARIS, LYON]
+    assert message.content == "Checking."
+    (tmp_path / "bad").mkdir()
+    async with sealed_stack(tmp_path / "bad", None,  # type: ignore[arg-type]
+                            _engine("mistral", MALFORMED[5][1], MALFORMED[5][2])) as stack:
+        stack.state.guard = None
+        status, pieces = await _sealed(stack, body)
+    error = json.loads(pieces[0])["error"]
+    assert (status, error["code"], error["type"]) == (500, "invalid_tool_call", "server_error")
+    assert "not one of the request's tools" in error["message"]

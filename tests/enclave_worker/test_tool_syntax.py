@@ -15,6 +15,7 @@ from enclave_worker.tool_syntax import (
     LLAMA3_JSON,
     MISTRAL,
     SYNTAXES,
+    WORKER_HERMES,
     NativeToolCalls,
     ToolCallSyntaxError,
     native_prefix,
@@ -34,6 +35,10 @@ TIME = {"type": "function", "function": {"name": "get_time", "parameters": {"typ
 PARIS, LYON = ("get_weather", {"city": "Paris"}), ("get_weather", {"city": "Lyon"})
 # (family, the model's answer as text, the content, the calls)
 ANSWERS = [
+    (HERMES, 'Checking.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
+             '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Lyon"}}\n</tool_call>', "Checking.",
+     [PARIS, LYON]),
+    (HERMES, 'Sunny; a <b>tag</b> and a <tool_ call.', 'Sunny; a <b>tag</b> and a <tool_ call.', []),
     (MISTRAL, '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}]', "", [PARIS]),
     (MISTRAL, 'Let me check. [TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris"}}, '
               '{"name": "get_weather", "arguments": {"city": "Lyon"}}]', "Let me check.", [PARIS, LYON]),
@@ -47,6 +52,14 @@ ANSWERS = [
     (LLAMA3_JSON, "  <|python", "  <|python", []),  # ended inside what could have been the marker: text
 ]
 MALFORMED = [
+    (HERMES, '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Par', "cut off"),
+    (HERMES, '<tool_call>\n{"name": "get_weather", "arguments": {"city": Paris}}\n</tool_call>', "not valid JSON"),
+    (HERMES, '<tool_call>\n{"name": "rm_rf", "arguments": {}}\n</tool_call>', "not one of the request's tools"),
+    (HERMES, '<tool_call>\n[{"name": "get_weather", "arguments": {}}]\n</tool_call>', "malformed"),
+    (HERMES, '<tool_call>\n{"name": "get_weather", "arguments": {}} {"name": "get_time"}</tool_call>',
+     "more than one call"),
+    (HERMES, "<tool_call>\n", "wrote none"),
+    (HERMES, "All done.</tool_call>", "as text"),
     (MISTRAL, '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Par', "cut off"),
     (MISTRAL, '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": Paris}}]', "not valid JSON"),
     (MISTRAL, '[TOOL_CALLS][{"name": "delete_files", "arguments": {"path": "/"}}]', "not one of the request's tools"),
@@ -98,8 +111,11 @@ def test_the_family_is_read_from_its_template() -> None:
     assert syntax_for_template(TEMPLATES["hermes"]).name == HERMES
     assert syntax_for_template(TEMPLATES["llama3_json"]).name == LLAMA3_JSON
     assert syntax_for_template(TEMPLATES["mistral"]).name == MISTRAL
-    assert syntax_for_template(None).name == HERMES  # no template: the worker's own hermes instructions
-    assert syntax_for_template("{{ messages }}").name == HERMES
+    assert syntax_for_template(TEMPLATES["hermes"]).checked
+    # No template, or one that ignores tools (SmolLM2's): the worker's own hermes instructions, read
+    # leniently as before (protocol/toolcalls.py: a cut-off call repaired, unknown names dropped).
+    assert syntax_for_template(None) == syntax_for_template("{{ messages }}") == WORKER_HERMES
+    assert not WORKER_HERMES.checked
 
 
 @pytest.mark.parametrize("family", [HERMES, LLAMA3_JSON, MISTRAL])
@@ -137,11 +153,12 @@ def test_a_forced_call_opens_in_the_familys_syntax(family: str, required: str, n
     assert native_prefix(syntax, "") == ""
 
 
-@pytest.mark.parametrize("family", [LLAMA3_JSON, MISTRAL])
+@pytest.mark.parametrize("family", [HERMES, LLAMA3_JSON, MISTRAL])
 @pytest.mark.parametrize(("choice", "answer"), [
     ("required", {LLAMA3_JSON: '{"name": "get_weather", "parameters": {"city": "Paris"}}',
-                  MISTRAL: '{"name": "get_weather", "arguments": {"city": "Paris"}}'}),
-    ("named", {LLAMA3_JSON: '{"city": "Paris"}}', MISTRAL: '{"city": "Paris"}}'}),
+                  MISTRAL: '{"name": "get_weather", "arguments": {"city": "Paris"}}',
+                  HERMES: '{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'}),
+    ("named", {LLAMA3_JSON: '{"city": "Paris"}}', MISTRAL: '{"city": "Paris"}}', HERMES: '{"city": "Paris"}}'}),
 ])
 def test_a_forced_answer_continues_the_gateways_prefix(family: str, choice: str, answer: dict[str, str]) -> None:
     """The gateway puts its (hermes) prefix before what the worker sends: together, one call."""
@@ -153,7 +170,7 @@ def test_a_forced_answer_continues_the_gateways_prefix(family: str, choice: str,
 
 
 def test_a_forced_call_the_model_never_wrote_is_an_error() -> None:
-    for family in (LLAMA3_JSON, MISTRAL):
+    for family in (HERMES, LLAMA3_JSON, MISTRAL):
         calls = NativeToolCalls(SYNTAXES[family], TOOLS)
         calls.prime(native_prefix(SYNTAXES[family], tool_prefix("required")), opened=True)
         calls.feed("  ")
