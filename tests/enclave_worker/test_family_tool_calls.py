@@ -124,6 +124,8 @@ async def test_a_familys_calls_are_openai_tool_calls_streamed_or_not(
         # The tenant's tool-use controls judge each call (enclave_worker/tool_stream.py), or none apply.
         stack.state.guard = _agent_guard(stack.key.key_id) if guarded else None
         whole, streamed = await _answer(stack, {"model": "m", "messages": ASK, "tools": [WEATHER]})
+        # Recorded with the model: the worker's status (heartbeat, /internal/status) names its syntax.
+        assert stack.state.report().tool_call_syntax == family
     assert _calls(whole) == calls
     assert _calls(streamed) == calls
     assert whole.choices[0].message.content == streamed.choices[0].message.content == content

@@ -188,3 +188,19 @@ def test_the_required_constraint_names_llamas_argument_key() -> None:
     assert native_structured(SYNTAXES[HERMES], tool_prefix("required"), structured) == structured
     named = named_call_arguments_constraint(WEATHER)  # the arguments, then "}": the same in each family
     assert native_structured(SYNTAXES[LLAMA3_JSON], NAMED, named) == named
+
+
+def test_a_worker_names_its_models_syntax_in_its_status() -> None:
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from enclave_worker.server import WorkerState
+    from enclave_worker.settings import WorkerSettings
+
+    state = WorkerState(WorkerSettings(broker_url="http://b", package_dir=Path("/nonexistent"), tenant="acme",
+                                       model="m", version="v1"), status="ready")
+    assert state.report().tool_call_syntax == ""  # nothing served yet
+    for template, name in ((TEMPLATES["mistral"], "mistral"), (None, "hermes_lenient")):
+        engine = SimpleNamespace(tokenizer=SimpleNamespace(chat_template=template), stats=dict)
+        state.booted = SimpleNamespace(engine=engine, load_s=0.1, gpu_cc_off=False)  # type: ignore[assignment]
+        assert state.report().tool_call_syntax == name
