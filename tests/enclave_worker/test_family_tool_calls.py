@@ -224,3 +224,24 @@ async def test_sealed_mode_reads_the_familys_calls_in_the_worker(tmp_path: Path)
     error = json.loads(pieces[0])["error"]
     assert (status, error["code"], error["type"]) == (500, "invalid_tool_call", "server_error")
     assert "not one of the request's tools" in error["message"]
+
+
+@pytest.mark.parametrize("family", ["llama3_json", "mistral"])
+async def test_the_tenants_tool_controls_judge_the_familys_calls(tmp_path: Path, family: str) -> None:
+    """The guard reads the rewritten answer: a tool the policy does not allow is refused (403, the
+    signed decision in the trailers) before any byte of its call leaves, whatever the family's syntax."""
+    said = {"llama3_json": '{"name": "get_weather", "parameters": {"city": "Paris"}}<|eot_id|>',
+            "mistral": '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}]</s>'}[family]
+    async with sealed_stack(tmp_path, None, _engine(family, said)) as stack:  # type: ignore[arg-type]
+        stack.state.guard = WorkerGuard(PolicySet.from_dict({
+            "policy_id": "p", "version": 1, "tenant": "acme", "data": {"pii_input": {"US_SSN": "block"}},
+            "agents": {stack.key.key_id: {"tools": {"get_time": {}}}}}))
+        (request,) = plan_chat(ChatCompletionRequest.model_validate(
+            {"model": "m", "messages": ASK, "tools": [WEATHER]}), rid="r", tenant="acme",
+            key_id=stack.key.key_id, agent_killed=False, default_max_tokens=64).requests
+        texts = []
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            async for chunk in stack.stub.Generate(request):
+                texts.append(chunk.text)
+    assert caught.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert "get_weather" in (caught.value.details() or "") and "get_weather" not in "".join(texts)
