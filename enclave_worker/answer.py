@@ -16,8 +16,10 @@ failure is an `AnswerError` with the status the gateway would answer.
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from dataclasses import replace
 
 from enclave_worker.engine import EngineError, InvalidRequestError, RequestOutput, Tokenizer
 from enclave_worker.engine.config import TokenLogprob
@@ -28,6 +30,7 @@ from enclave_worker.render import prompt_ids
 from enclave_worker.server import WorkerState, serving
 from enclave_worker.stage_times import StageTimes
 from enclave_worker.tool_stream import ToolCallRelease
+from enclave_worker.tool_syntax import ToolCallSyntaxError, canonical_outputs, native_structured, syntax_for_template
 from protocol.rpc import worker_pb2
 from protocol.rpc.sampling import from_wire
 from protocol.toolcalls import strip_tool_calls
@@ -97,18 +100,27 @@ class Answer:
             if state.guard is not None and request.tools_json:  # a call forced by name: judged before any byte
                 state.guard.check_forced_call(request.key_id, request.assistant_prefix, request.agent_killed)
             params = from_wire(request.params)
+            syntax = syntax_for_template(engine.tokenizer.chat_template) if request.tools_json else None
+            if syntax is not None:  # a forced call is constrained in the family's own syntax
+                params = replace(params, structured=native_structured(syntax, request.assistant_prefix,
+                                                                      params.structured))
             if state.guard is not None:
                 state.guard.check_admission(request.key_id, state.settings.model, len(prompt), params.max_tokens)
             timing = self.timing
             if timing is not None:
                 timing.submitted = time.monotonic()
             stream = engine.generate(request.request_id, prompt, params, cache_salt=state.cache_salt(request.tenant))
+            if syntax is not None and syntax.checked:  # the family's calls, rewritten as the one syntax the rest reads
+                stream = canonical_outputs(stream, syntax, engine.tokenizer, _tool_names(request.tools_json),
+                                           request.assistant_prefix)
             self.progress = (len(prompt), 0)  # from here on, an answer cut short is metered
             first = await anext(stream)
             if timing is not None:
                 timing.first, timing.scheduled = time.monotonic(), first.scheduled_at
             self._ran(first)
             return stream, first
+        except ToolCallSyntaxError as exc:
+            raise _invalid_call(exc) from exc
         except (InvalidRequestError, ValueError) as exc:
             raise AnswerError(400, str(exc), code="invalid_value") from exc
         except EngineError as exc:
@@ -201,6 +213,18 @@ async def _next(stream: Outputs) -> RequestOutput:
         return await anext(stream)
     except EngineError as exc:
         raise AnswerError(503, "engine failed", type_="server_error", code="worker_lost") from exc
+    except ToolCallSyntaxError as exc:
+        raise _invalid_call(exc) from exc
+
+
+def _invalid_call(exc: ToolCallSyntaxError) -> AnswerError:
+    """The model's own output holds a malformed call: a clear error, never the call passed on as text."""
+    return AnswerError(500, str(exc), type_="server_error", code="invalid_tool_call")
+
+
+def _tool_names(tools_json: str) -> frozenset[str]:
+    tools = json.loads(tools_json)
+    return frozenset(t.get("function", t).get("name") for t in tools if isinstance(t, dict)) - {None}
 
 
 async def _rest(first: RequestOutput, stream: Outputs, ran: Callable[[RequestOutput], None]) -> list[RequestOutput]:

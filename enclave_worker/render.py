@@ -13,6 +13,7 @@ from enclave_worker.chat_format import chat_prompt_ids
 from enclave_worker.engine import InvalidRequestError
 from enclave_worker.engine_protocol import ServingEngine
 from enclave_worker.guard import GuardNote, GuardRefusal, WorkerGuard
+from enclave_worker.tool_syntax import native_prefix, syntax_for_template
 from protocol.rpc import worker_pb2
 
 log = logging.getLogger(__name__)
@@ -45,9 +46,12 @@ def _render(engine: ServingEngine, guard: WorkerGuard | None, model: str, reques
         if guard is not None:  # data controls on every text the model will read
             messages = guard.check_messages(request.key_id, model, messages, notes)
         tokenizer = engine.tokenizer  # only now: a refused request never touches the engine
+        prefix = request.assistant_prefix
+        if request.tools_json:  # a forced call opens in the family's own syntax (tool_syntax.py)
+            prefix = native_prefix(syntax_for_template(tokenizer.chat_template), prefix)
         return chat_prompt_ids(tokenizer, tokenizer.chat_template, messages,
                                json.loads(request.tools_json) if request.tools_json else None,
-                               request.assistant_prefix, add_generation_prompt)
+                               prefix, add_generation_prompt)
     # /v1/completions: the caller writes the whole prompt, special tokens included (as in vLLM).
     prompt = guard.check_input(request.key_id, model, [request.prompt], notes)[0] if guard else request.prompt
     return engine.tokenizer.encode(prompt + request.assistant_prefix)

@@ -35,6 +35,7 @@ from enclave_worker.outbox import Outbox
 from enclave_worker.settings import WorkerSettings
 from enclave_worker.signing import RequestSigner
 from enclave_worker.tenant_records import TenantRecords
+from enclave_worker.tool_syntax import syntax_for_template
 from policy.errors import PolicyError
 from protocol.asgi import without_native_telemetry
 from protocol.broker.client import WorkerIdentity
@@ -97,7 +98,15 @@ class WorkerState:
             gpu_tee=s.gpu_tee,
             insecure=s.insecure, device=s.device, dtype=s.dtype, gpu_cc_off=bool(booted and booted.gpu_cc_off),
             load_s=round(booted.load_s, 3) if booted else None, gpu_memory=gpu_memory() if s.on_gpu else None,
-            stats=booted.engine.stats() if booted else {})
+            tool_call_syntax=self._tool_call_syntax(), stats=booted.engine.stats() if booted else {})
+
+    def _tool_call_syntax(self) -> str:
+        """The served model's tool-call syntax, as every answer with tools reads it."""
+        tokenizer = getattr(self.booted.engine, "tokenizer", None) if self.booted else None
+        if tokenizer is None:  # not booted (or a stand-in engine without one)
+            return ""
+        syntax = syntax_for_template(tokenizer.chat_template)
+        return syntax.name if syntax.checked else f"{syntax.name}_lenient"
 
     def promises(self) -> dict[str, Any]:
         return self.settings.promises()

@@ -31,6 +31,7 @@ from protocol.rpc import worker_pb2, worker_pb2_grpc
 from protocol.tracing import NULL_SPAN, Span, Tracing
 
 _GRPC_CODES = {400: grpc.StatusCode.INVALID_ARGUMENT, 403: grpc.StatusCode.PERMISSION_DENIED,
+               500: grpc.StatusCode.DATA_LOSS,  # the model's output is unusable (a malformed tool call)
                503: grpc.StatusCode.UNAVAILABLE}
 
 

@@ -51,6 +51,9 @@ class WorkerStatus(BaseModel):
     gpu_cc_off: bool = False
     load_s: float | None = None  # seconds from key release to serving
     gpu_memory: dict[str, int] | None = None  # bytes: allocated, reserved, free, total
+    # The model's tool-call syntax, read from its chat template (enclave_worker/tool_syntax.py):
+    # "hermes", "llama3_json", "mistral", or "hermes_lenient" (a template that ignores tools).
+    tool_call_syntax: str = Field(default="", max_length=32)
     stats: EngineStats = Field(default_factory=dict)
 
     @model_validator(mode="after")

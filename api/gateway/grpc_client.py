@@ -230,6 +230,9 @@ def _translate(exc: grpc.aio.AioRpcError, started: bool) -> GatewayError:
         return GatewayError(400, exc.details() or "invalid request", code="invalid_value")
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
         return GatewayError(413, "the request is too large", code="request_too_large")
+    if code == grpc.StatusCode.DATA_LOSS:  # the model's answer is unusable, e.g. a malformed tool call
+        return GatewayError(500, exc.details() or "the model's output is malformed", type_="server_error",
+                            code="invalid_tool_call")
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
         return GatewayError(504, "the worker did not finish in time", type_="server_error", code="timeout")
     if started:
