@@ -24,8 +24,8 @@ def single_threaded_caller() -> None:
 
     Each thread that runs a parallel torch op keeps an OpenMP team; once libgomp manages more threads
     than there are CPUs it stops spinning between parallel regions, and every one of a step's ~600
-    regions then waits for a woken thread. A process whose main thread had loaded a checkpoint on two
-    threads ran the engine's 64-prompt bf16 benchmark 12-13% slower (Zen 5, 2 vCPUs, 2026-12-02).
+    regions then waits for a woken thread (the cost measured: docs/benchmarks-history.md, "Figures
+    moved from engine docstrings").
     """
     import torch
 

@@ -39,7 +39,7 @@ def is_zero(tensor: torch.Tensor) -> bool:
 def zero_every_byte(tensor: torch.Tensor) -> None:
     """The wipe of one tensor. A packed (MKLDNN) tensor is cleared with memset over oneDNN's allocation:
     torch's ``zero_`` on one writes as if its elements were plain, which corrupted the heap for bf16
-    (seen 2026-12-02) and would miss a padded tail."""
+    and would miss a padded tail."""
     if tensor.is_mkldnn:
         ctypes.memset(torch.ops.mkldnn.data_ptr(tensor), 0, torch.ops.mkldnn._nbytes(tensor))
     else:
