@@ -107,6 +107,10 @@ def test_the_measured_configuration_names_the_kernel_path(tmp_path: Path) -> Non
     assert "kernel" not in settings(engine="vllm").measured_config()["engine"]
     with pytest.raises(ValueError, match="cpu_class"):
         settings(cpu_class="avx2")
+    from enclave_worker.boot import engine_config
+
+    # the engine the worker builds is held to the measured class (it refuses another: test above)
+    assert engine_config(settings(cpu_class="x86-avx2")).cpu_class == "x86-avx2"
 
 
 def test_the_worker_cli_resolves_and_measures_the_cpu_class(tmp_path: Path) -> None:
