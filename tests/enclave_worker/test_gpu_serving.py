@@ -82,7 +82,8 @@ def test_device_dtype_and_memory_share_are_measured() -> None:
     cpu, gpu = settings(), settings(device="cuda", tee="snp", gpu_tee="nvgpu", gpu_memory_utilization=0.8)
     assert cpu.dtype == "float32" and gpu.dtype == "bfloat16"
     assert gpu.measured_config()["engine"] == {"max_num_seqs": 16, "max_model_len": 2048, "dtype": "bfloat16",
-                                               "device": "cuda", "gpu_memory_utilization": 0.8}
+                                               "device": "cuda", "kernel": "cuda/bfloat16/torch",
+                                               "gpu_memory_utilization": 0.8}
     assert cpu.measured_config() != settings(engine_dtype="bfloat16").measured_config()
     assert not gpu.insecure and settings(device="cuda", tee="snp").insecure
 
