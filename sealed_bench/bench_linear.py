@@ -6,9 +6,9 @@ activations, as one decode step does. Per batch size and round, the kernels run 
 order, so a shared machine's load falls on all of them alike; the summary is the median pass.
 
 Kernels: `torch` (F.linear on a transposed storage), `openblas` (numpy's matmul on the same
-memory; the engine's fp32 decode path until the kernel paths were fixed), `mkl-packed` (weights packed once by MKL for sgemm,
-`torch.ops.mkl._mkl_linear`), `onednn-packed` (weights reordered once into oneDNN's blocked layout,
-`torch.ops.mkldnn._linear_pointwise`), `onednn-plain` (the same op on the plain storage),
+memory; the engine's fp32 decode path until the kernel paths were fixed), `mkl-packed` (weights
+packed once by MKL for sgemm, `torch.ops.mkl._mkl_linear`), `onednn-packed` (weights reordered once
+into oneDNN's blocked layout, `torch.ops.mkldnn._linear_pointwise`), `onednn-plain` (the same op on the plain storage),
 `panel` (column panels and the C++ kernel, layers/panel.py: the engine's fp32 CPU path).
 Run: `sealed bench linear --batch 1,16,64 --threads 1 --rounds 15`.
 """
