@@ -67,6 +67,7 @@ def engine_config(settings: WorkerSettings) -> EngineConfig:
         max_model_len=settings.max_model_len,
         kv_cache_memory_bytes=settings.kv_cache_memory_bytes,
         gpu_memory_utilization=settings.gpu_memory_utilization if settings.on_gpu else None,
+        cpu_class=None if settings.on_gpu else settings.cpu_class,
     )
 
 

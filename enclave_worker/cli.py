@@ -78,6 +78,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--device", choices=("cpu", "cuda", "auto"), default="cpu",
                         help="where the engine runs; auto = cuda when a CUDA device is visible")
     parser.add_argument("--dtype", default=None, help="engine dtype (default: bfloat16 on cuda, float32 on cpu)")
+    parser.add_argument("--cpu-class", default="auto",
+                        help="CPU, engine sealed: the CPU class the kernels are chosen for (x86-avx512-bf16, "
+                             "x86-avx512, x86-avx2, generic; measured as the kernel path); auto = this machine's. "
+                             "Name it when measuring a worker for another machine")
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9,
                         help="share of GPU memory for weights, KV pool and activations")
     parser.add_argument("--engine", choices=("sealed", "vllm"), default="sealed",
@@ -109,8 +113,13 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, WorkerSettings]:
         import torch
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
+    cpu_class = None if device != "cpu" or args.engine != "sealed" else args.cpu_class
+    if cpu_class == "auto":
+        from enclave_worker.engine.kernel_path import detect_cpu_class
+
+        cpu_class = detect_cpu_class()
     try:
-        return args, _settings(args, tee, gpu_tee, device)
+        return args, _settings(args, tee, gpu_tee, device, cpu_class)
     except ValueError as exc:
         parser.error(str(exc))
 
@@ -145,10 +154,11 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _settings(args: argparse.Namespace, tee: str, gpu_tee: str | None, device: str) -> WorkerSettings:
+def _settings(args: argparse.Namespace, tee: str, gpu_tee: str | None, device: str,
+              cpu_class: str | None) -> WorkerSettings:
     return WorkerSettings(
         broker_url=args.broker_url, package_dir=args.package_dir, tenant=args.tenant, model=args.model,
-        version=args.version, tee=tee, gpu_tee=gpu_tee, device=device, engine_dtype=args.dtype,
+        version=args.version, tee=tee, gpu_tee=gpu_tee, device=device, engine_dtype=args.dtype, cpu_class=cpu_class,
         gpu_memory_utilization=args.gpu_memory_utilization, tsm_dir=args.tsm_dir, tsm_entry=args.tsm_entry,
         sev_guest_device=args.sev_guest_device, ccel_table=args.ccel_table, ccel_data=args.ccel_data,
         sim_platform_key=args.sim_platform_key,

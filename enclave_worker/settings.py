@@ -56,6 +56,10 @@ class WorkerSettings:
     # frontend the worker does not run) or a CPU list "0-3". Measured: it changes how the engine runs.
     vllm_cpu_bind: str = "all"
     engine_dtype: str | None = None  # None: bfloat16 on a GPU, float32 on the CPU
+    # CPU, engine sealed: the CPU class the engine's kernels are chosen for (engine/kernel_path.py);
+    # None: this machine's. The kernel path it gives is measured (engine.kernel), and the engine refuses
+    # to build on a CPU of another class, so a worker runs the kernels its measurement names.
+    cpu_class: str | None = None
     gpu_memory_utilization: float = 0.9  # share of GPU memory for weights + KV pool + activations
     policy_file: Path | None = None  # the tenant's signed policy set (data and tool-use controls)
     policy_admin_key: Path | None = None  # Ed25519 public key that must have signed it (measured)
@@ -107,6 +111,11 @@ class WorkerSettings:
             # The floor is checked on the tenant-signed envelope, which needs the tenant's key.
             raise ValueError("min_release_policy_version needs policy_admin_key")
         self.response_padding  # noqa: B018 - a bad padding size is refused here, not on the first request
+        if self.cpu_class is not None:
+            from enclave_worker.engine.kernel_path import CPU_CLASSES
+
+            if self.cpu_class not in CPU_CLASSES:
+                raise ValueError(f"cpu_class must be one of {CPU_CLASSES}, not {self.cpu_class!r}")
 
     @property
     def response_padding(self) -> PaddingPolicy:
@@ -145,6 +154,17 @@ class WorkerSettings:
     @property
     def dtype(self) -> str:
         return self.engine_dtype or ("bfloat16" if self.on_gpu else "float32")
+
+    @property
+    def kernel_path(self) -> str | None:
+        """The name of the kernels our engine runs under these settings (engine/kernel_path.py): on the
+        CPU, for ``cpu_class`` (this machine's when None); None for the vLLM engine."""
+        if self.engine != "sealed":
+            return None
+        from enclave_worker.engine.kernel_path import choose_kernel_path, detect_cpu_class
+
+        cpu_class = None if self.on_gpu else (self.cpu_class or detect_cpu_class())
+        return choose_kernel_path(self.device, self.dtype, "auto", cpu_class).name
 
     def promises(self) -> dict[str, Any]:
         """What this worker build promises about a client's data; measured, so a client can require it."""
@@ -196,6 +216,8 @@ class WorkerSettings:
                 **({"max_num_batched_tokens": self.max_num_batched_tokens} if self.max_num_batched_tokens else {}),
                 "dtype": self.dtype,
                 "device": self.device,
+                # Which kernels compute the logits: one path per device, dtype and CPU class.
+                **({"kernel": self.kernel_path} if self.engine == "sealed" else {}),
                 **({"gpu_memory_utilization": self.gpu_memory_utilization} if self.on_gpu else {}),
                 **({"vllm_cpu_bind": self.vllm_cpu_bind} if self.engine == "vllm" and not self.on_gpu else {}),
             },

@@ -130,8 +130,7 @@ def worker_sealed(spec: dict) -> dict:
         max_model_len=total + 16,
         kv_cache_memory_bytes=int(kv_bytes * 1.2),
         num_threads=spec.get("threads"),
-        packed_weights={"on": True, "off": False}.get(spec.get("packed_weights", "auto")),
-        panel_weights={"on": True, "off": False}.get(spec.get("panel_weights", "auto")),
+        decode_kernels=spec.get("kernels", "auto"),
         panel_codes=spec.get("panel_codes", "on") == "on",
     )
     engine = LLMEngine.from_checkpoint(ckpt, cfg)
@@ -180,8 +179,7 @@ def worker_sealed(spec: dict) -> dict:
         mean_ttft_in_batch_s=round(mean_ttft, 4),
         threads=engine.runner.num_threads,
         weight_bytes_fp32=weight_bytes,
-        packed_weights=engine.runner.packed_weights,
-        panel_weights=engine.runner.panel_weights,
+        kernel_path=engine.kernel_path.name,
         panel_codes=spec.get("panel_codes", "on"),
         held_matmul_bytes=held,
         **decode,
@@ -411,13 +409,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--busy-core", action="store_true",
                     help="keep one core busy with a second process during every run (a loaded machine)")
     ap.add_argument("--rounds", type=int, default=1, help="run every system in turn this many times (paired)")
-    ap.add_argument("--packed-weights", choices=("auto", "on", "off"), default="auto",
-                    help="Sealed's dense weights in oneDNN's packed layout (EngineConfig.packed_weights; auto: "
-                         "bf16 on a CPU with bf16 instructions)")
-    ap.add_argument("--panel-weights", choices=("auto", "on", "off"), default="auto",
-                    help="Sealed's dense fp32 weights in column panels for the C++ kernel "
-                         "(EngineConfig.panel_weights; auto: the engine's default, off until measured faster on a "
-                         "quiet machine; on: panels where not packed; off: OpenBLAS / torch, checkpoint layout)")
+    ap.add_argument("--kernels", choices=("auto", "torch"), default="auto",
+                    help="Sealed's kernels (EngineConfig.decode_kernels): auto, the kernel path for this CPU class "
+                         "(enclave_worker/engine/kernel_path.py; each row names it), or torch, the reference path")
     ap.add_argument("--panel-codes", default="on", type=_codes_choices,
                     help="Sealed's panels exactly on a block grid held as int8 codes (EngineConfig.panel_codes): on "
                          "(the default), off, or both in turn each round (on,off) for an A/B in one run")
@@ -472,8 +466,7 @@ def _one_round(args: argparse.Namespace, rates: tuple[float, float], hf_dir: lis
         print(f"{dtype}: batch-1 bandwidth bound = bandwidth / weight bytes per token = {bound:.1f} tok/s")
         for batch, structured in ((int(b), s) for b in args.batch.split(",") for s in args.structured.split(",")):
             spec = {"model": str(args.model), "dtype": dtype, "batch": batch, "input_len": args.input_len,
-                    "output_len": args.output_len, "threads": args.threads, "packed_weights": args.packed_weights,
-                    "panel_weights": args.panel_weights,
+                    "output_len": args.output_len, "threads": args.threads, "kernels": args.kernels,
                     "temperature": args.temperature, "top_p": args.top_p, "structured": structured,
                     "copy_gbs": bw, "matmul_gflops": gflops, "profile_decode": args.profile_decode}
             codes = args.panel_codes if dtype == "fp32" else ["on"]  # codes are a layout of fp32 panels

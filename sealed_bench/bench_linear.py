@@ -5,11 +5,11 @@ gate/up and down, plus the 49152-row LM head; random fp32 weights, 538 MB) appli
 activations, as one decode step does. Per batch size and round, the kernels run in a shuffled
 order, so a shared machine's load falls on all of them alike; the summary is the median pass.
 
-Kernels: `torch` (F.linear on the engine's transposed storage), `openblas` (numpy's matmul on the
-same memory: the engine's decode path), `mkl-packed` (weights packed once by MKL for sgemm,
-`torch.ops.mkl._mkl_linear`), `onednn-packed` (weights reordered once into oneDNN's blocked layout,
-`torch.ops.mkldnn._linear_pointwise`), `onednn-plain` (the same op on the engine's own storage),
-`panel` (column panels and the C++ kernel, layers/panel.py; `--panel-weights on` in the engine, off by default).
+Kernels: `torch` (F.linear on a transposed storage), `openblas` (numpy's matmul on the same
+memory; the engine's fp32 decode path until the kernel paths were fixed), `mkl-packed` (weights
+packed once by MKL for sgemm, `torch.ops.mkl._mkl_linear`), `onednn-packed` (weights reordered once
+into oneDNN's blocked layout, `torch.ops.mkldnn._linear_pointwise`), `onednn-plain` (the same op on the plain storage),
+`panel` (column panels and the C++ kernel, layers/panel.py: the engine's fp32 CPU path).
 Run: `sealed bench linear --batch 1,16,64 --threads 1 --rounds 15`.
 """
 
@@ -30,12 +30,11 @@ SHAPES = ((960, 576), (576, 576), (3072, 576), (576, 1536))  # one layer: QKV, O
 def _weights(layers: int, vocab: int) -> list:
     import torch
 
-    from enclave_worker.engine.layers.linear import transposed_storage
-
     gen = torch.Generator().manual_seed(0)
     mats = [torch.randn(n, k, generator=gen) * 0.02 for _ in range(layers) for n, k in SHAPES]
     mats.append(torch.randn(vocab, 576, generator=gen) * 0.02)
-    return [transposed_storage(w, in_place=True) for w in mats]
+    # Stored [in, out] contiguous (the layout OpenBLAS streams fastest), read by torch as W's transposed view.
+    return [w.t().contiguous().t() for w in mats]
 
 
 def _pass_fns(weights: list, batch: int) -> dict[str, Callable[[dict], None]]:

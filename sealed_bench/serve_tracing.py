@@ -157,8 +157,7 @@ def run_tracing(args: argparse.Namespace) -> int:
         traced_env = _clean_env() | tracing_env(sink_port, ratio)
         stacks: dict[str, UpStack] = {}
         try:
-            # One after the other: each worker measures its matmul libraries at boot (blas_calibration.py)
-            # and builds its engine on the result; two booting at once would skew each other's.
+            # One after the other: two stacks booting at once would slow each other's model load.
             for label, home, env in ((LABELS[0], "off", _clean_env()), (LABELS[1], "on", traced_env)):
                 stacks[label] = UpStack(scratch / home, env, label)
                 stacks[label].wait_up()

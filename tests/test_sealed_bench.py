@@ -77,6 +77,7 @@ def test_engine_benchmark_samples_when_asked_and_records_how(tmp_path) -> None: 
     assert [(row["system"], row["temperature"], row["top_p"], row["batch"], row["structured"]) for row in rows] == [
         ("sealed", 0.9, 0.95, 2, "off"), ("sealed", 0.9, 0.95, 2, "json")]  # with and without a JSON schema
     assert all(row["output_tok_per_s"] > 0 for row in rows)
+    assert all(row["kernel_path"].startswith("cpu/") for row in rows)  # the engine's kernel path, named
     for bad in (["--temperature", "-1"], ["--top-p", "0"], ["--top-p", "1.5"], ["--structured", "yaml"]):
         with pytest.raises(SystemExit):
             bench_engine.main(bad)

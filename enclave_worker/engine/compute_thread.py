@@ -1,13 +1,11 @@
 """The one thread a CPU model is built on and then stepped on.
 
-Built on one thread and stepped on another, the same bf16 model ran a 64-prompt benchmark 35-40%
-slower than with both on one thread (Zen 5, 2 vCPUs, 2026-12-02: 23-24 s against 17 s; the
-stepping thread took twice the system time, and building on a thread that had exited before the
-stepping began was as fast as one thread). Two threads that each ran torch's parallel ops leave
-two OpenMP teams and two malloc arenas behind; on two cores they compete with the steps. So the
-engine builds its model on the thread that later runs its step loop: `call` runs the build there
-and returns its result, `start` hands over the loop. No torch import: the vLLM adapter shares the
-engine thread module.
+Built on one thread and stepped on another, a model ran measurably slower than with both on one
+thread (docs/benchmarks-history.md, "Figures moved from engine docstrings"). Two threads that each
+ran torch's parallel ops leave two OpenMP teams and two malloc arenas behind; on two cores they
+compete with the steps. So the engine builds its model on the thread that later runs its step loop:
+`call` runs the build there and returns its result, `start` hands over the loop. No torch import:
+the vLLM adapter shares the engine thread module.
 """
 
 from __future__ import annotations

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 from protocol.sampling import SamplingParams as SamplingParams  # the one contract, re-exported
 
+from .kernel_path import CPU_CLASSES
+
 DTYPES = ("float32", "bfloat16", "float16", "int8", "int4", "fp8")
 DECODE_KERNELS = ("auto", "triton", "torch")
 
@@ -23,28 +25,21 @@ class EngineConfig:
     # whole worker, less the weights and an activation reserve); None keeps kv_cache_memory_bytes.
     gpu_memory_utilization: float | None = None
     enable_prefix_caching: bool = True
-    num_threads: int | None = None  # torch intra-op threads on CPU; default: all cores
+    num_threads: int | None = None  # torch intra-op threads on CPU, fixed for the engine; default: all cores
     int4_group_size: int = 32
     # Decode steps: "auto" takes the fused Triton kernels (paged attention in place, fused
     # norm/rope/activation) on CUDA where Triton is installed, and the C++ kernels on the CPU;
     # "triton" asks for the Triton kernels anywhere (the CPU runs them only under TRITON_INTERPRET, for
-    # tests); "torch" keeps the gather + SDPA path everywhere. The Triton path became the CUDA default
-    # when tests/gpu/engine_checks.sh passed on an H200 (2026-12-04: its kernels, greedy equality with
-    # HF, 44x the gather path's batch-1 decode; docs/benchmarks.md).
+    # tests); "torch" keeps the gather + SDPA path and torch's F.linear everywhere (docs/engine.md,
+    # "The GPU path", says why Triton is the CUDA default).
     decode_kernels: str = "auto"
     # Replay captured decode steps on CUDA (needs the Triton kernels). None: on wherever they run on CUDA.
     cuda_graphs: bool | None = None
-    # Dense fp32 / bf16 linears on the CPU hold their weights in oneDNN's packed layout (one copy,
-    # wiped like any other; layers/packed.py) instead of OpenBLAS / torch on the checkpoint's layout.
-    # None: packed for bf16 on a CPU with bf16 instructions (AVX512-BF16, AMX), plain otherwise.
-    packed_weights: bool | None = None
-    # Dense fp32 linears on the CPU (not packed) hold their weights in column panels that the C++
-    # kernel streams once per step for the whole batch (layers/panel.py; needs the CPU kernels, so not
-    # under decode_kernels="torch"); calls of 128+ rows (prefill) unpack a layer for torch's GEMM.
-    # None or True: on; False: the checkpoint's layout on OpenBLAS / torch. On by default since a
-    # quiet A/B (issue #38, docs/benchmarks.md): batch-16 decode step 50-61 against 94-106 ms, batch
-    # 1 alike; `sealed bench engine --panel-weights off|on` measures it.
-    panel_weights: bool | None = None
+    # The CPU class this configuration is for (kernel_path.CPU_CLASSES); None: this machine's. The
+    # kernels follow from the device, the dtype, decode_kernels and the class alone (kernel_path.py:
+    # fp32 in column panels for the C++ kernel, bf16 oneDNN-packed on x86-avx512-bf16, torch's
+    # F.linear otherwise); a named class the machine is not of refuses the build.
+    cpu_class: str | None = None
     # Panel layers whose fp32 weights lie exactly on a per-block grid (a GGUF Q4_1 / Q8_0 checkpoint,
     # dequantized when loaded) are held as int8 codes with a scale and offset per 32 weights: 1.25
     # bytes a weight instead of 4, every weight rebuilt to the same float before the same FMAs, so
@@ -62,6 +57,10 @@ class EngineConfig:
             raise ValueError(f"decode_kernels must be one of {DECODE_KERNELS}, not {self.decode_kernels!r}")
         if self.kv_cache_memory_bytes <= 0:
             raise ValueError("kv_cache_memory_bytes must be positive")
+        if self.cpu_class is not None and self.cpu_class not in CPU_CLASSES:
+            raise ValueError(f"cpu_class must be one of {CPU_CLASSES} or None, not {self.cpu_class!r}")
+        if self.num_threads is not None and self.num_threads < 1:
+            raise ValueError("num_threads must be >= 1 (None: all cores)")
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,6 @@ from typing import Any
 
 import torch
 
-from .blas_calibration import BlasSpeedup, measure_blas_speedup
 from .block_manager import BlockManager
 from .checkpoint import Checkpoint
 from .compute_thread import ComputeThread
@@ -22,9 +21,7 @@ from .errors import EngineError
 from .kernels import triton_installed
 from .kernels.cpu_ops import load_cpu_ops
 from .kv_cache import KVCacheSpec, allocate_kv_cache, gpu_kv_budget
-from .layers.linear import DenseMatmul, Linear
 from .layers.packed import zero_every_byte
-from .layers.panel import PanelMatmul
 from .model_builder import BuiltModel, build_model
 from .model_runner import ModelRunner
 from .models import model_tensors
@@ -53,24 +50,12 @@ def _fused_decode(config: EngineConfig) -> bool:
     return False
 
 
-def _blas_speedup(model: torch.nn.Module, threads: int) -> BlasSpeedup | None:
-    """OpenBLAS's measured advantage over torch on the model's largest dense fp32 layer (None: no such layer)."""
-    shapes = [tuple(m.weight.shape) for m in model.modules()
-              if isinstance(m, Linear) and isinstance(m.matmul, DenseMatmul) and m.matmul.weight_t_np is not None]
-    shapes += [(m.matmul.out_features, m.matmul.in_features) for m in model.modules()
-               if isinstance(m, Linear) and isinstance(m.matmul, PanelMatmul)]
-    if not shapes:
-        return None
-    out_features, in_features = max(shapes, key=lambda s: s[0] * s[1])
-    return measure_blas_speedup(out_features, in_features, threads)
-
-
-def _cpu_kernels(config: EngineConfig, built: BuiltModel) -> bool:
+def _cpu_kernels(built: BuiltModel) -> bool:
     """Whether CPU steps take the C++ kernels (kernels/cpu_ops.py: decode attention in place, fused
-    norm / rotary / activation): "auto" for dense fp32 and bf16, from the build installed with the package
-    (CpuKernelsUnavailable, one line, where it is missing or stale); "torch" keeps torch's ops."""
-    if (config.device != "cpu" or config.decode_kernels == "torch" or built.quant != "none"
-            or built.dtype not in (torch.float32, torch.bfloat16)):
+    norm / rotary / activation), as the kernel path says (kernel_path.py: dense fp32 and bf16 unless
+    decode_kernels="torch"), from the build installed with the package (CpuKernelsUnavailable, one
+    line, where it is missing or stale)."""
+    if not built.kernel.cpu_kernels:
         return False
     load_cpu_ops()
     return True
@@ -110,15 +95,9 @@ class LLMEngine(ThreadedEngine[_Request]):
         self.max_model_len = min(built.model_len, num_blocks * config.block_size)
         self.blocks = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.blocks, config.max_num_seqs, config.max_num_batched_tokens)
-        # fp32 weights on the CPU are what the OpenBLAS path serves (ModelRunner.use_blas); 0 turns it off.
-        # Packed weights run on torch's pool (layers/packed.py); panels too, but a prefill-sized step over
-        # panels may go to OpenBLAS where it measured faster (layers/panel.py), so it is measured for them.
-        fp32_cpu = (config.device == "cpu" and built.dtype == torch.float32 and built.quant == "none"
-                    and not built.packed and not built.panel)
-        dense_bytes = sum(t.nbytes for t in model_tensors(self.model)) if fp32_cpu else 0
-        blas_speedup = _blas_speedup(self.model, built.threads) if fp32_cpu or built.panel else None
+        self.kernel_path = built.kernel  # which kernels run (kernel_path.py); named in the measured config
         fused = _fused_decode(config)
-        cpu_kernels = _cpu_kernels(config, built)
+        cpu_kernels = _cpu_kernels(built)
         self.model.cpu_kernels = cpu_kernels
         graphs = fused and cuda and config.cuda_graphs is not False
         # With decode graphs, one extra block no sequence owns takes the padding rows' K/V writes.
@@ -128,13 +107,9 @@ class LLMEngine(ThreadedEngine[_Request]):
             config.block_size,
             config.device,
             built.threads,
-            dense_bytes,
             fused_decode=fused,
             max_model_len=self.max_model_len,
             cpu_kernel=cpu_kernels,
-            packed_weights=built.packed,
-            panel_weights=built.panel,
-            blas_speedup=blas_speedup,
         )
         if graphs:
             self.runner.enable_decode_graphs(config.max_num_seqs, pad_slot=num_blocks * config.block_size)

@@ -1,8 +1,8 @@
-"""Building the model an engine serves: architecture, dtype and quantization, CPU thread pools, and
-the longest sequence the model allows. The checkpoint's tensors are consumed: popped from its dict
-and, where a kernel wants another layout, rearranged in their own memory, so the weights exist
-once (for a decrypted package, inside the buffer that ``DecryptedModel.wipe`` zeroes). Pass clones
-to keep the originals."""
+"""Building the model an engine serves: architecture, dtype and quantization, the kernel path
+(kernel_path.py), the CPU thread count, and the longest sequence the model allows. The checkpoint's
+tensors are consumed: popped from its dict and, where a kernel wants another layout, rearranged in their
+own memory, so the weights exist once (for a decrypted package, inside the buffer that
+``DecryptedModel.wipe`` zeroes). Pass clones to keep the originals."""
 
 from __future__ import annotations
 
@@ -10,16 +10,14 @@ import contextlib
 import ctypes
 import gc
 from dataclasses import dataclass
-from typing import Any
 
 import torch
-from threadpoolctl import threadpool_limits
 
-from .blas_calibration import measure_packed_speedup
 from .checkpoint import Checkpoint
 from .config import EngineConfig
 from .errors import EngineError
-from .layers.packed import PACKABLE_DTYPES, PackingError, bf16_native, packing_available
+from .kernel_path import KernelPath, choose_kernel_path, detect_cpu_class
+from .layers.linear import LinearOptions
 from .models import ARCHITECTURES
 from .models.llama import BuildOptions, LlamaForCausalLM
 from .threads import available_cpus
@@ -42,13 +40,11 @@ class BuiltModel:
     dtype: torch.dtype
     quant: str  # "none" | "int8" | "int4" | "fp8"
     model_len: int  # the longest sequence the model allows (before the KV pool's own limit)
-    threads: int
+    threads: int  # CPU: the compute thread's torch pool, fixed for the engine's life
     tokenizer: Tokenizer
     vocab_size: int
     hidden_size: int
-    packed: bool = False  # dense linears hold oneDNN-packed weights (layers/packed.py)
-    panel: bool = False  # dense fp32 linears hold column panels for the C++ kernel (layers/panel.py)
-    panel_codes: bool = False  # panels exactly on a block grid may be held as codes (layers/coded_panel.py)
+    kernel: KernelPath
 
 
 def _release_freed_memory() -> None:
@@ -58,18 +54,16 @@ def _release_freed_memory() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
-PACK_FP32_GAIN = 1.5  # packed fp32 by default where oneDNN measured this much faster at 64 rows
-
-
-def _packed_fp32_pays(cfg: dict[str, Any], threads: int) -> bool:
-    """Whether oneDNN over packed fp32 weights beats OpenBLAS and torch on this CPU by ``PACK_FP32_GAIN``
-    at a decode batch, on the model's MLP shape (blas_calibration.py). It costs batch-1 decode ~15% on
-    an AVX-512 Zen 5 and gains 2x at 16-2048 rows there; an AVX2 CPU may measure no gain and stay plain."""
-    try:
-        gain = measure_packed_speedup(2 * int(cfg["intermediate_size"]), int(cfg["hidden_size"]), threads)
-    except (KeyError, ValueError, PackingError):
-        return False
-    return gain >= PACK_FP32_GAIN
+def kernel_path_for(config: EngineConfig) -> KernelPath:
+    """The configuration's kernel path on this machine. A configuration that names a CPU class (as a
+    worker's measured configuration does) must be run on a CPU of that class: another class would run
+    other kernels, and so give other logits, than the ones the measurement names."""
+    cpu_class = None
+    if torch.device(config.device).type == "cpu":
+        cpu_class = detect_cpu_class()
+        if config.cpu_class is not None and config.cpu_class != cpu_class:
+            raise EngineError(f"the configuration names CPU class {config.cpu_class!r}; this CPU is {cpu_class!r}")
+    return choose_kernel_path(config.device, config.dtype, config.decode_kernels, cpu_class)
 
 
 def build_model(checkpoint: Checkpoint, config: EngineConfig) -> BuiltModel:
@@ -79,8 +73,8 @@ def build_model(checkpoint: Checkpoint, config: EngineConfig) -> BuiltModel:
         raise EngineError(f"unsupported architecture {arch!r}")
     threads = config.num_threads or available_cpus()
     if config.device == "cpu":
-        torch.set_num_threads(threads)
-        threadpool_limits(threads, user_api="blas")  # OpenBLAS (numpy) too: layers/linear.py
+        torch.set_num_threads(threads)  # on the thread that will step the engine (compute_thread.py)
+    kernel = kernel_path_for(config)
     quant = config.dtype if config.dtype in _QUANTIZED else "none"
     # Quantized weights take bf16 activations on a GPU (what its int4/FP8 kernels want), fp32 on the CPU.
     cuda = torch.device(config.device).type == "cuda"
@@ -89,23 +83,12 @@ def build_model(checkpoint: Checkpoint, config: EngineConfig) -> BuiltModel:
         config.max_model_len or min(cfg.get("max_position_embeddings", 4096), 4096),
         cfg.get("max_position_embeddings", 1 << 30),
     )
-    # bf16 packs only where oneDNN has bf16 on this CPU (PackedMatmul refuses it elsewhere): asking for
-    # packed bf16 on an AVX2-only CPU builds the plain bf16 model.
-    packed = (config.device == "cpu" and dtype in PACKABLE_DTYPES and quant == "none" and packing_available()
-              and (dtype != torch.bfloat16 or bf16_native())
-              and (config.packed_weights if config.packed_weights is not None
-                   else dtype == torch.bfloat16 or _packed_fp32_pays(cfg, threads)))
-    # Panels: fp32 dense weights on the CPU that are not packed, where the engine runs the C++ kernels
-    # (the default; False keeps the checkpoint's layout).
-    panel = (config.device == "cpu" and dtype == torch.float32 and quant == "none" and not packed
-             and config.decode_kernels != "torch" and config.panel_weights is not False)
-    codes = panel and config.panel_codes
-    opts = BuildOptions(quant, dtype, config.device, model_len, config.int4_group_size, packed=packed, panel=panel,
-                        panel_codes=codes)
+    linear = LinearOptions(quant, dtype, config.device, kernel.linear, codes=config.panel_codes,
+                           int4_group_size=config.int4_group_size)
+    opts = BuildOptions(linear, model_len)
     with torch.inference_mode():
         model = ARCHITECTURES[arch](cfg, checkpoint.tensors, opts).eval()
     _release_freed_memory()  # conversion transients go back to the OS before the KV pool is touched
     return BuiltModel(model=model, dtype=dtype, quant=quant, model_len=model_len, threads=threads,
                       tokenizer=Tokenizer(checkpoint.tokenizer_json, checkpoint.chat_template, cfg),
-                      vocab_size=int(cfg["vocab_size"]), hidden_size=int(cfg["hidden_size"]), packed=packed,
-                      panel=panel, panel_codes=codes)
+                      vocab_size=int(cfg["vocab_size"]), hidden_size=int(cfg["hidden_size"]), kernel=kernel)

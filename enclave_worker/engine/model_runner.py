@@ -2,28 +2,19 @@
 
 from __future__ import annotations
 
-import time
-
 import torch
 
-from .blas_calibration import BlasSpeedup
 from .config import TokenLogprob
 from .cuda_graphs import DecodeGraphs, DecodeInputs, SamplingRow, TransferCounter, capture_sizes
 from .kernels.paged_attention import num_splits_for
 from .kernels.sampling import BatchSampling, sample_on_device
 from .layers.attention import AttentionMetadata, PrefillChunk
 from .layers.logits_processors import process
-from .layers.panel import GEMM_MIN_ROWS as PANEL_GEMM_MIN_ROWS
 from .layers.sampler import History, sample
 from .models.llama import LlamaForCausalLM
 from .scheduler import ScheduledSeq
 from .sequence import Sequence
 from .structured import apply_grammar_masks
-from .threads import ThreadPools, ThreadTuner, step_kind
-
-BLAS_MAX_TOKENS = 64  # above this many rows a step is a real GEMM (prefill): OpenBLAS only where it measured faster
-BLAS_PREFILL_GAIN = 1.2  # ... by this factor at 256 rows (blas_calibration.py)
-
 
 # A step's inputs: token ids, positions, attention metadata and the rows to sample; (None, None, None, [])
 # when a captured decode graph's static buffers take them (execute() fills those).
@@ -39,17 +30,11 @@ class ModelRunner:
         block_size: int,
         device: str,
         num_threads: int = 1,
-        weight_bytes: int = 0,
         fused_decode: bool = False,
         max_model_len: int = 0,
         cpu_kernel: bool = False,
-        packed_weights: bool = False,
-        blas_speedup: BlasSpeedup | None = None,
-        panel_weights: bool = False,
     ) -> None:
         self.model = model
-        self.packed_weights = packed_weights  # dense layers run oneDNN over packed weights (layers/packed.py)
-        self.panel_weights = panel_weights  # ... or the C++ kernel over column panels (layers/panel.py)
         # CPU steps through kernels/cpu_ops.py (decode K/V read in place, fused elementwise work).
         self.cpu_kernel = cpu_kernel and device == "cpu"
         # Fused decode (kernels/): block tables padded to one fixed width, so a captured graph fits any step.
@@ -60,13 +45,7 @@ class ModelRunner:
         self.transfers = TransferCounter()
         self.block_size = block_size
         self.device = device
-        self.num_threads = num_threads
-        # CPU: 1 or num_threads threads per step, whichever measures faster (threads.py); on a GPU unused.
-        self.tuner = ThreadTuner(num_threads if device == "cpu" else 1)
-        self.pools = ThreadPools() if device == "cpu" else None
-        self.weight_bytes = weight_bytes
-        # torch's dense time over OpenBLAS's on this machine (blas_calibration.py); 1.0: no advantage.
-        self.blas_speedup = blas_speedup or BlasSpeedup.unmeasured()
+        self.num_threads = num_threads  # CPU: every step's torch pool, fixed (threads.py)
         self.kv_bytes_per_token = kv_cache.nbytes // max(1, kv_cache.shape[2])  # K and V, every layer
         for i, layer in enumerate(model.decoder_layers):
             layer.attn.k_cache = kv_cache[0, i]
@@ -188,7 +167,6 @@ class ModelRunner:
 
         @torch.inference_mode()
         def step(inputs: DecodeInputs) -> torch.Tensor:
-            self.model.blas.enabled = False
             logits: torch.Tensor = self.model(inputs.input_ids, inputs.positions, self._fused_meta(inputs),
                                               index[inputs.size])
             return logits
@@ -227,52 +205,14 @@ class ModelRunner:
         positions: torch.Tensor,
         meta: AttentionMetadata,
         logits_index: list[int],
-        blas: bool = False,
     ) -> torch.Tensor:
-        """``blas``: this step's dense matmuls go to OpenBLAS (see use_blas); set for every call."""
         index = torch.tensor(logits_index, dtype=torch.long, device=self.device)
-        self.model.blas.enabled = blas
-        logits: torch.Tensor
-        if self.pools is None:
-            logits = self.model(input_ids, positions, meta, index)
-            return logits
-        # A step on OpenBLAS runs torch's ops on one thread (their pools must not spin together);
-        # one token (batch-1 decode) too, its ops being too small to split, except over packed
-        # weights, where oneDNN's 1-row GEMV streams the weights faster on more threads (bf16 on 2 vCPUs:
-        # 17.5 vs 26.9 ms a pass) and the tuner picks between 1 and num_threads as for any step; so
-        # over panels, whose kernel streams one contiguous run of each layer per thread.
-        n = input_ids.numel()
-        kind = step_kind(blas, n)
-        threads = self.tuner.choose(kind)
-        if blas:
-            self.pools.set(1, threads)
-        else:
-            self.pools.set(1 if n == 1 and not (self.packed_weights or self.panel_weights) else threads)
-        start = time.perf_counter()
-        logits = self.model(input_ids, positions, meta, index)
-        self.tuner.record(kind, threads, (time.perf_counter() - start) / n)
+        # Every step on the engine's fixed count, whichever thread steps (the compute thread, set when it
+        # built the model, or a direct caller of LLMEngine.step): the count is never tuned (threads.py).
+        if self.device == "cpu" and torch.get_num_threads() != self.num_threads:
+            torch.set_num_threads(self.num_threads)
+        logits: torch.Tensor = self.model(input_ids, positions, meta, index)
         return logits
-
-    def use_blas(self, num_tokens: int, context_tokens: int) -> bool:
-        """Whether this step's dense matmuls go to OpenBLAS, with torch on one thread (BlasSwitch).
-
-        Decode-sized steps: while attention (which then runs on one thread) reads at most as many
-        KV bytes as the matmuls read weight bytes, scaled by how much faster OpenBLAS measured than
-        torch here (``blas_speedup``): the more the matmuls gain, the more attention may lose.
-        Larger steps (prefill): where OpenBLAS measured at least ``BLAS_PREFILL_GAIN`` times faster
-        at 256 rows (torch's GEMM on an AVX2 AMD EPYC). Measured crossovers: docs/engine.md. Over
-        panels: prefill-sized steps only, by the same measured prefill gain.
-        """
-        if self.panel_weights:
-            # Over panels only a prefill-sized step multiplies through a GEMM (the layer unpacked for
-            # the call, layers/panel.py); decode stays on the panel kernel.
-            return num_tokens >= PANEL_GEMM_MIN_ROWS and self.blas_speedup.prefill >= BLAS_PREFILL_GAIN
-        if self.weight_bytes <= 0:
-            return False
-        if num_tokens > BLAS_MAX_TOKENS:
-            return self.blas_speedup.prefill >= BLAS_PREFILL_GAIN
-        gain = max(1.0, self.blas_speedup.decode)
-        return context_tokens * self.kv_bytes_per_token <= self.weight_bytes * gain
 
     @torch.inference_mode()
     def execute(
@@ -290,8 +230,7 @@ class ModelRunner:
             assert ran is not None
             return self._sample_on_device(batch, *ran)
         assert positions is not None and meta is not None  # prepare() made an eager step
-        blas = self.use_blas(input_ids.numel(), sum(s.start + s.num_tokens for s in batch))
-        logits = self.forward(input_ids, positions, meta, logits_index, blas=blas)
+        logits = self.forward(input_ids, positions, meta, logits_index)
         sampled = [s.seq for s in batch if s.samples]
         logits = apply_grammar_masks(logits, [q.grammar for q in sampled])
         return sample(logits, [q.params for q in sampled], [q.generator for q in sampled], token_history(sampled))

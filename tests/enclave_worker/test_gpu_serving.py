@@ -82,7 +82,8 @@ def test_device_dtype_and_memory_share_are_measured() -> None:
     cpu, gpu = settings(), settings(device="cuda", tee="snp", gpu_tee="nvgpu", gpu_memory_utilization=0.8)
     assert cpu.dtype == "float32" and gpu.dtype == "bfloat16"
     assert gpu.measured_config()["engine"] == {"max_num_seqs": 16, "max_model_len": 2048, "dtype": "bfloat16",
-                                               "device": "cuda", "gpu_memory_utilization": 0.8}
+                                               "device": "cuda", "kernel": "cuda/bfloat16/torch",
+                                               "gpu_memory_utilization": 0.8}
     assert cpu.measured_config() != settings(engine_dtype="bfloat16").measured_config()
     assert not gpu.insecure and settings(device="cuda", tee="snp").insecure
 
@@ -124,14 +125,16 @@ def _tiny_model(tmp_path: Path) -> tuple[Checkpoint, DecryptedModel]:
     return dataclasses.replace(ck, tensors=dict(views)), DecryptedModel(manifest, "s", {}, views, buffer)  # type: ignore[arg-type]
 
 
-# Packed fp32 weights (opaque tensors, no storage to compare) sit beside buffer views (embedding, norms).
-@pytest.mark.parametrize(("dtype", "kept", "packed"),
-                         [("float32", True, False), ("float32", True, True), ("bfloat16", False, False)])
+# fp32 layers stay in the buffer (panels rearranged in place, or torch's layout); bf16 ones are copies
+# (packed, opaque tensors with no storage to compare, or plain).
+@pytest.mark.parametrize(("dtype", "kept", "kernels"),
+                         [("float32", True, "torch"), ("float32", True, "auto"), ("bfloat16", False, "torch"),
+                          ("bfloat16", False, "auto")])
 def test_decrypted_buffer_is_wiped_and_released_when_the_engine_copied_every_weight(
-        tmp_path: Path, dtype: str, kept: bool, packed: bool) -> None:
+        tmp_path: Path, dtype: str, kept: bool, kernels: str) -> None:
     ck, model = _tiny_model(tmp_path)
     engine = LLMEngine.from_checkpoint(ck, EngineConfig(dtype=dtype, max_num_seqs=2, kv_cache_memory_bytes=4 << 20,
-                                                        num_threads=1, packed_weights=packed))
+                                                        num_threads=1, decode_kernels=kernels))
     buffer = model.buffer
     out = _release_unaliased(model, engine)
     assert (out is model) is kept

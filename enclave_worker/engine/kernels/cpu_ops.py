@@ -6,14 +6,14 @@ and that the tests compare against.
 Decode attention: one query token per sequence, K/V read in place from the block pool.
 
 The torch path (layers/attention.py) gathers every sequence's blocks into a fresh [B, Hkv, L, D]
-tensor, copies it again into the layout a batched matmul wants, and runs two matmuls per layer: at
-64 sequences x 256 tokens in bf16 that was ~2.2 ms a layer, 45% of a decode step (2-vCPU AMD EPYC,
-2026-12-02; docs/engine.md). This kernel walks each sequence's block table and reads K and V rows
+tensor, copies it again into the layout a batched matmul wants, and runs two matmuls per layer
+(nearly half a bf16 decode step at large batches: docs/benchmarks-history.md, "Figures moved from
+engine docstrings"). This kernel walks each sequence's block table and reads K and V rows
 where they lie: one pass over K, one over V, fp32 accumulation, a max-subtracted softmax, one task
 per sequence (all its KV heads) on torch's own thread pool (at::parallel_for: no second OpenMP runtime).
 
 The elementwise kernels replace 5-7 torch ops each (float conversions, pow, mean, rsqrt, roll, ...):
-a batch-1 bf16 decode step dispatches ~900 small ops, several ms of a ~33 ms token.
+a batch-1 decode step dispatches ~900 small ops.
 
 The C++ source is cpu_ops.cpp. It is compiled when the project is installed (setup.py: a torch
 CppExtension, `-march=native` unless the build names another instruction set; cpu_build.py) into

@@ -83,9 +83,9 @@ class PagedAttention(torch.nn.Module):
         """One query token per sequence: q [B, H, D], kd / vd [B, Hkv, L, D] -> [B, H, D].
 
         fp32 (and any GPU) takes SDPA. bf16 / fp16 on the CPU take two batched matmuls with the
-        softmax in fp32: SDPA's CPU flash kernel tiles for long queries, and for one query per
-        sequence in bf16 it took 18.6 ms a layer at 64 sequences x 256 tokens against 2.7 ms for
-        the matmuls (2-vCPU AMD EPYC with AVX512-BF16, 2026-12-02; docs/engine.md).
+        softmax in fp32: SDPA's CPU flash kernel tiles for long queries and is several times slower
+        for one query per sequence in bf16 (docs/benchmarks-history.md, "Figures moved from engine
+        docstrings").
         """
         if q.dtype == torch.float32 or q.device.type != "cpu":
             o = F.scaled_dot_product_attention(q.unsqueeze(2), kd, vd, attn_mask=mask, scale=self.scale,

@@ -18,24 +18,19 @@ written, and codes, scales and offsets are plain tensors that ``LLMEngine.wipe``
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
 from ..kernels.cpu_ops import load_cpu_ops
 from .panel import PanelMatmul, UnpackScratch
-
-if TYPE_CHECKING:
-    from .blas_switch import BlasSwitch
 
 
 class CodedPanelMatmul(PanelMatmul):
     """y = x W^T for an fp32 W [out, in] held as exact block codes (module doc); built by ``try_codes``."""
 
     def __init__(self, codes: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor,
-                 switch: BlasSwitch | None, scratch: UnpackScratch | None) -> None:
+                 scratch: UnpackScratch | None) -> None:
         ops = load_cpu_ops()
-        self._ops, self.switch, self.scratch = ops, switch, scratch
+        self._ops, self.scratch = ops, scratch
         self.width, self.block = int(ops.panel_width()), int(ops.code_block())
         self.codes, self.scales, self.offsets = codes, scales, offsets
         self.panels = codes  # the layer's held weight (Linear.weight), as for the fp32 panels
@@ -57,8 +52,7 @@ class CodedPanelMatmul(PanelMatmul):
         return (q * d).add_(m)
 
 
-def try_codes(weight: torch.Tensor, consume: bool, switch: BlasSwitch | None = None,
-              scratch: UnpackScratch | None = None) -> CodedPanelMatmul | None:
+def try_codes(weight: torch.Tensor, consume: bool, scratch: UnpackScratch | None = None) -> CodedPanelMatmul | None:
     """The coded layer, or None where the weight is not exactly on a block grid (or its shape does not
     fit the kernel's panel width and block). ``consume``: the weight's memory is ours, zeroed once the
     codes hold it."""
@@ -85,4 +79,4 @@ def try_codes(weight: torch.Tensor, consume: bool, switch: BlasSwitch | None = N
     if consume:
         with torch.inference_mode():
             weight.zero_()  # the fp32 source: the codes are now the layer's one plaintext copy
-    return CodedPanelMatmul(codes, scales, offsets, switch, scratch)
+    return CodedPanelMatmul(codes, scales, offsets, scratch)

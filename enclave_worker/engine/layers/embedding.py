@@ -1,46 +1,29 @@
 """Token embedding and (optionally tied) LM head; int8 row-quantized when weights are quantized,
-oneDNN-packed for the head when the model's weights are packed, in column panels when they are
-in panels (the table held once, as the head's panels; a lookup gathers from them)."""
+oneDNN-packed for the head when the model's linears are, in column panels when they are (the table
+held once, as the head's panels; a lookup gathers from them)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
-from .blas_switch import BlasSwitch
-from .coded_panel import try_codes
-from .linear import DenseMatmul, _int8_op_works
+from .linear import DenseMatmul, LinearOptions, _int8_op_works, dense_matmul
 from .packed import PackedMatmul
-from .panel import PanelMatmul, try_panel
+from .panel import PanelMatmul
 
 
 class Embedding(torch.nn.Module):
-    def __init__(
-        self,
-        weight: torch.Tensor,
-        quant: str,
-        dtype: torch.dtype,
-        device: str,
-        in_place: bool = False,
-        switch: BlasSwitch | None = None,
-        packed: bool = False,
-        panel: bool = False,
-        codes: bool = False,
-    ) -> None:
-        """``packed``: a dense table also held as a oneDNN-packed tied head (fp32 / bf16 on the CPU);
-        ``panel``: an fp32 table held only as the tied head's panels (layers/panel.py); ``codes``: those
-        panels held as codes where the table is exactly on a block grid (layers/coded_panel.py)."""
+    def __init__(self, weight: torch.Tensor, options: LinearOptions, tied: bool = False) -> None:
+        """``tied``: the table is the LM head too, held under ``options.kernel`` (LinearOptions): in
+        panels the table is held once, as the head's panels (the lookup reads them); oneDNN-packed, the
+        head is a second copy of the table, held and wiped like every weight (layers/packed.py)."""
         super().__init__()
+        quant, dtype, device, in_place = options.quant, options.dtype, options.device, options.in_place
         self.quantized = quant in ("int8", "int4")
-        pp = None
-        if panel and not self.quantized:
-            w = weight.to(device=device, dtype=dtype)
-            owned = in_place or w is not weight
-            pp = (try_codes(w, consume=owned) if codes else None) or try_panel(w, consume=owned)
         self.head: DenseMatmul | PackedMatmul | PanelMatmul
-        self.in_panels = pp is not None  # the quantized table has no `head` module: test this, not it
-        if pp is not None:
-            self.head, self.weight = pp, pp.panels
-        elif self.quantized:
+        self.in_panels = False  # the quantized table has no `head` module: test this, not it
+        if self.quantized:
             w = weight.float()
             scale = (w.abs().amax(dim=1) / 127.0).clamp(min=1e-12)
             self.weight = torch.round(w / scale[:, None]).clamp(-128, 127).to(torch.int8).to(device)
@@ -48,28 +31,25 @@ class Embedding(torch.nn.Module):
             self.head_dtype = torch.bfloat16 if _int8_op_works(device, torch.bfloat16) else dtype
             self.head_scale = scale.to(device=device, dtype=self.head_dtype)
             self.fused = _int8_op_works(device, self.head_dtype)
-        elif packed:
-            # Rows for the lookup, and the tied head packed for oneDNN (a second copy of the table in
-            # the compute dtype, held and wiped like every weight: layers/packed.py).
+        elif tied and options.kernel == "onednn-packed":
             w = weight.to(device=device, dtype=dtype)
             self.weight = w if w is not weight or in_place else w.clone()
             if in_place and w is not weight:
                 weight.zero_()  # the handed-over source in another dtype: no longer needed
-            self.head = PackedMatmul(self.weight, consume=False)
+            self.head = dense_matmul(self.weight, dataclasses.replace(options, in_place=False))
         else:
-            # Stored [hidden, vocab] on CPU in fp32 (the LM head's fast matrix-vector layout, see
-            # DenseMatmul); a lookup gathers columns instead of rows.
             w = weight.to(device=device, dtype=dtype)
-            self.head = DenseMatmul(w, transpose=True, in_place=in_place or w is not weight, switch=switch)
-            self.weight = self.head.weight
+            owned = in_place or w is not weight
+            kernel = options.kernel if tied and options.kernel == "panels" else "torch"
+            self.head = dense_matmul(w, dataclasses.replace(options, kernel=kernel, in_place=owned, scratch=None))
+            self.in_panels = isinstance(self.head, PanelMatmul)
+            self.weight = self.head.panels if isinstance(self.head, PanelMatmul) else w
         self.dtype = dtype
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         if self.in_panels:
             assert isinstance(self.head, PanelMatmul)
             return self.head.rows(ids)
-        if not self.quantized and not self.weight.is_contiguous():  # stored transposed
-            return self.weight.t().index_select(1, ids).t().contiguous()
         rows = self.weight[ids]
         if self.quantized:
             return rows.to(self.dtype) * self.scale[ids][:, None]

@@ -1,11 +1,13 @@
-"""Linear layers: dense (fp32/bf16/fp16) and weight-only int8 / int4 quantized matmuls."""
+"""Linear layers: dense (fp32/bf16/fp16) and weight-only int8 / int4 / FP8 quantized matmuls, built
+through ``make_linear(weight, bias, options)`` with the kernel the engine's path names (kernel_path.py)."""
 
 from __future__ import annotations
 
-import numpy as np
+import dataclasses
+from dataclasses import dataclass
+
 import torch
 
-from .blas_switch import BlasSwitch
 from .coded_panel import try_codes
 from .packed import PackedMatmul, try_pack
 from .panel import PanelMatmul, UnpackScratch, try_panel
@@ -14,84 +16,68 @@ from .quantized_weight import QuantizedWeight
 _DEQUANT_MIN_ROWS = 16  # from this many rows, dequantize the weight per call and use a dense GEMM
 
 
+@dataclass(frozen=True)
+class LinearOptions:
+    """How a model's linears are built (one value per model; models/ pass it to ``make_linear``).
+
+    ``quant``: "none" | "int8" | "int4" | "fp8"; ``dtype``: the activation / dense weight dtype;
+    ``kernel``: a dense layer's kernel, KernelPath.linear ("panels" | "onednn-packed" | "torch"; ignored
+    for quantized weights); ``codes``: panels exactly on a block grid are held as codes
+    (layers/coded_panel.py: the same results to the bit); ``in_place``: the caller hands over each
+    weight's memory (the builder's popped checkpoint tensors), so a layer may rearrange or zero it;
+    ``scratch``: the model's buffer for the panels' prefill-sized calls."""
+
+    quant: str = "none"
+    dtype: torch.dtype = torch.float32
+    device: str = "cpu"
+    kernel: str = "torch"
+    codes: bool = False
+    in_place: bool = False
+    int4_group_size: int = 32
+    scratch: UnpackScratch | None = None
+
+
 class DenseMatmul:
-    """y = x W^T for a dense weight W [out, in]: torch, or OpenBLAS when the model's switch says so.
+    """y = x W^T (+ b) for a dense weight W [out, in] with torch's ``F.linear``."""
 
-    The numpy array shares W's memory (no copy); W is stored transposed ([in, out] contiguous),
-    the layout OpenBLAS streams fastest, and torch reads it through a transposed view.
-    """
-
-    def __init__(
-        self, weight: torch.Tensor, transpose: bool = False, in_place: bool = False, switch: BlasSwitch | None = None
-    ) -> None:
-        cpu_fp32 = weight.device.type == "cpu" and weight.dtype == torch.float32
-        if cpu_fp32 and transpose:
-            weight = transposed_storage(weight, in_place)
+    def __init__(self, weight: torch.Tensor) -> None:
         self.weight = weight
-        self.weight_t_np = weight.numpy().T if cpu_fp32 else None
-        self.switch = switch or BlasSwitch()
 
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        if self.switch.enabled and self.weight_t_np is not None and x.dim() == 2 and x.dtype == torch.float32:
-            y = torch.from_numpy(np.matmul(x.contiguous().numpy(), self.weight_t_np))
-            return y if bias is None else y + bias
         return torch.nn.functional.linear(x, self.weight, bias)
 
 
-def transposed_storage(w: torch.Tensor, in_place: bool) -> torch.Tensor:
-    """W [N, K] as the transposed view of a [K, N]-contiguous tensor (values unchanged).
-
-    ``in_place``: W is the model's own copy (decrypted weights are never duplicated), so its memory
-    is reused, through one temporary the size of this matrix only.
-    """
-    n, k = w.shape
-    if not (in_place and w.is_contiguous()):
-        return w.t().contiguous().t()
-    tmp = w.clone()
-    wt = w.view(k, n)  # the same memory, reinterpreted
-    wt.copy_(tmp.t())
-    return wt.t()
+def dense_matmul(weight: torch.Tensor, options: LinearOptions) -> DenseMatmul | PackedMatmul | PanelMatmul:
+    """``weight`` (already in the model's dtype and device) under the options' kernel. A layer the kernel
+    cannot take (panels: an output count off the panel width; packed: a layout oneDNN pads) keeps
+    torch's ``F.linear``: which layers those are follows from the model's shapes alone."""
+    if options.kernel == "panels":
+        pp = ((try_codes(weight, consume=options.in_place, scratch=options.scratch) if options.codes else None)
+              or try_panel(weight, consume=options.in_place, scratch=options.scratch))
+        if pp is not None:
+            return pp
+    elif options.kernel == "onednn-packed":
+        pm = try_pack(weight, consume=options.in_place)
+        if pm is not None:
+            return pm
+    elif options.kernel != "torch":
+        raise ValueError(f"unknown dense kernel {options.kernel!r}")
+    return DenseMatmul(weight)
 
 
 class Linear(torch.nn.Module):
-    """Dense y = x W^T (+ b). ``in_place``: the weight may be rearranged in its own memory (no copy).
-    ``packed``: fp32 or bf16 on the CPU is held in oneDNN's packed layout instead (layers/packed.py);
-    ``panel``: fp32 on the CPU in column panels for the C++ kernel (layers/panel.py); ``codes``: such
-    panels exactly on a block grid held as codes (layers/coded_panel.py)."""
+    """Dense y = x W^T (+ b) under ``options.kernel`` (LinearOptions)."""
 
-    def __init__(
-        self,
-        weight: torch.Tensor,
-        bias: torch.Tensor | None,
-        dtype: torch.dtype,
-        device: str,
-        in_place: bool = False,
-        switch: BlasSwitch | None = None,
-        packed: bool = False,
-        panel: bool = False,
-        scratch: UnpackScratch | None = None,
-        codes: bool = False,
-    ) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, options: LinearOptions) -> None:
         super().__init__()
-        w = weight.to(device=device, dtype=dtype)
-        self.bias = None if bias is None else bias.to(device=device, dtype=dtype)
-        owned = in_place or w is not weight
-        # Not fp32 / bf16 on the CPU, or a layout the wipe could not fully check: the plain kernels.
-        pm = try_pack(w, consume=owned) if packed else None
-        if pm is not None and in_place and w is not weight:
+        w = weight.to(device=options.device, dtype=options.dtype)
+        self.bias = None if bias is None else bias.to(device=options.device, dtype=options.dtype)
+        owned = options.in_place or w is not weight  # a converted copy is ours whatever the caller said
+        self.matmul = dense_matmul(w, dataclasses.replace(options, in_place=owned))
+        if isinstance(self.matmul, PackedMatmul) and options.in_place and w is not weight:
             weight.zero_()  # the handed-over source (fp32 of a bf16 layer): the packed copy is the only one
-        pp = None
-        if panel and pm is None:
-            pp = ((try_codes(w, consume=owned, switch=switch, scratch=scratch) if codes else None)
-                  or try_panel(w, consume=owned, switch=switch, scratch=scratch))
-        self.matmul: DenseMatmul | PackedMatmul | PanelMatmul
-        if pp is not None:
-            self.matmul, self.weight = pp, pp.panels
-        elif pm is None:
-            dense = DenseMatmul(w, transpose=True, in_place=owned, switch=switch)
-            self.matmul, self.weight = dense, dense.weight
-        else:
-            self.matmul, self.weight = pm, pm.packed
+        self.weight = (self.matmul.packed if isinstance(self.matmul, PackedMatmul)
+                       else self.matmul.panels if isinstance(self.matmul, PanelMatmul) else self.matmul.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.matmul(x, self.bias)
@@ -221,33 +207,18 @@ def _int8_op_works(device: str, dtype: torch.dtype) -> bool:
         return False
 
 
-def make_linear(
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    quant: str,
-    dtype: torch.dtype,
-    device: str,
-    group_size: int = 32,
-    in_place: bool = False,
-    switch: BlasSwitch | None = None,
-    packed: bool = False,
-    panel: bool = False,
-    scratch: UnpackScratch | None = None,
-    codes: bool = False,
-) -> torch.nn.Module:
-    """quant: "none" | "int8" | "int4" | "fp8". ``in_place``: the caller hands over the weight's memory.
-    ``packed``: dense fp32 CPU weights in oneDNN's packed layout; ``panel``: in column panels (Linear),
-    ``scratch`` the model's buffer for their prefill-sized calls; ``codes``: such panels exactly on a block
-    grid held as codes (layers/coded_panel.py). A checkpoint's own quantized weight (QuantizedWeight) is
-    served in its own scheme's kernel, whatever ``quant`` says (layers/quantized_linear.py)."""
+def make_linear(weight: torch.Tensor, bias: torch.Tensor | None, options: LinearOptions) -> torch.nn.Module:
+    """The one entry point for a model's linear layers: ``weight`` [out, in], an optional ``bias`` [out],
+    built as ``options`` say (LinearOptions). A checkpoint's own quantized weight (QuantizedWeight) is
+    served in its own scheme's kernel, whatever ``options.quant`` says (layers/quantized_linear.py)."""
     if isinstance(weight, QuantizedWeight):
         from .quantized_linear import quantized_linear  # imports this module
 
-        return quantized_linear(weight, bias, dtype, device)
-    if quant == "fp8":
-        return Fp8Linear(weight, bias, dtype, device)
-    if quant == "int8":
-        return Int8Linear(weight, bias, dtype, device)
-    if quant == "int4":
-        return Int4Linear(weight, bias, dtype, device, group_size)
-    return Linear(weight, bias, dtype, device, in_place, switch, packed, panel, scratch, codes)
+        return quantized_linear(weight, bias, options.dtype, options.device)
+    if options.quant == "fp8":
+        return Fp8Linear(weight, bias, options.dtype, options.device)
+    if options.quant == "int8":
+        return Int8Linear(weight, bias, options.dtype, options.device)
+    if options.quant == "int4":
+        return Int4Linear(weight, bias, options.dtype, options.device, options.int4_group_size)
+    return Linear(weight, bias, options)

@@ -1,7 +1,8 @@
-"""Dense fp32 / bf16 weights prepacked once for the CPU GEMM kernels (EngineConfig.packed_weights).
+"""Dense bf16 weights prepacked once for oneDNN's CPU GEMM (the bf16 path on CPUs where oneDNN runs
+bf16, kernel_path.py).
 
-MKL / oneDNN stream a weight fastest in their own blocked layout; packing on every call (what
-F.linear and OpenBLAS do inside sgemm) is the cost they save. The packed weight is the layer's one
+oneDNN streams a weight fastest in its own blocked layout; packing on every call (what F.linear does
+inside its GEMM) is the cost it saves. The packed weight is the layer's one
 plaintext copy: the source matrix is zeroed after packing when the caller hands it over (a
 decrypted package's buffer then holds zeros there), and the packed buffer is a torch tensor (an
 opaque-layout tensor that ``zero_every_byte`` clears with memset), so ``LLMEngine.wipe`` reaches it
@@ -38,32 +39,27 @@ def is_zero(tensor: torch.Tensor) -> bool:
 def zero_every_byte(tensor: torch.Tensor) -> None:
     """The wipe of one tensor. A packed (MKLDNN) tensor is cleared with memset over oneDNN's allocation:
     torch's ``zero_`` on one writes as if its elements were plain, which corrupted the heap for bf16
-    (seen 2026-12-02) and would miss a padded tail."""
+    and would miss a padded tail."""
     if tensor.is_mkldnn:
         ctypes.memset(torch.ops.mkldnn.data_ptr(tensor), 0, torch.ops.mkldnn._nbytes(tensor))
     else:
         tensor.zero_()
 
 
-PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
-
-
 def bf16_native() -> bool:
-    """Whether this CPU has bf16 dot-product instructions (AVX512-BF16 or AMX) that oneDNN uses."""
+    """Whether oneDNN runs bf16 on this CPU (kernel_path.py's class x86-avx512-bf16)."""
     return packing_available() and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 class PackedMatmul:
-    """y = x W^T (+ b) for an fp32 or bf16 W [out, in] held only in oneDNN's packed layout.
-
-    A bf16 layer takes its input in bf16 (what the kernel reads) and answers in the input's dtype.
-    """
+    """y = x W^T (+ b) for a bf16 W [out, in] held only in oneDNN's packed layout; it takes its input
+    in bf16 (what the kernel reads) and answers in the input's dtype."""
 
     def __init__(self, weight: torch.Tensor, consume: bool) -> None:
         """``consume``: the weight's memory is ours; zero it once the packed copy exists."""
-        if weight.dtype not in PACKABLE_DTYPES or weight.device.type != "cpu" or weight.dim() != 2:
-            raise PackingError("packed weights are fp32 or bf16 matrices on the CPU")
-        if weight.dtype == torch.bfloat16 and not bf16_native():
+        if weight.dtype != torch.bfloat16 or weight.device.type != "cpu" or weight.dim() != 2:
+            raise PackingError("packed weights are bf16 matrices on the CPU")
+        if not bf16_native():
             # torch refuses to reorder bf16 without AVX512BW/VL/DQ or AVX-NE-CONVERT (an AVX2 Zen 3):
             # asked anyway, it raises a RuntimeError mid-build; the layer keeps torch's kernel instead.
             raise PackingError("this CPU has no bf16 support in oneDNN")

@@ -1,35 +1,28 @@
 """Dense fp32 weights held in column panels for the C++ kernel that streams them once per call
-(EngineConfig.panel_weights; kernels/cpu_linear.cpp).
+(the fp32 CPU path, kernel_path.py; kernels/cpu_linear.cpp).
 
 A decode step multiplies a handful of rows (its batch) by every weight: it is bound by reading the
-weights, and each weight should cross the memory bus once per step. OpenBLAS and torch's GEMM at 16
-rows read the SmolLM2-135M layers at 2-5 GB/s of the ~15 GB/s one core's sum reads on a 2-vCPU Xeon
-(2026-12-03, docs/benchmarks.md). Held as panels [N / NR, K, NR] (NR outputs, every K, contiguous),
+weights, and each weight should cross the memory bus once per step (docs/engine.md, "fp32 weights in
+column panels", has the measurements). Held as panels [N / NR, K, NR] (NR outputs, every K, contiguous),
 one layer is one front-to-back stream per thread, and the kernel keeps each row's NR outputs in a
-register across K. The panels are the layer's one plaintext copy: the source matrix is rearranged
-in its own memory when the caller hands it over (a decrypted package's buffer then holds the panels),
-and the panels are a plain tensor that ``LLMEngine.wipe`` zeroes like any other weight.
+register across K. Threads split the panels, so each output is computed by one thread in one order: the
+result does not depend on the thread count. The panels are the layer's one plaintext copy: the source
+matrix is rearranged in its own memory when the caller hands it over (a decrypted package's buffer then
+holds the panels), and the panels are a plain tensor that ``LLMEngine.wipe`` zeroes like any other
+weight.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-import numpy as np
 import torch
 
 from ..kernels.cpu_ops import load_cpu_ops
-
-if TYPE_CHECKING:
-    from .blas_switch import BlasSwitch
 
 # From this many rows (a prefill chunk) the layer is unpacked into W^T's plain [in, out] layout for
 # the call and multiplied by torch's GEMM: the panel kernel streams the weights once per step, which
 # is what a decode step needs, but a prefill is compute-bound and torch's blocked GEMM (packing x,
 # K-blocking for the caches) outruns it there; the unpack is one pass over the layer, under 1/rows
-# of the GEMM's work. Where the model's BlasSwitch is on for the step (OpenBLAS measured faster at
-# prefill sizes on this machine: ModelRunner.use_blas), numpy's OpenBLAS multiplies instead. Below
-# it, the panel kernel (docs/engine.md, "fp32 weights in column panels").
+# of the GEMM's work. Below it, the panel kernel (docs/engine.md, "fp32 weights in column panels").
 GEMM_MIN_ROWS = 128
 
 
@@ -37,12 +30,11 @@ class UnpackScratch:
     """One model's buffer for the unpacked layer of a prefill-sized call, reused by every panel layer.
 
     A fresh [in, out] buffer per call adds page faults on first touch and a zeroing pass before the
-    memory goes back to the allocator (docs/engine.md, "fp32 weights in column panels", has the
-    figures). The buffer holds the last unpacked layer's W^T, plaintext like the
-    panels themselves, and is a held tensor of the model (models.model_tensors finds it as an attribute
-    of the model's helper): ``LLMEngine.wipe`` zeroes it with the weights. Layers above ``max_bytes``
-    (a tied LM head) take a fresh buffer, zeroed after the call. One step runs at a time (the engine's
-    step lock), so one buffer serves every layer."""
+    memory goes back to the allocator (docs/engine.md, "fp32 weights in column panels"). The buffer
+    holds the last unpacked layer's W^T, plaintext like the panels themselves, and is a held tensor of
+    the model (models.model_tensors finds it as an attribute of the model's helper): ``LLMEngine.wipe``
+    zeroes it with the weights. Layers above ``max_bytes`` (a tied LM head) take a fresh buffer, zeroed
+    after the call. One step runs at a time (the engine's step lock), so one buffer serves every layer."""
 
     def __init__(self, max_bytes: int = 64 << 20) -> None:
         self.max_bytes = max_bytes
@@ -62,13 +54,12 @@ class UnpackScratch:
 class PanelMatmul:
     """y = x W^T for an fp32 W [out, in] on the CPU, held only as panels (module doc)."""
 
-    def __init__(self, weight: torch.Tensor, consume: bool, switch: BlasSwitch | None = None,
-                 scratch: UnpackScratch | None = None) -> None:
-        """``consume``: the weight's memory is ours; the panels are written into it. ``switch``: the
-        model's OpenBLAS flag, for prefill-sized calls (module doc). ``scratch``: the model's buffer for
-        those calls' unpacked layer (UnpackScratch); without it each such call allocates its own."""
+    def __init__(self, weight: torch.Tensor, consume: bool, scratch: UnpackScratch | None = None) -> None:
+        """``consume``: the weight's memory is ours; the panels are written into it. ``scratch``: the
+        model's buffer for prefill-sized calls' unpacked layer (UnpackScratch); without it each such
+        call allocates its own."""
         ops = load_cpu_ops()
-        self.switch, self.scratch = switch, scratch
+        self.scratch = scratch
         nr = int(ops.panel_width())
         n, k = weight.shape
         self.out_features, self.in_features, self.width = n, k, nr
@@ -103,8 +94,6 @@ class PanelMatmul:
             w_t = torch.empty(k, n, dtype=torch.float32)
         try:
             self._unpack_into(w_t)
-            if self.switch is not None and self.switch.enabled and x2.dtype == torch.float32:
-                return torch.from_numpy(np.matmul(x2.contiguous().numpy(), w_t.numpy()))
             return torch.mm(x2, w_t)
         finally:
             if transient:
@@ -123,8 +112,7 @@ class PanelMatmul:
         return self.panels[ids // self.width, :, ids % self.width]
 
 
-def try_panel(weight: torch.Tensor, consume: bool, switch: BlasSwitch | None = None,
-              scratch: UnpackScratch | None = None) -> PanelMatmul | None:
+def try_panel(weight: torch.Tensor, consume: bool, scratch: UnpackScratch | None = None) -> PanelMatmul | None:
     """The panel matmul, or None where this weight does not fit it (not an fp32 CPU matrix, or its
     output count not a multiple of the kernel's panel width; it keeps the plain layout). Raises
     CpuKernelsUnavailable where the kernels are not built: asking for panels is asking for them."""
@@ -133,4 +121,4 @@ def try_panel(weight: torch.Tensor, consume: bool, switch: BlasSwitch | None = N
     nr = int(load_cpu_ops().panel_width())
     if weight.shape[0] % nr or weight.shape[0] == 0:
         return None
-    return PanelMatmul(weight, consume, switch, scratch)
+    return PanelMatmul(weight, consume, scratch)

@@ -53,15 +53,14 @@ def draw(probs: torch.Tensor, generators: list[torch.Generator | None]) -> list[
 
     Inverse CDF: one uniform per row against the row's cumulative sum (in float64, so 49k small
     probabilities add up without drift), the first index whose sum exceeds it. torch.multinomial
-    draws one exponential per vocabulary entry (its exponential race): 49,152 random numbers a row,
-    12.7 ms for 16 rows on a Zen 5 core, 15% of a served decode step at temperature 1 (py-spy of the
-    worker under `vllm bench serve`, 2026-12-02); this draws one. A token of probability zero (cut by
-    top-k / top-p) adds nothing to the sum, so no uniform lands on it.
+    draws one exponential per vocabulary entry (its exponential race): 49,152 random numbers a row
+    (docs/benchmarks-history.md, "Figures moved from engine docstrings"); this draws one. A token of
+    probability zero (cut by top-k / top-p) adds nothing to the sum, so no uniform lands on it.
 
     The sum is taken in two levels: per chunk of DRAW_CHUNK columns (float64 accumulation), the
-    chunks' running sum, then the running sum inside the one chunk the uniform falls in. A float64
-    running sum over the whole row cost 5.7 ms for 16 rows on one Zen 5 core (2026-12-04, a tenth of
-    a served decode step); the boundaries are the same sums, added in another order.
+    chunks' running sum, then the running sum inside the one chunk the uniform falls in, instead of
+    one float64 running sum over the whole row (slower: docs/benchmarks-history.md); the boundaries
+    are the same sums, added in another order.
     """
     rows, vocab = probs.shape
     chunks = -(-vocab // DRAW_CHUNK)

@@ -13,9 +13,8 @@ from ..kernels import cpu_ops, fused
 from ..kernels.paged_attention import paged_decode_attention
 from ..layers.activation import silu_and_mul
 from ..layers.attention import AttentionMetadata, PagedAttention
-from ..layers.blas_switch import BlasSwitch
 from ..layers.embedding import Embedding
-from ..layers.linear import make_linear
+from ..layers.linear import LinearOptions, make_linear
 from ..layers.norm import RMSNorm
 from ..layers.panel import UnpackScratch
 from ..layers.rotary import RotaryEmbedding
@@ -23,16 +22,20 @@ from ..layers.rotary import RotaryEmbedding
 
 @dataclass(frozen=True)
 class BuildOptions:
-    quant: str  # "none" | "int8" | "int4"
-    dtype: torch.dtype  # activation / dense weight dtype
-    device: str
+    linear: LinearOptions  # how every linear is built (make_linear), the kernel the engine's path names
     max_positions: int
-    int4_group_size: int = 32
-    blas: BlasSwitch | None = None  # shared by every dense layer; the runner flips it per step
-    packed: bool = False  # dense fp32 / bf16 CPU linears in oneDNN's packed layout (layers/packed.py)
-    panel: bool = False  # dense fp32 CPU linears in column panels for the C++ kernel (layers/panel.py)
-    panel_codes: bool = False  # panels exactly on a block grid held as codes (layers/coded_panel.py)
-    scratch: UnpackScratch | None = None  # the panels' buffer for prefill-sized calls; the model makes it
+
+    @property
+    def quant(self) -> str:  # "none" | "int8" | "int4" | "fp8"
+        return self.linear.quant
+
+    @property
+    def dtype(self) -> torch.dtype:  # activation / dense weight dtype
+        return self.linear.dtype
+
+    @property
+    def device(self) -> str:
+        return self.linear.device
 
 
 class _Weights:
@@ -81,9 +84,7 @@ class DecoderLayer(torch.nn.Module):
         # The builder owns the popped checkpoint tensors, so layers may rearrange them in place.
 
         def lin(wt: torch.Tensor, b: torch.Tensor | None = None) -> torch.nn.Module:
-            return make_linear(wt, b, opt.quant, opt.dtype, opt.device, opt.int4_group_size, in_place=True,
-                               switch=opt.blas, packed=opt.packed, panel=opt.panel, scratch=opt.scratch,
-                               codes=opt.panel_codes)
+            return make_linear(wt, b, opt.linear)
 
         self.input_norm = RMSNorm(w.take(prefix + "input_layernorm.weight").to(opt.device, opt.dtype), eps)
         qkv = [a + "q_proj.", a + "k_proj.", a + "v_proj."]
@@ -172,21 +173,16 @@ class LlamaForCausalLM(torch.nn.Module):
     def __init__(self, cfg: dict[str, Any], tensors: dict[str, torch.Tensor], opt: BuildOptions) -> None:
         super().__init__()
         w = _Weights(tensors)
-        self.blas = opt.blas or BlasSwitch()
         self.cpu_kernels = False  # set by the engine where kernels/cpu_ops.py builds
         # An attribute of the model, so its buffer is one of the held tensors the wipe zeroes.
         self.unpack_scratch = UnpackScratch()
-        opt = dataclasses.replace(opt, blas=self.blas, scratch=self.unpack_scratch)
+        # The builder owns the popped checkpoint tensors, so layers may rearrange them in place.
+        opt = dataclasses.replace(opt, linear=dataclasses.replace(opt.linear, in_place=True,
+                                                                  scratch=self.unpack_scratch))
         tied = cfg.get("tie_word_embeddings", False) or "lm_head.weight" not in tensors
-        self.embed = Embedding(
-            w.take("model.embed_tokens.weight"), opt.quant, opt.dtype, opt.device, in_place=True, switch=opt.blas,
-            # A tied head is packed too (a second copy of the table, wiped like the first): it is a fifth
-            # of a decode step's GEMM, and torch's fp32 GEMM on the plain table took 32 of 100 ms of a
-            # batch-64 step on a Zen 5 whose packed layers ran the other four fifths in 42 ms.
-            packed=opt.packed and tied,
-            panel=opt.panel and tied,  # in panels, the table is held once: the lookup reads the head's panels
-            codes=opt.panel_codes,
-        )
+        # A tied head takes the linears' kernel (a fifth of a decode step's matmul work): in panels the
+        # table is held once; packed, a second copy of the table (docs/engine.md, "Kernel paths").
+        self.embed = Embedding(w.take("model.embed_tokens.weight"), opt.linear, tied=tied)
         self.layers = torch.nn.ModuleList(
             DecoderLayer(cfg, w, f"model.layers.{i}.", opt) for i in range(cfg["num_hidden_layers"])
         )
@@ -197,10 +193,8 @@ class LlamaForCausalLM(torch.nn.Module):
         if cfg.get("tie_word_embeddings", False) or lm_head is None:
             self.lm_head = None
         else:
-            self.lm_head = make_linear(
-                lm_head, None, "int8" if opt.quant != "none" else "none", opt.dtype, opt.device, in_place=True,
-                switch=opt.blas, packed=opt.packed, panel=opt.panel, codes=opt.panel_codes,
-            )
+            head_quant = "int8" if opt.quant != "none" else "none"
+            self.lm_head = make_linear(lm_head, None, dataclasses.replace(opt.linear, quant=head_quant, scratch=None))
         del lm_head
         layer0 = self.decoder_layers[0]
         self.num_kv_heads, self.head_dim = layer0.num_kv_heads, layer0.head_dim

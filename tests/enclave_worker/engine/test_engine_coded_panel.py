@@ -15,7 +15,7 @@ from enclave_worker.engine import SamplingParams
 from enclave_worker.engine.kernels.cpu_ops import load_cpu_ops
 from enclave_worker.engine.layers.coded_panel import CodedPanelMatmul, try_codes
 from enclave_worker.engine.layers.embedding import Embedding
-from enclave_worker.engine.layers.linear import Linear
+from enclave_worker.engine.layers.linear import Linear, LinearOptions
 from enclave_worker.engine.layers.packed import is_zero
 from enclave_worker.engine.layers.panel import GEMM_MIN_ROWS, PanelMatmul
 
@@ -93,7 +93,7 @@ def test_a_weight_off_the_grid_keeps_fp32_panels_and_its_values(spoil: str) -> N
     source = w.clone()
     assert try_codes(source, consume=True) is None
     assert torch.equal(source, w) or (spoil == "nan" and torch.equal(source.nan_to_num(), w.nan_to_num()))
-    lin = Linear(source, None, torch.float32, "cpu", in_place=True, panel=True, codes=True)
+    lin = Linear(source, None, LinearOptions(kernel="panels", codes=True, in_place=True))
     assert type(lin.matmul) is PanelMatmul  # fp32 panels, the same results as before codes existed
     x = torch.randn(3, 64)
     if spoil not in ("nan", "inf"):
@@ -128,7 +128,7 @@ def test_the_coded_kernels_refuse_mismatched_inputs() -> None:
 def test_a_tied_table_in_codes_serves_both_the_lookup_and_the_head() -> None:
     table = _gguf_weight(GGMLQuantizationType.Q8_0, 20 * _width(), 64, seed=2)
     reference = table.clone()
-    emb = Embedding(table, "none", torch.float32, "cpu", in_place=True, panel=True, codes=True)
+    emb = Embedding(table, LinearOptions(kernel="panels", codes=True, in_place=True), tied=True)
     assert isinstance(emb.head, CodedPanelMatmul) and is_zero(table)
     ids = torch.tensor([0, 1, _width(), 20 * _width() - 1, 7, 7])
     assert torch.equal(emb(ids), reference[ids])
@@ -139,8 +139,8 @@ def test_a_tied_table_in_codes_serves_both_the_lookup_and_the_head() -> None:
 def test_the_default_model_is_coded_throughout_with_the_fp32_panels_greedy_tokens(make_engine, h) -> None:
     """SmolLM2-135M's GGUF holds Q4_1 linears and a Q8_0 table: every one is coded, and greedy
     decoding (batched and alone) matches the fp32 panels' tokens."""
-    fp32 = make_engine(panel_codes=False, packed_weights=False, kv_cache_memory_bytes=16 << 20)
-    coded = make_engine(packed_weights=False, kv_cache_memory_bytes=16 << 20)
+    fp32 = make_engine(panel_codes=False, kv_cache_memory_bytes=16 << 20)
+    coded = make_engine(kv_cache_memory_bytes=16 << 20)
     layers = [m for layer in coded.model.layers
               for m in (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj)]
     assert all(isinstance(m.matmul, CodedPanelMatmul) for m in layers)
@@ -154,7 +154,7 @@ def test_the_default_model_is_coded_throughout_with_the_fp32_panels_greedy_token
 
 
 def test_wipe_zeroes_the_codes_scales_and_offsets(make_engine) -> None:
-    eng = make_engine(packed_weights=False, kv_cache_memory_bytes=8 << 20)
+    eng = make_engine(kv_cache_memory_bytes=8 << 20)
     heads = [layer.gate_up_proj.matmul for layer in eng.model.layers] + [eng.model.embed.head]
     parts = [t for m in heads for t in (m.codes, m.scales, m.offsets)]
     held = eng.held_tensors()

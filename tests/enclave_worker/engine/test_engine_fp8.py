@@ -5,13 +5,13 @@ from __future__ import annotations
 import torch
 
 from enclave_worker.engine import SamplingParams
-from enclave_worker.engine.layers.linear import Fp8Linear, make_linear
+from enclave_worker.engine.layers.linear import Fp8Linear, LinearOptions, make_linear
 
 
 def test_fp8_linear_is_close_to_dense() -> None:
     g = torch.Generator().manual_seed(0)
     w, b, x = torch.randn(96, 64, generator=g), torch.randn(96, generator=g), torch.randn(5, 64, generator=g)
-    layer = make_linear(w.clone(), b.clone(), "fp8", torch.float32, "cpu")
+    layer = make_linear(w.clone(), b.clone(), LinearOptions(quant="fp8"))
     assert isinstance(layer, Fp8Linear) and layer.qweight.dtype == torch.float8_e4m3fn
     want = x @ w.T + b
     got = layer(x)

@@ -6,38 +6,33 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from enclave_worker.engine.blas_calibration import BlasSpeedup
 from enclave_worker.engine.layers.attention import AttentionMetadata, PagedAttention
-from enclave_worker.engine.layers.blas_switch import BlasSwitch
 from enclave_worker.engine.layers.embedding import Embedding
-from enclave_worker.engine.layers.linear import Linear
+from enclave_worker.engine.layers.linear import DenseMatmul, Linear, LinearOptions, make_linear
 from enclave_worker.engine.layers.rotary import RotaryEmbedding
+
+FP32 = LinearOptions()  # fp32 on the CPU, torch's F.linear
 
 
 @pytest.mark.parametrize("rows", [1, 2, 17])
 @pytest.mark.parametrize("bias", [False, True])
-@pytest.mark.parametrize("blas", [False, True])
-def test_linear_matches_reference_for_every_row_count_and_kernel(rows: int, bias: bool, blas: bool) -> None:
+def test_linear_matches_reference_for_every_row_count(rows: int, bias: bool) -> None:
     g = torch.Generator().manual_seed(0)
     w, b = torch.randn(96, 64, generator=g), torch.randn(96, generator=g)
     x = torch.randn(rows, 64, generator=g)
-    switch = BlasSwitch()
-    lin = Linear(w, b if bias else None, torch.float32, "cpu", switch=switch)
-    switch.enabled = blas
+    lin = make_linear(w, b if bias else None, FP32)
+    assert isinstance(lin, Linear) and isinstance(lin.matmul, DenseMatmul)
     torch.testing.assert_close(lin(x), F.linear(x, w, b if bias else None), rtol=1e-5, atol=1e-5)
 
 
-def test_fp32_linear_keeps_one_copy_of_the_weight_for_both_kernels() -> None:
-    lin = Linear(torch.randn(48, 32), None, torch.float32, "cpu")
-    # One layout only: the numpy array (matrix-vector path) and the torch weight share memory.
-    assert lin.matmul.weight_t_np is not None
-    assert lin.matmul.weight_t_np.ctypes.data == lin.weight.data_ptr()
-    assert Linear(torch.randn(48, 32), None, torch.bfloat16, "cpu").matmul.weight_t_np is None
+def test_an_unknown_dense_kernel_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown dense kernel"):
+        make_linear(torch.randn(8, 8), None, LinearOptions(kernel="openblas"))
 
 
-def test_transposed_embedding_looks_up_rows_and_ties_the_head() -> None:
+def test_embedding_looks_up_rows_and_ties_the_head() -> None:
     w = torch.randn(50, 16)
-    emb = Embedding(w, "none", torch.float32, "cpu")
+    emb = Embedding(w, FP32, tied=True)
     ids = torch.tensor([3, 0, 49, 3])
     torch.testing.assert_close(emb(ids), w[ids])
     x = torch.randn(1, 16)
@@ -96,7 +91,7 @@ def test_bf16_decode_attention_equals_fp32_sdpa(mixed: bool) -> None:
 def test_in_place_linear_rearranges_the_weight_in_its_own_memory() -> None:
     w = torch.randn(40, 24)
     reference, x = w.clone(), torch.randn(1, 24)
-    lin = Linear(w, None, torch.float32, "cpu", in_place=True)
+    lin = Linear(w, None, LinearOptions(in_place=True))
     assert lin.weight.data_ptr() == w.data_ptr()  # no second copy of the weight
     torch.testing.assert_close(lin.weight, reference)
     torch.testing.assert_close(lin(x), x @ reference.T, rtol=1e-5, atol=1e-5)
@@ -105,21 +100,5 @@ def test_in_place_linear_rearranges_the_weight_in_its_own_memory() -> None:
 def test_linear_leaves_a_borrowed_weight_untouched() -> None:
     w = torch.randn(40, 24)
     reference = w.clone()
-    Linear(w, None, torch.float32, "cpu")
+    Linear(w, None, FP32)
     assert torch.equal(w, reference)
-
-
-def test_runner_routes_steps_to_blas_by_the_measured_speedup(make_engine) -> None:
-    # OpenBLAS serves plain weights: neither packed nor in panels (which run on torch's pool)
-    eng = make_engine(kv_cache_memory_bytes=8 << 20, packed_weights=False, panel_weights=False)
-    runner = eng.runner
-    assert runner.blas_speedup.decode > 0 and runner.blas_speedup.prefill > 0  # measured at build
-    runner.blas_speedup = BlasSpeedup(decode=1.0, prefill=1.0)  # OpenBLAS no faster than torch
-    limit = runner.weight_bytes // runner.kv_bytes_per_token  # context tokens at the crossover
-    assert runner.use_blas(1, 100)
-    assert runner.use_blas(64, limit) and not runner.use_blas(64, limit + 1)
-    assert not runner.use_blas(65, 65)  # a real GEMM (prefill): torch, all threads
-    runner.blas_speedup = BlasSpeedup(decode=3.0, prefill=1.5)  # torch's GEMM much slower (AVX2 EPYC)
-    assert runner.use_blas(64, 3 * limit) and not runner.use_blas(64, 3 * limit + 1)
-    assert runner.use_blas(2048, 2048)  # prefill too
-    assert not make_engine(dtype="bfloat16", kv_cache_memory_bytes=8 << 20).runner.use_blas(1, 10)

@@ -1,22 +1,21 @@
-"""fp32 weights in column panels (EngineConfig.panel_weights, layers/panel.py, kernels/cpu_linear.cpp):
+"""fp32 weights in column panels (the fp32 CPU path, layers/panel.py, kernels/cpu_linear.cpp):
 same math at every row count, one copy in the source's own memory, the same greedy tokens as the
-checkpoint's layout, and wiped with the rest."""
+reference path (torch's F.linear), and wiped with the rest."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
 from enclave_worker.engine import SamplingParams
-from enclave_worker.engine.blas_calibration import BlasSpeedup
 from enclave_worker.engine.kernels.cpu_ops import load_cpu_ops
-from enclave_worker.engine.layers.blas_switch import BlasSwitch
 from enclave_worker.engine.layers.embedding import Embedding
-from enclave_worker.engine.layers.linear import DenseMatmul, Linear
+from enclave_worker.engine.layers.linear import DenseMatmul, Linear, LinearOptions
 from enclave_worker.engine.layers.packed import is_zero
 from enclave_worker.engine.layers.panel import GEMM_MIN_ROWS, PanelMatmul, UnpackScratch, try_panel
+
+PANELS = LinearOptions(kernel="panels")
 
 
 def _width() -> int:
@@ -30,7 +29,7 @@ def test_panel_linear_matches_the_reference_at_every_row_count(rows: int, bias: 
     g = torch.Generator().manual_seed(0)
     w, b = torch.randn(12 * _width(), 576, generator=g), torch.randn(12 * _width(), generator=g)
     x = torch.randn(rows, 576, generator=g)
-    lin = Linear(w, b if bias else None, torch.float32, "cpu", panel=True)
+    lin = Linear(w, b if bias else None, PANELS)
     assert isinstance(lin.matmul, PanelMatmul)
     want = F.linear(x, w, b if bias else None)
     torch.testing.assert_close(lin(x), want, rtol=1e-5, atol=1e-4)
@@ -41,9 +40,9 @@ def test_panel_linear_matches_the_reference_at_every_row_count(rows: int, bias: 
 def test_panels_take_an_owned_weights_memory_and_leave_a_borrowed_one() -> None:
     w = torch.randn(4 * _width(), 64)
     reference = w.clone()
-    borrowed = Linear(w, None, torch.float32, "cpu", panel=True)
+    borrowed = Linear(w, None, PANELS)
     assert torch.equal(w, reference) and borrowed.weight.data_ptr() != w.data_ptr()
-    owned = Linear(w, None, torch.float32, "cpu", in_place=True, panel=True)
+    owned = Linear(w, None, LinearOptions(kernel="panels", in_place=True))
     assert owned.weight.data_ptr() == w.data_ptr()  # the panels are the source's memory: one copy
     assert not torch.equal(w, reference)  # ... rearranged, not duplicated
     x = torch.randn(5, 64)
@@ -124,7 +123,7 @@ def test_a_prefill_with_the_models_scratch_unpacks_there_and_keeps_no_transient_
 
 
 def test_the_engines_unpack_scratch_is_held_and_wiped(make_engine, h) -> None:
-    eng = make_engine(panel_weights=True, packed_weights=False, kv_cache_memory_bytes=16 << 20)
+    eng = make_engine(kv_cache_memory_bytes=16 << 20)
     prompt = eng.tokenizer.encode(" ".join(h.prompts) * 3)
     assert len(prompt) >= GEMM_MIN_ROWS  # one prefill-sized step through every layer
     h.run_sync(eng, [("r", prompt, SamplingParams(max_tokens=2, temperature=0, ignore_eos=True))])
@@ -135,42 +134,9 @@ def test_the_engines_unpack_scratch_is_held_and_wiped(make_engine, h) -> None:
     assert is_zero(scratch)
 
 
-def test_a_prefill_on_the_blas_switch_goes_to_openblas_and_zeroes_the_copy_too(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Where the runner turned the model's BlasSwitch on for a prefill-sized step, the unpacked layer is
-    multiplied by numpy's OpenBLAS (not torch's GEMM); a decode-sized call stays on the panel kernel."""
-    w = torch.randn(3 * _width(), 48)
-    switch = BlasSwitch()
-    pm = PanelMatmul(w.clone(), consume=False, switch=switch)
-    torch_calls: list[int] = []
-    real_mm = torch.mm
-    monkeypatch.setattr(torch, "mm", lambda a, b: torch_calls.append(1) or real_mm(a, b))
-    unpacked: list[np.ndarray] = []
-    real_matmul = np.matmul
-    monkeypatch.setattr(np, "matmul", lambda a, b: unpacked.append(b) or real_matmul(a, b))
-    x = torch.randn(GEMM_MIN_ROWS, 48)
-    switch.enabled = True
-    torch.testing.assert_close(pm(x), x @ w.T, rtol=1e-5, atol=1e-4)
-    assert len(unpacked) == 1 and not torch_calls and not unpacked[0].any()  # OpenBLAS, then zeroed
-    switch.enabled = False
-    torch.testing.assert_close(pm(x), x @ w.T, rtol=1e-5, atol=1e-4)
-    assert len(unpacked) == 1 and len(torch_calls) == 1
-
-
-def test_over_panels_only_prefill_sized_steps_go_to_openblas_and_only_where_it_measured_faster(make_engine) -> None:
-    eng = make_engine(panel_weights=True, packed_weights=False, kv_cache_memory_bytes=8 << 20)
-    runner = eng.runner
-    assert runner.blas_speedup.prefill > 0  # measured at build for panels too
-    runner.blas_speedup = BlasSpeedup(decode=3.0, prefill=1.5)
-    assert runner.use_blas(GEMM_MIN_ROWS, GEMM_MIN_ROWS) and runner.use_blas(2048, 2048)
-    assert not runner.use_blas(GEMM_MIN_ROWS - 1, 10_000) and not runner.use_blas(16, 16)  # decode: panels
-    runner.blas_speedup = BlasSpeedup(decode=3.0, prefill=1.0)
-    assert not runner.use_blas(2048, 2048)
-
-
-def test_a_long_prefill_on_openblas_over_panels_gives_the_plain_engines_greedy_tokens(make_engine, h) -> None:
-    plain = make_engine(panel_weights=False, kv_cache_memory_bytes=16 << 20)
-    panel = make_engine(panel_weights=True, packed_weights=False, kv_cache_memory_bytes=16 << 20)
-    panel.runner.blas_speedup = BlasSpeedup(decode=1.0, prefill=10.0)  # every prefill-sized step on OpenBLAS
+def test_a_long_prefill_over_panels_gives_the_reference_engines_greedy_tokens(make_engine, h) -> None:
+    plain = make_engine(decode_kernels="torch", kv_cache_memory_bytes=16 << 20)
+    panel = make_engine(kv_cache_memory_bytes=16 << 20)
     prompt = plain.tokenizer.encode(" ".join(h.prompts) * 3)
     assert len(prompt) >= GEMM_MIN_ROWS
     greedy = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
@@ -181,7 +147,7 @@ def test_a_long_prefill_on_openblas_over_panels_gives_the_plain_engines_greedy_t
 def test_weights_that_do_not_fit_a_panel_keep_the_checkpoint_layout() -> None:
     assert try_panel(torch.randn(_width() + 1, 8), consume=False) is None  # outputs not a multiple of NR
     assert try_panel(torch.randn(_width(), 8).bfloat16(), consume=False) is None
-    lin = Linear(torch.randn(_width() + 1, 8), None, torch.float32, "cpu", panel=True)
+    lin = Linear(torch.randn(_width() + 1, 8), None, PANELS)
     assert isinstance(lin.matmul, DenseMatmul)
 
 
@@ -198,7 +164,7 @@ def test_the_kernel_refuses_mismatched_shapes() -> None:
 def test_a_tied_table_in_panels_serves_both_the_lookup_and_the_head() -> None:
     table = torch.randn(50 * _width(), 64)
     reference = table.clone()
-    emb = Embedding(table, "none", torch.float32, "cpu", in_place=True, panel=True)
+    emb = Embedding(table, LinearOptions(kernel="panels", in_place=True), tied=True)
     assert isinstance(emb.head, PanelMatmul) and emb.weight.data_ptr() == table.data_ptr()  # held once
     ids = torch.tensor([0, 1, _width() - 1, _width(), 50 * _width() - 1, 7, 7])
     assert torch.equal(emb(ids), reference[ids])
@@ -206,12 +172,11 @@ def test_a_tied_table_in_panels_serves_both_the_lookup_and_the_head() -> None:
     torch.testing.assert_close(emb.as_lm_head(x), x @ reference.T, rtol=1e-5, atol=1e-4)
 
 
-def test_panel_engine_gives_the_plain_engines_greedy_tokens(make_engine, h) -> None:
-    plain = make_engine(panel_weights=False, kv_cache_memory_bytes=16 << 20)
-    panel = make_engine(panel_weights=True, packed_weights=False, kv_cache_memory_bytes=16 << 20)
+def test_panel_engine_gives_the_reference_engines_greedy_tokens(make_engine, h) -> None:
+    plain = make_engine(decode_kernels="torch", kv_cache_memory_bytes=16 << 20)
+    panel = make_engine(kv_cache_memory_bytes=16 << 20)
     assert all(isinstance(layer.gate_up_proj.matmul, PanelMatmul) for layer in panel.model.layers)
-    assert isinstance(panel.model.embed.head, PanelMatmul) and panel.runner.panel_weights
-    assert panel.runner.weight_bytes == 0  # no step goes to OpenBLAS
+    assert isinstance(panel.model.embed.head, PanelMatmul) and panel.kernel_path.linear == "panels"
     assert not any(isinstance(layer.gate_up_proj.matmul, PanelMatmul) for layer in plain.model.layers)
     greedy = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
     requests = [(f"r{i}", plain.tokenizer.encode(p), greedy) for i, p in enumerate(h.prompts[:4])]
@@ -223,14 +188,14 @@ def test_panel_engine_gives_the_plain_engines_greedy_tokens(make_engine, h) -> N
 
 
 def test_torch_decode_kernels_keep_the_checkpoint_layout(make_engine) -> None:
-    """Panels need the C++ kernels: under decode_kernels="torch" the layers stay plain (and on OpenBLAS)."""
-    eng = make_engine(decode_kernels="torch", panel_weights=True, packed_weights=False, kv_cache_memory_bytes=8 << 20)
-    assert not eng.runner.panel_weights
+    """Panels need the C++ kernels: under decode_kernels="torch" the layers stay on torch's F.linear."""
+    eng = make_engine(decode_kernels="torch", kv_cache_memory_bytes=8 << 20)
+    assert eng.kernel_path.linear == "torch" and not eng.kernel_path.cpu_kernels
     assert not any(isinstance(layer.qkv_proj.matmul, PanelMatmul) for layer in eng.model.layers)
 
 
 def test_wipe_zeroes_the_panels(make_engine) -> None:
-    eng = make_engine(panel_weights=True, packed_weights=False, kv_cache_memory_bytes=8 << 20)
+    eng = make_engine(kv_cache_memory_bytes=8 << 20)
     panels = [layer.down_proj.matmul.panels for layer in eng.model.layers] + [eng.model.embed.head.panels]
     held = eng.held_tensors()
     assert all(any(t is p for t in held) for p in panels)
@@ -239,13 +204,7 @@ def test_wipe_zeroes_the_panels(make_engine) -> None:
     assert all(is_zero(p) for p in panels)
 
 
-def test_panels_are_the_fp32_cpu_default_and_false_keeps_the_checkpoint_layout(make_engine) -> None:
-    """On by default (EngineConfig.panel_weights None) since the quiet A/B of issue 38; False opts out.
-    packed_weights is pinned: by default fp32 is packed where oneDNN measures 1.5x faster at boot, a
-    measurement a loaded machine can tip (every test here that needs panels pins it)."""
-    eng = make_engine(packed_weights=False, kv_cache_memory_bytes=8 << 20)
-    assert eng.runner.panel_weights
+def test_panels_are_the_fp32_cpu_path(make_engine) -> None:
+    eng = make_engine(kv_cache_memory_bytes=8 << 20)
+    assert eng.kernel_path.linear == "panels" and eng.kernel_path.cpu_kernels
     assert all(isinstance(layer.qkv_proj.matmul, PanelMatmul) for layer in eng.model.layers)
-    plain = make_engine(panel_weights=False, kv_cache_memory_bytes=8 << 20)
-    assert not plain.runner.panel_weights
-    assert not any(isinstance(layer.qkv_proj.matmul, PanelMatmul) for layer in plain.model.layers)

@@ -8,14 +8,13 @@ import torch
 from enclave_worker.engine.layers.packed import bf16_native, is_zero, packing_available
 
 
-@pytest.mark.parametrize(("dtype", "packed"),
-                         [("float32", False), ("float32", True), ("bfloat16", True), ("int8", False)])
-def test_wipe_zeroes_every_weight_copy_and_the_kv_pool(make_engine, dtype: str, packed: bool) -> None:
-    if packed and not packing_available():
-        pytest.skip("torch built without oneDNN")
-    if packed and dtype == "bfloat16" and not bf16_native():
+@pytest.mark.parametrize(("dtype", "kernels"),
+                         [("float32", "torch"), ("float32", "auto"), ("bfloat16", "auto"), ("int8", "auto")])
+def test_wipe_zeroes_every_weight_copy_and_the_kv_pool(make_engine, dtype: str, kernels: str) -> None:
+    if dtype == "bfloat16" and not (packing_available() and bf16_native()):
         pytest.skip("oneDNN has no bf16 on this CPU (AVX512BW/VL/DQ or AVX-NE-CONVERT)")
-    eng = make_engine(dtype=dtype, packed_weights=packed, kv_cache_memory_bytes=8 << 20)
+    eng = make_engine(dtype=dtype, decode_kernels=kernels, kv_cache_memory_bytes=8 << 20)
+    packed = eng.kernel_path.linear == "onednn-packed"
     layer = eng.model.layers[0]
     fused = layer.qkv_proj.qweight if dtype == "int8" else layer.qkv_proj.weight  # a copy (fused)
     assert fused.is_mkldnn == packed

@@ -14,7 +14,7 @@ from enclave_worker.engine.checkpoint import Checkpoint
 from enclave_worker.engine.checkpoint_gguf_quant import gguf_native
 from enclave_worker.engine.checkpoint_hf_quant import ct_fp8
 from enclave_worker.engine.errors import CheckpointError
-from enclave_worker.engine.layers.linear import make_linear
+from enclave_worker.engine.layers.linear import LinearOptions, make_linear
 from enclave_worker.engine.layers.quantized_linear import RowBlocksLinear
 from enclave_worker.engine.layers.quantized_weight import (
     QuantizedWeight,
@@ -61,7 +61,7 @@ def test_cat_mixed_schemes_runs_row_blocks():
     fused = torch.cat(parts, dim=0)
     assert fused.spec.scheme == "rows" and fused.spec.shape == (128, K)
     bias = torch.randn(128)
-    layer = make_linear(fused, bias, "none", torch.float32, "cpu")
+    layer = make_linear(fused, bias, LinearOptions())
     assert isinstance(layer, RowBlocksLinear)
     x = torch.randn(3, K)
     ref = x @ torch.cat([dequantize(p) for p in parts]).T + bias
