@@ -7,7 +7,7 @@
       "unsafe_operator_keys": false
     }
 
-- `api_keys`: the tenant's own API keys, by the digest of the secret (`sealed keys digest`), so the
+- `api_keys`: the tenant's own API keys, by the digest of the secret (`sealed apikeys digest KEYFILE`), so the
   list names a key without holding it. A key the operator makes with its management login is not in
   the list, so it is refused (plaintext by the gateway, sealed by the worker, which sees the key
   itself inside the sealed envelope).

@@ -64,3 +64,13 @@ def test_the_signed_caller_list_round_trips_and_decides() -> None:
     with pytest.raises(CallerRefused):
         empty.check_key_id(api_key_id(OWN))
     CallerPolicy.from_dict({"unsafe_operator_keys": True}).check_key_id(api_key_id("sk-sealed-operator-made"))
+
+
+def test_the_cli_prints_the_digest_a_caller_list_names(tmp_path: Any) -> None:
+    from typer.testing import CliRunner
+
+    from api.cli.manage import build_apikeys
+
+    (tmp_path / "key").write_text(OWN + "\n")
+    result = CliRunner().invoke(build_apikeys(), ["digest", str(tmp_path / "key")])
+    assert result.exit_code == 0 and result.output.strip() == api_key_digest(OWN)
