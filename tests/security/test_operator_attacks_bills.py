@@ -172,3 +172,23 @@ async def test_the_tenant_verifies_its_export_and_trusts_none_of_it(tmp_path: Pa
     assert check["exit"] == 1 and any(expect in r for r in reasons), reasons
     # Never more than the worker signed; an edited row counts as signed, an unbound key not at all.
     assert counted in (0, honest)
+
+
+async def test_the_management_api_serves_each_tenant_only_its_own_ledger(tmp_path: Path) -> None:
+    from api.management.auth import issue_token
+    from tests.security.caller_harness import JWT_SECRET
+
+    async with deployment(tmp_path) as d:
+        assert (await d.plaintext(d.tenant_key)).status_code == 200
+        _insert(tmp_path, "forged-2", "00" * 64)
+
+        def auth(tenant: str) -> dict[str, str]:
+            return {"Authorization": f"Bearer {issue_token(JWT_SECRET, 'x', 'tenant-admin', tenant)}"}
+
+        own = (await d.client.get("/admin/v1/usage/ledger?tenant=globex", headers=auth(TENANT))).json()
+        assert own["tenant"] == TENANT and len(own["records"]) == 2 and len(own["usage_keys"]) == 1
+        other = (await d.client.get("/admin/v1/usage/ledger?tenant=acme", headers=auth("globex"))).json()
+        assert other["tenant"] == "globex" and other["records"] == [] and other["usage_keys"] == {}
+        usage = (await d.client.get("/admin/v1/usage", headers=auth(TENANT))).json()
+        assert [f["request_id"] for f in usage["flagged"]] == ["forged-2"]
+        assert sum(r["prompt_tokens"] for r in usage["data"]) < FORGED
