@@ -25,7 +25,7 @@ from cryptography.hazmat.primitives import serialization
 
 from api.broker_state import broker_measurement, local_broker_keys
 from api.console_settings import loopback_host
-from api.gateway.keys import ApiKeyStore
+from api.gateway.keys import BOOTSTRAP_POLICIES, ApiKeyStore, write_bootstrap_policy
 from api.home import Home, ed25519_key, write_public_key, x25519_key
 from api.orchestrator.local import LocalRuntime
 from api.orchestrator.loop import ControlLoop
@@ -42,9 +42,10 @@ from key_broker.errors import KeyStoreError
 from key_broker.keystore import DataKeyRegistry, LocalKeyStore
 from key_broker.policies import PolicyStore
 from key_broker.statefile import StateLedger, local_ledger
+from policy.callers import api_key_digest
 from policy.documents import sign_policy_document
 from policy.release import ReleasePolicy
-from policy.release_documents import admin_key_statement, sign_release_policy
+from policy.release_documents import admin_key_statement, public_pem, sign_release_policy
 from protocol.fsutil import atomic_write
 from protocol.model_ref import ModelRef
 from protocol.package import read_manifest
@@ -122,11 +123,13 @@ def demo_policy_set(api_key: str, decision_record_key: str | None = None) -> dic
     and the demo key may call any tool (agent frameworks name their tools freely: LangChain's
     structured output, the Agents SDK's handoffs), at most 4 calls a request, with get_weather's
     arguments checked to be an object; decisions on sealed requests are sealed to
-    `decision_record_key` (the tenant's X25519 key, hex)."""
+    `decision_record_key` (the tenant's X25519 key, hex). Its callers are the demo key alone (by
+    digest): a key the operator makes for `demo` is refused (policy/callers.py)."""
     key_id = api_key_id(api_key)  # the gateway's id for this key
     sealed_records = {"decision_record_key": decision_record_key} if decision_record_key else {}
     return {**sealed_records,
         "policy_id": "demo-policy", "version": 1, "tenant": DEMO_TENANT,
+        "callers": {"api_keys": [api_key_digest(api_key)]},
         "data": {"retention_days": 30, "pii_input": {"US_SSN": "block", "CREDIT_CARD": "redact"}},
         "agents": {key_id: {"tools": {"get_weather": {"args_schema": {"type": "object"}}}, "any_tool": True,
                             "max_calls_per_request": 4, "max_calls_per_session": 10_000}},
@@ -141,6 +144,9 @@ def _write_demo_policy(home: Home, api_key: str) -> None:
     records = decision_key_public_hex(x25519_key(home.tenant_decision_record_key(DEMO_TENANT)))
     doc = sign_policy_document(demo_policy_set(api_key, records), admin, DEMO_ADMIN_KEY_ID)
     home.tenant_policy(DEMO_TENANT).write_text(json.dumps(doc, sort_keys=True))
+    # The gateway enforces the same signed caller list for plaintext requests (it imports this file
+    # at start, as it does the bootstrap key hashes; api/gateway/catalog.py).
+    write_bootstrap_policy(home.gateway / BOOTSTRAP_POLICIES, DEMO_TENANT, doc, public_pem(admin.public_key()))
 
 
 def _ensure_release_policy(home: Home, ledger: StateLedger, tenant_signer: str, engine: str = "sealed") -> None:

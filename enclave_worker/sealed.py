@@ -19,6 +19,7 @@ from enclave_worker.errors import SealedRefusal
 from enclave_worker.local_openai import LocalRun, inner_answer, single
 from enclave_worker.server import WorkerState, serving
 from enclave_worker.stage_times import StageTimes
+from policy.callers import CallerRefused
 from protocol.openai.errors import OpenAIError, error_body
 from protocol.rpc import worker_pb2
 from protocol.sealed import (
@@ -31,6 +32,7 @@ from protocol.sealed import (
     open_request,
     sign_receipt,
 )
+from protocol.sealed.caller import read_caller
 from protocol.sealed.http import ENDPOINTS, ResponseHead
 
 __all__ = ["SealedAnswer", "SealedRefusal", "open_sealed_request"]
@@ -51,8 +53,10 @@ def open_sealed_request(state: WorkerState, request: worker_pb2.SealedRequest) -
                          key_id=request.worker_key_id, version=s.version, api_key_id=request.key_id,
                          policy_version=policy_version(state))
     try:
-        return open_request(state.serving_key, ctx, request.body, state.clock.now(), state.replay,
-                            response_padding=s.response_padding)
+        opened = open_request(state.serving_key, ctx, request.body, state.clock.now(), state.replay,
+                              response_padding=s.response_padding)
+        check_caller(state, request, opened)
+        return opened
     except WrongWorkerKey as exc:
         # The client pinned a key this worker does not hold: it must verify the deployment again.
         raise SealedRefusal(grpc.StatusCode.FAILED_PRECONDITION, "sealed to another worker key; re-attest") from exc
@@ -65,6 +69,24 @@ def open_sealed_request(state: WorkerState, request: worker_pb2.SealedRequest) -
                     request.request_id[:64], type(exc).__name__)
         raise SealedRefusal(grpc.StatusCode.INVALID_ARGUMENT,
                             f"sealed request rejected ({type(exc).__name__})") from exc
+
+
+def check_caller(state: WorkerState, request: worker_pb2.SealedRequest, opened: OpenedRequest) -> None:
+    """The tenant's signed caller policy (policy/callers.py), against the credential the client sealed
+    inside the envelope: the gateway cannot name a caller the tenant did not list (a key the operator
+    made, another tenant's key). No `callers` section: no caller list, every key the gateway accepted."""
+    guard = state.guard
+    callers = guard.policy_set.callers if guard and guard.policy_set else None
+    if callers is None:
+        return
+    caller = read_caller(opened.caller)  # SealedFormatError: refused like any malformed request
+    try:
+        callers.check_sealed(caller.api_key, caller.oidc_token, request.key_id)
+    except CallerRefused as exc:
+        log.warning("sealed request %s refused by the tenant's caller policy", request.request_id[:64])
+        raise SealedRefusal(grpc.StatusCode.PERMISSION_DENIED,
+                            f"caller refused by the tenant's signed caller policy (callers, policy version "
+                            f"{policy_version(state)}): {exc}") from exc
 
 
 def policy_version(state: WorkerState) -> int:

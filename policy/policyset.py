@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from policy.callers import CallerPolicy
 from policy.compile import compile_policy_set
 from policy.engine import CedarPolicies, compile_cedar, validate_against_schema
 from policy.errors import PolicyInvalid
@@ -15,7 +16,7 @@ from policy.release import ReleasePolicy
 from policy.schema import CEDAR_SCHEMA
 
 _KEYS = {"policy_id", "version", "tenant", "admission", "key_overrides", "agents", "data", "release", "cedar",
-         "require_sealed", "decision_record_key"}
+         "require_sealed", "decision_record_key", "callers"}
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,8 @@ class PolicySet:
     # The tenant's X25519 public key (64 hex), to which workers seal their decisions on sealed
     # requests (docs/sealed-mode.md, "Decision records"); None: those decisions reach no one.
     decision_record_key: str | None = None
+    # Who may call the tenant's models (policy/callers.py); None: no caller list (every key accepted).
+    callers: CallerPolicy | None = None
 
     def __post_init__(self) -> None:
         _name(self.policy_id, "policy_id")
@@ -92,6 +95,7 @@ class PolicySet:
             data=DataPolicy.from_dict(d["data"]) if d.get("data") is not None else None,
             release=tuple(ReleasePolicy.from_dict(r) for r in release), cedar=cedar,
             require_sealed=d.get("require_sealed", False), decision_record_key=d.get("decision_record_key"),
+            callers=CallerPolicy.from_dict(d["callers"]) if d.get("callers") is not None else None,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -112,6 +116,8 @@ class PolicySet:
             out["require_sealed"] = True
         if self.decision_record_key is not None:
             out["decision_record_key"] = self.decision_record_key
+        if self.callers is not None:
+            out["callers"] = self.callers.to_dict()
         return out
 
 

@@ -28,6 +28,7 @@ from protocol.sealed import (
     seal_request,
     verify_receipt,
 )
+from protocol.sealed.caller import CallerCredential
 from protocol.sealed.http import (
     ENDPOINTS,
     HEADER_KEY_ID,
@@ -101,9 +102,12 @@ class SealedSession:
     """
 
     def __init__(self, trust: ClientTrust, *, clock: Callable[[], dt.datetime] | None = None,
-                 keep_receipts: int = 1000, padding: PaddingPolicy = DEFAULT_PADDING) -> None:
+                 keep_receipts: int = 1000, padding: PaddingPolicy = DEFAULT_PADDING, oidc_token: str = "") -> None:
         self.trust = trust
         self.padding = padding
+        # The caller's ID token from the tenant's identity provider, for a caller policy that lists
+        # principals (policy/callers.py): sent only inside the sealed envelope, never to the gateway.
+        self.oidc_token = oidc_token
         self.clock = clock or (lambda: dt.datetime.now(dt.UTC))
         self._pins: dict[str, PinnedKey] = {}
         self._digests: dict[tuple[str, str], str] = {}  # (model, version) -> the model digest verified
@@ -222,8 +226,11 @@ class SealedSession:
         API key this request is sent with), so the gateway can relabel none of them."""
         ctx = RequestContext(tenant=pin.tenant, model=pin.model, endpoint=endpoint, key_id=pin.worker_key_id,
                              version=pin.version, api_key_id=api_key_id(api_key), policy_version=pin.policy_version)
-        return Exchange(pin, seal_request(pin.hpke_public_key, ctx, body, time.time(), padding=self.padding),
-                        ctx.api_key_id)
+        # The caller's credential goes inside the envelope (the worker checks it against the tenant's
+        # signed caller policy): the API key this request is sent with, and the ID token if any.
+        caller = CallerCredential(api_key=api_key, oidc_token=self.oidc_token).encode()
+        return Exchange(pin, seal_request(pin.hpke_public_key, ctx, body, time.time(), padding=self.padding,
+                                          caller=caller), ctx.api_key_id)
 
     @staticmethod
     def sealed_headers(exchange: Exchange, original: Mapping[str, str]) -> dict[str, str]:

@@ -138,6 +138,15 @@ def apikeys_create(
         typer.echo(doc["secret"])
 
 
+def apikeys_digest(key_file: Path = typer.Argument(..., exists=True, help="file holding the API key's secret")
+                   ) -> None:
+    """The digest that lists this key in the tenant's signed caller policy (`callers.api_keys`;
+    docs/policy.md). Computed locally: the secret is not sent anywhere."""
+    from policy.callers import api_key_digest
+
+    typer.echo(api_key_digest(key_file.read_text().strip()))
+
+
 def apikeys_list(tenant: str = TENANT, profile: str = PROFILE, url: str = URL, as_json: bool = JSON) -> None:
     """The tenant's API keys (ids, scopes and limits; never secrets)."""
     doc = call("GET", f"/tenants/{tenant}/keys", profile=profile, url=url)
@@ -239,7 +248,7 @@ def build_tenants() -> typer.Typer:
 def build_apikeys() -> typer.Typer:
     return _group("API keys clients send to the gateway (scopes, limits, budgets). Broker tenant keys: "
                   "`sealed keys`.", {"create": apikeys_create, "list": apikeys_list, "revoke": apikeys_revoke,
-                                     "kill-switch": apikeys_kill_switch})
+                                     "kill-switch": apikeys_kill_switch, "digest": apikeys_digest})
 
 
 def build_policies() -> typer.Typer:

@@ -9,7 +9,9 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from api.gateway.callers import caller_policy, import_bootstrap_policies
 from api.gateway.errors import GatewayError
+from api.gateway.keys import BOOTSTRAP_POLICIES
 from api.gateway.registry import WorkerRegistry
 from api.gateway.settings import GatewaySettings
 from api.store.models import Tenant
@@ -47,13 +49,16 @@ class Catalog:
         return value
 
     def bootstrap_keys(self) -> None:
-        """Import hashes from the bootstrap file (`api-keys.json`, written by `sealed up`'s preparation)."""
+        """Import hashes from the bootstrap file (`api-keys.json`, written by `sealed up`'s preparation),
+        and the signed policy sets written beside it (their caller lists: api/gateway/callers.py)."""
+        import_bootstrap_policies(self.store, self.settings.data_dir / BOOTSTRAP_POLICIES)
         path = self.settings.data_dir / "api-keys.json"
         if not path.exists():
             return
         for key_hash, doc in json.loads(path.read_text()).items():
             expires = dt.datetime.fromisoformat(doc["expires_at"]) if doc.get("expires_at") else None
             self.store.import_key_hash(key_hash, doc["tenant"], doc["name"], tuple(doc.get("models", ())), expires)
+
 
     def cached_key(self, secret: str) -> KeyRecord | None:
         """A key this gateway authenticated within SINGLE_GATEWAY_KEY_CACHE_S (no database, no thread
@@ -121,6 +126,10 @@ class Catalog:
     def tokens_used(self, tenant: str, key_id: str | None) -> int:
         return self.cached(("used", tenant) if key_id is None else ("used", tenant, key_id),
                            lambda: self.store.tokens_used(tenant, key_id))
+
+    def caller_policy(self, tenant: str) -> Any:
+        """The tenant's signed caller policy as the gateway enforces it for plaintext (api/gateway/callers.py)."""
+        return self.cached(("callers", tenant), lambda: caller_policy(tenant, self.store.policy(tenant)))
 
     def require_sealed(self, tenant: str) -> bool:
         """The tenant's policy says `require_sealed` (its worker enforces the signed original too)."""

@@ -160,6 +160,8 @@ def _translate_sealed(exc: grpc.aio.AioRpcError) -> GatewayError:
         return GatewayError(400, detail or "replayed", code="sealed_request_replayed")
     if code == grpc.StatusCode.INVALID_ARGUMENT:
         return GatewayError(400, detail or "sealed request rejected", code="sealed_request_rejected")
+    if code == grpc.StatusCode.PERMISSION_DENIED:  # before it opened: the tenant's caller policy refused
+        return GatewayError(403, detail or "caller refused", type_="permission_error", code="caller_not_allowed")
     return _translate(exc, started=False)
 
 

@@ -1,5 +1,6 @@
 """Bootstrap API keys: `sealed up` writes the demo key's hash before the gateway's database exists;
-the gateway imports the hashes at start (`GatewayService`), and from then on the store owns keys."""
+the gateway imports the hashes at start (`GatewayService`), and from then on the store owns keys.
+The demo tenant's signed policy set (with its caller list) comes the same way (BOOTSTRAP_POLICIES)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,14 @@ from pathlib import Path
 
 from api.store.repo import KEY_PREFIX, hash_secret
 from protocol.fsutil import atomic_write
+
+BOOTSTRAP_POLICIES = "tenant-policies.json"  # tenant -> {"document": signed envelope, "admin_key_pem": PEM}
+
+
+def write_bootstrap_policy(path: Path, tenant: str, document: dict, admin_key_pem: str) -> None:
+    policies = json.loads(path.read_text()) if path.exists() else {}
+    policies[tenant] = {"document": document, "admin_key_pem": admin_key_pem}
+    atomic_write(path, json.dumps(policies, sort_keys=True, indent=1).encode())
 
 
 class ApiKeyStore:

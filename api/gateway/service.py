@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 from api.gateway.admission import AdmissionController
 from api.gateway.audit import admin_meta, audit_worker_decisions, open_gateway_audit
+from api.gateway.callers import check_plaintext_caller
 from api.gateway.catalog import Catalog
 from api.gateway.delivery_probe import DeliveryProbe
 from api.gateway.demand import Demand
@@ -215,6 +216,7 @@ class GatewayService:
         return True
 
     def check_plaintext_allowed(self, key: KeyRecord) -> None:
+        check_plaintext_caller(self.catalog.caller_policy(key.tenant), key.key_id)
         if self.require_sealed(key.tenant):
             self.metrics.rejected.labels(key.tenant, "sealed_required").inc()
             raise GatewayError(403, "this tenant accepts only sealed requests: use SealedOpenAI or `sealed proxy` "

@@ -170,7 +170,17 @@ def usage(tenant: str | None = None, who: Principal = Depends(require(OP, ADMIN,
     store = service.store
     if who.role.startswith("tenant-"):
         tenant = who.tenant
-    return {"data": store.usage_summary(tenant)}
+    ledger = store.usage_ledger(tenant)
+    return {"data": ledger.summary, "flagged": ledger.flagged}
+
+
+@router.get("/usage/ledger")
+def usage_ledger(tenant: str, who: Principal = Depends(require(OP, ADMIN, USER, AUDITOR)),
+                 service: GatewayService = Depends(get_service)) -> dict:
+    """The tenant's signed ledger, for `sealed usage --export` / `--verify` on the tenant's machine."""
+    if who.role.startswith("tenant-"):
+        tenant = who.tenant or ""
+    return service.store.usage_export(tenant)
 
 
 @router.put("/tenants/{tenant}/policy")

@@ -91,6 +91,23 @@ class UsageRow(Base):
     completion_tokens: Mapped[int] = mapped_column(Integer)
     worker_seconds: Mapped[float] = mapped_column(Float)
     signature: Mapped[str] = mapped_column(String(256))  # hex Ed25519 over the record, verified before insert
+    # The signed record (base64 of the exact bytes) and the worker's usage key (hex) it verifies with:
+    # checked again on every read (api/store/ledger.py); a row without them counts for nothing.
+    payload: Mapped[str | None] = mapped_column(Text, nullable=True)
+    public_key: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class UsageKeyRow(Base):
+    """A worker usage key that signed a stored usage row, with the attestation document that binds it
+    (evidence and TLS certificate, as the gateway verified them): what the tenant needs, beside the
+    records, to check its bill on its own machine (`sealed usage --export` / `--verify`)."""
+
+    __tablename__ = "usage_keys"
+    public_key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(64), index=True)
+    worker_id: Mapped[str] = mapped_column(String(64))
+    document: Mapped[dict] = mapped_column(JSON)
     created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 

@@ -14,6 +14,14 @@ from sqlalchemy import delete, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, sessionmaker
 
+from api.store.ledger import (
+    Ledger,
+    export_ledger,
+    read_ledger,
+    registered_usage_keys,
+    remember_usage_key,
+    verified_rows,
+)
 from api.store.models import ApiKeyRow, ModelVersion, PolicyRow, PolicyVersionRow, Tenant, UsageRow, utcnow
 from api.store.revocation import Revocations
 from protocol.model_ref import ModelRef
@@ -21,7 +29,7 @@ from protocol.sealed.hpke import api_key_id
 
 KEY_PREFIX = "sk-sealed-"
 _USAGE_COLUMNS = ("request_id", "tenant", "key_id", "model", "version", "worker_id", "prompt_tokens",
-                  "completion_tokens", "worker_seconds", "signature")
+                  "completion_tokens", "worker_seconds", "signature", "payload", "public_key")
 
 
 def _dialect_insert(session: Session) -> Callable[..., Any]:
@@ -291,15 +299,19 @@ class Store:
             return int(s.scalar(q) or 0)
 
     def usage_summary(self, tenant: str | None = None) -> list[dict]:
-        with self.sessions() as s:
-            q = select(UsageRow.tenant, UsageRow.key_id, func.count(), func.sum(UsageRow.prompt_tokens),
-                       func.sum(UsageRow.completion_tokens), func.sum(UsageRow.worker_seconds)
-                       ).group_by(UsageRow.tenant, UsageRow.key_id).order_by(UsageRow.tenant, UsageRow.key_id)
-            if tenant is not None:
-                q = q.where(UsageRow.tenant == tenant)
-            return [{"tenant": t, "key_id": k, "requests": int(n), "prompt_tokens": int(p or 0),
-                     "completion_tokens": int(c or 0), "worker_seconds": float(w or 0.0)}
-                    for t, k, n, p, c, w in s.execute(q)]
+        """Usage per tenant and key, of the rows that verify (api/store/ledger.py); others are flagged."""
+        return read_ledger(self.sessions, tenant).summary
+
+    def usage_ledger(self, tenant: str | None = None) -> Ledger:
+        """The summary and the flagged rows (each with why it failed)."""
+        return read_ledger(self.sessions, tenant)
+
+    def usage_export(self, tenant: str) -> dict:
+        """The tenant's signed records and its usage keys' attestation documents (`sealed usage --export`)."""
+        return export_ledger(self.sessions, tenant)
+
+    def remember_usage_key(self, public_key: str, tenant: str, worker_id: str, document: dict) -> None:
+        remember_usage_key(self.sessions, public_key, tenant, worker_id, document)
 
     # -- policies
     def put_policy(self, tenant: str, document: dict, admin_key_pem: str | None = None) -> int:
@@ -323,12 +335,13 @@ class Store:
                                   .order_by(PolicyVersionRow.version.desc())))
 
     def usage_rows(self, tenant: str | None, since: dt.datetime) -> list[UsageRow]:
-        """Usage records since a time (the console buckets them); one tenant's, or all."""
+        """Usage records since a time (the console buckets them); one tenant's, or all. Only rows that
+        verify (api/store/ledger.py): a flagged row is never counted."""
         q = select(UsageRow).where(UsageRow.created_at >= since).order_by(UsageRow.created_at)
         if tenant is not None:
             q = q.where(UsageRow.tenant == tenant)
         with self.sessions() as s:
-            return list(s.scalars(q))
+            return verified_rows(list(s.scalars(q)), registered_usage_keys(s))
 
     def policy(self, tenant: str) -> PolicyRow | None:
         with self.sessions() as s:

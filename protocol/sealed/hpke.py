@@ -29,12 +29,13 @@ from protocol.sealed.padding import DEFAULT_PADDING, PaddingPolicy, pad, unpad
 from protocol.sealed.replay import ReplayGuard
 from protocol.sealed.response import RESPONSE_EXPORT_LABEL, SECRET_BYTES, ResponseOpener, ResponseSealer
 
-# v3: the associated data binds version, API key id and policy version too; v2 (padding, the old
-# context) and v1 (unpadded) are refused.
-VERSION = 3
+# v4: the padded plaintext starts with the caller's credential (the tenant's caller policy is checked
+# in the worker against it); v3 (no credential), v2 (padding, the old context) and v1 (unpadded) are
+# refused.
+VERSION = 4
 SUITE = CipherSuite.new(KEMId.DHKEM_X25519_HKDF_SHA256, KDFId.HKDF_SHA256, AEADId.AES256_GCM)
-REQUEST_INFO = b"sealed-request-v3"
-_AAD_LABEL = b"sealed-request-v3\x00"
+REQUEST_INFO = b"sealed-request-v4"
+_AAD_LABEL = b"sealed-request-v4\x00"
 _POLICY_VERSION = struct.Struct(">Q")
 ENC_BYTES = 32
 MAX_FIELD = 0xFFFF
@@ -115,21 +116,28 @@ class OpenedRequest:
     timestamp_ms: int
     sealer: ResponseSealer
     request_sha256: str
+    # The caller's credential as the client sealed it (protocol/sealed/caller.py; b"": none): only the
+    # worker sees it, and checks it against the tenant's signed caller policy.
+    caller: bytes = b""
 
 
-def _plaintext(body: bytes, timestamp_ms: int, padding: PaddingPolicy) -> bytes:
-    return struct.pack(">Q", timestamp_ms) + pad(body, padding)
+def _plaintext(body: bytes, timestamp_ms: int, padding: PaddingPolicy, caller: bytes) -> bytes:
+    if len(caller) > MAX_FIELD:
+        raise SealedFormatError("caller credential too long")
+    return struct.pack(">Q", timestamp_ms) + pad(struct.pack(">H", len(caller)) + caller + body, padding)
 
 
 def seal_request(worker_public_key: bytes, ctx: RequestContext, body: bytes, now_s: float, *,
-                 padding: PaddingPolicy = DEFAULT_PADDING, _ephemeral: KEMKeyPair | None = None) -> SealedRequest:
-    """Client side. The body is padded to `padding`'s bucket, so the gateway sees a size class.
+                 padding: PaddingPolicy = DEFAULT_PADDING, caller: bytes = b"",
+                 _ephemeral: KEMKeyPair | None = None) -> SealedRequest:
+    """Client side. The caller's credential (`caller`, protocol/sealed/caller.py) and the body are
+    padded together to `padding`'s bucket, so the gateway sees a size class.
     `_ephemeral` fixes the encapsulation key for the checked-in test vectors only."""
     if key_id(worker_public_key) != ctx.key_id:
         raise WrongWorkerKey("request context names another worker key than the one sealed to")
     recipient = KEMKey.from_pyca_cryptography_key(X25519PublicKey.from_public_bytes(worker_public_key))
     enc, sender = SUITE.create_sender_context(recipient, info=REQUEST_INFO, eks=_ephemeral)
-    plaintext = _plaintext(body, int(now_s * 1000), padding)
+    plaintext = _plaintext(body, int(now_s * 1000), padding, caller)
     ciphertext = sender.seal(plaintext, aad=ctx.aad())
     secret = sender.export(RESPONSE_EXPORT_LABEL, SECRET_BYTES)
     return SealedRequest(wire=bytes([VERSION]) + enc + ciphertext, opener=ResponseOpener(secret, enc),
@@ -156,9 +164,13 @@ def open_request(worker: WorkerKey, ctx: RequestContext, wire: bytes, now_s: flo
     if len(plaintext) < 8:
         raise SealedFormatError("sealed request has no timestamp")
     (timestamp_ms,) = struct.unpack(">Q", plaintext[:8])
-    body = unpad(plaintext[8:])
+    inner = unpad(plaintext[8:])
+    if len(inner) < 2 or len(inner) < 2 + struct.unpack(">H", inner[:2])[0]:
+        raise SealedFormatError("sealed request has no caller credential field")
+    caller_len = struct.unpack(">H", inner[:2])[0]
+    caller, body = inner[2:2 + caller_len], inner[2 + caller_len:]
     replay.check(enc, timestamp_ms / 1000.0, now_s)
     secret = recipient.export(RESPONSE_EXPORT_LABEL, SECRET_BYTES)
     return OpenedRequest(body=body, timestamp_ms=timestamp_ms,
                          sealer=ResponseSealer(secret, enc, _response_nonce, response_padding),
-                         request_sha256=hashlib.sha256(plaintext).hexdigest())
+                         request_sha256=hashlib.sha256(plaintext).hexdigest(), caller=caller)

@@ -15,6 +15,7 @@ from api.store.repo import Store
 from policy.limiter import TokenBucketLimiter
 from protocol.model_ref import ModelRef
 from tests.api.fleet import postgres_database, redis_client
+from tests.api.signed_usage import signed_row
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -86,12 +87,15 @@ def test_rollout_is_gradual_and_rollback_is_one_call(store: Store) -> None:
 def test_usage_per_tenant_and_key(store: Store) -> None:
     store.ensure_tenant("acme", token_budget=1000)
     for i, (key, (p, c)) in enumerate((("k1", (10, 5)), ("k1", (3, 2)), ("k2", (1, 1)))):
-        store.record_usage(UsageRow(request_id=f"r{i}", tenant="acme", key_id=key, model="m", version="v1",
-                                    worker_id="w", prompt_tokens=p, completion_tokens=c, worker_seconds=0.5,
-                                    signature="00"))
+        store.record_usage(signed_row(store, request_id=f"r{i}", tenant="acme", key_id=key, worker_id="w",
+                                      prompt_tokens=p, completion_tokens=c, worker_seconds=0.5))
+    store.record_usage(UsageRow(request_id="r-unsigned", tenant="acme", key_id="k1", model="m", version="v1",
+                                worker_id="w", prompt_tokens=10**6, completion_tokens=0, worker_seconds=0.5,
+                                signature="00"))  # no signed record: flagged, never counted
     rows = {r["key_id"]: r for r in store.usage_summary("acme")}
+    assert [f["request_id"] for f in store.usage_ledger("acme").flagged] == ["r-unsigned"]
     assert rows["k1"]["requests"] == 2 and rows["k1"]["prompt_tokens"] == 13 and rows["k2"]["completion_tokens"] == 1
-    assert store.tokens_used("acme") == 22
+    assert store.tokens_used("acme") == 22 + 10**6  # the budget's running sum is the stored rows' (docs/security.md)
 
 
 def test_a_usage_record_is_stored_once_per_worker_and_request(store: Store) -> None:

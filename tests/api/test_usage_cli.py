@@ -11,8 +11,8 @@ from typer.testing import CliRunner
 from api.cli.usage import usage
 from api.home import Home
 from api.store.db import make_engine, session_factory, sqlite_url, upgrade
-from api.store.models import UsageRow
 from api.store.repo import Store
+from tests.api.signed_usage import signed_row
 
 
 def test_usage_per_tenant_and_key_from_the_local_database(tmp_path: Path) -> None:
@@ -23,9 +23,8 @@ def test_usage_per_tenant_and_key_from_the_local_database(tmp_path: Path) -> Non
     store = Store(session_factory(engine))
     store.ensure_tenant("acme")
     for i, key in enumerate(("k1", "k1", "k2")):  # distinct requests: each is metered once
-        store.record_usage(UsageRow(request_id=f"r{i}", tenant="acme", key_id=key, model="m", version="v1",
-                                    worker_id="w", prompt_tokens=4, completion_tokens=6, worker_seconds=0.25,
-                                    signature="00"))
+        store.record_usage(signed_row(store, request_id=f"r{i}", tenant="acme", key_id=key, model="m", version="v1",
+                                      worker_id="w", prompt_tokens=4, completion_tokens=6, worker_seconds=0.25))
     engine.dispose()
     app = typer.Typer()
     app.command()(usage)

@@ -15,8 +15,8 @@ from fastapi.testclient import TestClient
 
 from api.cli.upload import UploadFailed, upload_package
 from api.management.auth import AUDIENCE
-from api.store.models import UsageRow
 from enclave_worker.package.writer import write_package
+from tests.api.signed_usage import signed_row
 from tests.security.harness import JWT_SECRET, gateway
 
 
@@ -65,9 +65,9 @@ def _token(claims: dict) -> str:
 async def test_mistyped_claims_are_refused(tmp_path: Path, claims: dict) -> None:
     async with gateway(tmp_path, []) as gw:
         for tenant in ("acme", "other"):
-            gw.service.store.record_usage(UsageRow(
+            gw.service.store.record_usage(signed_row(gw.service.store,
                 request_id=f"r-{tenant}", tenant=tenant, key_id="k", model="m", version="v1", worker_id="w",
-                prompt_tokens=1, completion_tokens=1, worker_seconds=0.1, signature="00"))
+                prompt_tokens=1, completion_tokens=1, worker_seconds=0.1))
         for path in ("/admin/v1/usage", "/admin/v1/tenants/acme/keys", "/admin/v1/workers"):
             r = await gw.client.get(path, headers={"Authorization": f"Bearer {_token(claims)}"})
             assert r.status_code in (401, 403), (path, r.status_code, r.text)
@@ -76,9 +76,9 @@ async def test_mistyped_claims_are_refused(tmp_path: Path, claims: dict) -> None
 async def test_a_tenant_admin_sees_only_its_own_usage(tmp_path: Path) -> None:
     async with gateway(tmp_path, []) as gw:
         for tenant in ("acme", "other"):
-            gw.service.store.record_usage(UsageRow(
+            gw.service.store.record_usage(signed_row(gw.service.store,
                 request_id=f"r-{tenant}", tenant=tenant, key_id="k", model="m", version="v1", worker_id="w",
-                prompt_tokens=1, completion_tokens=1, worker_seconds=0.1, signature="00"))
+                prompt_tokens=1, completion_tokens=1, worker_seconds=0.1))
         admin = _token({"role": "tenant-admin", "tenant": "acme"})
         r = await gw.client.get("/admin/v1/usage?tenant=other", headers={"Authorization": f"Bearer {admin}"})
         assert r.status_code == 200

@@ -156,9 +156,10 @@ def client_policy(live: Live) -> dict[str, Any]:
             "require_promises": PROMISES}
 
 
-def sealed_client(live: Live, base_url: str | None = None, **kwargs: Any) -> SealedOpenAI:
-    return SealedOpenAI(base_url=base_url or f"{live.proxy.url}/v1", api_key=live.env.api_key, max_retries=0,
-                        policy=client_policy(live), **kwargs)
+def sealed_client(live: Live, base_url: str | None = None, api_key: str | None = None, **kwargs: Any
+                  ) -> SealedOpenAI:
+    return SealedOpenAI(base_url=base_url or f"{live.proxy.url}/v1", api_key=api_key or live.env.api_key,
+                        max_retries=0, policy=client_policy(live), **kwargs)
 
 
 def ask(client: SealedOpenAI) -> Any:
@@ -321,3 +322,25 @@ def test_sealed_proxy_refuses_what_it_cannot_seal(live: Live, proxy: OperatorPro
     assert answer.status_code == 400 and answer.json()["error"]["code"] == "UnsealedRequest"
     assert not proxy.saw_canary()
 
+
+
+def test_an_api_key_the_operator_makes_for_demo_is_refused(live: Live, proxy: OperatorProxy) -> None:
+    """#46, attack 5a, live: the operator's management login (the gateway's JWT secret from the data
+    directory) creates an API key for `demo`; the demo tenant's signed policy lists only the demo key,
+    so the gateway refuses it in plaintext and the worker refuses it sealed, each naming the caller
+    policy. The demo key still works both ways (the control case above, and the chat here)."""
+    import openai
+
+    from api.management.auth import issue_token
+
+    login = issue_token((live.env.home.gateway / "jwt-secret").read_text().strip(), "ops", "operator")
+    made = httpx.post(f"{live.stack.gateway_url}/admin/v1/tenants/{DEMO_TENANT}/keys", json={"name": "ops-made"},
+                      headers={"Authorization": f"Bearer {login}"}, timeout=30)
+    assert made.status_code == 201, made.text
+    operator_key = made.json()["secret"]
+    plain = chat(live.stack, operator_key)
+    assert plain.status_code == 403 and plain.json()["error"]["code"] == "caller_not_allowed", plain.text
+    assert "caller policy" in plain.json()["error"]["message"]
+    with pytest.raises(openai.PermissionDeniedError, match="caller policy"):
+        ask(sealed_client(live, api_key=operator_key))
+    assert chat(live.stack, live.env.api_key).status_code == 200

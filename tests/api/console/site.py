@@ -27,11 +27,11 @@ from api.console_settings import ConsoleSettings
 from api.gateway.settings import GatewaySettings
 from api.management.auth import issue_token
 from api.stack import free_port
-from api.store.models import UsageRow
 from policy.audit import AuditLog
 from policy.documents import sign_policy_document
 from protocol.heartbeat import heartbeat_signing_input, worker_id_for
 from protocol.model_ref import ModelRef
+from tests.api.signed_usage import signed_row
 from tests.key_broker.conftest import Harness
 
 TENANTS = ("acme", "globex")
@@ -170,10 +170,10 @@ def build_site(root: Path) -> Site:
         _, key = store.create_key(tenant, f"{tenant}-app", token_budget=3000)
         store.upsert_version(ModelRef(tenant, "chat", "v1"))
         for i in range(30):
-            store.record_usage(UsageRow(request_id=f"r-{tenant}-{i}", tenant=tenant, key_id=key.key_id, model="chat",
-                                        version="v1", worker_id=f"w-{tenant}", prompt_tokens=20 + i,
-                                        completion_tokens=10 + n * 5, worker_seconds=0.25, signature="00",
-                                        created_at=now - dt.timedelta(minutes=40 * i)))
+            store.record_usage(signed_row(store, request_id=f"r-{tenant}-{i}", tenant=tenant, key_id=key.key_id,
+                                          model="chat", version="v1", worker_id=f"w-{tenant}", prompt_tokens=20 + i,
+                                          completion_tokens=10 + n * 5, worker_seconds=0.25,
+                                          created_at=now - dt.timedelta(minutes=40 * i)))
         policy = {"policy_id": f"{tenant}-policy", "version": 1, "tenant": tenant,
                   "data": {"retention_days": 30, "pii_input": {"US_SSN": "block"}}}
         store.put_policy(tenant, sign_policy_document(policy, admin_keys[tenant], f"{tenant}-admin"))

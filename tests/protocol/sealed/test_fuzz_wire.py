@@ -18,7 +18,7 @@ from protocol.sealed.replay import ReplayGuard
 from protocol.sealed.response import ResponseOpener
 from tests.fuzzing import DEEP_JSON, budget, mutated
 
-V = json.loads((Path(__file__).resolve().parents[2] / "vectors" / "sealed" / "sealed-mode-v3.json").read_text())
+V = json.loads((Path(__file__).resolve().parents[2] / "vectors" / "sealed" / "sealed-mode-v4.json").read_text())
 WORKER = WorkerKey(X25519PrivateKey.from_private_bytes(bytes.fromhex(V["worker_private_key"])))
 CTX = RequestContext(**V["context"])
 NOW = V["timestamp_ms"] / 1000

@@ -40,7 +40,7 @@ def ctx_for(worker_key_id: str, tenant: str = "acme", model: str = "m", endpoint
     fields.update(changes)
     return RequestContext(tenant, model, endpoint, worker_key_id, **fields)  # type: ignore[arg-type]
 
-VECTORS = Path(__file__).parents[2] / "vectors" / "sealed" / "sealed-mode-v3.json"
+VECTORS = Path(__file__).parents[2] / "vectors" / "sealed" / "sealed-mode-v4.json"
 NOW = 1_800_000_000.0
 
 
@@ -136,6 +136,7 @@ def _flip(data: bytes, at: int) -> bytes:
     ("unknown version", SealedFormatError),
     ("version 1 (unpadded)", SealedFormatError),
     ("version 2 (context without version, API key id, policy version)", SealedFormatError),
+    ("version 3 (no caller credential)", SealedFormatError),
 ])
 def test_request_negative_table(case: str, error: type[Exception]) -> None:
     worker, ctx = _pair()
@@ -179,7 +180,9 @@ def test_request_negative_table(case: str, error: type[Exception]) -> None:
     elif case == "truncated":
         sealed = sealed[:40]
     elif case == "unknown version":
-        sealed = b"\x04" + sealed[1:]
+        sealed = b"\x05" + sealed[1:]
+    elif case == "version 3 (no caller credential)":
+        sealed = b"\x03" + sealed[1:]
     elif case == "version 2 (context without version, API key id, policy version)":
         sealed = b"\x02" + sealed[1:]
     elif case == "version 1 (unpadded)":
@@ -298,3 +301,22 @@ def test_response_head_must_be_a_head() -> None:
     assert ResponseHead.decode(ResponseHead(200, "application/json").encode()).status == 200
     with pytest.raises(ResponseCorrupted):
         ResponseHead.decode(b"data: hello")
+
+
+def test_the_caller_credential_reaches_only_the_worker() -> None:
+    """The credential is sealed with the body (inside the padding): the worker reads it back exactly; an
+    empty one is none; a length that runs past the plaintext is a format error."""
+    from protocol.sealed.caller import CallerCredential, read_caller
+
+    worker, ctx = _pair()
+    caller = CallerCredential(api_key="sk-sealed-abc", oidc_token="eyJ.x.y").encode()
+    sealed = seal_request(worker.public_bytes, ctx, b'{"messages": []}', NOW, caller=caller)
+    assert b"sk-sealed-abc" not in sealed.wire
+    opened = open_request(worker, ctx, sealed.wire, NOW, ReplayGuard())
+    assert opened.body == b'{"messages": []}' and read_caller(opened.caller) == CallerCredential("sk-sealed-abc",
+                                                                                                   "eyJ.x.y")
+    none = open_request(worker, ctx, seal_request(worker.public_bytes, ctx, b"{}", NOW).wire, NOW, ReplayGuard())
+    assert none.caller == b"" and read_caller(none.caller) == CallerCredential()
+    for bad in (b"[]", b'{"api_key": 1}', b'{"who": "x"}', b"\xff"):
+        with pytest.raises(SealedFormatError):
+            read_caller(bad)
