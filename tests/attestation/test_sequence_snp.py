@@ -17,9 +17,9 @@ from attestation.bundle import EvidenceBundle, RuntimeData, expected_report_data
 from attestation.errors import AttestationError, ChainError, FreshnessError, PolicyViolation
 from attestation.snp.collect import collect_configfs
 from attestation.snp.tcb import Product
-from attestation.testing.snp_pki import EPOCH, generate_keys, make_pki, sign_report, template_report
 from attestation.token import TokenIssuer, TokenVerifier
 from attestation.verifier import VerifierTrust, verify_bundle
+from sealed_fakes.snp_pki import EPOCH, generate_keys, make_pki, sign_report, template_report
 
 NOW = EPOCH + dt.timedelta(days=10)
 DEBUG_BIT = 1 << 19

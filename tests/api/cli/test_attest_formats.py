@@ -11,7 +11,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from api.cli.main import build
-from attestation.testing.platform import FakePlatform
+from sealed_fakes.platform import FakePlatform
 
 PPCIE_NONCE = "4760e30534a0621357d458b1a7936551b5dc4cd1e69718adf7ed9fb0252a537e"
 PPCIE_AT = "2025-10-01T00:00:00Z"

@@ -24,7 +24,7 @@ from attestation.snp.collect import (
     parse_cert_table,
 )
 from attestation.snp.tcb import Product
-from attestation.testing.snp_pki import EPOCH, AmdTestPki, KeySet, sign_report, template_report
+from sealed_fakes.snp_pki import EPOCH, AmdTestPki, KeySet, sign_report, template_report
 
 DER = serialization.Encoding.DER
 

@@ -27,7 +27,7 @@ from attestation.snp import Policy, TcbVersion, to_claims, validate, verify_repo
 from attestation.snp.certs import VekKind
 from attestation.snp.collect import collect_configfs, encode_cert_table
 from attestation.snp.tcb import POLICY_DEBUG, POLICY_RESERVED_ONE, Product, SignerInfo, SigningKey
-from attestation.testing.snp_pki import EPOCH, AmdTestPki, KeySet, sign_report, template_report
+from sealed_fakes.snp_pki import EPOCH, AmdTestPki, KeySet, sign_report, template_report
 
 NOW = EPOCH + dt.timedelta(days=100)
 DER = serialization.Encoding.DER
@@ -279,12 +279,12 @@ def test_negative(
     if ctx.get("crl_expired"):
         crls.append(pki.make_crl([], next_update=NOW - dt.timedelta(days=1), last_update=EPOCH))
     if ctx.get("crl_foreign"):
-        from attestation.testing.snp_pki import make_pki
+        from sealed_fakes.snp_pki import make_pki
 
         crls.append(make_pki(other_keys, Product.MILAN).make_crl([]))
     certs: list[bytes] = []
     if ctx.get("extra_ark"):
-        from attestation.testing.snp_pki import make_pki
+        from sealed_fakes.snp_pki import make_pki
 
         certs.append(make_pki(other_keys, Product.MILAN).ark.public_bytes(PEM))
     roots = wrong_roots_dir if ctx.get("roots") == "wrong" else roots_dir
