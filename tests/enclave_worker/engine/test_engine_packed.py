@@ -159,7 +159,7 @@ def test_fp32_stays_plain_where_the_gain_cannot_be_measured(make_engine, monkeyp
 def test_bf16_packed_engine_agrees_with_the_plain_bf16_engine(make_engine, h) -> None:
     """Same model in bf16, packed (oneDNN) and plain (torch): the tied head is packed too, and the
     logits of a teacher-forced pass agree within bf16 rounding."""
-    from enclave_worker.engine.perplexity import perplexity
+    from tests.enclave_worker.engine.perplexity import perplexity
 
     plain = make_engine(dtype="bfloat16", packed_weights=False, kv_cache_memory_bytes=16 << 20)
     packed = make_engine(dtype="bfloat16", packed_weights=True, kv_cache_memory_bytes=16 << 20)
