@@ -10,6 +10,7 @@ from typing import Any
 
 import typer
 
+from api.errors import SealedApiError
 from attestation.cli_request import VerifyRequest
 from attestation.errors import AttestationError, PolicyViolation
 
@@ -22,7 +23,7 @@ def _cli_module(tee: str) -> Any:
     return importlib.import_module(f"attestation.{tee}.cli")
 
 
-class _BadOption(ValueError):
+class _BadOption(SealedApiError, ValueError):
     """A value the command line gave that cannot be used: one line, exit 2, before anything is read."""
 
 

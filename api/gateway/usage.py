@@ -9,6 +9,7 @@ from typing import Any
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
+from api.errors import SealedApiError
 from api.gateway.registry import WorkerInfo
 from api.store.models import UsageRow
 from protocol.rpc import worker_pb2
@@ -17,7 +18,7 @@ log = logging.getLogger(__name__)
 MAX_COUNT = 2**53  # tokens and seconds of one request: stored as SQLite integers, summed as floats
 
 
-class UsageRejected(Exception):
+class UsageRejected(SealedApiError):
     pass
 
 

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from api.errors import SealedApiError
 from api.orchestrator.agent_policy import WORKER_ENTRYPOINT, AgentPolicyError, digest, render
 from attestation.coco_initdata import ANNOTATION, CocoInitData
 from attestation.coco_initdata import render as render_coco
@@ -47,7 +48,7 @@ IMAGE_ENV_ANNOTATION = "sealed.dev/image-env"
 _REF = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
 
 
-class PinError(ValueError):
+class PinError(SealedApiError, ValueError):
     """The worker pod cannot be pinned: a value unknown here, an unpinned image, a bad argument."""
 
 
