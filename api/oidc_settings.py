@@ -18,12 +18,13 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from api.console_settings import loopback_host
+from api.errors import SealedApiError
 
 ROLE_NAMES = ("operator", "tenant-admin", "tenant-user", "auditor")
 ASYMMETRIC = ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA")
 
 
-class OidcConfigError(ValueError):
+class OidcConfigError(SealedApiError, ValueError):
     """The single sign-on settings are incomplete or unsafe."""
 
 

@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 import httpx
 
+from api.errors import SealedApiError
 from api.supervisor import Child, Supervisor, last_log_lines
 from protocol.worker_status import restart_may_cure
 
@@ -35,7 +36,7 @@ PORT_TRIES = 3
 _PORT_TAKEN = ("address already in use", "failed to bind")  # uvicorn's and gRPC's last words
 
 
-class PortTaken(RuntimeError):
+class PortTaken(SealedApiError, RuntimeError):
     """A child exited because a port chosen for it was bound by another process first."""
 
 

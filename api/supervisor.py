@@ -35,6 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from api.errors import SealedApiError
 from protocol.exit_codes import EXIT_CONFIG_ERROR
 
 log = logging.getLogger(__name__)
@@ -47,7 +48,7 @@ HEALTH_EVERY_S = 5.0
 STOP_GRACE_S = 10.0
 
 
-class AlreadyRunning(RuntimeError):
+class AlreadyRunning(SealedApiError, RuntimeError):
     """Another supervisor holds this home's run lock."""
 
     def __init__(self, pid_file: Path, pid: str) -> None:
@@ -79,7 +80,7 @@ class RunLock:
             self._fd = None
 
 
-class ChildFailed(RuntimeError):
+class ChildFailed(SealedApiError, RuntimeError):
     """A child exited with EXIT_CONFIG_ERROR: the stack cannot run until its configuration changes."""
 
     def __init__(self, name: str, code: int, last_line: str, log_path: Path) -> None:

@@ -12,11 +12,13 @@ import os
 import sys
 from pathlib import Path
 
+from api.errors import SealedApiError
+
 ENV = "SEALED_VLLM_PYTHON"
 REPO_VENV = Path(__file__).resolve().parent.parent / ".vllm-venv" / "bin" / "python"
 
 
-class VllmNotInstalled(RuntimeError):
+class VllmNotInstalled(SealedApiError, RuntimeError):
     """No interpreter with vLLM was found."""
 
 

@@ -10,7 +10,7 @@
   (attestation.bundle.expected_report_data), so the broker appraises CPU and GPUs together.
   The GPUs' "ready" state is set only after the broker accepted the evidence (`mark_ready`).
 
-The kernel and driver interfaces are the seams the fakes in attestation/testing stand in for.
+The kernel and driver interfaces are the seams the fakes in devtools/sealed_fakes stand in for.
 """
 
 from __future__ import annotations

@@ -15,21 +15,18 @@ form: JSON, sorted keys, no spaces, UTF-8; decoding refuses any other form.
 
 from __future__ import annotations
 
-import hashlib
 import json
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from attestation.errors import ParseError, UnsupportedError
+from attestation.errors import ParseError
+from attestation.initdata import canonical, check_launch_fields, digest_for
 
 BROKER_INIT_DATA_VERSION = 1
 ROLE = "key-broker"
 BROKER_KEY = "sealed-broker.json"  # its entry in the pod's CoCo init-data TOML
 _FIELDS = {"v", "role", "image", "argv", "env", "measured_config", "agent_policy_digest"}
-_IMAGE = re.compile(r"^[^\s@]+@sha256:[0-9a-f]{64}$")
-_SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 
 
 @dataclass(frozen=True)
@@ -44,17 +41,7 @@ class BrokerInitData:
     agent_policy_digest: str = ""  # SHA-256 hex of the pod's Kata agent policy ("" outside Kata)
 
     def __post_init__(self) -> None:
-        if not _IMAGE.match(self.image):
-            raise ParseError(f"broker init-data image must be pinned by digest (name@sha256:<64 hex>): {self.image!r}")
-        if not all(isinstance(a, str) for a in self.argv):
-            raise ParseError("broker init-data argv must be strings")
-        if not all(isinstance(k, str) and isinstance(v, str) for k, v in self.env.items()):
-            raise ParseError("broker init-data env must map strings to strings")
-        if self.agent_policy_digest and not _SHA256_HEX.match(self.agent_policy_digest):
-            raise ParseError("broker init-data agent_policy_digest must be SHA-256 hex")
-        object.__setattr__(self, "argv", tuple(self.argv))
-        object.__setattr__(self, "env", dict(self.env))
-        object.__setattr__(self, "measured_config", json.loads(json.dumps(dict(self.measured_config))))
+        check_launch_fields(self, "broker init-data")
 
     def to_dict(self) -> dict[str, Any]:
         return {"v": BROKER_INIT_DATA_VERSION, "role": ROLE, "image": self.image, "argv": list(self.argv),
@@ -63,15 +50,11 @@ class BrokerInitData:
 
     def encode(self) -> bytes:
         """The canonical bytes the hardware's digest covers."""
-        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+        return canonical(self.to_dict())
 
     def digest_for(self, tee: str) -> bytes:
         """The value the `tee`'s hardware reports for this bare document (no Kata)."""
-        if tee == "snp":
-            return hashlib.sha256(self.encode()).digest()
-        if tee == "tdx":
-            return hashlib.sha384(self.encode()).digest()
-        raise UnsupportedError(f"TEE {tee!r} carries no init-data digest: the simulated TEE has no workload id")
+        return digest_for(self.encode(), tee, ": the simulated TEE has no workload id")
 
     @classmethod
     def decode(cls, raw: bytes) -> BrokerInitData:

@@ -38,6 +38,38 @@ _SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 FIELD_BY_TEE = {"snp": ("host_data", 32), "tdx": ("mr_config_id", 48)}
 
 
+def check_launch_fields(doc: Any, label: str) -> None:
+    """The checks and normal form every role's init-data shares (this worker's and the broker's,
+    attestation/broker_initdata.py): a digest-pinned image, string arguments and environment, an
+    agent policy digest in hex; `doc` is a frozen dataclass still in its __post_init__."""
+    if not _IMAGE.match(doc.image):
+        raise ParseError(f"{label} image must be pinned by digest (name@sha256:<64 hex>): {doc.image!r}")
+    if not all(isinstance(a, str) for a in doc.argv):
+        raise ParseError(f"{label} argv must be strings")
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in doc.env.items()):
+        raise ParseError(f"{label} env must map strings to strings")
+    if doc.agent_policy_digest and not _SHA256_HEX.match(doc.agent_policy_digest):
+        raise ParseError(f"{label} agent_policy_digest must be SHA-256 hex")
+    object.__setattr__(doc, "argv", tuple(doc.argv))
+    object.__setattr__(doc, "env", dict(doc.env))
+    object.__setattr__(doc, "measured_config", json.loads(json.dumps(dict(doc.measured_config))))
+
+
+def canonical(document: Mapping[str, Any]) -> bytes:
+    """The canonical bytes the hardware's digest covers: JSON, sorted keys, no spaces, UTF-8."""
+    return json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def digest_for(encoded: bytes, tee: str, no_digest: str = "") -> bytes:
+    """The value the `tee`'s hardware reports for a bare document: SNP HOST_DATA = SHA-256, TDX
+    MRCONFIGID = SHA-384."""
+    if tee == "snp":
+        return hashlib.sha256(encoded).digest()
+    if tee == "tdx":
+        return hashlib.sha384(encoded).digest()
+    raise UnsupportedError(f"TEE {tee!r} carries no init-data digest{no_digest}")
+
+
 @dataclass(frozen=True)
 class InitData:
     COCO_KEY: ClassVar[str] = "sealed-worker.json"  # its entry in the pod's CoCo init-data TOML
@@ -51,19 +83,9 @@ class InitData:
     agent_policy_digest: str = ""  # SHA-256 hex of the Kata agent policy document ("" outside Kata)
 
     def __post_init__(self) -> None:
-        if not _IMAGE.match(self.image):
-            raise ParseError(f"init-data image must be pinned by digest (name@sha256:<64 hex>): {self.image!r}")
-        if not all(isinstance(a, str) for a in self.argv):
-            raise ParseError("init-data argv must be strings")
-        if not all(isinstance(k, str) and isinstance(v, str) for k, v in self.env.items()):
-            raise ParseError("init-data env must map strings to strings")
+        check_launch_fields(self, "init-data")
         if type(self.min_policy_version) is not int or self.min_policy_version < 0:
             raise ParseError("init-data min_policy_version must be a non-negative int")
-        if self.agent_policy_digest and not _SHA256_HEX.match(self.agent_policy_digest):
-            raise ParseError("init-data agent_policy_digest must be SHA-256 hex")
-        object.__setattr__(self, "argv", tuple(self.argv))
-        object.__setattr__(self, "env", dict(self.env))
-        object.__setattr__(self, "measured_config", json.loads(json.dumps(dict(self.measured_config))))
 
     def to_dict(self) -> dict[str, Any]:
         return {"v": INIT_DATA_VERSION, "image": self.image, "argv": list(self.argv), "env": dict(self.env),
@@ -72,23 +94,19 @@ class InitData:
 
     def encode(self) -> bytes:
         """The canonical bytes the hardware's digest covers."""
-        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+        return canonical(self.to_dict())
 
     def host_data(self) -> bytes:
         """SEV-SNP HOST_DATA (32 bytes), set by the host at SNP_LAUNCH_FINISH."""
-        return hashlib.sha256(self.encode()).digest()
+        return digest_for(self.encode(), "snp")
 
     def mr_config_id(self) -> bytes:
         """TDX MRCONFIGID (48 bytes), set by the host at TD creation (TDH.MNG.INIT)."""
-        return hashlib.sha384(self.encode()).digest()
+        return digest_for(self.encode(), "tdx")
 
     def digest_for(self, tee: str) -> bytes:
         """The value the `tee`'s hardware reports for this document."""
-        if tee == "snp":
-            return self.host_data()
-        if tee == "tdx":
-            return self.mr_config_id()
-        raise UnsupportedError(f"TEE {tee!r} carries no init-data digest")
+        return digest_for(self.encode(), tee)
 
     @classmethod
     def decode(cls, raw: bytes) -> InitData:

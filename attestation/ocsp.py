@@ -1,7 +1,8 @@
 """Pluggable OCSP (RFC 6960) certificate status checking, with an offline default.
 
 Verifiers take an `OcspChecker` instead of reaching the network themselves, so tests and air-gapped
-verifiers stay deterministic. The offline checker answers UNKNOWN for everything; whether UNKNOWN is
+verifiers stay deterministic: the offline checker here, and the imported answers of the collateral
+store (attestation/ocsp_imported.py). The offline checker answers UNKNOWN for everything; whether UNKNOWN is
 acceptable is a policy decision (appraisal), never the checker's. REVOKED always fails verification.
 """
 
@@ -10,23 +11,17 @@ from __future__ import annotations
 import datetime as dt
 import enum
 import itertools
-import os
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
-from cryptography.hazmat.primitives.serialization import Encoding
 from cryptography.x509 import ocsp
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from attestation.errors import ChainError, RevokedError
-
-NVIDIA_OCSP_URL = "https://ocsp.ndis.nvidia.com/"
-Fetch = Callable[[str, bytes], bytes]  # (url, DER OCSPRequest) -> DER OCSPResponse
 
 
 class OcspStatus(enum.StrEnum):
@@ -47,19 +42,6 @@ class OfflineOcspChecker:
         return OcspStatus.UNKNOWN
 
 
-@dataclass(frozen=True)
-class StaticOcspChecker:
-    """Answers from fixed serial lists (a local deny list, or tests)."""
-
-    revoked: frozenset[int] = frozenset()
-    good: frozenset[int] = frozenset()
-
-    def status(self, cert: x509.Certificate, issuer: x509.Certificate, now: dt.datetime) -> OcspStatus:
-        if cert.serial_number in self.revoked:
-            return OcspStatus.REVOKED
-        return OcspStatus.GOOD if cert.serial_number in self.good else OcspStatus.UNKNOWN
-
-
 def _verify_signed_by(resp: ocsp.OCSPResponse, key_cert: x509.Certificate) -> None:
     key = key_cert.public_key()
     algo = resp.signature_hash_algorithm
@@ -74,55 +56,6 @@ def _verify_signed_by(resp: ocsp.OCSPResponse, key_cert: x509.Certificate) -> No
             raise ChainError("OCSP responder key type is not supported")
     except InvalidSignature as exc:
         raise ChainError("OCSP response signature does not verify") from exc
-
-
-@dataclass(frozen=True)
-class ResponderOcspChecker:
-    """Asks an OCSP responder through an injected `fetch`, and verifies what comes back.
-
-    Checks (RFC 6960 section 3.2): response status successful; signed by the issuer, or by a
-    responder certificate the issuer signed with the OCSPSigning EKU; the CertID is ours; the
-    nonce is echoed when the responder echoes one; thisUpdate <= now <= nextUpdate (+ skew).
-    """
-
-    fetch: Fetch
-    url: str = NVIDIA_OCSP_URL
-    skew: dt.timedelta = dt.timedelta(minutes=5)
-    nonce_factory: Callable[[], bytes] = field(default=lambda: os.urandom(16))
-
-    def status(self, cert: x509.Certificate, issuer: x509.Certificate, now: dt.datetime) -> OcspStatus:
-        nonce = self.nonce_factory()
-        request = (
-            ocsp.OCSPRequestBuilder()
-            .add_certificate(cert, issuer, hashes.SHA384())
-            .add_extension(x509.OCSPNonce(nonce), critical=False)
-            .build()
-        )
-        raw = self.fetch(self.url, request.public_bytes(Encoding.DER))
-        try:
-            resp = ocsp.load_der_ocsp_response(raw)
-        except ValueError as exc:
-            raise ChainError(f"OCSP response is malformed: {exc}") from exc
-        if resp.response_status != ocsp.OCSPResponseStatus.SUCCESSFUL:
-            raise ChainError(f"OCSP responder answered {resp.response_status.name}")
-        verify_response_signer(resp, issuer, now)
-        if resp.serial_number != cert.serial_number or resp.issuer_key_hash != request.issuer_key_hash:
-            raise ChainError("OCSP response is for a different certificate")
-        try:
-            echoed = resp.extensions.get_extension_for_class(x509.OCSPNonce).value.nonce
-        except x509.ExtensionNotFound:
-            echoed = None  # NVIDIA's responder may pre-sign; freshness then rests on thisUpdate
-        if echoed is not None and echoed != nonce:
-            raise ChainError("OCSP response nonce does not match the request")
-        if now + self.skew < resp.this_update_utc:
-            raise ChainError("OCSP response is from the future")
-        if resp.next_update_utc is not None and now - self.skew > resp.next_update_utc:
-            raise ChainError("OCSP response is stale")
-        if resp.certificate_status == ocsp.OCSPCertStatus.REVOKED:
-            return OcspStatus.REVOKED
-        if resp.certificate_status == ocsp.OCSPCertStatus.GOOD:
-            return OcspStatus.GOOD
-        return OcspStatus.UNKNOWN
 
 
 def verify_response_signer(resp: ocsp.OCSPResponse, issuer: x509.Certificate, now: dt.datetime) -> None:

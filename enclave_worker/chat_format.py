@@ -62,14 +62,6 @@ def _flatten(template_source: str | None, messages: list[dict[str, Any]], tools:
     return flat, native_tools
 
 
-def render_chat(tokenizer: Tokenizer, template_source: str | None, messages: list[dict[str, Any]],
-                tools: list[dict[str, Any]] | None, assistant_prefix: str = "") -> str:
-    """The prompt as text (for display and tests; the worker tokenizes with `chat_prompt_ids`)."""
-    flat, native_tools = _flatten(template_source, messages, tools)
-    text = tokenizer.apply_chat_template(flat, add_generation_prompt=True, tools=tools if native_tools else None)
-    return text + assistant_prefix
-
-
 def chat_prompt_ids(tokenizer: Tokenizer, template_source: str | None, messages: list[dict[str, Any]],
                     tools: list[dict[str, Any]] | None, assistant_prefix: str = "",
                     add_generation_prompt: bool = True) -> list[int]:

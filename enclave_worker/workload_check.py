@@ -18,7 +18,6 @@ report without the digest (1) fails the boot before any evidence reaches the key
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -26,13 +25,16 @@ from attestation import launch_env
 from attestation.coco_initdata import LaunchInitData, load_launch_init_data
 from attestation.errors import WorkloadMismatch
 from attestation.initdata import InitData
-from attestation.launch_env import MEASURED_ENV_PREFIXES, first_difference, process_environ
+from attestation.launch_env import (
+    MEASURED_ENV_PREFIXES,
+    WORKER_UNMEASURED_OPTIONS,
+    launch_differences,
+    process_environ,
+)
 from enclave_worker.settings import WorkerSettings
 
-# Where the guest kernel's interfaces are and which address the gateway is told: not measured
-# (evidence is signed by the TEE whichever path it came through; the pod IP differs per pod).
-UNMEASURED_OPTIONS = frozenset({"--tsm-dir", "--tsm-entry", "--sev-guest-device", "--ccel-table", "--ccel-data",
-                                "--init-data", "--advertise-host"})
+# Where the guest kernel's interfaces are and which address the gateway is told (attestation/launch_env.py).
+UNMEASURED_OPTIONS = WORKER_UNMEASURED_OPTIONS
 __all__ = ["MEASURED_ENV_PREFIXES", "UNMEASURED_OPTIONS", "check_runs_as_declared", "init_data_for", "load_init_data",
            "measured_argv", "measured_env", "process_environ"]
 
@@ -63,19 +65,7 @@ def load_init_data(path: Path) -> LaunchInitData:
 def check_runs_as_declared(init: InitData, argv: Sequence[str], environ: Mapping[str, str],
                            settings: WorkerSettings) -> None:
     """Raise WorkloadMismatch naming every difference (names only: values may be secrets)."""
-    problems: list[str] = []
-    mine = measured_argv(argv)
-    if mine != init.argv:
-        problems.append(f"arguments differ from the init-data's ({first_difference(mine, init.argv)})")
-    env = measured_env(environ)
-    changed = sorted(k for k in set(env) | set(init.env) if env.get(k) != init.env.get(k))
-    if changed:
-        problems.append(f"environment differs from the init-data's: {', '.join(changed)}")
-    canonical = json.loads(json.dumps(settings.measured_config()))
-    if canonical != init.measured_config:
-        keys = sorted(k for k in set(canonical) | set(init.measured_config)
-                      if canonical.get(k) != init.measured_config.get(k))
-        problems.append(f"measured configuration differs from the init-data's: {', '.join(keys)}")
+    problems = launch_differences(init, argv, environ, settings.measured_config(), UNMEASURED_OPTIONS)
     if settings.min_policy_version != init.min_policy_version:
         problems.append("the tenant policy floor differs from the init-data's")
     if problems:

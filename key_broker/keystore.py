@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import secrets
 import threading
 from dataclasses import dataclass
@@ -22,10 +21,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from key_broker.errors import KeyStoreError, TenantKeyRevoked
 from key_broker.names import check_name
 from key_broker.statefile import StateFiles, UnsafePlainFiles
-from protocol.fsutil import atomic_write
 from protocol.model_ref import ModelRef
-
-MASTER_KEY_ENV = "SEALED_MASTER_KEY"
 
 
 @dataclass(frozen=True)
@@ -56,33 +52,6 @@ class KeyStore(Protocol):
     def retire_versions_below(self, tenant: str, version: int) -> None: ...
     def revoke_tenant_key(self, tenant: str) -> None: ...
     def is_revoked(self, tenant: str) -> bool: ...
-
-
-# Well-known example values must never protect real keys (checked outside dev mode).
-_PLACEHOLDER_MASTER_KEYS = frozenset({bytes(32), b"\xff" * 32, bytes(range(32))})
-
-
-def is_placeholder_master_key(key: bytes) -> bool:
-    return key in _PLACEHOLDER_MASTER_KEYS or len(set(key)) <= 2
-
-
-def load_master_key(path: Path | None) -> bytes:
-    """The master key comes from SEALED_MASTER_KEY (hex) or a 0600 file (created when absent)."""
-    env = os.environ.get(MASTER_KEY_ENV)
-    if env:
-        try:
-            key = bytes.fromhex(env.strip())
-        except ValueError as exc:
-            raise KeyStoreError(f"{MASTER_KEY_ENV} is not hex") from exc
-    elif path is not None:
-        if not path.exists():
-            atomic_write(path, secrets.token_bytes(32).hex().encode())
-        key = bytes.fromhex(path.read_text().strip())
-    else:
-        raise KeyStoreError(f"no master key: set {MASTER_KEY_ENV} or give a master key file")
-    if len(key) != 32:
-        raise KeyStoreError("master key must be 32 bytes (64 hex characters)")
-    return key
 
 
 def data_key_context(ref: ModelRef) -> bytes:

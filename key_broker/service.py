@@ -195,7 +195,7 @@ class KeyBrokerService:
             gpu_cc=bool(result.gpus) and all(g.cc_enabled for g in result.gpus),
             insecure=result.insecure, signer=record.signer, tcb_status=result.cpu.tcb_status.value,
             workload_id=result.workload_id, vmpl=result.vmpl, migration_agent=result.migration_agent,
-            rtmrs=result.rtmrs, gpu_rim_matched=rim_matched, gpu_ocsp_good=ocsp_good,
+            rtmrs=result.rtmrs, gpu_rim_matched=rim_matched, gpu_ocsp_good=ocsp_good, gpu_count=len(result.gpus),
         )
         decision = evaluate_release(self._policy(policy), facts)
         meta.update(policy_id=decision.policy_id, policy_version=decision.policy_version, rule=decision.rule)

@@ -17,8 +17,8 @@ the operation fails: nothing is released from a state the broker cannot vouch fo
 
 Anchors keep the high-water mark of the generation outside the data directory: a MACed file in
 another directory (default: the audit directory) and, in Vault mode, a KV entry in OpenBao. What a
-local-disk attacker can still do: with the master key file on the same disk, everything (it can
-forge MACs; keep the master key in ``SEALED_MASTER_KEY`` from a sealed source, or use Vault);
+local-disk attacker can still do: not forge MACs (the MAC key is the broker's master key, sealed to
+its TEE's measurement, docs/security.md; on the simulated TEE the platform key file unseals it);
 rolling back the data directory *and* the anchor file together is caught only by the Vault anchor;
 deleting files denies service (refused, never released).
 """

@@ -20,23 +20,21 @@ workload id (a given document is still checked).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 
 from attestation.broker_initdata import BrokerInitData
 from attestation.coco_initdata import BrokerLaunchInitData, load_broker_launch_init_data
 from attestation.errors import WorkloadMismatch
-from attestation.launch_env import first_difference
+from attestation.launch_env import BROKER_UNMEASURED_ENV, BROKER_UNMEASURED_OPTIONS, launch_differences
 from attestation.launch_env import measured_argv as _measured_argv
 from attestation.launch_env import measured_env as _measured_env
 from key_broker.measurement import measured_config
 from key_broker.settings import BrokerSettings
 
-# Where the guest kernel's attestation interfaces are, and where the init-data file is: not measured.
-UNMEASURED_OPTIONS = frozenset({"--tsm-dir", "--tsm-entry", "--sev-guest-device", "--ccel-table", "--ccel-data",
-                                "--init-data"})
-# The operator's credentials (key_broker/settings.py): secrets, from the pod's Secret.
-UNMEASURED_ENV = frozenset({"SEALED_BROKER_ADMIN_TOKEN", "SEALED_VAULT_TOKEN"})
+# Where the guest kernel's attestation interfaces are, where the init-data file is, and the operator's
+# credentials (secrets, from the pod's Secret): not measured (attestation/launch_env.py).
+UNMEASURED_OPTIONS = BROKER_UNMEASURED_OPTIONS
+UNMEASURED_ENV = BROKER_UNMEASURED_ENV
 
 
 def measured_argv(argv: Sequence[str]) -> tuple[str, ...]:
@@ -57,19 +55,7 @@ def broker_init_data_for(image: str, argv: Sequence[str], environ: Mapping[str, 
 def check_runs_as_declared(init: BrokerInitData, argv: Sequence[str], environ: Mapping[str, str],
                            settings: BrokerSettings) -> None:
     """Raise WorkloadMismatch naming every difference (names only: values may be secrets)."""
-    problems: list[str] = []
-    mine = measured_argv(argv)
-    if mine != init.argv:
-        problems.append(f"arguments differ from the init-data's ({first_difference(mine, init.argv)})")
-    env = measured_env(environ)
-    changed = sorted(k for k in set(env) | set(init.env) if env.get(k) != init.env.get(k))
-    if changed:
-        problems.append(f"environment differs from the init-data's: {', '.join(changed)}")
-    canonical = json.loads(json.dumps(measured_config(settings)))
-    if canonical != init.measured_config:
-        keys = sorted(k for k in set(canonical) | set(init.measured_config)
-                      if canonical.get(k) != init.measured_config.get(k))
-        problems.append(f"measured configuration differs from the init-data's: {', '.join(keys)}")
+    problems = launch_differences(init, argv, environ, measured_config(settings), UNMEASURED_OPTIONS, UNMEASURED_ENV)
     if problems:
         raise WorkloadMismatch("; ".join(problems))
 

@@ -8,8 +8,8 @@ so an override can both tighten and loosen a limit.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Protocol
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
 
 from policy.engine import cedar_set, cedar_str, cedar_uid
 from policy.model import AgentPolicy, DataPolicy, Limits
@@ -56,7 +56,7 @@ def compile_admission(ps: PolicySections) -> str:
     tenant = cedar_uid("Tenant", ps.tenant)
     act = 'action == Action::"infer"'
     out = [cedar_rule("admission.permit", "permit", f"principal in {tenant}, {act}, resource")]
-    checks = {
+    checks: dict[str, tuple[str, str, Callable[[Any], str]]] = {
         "allowed_models": ("models", "model is not allowed for this key",
                            lambda v: f"!({_in_list('Model', v)}.contains(resource))"),
         "max_context_tokens": ("max_context", "context too long",

@@ -92,6 +92,9 @@ class ReleasePolicy:
     # answer fails verification whatever the policy). Both need GPU evidence: none is refused.
     require_gpu_rim_match: bool = False
     require_gpu_ocsp_good: bool = False
+    # How many GPUs the node must attest, exactly (an 8-GPU node with one GPU's evidence left out
+    # still verifies GPU by GPU); None: not named (any number, none included).
+    gpu_count: int | None = None
 
     def __post_init__(self) -> None:
         if not self.policy_id or not self.tenant or not self.model:
@@ -128,6 +131,8 @@ class ReleasePolicy:
             raise PolicyInvalid("allow_migration_agent must be a bool")
         if self.allowed_rtmrs is not None:
             object.__setattr__(self, "allowed_rtmrs", parse_rtmr_sets(self.allowed_rtmrs))
+        if self.gpu_count is not None and (type(self.gpu_count) is not int or self.gpu_count < 1):
+            raise PolicyInvalid(f"gpu_count must be a positive int or null, got {self.gpu_count!r}")
         if self.unsafe_allow_gpu_cc_off and self.require_gpu_cc:
             raise PolicyInvalid("unsafe_allow_gpu_cc_off contradicts require_gpu_cc")
         if self.unsafe_allow_gpu_cc_off:
@@ -201,6 +206,7 @@ class ReleasePolicy:
             **({"allowed_rtmrs": rtmr_sets_json(self.allowed_rtmrs)} if self.allowed_rtmrs is not None else {}),
             **({"require_gpu_rim_match": True} if self.require_gpu_rim_match else {}),
             **({"require_gpu_ocsp_good": True} if self.require_gpu_ocsp_good else {}),
+            **({"gpu_count": self.gpu_count} if self.gpu_count is not None else {}),
         }
 
 
@@ -225,6 +231,7 @@ class ReleaseFacts:
     rtmrs: tuple[str, ...] = ()  # TDX RTMR0..3 (hex) from the signed quote; () for other TEEs
     gpu_rim_matched: bool = False  # at least one GPU, and every GPU matched its RIMs
     gpu_ocsp_good: bool = False  # at least one GPU, and every GPU's chains answered "good"
+    gpu_count: int = 0  # GPUs whose evidence verified
 
 
 def _context(policy: ReleasePolicy, facts: ReleaseFacts) -> dict[str, Any]:
@@ -238,6 +245,7 @@ def _context(policy: ReleasePolicy, facts: ReleaseFacts) -> dict[str, Any]:
         **{name: (facts.rtmrs[i].lower() if len(facts.rtmrs) == len(RTMR_NAMES) else "")
            for i, name in enumerate(RTMR_NAMES)},
         "gpu_rim_matched": bool(facts.gpu_rim_matched), "gpu_ocsp_good": bool(facts.gpu_ocsp_good),
+        "gpu_count": int(facts.gpu_count),
     }
 
 
@@ -298,6 +306,9 @@ def compile_release(rp: ReleasePolicy) -> str:
     if rp.require_gpu_ocsp_good:
         forbid("gpu_ocsp", "!context.gpu_ocsp_good",
                "GPU certificate status is not OCSP good (no GPU, or no fresh imported OCSP answer)")
+    if rp.gpu_count is not None:
+        forbid("gpu_count", f"context.gpu_count != {rp.gpu_count}",
+               f"the node must attest exactly {rp.gpu_count} GPU(s)")
     if rp.required_signer is not None:
         forbid("signer", f"context.signer != {cedar_str(rp.required_signer)}",
                "model signer is not the required signer")

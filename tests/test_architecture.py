@@ -28,15 +28,17 @@ def test_import_contracts_hold() -> None:
 # Each contract added for issue #34, broken on purpose in a scratch copy of the tree: a scratch
 # import (appended to one module) makes lint-imports fail, naming that contract. A contract that
 # such an import did not break would be a contract that cannot fail.
-PRODUCT = ("enclave_worker", "key_broker", "api", "attestation", "policy", "protocol", "sealed_client",
-           "sealed_bench")
+PRODUCT = ("enclave_worker", "key_broker", "api", "attestation", "policy", "protocol", "sealed_client")
+DEVTOOLS = ("sealed_bench", "sealed_fakes")  # the development packages, in devtools/ (not the product's wheel)
+NO_DEVTOOLS = "The product never imports the development packages (benchmarks, hardware fakes)"
 SCRATCH = {
     "protocol-imports-attestation": ("protocol/model_ref.py", "import attestation.bundle",
                                      "Contracts (protocol) import neither attestation nor policy"),
     "protocol-imports-policy": ("protocol/fsutil.py", "import policy.decision",
                                 "Contracts (protocol) import neither attestation nor policy"),
-    "api-imports-sealed_bench": ("api/home.py", "import sealed_bench.cli",
-                                 "The control plane never imports the shipped benchmarks (they import it)"),
+    "api-imports-sealed_bench": ("api/home.py", "import sealed_bench.cli", NO_DEVTOOLS),
+    "worker-imports-sealed_fakes": ("enclave_worker/boot.py", "import sealed_fakes.fake_tsm", NO_DEVTOOLS),
+    "attestation-imports-sealed_fakes": ("attestation/sim/__init__.py", "import sealed_fakes.snp_pki", NO_DEVTOOLS),
     "gateway-imports-management": ("api/gateway/registry.py", "import api.management.auth",
                                    "The gateway imports neither management nor the console nor the key broker"),
     "gateway-imports-key_broker": ("api/gateway/catalog.py", "import key_broker.receipts",
@@ -58,10 +60,14 @@ SCRATCH = {
 
 @pytest.fixture(scope="module")
 def scratch_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The product packages and pyproject.toml, copied once (tests/ as an empty package)."""
+    """The product and development packages and pyproject.toml, copied once, side by side on one path
+    (tests/ as an empty package)."""
     root = tmp_path_factory.mktemp("tree")
     for package in PRODUCT:
         shutil.copytree(ROOT / package, root / package, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    for package in DEVTOOLS:
+        shutil.copytree(ROOT / "devtools" / package, root / package,
+                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     (root / "tests").mkdir()
     (root / "tests" / "__init__.py").write_text("")
     shutil.copy(ROOT / "pyproject.toml", root / "pyproject.toml")

@@ -1,7 +1,8 @@
-"""mypy passes on every product package (pyproject.toml [tool.mypy]: protocol, attestation,
-key_broker, policy, enclave_worker, sealed_client, api, sealed_bench); untyped definitions and
-implicit Any returns refused everywhere; enclave_worker (the code inside the trust boundary),
-protocol, key_broker and sealed_client under mypy's strict flags as well."""
+"""mypy passes on every product package and the development ones (pyproject.toml [tool.mypy]:
+protocol, attestation, key_broker, policy, enclave_worker, sealed_client, api; devtools/sealed_bench,
+devtools/sealed_fakes); untyped definitions and implicit Any returns refused everywhere;
+enclave_worker (the code inside the trust boundary), protocol, key_broker, sealed_client, attestation
+and policy under mypy's strict flags as well."""
 
 from __future__ import annotations
 

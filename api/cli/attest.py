@@ -10,6 +10,7 @@ from typing import Any
 
 import typer
 
+from api.errors import SealedApiError
 from attestation.cli_request import VerifyRequest
 from attestation.errors import AttestationError, PolicyViolation
 
@@ -22,11 +23,27 @@ def _cli_module(tee: str) -> Any:
     return importlib.import_module(f"attestation.{tee}.cli")
 
 
+class _BadOption(SealedApiError, ValueError):
+    """A value the command line gave that cannot be used: one line, exit 2, before anything is read."""
+
+
 def _parse_time(at: str | None) -> dt.datetime:
     if at is None:
         return dt.datetime.now(dt.UTC)
-    moment = dt.datetime.fromisoformat(at.replace("Z", "+00:00"))
+    try:
+        moment = dt.datetime.fromisoformat(at.replace("Z", "+00:00"))
+    except ValueError:
+        raise _BadOption(f"--at must be an ISO 8601 time (e.g. 2025-10-01T00:00:00Z), not {at!r}") from None
     return moment if moment.tzinfo else moment.replace(tzinfo=dt.UTC)
+
+
+def _parse_nonce(nonce: str | None) -> bytes | None:
+    if not nonce:
+        return None
+    try:
+        return bytes.fromhex(nonce)
+    except ValueError:
+        raise _BadOption(f"--nonce must be hex (the expected REPORT_DATA), not {nonce!r}") from None
 
 
 def verify(
@@ -44,10 +61,14 @@ def verify(
     """Verify evidence: exit 0 when verified, non-zero with the reasons when not."""
     module = _cli_module(tee)
     try:
+        expected_nonce, moment = _parse_nonce(nonce), _parse_time(at)
+    except _BadOption as exc:
+        typer.echo(f"sealed attest verify: {exc}", err=True)
+        raise typer.Exit(2) from None
+    try:
         claims = module.verify_for_cli(VerifyRequest(
             evidence.read_bytes(), [c.read_bytes() for c in cert], [c.read_bytes() for c in collateral],
-            roots, bytes.fromhex(nonce) if nonce else None, _parse_time(at),
-            json.loads(policy.read_text()) if policy else None, not no_collateral,
+            roots, expected_nonce, moment, json.loads(policy.read_text()) if policy else None, not no_collateral,
         ))
     except PolicyViolation as exc:
         for violation in exc.violations:
@@ -56,7 +77,7 @@ def verify(
     except AttestationError as exc:
         typer.echo(f"NOT verified: {type(exc).__name__}: {exc}", err=True)
         raise typer.Exit(1) from exc
-    claims = uniform_claims(claims, _parse_time(at) if at else None)
+    claims = uniform_claims(claims, moment if at else None)
     if as_json:
         typer.echo(json.dumps(claims, indent=2, sort_keys=True, default=str))
     else:
@@ -64,8 +85,10 @@ def verify(
 
 
 # Fields whose type differed between TEEs in the verifiers' claims (strings for numbers and
-# booleans on SNP, another name on TDX): --json gives every field one type across TEEs.
+# booleans on SNP, another name on TDX): --json gives every field one type across TEEs. The
+# verifiers' own claims keep their strings (EAT token claims; attestation/verifier.py reads them).
 _INTS = ("snp_version", "vmpl", "quote_version")
+_BOOLS = ("migrate_ma", "migratable")
 
 
 def uniform_claims(claims: dict[str, Any], at: dt.datetime | None) -> dict[str, Any]:
@@ -75,6 +98,9 @@ def uniform_claims(claims: dict[str, Any], at: dt.datetime | None) -> dict[str, 
     for name in _INTS:
         if isinstance(out.get(name), str):
             out[name] = int(out[name])
+    for name in _BOOLS:
+        if isinstance(out.get(name), str):
+            out[name] = out[name] == "true"
     checked = out.pop("crls_checked", out.get("crl_checked"))
     if isinstance(checked, str):
         checked = checked == "true"

@@ -27,6 +27,9 @@ class LazyCommand:
     help: str
     context_settings: dict[str, Any] = field(default_factory=dict)
     is_group: bool = False
+    # For a command whose module is a separate distribution (not the product's): what to install when
+    # that module is absent, said in one line instead of a traceback.
+    absent: str = ""
 
 
 class LazyGroup(TyperGroup):
@@ -42,7 +45,14 @@ class LazyGroup(TyperGroup):
         if entry is None:
             return None
         module_name, attr = entry.target.split(":")
-        obj = getattr(importlib.import_module(module_name), attr)
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as error:
+            if not entry.absent or error.name != module_name.partition(".")[0]:
+                raise
+            typer.echo(f"sealed {cmd_name}: {entry.absent}", err=True)
+            raise typer.Exit(2) from None
+        obj = getattr(module, attr)
         holder = typer.Typer(add_completion=False)
         if entry.is_group:
             holder.add_typer(obj(), name=cmd_name)

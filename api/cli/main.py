@@ -7,7 +7,8 @@ import typer
 from api.cli.lazy import LazyCommand, LazyGroup
 
 # To add a command: one row here; its module is imported only when the command runs. `bench` is
-# the shipped benchmarks' own module: they import the control plane, so it cannot import them.
+# the benchmarks' own module, in the development distribution (devtools/, not the product's wheel):
+# they import the control plane, so it cannot import them.
 COMMANDS: dict[str, LazyCommand] = {
     "up": LazyCommand("api.cli.up:up", "Run key broker, worker and gateway on this machine."),
     "encrypt": LazyCommand("api.cli.encrypt:encrypt", "Encrypt a model into a signed package (tenant side)."),
@@ -30,9 +31,11 @@ COMMANDS: dict[str, LazyCommand] = {
                             is_group=True),
     "measure": LazyCommand("api.cli.measure:build", "Compute launch measurements (reference values) offline.",
                            is_group=True),
-    "bench": LazyCommand("sealed_bench.cli:bench", "Run a benchmark (sealed bench NAME --help).",
+    "bench": LazyCommand("sealed_bench.cli:bench", "Run a benchmark (sealed bench NAME --help; development installs).",
                          context_settings={"allow_extra_args": True, "ignore_unknown_options": True,
-                                           "help_option_names": []}),
+                                           "help_option_names": []},
+                         absent="the benchmarks are not part of the product and are not installed here; from a "
+                                "checkout, `pip install --no-deps -e devtools` (`make install` does it)"),
 }
 
 

@@ -13,10 +13,11 @@ import httpx
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
+from api.errors import SealedApiError
 from protocol.broker.receipts import ReceiptInvalid, verify_receipt
 
 
-class BrokerUnavailable(Exception):
+class BrokerUnavailable(SealedApiError):
     """No broker configured, no broker token given, or the broker refused or did not answer; the
     page says so instead of failing."""
 

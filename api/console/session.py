@@ -24,6 +24,7 @@ import jwt
 from fastapi import Depends, Request
 
 from api.console_settings import loopback_host
+from api.errors import SealedApiError
 from api.management.auth import ROLES, Principal, decode_token
 from api.store.revocation import ConsoleSession, Revocations, TokenClaims, TokenRevoked
 
@@ -32,11 +33,11 @@ SESSION_AUDIENCE = "sealed-console"
 CONSOLE_ROLES = ("operator", "tenant-admin", "auditor")
 
 
-class ConsoleAuthError(Exception):
+class ConsoleAuthError(SealedApiError):
     """Not logged in (or the session expired): the page redirects to the login form."""
 
 
-class ConsoleForbidden(Exception):
+class ConsoleForbidden(SealedApiError):
     """Logged in, but the role may not see or do this."""
 
 

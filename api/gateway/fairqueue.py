@@ -17,8 +17,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from api.errors import SealedApiError
 
-class QueueFull(Exception):
+
+class QueueFull(SealedApiError):
     def __init__(self, scope: str) -> None:
         super().__init__(f"queue full ({scope})")
         self.scope = scope

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import logging
 
+from api.errors import SealedApiError
 from api.gateway.registry import WorkerInfo
 from api.store.models import UsageRow
 from protocol.rpc import worker_pb2
@@ -16,7 +17,7 @@ __all__ = ["MAX_COUNT", "UsageRejected", "verify_usage"]
 log = logging.getLogger(__name__)
 
 
-class UsageRejected(Exception):
+class UsageRejected(SealedApiError):
     pass
 
 

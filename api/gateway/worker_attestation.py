@@ -23,6 +23,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
+from api.errors import SealedApiError
 from attestation.bundle import EvidenceBundle, channel_binding
 from attestation.errors import FreshnessError, ParseError, TokenError
 from attestation.token import TokenVerifier
@@ -34,7 +35,7 @@ from protocol.sealed import SealedError, key_id
 MAX_CLOCK_SKEW_S = 60
 
 
-class HeartbeatRefused(Exception):
+class HeartbeatRefused(SealedApiError):
     """A heartbeat that is not signed by the identity it names, or stale."""
 
 

@@ -3,8 +3,10 @@ IdP token or sign-in is refused."""
 
 from __future__ import annotations
 
+from api.errors import SealedApiError
 
-class OidcError(Exception):
+
+class OidcError(SealedApiError):
     """A refusal with its HTTP status and a stable code (the code is what the audit entry records)."""
 
     status = 401

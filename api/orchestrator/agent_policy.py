@@ -32,6 +32,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from api.errors import SealedApiError
+
 _PINNED = re.compile(r"^[^\s@]+@sha256:[0-9a-f]{64}$")
 _VAR_REF = re.compile(r"\$\([A-Za-z_][A-Za-z0-9_]*\)")
 PAUSE_ARGS = ("/pause",)
@@ -52,7 +54,7 @@ ALLOWED = ("CreateSandboxRequest", "DestroySandboxRequest", "StartContainerReque
            "RemoveStaleVirtiofsShareMountsRequest", "UpdateEphemeralMountsRequest", "GetMetricsRequest")
 
 
-class AgentPolicyError(ValueError):
+class AgentPolicyError(SealedApiError, ValueError):
     """The pod spec cannot be pinned: not exactly one container, an unpinned image, a `$(VAR)`."""
 
 

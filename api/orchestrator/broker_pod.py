@@ -5,7 +5,7 @@ Deployment the operator applies, so its init-data is computed once from the rend
 (`sealed measure snp|tdx --manifest ... --broker`) and set as its pod's annotation. As for a worker:
 
 1. every environment value comes from the ConfigMaps or is literal, except the operator's
-   credentials (key_broker/workload_check.UNMEASURED_ENV), which stay Secret references;
+   credentials (attestation/launch_env.BROKER_UNMEASURED_ENV), which stay Secret references;
 2. the kubelet's `$(VAR)` references in the arguments are expanded as the kubelet would;
 3. the Kata agent policy is generated from that pod spec (agent_policy.py: one container, the pinned
    image, exactly its command line, its environment, no exec, no second container), the broker's
@@ -26,12 +26,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from api.orchestrator.agent_policy import AgentPolicyError, digest, render
-from api.orchestrator.pin import IMAGE_ENV_ANNOTATION, PinError, expand_refs
+from api.orchestrator.pin import IMAGE_ENV_ANNOTATION, PinError, expand_refs, resolve_env
 from attestation.broker_initdata import BrokerInitData
 from attestation.coco_initdata import ANNOTATION, CocoInitData
 from attestation.coco_initdata import render as render_coco
 from attestation.errors import AttestationError
-from attestation.launch_env import MEASURED_ENV_PREFIXES
+from attestation.launch_env import BROKER_UNMEASURED_ENV
 
 BROKER = "sealed-broker"
 BROKER_ENTRYPOINT = ("python", "-m", "key_broker")  # deploy/docker/Dockerfile.broker's ENTRYPOINT
@@ -45,24 +45,6 @@ class PinnedBroker:
     policy: str  # the Kata agent policy (Rego)
     argv: tuple[str, ...]  # the broker's literal arguments
     environ: dict[str, str]  # its literal environment (image ENV under the pod's env)
-
-
-def _resolve_env(env: list[dict[str, Any]], configmaps: Mapping[str, Mapping[str, str]]) -> list[dict[str, Any]]:
-    from key_broker.workload_check import UNMEASURED_ENV
-
-    out = []
-    for item in env:
-        name = str(item["name"])
-        ref = (item.get("valueFrom") or {}).get("configMapKeyRef")
-        if "value" in item:
-            out.append({"name": name, "value": str(item["value"])})
-        elif ref is not None and ref.get("key") in configmaps.get(ref.get("name"), {}):
-            out.append({"name": name, "value": str(configmaps[ref["name"]][ref["key"]])})
-        elif name.startswith(MEASURED_ENV_PREFIXES) and name not in UNMEASURED_ENV:
-            raise PinError(f"env {name!r} of the broker is measured, so its value must be known when it is pinned")
-        else:
-            out.append(item)  # the operator's credentials: Secrets, not measured
-    return out
 
 
 def _image_env(deployment: Mapping[str, Any]) -> dict[str, str]:
@@ -90,7 +72,7 @@ def pin_broker(deployment: Mapping[str, Any], configmaps: Mapping[str, Mapping[s
         raise PinError("the broker pod has no container named broker")
     if tuple(container.get("command") or ()) != BROKER_ENTRYPOINT:
         raise PinError(f"the broker's command must state the image's entrypoint {list(BROKER_ENTRYPOINT)}")
-    env = _resolve_env(container.get("env", []), configmaps)
+    env = resolve_env(container.get("env", []), configmaps, BROKER_UNMEASURED_ENV, " of the broker")
     values = {e["name"]: e["value"] for e in env if "value" in e}
     argv = [expand_refs(str(a), values) for a in container.get("args", [])]
     if "--init-data" not in argv:

@@ -5,7 +5,7 @@ the `sealed-config` ConfigMap); a Kata pod's init-data names one exact workload.
 Deployment (the template plus the version's arguments, kube.worker_deployment) this:
 
 1. resolves every environment value from the ConfigMaps (a value from the downward API or a Secret
-   stays only where the worker does not measure the variable: workload_check.MEASURED_ENV_PREFIXES);
+   stays only where the worker does not measure the variable: launch_env.MEASURED_ENV_PREFIXES);
 2. expands the kubelet's `$(VAR)` references in the arguments, as the kubelet would, so the
    arguments the agent sees are the literal ones the policy names;
 3. adds `--init-data`, the file where the downward API writes the pod's own init-data annotation
@@ -26,16 +26,18 @@ import dataclasses
 import json
 import re
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from api.errors import SealedApiError
 from api.orchestrator.agent_policy import WORKER_ENTRYPOINT, AgentPolicyError, digest, render
 from attestation.coco_initdata import ANNOTATION, CocoInitData
 from attestation.coco_initdata import render as render_coco
 from attestation.errors import AttestationError
 from attestation.initdata import InitData
+from attestation.launch_env import MEASURED_ENV_PREFIXES
 
 INIT_DATA_DIR = "/etc/sealed/init-data"
 INIT_DATA_FILE = "cc_init_data"
@@ -46,7 +48,7 @@ IMAGE_ENV_ANNOTATION = "sealed.dev/image-env"
 _REF = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
 
 
-class PinError(ValueError):
+class PinError(SealedApiError, ValueError):
     """The worker pod cannot be pinned: a value unknown here, an unpinned image, a bad argument."""
 
 
@@ -65,13 +67,12 @@ def is_confidential(pod_template: Mapping[str, Any]) -> bool:
     return ANNOTATION in (pod_template.get("metadata", {}).get("annotations") or {})
 
 
-def _measured(name: str) -> bool:
-    from enclave_worker.workload_check import MEASURED_ENV_PREFIXES
-
-    return name.startswith(MEASURED_ENV_PREFIXES)
-
-
-def _resolve_env(env: list[dict[str, Any]], configmaps: Mapping[str, Mapping[str, str]]) -> list[dict[str, Any]]:
+def resolve_env(env: list[dict[str, Any]], configmaps: Mapping[str, Mapping[str, str]],
+                unmeasured: Collection[str] = (), whose: str = "") -> list[dict[str, Any]]:
+    """A container's env with ConfigMap references resolved: a measured variable (attestation/
+    launch_env.py; less the role's `unmeasured` secrets) must have a value known when the pod is
+    pinned; the rest stay as they are (the pod IP and the like: per pod, not in any argument; the
+    broker operator's credentials: Secrets). Shared by the worker's pods and the broker's."""
     out = []
     for item in env:
         name = str(item["name"])
@@ -80,10 +81,10 @@ def _resolve_env(env: list[dict[str, Any]], configmaps: Mapping[str, Mapping[str
             out.append({"name": name, "value": str(item["value"])})
         elif ref is not None and ref.get("key") in configmaps.get(ref.get("name"), {}):
             out.append({"name": name, "value": str(configmaps[ref["name"]][ref["key"]])})
-        elif _measured(name):
-            raise PinError(f"env {name!r} is measured, so its value must be known when the pod is pinned")
+        elif name.startswith(MEASURED_ENV_PREFIXES) and name not in unmeasured:
+            raise PinError(f"env {name!r}{whose} is measured, so its value must be known when the pod is pinned")
         else:
-            out.append(item)  # the pod IP and the like: per pod, not measured, not in any argument
+            out.append(item)
     return out
 
 
@@ -139,7 +140,7 @@ def pin(deployment: Mapping[str, Any], configmaps: Mapping[str, Mapping[str, str
         raise PinError("the pod has no container named worker")
     if container.get("command") and tuple(container["command"]) != WORKER_ENTRYPOINT:
         raise PinError(f"the worker's command must be the image's entrypoint {list(WORKER_ENTRYPOINT)}")
-    container["env"] = _resolve_env(container.get("env", []), configmaps)
+    container["env"] = resolve_env(container.get("env", []), configmaps)
     values = {e["name"]: e["value"] for e in container["env"] if "value" in e}
     argv = [expand_refs(str(a), values) for a in container.get("args", [])]
     container["args"] = [*argv, "--init-data", f"{INIT_DATA_DIR}/{INIT_DATA_FILE}"]

@@ -23,12 +23,13 @@ from dataclasses import dataclass
 from sqlalchemy import and_, delete, or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from api.errors import SealedApiError
 from api.store.models import ConsoleSessionRow, TokenRevocation
 
 KINDS = ("jti", "subject", "tenant", "all")
 
 
-class TokenRevoked(Exception):
+class TokenRevoked(SealedApiError):
     """The session or management token was revoked, has expired, or was never recorded."""
 
 

@@ -96,7 +96,7 @@ def _claims_json(c: GpuClaims, v: VerifiedGpu) -> dict[str, Any]:
     }
 
 
-def verify_for_cli(request: VerifyRequest) -> dict:
+def verify_for_cli(request: VerifyRequest) -> dict[str, Any]:
     """Verify (and with `policy`, appraise) GPU evidence; returns JSON-able claims.
 
     Without `nonce`, each report's own nonce is used (and any nonce the JSON list claims must
@@ -130,7 +130,7 @@ def verify_for_cli(request: VerifyRequest) -> dict:
     }
 
 
-def inspect_for_cli(evidence: bytes) -> dict:
+def inspect_for_cli(evidence: bytes) -> dict[str, Any]:
     """Decode without verifying anything (for humans; never for decisions)."""
     text = evidence.strip()
     if text.startswith((b"[", b"{")):

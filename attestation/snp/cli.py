@@ -28,7 +28,7 @@ def _evidence(evidence: bytes) -> Report:
     return parse_report(evidence)
 
 
-def verify_for_cli(request: VerifyRequest) -> dict:
+def verify_for_cli(request: VerifyRequest) -> dict[str, Any]:
     """Verify, check the nonce, appraise, and return JSON-able claims; raises AttestationError.
 
     certs: DER or PEM (a VCEK/VLEK, optionally ASK/ASVK and ARK). collateral: CRLs, recognised by
@@ -57,7 +57,7 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-def inspect_for_cli(evidence: bytes) -> dict:
+def inspect_for_cli(evidence: bytes) -> dict[str, Any]:
     """Parse only (nothing is verified): every field, with bit fields and TCBs decoded."""
     report = _evidence(evidence)
     out: dict[str, Any] = {"verified": False}

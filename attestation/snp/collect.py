@@ -1,19 +1,17 @@
 """Attester side: get an SNP report (and its certificate table) from the guest kernel.
 
-Two interfaces, paths injectable so tests run on fake trees:
-* configfs-tsm (Linux >= 6.7, Documentation/ABI/testing/configfs-tsm): mkdir an entry under
-  /sys/kernel/config/tsm/report, write inblob, read outblob/auxblob/provider/generation.
-* /dev/sev-guest ioctls SNP_GET_REPORT / SNP_GET_EXT_REPORT (include/uapi/linux/sev-guest.h).
+* configfs-tsm (Linux >= 6.7): attestation/tsm.py fetches the report; the certificate table the host
+  put in auxblob is parsed here (`parse_cert_table`).
+* /dev/sev-guest ioctls SNP_GET_REPORT / SNP_GET_EXT_REPORT (include/uapi/linux/sev-guest.h), the
+  device path and the ioctl injectable so tests run on a fake.
 """
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import errno
 import fcntl
 import os
-import secrets
 import struct
 import uuid
 from collections.abc import Callable
@@ -23,7 +21,6 @@ from pathlib import Path
 from attestation.errors import FreshnessError, ParseError, UnsupportedError
 from attestation.snp.abi import REPORT_SIZE, parse_report
 
-CONFIGFS_TSM_REPORT = Path("/sys/kernel/config/tsm/report")
 SEV_GUEST_DEVICE = Path("/dev/sev-guest")
 # GHCB spec #56421, "Certificate table" GUIDs (stored little-endian, as the kernel's guid_t).
 CERT_GUIDS = {
@@ -87,45 +84,6 @@ def _check_outblob(report: bytes, report_data: bytes) -> bytes:
     if parsed.report_data != report_data:
         raise FreshnessError("the report does not carry the REPORT_DATA that was requested")
     return report
-
-
-def collect_configfs(
-    report_data: bytes,
-    *,
-    base: Path = CONFIGFS_TSM_REPORT,
-    privlevel: int | None = None,
-    entry: str | None = None,
-) -> Evidence:
-    """Request a report through configfs-tsm. An existing `entry` directory is reused (fakes)."""
-    data = _check_report_data(report_data)
-    if not base.is_dir():
-        raise UnsupportedError(f"configfs-tsm not available at {base}")
-    path = base / (entry or f"sealed-{os.getpid()}-{secrets.token_hex(4)}")
-    created = not path.exists()
-    try:
-        path.mkdir(exist_ok=True)
-        provider = (path / "provider").read_text().strip()
-        if provider != "sev_guest":
-            raise UnsupportedError(f"configfs-tsm provider is {provider!r}, not sev_guest")
-        if privlevel is not None:
-            (path / "privlevel").write_text(str(privlevel))
-        (path / "inblob").write_bytes(data)
-        # The generation counter changes on every write; an unchanged value across our reads
-        # means no other writer raced us between inblob and outblob.
-        gen = int((path / "generation").read_text().strip() or "0")
-        report = (path / "outblob").read_bytes()
-        aux_path = path / "auxblob"
-        aux = aux_path.read_bytes() if aux_path.exists() else b""
-        if int((path / "generation").read_text().strip() or "0") != gen:
-            raise FreshnessError("configfs-tsm entry was rewritten concurrently; retry")
-    except OSError as exc:
-        raise UnsupportedError(f"configfs-tsm request failed: {exc}") from exc
-    finally:
-        if created:
-            # configfs removes attribute files itself; on fakes the files stay and rmdir fails.
-            with contextlib.suppress(OSError):
-                path.rmdir()
-    return Evidence(_check_outblob(report, data), parse_cert_table(aux), provider, gen)
 
 
 def _iowr(nr: int, size: int) -> int:

@@ -4,7 +4,7 @@ The firmware derives the key from the chip's VCEK secret (root_key_select 0), mi
 policy and the launch measurement (guest_field_select bits 0 and 3, SEV-SNP ABI spec, "MSG_KEY_REQ"):
 the same measured broker on the same chip gets the same key after a restart; another image, another
 policy or another chip gets another one; the host never sees it. The ioctl is the seam the fake
-device (attestation/testing/fake_sev_guest.py) stands in for.
+device (devtools/sealed_fakes/fake_sev_guest.py) stands in for.
 """
 
 from __future__ import annotations

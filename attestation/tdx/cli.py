@@ -14,7 +14,7 @@ from attestation.tdx.validate import Policy, to_claims, validate
 from attestation.tdx.verify import INTEL_ROOT_FILE, TdxVerifier, VerifyOptions, ca_kind
 
 
-def verify_for_cli(request: VerifyRequest) -> dict:
+def verify_for_cli(request: VerifyRequest) -> dict[str, Any]:
     """Verify a TDX quote and return its claims as JSON (tcb_status "Unknown" without collateral).
 
     `certs` are extra PEM chains (e.g. the TCB Signing chain) and join the collateral pile, which
@@ -44,7 +44,7 @@ def verify_for_cli(request: VerifyRequest) -> dict:
     return out
 
 
-def inspect_for_cli(evidence: bytes) -> dict:
+def inspect_for_cli(evidence: bytes) -> dict[str, Any]:
     """Decode a TDX quote without verifying anything (the output says so)."""
     q = parse_quote(evidence)
     b, sig, qe = q.body, q.signature, q.signature.qe_report

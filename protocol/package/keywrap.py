@@ -22,7 +22,6 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 from cryptography.hazmat.primitives.hpke import AEAD, KDF, KEM, Suite
 
-from protocol.keyfile import WrongKeyType, load_or_create_private_key
 from protocol.model_ref import ModelRef
 from protocol.package.errors import KeySealError
 from protocol.package.format import Manifest, key_check_value
@@ -113,18 +112,6 @@ def load_import_public_key(path: Path) -> X25519PublicKey:
     if not isinstance(key, X25519PublicKey):
         raise KeySealError(f"import key must be X25519: {path}")
     return key
-
-
-def load_or_create_import_key(path: Path) -> X25519PrivateKey:
-    """One-machine / test-only: the broker import private key as a 0600 PEM file, created if absent.
-
-    A real broker keeps this key inside its attested boundary (its key store); see
-    docs/package-format.md for the endpoint the key broker is asked to provide.
-    """
-    try:
-        return load_or_create_private_key(path, X25519PrivateKey, X25519PrivateKey.generate)
-    except WrongKeyType as exc:
-        raise KeySealError(str(exc)) from exc
 
 
 def public_pem(key: X25519PrivateKey) -> bytes:

@@ -24,12 +24,12 @@ import torch
 from api.home import Home
 from api.stack import DEMO_MODEL, DEMO_TENANT, DEMO_VERSION, free_port, launch, prepare_demo
 from attestation.bundle import EvidenceBundle, GpuEvidence, RuntimeData, expected_report_data
-from attestation.testing.platform import FakePlatform, gpu_report
 from key_broker.policies import PolicyStore
 from protocol.broker.client import obtain_data_key
 from protocol.broker.errors import BrokerRefused
 from protocol.model_ref import ModelRef
 from sealed_bench.gpu_models import random_checkpoint
+from sealed_fakes.platform import FakePlatform, gpu_report
 from tests.api.test_fake_tee_stack import audit_records, put_release_policy
 from tests.enclave_worker.demo_package import package_for_demo
 

@@ -29,12 +29,12 @@ from api.stack import (
     prepare_demo,
     store_demo_release_policy,
 )
-from attestation.testing.platform import SNP_MEASUREMENT, TDX_MR_TD, FakePlatform
 from key_broker.policies import PolicyStore
 from key_broker.statefile import local_ledger
 from policy.release import ReleasePolicy
 from protocol.model_ref import ModelRef
 from sealed_bench.gpu_models import random_checkpoint
+from sealed_fakes.platform import SNP_MEASUREMENT, TDX_MR_TD, FakePlatform
 from tests.enclave_worker.demo_package import package_for_demo
 
 

@@ -19,12 +19,12 @@ from api.broker_state import local_broker_keys
 from api.home import Home
 from api.stack import DEMO_MODEL, DEMO_TENANT, DEMO_VERSION, Stack, prepare_demo, store_demo_release_policy
 from attestation.tdx.eventlog import parse_cc_event_log, replay_rtmrs
-from attestation.testing.platform import SNP_MEASUREMENT, TDX_MR_TD, FakePlatform
 from key_broker.policies import PolicyStore
 from key_broker.statefile import local_ledger
 from policy.release import ReleasePolicy
 from protocol.model_ref import ModelRef
 from sealed_bench.gpu_models import random_checkpoint
+from sealed_fakes.platform import SNP_MEASUREMENT, TDX_MR_TD, FakePlatform
 from tests.api.test_fake_tee_stack import Env, audit_records, start
 from tests.enclave_worker.demo_package import package_for_demo
 from tests.enclave_worker.fake_tee_worker import CCEL

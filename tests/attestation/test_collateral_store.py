@@ -15,9 +15,9 @@ from attestation.collateral import CollateralConfig, CollateralStore
 from attestation.errors import CollateralError
 from attestation.snp.certs import VekKind
 from attestation.snp.tcb import Product
-from attestation.testing import tdx_collateral as testcollateral
-from attestation.testing import tdx_pki as testpki
-from attestation.testing.platform import FakePlatform
+from sealed_fakes import tdx_collateral as testcollateral
+from sealed_fakes import tdx_pki as testpki
+from sealed_fakes.platform import FakePlatform
 
 NOW = dt.datetime.now(dt.UTC)
 

@@ -53,7 +53,7 @@ def _test_vcek_der() -> bytes:
     from cryptography.hazmat.primitives import serialization
 
     from attestation.snp.tcb import Product
-    from attestation.testing.snp_pki import generate_keys, make_pki, template_report
+    from sealed_fakes.snp_pki import generate_keys, make_pki, template_report
 
     pki = make_pki(generate_keys(2048), Product.MILAN)
     report = template_report(3, Product.MILAN)

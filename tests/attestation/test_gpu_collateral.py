@@ -20,11 +20,11 @@ from attestation.errors import CollateralError, ParseError, PolicyViolation
 from attestation.ocsp import OcspStatus
 from attestation.ocsp_imported import ImportedOcspChecker
 from attestation.tdx.eventlog import parse_cc_event_log, replay_rtmrs
-from attestation.testing import nvgpu_pki as gpu_pki
-from attestation.testing.ccel import kernel_cmdline, with_kernel_cmdline
-from attestation.testing.gpu_collateral import DRIVER, ocsp_answer, tampered_measurements
-from attestation.testing.platform import FakePlatform, gpu_report
 from attestation.verifier import VerifierTrust, verify_bundle
+from sealed_fakes import nvgpu_pki as gpu_pki
+from sealed_fakes.ccel import kernel_cmdline, with_kernel_cmdline
+from sealed_fakes.gpu_collateral import DRIVER, ocsp_answer, tampered_measurements
+from sealed_fakes.platform import FakePlatform, gpu_report
 
 NOW = dt.datetime.now(dt.UTC)
 HOUR = dt.timedelta(hours=1)

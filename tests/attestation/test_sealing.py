@@ -14,7 +14,7 @@ from attestation.errors import SealingError
 from attestation.sealing import seal, unseal
 from attestation.sim.sealing import SimSealingKey
 from attestation.snp.derived_key import SnpDerivedKey
-from attestation.testing.fake_sev_guest import FakeSevGuest
+from sealed_fakes.fake_sev_guest import FakeSevGuest
 
 M1, M2 = bytes(range(48)), bytes(range(1, 49))
 

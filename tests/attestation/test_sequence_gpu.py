@@ -16,8 +16,8 @@ from attestation.appraisal import AppraisalPolicy, appraise
 from attestation.bundle import EvidenceBundle, GpuEvidence, RuntimeData, expected_report_data
 from attestation.errors import AttestationError, FreshnessError
 from attestation.sim import SimTee
-from attestation.testing import nvgpu_pki as tp
 from attestation.verifier import VerifierTrust, verify_bundle
+from sealed_fakes import nvgpu_pki as tp
 
 NOW = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 PLATFORM = Ed25519PrivateKey.generate()

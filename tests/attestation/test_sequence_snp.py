@@ -15,11 +15,11 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from attestation.appraisal import AppraisalPolicy, appraise
 from attestation.bundle import EvidenceBundle, RuntimeData, expected_report_data
 from attestation.errors import AttestationError, ChainError, FreshnessError, PolicyViolation
-from attestation.snp.collect import collect_configfs
 from attestation.snp.tcb import Product
-from attestation.testing.snp_pki import EPOCH, generate_keys, make_pki, sign_report, template_report
 from attestation.token import TokenIssuer, TokenVerifier
+from attestation.tsm import DirectoryConfigfsFake, TsmReportClient
 from attestation.verifier import VerifierTrust, verify_bundle
+from sealed_fakes.snp_pki import EPOCH, generate_keys, make_pki, sign_report, template_report
 
 NOW = EPOCH + dt.timedelta(days=10)
 DEBUG_BIT = 1 << 19
@@ -35,14 +35,11 @@ def roots(pki, tmp_path_factory) -> Path:  # type: ignore[no-untyped-def]
     return pki.write_roots(tmp_path_factory.mktemp("amd-test-roots"))
 
 
-def fake_configfs(base: Path, raw_report: bytes) -> Path:
-    """What the kernel would show after a write to inblob: the signed report in outblob."""
-    entry = base / "e"
-    entry.mkdir(parents=True, exist_ok=True)
-    (entry / "provider").write_text("sev_guest")
-    (entry / "generation").write_text("1")
-    (entry / "outblob").write_bytes(raw_report)
-    return base
+def fake_configfs(base: Path, raw_report: bytes) -> TsmReportClient:
+    """The product's configfs-tsm client over a directory that plays the kernel: a write to inblob
+    yields the signed report in outblob."""
+    base.mkdir(parents=True, exist_ok=True)
+    return TsmReportClient(base, ops=DirectoryConfigfsFake(lambda inblob, privlevel: raw_report, "sev_guest"))
 
 
 def collect_bundle(pki, tmp: Path, nonce: bytes, **report_fields: object) -> EvidenceBundle:  # type: ignore[no-untyped-def]
@@ -50,9 +47,9 @@ def collect_bundle(pki, tmp: Path, nonce: bytes, **report_fields: object) -> Evi
     report_data = expected_report_data(runtime, ())
     report = template_report(3, Product.MILAN, report_data=report_data, **report_fields)
     raw = sign_report(report, pki.keys.vek)
-    evidence = collect_configfs(report_data, base=fake_configfs(tmp, raw), entry="e")
+    evidence = fake_configfs(tmp / "report", raw).get_report(report_data)
     vek = pki.make_vek(report.tcb("reported", Product.MILAN), report.chip_id)
-    return EvidenceBundle(tee="snp", cpu_evidence=evidence.report, runtime_data=runtime,
+    return EvidenceBundle(tee="snp", cpu_evidence=evidence.outblob, runtime_data=runtime,
                           cpu_certificates=(vek.public_bytes(serialization.Encoding.DER),))
 
 

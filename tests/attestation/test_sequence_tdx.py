@@ -17,11 +17,11 @@ from attestation.bundle import EvidenceBundle, RuntimeData, expected_report_data
 from attestation.errors import AttestationError, FreshnessError, PolicyViolation, UnsupportedError
 from attestation.tdx.collect import collect_quote
 from attestation.tdx.verify import INTEL_ROOT_FILE, Collateral
-from attestation.testing import tdx_collateral as tc
-from attestation.testing import tdx_pki as tp
 from attestation.token import TokenIssuer, TokenVerifier
 from attestation.tsm import DirectoryConfigfsFake, TsmReportClient
 from attestation.verifier import VerifierTrust, verify_bundle
+from sealed_fakes import tdx_collateral as tc
+from sealed_fakes import tdx_pki as tp
 
 
 @dataclasses.dataclass

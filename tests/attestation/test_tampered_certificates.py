@@ -13,8 +13,8 @@ import pytest
 
 from attestation.cli_request import VerifyRequest
 from attestation.errors import AttestationError
-from attestation.testing.tampered import TamperedCase, tampered_cases
 from attestation.x509chain import load_der_or_pem, load_pem_chain
+from sealed_fakes.tampered import TamperedCase, tampered_cases
 
 _VECTORS = Path(__file__).resolve().parents[1] / "vectors" / "attestation"
 CASES = tampered_cases(_VECTORS)
@@ -37,7 +37,7 @@ def test_the_untampered_vectors_verify(testvectors: Path) -> None:
     """The same inputs undamaged verify, so each refusal above is the damage's doing."""
     import dataclasses
 
-    from attestation.testing import tampered
+    from sealed_fakes import tampered
 
     originals = {
         "snp": ((testvectors / "snp" / "gosevguest_milan_vcek.der").read_bytes(),),
@@ -57,7 +57,7 @@ def test_the_untampered_vectors_verify(testvectors: Path) -> None:
 def test_a_loaded_certificate_has_every_field_decoded(testvectors: Path) -> None:
     """The boundary itself: the loaders refuse what cryptography would only reject on first access."""
     from attestation.errors import ParseError
-    from attestation.testing.tampered import invalid_ec_point, pem_chain_with_leaf, wrong_issuer_tag
+    from sealed_fakes.tampered import invalid_ec_point, pem_chain_with_leaf, wrong_issuer_tag
 
     vcek = (testvectors / "snp" / "gosevguest_milan_vcek.der").read_bytes()
     for damaged in (invalid_ec_point(vcek), wrong_issuer_tag(vcek)):

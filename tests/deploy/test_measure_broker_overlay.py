@@ -33,12 +33,12 @@ from attestation.errors import WorkloadMismatch
 from attestation.snp.abi import parse_report
 from attestation.snp.collect import encode_cert_table
 from attestation.tdx.abi import parse_quote
-from attestation.testing.fake_sev_guest import FakeSevGuest
-from attestation.testing.fake_tsm import FakeTsmTree
-from attestation.testing.platform import SNP_MEASUREMENT, FakePlatform
 from key_broker.__main__ import parse, settings_from
 from key_broker.platform import open_platform
 from key_broker.workload_check import check_broker_workload
+from sealed_fakes.fake_sev_guest import FakeSevGuest
+from sealed_fakes.fake_tsm import FakeTsmTree
+from sealed_fakes.platform import SNP_MEASUREMENT, FakePlatform
 
 from .rego_subset import evaluate
 from .test_agent_policy import RUNTIME_ENV, RUNTIME_MOUNTS, create

@@ -41,11 +41,11 @@ from attestation.errors import WorkloadMismatch
 from attestation.snp.abi import parse_report
 from attestation.snp.collect import encode_cert_table
 from attestation.tdx.abi import parse_quote
-from attestation.testing.fake_tsm import FakeTsmTree
-from attestation.testing.platform import FakePlatform
 from enclave_worker.cli import parse
 from enclave_worker.tee import check_workload
 from enclave_worker.workload_check import load_init_data
+from sealed_fakes.fake_tsm import FakeTsmTree
+from sealed_fakes.platform import FakePlatform
 
 from .rego_subset import evaluate
 from .test_agent_policy import RUNTIME_ENV, RUNTIME_MOUNTS, create

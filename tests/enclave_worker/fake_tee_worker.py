@@ -6,7 +6,7 @@
 
 `--kernel-cmdline-append`: the TD boots the captured CCEL's kernel with one more kernel argument
 (the log's command-line event and so RTMR2 change); `--nvml cc-on-tampered`: GPUs in CC mode whose
-VBIOS measures other than NVIDIA's RIM for its version holds (attestation/testing/gpu_collateral.py).
+VBIOS measures other than NVIDIA's RIM for its version holds (devtools/sealed_fakes/gpu_collateral.py).
 
 The fake guest is launched with init-data (attestation/initdata.py), as a host does: the fake SNP
 reports its SHA-256 as HOST_DATA, the fake TD its SHA-384 as MRCONFIGID; a CoCo init-data TOML (or
@@ -17,7 +17,7 @@ and settings (what `sealed measure` computes), and passes it to the worker with 
 unless the worker's arguments name one.
 
 The fakes sit where the hardware's interfaces are, inside this process: a configfs-tsm tree
-answered by a thread (attestation.testing.fake_tsm), or the /dev/sev-guest ioctl
+answered by a thread (sealed_fakes.fake_tsm), or the /dev/sev-guest ioctl
 (fake_sev_guest), and the `pynvml` module (fake_nvml). The worker's code is unchanged: it is
 pointed at the fake tree with its ordinary --tsm-dir/--tsm-entry/--sev-guest-device options.
 """
@@ -32,13 +32,13 @@ from pathlib import Path
 from attestation.coco_initdata import host_digest
 from attestation.initdata import InitData
 from attestation.snp.collect import encode_cert_table
-from attestation.testing.ccel import kernel_cmdline, with_kernel_cmdline
-from attestation.testing.fake_nvml import FakeNvml
-from attestation.testing.fake_sev_guest import FakeSevGuest
-from attestation.testing.fake_tsm import FakeTsmTree
-from attestation.testing.gpu_collateral import tampered_measurements
-from attestation.testing.platform import FakePlatform, gpu_report
 from enclave_worker.workload_check import init_data_for, process_environ
+from sealed_fakes.ccel import kernel_cmdline, with_kernel_cmdline
+from sealed_fakes.fake_nvml import FakeNvml
+from sealed_fakes.fake_sev_guest import FakeSevGuest
+from sealed_fakes.fake_tsm import FakeTsmTree
+from sealed_fakes.gpu_collateral import tampered_measurements
+from sealed_fakes.platform import FakePlatform, gpu_report
 
 TEST_IMAGE = "sealed-worker@sha256:" + "ab" * 32
 VECTORS = Path(__file__).resolve().parents[1] / "vectors"

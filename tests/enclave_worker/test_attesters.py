@@ -26,11 +26,11 @@ from attestation.bundle import EvidenceBundle, RuntimeData
 from attestation.collateral import CollateralConfig, CollateralStore
 from attestation.errors import AttestationError, FreshnessError, ParseError, UnsupportedError
 from attestation.snp.collect import encode_cert_table
-from attestation.testing.fake_nvml import FakeNvml
-from attestation.testing.fake_sev_guest import FakeSevGuest
-from attestation.testing.fake_tsm import FakeTsmTree
-from attestation.testing.platform import SNP_MEASUREMENT, TDX_MR_TD, FakePlatform, gpu_report
 from attestation.verifier import VerifierTrust, verify_bundle
+from sealed_fakes.fake_nvml import FakeNvml
+from sealed_fakes.fake_sev_guest import FakeSevGuest
+from sealed_fakes.fake_tsm import FakeTsmTree
+from sealed_fakes.platform import SNP_MEASUREMENT, TDX_MR_TD, FakePlatform, gpu_report
 
 NOW = dt.datetime.now(dt.UTC)
 

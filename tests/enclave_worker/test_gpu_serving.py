@@ -11,8 +11,6 @@ import pytest
 import torch
 
 from attestation.errors import UnsupportedError
-from attestation.testing.fake_nvml import FakeNvml
-from attestation.testing.platform import make_gpu_identities
 from enclave_worker.boot import _release_unaliased
 from enclave_worker.engine import EngineConfig, LLMEngine
 from enclave_worker.engine.checkpoint import Checkpoint
@@ -23,6 +21,8 @@ from enclave_worker.settings import WorkerSettings
 from policy.errors import PolicyInvalid
 from policy.policyset import PolicySet
 from policy.release import ReleasePolicy
+from sealed_fakes.fake_nvml import FakeNvml
+from sealed_fakes.platform import make_gpu_identities
 
 GIB = 1 << 30
 

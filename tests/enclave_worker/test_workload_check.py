@@ -16,8 +16,6 @@ from attestation.bundle import RuntimeData
 from attestation.errors import WorkloadMismatch
 from attestation.initdata import InitData
 from attestation.snp.collect import encode_cert_table
-from attestation.testing.fake_tsm import FakeTsmTree
-from attestation.testing.platform import FakePlatform
 from enclave_worker.cli import main, parse
 from enclave_worker.settings import WorkerSettings
 from enclave_worker.workload_check import (
@@ -27,6 +25,8 @@ from enclave_worker.workload_check import (
     measured_env,
 )
 from protocol.exit_codes import EXIT_CONFIG_ERROR
+from sealed_fakes.fake_tsm import FakeTsmTree
+from sealed_fakes.platform import FakePlatform
 
 IMAGE = "sealed-worker@sha256:" + "ab" * 32
 ARGV = ["--broker-url", "https://broker.example", "--package-dir", "/pkg", "--tenant", "acme", "--model", "m",

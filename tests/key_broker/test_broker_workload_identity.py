@@ -2,7 +2,7 @@
 environment and measured configuration; its hardware reports the digest; workers and clients that
 pin it refuse a broker launched with any other (issue #32 on #33's workload identity).
 
-The fake sits at the hardware seam only: /dev/sev-guest's ioctl (attestation/testing/fake_sev_guest.py,
+The fake sits at the hardware seam only: /dev/sev-guest's ioctl (devtools/sealed_fakes/fake_sev_guest.py,
 reports signed by the test PKI playing AMD, the HOST_DATA the host launched the guest with). The
 broker is the real app (key_broker.app.create_app, its settings from its own command line), its
 start check is key_broker.workload_check, and the relying parties are the worker's
@@ -28,8 +28,6 @@ from attestation.broker_initdata import BrokerInitData
 from attestation.collateral import CollateralConfig, CollateralStore
 from attestation.errors import BrokerIdentityError
 from attestation.snp.collect import encode_cert_table
-from attestation.testing.fake_sev_guest import FakeSevGuest
-from attestation.testing.platform import SNP_MEASUREMENT, FakePlatform
 from attestation.verifier import VerifierTrust
 from enclave_worker.settings import WorkerSettings
 from key_broker.__main__ import parse, settings_from
@@ -37,6 +35,8 @@ from key_broker.app import create_app
 from key_broker.workload_check import broker_init_data_for, check_broker_workload
 from protocol.broker.errors import BrokerNotAuthenticated
 from sealed_client.broker_pin import BrokerPin, attested_broker_jwks
+from sealed_fakes.fake_sev_guest import FakeSevGuest
+from sealed_fakes.platform import SNP_MEASUREMENT, FakePlatform
 
 NOW = dt.datetime.now(dt.UTC)
 IMAGE = "registry.example.com/sealed/broker@sha256:" + "bc" * 32

@@ -1,5 +1,5 @@
 """The default local key store: KEKs encrypted at rest under the master key, 0600 files, crash-safe
-writes, the master key from env or file."""
+writes."""
 
 from __future__ import annotations
 
@@ -11,22 +11,9 @@ from pathlib import Path
 import pytest
 
 from key_broker.errors import KeyStoreError, TenantKeyRevoked
-from key_broker.keystore import MASTER_KEY_ENV, DataKeyRegistry, LocalKeyStore, load_master_key
+from key_broker.keystore import DataKeyRegistry, LocalKeyStore
 from protocol.fsutil import atomic_write
 from protocol.model_ref import ModelRef
-
-
-def test_master_key_from_env_or_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    key = secrets.token_bytes(32)
-    monkeypatch.setenv(MASTER_KEY_ENV, key.hex())
-    assert load_master_key(tmp_path / "unused") == key
-    monkeypatch.setenv(MASTER_KEY_ENV, "not hex")
-    with pytest.raises(KeyStoreError):
-        load_master_key(None)
-    monkeypatch.delenv(MASTER_KEY_ENV)
-    created = load_master_key(tmp_path / "master.key")
-    assert len(created) == 32 and (tmp_path / "master.key").stat().st_mode & 0o777 == 0o600
-    assert load_master_key(tmp_path / "master.key") == created
 
 
 def test_keks_are_encrypted_at_rest_and_files_are_private(tmp_path: Path) -> None:

@@ -23,12 +23,12 @@ from attestation import nvgpu, snp
 from attestation.bundle import EvidenceBundle, GpuEvidence, RuntimeData, check_binding, expected_report_data
 from attestation.errors import FreshnessError, UnsupportedError
 from attestation.snp.tcb import POLICY_DEBUG, Product
-from attestation.testing import nvgpu_pki as gpu_pki
-from attestation.testing.snp_pki import AmdTestPki, generate_keys, make_pki, sign_report, template_report
 from attestation.verifier import AttestationResult
 from protocol.broker.errors import BrokerRefused
 from protocol.model_ref import ModelRef
 from protocol.package.signing import signer_identity
+from sealed_fakes import nvgpu_pki as gpu_pki
+from sealed_fakes.snp_pki import AmdTestPki, generate_keys, make_pki, sign_report, template_report
 
 Harness = Any
 MEASUREMENT = bytes(range(48))

@@ -20,8 +20,8 @@ import httpx
 
 from api.home import ed25519_key
 from api.stack import DEMO_ADMIN_KEY_ID, DEMO_MODEL, DEMO_TENANT
-from attestation.testing.platform import SNP_MEASUREMENT, TDX_MR_TD
 from policy.release_documents import sign_release_policy
+from sealed_fakes.platform import SNP_MEASUREMENT, TDX_MR_TD
 from tests.api.test_fake_tee_stack import audit_records, chat
 from tests.security import test_operator_attacks as attacks
 from tests.security.test_operator_attacks import Live

@@ -21,9 +21,9 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from attestation.bundle import EvidenceBundle, RuntimeData, channel_binding, expected_report_data
-from attestation.testing.platform import SNP_MEASUREMENT, FakePlatform
 from protocol.broker.client import ReleasedKey, WorkerIdentity, obtain_data_key
 from protocol.model_ref import ModelRef
+from sealed_fakes.platform import SNP_MEASUREMENT, FakePlatform
 from tests.key_broker.conftest import MEASUREMENT, SIGNER, Clock, Harness
 from tests.security.test_leases import renew, signed_body
 

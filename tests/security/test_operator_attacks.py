@@ -1,7 +1,7 @@
 """The operator attacks a sealed-mode client, live (issue #32, client side).
 
 The stack runs on the fake-TEE harness: the worker attests as SEV-SNP through the fake kernel
-interface, the test PKI (attestation/testing) plays AMD, and the real broker, gateway and worker run
+interface, the test PKI (devtools/sealed_fakes) plays AMD, and the real broker, gateway and worker run
 as `sealed up` runs them. The operator holds everything else: every file of the data directory (the
 broker's token-signing key among them) and a proxy in front of the gateway, through which the client
 talks. Each attack is refused with a typed error before the canary leaves the client, and the
@@ -36,7 +36,6 @@ from api.home import Home
 from api.stack import DEMO_ADMIN_KEY_ID, DEMO_MODEL, DEMO_TENANT, DEMO_VERSION, Stack, prepare_demo
 from attestation.bundle import EvidenceBundle, RuntimeData, channel_binding, expected_report_data
 from attestation.errors import FreshnessError, PolicyViolation
-from attestation.testing.platform import SNP_MEASUREMENT, FakePlatform
 from attestation.token import TokenIssuer
 from key_broker.policies import PolicyStore
 from protocol.model_ref import ModelRef
@@ -45,6 +44,7 @@ from protocol.sealed.http import HEADER_KEY_ID, HEADER_MODEL
 from sealed_bench.gpu_models import random_checkpoint
 from sealed_client import AsyncSealedOpenAI, ClientTrust, SealedOpenAI
 from sealed_client.proxy import create_proxy_app
+from sealed_fakes.platform import SNP_MEASUREMENT, FakePlatform
 from tests.api.test_fake_tee_stack import Env, chat, put_release_policy, start
 from tests.enclave_worker.demo_package import package_for_demo
 

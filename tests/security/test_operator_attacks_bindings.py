@@ -28,7 +28,6 @@ from api.stack import DEMO_MODEL, DEMO_TENANT, DEMO_VERSION, prepare_demo
 from attestation.bundle import EvidenceBundle, RuntimeData, channel_binding, expected_report_data
 from attestation.errors import FreshnessError, UnboundClaim
 from attestation.refvalues import StaleReferenceValues, sign_reference_values
-from attestation.testing.platform import SNP_MEASUREMENT, FakePlatform
 from attestation.workload import WorkloadClaims
 from key_broker.policies import PolicyStore
 from protocol.model_ref import ModelRef
@@ -36,6 +35,7 @@ from protocol.sealed import RequestRejected, WorkerKey, api_key_id
 from protocol.sealed.release_statement import ReleaseStatement, sign_release_statement
 from sealed_bench.gpu_models import random_checkpoint
 from sealed_client.errors import PinConflict
+from sealed_fakes.platform import SNP_MEASUREMENT, FakePlatform
 from tests.api.test_fake_tee_stack import Env, chat, put_release_policy, start
 from tests.enclave_worker.demo_package import package_for_demo
 from tests.security.test_operator_attacks import (

@@ -36,7 +36,6 @@ from attestation.collateral import CollateralConfig, CollateralStore
 from attestation.errors import PolicyViolation
 from attestation.initdata import InitData
 from attestation.snp.tcb import TcbVersion
-from attestation.testing.platform import SNP_MEASUREMENT, TDX_MR_TD, FakePlatform
 from attestation.verifier import VerifierTrust, verify_bundle
 from enclave_worker.cli import parse
 from enclave_worker.workload_check import MEASURED_ENV_PREFIXES, init_data_for
@@ -48,6 +47,7 @@ from protocol.broker.errors import BrokerRefused
 from protocol.exit_codes import EXIT_CONFIG_ERROR
 from protocol.model_ref import ModelRef
 from sealed_bench.gpu_models import random_checkpoint
+from sealed_fakes.platform import SNP_MEASUREMENT, TDX_MR_TD, FakePlatform
 from tests.api.test_fake_tee_stack import audit_records
 from tests.enclave_worker.demo_package import package_for_demo
 

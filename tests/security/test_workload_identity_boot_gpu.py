@@ -36,9 +36,6 @@ from attestation.bundle import EvidenceBundle, GpuEvidence, RuntimeData, expecte
 from attestation.collateral import CollateralConfig, CollateralStore
 from attestation.errors import AttestationError, PolicyViolation, RevokedError
 from attestation.tdx.eventlog import parse_cc_event_log, replay_rtmrs
-from attestation.testing.ccel import kernel_cmdline, with_kernel_cmdline
-from attestation.testing.gpu_collateral import tampered_measurements
-from attestation.testing.platform import SNP_MEASUREMENT, TDX_MR_TD, FakePlatform, gpu_report
 from attestation.verifier import VerifierTrust, verify_bundle
 from key_broker.policies import PolicyStore
 from key_broker.statefile import local_ledger
@@ -46,6 +43,9 @@ from policy.release import ReleasePolicy
 from protocol.broker.client import obtain_data_key
 from protocol.broker.errors import BrokerRefused
 from sealed_bench.gpu_models import random_checkpoint
+from sealed_fakes.ccel import kernel_cmdline, with_kernel_cmdline
+from sealed_fakes.gpu_collateral import tampered_measurements
+from sealed_fakes.platform import SNP_MEASUREMENT, TDX_MR_TD, FakePlatform, gpu_report
 from tests.api.test_fake_tee_stack import audit_records
 from tests.enclave_worker.demo_package import package_for_demo
 from tests.security.test_workload_identity import GOOD, NOW, REF

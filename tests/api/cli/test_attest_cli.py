@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from api.cli.main import build
-from attestation.testing.tampered import TamperedCase, tampered_cases
+from sealed_fakes.tampered import TamperedCase, tampered_cases
 
 MILAN_MEASUREMENT = ("b07af9620f3b839b47996422ddec6058338951d984e312115131ea82705eaf5b"
                      "6bdf8a9ece31a5a608eb0cf2e4872b01")

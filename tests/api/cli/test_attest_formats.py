@@ -8,10 +8,11 @@ import datetime as dt
 import json
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from api.cli.main import build
-from attestation.testing.platform import FakePlatform
+from sealed_fakes.platform import FakePlatform
 
 PPCIE_NONCE = "4760e30534a0621357d458b1a7936551b5dc4cd1e69718adf7ed9fb0252a537e"
 PPCIE_AT = "2025-10-01T00:00:00Z"
@@ -78,6 +79,28 @@ def test_json_has_one_type_per_field_across_tees(testvectors: Path, tmp_path: Pa
     assert {k: t for k, t in types.items() if len(t) > 1} == {}
     assert outputs["snp"]["vmpl"] == 0 and isinstance(outputs["snp"]["crl_checked"], bool)
     assert isinstance(outputs["tdx"]["quote_version"], int) and "crls_checked" not in outputs["tdx"]
+    # Booleans are JSON booleans (SNP's guest policy bit was printed as the string "false").
+    assert outputs["snp"]["migrate_ma"] is False and outputs["tdx"]["migratable"] is False
+    assert not [(tee, k) for tee, out in outputs.items() for k, v in out.items() if v in ("true", "false")]
+
+
+SNP_REPORT = ("snp", "gosevguest_milan_attestation.bin")
+
+
+@pytest.mark.parametrize(("option", "value", "says"), [
+    ("--nonce", "zz", "--nonce must be hex"),
+    ("--nonce", "abc", "--nonce must be hex"),  # an odd number of digits
+    ("--at", "yesterday", "--at must be an ISO 8601 time"),
+    ("--at", "2025-13-01", "--at must be an ISO 8601 time"),
+])
+def test_a_bad_nonce_or_time_is_one_line_not_a_traceback(testvectors: Path, option: str, value: str,
+                                                         says: str) -> None:
+    result = CliRunner().invoke(build(), ["attest", "verify", "--tee", "snp", "--evidence",
+                                          str(testvectors.joinpath(*SNP_REPORT)), option, value])
+    assert (result.exit_code == 2 and result.exception is None) or isinstance(result.exception, SystemExit)
+    assert result.output.strip() == f"sealed attest verify: {says}" + result.output.strip().split(says, 1)[1]
+    assert len(result.output.strip().splitlines()) == 1 and "Traceback" not in result.output
+    assert says in result.output and repr(value) in result.output
 
 
 def test_collateral_import_and_status(tmp_path: Path) -> None:

@@ -17,9 +17,9 @@ from api.orchestrator.agent_policy import digest, render
 from attestation.initdata import InitData
 from attestation.snp.abi import parse_report
 from attestation.tdx.abi import parse_quote
-from attestation.testing.platform import FakePlatform
 from enclave_worker.cli import parse
 from enclave_worker.workload_check import check_runs_as_declared, measured_env, process_environ
+from sealed_fakes.platform import FakePlatform
 from tests.enclave_worker.fake_tee_worker import TEST_IMAGE, launch_init_data
 
 TEMPLATE = Path(__file__).resolve().parents[3] / "deploy" / "k8s" / "base" / "worker-template.yaml"

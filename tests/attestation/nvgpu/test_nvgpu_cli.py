@@ -13,7 +13,7 @@ from attestation.cli_request import VerifyRequest
 from attestation.errors import CollateralError, FreshnessError, ParseError, PolicyViolation
 from attestation.nvgpu.cli import inspect_for_cli, verify_for_cli
 from attestation.nvgpu.collect import CollectedGpu, bundle_json
-from attestation.testing import nvgpu_pki as tp
+from sealed_fakes import nvgpu_pki as tp
 
 AT = dt.datetime(2025, 6, 1, tzinfo=dt.UTC)
 NVTRUST_NONCE = bytes.fromhex("931d8dd0add203ac3d8b4fbde75e115278eefcdceac5b87671a748f32364dfcb")

@@ -27,9 +27,9 @@ from attestation.errors import (
 from attestation.nvgpu import GpuVerifyOptions, Policy, validate, verify_gpu_list
 from attestation.nvgpu.collect import CollectedGpu, attest_and_ready, collect_gpu_evidence
 from attestation.nvgpu.verify import VerifiedGpu
-from attestation.ocsp import StaticOcspChecker
-from attestation.testing import nvgpu_pki as tp
 from attestation.x509chain import load_pem_chain
+from sealed_fakes import nvgpu_pki as tp
+from tests.attestation.nvgpu.static_ocsp import StaticOcspChecker
 
 NOW = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 FWID = bytes(range(48))

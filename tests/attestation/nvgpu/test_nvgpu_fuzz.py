@@ -15,7 +15,7 @@ from attestation.errors import AttestationError
 from attestation.nvgpu import parse_evidence
 from attestation.nvgpu.abi import GpuEvidence
 from attestation.nvgpu.rim import Rim, parse_rim
-from attestation.testing import nvgpu_pki as tp
+from sealed_fakes import nvgpu_pki as tp
 
 # Module-level seeds (Hypothesis needs them at collection): same lookup as the `testvectors` fixture.
 _DEFAULT_VECTORS = Path(__file__).resolve().parents[2] / "vectors" / "attestation"

@@ -11,7 +11,7 @@ import pytest
 
 from attestation.snp.certs import VekKind
 from attestation.snp.tcb import Product
-from attestation.testing.snp_pki import AmdTestPki, KeySet, RealVector, generate_keys, make_pki
+from sealed_fakes.snp_pki import AmdTestPki, KeySet, RealVector, generate_keys, make_pki
 
 
 def _t(*args: int) -> dt.datetime:

@@ -13,8 +13,8 @@ from attestation.cli_request import VerifyRequest
 from attestation.errors import FreshnessError, ParseError, PolicyViolation, RevokedError
 from attestation.snp.cli import inspect_for_cli, verify_for_cli
 from attestation.snp.tcb import Product
-from attestation.testing.snp_pki import EPOCH, AmdTestPki, KeySet, sign_report, template_report
 from attestation.x509chain import ROOTS_DIR
+from sealed_fakes.snp_pki import EPOCH, AmdTestPki, KeySet, sign_report, template_report
 
 # MANIFEST 1a: go-sev-guest pins 2022-09-24T01:00:00Z for this VCEK.
 MILAN_AT = dt.datetime(2022, 9, 24, 1, 0, tzinfo=dt.UTC)

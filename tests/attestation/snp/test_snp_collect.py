@@ -1,4 +1,5 @@
-"""Attester side: configfs-tsm on a fake tree, /dev/sev-guest ioctls through a fake ioctl."""
+"""Attester side: the certificate table, /dev/sev-guest ioctls through a fake ioctl (configfs-tsm:
+attestation/tsm.py, tests/attestation/tdx/test_tsm.py), and on hardware a real report."""
 
 from __future__ import annotations
 
@@ -13,18 +14,18 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives import serialization
 
-from attestation.errors import FreshnessError, ParseError, UnsupportedError
+from attestation.errors import ParseError, UnsupportedError
 from attestation.snp import encode_report, parse_report, verify_report
 from attestation.snp.collect import (
     SNP_GET_EXT_REPORT,
     SNP_GET_REPORT,
-    collect_configfs,
     collect_ioctl,
     encode_cert_table,
     parse_cert_table,
 )
 from attestation.snp.tcb import Product
-from attestation.testing.snp_pki import EPOCH, AmdTestPki, KeySet, sign_report, template_report
+from attestation.tsm import TsmReportClient
+from sealed_fakes.snp_pki import EPOCH, AmdTestPki, KeySet, sign_report, template_report
 
 DER = serialization.Encoding.DER
 
@@ -40,41 +41,6 @@ def test_cert_table_roundtrip() -> None:
     bad[20:24] = (10_000).to_bytes(4, "little")
     with pytest.raises(ParseError):
         parse_cert_table(bytes(bad))
-
-
-def _entry(base: Path, outblob: bytes, provider: str = "sev_guest") -> Path:
-    entry = base / "e"
-    entry.mkdir(parents=True)
-    (entry / "provider").write_text(provider)
-    (entry / "generation").write_text("1")
-    (entry / "outblob").write_bytes(outblob)
-    return base
-
-
-def test_configfs_errors(tmp_path: Path, test_keys: KeySet) -> None:
-    with pytest.raises(UnsupportedError, match="not available"):
-        collect_configfs(b"n", base=tmp_path / "absent")
-    with pytest.raises(FreshnessError):
-        collect_configfs(b"n" * 65, base=tmp_path)
-    raw = sign_report(template_report(3, report_data=b"x".ljust(64, b"\0")), test_keys.vek)
-    base = _entry(tmp_path / "tdx", raw, provider="tdx_guest")
-    with pytest.raises(UnsupportedError, match="tdx_guest"):
-        collect_configfs(b"x", base=base, entry="e")
-    base = _entry(tmp_path / "snp", raw)
-    ev = collect_configfs(b"x", base=base, entry="e", privlevel=1)  # short data is zero-padded
-    assert ev.certs == {} and ev.generation == 1 and (base / "e" / "privlevel").read_text() == "1"
-    with pytest.raises(FreshnessError, match="REPORT_DATA"):
-        collect_configfs(b"y", base=base, entry="e")
-
-
-def test_configfs_fresh_entry_is_created_and_removed(tmp_path: Path) -> None:
-    # On a plain directory the kernel's attribute files never appear: the entry is made, the
-    # read fails as "unsupported", and the empty entry is removed again.
-    base = tmp_path / "report"
-    base.mkdir()
-    with pytest.raises(UnsupportedError):
-        collect_configfs(b"n", base=base)
-    assert list(base.iterdir()) == []
 
 
 class FakeSevGuest:
@@ -159,11 +125,13 @@ def test_real_configfs_report() -> None:
     """On SEV-SNP hardware: a real report through configfs-tsm, verified against the pinned roots."""
     nonce = os.urandom(64)
     try:
-        ev = collect_configfs(nonce)
-    except UnsupportedError as exc:  # e.g. a TDX host running the tee suite
+        tsm = TsmReportClient().get_report(nonce)
+    except UnsupportedError as exc:
         pytest.skip(str(exc))
-    certs = list(ev.certs.values())
+    if tsm.provider != "sev_guest":  # e.g. a TDX host running the tee suite
+        pytest.skip(f"configfs-tsm provider is {tsm.provider}")
+    certs = list(parse_cert_table(tsm.auxblob or b"").values())
     if not certs:
         pytest.skip("host supplied no certificates (fetch the VCEK from KDS to verify)")
-    vr = verify_report(ev.report, certs=certs, now=dt.datetime.now(dt.UTC))
+    vr = verify_report(tsm.outblob, certs=certs, now=dt.datetime.now(dt.UTC))
     assert vr.report.report_data == nonce

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from attestation.errors import AttestationError
 from attestation.snp.abi import REPORT_SIZE, parse_report
 from attestation.snp.cli import inspect_for_cli
-from attestation.testing.snp_bench import make_cached_verifier
-from attestation.testing.snp_pki import RealVector
+from sealed_fakes.snp_bench import make_cached_verifier
+from sealed_fakes.snp_pki import RealVector
 
 
 def _exercise(data: bytes, verifiers: list[Callable[[bytes], object]]) -> None:

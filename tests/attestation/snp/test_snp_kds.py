@@ -16,7 +16,7 @@ from attestation.kds import KdsConfig, KdsFetcher, chain_path, crl_path, vcek_pa
 from attestation.snp import verify_report
 from attestation.snp.certs import VekKind
 from attestation.snp.tcb import Product, TcbVersion
-from attestation.testing.snp_pki import EPOCH, AmdTestPki, KeySet, sign_report, template_report
+from sealed_fakes.snp_pki import EPOCH, AmdTestPki, KeySet, sign_report, template_report
 
 CHIP = bytes.fromhex(
     "3ac3fe21e13fb0990eb28a802e3fb6a29483a6b0753590c951bdd3b8e53786184ca39e359669a2b76a1936776b564ea4"

@@ -25,9 +25,10 @@ from attestation.errors import (
 )
 from attestation.snp import Policy, TcbVersion, to_claims, validate, verify_report
 from attestation.snp.certs import VekKind
-from attestation.snp.collect import collect_configfs, encode_cert_table
+from attestation.snp.collect import encode_cert_table, parse_cert_table
 from attestation.snp.tcb import POLICY_DEBUG, POLICY_RESERVED_ONE, Product, SignerInfo, SigningKey
-from attestation.testing.snp_pki import EPOCH, AmdTestPki, KeySet, sign_report, template_report
+from attestation.tsm import DirectoryConfigfsFake, TsmReportClient
+from sealed_fakes.snp_pki import EPOCH, AmdTestPki, KeySet, sign_report, template_report
 
 NOW = EPOCH + dt.timedelta(days=100)
 DER = serialization.Encoding.DER
@@ -39,14 +40,16 @@ def _signer(kind: VekKind) -> int:
     return SignerInfo(author_key_en=False, mask_chip_key=False, signing_key=key).encode()
 
 
-def _fake_configfs(base: Path, outblob: bytes, certs: dict[str, bytes], provider: str = "sev_guest") -> Path:
-    entry = base / "report" / "sealed0"
-    entry.mkdir(parents=True)
-    (entry / "provider").write_text(provider + "\n")
-    (entry / "generation").write_text("2\n")
-    (entry / "outblob").write_bytes(outblob)
-    (entry / "auxblob").write_bytes(encode_cert_table(certs))
-    return base / "report"
+def _configfs(base: Path, outblob: bytes, certs: dict[str, bytes], inblobs: list[bytes]) -> TsmReportClient:
+    """The product's configfs-tsm client over a directory that plays the kernel: each write of inblob
+    (recorded in `inblobs`) yields the signed report in outblob, the host's certificates in auxblob."""
+
+    def make_report(inblob: bytes, privlevel: int) -> bytes:
+        inblobs.append(inblob)
+        return outblob
+
+    base.mkdir(parents=True)
+    return TsmReportClient(base, ops=DirectoryConfigfsFake(make_report, "sev_guest", encode_cert_table(certs)))
 
 
 CASES = [(p, v, VekKind.VCEK) for p in Product for v in (2, 3, 5)] + [
@@ -73,16 +76,15 @@ def test_collect_verify_validate_claims(
     )
     vek = pki.make_vek(rep.tcb("reported", product), rep.chip_id, kind=kind)
     mid = pki.asvk if kind is VekKind.VLEK else pki.ask
-    base = _fake_configfs(
-        tmp_path,
-        sign_report(rep, test_keys.vek),
-        {kind.value: vek.public_bytes(DER), "ask": mid.public_bytes(DER)},
-    )
-    evidence = collect_configfs(nonce, base=base, entry="sealed0")
-    assert (base / "sealed0" / "inblob").read_bytes() == nonce
-    assert set(evidence.certs) == {kind.value, "ask"}
+    inblobs: list[bytes] = []
+    client = _configfs(tmp_path / "report", sign_report(rep, test_keys.vek),
+                       {kind.value: vek.public_bytes(DER), "ask": mid.public_bytes(DER)}, inblobs)
+    tsm = client.get_report(nonce)
+    assert inblobs == [nonce] and tsm.provider == "sev_guest"
+    certs = parse_cert_table(tsm.auxblob or b"")
+    assert set(certs) == {kind.value, "ask"}
 
-    vr = verify_report(evidence.report, now=NOW, certs=list(evidence.certs.values()), roots_dir=roots_dir)
+    vr = verify_report(tsm.outblob, now=NOW, certs=list(certs.values()), roots_dir=roots_dir)
     assert vr.product is product and vr.signer is kind and vr.report.version == version
     if product is Product.TURIN:
         assert vr.reported_tcb.fmc == 1 and vr.reported_tcb.bl == 3
@@ -279,12 +281,12 @@ def test_negative(
     if ctx.get("crl_expired"):
         crls.append(pki.make_crl([], next_update=NOW - dt.timedelta(days=1), last_update=EPOCH))
     if ctx.get("crl_foreign"):
-        from attestation.testing.snp_pki import make_pki
+        from sealed_fakes.snp_pki import make_pki
 
         crls.append(make_pki(other_keys, Product.MILAN).make_crl([]))
     certs: list[bytes] = []
     if ctx.get("extra_ark"):
-        from attestation.testing.snp_pki import make_pki
+        from sealed_fakes.snp_pki import make_pki
 
         certs.append(make_pki(other_keys, Product.MILAN).ark.public_bytes(PEM))
     roots = wrong_roots_dir if ctx.get("roots") == "wrong" else roots_dir

@@ -18,8 +18,8 @@ from attestation.errors import (
 from attestation.snp import Policy, parse_report, parse_vek, to_claims, validate, verify_report
 from attestation.snp.certs import VekKind
 from attestation.snp.tcb import Product
-from attestation.testing.snp_bench import make_cached_verifier
-from attestation.testing.snp_pki import RealVector
+from sealed_fakes.snp_bench import make_cached_verifier
+from sealed_fakes.snp_pki import RealVector
 
 
 def _load(snp_dir: Path, v: RealVector) -> tuple[bytes, bytes]:

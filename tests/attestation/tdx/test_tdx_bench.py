@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from attestation.claims import TcbStatus
-from attestation.testing import tdx_bench as bench_support
 from sealed_bench.bench_attest import bench_tdx
+from sealed_fakes import tdx_bench as bench_support
 
 
 def test_synthetic_case_runs() -> None:

@@ -13,8 +13,8 @@ from attestation.cli_request import VerifyRequest
 from attestation.errors import ChainError, CollateralError, FreshnessError, PolicyViolation
 from attestation.tdx.cli import inspect_for_cli, verify_for_cli
 from attestation.tdx.verify import INTEL_ROOT_FILE
-from attestation.testing import tdx_collateral as tc
-from attestation.testing import tdx_pki as tp
+from sealed_fakes import tdx_collateral as tc
+from sealed_fakes import tdx_pki as tp
 
 NONCE = b"\x42" * 64
 

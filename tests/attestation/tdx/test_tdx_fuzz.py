@@ -15,8 +15,8 @@ from attestation.errors import AttestationError
 from attestation.tdx.abi import parse_quote
 from attestation.tdx.collateral import parse_qe_identity, parse_tcb_info, split_signed_json
 from attestation.tdx.pcs import classify_collateral
-from attestation.testing import tdx_collateral as tc
-from attestation.testing import tdx_pki as tp
+from sealed_fakes import tdx_collateral as tc
+from sealed_fakes import tdx_pki as tp
 
 FUZZ = settings(
     max_examples=10_000,

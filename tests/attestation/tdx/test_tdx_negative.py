@@ -20,8 +20,8 @@ from attestation.errors import (
     UnsupportedError,
 )
 from attestation.tdx import Collateral, Policy, TdxVerifier, VerifyOptions, validate
-from attestation.testing import tdx_collateral as tc
-from attestation.testing import tdx_pki as tp
+from sealed_fakes import tdx_collateral as tc
+from sealed_fakes import tdx_pki as tp
 
 V5 = {"version": 5, "body_type": 3, "tee_tcb_svn": bytes([6, 1, 4]) + bytes(13)}
 NONCE = bytes(range(64))

@@ -14,8 +14,8 @@ from attestation.claims import TcbStatus
 from attestation.errors import CollateralError
 from attestation.tdx import TdxVerifier, pcs
 from attestation.tdx.pcs import CollateralKind, PcsFetcher, classify_collateral, collateral_from_items
-from attestation.testing import tdx_collateral as tc
-from attestation.testing import tdx_pki as tp
+from sealed_fakes import tdx_collateral as tc
+from sealed_fakes import tdx_pki as tp
 
 
 @pytest.fixture(scope="module")

@@ -18,9 +18,9 @@ from attestation.errors import (
 )
 from attestation.tdx import Policy, TdxVerifier, VerifyOptions, parse_quote, to_claims, validate
 from attestation.tdx.collect import collect_quote
-from attestation.testing import tdx_collateral as tc
-from attestation.testing import tdx_pki as tp
 from attestation.tsm import DirectoryConfigfsFake, TsmReportClient
+from sealed_fakes import tdx_collateral as tc
+from sealed_fakes import tdx_pki as tp
 
 V5 = {"version": 5, "body_type": 3, "tee_tcb_svn": bytes([6, 1, 4]) + bytes(13)}
 NONCE = bytes(range(64))

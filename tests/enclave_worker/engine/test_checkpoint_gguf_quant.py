@@ -182,7 +182,7 @@ def test_default_gguf_native_engine_matches_the_dequantized_one(gguf_path, engin
     from enclave_worker.engine import EngineConfig, LLMEngine, SamplingParams
     from enclave_worker.engine.checkpoint import load_gguf
     from enclave_worker.engine.layers.quantized_linear import PrequantizedInt4Linear
-    from enclave_worker.engine.perplexity import perplexity
+    from tests.enclave_worker.engine.perplexity import perplexity
 
     native = LLMEngine.from_checkpoint(load_gguf(gguf_path, native=True),
                                        EngineConfig(max_num_seqs=2, kv_cache_memory_bytes=16 << 20, num_threads=1))

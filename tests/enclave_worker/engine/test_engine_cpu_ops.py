@@ -124,7 +124,7 @@ def test_rope_and_cache_refuses_a_slot_outside_the_pool_and_changes_nothing() ->
 def test_engine_on_the_cpu_kernels_matches_the_torch_ops(make_engine, h, dtype: str) -> None:
     """Same model, C++ kernels ("auto") and torch's ops ("torch"): batched greedy tokens equal in fp32;
     in bf16 the teacher-forced perplexity agrees within 1% (rounding points differ inside attention)."""
-    from enclave_worker.engine.perplexity import perplexity
+    from tests.enclave_worker.engine.perplexity import perplexity
 
     fast = make_engine(dtype=dtype, kv_cache_memory_bytes=16 << 20)
     plain = make_engine(dtype=dtype, decode_kernels="torch", kv_cache_memory_bytes=16 << 20)

@@ -116,7 +116,7 @@ def test_bf16_packed_engine_agrees_with_the_plain_bf16_engine(make_engine, h) ->
     """Same model in bf16, packed (oneDNN, the bf16 path) and the torch reference path (torch's linears
     and attention): the tied head is packed too, and a teacher-forced pass agrees within bf16 rounding
     (each path is within 1% of fp32: test_engine_quant.py; the two within 2% of each other)."""
-    from enclave_worker.engine.perplexity import perplexity
+    from tests.enclave_worker.engine.perplexity import perplexity
 
     plain = make_engine(dtype="bfloat16", decode_kernels="torch", kv_cache_memory_bytes=16 << 20)
     packed = make_engine(dtype="bfloat16", kv_cache_memory_bytes=16 << 20)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from enclave_worker.engine.perplexity import perplexity
+from tests.enclave_worker.engine.perplexity import perplexity
 
 TEXT = (
     "The Industrial Revolution began in Great Britain in the late eighteenth century. New machines for "

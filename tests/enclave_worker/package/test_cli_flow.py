@@ -60,7 +60,6 @@ def _signer_args(tmp_path: Path, method: str) -> list[str]:
                          ids=["single", "sharded", "single-model-signing"])
 def test_encrypt_seal_import_decrypt(tmp_path: Path, sharded: bool, method: str,
                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("SEALED_MASTER_KEY", raising=False)
     tensors = _hf_dir(tmp_path / "src", sharded)
     home = tmp_path / "home"
     runner, app = CliRunner(), build()

@@ -17,7 +17,6 @@ from protocol.package.format import TAG_BYTES, ad_prefix, associated_data, nonce
 from protocol.package.keywrap import (
     SealedDataKey,
     load_import_public_key,
-    load_or_create_import_key,
     open_data_key,
     public_pem,
     seal_data_key,
@@ -25,13 +24,12 @@ from protocol.package.keywrap import (
 
 
 def test_seal_and_open(pkg: Pkg, tmp_path: Path) -> None:
-    broker = load_or_create_import_key(tmp_path / "import.pem")
+    broker = X25519PrivateKey.generate()
     (tmp_path / "import.pub").write_bytes(public_pem(broker))
     sealed = seal_data_key(pkg.data_key, pkg.manifest, load_import_public_key(tmp_path / "import.pub"))
     text = sealed.to_json()
     assert pkg.data_key.hex() not in text and pkg.data_key not in text.encode()
     assert open_data_key(SealedDataKey.from_json(text), broker, pkg.manifest) == pkg.data_key
-    assert (tmp_path / "import.pem").stat().st_mode & 0o077 == 0
 
 
 @pytest.mark.parametrize("field", ["tenant", "model", "version", "key_id", "package_id"])

@@ -36,6 +36,7 @@ from sealed_bench.decode_report import bound_line, decode_figures, held_matmul_b
 from sealed_bench.decode_steps import OpTimers, StepClock
 from sealed_bench.machine_rates import copy_bandwidth_gbs, matmul_gflops
 from sealed_bench.peers import add_peer_options, vllm_binding
+from sealed_bench.processes import source_pythonpath
 
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "int8": "int8", "int4": "int4"}
 
@@ -364,7 +365,7 @@ def _codes_choices(text: str) -> list[str]:
 
 def run_worker(python: str, system: str, spec: dict, timeout: float) -> dict:
     cmd = [python, str(Path(__file__).resolve()), "--worker", system, "--spec", json.dumps(spec)]
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env = {**os.environ, "PYTHONPATH": source_pythonpath()}
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:

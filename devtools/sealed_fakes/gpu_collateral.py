@@ -22,7 +22,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509 import ocsp
 
 from attestation.nvgpu.abi import SHA384_LEN
-from attestation.testing import nvgpu_pki as gpu_pki
+from sealed_fakes import nvgpu_pki as gpu_pki
 
 MEASUREMENTS = {i: bytes([i]) * SHA384_LEN for i in range(1, 65)}  # gpu_pki.EvidenceSpec's default
 DRIVER = gpu_pki.EvidenceSpec(nonce=bytes(32)).driver

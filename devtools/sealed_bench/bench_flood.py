@@ -37,6 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from sealed_bench.processes import REPO, source_pythonpath
 from sealed_bench.rawload import Tally, plain_get, stream_once
 
 TENANTS = ("quiet", "bulk", "flood")
@@ -155,8 +156,10 @@ async def load(args: argparse.Namespace, url: str, keys: dict[str, str]) -> dict
 
 
 def _spawn(args: list[str], log: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", *args], stdout=open(log, "ab"),
-                            stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    # From the checkout (the stand-in workers are tests/api/fake_worker.py), wherever this was started.
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": source_pythonpath(os.environ.get("PYTHONPATH", ""))}
+    return subprocess.Popen([sys.executable, "-m", *args], stdout=open(log, "ab"), cwd=REPO,
+                            stderr=subprocess.STDOUT, env=env)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

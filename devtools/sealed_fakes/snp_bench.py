@@ -40,7 +40,7 @@ def make_cached_verifier(
 
 def synthetic_case(rsa_bits: int = 4096) -> tuple[Callable[[bytes], VerifiedReport], bytes]:
     """(cached verifier, signed v3 Milan report) under a freshly generated test PKI."""
-    from attestation.testing import snp_pki as testing  # test-only PKI; imported lazily so production never needs it
+    from sealed_fakes import snp_pki as testing  # test-only PKI; imported lazily so production never needs it
 
     keys = testing.generate_keys(rsa_bits)
     pki = testing.make_pki(keys, Product.MILAN)

@@ -32,10 +32,10 @@ import httpx
 
 from enclave_worker.vllm_cpu_binding import VllmCpuBinding, allowed_cpus
 from sealed_bench.peers import PeerConfig, peer_env, vllm_binding, vllm_peer
+from sealed_bench.processes import REPO, source_pythonpath
 from sealed_bench.serve_load import FreshPrompts
 from sealed_bench.vllm_side import add_vllm_options, machine, vllm_interpreter
 
-REPO = Path(__file__).resolve().parent.parent
 SERVED = "smollm2-135m-instruct"
 
 
@@ -97,7 +97,7 @@ def bench_command(python: str, url: str, tokenizer: Path, out: Path, args: argpa
 def _bench(python: str, url: str, tokenizer: Path, out: Path, args: argparse.Namespace, api_key: str,
            seed: int) -> dict:
     cmd = bench_command(python, url, tokenizer, out, args, seed)
-    env = {**os.environ, "OPENAI_API_KEY": api_key, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "OPENAI_API_KEY": api_key, "PYTHONPATH": source_pythonpath()}
     proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=3600)
     if proc.returncode != 0:
         raise RuntimeError(proc.stdout[-2000:] + proc.stderr[-2000:])
@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         plain = _plain_dir(root)
         sealed_port, plain_port = free_port(), free_port()
         env = {**os.environ, "SEALED_HOME": str(root / "home"), "SEALED_VLLM_PYTHON": python,
-               "PYTHONPATH": str(REPO)}
+               "PYTHONPATH": source_pythonpath()}
         procs.append(subprocess.Popen([sys.executable, "-m", "api.cli.main", "up", "--engine", args.engine,
                                        "--port", str(sealed_port)], env=env, cwd=REPO, start_new_session=True,
                                       stdout=open(root / "up.log", "wb"), stderr=subprocess.STDOUT))  # noqa: SIM115
@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
                                        "--served-model-name", SERVED, "--port", str(plain_port), "--dtype", "float32",
                                        "--enforce-eager", "--max-model-len", "2048", "--max-num-seqs", "16",
                                        "--kv-cache-memory-bytes", str(256 << 20), "--seed", "0"],
-                                      env=peer_env({**os.environ, "PYTHONPATH": str(REPO)}, peer), cwd=REPO,
+                                      env=peer_env({**os.environ, "PYTHONPATH": source_pythonpath()}, peer), cwd=REPO,
                                       start_new_session=True,
                                       stdout=open(root / "vllm-serve.log", "wb"), stderr=subprocess.STDOUT))  # noqa: SIM115
         _wait(f"http://127.0.0.1:{plain_port}/v1/models", procs[-1], 1200)

@@ -6,7 +6,7 @@ Here each attribute is a FIFO: the attester's ordinary open/write/read calls blo
 thread answers, exactly like the kernel's attribute handlers, so the attester runs its real code
 against it (no injected file operations). One attester process at a time, reading attributes one
 after another, as the kernel's per-entry lock serialises them. Reports come from `make_report(inblob64, privlevel)`,
-e.g. a report signed by a test PKI (`attestation.testing.platform`).
+e.g. a report signed by a test PKI (`sealed_fakes.platform`).
 
 The entry is created up front (on a real guest, init or the attester's own mkdir does it); an
 attester is pointed at it by name.

@@ -16,8 +16,8 @@ from cryptography import x509
 
 from attestation import x509chain
 from attestation.tdx.verify import INTEL_ROOT_FILE, Collateral, TdxVerifier, VerifiedQuote
-from attestation.testing import tdx_collateral as testcollateral
-from attestation.testing import tdx_pki as testpki
+from sealed_fakes import tdx_collateral as testcollateral
+from sealed_fakes import tdx_pki as testpki
 
 
 @dataclass(frozen=True)

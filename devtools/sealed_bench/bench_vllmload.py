@@ -27,13 +27,12 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from enclave_worker.vllm_cpu_binding import VllmCpuBinding, allowed_cpus
 from sealed_bench.peers import vllm_binding, vllm_peer
+from sealed_bench.processes import REPO, source_pythonpath
 from sealed_bench.vllm_side import add_vllm_options, machine, vllm_interpreter
-
-REPO = Path(__file__).resolve().parent.parent
 
 
 def _probe(python: str, mode: str, path: Path, binding: VllmCpuBinding, key_hex: str = "") -> dict[str, float]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    env = {**os.environ, "PYTHONPATH": source_pythonpath(os.environ.get("PYTHONPATH", ""))}
     # The data key goes over a pipe from this process, never in argv (which other users can read).
     spec = json.dumps({"bind": binding.bind, "reserved": binding.reserved})
     proc = subprocess.run([python, "-m", "sealed_bench.vllm_load_probe", mode, str(path), spec], input=key_hex + "\n",

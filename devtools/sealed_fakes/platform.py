@@ -32,10 +32,10 @@ from attestation.snp.tcb import (
     Product,
     TcbVersion,
 )
-from attestation.testing import nvgpu_pki as gpu_pki
-from attestation.testing import tdx_collateral as testcollateral
-from attestation.testing import tdx_pki as testpki
-from attestation.testing.snp_pki import AmdTestPki, KeySet, make_pki, sign_report, template_report
+from sealed_fakes import nvgpu_pki as gpu_pki
+from sealed_fakes import tdx_collateral as testcollateral
+from sealed_fakes import tdx_pki as testpki
+from sealed_fakes.snp_pki import AmdTestPki, KeySet, make_pki, sign_report, template_report
 
 # What the fake "hardware" measures at launch; tests put it in the release policy.
 SNP_MEASUREMENT = bytes(range(48))
@@ -132,7 +132,7 @@ class FakePlatform:
         imported into the broker's store (`collateral/`): the AMD CRL (ASK-issued, listing the
         VCEK when `revoked_vcek`) and Intel's tcbInfo, QE identity, signing chain and CRLs; with
         `revoked_gpus`, NVIDIA's too: RIMs and OCSP answers, "revoked" for those GPUs' leaves
-        (attestation/testing/gpu_collateral.py)."""
+        (devtools/sealed_fakes/gpu_collateral.py)."""
         from attestation.collateral import CollateralConfig, CollateralStore
 
         issue = now - dt.timedelta(days=1)
@@ -153,7 +153,7 @@ class FakePlatform:
         (bundle / "pck.crl").write_bytes(testcollateral.crl(pki.ca, pki.ca_key, issue=issue, days=days))
         (bundle / "root.crl").write_bytes(testcollateral.crl(pki.root, pki.root_key, issue=issue, days=days))
         if revoked_gpus is not None:
-            from attestation.testing.gpu_collateral import write_gpu_bundle
+            from sealed_fakes.gpu_collateral import write_gpu_bundle
 
             write_gpu_bundle(self.rim, self.gpus, bundle, now, revoked_gpus=revoked_gpus)
         CollateralStore(CollateralConfig(store_dir, offline=True)).import_dir(bundle)

@@ -82,8 +82,9 @@ def main(argv: list[str] | None = None) -> int:
         root = Path(tmp)
         results["write_s"] = round(write_audit(root / "audit", args.entries, args.tenants), 2)
         secret = secrets.token_urlsafe(48)
-        settings = GatewaySettings(data_dir=root / "gateway", dev=True, jwt_secret=secret,
-                                   console=ConsoleSettings(audit_dir=root / "audit"))
+        # Plain HTTP on loopback: the session cookie is Secure otherwise, and the client would not send it back.
+        console = ConsoleSettings(audit_dir=root / "audit", unsafe_plain_http_loopback=True)
+        settings = GatewaySettings(data_dir=root / "gateway", dev=True, jwt_secret=secret, console=console)
         (root / "gateway").mkdir()
         app = create_app(settings)
         for n in range(args.tenants):
@@ -101,7 +102,9 @@ def main(argv: list[str] | None = None) -> int:
         sessions = {}
         for role, tenant in (("auditor", None), ("tenant-admin", "tenant-03")):
             client = httpx.Client(base_url=url, timeout=600.0)
-            client.post("/console/login", data={"token": issue_token(secret, f"{role}@bench", role, tenant)})
+            login = client.post("/console/login", data={"token": issue_token(secret, f"{role}@bench", role, tenant)})
+            if login.status_code != 303 or not client.cookies:
+                raise SystemExit(f"console login as {role}: HTTP {login.status_code}, no session")
             sessions[role] = client
         started = time.perf_counter()
         first = sessions["auditor"].get("/console/audit")

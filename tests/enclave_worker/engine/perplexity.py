@@ -1,4 +1,5 @@
-"""Perplexity of a token sequence under an engine's model (teacher forcing, one prefill)."""
+"""Perplexity of a token sequence under an engine's model (teacher forcing, one prefill): the
+quantization tests' quality check, run on the engine's own model between its steps."""
 
 from __future__ import annotations
 
@@ -7,10 +8,10 @@ import secrets
 
 import torch
 
-from .config import SamplingParams
-from .llm_engine import LLMEngine
-from .scheduler import ScheduledSeq
-from .sequence import Sequence
+from enclave_worker.engine.config import SamplingParams
+from enclave_worker.engine.llm_engine import LLMEngine
+from enclave_worker.engine.scheduler import ScheduledSeq
+from enclave_worker.engine.sequence import Sequence
 
 
 def perplexity(engine: LLMEngine, token_ids: list[int]) -> float:

@@ -23,8 +23,6 @@ import platform
 import secrets
 import signal
 import statistics
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -41,24 +39,8 @@ from enclave_worker.keywatch import KeyLease, LeaseTiming
 from protocol.broker.client import ReleasedKey, WorkerIdentity, obtain_data_key
 from protocol.model_ref import ModelRef
 from protocol.package.signing import signer_identity
-from sealed_bench.bench_keyrelease import MEASUREMENT, _percentile, _port
-from sealed_bench.processes import wait_healthy
-
-
-def start_broker(root: Path, platform_key: Ed25519PrivateKey, admin_token: str,
-                 rate_limit: int) -> tuple[subprocess.Popen, str]:
-    pub = root / "sim.pub.pem"
-    pub.write_bytes(platform_key.public_key().public_bytes(serialization.Encoding.PEM,
-                                                           serialization.PublicFormat.SubjectPublicKeyInfo))
-    port = _port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "key_broker", "--data-dir", str(root / "broker"), "--port", str(port),
-         "--sim-platform-key", str(pub), "--rate-limit-per-minute", str(rate_limit)],
-        stdout=open(root / "broker.log", "wb"),  # noqa: SIM115 (owned by the child)
-        stderr=subprocess.STDOUT, env={**os.environ, "SEALED_BROKER_ADMIN_TOKEN": admin_token})
-    url = f"http://127.0.0.1:{port}"
-    wait_healthy(proc, url)
-    return proc, url
+from sealed_bench.bench_keyrelease import MEASUREMENT, _percentile
+from sealed_bench.processes import start_sim_broker
 
 
 def provision(url: str, admin_token: str, tenant: str) -> None:
@@ -180,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     tee = SimTee(platform_key, MEASUREMENT)
     samples: list[tuple[str, float]] = []
     with tempfile.TemporaryDirectory(prefix="bench-revocation-") as tmp:
-        proc, url = start_broker(Path(tmp), platform_key, admin_token, args.rate_limit_per_minute)
+        proc, url = start_sim_broker(Path(tmp), platform_key, admin_token, args.rate_limit_per_minute)
         flood = Flood(url, args.flood_threads, args.flood_rps)
         flood.start()
         started = time.monotonic()

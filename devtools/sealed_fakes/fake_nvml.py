@@ -3,7 +3,7 @@
 It has the surface the attester uses (nvmlInit ... nvmlSystemSetConfComputeGpusReadyState) and
 answers in one of three ways:
 * `FakeNvml.cc_on(gpus)`: GPUs in CC mode whose reports are SPDM evidence signed by a test
-  device PKI for the nonce asked (`attestation.testing.platform.GpuIdentity`);
+  device PKI for the nonce asked (`sealed_fakes.platform.GpuIdentity`);
 * `FakeNvml.replay(report, chain)`: a GPU that returns the same real captured H100 report and
   certificate chain whatever nonce is asked (the nvtrust capture in the test vectors);
 * `FakeNvml.from_capture(path)`: the recorded answers of a real H200 with CC off (CC state,

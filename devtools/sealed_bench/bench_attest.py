@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _percentiles(run: Callable[[], object], iterations: int, warmup: int = 20) -> dict[str, float]:
@@ -38,7 +38,7 @@ def _vectors() -> Path | None:
 
 
 def bench_snp(iterations: int) -> dict[str, Any]:
-    from attestation.testing import snp_bench as bench_support
+    from sealed_fakes import snp_bench as bench_support
 
     vectors = _vectors()
     if vectors is not None:
@@ -53,7 +53,7 @@ def bench_snp(iterations: int) -> dict[str, Any]:
 
 
 def bench_tdx(iterations: int) -> dict[str, Any]:
-    from attestation.testing import tdx_bench as bench_support
+    from sealed_fakes import tdx_bench as bench_support
 
     vectors = _vectors()
     case = bench_support.vector_case(vectors) if vectors is not None else bench_support.synthetic_case()

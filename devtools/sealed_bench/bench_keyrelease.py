@@ -16,10 +16,7 @@ import os
 import platform
 import secrets
 import signal
-import socket
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -36,50 +33,10 @@ from protocol.broker.client import obtain_data_key
 from protocol.broker.sealing import open_sealed, raw_public_key, release_info
 from protocol.model_ref import ModelRef
 from protocol.package.signing import signer_identity
-from sealed_bench.processes import wait_healthy
+from sealed_bench.processes import start_sim_broker
 
 MEASUREMENT = bytes(range(48))
 SCOPE = {"tenant": "bench", "model": "m", "version": "v1"}
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def start_broker(
-    root: Path, platform_key: Ed25519PrivateKey, admin_token: str
-) -> tuple[subprocess.Popen, str]:
-    pub = root / "sim.pub.pem"
-    pub.write_bytes(
-        platform_key.public_key().public_bytes(
-            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
-        )
-    )
-    port = _port()
-    env = {**os.environ, "SEALED_BROKER_ADMIN_TOKEN": admin_token}
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "key_broker",
-            "--data-dir",
-            str(root / "broker"),
-            "--port",
-            str(port),
-            "--sim-platform-key",
-            str(pub),
-            "--rate-limit-per-minute",
-            "10000000",
-        ],
-        stdout=open(root / "broker.log", "wb"),  # noqa: SIM115 (owned by the child)
-        stderr=subprocess.STDOUT,
-        env=env,
-    )
-    url = f"http://127.0.0.1:{port}"
-    wait_healthy(proc, url)
-    return proc, url
 
 
 def provision(url: str, admin_token: str) -> bytes:
@@ -190,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         )
 
     with tempfile.TemporaryDirectory(prefix="bench-keyrelease-") as tmp:
-        proc, url = start_broker(Path(tmp), platform_key, admin_token)
+        proc, url = start_sim_broker(Path(tmp), platform_key, admin_token, rate_limit_per_minute=10_000_000)
         try:
             data_key = provision(url, admin_token)
             latencies: list[float] = []

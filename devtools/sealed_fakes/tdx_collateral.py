@@ -15,7 +15,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from attestation.tdx.verify import Collateral
-from attestation.testing.tdx_pki import FMSPC, NOW, QE_MRSIGNER, SGX_COMPS, TestPki, rs_sign
+from sealed_fakes.tdx_pki import FMSPC, NOW, QE_MRSIGNER, SGX_COMPS, TestPki, rs_sign
 
 
 def _level(status: str, date: str, advisories: Sequence[str], **tcb: Any) -> dict[str, Any]:
