@@ -35,7 +35,7 @@ from api.home import ed25519_key
 from api.ports import free_port
 from enclave_worker.package.writer import write_package
 from key_broker.measurement import simulated_measurement
-from policy.release_documents import invitation_acceptance, sign_release_policy
+from policy.release_documents import invitation_acceptance, public_pem, sign_release_policy
 from protocol.broker.errors import BrokerRefused
 from protocol.package.keywrap import seal_data_key
 from tests.key_broker.conftest import MEASUREMENT, SIGNER, SIGNING_KEY, Clock, Harness
@@ -155,6 +155,17 @@ def test_the_tenant_that_answers_its_invitation_registers_its_key(served: tuple[
     result = _register(pkg, sealed_file)
     assert "data key of acme/m/v1 is at the key broker" in result.output, result.output
     assert len(kb.admin("GET", "/tenants/acme").json()["data_keys"]) == 1
+    # A rotation: the current key is checked first, then the pin names the new key.
+    new_key = tmp_path / "new-admin.pem"
+    ed25519_key(new_key)
+    rotated = CliRunner().invoke(build(), ["keys", "admin-key", "--tenant", "acme", "--new-key", str(new_key),
+                                           "--url", url, "--home", str(tmp_path / "tenant-home")])
+    assert rotated.exit_code == 0, rotated.output
+    pin = json.loads((tmp_path / "tenant-home" / "tenants" / "acme" / "broker-pin.json").read_text())
+    assert pin["policy_admin_public_key_pem"] == public_pem(ed25519_key(new_key).public_key())
+    assert "acme-admin-2" in CliRunner().invoke(build(), ["keys", "admin-key", "--tenant", "acme", "--admin-key",
+                                                           str(new_key), "--url", url, "--home",
+                                                           str(tmp_path / "tenant-home")]).output
     # A replay of the used invitation binds nothing more.
     again = invitation_acceptance("acme", Ed25519PrivateKey.generate(), "x", invitation["payload"])
     r = kb.admin("PUT", "/tenants/acme/policy-admin-key", token=kb.tenant_token("acme"), json=again)
