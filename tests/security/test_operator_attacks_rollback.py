@@ -22,10 +22,12 @@ from attestation.broker_identity import verify_broker_attestation
 from attestation.errors import BrokerIdentityError
 from enclave_worker.broker_auth import authenticate_broker, broker_trust
 from enclave_worker.settings import WorkerSettings
+from key_broker.__main__ import main
 from key_broker.errors import SealedStateError, SettingsError
 from key_broker.measurement import simulated_measurement
 from key_broker.statefile import StateTampered
 from protocol.broker.errors import BrokerNotAuthenticated
+from protocol.exit_codes import EXIT_CONFIG_ERROR
 from tests.key_broker.conftest import Clock, Harness
 
 
@@ -133,3 +135,13 @@ def test_an_initialised_broker_is_another_instance_that_pinned_parties_refuse(tm
                                       allowed_instances=[old])
     finally:
         fresh.close()
+
+
+def test_the_broker_process_refuses_to_start_without_its_anchor(stopped: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """`python -m key_broker` on the restored directory: one line, exit code 3, no server."""
+    (stopped / ANCHOR).unlink()
+    argv = ["--data-dir", str(stopped / "broker"), "--sim-platform-key", str(stopped / "sim.pub.pem"),
+            "--sim-platform-signing-key", str(stopped / "broker-platform.pem")]
+    assert main(argv) == EXIT_CONFIG_ERROR
+    assert "refusing to start: StateTampered: state anchor" in capsys.readouterr().err
