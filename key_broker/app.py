@@ -44,6 +44,7 @@ from key_broker.sealed_keys import open_broker_keys
 from key_broker.service import COMPONENT, EvidenceVerifier, KeyBrokerService
 from key_broker.settings import BrokerSettings
 from key_broker.statefile import (
+    LEDGER,
     FileAnchor,
     StateLedger,
     StateTampered,
@@ -149,6 +150,8 @@ def build_service(settings: BrokerSettings, *, clock: Callable[[], dt.datetime] 
     data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     # The broker's keys: generated inside its TEE on the first start, on disk only sealed to its measurement.
     platform = open_platform(settings)
+    if settings.init and (state_files_to_adopt(data_dir) or (data_dir / LEDGER).exists()):  # before any key is made
+        raise SettingsError(f"--init makes a fresh broker only in an empty data directory: {data_dir} holds state")
     keys = open_broker_keys(data_dir, platform, unsafe_sim_reseal=settings.unsafe_sim_reseal, init=settings.init)
     token_key, receipt_key = keys.token_key, keys.receipt_key
     keystore, ledger = build_keystore(settings, keys.master_key, instance_id(keys.instance_key.public_key()))

@@ -98,7 +98,7 @@ def test_another_instances_anchor_refuses_the_start(stopped: Path, tmp_path: Pat
 def test_only_an_explicit_init_makes_a_broker(tmp_path: Path, stopped: Path) -> None:
     with pytest.raises(SealedStateError, match="--init"):  # no keys, no init: no broker
         Harness(tmp_path / "empty", Clock(), init=False)
-    with pytest.raises(SealedStateError, match="empty data directory"):  # init over a broker
+    with pytest.raises(SettingsError, match="empty data directory"):  # init over a broker: nothing made
         Harness(stopped, Clock(), init=True)
     (stopped / "broker" / "broker-keys.sealed").unlink()  # keys gone, state files left
     with pytest.raises(SettingsError, match="empty data directory"):
