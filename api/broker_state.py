@@ -9,9 +9,11 @@ TEE protects nothing against the operator (docs/security.md). On SNP nothing out
 from __future__ import annotations
 
 from api.home import Home, ed25519_key, write_public_key
+from key_broker.attested import instance_id
 from key_broker.measurement import simulated_measurement
-from key_broker.sealed_keys import BrokerKeys, open_sim_keys_offline
+from key_broker.sealed_keys import SEALED_KEYS_FILE, BrokerKeys, open_sim_keys_offline
 from key_broker.settings import BrokerSettings
+from key_broker.statefile import local_ledger
 
 
 def broker_settings(home: Home) -> BrokerSettings:
@@ -26,8 +28,21 @@ def broker_measurement(home: Home) -> bytes:
 
 
 def local_broker_keys(home: Home) -> BrokerKeys:
-    """The broker's keys (made and sealed to the demo broker's measurement when there are none yet)."""
+    """The broker's keys. A home without them gets a fresh broker: keys made and sealed to the demo
+    broker's measurement, and its state ledger initialised with its anchor (the demo's explicit
+    initialisation, issue #46: a new instance identity). Keys present, the anchor must be too."""
     platform = ed25519_key(home.sim_key)
     if not home.sim_public_key.exists():
         write_public_key(platform, home.sim_public_key)
-    return open_sim_keys_offline(home.broker, platform, broker_measurement(home))
+    fresh = not (home.broker / SEALED_KEYS_FILE).exists()
+    keys = open_sim_keys_offline(home.broker, platform, broker_measurement(home))
+    if fresh:
+        local_ledger(home.broker, keys.master_key).initialise()
+    return keys
+
+
+def demo_broker_instance(home: Home) -> str | None:
+    """The demo broker's instance id (its attested instance key, hex), once it was initialised."""
+    if not (home.broker / SEALED_KEYS_FILE).exists():
+        return None
+    return instance_id(local_broker_keys(home).instance_key.public_key())

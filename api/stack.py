@@ -22,8 +22,9 @@ from typing import Any
 
 import httpx
 from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from api.broker_state import broker_measurement, local_broker_keys
+from api.broker_state import broker_measurement, demo_broker_instance, local_broker_keys
 from api.console_settings import loopback_host
 from api.gateway.keys import BOOTSTRAP_POLICIES, ApiKeyStore, write_bootstrap_policy
 from api.home import Home, ed25519_key, write_public_key, x25519_key
@@ -33,11 +34,12 @@ from api.ports import free_port
 from api.stack_children import on_free_ports, wait_http, worker_health
 from api.supervisor import RunLock, Supervisor
 from api.tenant_audit import decision_key_public_hex
-from api.tenant_tools import default_model_path, encrypt_model
+from api.tenant_tools import default_model_path, encrypt_model, write_pin
 from api.vllm_python import vllm_python
 from attestation.refvalues import sign_reference_values
 from enclave_worker.measurement import simulated_measurement
 from enclave_worker.settings import WorkerSettings
+from key_broker.attested import instance_id
 from key_broker.errors import KeyStoreError
 from key_broker.keystore import DataKeyRegistry, LocalKeyStore
 from key_broker.policies import PolicyStore
@@ -45,7 +47,8 @@ from key_broker.statefile import StateLedger, local_ledger
 from policy.callers import api_key_digest
 from policy.documents import sign_policy_document
 from policy.release import ReleasePolicy
-from policy.release_documents import admin_key_statement, public_pem, sign_release_policy
+from policy.release_documents import invitation_acceptance, public_pem, sign_release_policy
+from protocol.broker.tenancy import check_invitation, sign_invitation
 from protocol.fsutil import atomic_write
 from protocol.model_ref import ModelRef
 from protocol.package import read_manifest
@@ -78,6 +81,8 @@ def worker_settings(home: Home, broker_url: str, port: int, unsafe_sim_measureme
         unsafe_sim_measurement=unsafe_sim_measurement, port=port,
         policy_file=home.tenant_policy(DEMO_TENANT), policy_admin_key=home.tenant_policy_admin_public(DEMO_TENANT),
         engine=engine, broker_tee="sim", broker_measurements=(broker_measurement(home).hex(),),
+        # This broker instance (#46): a re-initialised broker (its state lost or rolled back) is refused.
+        broker_instances=tuple(i for i in [demo_broker_instance(home)] if i),
     )
 
 
@@ -89,7 +94,7 @@ def prepare_demo(home: Home, model_path: Path | None = None, log: Callable[[str]
     tenant_key = ed25519_key(home.tenant_signing_key(DEMO_TENANT))
     # The broker's sealed master key, opened with the simulated platform key: only the simulated TEE
     # lets anything outside the broker do this (docs/security.md).
-    master = local_broker_keys(home).master_key
+    master = local_broker_keys(home).master_key  # a new home: this initialises its broker (#46)
     ledger = local_ledger(home.broker, master)  # the broker refuses state files it has no record of
     keystore = LocalKeyStore(home.broker / "keystore", master, ledger)
     if not keystore.has_tenant_key(DEMO_TENANT):
@@ -174,14 +179,34 @@ def store_demo_release_policy(home: Home, ledger: StateLedger, policy: ReleasePo
     admin = ed25519_key(home.tenant_policy_admin(policy.tenant))
     store = PolicyStore(home.broker, ledger)
     if store.admin_keys.get(policy.tenant) is None:
-        store.admin_keys.apply(policy.tenant, admin_key_statement(policy.tenant, admin.public_key(), DEMO_ADMIN_KEY_ID,
-                                                                  1, admin, DEMO_ADMIN_KEY_ID))
+        answer_demo_invitation(home, store, policy.tenant, admin)
     key_id = store.admin_keys.require(policy.tenant).key_id
     path_version = store.stored_version(policy.tenant, policy.model, policy.model_version)
     if path_version is not None and policy.version <= path_version:
         policy = dataclasses.replace(policy, version=path_version + 1)
     store.put(sign_release_policy(policy, admin, key_id))
     return policy
+
+
+def answer_demo_invitation(home: Home, store: PolicyStore, tenant: str, admin: Ed25519PrivateKey) -> None:
+    """The broker's invitation for ``tenant`` (issued here with the broker's instance key, which only
+    the simulated TEE lets anything outside the broker hold), answered as the tenant would: checked
+    under the instance key, signed by the tenant's policy-admin key; and the tenant's broker pin
+    (`tenants/<tenant>/broker-pin.json`, a tenant's file) written for its CLI's checks (issue #46)."""
+    keys = local_broker_keys(home)
+    instance = instance_id(keys.instance_key.public_key())
+    now = dt.datetime.now(dt.UTC)
+    nonce, expires = store.admin_keys.invitations.issue(tenant, instance, now)
+    invitation = check_invitation(sign_invitation(keys.instance_key, tenant, nonce, expires),
+                                  instance_key=bytes.fromhex(instance), tenant=tenant, now=now)
+    store.admin_keys.apply(tenant, invitation_acceptance(tenant, admin, DEMO_ADMIN_KEY_ID, invitation), now)
+    sim_public = ed25519_key(home.sim_key).public_key().public_bytes(serialization.Encoding.Raw,
+                                                                     serialization.PublicFormat.Raw)
+    write_pin(home.root, tenant, {
+        "tenant": tenant, "broker": {"tee": "sim", "measurements": [broker_measurement(home).hex()],
+                                     "instances": [instance]},
+        "evidence": {"sim_platform_key": sim_public.hex()}, "appraisal": {"unsafe_allow_simulated_tee": True},
+        "policy_admin_public_key_pem": public_pem(admin.public_key())})
 
 
 def _secret_file(path: Path) -> Path:
@@ -292,6 +317,8 @@ def worker_args(home: Home, broker_url: str, port: int, grpc_port: int, register
             "--gateway-client-cert", str(gateway_client_cert(home)),
             "--policy-file", str(ws.policy_file), "--policy-admin-key", str(ws.policy_admin_key),
             "--engine", ws.engine]
+    for instance in ws.broker_instances:
+        args += ["--broker-instance", instance]
     for url in register_urls:
         args += ["--register-url", url]
     if unsafe_sim_measurement:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from enclave_worker.engine.checkpoint import Checkpoint, load_gguf, load_hf_dir
 from enclave_worker.engine.layers.quantized_weight import flatten as flatten_quantized
@@ -111,3 +113,20 @@ def broker_import_public_pem(broker_dir: Path) -> bytes:
     from protocol.package.keywrap import public_pem
 
     return public_pem(local_broker_keys(Home(Path(broker_dir).parent)).import_key)
+
+
+def pin_path(home: Path, tenant: str) -> Path:
+    """The tenant's broker pin (a tenant's file; api/cli/tenant_broker.py): which broker instance it
+    trusts and its own policy-admin public key."""
+    from api.home import Home
+
+    return Home(home).root / "tenants" / tenant / "broker-pin.json"
+
+
+def write_pin(home: Path, tenant: str, pin: dict[str, Any]) -> Path:
+    from protocol.fsutil import atomic_write
+
+    path = pin_path(home, tenant)
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    atomic_write(path, json.dumps(pin, indent=1, sort_keys=True).encode(), mode=0o600)
+    return path

@@ -16,6 +16,9 @@ A relying party (a worker before it trusts a key, a receipt or a lease answer; `
    names only the runtime class's firmware; the workload id names the broker. Pinned, it is
    required: a report without init-data (all zeros) or with another is refused. The simulated
    TEE has no such field: a simulated broker cannot satisfy a workload-id pin.
+5. where the relying party pins broker instances (issue #46), the identity's instance key is one of
+   them. A broker initialised afresh (`--init`: its state rolled back or lost) or a second copy of the
+   build has another instance key, generated inside it: the same measurement, refused.
 
 The result carries the broker's attested public keys: the token JWKS, the receipt key, the import key.
 """
@@ -59,7 +62,8 @@ class VerifiedBroker:
 
 def verify_broker_attestation(answer: Mapping[str, Any], *, nonce: bytes, now: dt.datetime, trust: VerifierTrust,
                               allowed_measurements: Collection[str],
-                              allowed_workload_ids: Collection[str] = ()) -> VerifiedBroker:
+                              allowed_workload_ids: Collection[str] = (),
+                              allowed_instances: Collection[str] = ()) -> VerifiedBroker:
     """The broker's identity, if its evidence verifies and binds it; else an AttestationError."""
     if not allowed_measurements:
         raise BrokerIdentityError("no key broker measurement is pinned: the broker cannot be authenticated")
@@ -89,4 +93,8 @@ def verify_broker_attestation(answer: Mapping[str, Any], *, nonce: bytes, now: d
         if workload_id not in {w.lower() for w in allowed_workload_ids}:
             raise BrokerIdentityError(f"key broker workload id {workload_id[:16]}... is not a pinned one: its "
                                       "init-data (image, arguments, configuration) is another")
+    if allowed_instances and identity.instance_id not in {i.lower() for i in allowed_instances}:
+        raise BrokerIdentityError(f"key broker instance {identity.instance_id[:16]}... is not the pinned one: a "
+                                  "fresh broker (re-initialised, its earlier state lost or rolled back) or another "
+                                  "copy of the build")
     return verified

@@ -3,7 +3,9 @@
 1. Before asking for a key: a fresh nonce to `POST /v1/broker/attestation`; the broker's evidence
    must verify and bind its identity document, and its measurement must be one the worker's MEASURED
    configuration pins (`broker_tee`, `broker_measurements`, and on SNP/TDX `broker_workload_ids`,
-   the digest of the broker's init-data its hardware reports): the tenant's release policy, which
+   the digest of the broker's init-data its hardware reports, and `broker_instances`, the instance key
+   a broker makes at its initialisation, so a re-initialised or second broker is refused): the
+   tenant's release policy, which
    admits this worker's measurement, thereby also fixes which brokers it trusts
    (attestation/broker_identity.py).
 2. After the release: the attestation token must verify under the broker's attested token key, be
@@ -91,7 +93,8 @@ def authenticate_broker(settings: WorkerSettings, client: httpx.Client,
         broker = verify_broker_attestation(answer, nonce=nonce, now=now or dt.datetime.now(dt.UTC),
                                            trust=broker_trust(settings),
                                            allowed_measurements=settings.broker_measurements,
-                                           allowed_workload_ids=settings.broker_workload_ids)
+                                           allowed_workload_ids=settings.broker_workload_ids,
+                                           allowed_instances=settings.broker_instances)
     except (AttestationError, ValueError) as exc:
         log.error("key broker NOT authenticated (%s): no key is asked for", type(exc).__name__)
         raise BrokerNotAuthenticated(f"the key broker's attestation does not verify: {exc}") from exc

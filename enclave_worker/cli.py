@@ -44,6 +44,8 @@ def _parser() -> argparse.ArgumentParser:
                         help="the key broker's TEE (measured)")
     parser.add_argument("--broker-measurement", action="append", default=[],
                         help="a key broker measurement (hex) this worker trusts (measured; repeatable)")
+    parser.add_argument("--broker-instance", action="append", default=[],
+                        help="the key broker instance key (hex, from its identity) this worker accepts (#46)")
     parser.add_argument("--broker-workload-id", action="append", default=[],
                         help="the key broker's workload id (hex: the digest of its init-data, SNP HOST_DATA / TDX "
                              "MRCONFIGID) this worker trusts (measured; repeatable; snp and tdx brokers only)")
@@ -164,6 +166,7 @@ def _settings(args: argparse.Namespace, tee: str, gpu_tee: str | None, device: s
         sim_platform_key=args.sim_platform_key,
         unsafe_sim_measurement=args.unsafe_sim_measurement, broker_tee=args.broker_tee,
         broker_measurements=tuple(args.broker_measurement), broker_workload_ids=tuple(args.broker_workload_id),
+        broker_instances=tuple(args.broker_instance),
         unsafe_unauthenticated_broker=args.unsafe_unauthenticated_broker, host=args.host, port=args.port,
         engine=args.engine, max_num_seqs=args.max_num_seqs, vllm_cpu_bind=args.vllm_cpu_bind,
         max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,

@@ -33,6 +33,10 @@ class WorkerSettings:
     # SNP HOST_DATA / TDX MRCONFIGID carries (attestation/broker_initdata.py). Pinned, it is required;
     # the simulated TEE has none. Measured, so in this worker's own init-data.
     broker_workload_ids: tuple[str, ...] = ()
+    # The broker instance(s) (the instance key its identity names, made at its initialisation; #46):
+    # a broker initialised afresh (its state lost or rolled back) or a second copy of the build has
+    # another and is refused. Measured, so the tenant's release policy fixes it too.
+    broker_instances: tuple[str, ...] = ()
     # Trust whatever answers at broker_url (tests of other parts only; measured, logs a warning).
     unsafe_unauthenticated_broker: bool = False
     host: str = "127.0.0.1"
@@ -182,7 +186,8 @@ class WorkerSettings:
         return {"tee": self.broker_tee, "measurements": sorted(m.lower() for m in self.broker_measurements),
                 # Listed only when set (measurements of workers that pin none stay as they were).
                 **({"workload_ids": sorted(w.lower() for w in self.broker_workload_ids)}
-                   if self.broker_workload_ids else {})}
+                   if self.broker_workload_ids else {}),
+                **({"instances": sorted(i.lower() for i in self.broker_instances)} if self.broker_instances else {})}
 
     def measured_config(self) -> dict[str, Any]:
         """The part of the configuration that changes what the worker does, hence its measurement."""

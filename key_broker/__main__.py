@@ -20,7 +20,7 @@ from attestation.errors import AttestationError
 from attestation.launch_env import process_environ
 from attestation.tsm import DEFAULT_BASE
 from key_broker.app import create_app
-from key_broker.errors import SettingsError
+from key_broker.errors import KeyStoreError, SettingsError
 from key_broker.settings import BrokerSettings, admin_token_hashes, vault_token_from_env
 from key_broker.workload_check import check_broker_workload
 from protocol.asgi import freeze_startup_heap, schedule_full_collections
@@ -63,6 +63,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--state-anchor", type=Path, default=None,
                         help="file keeping the state ledger's generation (default: DATA_DIR/../audit/)")
     parser.add_argument("--vault-kv-mount", default="secret", help="KV v2 mount for the state generation (vault)")
+    parser.add_argument("--init", action="store_true",
+                        help="make a fresh broker in an empty data directory: new keys and a new instance identity "
+                             "(workers and tenants pinned to an earlier one refuse it). Without it, a broker whose "
+                             "keys, state ledger or state anchor are missing or older refuses to start")
     parser.add_argument("--unsafe-adopt-state", action="store_true",
                         help="trust the state files on disk as they are (once, for a data dir from before the ledger)")
     parser.add_argument("--unsafe-dev-mode", action="store_true",
@@ -100,6 +104,7 @@ def settings_from(args: argparse.Namespace, env: dict[str, str] | None = None) -
         vault_mount=args.vault_mount, unsafe_dev_mode=args.unsafe_dev_mode,
         audit_witness=args.audit_witness, audit_anchor_url=args.audit_anchor_url,
         state_anchor=args.state_anchor, vault_kv_mount=args.vault_kv_mount, unsafe_adopt_state=args.unsafe_adopt_state,
+        init=args.init,
         init_data=args.init_data, kernel=KernelInterfaces(args.tsm_dir, args.tsm_entry, args.sev_guest_device,
                                                           args.ccel_table, args.ccel_data),
     )
@@ -119,7 +124,11 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger(__name__).info("init-data %s: arguments, environment and configuration are as declared",
                                          launched.digest_for(settings.tee).hex())
     # Held lease renewals (long polls) must not hold a stopping broker: workers simply renew again.
-    app = create_app(settings)
+    try:  # a missing, unreadable or older state anchor, keys or ledger: refuse, never start fresh (#46)
+        app = create_app(settings)
+    except (SettingsError, KeyStoreError) as exc:
+        print(f"key-broker: refusing to start: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        return EXIT_CONFIG_ERROR
     freeze_startup_heap()  # before any key is fetched: full GC passes scan only what serving creates
     schedule_full_collections()  # and run on a timer, not every few seconds under load
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning",

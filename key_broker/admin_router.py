@@ -31,8 +31,17 @@ T = "/tenants/{tenant}"
 @router.post(T + "/key", status_code=201)
 def create_tenant_key(tenant: str, who: Principal = Depends(tenant_manager),
                       admin: TenantAdmin = Depends(get_admin)) -> dict[str, Any]:
+    """The tenant's key, and the invitation (signed by this broker instance) the tenant answers with
+    its policy-admin key: it goes to the tenant out of band (issue #46)."""
     admin.create_tenant_key(who, tenant)
-    return admin.status(tenant)
+    return {**admin.status(tenant), "invitation": admin.invite(who, tenant)}
+
+
+@router.post(T + "/invitations", status_code=201)
+def invite(tenant: str, who: Principal = Depends(tenant_manager),
+           admin: TenantAdmin = Depends(get_admin)) -> dict[str, Any]:
+    """A new invitation for the tenant's first policy-admin key (an earlier one expired or was lost)."""
+    return admin.invite(who, tenant)
 
 
 @router.get(T)

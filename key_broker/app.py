@@ -22,7 +22,7 @@ from attestation.token import TokenIssuer
 from attestation.verifier import VerifierTrust
 from key_broker import admin_router
 from key_broker.attestation_router import router as broker_attestation_router
-from key_broker.attested import broker_self
+from key_broker.attested import broker_self, instance_id
 from key_broker.auth import AdminTokenStore
 from key_broker.errors import (
     Forbidden,
@@ -44,6 +44,7 @@ from key_broker.sealed_keys import open_broker_keys
 from key_broker.service import COMPONENT, EvidenceVerifier, KeyBrokerService
 from key_broker.settings import BrokerSettings
 from key_broker.statefile import (
+    LEDGER,
     FileAnchor,
     StateLedger,
     StateTampered,
@@ -86,7 +87,7 @@ def audit_anchors(witness: Path | None, anchor_url: str | None) -> list[Checkpoi
     return anchors
 
 
-def build_keystore(settings: BrokerSettings, master: bytes) -> tuple[KeyStore, StateLedger]:
+def build_keystore(settings: BrokerSettings, master: bytes, instance: str = "") -> tuple[KeyStore, StateLedger]:
     """The key store and the state ledger every store reads and writes through (docs/key-broker.md,
     "State integrity"): MACed under the master key (sealed with the broker's keys), or by a Transit
     HMAC key in Vault mode."""
@@ -98,8 +99,10 @@ def build_keystore(settings: BrokerSettings, master: bytes) -> tuple[KeyStore, S
         vault = VaultTransitKeyStore.connect(settings.vault_url, settings.vault_token,
                                              settings.data_dir / "vault-state", settings.vault_mount)
         mac = VaultStateMac(vault.client, settings.vault_mount)
-        ledger = StateLedger(settings.data_dir, mac, [FileAnchor(anchor_path, mac),
-                                                      VaultKvAnchor(vault.client, mount_point=settings.vault_kv_mount)])
+        # The Transit MAC key outlives a broker instance: the anchors name the instance too.
+        ledger = StateLedger(settings.data_dir, mac, [
+            FileAnchor(anchor_path, mac, instance),
+            VaultKvAnchor(vault.client, mount_point=settings.vault_kv_mount, instance=instance)])
         return VaultTransitKeyStore(vault.client, settings.data_dir / "vault-state", settings.vault_mount,
                                     ledger), ledger
     ledger = local_ledger(settings.data_dir, master, anchor_path)
@@ -116,14 +119,25 @@ def open_state(settings: BrokerSettings, ledger: StateLedger, audit: AuditLog) -
 
     ledger.on_tamper = audit_tamper
     existing = state_files_to_adopt(settings.data_dir)
+    if settings.init:  # a fresh broker (its keys were made just now): anchors and an empty ledger
+        if existing:
+            raise SettingsError("--init makes a fresh broker only in an empty data directory: "
+                                f"{settings.data_dir} holds state files")
+        ledger.initialise()
+        audit.append(tenant="-", action="broker-init", decision="allow", reason="init",
+                     metadata={"generation": ledger.generation})
+        return
     if settings.unsafe_adopt_state:
+        if not ledger.path.exists():
+            ledger.initialise()
         count = ledger.adopt(existing)
         log.warning("UNSAFE: adopted %d unauthenticated state files as they are on disk", count)
         audit.append(tenant="-", action="state-adopt", decision="allow", reason="unsafe_adopt_state",
                      metadata={"files": count})
-    elif existing and ledger.generation == 0:
+    elif existing and not ledger.path.exists():
         raise SettingsError("the broker's state predates the state ledger (no integrity record): check it, "
                             "then start once with --unsafe-adopt-state")
+    ledger.check_anchors()  # missing, unreadable, another instance's or older: the broker does not start
     for problem in ledger.check_all():
         log.critical("state file refused at start-up: %s", problem)
 
@@ -136,9 +150,11 @@ def build_service(settings: BrokerSettings, *, clock: Callable[[], dt.datetime] 
     data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     # The broker's keys: generated inside its TEE on the first start, on disk only sealed to its measurement.
     platform = open_platform(settings)
-    keys = open_broker_keys(data_dir, platform, unsafe_sim_reseal=settings.unsafe_sim_reseal)
+    if settings.init and (state_files_to_adopt(data_dir) or (data_dir / LEDGER).exists()):  # before any key is made
+        raise SettingsError(f"--init makes a fresh broker only in an empty data directory: {data_dir} holds state")
+    keys = open_broker_keys(data_dir, platform, unsafe_sim_reseal=settings.unsafe_sim_reseal, init=settings.init)
     token_key, receipt_key = keys.token_key, keys.receipt_key
-    keystore, ledger = build_keystore(settings, keys.master_key)
+    keystore, ledger = build_keystore(settings, keys.master_key, instance_id(keys.instance_key.public_key()))
     sim_key = None
     if settings.sim_platform_public_key is not None:
         loaded = serialization.load_pem_public_key(settings.sim_platform_public_key.read_bytes())
@@ -248,7 +264,7 @@ def create_app(settings: BrokerSettings, service: KeyBrokerService | None = None
         receipts=svc.receipts, tokens=AdminTokenStore(settings.data_dir / "admin-tokens.json",
                                                       settings.admin_token_sha256, svc.state),
         audit=svc.audit, clock=svc.clock,
-        import_key=svc.import_key)
+        import_key=svc.import_key, attested=svc.attested)
 
     tracing = tracing_from_env("key-broker")  # NoTracing unless OTEL_* asks (docs/tracing.md)
 

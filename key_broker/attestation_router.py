@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
@@ -33,3 +33,13 @@ async def broker_attestation(body: BrokerAttestationRequest, service: KeyBrokerS
         return JSONResponse(status_code=503, content={"error": {"type": "unavailable",
                                                                 "message": "attestation unavailable"}})
     return BrokerAttestationResponse(**answer)
+
+
+@router.post("/v1/broker/tenants/{tenant}/governing-key")
+def governing_key(tenant: str, body: BrokerAttestationRequest, request: Request,
+                  service: KeyBrokerService = Depends(get_service), client: str = Depends(client_address)) -> Any:
+    """Which policy-admin key governs ``tenant`` at this broker instance, signed by its attested
+    instance key over the caller's nonce (public: it discloses a public key). The tenant's CLI
+    checks it before it sends a data key, a policy or a registration (protocol/broker/tenancy.py)."""
+    service.check_rate("governing-key", client)
+    return request.app.state.admin.governing_key(tenant, body.nonce)

@@ -1,16 +1,19 @@
 """The tenant's policy-admin key as the broker knows it: the only authority over what releases the
 tenant's keys (release policies are signed with it; policy/release_documents.py).
 
-Registered once per tenant by a statement the key signs itself (version 1); replaced only by a
-statement signed with the current key (version + 1). No operator credential can write it: the
-admin API accepts the first registration from the tenant's own tenant-admin token, and every later
-change needs the current key's signature. Kept in ``policy-admin/<tenant>.json`` through the state
-ledger, with every key the tenant ever registered (a policy signed before a rotation still
-verifies when it is read; new policies must be signed by the current key).
+Registered once per tenant by a statement the key signs itself (version 1) answering an invitation
+the broker issued for the tenant (key_broker/invitations.py: its nonce, unexpired, unused, naming
+this broker instance; no trust on first use, issue #46); replaced only by a statement signed with
+the current key (version + 1). Whoever answers an invitation first binds the key, so the tenant's
+CLI checks the attested governing-key answer (protocol/broker/tenancy.py) before it sends anything.
+Kept in ``policy-admin/<tenant>.json`` through the state ledger, with every key the tenant ever
+registered (a policy signed before a rotation still verifies when it is read; new policies must be
+signed by the current key).
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import threading
 from collections.abc import Mapping
@@ -21,11 +24,17 @@ from typing import Any
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from key_broker.errors import KeyBrokerError, PolicyUnsigned
+from key_broker.invitations import InvitationBook
 from key_broker.names import check_name
 from key_broker.statefile import StateFiles, UnsafePlainFiles
 from policy.documents import check_envelope_signature, envelope_parts
 from policy.errors import PolicyInvalid
-from policy.release_documents import ADMIN_KEY_DOMAIN, ADMIN_KEY_FIELDS, load_admin_public_key
+from policy.release_documents import (
+    ADMIN_KEY_ACCEPT_FIELDS,
+    ADMIN_KEY_DOMAIN,
+    ADMIN_KEY_FIELDS,
+    load_admin_public_key,
+)
 
 DIRECTORY = "policy-admin"
 
@@ -50,8 +59,9 @@ def _statement(envelope: Any, tenant: str) -> tuple[dict[str, Any], str]:
         payload, signer_id = envelope_parts(envelope)
     except PolicyInvalid as exc:
         raise PolicyUnsigned(f"key statement refused: {exc}") from exc
-    if set(payload) != ADMIN_KEY_FIELDS:
-        raise PolicyUnsigned("key statement must name exactly tenant, key_id, public_key_pem, version")
+    if set(payload) not in (ADMIN_KEY_FIELDS, ADMIN_KEY_ACCEPT_FIELDS):
+        raise PolicyUnsigned("key statement must name exactly tenant, key_id, public_key_pem, version (and, for a "
+                             "first key, the invitation and broker_instance it answers)")
     if payload["tenant"] != tenant:
         raise PolicyUnsigned("key statement names another tenant")
     version = payload["version"]
@@ -64,10 +74,11 @@ def _statement(envelope: Any, tenant: str) -> tuple[dict[str, Any], str]:
 
 
 class PolicyAdminKeys:
-    def __init__(self, root: Path, files: StateFiles | None = None) -> None:
+    def __init__(self, root: Path, files: StateFiles | None = None, invitations: InvitationBook | None = None) -> None:
         self._root = root
         self._files = files if files is not None else UnsafePlainFiles(root)
         self._lock = threading.Lock()
+        self.invitations = invitations if invitations is not None else InvitationBook(root, self._files)
 
     def _path(self, tenant: str) -> Path:
         return self._root / DIRECTORY / f"{check_name(tenant, 'tenant')}.json"
@@ -89,9 +100,10 @@ class PolicyAdminKeys:
             raise PolicyUnsigned(f"tenant {tenant} has registered no policy-admin key")
         return record
 
-    def apply(self, tenant: str, envelope: Any) -> AdminKeyRecord:
-        """Register the first key (self-signed, version 1) or rotate (signed by the current key,
-        version current + 1). Raises PolicyUnsigned and changes nothing otherwise."""
+    def apply(self, tenant: str, envelope: Any, now: dt.datetime | None = None) -> AdminKeyRecord:
+        """Register the first key (self-signed, version 1, answering an invitation issued here) or
+        rotate (signed by the current key, version current + 1). Raises PolicyUnsigned and changes
+        nothing otherwise (a refused acceptance leaves its invitation unused)."""
         payload, signer_id = _statement(envelope, tenant)
         try:
             new_key = load_admin_public_key(payload["public_key_pem"])
@@ -102,14 +114,22 @@ class PolicyAdminKeys:
             if current is None:
                 if payload["version"] != 1 or signer_id != payload["key_id"]:
                     raise PolicyUnsigned("a first policy-admin key is version 1, signed by itself")
+                if set(payload) != ADMIN_KEY_ACCEPT_FIELDS:
+                    raise PolicyUnsigned("a first policy-admin key must answer an invitation of this broker "
+                                         "(no trust on first use): the operator's create-tenant call returns one")
                 signer = new_key
                 keys: dict[str, str] = {}
             else:
+                if set(payload) == ADMIN_KEY_ACCEPT_FIELDS:
+                    raise PolicyUnsigned(f"the invitation was used already: a policy-admin key governs {tenant} (if "
+                                         "it is not the tenant's, someone else answered the invitation)")
                 if payload["version"] != current.version + 1:
                     raise PolicyUnsigned(f"key statement version {payload['version']} is not "
                                          f"{current.version + 1}")
                 if signer_id != current.key_id:
                     raise PolicyUnsigned("a key rotation must be signed by the current policy-admin key")
+                if set(payload) != ADMIN_KEY_FIELDS:
+                    raise PolicyUnsigned("a rotation answers no invitation")
                 if payload["key_id"] in current.keys:
                     raise PolicyUnsigned("a rotation names a key id that was used before")
                 signer = current.current()
@@ -118,6 +138,9 @@ class PolicyAdminKeys:
                 check_envelope_signature(envelope, signer, ADMIN_KEY_DOMAIN)
             except PolicyInvalid as exc:
                 raise PolicyUnsigned(f"key statement refused: {exc}") from exc
+            if current is None:  # signed by the key it binds: now spend the invitation
+                self.invitations.redeem(tenant, payload["invitation"], payload["broker_instance"],
+                                        now or dt.datetime.now(dt.UTC))
             keys[payload["key_id"]] = payload["public_key_pem"]
             record = AdminKeyRecord(tenant, payload["version"], payload["key_id"], keys)
             self._files.write(self._path(tenant), json.dumps(

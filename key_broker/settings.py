@@ -72,6 +72,9 @@ class BrokerSettings:
     vault_kv_mount: str = "secret"
     # Trust the state files on disk as they are, once (a data directory from before the ledger).
     unsafe_adopt_state: bool = False
+    # Make a fresh broker (new keys, so a new attested instance identity) in an empty data directory.
+    # Without it a broker whose keys, ledger or state anchor are missing refuses to start (#46).
+    init: bool = False
     audit_anchor_url: str | None = None
     # Accept placeholder secrets (example master keys, short admin tokens, Vault dev tokens).
     unsafe_dev_mode: bool = False

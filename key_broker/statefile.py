@@ -16,11 +16,15 @@ Every refusal is logged at CRITICAL and reported to ``on_tamper`` (the broker au
 the operation fails: nothing is released from a state the broker cannot vouch for.
 
 Anchors keep the high-water mark of the generation outside the data directory: a MACed file in
-another directory (default: the audit directory) and, in Vault mode, a KV entry in OpenBao. What a
-local-disk attacker can still do: not forge MACs (the MAC key is the broker's master key, sealed to
-its TEE's measurement, docs/security.md; on the simulated TEE the platform key file unseals it);
-rolling back the data directory *and* the anchor file together is caught only by the Vault anchor;
-deleting files denies service (refused, never released).
+another directory (default: the audit directory) and, in Vault mode, a KV entry in OpenBao. They fail
+closed (issue #46): a missing, unreadable or older anchor refuses the ledger, so the broker does not
+start; only an explicit initialisation (``StateLedger.initialise``: ``python -m key_broker --init``
+in an empty data directory, or `sealed up` on a new home) makes anchors, and it comes with new broker
+keys, so a new attested instance identity that workers and tenants pinned to the old one refuse.
+In Vault mode the anchors also name the broker instance (the Transit MAC key outlives instances). What
+a local-disk attacker can still do: rolling back the data directory *and* every anchor together
+(the file and, in Vault mode, the KV entry) to one consistent older copy is not detected here;
+deleting files denies service (refused, never released). docs/key-broker.md, "State integrity".
 """
 
 from __future__ import annotations
@@ -101,59 +105,95 @@ class VaultStateMac:
 
 
 class GenerationAnchor(Protocol):
-    """Keeps the ledger's highest generation somewhere the data directory's attacker may not reach."""
+    """Keeps the ledger's highest generation somewhere the data directory's attacker may not reach.
+    ``read`` raises StateTampered when the anchor is missing, unreadable or another instance's."""
 
     def read(self) -> int: ...
     def advance(self, generation: int) -> None: ...
+    def initialise(self) -> None: ...
 
 
 class FileAnchor:
-    """A MACed high-water mark in a file outside the data directory."""
+    """A MACed high-water mark in a file outside the data directory. ``instance`` (Vault mode, where
+    the MAC key outlives a broker instance) is bound into the MAC; locally the MAC key is the
+    instance's own (derived from its sealed master key)."""
 
-    def __init__(self, path: Path, mac: StateMac) -> None:
+    def __init__(self, path: Path, mac: StateMac, instance: str = "") -> None:
         self.path = Path(path)
         self._mac = mac
+        self._instance = instance
+
+    def _body(self, generation: int) -> bytes:
+        bound = self._instance.encode() + b"\x00" if self._instance else b""
+        return _ANCHOR_DOMAIN + bound + str(generation).encode()
 
     def read(self) -> int:
         try:
             doc = json.loads(self.path.read_text())
             generation = int(doc["generation"])
-            if not self._mac.verify(_ANCHOR_DOMAIN + str(generation).encode(), str(doc["mac"])):
-                raise StateTampered(f"state anchor {self.path.name} does not authenticate")
+            if not self._mac.verify(self._body(generation), str(doc["mac"])):
+                raise StateTampered(f"state anchor {self.path.name} does not authenticate (another broker "
+                                    "instance's, or edited)")
         except FileNotFoundError:
-            return 0
-        except (ValueError, KeyError, TypeError) as exc:
+            raise StateTampered(f"state anchor {self.path.name} is missing: a broker with state starts only "
+                                "with its anchor (restore it; or start a fresh broker, with a new identity, "
+                                "with --init in an empty data directory)") from None
+        except (ValueError, KeyError, TypeError, OSError) as exc:
             raise StateTampered(f"state anchor {self.path.name} unreadable") from exc
         return generation
 
     def advance(self, generation: int) -> None:
         if generation > self.read():
-            tag = self._mac.mac(_ANCHOR_DOMAIN + str(generation).encode())
-            atomic_write(self.path, _canonical({"generation": generation, "mac": tag}))
+            self._write(generation)
+
+    def _write(self, generation: int) -> None:
+        atomic_write(self.path, _canonical({"generation": generation, "mac": self._mac.mac(self._body(generation))}))
+
+    def initialise(self) -> None:
+        if self.path.exists():  # another instance's: meaningless for the new one (its MAC no longer verifies)
+            log.warning("initialising a fresh broker: replacing the state anchor %s of an earlier one", self.path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._write(0)
 
 
 class VaultKvAnchor:
-    """The high-water mark as an OpenBao/Vault KV v2 secret (check-and-set, so it only moves forward)."""
+    """The high-water mark as an OpenBao/Vault KV v2 secret (check-and-set, so it only moves forward),
+    naming the broker instance it belongs to."""
 
-    def __init__(self, client: Any, path: str = "sealed-broker/state-generation", mount_point: str = "secret") -> None:
+    def __init__(self, client: Any, path: str = "sealed-broker/state-generation", mount_point: str = "secret",
+                 instance: str = "") -> None:
         self._kv = client.secrets.kv.v2
-        self._path, self._mount = path, mount_point
+        self._path, self._mount, self._instance = path, mount_point, instance
 
-    def _current(self) -> tuple[int, int]:
+    def _current(self) -> tuple[int, int, str] | None:
         try:
             out = self._kv.read_secret_version(self._path, mount_point=self._mount, raise_on_deleted_version=True)
         except Exception:
-            return 0, 0
-        return int(out["data"]["data"]["generation"]), int(out["data"]["metadata"]["version"])
+            return None
+        data = out["data"]["data"]
+        return int(data["generation"]), int(out["data"]["metadata"]["version"]), str(data.get("instance", ""))
 
     def read(self) -> int:
-        return self._current()[0]
+        current = self._current()
+        if current is None:
+            raise StateTampered(f"the Vault state anchor {self._path} is missing: a broker with state starts only "
+                                "with its anchor (or start a fresh broker with --init)")
+        if current[2] != self._instance:
+            raise StateTampered(f"the Vault state anchor {self._path} belongs to another broker instance")
+        return current[0]
 
     def advance(self, generation: int) -> None:
-        current, version = self._current()
-        if generation > current:
-            self._kv.create_or_update_secret(self._path, secret={"generation": generation}, cas=version,
-                                             mount_point=self._mount)
+        current = self._current()
+        if current is None:
+            raise StateTampered(f"the Vault state anchor {self._path} is missing")
+        if generation > current[0]:
+            self._kv.create_or_update_secret(self._path, secret={"generation": generation, "instance": self._instance},
+                                             cas=current[1], mount_point=self._mount)
+
+    def initialise(self) -> None:
+        current = self._current()
+        self._kv.create_or_update_secret(self._path, secret={"generation": 0, "instance": self._instance},
+                                         cas=0 if current is None else current[1], mount_point=self._mount)
 
 
 class StateLedger:
@@ -220,6 +260,28 @@ class StateLedger:
                 raise self._tamper(LEDGER, f"generation {generation} is older than {floor} (rolled back)")
             self._high, self._ident, self._doc = generation, ident, doc
             return doc
+
+    def initialise(self) -> None:
+        """A fresh broker's ledger: its anchors at generation 0, then an empty ledger (generation 1).
+        Refused where a ledger exists (it belongs to another broker instance)."""
+        with self._lock:
+            if self.path.exists():
+                raise StateTampered(f"{LEDGER} exists: a fresh broker is initialised only in an empty data directory")
+            self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+            for anchor in self._anchors:
+                anchor.initialise()
+            self._save({"generation": 0, "files": {}, "pending": {}})
+
+    def check_anchors(self) -> None:
+        """At start: every anchor authenticates, names this instance and is not behind the ledger by
+        more than a crash between the ledger's write and the anchor's leaves (one generation); an
+        anchor put back from an older copy would let a later rollback to that copy pass."""
+        generation = int(self._load(force=True)["generation"])
+        for anchor in self._anchors:
+            held = anchor.read()
+            if held < generation - 1:
+                raise self._tamper(LEDGER, f"a state anchor holds generation {held}, older than the ledger's "
+                                   f"{generation} (put back from an older copy)")
 
     def _save(self, doc: dict[str, Any]) -> None:
         doc["generation"] = int(doc["generation"]) + 1
@@ -326,7 +388,8 @@ def state_files_to_adopt(data_dir: Path) -> list[Path]:
     """The files a StateLedger protects in a broker data directory (for ``adopt``)."""
     d = Path(data_dir)
     return sorted([*d.glob("keystore/tenants/*/kek.json"), *d.glob("keystore/datakeys/*/*/*.json"),
-                   *d.glob("policies/*/*.json"), *d.glob("policy-admin/*.json"), *d.glob("refvals/*/keys/*.pem"),
+                   *d.glob("policies/*/*.json"), *d.glob("policy-admin/*.json"),
+                   *d.glob("invitations/*.json"), *d.glob("refvals/*/keys/*.pem"),
                    *d.glob("refvals/*/docs/*.json"),
                    *d.glob("vault-state/revoked/*"), *[p for p in [d / "admin-tokens.json"] if p.exists()]])
 
@@ -345,7 +408,7 @@ def local_ledger(data_dir: Path, master_key: bytes, anchor: Path | None = None) 
 def tenant_of(rel: str) -> str:
     """The tenant a state file belongs to (for the audit entry of a refusal), or "-"."""
     parts = rel.split("/")
-    if parts[0] == "policy-admin" and len(parts) == 2:
+    if parts[0] in ("policy-admin", "invitations") and len(parts) == 2:
         return parts[1].removesuffix(".json")
     for prefix, index in ((("keystore", "tenants"), 2), (("keystore", "datakeys"), 2), (("policies",), 1),
                           (("refvals",), 1), (("vault-state", "revoked"), 2)):

@@ -17,6 +17,7 @@ from typing import Any
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from key_broker.admin_schemas import DataKeyUpload
+from key_broker.attested import BrokerSelf
 from key_broker.auth import AdminTokenStore, Principal
 from key_broker.errors import KeyBrokerError, KeyStoreError, PolicyUnsigned
 from key_broker.keystore import DataKeyRecord, DataKeyRegistry, KeyStore
@@ -29,6 +30,7 @@ from policy.audit import AuditLog
 from policy.audit.entry import bounded_reason
 from policy.errors import PolicyInvalid
 from policy.release_documents import REFVAL_KEY_DOMAIN, REFVAL_KEY_FIELDS
+from protocol.broker.tenancy import sign_governing_key, sign_invitation
 from protocol.model_ref import ModelRef
 from protocol.package import PackageError, read_manifest
 from protocol.package.format import manifest_names
@@ -51,8 +53,10 @@ class RotationResult:
 class TenantAdmin:
     def __init__(self, *, keystore: KeyStore, datakeys: DataKeyRegistry, policies: PolicyStore,
                  refvals: ReferenceValuesStore, receipts: ReceiptBook, tokens: AdminTokenStore,
-                 audit: AuditLog, clock: Callable[[], dt.datetime], import_key: X25519PrivateKey) -> None:
+                 audit: AuditLog, clock: Callable[[], dt.datetime], import_key: X25519PrivateKey,
+                 attested: BrokerSelf | None = None) -> None:
         self.import_key = import_key  # tenants seal data keys to its public half (GET /v1/import-key)
+        self.attested = attested  # its instance key signs invitations and governing-key answers
         self.keystore = keystore
         self.datakeys = datakeys
         self.policies = policies
@@ -78,6 +82,29 @@ class TenantAdmin:
             raise Conflict(f"tenant {tenant} already has a key")
         self.keystore.create_tenant_key(tenant)
         self._log(who, tenant, "tenant-key-create")
+
+    def _instance(self) -> BrokerSelf:
+        if self.attested is None:
+            raise KeyStoreError("this broker has no attested instance identity")
+        return self.attested
+
+    def invite(self, who: Principal, tenant: str) -> dict[str, Any]:
+        """An invitation for the tenant's first policy-admin key (signed by this broker instance). Its
+        nonce is spent by the first acceptance; the tenant's CLI checks whose key that was."""
+        check_name(tenant, "tenant")
+        attested = self._instance()
+        if self.policies.admin_keys.get(tenant) is not None:
+            raise Conflict(f"a policy-admin key governs {tenant} already (rotations are signed by it)")
+        nonce, expires = self.policies.admin_keys.invitations.issue(tenant, attested.identity.instance_id,
+                                                                    self._clock())
+        self._log(who, tenant, "tenant-invite", nonce=nonce[:16])
+        return sign_invitation(attested.instance_key, tenant, nonce, expires)
+
+    def governing_key(self, tenant: str, nonce: str) -> dict[str, Any]:
+        """The attested answer of which policy-admin key governs ``tenant`` here, for ``nonce``."""
+        record = self.policies.admin_keys.get(check_name(tenant, "tenant"))
+        return sign_governing_key(self._instance().instance_key, tenant, nonce,
+                                  record.public() if record is not None else None)
 
     def rotate(self, who: Principal, tenant: str) -> RotationResult:
         """New KEK version, every data key re-wrapped under it, then older versions retired. A
@@ -158,7 +185,7 @@ class TenantAdmin:
         """Register the tenant's policy-admin key (self-signed, by the tenant's own token) or
         rotate it (signed by the current key). Refusals are audited."""
         try:
-            record = self.policies.admin_keys.apply(tenant, envelope)
+            record = self.policies.admin_keys.apply(tenant, envelope, self._clock())
         except KeyBrokerError as exc:
             self.refused(who, tenant, "policy-admin-key", exc)
             raise

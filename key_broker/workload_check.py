@@ -37,8 +37,13 @@ UNMEASURED_OPTIONS = BROKER_UNMEASURED_OPTIONS
 UNMEASURED_ENV = BROKER_UNMEASURED_ENV
 
 
+# `--init` (a fresh broker: new keys, a new instance identity that pinned parties refuse) changes no
+# code or configuration: the same init-data starts the first run and every later one.
+UNMEASURED_FLAGS = frozenset({"--init"})
+
+
 def measured_argv(argv: Sequence[str]) -> tuple[str, ...]:
-    return _measured_argv(argv, UNMEASURED_OPTIONS)
+    return _measured_argv([a for a in argv if a not in UNMEASURED_FLAGS], UNMEASURED_OPTIONS)
 
 
 def measured_env(environ: Mapping[str, str]) -> dict[str, str]:

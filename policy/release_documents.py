@@ -30,6 +30,9 @@ RELEASE_DOMAIN = b"sealed-release-policy-v1\x00"
 ADMIN_KEY_DOMAIN = b"sealed-policy-admin-key-v1\x00"
 REFERENCE_KEY = "reference_values"
 ADMIN_KEY_FIELDS = frozenset({"tenant", "key_id", "public_key_pem", "version"})
+# A first key answers the broker's invitation (issue #46): it names the invitation's nonce and the
+# broker instance, so the binding is made once, at that broker, and never replayed elsewhere.
+ADMIN_KEY_ACCEPT_FIELDS = ADMIN_KEY_FIELDS | {"invitation", "broker_instance"}
 REFVAL_KEY_DOMAIN = b"sealed-refval-key-v1\x00"
 REFVAL_KEY_FIELDS = frozenset({"tenant", "key_id", "public_key_pem"})
 
@@ -60,6 +63,15 @@ def admin_key_statement(tenant: str, new_key: Ed25519PublicKey, new_key_id: str,
     """Register (version 1, ``signer`` is the new key) or rotate to ``new_key`` (signed by the current)."""
     payload = {"tenant": tenant, "key_id": new_key_id, "public_key_pem": public_pem(new_key), "version": version}
     return sign_envelope(payload, signer, signer_key_id, ADMIN_KEY_DOMAIN)
+
+
+def invitation_acceptance(tenant: str, key: Ed25519PrivateKey, key_id: str, invitation: Mapping[str, Any]
+                          ) -> dict[str, Any]:
+    """The tenant's first policy-admin key (version 1), signed by itself, answering ``invitation``
+    (its payload: nonce and broker instance, checked by the caller: protocol/broker/tenancy.py)."""
+    payload = {"tenant": tenant, "key_id": key_id, "public_key_pem": public_pem(key.public_key()), "version": 1,
+               "invitation": str(invitation["nonce"]), "broker_instance": str(invitation["broker_instance"])}
+    return sign_envelope(payload, key, key_id, ADMIN_KEY_DOMAIN)
 
 
 def refval_key_statement(tenant: str, key_id: str, refval_key: Ed25519PublicKey, admin_key: Ed25519PrivateKey,

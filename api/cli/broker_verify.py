@@ -1,7 +1,7 @@
 """`sealed verify --broker URL`: verify the key broker's own attestation offline and say what the
 hardware evidence showed (attestation/broker_identity.py does the checks).
 
-What it trusts comes from the client policy (`broker`: {"tee", "measurements", "workload_ids"}; the
+What it trusts comes from the client policy (`broker`: {"tee", "measurements", "workload_ids", "instances"}; the
 simulated platform key from `evidence.sim_platform_key`, used only when the simulated TEE is allowed)
 or from `--broker-measurement` / `--broker-workload-id`; vendor roots are the pinned ones (or the
 policy's `unsafe_roots_dir`). A workload id pinned is required (the broker's init-data digest its
@@ -60,6 +60,7 @@ def report(verified: VerifiedBroker, nonce: bytes, workload_pinned: bool = False
         f"                identity document sha256 {verified.identity.digest().hex()}",
         f"                import key {identity.import_key.hex()} (X25519)",
         f"                receipt key {identity.receipt_key.hex()} (Ed25519)",
+        f"                instance key {identity.instance_key.hex()} (Ed25519: this broker instance)",
         "                token keys " + ", ".join(str(k.get("kid")) for k in identity.token_jwks.get("keys", [])),
         "  configuration " + json.dumps(identity.measured_config, sort_keys=True),
     ]
@@ -71,6 +72,7 @@ def verify_broker(url: str, policy_path: Path | None, measurements: list[str], *
     policy: dict[str, Any] = json.loads(policy_path.read_text()) if policy_path else {}
     pinned = [*measurements, *((policy.get("broker") or {}).get("measurements") or [])]
     workloads = [*(workload_ids or []), *((policy.get("broker") or {}).get("workload_ids") or [])]
+    instances = [str(i) for i in (policy.get("broker") or {}).get("instances") or []]  # #46: this broker instance
     nonce = secrets.token_bytes(32)
     trust = broker_trust(policy, allow_simulated=allow_simulated, base=policy_path.parent if policy_path else None)
     try:
@@ -78,7 +80,7 @@ def verify_broker(url: str, policy_path: Path | None, measurements: list[str], *
         answer.raise_for_status()
         verified = verify_broker_attestation(
             answer.json(), nonce=nonce, now=now, allowed_measurements=pinned, trust=trust,
-            allowed_workload_ids=workloads)
+            allowed_workload_ids=workloads, allowed_instances=instances)
     except (AttestationError, httpx.HTTPError, ValueError) as exc:
         typer.echo(f"key broker {url}: NOT verified ({type(exc).__name__}: {exc})")
         raise typer.Exit(1) from exc

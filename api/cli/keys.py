@@ -8,6 +8,7 @@ local `sealed up` broker; bearer token from $SEALED_ADMIN_TOKEN, never from argv
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -18,10 +19,12 @@ import typer
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from api.cli import tenant_broker
 from api.cli.refs import model_ref
 from api.home import Home, default_home
 from key_broker.receipts import ReceiptBook
 from protocol.broker.receipts import ReceiptInvalid, verify_receipt
+from protocol.fsutil import atomic_write
 
 TOKEN_ENV = "SEALED_ADMIN_TOKEN"
 URL_ENV = "SEALED_BROKER_URL"
@@ -61,14 +64,39 @@ def _admin(method: str, path: str, url: str | None, home: Path | None, body: Any
     return response.json()
 
 
+def _as_tenant(method: str, path: str, url: str | None, home: Path | None, tenant: str, body: Any) -> Any:
+    """A call only the tenant's own token may make: $SEALED_ADMIN_TOKEN, else the profile's tenant
+    token (on the host of `sealed up`, minted once for the tenant by the local operator login)."""
+    if os.environ.get(TOKEN_ENV):
+        return _admin(method, path, url, home, body)
+    from api.cli.mgmt_client import PROFILE_ENV, broker_tenant_call
+
+    return broker_tenant_call(method, path, tenant=tenant, profile=os.environ.get(PROFILE_ENV) or "default",
+                              body=body)
+
+
 URL = typer.Option(None, "--url", help=f"key broker URL (default ${URL_ENV} or the local `sealed up` broker)")
 HOME = typer.Option(None, help="data directory (default $SEALED_HOME or ~/.sealed)")
 TENANT = typer.Option(..., help="tenant id")
 
 
-def create(tenant: str = TENANT, url: str = URL, home: Path = HOME) -> None:
-    """Create the tenant's key-encryption key."""
-    typer.echo(json.dumps(_admin("POST", f"/tenants/{tenant}/key", url, home), indent=1))
+def create(tenant: str = TENANT, url: str = URL, home: Path = HOME,
+           invitation_out: Path = typer.Option(None, help="write the tenant's invitation here (give it to the "
+                                                          "tenant out of band)")) -> None:
+    """Create the tenant's key-encryption key; the broker answers with the tenant's invitation (signed by
+    the broker instance), which the tenant answers with its policy-admin key (`admin-key --invitation`)."""
+    doc = _admin("POST", f"/tenants/{tenant}/key", url, home)
+    if invitation_out is not None and doc.get("invitation") is not None:
+        atomic_write(invitation_out, json.dumps(doc["invitation"], indent=1, sort_keys=True).encode(), mode=0o644)
+    typer.echo(json.dumps(doc, indent=1))
+
+
+def invite(tenant: str = TENANT, url: str = URL, home: Path = HOME,
+           out: Path = typer.Option(..., help="write the invitation here (for the tenant)")) -> None:
+    """A new invitation for the tenant's first policy-admin key (operator)."""
+    doc = _admin("POST", f"/tenants/{tenant}/invitations", url, home)
+    atomic_write(out, json.dumps(doc, indent=1, sort_keys=True).encode(), mode=0o644)
+    typer.echo(f"invitation for {tenant} (expires {doc['payload']['expires']}): {out}")
 
 
 def rotate(tenant: str = TENANT, url: str = URL, home: Path = HOME) -> None:
@@ -103,10 +131,8 @@ def policy(tenant: str = TENANT, file: Path = typer.Option(..., exists=True, hel
     from api.cli import release_signing as rs
 
     key = rs.admin_key(tenant, admin_key, home)
-    current = _admin("GET", f"/tenants/{tenant}/policy-admin-key", url, home, missing_ok=True)
-    if current is None:
-        raise typer.BadParameter(f"{tenant} has registered no policy-admin key: `sealed keys admin-key` first")
-    envelope = rs.signed_release(rs.read_json(file), tenant, key, str(current["key_id"]))
+    key_id = tenant_broker.guard(_broker_url(url, home), tenant, _home(home).root)  # its own key governs, or exit
+    envelope = rs.signed_release(rs.read_json(file), tenant, key, key_id)
     typer.echo(json.dumps(_admin("PUT", f"/tenants/{tenant}/policies", url, home, envelope)))
 
 
@@ -115,26 +141,45 @@ def admin_key_cmd(tenant: str = TENANT, admin_key: Path = ADMIN_KEY,
                   new_key: Path = typer.Option(None, exists=True, help="rotate: the new private key (PEM); "
                                                                        "--admin-key is the current one"),
                   new_key_id: str = typer.Option(None, help="rotate: id of the new key"),
+                  invitation: Path = typer.Option(None, exists=True, dir_okay=False,
+                                                  help="register: the broker's invitation (from the operator)"),
+                  broker_policy: Path = typer.Option(None, exists=True, dir_okay=False,
+                                                     help="register: which broker to trust (a client policy's "
+                                                          "`broker`, `evidence`, `appraisal`: measurement, TEE)"),
                   url: str = URL, home: Path = HOME) -> None:
-    """Register the tenant's policy-admin key (self-signed; needs the tenant's own tenant-admin token
-    in $SEALED_ADMIN_TOKEN, the operator's is refused) or rotate it (signed by the current key)."""
+    """Register the tenant's policy-admin key by answering the broker's invitation (verified against the
+    broker's evidence; the broker instance is then pinned in <home>/tenants/<tenant>/broker-pin.json, a
+    tenant's file), or rotate it (signed by the current key). Either way the CLI then checks, from
+    the broker's attested answer, that the key governing the tenant is this one."""
     from api.cli import release_signing as rs
     from policy.release_documents import admin_key_statement
 
     key = rs.admin_key(tenant, admin_key, home)
     path = f"/tenants/{tenant}/policy-admin-key"
+    base, root = _broker_url(url, home), _home(home).root
     if new_key is None:
-        kid = rs.ensure_registered(lambda m, p, b: _admin(m, p, url, home, b, missing_ok=True), tenant, key, key_id)
-        typer.echo(f"policy-admin key of {tenant}: {kid}")
+        if invitation is not None:
+            if broker_policy is None:
+                raise typer.BadParameter("--invitation needs --broker-policy: which broker (measurement) to trust")
+            try:
+                statement = tenant_broker.answer_invitation(
+                    base, tenant, rs.read_json(invitation), rs.read_json(broker_policy), key,
+                    key_id or rs.default_key_id(tenant), root, base=broker_policy.parent)
+            except tenant_broker.TenantBrokerRefused as exc:
+                typer.echo(f"error: {exc}", err=True)
+                raise typer.Exit(1) from exc
+            with contextlib.suppress(typer.Exit):  # refused (used, expired...): the check below says by whom
+                _as_tenant("PUT", path, url, home, tenant, statement)
+        kid = tenant_broker.guard(base, tenant, root)
+        typer.echo(f"policy-admin key of {tenant}: {kid} (attested by the pinned broker instance)")
         return
-    current = _admin("GET", path, url, home, missing_ok=True)
-    if current is None:
-        raise typer.BadParameter(f"{tenant} has no policy-admin key to rotate")
+    current_id = tenant_broker.guard(base, tenant, root)  # the current key is ours, at the pinned broker
+    current = _admin("GET", path, url, home)
     new = rs.admin_key(tenant, new_key, home)
     kid = new_key_id or f"{rs.default_key_id(tenant)}-{int(current['version']) + 1}"
-    statement = admin_key_statement(tenant, new.public_key(), kid, int(current["version"]) + 1, key,
-                                    str(current["key_id"]))
+    statement = admin_key_statement(tenant, new.public_key(), kid, int(current["version"]) + 1, key, current_id)
     typer.echo(json.dumps(_admin("PUT", path, url, home, statement)))
+    tenant_broker.repin_key(root, tenant, new)
 
 
 def releases(tenant: str = TENANT, url: str = URL, home: Path = HOME,
@@ -222,7 +267,7 @@ def import_pubkey(home: Path = typer.Option(None)) -> None:
 
 def build() -> typer.Typer:
     app = typer.Typer(no_args_is_help=True, help="Tenant keys, release policies and release receipts.")
-    for name, fn in (("create", create), ("rotate", rotate), ("revoke", revoke), ("status", status),
+    for name, fn in (("create", create), ("invite", invite), ("rotate", rotate), ("revoke", revoke), ("status", status),
                      ("policy", policy), ("admin-key", admin_key_cmd), ("releases", releases), ("receipts", receipts),
                      ("import", import_key), ("import-pubkey", import_pubkey)):
         app.command(name)(fn)

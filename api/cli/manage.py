@@ -8,11 +8,13 @@ policies). No secret is ever an argument: see api/cli/mgmt_client.py.
 from __future__ import annotations
 
 import datetime as dt
+import json
 from pathlib import Path
 from typing import Any
 
 import typer
 
+from api.cli import tenant_broker
 from api.cli.mgmt_client import (
     PROFILE,
     TOKEN_ENV,
@@ -88,9 +90,12 @@ def tenants_create(
     max_queued: int = typer.Option(None),
     broker_key: bool = typer.Option(True, "--broker-key/--no-broker-key",
                                     help="also create the tenant's key-encryption key at the key broker"),
+    invitation_out: Path = typer.Option(None, help="where to write the tenant's invitation from the key broker "
+                                                   "(default NAME.invitation.json): give it to the tenant"),
     profile: str = PROFILE, url: str = URL, as_json: bool = JSON,
 ) -> None:
-    """Create (or update) a tenant in the control plane, and its key at the key broker."""
+    """Create (or update) a tenant in the control plane, and its key at the key broker, whose answer
+    carries the tenant's invitation (the tenant answers it with `sealed keys admin-key --invitation`)."""
     body = {k: v for k, v in {"name": name, "weight": weight, "rpm": rpm, "tpm": tpm, "token_budget": token_budget,
                               "max_queued": max_queued}.items() if v is not None}
     doc = call("POST", "/tenants", profile=profile, url=url, body=body)
@@ -101,6 +106,10 @@ def tenants_create(
         if not status.get("has_key"):
             status = broker_call("POST", f"/tenants/{name}/key", profile=profile)
         line += f"; key broker: tenant key {'revoked' if status.get('revoked') else 'present'}"
+        if status.get("invitation") is not None:
+            out = invitation_out or Path(f"{name}.invitation.json")
+            atomic_write(out, json.dumps(status["invitation"], indent=1, sort_keys=True).encode(), mode=0o644)
+            line += f"; invitation for the tenant: {out}"
     elif broker_key:
         line += "; no key-broker credentials here: create its key with `sealed keys create --tenant`"
     show(doc, as_json, [line])
@@ -223,7 +232,11 @@ def policies_release(
     def as_tenant(method: str, path: str, body: Any) -> Any:
         return broker_tenant_call(method, path, tenant=tenant, profile=profile, body=body, missing_ok=True)
 
-    key_id = rs.ensure_registered(as_tenant, tenant, key, None)
+    creds = broker_credentials(profile)
+    if creds is None:
+        raise typer.BadParameter("no key broker URL: set $SEALED_BROKER_URL (or `sealed login --local-operator`)")
+    rs.ensure_registered(as_tenant, tenant, key)
+    key_id = tenant_broker.guard(creds[0], tenant, default_home())  # issue #46: its own key governs there
     envelope = rs.signed_release(rs.read_json(file), tenant, key, key_id)
     doc = broker_call("PUT", f"/tenants/{tenant}/policies", profile=profile, body=envelope)
     typer.echo(f"release policy {doc.get('policy_id')} v{doc.get('version')} for {tenant}/{doc.get('model')} "

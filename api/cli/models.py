@@ -13,8 +13,10 @@ from pathlib import Path
 
 import typer
 
-from api.cli.mgmt_client import PROFILE, URL, broker_tenant_call, call, show
+from api.cli import tenant_broker
+from api.cli.mgmt_client import PROFILE, URL, broker_credentials, broker_tenant_call, call, show
 from api.cli.refs import model_name, model_ref
+from api.home import default_home
 
 TENANT = typer.Option(..., "--tenant")
 MODEL = typer.Option(..., "--model")
@@ -50,6 +52,11 @@ def register(
         sealed = SealedDataKey.from_json(data_key.read_text())
         if sealed.ref != ref:
             raise typer.BadParameter(f"the data key is for {sealed.ref}")
+        creds = broker_credentials(profile)
+        if creds is None:
+            raise typer.BadParameter("no key broker URL: set $SEALED_BROKER_URL (or `sealed login --local-operator`)")
+        # Issue #46: the key goes only to the pinned broker instance, where the tenant's own key governs.
+        tenant_broker.guard(creds[0], ref.tenant, default_home())
         broker_tenant_call("PUT", f"/tenants/{ref.tenant}/models/{ref.model}/versions/{ref.version}/data-key",
                            tenant=ref.tenant, profile=profile, body=sealed_upload_body(package, sealed))
         typer.echo(f"data key of {ref} is at the key broker (it was sealed to the broker)")

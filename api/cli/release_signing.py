@@ -2,7 +2,9 @@
 and register that key at the key broker first if it has none yet.
 
 The key broker takes a release policy only when the tenant's registered policy-admin key signed it
-(policy/release_documents.py); it registers the key only from the tenant's own tenant-admin token.
+(policy/release_documents.py); it binds a first key only as the answer to its invitation
+(api/cli/tenant_broker.py), and the CLI checks the attested answer of which key governs the tenant
+before it sends anything.
 On the one-machine demo the tenant's key is a local file (`<home>/tenants/<tenant>/policy-admin.pem`,
 a tenant's file: in production it stays on the tenant's machine).
 """
@@ -20,7 +22,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from api.home import Home, default_home, ed25519_key
 from policy.cli import load_private_key
 from policy.errors import PolicyInvalid
-from policy.release_documents import admin_key_statement, public_pem, sign_release_policy
+from policy.release_documents import public_pem, sign_release_policy
 
 # (method, broker admin path, body) -> JSON answer, or None for a 4xx the caller handles
 BrokerCall = Callable[[str, str, Any], Any]
@@ -40,14 +42,13 @@ def admin_key(tenant: str, path: Path | None, home: Path | None = None) -> Ed255
     return ed25519_key(Home(home or default_home()).tenant_policy_admin(tenant))
 
 
-def ensure_registered(call: BrokerCall, tenant: str, key: Ed25519PrivateKey, key_id: str | None) -> str:
-    """The key id the broker knows ``key`` by; registers it (self-signed) when the tenant has none."""
+def ensure_registered(call: BrokerCall, tenant: str, key: Ed25519PrivateKey, key_id: str | None = None) -> str:
+    """The key id the broker knows ``key`` by. A first key is bound only by answering the broker's
+    invitation (`sealed keys admin-key --invitation`; issue #46): none registered is an error here."""
     current = call("GET", f"/tenants/{tenant}/policy-admin-key", None)
     if current is None:
-        kid = key_id or default_key_id(tenant)
-        call("PUT", f"/tenants/{tenant}/policy-admin-key", admin_key_statement(tenant, key.public_key(), kid, 1,
-                                                                                 key, kid))
-        return kid
+        raise typer.BadParameter(f"{tenant} has no policy-admin key at the key broker: answer its invitation first "
+                                 "(`sealed keys admin-key --tenant T --invitation FILE --broker-policy POLICY`)")
     if current.get("public_key_pem") != public_pem(key.public_key()):
         raise typer.BadParameter(f"the key broker holds another policy-admin key for {tenant} "
                                  f"({current.get('key_id')}); sign with that key or rotate to this one")

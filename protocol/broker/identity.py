@@ -2,7 +2,7 @@
 
 The broker answers `POST /v1/broker/attestation {"nonce": hex}` with its identity document (issuer,
 TEE, measured configuration, and the public halves of the keys it generated inside its TEE: token
-JWKS, receipt key, import key) and an evidence bundle (`attestation.bundle.EvidenceBundle`, the
+JWKS, receipt key, import key, instance key) and an evidence bundle (`attestation.bundle.EvidenceBundle`, the
 worker's format: sim, SNP or TDX) whose runtime data is `broker_runtime_data(identity, nonce)`:
 
     nonce            = the caller's nonce (32 bytes)
@@ -47,23 +47,30 @@ class BrokerIdentity:
     token_jwks: dict[str, Any]
     receipt_key: bytes  # raw Ed25519 public key: signs release receipts (and the broker's audit log)
     import_key: bytes  # raw X25519 public key: tenants seal data keys to it
+    # raw Ed25519 public key made at the broker's initialisation: which broker instance this is (a fresh
+    # or second broker has another; workers and tenants pin it). It signs tenant invitations and the
+    # answer of which policy-admin key governs a tenant (protocol/broker/tenancy.py).
+    instance_key: bytes
 
     def to_json(self) -> dict[str, Any]:
         return {"format": IDENTITY_FORMAT, "issuer": self.issuer, "tee": self.tee,
                 "measured_config": self.measured_config, "token_jwks": self.token_jwks,
-                "receipt_key": self.receipt_key.hex(), "import_key": self.import_key.hex()}
+                "receipt_key": self.receipt_key.hex(), "import_key": self.import_key.hex(),
+                "instance_key": self.instance_key.hex()}
 
     @classmethod
     def from_json(cls, doc: Any) -> BrokerIdentity:
-        fields = {"format", "issuer", "tee", "measured_config", "token_jwks", "receipt_key", "import_key"}
+        fields = {"format", "issuer", "tee", "measured_config", "token_jwks", "receipt_key", "import_key",
+                  "instance_key"}
         if not isinstance(doc, dict) or set(doc) != fields or doc["format"] != IDENTITY_FORMAT:
             raise BrokerIdentityInvalid("not a broker identity document")
         try:
             identity = cls(str(doc["issuer"]), str(doc["tee"]), dict(doc["measured_config"]),
-                           dict(doc["token_jwks"]), bytes.fromhex(doc["receipt_key"]), bytes.fromhex(doc["import_key"]))
+                           dict(doc["token_jwks"]), bytes.fromhex(doc["receipt_key"]), bytes.fromhex(doc["import_key"]),
+                           bytes.fromhex(doc["instance_key"]))
         except (TypeError, ValueError) as exc:
             raise BrokerIdentityInvalid(f"malformed broker identity document: {type(exc).__name__}") from exc
-        if len(identity.receipt_key) != 32 or len(identity.import_key) != 32:
+        if len(identity.receipt_key) != 32 or len(identity.import_key) != 32 or len(identity.instance_key) != 32:
             raise BrokerIdentityInvalid("broker identity keys must be 32-byte raw public keys")
         return identity
 
@@ -72,6 +79,11 @@ class BrokerIdentity:
 
     def digest(self) -> bytes:
         return identity_digest(self)
+
+    @property
+    def instance_id(self) -> str:
+        """Which broker instance this is (hex of the instance key): pinned by workers and tenants."""
+        return self.instance_key.hex()
 
 
 def identity_digest(identity: BrokerIdentity) -> bytes:

@@ -92,13 +92,16 @@ def test_second_tenant_from_the_cli_to_a_served_answer_and_back_after_kill_9(hos
     w = host.work
     host.sealed("login", "--local-operator")
     assert (host.home / "cli" / "credentials.json").stat().st_mode & 0o777 == 0o600
-    host.sealed("tenants", "create", "acme")
+    host.sealed("tenants", "create", "acme", "--invitation-out", str(w / "acme.invitation.json"))
     host.sealed("apikeys", "create", "--tenant", "acme", "--name", "app", "--model", "tiny",
                 "--token-budget", "1000000", "--out", str(w / "acme.key"))
     host.sealed("tokens", "create", "--role", "tenant-admin", "--tenant", "acme", "--subject", "acme-admin",
                 "--out", str(w / "admin.token"))
     # The tenant admin logs in with its token on stdin: no secret on a command line.
     host.sealed("login", "--token-file", "-", "--profile", "acme", stdin=(w / "admin.token").read_text())
+    # The tenant answers the broker's invitation (after verifying the broker: the demo's client policy).
+    host.sealed("keys", "admin-key", "--tenant", "acme", "--invitation", str(w / "acme.invitation.json"),
+                "--broker-policy", str(host.home / "demo" / "client-policy.json"))
     (w / "broker.pem").write_text(host.sealed("keys", "import-pubkey"))
     host.sealed("encrypt", str(default_model_path()), "--tenant", "acme", "--model", "tiny", "--version", "v1",
                 "--out", str(w / "pkg"), "--signing-key", str(w / "acme-sign.pem"),

@@ -30,7 +30,7 @@ from key_broker.app import build_service, create_app
 from key_broker.auth import hash_token
 from key_broker.service import EvidenceVerifier
 from key_broker.settings import BrokerSettings
-from policy.release_documents import admin_key_statement, sign_release_policy
+from policy.release_documents import invitation_acceptance, sign_release_policy
 from protocol.broker.client import ReleasedKey, obtain_data_key
 from protocol.model_ref import ModelRef
 from protocol.package.keywrap import seal_data_key, sealed_upload_body
@@ -115,6 +115,8 @@ class Harness:
             self.broker_platform.write_bytes(Ed25519PrivateKey.generate().private_bytes(
                 serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
         self.admin_token = secrets.token_urlsafe(32)
+        # A new root is initialised explicitly (a fresh broker); a restart on the same root is not.
+        settings.setdefault("init", not (root / "broker" / "broker-keys.sealed").exists())
         self.settings = BrokerSettings(
             data_dir=root / "broker",
             sim_platform_public_key=pub,
@@ -147,11 +149,18 @@ class Harness:
     def as_tenant(self, tenant: str, method: str, path: str, **kw: Any) -> httpx.Response:
         return self.admin(method, path, token=self.tenant_token(tenant), **kw)
 
+    def invitation(self, tenant: str) -> dict[str, Any]:
+        """An invitation for the tenant's first policy-admin key, as the operator's call returns it."""
+        r = self.admin("POST", f"/tenants/{tenant}/invitations")
+        assert r.status_code == 201, r.text
+        return dict(r.json())
+
     def policy_key(self, tenant: str) -> Ed25519PrivateKey:
-        """The tenant's policy-admin key, registered (self-signed, with the tenant's token) on first use."""
+        """The tenant's policy-admin key, registered on first use: self-signed, answering the broker's
+        invitation, with the tenant's token."""
         if tenant not in self._policy_keys:
             key = Ed25519PrivateKey.generate()
-            statement = admin_key_statement(tenant, key.public_key(), f"{tenant}-admin", 1, key, f"{tenant}-admin")
+            statement = invitation_acceptance(tenant, key, f"{tenant}-admin", self.invitation(tenant)["payload"])
             r = self.as_tenant(tenant, "PUT", f"/tenants/{tenant}/policy-admin-key", json=statement)
             assert r.status_code == 200, r.text
             self._policy_keys[tenant] = key

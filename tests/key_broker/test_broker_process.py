@@ -4,6 +4,7 @@ an in-flight session fails cleanly; used tokens stay used; no secret reaches a l
 from __future__ import annotations
 
 import base64
+import json
 import os
 import secrets
 import signal
@@ -23,7 +24,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from attestation.bundle import EvidenceBundle, RuntimeData, expected_report_data
 from attestation.sim import SimTee
 from key_broker.router import REFUSED
-from policy.release_documents import admin_key_statement, sign_release_policy
+from policy.release_documents import invitation_acceptance, sign_release_policy
 from protocol.broker.client import obtain_data_key
 from protocol.broker.sealing import raw_public_key
 from protocol.model_ref import ModelRef
@@ -73,6 +74,8 @@ class BrokerProcess:
                 "--sim-platform-signing-key",
                 str(self.broker_platform),
                 *self.extra_args,
+                # A fresh broker is initialised explicitly; a restart is not (#46).
+                *([] if (self.root / "broker" / "broker-keys.sealed").exists() else ["--init"]),
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -116,7 +119,8 @@ class BrokerProcess:
         """``doc`` signed by the tenant's policy-admin key (registered with its own token on first use)."""
         if tenant not in self.policy_keys:
             key = Ed25519PrivateKey.generate()
-            statement = admin_key_statement(tenant, key.public_key(), "k1", 1, key, "k1")
+            invitation = self.admin("POST", f"/tenants/{tenant}/invitations").json()
+            statement = invitation_acceptance(tenant, key, "k1", invitation["payload"])
             r = self.admin("PUT", f"/tenants/{tenant}/policy-admin-key", token=self.tenant_token(tenant),
                            json=statement)
             assert r.status_code == 200, r.text
@@ -239,6 +243,22 @@ def test_restart_loses_nothing_and_in_flight_sessions_fail_cleanly(broker: Broke
             assert path.stat().st_mode & 0o077 == 0, f"{path} is readable by others"
 
 
+def _broker_policy(broker: BrokerProcess, tmp_path: Path) -> Path:
+    """What the tenant trusts: this broker build's simulated measurement and platform key."""
+    from key_broker.measurement import simulated_measurement
+    from key_broker.settings import BrokerSettings
+
+    settings = BrokerSettings(data_dir=broker.root / "broker", sim_platform_public_key=broker.pub,
+                              sim_platform_signing_key=broker.broker_platform)
+    key = serialization.load_pem_private_key(broker.broker_platform.read_bytes(), None)
+    raw = key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)  # type: ignore[union-attr]
+    path = tmp_path / "broker-policy.json"
+    path.write_text(json.dumps({"evidence": {"sim_platform_key": raw.hex()},
+                                "appraisal": {"unsafe_allow_simulated_tee": True},
+                                "broker": {"tee": "sim", "measurements": [simulated_measurement(settings).hex()]}}))
+    return path
+
+
 def test_cli_manages_tenant_keys_through_the_admin_api(
     broker: BrokerProcess, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sealed_upload: Any
 ) -> None:
@@ -249,7 +269,8 @@ def test_cli_manages_tenant_keys_through_the_admin_api(
     cli, runner = build(), CliRunner()
     monkeypatch.setenv("SEALED_ADMIN_TOKEN", broker.admin_token)
     url = ["--url", broker.url]
-    assert runner.invoke(cli, ["create", "--tenant", "acme", *url]).exit_code == 0
+    invitation = tmp_path / "invitation.json"
+    assert runner.invoke(cli, ["create", "--tenant", "acme", "--invitation-out", str(invitation), *url]).exit_code == 0
     policy = tmp_path / "policy.json"
     policy.write_text(
         '{"policy_id": "p", "version": 1, "tenant": "acme", "model": "m", "allowed_tee": ["sim"],'
@@ -263,7 +284,10 @@ def test_cli_manages_tenant_keys_through_the_admin_api(
     assert runner.invoke(cli, ["admin-key", "--tenant", "acme", *signing, *url]).exit_code == 1
     assert runner.invoke(cli, ["policy", "--tenant", "acme", "--file", str(policy), *signing, *url]).exit_code != 0
     monkeypatch.setenv("SEALED_ADMIN_TOKEN", broker.tenant_token("acme"))  # the tenant's own token
-    registered = runner.invoke(cli, ["admin-key", "--tenant", "acme", *signing, *url])
+    # Without the invitation there is nothing to bind (no trust on first use), and nothing is pinned.
+    assert runner.invoke(cli, ["admin-key", "--tenant", "acme", *signing, *url]).exit_code == 1
+    registered = runner.invoke(cli, ["admin-key", "--tenant", "acme", "--invitation", str(invitation),
+                                     "--broker-policy", str(_broker_policy(broker, tmp_path)), *signing, *url])
     assert registered.exit_code == 0 and "acme-admin" in registered.output, registered.output
     assert runner.invoke(cli, ["policy", "--tenant", "acme", "--file", str(policy), *signing, *url]).exit_code == 0
     body, _ = sealed_upload(_import_pem(broker), "acme", "m", "v1")

@@ -84,6 +84,8 @@ def launch(platform: FakePlatform, tmp_path: Path, monkeypatch: pytest.MonkeyPat
                               encode_cert_table({"vcek": platform.vcek}), launch_measurement=SNP_MEASUREMENT)
         monkeypatch.setattr(fcntl, "ioctl", device.router(fcntl.ioctl))
         full = [*argv, "--tsm-dir", str(tmp_path / "no-configfs"), "--sev-guest-device", str(device.device)]
+        if not (Path(argv[argv.index("--data-dir") + 1]) / "broker-keys.sealed").exists():
+            full.append("--init")  # a fresh broker: not measured, so the same init-data starts it
         if init is not None:
             path = tmp_path / f"init-data-{len(made)}.json"
             path.write_bytes(init.encode())

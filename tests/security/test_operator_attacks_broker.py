@@ -189,7 +189,7 @@ def test_a_broker_of_another_measurement_is_refused(live: Live, proxies: list[Br
     log = tmp_path / "operator-broker.log"
     proc = subprocess.Popen(
         [sys.executable, "-m", "key_broker", "--data-dir", str(tmp_path / "broker"), "--port", str(port),
-         "--sim-platform-signing-key", str(home.sim_key)],
+         "--sim-platform-signing-key", str(home.sim_key), "--init"],
         cwd=ROOT, stdout=open(log, "wb"), stderr=subprocess.STDOUT,  # noqa: SIM115
         env={**os.environ, "PYTHONPATH": str(ROOT)})
     try:
