@@ -8,23 +8,26 @@ from typing import Any
 import httpx
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from policy.release_documents import admin_key_statement, sign_release_policy
+from policy.release_documents import invitation_acceptance, sign_release_policy
 
 KEY_ID = "bench-admin"
 
 
 def tenant_client(url: str, admin_token: str, tenant: str) -> tuple[httpx.Client, Ed25519PrivateKey]:
     """A client of `/v1/admin/tenants/<tenant>` with the tenant's own token, and its policy-admin key
-    (registered, self-signed). The tenant key itself is created with the operator's token."""
+    (registered self-signed, answering the invitation the broker returns when the operator creates the
+    tenant's key: docs/key-broker.md, "Invitations")."""
     base = f"{url}/v1/admin/tenants/{tenant}"
     operator = {"Authorization": f"Bearer {admin_token}"}
-    httpx.post(f"{base}/key", headers=operator, timeout=30).raise_for_status()
+    created = httpx.post(f"{base}/key", headers=operator, timeout=30)
+    created.raise_for_status()
+    invitation = created.json()["invitation"]["payload"]
     minted = httpx.post(f"{base}/admin-tokens", headers=operator, timeout=30)
     minted.raise_for_status()
     own = {"Authorization": f"Bearer {minted.json()['token']}"}
     key = Ed25519PrivateKey.generate()
     httpx.put(f"{base}/policy-admin-key", headers=own, timeout=30,
-              json=admin_key_statement(tenant, key.public_key(), KEY_ID, 1, key, KEY_ID)).raise_for_status()
+              json=invitation_acceptance(tenant, key, KEY_ID, invitation)).raise_for_status()
     return httpx.Client(base_url=base, headers=own, timeout=30), key  # not opened yet: use it in `with`
 
 

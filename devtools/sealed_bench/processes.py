@@ -56,7 +56,7 @@ def start_sim_broker(root: Path, platform_key: Ed25519PrivateKey, admin_token: s
     proc = subprocess.Popen(
         [sys.executable, "-m", "key_broker", "--data-dir", str(root / "broker"), "--port", str(port),
          "--sim-platform-key", str(worker_platform), "--tee", "sim", "--sim-platform-signing-key", str(broker_platform),
-         "--rate-limit-per-minute", str(rate_limit_per_minute)],
+         "--rate-limit-per-minute", str(rate_limit_per_minute), "--init"],  # a fresh broker: new anchors
         stdout=open(root / "broker.log", "wb"),  # noqa: SIM115 (owned by the child)
         stderr=subprocess.STDOUT, env={**os.environ, "SEALED_BROKER_ADMIN_TOKEN": admin_token})
     url = f"http://127.0.0.1:{port}"
