@@ -123,11 +123,15 @@ def prepare_demo(home: Home, model_path: Path | None = None, log: Callable[[str]
     return DemoInfo(api_key, DEMO_TENANT, DEMO_MODEL, DEMO_VERSION, pkg)
 
 
+# Tools the demo tenant keeps from its agents under any_tool: what its policy is there to show.
+DEMO_DENIED_TOOLS = ("delete_files", "run_shell", "send_money")
+
+
 def demo_policy_set(api_key: str, decision_record_key: str | None = None) -> dict:
     """The demo tenant's in-enclave controls: SSNs in prompts are refused, card numbers redacted,
     and the demo key may call any tool (agent frameworks name their tools freely: LangChain's
-    structured output, the Agents SDK's handoffs), at most 4 calls a request, with get_weather's
-    arguments checked to be an object; decisions on sealed requests are sealed to
+    structured output, the Agents SDK's handoffs) except DEMO_DENIED_TOOLS, at most 4 calls a
+    request, with get_weather's arguments checked to be an object; decisions on sealed requests are sealed to
     `decision_record_key` (the tenant's X25519 key, hex). Its callers are the demo key alone (by
     digest): a key the operator makes for `demo` is refused (policy/callers.py)."""
     key_id = api_key_id(api_key)  # the gateway's id for this key
@@ -136,7 +140,8 @@ def demo_policy_set(api_key: str, decision_record_key: str | None = None) -> dic
         "policy_id": "demo-policy", "version": 1, "tenant": DEMO_TENANT,
         "callers": {"api_keys": [api_key_digest(api_key)]},
         "data": {"retention_days": 30, "pii_input": {"US_SSN": "block", "CREDIT_CARD": "redact"}},
-        "agents": {key_id: {"tools": {"get_weather": {"args_schema": {"type": "object"}}}, "any_tool": True,
+        "agents": {key_id: {"tools": {"get_weather": {"args_schema": {"type": "object"}},
+                                      **{name: {"denied": True} for name in DEMO_DENIED_TOOLS}}, "any_tool": True,
                             "max_calls_per_request": 4, "max_calls_per_session": 10_000}},
     }
 

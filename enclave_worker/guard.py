@@ -137,7 +137,7 @@ class WorkerGuard:
         agent = self.policy_set.agents.get(key_id)
         allowed = agent.tools if agent is not None else {}
         for call in parse_tool_calls(prefix).calls:
-            if call.name in allowed and not killed:
+            if call.name in allowed and not allowed[call.name].denied and not killed:
                 continue
             verdicts = check_tool_calls(self.policy_set, key_id, SessionState(key_id), [ToolCall(call.name, {})],
                                         kill_switch=self.kill_switch, killed=killed)

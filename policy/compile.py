@@ -146,6 +146,11 @@ def compile_agents(ps: PolicySections) -> str:
         out.append(cedar_rule(f"agent.{key}.max_per_session", "forbid", f"{who}, {call}, resource",
                               f"context.session_calls > {agent.max_calls_per_session}",
                               "too many tool calls in this session"))
+        denied = sorted(n for n, t in agent.tools.items() if t.denied)
+        if denied:
+            out.append(cedar_rule(f"agent.{key}.denied_tools", "forbid", f"{who}, {call}, resource",
+                                  f"{_in_list('Tool', denied)}.contains(resource)",
+                                  "tool denied by the tenant's policy"))
         approval = sorted(n for n, t in agent.tools.items() if t.requires_approval)
         if approval:
             # @kind("approval"): a forbid a human can lift (context.approved), so the worker answers

@@ -92,10 +92,14 @@ class ToolRule:
     url_args: tuple[str, ...] = ()  # argument names holding URLs, checked against allowed_domains
     allowed_domains: frozenset[str] = frozenset()  # "example.com" exact, "*.example.com" subdomains
     requires_approval: bool = False
+    # Never callable, whatever else allows it: with `any_tool`, the tools a tenant keeps from its agents.
+    denied: bool = False
 
     @classmethod
     def from_dict(cls, name: str, d: Any) -> ToolRule:
-        d = _check_keys(d, {"args_schema", "url_args", "allowed_domains", "requires_approval"}, "tool")
+        d = _check_keys(d, {"args_schema", "url_args", "allowed_domains", "requires_approval", "denied"}, "tool")
+        if type(d.get("denied", False)) is not bool:
+            raise PolicyInvalid("denied must be a bool")
         schema = d.get("args_schema")
         if schema is not None and not isinstance(schema, Mapping):
             raise PolicyInvalid("args_schema must be an object")
@@ -111,7 +115,8 @@ class ToolRule:
         if type(d.get("requires_approval", False)) is not bool:
             raise PolicyInvalid("requires_approval must be a bool")
         return cls(_name(name, "tool"), schema, tuple(url_args),
-                   frozenset(x.lower().rstrip(".") for x in domains), d.get("requires_approval", False))
+                   frozenset(x.lower().rstrip(".") for x in domains), d.get("requires_approval", False),
+                   d.get("denied", False))
 
     @functools.cached_property
     def validator(self) -> Any:
@@ -129,6 +134,8 @@ class ToolRule:
             out["url_args"] = list(self.url_args)
         if self.allowed_domains:
             out["allowed_domains"] = sorted(self.allowed_domains)
+        if self.denied:  # only when set, so documents signed before the field existed keep their form
+            out["denied"] = True
         return out
 
 

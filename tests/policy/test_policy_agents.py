@@ -207,7 +207,8 @@ ANY: dict[str, Any] = {
     "agents": {"agent-any": {"any_tool": True, "max_calls_per_request": 2, "max_calls_per_session": 3,
                              "tools": {"fetch": {"args_schema": FETCH_SCHEMA, "url_args": ["url"],
                                                  "allowed_domains": ["example.com"]},
-                                       "send_email": {"requires_approval": True}}},
+                                       "send_email": {"requires_approval": True},
+                                       "delete_files": {"denied": True}}},
                "agent-list": {"max_calls_per_request": 2, "max_calls_per_session": 3, "tools": {"fetch": {}}}},
 }
 PS_ANY = PolicySet.from_dict(ANY)
@@ -228,6 +229,8 @@ def any_one(call: ToolCall, agent: str = "agent-any", session: SessionState | No
         (ToolCall("fetch", {"url": "https://evil.com"}), "agent-any", "deny", "agent.url_allowlist"),
         (ToolCall("fetch", {"url": "https://example.com/"}), "agent-any", "allow", "agent.agent-any.any_tool"),
         (ToolCall("send_email", {"to": "a@b.c"}), "agent-any", "requires_approval", "agent.agent-any.approval"),
+        # A tool the tenant denies stays denied, whatever any_tool allows.
+        (ToolCall("delete_files", {"path": "/"}), "agent-any", "deny", "agent.agent-any.denied_tools"),
         # Without any_tool, the allowlist decides: another key, another tenant's key, no key.
         (ToolCall("City", {"name": "Paris"}), "agent-list", "deny", "default-deny"),
         (ToolCall("City", {"name": "Paris"}), "nobody", "deny", "default-deny"),
@@ -249,17 +252,23 @@ def test_any_tool_keeps_the_caps_and_the_kill_switch() -> None:
 
 
 @pytest.mark.parametrize("value", ["yes", 1, None, []])
-def test_any_tool_must_be_a_bool(value: object) -> None:
+def test_any_tool_and_denied_must_be_bools(value: object) -> None:
     from policy.errors import PolicyInvalid
 
     doc = {**ANY, "agents": {"a": {"any_tool": value, "max_calls_per_request": 1, "max_calls_per_session": 1}}}
     with pytest.raises(PolicyInvalid, match="any_tool"):
+        PolicySet.from_dict(doc)
+    doc = {**ANY, "agents": {"a": {"tools": {"t": {"denied": value}}, "max_calls_per_request": 1,
+                                   "max_calls_per_session": 1}}}
+    with pytest.raises(PolicyInvalid, match="denied"):
         PolicySet.from_dict(doc)
 
 
 def test_any_tool_round_trips_and_is_absent_from_documents_that_do_not_set_it() -> None:
     assert PolicySet.from_dict(PS_ANY.to_dict()).agents["agent-any"].any_tool is True
     assert "any_tool" not in PS.to_dict()["agents"]["agent-1"]  # earlier signed documents keep their form
+    assert "denied" not in PS.to_dict()["agents"]["agent-1"]["tools"]["fetch"]
+    assert PolicySet.from_dict(PS_ANY.to_dict()).agents["agent-any"].tools["delete_files"].denied is True
 
 
 def test_a_refusal_names_the_rule_and_the_commands_that_change_it() -> None:
