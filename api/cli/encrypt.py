@@ -14,6 +14,8 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColu
 from api.cli.refs import model_ref
 from api.home import ed25519_key
 from api.tenant_tools import encrypt_checkpoint, load_source, seal_for_broker
+from enclave_worker.engine.models import check_architecture
+from enclave_worker.engine.models.spec import UnsupportedArchitecture
 from protocol.fsutil import atomic_write
 from protocol.package.signing import ModelSigningKey
 
@@ -42,6 +44,12 @@ def encrypt(
                   TransferSpeedColumn(), TimeRemainingColumn()) as progress:
         task = progress.add_task("loading", total=None)
         checkpoint = load_source(src)
+        try:
+            check_architecture(checkpoint.config)  # before any work: one line, no package written
+        except UnsupportedArchitecture as exc:
+            progress.stop()
+            typer.echo(f"sealed encrypt: {exc}", err=True)
+            raise typer.Exit(2) from None
         total = sum(t.numel() * t.element_size() for t in checkpoint.tensors.values())
         progress.update(task, description="encrypting", total=total)
         result = encrypt_checkpoint(checkpoint, out, tenant=ref.tenant, model=ref.model, version=ref.version,

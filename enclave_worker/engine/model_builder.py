@@ -18,10 +18,9 @@ from threadpoolctl import threadpool_limits
 from .blas_calibration import measure_packed_speedup
 from .checkpoint import Checkpoint
 from .config import EngineConfig
-from .errors import EngineError
 from .layers.packed import PACKABLE_DTYPES, PackingError, bf16_native, packing_available
-from .models import ARCHITECTURES
-from .models.llama import BuildOptions, LlamaForCausalLM
+from .models import CausalLM, build_architecture, check_architecture
+from .models.options import BuildOptions
 from .threads import available_cpus
 from .tokenizer import Tokenizer
 
@@ -38,7 +37,7 @@ _QUANTIZED = ("int8", "int4", "fp8")
 
 @dataclass(frozen=True)
 class BuiltModel:
-    model: LlamaForCausalLM
+    model: CausalLM
     dtype: torch.dtype
     quant: str  # "none" | "int8" | "int4" | "fp8"
     model_len: int  # the longest sequence the model allows (before the KV pool's own limit)
@@ -74,9 +73,7 @@ def _packed_fp32_pays(cfg: dict[str, Any], threads: int) -> bool:
 
 def build_model(checkpoint: Checkpoint, config: EngineConfig) -> BuiltModel:
     cfg = checkpoint.config
-    arch = (cfg.get("architectures") or ["LlamaForCausalLM"])[0]
-    if arch not in ARCHITECTURES:
-        raise EngineError(f"unsupported architecture {arch!r}")
+    check_architecture(cfg)  # one line naming what is unsupported (models/__init__.py)
     threads = config.num_threads or available_cpus()
     if config.device == "cpu":
         torch.set_num_threads(threads)
@@ -103,7 +100,7 @@ def build_model(checkpoint: Checkpoint, config: EngineConfig) -> BuiltModel:
     opts = BuildOptions(quant, dtype, config.device, model_len, config.int4_group_size, packed=packed, panel=panel,
                         panel_codes=codes)
     with torch.inference_mode():
-        model = ARCHITECTURES[arch](cfg, checkpoint.tensors, opts).eval()
+        model = build_architecture(cfg, checkpoint.tensors, opts).eval()
     _release_freed_memory()  # conversion transients go back to the OS before the KV pool is touched
     return BuiltModel(model=model, dtype=dtype, quant=quant, model_len=model_len, threads=threads,
                       tokenizer=Tokenizer(checkpoint.tokenizer_json, checkpoint.chat_template, cfg),
