@@ -44,6 +44,8 @@ class SparseMoe(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         experts, weights = self.route(x)
+        if x.is_cuda and torch.cuda.is_current_stream_capturing():
+            return self._every_expert(x, experts, weights)
         flat = experts.reshape(-1)
         order = flat.argsort(stable=True)  # token-expert pairs grouped by expert
         token = order // self.top_k
@@ -58,3 +60,13 @@ class SparseMoe(torch.nn.Module):
                 start += n
         rows.mul_(weights.reshape(-1)[order].unsqueeze(1))
         return torch.zeros_like(x).index_add_(0, token, rows)
+
+    def _every_expert(self, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """The same sum with no host sync, for a captured decode graph (a few rows): every expert over
+        every row, weighted by its routing weight (zero where not chosen)."""
+        dense = torch.zeros(x.shape[0], self.num_experts, dtype=x.dtype, device=x.device)
+        dense.scatter_(1, experts, weights)
+        out = torch.zeros_like(x)
+        for e in range(self.num_experts):
+            out.addcmul_(self.down[e](act_and_mul(self.gate_up[e](x), self.activation)), dense[:, e : e + 1])
+        return out
