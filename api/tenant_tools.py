@@ -12,6 +12,7 @@ from typing import Any
 
 from enclave_worker.engine.checkpoint import Checkpoint, load_gguf, load_hf_dir
 from enclave_worker.engine.layers.quantized_weight import flatten as flatten_quantized
+from enclave_worker.engine.models import check_architecture
 from enclave_worker.package.writer import write_package
 from protocol.model_ref import ModelRef
 from protocol.package import Manifest, PackageError
@@ -36,7 +37,10 @@ def load_source(src: Path, native_quant: bool = False) -> Checkpoint:
 def encrypt_checkpoint(checkpoint: Checkpoint, out: Path, *, tenant: str, model: str, version: str,
                        signing_key: SigningKey, progress: Callable[[int], None] | None = None,
                        segment_size: int | None = None) -> EncryptedModel:
-    """A fresh data key per model version; the package holds only ciphertext and public metadata."""
+    """A fresh data key per model version; the package holds only ciphertext and public metadata.
+    A model the sealed engine cannot run is refused first (UnsupportedArchitecture, one line naming
+    it and pointing to the vLLM backend), before anything is written."""
+    check_architecture(checkpoint.config)
     data_key = secrets.token_bytes(32)
     tensors, quantization = flatten_quantized(checkpoint.tensors)  # plain tensors + each one's scheme
     metadata = {"format": "hf-llama", "config": checkpoint.config,

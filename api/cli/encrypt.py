@@ -15,6 +15,8 @@ from api.cli.refs import model_ref
 from api.home import ed25519_key
 from api.tenant_tools import encrypt_checkpoint, load_source, seal_for_broker
 from enclave_worker.engine.errors import CheckpointError
+from enclave_worker.engine.models import check_architecture
+from enclave_worker.engine.models.spec import UnsupportedArchitecture
 from protocol.fsutil import atomic_write
 from protocol.package.signing import ModelSigningKey
 
@@ -51,6 +53,12 @@ def encrypt(
         except CheckpointError as exc:  # what the engine would not load: refused before any encryption
             progress.stop()
             typer.echo(f"error: the engine cannot load {src}: {exc}", err=True)
+            raise typer.Exit(2) from None
+        try:
+            check_architecture(checkpoint.config)  # before any work: one line, no package written
+        except UnsupportedArchitecture as exc:
+            progress.stop()
+            typer.echo(f"sealed encrypt: {exc}", err=True)
             raise typer.Exit(2) from None
         total = sum(t.numel() * t.element_size() for t in checkpoint.tensors.values())
         progress.update(task, description="encrypting", total=total)

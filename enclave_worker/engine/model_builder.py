@@ -18,8 +18,8 @@ from .config import EngineConfig
 from .errors import EngineError
 from .kernel_path import KernelPath, choose_kernel_path, detect_cpu_class
 from .layers.linear import LinearOptions
-from .models import ARCHITECTURES
-from .models.llama import BuildOptions, LlamaForCausalLM
+from .models import CausalLM, build_architecture, check_architecture
+from .models.options import BuildOptions
 from .threads import available_cpus
 from .tokenizer import Tokenizer
 
@@ -36,7 +36,7 @@ _QUANTIZED = ("int8", "int4", "fp8")
 
 @dataclass(frozen=True)
 class BuiltModel:
-    model: LlamaForCausalLM
+    model: CausalLM
     dtype: torch.dtype
     quant: str  # "none" | "int8" | "int4" | "fp8"
     model_len: int  # the longest sequence the model allows (before the KV pool's own limit)
@@ -68,9 +68,7 @@ def kernel_path_for(config: EngineConfig) -> KernelPath:
 
 def build_model(checkpoint: Checkpoint, config: EngineConfig) -> BuiltModel:
     cfg = checkpoint.config
-    arch = (cfg.get("architectures") or ["LlamaForCausalLM"])[0]
-    if arch not in ARCHITECTURES:
-        raise EngineError(f"unsupported architecture {arch!r}")
+    check_architecture(cfg)  # one line naming what is unsupported (models/__init__.py)
     threads = config.num_threads or available_cpus()
     if config.device == "cpu":
         torch.set_num_threads(threads)  # on the thread that will step the engine (compute_thread.py)
@@ -87,7 +85,7 @@ def build_model(checkpoint: Checkpoint, config: EngineConfig) -> BuiltModel:
                            int4_group_size=config.int4_group_size)
     opts = BuildOptions(linear, model_len)
     with torch.inference_mode():
-        model = ARCHITECTURES[arch](cfg, checkpoint.tensors, opts).eval()
+        model = build_architecture(cfg, checkpoint.tensors, opts).eval()
     _release_freed_memory()  # conversion transients go back to the OS before the KV pool is touched
     return BuiltModel(model=model, dtype=dtype, quant=quant, model_len=model_len, threads=threads,
                       tokenizer=Tokenizer(checkpoint.tokenizer_json, checkpoint.chat_template, cfg),

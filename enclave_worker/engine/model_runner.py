@@ -11,7 +11,7 @@ from .kernels.sampling import BatchSampling, sample_on_device
 from .layers.attention import AttentionMetadata, PrefillChunk
 from .layers.logits_processors import process
 from .layers.sampler import History, sample
-from .models.llama import LlamaForCausalLM
+from .models import CausalLM
 from .scheduler import ScheduledSeq
 from .sequence import Sequence
 from .structured import apply_grammar_masks
@@ -25,7 +25,7 @@ DecodeMeta = tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None
 class ModelRunner:
     def __init__(
         self,
-        model: LlamaForCausalLM,
+        model: CausalLM,
         kv_cache: torch.Tensor,
         block_size: int,
         device: str,
@@ -47,10 +47,10 @@ class ModelRunner:
         self.device = device
         self.num_threads = num_threads  # CPU: every step's torch pool, fixed (threads.py)
         self.kv_bytes_per_token = kv_cache.nbytes // max(1, kv_cache.shape[2])  # K and V, every layer
-        for i, layer in enumerate(model.decoder_layers):
-            layer.attn.k_cache = kv_cache[0, i]
-            layer.attn.v_cache = kv_cache[1, i]
-            layer.attn.num_blocks = kv_cache.shape[2] // block_size
+        for i, attn in enumerate(model.attention_layers()):
+            attn.k_cache = kv_cache[0, i]
+            attn.v_cache = kv_cache[1, i]
+            attn.num_blocks = kv_cache.shape[2] // block_size
         self.kv_cache = kv_cache
 
     def _slots(self, block_table: list[int], start: int, end: int) -> torch.Tensor:

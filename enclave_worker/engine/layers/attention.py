@@ -1,4 +1,9 @@
-"""Paged attention: write K/V into the block pool by slot, attend through block tables with SDPA."""
+"""Paged attention: write K/V into the block pool by slot, attend through block tables with SDPA.
+
+A layer with a sliding window (Mistral, Gemma 2/3's local layers) or soft-capped scores (Gemma 2)
+takes a torch path of its own (``_attend_masked``: explicit scores, cap, window mask, softmax in
+float32): neither the C++ decode kernel nor SDPA caps scores, and the kernel reads every position.
+Every K/V stays in the pool (the window only masks), so the prefix cache is unchanged."""
 
 from __future__ import annotations
 
@@ -37,11 +42,31 @@ class AttentionMetadata:
     decode_lens: torch.Tensor | None = None
 
 
+def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor, scale: float,
+                     softcap: float | None) -> torch.Tensor:
+    """q [B, H, Tq, D]; k, v [B, Hkv, L, D]; allowed [B, 1, Tq, L] bool -> [B, H, Tq, D]; scores (soft-capped:
+    ``cap * tanh(s / cap)``, as HF Gemma 2) and softmax in float32."""
+    b, h, tq, d = q.shape
+    hkv = k.shape[1]
+    qg = q.reshape(b, hkv, (h // hkv) * tq, d)  # the query heads sharing a KV head, as rows (GQA)
+    scores = torch.matmul(qg.float(), k.float().transpose(-1, -2)).mul_(scale).view(b, hkv, h // hkv, tq, -1)
+    if softcap:
+        scores = torch.tanh(scores / softcap) * softcap
+    scores = scores.masked_fill(~allowed.unsqueeze(2), float("-inf"))
+    probs = torch.softmax(scores, dim=-1).view(b, hkv, (h // hkv) * tq, -1)
+    return torch.matmul(probs, v.float()).view(b, h, tq, d).to(q.dtype)
+
+
 class PagedAttention(torch.nn.Module):
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int) -> None:
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float | None = None,
+                 window: int | None = None, softcap: float | None = None) -> None:
+        """``window``: a query sees its last ``window`` positions (itself included); ``softcap``: scores
+        are capped at +-softcap by tanh; ``scale``: the scores' factor (head_dim ** -0.5 unless given)."""
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
-        self.scale = head_dim**-0.5
+        self.scale = scale if scale is not None else head_dim**-0.5
+        self.window, self.softcap = window, softcap
+        self.masked = window is not None or bool(softcap)
         self.k_cache: torch.Tensor | None = None  # [slots, kv_heads, head_dim], bound by the runner
         self.v_cache: torch.Tensor | None = None
         self.num_blocks = 0
@@ -103,8 +128,11 @@ class PagedAttention(torch.nn.Module):
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """q: [T, H, D]; k, v: [T, Hkv, D] -> [T, H*D]."""
         kc, vc = self.caches()
-        kc.index_copy_(0, meta.slot_mapping, k)
-        vc.index_copy_(0, meta.slot_mapping, v)
+        slots = meta.slot_mapping if meta.slot_mapping.dtype == torch.long else meta.slot_mapping.long()
+        kc.index_copy_(0, slots, k)
+        vc.index_copy_(0, slots, v)
+        if self.masked or meta.fused:
+            return self._attend_masked(q, k, v, meta)
         return self.attend(q, k, v, meta)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
@@ -128,4 +156,48 @@ class PagedAttention(torch.nn.Module):
                 qp, kp, vp, attn_mask=p.mask, is_causal=p.mask is None, scale=self.scale, enable_gqa=True
             )
             out[p.token_start : p.token_start + p.num_tokens] = o.squeeze(0).transpose(0, 1)
+        return out.reshape(q.shape[0], -1)
+
+    def _decode_allowed(self, meta: AttentionMetadata, length: int) -> torch.Tensor:
+        """[B, L] bool: the positions each single-token decode sees, from whichever lengths the runner gave."""
+        assert meta.decode_blocks is not None
+        pos = torch.arange(length, device=meta.decode_blocks.device)
+        if meta.decode_mask is not None:
+            seen = meta.decode_mask[:, 0, 0, :length]
+            lens = seen.sum(-1)
+        else:
+            given = meta.decode_lens if meta.decode_lens is not None else meta.context_lens
+            lens = (given.to(pos.device).long() if given is not None
+                    else torch.full((meta.decode_blocks.shape[0],), meta.single_decode_len, device=pos.device))
+            seen = pos[None, :] < lens[:, None]
+        if self.window is not None:
+            seen = seen & (pos[None, :] >= lens[:, None] - self.window)
+        return seen
+
+    def _attend_masked(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                       meta: AttentionMetadata) -> torch.Tensor:
+        """``attend`` with explicit masks (window, soft-cap) and no C++ kernel; also any fused (GPU) step."""
+        kc, vc = self.caches()
+        out = torch.empty_like(q)
+        decode_index = (torch.arange(q.shape[0], device=q.device) if meta.all_decode else meta.decode_index)
+        if decode_index is not None:
+            assert meta.decode_blocks is not None
+            kd, vd = self._gather_blocks(meta.decode_blocks)  # [B, Hkv, L, D]
+            allowed = self._decode_allowed(meta, kd.shape[2])[:, None, None, :]
+            qd = q[decode_index].unsqueeze(2)  # [B, H, 1, D]
+            out[decode_index] = masked_attention(qd, kd, vd, allowed, self.scale, self.softcap).squeeze(2)
+        for p in meta.prefills:
+            rows = slice(p.token_start, p.token_start + p.num_tokens)
+            if p.mask is None:  # the chunk's own K/V from position 0
+                kp, vp, context = k[rows], v[rows], p.num_tokens
+            else:
+                kp, vp, context = kc[p.slots], vc[p.slots], p.mask.shape[1]
+            q_pos = torch.arange(context - p.num_tokens, context, device=q.device)[:, None]
+            k_pos = torch.arange(context, device=q.device)[None, :]
+            allowed = k_pos <= q_pos
+            if self.window is not None:
+                allowed = allowed & (k_pos > q_pos - self.window)
+            o = masked_attention(q[rows].transpose(0, 1).unsqueeze(0), kp.transpose(0, 1).unsqueeze(0),
+                                 vp.transpose(0, 1).unsqueeze(0), allowed[None, None], self.scale, self.softcap)
+            out[rows] = o.squeeze(0).transpose(0, 1)
         return out.reshape(q.shape[0], -1)

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-import itertools
-from dataclasses import dataclass
 from typing import Any, cast
 
 import torch
@@ -14,68 +11,21 @@ from ..kernels.paged_attention import paged_decode_attention
 from ..layers.activation import silu_and_mul
 from ..layers.attention import AttentionMetadata, PagedAttention
 from ..layers.embedding import Embedding
-from ..layers.linear import LinearOptions, make_linear
 from ..layers.norm import RMSNorm
 from ..layers.panel import UnpackScratch
 from ..layers.rotary import RotaryEmbedding
+from .options import BuildOptions, build_linear, head_quant
+from .spec import rope_spec
+from .weights import Weights
+
+__all__ = ["BuildOptions", "DecoderLayer", "LlamaForCausalLM"]
 
 
-@dataclass(frozen=True)
-class BuildOptions:
-    linear: LinearOptions  # how every linear is built (make_linear), the kernel the engine's path names
-    max_positions: int
-
-    @property
-    def quant(self) -> str:  # "none" | "int8" | "int4" | "fp8"
-        return self.linear.quant
-
-    @property
-    def dtype(self) -> torch.dtype:  # activation / dense weight dtype
-        return self.linear.dtype
-
-    @property
-    def device(self) -> str:
-        return self.linear.device
-
-
-class _Weights:
-    """Pops tensors from the checkpoint dict as they are consumed, so each source is dropped at once."""
-
-    def __init__(self, tensors: dict[str, torch.Tensor]) -> None:
-        self.tensors = tensors
-
-    def take(self, name: str) -> torch.Tensor:
-        return self.tensors.pop(name)
-
-    def take_opt(self, name: str) -> torch.Tensor | None:
-        return self.tensors.pop(name, None)
-
-    def take_cat(self, names: list[str]) -> torch.Tensor:
-        parts = [self.tensors.pop(n) for n in names]
-        if _adjacent(parts):  # e.g. a decrypted package laid out for fusion: a view, not a copy
-            first = parts[0]
-            rows = sum(p.shape[0] for p in parts)
-            return first.as_strided((rows, *first.shape[1:]), first.stride(), first.storage_offset())
-        fused = torch.cat(parts, dim=0)
-        del parts
-        return fused
-
-    def take_cat_opt(self, names: list[str]) -> torch.Tensor | None:
-        return self.take_cat(names) if all(n in self.tensors for n in names) else None
-
-
-def _adjacent(parts: list[torch.Tensor]) -> bool:
-    """True when the parts are contiguous and follow each other in one storage (same dtype/columns)."""
-    first = parts[0]
-    if not all(p.is_contiguous() and p.dtype == first.dtype and p.shape[1:] == first.shape[1:] for p in parts):
-        return False
-    if any(p.untyped_storage().data_ptr() != first.untyped_storage().data_ptr() for p in parts):
-        return False
-    return all(a.data_ptr() + a.nbytes == b.data_ptr() for a, b in itertools.pairwise(parts))
+_Weights = Weights  # the name the package-layout tests know
 
 
 class DecoderLayer(torch.nn.Module):
-    def __init__(self, cfg: dict[str, Any], w: _Weights, prefix: str, opt: BuildOptions) -> None:
+    def __init__(self, cfg: dict[str, Any], w: Weights, prefix: str, opt: BuildOptions) -> None:
         super().__init__()
         self.num_heads = cfg["num_attention_heads"]
         self.num_kv_heads = cfg.get("num_key_value_heads", self.num_heads)
@@ -84,7 +34,7 @@ class DecoderLayer(torch.nn.Module):
         # The builder owns the popped checkpoint tensors, so layers may rearrange them in place.
 
         def lin(wt: torch.Tensor, b: torch.Tensor | None = None) -> torch.nn.Module:
-            return make_linear(wt, b, opt.linear)
+            return build_linear(opt, wt, b)
 
         self.input_norm = RMSNorm(w.take(prefix + "input_layernorm.weight").to(opt.device, opt.dtype), eps)
         qkv = [a + "q_proj.", a + "k_proj.", a + "v_proj."]
@@ -172,13 +122,12 @@ class DecoderLayer(torch.nn.Module):
 class LlamaForCausalLM(torch.nn.Module):
     def __init__(self, cfg: dict[str, Any], tensors: dict[str, torch.Tensor], opt: BuildOptions) -> None:
         super().__init__()
-        w = _Weights(tensors)
+        w = Weights(tensors)
         self.cpu_kernels = False  # set by the engine where kernels/cpu_ops.py builds
         # An attribute of the model, so its buffer is one of the held tensors the wipe zeroes.
         self.unpack_scratch = UnpackScratch()
         # The builder owns the popped checkpoint tensors, so layers may rearrange them in place.
-        opt = dataclasses.replace(opt, linear=dataclasses.replace(opt.linear, in_place=True,
-                                                                  scratch=self.unpack_scratch))
+        opt = opt.with_scratch(self.unpack_scratch)
         tied = cfg.get("tie_word_embeddings", False) or "lm_head.weight" not in tensors
         # A tied head takes the linears' kernel (a fifth of a decode step's matmul work): in panels the
         # table is held once; packed, a second copy of the table (docs/engine.md, "Kernel paths").
@@ -193,18 +142,16 @@ class LlamaForCausalLM(torch.nn.Module):
         if cfg.get("tie_word_embeddings", False) or lm_head is None:
             self.lm_head = None
         else:
-            head_quant = "int8" if opt.quant != "none" else "none"
-            self.lm_head = make_linear(lm_head, None, dataclasses.replace(opt.linear, quant=head_quant, scratch=None))
+            self.lm_head = build_linear(opt.with_scratch(None), lm_head, None, head_quant(opt))
         del lm_head
         layer0 = self.decoder_layers[0]
         self.num_kv_heads, self.head_dim = layer0.num_kv_heads, layer0.head_dim
-        self.rope = RotaryEmbedding(
-            layer0.head_dim,
-            opt.max_positions,
-            cfg.get("rope_theta", 10000.0),
-            cfg.get("rope_scaling"),
-            opt.device,
-        )
+        rope = rope_spec(cfg, layer0.head_dim)  # flat rope_theta / rope_scaling, or rope_parameters
+        self.rope = RotaryEmbedding(layer0.head_dim, opt.max_positions, rope.theta, rope.scaling, opt.device)
+
+    def attention_layers(self) -> list[PagedAttention]:
+        """Each layer's attention, in order (the runner binds each to its slice of the KV pool)."""
+        return [layer.attn for layer in self.decoder_layers]
 
     def forward(
         self,
