@@ -10,9 +10,9 @@ from dataclasses import dataclass
 import torch
 
 from ..layers.linear import LinearOptions, make_linear
+from ..layers.panel import UnpackScratch
 
 DENSE_KERNELS = ("panels", "onednn-packed", "torch")  # layers/linear.py dense_matmul
-from ..layers.panel import UnpackScratch
 
 
 @dataclass(frozen=True)
