@@ -60,7 +60,9 @@ def broker_init_data_for(image: str, argv: Sequence[str], environ: Mapping[str, 
 def check_runs_as_declared(init: BrokerInitData, argv: Sequence[str], environ: Mapping[str, str],
                            settings: BrokerSettings) -> None:
     """Raise WorkloadMismatch naming every difference (names only: values may be secrets)."""
-    problems = launch_differences(init, argv, environ, measured_config(settings), UNMEASURED_OPTIONS, UNMEASURED_ENV)
+    flagless = [a for a in argv if a not in UNMEASURED_FLAGS]  # `--init` is not part of what was declared
+    problems = launch_differences(init, flagless, environ, measured_config(settings), UNMEASURED_OPTIONS,
+                                  UNMEASURED_ENV)
     if problems:
         raise WorkloadMismatch("; ".join(problems))
 

@@ -28,6 +28,7 @@ import typer
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from api.cli.broker_verify import broker_trust
+from api.errors import SealedApiError
 from api.tenant_tools import pin_path, write_pin
 from attestation.broker_identity import VerifiedBroker, verify_broker_attestation
 from attestation.errors import AttestationError
@@ -35,7 +36,7 @@ from policy.release_documents import invitation_acceptance, public_pem
 from protocol.broker.tenancy import TenancyRefused, check_governing_key, check_invitation
 
 
-class TenantBrokerRefused(Exception):
+class TenantBrokerRefused(SealedApiError):
     """The broker is not the one the tenant pinned, or the key governing the tenant there is not its own."""
 
 

@@ -42,11 +42,13 @@ from protocol.openai.completions import plan_completion
 from protocol.openai.schemas import CompletionRequest
 from protocol.rpc import worker_pb2
 from protocol.sealed import RequestContext, api_key_id, seal_request
+from protocol.sealed.caller import CallerCredential
 from protocol.sealed.hpke import SealedRequest as ClientSealed
 
 MODES = ("plaintext", "openai", "sealed")
 TENANT, MODEL, VERSION, ENDPOINT = "demo", "demo-model", "v1", "/v1/completions"
-API_KEY_ID = api_key_id("sk-sealed-path-bench")
+API_KEY = "sk-sealed-path-bench"
+API_KEY_ID = api_key_id(API_KEY)
 
 
 class CallContext:
@@ -70,7 +72,7 @@ def bench_state(engine: LLMEngine) -> WorkerState:
     state = WorkerState(WorkerSettings(broker_url="http://unused", package_dir=Path("/nonexistent"),
                                        tenant=TENANT, model=MODEL, version=VERSION), status="ready")
     # The demo policy names its agent by the API key's id: hand it one whose id is API_KEY_ID.
-    doc = demo_policy_set("sk-sealed-path-bench", decision_key_public_hex(X25519PrivateKey.generate()))
+    doc = demo_policy_set(API_KEY, decision_key_public_hex(X25519PrivateKey.generate()))
     state.guard = WorkerGuard(PolicySet.from_dict(doc | {"tenant": TENANT}))
     # Boot (package, key release, attestation) is not what is measured: the booted worker's seam.
     state.booted = cast(BootedWorker, SimpleNamespace(engine=engine, model_digest="0" * 64,
@@ -142,7 +144,10 @@ class PathWorker:
         key, s = self.state.serving_key, self.state.settings
         ctx = RequestContext(TENANT, MODEL, ENDPOINT, key.key_id, version=s.version, api_key_id=API_KEY_ID,
                              policy_version=policy_version(self.state))
-        sealed = seal_request(key.public_bytes, ctx, body, time.time())
+        # The caller's credential inside the envelope, as SealedOpenAI sends it: the demo policy's caller
+        # list names this key (policy/callers.py), and the worker checks it.
+        caller = CallerCredential(api_key=API_KEY).encode()
+        sealed = seal_request(key.public_bytes, ctx, body, time.time(), caller=caller)
         return worker_pb2.SealedRequest(request_id=rid, tenant=TENANT, key_id=API_KEY_ID, model=MODEL,
                                         endpoint=ENDPOINT, worker_key_id=key.key_id, body=sealed.wire), sealed
 

@@ -101,3 +101,15 @@ def model_id() -> str:
 def sealed_up():  # type: ignore[no-untyped-def]
     """(start, stop) for tests that need their own `sealed up`."""
     return start_sealed_up, stop_sealed_up
+
+
+def copy_home(src: Path, dst: Path) -> None:
+    """A second deployment from a running stack's home: its state without audit logs, witness, logs and
+    run files, but with the key broker's state anchor (kept in the audit directory): a broker whose
+    anchor is missing refuses to start (issue #46, key_broker/statefile.py)."""
+    import shutil
+
+    shutil.copytree(src, dst, dirs_exist_ok=True, ignore=shutil.ignore_patterns("audit", "witness", "logs", "run"))
+    anchor = Path("audit") / "key-broker.state-anchor.json"
+    (dst / anchor).parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(src / anchor, dst / anchor)

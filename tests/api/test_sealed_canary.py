@@ -9,7 +9,6 @@ import contextlib
 import json
 import re
 import secrets
-import shutil
 import socket
 import threading
 import time
@@ -24,6 +23,7 @@ from sqlalchemy import create_engine, text
 from api.home import Home
 from api.stack import DEMO_MODEL, free_port, launch
 from sealed_client import SealedOpenAI
+from tests.api.conftest import copy_home
 from tests.api.fleet import REDIS_URL, postgres_database, redis_client
 from tests.api.sealed_helpers import demo_client_policy
 
@@ -95,8 +95,7 @@ def fleet(stack: RunningStack, pg_url: str, tmp_path_factory: pytest.TempPathFac
     redis = redis_client()
     redis.flushdb()
     root = tmp_path_factory.mktemp("fleet")
-    shutil.copytree(stack.home, root, dirs_exist_ok=True,
-                    ignore=shutil.ignore_patterns("audit", "witness", "logs", "run"))
+    copy_home(stack.home, root)
     home = Home(root)
     home.create()
     running = launch(home, port=free_port(), gateway_args=("--database-url", pg_url, "--redis-url", REDIS_URL))

@@ -7,7 +7,6 @@ restarted the whole stack."""
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import time
 from collections.abc import Callable
@@ -21,6 +20,7 @@ from api.home import Home
 from api.stack import DEMO_MODEL, free_port, launch
 from enclave_worker.server import LOST_REASONS, failure_reason
 from protocol.worker_status import restart_may_cure
+from tests.api.conftest import copy_home
 
 
 def _wait(predicate: Callable[[], bool], what: str, timeout: float = 240.0) -> None:
@@ -52,7 +52,7 @@ def test_only_failures_a_fresh_start_may_cure_restart_a_worker() -> None:
 
 @pytest.mark.slow
 def test_the_worker_serves_again_once_the_key_broker_is_back(stack: RunningStack, tmp_path: Path) -> None:
-    shutil.copytree(stack.home, tmp_path / "home", ignore=shutil.ignore_patterns("audit", "witness", "logs", "run"))
+    copy_home(stack.home, tmp_path / "home")
     home = Home(tmp_path / "home")
     home.create()
     api_key = (home.root / "demo" / "api-key").read_text().strip()

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from pathlib import Path
 from typing import Any as RunningStack  # the `stack` fixture's type lives in conftest.py
 
@@ -17,6 +16,7 @@ from api.broker_state import local_broker_keys
 from api.home import Home
 from api.stack import DEMO_MODEL, free_port, launch
 from tests.api import plaintext_scan
+from tests.api.conftest import copy_home
 
 PROMPT = "Please name the capital city of France, zebra-quartz."
 
@@ -79,8 +79,7 @@ def test_no_key_material_in_logs(stack: RunningStack) -> None:
 def refused_stack(stack: RunningStack, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
     """A second deployment whose worker presents a measurement the release policy does not allow."""
     root = tmp_path_factory.mktemp("refused")
-    shutil.copytree(stack.home, root, dirs_exist_ok=True,
-                    ignore=shutil.ignore_patterns("audit", "witness", "logs", "run"))
+    copy_home(stack.home, root)
     home = Home(root)
     home.create()
     running = launch(home, port=free_port(), unsafe_sim_measurement="ab" * 48)
@@ -106,7 +105,7 @@ def test_worker_with_unallowed_measurement_gets_no_key_and_gateway_says_unavaila
 
 def test_ctrl_c_stops_every_process(stack: RunningStack, tmp_path: Path, sealed_up) -> None:  # type: ignore[no-untyped-def]
     start_sealed_up, stop_sealed_up = sealed_up
-    shutil.copytree(stack.home, tmp_path / "home", ignore=shutil.ignore_patterns("audit", "witness", "logs", "run"))
+    copy_home(stack.home, tmp_path / "home")
     running = start_sealed_up(tmp_path)
     pids = json.loads((running.home / "run" / "pids.json").read_text())
     assert stop_sealed_up(running) == 0

@@ -80,7 +80,10 @@ def test_package_round_trip(tmp_path):
 
     tensors = {"a.weight": _gguf("Q4_1", 64, 0), "b.weight": _gguf("Q8_0", 64, 1), "c.weight": _fp8(64),
                "norm.weight": torch.ones(K)}
-    ck = Checkpoint(config={"architectures": ["LlamaForCausalLM"]}, tensors=dict(tensors), tokenizer_json="{}",
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": K, "num_hidden_layers": 1,
+              "num_attention_heads": 2, "num_key_value_heads": 2, "intermediate_size": 64, "vocab_size": 32,
+              "rms_norm_eps": 1e-5}  # `sealed encrypt` checks the architecture first (models/__init__.py)
+    ck = Checkpoint(config=config, tensors=dict(tensors), tokenizer_json="{}",
                     chat_template=None)
     enc = encrypt_checkpoint(ck, tmp_path / "pkg", tenant="t", model="m", version="v1",
                              signing_key=Ed25519PrivateKey.generate())
