@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -53,6 +54,19 @@ class Embedder:
         # The tokenizer file's own truncation and padding would hide an over-long input: off.
         self._tok.no_truncation()
         self._tok.no_padding()
+
+    @property
+    def chunk_window(self) -> int:
+        """The most document tokens one chunk may have: the model's window less its special tokens."""
+        return self.pooling.max_tokens - len(self._tok.encode("").ids)
+
+    def token_offsets(self, text: str) -> list[tuple[int, int]]:
+        """Each token's character span in ``text`` (no special tokens): what chunking cuts on."""
+        return [tuple(o) for o in self._tok.encode(text, add_special_tokens=False).offsets]  # type: ignore[misc]
+
+    def embed_texts(self, texts: list[str]) -> np.ndarray:
+        """Normalized vectors of texts as numpy (what the vector index takes)."""
+        return self.embed(texts).vectors.numpy()
 
     def tokenize(self, inputs: Sequence[str | Sequence[int]]) -> list[list[int]]:
         """Each input's ids (texts tokenized with the special tokens the model was trained with; id lists
