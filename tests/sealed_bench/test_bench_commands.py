@@ -27,6 +27,7 @@ SMALL: dict[str, list[str]] = {
               "--unauthorized", "2", "--token-delay", "0.001"],
     "keyrelease": ["--iterations", "3", "--warmup", "1", "--concurrency", "3"],
     "policy": ["--decisions", "20", "--events", "200"],
+    "retrieval": ["--chunks", "120", "--queries", "20"],
     "revocation": ["--rounds", "1", "--workers", "2", "--flood-rps", "5", "--flood-threads", "1", "--settle-s", "0.2"],
     "sealed": ["--iterations", "5"],
 }
@@ -104,3 +105,9 @@ def test_sealed(tmp_path: Path) -> None:
     report = run_bench("sealed", SMALL["sealed"], tmp_path)
     assert report["results"]["open_request_us"] > 0 and report["results"]["verify_receipt_us"] > 0
 
+
+
+def test_retrieval(tmp_path: Path) -> None:
+    report = run_bench("retrieval", SMALL["retrieval"], tmp_path)
+    assert report["corpus"]["chunks"] >= 120 and report["search"]["store"]["n"] == 20
+    assert 0.0 <= report["recall_at_10"] <= 1.0 and report["ingestion"]["chunks_per_s"] > 0
