@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from pathlib import Path
 from typing import Any
@@ -159,9 +160,9 @@ def test_response_padding_is_a_measured_setting() -> None:
 async def test_the_worker_pads_response_chunks_to_its_setting() -> None:
     sizes = {}
     for min_bytes in (256, 4096):
-        state = _state()
-        state.settings = WorkerSettings(broker_url="http://b", package_dir=Path("/x"), tenant="acme", model="m",
-                                        version="v1", sealed_padding_min_bytes=min_bytes)
+        state = dataclasses.replace(_state(), settings=WorkerSettings(
+            broker_url="http://b", package_dir=Path("/x"), tenant="acme", model="m", version="v1",
+            sealed_padding_min_bytes=min_bytes))
         opened = open_sealed_request(state, _sealed(state))
         sizes[min_bytes] = len(opened.sealer.seal(b"a short token event"))
     assert sizes[4096] - sizes[256] == 4096 - 256
