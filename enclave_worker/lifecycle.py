@@ -72,7 +72,9 @@ async def boot_and_serve(state: WorkerState) -> None:
         live.fail(failure_reason(exc))
         log.error("worker boot failed: %s (%s)", type(exc).__name__, live.reason)
         return
-    live.ready(booted)
+    if not live.ready(booted):  # stopped or failed meanwhile: the model is never served
+        booted.wipe()
+        return
     # Cold-start figure (docs/deploy.md): attestation + key release + package load + engine build.
     log.info("ready %.1f s after boot started (attest, key release, package load)", time.monotonic() - started)
     # The token clients verify is renewed for the worker's whole life (enclave_worker/freshness.py).

@@ -53,10 +53,12 @@ class LiveState:
         """A worker already serving `booted` (tests and benchmarks that skip the boot)."""
         return cls(status="ready", booted=booted)
 
-    def ready(self, booted: BootedWorker) -> None:
+    def ready(self, booted: BootedWorker) -> bool:
+        """Serve `booted`; only from "starting" (False otherwise: the caller wipes what it booted)."""
         if self.status != "starting":
-            raise RuntimeError(f"a worker becomes ready once, from starting (it is {self.status})")
+            return False
         self.status, self.booted = "ready", booted
+        return True
 
     def fail(self, reason: str) -> BootedWorker | None:
         """Stop serving for `reason` (a fixed category); returns the model it held, for the caller to wipe."""
