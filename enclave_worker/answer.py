@@ -26,9 +26,10 @@ from enclave_worker.engine.config import TokenLogprob
 from enclave_worker.engine_protocol import ServingEngine
 from enclave_worker.errors import AnswerError, RequestRefused
 from enclave_worker.guard import GuardNote, GuardRefusal
+from enclave_worker.lifecycle import serving
 from enclave_worker.render import prompt_ids
-from enclave_worker.server import WorkerState, serving
 from enclave_worker.stage_times import StageTimes
+from enclave_worker.state import WorkerState
 from enclave_worker.tool_stream import ToolCallRelease
 from enclave_worker.tool_syntax import ToolCallSyntaxError, canonical_outputs, native_structured, syntax_for_template
 from protocol.rpc import worker_pb2

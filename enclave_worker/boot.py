@@ -68,6 +68,8 @@ def engine_config(settings: WorkerSettings) -> EngineConfig:
         kv_cache_memory_bytes=settings.kv_cache_memory_bytes,
         gpu_memory_utilization=settings.gpu_memory_utilization if settings.on_gpu else None,
         cpu_class=None if settings.on_gpu else settings.cpu_class,
+        num_threads=settings.num_threads,
+        decode_kernels=settings.decode_kernels,
     )
 
 

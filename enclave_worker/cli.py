@@ -13,6 +13,7 @@ from pathlib import Path
 
 from attestation.attesters import resolve_tee
 from attestation.errors import AttestationError, UnsupportedError
+from enclave_worker.engine_tuning import EngineTuning, load_tuning
 from enclave_worker.serve import serve
 from enclave_worker.settings import WorkerSettings
 from enclave_worker.tee import check_workload
@@ -84,6 +85,9 @@ def _parser() -> argparse.ArgumentParser:
                         help="CPU, engine sealed: the CPU class the kernels are chosen for (x86-avx512-bf16, "
                              "x86-avx512, x86-avx2, generic; measured as the kernel path); auto = this machine's. "
                              "Name it when measuring a worker for another machine")
+    parser.add_argument("--engine-tuning", type=Path, default=None,
+                        help="CPU, engine sealed: a `sealed tune` file (its CPU class, thread count and decode "
+                             "kernels; measured). The worker must run on a CPU of the class it names")
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9,
                         help="share of GPU memory for weights, KV pool and activations")
     parser.add_argument("--engine", choices=("sealed", "vllm"), default="sealed",
@@ -121,9 +125,22 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, WorkerSettings]:
 
         cpu_class = detect_cpu_class()
     try:
-        return args, _settings(args, tee, gpu_tee, device, cpu_class)
-    except ValueError as exc:
+        tuning = _tuning(args.engine_tuning, cpu_class)
+        return args, _settings(args, tee, gpu_tee, device, tuning.cpu_class if tuning else cpu_class, tuning)
+    except (ValueError, OSError) as exc:  # TuningFileInvalid is a ValueError
         parser.error(str(exc))
+
+
+def _tuning(path: Path | None, cpu_class: str | None) -> EngineTuning | None:
+    """The `sealed tune` file, for the CPU class this worker runs its kernels for."""
+    if path is None:
+        return None
+    if cpu_class is None:
+        raise ValueError("--engine-tuning is for the sealed engine on the CPU")
+    tuning = load_tuning(path)
+    if tuning.cpu_class != cpu_class:
+        raise ValueError(f"--engine-tuning was measured on a {tuning.cpu_class} CPU; this worker runs for {cpu_class}")
+    return tuning
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -157,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _settings(args: argparse.Namespace, tee: str, gpu_tee: str | None, device: str,
-              cpu_class: str | None) -> WorkerSettings:
+              cpu_class: str | None, tuning: EngineTuning | None) -> WorkerSettings:
     return WorkerSettings(
         broker_url=args.broker_url, package_dir=args.package_dir, tenant=args.tenant, model=args.model,
         version=args.version, tee=tee, gpu_tee=gpu_tee, device=device, engine_dtype=args.dtype, cpu_class=cpu_class,
@@ -175,4 +192,6 @@ def _settings(args: argparse.Namespace, tee: str, gpu_tee: str | None, device: s
         min_policy_version=args.min_policy_version, init_data=args.init_data,
         min_release_policy_version=args.min_release_policy_version,
         lease_s=args.lease_seconds, lease_watch_s=args.lease_watch_seconds,
-        sealed_padding_min_bytes=args.sealed_padding_min_bytes)
+        sealed_padding_min_bytes=args.sealed_padding_min_bytes,
+        num_threads=tuning.num_threads if tuning else None,
+        decode_kernels=tuning.decode_kernels if tuning else "auto")

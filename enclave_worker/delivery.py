@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from enclave_worker.server import WorkerState
+from enclave_worker.state import WorkerState
 from protocol.rpc import worker_pb2
 from protocol.sealed.decision_record import RECORD_METADATA_KEY
 

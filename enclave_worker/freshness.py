@@ -37,7 +37,7 @@ def renew_in(token: str, now_s: float) -> float:
 
 @dataclass(frozen=True)
 class AttestationRenewal:
-    state: Any  # enclave_worker.server.WorkerState
+    state: Any  # enclave_worker.state.WorkerState (not imported: state.py imports this module)
     clock: Callable[[], float] = time.time
 
     def renew_once(self, make_bundle: Callable[[Any], Any]) -> None:
@@ -50,9 +50,9 @@ class AttestationRenewal:
                                               make_bundle=make_bundle,
                                               hpke_public_key=state.serving_key.public_bytes,
                                               channel_binding=state.channel_binding)
-        if state.booted is booted:  # not revoked meanwhile
-            state.booted = dataclasses.replace(booted, released=dataclasses.replace(
-                booted.released, token=token, bundle=bundle))
+        # Unless revoked meanwhile.
+        state.live.renewed(booted, dataclasses.replace(booted, released=dataclasses.replace(
+            booted.released, token=token, bundle=bundle)))
 
     async def run(self) -> None:
         guard = self.state.guard  # the policy version the boot evidence bound, bound again

@@ -18,7 +18,7 @@ import httpx
 
 from enclave_worker.outbox import OutboxBatch
 from enclave_worker.release_statement import release_statement
-from enclave_worker.server import WorkerState
+from enclave_worker.state import WorkerState
 from policy.audit.worker_record import public_key_bytes
 from protocol.heartbeat import heartbeat_signing_input, worker_id_for
 from protocol.worker_status import Heartbeat

@@ -16,8 +16,8 @@ from typing import Any, TypeVar
 from pydantic import ValidationError
 
 from enclave_worker.answer import Answer
-from enclave_worker.server import WorkerState
 from enclave_worker.stage_times import StageTimes
+from enclave_worker.state import WorkerState
 from protocol.openai.chat import chat_body, chat_events, plan_chat
 from protocol.openai.completions import completion_body, completion_events, plan_completion
 from protocol.openai.errors import OpenAIError

@@ -13,7 +13,7 @@ from protocol.sealed.release_statement import ReleaseStatement, payload_sha256, 
 
 
 def release_statement(state: Any) -> dict[str, Any] | None:
-    """The signed statement for `state.booted` (enclave_worker.server.WorkerState), or None."""
+    """The signed statement for `state.booted` (enclave_worker.state.WorkerState), or None."""
     booted = state.booted
     policy = getattr(booted, "release_policy", None)
     envelope = getattr(getattr(booted, "released", None), "release_policy", None)

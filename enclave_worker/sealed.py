@@ -16,9 +16,10 @@ from collections.abc import AsyncIterator
 import grpc
 
 from enclave_worker.errors import SealedRefusal
+from enclave_worker.lifecycle import serving
 from enclave_worker.local_openai import LocalRun, inner_answer, single
-from enclave_worker.server import WorkerState, serving
 from enclave_worker.stage_times import StageTimes
+from enclave_worker.state import WorkerState
 from policy.callers import CallerRefused
 from protocol.openai.errors import OpenAIError, error_body
 from protocol.rpc import worker_pb2

@@ -22,11 +22,12 @@ from enclave_worker.engine import InvalidRequestError
 from enclave_worker.engine_protocol import ServingEngine
 from enclave_worker.errors import AnswerError, RequestRefused, SealedRefusal
 from enclave_worker.guard import GuardRefusal
+from enclave_worker.lifecycle import serving
 from enclave_worker.render import prompt_ids
 from enclave_worker.sealed import SealedAnswer, open_sealed_request
-from enclave_worker.server import WorkerState, serving
 from enclave_worker.signing import decision_metadata
 from enclave_worker.stage_times import StageTimes, record_stages
+from enclave_worker.state import WorkerState
 from protocol.rpc import worker_pb2, worker_pb2_grpc
 from protocol.tracing import NULL_SPAN, Span, Tracing
 

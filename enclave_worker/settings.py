@@ -64,6 +64,11 @@ class WorkerSettings:
     # None: this machine's. The kernel path it gives is measured (engine.kernel), and the engine refuses
     # to build on a CPU of another class, so a worker runs the kernels its measurement names.
     cpu_class: str | None = None
+    # CPU, engine sealed, from a `sealed tune` file (enclave_worker/engine_tuning.py), both measured: the
+    # engine's fixed thread count (None: every CPU the worker may use, which a measurement does not
+    # fix: name it wherever two workers must agree to the bit) and its decode kernels ("torch": no C++).
+    num_threads: int | None = None
+    decode_kernels: str = "auto"
     gpu_memory_utilization: float = 0.9  # share of GPU memory for weights + KV pool + activations
     policy_file: Path | None = None  # the tenant's signed policy set (data and tool-use controls)
     policy_admin_key: Path | None = None  # Ed25519 public key that must have signed it (measured)
@@ -120,6 +125,10 @@ class WorkerSettings:
 
             if self.cpu_class not in CPU_CLASSES:
                 raise ValueError(f"cpu_class must be one of {CPU_CLASSES}, not {self.cpu_class!r}")
+        if self.num_threads is not None and (type(self.num_threads) is not int or self.num_threads < 1):
+            raise ValueError(f"num_threads must be a positive int or None, not {self.num_threads!r}")
+        if self.decode_kernels not in ("auto", "torch"):
+            raise ValueError(f"decode_kernels must be 'auto' or 'torch', not {self.decode_kernels!r}")
 
     @property
     def response_padding(self) -> PaddingPolicy:
@@ -168,7 +177,7 @@ class WorkerSettings:
         from enclave_worker.engine.kernel_path import choose_kernel_path, detect_cpu_class
 
         cpu_class = None if self.on_gpu else (self.cpu_class or detect_cpu_class())
-        return choose_kernel_path(self.device, self.dtype, "auto", cpu_class).name
+        return choose_kernel_path(self.device, self.dtype, self.decode_kernels, cpu_class).name
 
     def promises(self) -> dict[str, Any]:
         """What this worker build promises about a client's data; measured, so a client can require it."""
@@ -223,6 +232,8 @@ class WorkerSettings:
                 "device": self.device,
                 # Which kernels compute the logits: one path per device, dtype and CPU class.
                 **({"kernel": self.kernel_path} if self.engine == "sealed" else {}),
+                # The thread count decides how a step's sums are split (listed only when set).
+                **({"threads": self.num_threads} if self.num_threads is not None else {}),
                 **({"gpu_memory_utilization": self.gpu_memory_utilization} if self.on_gpu else {}),
                 **({"vllm_cpu_bind": self.vllm_cpu_bind} if self.engine == "vllm" and not self.on_gpu else {}),
             },

@@ -48,6 +48,9 @@ class WorkerStatus(BaseModel):
     insecure: bool  # a simulated TEE, or a GPU serving outside confidential computing
     device: str = Field(default="cpu", max_length=32)
     dtype: str = Field(default="", max_length=16)
+    # The kernels our engine computes with, as the measured configuration names them
+    # (enclave_worker/engine/kernel_path.py), e.g. "cpu/x86-avx2/float32/panels+cpp"; "" for vLLM.
+    kernel_path: str = Field(default="", max_length=64)
     gpu_cc_off: bool = False
     load_s: float | None = None  # seconds from key release to serving
     gpu_memory: dict[str, int] | None = None  # bytes: allocated, reserved, free, total

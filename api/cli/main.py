@@ -31,6 +31,7 @@ COMMANDS: dict[str, LazyCommand] = {
                             is_group=True),
     "measure": LazyCommand("api.cli.measure:build", "Compute launch measurements (reference values) offline.",
                            is_group=True),
+    "tune": LazyCommand("api.cli.tune:tune", "Measure the engine's CPU options here; write an engine tuning file."),
     "bench": LazyCommand("sealed_bench.cli:bench", "Run a benchmark (sealed bench NAME --help; development installs).",
                          context_settings={"allow_extra_args": True, "ignore_unknown_options": True,
                                            "help_option_names": []},

@@ -34,9 +34,9 @@ from enclave_worker.engine import LLMEngine
 from enclave_worker.guard import WorkerGuard
 from enclave_worker.local_openai import LocalRun, inner_answer
 from enclave_worker.sealed import policy_version
-from enclave_worker.server import WorkerState
 from enclave_worker.servicer import WorkerServicer
 from enclave_worker.settings import WorkerSettings
+from enclave_worker.state import LiveState, WorkerState
 from policy.policyset import PolicySet
 from protocol.openai.completions import plan_completion
 from protocol.openai.schemas import CompletionRequest
@@ -69,15 +69,15 @@ class CallContext:
 
 def bench_state(engine: LLMEngine) -> WorkerState:
     """A ready worker serving `engine` under the demo tenant's policy set, as `sealed up` signs it."""
-    state = WorkerState(WorkerSettings(broker_url="http://unused", package_dir=Path("/nonexistent"),
-                                       tenant=TENANT, model=MODEL, version=VERSION), status="ready")
     # The demo policy names its agent by the API key's id: hand it one whose id is API_KEY_ID.
     doc = demo_policy_set(API_KEY, decision_key_public_hex(X25519PrivateKey.generate()))
-    state.guard = WorkerGuard(PolicySet.from_dict(doc | {"tenant": TENANT}))
     # Boot (package, key release, attestation) is not what is measured: the booted worker's seam.
-    state.booted = cast(BootedWorker, SimpleNamespace(engine=engine, model_digest="0" * 64,
-                                                      released=SimpleNamespace(bundle=None)))
-    return state
+    booted = cast(BootedWorker, SimpleNamespace(engine=engine, model_digest="0" * 64,
+                                                released=SimpleNamespace(bundle=None)))
+    return WorkerState(WorkerSettings(broker_url="http://unused", package_dir=Path("/nonexistent"),
+                                      tenant=TENANT, model=MODEL, version=VERSION),
+                       guard=WorkerGuard(PolicySet.from_dict(doc | {"tenant": TENANT})),
+                       live=LiveState.serving(booted))
 
 
 def completion_body(prompt: str, output_len: int) -> bytes:

@@ -17,8 +17,8 @@ import uvicorn
 from fastapi import FastAPI
 
 from enclave_worker.heartbeat import heartbeats
-from enclave_worker.server import WorkerState
 from enclave_worker.settings import WorkerSettings
+from enclave_worker.state import LiveState, WorkerState
 from protocol.asgi import freeze_startup_heap
 from protocol.rpc import worker_pb2, worker_pb2_grpc
 
@@ -65,7 +65,7 @@ class FakeServicer(worker_pb2_grpc.WorkerServicer):
 async def main_async(args: argparse.Namespace) -> None:
     settings = WorkerSettings(broker_url="", package_dir=Path("."), tenant=args.tenant, model=args.model,
                               version=args.version, host="127.0.0.1", port=args.http_port)
-    state = WorkerState(settings, status="ready")
+    state = WorkerState(settings, live=LiveState(status="ready"))
     server = grpc.aio.server()
     worker_pb2_grpc.add_WorkerServicer_to_server(FakeServicer(state, args.delay), server)
     address = f"127.0.0.1:{args.grpc_port}"

@@ -33,8 +33,8 @@ from api.app import create_app
 from api.gateway.settings import GatewaySettings, WorkerRoute
 from api.management.auth import AUDIENCE
 from api.stack import free_port
-from enclave_worker.server import WorkerState
 from enclave_worker.settings import WorkerSettings
+from enclave_worker.state import LiveState, WorkerState
 from protocol.rpc import worker_pb2, worker_pb2_grpc
 from tests.api.fake_worker import FakeServicer
 
@@ -81,7 +81,7 @@ def gateway_app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     api_key, _ = service.store.create_key("acme", "schemathesis")
     port = free_port()
     state = WorkerState(WorkerSettings(broker_url="", package_dir=Path("."), tenant="acme", model="m",
-                                       version="v1", host="127.0.0.1", port=port), status="ready")
+                                       version="v1", host="127.0.0.1", port=port), live=LiveState(status="ready"))
     stop = _worker_thread(state, port)
     beating = threading.Event()
 

@@ -18,7 +18,7 @@ import pytest
 
 from api.home import Home
 from api.stack import DEMO_MODEL, free_port, launch
-from enclave_worker.server import LOST_REASONS, failure_reason
+from enclave_worker.lifecycle import LOST_REASONS, failure_reason
 from protocol.worker_status import restart_may_cure
 from tests.api.conftest import copy_home
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from enclave_worker.server import failure_reason
+from enclave_worker.lifecycle import failure_reason
 from policy.errors import PolicyInvalid
 from protocol.broker.errors import BrokerRateLimited, BrokerRefused
 from protocol.package.errors import PackageIntegrityError, PackageSignatureError

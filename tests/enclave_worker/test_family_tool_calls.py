@@ -110,6 +110,11 @@ def _agent_guard(key_id: str) -> WorkerGuard:
                  "max_calls_per_request": 4, "max_calls_per_session": 100}}}))
 
 
+def no_guard(key_id: str) -> None:
+    """No tenant policy: the family's calls as the model made them."""
+    return None
+
+
 def _calls(completion: Any) -> list[tuple[str, Any]]:
     return [(c.function.name, json.loads(c.function.arguments)) for c in completion.choices[0].message.tool_calls or []]
 
@@ -120,9 +125,9 @@ async def test_a_familys_calls_are_openai_tool_calls_streamed_or_not(
         tmp_path: Path, family: str, said: str, content: str | None, calls: list[tuple[str, Any]],
         guarded: bool) -> None:
     engine = _engine(family, said)
-    async with sealed_stack(tmp_path, None, engine) as stack:  # type: ignore[arg-type]
-        # The tenant's tool-use controls judge each call (enclave_worker/tool_stream.py), or none apply.
-        stack.state.guard = _agent_guard(stack.key.key_id) if guarded else None
+    # The tenant's tool-use controls judge each call (enclave_worker/tool_stream.py), or none apply.
+    async with sealed_stack(tmp_path, None, engine,  # type: ignore[arg-type]
+                            lambda key_id: _agent_guard(key_id) if guarded else None) as stack:
         whole, streamed = await _answer(stack, {"model": "m", "messages": ASK, "tools": [WEATHER]})
         # Recorded with the model: the worker's status (heartbeat, /internal/status) names its syntax.
         assert stack.state.report().tool_call_syntax == family
@@ -140,8 +145,7 @@ async def test_a_malformed_call_is_a_clear_error_not_text(tmp_path: Path, family
                                                          message: str) -> None:
     """The worker's stream fails (streamed or not, the worker sends the same chunks; the sealed-mode
     test below shows the error as the OpenAI layer gives it)."""
-    async with sealed_stack(tmp_path, None, _engine(family, said, finish)) as stack:  # type: ignore[arg-type]
-        stack.state.guard = None
+    async with sealed_stack(tmp_path, None, _engine(family, said, finish), no_guard) as stack:  # type: ignore[arg-type]
         (request,) = plan_chat(ChatCompletionRequest.model_validate(
             {"model": "m", "messages": ASK, "tools": [WEATHER]}), rid="r", tenant="acme",
             key_id="k", agent_killed=False, default_max_tokens=64).requests
@@ -171,8 +175,7 @@ async def test_a_forced_call_opens_and_is_constrained_in_the_familys_syntax(tmp_
             }.get((family, choice), '{"city": "Paris"}}' + ("<|eot_id|>" if family == "llama3_json" else "</s>"))
     engine = _engine(family, rest)
     tool_choice: Any = "required" if choice == "required" else {"type": "function", "function": {"name": "get_weather"}}
-    async with sealed_stack(tmp_path, None, engine) as stack:  # type: ignore[arg-type]
-        stack.state.guard = None
+    async with sealed_stack(tmp_path, None, engine, no_guard) as stack:  # type: ignore[arg-type]
         whole, streamed = await _answer(stack, {"model": "m", "messages": ASK, "tools": [WEATHER],
                                                 "tool_choice": tool_choice})
     assert _calls(whole) == _calls(streamed) == [PARIS]
@@ -209,8 +212,7 @@ async def _sealed(stack: Stack, body: dict[str, Any]) -> tuple[int, list[bytes]]
 async def test_sealed_mode_reads_the_familys_calls_in_the_worker(tmp_path: Path) -> None:
     """In sealed mode the OpenAI layer runs inside the worker: the same calls, and the same error."""
     body = {"model": "m", "messages": ASK, "tools": [WEATHER]}
-    async with sealed_stack(tmp_path, None, _engine("mistral", ANSWERS[3][1])) as stack:  # type: ignore[arg-type]
-        stack.state.guard = None
+    async with sealed_stack(tmp_path, None, _engine("mistral", ANSWERS[3][1]), no_guard) as stack:  # type: ignore[arg-type]
         status, pieces = await _sealed(stack, body)
     assert status == 200
     message = ChatCompletion.model_validate(json.loads(pieces[0])).choices[0].message
@@ -218,8 +220,7 @@ async def test_sealed_mode_reads_the_familys_calls_in_the_worker(tmp_path: Path)
     assert message.content == "Checking."
     (tmp_path / "bad").mkdir()
     async with sealed_stack(tmp_path / "bad", None,  # type: ignore[arg-type]
-                            _engine("mistral", MALFORMED[5][1], MALFORMED[5][2])) as stack:
-        stack.state.guard = None
+                            _engine("mistral", MALFORMED[5][1], MALFORMED[5][2]), no_guard) as stack:
         status, pieces = await _sealed(stack, body)
     error = json.loads(pieces[0])["error"]
     assert (status, error["code"], error["type"]) == (500, "invalid_tool_call", "server_error")
@@ -232,10 +233,12 @@ async def test_the_tenants_tool_controls_judge_the_familys_calls(tmp_path: Path,
     signed decision in the trailers) before any byte of its call leaves, whatever the family's syntax."""
     said = {"llama3_json": '{"name": "get_weather", "parameters": {"city": "Paris"}}<|eot_id|>',
             "mistral": '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}]</s>'}[family]
-    async with sealed_stack(tmp_path, None, _engine(family, said)) as stack:  # type: ignore[arg-type]
-        stack.state.guard = WorkerGuard(PolicySet.from_dict({
+    def get_time_only(key_id: str) -> WorkerGuard:
+        return WorkerGuard(PolicySet.from_dict({
             "policy_id": "p", "version": 1, "tenant": "acme", "data": {"pii_input": {"US_SSN": "block"}},
-            "agents": {stack.key.key_id: {"tools": {"get_time": {}}}}}))
+            "agents": {key_id: {"tools": {"get_time": {}}}}}))
+
+    async with sealed_stack(tmp_path, None, _engine(family, said), get_time_only) as stack:  # type: ignore[arg-type]
         (request,) = plan_chat(ChatCompletionRequest.model_validate(
             {"model": "m", "messages": ASK, "tools": [WEATHER]}), rid="r", tenant="acme",
             key_id=stack.key.key_id, agent_killed=False, default_max_tokens=64).requests

@@ -24,9 +24,9 @@ from api.tenant_audit import decision_key_public_hex
 from enclave_worker.clock import Clock
 from enclave_worker.engine import EngineConfig, LLMEngine
 from enclave_worker.guard import WorkerGuard
-from enclave_worker.server import WorkerState
 from enclave_worker.servicer import WorkerServicer
 from enclave_worker.settings import WorkerSettings
+from enclave_worker.state import LiveState, WorkerState
 from policy.audit.worker_record import DECISION_METADATA_KEY, public_key_bytes
 from policy.policyset import PolicySet
 from protocol.heartbeat import worker_id_for
@@ -65,14 +65,14 @@ def engine() -> Iterator[LLMEngine]:
 
 
 def _state(engine: LLMEngine) -> WorkerState:
-    state = WorkerState(WorkerSettings(broker_url="http://b", package_dir=Path("/nonexistent"), tenant="acme",
-                                       model="m", version="v1"), status="ready", clock=FixedClock())
-    state.guard = WorkerGuard(PolicySet.from_dict({"policy_id": "p", "version": 3, "tenant": "acme", "data": {
+    guard = WorkerGuard(PolicySet.from_dict({"policy_id": "p", "version": 3, "tenant": "acme", "data": {
         "pii_input": {"EMAIL_ADDRESS": "redact", "US_SSN": "block"}},
         "decision_record_key": decision_key_public_hex(TENANT_KEY)}))
-    state.booted = SimpleNamespace(engine=engine, model_digest="d" * 64,  # type: ignore[assignment]
-                                   released=SimpleNamespace(bundle=SimpleNamespace(digest=lambda: "e" * 64)))
-    return state
+    booted = SimpleNamespace(engine=engine, model_digest="d" * 64,
+                             released=SimpleNamespace(bundle=SimpleNamespace(digest=lambda: "e" * 64)))
+    return WorkerState(WorkerSettings(broker_url="http://b", package_dir=Path("/nonexistent"), tenant="acme",
+                                      model="m", version="v1"),
+                       guard=guard, live=LiveState.serving(booted), clock=FixedClock())  # type: ignore[arg-type]
 
 
 @dataclass

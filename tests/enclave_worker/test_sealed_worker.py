@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from pathlib import Path
 from typing import Any
@@ -13,9 +14,9 @@ import pytest
 from enclave_worker.cli import main as cli_main
 from enclave_worker.guard import WorkerGuard
 from enclave_worker.sealed import SealedRefusal, open_sealed_request
-from enclave_worker.server import WorkerState
 from enclave_worker.servicer import WorkerServicer
 from enclave_worker.settings import WorkerSettings
+from enclave_worker.state import LiveState, WorkerState
 from policy.errors import PolicyInvalid
 from policy.policyset import PolicySet
 from protocol.rpc import worker_pb2
@@ -35,11 +36,12 @@ class Context:
 
 
 def _state(require_sealed: bool = False) -> WorkerState:
-    state = WorkerState(WorkerSettings(broker_url="http://b", package_dir=Path("/nonexistent"), tenant="acme",
-                                       model="m", version="v1"))
-    state.guard = WorkerGuard(PolicySet(policy_id="p", version=3, tenant="acme", require_sealed=require_sealed))
-    state.booted = object()  # type: ignore[assignment]  # refusals come before the engine is touched
-    return state
+    # refusals come before the engine is touched
+    return WorkerState(WorkerSettings(broker_url="http://b", package_dir=Path("/nonexistent"), tenant="acme",
+                                      model="m", version="v1"),
+                       guard=WorkerGuard(PolicySet(policy_id="p", version=3, tenant="acme",
+                                                   require_sealed=require_sealed)),
+                       live=LiveState.serving(object()))  # type: ignore[arg-type]
 
 
 def test_signed_policy_require_sealed_makes_the_worker_refuse_plaintext() -> None:
@@ -158,9 +160,9 @@ def test_response_padding_is_a_measured_setting() -> None:
 async def test_the_worker_pads_response_chunks_to_its_setting() -> None:
     sizes = {}
     for min_bytes in (256, 4096):
-        state = _state()
-        state.settings = WorkerSettings(broker_url="http://b", package_dir=Path("/x"), tenant="acme", model="m",
-                                        version="v1", sealed_padding_min_bytes=min_bytes)
+        state = dataclasses.replace(_state(), settings=WorkerSettings(
+            broker_url="http://b", package_dir=Path("/x"), tenant="acme", model="m", version="v1",
+            sealed_padding_min_bytes=min_bytes))
         opened = open_sealed_request(state, _sealed(state))
         sizes[min_bytes] = len(opened.sealer.seal(b"a short token event"))
     assert sizes[4096] - sizes[256] == 4096 - 256

@@ -194,13 +194,13 @@ def test_a_worker_names_its_models_syntax_in_its_status() -> None:
     from pathlib import Path
     from types import SimpleNamespace
 
-    from enclave_worker.server import WorkerState
     from enclave_worker.settings import WorkerSettings
+    from enclave_worker.state import LiveState, WorkerState
 
     state = WorkerState(WorkerSettings(broker_url="http://b", package_dir=Path("/nonexistent"), tenant="acme",
-                                       model="m", version="v1"), status="ready")
+                                       model="m", version="v1"), live=LiveState(status="ready"))
     assert state.report().tool_call_syntax == ""  # nothing served yet
     for template, name in ((TEMPLATES["mistral"], "mistral"), (None, "hermes_lenient")):
         engine = SimpleNamespace(tokenizer=SimpleNamespace(chat_template=template), stats=dict)
-        state.booted = SimpleNamespace(engine=engine, load_s=0.1, gpu_cc_off=False)  # type: ignore[assignment]
+        state.live.booted = SimpleNamespace(engine=engine, load_s=0.1, gpu_cc_off=False)  # type: ignore[assignment]
         assert state.report().tool_call_syntax == name

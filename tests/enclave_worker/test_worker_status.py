@@ -11,20 +11,20 @@ from fastapi.testclient import TestClient
 
 from api.gateway.worker_attestation import verify_heartbeat_signature
 from enclave_worker.heartbeat import heartbeat_body
-from enclave_worker.server import WorkerState, create_app
+from enclave_worker.server import create_app
 from enclave_worker.servicer import WorkerServicer
 from enclave_worker.settings import WorkerSettings
+from enclave_worker.state import LiveState, WorkerState
 from protocol.rpc import worker_pb2
 from protocol.worker_status import Heartbeat, WorkerStatus
 
 
 def _state(tmp_path: Path) -> WorkerState:
-    state = WorkerState(WorkerSettings(broker_url="", package_dir=tmp_path, tenant="acme", model="m", version="v1"),
-                        status="ready")
     stats = {"num_running": 1, "num_waiting": 2, "kv_cache_usage_perc": 12.5}
-    state.booted = SimpleNamespace(engine=SimpleNamespace(stats=lambda: stats), gpu_cc_off=False,  # type: ignore[assignment]
-                                   load_s=1.25, released=None, model_digest="")
-    return state
+    booted = SimpleNamespace(engine=SimpleNamespace(stats=lambda: stats), gpu_cc_off=False, load_s=1.25,
+                             released=None, model_digest="")
+    return WorkerState(WorkerSettings(broker_url="", package_dir=tmp_path, tenant="acme", model="m", version="v1"),
+                       live=LiveState.serving(booted))  # type: ignore[arg-type]
 
 
 def test_the_grpc_status_reply_is_the_worker_status(tmp_path: Path) -> None:
@@ -37,13 +37,13 @@ def test_the_grpc_status_reply_is_the_worker_status(tmp_path: Path) -> None:
 
 def test_internal_status_is_the_same_model(tmp_path: Path) -> None:
     state = _state(tmp_path)
-    client = TestClient(create_app(state.settings, state))  # no lifespan: nothing boots
+    client = TestClient(create_app(state))  # a view: it boots nothing
     assert WorkerStatus.model_validate(client.get("/internal/status").json()) == state.report()
 
 
 def test_the_heartbeat_is_the_worker_status_plus_identity(tmp_path: Path) -> None:
     state = _state(tmp_path)
-    state.booted = None  # before boot: no attestation yet, still a valid heartbeat
+    state.live.booted = None  # before boot: no attestation yet, still a valid heartbeat
     body = heartbeat_body(state, "127.0.0.1:7001", "", seq=1)
     beat = Heartbeat.model_validate(body)
     assert WorkerStatus.model_validate(beat.model_dump(include=set(WorkerStatus.model_fields))) == state.report()

@@ -30,9 +30,9 @@ from attestation.sim import SimTee
 from attestation.token import TokenIssuer
 from attestation.workload import WorkloadClaims
 from enclave_worker.guard import WorkerGuard
-from enclave_worker.server import WorkerState
 from enclave_worker.servicer import WorkerServicer
 from enclave_worker.settings import WorkerSettings
+from enclave_worker.state import LiveState, WorkerState
 from policy.audit.worker_record import public_key_bytes
 from policy.documents import sign_policy_document
 from policy.policyset import PolicySet
@@ -117,12 +117,13 @@ async def deployment(tmp: Path, callers: dict[str, Any] | None = None, *,
     admin = Ed25519PrivateKey.generate()
     document = sign_policy_document(policy_doc(section if callers is not None or list_tenant_key else None),
                                     admin, "tenant-admin")
-    state = WorkerState(WorkerSettings(broker_url="http://b", package_dir=Path("/nonexistent"), tenant=TENANT,
-                                       model=MODEL, version="v1", host="127.0.0.1"), status="ready")
-    state.guard = WorkerGuard(PolicySet.from_dict(document["payload"]))
     released = SimpleNamespace(bundle=SimpleNamespace(to_json=dict, digest=lambda: "e" * 64), token="t")
-    state.booted = SimpleNamespace(engine=StandInEngine(), model_digest="d" * 64, released=released,  # type: ignore[assignment]
-                                   load_s=0.1, gpu_cc_off=False)
+    booted = SimpleNamespace(engine=StandInEngine(), model_digest="d" * 64, released=released, load_s=0.1,
+                             gpu_cc_off=False)
+    state = WorkerState(WorkerSettings(broker_url="http://b", package_dir=Path("/nonexistent"), tenant=TENANT,
+                                       model=MODEL, version="v1", host="127.0.0.1"),
+                        guard=WorkerGuard(PolicySet.from_dict(document["payload"])),
+                        live=LiveState.serving(booted))  # type: ignore[arg-type]
     server = grpc.aio.server()
     worker_pb2_grpc.add_WorkerServicer_to_server(WorkerServicer(state), server)
     port = server.add_insecure_port("127.0.0.1:0")

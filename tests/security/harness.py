@@ -17,8 +17,8 @@ from api.app import create_app
 from api.gateway.service import GatewayService
 from api.gateway.settings import GatewaySettings, WorkerRoute
 from api.stack import free_port
-from enclave_worker.server import WorkerState
 from enclave_worker.settings import WorkerSettings
+from enclave_worker.state import LiveState, WorkerState
 from protocol.heartbeat import worker_id_for
 from protocol.rpc import worker_pb2_grpc
 
@@ -67,7 +67,7 @@ async def gateway(tmp: Path, servicers: list, *, tenant: str = "acme", model: st
     for make in servicers:
         port = free_port()
         state = WorkerState(WorkerSettings(broker_url="", package_dir=Path("."), tenant=tenant, model=model,
-                                           version="v1", host="127.0.0.1", port=port), status="ready")
+                                           version="v1", host="127.0.0.1", port=port), live=LiveState(status="ready"))
         server = grpc.aio.server()
         worker_pb2_grpc.add_WorkerServicer_to_server(make(state), server)
         server.add_insecure_port(f"127.0.0.1:{port}")

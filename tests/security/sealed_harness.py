@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,9 +25,9 @@ from api.store.db import make_engine, session_factory, upgrade
 from api.store.repo import KeyRecord, Store
 from api.tenant_audit import decision_key_public_hex
 from enclave_worker.guard import WorkerGuard
-from enclave_worker.server import WorkerState
 from enclave_worker.servicer import WorkerServicer
 from enclave_worker.settings import WorkerSettings
+from enclave_worker.state import LiveState, WorkerState
 from policy.audit.worker_record import public_key_bytes
 from policy.limiter import TokenBucketLimiter
 from policy.policyset import PolicySet
@@ -77,23 +77,26 @@ class Stack:
 
 @asynccontextmanager
 async def sealed_stack(tmp_path: Path, decision_key: X25519PrivateKey | None,
-                       engine: StandInEngine | None = None) -> AsyncIterator[Stack]:
+                       engine: StandInEngine | None = None,
+                       guard_for: Callable[[str], WorkerGuard | None] | None = None) -> AsyncIterator[Stack]:
+    """A gateway and a worker serving `engine`. The worker's tenant policy is `tenant_policy(decision_key)`,
+    or what `guard_for` makes for the stack's API key id (None from it: no data controls)."""
     engine = engine or StandInEngine()
-    state = WorkerState(WorkerSettings(broker_url="http://b", package_dir=Path("/nonexistent"), tenant="acme",
-                                       model="m", version="v1"), status="ready")
-    state.guard = WorkerGuard(tenant_policy(decision_key))
-    released = SimpleNamespace(bundle=SimpleNamespace(to_json=dict, digest=lambda: "e" * 64),  # what a heartbeat
-                               token="t")  # shows, and the evidence a receipt names
-    state.booted = SimpleNamespace(engine=engine, model_digest="d" * 64, released=released,  # type: ignore[assignment]
-                                   load_s=0.1, gpu_cc_off=False)
-    server = grpc.aio.server()
-    worker_pb2_grpc.add_WorkerServicer_to_server(WorkerServicer(state), server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
     db = make_engine(f"sqlite:///{tmp_path / 'cp.db'}")
     upgrade(db)
     store = Store(session_factory(db))
     _, key = store.create_key("acme", "k")
+    released = SimpleNamespace(bundle=SimpleNamespace(to_json=dict, digest=lambda: "e" * 64),  # what a heartbeat
+                               token="t")  # shows, and the evidence a receipt names
+    booted = SimpleNamespace(engine=engine, model_digest="d" * 64, released=released, load_s=0.1, gpu_cc_off=False)
+    state = WorkerState(WorkerSettings(broker_url="http://b", package_dir=Path("/nonexistent"), tenant="acme",
+                                       model="m", version="v1"),
+                        guard=guard_for(key.key_id) if guard_for else WorkerGuard(tenant_policy(decision_key)),
+                        live=LiveState.serving(booted))  # type: ignore[arg-type]
+    server = grpc.aio.server()
+    worker_pb2_grpc.add_WorkerServicer_to_server(WorkerServicer(state), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
     (tmp_path / "gw").mkdir()
     service = GatewayService(GatewaySettings(data_dir=tmp_path / "gw", dev=True), store,
                              AdmissionController(TokenBucketLimiter(), LocalQueueCounter(), 8, 8))

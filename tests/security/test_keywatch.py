@@ -17,8 +17,9 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from enclave_worker.keywatch import KeyLease, LeaseTiming
-from enclave_worker.server import WorkerState, _revoke, serving
+from enclave_worker.lifecycle import revoke, serving
 from enclave_worker.settings import WorkerSettings
+from enclave_worker.state import LiveState, WorkerState
 from protocol.broker.client import ReleasedKey, WorkerIdentity
 from protocol.model_ref import ModelRef
 from tests.security.stub_broker import DATA_KEY, TOKEN_ID, NoEvidence, answer, step_json, stub_broker
@@ -153,29 +154,29 @@ class FakeBooted:
 
 def test_a_lease_that_runs_out_wipes_the_model_and_stops_serving(tmp_path) -> None:  # type: ignore[no-untyped-def]
     state = WorkerState(WorkerSettings(broker_url="", package_dir=tmp_path, tenant="acme", model="m", version="v1"),
-                        status="ready")
+                        live=LiveState(status="ready"))
     booted = FakeBooted()
-    state.booted = booted  # type: ignore[assignment]
+    state.live.booted = booted  # type: ignore[assignment]
     timing = LeaseTiming(lease_s=1.0, watch_s=0.05, margin_s=0.0, backoff_min_s=0.01, backoff_max_s=0.05)
     with stub_broker([], then=step_json(503)) as (url, _):  # the broker is gone for good
-        state.lease = lease(url, timing)
+        state.live.lease = lease(url, timing)
 
         async def scenario() -> None:
             assert serving(state)
-            await asyncio.wait_for(state.lease.run(lambda reason: _revoke(state)), 10)  # type: ignore[union-attr]
+            await asyncio.wait_for(state.live.lease.run(lambda reason: revoke(state)), 10)  # type: ignore[union-attr]
 
         asyncio.run(scenario())
     assert booted.wiped and booted.engine.wiped
-    assert state.booted is None and state.status == "failed" and not serving(state)
+    assert state.booted is None and state.live.status == "failed" and not serving(state)
 
 
 def test_the_serving_path_refuses_and_wipes_on_an_expired_lease_even_without_the_watcher(tmp_path) -> None:  # type: ignore[no-untyped-def]
     state = WorkerState(WorkerSettings(broker_url="", package_dir=tmp_path, tenant="acme", model="m", version="v1"),
-                        status="ready")
+                        live=LiveState(status="ready"))
     booted = FakeBooted()
-    state.booted = booted  # type: ignore[assignment]
+    state.live.booted = booted  # type: ignore[assignment]
     now = [100.0]
-    state.lease = KeyLease("http://127.0.0.1:9", released(), WorkerIdentity(Ed25519PrivateKey.generate()),
+    state.live.lease = KeyLease("http://127.0.0.1:9", released(), WorkerIdentity(Ed25519PrivateKey.generate()),
                            ModelRef("acme", "m", "v1"), LeaseTiming(lease_s=10.0), clock=lambda: now[0])
 
     async def scenario() -> None:
@@ -184,4 +185,4 @@ def test_the_serving_path_refuses_and_wipes_on_an_expired_lease_even_without_the
         assert not serving(state)
 
     asyncio.run(scenario())
-    assert booted.wiped and state.status == "failed"
+    assert booted.wiped and state.live.status == "failed"

@@ -47,10 +47,10 @@ async def test_the_gateway_answers_503_until_a_compliant_worker_is_ready(tmp_pat
         clock = FakeClock()
         booted = LeasedBooted()
         booted.engine.stats = dict  # type: ignore[attr-defined]  # what the heartbeat reports of it
-        leased.booted = booted  # type: ignore[assignment]
-        leased.lease = KeyLease("http://broker", released(), leased.identity(), ModelRef("acme", "m", "v1"),
-                                LeaseTiming(lease_s=60.0), clock=clock.monotonic)
-        replacement.status = "starting"  # attesting: not routable yet
+        leased.live.booted = booted  # type: ignore[assignment]
+        leased.live.lease = KeyLease("http://broker", released(), leased.identity(), ModelRef("acme", "m", "v1"),
+                                     LeaseTiming(lease_s=60.0), clock=clock.monotonic)
+        replacement.live.status = "starting"  # attesting: not routable yet
         await gw.beat()
         assert [w.worker_id for w in gw.service.registry.ready("acme", "m")] == [gw.workers[0]]
 
@@ -58,7 +58,7 @@ async def test_the_gateway_answers_503_until_a_compliant_worker_is_ready(tmp_pat
         clock.advance(61.0)
         r = await complete(gw)
         assert r.status_code == 503 and r.json()["error"]["message"], r.text
-        assert booted.wiped and leased.status == "failed"
+        assert booted.wiped and leased.live.status == "failed"
 
         # Its next heartbeat says "failed": the gateway stops routing to it and answers 503 itself.
         await gw.beat()
@@ -72,9 +72,9 @@ async def test_the_gateway_answers_503_until_a_compliant_worker_is_ready(tmp_pat
             assert error["message"].startswith("model unavailable: no attested worker is serving it")
 
         # A compliant worker (it attested and got the key) is ready: the model is served again.
-        replacement.status = "ready"
+        replacement.live.status = "ready"
         await gw.beat()
         r = await complete(gw)
         assert r.status_code == 200, r.text
         assert r.json()["choices"][0]["text"].startswith("v1")
-        assert leased.status == "failed"  # the wiped worker stays out
+        assert leased.live.status == "failed"  # the wiped worker stays out

@@ -21,9 +21,10 @@ from attestation.bundle import channel_binding
 from enclave_worker.clock import Clock
 from enclave_worker.heartbeat import heartbeat_body
 from enclave_worker.keywatch import KeyLease, LeaseTiming
+from enclave_worker.lifecycle import revoke, serving
 from enclave_worker.sealed import SealedRefusal, open_sealed_request
-from enclave_worker.server import WorkerState, _revoke, serving
 from enclave_worker.settings import WorkerSettings
+from enclave_worker.state import LiveState, WorkerState
 from protocol.broker.client import obtain_data_key
 from protocol.model_ref import ModelRef
 from protocol.rpc import worker_pb2
@@ -48,19 +49,18 @@ class FakeClock(Clock):
 
 
 def worker_state(tmp: Path, clock: FakeClock) -> tuple[WorkerState, FakeBooted]:
-    state = WorkerState(WorkerSettings(broker_url="http://broker", package_dir=tmp, **SCOPE), status="ready",
-                        clock=clock)
     booted = FakeBooted()
-    state.booted = booted  # type: ignore[assignment]
+    state = WorkerState(WorkerSettings(broker_url="http://broker", package_dir=tmp, **SCOPE),
+                        live=LiveState.serving(booted), clock=clock)  # type: ignore[arg-type]
     return state, booted
 
 
 def assert_wiped_and_silent(state: WorkerState, booted: FakeBooted, reason: str) -> None:
     assert booted.wiped and booted.engine.wiped  # weights and KV pool zeroed, engine shut down
     assert state.booted is None and not serving(state)
-    assert state.lease is not None and not state.lease.valid()
-    assert state.lease.released.data_key == b"" and state.lease._mac_key == bytes(32)
-    assert state.status == "failed" and reason in state.reason
+    assert state.live.lease is not None and not state.live.lease.valid()
+    assert state.live.lease.released.data_key == b"" and state.live.lease._mac_key == bytes(32)
+    assert state.live.status == "failed" and reason in state.live.reason
     # It stops answering with a typed error (sealed and plain requests alike: `serving` is the gate).
     with pytest.raises(SealedRefusal) as refused:
         open_sealed_request(state, worker_pb2.SealedRequest())
@@ -87,13 +87,13 @@ def test_a_tightened_policy_wipes_the_worker_at_once(kb: Harness, tmp_path: Path
     key = obtain_data_key(kb.client, ModelRef(**SCOPE), make_bundle=kb.bundle,
                           channel_binding=channel_binding(identity.tls_spki, identity.public_key))
     # Long polls of 30 s: the answer can only come early from the policy change's push.
-    state.lease = lease = KeyLease("http://broker", key, identity, ModelRef(**SCOPE),
+    state.live.lease = lease = KeyLease("http://broker", key, identity, ModelRef(**SCOPE),
                                    LeaseTiming(lease_s=60.0, watch_s=30.0), clock=clock.monotonic,
                                    transport=httpx.ASGITransport(app=kb.app))
     lost: list[str] = []
 
     async def scenario() -> None:
-        task = asyncio.create_task(lease.run(lambda why: (lost.append(why), _revoke(state, why))))
+        task = asyncio.create_task(lease.run(lambda why: (lost.append(why), revoke(state, why))))
         while not kb.app.state.leases.changes._waiters:  # until the renewal is held at the broker
             assert not task.done()
             await asyncio.sleep(0.01)
@@ -117,7 +117,7 @@ def test_an_unchanged_policy_keeps_the_worker_serving(kb: Harness, tmp_path: Pat
     identity = state.identity()
     key = obtain_data_key(kb.client, ModelRef(**SCOPE), make_bundle=kb.bundle,
                           channel_binding=channel_binding(identity.tls_spki, identity.public_key))
-    state.lease = lease = KeyLease("http://broker", key, identity, ModelRef(**SCOPE), LeaseTiming(lease_s=60.0),
+    state.live.lease = lease = KeyLease("http://broker", key, identity, ModelRef(**SCOPE), LeaseTiming(lease_s=60.0),
                                    clock=clock.monotonic, transport=httpx.ASGITransport(app=kb.app))
 
     async def renew_twice() -> list[str]:
@@ -156,11 +156,11 @@ def test_a_lease_that_cannot_be_renewed_wipes_within_the_lease(tmp_path: Path, s
     state, booted = worker_state(tmp_path, clock)
     broker = FailingBroker(clock, state, status)
     timing = LeaseTiming(lease_s=60.0, watch_s=20.0, margin_s=5.0, backoff_min_s=0.001, backoff_max_s=0.001)
-    state.lease = lease = KeyLease("http://broker", released(), state.identity(), ModelRef(**SCOPE), timing,
+    state.live.lease = lease = KeyLease("http://broker", released(), state.identity(), ModelRef(**SCOPE), timing,
                                    clock=clock.monotonic, transport=broker)
     lost: list[str] = []
 
-    asyncio.run(asyncio.wait_for(lease.run(lambda why: (lost.append(why), _revoke(state, why))), 30))
+    asyncio.run(asyncio.wait_for(lease.run(lambda why: (lost.append(why), revoke(state, why))), 30))
     assert lost == ["lease-expired"]
     # Served while the lease ran (25 s, 50 s), refused from the first moment past it (75 s).
     assert broker.serving_at_each_attempt == [True, True, False]

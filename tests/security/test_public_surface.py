@@ -42,11 +42,11 @@ async def test_attestation_lists_only_the_callers_tenants_workers(tmp_path: Path
     async with gateway(tmp_path, [lambda s: FakeServicer(s, 0.001)], tenant="acme", model="m") as gw:
         from pathlib import Path as P
 
-        from enclave_worker.server import WorkerState
         from enclave_worker.settings import WorkerSettings
+        from enclave_worker.state import LiveState, WorkerState
 
         globex = WorkerState(WorkerSettings(broker_url="", package_dir=P("."), tenant="globex", model="globex-private",
-                                            version="v1", host="127.0.0.1", port=9), status="ready")
+                                            version="v1", host="127.0.0.1", port=9), live=LiveState(status="ready"))
         r = await gw.client.post("/internal/workers/heartbeat", json=heartbeat_doc(globex),
                                  headers={"Authorization": f"Bearer {REGISTER_TOKEN}"})
         assert r.status_code == 200, r.text

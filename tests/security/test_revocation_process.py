@@ -17,8 +17,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from attestation.bundle import channel_binding
 from enclave_worker.keywatch import KeyLease, LeaseTiming
-from enclave_worker.server import WorkerState, _revoke, serving
+from enclave_worker.lifecycle import revoke, serving
 from enclave_worker.settings import WorkerSettings
+from enclave_worker.state import LiveState, WorkerState
 from protocol.broker.client import WorkerIdentity, obtain_data_key
 from protocol.model_ref import ModelRef
 from tests.key_broker.conftest import SIGNER, sealed_key_upload
@@ -52,24 +53,24 @@ def setup_tenant(broker: BrokerProcess) -> None:
 
 
 class RunningWorker:
-    """A worker's state and key lease as `enclave_worker.server` runs them (engine stood in)."""
+    """A worker's state and key lease as `enclave_worker.lifecycle` runs them (engine stood in)."""
 
     def __init__(self, broker: BrokerProcess, tmp: Path, timing: LeaseTiming) -> None:
         self.identity = WorkerIdentity(Ed25519PrivateKey.generate())
         with httpx.Client(base_url=broker.url, timeout=10) as client:
             self.released = obtain_data_key(client, ModelRef(**SCOPE), make_bundle=broker.make_bundle,
                                             channel_binding=channel_binding(b"", self.identity.public_key))
-        self.state = WorkerState(WorkerSettings(broker_url=broker.url, package_dir=tmp, **SCOPE), status="ready")
         self.booted = FakeBooted()
-        self.state.booted = self.booted  # type: ignore[assignment]
-        self.state.lease = KeyLease(broker.url, self.released, self.identity, ModelRef(**SCOPE), timing=timing)
+        self.state = WorkerState(WorkerSettings(broker_url=broker.url, package_dir=tmp, **SCOPE),
+                                 live=LiveState.serving(self.booted))  # type: ignore[arg-type]
+        self.state.live.lease = KeyLease(broker.url, self.released, self.identity, ModelRef(**SCOPE), timing=timing)
         self.lost: list[tuple[str, float]] = []
 
         def on_lost(reason: str) -> None:
             self.lost.append((reason, time.monotonic()))
-            _revoke(self.state)
+            revoke(self.state)
 
-        self.thread = threading.Thread(target=lambda: asyncio.run(self.state.lease.run(on_lost)),  # type: ignore[union-attr]
+        self.thread = threading.Thread(target=lambda: asyncio.run(self.state.live.lease.run(on_lost)),  # type: ignore[union-attr]
                                        daemon=True)
         self.thread.start()
 
@@ -138,14 +139,14 @@ def test_flood_then_revoke_stops_the_worker_within_5_seconds(broker: BrokerProce
     reason, at = worker.lost[0]
     assert reason == "revoked" and at - revoked_at < 5.0
     assert worker.booted.wiped and worker.booted.engine.wiped and not serving(worker.state)
-    assert worker.state.status == "failed"
+    assert worker.state.live.status == "failed"
     assert sum(codes.values()) > 100 and codes.get(429, 0) > 0 and codes.get(403, 0) > 0, codes
 
 
 def test_a_broker_killed_and_restarted_does_not_take_the_worker_down(broker: BrokerProcess, tmp_path: Path) -> None:
     setup_tenant(broker)
     worker = RunningWorker(broker, tmp_path, LeaseTiming(lease_s=30.0, watch_s=2.0, margin_s=1.0))
-    lease = worker.state.lease
+    lease = worker.state.live.lease
     assert lease is not None
     assert wait_for(lambda: lease._seq >= 2, 10)  # renewed at once, then holding
     assert broker.proc is not None

@@ -21,8 +21,8 @@ from api.tenant_audit import read_sealed_decisions
 from enclave_worker.guard import WorkerGuard
 from enclave_worker.heartbeat import heartbeat_body
 from enclave_worker.outbox import Outbox
-from enclave_worker.server import WorkerState
 from enclave_worker.settings import WorkerSettings
+from enclave_worker.state import LiveState, WorkerState
 from policy.audit import read_entries
 from protocol.rpc import worker_pb2
 from protocol.worker_status import Heartbeat
@@ -113,8 +113,8 @@ async def test_a_completed_call_owes_nothing(tmp_path: Path) -> None:
 
 def test_the_heartbeat_route_settles_a_batch_once(tmp_path: Path) -> None:
     state = WorkerState(WorkerSettings(broker_url="", package_dir=tmp_path, tenant="acme", model="m",
-                                       version="v1"), status="ready")
-    state.guard = WorkerGuard(tenant_policy(X25519PrivateKey.generate()))
+                                       version="v1"), guard=WorkerGuard(tenant_policy(X25519PrivateKey.generate())),
+                        live=LiveState(status="ready"))
     request = worker_pb2.SealedRequest(request_id="rq1", tenant="acme", key_id="k", model="m")
     state.outbox.owe_usage(state.signer.usage(request, 7, 3, 0.5, 1.0))
     state.outbox.owe_record(state.records.seal(request, (), 1.0) or b"")

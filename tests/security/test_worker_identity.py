@@ -31,8 +31,8 @@ from api.gateway.worker_attestation import expected_binding
 from attestation.bundle import EvidenceBundle, RuntimeData
 from attestation.token import TokenIssuer
 from enclave_worker.heartbeat import heartbeat_body
-from enclave_worker.server import WorkerState
 from enclave_worker.settings import WorkerSettings
+from enclave_worker.state import LiveState, WorkerState
 from protocol.broker.client import ReleasedKey
 from protocol.heartbeat import heartbeat_signing_input
 
@@ -45,7 +45,8 @@ class Worker:
     """A worker's identity and heartbeats exactly as `enclave_worker.heartbeat` makes them."""
 
     def __init__(self, tmp: Path, port: int, *, bind: bool = True) -> None:
-        self.state = WorkerState(WorkerSettings(broker_url="", package_dir=tmp, **SCOPE), status="ready")
+        self.state = WorkerState(WorkerSettings(broker_url="", package_dir=tmp, **SCOPE),
+                                 live=LiveState(status="ready"))
         public = self.state.identity().public_key.hex()
         hpke = self.state.serving_key.public_bytes
         evidence = EvidenceBundle(tee="sim", cpu_evidence=os.urandom(16),
@@ -55,7 +56,7 @@ class Worker:
                               "runtime_data": {"channel_binding": binding.hex(), "hpke_public_key": hpke.hex()}},
                              dt.datetime.now(dt.UTC))
         released = ReleasedKey(os.urandom(32), token, "jti", evidence, {})
-        self.state.booted = SimpleNamespace(released=released, model_digest="ab" * 32,  # type: ignore[assignment]
+        self.state.live.booted = SimpleNamespace(released=released, model_digest="ab" * 32,  # type: ignore[assignment]
                                             engine=SimpleNamespace(stats=lambda: {}), gpu_cc_off=False,
                                             load_s=0.5)
         self.address = f"127.0.0.1:{port}"

@@ -70,7 +70,7 @@ def test_a_failed_call_raises_to_the_caller_and_the_thread_ends_when_closed() ->
 
 
 def test_a_passing_thread_returns_or_raises_and_has_ended() -> None:
-    """The worker's boot runs there (enclave_worker/server.py): the thread, and the OpenMP team torch
+    """The worker's boot runs there (enclave_worker/lifecycle.py): the thread, and the OpenMP team torch
     started on it, are gone once the boot is done, leaving the stepping thread's team alone."""
     from enclave_worker.engine.compute_thread import on_a_passing_thread
 

@@ -5,18 +5,23 @@ batch, also while another process keeps the cores busy."""
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 
-from enclave_worker.engine import EngineConfig, EngineError, SamplingParams
+from enclave_worker.boot import engine_config
+from enclave_worker.engine import EngineConfig, EngineError, LLMEngine, SamplingParams
 from enclave_worker.engine.kernel_path import CPU_CLASSES, choose_kernel_path, detect_cpu_class
 from enclave_worker.engine.layers.attention import AttentionMetadata, PrefillChunk
 from enclave_worker.engine.layers.packed import bf16_native
+from enclave_worker.engine.threads import available_cpus
 from enclave_worker.settings import WorkerSettings
 
 # (device, dtype, decode_kernels, cpu class) -> (linear, C++ CPU kernels): the rule, whole
@@ -107,8 +112,6 @@ def test_the_measured_configuration_names_the_kernel_path(tmp_path: Path) -> Non
     assert "kernel" not in settings(engine="vllm").measured_config()["engine"]
     with pytest.raises(ValueError, match="cpu_class"):
         settings(cpu_class="avx2")
-    from enclave_worker.boot import engine_config
-
     # the engine the worker builds is held to the measured class (it refuses another: test above)
     assert engine_config(settings(cpu_class="x86-avx2")).cpu_class == "x86-avx2"
 
@@ -128,6 +131,44 @@ def test_the_worker_cli_resolves_and_measures_the_cpu_class(tmp_path: Path) -> N
 BUSY_LOOP = "import time\nend = time.monotonic() + 120\nwhile time.monotonic() < end:\n    pass\n"
 
 
+@contextlib.contextmanager
+def every_core_busy() -> Iterator[None]:
+    """A bounded busy loop in another process per CPU this process may use, for the whole block."""
+    busy = [subprocess.Popen([sys.executable, "-c", BUSY_LOOP]) for _ in range(available_cpus())]
+    try:
+        time.sleep(0.2)  # the loops are running before the first step
+        assert all(p.poll() is None for p in busy)
+        yield
+        assert all(p.poll() is None for p in busy)  # the load lasted the whole run
+    finally:
+        for p in busy:
+            p.kill()
+            p.wait()
+
+
+def test_two_engines_built_from_one_worker_configuration_agree_to_the_bit_under_load(checkpoint, h,
+                                                                                   tmp_path: Path) -> None:
+    """What a worker builds from its measured settings (a `sealed tune` thread count), twice: one engine's
+    logits on a quiet machine are the other's, to the bit, while every core is busy."""
+    settings = WorkerSettings(broker_url="http://b", package_dir=tmp_path, tenant="t", model="m", version="1",
+                              unsafe_no_tenant_policy=True, num_threads=2)
+    config = dataclasses.replace(engine_config(settings), kv_cache_memory_bytes=8 << 20)
+    engines = [LLMEngine.from_checkpoint(dataclasses.replace(
+        checkpoint, tensors={k: v.clone() for k, v in checkpoint.tensors.items()}), config) for _ in range(2)]
+    assert engines[0].kernel_path.name == engines[1].kernel_path.name == settings.kernel_path
+    prompts = [engines[0].tokenizer.encode(p) for p in h.prompts[:4]]
+    caller_threads = torch.get_num_threads()
+    torch.set_num_threads(config.num_threads or 1)  # as the engine's own steps run (model_runner.py)
+    try:
+        quiet = _logits(engines[0], prompts)
+        with every_core_busy():
+            busy = _logits(engines[1], prompts)
+    finally:
+        torch.set_num_threads(caller_threads)
+    assert torch.equal(quiet, busy)
+    assert not torch.equal(quiet[0], quiet[1])  # the comparison sees real, distinct logits
+
+
 def test_a_seeded_request_gives_the_same_tokens_alone_and_batched_under_load(make_engine, h) -> None:
     """The failure issue 47 saw: alone and batched differed on a busy machine, where a live tuner moved
     the thread count. A bounded busy loop in another process per CPU keeps the cores busy meanwhile."""
@@ -136,17 +177,9 @@ def test_a_seeded_request_gives_the_same_tokens_alone_and_batched_under_load(mak
     params = SamplingParams(max_tokens=12, temperature=0.9, top_p=0.95, top_k=50, seed=1234, ignore_eos=True)
     others = [(f"o{i}", eng.tokenizer.encode(p), params) for i, p in enumerate(h.prompts[:3])]
     quiet = h.tokens_of(h.run_sync(eng, [("a", prompt, params)])["a"])
-    busy = [subprocess.Popen([sys.executable, "-c", BUSY_LOOP]) for _ in range(2)]
-    try:
-        time.sleep(0.2)  # the loops are running before the first step
-        assert all(p.poll() is None for p in busy)
+    with every_core_busy():
         alone = h.tokens_of(h.run_sync(eng, [("b", prompt, params)])["b"])
         batched = h.run_sync(eng, [("c", prompt, params), *others])
-        assert all(p.poll() is None for p in busy)  # the load lasted the whole run
-    finally:
-        for p in busy:
-            p.kill()
-            p.wait()
     assert alone == quiet
     assert h.tokens_of(batched["c"]) == quiet
     assert len(quiet) == 12
