@@ -22,6 +22,7 @@ from enclave_worker.engine.layers.quantized_weight import unflatten as unflatten
 from enclave_worker.engine.structured import GrammarCompiler
 from enclave_worker.engine_protocol import ServingEngine
 from enclave_worker.gpu import check_gpu_confidentiality
+from enclave_worker.memory_fit import check_package_fits
 from enclave_worker.package import DecryptedModel, decrypt_package
 from enclave_worker.package.device_reader import decrypt_package_to_device
 from enclave_worker.settings import WorkerSettings
@@ -67,6 +68,7 @@ def engine_config(settings: WorkerSettings) -> EngineConfig:
         max_model_len=settings.max_model_len,
         kv_cache_memory_bytes=settings.kv_cache_memory_bytes,
         gpu_memory_utilization=settings.gpu_memory_utilization if settings.on_gpu else None,
+        cpu_memory_utilization=None if settings.on_gpu else settings.cpu_memory_utilization,
         cpu_class=None if settings.on_gpu else settings.cpu_class,
     )
 
@@ -166,6 +168,7 @@ def boot(settings: WorkerSettings, channel_binding: bytes = b"", hpke_key: X2551
         log.info("GPUs ready: the key broker accepted their evidence with the CPU's")
     # The signer the key was registered with (and the release policy checked) must have signed
     # the manifest we decrypt; the control plane cannot swap in another tenant-signed package.
+    check_package_fits(settings, signer)  # a model that cannot fit is refused before any decryption
     if settings.on_gpu:
         # Segment by segment into GPU memory: one segment of plaintext in CPU memory at a time.
         model = decrypt_package_to_device(settings.package_dir, released.data_key, settings.device,
