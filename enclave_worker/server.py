@@ -27,6 +27,7 @@ from fastapi.responses import JSONResponse
 from attestation.errors import AttestationError
 from enclave_worker.boot import BootedWorker, boot
 from enclave_worker.clock import Clock
+from enclave_worker.cold_start import ColdStart
 from enclave_worker.engine.compute_thread import on_a_passing_thread
 from enclave_worker.freshness import AttestationRenewal
 from enclave_worker.guard import WorkerGuard, build_guard
@@ -72,6 +73,7 @@ class WorkerState:
     outbox: Outbox = field(default_factory=Outbox)
     # Spans of each call (docs/tracing.md); NoTracing (nothing at all) unless OTEL_* turns it on.
     tracing: Tracing = field(default_factory=NoTracing)
+    cold_start: ColdStart = field(default_factory=ColdStart)  # this process's start, phase by phase
     _records: TenantRecords | None = None
     _evidence_digest: tuple[object, str] = (None, "")  # (the bundle, its digest): receipts name it
 
@@ -98,7 +100,8 @@ class WorkerState:
             gpu_tee=s.gpu_tee,
             insecure=s.insecure, device=s.device, dtype=s.dtype, gpu_cc_off=bool(booted and booted.gpu_cc_off),
             load_s=round(booted.load_s, 3) if booted else None, gpu_memory=gpu_memory() if s.on_gpu else None,
-            tool_call_syntax=self._tool_call_syntax(), stats=booted.engine.stats() if booted else {})
+            tool_call_syntax=self._tool_call_syntax(),
+            stats={**(booted.engine.stats() if booted else {}), **self.cold_start.stats()})
 
     def _tool_call_syntax(self) -> str:
         """The served model's tool-call syntax, as every answer with tools reads it."""
@@ -162,7 +165,8 @@ async def _boot(state: WorkerState) -> None:
         started = time.monotonic()
         policy_set = state.guard.policy_set if state.guard else None
         booted = await on_a_passing_thread(
-            lambda: boot(s, state.channel_binding, state.serving_key.private_key, policy_set, state.tracing), "boot")
+            lambda: boot(s, state.channel_binding, state.serving_key.private_key, policy_set, state.tracing,
+                         state.cold_start), "boot")
         state.booted = booted
         state.status = "ready"
         # Cold-start figure (docs/deploy.md): attestation + key release + package load + engine build.
