@@ -124,7 +124,7 @@ def warm_grammars_in_background(grammars: GrammarCompiler) -> threading.Thread:
     return thread
 
 
-def _unauthenticated(settings: WorkerSettings) -> bool:
+def broker_unauthenticated(settings: WorkerSettings) -> bool:
     if settings.unsafe_unauthenticated_broker:
         log.warning("UNSAFE: the key broker is not authenticated; any answer at %s is trusted", settings.broker_url)
         return True
@@ -165,7 +165,7 @@ def _boot(settings: WorkerSettings, channel_binding: bytes, hpke_key: X25519Priv
         # The span's W3C context rides on the broker requests (key_broker/tracing.py continues it).
         with httpx.Client(base_url=settings.broker_url, timeout=30.0, headers=tracing.headers(span)) as client:
             # Before anything is sent or taken: the broker proves it is the attested broker this worker pins.
-            broker = None if _unauthenticated(settings) else authenticate_broker(settings, client)
+            broker = None if broker_unauthenticated(settings) else authenticate_broker(settings, client)
             released = obtain_data_key(client, settings.ref,
                                        make_bundle=lambda data: cold.timed("attest", lambda: attester.bundle(data)),
                                        channel_binding=channel_binding, hpke_key=hpke_key)

@@ -86,6 +86,8 @@ def _parser() -> argparse.ArgumentParser:
                              "Name it when measuring a worker for another machine")
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9,
                         help="share of GPU memory for weights, KV pool and activations")
+    parser.add_argument("--standby", action="store_true",
+                        help="a warm worker: boot and attest without a key, then wait for POST /internal/assign")
     parser.add_argument("--cpu-memory-utilization", type=float, default=None,
                         help="CPU: share of the memory the host (or cgroup) leaves the worker for weights, KV pool "
                              "and activations; the KV pool takes the rest (default: a fixed 256 MiB pool)")
@@ -165,6 +167,7 @@ def _settings(args: argparse.Namespace, tee: str, gpu_tee: str | None, device: s
         broker_url=args.broker_url, package_dir=args.package_dir, tenant=args.tenant, model=args.model,
         version=args.version, tee=tee, gpu_tee=gpu_tee, device=device, engine_dtype=args.dtype, cpu_class=cpu_class,
         gpu_memory_utilization=args.gpu_memory_utilization, cpu_memory_utilization=args.cpu_memory_utilization,
+        standby=args.standby,
         tsm_dir=args.tsm_dir, tsm_entry=args.tsm_entry,
         sev_guest_device=args.sev_guest_device, ccel_table=args.ccel_table, ccel_data=args.ccel_data,
         sim_platform_key=args.sim_platform_key,

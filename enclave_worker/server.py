@@ -35,6 +35,7 @@ from enclave_worker.keywatch import KeyLease, LeaseTiming
 from enclave_worker.outbox import Outbox
 from enclave_worker.settings import WorkerSettings
 from enclave_worker.signing import RequestSigner
+from enclave_worker.standby import Standby
 from enclave_worker.tenant_records import TenantRecords
 from enclave_worker.tool_syntax import syntax_for_template
 from policy.errors import PolicyError
@@ -171,15 +172,8 @@ async def _boot(state: WorkerState) -> None:
         state.status = "ready"
         # Cold-start figure (docs/deploy.md): attestation + key release + package load + engine build.
         log.info("ready %.1f s after boot started (attest, key release, package load)", time.monotonic() - started)
-    except AttestationError as exc:
-        # The attester's own words (no secrets: they name interfaces, modes and error codes), one
-        # line: "GPU confidential computing is off", "not an SEV-SNP guest", ...
-        state.status, state.reason = "failed", "attestation failed in the TEE"
-        log.error("worker boot failed: %s: %s", type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
-        return
-    except Exception as exc:  # the reason is logged by type only: it may not carry secrets, but keep it terse
-        state.status, state.reason = "failed", failure_reason(exc)
-        log.error("worker boot failed: %s (%s)", type(exc).__name__, state.reason)
+    except Exception as exc:
+        _boot_failed(state, exc)
         return
     # The token clients verify is renewed for the worker's whole life (enclave_worker/freshness.py).
     renewal = asyncio.create_task(AttestationRenewal(state).run())
@@ -189,6 +183,18 @@ async def _boot(state: WorkerState) -> None:
         await state.lease.run(lambda reason: _revoke(state, reason))
     finally:
         renewal.cancel()
+
+
+def _boot_failed(state: WorkerState, exc: Exception) -> None:
+    if isinstance(exc, AttestationError):
+        # The attester's own words (no secrets: they name interfaces, modes and error codes), one
+        # line: "GPU confidential computing is off", "not an SEV-SNP guest", ...
+        state.status, state.reason = "failed", "attestation failed in the TEE"
+        log.error("worker boot failed: %s: %s", type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
+        return
+    # The reason is logged by type only: it may not carry secrets, but keep it terse.
+    state.status, state.reason = "failed", failure_reason(exc)
+    log.error("worker boot failed: %s (%s)", type(exc).__name__, state.reason)
 
 
 def failure_reason(exc: BaseException) -> str:
@@ -245,10 +251,11 @@ def serving(state: WorkerState) -> bool:
 
 def create_app(settings: WorkerSettings, state: WorkerState | None = None) -> FastAPI:
     state = state or WorkerState(settings)
+    standby = Standby() if settings.standby else None  # a warm worker waits for its assignment first
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        task = asyncio.create_task(_boot(state))
+        task = asyncio.create_task(_boot(state) if standby is None else standby.run(state, _boot, _boot_failed))
         yield
         task.cancel()
         # uvicorn runs this on SIGTERM and re-raises the signal afterwards, so the drain must
@@ -261,6 +268,8 @@ def create_app(settings: WorkerSettings, state: WorkerState | None = None) -> Fa
     app = FastAPI(title="Sealed worker (internal)", docs_url=None, redoc_url=None, lifespan=lifespan,
                   **without_native_telemetry())
     app.state.worker = state
+    if standby is not None:
+        app.include_router(standby.router(state))
 
     @app.get("/internal/status")
     def status() -> WorkerStatus:

@@ -68,6 +68,9 @@ class WorkerSettings:
     # CPU: share of the host's (or cgroup's) memory for weights + KV pool + activations; None: the fixed
     # kv_cache_memory_bytes pool (engine/memory.py).
     cpu_memory_utilization: float | None = None
+    # A warm worker: boot and attest without a key, then wait for POST /internal/assign (standby.py).
+    # Not measured: it changes when the key is asked for, not what runs or what the evidence binds.
+    standby: bool = False
     policy_file: Path | None = None  # the tenant's signed policy set (data and tool-use controls)
     policy_admin_key: Path | None = None  # Ed25519 public key that must have signed it (measured)
     unsafe_no_tenant_policy: bool = False
