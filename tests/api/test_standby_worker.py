@@ -38,7 +38,8 @@ def wait_for(worker: LocalWorker, runtime: LocalRuntime, wanted: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def standby(stack: RunningStack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalWorker, LocalRuntime]]:
+def standby(stack: RunningStack,
+            tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalWorker, LocalRuntime]]:
     home = Home(stack.home)
     urls = json.loads((home.root / "run" / "pids.json").read_text())
     root = tmp_path_factory.mktemp("standby")
