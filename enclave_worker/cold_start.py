@@ -11,8 +11,8 @@ first_token  serving -> the first token of the first answer leaves the engine
 Each phase is a (start, end) pair of ``time.monotonic()`` readings. They are exported as gauges in the
 worker's status (``sealed:cold_start_<phase>_seconds``, which the gateway's /metrics serves per worker)
 and, with tracing on, as ``worker.<phase>`` spans under one ``worker.cold_start`` span, opened when the
-worker's state is made and ended at its first token (or its failure); ``worker.boot`` starts at the
-process's start, before its parent opens. No phase carries an attribute.
+boot starts (a standby worker's: at its assignment) and ended at its first token (or its failure);
+``worker.boot`` starts at the process's start, before its parent opens. No phase carries an attribute.
 """
 
 from __future__ import annotations
@@ -57,6 +57,8 @@ class ColdStart:
         """Open the ``worker.cold_start`` span; each phase becomes a span under it as it is marked."""
         if tracing.enabled and self._tracing is None:
             self._tracing, self._root = tracing, tracing.start("worker.cold_start")
+            for phase, (start, end) in self.spans.items():  # a standby worker's boot, marked before
+                tracing.record(f"worker.{phase}", self._root, start, end)
 
     def mark(self, phase: str, start: float, end: float | None = None) -> float:
         """Record ``phase`` as (start, end) unless it is recorded already; returns the end."""

@@ -80,3 +80,22 @@ def test_a_deleted_version_and_stop_all_stop_its_standby_workers() -> None:
 def test_a_negative_pool_size_is_refused() -> None:
     with pytest.raises(ValueError, match="standby pool size"):
         StandbyPool(size=-1)
+
+
+def _version_state(statuses: list[str]) -> dict:
+    from types import SimpleNamespace
+
+    from api.gateway.internal import version_state
+
+    workers = [SimpleNamespace(status=s, reason="") for s in statuses]
+    registry = SimpleNamespace(for_version=lambda ref: workers, routable=lambda w: w.status == "ready")
+    row = SimpleNamespace(tenant="acme", model="m", version="v1", min_warm=0, max_replicas=2, status="",
+                          status_reason="")
+    return version_state(SimpleNamespace(registry=registry), row)  # type: ignore[arg-type]
+
+
+def test_the_gateway_says_cold_not_failing_for_a_version_with_only_standby_workers() -> None:
+    standby = _version_state(["standby", "standby"])
+    assert (standby["state"], standby["warm"]) == ("cold", 0) and "standby" in standby["reason"]
+    assert _version_state(["standby", "failed"])["state"] == "failing"  # one failed: not all standby
+    assert _version_state(["standby", "ready"])["state"] == "ready"

@@ -99,3 +99,13 @@ def test_the_process_start_is_read_from_proc_and_lies_in_the_past(tmp_path: Path
     assert process_started(tmp_path / "missing") > IMPORTED  # no /proc: now
     (tmp_path / "stat").write_text("1 (a) b)\n")  # malformed: now
     assert process_started(tmp_path / "stat") > IMPORTED
+
+
+def test_phases_marked_before_tracing_opens_are_recorded_under_the_root() -> None:
+    tracing = RecordingTracing()
+    cold = ColdStart(started=1.0)
+    cold.mark("boot", 1.0, 3.0)  # a standby worker: booted and attested before its assignment
+    cold.trace(tracing)  # type: ignore[arg-type]
+    cold.mark("attest", 5.0, 6.0)
+    assert [(name, start, end) for name, _, start, end in tracing.spans] == [("worker.boot", 1.0, 3.0),
+                                                                              ("worker.attest", 5.0, 6.0)]
