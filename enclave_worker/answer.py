@@ -116,6 +116,7 @@ class Answer:
                                            request.assistant_prefix)
             self.progress = (len(prompt), 0)  # from here on, an answer cut short is metered
             first = await anext(stream)
+            state.cold_start.first_token()
             if timing is not None:
                 timing.first, timing.scheduled = time.monotonic(), first.scheduled_at
             self._ran(first)

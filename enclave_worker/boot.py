@@ -15,6 +15,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from attestation.workload import WorkloadClaims
 from enclave_worker.broker_auth import authenticate_broker, check_release
+from enclave_worker.cold_start import ColdStart
 from enclave_worker.engine import EngineConfig, LLMEngine
 from enclave_worker.engine.checkpoint import Checkpoint
 from enclave_worker.engine.errors import InvalidRequestError
@@ -22,6 +23,7 @@ from enclave_worker.engine.layers.quantized_weight import unflatten as unflatten
 from enclave_worker.engine.structured import GrammarCompiler
 from enclave_worker.engine_protocol import ServingEngine
 from enclave_worker.gpu import check_gpu_confidentiality
+from enclave_worker.memory_fit import check_package_fits
 from enclave_worker.package import DecryptedModel, decrypt_package
 from enclave_worker.package.device_reader import decrypt_package_to_device
 from enclave_worker.settings import WorkerSettings
@@ -67,6 +69,7 @@ def engine_config(settings: WorkerSettings) -> EngineConfig:
         max_model_len=settings.max_model_len,
         kv_cache_memory_bytes=settings.kv_cache_memory_bytes,
         gpu_memory_utilization=settings.gpu_memory_utilization if settings.on_gpu else None,
+        cpu_memory_utilization=None if settings.on_gpu else settings.cpu_memory_utilization,
         cpu_class=None if settings.on_gpu else settings.cpu_class,
         num_threads=settings.num_threads,
         decode_kernels=settings.decode_kernels,
@@ -123,7 +126,7 @@ def warm_grammars_in_background(grammars: GrammarCompiler) -> threading.Thread:
     return thread
 
 
-def _unauthenticated(settings: WorkerSettings) -> bool:
+def broker_unauthenticated(settings: WorkerSettings) -> bool:
     if settings.unsafe_unauthenticated_broker:
         log.warning("UNSAFE: the key broker is not authenticated; any answer at %s is trusted", settings.broker_url)
         return True
@@ -133,21 +136,40 @@ def _unauthenticated(settings: WorkerSettings) -> bool:
 
 
 def boot(settings: WorkerSettings, channel_binding: bytes = b"", hpke_key: X25519PrivateKey | None = None,
-         policy_set: PolicySet | None = None, tracing: Tracing | None = None) -> BootedWorker:
+         policy_set: PolicySet | None = None, tracing: Tracing | None = None,
+         cold: ColdStart | None = None) -> BootedWorker:
+    """Attest, obtain the data key, decrypt and build the engine; ``cold``: the phases so far (a warm
+    worker's boot), else they start at this process's start."""
+    cold = cold or ColdStart()
+    cold.trace(tracing or NoTracing())
+    try:
+        return _boot(settings, channel_binding, hpke_key, policy_set, tracing, cold)
+    except BaseException as exc:
+        cold.end(error=type(exc).__name__)
+        raise
+
+
+def _boot(settings: WorkerSettings, channel_binding: bytes, hpke_key: X25519PrivateKey | None,
+          policy_set: PolicySet | None, tracing: Tracing | None, cold: ColdStart) -> BootedWorker:
     started = time.monotonic()
     # Before any key is asked for: a worker that may not serve on its device never gets one.
     gpu_cc_off = check_gpu_confidentiality(settings, policy_set)
     attester = make_attester(settings, policy_set.version if policy_set else 0)
     hpke_key = hpke_key or X25519PrivateKey.generate()
     tracing = tracing or NoTracing()
+    # A model that cannot fit is refused from its signed manifest before a key is asked for (the signer
+    # the key names is checked again when the package is decrypted).
+    check_package_fits(settings, None)
+    release_started = cold.mark("boot", cold.started)
     span = tracing.start("worker.key_release", kind="client", attributes={
         "sealed.tenant": settings.tenant, "gen_ai.request.model": settings.model}) if tracing.enabled else NULL_SPAN
     try:
         # The span's W3C context rides on the broker requests (key_broker/tracing.py continues it).
         with httpx.Client(base_url=settings.broker_url, timeout=30.0, headers=tracing.headers(span)) as client:
             # Before anything is sent or taken: the broker proves it is the attested broker this worker pins.
-            broker = None if _unauthenticated(settings) else authenticate_broker(settings, client)
-            released = obtain_data_key(client, settings.ref, make_bundle=attester.bundle,
+            broker = None if broker_unauthenticated(settings) else authenticate_broker(settings, client)
+            released = obtain_data_key(client, settings.ref,
+                                       make_bundle=lambda data: cold.timed("attest", lambda: attester.bundle(data)),
                                        channel_binding=channel_binding, hpke_key=hpke_key)
     except BaseException as exc:
         span.end(error=type(exc).__name__)
@@ -164,16 +186,19 @@ def boot(settings: WorkerSettings, channel_binding: bytes = b"", hpke_key: X2551
     # The broker appraised CPU and GPU evidence together and released the key: only now do the
     # GPUs accept work (nvtrust's order: attest, verify, then set the ready state).
     attester.accepted()
+    cold.mark("release", cold.spans.get("attest", (release_started, release_started))[1])
     if settings.gpu_tee:
         log.info("GPUs ready: the key broker accepted their evidence with the CPU's")
     # The signer the key was registered with (and the release policy checked) must have signed
     # the manifest we decrypt; the control plane cannot swap in another tenant-signed package.
+    decrypt_started = time.monotonic()
     if settings.on_gpu:
         # Segment by segment into GPU memory: one segment of plaintext in CPU memory at a time.
         model = decrypt_package_to_device(settings.package_dir, released.data_key, settings.device,
                                           required_signer=signer)
     else:
         model = decrypt_package(settings.package_dir, released.data_key, required_signer=signer)
+    load_started = cold.mark("decrypt", decrypt_started)
     try:
         manifest = model.manifest
         if not manifest_names(manifest, settings.ref):
@@ -188,6 +213,7 @@ def boot(settings: WorkerSettings, channel_binding: bytes = b"", hpke_key: X2551
     except BaseException:
         model.wipe()
         raise
+    cold.mark("load", load_started)
     load_s = time.monotonic() - started
     log.info("model %s/%s loaded on %s as %s (%d tensors) in %.1f s; serving", settings.model, settings.version,
              settings.device, settings.dtype, len(model.manifest.tensors), load_s)

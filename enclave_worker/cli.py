@@ -90,6 +90,11 @@ def _parser() -> argparse.ArgumentParser:
                              "kernels; measured). The worker must run on a CPU of the class it names")
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9,
                         help="share of GPU memory for weights, KV pool and activations")
+    parser.add_argument("--standby", action="store_true",
+                        help="a warm worker: boot and attest without a key, then wait for POST /internal/assign")
+    parser.add_argument("--cpu-memory-utilization", type=float, default=None,
+                        help="CPU: share of the memory the host (or cgroup) leaves the worker for weights, KV pool "
+                             "and activations; the KV pool takes the rest (default: a fixed 256 MiB pool)")
     parser.add_argument("--engine", choices=("sealed", "vllm"), default="sealed",
                         help="the inference engine (measured); vllm needs vLLM installed in this interpreter")
     parser.add_argument("--vllm-cpu-bind", default="all",
@@ -178,7 +183,9 @@ def _settings(args: argparse.Namespace, tee: str, gpu_tee: str | None, device: s
     return WorkerSettings(
         broker_url=args.broker_url, package_dir=args.package_dir, tenant=args.tenant, model=args.model,
         version=args.version, tee=tee, gpu_tee=gpu_tee, device=device, engine_dtype=args.dtype, cpu_class=cpu_class,
-        gpu_memory_utilization=args.gpu_memory_utilization, tsm_dir=args.tsm_dir, tsm_entry=args.tsm_entry,
+        gpu_memory_utilization=args.gpu_memory_utilization, cpu_memory_utilization=args.cpu_memory_utilization,
+        standby=args.standby,
+        tsm_dir=args.tsm_dir, tsm_entry=args.tsm_entry,
         sev_guest_device=args.sev_guest_device, ccel_table=args.ccel_table, ccel_data=args.ccel_data,
         sim_platform_key=args.sim_platform_key,
         unsafe_sim_measurement=args.unsafe_sim_measurement, broker_tee=args.broker_tee,

@@ -61,16 +61,10 @@ async def boot_and_serve(state: WorkerState) -> None:
     policy_set = state.guard.policy_set if state.guard else None
     try:
         booted = await on_a_passing_thread(
-            lambda: boot(s, state.channel_binding, state.serving_key.private_key, policy_set, state.tracing), "boot")
-    except AttestationError as exc:
-        # The attester's own words (no secrets: they name interfaces, modes and error codes), one
-        # line: "GPU confidential computing is off", "not an SEV-SNP guest", ...
-        live.fail("attestation failed in the TEE")
-        log.error("worker boot failed: %s: %s", type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
-        return
-    except Exception as exc:  # the reason is logged by type only: it may not carry secrets, but keep it terse
-        live.fail(failure_reason(exc))
-        log.error("worker boot failed: %s (%s)", type(exc).__name__, live.reason)
+            lambda: boot(s, state.channel_binding, state.serving_key.private_key, policy_set, state.tracing,
+                         state.cold_start), "boot")
+    except Exception as exc:
+        boot_failed(state, exc)
         return
     if not live.ready(booted):  # stopped or failed meanwhile: the model is never served
         booted.wipe()
@@ -85,6 +79,19 @@ async def boot_and_serve(state: WorkerState) -> None:
         await live.lease.run(lambda reason: revoke(state, reason))
     finally:
         renewal.cancel()
+
+
+def boot_failed(state: WorkerState, exc: Exception) -> None:
+    """Say "failed" with the fault's fixed category (a cold boot's, or a standby worker's wait)."""
+    if isinstance(exc, AttestationError):
+        # The attester's own words (no secrets: they name interfaces, modes and error codes), one
+        # line: "GPU confidential computing is off", "not an SEV-SNP guest", ...
+        state.live.fail("attestation failed in the TEE")
+        log.error("worker boot failed: %s: %s", type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
+        return
+    # The reason is logged by type only: it may not carry secrets, but keep it terse.
+    state.live.fail(failure_reason(exc))
+    log.error("worker boot failed: %s (%s)", type(exc).__name__, state.live.reason)
 
 
 def failure_reason(exc: BaseException) -> str:

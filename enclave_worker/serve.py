@@ -21,10 +21,11 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
 from enclave_worker.heartbeat import HEARTBEAT_INTERVAL_S, heartbeats
-from enclave_worker.lifecycle import boot_and_serve, startup_guard
+from enclave_worker.lifecycle import boot_and_serve, boot_failed, startup_guard
 from enclave_worker.server import create_app
 from enclave_worker.servicer import WorkerServicer
 from enclave_worker.settings import WorkerSettings
+from enclave_worker.standby import Standby
 from enclave_worker.state import LiveState, WorkerState
 from protocol.rpc import worker_pb2_grpc
 from protocol.tls import make_identity
@@ -72,14 +73,16 @@ async def serve(settings: WorkerSettings, grpc_port: int, register_urls: list[st
     public = advertise_host or settings.host
     beat = asyncio.create_task(heartbeats(state, register_urls, register_token, f"{public}:{grpc_port}",
                                           tls_cert=tls_cert)) if register_urls else None
-    http = _StatusServer(uvicorn.Config(create_app(state), host=settings.host, port=settings.port,
+    standby = Standby() if settings.standby else None  # a warm worker waits for its assignment first
+    http = _StatusServer(uvicorn.Config(create_app(state, standby), host=settings.host, port=settings.port,
                                         log_level="warning", access_log=False, lifespan="off"))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     http_task = asyncio.create_task(http.serve())
-    life = asyncio.create_task(boot_and_serve(state))
+    life = asyncio.create_task(boot_and_serve(state) if standby is None
+                               else standby.run(state, boot_and_serve, boot_failed))
     stopping = asyncio.create_task(stop.wait())
     try:
         # Until asked to stop (or the status app could not serve, e.g. its port is taken).

@@ -9,6 +9,7 @@ from __future__ import annotations
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
+from enclave_worker.standby import Standby
 from enclave_worker.state import WorkerState
 from protocol.asgi import without_native_telemetry
 from protocol.worker_status import WorkerStatus
@@ -18,8 +19,11 @@ def _error(status: int, message: str, type_: str = "invalid_request_error") -> J
     return JSONResponse(status_code=status, content={"error": {"message": message, "type": type_}})
 
 
-def create_app(state: WorkerState) -> FastAPI:
+def create_app(state: WorkerState, standby: Standby | None = None) -> FastAPI:
+    """``standby``: a warm worker's gate, whose /internal/assign starts its boot."""
     app = FastAPI(title="Sealed worker (internal)", docs_url=None, redoc_url=None, **without_native_telemetry())
+    if standby is not None:
+        app.include_router(standby.router(state))
 
     @app.get("/internal/status")
     def status() -> WorkerStatus:

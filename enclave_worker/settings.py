@@ -70,6 +70,12 @@ class WorkerSettings:
     num_threads: int | None = None
     decode_kernels: str = "auto"
     gpu_memory_utilization: float = 0.9  # share of GPU memory for weights + KV pool + activations
+    # CPU: share of the host's (or cgroup's) memory for weights + KV pool + activations; None: the fixed
+    # kv_cache_memory_bytes pool (engine/memory.py).
+    cpu_memory_utilization: float | None = None
+    # A warm worker: boot and attest without a key, then wait for POST /internal/assign (standby.py).
+    # Not measured: it changes when the key is asked for, not what runs or what the evidence binds.
+    standby: bool = False
     policy_file: Path | None = None  # the tenant's signed policy set (data and tool-use controls)
     policy_admin_key: Path | None = None  # Ed25519 public key that must have signed it (measured)
     unsafe_no_tenant_policy: bool = False
@@ -120,6 +126,10 @@ class WorkerSettings:
             # The floor is checked on the tenant-signed envelope, which needs the tenant's key.
             raise ValueError("min_release_policy_version needs policy_admin_key")
         self.response_padding  # noqa: B018 - a bad padding size is refused here, not on the first request
+        for name in ("gpu_memory_utilization", "cpu_memory_utilization"):
+            fraction = getattr(self, name)
+            if fraction is not None and not 0 < fraction <= 1:
+                raise ValueError(f"{name} must be in (0, 1], not {fraction!r}")
         if self.cpu_class is not None:
             from enclave_worker.engine.kernel_path import CPU_CLASSES
 
@@ -235,6 +245,8 @@ class WorkerSettings:
                 # The thread count decides how a step's sums are split (listed only when set).
                 **({"threads": self.num_threads} if self.num_threads is not None else {}),
                 **({"gpu_memory_utilization": self.gpu_memory_utilization} if self.on_gpu else {}),
+                **({"cpu_memory_utilization": self.cpu_memory_utilization}
+                   if self.cpu_memory_utilization is not None and not self.on_gpu else {}),
                 **({"vllm_cpu_bind": self.vllm_cpu_bind} if self.engine == "vllm" and not self.on_gpu else {}),
             },
         }

@@ -22,6 +22,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from attestation.bundle import channel_binding
 from enclave_worker.boot import BootedWorker
 from enclave_worker.clock import Clock
+from enclave_worker.cold_start import ColdStart
 from enclave_worker.guard import WorkerGuard
 from enclave_worker.keywatch import KeyLease
 from enclave_worker.outbox import Outbox
@@ -65,6 +66,20 @@ class LiveState:
         booted, self.booted = self.booted, None
         self.status, self.reason = "failed", reason
         return booted
+
+    def standby(self) -> bool:
+        """A warm worker attested without a key and waits (enclave_worker/standby.py); only from "starting"."""
+        if self.status != "starting":
+            return False
+        self.status = "standby"
+        return True
+
+    def assign(self) -> bool:
+        """A standby worker's assignment: back to "starting" for the ordinary boot; False from any other state."""
+        if self.status != "standby":
+            return False
+        self.status = "starting"
+        return True
 
     def drain(self) -> bool:
         """Say "draining" (the gateway stops routing here); False when it was not serving."""
@@ -113,6 +128,7 @@ class WorkerState:
     outbox: Outbox = field(default_factory=Outbox)
     # Spans of each call (docs/tracing.md); NoTracing (nothing at all) unless OTEL_* turns it on.
     tracing: Tracing = field(default_factory=NoTracing)
+    cold_start: ColdStart = field(default_factory=ColdStart)  # this process's start, phase by phase
 
     @property
     def booted(self) -> BootedWorker | None:
@@ -164,7 +180,7 @@ class WorkerState:
             gpu_tee=s.gpu_tee, insecure=s.insecure, device=s.device, dtype=s.dtype, kernel_path=s.kernel_path or "",
             gpu_cc_off=bool(booted and booted.gpu_cc_off), load_s=round(booted.load_s, 3) if booted else None,
             gpu_memory=gpu_memory() if s.on_gpu else None, tool_call_syntax=self._tool_call_syntax(),
-            stats=booted.engine.stats() if booted else {})
+            stats={**(booted.engine.stats() if booted else {}), **self.cold_start.stats()})
 
     def _tool_call_syntax(self) -> str:
         """The served model's tool-call syntax, as every answer with tools reads it."""

@@ -15,8 +15,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from protocol.model_ref import ModelRef
 
 # draining: shutting down; finishes the streams it has, takes no new ones (the gateway routes
-# only to "ready").
-ServingState = Literal["starting", "ready", "draining", "failed"]
+# only to "ready"). standby: a warm worker, attested without a key, waiting for an assignment
+# (enclave_worker/standby.py).
+ServingState = Literal["starting", "standby", "ready", "draining", "failed"]
 EngineStats = dict[str, int | float]  # LLMEngine.stats(): counts, sizes, percentages
 
 # `reason` categories of a failed worker that a fresh start may cure: the key broker was away or

@@ -67,6 +67,8 @@ def version_state(service: GatewayService, v: Any) -> dict[str, Any]:
         state, reason = "starting", "a worker is attesting and loading the model"
     elif any(w.status == "ready" for w in mine):
         state, reason = "starting", "the worker's attestation is being checked"
+    elif mine and all(w.status == "standby" for w in mine):  # enclave_worker/standby.py
+        state, reason = "cold", "standby workers are attested and wait for an assignment; a request starts one"
     elif mine:
         state = "failing"
         reason = "; ".join(sorted({w.reason or "worker failed" for w in mine}))

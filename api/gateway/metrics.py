@@ -43,9 +43,14 @@ class Metrics:
                                       ["tenant"], registry=r)
 
 
+COLD_START = "sealed:cold_start_"  # enclave_worker/cold_start.py: one gauge per phase of a worker's start
+_EXPORTED = ("vllm:", COLD_START)
+
+
 class EngineMetrics:
     """The metrics a vLLM worker's engine reports in its heartbeat (`vllm:...`, label sets summed
-    in the worker), exported here under their vLLM names, one series per worker."""
+    in the worker), exported here under their vLLM names, one series per worker; and every worker's
+    cold-start phases (`sealed:cold_start_<phase>_seconds`)."""
 
     def __init__(self, workers: Callable[[], Iterable[Any]]) -> None:
         self.workers = workers
@@ -57,10 +62,11 @@ class EngineMetrics:
         families: dict[str, GaugeMetricFamily] = {}
         for worker in list(self.workers()):
             for name, value in (worker.stats or {}).items():
-                if not (isinstance(name, str) and name.startswith("vllm:") and isinstance(value, int | float)):
+                if not (isinstance(name, str) and name.startswith(_EXPORTED) and isinstance(value, int | float)):
                     continue
                 if name not in families:
-                    families[name] = GaugeMetricFamily(name, f"vLLM {name[5:]} (from the worker's engine)",
-                                                       labels=["worker", "model_name"])
+                    what = f"vLLM {name[5:]} (from the worker's engine)" if name.startswith("vllm:") else \
+                        f"Seconds of the worker's start in phase {name[len(COLD_START):-len('_seconds')]}"
+                    families[name] = GaugeMetricFamily(name, what, labels=["worker", "model_name"])
                 families[name].add_metric([worker.worker_id, worker.model], float(value))
         yield from families.values()

@@ -108,7 +108,8 @@ class LocalRuntime:
         return TenantPolicyFiles(None, None)
 
     # -- processes
-    def start(self, key: ModelRef, package_dir: Path, files: TenantPolicyFiles) -> LocalWorker:
+    def start(self, key: ModelRef, package_dir: Path, files: TenantPolicyFiles, standby: bool = False) -> LocalWorker:
+        """A worker process for ``key``; ``standby``: it attests without a key and waits for ``assign``."""
         tenant, model, version = key.tenant, key.model, key.version
         http_port, grpc_port = free_port(), free_port()
         self._seq += 1
@@ -122,6 +123,8 @@ class LocalRuntime:
                 "--grpc-port", str(grpc_port), "--register-url", self.gateway_url,
                 "--register-token-file", str(self.register_token_file),
                 "--gateway-client-cert", str(self.gateway_client_cert)]
+        if standby:
+            args.append("--standby")
         if ws.unsafe_no_tenant_policy:
             args.append("--unsafe-no-tenant-policy")
         else:
@@ -145,6 +148,13 @@ class LocalRuntime:
             return dict(httpx.get(f"{worker.http_url}/internal/status", timeout=2.0).json())
         except (httpx.HTTPError, ValueError):
             return {}
+
+    def assign(self, worker: LocalWorker) -> bool:
+        """Tell a standby worker to boot (attest afresh, get the key, load); whether it took it."""
+        try:
+            return httpx.post(f"{worker.http_url}/internal/assign", timeout=5.0).status_code == 202
+        except httpx.HTTPError:
+            return False
 
     def pid(self, worker: LocalWorker) -> int | None:
         child = self.supervisor.children.get(worker.name)

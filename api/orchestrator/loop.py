@@ -30,6 +30,7 @@ from api.orchestrator.local import LocalRuntime, LocalWorker
 from api.orchestrator.reconcile import History, Inputs, decide
 from api.orchestrator.scaling import ScalingPolicy, is_low
 from api.orchestrator.spec import VersionSpec
+from api.orchestrator.standby_pool import StandbyPool
 from protocol.model_ref import ModelRef
 
 log = logging.getLogger(__name__)
@@ -46,6 +47,7 @@ class ControlLoop:
     interval_s: float = 1.0
     drain_s: float = 30.0
     policy: ScalingPolicy = field(default_factory=ScalingPolicy)
+    standby: StandbyPool = field(default_factory=StandbyPool)  # warm pool: standby workers per version
     workers: dict[Key, list[LocalWorker]] = field(default_factory=dict)
     history: dict[Key, History] = field(default_factory=dict)
     reported: dict[Key, tuple[str, str]] = field(default_factory=dict)
@@ -106,6 +108,8 @@ class ControlLoop:
         for key in [k for k in self.workers if k not in known]:  # deleted from the catalog
             for worker in self.workers.pop(key):
                 self.runtime.stop(worker)
+        for key in [k for k in self.standby.workers if k not in known]:
+            self.standby.stop(self.runtime, key)
 
     def _step_version(self, spec: VersionSpec, broker: dict[str, Any] | None, now: float) -> None:
         key, history = spec.key, self.history.setdefault(spec.key, History())
@@ -131,7 +135,8 @@ class ControlLoop:
         if decision.want > len(active) and package_dir is not None:
             files = self.runtime.policy_files(spec.tenant, self._tenant_policy(spec.tenant))
             for _ in range(decision.want - len(active)):
-                mine.append(self.runtime.start(key, package_dir, files))
+                # A standby worker if one stands by (it attests afresh and loads), else a cold start.
+                mine.append(self.standby.take(self.runtime, key) or self.runtime.start(key, package_dir, files))
                 log.info("started a worker for %s", spec.name)
             history.low_since = None
         elif decision.want < len(active):
@@ -147,7 +152,20 @@ class ControlLoop:
                 mine.remove(worker)
                 self.runtime.stop(worker)
                 log.info("stopped a worker of %s (drained)", spec.name)
+        self._tend_standby(spec, decision.status, package_dir, history, now)
         self._report(spec, decision.status, decision.reason)
+
+    def _tend_standby(self, spec: VersionSpec, status: str, package_dir: Path | None, history: History,
+                      now: float) -> None:
+        """Keep the version's standby workers at the pool's size while it may run (scaled to zero
+        included: that is where a standby worker saves the most); a failed one backs the version off."""
+        if not self.standby.size and not self.standby.workers.get(spec.key):
+            return
+        may_run = not spec.retired and status in ("", "cold", "failing") and history.retry_at <= now
+        files = lambda: self.runtime.policy_files(spec.tenant, self._tenant_policy(spec.tenant))  # noqa: E731
+        for reason in self.standby.tend(self.runtime, spec.key, package_dir if may_run else None, files):
+            delay = history.failed(reason, now)
+            log.warning("standby worker for %s failed (%s); next try in %.0f s", spec.name, reason, delay)
 
     def _report(self, spec: VersionSpec, status: str, reason: str) -> None:
         if self.reported.get(spec.key) == (status, reason):
@@ -160,6 +178,7 @@ class ControlLoop:
             pass  # the gateway is restarting: report again next step
 
     def stop_all(self) -> None:
+        self.standby.stop_all(self.runtime)
         for workers in self.workers.values():
             for worker in workers:
                 self.runtime.stop(worker)

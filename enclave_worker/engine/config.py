@@ -24,6 +24,10 @@ class EngineConfig:
     # On CUDA: size the KV pool from the device's memory instead (this fraction of it for the
     # whole worker, less the weights and an activation reserve); None keeps kv_cache_memory_bytes.
     gpu_memory_utilization: float | None = None
+    # On the CPU: size the KV pool from this fraction of the memory the machine (or the process's cgroup)
+    # leaves the engine plus the weights it holds, less the weights and the activation reserve; swap never
+    # counts (memory.py). None keeps kv_cache_memory_bytes.
+    cpu_memory_utilization: float | None = None
     enable_prefix_caching: bool = True
     num_threads: int | None = None  # torch intra-op threads on CPU, fixed for the engine; default: all cores
     int4_group_size: int = 32
@@ -53,6 +57,8 @@ class EngineConfig:
             raise ValueError("max_num_seqs, max_num_batched_tokens and block_size must be >= 1")
         if self.gpu_memory_utilization is not None and not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError("gpu_memory_utilization must be in (0, 1]")
+        if self.cpu_memory_utilization is not None and not 0 < self.cpu_memory_utilization <= 1:
+            raise ValueError("cpu_memory_utilization must be in (0, 1]")
         if self.decode_kernels not in DECODE_KERNELS:
             raise ValueError(f"decode_kernels must be one of {DECODE_KERNELS}, not {self.decode_kernels!r}")
         if self.kv_cache_memory_bytes <= 0:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -33,20 +32,3 @@ def allocate_kv_cache(spec: KVCacheSpec, num_blocks: int, device: str) -> torch.
     hold NaN or inf bit patterns, so the pool starts zeroed (every page resident from the start)."""
     slots = num_blocks * spec.block_size
     return torch.zeros(2, spec.num_layers, slots, spec.num_kv_heads, spec.head_dim, dtype=spec.dtype, device=device)
-
-
-MemInfo = Callable[[], tuple[int, int]]  # (free, total) bytes, as torch.cuda.mem_get_info
-
-
-def gpu_kv_budget(utilization: float, reserve_bytes: int, mem_get_info: MemInfo) -> int:
-    """KV pool bytes on a GPU, vLLM-style: the worker may use `utilization` of the device's
-    memory; what the weights (and anything else) already hold and an activation reserve come off."""
-    if not 0 < utilization <= 1:
-        raise ValueError("gpu_memory_utilization must be in (0, 1]")
-    free, total = mem_get_info()
-    used = total - free
-    budget = int(total * utilization) - used - reserve_bytes
-    if budget <= 0:
-        raise ValueError(f"gpu_memory_utilization {utilization} leaves no KV pool: {used / 2**30:.2f} GiB of "
-                         f"{total / 2**30:.2f} GiB in use, {reserve_bytes / 2**30:.2f} GiB reserved")
-    return budget

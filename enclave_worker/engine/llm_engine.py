@@ -20,8 +20,9 @@ from .engine_thread import ThreadedEngine
 from .errors import EngineError
 from .kernels import triton_installed
 from .kernels.cpu_ops import load_cpu_ops
-from .kv_cache import KVCacheSpec, allocate_kv_cache, gpu_kv_budget
+from .kv_cache import KVCacheSpec, allocate_kv_cache
 from .layers.packed import zero_every_byte
+from .memory import ModelDoesNotFit, activation_reserve, device_memory, held_bytes, host_memory, kv_pool_bytes
 from .model_builder import BuiltModel, build_model
 from .model_runner import ModelRunner
 from .models import model_tensors
@@ -61,6 +62,22 @@ def _cpu_kernels(built: BuiltModel) -> bool:
     return True
 
 
+def kv_pool_size(config: EngineConfig, built: BuiltModel, block_bytes: int) -> int:
+    """The KV pool's bytes: from the utilisation fraction of the device's or the host's memory where the
+    configuration names one (memory.py), else ``kv_cache_memory_bytes``. ModelDoesNotFit where the weights
+    leave less than one block."""
+    reserve = activation_reserve(config.max_num_batched_tokens, built.vocab_size, built.hidden_size)
+    if torch.device(config.device).type == "cuda":
+        if config.gpu_memory_utilization is None:
+            return config.kv_cache_memory_bytes
+        view, in_use = device_memory(config.device)  # everything in use on the device counts as held
+        return kv_pool_bytes(view, config.gpu_memory_utilization, in_use, reserve, block_bytes)
+    if config.cpu_memory_utilization is None:
+        return config.kv_cache_memory_bytes
+    return kv_pool_bytes(host_memory(), config.cpu_memory_utilization, held_bytes(model_tensors(built.model)),
+                         reserve, block_bytes)
+
+
 @dataclass
 class _Request:
     seq: Sequence
@@ -80,18 +97,10 @@ class LLMEngine(ThreadedEngine[_Request]):
         spec = KVCacheSpec(
             len(self.model.layers), self.model.num_kv_heads, self.model.head_dim, config.block_size, built.dtype
         )
-        kv_bytes = config.kv_cache_memory_bytes
-        if config.gpu_memory_utilization is not None and cuda:
-            # Activations: the largest step's logits (fp32) and hidden states, plus allocator slack.
-            reserve = config.max_num_batched_tokens * (built.vocab_size + 8 * built.hidden_size) * 4
-            try:
-                kv_bytes = gpu_kv_budget(config.gpu_memory_utilization, reserve + (256 << 20),
-                                         lambda: torch.cuda.mem_get_info(torch.device(config.device)))
-            except ValueError as exc:
-                raise EngineError(str(exc)) from exc
-        num_blocks = spec.num_blocks(kv_bytes)
+        num_blocks = spec.num_blocks(kv_pool_size(config, built, spec.bytes_per_block))
         if num_blocks < 1:
-            raise EngineError("the KV memory budget is smaller than one KV block")
+            raise ModelDoesNotFit(f"the KV memory budget of {config.kv_cache_memory_bytes} bytes is smaller than one "
+                                  f"KV block ({spec.bytes_per_block} bytes)")
         self.max_model_len = min(built.model_len, num_blocks * config.block_size)
         self.blocks = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.blocks, config.max_num_seqs, config.max_num_batched_tokens)

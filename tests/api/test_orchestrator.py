@@ -74,6 +74,8 @@ class FakeRuntime:
         self.started: list[tuple[str, str, str]] = []
         self.stopped: list[str] = []
         self.statuses: dict[str, dict] = {}
+        self.standby: list[str] = []  # started with --standby
+        self.assigned: list[str] = []
 
     def package_dir(self, ref: ModelRef, address: str | None) -> Path | None:
         return Path("/pkg") if address else None
@@ -81,9 +83,17 @@ class FakeRuntime:
     def policy_files(self, tenant: str, policy: Any) -> TenantPolicyFiles:
         return TenantPolicyFiles(None, None)
 
-    def start(self, key: ModelRef, package_dir: Path, files: TenantPolicyFiles) -> LocalWorker:
+    def start(self, key: ModelRef, package_dir: Path, files: TenantPolicyFiles, standby: bool = False
+              ) -> LocalWorker:
         self.started.append(key)
-        return LocalWorker(f"w{len(self.started)}", key, "http://w", 0.0)
+        name = f"w{len(self.started)}"
+        if standby:
+            self.standby.append(name)
+        return LocalWorker(name, key, "http://w", 0.0)
+
+    def assign(self, worker: LocalWorker) -> bool:
+        self.assigned.append(worker.name)
+        return True
 
     def stop(self, worker: LocalWorker) -> None:
         self.stopped.append(worker.name)

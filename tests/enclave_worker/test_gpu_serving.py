@@ -14,7 +14,7 @@ from attestation.errors import UnsupportedError
 from enclave_worker.boot import _release_unaliased
 from enclave_worker.engine import EngineConfig, LLMEngine
 from enclave_worker.engine.checkpoint import Checkpoint
-from enclave_worker.engine.kv_cache import gpu_kv_budget
+from enclave_worker.engine.memory import ModelDoesNotFit, device_memory, kv_pool_bytes
 from enclave_worker.gpu import check_gpu_confidentiality
 from enclave_worker.package import DecryptedModel
 from enclave_worker.settings import WorkerSettings
@@ -105,11 +105,13 @@ def test_step_token_budget_is_small_on_the_cpu_and_measured_when_set() -> None:
 
 def test_kv_budget_from_gpu_memory() -> None:
     # 140 GiB device, 3 GiB used by weights: 0.9 * 140 - 3 - 1 reserve = 122 GiB for the KV pool.
-    assert gpu_kv_budget(0.9, GIB, lambda: (137 * GIB, 140 * GIB)) == int(140 * GIB * 0.9) - 3 * GIB - GIB
-    with pytest.raises(ValueError, match="leaves no KV pool"):
-        gpu_kv_budget(0.1, GIB, lambda: (100 * GIB, 140 * GIB))
+    view, in_use = device_memory("cuda:0", lambda: (137 * GIB, 140 * GIB))
+    assert kv_pool_bytes(view, 0.9, in_use, GIB, 1) == int(140 * GIB * 0.9) - 3 * GIB - GIB
+    view, in_use = device_memory("cuda:0", lambda: (100 * GIB, 140 * GIB))
+    with pytest.raises(ModelDoesNotFit, match="leave no KV pool"):
+        kv_pool_bytes(view, 0.1, in_use, GIB, 1)
     with pytest.raises(ValueError):
-        gpu_kv_budget(1.5, 0, lambda: (1, 1))
+        kv_pool_bytes(view, 1.5, 0, 0, 1)
 
 
 def _tiny_model(tmp_path: Path) -> tuple[Checkpoint, DecryptedModel]:

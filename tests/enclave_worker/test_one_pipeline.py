@@ -185,3 +185,16 @@ async def test_a_refused_request_is_refused_alike_sealed_or_not(
     plaintext, sealed = await _plaintext(stub, body), await _sealed(stub, state, body)
     assert plaintext.status == sealed.status == 403
     assert plaintext.decisions and plaintext.decisions == sealed.decisions
+
+
+async def test_the_first_answer_marks_the_first_token_phase_once(
+        worker: tuple[worker_pb2_grpc.WorkerStub, WorkerState]) -> None:
+    stub, state = worker
+    state.cold_start.mark("load", 1.0, 2.0)  # loaded at t=2 (monotonic): the phase runs from there
+    assert "first_token" not in state.cold_start.spans
+    assert (await _plaintext(stub, _body("Hello"))).status == 200
+    start, end = state.cold_start.spans["first_token"]
+    assert start == 2.0 < end
+    assert (await _sealed(stub, state, _body("Hello again"))).status == 200
+    assert state.cold_start.spans["first_token"] == (start, end)  # the first answer only
+    assert state.cold_start.stats()["sealed:cold_start_first_token_seconds"] == round(end - start, 4)

@@ -35,6 +35,7 @@ SMALL: dict[str, list[str]] = {
 # Where every benchmark's smoke run is.
 COVERED: dict[str, str] = {
     **dict.fromkeys(SMALL, HERE),
+    "coldstart": "tests/sealed_bench/test_bench_coldstart_smoke.py",
     "engine": "tests/test_sealed_bench.py",
     "gpu": "tests/test_sealed_bench.py",
     "linear": "tests/test_sealed_bench.py",

@@ -1,0 +1,142 @@
+"""`sealed bench coldstart`: a worker's start, phase by phase, cold and from standby (issue #49).
+
+One host, simulated TEE, the demo model (SmolLM2-135M-Instruct, fp32 package) unless --model names another:
+the stack (`api.stack.launch`: key broker, gateway, one worker) starts cold, and its worker's phases are
+read from its status (boot, attest, release, decrypt, load; enclave_worker/cold_start.py). Then the
+stack's worker is stopped and a standby worker (`--standby`, the same measured configuration) boots and
+attests without a key; the run assigns it (`POST /internal/assign`) and sends one chat request through
+the gateway as soon as the gateway routes to it. Reported (JSON): both workers' phases, and the standby
+worker's first token after assignment (assignment -> ready, polled every 20 ms, plus the request's time
+to first token) against its decrypt and load alone (the issue's target: <= 1.2x). No assertion: the
+figures are reported with the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from api.home import Home
+from api.stack import DEMO_MODEL, free_port, launch, prepare_demo, worker_args
+from sealed_bench.processes import source_pythonpath
+
+PREFIX = "sealed:cold_start_"
+
+
+def phases(status: dict[str, Any]) -> dict[str, float]:
+    return {k.removeprefix(PREFIX).removesuffix("_seconds"): float(v) for k, v in status.get("stats", {}).items()
+            if k.startswith(PREFIX)}
+
+
+def _status(url: str) -> dict[str, Any]:
+    try:
+        return dict(httpx.get(f"{url}/internal/status", timeout=2.0).json())
+    except (httpx.HTTPError, ValueError):
+        return {}
+
+
+def _until(url: str, wanted: str, proc: subprocess.Popen[bytes], timeout: float, poll: float = 0.02) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the standby worker exited with {proc.returncode}")
+        status = _status(url)
+        if status.get("status") in (wanted, "failed"):
+            if status["status"] != wanted:
+                raise RuntimeError(f"the standby worker failed: {status.get('reason')}")
+            return status
+        time.sleep(poll)
+    raise TimeoutError(f"no {wanted} within {timeout:.0f} s")
+
+
+def _first_token(gateway: str, api_key: str, timeout: float) -> float:
+    """Seconds from sending one streamed chat request (retried while no worker is routable) to its first
+    content chunk."""
+    body = {"model": DEMO_MODEL, "max_tokens": 4, "temperature": 0, "stream": True,
+            "messages": [{"role": "user", "content": "Hello"}]}
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        sent = time.monotonic()
+        with httpx.stream("POST", f"{gateway}/v1/chat/completions", json=body, timeout=120,
+                          headers={"Authorization": f"Bearer {api_key}"}) as reply:
+            if reply.status_code >= 500:  # not routable yet (attestation checked), or the stopped worker's last
+                time.sleep(0.02)
+                continue
+            reply.raise_for_status()
+            for line in reply.iter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                choices = json.loads(line[6:]).get("choices") or [{}]
+                if (choices[0].get("delta") or {}).get("content"):
+                    return time.monotonic() - sent
+        raise RuntimeError("the answer had no content")
+    raise TimeoutError("no worker answered")
+
+
+def run(root: Path, model: Path | None, timeout: float) -> dict[str, Any]:
+    home = Home(root / "home")
+    demo = prepare_demo(home, model_path=model, log=lambda *_: None)
+    stack = launch(home, port=free_port())
+    proc: subprocess.Popen[bytes] | None = None
+    try:
+        if stack.wait_ready(timeout=timeout) != "ready":
+            raise RuntimeError((home.logs / "worker.log").read_text()[-2000:])
+        cold = phases(_status(stack.worker_url))
+        stack.supervisor.remove("worker", timeout=25.0)  # from here on, only the standby worker serves
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        args = [*worker_args(home, stack.broker_url, port, free_port(), [stack.gateway_url]), "--standby"]
+        env = {**os.environ, "PYTHONPATH": source_pythonpath()}
+        proc = subprocess.Popen([sys.executable, "-m", *args], env=env, stdout=open(root / "standby.log", "wb"),  # noqa: SIM115
+                                stderr=subprocess.STDOUT)
+        _until(url, "standby", proc, timeout, poll=0.2)
+        assigned = time.monotonic()
+        if httpx.post(f"{url}/internal/assign", timeout=5.0).status_code != 202:
+            raise RuntimeError("the standby worker refused its assignment")
+        _until(url, "ready", proc, timeout)
+        to_ready = time.monotonic() - assigned
+        ttft = _first_token(stack.gateway_url, demo.api_key, timeout)
+        warm = phases(_status(url))
+    finally:
+        if proc is not None:
+            proc.terminate()
+            proc.wait(30)
+        stack.stop()
+    decrypt_and_load = warm["decrypt"] + warm["load"]
+    first_after_assignment = to_ready + ttft
+    return {"machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
+            "model": str(model) if model else DEMO_MODEL, "cold_phases_s": cold, "standby_phases_s": warm,
+            "standby_assignment_to_ready_s": round(to_ready, 3), "standby_first_request_ttft_s": round(ttft, 3),
+            "standby_first_token_after_assignment_s": round(first_after_assignment, 3),
+            "standby_decrypt_and_load_s": round(decrypt_and_load, 3),
+            "ratio_first_token_to_decrypt_and_load": round(first_after_assignment / decrypt_and_load, 3),
+            "target_ratio": 1.2}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="sealed bench coldstart", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", type=Path, default=None, help="GGUF file or HF dir (default: the demo model)")
+    ap.add_argument("--timeout", type=float, default=600.0, help="seconds for each start")
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="sealed-coldstart-") as tmp:
+        report = run(Path(tmp), args.model, args.timeout)
+    text = json.dumps(report, indent=1)
+    print(text)
+    if args.json:
+        args.json.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

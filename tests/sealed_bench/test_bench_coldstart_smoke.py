@@ -1,0 +1,18 @@
+"""`sealed bench coldstart` runs (CI smoke): a cold stack's phases, then a standby worker assigned and answering."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from sealed_bench.bench_coldstart import main
+
+
+def test_coldstart_reports_every_phase_cold_and_from_standby(tmp_path: Path) -> None:
+    out = tmp_path / "coldstart.json"
+    assert main(["--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert set(report["cold_phases_s"]) == {"boot", "attest", "release", "decrypt", "load"}
+    assert set(report["standby_phases_s"]) == {"boot", "attest", "release", "decrypt", "load", "first_token"}
+    assert report["standby_decrypt_and_load_s"] > 0 and report["standby_first_request_ttft_s"] > 0
+    assert report["standby_first_token_after_assignment_s"] >= report["standby_assignment_to_ready_s"]
