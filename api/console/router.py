@@ -268,7 +268,7 @@ async def workers_page(request: Request, who: Viewer = Depends(viewer)) -> HTMLR
     service = _service(request)
     reg = service.registry
     # What each worker submitted in its signed heartbeats (nothing is fetched from a worker's address).
-    attestations = [a for a in await service.attestation_all() if who.sees(str(a.get("tenant")))]
+    attestations = [a for a in await service.enrolment.attestation_all() if who.sees(str(a.get("tenant")))]
     tenants = {w.tenant for w in reg.workers.values() if who.sees(w.tenant)}
     reference = await _reference_values(request, tenants)
     rows = worker_rows(service, attestations, reference, who, time.time())

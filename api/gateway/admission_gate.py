@@ -20,14 +20,13 @@ from typing import TYPE_CHECKING
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from api.gateway.errors import error_response
-from api.gateway.priority_loop import mark_urgent
 
 if TYPE_CHECKING:
     from api.gateway.service import GatewayService
 
 # The routes whose requests pass admission (the rate limits and the queue bound).
-ADMITTED_ROUTES = frozenset({"/v1/chat/completions", "/v1/completions", "/tokenize", "/detokenize",
-                             "/v1/sealed/chat/completions", "/v1/sealed/completions"})
+ADMITTED_ROUTES = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses", "/tokenize", "/detokenize",
+                             "/v1/sealed/chat/completions", "/v1/sealed/completions", "/v1/sealed/responses"})
 
 
 def bearer(scope: Scope) -> str:
@@ -51,10 +50,4 @@ class AdmissionGate:
             if refusal is not None:
                 await error_response(refusal)(scope, receive, send)
                 return
-            # A new connection's requests start urgent (priority_loop.py); reading and parsing the
-            # body stays so only for a tenant with little in flight. A key not seen for a while
-            # keeps the connection's mark until its Run is built, which settles it.
-            tenant = self.service.catalog.tenant_hint(secret) if secret else None
-            if tenant is not None:
-                mark_urgent(self.service.admission.light(tenant))
         await self.app(scope, receive, send)

@@ -31,8 +31,8 @@ async def bearer_secret(request: Request) -> str:
 async def current_key(request: Request, secret: str = Depends(bearer_secret),
                       service: GatewayService = Depends(get_service)) -> KeyRecord:
     # A key seen within the last second is served from memory: under a flood the threads are busy.
-    key = service.cached_key(secret)
+    key = service.catalog.cached_key(secret)
     if key is None:
-        key = await asyncio.to_thread(service.authenticate, secret)
+        key = await asyncio.to_thread(service.catalog.authenticate, secret)
     request.scope.setdefault("state", {})["audit_tenant"] = key.tenant  # a later refusal's audit entry names it
     return key
