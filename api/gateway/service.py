@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -20,7 +20,7 @@ from api.gateway.delivery_probe import DeliveryProbe
 from api.gateway.demand import Demand
 from api.gateway.enrolment import Enrolment
 from api.gateway.errors import GatewayError
-from api.gateway.grpc_client import WorkerClients, WorkerLost, WorkerRefusal, WorkerUnavailable, open_sealed
+from api.gateway.grpc_client import WorkerClients, WorkerLost, WorkerRefusal, WorkerUnavailable
 from api.gateway.metering import Metering
 from api.gateway.metrics import Metrics
 from api.gateway.registry import WorkerInfo, WorkerRegistry, reattest_required
@@ -86,7 +86,7 @@ class GatewayService:
                           metadata=admin_meta(principal=getattr(who, "subject", None) or getattr(who, "sub", None),
                                               role=getattr(who, "role", None), **meta))
 
-    # -- routing and streaming
+    # -- routing and streaming: the route and relay steps of a request's lifecycle (lifecycle.py)
     async def stream(self, key: KeyRecord, model: str, split: dict[str, float],
                      request: worker_pb2.GenerateRequest, affinity: str, span: Span = NULL_SPAN
                      ) -> AsyncGenerator[worker_pb2.GenerateChunk, None]:
@@ -97,44 +97,70 @@ class GatewayService:
         """
         tried: set[str] = set()
         while True:
-            routing = self.tracing.start("gateway.route", span.context)
             try:
-                worker = self.registry.pick(key.tenant, model, split, affinity, frozenset(tried))
-            except GatewayError as exc:
-                routing.end(error=exc.code or "no_worker")
+                worker = self._route(span, lambda: self.registry.pick(key.tenant, model, split, affinity,
+                                                                      frozenset(tried)), attempts=len(tried) + 1)
+            except GatewayError:
                 self.demand.unserved(key.tenant, model)  # wakes a version scaled to zero
                 raise
-            if self.tracing.enabled:
-                routing.set("sealed.worker_id", worker.worker_id)
-                routing.set("sealed.attempts", len(tried) + 1)
-            routing.end()
-            worker.inflight += 1
-            call, metadata = worker_call_span(self.tracing, span, "Generate", worker.worker_id)
             try:
-                first, rest = await self.clients.open(worker.grpc_address, request, self.settings.request_timeout_s,
-                                                      worker.tls_cert, metadata)
+                first, rest, call = await self._open(worker, "Generate", request, span)
                 break
             except WorkerUnavailable:
-                call.end(error="worker_unavailable")
-                worker.inflight -= 1
                 tried.add(worker.worker_id)
                 self._probe_soon(worker)
-            except GatewayError as exc:
-                call.end(error=exc.code or "worker_error")
-                worker.inflight -= 1
-                if isinstance(exc, WorkerRefusal) and exc.worker_decisions:  # signed: verified, then audited
+            except WorkerRefusal as exc:
+                if exc.worker_decisions:  # signed: verified, then audited
                     audit_worker_decisions(self.audit, exc.worker_decisions, pinned_key_hex=worker.usage_public_key,
                                            request_id=request.request_id, tenant=request.tenant,
                                            worker_id=worker.worker_id)
-                raise
-            except BaseException:
-                call.end(error="cancelled")
-                worker.inflight -= 1
                 raise
         # aclosing: a client that goes away closes this generator, and the relay with it, at once.
         async with aclosing(self._relay(worker, request, first, rest, sealed=False, call=call)) as relay:
             async for chunk in relay:
                 yield chunk
+
+    async def sealed_stream(self, key: KeyRecord, model: str, request: worker_pb2.SealedRequest,
+                            span: Span = NULL_SPAN) -> AsyncGenerator[worker_pb2.SealedChunk, None]:
+        """Relay one sealed exchange with the pinned worker; never another one."""
+        worker = self._route(span, lambda: self.registry.pinned(key.tenant, model, request.worker_key_id))
+        try:
+            first, rest, call = await self._open(worker, "SealedGenerate", request, span)
+        except WorkerUnavailable as exc:
+            self._probe_soon(worker)  # health checks, not one request, take a worker out of rotation
+            raise reattest_required() from exc
+        async with aclosing(self._relay(worker, request, first, rest, sealed=True, call=call)) as relay:
+            async for chunk in relay:
+                yield chunk
+
+    def _route(self, span: Span, pick: Callable[[], WorkerInfo], attempts: int = 0) -> WorkerInfo:
+        """The route step, in its `gateway.route` span."""
+        routing = self.tracing.start("gateway.route", span.context)
+        try:
+            worker = pick()
+        except GatewayError as exc:
+            routing.end(error=exc.code or "no_worker")
+            raise
+        if self.tracing.enabled:
+            routing.set("sealed.worker_id", worker.worker_id)
+            if attempts:
+                routing.set("sealed.attempts", attempts)
+        routing.end()
+        return worker
+
+    async def _open(self, worker: WorkerInfo, method: str, request: Any, span: Span) -> tuple[Any, Any, Span]:
+        """Open the call on `worker` (taking one of its in-flight slots, which the relay gives back), in
+        its `gateway.worker_call` span: the first chunk, the rest, and the span."""
+        worker.inflight += 1
+        call, metadata = worker_call_span(self.tracing, span, method, worker.worker_id)
+        try:
+            first, rest = await self.clients.open(worker.grpc_address, request, self.settings.request_timeout_s,
+                                                  worker.tls_cert, metadata)
+        except BaseException as exc:
+            call.end(error=exc.code or "worker_error" if isinstance(exc, GatewayError) else "cancelled")
+            worker.inflight -= 1
+            raise
+        return first, rest, call
 
     async def call(self, key: KeyRecord, model: str, split: dict[str, float], method: str, request: Any) -> Any:
         """A unary worker call for (tenant, model) on a ready worker; an unreachable one is skipped."""
@@ -198,37 +224,6 @@ class GatewayService:
             self.metrics.rejected.labels(key.tenant, "sealed_required").inc()
             raise GatewayError(403, "this tenant accepts only sealed requests: use SealedOpenAI or `sealed proxy` "
                                "(docs/sealed-mode.md)", code="sealed_required")
-
-    async def sealed_stream(self, key: KeyRecord, model: str, request: worker_pb2.SealedRequest,
-                            span: Span = NULL_SPAN) -> AsyncGenerator[worker_pb2.SealedChunk, None]:
-        """Relay one sealed exchange with the pinned worker; never another one."""
-        routing = self.tracing.start("gateway.route", span.context)
-        try:
-            worker = self.registry.pinned(key.tenant, model, request.worker_key_id)
-        except GatewayError as exc:
-            routing.end(error=exc.code or "no_worker")
-            raise
-        if self.tracing.enabled:
-            routing.set("sealed.worker_id", worker.worker_id)
-        routing.end()
-        worker.inflight += 1
-        call, metadata = worker_call_span(self.tracing, span, "SealedGenerate", worker.worker_id)
-        try:
-            first, rest = await open_sealed(self.clients, worker.grpc_address, request,
-                                            self.settings.request_timeout_s, worker.tls_cert, metadata)
-        except BaseException as exc:
-            call.end(error=(exc.code if isinstance(exc, GatewayError) else "") or "failed")
-            if not isinstance(exc, GatewayError):
-                raise
-            worker.inflight -= 1
-            if isinstance(exc, WorkerUnavailable):
-                self._probe_soon(worker)  # health checks, not one request, take a worker out of rotation
-                raise reattest_required() from exc
-            raise
-        # aclosing: a client that goes away closes this generator, and the relay with it, at once.
-        async with aclosing(self._relay(worker, request, first, rest, sealed=True, call=call)) as relay:
-            async for chunk in relay:
-                yield chunk
 
     async def _relay(self, worker: WorkerInfo, request: worker_pb2.GenerateRequest | worker_pb2.SealedRequest,
                      first: Chunk, rest: AsyncIterator[Chunk], *, sealed: bool, call: Span = NULL_SPAN
