@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--http", choices=("auto", "httptools", "h11"), default="auto",
                         help="HTTP/1.1 parser (auto: httptools when installed, else h11)")
     parser.add_argument("--loop", choices=("auto", "uvloop", "asyncio"), default="auto",
-                        help="event loop (auto, asyncio: asyncio's; uvloop: when installed)")
+                        help="event loop (auto, asyncio: asyncio's, light tenants first; uvloop: FIFO)")
     parser.add_argument("--broker-jwks", type=Path, default=None,
                         help="route only to workers whose broker-signed attestation binds their channel keys")
     parser.add_argument("--audit-dir", type=Path, default=None, help="audit logs the console shows and verifies")

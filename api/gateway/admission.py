@@ -57,6 +57,10 @@ class AdmissionController:
     def running(self) -> int:
         return self.scheduler.total_running
 
+    def light(self, tenant: str, streams: int = 1) -> bool:
+        """Would the tenant, with `streams` more, still hold few slots (the reserve's rule, fairqueue.py)?"""
+        return self.scheduler.running[tenant] + streams <= self.scheduler.small
+
     def own_limit_refusal(self, tenant: str, key_id: str, tenant_rpm: int | None, key_rpm: int | None,
                           max_queued: int) -> GatewayError | None:
         """The 429 that check_limits or slot() would answer now for the key's own request rate or its

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from api.gateway.errors import error_response
+from api.gateway.priority_loop import mark_urgent
 
 if TYPE_CHECKING:
     from api.gateway.service import GatewayService
@@ -50,4 +51,10 @@ class AdmissionGate:
             if refusal is not None:
                 await error_response(refusal)(scope, receive, send)
                 return
+            # A new connection's requests start urgent (priority_loop.py); reading and parsing the
+            # body stays so only for a tenant with little in flight. A key not seen for a while
+            # keeps the connection's mark until its lifecycle begins, which settles it.
+            tenant = self.service.catalog.tenant_hint(secret) if secret else None
+            if tenant is not None:
+                mark_urgent(self.service.admission.light(tenant))
         await self.app(scope, receive, send)

@@ -76,6 +76,13 @@ class Catalog:
         answered 429 instead of 401; nothing is ever let through on it."""
         return self._authenticated(secret, CACHE_S)
 
+    def tenant_hint(self, secret: str) -> str | None:
+        """The tenant of a key this replica authenticated within SINGLE_GATEWAY_KEY_CACHE_S, in any
+        mode. Only a scheduling hint (which requests run first, priority_loop.py), never a decision:
+        a stale one at worst orders a request's first steps wrongly."""
+        key = self._authenticated(secret, SINGLE_GATEWAY_KEY_CACHE_S)
+        return key.tenant if key is not None else None
+
     def _authenticated(self, secret: str, within_s: float) -> KeyRecord | None:
         hit = self._cache.get(("key", hash_secret(secret)))
         if not hit:

@@ -10,10 +10,14 @@ after each response on a kept-alive connection), and refuses connections beyond
 limit; llhttp has no such limit, so on httptools the guard counts the bytes received while a
 request's headers are incomplete and answers 400 (and closes) beyond `max_header_bytes`.
 
-The event loop: asyncio's own, also where uvloop is installed (an optional package does not change
-the gateway unseen); uvloop only when asked for (`--loop uvloop`; missing, an error). Fairness
-between tenants is admission's (fairqueue.py, admission_gate.py), not the loop's: no loop
-internals are replaced. grpc.aio streams and cancels on either loop (tests/api/test_event_loop.py).
+The event loop: asyncio's selector loop with a light tenant's callbacks first (priority_loop.py),
+also where uvloop is installed, unlike uvicorn's own default: an optional package must not take
+the fair share away unseen. uvloop (libuv, in C) only when asked for (`--loop uvloop`; asking for
+it where it is missing is an error): its cost per callback and per I/O event is lower, but it has
+no priorities, and under `sealed bench flood` it did not measurably change the quiet tenant's
+latency (docs/benchmarks.md), where the loop's time goes to Python work per request and per
+relayed chunk. grpc.aio, the gateway's worker channels, streams and cancels on either loop
+(tests/api/test_event_loop.py).
 """
 
 from __future__ import annotations
@@ -28,6 +32,9 @@ import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 Http = Literal["auto", "httptools", "h11"]
+# What uvicorn builds the loop with: asyncio's selector loop with light tenants' callbacks first
+# (priority_loop.py), or uvloop's.
+LOOP_FACTORIES = {"asyncio": "api.gateway.priority_loop:PriorityEventLoop", "uvloop": "uvloop"}
 Loop = Literal["auto", "uvloop", "asyncio"]
 
 
@@ -49,7 +56,7 @@ def base_protocol(http: Http = "auto") -> type[asyncio.Protocol]:
 
 
 def event_loop(loop: Loop = "auto") -> Literal["uvloop", "asyncio"]:
-    """asyncio's loop unless uvloop is asked for: uvicorn's `loop` setting."""
+    """asyncio's loop (with priorities, LOOP_FACTORIES) unless uvloop is asked for: uvicorn's `loop` setting."""
     if loop == "auto":
         return "asyncio"
     if loop == "uvloop" and importlib.util.find_spec("uvloop") is None:
@@ -154,5 +161,5 @@ def server_config(app: Any, host: str, port: int, limits: ConnectionLimits | Non
     # access_log off: request lines are metadata, but we keep the gateway's logs to decisions only.
     return uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
                           timeout_keep_alive=int(limits.keep_alive_s), http=guarded_protocol(limits, http),
-                          loop=event_loop(loop), h11_max_incomplete_event_size=limits.max_header_bytes,
+                          loop=LOOP_FACTORIES[event_loop(loop)], h11_max_incomplete_event_size=limits.max_header_bytes,
                           **kw)

@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 
 from api.gateway.admission import Ticket
 from api.gateway.errors import GatewayError
+from api.gateway.priority_loop import mark_urgent
 from api.gateway.service import GatewayService
 from api.gateway.spans import request_span
 from api.store.repo import KeyRecord
@@ -36,6 +37,10 @@ Chunk = TypeVar("Chunk", worker_pb2.GenerateChunk, worker_pb2.SealedChunk)
 class RequestLifecycle:
     def __init__(self, service: GatewayService, key: KeyRecord, model: str, ticket: Ticket, span: Span) -> None:
         self.service, self.key, self.model, self.ticket, self.span = service, key, model, ticket, span
+        # A request of a tenant with little in flight runs ahead of the others in each loop turn
+        # (priority_loop.py). Marked here, in the request's own task, before start() and the
+        # relaying run in tasks of their own, which take this mark with them.
+        mark_urgent(service.admission.light(ticket.tenant, ticket.streams))
         self.started = time.monotonic()
         self._stack = contextlib.AsyncExitStack()
         self.prompt_tokens = self.completion_tokens = 0

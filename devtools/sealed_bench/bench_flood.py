@@ -266,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--http", choices=("auto", "httptools", "h11"), default="auto",
                         help="the gateway's HTTP parser (auto: httptools when installed)")
     parser.add_argument("--loop", choices=("auto", "uvloop", "asyncio"), default="auto",
-                        help="the gateway's event loop (auto: asyncio's)")
+                        help="the gateway's event loop (auto: asyncio's with priorities)")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--quiet-client", default=None, help=argparse.SUPPRESS)  # the quiet tenant's process
     args = parser.parse_args(argv)

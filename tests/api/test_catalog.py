@@ -77,3 +77,23 @@ def test_an_expired_key_is_not_served_from_memory(tmp_path: Path, clock: Clock) 
     past = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=1)
     catalog._cache[("key", hash_secret(secret))] = (clock.now, dataclasses.replace(record, expires_at=past))
     assert catalog.cached_key(secret) is None and catalog.recent_key(secret) is None
+
+
+@pytest.mark.parametrize("shared_db", [False, True])
+def test_the_tenant_hint_outlives_the_early_refusal_view_in_any_mode_and_a_change_forgets_it(
+        tmp_path: Path, clock: Clock, shared_db: bool) -> None:
+    """Only a scheduling hint (priority_loop.py): kept as long as a single gateway's key cache, also
+    with a shared database, where no key is ever served from memory."""
+    catalog, store = _catalog(tmp_path, shared_db=shared_db)
+    secret, _ = store.create_key("acme", "k")
+    assert catalog.tenant_hint(secret) is None
+    catalog.authenticate(secret)
+    clock.now += 60
+    assert catalog.recent_key(secret) is None
+    assert catalog.tenant_hint(secret) == "acme"
+    assert (catalog.cached_key(secret) is None) == shared_db
+    clock.now += SINGLE_GATEWAY_KEY_CACHE_S
+    assert catalog.tenant_hint(secret) is None
+    catalog.authenticate(secret)
+    catalog.forget()
+    assert catalog.tenant_hint(secret) is None

@@ -1,4 +1,4 @@
-"""The gateway's event loop: asyncio's own (no internals replaced) unless uvloop is asked for
+"""The gateway's event loop: asyncio's with priorities (priority_loop.py) unless uvloop is asked for
 (`--loop uvloop`, optional); and grpc.aio, the gateway's worker channels, streams and cancels on each
 loop as on asyncio's own (the uvloop case runs where uvloop is installed)."""
 
@@ -14,7 +14,8 @@ import pytest
 
 from api.gateway import http_server
 from api.gateway.grpc_client import WorkerClients
-from api.gateway.http_server import event_loop, server_config, shorten_gil_switch_interval
+from api.gateway.http_server import LOOP_FACTORIES, event_loop, server_config, shorten_gil_switch_interval
+from api.gateway.priority_loop import PriorityEventLoop
 from api.serve import main as gateway_main
 from api.stack import free_port
 from protocol.rpc import worker_pb2, worker_pb2_grpc
@@ -30,26 +31,26 @@ def _without_uvloop(monkeypatch: pytest.MonkeyPatch) -> None:
                         lambda name, *a: None if name == "uvloop" else real(name, *a))
 
 
-def test_auto_is_asyncios_loop_even_where_uvloop_is_installed(monkeypatch: pytest.MonkeyPatch) -> None:
-    """An optional package that happens to be installed does not change the gateway's loop unseen."""
+def test_auto_is_the_priority_loop_even_where_uvloop_is_installed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """uvloop has no priorities: an optional package that happens to be installed must not turn them off."""
     real = importlib.util.find_spec
     monkeypatch.setattr(http_server.importlib.util, "find_spec",
                         lambda name, *a: object() if name == "uvloop" else real(name, *a))  # "installed"
     assert event_loop("auto") == "asyncio"
-    assert server_config(_app, "127.0.0.1", 1).loop == "asyncio"
-    assert server_config(_app, "127.0.0.1", 1, loop="uvloop").loop == "uvloop"  # asked for, by choice
+    assert server_config(_app, "127.0.0.1", 1).loop == LOOP_FACTORIES["asyncio"]
+    assert server_config(_app, "127.0.0.1", 1, loop="uvloop").loop == "uvloop"  # asked for: FIFO, by choice
     _without_uvloop(monkeypatch)
     assert event_loop("auto") == "asyncio"
 
 
-def test_asyncio_is_asyncios_own_loop_even_where_uvloop_is_installed() -> None:
-    loop = asyncio.new_event_loop()
-    factory = server_config(_app, "127.0.0.1", 1, loop="asyncio").get_loop_factory()
+def test_asyncio_is_asyncios_selector_loop_with_priorities_even_where_uvloop_is_installed() -> None:
+    config = server_config(_app, "127.0.0.1", 1, loop="asyncio")
+    factory = config.get_loop_factory()
+    assert factory is PriorityEventLoop
+    loop = factory()
     try:
-        made = factory() if factory is not None else loop
-        assert isinstance(made, asyncio.BaseEventLoop) and "uvloop" not in type(made).__module__
-        if made is not loop:
-            made.close()
+        assert isinstance(loop, asyncio.SelectorEventLoop)
+        assert "uvloop" not in type(loop).__module__
     finally:
         loop.close()
 
@@ -126,7 +127,8 @@ async def _stream_and_cancel() -> tuple[list[int], bool]:
 
 
 def _loops() -> list[tuple[str, Callable[[], asyncio.AbstractEventLoop]]]:
-    loops: list[tuple[str, Callable[[], asyncio.AbstractEventLoop]]] = [("asyncio", asyncio.new_event_loop)]
+    loops: list[tuple[str, Callable[[], asyncio.AbstractEventLoop]]] = [("asyncio", asyncio.new_event_loop),
+                                                                       ("priority", PriorityEventLoop)]
     if importlib.util.find_spec("uvloop") is not None:
         import uvloop
 
