@@ -52,6 +52,7 @@ from api.console.views import (
     worker_rows,
 )
 from api.console_settings import ConsoleSettings
+from api.gateway.dependencies import gateway_of
 from api.home import ed25519_key, write_public_key
 from policy.audit import AuditLog, CheckpointAnchor, SqlAnchor, WitnessFile
 from policy.errors import PolicyError
@@ -108,7 +109,7 @@ def _state(request: Request) -> ConsoleState:
 
 
 def _service(request: Request) -> Any:
-    return request.app.state.service
+    return gateway_of(request)
 
 
 def _render(request: Request, name: str, who: Viewer | None, **ctx: Any) -> HTMLResponse:

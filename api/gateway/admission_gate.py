@@ -1,16 +1,11 @@
 """A key over its own limits is refused before its request body is read.
 
-A tenant flooding with maximal requests is refused by its own limits anyway (requests per minute,
-its queue bound); answering those 429s after reading, parsing and validating each body (up to
-4 MiB, 64 choices) spent much of the gateway's event loop on the flooder. This ASGI middleware,
-the outermost, answers them from the request line and the Authorization header alone: for a POST
-to a route that admission charges, with a key this gateway authenticated within the last second
-(`Catalog.recent_key`, no database, no thread hop), it peeks at the key's and tenant's
-requests-per-minute buckets and the tenant's queue counter (`Admission.early_refusal`). Over a
-bound: the same 429 (`Retry-After`, OpenAI's error body) the route would answer, counted in the
-metrics and audited like it (aggregated, tickets.py). Otherwise, or for a key not seen recently,
-the request goes on untouched and is charged once, by the usual admission. Nothing is charged
-here, so nothing can be charged twice or leak.
+This ASGI middleware, the outermost, answers a flooder's 429s from the request line and the
+Authorization header alone: for a POST to a route that admission charges, with a key this gateway
+authenticated within the last second (`Catalog.recent_key`), it peeks at the key's and tenant's
+requests-per-minute buckets and the tenant's queue counter (`Admission.early_refusal`): over a
+bound, the same 429 the route would answer, counted and audited like it. Otherwise the request goes
+on untouched and is charged once, by the usual admission: nothing is charged here.
 """
 
 from __future__ import annotations

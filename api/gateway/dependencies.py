@@ -14,9 +14,16 @@ from api.gateway.service import GatewayService
 from api.store.repo import KeyRecord
 
 
-async def get_service(request: Request) -> GatewayService:
+def gateway_of(request: Request) -> GatewayService:
+    """The gateway's parts as `create_app` bound them to its app: the one place that knows where they
+    are kept. Routes take them as a dependency (`get_service`); request helpers of the management API
+    and the console that are not dependencies call this."""
     service: GatewayService = request.app.state.service
     return service
+
+
+async def get_service(request: Request) -> GatewayService:
+    return gateway_of(request)
 
 
 async def bearer_secret(request: Request) -> str:

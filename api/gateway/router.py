@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
@@ -183,24 +184,24 @@ def usage(key: KeyRecord = Depends(current_key), service: GatewayService = Depen
     return {"object": "usage", "tenant": key.tenant, "totals": totals, "by_key": rows}
 
 
+def _published(path: Path | None, missing: str) -> JSONResponse:
+    if path is None or not path.exists():
+        raise GatewayError(404, missing, code="not_found")
+    return JSONResponse(json.loads(path.read_text()), headers={"Cache-Control": "max-age=60"})
+
+
 @router.get("/.well-known/jwks.json")
 def broker_jwks(service: GatewayService = Depends(get_service)) -> JSONResponse:
     """The key broker's token keys, so a client can check `/.well-known/attestation` from the gateway
     alone. Serving them adds no trust: a client pins the broker's issuer and reference values."""
-    path = service.settings.broker_jwks
-    if path is None or not path.exists():
-        raise GatewayError(404, "this gateway has no key broker JWKS configured", code="not_found")
-    return JSONResponse(json.loads(path.read_text()), headers={"Cache-Control": "max-age=60"})
+    return _published(service.settings.broker_jwks, "this gateway has no key broker JWKS configured")
 
 
 @router.get("/.well-known/reference-values")
 def reference_values(service: GatewayService = Depends(get_service)) -> JSONResponse:
     """The operator's signed in-toto statement of the measurements a worker may have (served as is;
     a client checks it against the publisher key it pins)."""
-    path = service.settings.reference_values
-    if path is None or not path.exists():
-        raise GatewayError(404, "this gateway publishes no reference values", code="not_found")
-    return JSONResponse(json.loads(path.read_text()), headers={"Cache-Control": "max-age=60"})
+    return _published(service.settings.reference_values, "this gateway publishes no reference values")
 
 
 @router.get("/.well-known/attestation")
