@@ -54,7 +54,6 @@ from api.management.oidc import OidcVerifier
 from api.management.sessions import router as sessions_router
 from api.store.db import make_engine, session_factory, upgrade
 from api.store.repo import Store
-from policy.audit import AuditLog
 from policy.audit.edge import EdgeRefusals
 from policy.audit.stream.embedded import forwarding_from_env
 from policy.limiter import TokenBucketLimiter
@@ -66,8 +65,7 @@ from protocol.tracing import tracing_from_env
 CONSOLE_COMPONENT = "console"  # the console's audit log (api/console/router.py), in this process
 
 
-def build_gateway(settings: GatewaySettings, store: Store | None = None, audit: AuditLog | None = None
-                  ) -> GatewayService:
+def build_gateway(settings: GatewaySettings, store: Store | None = None) -> GatewayService:
     """Every part of the gateway, built once, from the settings (and the environment: tracing and
     audit forwarding); `store`: an already migrated one (tests), else the settings' database."""
     if store is None:
@@ -84,7 +82,7 @@ def build_gateway(settings: GatewaySettings, store: Store | None = None, audit: 
         limiter, counter = TokenBucketLimiter(), LocalQueueCounter()
     admission = AdmissionController(limiter, counter, settings.max_inflight, settings.max_queued,
                                     max_request_streams=settings.max_choices)
-    audit = audit or open_gateway_audit(settings)
+    audit = open_gateway_audit(settings)
     registry = WorkerRegistry(settings.heartbeat_timeout_s, require_attestation=settings.broker_jwks is not None)
     verifier = (load_verifier(settings.broker_jwks, settings.broker_issuer)
                 if settings.broker_jwks is not None else None)
