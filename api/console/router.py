@@ -52,6 +52,7 @@ from api.console.views import (
     worker_rows,
 )
 from api.console_settings import ConsoleSettings
+from api.gateway.dependencies import gateway_of
 from api.home import ed25519_key, write_public_key
 from policy.audit import AuditLog, CheckpointAnchor, SqlAnchor, WitnessFile
 from policy.errors import PolicyError
@@ -108,7 +109,7 @@ def _state(request: Request) -> ConsoleState:
 
 
 def _service(request: Request) -> Any:
-    return request.app.state.service
+    return gateway_of(request)
 
 
 def _render(request: Request, name: str, who: Viewer | None, **ctx: Any) -> HTMLResponse:
@@ -268,7 +269,7 @@ async def workers_page(request: Request, who: Viewer = Depends(viewer)) -> HTMLR
     service = _service(request)
     reg = service.registry
     # What each worker submitted in its signed heartbeats (nothing is fetched from a worker's address).
-    attestations = [a for a in await service.attestation_all() if who.sees(str(a.get("tenant")))]
+    attestations = [a for a in await service.enrolment.attestation_all() if who.sees(str(a.get("tenant")))]
     tenants = {w.tenant for w in reg.workers.values() if who.sees(w.tenant)}
     reference = await _reference_values(request, tenants)
     rows = worker_rows(service, attestations, reference, who, time.time())

@@ -25,6 +25,7 @@ from fastapi import Depends, Request
 
 from api.console_settings import loopback_host
 from api.errors import SealedApiError
+from api.gateway.dependencies import gateway_of
 from api.management.auth import ROLES, Principal, decode_token
 from api.store.revocation import ConsoleSession, Revocations, TokenClaims, TokenRevoked
 
@@ -42,7 +43,7 @@ class ConsoleForbidden(SealedApiError):
 
 
 def _secret(request: Request) -> str:
-    secret: str = request.app.state.service.settings.jwt_secret
+    secret: str = gateway_of(request).settings.jwt_secret
     if not secret:
         raise ConsoleForbidden("console disabled: no management JWT secret configured")
     return secret
@@ -133,7 +134,7 @@ def viewer(request: Request) -> Viewer:
     token = request.cookies.get(COOKIE)
     if not token:
         raise ConsoleAuthError("not logged in")
-    who, session_id = read_session(secret, token, request.app.state.service.store.revocations)
+    who, session_id = read_session(secret, token, gateway_of(request).store.revocations)
     return Viewer(who, csrf_token(secret, session_id))
 
 

@@ -33,6 +33,7 @@ from api.console.session import (
     open_session,
     set_session_cookie,
 )
+from api.gateway.dependencies import gateway_of
 from api.management.auth import Principal
 from api.management.claims import identity
 from api.management.oidc import OidcVerifier, ProviderMetadata
@@ -87,7 +88,7 @@ def callback(request: Request, code: str = "", state: str = "", error: str = "",
         return _refused(request, exc)
     secret, console = _secret(request), request.app.state.console.settings
     now = dt.datetime.now(dt.UTC)
-    session = open_session(secret, who, expires, console.session_ttl_s, request.app.state.service.store.revocations,
+    session = open_session(secret, who, expires, console.session_ttl_s, gateway_of(request).store.revocations,
                            now)
     _audit(request, who, "allow", "signed in through the IdP")
     # A page, not a redirect: after the IdP's cross-site redirect a browser would not send the
@@ -157,7 +158,7 @@ def _metadata(verifier: OidcVerifier) -> ProviderMetadata:
 
 
 def _secret(request: Request) -> str:
-    secret: str = request.app.state.service.settings.jwt_secret
+    secret: str = gateway_of(request).settings.jwt_secret
     if not secret:
         raise ConsoleForbidden("console disabled: no session key (--jwt-secret-file) configured")
     return secret

@@ -223,7 +223,7 @@ def worker_rows(service: Any, attestations: list[dict[str, Any]], reference: dic
         if not who.sees(w.tenant):
             continue
         doc = by_id.get(w.worker_id) or {}
-        claims, token_state = token_claims(str(doc.get("token", "")), getattr(service, "_verifier", None))
+        claims, token_state = token_claims(str(doc.get("token", "")), service.enrolment.verifier)
         measurement = str(claims.get("measurement", ""))
         allowed = reference.get((w.tenant, w.model))
         if not measurement:

@@ -1,16 +1,11 @@
 """A key over its own limits is refused before its request body is read.
 
-A tenant flooding with maximal requests is refused by its own limits anyway (requests per minute,
-its queue bound); answering those 429s after reading, parsing and validating each body (up to
-4 MiB, 64 choices) spent much of the gateway's event loop on the flooder. This ASGI middleware,
-the outermost, answers them from the request line and the Authorization header alone: for a POST
-to a route that admission charges, with a key this gateway authenticated within the last second
-(`Catalog.recent_key`, no database, no thread hop), it peeks at the key's and tenant's
-requests-per-minute buckets and the tenant's queue counter (`Admission.early_refusal`). Over a
-bound: the same 429 (`Retry-After`, OpenAI's error body) the route would answer, counted in the
-metrics and audited like it (aggregated, tickets.py). Otherwise, or for a key not seen recently,
-the request goes on untouched and is charged once, by the usual admission. Nothing is charged
-here, so nothing can be charged twice or leak.
+This ASGI middleware, the outermost, answers a flooder's 429s from the request line and the
+Authorization header alone: for a POST to a route that admission charges, with a key this gateway
+authenticated within the last second (`Catalog.recent_key`), it peeks at the key's and tenant's
+requests-per-minute buckets and the tenant's queue counter (`Admission.early_refusal`): over a
+bound, the same 429 the route would answer, counted and audited like it. Otherwise the request goes
+on untouched and is charged once, by the usual admission: nothing is charged here.
 """
 
 from __future__ import annotations
@@ -26,8 +21,8 @@ if TYPE_CHECKING:
     from api.gateway.service import GatewayService
 
 # The routes whose requests pass admission (the rate limits and the queue bound).
-ADMITTED_ROUTES = frozenset({"/v1/chat/completions", "/v1/completions", "/tokenize", "/detokenize",
-                             "/v1/sealed/chat/completions", "/v1/sealed/completions"})
+ADMITTED_ROUTES = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses", "/tokenize", "/detokenize",
+                             "/v1/sealed/chat/completions", "/v1/sealed/completions", "/v1/sealed/responses"})
 
 
 def bearer(scope: Scope) -> str:
@@ -53,7 +48,7 @@ class AdmissionGate:
                 return
             # A new connection's requests start urgent (priority_loop.py); reading and parsing the
             # body stays so only for a tenant with little in flight. A key not seen for a while
-            # keeps the connection's mark until its Run is built, which settles it.
+            # keeps the connection's mark until its lifecycle begins, which settles it.
             tenant = self.service.catalog.tenant_hint(secret) if secret else None
             if tenant is not None:
                 mark_urgent(self.service.admission.light(tenant))

@@ -1,23 +1,9 @@
 """Dispatch slots that follow what the gateway can relay: AIMD on its loop's lag and on a probe's delay.
 
-`max_inflight` is a ceiling, not a capacity: how many streams one gateway process can relay
-depends on the machine, the token rate of the workers behind it, and what else runs there. Past
-that point every stream still "runs" but the gateway falls behind, and every request, a quiet
-tenant's first token included, waits its turn (under `sealed bench flood` a quiet tenant's TTFT
-went to 6x its unloaded value while its requests had free reserved slots).
-
-Two signals say it is behind: the loop clock's ticker (liveness.py) reports each turn's lag, and
-the delivery probe (delivery_probe.py) reports how long a worker's answer queued in gRPC's path
-above that worker's base round trip, which the loop's lag does not show (it ran thousands of short
-turns while chunks waited 40-135 ms). The number of dispatch slots follows them, as TCP's
-congestion window follows loss: a late turn or a late probe while slots are in use cuts the slots
-by `decrease`; a calm turn adds a few back (additively, and not within `delivery_hold_s` of a late
-probe), up to the ceiling. Requests beyond the slots wait in the fair queue, where waiting costs no
-CPU, in fair order. The floor is the reserve of slots for tenants with little in flight
-(fairqueue.py), so neither the quiet tenant nor the bulk tenant (up to a quarter of the reserve)
-is ever shut out. Netflix's concurrency-limits and Envoy's adaptive concurrency filter do the same
-from request latency; these two are the more direct signals here, because relaying, not the
-workers, is what this limit protects.
+`max_inflight` is a ceiling, not a capacity. A late loop turn (liveness.py) or a late delivery probe
+(delivery_probe.py) while slots are in use cuts the slots by `decrease`; a calm turn adds a few back
+(not within `delivery_hold_s` of a late probe), up to the ceiling. The floor is the reserve of slots
+for tenants with little in flight (fairqueue.py). Why and how measured: docs/gateway.md "Adaptive slots".
 """
 
 from __future__ import annotations

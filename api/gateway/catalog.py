@@ -62,12 +62,9 @@ class Catalog:
 
     def cached_key(self, secret: str) -> KeyRecord | None:
         """A key this gateway authenticated within SINGLE_GATEWAY_KEY_CACHE_S (no database, no thread
-        hop); None: look it up. Only a single gateway caches keys (its management API forgets them
-        on every change); with a shared database, another replica may revoke a key or set its kill
-        switch, which must hold for the next request here too. A key's expiry is checked at each use.
-
-        Why so long: a look-up is a thread hop, and under load that hop waited for the GIL and the
-        loop (25-55 ms under `sealed bench flood`) for every key used again after a second's pause."""
+        hop); None: look it up. Only a single gateway caches keys (its management API forgets them on every
+        change); with a shared database another replica may revoke a key, so none is served from memory.
+        A key's expiry is checked at each use (docs/gateway.md "Known keys stay in memory")."""
         return None if self.settings.database_url else self._authenticated(secret, SINGLE_GATEWAY_KEY_CACHE_S)
 
     def recent_key(self, secret: str) -> KeyRecord | None:

@@ -1,21 +1,12 @@
 """How long the gateway takes to hear a worker's answer: a congestion signal the event loop cannot see.
 
-Every chunk a worker sends reaches the gateway's code through gRPC's core (the socket read, HTTP/2)
-and its completion-queue thread, one message per `read()`. Under `sealed bench flood` that path,
-not the event loop, was what fell behind: a quiet tenant's first chunk was on the wire within
-0.1 ms of the worker yielding it and reached the gateway's `read()` 40-135 ms later, while the loop
-ran thousands of short turns and its ticker (liveness.py) saw no lag, so the adaptive slots
-(capacity.py) stayed up and the bulk tenant's messages kept the backlog full.
-
-So a probe sends the cheapest RPC there is (`Status`) to a ready worker every `interval_s`, in turn,
-and measures the round trip through that same path (on channels of its own, created on the loop
-that probes: the core, its completion-queue thread and the loop are shared by every channel). As
-LEDBAT (RFC 6817) does with one-way delay, the base is each worker's smallest round trip in the
-last `base_window_s` (the network and the worker's own answer time), and what lies above it is
-queueing in the gateway: the delay reported to the observers (the adaptive capacity cuts slots
-beyond its target). An error status is an answer too (it came back the same way); a probe that
-times out reports its timeout. The probe never judges a worker (health checks and heartbeats do
-that); it closes its channel to a worker that refused the connection or left the registry.
+Every `interval_s` a probe sends the cheapest RPC (`Status`) to the next ready worker, on channels of
+its own created on the loop that probes, and times the round trip through the same path as every
+chunk (gRPC's core, its completion-queue thread, the loop). As LEDBAT (RFC 6817) does, each worker's
+smallest round trip in the last `base_window_s` is its base, and what lies above it is queueing in the
+gateway, reported to the observers (capacity.py). An error status is an answer too; a timeout reports
+the timeout. The probe never judges a worker; it closes its channel to a worker that refused the
+connection or left the registry. Why: docs/gateway.md "Adaptive slots".
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ the request in its engine. A worker that vanishes mid-stream surfaces as WorkerL
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, AsyncIterator, Iterable
+from collections.abc import AsyncGenerator, Iterable
 from typing import Any
 
 import grpc
@@ -113,43 +113,28 @@ class WorkerClients:
         except grpc.aio.AioRpcError as exc:
             raise _translate(exc, started=False) from exc
 
-    async def open(self, address: str, request: worker_pb2.GenerateRequest, timeout_s: float, worker_cert: str = "",
-                   metadata: Metadata | None = None
-                   ) -> tuple[worker_pb2.GenerateChunk, AsyncIterator[worker_pb2.GenerateChunk]]:
-        """Start generating and wait for the first chunk, so that errors before it can be retried.
+    async def open(self, address: str, request: worker_pb2.GenerateRequest | worker_pb2.SealedRequest,
+                   timeout_s: float, worker_cert: str = "", metadata: Metadata | None = None
+                   ) -> tuple[Any, WorkerStream]:
+        """Start generating (Generate, or SealedGenerate for a sealed request) and wait for the first
+        chunk (sealed: the sealed response head), so that errors before it can be retried.
         ``metadata``: the call's W3C trace context when tracing is on (api/gateway/spans.py)."""
-        call = (await self._connected(address, worker_cert)).Generate(request, timeout=timeout_s, metadata=metadata)
+        sealed = isinstance(request, worker_pb2.SealedRequest)
+        stub = self.stub(address, worker_cert) if sealed else await self._connected(address, worker_cert)
+        call = (stub.SealedGenerate if sealed else stub.Generate)(request, timeout=timeout_s, metadata=metadata)
         try:
             first = await call.read()
         except grpc.aio.AioRpcError as exc:
             call.cancel()
-            if exc.code() == grpc.StatusCode.UNAVAILABLE:
+            if exc.code() == grpc.StatusCode.UNAVAILABLE and not sealed:
                 await self.forget(address, worker_cert)
-            raise _translate(exc, started=False) from exc
+            raise (_translate_sealed(exc) if sealed else _translate(exc, started=False)) from exc
         except BaseException:
             call.cancel()
             raise
         if first is grpc.aio.EOF:
             raise GatewayError(502, "the worker returned no output", type_="server_error")
-        return first, WorkerStream(call)
-
-
-async def open_sealed(clients: WorkerClients, address: str, request: worker_pb2.SealedRequest, timeout_s: float,
-                      worker_cert: str = "", metadata: Metadata | None = None
-                      ) -> tuple[worker_pb2.SealedChunk, AsyncIterator[worker_pb2.SealedChunk]]:
-    """Sealed mode: start the sealed RPC and wait for its first message (the sealed response head)."""
-    call = clients.stub(address, worker_cert).SealedGenerate(request, timeout=timeout_s, metadata=metadata)
-    try:
-        first = await call.read()
-    except grpc.aio.AioRpcError as exc:
-        call.cancel()
-        raise _translate_sealed(exc) from exc
-    except BaseException:
-        call.cancel()
-        raise
-    if first is grpc.aio.EOF:
-        raise GatewayError(502, "the worker returned no output", type_="server_error")
-    return first, WorkerStream(call)  # its `sealed_record`: the tenant's record of the worker's decisions
+        return first, WorkerStream(call)  # sealed: its `sealed_record` is the tenant's record of the decisions
 
 
 def _translate_sealed(exc: grpc.aio.AioRpcError) -> GatewayError:

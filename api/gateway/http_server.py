@@ -1,23 +1,12 @@
 """The gateway's HTTP server: uvicorn with limits on how long and how many connections a client holds.
 
-HTTP/1.1 is parsed by httptools (llhttp, in C) when it is installed (a dependency: it costs the
-event loop far less per request than the pure-Python h11), else by h11. Neither of uvicorn's
-protocols has a timeout for a request's headers: a client that connects and sends half a request
-line holds the connection (and its memory) forever. The guard below works on both: it closes a
-connection whose headers are not complete within `header_timeout_s` (from connect, and again
-after each response on a kept-alive connection), and refuses connections beyond
-`max_connections` at once. Header size: h11 is given `max_header_bytes` as its incomplete-event
-limit; llhttp has no such limit, so on httptools the guard counts the bytes received while a
-request's headers are incomplete and answers 400 (and closes) beyond `max_header_bytes`.
-
-The event loop: asyncio's selector loop with a light tenant's callbacks first (priority_loop.py),
-also where uvloop is installed, unlike uvicorn's own default: an optional package must not take
-the fair share away unseen. uvloop (libuv, in C) only when asked for (`--loop uvloop`; asking for
-it where it is missing is an error): its cost per callback and per I/O event is lower, but it has
-no priorities, and under `sealed bench flood` it did not measurably change the quiet tenant's
-latency (docs/benchmarks.md), where the loop's time goes to Python work per request and per
-relayed chunk. grpc.aio, the gateway's worker channels, streams and cancels on either loop
-(tests/api/test_event_loop.py).
+HTTP/1.1 is parsed by httptools (llhttp) when installed, else h11. Neither of uvicorn's protocols
+times out a request's headers: the guard below closes a connection whose headers are not complete
+within `header_timeout_s` (from connect, and after each response on a kept-alive connection),
+refuses connections beyond `max_connections`, and bounds header bytes (h11: its incomplete-event
+limit; httptools: counted here, 400 and close beyond `max_header_bytes`). The event loop: asyncio's
+with light tenants first (priority_loop.py), also where uvloop is installed; uvloop only when asked
+for (`--loop uvloop`; missing, an error). docs/gateway.md has the measurements behind both.
 """
 
 from __future__ import annotations
@@ -65,16 +54,8 @@ def event_loop(loop: Loop = "auto") -> Literal["uvloop", "asyncio"]:
 
 
 def shorten_gil_switch_interval(interval_s: float = 0.001) -> None:
-    """Let the gateway's helper threads get the GIL back from the event loop within `interval_s`.
-
-    Key look-ups (a thread per cache miss), the usage writer and gRPC's callbacks run beside the
-    loop, and each of their calls into SQLite or gRPC's core drops and retakes the GIL. Under load the
-    loop always wants it, and CPython hands it over only after the switch interval (5 ms by default),
-    per retake: a quiet tenant's first request after a pause (its key looked up again) waited
-    25-55 ms under `sealed bench flood` for a look-up that takes 1 ms alone. At 1 ms the loaded
-    quiet tenant's p99 fell from 72-88 to 47-64 ms (docs/benchmarks.md); the loop loses nothing
-    measurable (its callbacks are short and mostly hold the GIL only between I/O waits).
-    """
+    """Let the gateway's helper threads (key look-ups, the usage writer, gRPC's callbacks) get the GIL
+    back from the event loop within `interval_s` (docs/gateway.md "The GIL is handed back within 1 ms")."""
     if not 0 < interval_s <= 0.1:
         raise ValueError("the GIL switch interval must be in (0, 0.1] seconds")
     sys.setswitchinterval(interval_s)

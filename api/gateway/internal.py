@@ -33,7 +33,7 @@ async def heartbeat(body: Heartbeat, request: Request, service: GatewayService =
     seen_at = service.registry.clock.now()
     # The signature covers the body exactly as the worker sent it (the schema has already bounded it).
     signed = json.loads(await request.body())
-    await asyncio.get_running_loop().run_in_executor(service.registry.executor, service.heartbeat,
+    await asyncio.get_running_loop().run_in_executor(service.registry.executor, service.enrolment.heartbeat,
                                                      body.model_dump(), signed, seen_at)
     if body.settle is None:
         return {"ok": True}

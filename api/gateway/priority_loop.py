@@ -1,20 +1,14 @@
 """An asyncio event loop that runs the callbacks of light tenants' requests first.
 
-Fair queueing (fairqueue.py) decides who gets a dispatch slot, and the reserve means a tenant with
-little in flight gets one at once. After that every request's work shares one event loop, which
-runs its ready callbacks in FIFO order: under `sealed bench flood` a quiet tenant's chunk, arrived
-from its worker, waited behind hundreds of callbacks relaying a flooding tenant's 64 streams and a
-bulk tenant's hundreds (each loop turn up to the lag target, several turns per request). This loop
-keeps two ready queues: callbacks whose context marks them `urgent` (the tasks of a request from a
-tenant with little in flight, `mark_urgent`) run before the others; the others keep their order.
-A turn still runs as many callbacks as were ready when it began, so the others wait only for as
-much urgent work as there is, and that is bounded: which tenant counts as light is the scheduler's
-own rule (fairqueue.py, `small`, a quarter of the reserve), so urgent requests hold few streams.
+Two ready queues: callbacks whose context marks them `urgent` (the tasks of a request from a tenant
+with little in flight, `mark_urgent`, by the scheduler's own rule `FairScheduler.small`; and a new
+connection's accept and reads) run before the others, which keep their FIFO order. A turn still
+runs as many callbacks as were ready when it began.
 
-It is asyncio's selector loop with its ready queue replaced (`_ready`, a private attribute that
-CPython's base loop uses in four places: append, popleft, len, clear; checked at start-up), and
-with its listening sockets' accept callbacks created in an urgent context (`_start_serving`).
-uvloop (`--loop uvloop`) has no such hook and runs every callback in FIFO order.
+The gateway's only use of asyncio internals (the `_ready` deque and `_start_serving`), kept because
+it was measured to be needed, with a FIFO fallback (a warning; the gateway still starts) on a
+Python whose loop has no such deque. Why and the figures: docs/gateway.md "A light tenant's work
+runs first in each loop turn". uvloop (`--loop uvloop`) has no such hook and runs in FIFO order.
 """
 
 from __future__ import annotations
@@ -22,9 +16,11 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextvars
+import logging
 from contextvars import ContextVar
 from typing import Any
 
+log = logging.getLogger(__name__)
 URGENT: ContextVar[bool] = ContextVar("sealed_gateway_urgent", default=False)
 
 
@@ -44,8 +40,8 @@ class TwoLevelReadyQueue:
         self.normal: collections.deque[asyncio.Handle] = collections.deque()
 
     def append(self, handle: asyncio.Handle) -> None:
-        context = handle._context  # type: ignore[attr-defined]  # the context the callback runs in
-        if context is not None and context.get(URGENT, False):
+        context = getattr(handle, "_context", None)  # the context the callback runs in
+        if isinstance(context, contextvars.Context) and context.get(URGENT, False):
             self.urgent.append(handle)
         else:
             self.normal.append(handle)
@@ -68,16 +64,17 @@ class PriorityEventLoop(asyncio.SelectorEventLoop):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         ready = getattr(self, "_ready", None)
-        if not isinstance(ready, collections.deque) or ready:
-            raise RuntimeError("this Python's event loop has no empty `_ready` deque to replace")
-        self._ready = TwoLevelReadyQueue()
+        self.prioritised = isinstance(ready, collections.deque) and not ready
+        if self.prioritised:
+            self._ready = TwoLevelReadyQueue()
+        else:  # a Python whose loop is built otherwise: serve in asyncio's own FIFO order
+            log.warning("this Python's event loop has no `_ready` deque to replace: light tenants' callbacks "
+                        "are not run first (fair queueing and the reserve still hold)")
 
     def _start_serving(self, *args: Any, **kwargs: Any) -> None:
-        """Listening sockets accept in an urgent context, so a new connection's set-up, its reads and
-        its requests' first steps run ahead of relaying until the request's tenant is known (the
-        admission gate and `Run` mark it then). Under `sealed bench flood` at twice the token rate,
-        a quiet tenant's first request on a new connection took 44 ms against 13-20 ms for the next
-        ones: the accept, the first read and the parse waited their FIFO turns behind relaying."""
+        """Listening sockets accept in an urgent context: a new connection's set-up, reads and first
+        steps run ahead of relaying until its request's tenant is known (the admission gate and the
+        request's lifecycle mark it then)."""
         urgent = contextvars.copy_context()
         urgent.run(URGENT.set, True)
         urgent.run(super()._start_serving, *args, **kwargs)  # type: ignore[misc]  # its reader copies this context

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
@@ -12,14 +14,15 @@ from fastapi.responses import JSONResponse
 from api.gateway.catalog import not_found
 from api.gateway.dependencies import current_key, get_service
 from api.gateway.errors import GatewayError
-from api.gateway.generation import CleanupStreamingResponse, Run, request_id, unless_disconnected
+from api.gateway.generation import CleanupStreamingResponse, request_id, unless_disconnected
+from api.gateway.lifecycle import RequestLifecycle
 from api.gateway.service import GatewayService
-from api.gateway.spans import request_span
 from api.store.repo import KeyRecord
 from protocol.openai.chat import chat_body, chat_events, plan_chat
 from protocol.openai.completions import completion_body, completion_events, plan_completion
 from protocol.openai.responses import responses_body, responses_events
 from protocol.openai.responses_request import ResponsesRequest, to_chat
+from protocol.openai.runner import Streams
 from protocol.openai.schemas import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from protocol.rpc import worker_pb2
 from protocol.sampling import resolve_max_tokens
@@ -44,7 +47,7 @@ def _model_card(model: str, key: KeyRecord) -> dict[str, Any]:
 
 @router.get("/v1/models")
 def list_models(key: KeyRecord = Depends(current_key), service: GatewayService = Depends(get_service)) -> dict:
-    return {"object": "list", "data": [_model_card(m, key) for m in service.models_for(key)]}
+    return {"object": "list", "data": [_model_card(m, key) for m in service.catalog.models_for(key)]}
 
 
 @router.get("/v1/models/{model:path}")
@@ -52,7 +55,7 @@ def retrieve_model(model: str, key: KeyRecord = Depends(current_key),
                    service: GatewayService = Depends(get_service)) -> dict:
     """One model as /v1/models lists it; a model the key may not see, or that no ready worker holds,
     is OpenAI's 404 (the same answer whether it belongs to another tenant or does not exist)."""
-    if model not in service.models_for(key):
+    if model not in service.catalog.models_for(key):
         raise not_found(model)
     return _model_card(model, key)
 
@@ -60,28 +63,43 @@ def retrieve_model(model: str, key: KeyRecord = Depends(current_key),
 # JSON, or server-sent events with "stream": true.
 _STREAMABLE: dict[int | str, dict[str, Any]] = {
     200: {"content": {"application/json": {}, "text/event-stream": {}}}}
+Render = Callable[[Streams, dict[str, Any]], Awaitable[dict[str, Any]]]
+RenderEvents = Callable[[Streams, dict[str, Any]], AsyncIterator[bytes]]
+
+
+def _plaintext(service: GatewayService, key: KeyRecord, model: str) -> dict[str, float]:
+    """The model's rollout split, for a caller allowed to send plaintext to it."""
+    split = service.catalog.resolve(key, model)
+    service.check_plaintext_allowed(key)
+    return split
+
+
+async def _answer(request: Request, service: GatewayService, life: RequestLifecycle, split: dict[str, float],
+                  requests: list[worker_pb2.GenerateRequest], affinity: str, base: dict[str, Any], stream: bool,
+                  body: Render, events: RenderEvents) -> JSONResponse | CleanupStreamingResponse:
+    """Every plaintext surface's one shape: its lifecycle opens the choices, then a JSON body or events."""
+    streams = await unless_disconnected(request.receive, life.start(
+        [service.stream(life.key, life.model, split, r, affinity, life.span) for r in requests]))
+    base = {"id": base["id"], "created": int(time.time()), "model": life.model, **base,
+            **_tee(service, life.key.tenant, life.model)}
+    if not stream:
+        return JSONResponse(await unless_disconnected(request.receive, body(streams, base)))
+    return CleanupStreamingResponse(events(streams, base), life.settle, media_type="text/event-stream",
+                                    headers={"Cache-Control": "no-store"})
 
 
 @router.post("/v1/chat/completions", response_model=None, responses=_STREAMABLE)
 async def chat_completions(req: ChatCompletionRequest, request: Request, key: KeyRecord = Depends(current_key),
                            service: GatewayService = Depends(get_service)) -> JSONResponse | CleanupStreamingResponse:
-    split = service.resolve(key, req.model)
-    service.check_plaintext_allowed(key)
-    rid = request_id()
+    split, rid = _plaintext(service, key, req.model), request_id()
     plan = plan_chat(req, rid=rid, tenant=key.tenant, key_id=key.key_id, agent_killed=key.tools_killed,
                      default_max_tokens=service.settings.default_max_tokens)
-    max_tokens = plan.requests[0].params.max_tokens
-    ticket = service.ticket(key, _reserve(plan.reserve_chars, max_tokens, req.n), req.priority, streams=req.n)
-    run = Run(service, key, req.model, ticket, request_span(service.tracing, request.headers, request_id=rid,
-                                                            tenant=key.tenant, model=req.model, sealed=False,
-                                                            choices=req.n, stream=bool(req.stream)))
-    streams = await unless_disconnected(request.receive, run.start(split, plan.requests, affinity=plan.affinity))
-    base = {"id": f"chatcmpl-{rid}", "created": int(time.time()), "model": req.model,
-            **_tee(service, key.tenant, req.model)}
-    if not req.stream:
-        return JSONResponse(await unless_disconnected(request.receive, chat_body(req, plan, run, streams, base)))
-    return CleanupStreamingResponse(chat_events(req, plan, run, streams, base), run.close,
-                                    media_type="text/event-stream", headers={"Cache-Control": "no-store"})
+    reserved = _reserve(plan.reserve_chars, plan.requests[0].params.max_tokens, req.n)
+    life = RequestLifecycle.begin(service, request.headers, key, req.model, request_id=rid, reserved_tokens=reserved,
+                                  priority=req.priority, streams=req.n, stream=bool(req.stream))
+    return await _answer(request, service, life, split, plan.requests, plan.affinity, {"id": f"chatcmpl-{rid}"},
+                         bool(req.stream), lambda s, base: chat_body(req, plan, life, s, base),
+                         lambda s, base: chat_events(req, plan, life, s, base))
 
 
 @router.post("/v1/responses", response_model=None, responses=_STREAMABLE)
@@ -89,28 +107,25 @@ async def responses(req: ResponsesRequest, request: Request, key: KeyRecord = De
                     service: GatewayService = Depends(get_service)) -> JSONResponse | CleanupStreamingResponse:
     """OpenAI's Responses API, stateless, over the chat pipeline (protocol/openai/responses*.py)."""
     chat = to_chat(req)
-    split = service.resolve(key, req.model)
-    service.check_plaintext_allowed(key)
-    rid = request_id()
+    split, rid = _plaintext(service, key, req.model), request_id()
     plan = plan_chat(chat, rid=rid, tenant=key.tenant, key_id=key.key_id, agent_killed=key.tools_killed,
                      default_max_tokens=service.settings.default_max_tokens)
-    ticket = service.ticket(key, _reserve(plan.reserve_chars, plan.requests[0].params.max_tokens, 1), chat.priority)
-    run = Run(service, key, req.model, ticket)
-    streams = await unless_disconnected(request.receive, run.start(split, plan.requests, affinity=plan.affinity))
-    base = {"id": f"chatcmpl-{rid}", "created": int(time.time()), "model": req.model,
-            **_tee(service, key.tenant, req.model)}
-    if not req.stream:
-        body = await unless_disconnected(request.receive, chat_body(chat, plan, run, streams, base))
-        return JSONResponse(responses_body(req, body, base))
-    return CleanupStreamingResponse(responses_events(req, chat_events(chat, plan, run, streams, base), base),
-                                    run.close, media_type="text/event-stream", headers={"Cache-Control": "no-store"})
+    life = RequestLifecycle.begin(
+        service, request.headers, key, req.model, request_id=rid, priority=chat.priority, stream=bool(req.stream),
+        reserved_tokens=_reserve(plan.reserve_chars, plan.requests[0].params.max_tokens, 1))
+
+    async def body(streams: Streams, base: dict[str, Any]) -> dict[str, Any]:
+        return responses_body(req, await chat_body(chat, plan, life, streams, base), base)
+
+    return await _answer(request, service, life, split, plan.requests, plan.affinity, {"id": f"chatcmpl-{rid}"},
+                         bool(req.stream), body,
+                         lambda s, base: responses_events(req, chat_events(chat, plan, life, s, base), base))
 
 
 @router.post("/v1/completions", response_model=None, responses=_STREAMABLE)
 async def completions(req: CompletionRequest, request: Request, key: KeyRecord = Depends(current_key),
                       service: GatewayService = Depends(get_service)) -> JSONResponse | CleanupStreamingResponse:
-    split = service.resolve(key, req.model)
-    service.check_plaintext_allowed(key)
+    split = _plaintext(service, key, req.model)
     prompts = [req.prompt] if isinstance(req.prompt, str) else list(req.prompt)
     if not prompts or any(not p for p in prompts):
         raise GatewayError(400, "prompt must not be empty", param="prompt")
@@ -119,32 +134,23 @@ async def completions(req: CompletionRequest, request: Request, key: KeyRecord =
         # Each prompt x choice is a stream on a worker: bounded per request, refused before anything is built.
         raise GatewayError(400, f"too many choices: {len(prompts)} prompts x n={req.n} exceeds {limit} per request",
                            param="n", code="invalid_value")
-    # The whole worst case is charged (and refused if it can never fit) before any stream is built.
-    max_tokens = resolve_max_tokens(req.max_tokens, "completions")
-    ticket = service.ticket(key, _reserve(sum(map(len, prompts)), max_tokens, choices), req.priority,
-                            streams=choices)
     rid = request_id()
     plan = plan_completion(req, rid=rid, tenant=key.tenant, key_id=key.key_id)
-    run = Run(service, key, req.model, ticket, request_span(service.tracing, request.headers, request_id=rid,
-                                                            tenant=key.tenant, model=req.model, sealed=False,
-                                                            choices=choices, stream=bool(req.stream)))
-    streams = await unless_disconnected(request.receive, run.start(split, plan.requests, affinity=plan.affinity))
-    base = {"id": f"cmpl-{rid}", "created": int(time.time()), "model": req.model, "object": "text_completion",
-            **_tee(service, key.tenant, req.model)}
-    if not req.stream:
-        return JSONResponse(await unless_disconnected(request.receive,
-                                                      completion_body(req, plan, run, streams, base)))
-    return CleanupStreamingResponse(completion_events(req, plan, run, streams, base), run.close,
-                                    media_type="text/event-stream", headers={"Cache-Control": "no-store"})
+    reserved = _reserve(sum(map(len, prompts)), resolve_max_tokens(req.max_tokens, "completions"), choices)
+    life = RequestLifecycle.begin(service, request.headers, key, req.model, request_id=rid, reserved_tokens=reserved,
+                                  priority=req.priority, streams=choices, stream=bool(req.stream))
+    return await _answer(request, service, life, split, plan.requests, plan.affinity,
+                         {"id": f"cmpl-{rid}", "object": "text_completion"}, bool(req.stream),
+                         lambda s, base: completion_body(req, plan, life, s, base),
+                         lambda s, base: completion_events(req, plan, life, s, base))
 
 
 @router.post("/tokenize")
 async def tokenize(req: TokenizeRequest, key: KeyRecord = Depends(current_key),
                    service: GatewayService = Depends(get_service)) -> dict:
     """vLLM's /tokenize: the ids the model would see (tokenized in the worker, which holds the tokenizer)."""
-    split = service.resolve(key, req.model)
-    service.check_plaintext_allowed(key)
-    service.ticket(key, 0)  # requests-per-minute limits apply; no tokens are generated
+    split = _plaintext(service, key, req.model)
+    service.admissions.ticket(key, 0)  # requests-per-minute limits apply; no tokens are generated
     if req.messages is not None:
         tools = [t.model_dump(exclude_none=True) for t in req.tools or []]
         call = worker_pb2.TokenizeRequest(
@@ -163,9 +169,8 @@ async def tokenize(req: TokenizeRequest, key: KeyRecord = Depends(current_key),
 async def detokenize(req: DetokenizeRequest, key: KeyRecord = Depends(current_key),
                      service: GatewayService = Depends(get_service)) -> dict:
     """vLLM's /detokenize: the text of token ids (out-of-vocabulary ids are a 400)."""
-    split = service.resolve(key, req.model)
-    service.check_plaintext_allowed(key)
-    service.ticket(key, 0)
+    split = _plaintext(service, key, req.model)
+    service.admissions.ticket(key, 0)
     reply = await service.call(key, req.model, split, "Detokenize", worker_pb2.DetokenizeRequest(
         tenant=key.tenant, key_id=key.key_id, tokens=req.tokens))
     return {"prompt": reply.prompt}
@@ -179,24 +184,24 @@ def usage(key: KeyRecord = Depends(current_key), service: GatewayService = Depen
     return {"object": "usage", "tenant": key.tenant, "totals": totals, "by_key": rows}
 
 
+def _published(path: Path | None, missing: str) -> JSONResponse:
+    if path is None or not path.exists():
+        raise GatewayError(404, missing, code="not_found")
+    return JSONResponse(json.loads(path.read_text()), headers={"Cache-Control": "max-age=60"})
+
+
 @router.get("/.well-known/jwks.json")
 def broker_jwks(service: GatewayService = Depends(get_service)) -> JSONResponse:
     """The key broker's token keys, so a client can check `/.well-known/attestation` from the gateway
     alone. Serving them adds no trust: a client pins the broker's issuer and reference values."""
-    path = service.settings.broker_jwks
-    if path is None or not path.exists():
-        raise GatewayError(404, "this gateway has no key broker JWKS configured", code="not_found")
-    return JSONResponse(json.loads(path.read_text()), headers={"Cache-Control": "max-age=60"})
+    return _published(service.settings.broker_jwks, "this gateway has no key broker JWKS configured")
 
 
 @router.get("/.well-known/reference-values")
 def reference_values(service: GatewayService = Depends(get_service)) -> JSONResponse:
     """The operator's signed in-toto statement of the measurements a worker may have (served as is;
     a client checks it against the publisher key it pins)."""
-    path = service.settings.reference_values
-    if path is None or not path.exists():
-        raise GatewayError(404, "this gateway publishes no reference values", code="not_found")
-    return JSONResponse(json.loads(path.read_text()), headers={"Cache-Control": "max-age=60"})
+    return _published(service.settings.reference_values, "this gateway publishes no reference values")
 
 
 @router.get("/.well-known/attestation")
@@ -204,4 +209,4 @@ async def well_known_attestation(key: KeyRecord = Depends(current_key),
                                  service: GatewayService = Depends(get_service)) -> dict:
     """The evidence of the workers serving the caller's models: an API key is needed, so that an
     anonymous caller cannot list which tenants and models this deployment serves."""
-    return {"workers": await service.attestation(key)}
+    return {"workers": await service.enrolment.attestation(key)}

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import time
 from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Depends, Request
@@ -14,8 +13,8 @@ from fastapi import APIRouter, Depends, Request
 from api.gateway.dependencies import current_key, get_service
 from api.gateway.errors import GatewayError
 from api.gateway.generation import CleanupStreamingResponse, request_id
+from api.gateway.lifecycle import RequestLifecycle
 from api.gateway.service import GatewayService
-from api.gateway.spans import request_span
 from api.store.repo import KeyRecord
 from protocol.rpc import worker_pb2
 from protocol.sealed.http import (
@@ -37,7 +36,7 @@ async def _sealed(endpoint: str, request: Request, key: KeyRecord, service: Gate
     if not model or len(worker_key_id) != 64:
         raise GatewayError(400, f"sealed requests name the model ({HEADER_MODEL}) and the pinned worker key "
                            f"({HEADER_KEY_ID})", code="invalid_value")
-    service.resolve(key, model)
+    service.catalog.resolve(key, model)
     body = await request.body()
     if len(body) > MAX_REQUEST_BYTES:
         raise GatewayError(413, "request body too large", code="invalid_value")
@@ -45,64 +44,34 @@ async def _sealed(endpoint: str, request: Request, key: KeyRecord, service: Gate
     sealed = worker_pb2.SealedRequest(request_id=rid, tenant=key.tenant, key_id=key.key_id, model=model,
                                       endpoint=endpoint, worker_key_id=worker_key_id, body=body,
                                       agent_killed=key.tools_killed)
-    # The gateway cannot read max_tokens: reserve the default and settle with the signed usage.
-    ticket = service.ticket(key, len(body) // 3 + service.settings.default_max_tokens)
-    started, used = time.monotonic(), [0]
-    stack = contextlib.AsyncExitStack()
-    # Only what the gateway sees of a sealed request: ids, the ciphertext's size, the signed usage.
-    span = request_span(service.tracing, request.headers, request_id=rid, tenant=key.tenant, model=model,
-                        sealed=True, body_bytes=len(body))
-    try:
-        waiting = service.tracing.start("gateway.admission", span.context)
-        try:
-            await stack.enter_async_context(service.admission.slot(ticket))
-        except GatewayError as exc:  # queue full: audited like a plaintext request's
-            waiting.end(error=exc.code or "refused")
-            service.audit_refusal(key, "queue", exc)
-            raise
-        waiting.end()
-        stream = service.sealed_stream(key, model, sealed, span)
-        stack.push_async_callback(stream.aclose)
-        first = await anext(stream)
-    except BaseException:
-        await stack.aclose()
-        service.admission.settle(ticket, 0)
-        span.end(error="failed")
-        raise
-    service.metrics.ttft.labels(model).observe(time.monotonic() - started)
-    closed, tokens = [False], [0, 0]  # tokens: the signed usage record's counts, which the gateway meters
-
-    async def close() -> None:
-        if closed[0]:
-            return
-        closed[0] = True
-        try:
-            await stack.aclose()
-        finally:
-            service.admission.settle(ticket, used[0])
-            service.metrics.e2e.labels(model).observe(time.monotonic() - started)
-            if service.tracing.enabled:
-                span.set("gen_ai.usage.input_tokens", tokens[0])
-                span.set("gen_ai.usage.output_tokens", tokens[1])
-            span.end()
+    # The gateway cannot read max_tokens: reserve the default and settle with the signed usage. Its span
+    # has only what the gateway sees of a sealed request: ids, the ciphertext's size, the signed usage.
+    life = RequestLifecycle.begin(service, request.headers, key, model, request_id=rid, sealed=True,
+                                  reserved_tokens=len(body) // 3 + service.settings.default_max_tokens,
+                                  body_bytes=len(body))
+    [stream] = await life.start([service.sealed_stream(key, model, sealed, life.span)])
 
     async def relay() -> AsyncIterator[bytes]:
         try:
-            yield first.data
             async for chunk in stream:
                 if chunk.HasField("usage"):
-                    with contextlib.suppress(ValueError, KeyError, TypeError):
-                        doc = json.loads(chunk.usage.payload)
-                        tokens[:] = [int(doc["prompt_tokens"]), int(doc["completion_tokens"])]
-                        used[0] = tokens[0] + tokens[1]
+                    life.count(*_signed_counts(chunk.usage.payload))
                 yield chunk.data
         except GatewayError:
             return  # the client sees a truncated sealed stream and reports it as such
         finally:
-            await close()
+            await life.settle()
 
-    return CleanupStreamingResponse(relay(), close, media_type=RESPONSE_CONTENT_TYPE,
+    return CleanupStreamingResponse(relay(), life.settle, media_type=RESPONSE_CONTENT_TYPE,
                                     headers={"Cache-Control": "no-store"})
+
+
+def _signed_counts(payload: bytes) -> tuple[int, int]:
+    """The prompt and completion tokens of the worker's usage record (already verified by the relay)."""
+    with contextlib.suppress(ValueError, KeyError, TypeError):
+        doc = json.loads(payload)
+        return int(doc["prompt_tokens"]), int(doc["completion_tokens"])
+    return 0, 0
 
 
 @router.post("/v1/sealed/chat/completions", response_model=None)

@@ -1,4 +1,4 @@
-"""The gateway service: its parts wired together, and routing and streaming to workers.
+"""The gateway service: its parts, and routing and streaming to workers.
 
 The gateway is outside the trust boundary: it never sees weights or keys, and never logs content.
 """
@@ -7,89 +7,66 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from api.gateway.admission import AdmissionController
-from api.gateway.audit import admin_meta, audit_worker_decisions, open_gateway_audit
+from api.gateway.audit import admin_meta, audit_worker_decisions
 from api.gateway.callers import check_plaintext_caller
 from api.gateway.catalog import Catalog
 from api.gateway.delivery_probe import DeliveryProbe
 from api.gateway.demand import Demand
 from api.gateway.enrolment import Enrolment
 from api.gateway.errors import GatewayError
-from api.gateway.grpc_client import WorkerClients, WorkerLost, WorkerRefusal, WorkerUnavailable, open_sealed
+from api.gateway.grpc_client import WorkerClients, WorkerLost, WorkerRefusal, WorkerUnavailable
 from api.gateway.metering import Metering
-from api.gateway.metrics import EngineMetrics, Metrics
+from api.gateway.metrics import Metrics
 from api.gateway.registry import WorkerInfo, WorkerRegistry, reattest_required
 from api.gateway.settings import GatewaySettings
 from api.gateway.settlement import Settlement
 from api.gateway.spans import worker_call_span
 from api.gateway.tickets import Admission
 from api.gateway.usage_writer import UsageWriter
-from api.gateway.worker_attestation import load_verifier
 from api.store.repo import KeyRecord, Store
 from policy.audit import AuditLog
 from policy.audit.edge import EdgeRefusals
-from policy.audit.stream.embedded import forwarding_from_env
+from policy.audit.stream.embedded import EmbeddedForwarding
 from protocol.rpc import worker_pb2
-from protocol.tls import load_or_create
-from protocol.tracing import NULL_SPAN, Span, tracing_from_env
+from protocol.tracing import NULL_SPAN, Span, Tracing
 from protocol.worker_status import Settle
 
 log = logging.getLogger(__name__)
-CONSOLE_COMPONENT = "console"  # the console's audit log (api/console/router.py), in this process
 Chunk = TypeVar("Chunk", worker_pb2.GenerateChunk, worker_pb2.SealedChunk)
 
 
+@dataclass(eq=False)
 class GatewayService:
-    """The gateway's parts, wired: keys and catalog (`catalog`), admission (`admissions`), worker
-    enrolment (`enrolment`), metering (`metering`); routing and streaming to workers are here.
-    The routes call the service; the parts' entry points are bound onto it in __init__."""
+    """The gateway's parts, built once by the composition root (`api.app.build_gateway`) and handed
+    to the routes (dependencies.py); routing and relaying to workers, the part of each request's
+    lifecycle (lifecycle.py) that talks to them, are here."""
 
-    def __init__(self, settings: GatewaySettings, store: Store, admission: AdmissionController,
-                 audit: AuditLog | None = None) -> None:
-        self.settings = settings
-        self.audit = audit or open_gateway_audit(settings)
-        self.store = store
-        self.admission = admission
-        self.registry = WorkerRegistry(settings.heartbeat_timeout_s,
-                                       require_attestation=settings.broker_jwks is not None)
-        self._verifier = (load_verifier(settings.broker_jwks, settings.broker_issuer)
-                          if settings.broker_jwks is not None else None)
-        identity = load_or_create(settings.data_dir / "gateway-client.key", settings.data_dir / "gateway-client.pem")
-        self.clients = WorkerClients(identity)
-        # Its own channels (created on the loop that probes): gRPC's path in this process is shared.
-        self.delivery_probe = DeliveryProbe(self.registry, WorkerClients(identity))  # started if slots adapt
-        self.metrics = Metrics(lambda: float(admission.running), lambda: float(len(admission.queue)))
-        # vLLM workers' engine metrics, under vLLM's names (docs/vllm-backend.md).
-        self.metrics.registry.register(EngineMetrics(lambda: self.registry.workers.values()))
-        self.demand = Demand(self.metrics.registry)
-        self.usage_writer = UsageWriter(store)
-        self.edge_audit = EdgeRefusals(self.audit)  # 401/403/404/405/413/schema refusals, aggregated
-        self.catalog = Catalog(settings, store, self.registry)
-        self.admissions = Admission(settings, self.catalog, admission, self.metrics, self.audit)
-        self.enrolment = Enrolment(self.registry, self._verifier, self.demand, self.metrics)
-        self.metering = Metering(self.metrics, self.usage_writer)
-        self.settlement = Settlement(self.audit, self.metering)  # sealed records; usage owed by heartbeat
-        # The parts' entry points, as the routes call them.
-        self.forget, self.bootstrap_keys = self.catalog.forget, self.catalog.bootstrap_keys
-        self.cached_key, self.authenticate = self.catalog.cached_key, self.catalog.authenticate
-        self.split, self.models_for, self.resolve = self.catalog.split, self.catalog.models_for, self.catalog.resolve
-        self.tenant, self.require_sealed = self.catalog.tenant, self.catalog.require_sealed
-        self.ticket, self.audit_refusal = self.admissions.ticket, self.admissions.audit_refusal
-        self.heartbeat = self.enrolment.heartbeat
-        self.attestation, self.attestation_all = self.enrolment.attestation, self.enrolment.attestation_all
-        self._probing: set[str] = set()
-        self._tasks: set[asyncio.Task] = set()
-        self.tracing = tracing_from_env("gateway")  # NoTracing unless OTEL_* asks (docs/tracing.md)
-        # This process's audit logs to the SIEM when SEALED_AUDIT_FORWARD names a config (docs/siem.md);
-        # the console's log ("console", written in this process too) goes with the gateway's own.
-        logs = {self.audit.component: self.audit.path.parent}
-        if settings.console.audit_dir is not None:
-            logs[CONSOLE_COMPONENT] = settings.console.audit_dir
-        self.audit_forwarding = forwarding_from_env(logs)
+    settings: GatewaySettings
+    store: Store
+    audit: AuditLog
+    admission: AdmissionController  # rate limits, the fair queue and dispatch slots
+    admissions: Admission  # tickets: budgets, and refusals counted and audited
+    registry: WorkerRegistry
+    catalog: Catalog  # keys, tenants, model versions and splits
+    enrolment: Enrolment  # worker heartbeats and attestation
+    clients: WorkerClients
+    delivery_probe: DeliveryProbe  # started if slots adapt
+    metrics: Metrics
+    demand: Demand
+    usage_writer: UsageWriter
+    metering: Metering
+    settlement: Settlement  # sealed records; usage owed by heartbeat
+    edge_audit: EdgeRefusals  # 401/403/404/405/413/schema refusals, aggregated
+    tracing: Tracing  # NoTracing unless OTEL_* asks (docs/tracing.md)
+    audit_forwarding: EmbeddedForwarding | None  # to the SIEM when SEALED_AUDIT_FORWARD names a config (docs/siem.md)
+    _probing: set[str] = field(default_factory=set)
+    _tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
     async def close(self) -> None:
         await self.registry.clock.stop()
@@ -109,7 +86,7 @@ class GatewayService:
                           metadata=admin_meta(principal=getattr(who, "subject", None) or getattr(who, "sub", None),
                                               role=getattr(who, "role", None), **meta))
 
-    # -- routing and streaming
+    # -- routing and streaming: the route and relay steps of a request's lifecycle (lifecycle.py)
     async def stream(self, key: KeyRecord, model: str, split: dict[str, float],
                      request: worker_pb2.GenerateRequest, affinity: str, span: Span = NULL_SPAN
                      ) -> AsyncGenerator[worker_pb2.GenerateChunk, None]:
@@ -120,44 +97,70 @@ class GatewayService:
         """
         tried: set[str] = set()
         while True:
-            routing = self.tracing.start("gateway.route", span.context)
             try:
-                worker = self.registry.pick(key.tenant, model, split, affinity, frozenset(tried))
-            except GatewayError as exc:
-                routing.end(error=exc.code or "no_worker")
+                worker = self._route(span, lambda: self.registry.pick(key.tenant, model, split, affinity,
+                                                                      frozenset(tried)), attempts=len(tried) + 1)
+            except GatewayError:
                 self.demand.unserved(key.tenant, model)  # wakes a version scaled to zero
                 raise
-            if self.tracing.enabled:
-                routing.set("sealed.worker_id", worker.worker_id)
-                routing.set("sealed.attempts", len(tried) + 1)
-            routing.end()
-            worker.inflight += 1
-            call, metadata = worker_call_span(self.tracing, span, "Generate", worker.worker_id)
             try:
-                first, rest = await self.clients.open(worker.grpc_address, request, self.settings.request_timeout_s,
-                                                      worker.tls_cert, metadata)
+                first, rest, call = await self._open(worker, "Generate", request, span)
                 break
             except WorkerUnavailable:
-                call.end(error="worker_unavailable")
-                worker.inflight -= 1
                 tried.add(worker.worker_id)
                 self._probe_soon(worker)
-            except GatewayError as exc:
-                call.end(error=exc.code or "worker_error")
-                worker.inflight -= 1
-                if isinstance(exc, WorkerRefusal) and exc.worker_decisions:  # signed: verified, then audited
+            except WorkerRefusal as exc:
+                if exc.worker_decisions:  # signed: verified, then audited
                     audit_worker_decisions(self.audit, exc.worker_decisions, pinned_key_hex=worker.usage_public_key,
                                            request_id=request.request_id, tenant=request.tenant,
                                            worker_id=worker.worker_id)
-                raise
-            except BaseException:
-                call.end(error="cancelled")
-                worker.inflight -= 1
                 raise
         # aclosing: a client that goes away closes this generator, and the relay with it, at once.
         async with aclosing(self._relay(worker, request, first, rest, sealed=False, call=call)) as relay:
             async for chunk in relay:
                 yield chunk
+
+    async def sealed_stream(self, key: KeyRecord, model: str, request: worker_pb2.SealedRequest,
+                            span: Span = NULL_SPAN) -> AsyncGenerator[worker_pb2.SealedChunk, None]:
+        """Relay one sealed exchange with the pinned worker; never another one."""
+        worker = self._route(span, lambda: self.registry.pinned(key.tenant, model, request.worker_key_id))
+        try:
+            first, rest, call = await self._open(worker, "SealedGenerate", request, span)
+        except WorkerUnavailable as exc:
+            self._probe_soon(worker)  # health checks, not one request, take a worker out of rotation
+            raise reattest_required() from exc
+        async with aclosing(self._relay(worker, request, first, rest, sealed=True, call=call)) as relay:
+            async for chunk in relay:
+                yield chunk
+
+    def _route(self, span: Span, pick: Callable[[], WorkerInfo], attempts: int = 0) -> WorkerInfo:
+        """The route step, in its `gateway.route` span."""
+        routing = self.tracing.start("gateway.route", span.context)
+        try:
+            worker = pick()
+        except GatewayError as exc:
+            routing.end(error=exc.code or "no_worker")
+            raise
+        if self.tracing.enabled:
+            routing.set("sealed.worker_id", worker.worker_id)
+            if attempts:
+                routing.set("sealed.attempts", attempts)
+        routing.end()
+        return worker
+
+    async def _open(self, worker: WorkerInfo, method: str, request: Any, span: Span) -> tuple[Any, Any, Span]:
+        """Open the call on `worker` (taking one of its in-flight slots, which the relay gives back), in
+        its `gateway.worker_call` span: the first chunk, the rest, and the span."""
+        worker.inflight += 1
+        call, metadata = worker_call_span(self.tracing, span, method, worker.worker_id)
+        try:
+            first, rest = await self.clients.open(worker.grpc_address, request, self.settings.request_timeout_s,
+                                                  worker.tls_cert, metadata)
+        except BaseException as exc:
+            call.end(error=exc.code or "worker_error" if isinstance(exc, GatewayError) else "cancelled")
+            worker.inflight -= 1
+            raise
+        return first, rest, call
 
     async def call(self, key: KeyRecord, model: str, split: dict[str, float], method: str, request: Any) -> Any:
         """A unary worker call for (tenant, model) on a ready worker; an unreachable one is skipped."""
@@ -217,41 +220,10 @@ class GatewayService:
 
     def check_plaintext_allowed(self, key: KeyRecord) -> None:
         check_plaintext_caller(self.catalog.caller_policy(key.tenant), key.key_id)
-        if self.require_sealed(key.tenant):
+        if self.catalog.require_sealed(key.tenant):
             self.metrics.rejected.labels(key.tenant, "sealed_required").inc()
             raise GatewayError(403, "this tenant accepts only sealed requests: use SealedOpenAI or `sealed proxy` "
                                "(docs/sealed-mode.md)", code="sealed_required")
-
-    async def sealed_stream(self, key: KeyRecord, model: str, request: worker_pb2.SealedRequest,
-                            span: Span = NULL_SPAN) -> AsyncGenerator[worker_pb2.SealedChunk, None]:
-        """Relay one sealed exchange with the pinned worker; never another one."""
-        routing = self.tracing.start("gateway.route", span.context)
-        try:
-            worker = self.registry.pinned(key.tenant, model, request.worker_key_id)
-        except GatewayError as exc:
-            routing.end(error=exc.code or "no_worker")
-            raise
-        if self.tracing.enabled:
-            routing.set("sealed.worker_id", worker.worker_id)
-        routing.end()
-        worker.inflight += 1
-        call, metadata = worker_call_span(self.tracing, span, "SealedGenerate", worker.worker_id)
-        try:
-            first, rest = await open_sealed(self.clients, worker.grpc_address, request,
-                                            self.settings.request_timeout_s, worker.tls_cert, metadata)
-        except BaseException as exc:
-            call.end(error=(exc.code if isinstance(exc, GatewayError) else "") or "failed")
-            if not isinstance(exc, GatewayError):
-                raise
-            worker.inflight -= 1
-            if isinstance(exc, WorkerUnavailable):
-                self._probe_soon(worker)  # health checks, not one request, take a worker out of rotation
-                raise reattest_required() from exc
-            raise
-        # aclosing: a client that goes away closes this generator, and the relay with it, at once.
-        async with aclosing(self._relay(worker, request, first, rest, sealed=True, call=call)) as relay:
-            async for chunk in relay:
-                yield chunk
 
     async def _relay(self, worker: WorkerInfo, request: worker_pb2.GenerateRequest | worker_pb2.SealedRequest,
                      first: Chunk, rest: AsyncIterator[Chunk], *, sealed: bool, call: Span = NULL_SPAN

@@ -45,7 +45,7 @@ def check_policy_document(tenant: str, document: dict[str, Any], admin_key_pem: 
         raise GatewayError(422, f"policy refused: {exc}", code="invalid_policy") from exc
 
 
-# Every change below invalidates this replica's caches at once (service.forget(); other replicas
+# Every change below invalidates this replica's caches at once (service.catalog.forget(); other replicas
 # refresh within a second) and is in the audit trail with who made it (service.audit_admin, never
 # a secret).
 router = APIRouter()
@@ -55,7 +55,7 @@ router = APIRouter()
 def create_tenant(body: TenantIn, who: Principal = Depends(require(OP)),
                   service: GatewayService = Depends(get_service)) -> dict:
     store = service.store
-    service.forget()
+    service.catalog.forget()
     t = store.ensure_tenant(body.name, **body.model_dump(exclude={"name"}))
     service.audit_admin(who, t.name, "tenant-upsert", weight=t.weight, rpm=t.rpm, tpm=t.tpm,
                         token_budget=t.token_budget)
@@ -95,10 +95,10 @@ def list_keys(tenant: str, _: Principal = Depends(tenant_scope(OP, ADMIN, AUDITO
 def revoke_key(tenant: str, key_id: str, who: Principal = Depends(tenant_scope(OP, ADMIN)),
                service: GatewayService = Depends(get_service)) -> dict:
     store = service.store
-    service.forget()
+    service.catalog.forget()
     if not store.revoke_key(tenant, key_id):
         raise GatewayError(404, "no such key", code="not_found")
-    service.forget()  # again after the write: a look-up in between must not keep the key cached
+    service.catalog.forget()  # again after the write: a look-up in between must not keep the key cached
     service.audit_admin(who, tenant, "api-key-revoke", key_id=key_id)
     return {"revoked": key_id}
 
@@ -111,10 +111,10 @@ def kill_switch(tenant: str, key_id: str, body: KillSwitchIn,
     # This replica forgets its cached key rows (before and after the write), so its next request
     # carries the flag; gateways on a shared database do not cache keys, so it holds for the
     # next request on every replica. The worker refuses the key's tool calls while it is set.
-    service.forget()
+    service.catalog.forget()
     if not store.set_tools_killed(tenant, key_id, body.killed):
         raise GatewayError(404, "no such key", code="not_found")
-    service.forget()
+    service.catalog.forget()
     service.audit_admin(who, tenant, "kill-switch", key_id=key_id, killed=body.killed)
     return {"key_id": key_id, "tools_killed": body.killed}
 
@@ -130,7 +130,7 @@ def list_versions(tenant: str, _: Principal = Depends(tenant_scope(OP, ADMIN, US
 def add_version(tenant: str, body: ModelVersionIn, who: Principal = Depends(tenant_scope(OP, ADMIN)),
                 service: GatewayService = Depends(get_service)) -> dict:
     store = service.store
-    service.forget()
+    service.catalog.forget()
     row = _version(store.upsert_version(new_version_ref(tenant, body.model, body.version), min_warm=body.min_warm,
                                         max_replicas=body.max_replicas or max(1, body.min_warm),
                                         ttft_slo_ms=body.ttft_slo_ms))
@@ -144,7 +144,7 @@ def rollout(tenant: str, model: str, body: RolloutIn, who: Principal = Depends(t
             service: GatewayService = Depends(get_service)) -> dict:
     store = service.store
     try:
-        service.forget()
+        service.catalog.forget()
         if any(v.retired and v.version == body.version for v in store.model_versions(tenant) if v.model == model):
             raise GatewayError(409, "this version is retired; register it again first", code="retired")
         rows = store.set_rollout(stored_version_ref(tenant, model, body.version), body.percent)
@@ -158,7 +158,7 @@ def rollout(tenant: str, model: str, body: RolloutIn, who: Principal = Depends(t
 def rollback(tenant: str, model: str, who: Principal = Depends(tenant_scope(OP, ADMIN)),
              service: GatewayService = Depends(get_service)) -> dict:
     store = service.store
-    service.forget()
+    service.catalog.forget()
     rows = [_version(v) for v in store.rollback(tenant, model)]
     service.audit_admin(who, tenant, "model-rollback", model=model)
     return {"data": rows}
@@ -187,7 +187,7 @@ def usage_ledger(tenant: str, who: Principal = Depends(require(OP, ADMIN, USER, 
 def put_policy(tenant: str, body: PolicyIn, who: Principal = Depends(tenant_scope(OP, ADMIN)),
                service: GatewayService = Depends(get_service)) -> dict:
     store = service.store
-    service.forget()
+    service.catalog.forget()
     if body.admin_key_pem is not None:
         check_policy_document(tenant, body.document, body.admin_key_pem)
     version = store.put_policy(tenant, body.document, body.admin_key_pem)

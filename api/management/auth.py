@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import jwt
 from fastapi import Depends, Request
 
-from api.gateway.dependencies import bearer_secret
+from api.gateway.dependencies import bearer_secret, gateway_of
 from api.gateway.errors import GatewayError
 from api.management.claims import identity
 from api.management.oidc import OidcVerifier
@@ -61,7 +61,7 @@ def decode_token(secret: str, token: str) -> dict:
 def check_not_revoked(request: Request, claims: dict, who: Principal) -> None:
     """Refuse a token the store has revoked (checked on every request; every replica shares it)."""
     try:
-        request.app.state.service.store.revocations.check_token(
+        gateway_of(request).store.revocations.check_token(
             TokenClaims(who.token_id, who.subject, who.tenant, float(claims["iat"])))
     except TokenRevoked as exc:
         raise GatewayError(401, "management token revoked", code="invalid_token") from exc
@@ -74,7 +74,7 @@ def principal(request: Request, token: str = Depends(bearer_secret)) -> Principa
         check_not_revoked(request, {"iat": idp.issued_at}, idp.principal)
         request.scope.setdefault("state", {})["audit_tenant"] = idp.principal.tenant
         return idp.principal
-    secret = request.app.state.service.settings.jwt_secret
+    secret = gateway_of(request).settings.jwt_secret
     if not secret:
         raise GatewayError(503, "management API disabled: no JWT secret configured", type_="server_error")
     try:

@@ -85,7 +85,7 @@ def retire(tenant: str, model: str, version: str, _: Principal = Depends(tenant_
         rows = service.store.retire(stored_version_ref(tenant, model, version))
     except KeyError as exc:
         raise GatewayError(404, "no such model version", code="not_found") from exc
-    service.forget()
+    service.catalog.forget()
     return {"data": [{"version": r.version, "traffic_percent": r.traffic_percent, "retired": r.retired}
                      for r in rows]}
 

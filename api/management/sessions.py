@@ -60,7 +60,7 @@ def sessions(_: Principal = Depends(require(OP, AUDITOR)), service: GatewayServi
 @router.delete("/tenants/{tenant}")
 def remove_tenant(tenant: str, who: Principal = Depends(require(OP)),
                   service: GatewayService = Depends(get_service)) -> dict:
-    service.forget()
+    service.catalog.forget()
     if not service.store.remove_tenant(tenant):
         raise GatewayError(404, "no such tenant", code="not_found")
     service.audit_admin(who, tenant, "tenant-remove")

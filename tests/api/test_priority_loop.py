@@ -4,6 +4,7 @@ the gateway marks which requests are light: a tenant with little in flight, as t
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextvars
 import threading
 from collections.abc import Callable
@@ -14,7 +15,7 @@ from typing import Any
 import pytest
 
 from api.gateway.admission_gate import AdmissionGate
-from api.gateway.generation import Run
+from api.gateway.lifecycle import RequestLifecycle
 from api.gateway.priority_loop import URGENT, PriorityEventLoop, TwoLevelReadyQueue, mark_urgent
 from tests.api.fake_worker import FakeServicer
 from tests.security.harness import gateway
@@ -125,34 +126,59 @@ def test_the_ready_queue_is_two_fifos_and_counts_both() -> None:
         loop.close()
 
 
-def test_a_python_without_the_ready_deque_is_refused_at_start(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_this_python_gets_the_priorities() -> None:
+    loop = PriorityEventLoop()
+    try:
+        assert loop.prioritised and isinstance(loop._ready, TwoLevelReadyQueue)  # type: ignore[attr-defined]
+    finally:
+        loop.close()
+
+
+def test_a_python_without_the_ready_deque_falls_back_to_fifo_and_still_serves(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """A changed CPython (its ready queue not an empty deque) must not stop the gateway from starting:
+    the loop keeps asyncio's own queue and order, and says so."""
     real_init = asyncio.SelectorEventLoop.__init__
 
     def init(self: Any, *args: Any, **kwargs: Any) -> None:
         real_init(self, *args, **kwargs)
-        self._ready = []  # what a changed CPython might hold instead
+        self._ready = collections.deque([None])  # not empty: not the queue this module knows
 
     monkeypatch.setattr(asyncio.SelectorEventLoop, "__init__", init)
-    with pytest.raises(RuntimeError, match="_ready"):
-        PriorityEventLoop()
+    loop = PriorityEventLoop()
+    try:
+        assert not loop.prioritised and not isinstance(loop._ready, TwoLevelReadyQueue)  # type: ignore[attr-defined]
+        assert "no `_ready` deque to replace" in caplog.text
+    finally:
+        loop._ready.clear()  # type: ignore[attr-defined]
+        loop.close()
+    monkeypatch.undo()
+    assert _step_order(_fifo_fallback_loop, {"n0": False, "U": True}, 2) == ["n0", "U", "n0", "U"]
+
+
+def _fifo_fallback_loop() -> asyncio.AbstractEventLoop:
+    """The fallback as it runs: a PriorityEventLoop that kept asyncio's own ready deque."""
+    loop = PriorityEventLoop()
+    loop._ready = collections.deque()  # type: ignore[attr-defined]
+    return loop
 
 
 def _recording(gw: Any, monkeypatch: pytest.MonkeyPatch) -> tuple[list[bool], list[bool]]:
     """Whether each worker call was opened urgent, and each chunk relayed urgent."""
     opened: list[bool] = []
     relayed: list[bool] = []
-    real_stream, real_account = gw.service.stream, Run.account
+    real_stream, real_account = gw.service.stream, RequestLifecycle.account
 
     def stream(*args: Any, **kwargs: Any) -> Any:
         opened.append(URGENT.get())
         return real_stream(*args, **kwargs)
 
-    def account(self: Run, chunk: Any) -> None:
+    def account(self: RequestLifecycle, chunk: Any) -> None:
         relayed.append(URGENT.get())
         real_account(self, chunk)
 
     gw.service.stream = stream
-    monkeypatch.setattr(Run, "account", account)
+    monkeypatch.setattr(RequestLifecycle, "account", account)
     return opened, relayed
 
 
@@ -207,7 +233,7 @@ async def test_the_gate_marks_a_known_keys_request_by_its_tenants_load() -> None
                      "headers": [(b"authorization", f"Bearer {secret}".encode())]}
             await asyncio.create_task(gate(scope, None, None))  # type: ignore[arg-type]  # a task each, as uvicorn runs them
     mark_urgent(False)
-    # A key not known yet keeps its connection's mark until its Run settles it.
+    # A key not known yet keeps its connection's mark until its lifecycle settles it.
     assert seen == [True, False, False, True, False, True]
 
 

@@ -151,33 +151,29 @@ def test_redis_limiter_store_is_shared_between_limiters() -> None:
 
 
 def test_tenant_and_key_token_budgets_are_enforced_at_admission(store: Store, tmp_path: Path) -> None:
-    from api.gateway.admission import AdmissionController
+    from api.app import build_gateway
     from api.gateway.errors import GatewayError
-    from api.gateway.limits import LocalQueueCounter
-    from api.gateway.service import GatewayService
     from api.gateway.settings import GatewaySettings
-    from policy.limiter import TokenBucketLimiter
 
     store.ensure_tenant("acme", token_budget=1000)
     _, capped = store.create_key("acme", "capped", token_budget=20)
     _, free = store.create_key("acme", "free")
-    service = GatewayService(GatewaySettings(data_dir=tmp_path, dev=True), store,
-                             AdmissionController(TokenBucketLimiter(), LocalQueueCounter(), 8, 8))
-    service.ticket(capped, reserved_tokens=10)  # under both budgets
+    service = build_gateway(GatewaySettings(data_dir=tmp_path, dev=True), store)
+    service.admissions.ticket(capped, reserved_tokens=10)  # under both budgets
     store.record_usage(UsageRow(request_id="r", tenant="acme", key_id=capped.key_id, model="m", version="v1",
                                 worker_id="w", prompt_tokens=15, completion_tokens=5, worker_seconds=0.1,
                                 signature="00"))
-    service.forget()
+    service.catalog.forget()
     with pytest.raises(GatewayError) as err:
-        service.ticket(capped, reserved_tokens=10)
+        service.admissions.ticket(capped, reserved_tokens=10)
     assert err.value.status == 429 and err.value.code == "insufficient_quota" and "key" in err.value.message
-    service.ticket(free, reserved_tokens=10)  # the tenant budget still has room for its other keys
+    service.admissions.ticket(free, reserved_tokens=10)  # the tenant budget still has room for its other keys
     store.record_usage(UsageRow(request_id="r2", tenant="acme", key_id=free.key_id, model="m", version="v1",
                                 worker_id="w", prompt_tokens=990, completion_tokens=0, worker_seconds=0.1,
                                 signature="00"))
-    service.forget()
+    service.catalog.forget()
     with pytest.raises(GatewayError, match="token budget"):
-        service.ticket(free, reserved_tokens=10)
+        service.admissions.ticket(free, reserved_tokens=10)
 
 
 @pytest.mark.parametrize("dialect", ["sqlite", "postgresql"])

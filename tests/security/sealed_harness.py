@@ -16,8 +16,7 @@ from typing import Any
 import grpc
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
-from api.gateway.admission import AdmissionController
-from api.gateway.limits import LocalQueueCounter
+from api.app import build_gateway
 from api.gateway.registry import WorkerInfo
 from api.gateway.service import GatewayService
 from api.gateway.settings import GatewaySettings
@@ -29,7 +28,6 @@ from enclave_worker.servicer import WorkerServicer
 from enclave_worker.settings import WorkerSettings
 from enclave_worker.state import LiveState, WorkerState
 from policy.audit.worker_record import public_key_bytes
-from policy.limiter import TokenBucketLimiter
 from policy.policyset import PolicySet
 from protocol.heartbeat import worker_id_for
 from protocol.model_ref import ModelRef
@@ -98,8 +96,7 @@ async def sealed_stack(tmp_path: Path, decision_key: X25519PrivateKey | None,
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     (tmp_path / "gw").mkdir()
-    service = GatewayService(GatewaySettings(data_dir=tmp_path / "gw", dev=True), store,
-                             AdmissionController(TokenBucketLimiter(), LocalQueueCounter(), 8, 8))
+    service = build_gateway(GatewaySettings(data_dir=tmp_path / "gw", dev=True), store)
     usage_key = public_key_bytes(state.usage_key)
     worker = WorkerInfo(
         worker_id=worker_id_for(usage_key), grpc_address=f"127.0.0.1:{port}", ref=ModelRef("acme", "m", "v1"),

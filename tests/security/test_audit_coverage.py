@@ -16,13 +16,10 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from fastapi.testclient import TestClient
 
-from api.app import create_app
-from api.gateway.admission import AdmissionController
+from api.app import build_gateway, create_app
 from api.gateway.audit import audit_worker_decisions
 from api.gateway.errors import GatewayError
 from api.gateway.grpc_client import WorkerClients
-from api.gateway.limits import LocalQueueCounter
-from api.gateway.service import GatewayService
 from api.gateway.settings import GatewaySettings
 from api.management.auth import issue_token
 from api.stack import DEMO_MODEL
@@ -37,7 +34,6 @@ from policy.audit.worker_record import (
     sign_decision,
     verify_logged_decision,
 )
-from policy.limiter import TokenBucketLimiter
 from policy.policyset import PolicySet
 from protocol.rpc import worker_pb2, worker_pb2_grpc
 from tests.api.conftest import stack  # noqa: F401 (the real `sealed up` stack fixture)
@@ -60,14 +56,13 @@ def test_gateway_admission_refusals_are_audited(store: Store, tmp_path: Path) ->
     store.ensure_tenant("acme", token_budget=1000)
     _, limited = store.create_key("acme", "limited", rpm=1)
     _, capped = store.create_key("acme", "capped", token_budget=0)
-    service = GatewayService(GatewaySettings(data_dir=tmp_path / "gw", dev=True), store,
-                             AdmissionController(TokenBucketLimiter(), LocalQueueCounter(), 8, 8))
+    service = build_gateway(GatewaySettings(data_dir=tmp_path / "gw", dev=True), store)
     try:
-        service.ticket(limited, reserved_tokens=1)
+        service.admissions.ticket(limited, reserved_tokens=1)
         with pytest.raises(GatewayError):
-            service.ticket(limited, reserved_tokens=1)  # rpm
+            service.admissions.ticket(limited, reserved_tokens=1)  # rpm
         with pytest.raises(GatewayError):
-            service.ticket(capped, reserved_tokens=1)  # key budget
+            service.admissions.ticket(capped, reserved_tokens=1)  # key budget
     finally:
         service.audit.close()
     rows = _entries(tmp_path / "audit", component="gateway", decision="deny")

@@ -52,7 +52,7 @@ def _gateway(tmp_path: Path, **tenant: Any) -> tuple[Any, Any, str, Any]:
     service = app.state.service
     service.store.ensure_tenant("flood", **tenant)
     secret, _ = service.store.create_key("flood", "k")
-    key = service.authenticate(secret)  # what a first, admitted request does: the key is now known
+    key = service.catalog.authenticate(secret)  # what a first, admitted request does: the key is now known
     return app, service, secret, key
 
 
@@ -64,17 +64,17 @@ async def test_a_key_over_its_rate_is_refused_before_its_body_is_read(tmp_path: 
     status, _, _, asked = await _post(app, "/v1/completions", secret)
     assert (status, asked) == (404, True)
     assert limiter.available("rpm:t:flood", bucket) >= 1.99
-    service.ticket(key, 0)
-    service.ticket(key, 0)  # the tenant's two requests of this minute
+    service.admissions.ticket(key, 0)
+    service.admissions.ticket(key, 0)  # the tenant's two requests of this minute
     for path in ("/v1/completions", "/v1/chat/completions", "/tokenize", "/v1/sealed/completions"):
-        service.authenticate(secret)  # known within the last second, also on a slow machine
+        service.catalog.authenticate(secret)  # known within the last second, also on a slow machine
         status, headers, body, asked = await _post(app, path, secret)
         assert status == 429 and not asked, (path, status, body)
         assert body["error"]["code"] == "rate_limit_exceeded" and body["error"]["type"] == "rate_limit_error"
         assert int(headers["retry-after"]) == 31  # what check_limits answers for 2 requests/minute
     # The same refusal the route gives after reading the body.
     try:
-        service.ticket(key, 0)
+        service.admissions.ticket(key, 0)
     except GatewayError as exc:
         assert exc.status == 429 and exc.headers == {"Retry-After": "31"} and exc.code == "rate_limit_exceeded"
     else:
@@ -94,12 +94,12 @@ async def test_a_tenant_over_its_queue_bound_is_refused_before_its_body_is_read(
     app, service, secret, _ = _gateway(tmp_path, max_queued=1)
     counter = service.admission.counter
     assert counter.enter("flood", 1)  # one request of the tenant queued or running: the bound
-    service.authenticate(secret)
+    service.catalog.authenticate(secret)
     status, headers, body, asked = await _post(app, "/v1/completions", secret)
     assert status == 429 and not asked
     assert body["error"]["code"] == "queue_full" and int(headers["retry-after"]) >= 1
     counter.leave("flood")
-    service.authenticate(secret)
+    service.catalog.authenticate(secret)
     status, _, _, asked = await _post(app, "/v1/completions", secret)
     assert (status, asked) == (404, True)  # room again: read on (and the gate took no queue place)
     assert counter.enter("flood", 1)
@@ -108,21 +108,21 @@ async def test_a_tenant_over_its_queue_bound_is_refused_before_its_body_is_read(
 
 async def test_a_tenants_429_flood_is_aggregated_and_every_refusal_counted(tmp_path: Path) -> None:
     app, service, secret, key = _gateway(tmp_path, rpm=1)
-    service.ticket(key, 0)
+    service.admissions.ticket(key, 0)
     refused = 0
     for _ in range(150):  # refused in the route (after the body)...
         try:
-            service.ticket(key, 0)
+            service.admissions.ticket(key, 0)
         except GatewayError:
             refused += 1
     for _ in range(150):  # ...and before it: one kind, one window
-        service.authenticate(secret)
+        service.catalog.authenticate(secret)
         refused += (await _post(app, "/v1/completions", secret))[0] == 429
     assert refused == 300
     service.admission.counter.enter("flood", 100)  # and one refusal of another kind (the queue bound)
     queue_full = service.admission.own_limit_refusal("flood", key.key_id, None, None, 1)
     assert queue_full is not None and queue_full.code == "queue_full"
-    service.audit_refusal(key, "queue", queue_full)
+    service.admissions.audit_refusal(key, "queue", queue_full)
     service.admissions.refusals.flush()  # the window closes (or the gateway stops)
     service.audit.close()
     rows = [r for r in read_entries(tmp_path / "audit") if r.action.startswith("admission")]

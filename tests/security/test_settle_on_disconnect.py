@@ -46,7 +46,7 @@ async def _beat(stack: Stack, seq: int) -> bool:
     batch = stack.state.outbox.batch()
     signed = json.loads(json.dumps(heartbeat_body(stack.state, stack.worker.grpc_address, "", seq, batch)))
     body = Heartbeat.model_validate(signed)
-    stack.service.heartbeat(body.model_dump(), signed)
+    stack.service.enrolment.heartbeat(body.model_dump(), signed)
     assert body.settle is not None
     settled = await stack.service.settle_owed(body.worker_id, body.settle)
     if settled:
