@@ -38,6 +38,7 @@ COVERED: dict[str, str] = {
     "gpu": "tests/test_sealed_bench.py",
     "linear": "tests/test_sealed_bench.py",
     "load": "tests/enclave_worker/package/test_bench_load_smoke.py",
+    "make_model": "tests/sealed_bench/test_make_model.py",
     "sealed_path": "tests/sealed_bench/test_sealed_path.py",
     "tracing": "tests/sealed_bench/test_otlp_sink.py",
     "serve": "tests/api/test_bench_serve_smoke.py",  # against the end-to-end tests' running stack
