@@ -1,0 +1,139 @@
+"""Where the package writer reads a tensor's bytes from: memory, or a safetensors file, lazily.
+
+`sealed encrypt` of a multi-gigabyte checkpoint must not hold the model in memory: a
+`SafetensorsTensor` is a tensor's place in its shard (checked against the header like the engine's
+loader checks it), read with `os.preadv` straight into the writer's segment buffer. Memory then stays
+at a few segment buffers whatever the model size. Runs on the tenant's machine, beside writer.py.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+from collections.abc import Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import torch
+
+from protocol.package.errors import PackageFormatError
+
+_ST_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "I64": torch.int64,
+              "I32": torch.int32, "I8": torch.int8, "U8": torch.uint8}
+_MAX_HEADER = 100 << 20  # safetensors' own limit on the JSON header
+
+
+class TensorSource(Protocol):
+    """A tensor the writer packs: its metadata, and its bytes on request."""
+
+    @property
+    def dtype(self) -> torch.dtype: ...
+
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+
+    @property
+    def nbytes(self) -> int: ...
+
+    def read_into(self, start: int, out: memoryview) -> None:
+        """Bytes [start, start + len(out)) of the tensor into `out`."""
+
+    def chunks(self, scratch: memoryview) -> Iterator[memoryview]:
+        """All the tensor's bytes in order, as views (of itself, or of `scratch` refilled each time)."""
+
+
+@dataclass(frozen=True)
+class InMemoryTensor:
+    tensor: torch.Tensor
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.tensor.dtype
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.tensor.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.tensor.numel() * self.tensor.element_size()
+
+    def _bytes(self) -> memoryview:
+        flat = self.tensor.detach().contiguous().reshape(-1)
+        return flat.view(torch.uint8).numpy().data
+
+    def read_into(self, start: int, out: memoryview) -> None:
+        out[:] = self._bytes()[start : start + len(out)]
+
+    def chunks(self, scratch: memoryview) -> Iterator[memoryview]:
+        yield self._bytes()
+
+
+@dataclass(frozen=True)
+class SafetensorsTensor:
+    """A tensor inside an open shard: `fd` is held open by `open_safetensors`' ExitStack."""
+
+    fd: int
+    file_offset: int
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    nbytes: int
+    where: str  # "<file>:<name>", for errors
+
+    def read_into(self, start: int, out: memoryview) -> None:
+        done = 0
+        while done < len(out):
+            got = os.preadv(self.fd, [out[done:]], self.file_offset + start + done)
+            if got <= 0:
+                raise PackageFormatError(f"{self.where}: the file ends inside the tensor")
+            done += got
+
+    def chunks(self, scratch: memoryview) -> Iterator[memoryview]:
+        for start in range(0, self.nbytes, len(scratch)):
+            view = scratch[: min(len(scratch), self.nbytes - start)]
+            self.read_into(start, view)
+            yield view
+
+
+def open_safetensors(path: Path, stack: ExitStack) -> dict[str, SafetensorsTensor]:
+    """The tensors of one shard, each checked (dtype known, bytes inside the file, size = shape x
+    dtype, no overlap); the file stays open until `stack` closes. Nothing is read but the header."""
+    fd = os.open(path, os.O_RDONLY)
+    stack.callback(os.close, fd)
+    size = os.fstat(fd).st_size
+    try:
+        n = int.from_bytes(os.pread(fd, 8, 0), "little")
+        if not 0 < n <= min(_MAX_HEADER, size - 8):
+            raise ValueError(f"header length {n}")
+        header = json.loads(os.pread(fd, n, 8))
+        if not isinstance(header, dict):
+            raise ValueError("the header is not an object")
+    except ValueError as exc:
+        raise PackageFormatError(f"{path}: not a safetensors file ({exc})") from None
+    out: dict[str, SafetensorsTensor] = {}
+    spans: list[tuple[int, int, str]] = []
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            dtype = _ST_DTYPES[info["dtype"]]
+            shape = tuple(int(d) for d in info["shape"])
+            start, end = (int(v) for v in info["data_offsets"])
+        except (KeyError, TypeError, ValueError):
+            raise PackageFormatError(f"{path}: tensor {name!r}: unsupported or malformed entry") from None
+        count = 1
+        for d in shape:
+            count = count * d if d >= 0 else -1
+        if count < 0 or not 0 <= start <= end <= size - 8 - n or end - start != count * dtype.itemsize:
+            raise PackageFormatError(f"{path}: tensor {name} bytes [{start}, {end}) do not hold {info['dtype']} "
+                                     f"{list(shape)} inside the file")
+        spans.append((start, end, name))
+        out[name] = SafetensorsTensor(fd, 8 + n + start, dtype, shape, end - start, f"{path.name}:{name}")
+    spans.sort()
+    for (_, end, a), (start, _, b) in itertools.pairwise(spans):
+        if start < end:
+            raise PackageFormatError(f"{path}: tensors {a} and {b} overlap")
+    return out
