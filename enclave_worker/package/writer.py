@@ -38,52 +38,35 @@ _DTYPE_NAMES = {
 
 
 _ZEROS = bytes(64)  # the padding before a 64-byte aligned tensor is shorter than this
-_SCRATCH = 16 << 20  # the digest pass reads a file-backed tensor in pieces of this size
 
 
-def _digest(meta: bytes, sources: Sequence[TensorSource], entries: Sequence[TensorEntry], alg: str) -> str:
+def _pieces(meta: bytes, sources: Sequence[TensorSource], entries: Sequence[TensorEntry], start: int,
+            end: int) -> Iterator[memoryview]:
+    """The plaintext stream's bytes [start, end) as views: metadata, alignment padding, tensors."""
+    cursor = 0
+    parts: list[tuple[int, int, TensorSource | None]] = [(0, len(meta), None)]
+    parts += [(e.offset, e.nbytes, s) for s, e in zip(sources, entries, strict=True)]
+    for offset, length, source in parts:
+        if offset > cursor and offset > start and cursor < end:  # padding before this part
+            yield memoryview(_ZEROS)[: min(offset, end) - max(cursor, start)]
+        lo, hi = max(offset, start), min(offset + length, end)
+        if lo < hi:
+            if source is None:
+                yield memoryview(meta)[lo:hi]
+            else:
+                yield from source.views(lo - offset, hi - lo)
+        cursor = offset + length
+        if cursor >= end:
+            return
+
+
+def _digest(meta: bytes, sources: Sequence[TensorSource], entries: Sequence[TensorEntry], total: int,
+            alg: str) -> str:
     """First pass: the plaintext digest, which the manifest signs and every segment's AD binds."""
     hasher = new_hasher(alg)
-    hasher.update(meta)
-    cursor = len(meta)
-    scratch = memoryview(bytearray(_SCRATCH))
-    for source, entry in zip(sources, entries, strict=True):
-        hasher.update(_ZEROS[: entry.offset - cursor])
-        for view in source.chunks(scratch):
-            hasher.update(view)
-        cursor = entry.offset + entry.nbytes
+    for view in _pieces(meta, sources, entries, 0, total):
+        hasher.update(view)
     return f"{alg}:{hasher.hexdigest()}"
-
-
-def _segments(meta: bytes, sources: Sequence[TensorSource], entries: Sequence[TensorEntry], total: int,
-              size: int) -> Iterator[memoryview]:
-    """Second pass: the plaintext stream cut into segments, each tensor's bytes read straight into
-    one reused segment buffer (no per-segment allocation, no whole tensor in memory)."""
-    buffer = memoryview(bytearray(size))
-    pieces: list[tuple[int, int, TensorSource | None]] = [(0, len(meta), None)]  # (offset, length, source)
-    pieces += [(e.offset, e.nbytes, s) for s, e in zip(sources, entries, strict=True)]
-    piece = 0
-    for seg_start in range(0, max(total, 1), size):
-        seg = buffer[: min(size, total - seg_start)]
-        cursor = seg_start
-        seg_end = seg_start + len(seg)
-        while cursor < seg_end:
-            offset, length, source = pieces[piece]
-            if cursor < offset:  # alignment padding before the next tensor
-                gap = min(offset, seg_end) - cursor
-                seg[cursor - seg_start : cursor - seg_start + gap] = _ZEROS[:gap]
-                cursor += gap
-                continue
-            take = min(offset + length, seg_end) - cursor
-            out = seg[cursor - seg_start : cursor - seg_start + take]
-            if source is None:
-                out[:] = meta[cursor : cursor + take]
-            else:
-                source.read_into(cursor - offset, out)
-            cursor += take
-            if cursor == offset + length:
-                piece += 1
-        yield seg
 
 
 # Parts the engine fuses into one matrix (models/llama.py), in fusion order.
@@ -156,7 +139,7 @@ def write_package(
     manifest = Manifest(
         package_id=package_id, tenant=tenant, model=model, version=version, key_id=key_id,
         segment_size=segment_size, num_segments=max(1, -(-cursor // segment_size)),
-        plaintext_bytes=cursor, plaintext_digest=_digest(meta, sources, entries, digest_alg),
+        plaintext_bytes=cursor, plaintext_digest=_digest(meta, sources, entries, cursor, digest_alg),
         metadata_bytes=len(meta),
         key_check=key_check_value(data_key, package_id), signer=signer_identity(signing_key.public_key()),
         tensors=tuple(entries),
@@ -168,18 +151,20 @@ def write_package(
     out_dir.mkdir(parents=True, exist_ok=True)
     tmp = out_dir / "payload.bin.partial"
     with open(tmp, "wb") as fh:
-        for i, segment in enumerate(_segments(meta, sources, entries, cursor, segment_size)):
+        for i in range(manifest.num_segments):
             final = i == manifest.num_segments - 1
-            # update_into a reused buffer: AESGCM.encrypt would allocate (and page-fault) a fresh
-            # ciphertext per segment; same bytes (ciphertext || tag).
+            # The cipher reads each piece where it lies (a mapped shard, a tensor) and writes into one
+            # reused buffer: no plaintext staging copy, no per-segment allocation.
             encryptor = Cipher(cipher, modes.GCM(nonce_for(i, final))).encryptor()
             encryptor.authenticate_additional_data(associated_data(prefix, i, final))
-            n = encryptor.update_into(segment, out)
+            n = 0
+            for view in _pieces(meta, sources, entries, i * segment_size, min((i + 1) * segment_size, cursor)):
+                n += encryptor.update_into(view, out[n:])
             encryptor.finalize()
             out[n : n + TAG_BYTES] = encryptor.tag
             fh.write(out[: n + TAG_BYTES])
             if progress:
-                progress(len(segment))
+                progress(n)
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, out_dir / "payload.bin")

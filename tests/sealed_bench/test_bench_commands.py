@@ -34,6 +34,7 @@ SMALL: dict[str, list[str]] = {
 # Where every benchmark's smoke run is.
 COVERED: dict[str, str] = {
     **dict.fromkeys(SMALL, HERE),
+    "encrypt": "tests/enclave_worker/package/test_bench_encrypt_smoke.py",
     "engine": "tests/test_sealed_bench.py",
     "gpu": "tests/test_sealed_bench.py",
     "linear": "tests/test_sealed_bench.py",
