@@ -29,6 +29,7 @@ SMALL: dict[str, list[str]] = {
     "policy": ["--decisions", "20", "--events", "200"],
     "revocation": ["--rounds", "1", "--workers", "2", "--flood-rps", "5", "--flood-threads", "1", "--settle-s", "0.2"],
     "sealed": ["--iterations", "5"],
+    "upload": ["--mib", "8", "--cuts", "2", "--chunk-mib", "1"],
 }
 
 # Where every benchmark's smoke run is.
@@ -106,3 +107,10 @@ def test_sealed(tmp_path: Path) -> None:
     report = run_bench("sealed", SMALL["sealed"], tmp_path)
     assert report["results"]["open_request_us"] > 0 and report["results"]["verify_receipt_us"] > 0
 
+
+
+def test_upload(tmp_path: Path) -> None:
+    """The package goes through two cut connections and is stored; the server's memory is sampled."""
+    report = run_bench("upload", SMALL["upload"], tmp_path)
+    assert report["cuts_survived"] == 2 and len(report["stored"]) == 64
+    assert report["server_rss_max_sample"] >= report["server_rss_before"] > 0 and report["samples"] > 0
