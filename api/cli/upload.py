@@ -74,13 +74,13 @@ def upload_package(pkg: Path, client: httpx.Client, *, chunk_bytes: int = DEFAUL
                 chunk = fh.read(chunk_bytes)
                 headers = {"content-type": "application/octet-stream",
                            CHUNK_DIGEST_HEADER: hashlib.sha256(chunk).hexdigest()}
+                r: httpx.Response | None
                 try:
                     r = client.put(f"/v1/packages/uploads/{upload_id}/{name}", params={"offset": offset},
                                    content=chunk, headers=headers)
+                    failure = f"chunk at {offset} of {name} refused as altered: {r.text[:200]}"
                 except httpx.TransportError as exc:
                     r, failure = None, f"gateway unreachable: {exc}"
-                else:
-                    failure = f"chunk at {offset} of {name} refused as altered: {r.text[:200]}"
                 if r is not None and r.status_code == 413 and chunk_bytes > 64 << 10:
                     chunk_bytes //= 2  # a smaller body limit in front of the gateway
                     continue

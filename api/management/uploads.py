@@ -40,6 +40,7 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, Header, HTTPException, Request
 from pydantic import BaseModel, Field
+from starlette.requests import ClientDisconnect
 
 from api.management.auth import require
 from protocol.package import PackageError, read_manifest
@@ -204,8 +205,10 @@ async def put_chunk(upload_id: str, name: str, offset: int, request: Request, te
                     digest.update(chunk)
                 if chunk_sha256 is not None and digest.hexdigest() != chunk_sha256:
                     raise HTTPException(422, "the chunk differs from its SHA-256; send it again")
-            except BaseException:  # cut connection (ClientDisconnect), refusal, cancellation: not stored
+            except BaseException as exc:  # cut connection, refusal, cancellation: nothing of it is kept
                 fh.truncate(current)
+                if isinstance(exc, ClientDisconnect):  # expected on a flaky link: an answer, not a traceback
+                    raise HTTPException(400, {"message": "the chunk was cut short", "offset": current}) from None
                 raise
     return {"offset": current + written}
 

@@ -73,7 +73,7 @@ def _make_package(root: Path, mib: int) -> None:
     from enclave_worker.package.writer import write_package
 
     parts = [(f"blob.{i}", _Zeros(min(64, mib - i * 64) << 20)) for i in range(-(-mib // 64))]
-    write_package(root, metadata={"config": {}}, tensors=parts, data_key=os.urandom(32),  # type: ignore[arg-type]
+    write_package(root, metadata={"config": {}}, tensors=parts, data_key=os.urandom(32),
                   key_id="dek-bench", tenant="bench", model="bench-upload", version="v1",
                   signing_key=Ed25519PrivateKey.generate())
 
@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
 
         def sample() -> None:
             while not done.is_set():
-                samples.append(_status(server.pid, "VmRSS"))  # type: ignore[union-attr]
+                samples.append(_status(server.pid, "VmRSS"))
                 done.wait(0.05)
 
         sampler = threading.Thread(target=sample, daemon=True)
