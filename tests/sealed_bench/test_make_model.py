@@ -105,3 +105,32 @@ def test_unknown_shape_dtype_and_used_directory_are_refused(tmp_path: Path) -> N
     assert [p.name for p in (tmp_path / "used").iterdir()] == ["keep.txt"]
     assert set(SHAPES) >= set(PUBLISHED_PARAMS)
     assert json.loads(json.dumps(SHAPES)) == SHAPES  # plain JSON: config.json is written from it
+
+
+def test_made_model_runs_through_a_streamed_package(made: tuple[Path, dict[str, Any]], tmp_path: Path) -> None:
+    """`sealed encrypt`'s streamed path on the made checkpoint, decrypted as a worker does, builds the
+    engine and gives the logits the engine gives from the directory itself."""
+    from contextlib import ExitStack
+
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from api.tenant_tools import StreamedCheckpoint, encrypt_checkpoint, open_source
+    from enclave_worker.engine import EngineConfig, LLMEngine
+    from enclave_worker.engine.checkpoint import Checkpoint
+    from enclave_worker.package import decrypt_package
+    from tests.enclave_worker.engine.test_checkpoint_gguf_quant import _logits
+
+    out, _ = made
+    with ExitStack() as stack:
+        source = open_source(out, stack)
+        assert isinstance(source, StreamedCheckpoint)
+        encrypted = encrypt_checkpoint(source, tmp_path / "pkg", tenant="t1", model="m", version="v1",
+                                       signing_key=Ed25519PrivateKey.generate())
+    model = decrypt_package(tmp_path / "pkg", encrypted.data_key)
+    packaged = Checkpoint(model.metadata["config"], model.tensors, model.metadata["tokenizer_json"],
+                          model.metadata["chat_template"])
+    cfg = EngineConfig(max_num_seqs=2, kv_cache_memory_bytes=16 << 20, num_threads=1, max_model_len=128)
+    ids = list(range(100, 140))
+    got = _logits(LLMEngine.from_checkpoint(packaged, cfg), ids)
+    assert torch.equal(got, _logits(LLMEngine.from_checkpoint(load_hf_dir(out), cfg), ids))
+    assert got.shape == (len(ids), 49152) and bool(torch.isfinite(got).all())
