@@ -6,16 +6,22 @@ import importlib.util
 import json
 import secrets
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from enclave_worker.engine.checkpoint import Checkpoint, load_gguf, load_hf_dir
+import torch
+
+from enclave_worker.engine.checkpoint import Checkpoint, hf_dir_parts, load_gguf, load_hf_dir
+from enclave_worker.engine.errors import CheckpointError
 from enclave_worker.engine.layers.quantized_weight import flatten as flatten_quantized
 from enclave_worker.engine.models import check_architecture
+from enclave_worker.package.sources import TensorSource, open_safetensors
 from enclave_worker.package.writer import write_package
 from protocol.model_ref import ModelRef
 from protocol.package import Manifest, PackageError
+from protocol.package.errors import PackageFormatError
 from protocol.package.format import DEFAULT_SEGMENT_SIZE
 from protocol.package.keywrap import SealedDataKey, load_import_public_key, seal_data_key
 from protocol.package.signing import SigningKey
@@ -27,6 +33,16 @@ class EncryptedModel:
     data_key: bytes  # stays in memory: sealed to a key broker, never written in the clear
 
 
+@dataclass(frozen=True)
+class StreamedCheckpoint:
+    """An unquantized HF directory whose tensors are read from their shards while being encrypted."""
+
+    config: dict[str, Any]
+    tensors: dict[str, TensorSource]
+    tokenizer_json: str
+    chat_template: str | None
+
+
 def load_source(src: Path, native_quant: bool = False) -> Checkpoint:
     """A GGUF file (``native_quant``: its quantized linears kept in the engine's kernel layouts, else
     dequantized to float32) or an HF directory (AWQ, GPTQ, compressed-tensors always kept quantized).
@@ -34,7 +50,29 @@ def load_source(src: Path, native_quant: bool = False) -> Checkpoint:
     return load_gguf(src, native=native_quant) if src.is_file() else load_hf_dir(src)
 
 
-def encrypt_checkpoint(checkpoint: Checkpoint, out: Path, *, tenant: str, model: str, version: str,
+def open_source(src: Path, stack: ExitStack, native_quant: bool = False) -> Checkpoint | StreamedCheckpoint:
+    """As `load_source`, except that an HF directory without a `quantization_config` is not read:
+    its tensors are streamed from the shards during encryption (memory flat in the model's size;
+    the shards stay open until `stack` closes). A quantized checkpoint (GGUF, AWQ, GPTQ,
+    compressed-tensors) is converted into the kernels' layouts in memory first, as before."""
+    if src.is_file():
+        return load_source(src, native_quant)
+    parts = hf_dir_parts(src)
+    if parts.config.get("quantization_config"):
+        return load_source(src, native_quant)
+    tensors: dict[str, TensorSource] = {}
+    for shard in parts.weight_files:
+        try:
+            found = open_safetensors(shard, stack)
+        except (OSError, PackageFormatError) as exc:
+            raise CheckpointError(f"cannot read {shard}: {exc}") from exc
+        if tensors.keys() & found.keys():
+            raise CheckpointError(f"{shard}: tensors {sorted(tensors.keys() & found.keys())[:3]} appear twice")
+        tensors.update(found)
+    return StreamedCheckpoint(parts.finish_config(tensors), tensors, parts.tokenizer_json, parts.chat_template)
+
+
+def encrypt_checkpoint(checkpoint: Checkpoint | StreamedCheckpoint, out: Path, *, tenant: str, model: str, version: str,
                        signing_key: SigningKey, progress: Callable[[int], None] | None = None,
                        segment_size: int | None = None) -> EncryptedModel:
     """A fresh data key per model version; the package holds only ciphertext and public metadata.
@@ -42,7 +80,13 @@ def encrypt_checkpoint(checkpoint: Checkpoint, out: Path, *, tenant: str, model:
     it and pointing to the vLLM backend), before anything is written."""
     check_architecture(checkpoint.config)
     data_key = secrets.token_bytes(32)
-    tensors, quantization = flatten_quantized(checkpoint.tensors)  # plain tensors + each one's scheme
+    tensors: list[tuple[str, torch.Tensor | TensorSource]]
+    quantization: dict[str, Any] = {}
+    if isinstance(checkpoint, StreamedCheckpoint):
+        tensors = list(checkpoint.tensors.items())
+    else:
+        plain, quantization = flatten_quantized(checkpoint.tensors)  # plain tensors + each one's scheme
+        tensors = list(plain)
     metadata = {"format": "hf-llama", "config": checkpoint.config,
                 "tokenizer_json": checkpoint.tokenizer_json, "chat_template": checkpoint.chat_template}
     if quantization:

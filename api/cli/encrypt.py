@@ -6,6 +6,7 @@ published import key (`--broker-import-key`; with "hold your own key", the tenan
 
 from __future__ import annotations
 
+from contextlib import ExitStack
 from pathlib import Path
 
 import typer
@@ -13,7 +14,7 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColu
 
 from api.cli.refs import model_ref
 from api.home import ed25519_key
-from api.tenant_tools import encrypt_checkpoint, load_source, seal_for_broker
+from api.tenant_tools import encrypt_checkpoint, open_source, seal_for_broker
 from enclave_worker.engine.errors import CheckpointError
 from enclave_worker.engine.models import check_architecture
 from enclave_worker.engine.models.spec import UnsupportedArchitecture
@@ -45,11 +46,11 @@ def encrypt(
     signer = ModelSigningKey(model_signing_key) if model_signing_key else ed25519_key(signing_key)
     ref = model_ref(tenant, model or src.stem.lower().replace("_", "-"), version)  # before any work
     sealed_path = sealed_key_out or out.with_name(out.name + ".datakey.json")
-    with Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
-                  TransferSpeedColumn(), TimeRemainingColumn()) as progress:
+    with ExitStack() as stack, Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
+                                        TransferSpeedColumn(), TimeRemainingColumn()) as progress:
         task = progress.add_task("loading", total=None)
-        try:
-            checkpoint = load_source(src, native_quant=gguf_quant == "native")
+        try:  # an unquantized HF directory is streamed from its shards: memory flat in the model's size
+            checkpoint = open_source(src, stack, native_quant=gguf_quant == "native")
         except CheckpointError as exc:  # what the engine would not load: refused before any encryption
             progress.stop()
             typer.echo(f"error: the engine cannot load {src}: {exc}", err=True)
@@ -60,7 +61,7 @@ def encrypt(
             progress.stop()
             typer.echo(f"sealed encrypt: {exc}", err=True)
             raise typer.Exit(2) from None
-        total = sum(t.numel() * t.element_size() for t in checkpoint.tensors.values())
+        total = sum(t.nbytes for t in checkpoint.tensors.values())
         progress.update(task, description="encrypting", total=total)
         result = encrypt_checkpoint(checkpoint, out, tenant=ref.tenant, model=ref.model, version=ref.version,
                                     signing_key=signer,

@@ -1,7 +1,8 @@
 """`sealed upload PKG`: send an encrypted package to the gateway's management API.
 
 Chunked and resumable: the server derives the upload id from the declared files, so running the
-command again after an interruption continues from the bytes already stored.
+command again after an interruption continues from the bytes already stored; within one run, a cut
+connection resumes from the server's last acknowledged chunk.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColu
 
 from api.cli.mgmt_client import PROFILE, gateway_url, management_token
 from protocol.package.errors import UploadError
+from protocol.package.format import UPLOAD_CHUNK_DIGEST_HEADER as CHUNK_DIGEST_HEADER
 
 # manifest + payload + whichever signature method's files the package has
 PACKAGE_FILES = ("manifest.json", "manifest.sig", "model.sig", "signer.pub.pem", "payload.bin")
@@ -50,8 +52,14 @@ def _check(response: httpx.Response) -> dict[str, Any]:
 
 def upload_package(pkg: Path, client: httpx.Client, *, chunk_bytes: int = DEFAULT_CHUNK,
                    progress: Callable[[int], None] | None = None,
-                   on_start: Callable[[int, int], None] | None = None) -> dict[str, Any]:
-    """Upload (or resume) `pkg` through `client` (base URL and auth already set); returns the record."""
+                   on_start: Callable[[int, int], None] | None = None,
+                   sleep: Callable[[float], None] = time.sleep) -> dict[str, Any]:
+    """Upload (or resume) `pkg` through `client` (base URL and auth already set); returns the record.
+
+    Each chunk carries its SHA-256; the server stores it whole or not at all. After a cut connection
+    (or a chunk refused as altered in transit) the client asks the server where the file ends, its
+    last acknowledged chunk, and continues from there; it gives up after `_RETRIES` failures in a row
+    without progress. Memory holds one chunk."""
     files = describe(pkg)
     declared = _check(client.post("/v1/packages/uploads", json={"files": files}))
     upload_id, offsets = declared["upload_id"], declared["offsets"]
@@ -64,24 +72,31 @@ def upload_package(pkg: Path, client: httpx.Client, *, chunk_bytes: int = DEFAUL
             while offset < size:
                 fh.seek(offset)
                 chunk = fh.read(chunk_bytes)
+                headers = {"content-type": "application/octet-stream",
+                           CHUNK_DIGEST_HEADER: hashlib.sha256(chunk).hexdigest()}
+                r: httpx.Response | None
                 try:
                     r = client.put(f"/v1/packages/uploads/{upload_id}/{name}", params={"offset": offset},
-                                   content=chunk, headers={"content-type": "application/octet-stream"})
+                                   content=chunk, headers=headers)
+                    failure = f"chunk at {offset} of {name} refused as altered: {r.text[:200]}"
                 except httpx.TransportError as exc:
-                    r = None
-                    failures += 1
-                    if failures > _RETRIES:
-                        raise UploadFailed(f"gateway unreachable: {exc}") from exc
-                    time.sleep(min(8.0, 0.5 * 2**failures))
+                    r, failure = None, f"gateway unreachable: {exc}"
                 if r is not None and r.status_code == 413 and chunk_bytes > 64 << 10:
                     chunk_bytes //= 2  # a smaller body limit in front of the gateway
                     continue
-                if r is None or r.status_code == 409:  # resync with what the server holds
+                if r is None or r.status_code == 422:  # cut, or altered on the way: back off, resync
+                    failures += 1
+                    if failures > _RETRIES:
+                        raise UploadFailed(failure)
+                    sleep(min(8.0, 0.5 * 2**failures))
+                if r is None or r.status_code in (409, 422):  # resync with what the server acknowledged
                     now = _check(client.get(f"/v1/packages/uploads/{upload_id}"))["offsets"][name]
                 else:
                     now = int(_check(r)["offset"])
-                if progress and now > offset:
-                    progress(now - offset)
+                if now > offset:
+                    failures = 0
+                    if progress:
+                        progress(now - offset)
                 offset = now
     return _check(client.post(f"/v1/packages/uploads/{upload_id}/complete"))
 

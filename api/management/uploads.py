@@ -15,12 +15,15 @@ management API overrides `uploader` with its own dependency returning the caller
                                        (files: manifest.json, payload.bin and either manifest.sig
                                        or model.sig + signer.pub.pem)
     GET  /uploads/{upload_id}          current offsets (resume)
-    PUT  /uploads/{upload_id}/{name}?offset=N   raw bytes; 409 + {"offset"} if N is not the end
+    PUT  /uploads/{upload_id}/{name}?offset=N   raw bytes (header x-sealed-chunk-sha256: their SHA-256);
+                                       200 + {"offset"} once stored whole; 409 + {"offset"} if N is
+                                       not the end; a cut, oversized or tampered chunk is dropped
     POST /uploads/{upload_id}/complete verify, then store at packages/<address>/; 201 + record
     GET  /{address}                    the stored package's public record
 
 The upload id is derived from the tenant and the declared files, so re-declaring the same
-package resumes it, from any client, without client-side state.
+package resumes it, from any client, without client-side state. Memory stays flat: a chunk streams
+to disk as it arrives (the body is never held whole), and completion hashes the files in pieces.
 """
 
 from __future__ import annotations
@@ -35,11 +38,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fastapi import APIRouter, Depends, HTTPException, Request
+from fastapi import APIRouter, Depends, Header, HTTPException, Request
 from pydantic import BaseModel, Field
+from starlette.requests import ClientDisconnect
 
 from api.management.auth import require
 from protocol.package import PackageError, read_manifest
+from protocol.package.format import UPLOAD_CHUNK_DIGEST_HEADER as CHUNK_DIGEST_HEADER  # optional on a PUT
 
 # A package: manifest + payload + the files of one signature method (Ed25519, or model-signing).
 FILE_SETS = (
@@ -172,24 +177,39 @@ def status(upload_id: str, tenant: str = Depends(caller_tenant),
 
 @router.put("/uploads/{upload_id}/{name}")
 async def put_chunk(upload_id: str, name: str, offset: int, request: Request, tenant: str = Depends(caller_tenant),
-                    store: PackageStore = Depends(package_store)) -> dict[str, Any]:
+                    store: PackageStore = Depends(package_store),
+                    chunk_sha256: str | None = Header(None, alias=CHUNK_DIGEST_HEADER)) -> dict[str, Any]:
+    """Append one chunk at `offset`; acknowledged (200 + the new end) only once all of it is stored.
+    A chunk cut short (the connection dropped), too large, or unlike its declared SHA-256 is removed
+    again: the file ends at the last acknowledged chunk, which is where the client resumes."""
     path = store.upload_dir(tenant, upload_id)
     files = declared(path)
     if name not in files:
         raise HTTPException(404, "not a declared file of this upload")
+    if chunk_sha256 is not None and not _HEX64.match(chunk_sha256):
+        raise HTTPException(422, f"{CHUNK_DIGEST_HEADER} is not a lowercase hex SHA-256")
     size = files[name].size
     async with store.locks.setdefault(upload_id, asyncio.Lock()):
         current = offsets(path)[name]
         if offset != current:
             raise HTTPException(409, {"message": "offset is not the end of the file", "offset": current})
         written = 0
+        digest = hashlib.sha256()
         with open(path / name, "ab") as fh:
-            async for chunk in request.stream():
-                written += len(chunk)
-                if written > store.max_chunk_bytes or current + written > size:
-                    fh.truncate(current)  # all or nothing: the client resumes from `current`
-                    raise HTTPException(413, "chunk too large or past the declared size")
-                fh.write(chunk)
+            try:
+                async for chunk in request.stream():
+                    written += len(chunk)
+                    if written > store.max_chunk_bytes or current + written > size:
+                        raise HTTPException(413, "chunk too large or past the declared size")
+                    fh.write(chunk)
+                    digest.update(chunk)
+                if chunk_sha256 is not None and digest.hexdigest() != chunk_sha256:
+                    raise HTTPException(422, "the chunk differs from its SHA-256; send it again")
+            except BaseException as exc:  # cut connection, refusal, cancellation: nothing of it is kept
+                fh.truncate(current)
+                if isinstance(exc, ClientDisconnect):  # expected on a flaky link: an answer, not a traceback
+                    raise HTTPException(400, {"message": "the chunk was cut short", "offset": current}) from None
+                raise
     return {"offset": current + written}
 
 

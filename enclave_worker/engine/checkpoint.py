@@ -269,8 +269,29 @@ def _read_safetensors(file: Path, out: dict[str, torch.Tensor]) -> None:
             out[name] = t
 
 
-def load_hf_dir(path: Path) -> Checkpoint:
-    """Load an HF model dir: config.json, (sharded) safetensors, tokenizer.json, tokenizer_config.json."""
+@dataclass(frozen=True)
+class HFDirParts:
+    """An HF model directory's config and tokenizer, and its weight files (not read yet)."""
+
+    config: dict[str, Any]
+    tokenizer_json: str
+    chat_template: str | None
+    tokenizer_config: dict[str, Any]
+    weight_files: tuple[Path, ...]
+
+    def finish_config(self, tensor_names: Any) -> dict[str, Any]:
+        """The config as the engine reads it, given the checkpoint's tensor names (after conversion)."""
+        config, tok_cfg = self.config, self.tokenizer_config
+        config.setdefault("tie_word_embeddings", "lm_head.weight" not in tensor_names)
+        if config.get("eos_token_id") is None and tok_cfg.get("eos_token"):
+            config["eos_token"] = tok_cfg["eos_token"]
+        config["_bos_token"] = _tok_str(tok_cfg.get("bos_token"))
+        config["_eos_token"] = _tok_str(tok_cfg.get("eos_token"))
+        return config
+
+
+def hf_dir_parts(path: Path) -> HFDirParts:
+    """config.json, tokenizer.json, the chat template and the safetensors files of an HF model dir."""
     path = Path(path)
     try:
         config = json.loads((path / "config.json").read_text())
@@ -291,16 +312,18 @@ def load_hf_dir(path: Path) -> Checkpoint:
         files = ["model.safetensors"]
     else:
         raise CheckpointError(f"no safetensors weights in {path}")
+    return HFDirParts(config, tok_json, template, tok_cfg, tuple(path / f for f in files))
+
+
+def load_hf_dir(path: Path) -> Checkpoint:
+    """Load an HF model dir: config.json, (sharded) safetensors, tokenizer.json, tokenizer_config.json."""
+    parts = hf_dir_parts(path)
     tensors: dict[str, torch.Tensor] = {}
-    for f in files:
-        _read_safetensors(path / f, tensors)
-    convert_quantized(config, tensors)  # AWQ, GPTQ, compressed-tensors: into the kernels' layouts
-    config.setdefault("tie_word_embeddings", "lm_head.weight" not in tensors)
-    if config.get("eos_token_id") is None and tok_cfg.get("eos_token"):
-        config["eos_token"] = tok_cfg["eos_token"]
-    config["_bos_token"] = _tok_str(tok_cfg.get("bos_token"))
-    config["_eos_token"] = _tok_str(tok_cfg.get("eos_token"))
-    return Checkpoint(config=config, tensors=tensors, tokenizer_json=tok_json, chat_template=template)
+    for f in parts.weight_files:
+        _read_safetensors(f, tensors)
+    convert_quantized(parts.config, tensors)  # AWQ, GPTQ, compressed-tensors: into the kernels' layouts
+    return Checkpoint(config=parts.finish_config(tensors), tensors=tensors, tokenizer_json=parts.tokenizer_json,
+                      chat_template=parts.chat_template)
 
 
 def _tok_str(v: Any) -> str | None:

@@ -6,15 +6,17 @@ import os
 import secrets
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
+from enclave_worker.package.sources import InMemoryTensor, TensorSource
 from protocol.package.errors import PackageFormatError
 from protocol.package.format import (
     DEFAULT_DIGEST_ALG,
     DEFAULT_SEGMENT_SIZE,
+    TAG_BYTES,
     Manifest,
     TensorEntry,
     ad_prefix,
@@ -28,51 +30,50 @@ from protocol.package.format import (
 )
 from protocol.package.signing import SIGNATURE_FILES, SigningKey, sign_manifest, signer_identity
 
+T = TypeVar("T")
 _DTYPE_NAMES = {
     torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16",
     torch.int8: "int8", torch.uint8: "uint8", torch.int32: "int32", torch.int64: "int64",
 }
 
 
-def _tensor_bytes(t: torch.Tensor) -> memoryview:
-    flat = t.detach().contiguous().reshape(-1)
-    return flat.view(torch.uint8).numpy().data
+_ZEROS = bytes(64)  # the padding before a 64-byte aligned tensor is shorter than this
 
 
-def _plaintext_chunks(meta: bytes, tensors: Sequence[tuple[str, torch.Tensor]],
-                      entries: Sequence[TensorEntry]) -> Iterator[memoryview | bytes]:
-    yield meta
-    cursor = len(meta)
-    for (_, tensor), entry in zip(tensors, entries, strict=True):
-        if entry.offset > cursor:
-            yield bytes(entry.offset - cursor)
-        yield _tensor_bytes(tensor)
-        cursor = entry.offset + entry.nbytes
+def _pieces(meta: bytes, sources: Sequence[TensorSource], entries: Sequence[TensorEntry], start: int,
+            end: int) -> Iterator[memoryview]:
+    """The plaintext stream's bytes [start, end) as views: metadata, alignment padding, tensors."""
+    cursor = 0
+    parts: list[tuple[int, int, TensorSource | None]] = [(0, len(meta), None)]
+    parts += [(e.offset, e.nbytes, s) for s, e in zip(sources, entries, strict=True)]
+    for offset, length, source in parts:
+        if offset > cursor and offset > start and cursor < end:  # padding before this part
+            yield memoryview(_ZEROS)[: min(offset, end) - max(cursor, start)]
+        lo, hi = max(offset, start), min(offset + length, end)
+        if lo < hi:
+            if source is None:
+                yield memoryview(meta)[lo:hi]
+            else:
+                yield from source.views(lo - offset, hi - lo)
+        cursor = offset + length
+        if cursor >= end:
+            return
 
 
-def _segments(chunks: Iterator[memoryview | bytes], size: int) -> Iterator[memoryview]:
-    """Re-cut the plaintext stream into segments; one reused staging buffer, no per-segment copies."""
-    pending = bytearray(size)
-    filled = 0
-    for chunk in chunks:
-        view = memoryview(chunk)
-        while len(view):
-            take = min(size - filled, len(view))
-            pending[filled : filled + take] = view[:take]
-            filled += take
-            view = view[take:]
-            if filled == size:
-                yield memoryview(pending)
-                filled = 0
-    if filled:
-        yield memoryview(pending)[:filled]
+def _digest(meta: bytes, sources: Sequence[TensorSource], entries: Sequence[TensorEntry], total: int,
+            alg: str) -> str:
+    """First pass: the plaintext digest, which the manifest signs and every segment's AD binds."""
+    hasher = new_hasher(alg)
+    for view in _pieces(meta, sources, entries, 0, total):
+        hasher.update(view)
+    return f"{alg}:{hasher.hexdigest()}"
 
 
 # Parts the engine fuses into one matrix (models/llama.py), in fusion order.
 _FUSED_GROUPS = (("self_attn.", ("q_proj", "k_proj", "v_proj")), ("mlp.", ("gate_proj", "up_proj")))
 
 
-def fusion_adjacent_order(tensors: Sequence[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
+def fusion_adjacent_order(tensors: Sequence[tuple[str, T]]) -> list[tuple[str, T]]:
     """The given order, except that parts the engine fuses (q/k/v, gate/up; weights and biases) sit
     next to each other in fusion order, at the first part's place.
 
@@ -81,7 +82,7 @@ def fusion_adjacent_order(tensors: Sequence[tuple[str, torch.Tensor]]) -> list[t
     """
     by_name = dict(tensors)
     placed: set[str] = set()
-    out: list[tuple[str, torch.Tensor]] = []
+    out: list[tuple[str, T]] = []
     for name, _ in tensors:
         if name in placed:
             continue
@@ -103,7 +104,7 @@ def write_package(
     out_dir: Path,
     *,
     metadata: dict[str, Any],
-    tensors: Sequence[tuple[str, torch.Tensor]],
+    tensors: Sequence[tuple[str, torch.Tensor | TensorSource]],
     data_key: bytes,
     key_id: str,
     tenant: str,
@@ -116,43 +117,54 @@ def write_package(
 ) -> Manifest:
     """Write manifest.json, its signature and payload.bin. Plaintext never touches the disk.
 
+    `tensors`: in memory, or sources read on demand (sources.py: a safetensors file's tensors), so
+    that memory stays at a few segment buffers whatever the model size. Two passes over the
+    plaintext: the digest (signed in the manifest, which every segment's AD binds), then encryption.
+
     `signing_key`: an Ed25519 private key, or a ModelSigningKey (OpenSSF model-signing, EC key).
     """
     meta = metadata_to_bytes(metadata)
-    tensors = fusion_adjacent_order(tensors)
+    ordered = fusion_adjacent_order([(n, InMemoryTensor(t) if isinstance(t, torch.Tensor) else t)
+                                     for n, t in tensors])
+    sources = [source for _, source in ordered]
     entries: list[TensorEntry] = []
     cursor = len(meta)
-    for name, tensor in tensors:
+    for name, source in ordered:
         offset = aligned(cursor)
-        nbytes = tensor.numel() * tensor.element_size()
-        if tensor.dtype not in _DTYPE_NAMES:
-            raise PackageFormatError(f"tensor {name}: dtype {tensor.dtype} is not supported by the format")
-        entries.append(TensorEntry(name, _DTYPE_NAMES[tensor.dtype], tuple(tensor.shape), offset, nbytes))
-        cursor = offset + nbytes
-    # First pass: the digest goes into the manifest, and the manifest into every segment's AD.
-    digest = new_hasher(digest_alg)
-    for chunk in _plaintext_chunks(meta, tensors, entries):
-        digest.update(chunk)
+        if source.dtype not in _DTYPE_NAMES:
+            raise PackageFormatError(f"tensor {name}: dtype {source.dtype} is not supported by the format")
+        entries.append(TensorEntry(name, _DTYPE_NAMES[source.dtype], tuple(source.shape), offset, source.nbytes))
+        cursor = offset + source.nbytes
     package_id = secrets.token_hex(16)
     manifest = Manifest(
         package_id=package_id, tenant=tenant, model=model, version=version, key_id=key_id,
         segment_size=segment_size, num_segments=max(1, -(-cursor // segment_size)),
-        plaintext_bytes=cursor, plaintext_digest=f"{digest_alg}:{digest.hexdigest()}",
+        plaintext_bytes=cursor, plaintext_digest=_digest(meta, sources, entries, cursor, digest_alg),
         metadata_bytes=len(meta),
         key_check=key_check_value(data_key, package_id), signer=signer_identity(signing_key.public_key()),
         tensors=tuple(entries),
     )
     manifest_bytes = manifest.to_bytes()
     prefix = ad_prefix(package_id, manifest_bytes)
-    aead = AESGCM(segment_key(data_key, package_id))
+    cipher = algorithms.AES(segment_key(data_key, package_id))
+    out = memoryview(bytearray(segment_size + TAG_BYTES + 16))  # update_into wants a block's slack
     out_dir.mkdir(parents=True, exist_ok=True)
     tmp = out_dir / "payload.bin.partial"
     with open(tmp, "wb") as fh:
-        for i, segment in enumerate(_segments(_plaintext_chunks(meta, tensors, entries), segment_size)):
+        for i in range(manifest.num_segments):
             final = i == manifest.num_segments - 1
-            fh.write(aead.encrypt(nonce_for(i, final), segment, associated_data(prefix, i, final)))
+            # The cipher reads each piece where it lies (a mapped shard, a tensor) and writes into one
+            # reused buffer: no plaintext staging copy, no per-segment allocation.
+            encryptor = Cipher(cipher, modes.GCM(nonce_for(i, final))).encryptor()
+            encryptor.authenticate_additional_data(associated_data(prefix, i, final))
+            n = 0
+            for view in _pieces(meta, sources, entries, i * segment_size, min((i + 1) * segment_size, cursor)):
+                n += encryptor.update_into(view, out[n:])
+            encryptor.finalize()
+            out[n : n + TAG_BYTES] = encryptor.tag
+            fh.write(out[: n + TAG_BYTES])
             if progress:
-                progress(len(segment))
+                progress(n)
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, out_dir / "payload.bin")

@@ -33,6 +33,9 @@ from protocol.package.errors import PackageFormatError
 FORMAT_VERSION = 2
 TAG_BYTES = 16
 ALIGN = 64
+# Upload (api/management/uploads.py <- api/cli/upload.py): each chunk's SHA-256, checked before the
+# server acknowledges the chunk.
+UPLOAD_CHUNK_DIGEST_HEADER = "x-sealed-chunk-sha256"
 DEFAULT_SEGMENT_SIZE = 4 << 20  # large segments: per-segment setup cost vanishes, tags stay cheap
 MAX_SEGMENT_SIZE = 1 << 26
 DTYPES = ("float32", "float16", "bfloat16", "int8", "uint8", "int32", "int64")

@@ -30,16 +30,19 @@ SMALL: dict[str, list[str]] = {
     "retrieval": ["--chunks", "120", "--queries", "20"],
     "revocation": ["--rounds", "1", "--workers", "2", "--flood-rps", "5", "--flood-threads", "1", "--settle-s", "0.2"],
     "sealed": ["--iterations", "5"],
+    "upload": ["--mib", "8", "--cuts", "2", "--chunk-mib", "1"],
 }
 
 # Where every benchmark's smoke run is.
 COVERED: dict[str, str] = {
     **dict.fromkeys(SMALL, HERE),
     "coldstart": "tests/sealed_bench/test_bench_coldstart_smoke.py",
+    "encrypt": "tests/enclave_worker/package/test_bench_encrypt_smoke.py",
     "engine": "tests/test_sealed_bench.py",
     "gpu": "tests/test_sealed_bench.py",
     "linear": "tests/test_sealed_bench.py",
     "load": "tests/enclave_worker/package/test_bench_load_smoke.py",
+    "make_model": "tests/sealed_bench/test_make_model.py",
     "sealed_path": "tests/sealed_bench/test_sealed_path.py",
     "tracing": "tests/sealed_bench/test_otlp_sink.py",
     "serve": "tests/api/test_bench_serve_smoke.py",  # against the end-to-end tests' running stack
@@ -112,3 +115,10 @@ def test_retrieval(tmp_path: Path) -> None:
     report = run_bench("retrieval", SMALL["retrieval"], tmp_path)
     assert report["corpus"]["chunks"] >= 120 and report["search"]["store"]["n"] == 20
     assert 0.0 <= report["recall_at_10"] <= 1.0 and report["ingestion"]["chunks_per_s"] > 0
+
+
+def test_upload(tmp_path: Path) -> None:
+    """The package goes through two cut connections and is stored; the server's memory is sampled."""
+    report = run_bench("upload", SMALL["upload"], tmp_path)
+    assert report["cuts_survived"] == 2 and len(report["stored"]) == 64
+    assert report["server_rss_max_sample"] >= report["server_rss_before"] > 0 and report["samples"] > 0
