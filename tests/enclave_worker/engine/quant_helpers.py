@@ -21,11 +21,16 @@ def status(key):
 def reset_hwm():  # Linux >= 4.0: '5' resets the peak resident set size to the current one
     with open('/proc/self/clear_refs', 'w') as f:
         f.write('5')
-import torch, numpy, gguf  # imported before the baseline
+import ctypes, torch, numpy, gguf  # imported before the baseline
+libc = ctypes.CDLL("libc.so.6")
 from enclave_worker.engine import checkpoint
 from enclave_worker.engine.layers.quantized_weight import QuantizedWeight
 def fp32_bytes(t):
     return 4 * (t.spec.shape[0] * t.spec.shape[1] if isinstance(t, QuantizedWeight) else t.numel())
+for call in {warm_up!r}:  # one-time costs of a reader (imports, caches) out of the measured calls
+    eval(call)
+gc.collect()
+libc.malloc_trim(0)
 rows = []
 for call in {calls!r}:
     gc.collect()
@@ -36,19 +41,23 @@ for call in {calls!r}:
     quantized = sum(fp32_bytes(t) for t in ck.tensors.values() if isinstance(t, QuantizedWeight))
     rows.append({{"peak": peak, "quantized_fp32": quantized, "fp32": sum(map(fp32_bytes, ck.tensors.values()))}})
     del ck
+    gc.collect()
+    libc.malloc_trim(0)  # freed heap back to the system: the next call's baseline is what is live
 print(json.dumps(rows))
 """
 
 
-def peak_loads(*calls: str) -> list[dict[str, int]]:
+def peak_loads(*calls: str, warm_up: tuple[str, ...] = ()) -> list[dict[str, int]]:
     """For each of ``calls`` (expressions over ``checkpoint``, run in order in one fresh interpreter):
     ``peak``, the growth of the resident set from just before the call to its high-water mark during it
     (the mark is reset before each call, so each peak is its own and counts every transient copy and
-    every page of a mapped file the load touched); ``fp32``, the float32 size of every tensor loaded
+    every page of a mapped file the load touched; ``warm_up`` calls run first, unmeasured); ``fp32``, the float32 size of every tensor loaded
     (quantized weights at their logical shape); ``quantized_fp32``, that of the quantized weights only."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    out = subprocess.run([sys.executable, "-c", _PROBE.format(calls=list(calls))], capture_output=True, text=True,
-                         env=env, cwd=ROOT, timeout=600, check=True)
+    # A fixed mmap threshold: glibc otherwise raises it as large blocks are freed, keeps the next ones on its
+    # heap, and a later call's baseline would count memory an earlier one freed.
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "MALLOC_MMAP_THRESHOLD_": str(1 << 20)}
+    out = subprocess.run([sys.executable, "-c", _PROBE.format(calls=list(calls), warm_up=list(warm_up))],
+                         capture_output=True, text=True, env=env, cwd=ROOT, timeout=600, check=True)
     rows: list[dict[str, int]] = json.loads(out.stdout.strip().splitlines()[-1])
     return rows
 
