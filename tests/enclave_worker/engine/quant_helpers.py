@@ -51,8 +51,9 @@ def peak_loads(*calls: str, warm_up: tuple[str, ...] = ()) -> list[dict[str, int
     """For each of ``calls`` (expressions over ``checkpoint``, run in order in one fresh interpreter):
     ``peak``, the growth of the resident set from just before the call to its high-water mark during it
     (the mark is reset before each call, so each peak is its own and counts every transient copy and
-    every page of a mapped file the load touched; ``warm_up`` calls run first, unmeasured); ``fp32``, the float32 size of every tensor loaded
-    (quantized weights at their logical shape); ``quantized_fp32``, that of the quantized weights only."""
+    every page of a mapped file the load touched; ``warm_up`` calls run first, unmeasured); ``fp32``,
+    the float32 size of every tensor loaded (quantized weights at their logical shape);
+    ``quantized_fp32``, that of the quantized weights only."""
     # A fixed mmap threshold: glibc otherwise raises it as large blocks are freed, keeps the next ones on its
     # heap, and a later call's baseline would count memory an earlier one freed.
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "MALLOC_MMAP_THRESHOLD_": str(1 << 20)}

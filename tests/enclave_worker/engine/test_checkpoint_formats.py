@@ -85,7 +85,7 @@ def _gguf(qtype: str) -> Callable[[Path], tuple[str, Refs]]:
         write_mixed_gguf(file, hidden=GGUF_HIDDEN, inter=GGUF_INTER, layers=GGUF_LAYERS, qtype=qtype)
         refs = {}
         for t in gguf.GGUFReader(str(file)).tensors:  # the reference: gguf's own dequantization of the file
-            kind, blk, rest = (t.name.split(".", 2) + ["", ""])[:3]
+            kind, blk, rest = [*t.name.split(".", 2), "", ""][:3]
             if kind == "blk" and int(blk) in (0, GGUF_LAYERS - 1) and rest.removesuffix(".weight") in GGUF_NAMES:
                 shape = tuple(int(d) for d in reversed(t.shape.tolist()))
                 refs[f"model.layers.{blk}.{GGUF_NAMES[rest.removesuffix('.weight')]}.weight"] = torch.from_numpy(
