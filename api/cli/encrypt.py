@@ -16,8 +16,10 @@ from api.cli.refs import model_ref
 from api.home import ed25519_key
 from api.tenant_tools import encrypt_checkpoint, open_source, seal_for_broker
 from enclave_worker.engine.errors import CheckpointError
+from enclave_worker.engine.layers.quantized_weight import QuantizedWeight
 from enclave_worker.engine.models import check_architecture
 from enclave_worker.engine.models.spec import UnsupportedArchitecture
+from enclave_worker.vllm_engine.weights import vllm_note
 from protocol.fsutil import atomic_write
 from protocol.package.signing import ModelSigningKey
 
@@ -72,3 +74,6 @@ def encrypt(
                f"{result.manifest.plaintext_bytes} bytes, digest {result.manifest.plaintext_digest}")
     typer.echo(f"signed by {result.manifest.signer}")
     typer.echo(f"data key sealed to broker import key {sealed.import_key_id}: {sealed_path}")
+    note = vllm_note({n: t.spec.to_json() for n, t in checkpoint.tensors.items() if isinstance(t, QuantizedWeight)})
+    if note:  # the package serves on both engines; say what the vLLM backend does with its quantized weights
+        typer.echo(note)

@@ -21,7 +21,7 @@ import torch
 from enclave_worker.engine.layers.packed import packing_available
 from enclave_worker.package import DecryptedModel
 
-from . import packed
+from . import packed, weights
 
 LOAD_FORMAT = "sealed-package"
 HANDOFF_KEY = "sealed_handoff"
@@ -62,14 +62,9 @@ def take(token: str) -> Callable[[], DecryptedModel]:
 
 
 def wiping_tensors(model: DecryptedModel) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, tensor) in package order; each view is zeroed once the consumer asks for the next,
-    and the whole buffer when the iteration ends, however it ends."""
-    try:
-        for name, tensor in model.tensors.items():
-            yield name, tensor
-            tensor.zero_()
-    finally:
-        model.wipe()
+    """(name, tensor) in package order, quantized weights dequantized (weights.py); each view is zeroed
+    once the consumer asks for the next, and the whole buffer when the iteration ends, however it ends."""
+    return weights.dense_tensors(model)
 
 
 def _plain_cpu_linear(layer: torch.nn.Module) -> None:

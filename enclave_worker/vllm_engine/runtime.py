@@ -28,7 +28,7 @@ from enclave_worker.engine.tokenizer import Tokenizer
 from enclave_worker.package import DecryptedModel
 from protocol.sampling import StructuredOutput
 
-from . import loader, log_redaction, packed, structured
+from . import loader, log_redaction, packed, structured, weights
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +50,9 @@ class VllmOptions:
 
 
 def architecture_config(config: dict[str, Any]) -> dict[str, Any]:
-    """The HF config vLLM needs, without our private keys (those beginning with '_')."""
-    return {k: v for k, v in config.items() if not k.startswith("_")}
+    """The HF config vLLM needs, without our private keys (those beginning with '_') and without the
+    checkpoint's quantization: the loader hands vLLM dense weights (weights.py)."""
+    return {k: v for k, v in config.items() if not k.startswith("_") and k != weights.CHECKPOINT_QUANTIZATION_KEY}
 
 
 def _quiet_vllm_logging() -> None:

@@ -67,3 +67,7 @@ def test_encrypt_packs_a_native_gguf_with_its_quantization(tmp_path, monkeypatch
     tensors = unflatten(model.tensors, quant)
     sources = {t.spec.source for t in tensors.values() if isinstance(t, QuantizedWeight)}
     assert sources == {"gguf:Q4_0", "gguf:Q4_1", "gguf:Q4_K", "gguf:Q6_K", "gguf:Q8_0"}
+    # one line says how the vLLM backend serves these weights (dequantized: no GGUF kernel in vLLM-CPU)
+    notes = [line for line in result.output.splitlines() if line.startswith("engine vllm:")]
+    assert len(notes) == 1 and "gguf:Q4_0, gguf:Q4_1, gguf:Q4_K, gguf:Q6_K, gguf:Q8_0" in notes[0], result.output
+    assert "dequantized" in notes[0]
