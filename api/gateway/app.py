@@ -23,6 +23,7 @@ from api.gateway.errors import (
     validation_error_handler,
 )
 from api.gateway.limits import LocalQueueCounter, QueueCounter, RedisLimiterStore, RedisQueueCounter
+from api.gateway.responses_routes import router as responses_router
 from api.gateway.router import router
 from api.gateway.sealed_router import router as sealed_router
 from api.gateway.service import GatewayService
@@ -81,6 +82,7 @@ def gateway_app(settings: GatewaySettings, service: GatewayService) -> FastAPI:
     app.state.service = service
     app.include_router(router)
     app.include_router(sealed_router)
+    app.include_router(responses_router)
     app.include_router(internal.router)
     app.add_exception_handler(GatewayError, gateway_error_handler)
     app.add_exception_handler(RequestValidationError, validation_error_handler)

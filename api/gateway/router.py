@@ -13,6 +13,7 @@ from api.gateway.catalog import not_found
 from api.gateway.dependencies import current_key, get_service
 from api.gateway.errors import GatewayError
 from api.gateway.generation import CleanupStreamingResponse, Run, request_id, unless_disconnected
+from api.gateway.responses_routes import remember, start_turn
 from api.gateway.service import GatewayService
 from api.gateway.spans import request_span
 from api.store.repo import KeyRecord
@@ -87,23 +88,31 @@ async def chat_completions(req: ChatCompletionRequest, request: Request, key: Ke
 @router.post("/v1/responses", response_model=None, responses=_STREAMABLE)
 async def responses(req: ResponsesRequest, request: Request, key: KeyRecord = Depends(current_key),
                     service: GatewayService = Depends(get_service)) -> JSONResponse | CleanupStreamingResponse:
-    """OpenAI's Responses API, stateless, over the chat pipeline (protocol/openai/responses*.py)."""
+    """OpenAI's Responses API over the chat pipeline (protocol/openai/responses*.py); stored
+    responses and previous_response_id: api/gateway/responses_routes.py."""
     chat = to_chat(req)
     split = service.resolve(key, req.model)
     service.check_plaintext_allowed(key)
+    turn = start_turn(service, key, req)
+    split = turn.pinned_split(split)
     rid = request_id()
     plan = plan_chat(chat, rid=rid, tenant=key.tenant, key_id=key.key_id, agent_killed=key.tools_killed,
                      default_max_tokens=service.settings.default_max_tokens)
+    turn.attach(plan.requests)
     ticket = service.ticket(key, _reserve(plan.reserve_chars, plan.requests[0].params.max_tokens, 1), chat.priority)
     run = Run(service, key, req.model, ticket)
     streams = await unless_disconnected(request.receive, run.start(split, plan.requests, affinity=plan.affinity))
-    base = {"id": f"chatcmpl-{rid}", "created": int(time.time()), "model": req.model,
+    base = {"id": f"chatcmpl-{rid}", "created": int(time.time()), "model": req.model, "store": turn.store,
             **_tee(service, key.tenant, req.model)}
     if not req.stream:
         body = await unless_disconnected(request.receive, chat_body(chat, plan, run, streams, base))
-        return JSONResponse(responses_body(req, body, base))
-    return CleanupStreamingResponse(responses_events(req, chat_events(chat, plan, run, streams, base), base),
-                                    run.close, media_type="text/event-stream", headers={"Cache-Control": "no-store"})
+        doc = responses_body(req, body, base)
+        await remember(service, turn, split, doc)
+        return JSONResponse(doc)
+    events = responses_events(req, chat_events(chat, plan, run, streams, base), base,
+                              finished=lambda doc: remember(service, turn, split, doc))
+    return CleanupStreamingResponse(events, run.close, media_type="text/event-stream",
+                                    headers={"Cache-Control": "no-store"})
 
 
 @router.post("/v1/completions", response_model=None, responses=_STREAMABLE)

@@ -23,6 +23,7 @@ from api.gateway.grpc_client import WorkerClients, WorkerLost, WorkerRefusal, Wo
 from api.gateway.metering import Metering
 from api.gateway.metrics import EngineMetrics, Metrics
 from api.gateway.registry import WorkerInfo, WorkerRegistry, reattest_required
+from api.gateway.responses_store import StoredResponses
 from api.gateway.settings import GatewaySettings
 from api.gateway.settlement import Settlement
 from api.gateway.spans import worker_call_span
@@ -73,6 +74,7 @@ class GatewayService:
         self.enrolment = Enrolment(self.registry, self._verifier, self.demand, self.metrics)
         self.metering = Metering(self.metrics, self.usage_writer)
         self.settlement = Settlement(self.audit, self.metering)  # sealed records; usage owed by heartbeat
+        self.responses = StoredResponses(store, self.audit)  # stored responses: ciphertext rows by id
         # The parts' entry points, as the routes call them.
         self.forget, self.bootstrap_keys = self.catalog.forget, self.catalog.bootstrap_keys
         self.cached_key, self.authenticate = self.catalog.cached_key, self.catalog.authenticate

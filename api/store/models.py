@@ -12,6 +12,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     String,
     Text,
     UniqueConstraint,
@@ -156,3 +157,20 @@ class TokenRevocation(Base):
     value: Mapped[str] = mapped_column(String(256), index=True)  # "" for all
     issued_until: Mapped[float] = mapped_column(Float)  # tokens issued (iat) at or before this are revoked
     created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class ResponseStateRow(Base):
+    """A stored response (`store: true` on /v1/responses): ciphertext only, sealed by a worker under a
+    key derived from the model version's data key (enclave_worker/response_state.py). The clear
+    columns are what the gateway routes by: owner, model and version, the chain link, the expiry."""
+
+    __tablename__ = "response_states"
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(64), index=True)
+    model: Mapped[str] = mapped_column(String(256))
+    version: Mapped[str] = mapped_column(String(128))
+    previous_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    blob: Mapped[bytes] = mapped_column(LargeBinary)
+    blob_sha256: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    expires_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), index=True)

@@ -18,7 +18,7 @@ from protocol.openai.errors import OpenAIError
 from protocol.openai.schemas import MAX_TOKENS, ChatCompletionRequest, Strict
 
 # Responses parameters this server does not serve: refused by name (unknown ones are refused too).
-UNSUPPORTED = ("previous_response_id", "conversation", "background", "reasoning", "prompt",
+UNSUPPORTED = ("conversation", "background", "reasoning", "prompt",
                "top_logprobs", "max_tool_calls", "service_tier", "stream_options", "prompt_cache_key",
                "safety_identifier", "context_management")
 
@@ -45,8 +45,8 @@ class ResponsesRequest(Strict):
     presence_penalty: float | None = None
     repetition_penalty: float | None = None
     min_p: float | None = None
+    previous_response_id: str | None = Field(default=None, min_length=1, max_length=64)
     # Known Responses parameters this server refuses by name (see UNSUPPORTED).
-    previous_response_id: Any = None
     conversation: Any = None
     background: Any = None
     reasoning: Any = None
@@ -67,8 +67,6 @@ def to_chat(req: ResponsesRequest) -> ChatCompletionRequest:
         if getattr(req, name) is not None:
             raise OpenAIError(400, f"{name} is not supported by this server", param=name)
     _check_include(req.include)
-    if req.store:
-        raise OpenAIError(400, "this server keeps no responses: store must be false", param="store")
     messages = ([{"role": "system", "content": req.instructions}] if req.instructions else [])
     messages += _messages(req.input)
     body: dict[str, Any] = {
@@ -112,6 +110,11 @@ def _param(chat_loc: str) -> str:
     head = chat_loc.split(".")[0]
     return {"messages": "input", "max_completion_tokens": "max_output_tokens", "response_format": "text.format"
             }.get(head, head or "input")
+
+
+def input_messages(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Responses input (or output) items as the chat messages they mean; OpenAIError 400 naming a bad one."""
+    return _messages(items)
 
 
 def _messages(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
