@@ -92,6 +92,15 @@ def to_chat(req: ResponsesRequest) -> ChatCompletionRequest:
                           param=_param(loc)) from None
 
 
+def refuse_stored_state(req: ResponsesRequest, where: str) -> None:
+    """Where no response is kept (sealed mode, for now): `store: true` and `previous_response_id`
+    are a 400 naming them; `store` absent keeps nothing, and the response says `store: false`."""
+    if req.previous_response_id is not None:
+        raise OpenAIError(400, f"previous_response_id is not supported {where}", param="previous_response_id")
+    if req.store:
+        raise OpenAIError(400, f"no response is kept {where}: store must be false or absent", param="store")
+
+
 def _check_include(include: Any) -> None:
     """`include` asks for extra output data. An empty list (the OpenAI Agents SDK always sends one)
     asks for nothing and is accepted; every value named is one this server does not produce, and is
