@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from enclave_worker.server import WorkerState
 
 FORMAT = b"\x01"  # blob = FORMAT || nonce (12) || AES-GCM ciphertext and tag
-MAX_HISTORY = 64  # blobs one request may continue from
+MAX_HISTORY = 256  # blobs one request may continue from (a chain of responses, a conversation's items)
 MAX_DOCUMENT = 4 * 1024 * 1024  # bytes of one state document
 
 

@@ -15,6 +15,7 @@ from api.gateway import internal
 from api.gateway.admission import AdmissionController
 from api.gateway.admission_gate import AdmissionGate
 from api.gateway.capacity import AdaptiveCapacity, CapacityPolicy
+from api.gateway.conversations import router as conversations_router
 from api.gateway.edge import EdgeGuard
 from api.gateway.errors import (
     GatewayError,
@@ -83,6 +84,7 @@ def gateway_app(settings: GatewaySettings, service: GatewayService) -> FastAPI:
     app.include_router(router)
     app.include_router(sealed_router)
     app.include_router(responses_router)
+    app.include_router(conversations_router)
     app.include_router(internal.router)
     app.add_exception_handler(GatewayError, gateway_error_handler)
     app.add_exception_handler(RequestValidationError, validation_error_handler)

@@ -8,6 +8,7 @@ plaintext answer. A tenant that requires sealed mode gets no clear answer (403),
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from typing import Any, Literal
 
@@ -15,47 +16,98 @@ from fastapi import APIRouter, Depends, Query, Response
 
 from api.gateway.dependencies import current_key, get_service
 from api.gateway.errors import GatewayError
-from api.gateway.responses_store import Turn, begin, page, sealed_state_request
+from api.gateway.responses_store import (
+    Turn,
+    begin,
+    conversation_not_found,
+    input_items,
+    item_state_id,
+    page,
+    sealed_state_request,
+)
 from api.gateway.service import GatewayService
 from api.store.repo import KeyRecord
 from api.store.states import StoredState
-from protocol.openai.responses_request import ResponsesRequest
+from protocol.openai.responses_request import ResponsesRequest, input_messages
 from protocol.rpc import worker_pb2
 
 router = APIRouter()
 
 
-def start_turn(service: GatewayService, key: KeyRecord, req: ResponsesRequest) -> Turn:
-    """The request's stored-state turn (the chain it continues, whether it is stored)."""
+def _policy_document(service: GatewayService, key: KeyRecord) -> Any:
     row = service.catalog.cached(("policy", key.tenant), lambda: service.store.policy(key.tenant))
-    return begin(service.responses, key, req, row.document if row is not None else None)
+    return row.document if row is not None else None
 
 
-async def remember(service: GatewayService, turn: Turn, split: dict[str, float], response: dict[str, Any]) -> None:
-    """Seal the finished response in a worker and keep the ciphertext (when the turn is stored)."""
-    if not turn.store:
-        return
-    key, req = turn.key, turn.req
-    reply = await service.call(key, req.model, turn.pinned_split(split), "SealState",
-                               sealed_state_request(key, response["id"], turn.document(response)))
-    service.responses.states.put(state_id=response["id"], tenant=key.tenant, model=req.model, version=reply.version,
-                                 previous_id=req.previous_response_id, blob=reply.blob, retention=turn.retention)
+def start_turn(service: GatewayService, key: KeyRecord, req: ResponsesRequest) -> Turn:
+    """The request's stored-state turn (the history it continues, whether it is stored)."""
+    return begin(service.responses, key, req, _policy_document(service, key))
 
 
-async def _open(service: GatewayService, key: KeyRecord, state: StoredState) -> dict[str, Any]:
+def retention_for(service: GatewayService, key: KeyRecord) -> dt.timedelta:
+    """How long the tenant's policy keeps stored state (response_retention_days)."""
+    return dt.timedelta(days=service.responses.retention_days(_policy_document(service, key)))
+
+
+async def seal(service: GatewayService, key: KeyRecord, model: str, split: dict[str, float], state_id: str,
+               document: dict[str, Any]) -> worker_pb2.SealStateReply:
+    """A worker of `split` seals `document` under `state_id` (the reply names its version)."""
+    reply: worker_pb2.SealStateReply = await service.call(key, model, split, "SealState",
+                                                          sealed_state_request(key, state_id, document))
+    return reply
+
+
+async def open_state(service: GatewayService, key: KeyRecord, model: str, version: str, state_id: str,
+                     blob: bytes) -> dict[str, Any]:
+    """A worker of `version` opens a stored state; 404 `state_unreadable` when it does not open."""
     service.check_plaintext_allowed(key)
-    service.resolve(key, state.model)
+    service.resolve(key, model)
     try:
-        reply = await service.call(key, state.model, {state.version: 100.0}, "OpenState", worker_pb2.OpenStateRequest(
-            tenant=key.tenant, key_id=key.key_id, state=worker_pb2.StateBlob(id=state.id, blob=state.blob)))
+        reply = await service.call(key, model, {version: 100.0}, "OpenState", worker_pb2.OpenStateRequest(
+            tenant=key.tenant, key_id=key.key_id, state=worker_pb2.StateBlob(id=state_id, blob=blob)))
     except GatewayError as exc:
         if exc.status != 400:
             raise
-        raise GatewayError(404, f"Response with id '{state.id}' can no longer be opened: the key of the model "
-                                "version that stored it is not served, or the stored state was altered",
+        raise GatewayError(404, f"'{state_id[:130]}' can no longer be opened: the key of the model version that "
+                                "stored it is not served, or the stored state was altered",
                            code="state_unreadable") from None
     document: dict[str, Any] = json.loads(reply.document_json)
     return document
+
+
+async def remember(service: GatewayService, turn: Turn, split: dict[str, float], response: dict[str, Any]) -> None:
+    """After an answer: seal and keep the response (when stored), and add the turn's input and
+    output items to its conversation (when it has one)."""
+    key, req = turn.key, turn.req
+    if turn.store:
+        reply = await seal(service, key, req.model, turn.pinned_split(split), response["id"], turn.document(response))
+        service.responses.states.put(state_id=response["id"], tenant=key.tenant, model=req.model,
+                                     version=reply.version, previous_id=req.previous_response_id, blob=reply.blob,
+                                     retention=turn.retention)
+    if turn.conversation is not None:
+        items = input_items(req.input, fresh_ids=True) + input_items(response["output"])
+        await add_items(service, key, turn.conversation.id, req.model, turn.pinned_split(split), items)
+
+
+async def add_items(service: GatewayService, key: KeyRecord, conv_id: str, model: str, split: dict[str, float],
+                    items: list[dict[str, Any]]) -> None:
+    """Seal each item (with its ids) and append them; the conversation is bound to the version that
+    sealed them (409 if it was bound to another one meanwhile)."""
+    sealed: list[tuple[str, bytes]] = []
+    for item in items:
+        reply = await seal(service, key, model, split, item_state_id(conv_id, item["id"]),
+                           {"item": item, "messages": input_messages([item])})
+        if not service.responses.conversations.bind(key.tenant, conv_id, model, reply.version):
+            raise GatewayError(409, "the conversation is bound to another model version", param="conversation",
+                               code="conflict")
+        split = {reply.version: 100.0}
+        sealed.append((item["id"], reply.blob))
+    if not service.responses.conversations.add_items(key.tenant, conv_id, sealed):
+        raise conversation_not_found(conv_id)
+
+
+async def _open(service: GatewayService, key: KeyRecord, state: StoredState) -> dict[str, Any]:
+    return await open_state(service, key, state.model, state.version, state.id, state.blob)
 
 
 def _no_stream(stream: bool | None, include: list[str] | None) -> None:

@@ -103,6 +103,7 @@ async def responses(req: ResponsesRequest, request: Request, key: KeyRecord = De
     run = Run(service, key, req.model, ticket)
     streams = await unless_disconnected(request.receive, run.start(split, plan.requests, affinity=plan.affinity))
     base = {"id": f"chatcmpl-{rid}", "created": int(time.time()), "model": req.model, "store": turn.store,
+            "conversation": turn.conversation.id if turn.conversation else None,
             **_tee(service, key.tenant, req.model)}
     if not req.stream:
         body = await unless_disconnected(request.receive, chat_body(chat, plan, run, streams, base))

@@ -174,3 +174,26 @@ class ResponseStateRow(Base):
     blob_sha256: Mapped[str] = mapped_column(String(64))
     created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     expires_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), index=True)
+
+
+class ConversationRow(Base):
+    """A conversation (OpenAI's Conversations API). Its items are worker-sealed ciphertext
+    (ConversationItemRow), all under the key of one model version, bound when the first is sealed."""
+
+    __tablename__ = "conversations"
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(64), index=True)
+    model: Mapped[str | None] = mapped_column(String(256), nullable=True)
+    version: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    metadata_blob: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)  # sealed like its items
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    expires_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), index=True)
+
+
+class ConversationItemRow(Base):
+    __tablename__ = "conversation_items"
+    conversation_id: Mapped[str] = mapped_column(String(64), ForeignKey("conversations.id", ondelete="CASCADE"),
+                                                 primary_key=True)
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    seq: Mapped[int] = mapped_column(Integer)
+    blob: Mapped[bytes] = mapped_column(LargeBinary)

@@ -35,7 +35,8 @@ def _echo(req: ResponsesRequest, base: dict[str, Any], rid: str) -> dict[str, An
             "top_p": 1.0 if req.top_p is None else req.top_p, "tool_choice": req.tool_choice or "auto",
             "tools": req.tools or [], "text": req.text or {"format": {"type": "text"}},
             "store": bool(base.get("store", False)), "metadata": req.metadata or {},
-            "previous_response_id": req.previous_response_id, "reasoning": None,
+            "previous_response_id": req.previous_response_id,
+            "conversation": {"id": base["conversation"]} if base.get("conversation") else None, "reasoning": None,
             "truncation": "disabled", "user": req.user, "usage": None, **extra}
 
 

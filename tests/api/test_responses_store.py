@@ -57,7 +57,7 @@ def test_chain_oldest_first_and_scoped_to_the_tenant(stored: StoredResponses) ->
     _put(stored.states, "r2", "r1")
     _put(stored.states, "r3", "r2")
     turn = begin(stored, _key(), _req(previous_response_id="r3"), None)
-    assert [s.id for s in turn.chain] == ["r1", "r2", "r3"] and turn.store
+    assert [s.id for s in turn.history] == ["r1", "r2", "r3"] and turn.store
     assert turn.pinned_split({"v0": 100.0}) == {"v1": 100.0}
     assert stored.states.chain("acme", "r3", limit=2) is None  # longer than allowed
     assert stored.states.get("globex", "r1") is None

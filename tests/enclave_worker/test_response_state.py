@@ -117,7 +117,7 @@ def test_refused_inputs(case: str) -> None:
     blob = worker_pb2.StateBlob(id="resp_1", blob=_sealed(state))
     request = worker_pb2.GenerateRequest(tenant="globex" if case == "another tenant" else "acme",
                                          kind="completion" if case == "completion" else "chat", messages_json="[]",
-                                         history=[blob] * (65 if case == "too long" else 1))
+                                         history=[blob] * (257 if case == "too long" else 1))
     with pytest.raises(InvalidRequestError):
         with_history(state, request)
 
