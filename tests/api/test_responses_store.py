@@ -1,11 +1,13 @@
-"""The gateway's side of stored responses over a real SQLite store (api/store/states.py,
-api/gateway/responses_store.py): tenant scoping, chains, expiry (audited), the 400s and 404s a
-`previous_response_id` gets, and the input_items page."""
+"""The gateway's side of stored responses and conversations over a real store, SQLite and (where
+reachable) PostgreSQL (api/store/states.py, conversations.py, api/gateway/responses_store.py):
+tenant scoping, chains, expiry (audited), the 400s and 404s a `previous_response_id` or a
+`conversation` gets, and the input_items page."""
 
 from __future__ import annotations
 
 import datetime as dt
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,16 +21,21 @@ from api.store.repo import KeyRecord, Store
 from api.store.states import ResponseStates
 from policy.audit import AuditLog
 from protocol.openai.responses_request import ResponsesRequest
+from tests.api.fleet import postgres_database
 
 DAY = dt.timedelta(days=1)
 
 
-@pytest.fixture()
-def stored(tmp_path: Path) -> StoredResponses:
-    engine = make_engine(sqlite_url(tmp_path))
+@pytest.fixture(params=["sqlite", "postgresql"])
+def stored(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[StoredResponses]:
+    cleanup = None if request.param == "sqlite" else postgres_database()
+    engine = make_engine(sqlite_url(tmp_path) if cleanup is None else next(cleanup))
     upgrade(engine)
-    return StoredResponses(Store(session_factory(engine)), AuditLog(tmp_path / "gateway.jsonl",
+    yield StoredResponses(Store(session_factory(engine)), AuditLog(tmp_path / "gateway.jsonl",
                                                                    Ed25519PrivateKey.generate(), "gateway"))
+    engine.dispose()
+    if cleanup is not None:
+        next(cleanup, None)
 
 
 def _audited(stored: StoredResponses, action: str) -> list[str]:
@@ -119,3 +126,37 @@ def test_input_items_and_their_page() -> None:
     assert [i["id"] for i in rest["data"]] == [items[0]["id"]] and not rest["has_more"]
     with pytest.raises(GatewayError):
         page(items, order="asc", after="nope", limit=2)
+
+
+def test_conversations_scoped_bound_once_and_ordered(stored: StoredResponses) -> None:
+    convs = stored.conversations
+    conv = convs.create("conv_1", "acme", DAY)
+    assert convs.get("globex", "conv_1") is None and convs.items("globex", "conv_1") == []
+    assert not convs.add_items("globex", "conv_1", [("x", b"x")])
+    assert convs.bind("acme", "conv_1", "m", "v1") and convs.bind("acme", "conv_1", "m", "v1")
+    assert not convs.bind("acme", "conv_1", "m", "v2")  # bound once: its items share one key
+    assert convs.add_items("acme", "conv_1", [("a", b"1"), ("b", b"2")]) and convs.add_items("acme", "conv_1",
+                                                                                              [("c", b"3")])
+    assert [(i.id, i.seq) for i in convs.items("acme", "conv_1")] == [("a", 1), ("b", 2), ("c", 3)]
+    assert not convs.delete_item("globex", "conv_1", "b") and convs.delete_item("acme", "conv_1", "b")
+    turn = begin(stored, _key(), _req(conversation=conv.id), None)
+    assert [b.id for b in turn.history] == ["conv_1:a", "conv_1:c"] and turn.version == "v1"
+    for fields, status in (({"conversation": "conv_2"}, 404), ({"conversation": "conv_1", "model": "m2"}, 400)):
+        with pytest.raises(GatewayError) as refused:
+            begin(stored, _key(), _req(**fields), None)
+        assert (refused.value.status, refused.value.param) == (status, "conversation")
+    with pytest.raises(GatewayError):
+        begin(stored, _key("globex"), _req(conversation="conv_1"), None)
+    assert not convs.delete("globex", "conv_1") and convs.delete("acme", "conv_1")
+    assert convs.get("acme", "conv_1") is None and convs.items("acme", "conv_1") == []
+
+
+def test_expired_conversations_go_with_their_items_audited(stored: StoredResponses) -> None:
+    stored.conversations.create("conv_old", "acme", dt.timedelta(seconds=-1))
+    stored.conversations.add_items("acme", "conv_old", [("a", b"1")])
+    assert stored.conversations.get("acme", "conv_old") is None
+    stored.purge_expired()
+    assert stored.conversations.items("acme", "conv_old") == []
+    stored.audit.flush()
+    entries = [json.loads(line) for line in stored.audit.path.read_text().splitlines()]
+    assert [e["metadata"]["conversation_id"] for e in entries if e["action"] == "conversation.expire"] == ["conv_old"]
