@@ -117,6 +117,7 @@ async def _add(service: GatewayService, key: KeyRecord, conv: StoredConversation
 @router.post("/v1/conversations")
 async def create_conversation(body: ConversationCreate, key: KeyRecord = Depends(current_key),
                               service: GatewayService = Depends(get_service)) -> dict[str, Any]:
+    service.ticket(key, 0)  # requests-per-minute limits apply here too
     service.check_plaintext_allowed(key)
     _check_metadata(body.metadata)
     retention = retention_for(service, key)
@@ -138,12 +139,14 @@ async def create_conversation(body: ConversationCreate, key: KeyRecord = Depends
 @router.get("/v1/conversations/{conv_id}")
 async def retrieve_conversation(conv_id: str, key: KeyRecord = Depends(current_key),
                                 service: GatewayService = Depends(get_service)) -> dict[str, Any]:
+    service.ticket(key, 0)  # requests-per-minute limits apply here too
     return await _object(service, key, _find(service, key, conv_id))
 
 
 @router.post("/v1/conversations/{conv_id}")
 async def update_conversation(conv_id: str, body: Metadata, key: KeyRecord = Depends(current_key),
                               service: GatewayService = Depends(get_service)) -> dict[str, Any]:
+    service.ticket(key, 0)  # requests-per-minute limits apply here too
     service.check_plaintext_allowed(key)
     _check_metadata(body.metadata)
     conv = await _set_metadata(service, key, _find(service, key, conv_id), None, body.metadata)
@@ -153,6 +156,7 @@ async def update_conversation(conv_id: str, body: Metadata, key: KeyRecord = Dep
 @router.delete("/v1/conversations/{conv_id}")
 def delete_conversation(conv_id: str, key: KeyRecord = Depends(current_key),
                         service: GatewayService = Depends(get_service)) -> dict[str, Any]:
+    service.ticket(key, 0)  # requests-per-minute limits apply here too
     _find(service, key, conv_id)
     if not service.responses.conversations.delete(key.tenant, conv_id):
         raise conversation_not_found(conv_id)
@@ -167,6 +171,7 @@ async def list_items(conv_id: str, after: str | None = None, limit: int = Query(
                      include: list[str] | None = Query(default=None, alias="include[]"),
                      key: KeyRecord = Depends(current_key),
                      service: GatewayService = Depends(get_service)) -> dict[str, Any]:
+    service.ticket(key, 0)  # requests-per-minute limits apply here too
     if include:
         raise GatewayError(400, f"include value {include[0][:64]!r} is not supported by this server",
                            param="include")
@@ -180,6 +185,7 @@ async def list_items(conv_id: str, after: str | None = None, limit: int = Query(
 @router.post("/v1/conversations/{conv_id}/items")
 async def create_items(conv_id: str, body: ItemsCreate, key: KeyRecord = Depends(current_key),
                        service: GatewayService = Depends(get_service)) -> dict[str, Any]:
+    service.ticket(key, 0)  # requests-per-minute limits apply here too
     service.check_plaintext_allowed(key)
     items = await _add(service, key, _find(service, key, conv_id), body.model, body.items)
     return {"object": "list", "data": items, "first_id": items[0]["id"], "last_id": items[-1]["id"],
@@ -189,6 +195,7 @@ async def create_items(conv_id: str, body: ItemsCreate, key: KeyRecord = Depends
 @router.get("/v1/conversations/{conv_id}/items/{item_id}")
 async def retrieve_item(conv_id: str, item_id: str, key: KeyRecord = Depends(current_key),
                         service: GatewayService = Depends(get_service)) -> dict[str, Any]:
+    service.ticket(key, 0)  # requests-per-minute limits apply here too
     conv = _find(service, key, conv_id)
     for item in service.responses.conversations.items(key.tenant, conv_id):
         if item.id == item_id:
@@ -199,6 +206,7 @@ async def retrieve_item(conv_id: str, item_id: str, key: KeyRecord = Depends(cur
 @router.delete("/v1/conversations/{conv_id}/items/{item_id}")
 async def delete_item(conv_id: str, item_id: str, key: KeyRecord = Depends(current_key),
                       service: GatewayService = Depends(get_service)) -> dict[str, Any]:
+    service.ticket(key, 0)  # requests-per-minute limits apply here too
     conv = _find(service, key, conv_id)
     if not service.responses.conversations.delete_item(key.tenant, conv_id, item_id):
         raise GatewayError(404, f"Item with id '{item_id[:64]}' not found.", code="not_found")

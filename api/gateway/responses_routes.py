@@ -123,6 +123,7 @@ async def retrieve_response(response_id: str, stream: bool | None = None,
                             include: list[str] | None = Query(default=None, alias="include[]"),
                             key: KeyRecord = Depends(current_key),
                             service: GatewayService = Depends(get_service)) -> dict[str, Any]:
+    service.ticket(key, 0)  # requests-per-minute limits apply here too
     _no_stream(stream, include)
     document = await _open(service, key, service.responses.find(key, response_id))
     response: dict[str, Any] = document["response"]
@@ -132,6 +133,7 @@ async def retrieve_response(response_id: str, stream: bool | None = None,
 @router.delete("/v1/responses/{response_id}")
 def delete_response(response_id: str, key: KeyRecord = Depends(current_key),
                     service: GatewayService = Depends(get_service)) -> Response:
+    service.ticket(key, 0)  # requests-per-minute limits apply here too
     service.responses.delete(key, response_id)
     return Response(content=json.dumps({"id": response_id, "object": "response.deleted", "deleted": True}),
                     media_type="application/json")
@@ -143,6 +145,7 @@ async def list_input_items(response_id: str, after: str | None = None, limit: in
                            include: list[str] | None = Query(default=None, alias="include[]"),
                            key: KeyRecord = Depends(current_key),
                            service: GatewayService = Depends(get_service)) -> dict[str, Any]:
+    service.ticket(key, 0)  # requests-per-minute limits apply here too
     _no_stream(None, include)
     document = await _open(service, key, service.responses.find(key, response_id))
     return page(document["input_items"], order=order, after=after, limit=limit)
