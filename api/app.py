@@ -28,6 +28,7 @@ from api.gateway.admission_gate import AdmissionGate
 from api.gateway.audit import open_gateway_audit
 from api.gateway.capacity import AdaptiveCapacity, CapacityPolicy
 from api.gateway.catalog import Catalog
+from api.gateway.conversations import router as conversations_router
 from api.gateway.delivery_probe import DeliveryProbe
 from api.gateway.demand import Demand
 from api.gateway.edge import EdgeGuard
@@ -38,6 +39,8 @@ from api.gateway.limits import LocalQueueCounter, QueueCounter, RedisLimiterStor
 from api.gateway.metering import Metering
 from api.gateway.metrics import EngineMetrics, Metrics
 from api.gateway.registry import WorkerRegistry
+from api.gateway.responses_routes import router as responses_router
+from api.gateway.responses_store import StoredResponses
 from api.gateway.router import router as openai_router
 from api.gateway.sealed_router import router as sealed_router
 from api.gateway.service import GatewayService
@@ -102,7 +105,7 @@ def build_gateway(settings: GatewaySettings, store: Store | None = None) -> Gate
         delivery_probe=DeliveryProbe(registry, WorkerClients(identity)), metrics=metrics, demand=demand,
         usage_writer=usage_writer, metering=metering, settlement=Settlement(audit, metering),
         edge_audit=EdgeRefusals(audit), tracing=tracing_from_env("gateway"),
-        audit_forwarding=forwarding_from_env(logs))
+        audit_forwarding=forwarding_from_env(logs), responses=StoredResponses(store, audit))
     if settings.adaptive_lag_s is not None:
         capacity = AdaptiveCapacity(admission.scheduler, admission.dispatch, settings.max_inflight,
                                     CapacityPolicy(target_lag_s=settings.adaptive_lag_s))
@@ -162,7 +165,7 @@ def _gateway_app(settings: GatewaySettings, service: GatewayService) -> FastAPI:
     app = FastAPI(title="Sealed gateway", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None,
                   **without_native_telemetry())
     app.state.service = service
-    for router in (openai_router, sealed_router, internal.router):
+    for router in (openai_router, sealed_router, responses_router, conversations_router, internal.router):
         app.include_router(router)
     app.add_exception_handler(GatewayError, gateway_error_handler)
     app.add_exception_handler(RequestValidationError, validation_error_handler)

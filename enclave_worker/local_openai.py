@@ -22,7 +22,7 @@ from protocol.openai.chat import chat_body, chat_events, plan_chat
 from protocol.openai.completions import completion_body, completion_events, plan_completion
 from protocol.openai.errors import OpenAIError
 from protocol.openai.responses import responses_body, responses_events
-from protocol.openai.responses_request import ResponsesRequest, to_chat
+from protocol.openai.responses_request import ResponsesRequest, refuse_stored_state, to_chat
 from protocol.openai.runner import ChoiceResult, Streams, collect_choice, merge_streams, prepend
 from protocol.openai.schemas import ChatCompletionRequest, CompletionRequest
 from protocol.rpc import worker_pb2
@@ -127,6 +127,7 @@ async def _responses(state: WorkerState, request: worker_pb2.SealedRequest, body
                      tee: dict[str, Any]) -> tuple[ResponseHead, AsyncIterator[bytes]]:
     """The Responses API over the chat pipeline, as the gateway serves it in plaintext mode."""
     req = _parse(ResponsesRequest, body, request.model)
+    refuse_stored_state(req, "in sealed mode")
     chat = to_chat(req)
     plan = plan_chat(chat, rid=request.request_id, tenant=request.tenant, key_id=request.key_id,
                      agent_killed=request.agent_killed, default_max_tokens=DEFAULT_MAX_TOKENS)

@@ -12,6 +12,7 @@ and Detokenize are refused (PERMISSION_DENIED) when the tenant accepts only seal
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 
 import grpc
@@ -24,6 +25,7 @@ from enclave_worker.errors import AnswerError, RequestRefused, SealedRefusal
 from enclave_worker.guard import GuardRefusal
 from enclave_worker.lifecycle import serving
 from enclave_worker.render import prompt_ids
+from enclave_worker.response_state import open_state, seal_state, with_history
 from enclave_worker.sealed import SealedAnswer, open_sealed_request
 from enclave_worker.signing import decision_metadata
 from enclave_worker.stage_times import StageTimes, record_stages
@@ -73,6 +75,11 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                        ) -> AsyncIterator[worker_pb2.GenerateChunk]:
         if sealed_only(self.state):
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, "this tenant requires sealed mode")
+        if request.history:  # a stored response it continues from, opened here only
+            try:
+                request = with_history(self.state, request)
+            except InvalidRequestError as exc:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         tracing = self.state.tracing
         span, timing = server_span(tracing, context, "Generate", request.request_id)
         answer = Answer(self.state, request, timing)
@@ -158,3 +165,28 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         except InvalidRequestError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         return worker_pb2.DetokenizeReply(prompt=text)
+
+    async def SealState(self, request: worker_pb2.SealStateRequest, context: grpc.aio.ServicerContext
+                        ) -> worker_pb2.SealStateReply:
+        """A stored response's state, sealed under this model version's state key
+        (enclave_worker/response_state.py); its content is in clear here, so as Generate's."""
+        if sealed_only(self.state):
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, "this tenant requires sealed mode")
+        await self._engine(context)  # serving: the data key is live
+        try:
+            blob = seal_state(self.state, request.tenant, request.id, request.document_json)
+        except InvalidRequestError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        return worker_pb2.SealStateReply(blob=blob, version=self.state.settings.version)
+
+    async def OpenState(self, request: worker_pb2.OpenStateRequest, context: grpc.aio.ServicerContext
+                        ) -> worker_pb2.OpenStateReply:
+        """A stored response's state in clear, for GET /v1/responses/{id} (plaintext mode only)."""
+        if sealed_only(self.state):  # its answer is content in clear
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, "this tenant requires sealed mode")
+        await self._engine(context)
+        try:
+            document = open_state(self.state, request.tenant, request.state.id, request.state.blob)
+        except InvalidRequestError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        return worker_pb2.OpenStateReply(document_json=json.dumps(document, ensure_ascii=False))

@@ -16,7 +16,9 @@ from policy.release import ReleasePolicy
 from policy.schema import CEDAR_SCHEMA
 
 _KEYS = {"policy_id", "version", "tenant", "admission", "key_overrides", "agents", "data", "release", "cedar",
-         "require_sealed", "decision_record_key", "callers"}
+         "require_sealed", "decision_record_key", "callers", "response_retention_days"}
+DEFAULT_RESPONSE_RETENTION_DAYS = 30  # OpenAI's for stored responses
+MAX_RESPONSE_RETENTION_DAYS = 365
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,9 @@ class PolicySet:
     decision_record_key: str | None = None
     # Who may call the tenant's models (policy/callers.py); None: no caller list (every key accepted).
     callers: CallerPolicy | None = None
+    # How long stored Responses state (`store: true`) may be opened, in days; 0: nothing is stored.
+    # Workers stamp the expiry inside the sealed state and refuse it after (docs/security.md).
+    response_retention_days: int = DEFAULT_RESPONSE_RETENTION_DAYS
 
     def __post_init__(self) -> None:
         _name(self.policy_id, "policy_id")
@@ -51,6 +56,9 @@ class PolicySet:
         object.__setattr__(self, "agents", _frozen(self.agents))
         if type(self.require_sealed) is not bool:
             raise PolicyInvalid("require_sealed must be true or false")
+        days = self.response_retention_days
+        if type(days) is not int or not 0 <= days <= MAX_RESPONSE_RETENTION_DAYS:
+            raise PolicyInvalid(f"response_retention_days must be an int from 0 to {MAX_RESPONSE_RETENTION_DAYS}")
         if self.decision_record_key is not None and not _is_x25519_hex(self.decision_record_key):
             raise PolicyInvalid("decision_record_key must be an X25519 public key: 64 lowercase hex digits")
         if self.cedar.strip():
@@ -96,6 +104,7 @@ class PolicySet:
             release=tuple(ReleasePolicy.from_dict(r) for r in release), cedar=cedar,
             require_sealed=d.get("require_sealed", False), decision_record_key=d.get("decision_record_key"),
             callers=CallerPolicy.from_dict(d["callers"]) if d.get("callers") is not None else None,
+            response_retention_days=d.get("response_retention_days", DEFAULT_RESPONSE_RETENTION_DAYS),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -118,6 +127,8 @@ class PolicySet:
             out["decision_record_key"] = self.decision_record_key
         if self.callers is not None:
             out["callers"] = self.callers.to_dict()
+        if self.response_retention_days != DEFAULT_RESPONSE_RETENTION_DAYS:
+            out["response_retention_days"] = self.response_retention_days
         return out
 
 

@@ -16,6 +16,7 @@ from api.gateway.dependencies import current_key, get_service
 from api.gateway.errors import GatewayError
 from api.gateway.generation import CleanupStreamingResponse, request_id, unless_disconnected
 from api.gateway.lifecycle import RequestLifecycle
+from api.gateway.responses_routes import remember, start_turn
 from api.gateway.service import GatewayService
 from api.store.repo import KeyRecord
 from protocol.openai.chat import chat_body, chat_events, plan_chat
@@ -105,21 +106,29 @@ async def chat_completions(req: ChatCompletionRequest, request: Request, key: Ke
 @router.post("/v1/responses", response_model=None, responses=_STREAMABLE)
 async def responses(req: ResponsesRequest, request: Request, key: KeyRecord = Depends(current_key),
                     service: GatewayService = Depends(get_service)) -> JSONResponse | CleanupStreamingResponse:
-    """OpenAI's Responses API, stateless, over the chat pipeline (protocol/openai/responses*.py)."""
+    """OpenAI's Responses API over the chat pipeline (protocol/openai/responses*.py); stored
+    responses and previous_response_id: api/gateway/responses_routes.py."""
     chat = to_chat(req)
     split, rid = _plaintext(service, key, req.model), request_id()
+    turn = start_turn(service, key, req)  # the stored history it continues, and whether it is stored
+    split = turn.pinned_split(split)
     plan = plan_chat(chat, rid=rid, tenant=key.tenant, key_id=key.key_id, agent_killed=key.tools_killed,
                      default_max_tokens=service.settings.default_max_tokens)
+    turn.attach(plan.requests)
     life = RequestLifecycle.begin(
         service, request.headers, key, req.model, request_id=rid, priority=chat.priority, stream=bool(req.stream),
         reserved_tokens=_reserve(plan.reserve_chars, plan.requests[0].params.max_tokens, 1))
 
     async def body(streams: Streams, base: dict[str, Any]) -> dict[str, Any]:
-        return responses_body(req, await chat_body(chat, plan, life, streams, base), base)
+        doc = responses_body(req, await chat_body(chat, plan, life, streams, base), base)
+        await remember(service, turn, split, doc)
+        return doc
 
-    return await _answer(request, service, life, split, plan.requests, plan.affinity, {"id": f"chatcmpl-{rid}"},
-                         bool(req.stream), body,
-                         lambda s, base: responses_events(req, chat_events(chat, plan, life, s, base), base))
+    base = {"id": f"chatcmpl-{rid}", "store": turn.store,
+            "conversation": turn.conversation.id if turn.conversation else None}
+    return await _answer(request, service, life, split, plan.requests, plan.affinity, base, bool(req.stream), body,
+                         lambda s, b: responses_events(req, chat_events(chat, plan, life, s, b), b,
+                                                       finished=lambda doc: remember(service, turn, split, doc)))
 
 
 @router.post("/v1/completions", response_model=None, responses=_STREAMABLE)

@@ -24,6 +24,7 @@ from api.gateway.grpc_client import WorkerClients, WorkerLost, WorkerRefusal, Wo
 from api.gateway.metering import Metering
 from api.gateway.metrics import Metrics
 from api.gateway.registry import WorkerInfo, WorkerRegistry, reattest_required
+from api.gateway.responses_store import StoredResponses
 from api.gateway.settings import GatewaySettings
 from api.gateway.settlement import Settlement
 from api.gateway.spans import worker_call_span
@@ -65,6 +66,7 @@ class GatewayService:
     edge_audit: EdgeRefusals  # 401/403/404/405/413/schema refusals, aggregated
     tracing: Tracing  # NoTracing unless OTEL_* asks (docs/tracing.md)
     audit_forwarding: EmbeddedForwarding | None  # to the SIEM when SEALED_AUDIT_FORWARD names a config (docs/siem.md)
+    responses: StoredResponses  # stored responses and conversations: ciphertext rows by id
     _probing: set[str] = field(default_factory=set)
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
 

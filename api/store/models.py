@@ -12,6 +12,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     String,
     Text,
     UniqueConstraint,
@@ -156,3 +157,43 @@ class TokenRevocation(Base):
     value: Mapped[str] = mapped_column(String(256), index=True)  # "" for all
     issued_until: Mapped[float] = mapped_column(Float)  # tokens issued (iat) at or before this are revoked
     created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class ResponseStateRow(Base):
+    """A stored response (`store: true` on /v1/responses): ciphertext only, sealed by a worker under a
+    key derived from the model version's data key (enclave_worker/response_state.py). The clear
+    columns are what the gateway routes by: owner, model and version, the chain link, the expiry."""
+
+    __tablename__ = "response_states"
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(64), index=True)
+    model: Mapped[str] = mapped_column(String(256))
+    version: Mapped[str] = mapped_column(String(128))
+    previous_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    blob: Mapped[bytes] = mapped_column(LargeBinary)
+    blob_sha256: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    expires_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), index=True)
+
+
+class ConversationRow(Base):
+    """A conversation (OpenAI's Conversations API). Its items are worker-sealed ciphertext
+    (ConversationItemRow), all under the key of one model version, bound when the first is sealed."""
+
+    __tablename__ = "conversations"
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(64), index=True)
+    model: Mapped[str | None] = mapped_column(String(256), nullable=True)
+    version: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    metadata_blob: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)  # sealed like its items
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    expires_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), index=True)
+
+
+class ConversationItemRow(Base):
+    __tablename__ = "conversation_items"
+    conversation_id: Mapped[str] = mapped_column(String(64), ForeignKey("conversations.id", ondelete="CASCADE"),
+                                                 primary_key=True)
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    seq: Mapped[int] = mapped_column(Integer)
+    blob: Mapped[bytes] = mapped_column(LargeBinary)

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import json
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+from protocol.openai.errors import OpenAIError
 from protocol.openai.responses_request import ResponsesRequest
 
 
@@ -32,8 +33,10 @@ def _echo(req: ResponsesRequest, base: dict[str, Any], rid: str) -> dict[str, An
             "parallel_tool_calls": req.parallel_tool_calls is not False,
             "temperature": 1.0 if req.temperature is None else req.temperature,
             "top_p": 1.0 if req.top_p is None else req.top_p, "tool_choice": req.tool_choice or "auto",
-            "tools": req.tools or [], "text": req.text or {"format": {"type": "text"}}, "store": False,
-            "metadata": req.metadata or {}, "previous_response_id": None, "reasoning": None,
+            "tools": req.tools or [], "text": req.text or {"format": {"type": "text"}},
+            "store": bool(base.get("store", False)), "metadata": req.metadata or {},
+            "previous_response_id": req.previous_response_id,
+            "conversation": {"id": base["conversation"]} if base.get("conversation") else None, "reasoning": None,
             "truncation": "disabled", "user": req.user, "usage": None, **extra}
 
 
@@ -170,9 +173,12 @@ class _Events:
         return out
 
 
-async def responses_events(req: ResponsesRequest, chat: AsyncIterator[bytes], base: dict[str, Any]
+async def responses_events(req: ResponsesRequest, chat: AsyncIterator[bytes], base: dict[str, Any],
+                           finished: Callable[[dict[str, Any]], Awaitable[None]] | None = None
                            ) -> AsyncIterator[bytes]:
-    """The chat completion's server-sent events (with usage) as the Responses API's events."""
+    """The chat completion's server-sent events (with usage) as the Responses API's events.
+    `finished` gets the final response object before its terminal event is sent (a stored
+    response is kept before the client hears it is done); an error it raises becomes an `error` event."""
     events = _Events(req, base)
     for part in events.start():
         yield part
@@ -180,5 +186,13 @@ async def responses_events(req: ResponsesRequest, chat: AsyncIterator[bytes], ba
         for line in raw.decode().splitlines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
-            for part in events.chunk(json.loads(line[len("data: "):])):
+            doc = json.loads(line[len("data: "):])
+            parts = events.chunk(doc)
+            if finished is not None and doc.get("usage") and "error" not in doc:
+                try:
+                    await finished(events.doc)
+                except OpenAIError as exc:  # the answer stands, but it was not stored: say so, not "completed"
+                    parts = parts[:-1] + events.chunk({"error": {"code": exc.code, "message": exc.message,
+                                                                 "param": exc.param}})
+            for part in parts:
                 yield part

@@ -18,7 +18,7 @@ from protocol.openai.errors import OpenAIError
 from protocol.openai.schemas import MAX_TOKENS, ChatCompletionRequest, Strict
 
 # Responses parameters this server does not serve: refused by name (unknown ones are refused too).
-UNSUPPORTED = ("previous_response_id", "conversation", "background", "reasoning", "prompt",
+UNSUPPORTED = ("background", "reasoning", "prompt",
                "top_logprobs", "max_tool_calls", "service_tier", "stream_options", "prompt_cache_key",
                "safety_identifier", "context_management")
 
@@ -45,9 +45,9 @@ class ResponsesRequest(Strict):
     presence_penalty: float | None = None
     repetition_penalty: float | None = None
     min_p: float | None = None
+    previous_response_id: str | None = Field(default=None, min_length=1, max_length=64)
+    conversation: Any = None  # an id, or {"id": ...}: checked by conversation_id(), a 400 naming it
     # Known Responses parameters this server refuses by name (see UNSUPPORTED).
-    previous_response_id: Any = None
-    conversation: Any = None
     background: Any = None
     reasoning: Any = None
     include: Any = None
@@ -67,8 +67,6 @@ def to_chat(req: ResponsesRequest) -> ChatCompletionRequest:
         if getattr(req, name) is not None:
             raise OpenAIError(400, f"{name} is not supported by this server", param=name)
     _check_include(req.include)
-    if req.store:
-        raise OpenAIError(400, "this server keeps no responses: store must be false", param="store")
     messages = ([{"role": "system", "content": req.instructions}] if req.instructions else [])
     messages += _messages(req.input)
     body: dict[str, Any] = {
@@ -94,6 +92,32 @@ def to_chat(req: ResponsesRequest) -> ChatCompletionRequest:
                           param=_param(loc)) from None
 
 
+def conversation_id(req: ResponsesRequest) -> str | None:
+    """The `conversation` parameter's id (a string or {"id": ...}); OpenAIError 400 for another shape."""
+    conv = req.conversation
+    if conv is None:
+        return None
+    if isinstance(conv, dict):
+        conv = conv.get("id") if set(conv) == {"id"} else None
+    if not isinstance(conv, str) or not 0 < len(conv) <= 64:
+        raise OpenAIError(400, "conversation must be a conversation id or {\"id\": ...}", param="conversation")
+    if req.previous_response_id is not None:
+        raise OpenAIError(400, "previous_response_id and conversation cannot be used together",
+                          param="conversation")
+    return conv
+
+
+def refuse_stored_state(req: ResponsesRequest, where: str) -> None:
+    """Where no response is kept (sealed mode, for now): `store: true`, `previous_response_id` and
+    `conversation` are a 400 naming them; `store` absent keeps nothing, and the response says `store: false`."""
+    if req.conversation is not None:
+        raise OpenAIError(400, f"conversation is not supported {where}", param="conversation")
+    if req.previous_response_id is not None:
+        raise OpenAIError(400, f"previous_response_id is not supported {where}", param="previous_response_id")
+    if req.store:
+        raise OpenAIError(400, f"no response is kept {where}: store must be false or absent", param="store")
+
+
 def _check_include(include: Any) -> None:
     """`include` asks for extra output data. An empty list (the OpenAI Agents SDK always sends one)
     asks for nothing and is accepted; every value named is one this server does not produce, and is
@@ -112,6 +136,11 @@ def _param(chat_loc: str) -> str:
     head = chat_loc.split(".")[0]
     return {"messages": "input", "max_completion_tokens": "max_output_tokens", "response_format": "text.format"
             }.get(head, head or "input")
+
+
+def input_messages(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Responses input (or output) items as the chat messages they mean; OpenAIError 400 naming a bad one."""
+    return _messages(items)
 
 
 def _messages(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:

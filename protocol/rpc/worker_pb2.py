@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0cworker.proto\x12\x10sealed.worker.v1\"\x9a\x03\n\x0eSamplingParams\x12\x12\n\nmax_tokens\x18\x01 \x01(\r\x12\x13\n\x0btemperature\x18\x02 \x01(\x02\x12\r\n\x05top_p\x18\x03 \x01(\x02\x12\r\n\x05top_k\x18\x04 \x01(\r\x12\x11\n\x04seed\x18\x05 \x01(\x03H\x00\x88\x01\x01\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x07 \x03(\r\x12\x15\n\x08logprobs\x18\x08 \x01(\rH\x01\x88\x01\x01\x12\x12\n\nignore_eos\x18\t \x01(\x08\x12\x18\n\x10presence_penalty\x18\n \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\x0b \x01(\x02\x12\x1a\n\x12repetition_penalty\x18\x0c \x01(\x02\x12/\n\nlogit_bias\x18\r \x03(\x0b\x32\x1b.sealed.worker.v1.LogitBias\x12\r\n\x05min_p\x18\x0e \x01(\x02\x12\x36\n\nstructured\x18\x0f \x01(\x0b\x32\".sealed.worker.v1.StructuredOutputB\x07\n\x05_seedB\x0b\n\t_logprobs\"+\n\tLogitBias\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0c\n\x04\x62ias\x18\x02 \x01(\x02\".\n\x10StructuredOutput\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x0c\n\x04spec\x18\x02 \x01(\t\"\xf0\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\x0e\n\x06key_id\x18\x03 \x01(\t\x12\x0c\n\x04kind\x18\x04 \x01(\t\x12\x15\n\rmessages_json\x18\x05 \x01(\t\x12\x0e\n\x06prompt\x18\x06 \x01(\t\x12\x12\n\ntools_json\x18\x07 \x01(\t\x12\x18\n\x10\x61ssistant_prefix\x18\x08 \x01(\t\x12\x30\n\x06params\x18\t \x01(\x0b\x32 .sealed.worker.v1.SamplingParams\x12\x14\n\x0c\x61gent_killed\x18\n \x01(\x08\"A\n\nTopLogprob\x12\r\n\x05token\x18\x01 \x01(\t\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12\x13\n\x0btoken_bytes\x18\x03 \x01(\x0c\"n\n\x0cTokenLogprob\x12\r\n\x05token\x18\x01 \x01(\t\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12\x13\n\x0btoken_bytes\x18\x03 \x01(\x0c\x12)\n\x03top\x18\x04 \x03(\x0b\x32\x1c.sealed.worker.v1.TopLogprob\"E\n\x0bUsageRecord\x12\x0f\n\x07payload\x18\x01 \x01(\x0c\x12\x11\n\tsignature\x18\x02 \x01(\x0c\x12\x12\n\npublic_key\x18\x03 \x01(\x0c\"\xd9\x01\n\rGenerateChunk\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x15\n\rfinish_reason\x18\x03 \x01(\t\x12\x15\n\rprompt_tokens\x18\x04 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x05 \x01(\r\x12\x30\n\x08logprobs\x18\x06 \x03(\x0b\x32\x1e.sealed.worker.v1.TokenLogprob\x12,\n\x05usage\x18\x07 \x01(\x0b\x32\x1d.sealed.worker.v1.UsageRecord\"\x9f\x01\n\rSealedRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\x0e\n\x06key_id\x18\x03 \x01(\t\x12\r\n\x05model\x18\x04 \x01(\t\x12\x10\n\x08\x65ndpoint\x18\x05 \x01(\t\x12\x15\n\rworker_key_id\x18\x06 \x01(\t\x12\x0c\n\x04\x62ody\x18\x07 \x01(\x0c\x12\x14\n\x0c\x61gent_killed\x18\x08 \x01(\x08\"I\n\x0bSealedChunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12,\n\x05usage\x18\x02 \x01(\x0b\x32\x1d.sealed.worker.v1.UsageRecord\"\x0f\n\rStatusRequest\":\n\x0bStatusReply\x12\x0e\n\x06status\x18\x01 \x01(\t\x12\x15\n\rworker_status\x18\x08 \x01(\tJ\x04\x08\x02\x10\x08\"\xb4\x01\n\x0fTokenizeRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x0e\n\x06key_id\x18\x02 \x01(\t\x12\x0c\n\x04kind\x18\x03 \x01(\t\x12\x15\n\rmessages_json\x18\x04 \x01(\t\x12\x0e\n\x06prompt\x18\x05 \x01(\t\x12\x12\n\ntools_json\x18\x06 \x01(\t\x12\x1d\n\x15\x61\x64\x64_generation_prompt\x18\x07 \x01(\x08\x12\x19\n\x11return_token_strs\x18\x08 \x01(\x08\"J\n\rTokenizeReply\x12\x0e\n\x06tokens\x18\x01 \x03(\r\x12\x12\n\ntoken_strs\x18\x02 \x03(\t\x12\x15\n\rmax_model_len\x18\x03 \x01(\r\"C\n\x11\x44\x65tokenizeRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x0e\n\x06key_id\x18\x02 \x01(\t\x12\x0e\n\x06tokens\x18\x03 \x03(\r\"!\n\x0f\x44\x65tokenizeReply\x12\x0e\n\x06prompt\x18\x01 \x01(\t2\x9e\x03\n\x06Worker\x12P\n\x08Generate\x12!.sealed.worker.v1.GenerateRequest\x1a\x1f.sealed.worker.v1.GenerateChunk0\x01\x12H\n\x06Status\x12\x1f.sealed.worker.v1.StatusRequest\x1a\x1d.sealed.worker.v1.StatusReply\x12N\n\x08Tokenize\x12!.sealed.worker.v1.TokenizeRequest\x1a\x1f.sealed.worker.v1.TokenizeReply\x12T\n\nDetokenize\x12#.sealed.worker.v1.DetokenizeRequest\x1a!.sealed.worker.v1.DetokenizeReply\x12R\n\x0eSealedGenerate\x12\x1f.sealed.worker.v1.SealedRequest\x1a\x1d.sealed.worker.v1.SealedChunk0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0cworker.proto\x12\x10sealed.worker.v1\"\x9a\x03\n\x0eSamplingParams\x12\x12\n\nmax_tokens\x18\x01 \x01(\r\x12\x13\n\x0btemperature\x18\x02 \x01(\x02\x12\r\n\x05top_p\x18\x03 \x01(\x02\x12\r\n\x05top_k\x18\x04 \x01(\r\x12\x11\n\x04seed\x18\x05 \x01(\x03H\x00\x88\x01\x01\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x07 \x03(\r\x12\x15\n\x08logprobs\x18\x08 \x01(\rH\x01\x88\x01\x01\x12\x12\n\nignore_eos\x18\t \x01(\x08\x12\x18\n\x10presence_penalty\x18\n \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\x0b \x01(\x02\x12\x1a\n\x12repetition_penalty\x18\x0c \x01(\x02\x12/\n\nlogit_bias\x18\r \x03(\x0b\x32\x1b.sealed.worker.v1.LogitBias\x12\r\n\x05min_p\x18\x0e \x01(\x02\x12\x36\n\nstructured\x18\x0f \x01(\x0b\x32\".sealed.worker.v1.StructuredOutputB\x07\n\x05_seedB\x0b\n\t_logprobs\"+\n\tLogitBias\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0c\n\x04\x62ias\x18\x02 \x01(\x02\".\n\x10StructuredOutput\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x0c\n\x04spec\x18\x02 \x01(\t\"\x9e\x02\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\x0e\n\x06key_id\x18\x03 \x01(\t\x12\x0c\n\x04kind\x18\x04 \x01(\t\x12\x15\n\rmessages_json\x18\x05 \x01(\t\x12\x0e\n\x06prompt\x18\x06 \x01(\t\x12\x12\n\ntools_json\x18\x07 \x01(\t\x12\x18\n\x10\x61ssistant_prefix\x18\x08 \x01(\t\x12\x30\n\x06params\x18\t \x01(\x0b\x32 .sealed.worker.v1.SamplingParams\x12\x14\n\x0c\x61gent_killed\x18\n \x01(\x08\x12,\n\x07history\x18\x0b \x03(\x0b\x32\x1b.sealed.worker.v1.StateBlob\"%\n\tStateBlob\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04\x62lob\x18\x02 \x01(\x0c\"U\n\x10SealStateRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x0e\n\x06key_id\x18\x02 \x01(\t\x12\n\n\x02id\x18\x03 \x01(\t\x12\x15\n\rdocument_json\x18\x04 \x01(\t\"/\n\x0eSealStateReply\x12\x0c\n\x04\x62lob\x18\x01 \x01(\x0c\x12\x0f\n\x07version\x18\x02 \x01(\t\"^\n\x10OpenStateRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x0e\n\x06key_id\x18\x02 \x01(\t\x12*\n\x05state\x18\x03 \x01(\x0b\x32\x1b.sealed.worker.v1.StateBlob\"\'\n\x0eOpenStateReply\x12\x15\n\rdocument_json\x18\x01 \x01(\t\"A\n\nTopLogprob\x12\r\n\x05token\x18\x01 \x01(\t\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12\x13\n\x0btoken_bytes\x18\x03 \x01(\x0c\"n\n\x0cTokenLogprob\x12\r\n\x05token\x18\x01 \x01(\t\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12\x13\n\x0btoken_bytes\x18\x03 \x01(\x0c\x12)\n\x03top\x18\x04 \x03(\x0b\x32\x1c.sealed.worker.v1.TopLogprob\"E\n\x0bUsageRecord\x12\x0f\n\x07payload\x18\x01 \x01(\x0c\x12\x11\n\tsignature\x18\x02 \x01(\x0c\x12\x12\n\npublic_key\x18\x03 \x01(\x0c\"\xd9\x01\n\rGenerateChunk\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x15\n\rfinish_reason\x18\x03 \x01(\t\x12\x15\n\rprompt_tokens\x18\x04 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x05 \x01(\r\x12\x30\n\x08logprobs\x18\x06 \x03(\x0b\x32\x1e.sealed.worker.v1.TokenLogprob\x12,\n\x05usage\x18\x07 \x01(\x0b\x32\x1d.sealed.worker.v1.UsageRecord\"\x9f\x01\n\rSealedRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\x0e\n\x06key_id\x18\x03 \x01(\t\x12\r\n\x05model\x18\x04 \x01(\t\x12\x10\n\x08\x65ndpoint\x18\x05 \x01(\t\x12\x15\n\rworker_key_id\x18\x06 \x01(\t\x12\x0c\n\x04\x62ody\x18\x07 \x01(\x0c\x12\x14\n\x0c\x61gent_killed\x18\x08 \x01(\x08\"I\n\x0bSealedChunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12,\n\x05usage\x18\x02 \x01(\x0b\x32\x1d.sealed.worker.v1.UsageRecord\"\x0f\n\rStatusRequest\":\n\x0bStatusReply\x12\x0e\n\x06status\x18\x01 \x01(\t\x12\x15\n\rworker_status\x18\x08 \x01(\tJ\x04\x08\x02\x10\x08\"\xb4\x01\n\x0fTokenizeRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x0e\n\x06key_id\x18\x02 \x01(\t\x12\x0c\n\x04kind\x18\x03 \x01(\t\x12\x15\n\rmessages_json\x18\x04 \x01(\t\x12\x0e\n\x06prompt\x18\x05 \x01(\t\x12\x12\n\ntools_json\x18\x06 \x01(\t\x12\x1d\n\x15\x61\x64\x64_generation_prompt\x18\x07 \x01(\x08\x12\x19\n\x11return_token_strs\x18\x08 \x01(\x08\"J\n\rTokenizeReply\x12\x0e\n\x06tokens\x18\x01 \x03(\r\x12\x12\n\ntoken_strs\x18\x02 \x03(\t\x12\x15\n\rmax_model_len\x18\x03 \x01(\r\"C\n\x11\x44\x65tokenizeRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x0e\n\x06key_id\x18\x02 \x01(\t\x12\x0e\n\x06tokens\x18\x03 \x03(\r\"!\n\x0f\x44\x65tokenizeReply\x12\x0e\n\x06prompt\x18\x01 \x01(\t2\xc4\x04\n\x06Worker\x12P\n\x08Generate\x12!.sealed.worker.v1.GenerateRequest\x1a\x1f.sealed.worker.v1.GenerateChunk0\x01\x12H\n\x06Status\x12\x1f.sealed.worker.v1.StatusRequest\x1a\x1d.sealed.worker.v1.StatusReply\x12N\n\x08Tokenize\x12!.sealed.worker.v1.TokenizeRequest\x1a\x1f.sealed.worker.v1.TokenizeReply\x12T\n\nDetokenize\x12#.sealed.worker.v1.DetokenizeRequest\x1a!.sealed.worker.v1.DetokenizeReply\x12R\n\x0eSealedGenerate\x12\x1f.sealed.worker.v1.SealedRequest\x1a\x1d.sealed.worker.v1.SealedChunk0\x01\x12Q\n\tSealState\x12\".sealed.worker.v1.SealStateRequest\x1a .sealed.worker.v1.SealStateReply\x12Q\n\tOpenState\x12\".sealed.worker.v1.OpenStateRequest\x1a .sealed.worker.v1.OpenStateReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,31 +38,41 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_STRUCTUREDOUTPUT']._serialized_start=492
   _globals['_STRUCTUREDOUTPUT']._serialized_end=538
   _globals['_GENERATEREQUEST']._serialized_start=541
-  _globals['_GENERATEREQUEST']._serialized_end=781
-  _globals['_TOPLOGPROB']._serialized_start=783
-  _globals['_TOPLOGPROB']._serialized_end=848
-  _globals['_TOKENLOGPROB']._serialized_start=850
-  _globals['_TOKENLOGPROB']._serialized_end=960
-  _globals['_USAGERECORD']._serialized_start=962
-  _globals['_USAGERECORD']._serialized_end=1031
-  _globals['_GENERATECHUNK']._serialized_start=1034
-  _globals['_GENERATECHUNK']._serialized_end=1251
-  _globals['_SEALEDREQUEST']._serialized_start=1254
-  _globals['_SEALEDREQUEST']._serialized_end=1413
-  _globals['_SEALEDCHUNK']._serialized_start=1415
-  _globals['_SEALEDCHUNK']._serialized_end=1488
-  _globals['_STATUSREQUEST']._serialized_start=1490
-  _globals['_STATUSREQUEST']._serialized_end=1505
-  _globals['_STATUSREPLY']._serialized_start=1507
-  _globals['_STATUSREPLY']._serialized_end=1565
-  _globals['_TOKENIZEREQUEST']._serialized_start=1568
-  _globals['_TOKENIZEREQUEST']._serialized_end=1748
-  _globals['_TOKENIZEREPLY']._serialized_start=1750
-  _globals['_TOKENIZEREPLY']._serialized_end=1824
-  _globals['_DETOKENIZEREQUEST']._serialized_start=1826
-  _globals['_DETOKENIZEREQUEST']._serialized_end=1893
-  _globals['_DETOKENIZEREPLY']._serialized_start=1895
-  _globals['_DETOKENIZEREPLY']._serialized_end=1928
-  _globals['_WORKER']._serialized_start=1931
-  _globals['_WORKER']._serialized_end=2345
+  _globals['_GENERATEREQUEST']._serialized_end=827
+  _globals['_STATEBLOB']._serialized_start=829
+  _globals['_STATEBLOB']._serialized_end=866
+  _globals['_SEALSTATEREQUEST']._serialized_start=868
+  _globals['_SEALSTATEREQUEST']._serialized_end=953
+  _globals['_SEALSTATEREPLY']._serialized_start=955
+  _globals['_SEALSTATEREPLY']._serialized_end=1002
+  _globals['_OPENSTATEREQUEST']._serialized_start=1004
+  _globals['_OPENSTATEREQUEST']._serialized_end=1098
+  _globals['_OPENSTATEREPLY']._serialized_start=1100
+  _globals['_OPENSTATEREPLY']._serialized_end=1139
+  _globals['_TOPLOGPROB']._serialized_start=1141
+  _globals['_TOPLOGPROB']._serialized_end=1206
+  _globals['_TOKENLOGPROB']._serialized_start=1208
+  _globals['_TOKENLOGPROB']._serialized_end=1318
+  _globals['_USAGERECORD']._serialized_start=1320
+  _globals['_USAGERECORD']._serialized_end=1389
+  _globals['_GENERATECHUNK']._serialized_start=1392
+  _globals['_GENERATECHUNK']._serialized_end=1609
+  _globals['_SEALEDREQUEST']._serialized_start=1612
+  _globals['_SEALEDREQUEST']._serialized_end=1771
+  _globals['_SEALEDCHUNK']._serialized_start=1773
+  _globals['_SEALEDCHUNK']._serialized_end=1846
+  _globals['_STATUSREQUEST']._serialized_start=1848
+  _globals['_STATUSREQUEST']._serialized_end=1863
+  _globals['_STATUSREPLY']._serialized_start=1865
+  _globals['_STATUSREPLY']._serialized_end=1923
+  _globals['_TOKENIZEREQUEST']._serialized_start=1926
+  _globals['_TOKENIZEREQUEST']._serialized_end=2106
+  _globals['_TOKENIZEREPLY']._serialized_start=2108
+  _globals['_TOKENIZEREPLY']._serialized_end=2182
+  _globals['_DETOKENIZEREQUEST']._serialized_start=2184
+  _globals['_DETOKENIZEREQUEST']._serialized_end=2251
+  _globals['_DETOKENIZEREPLY']._serialized_start=2253
+  _globals['_DETOKENIZEREPLY']._serialized_end=2286
+  _globals['_WORKER']._serialized_start=2289
+  _globals['_WORKER']._serialized_end=2869
 # @@protoc_insertion_point(module_scope)

@@ -57,7 +57,7 @@ class StructuredOutput(_message.Message):
     def __init__(self, kind: _Optional[str] = ..., spec: _Optional[str] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "tenant", "key_id", "kind", "messages_json", "prompt", "tools_json", "assistant_prefix", "params", "agent_killed")
+    __slots__ = ("request_id", "tenant", "key_id", "kind", "messages_json", "prompt", "tools_json", "assistant_prefix", "params", "agent_killed", "history")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
     KEY_ID_FIELD_NUMBER: _ClassVar[int]
@@ -68,6 +68,7 @@ class GenerateRequest(_message.Message):
     ASSISTANT_PREFIX_FIELD_NUMBER: _ClassVar[int]
     PARAMS_FIELD_NUMBER: _ClassVar[int]
     AGENT_KILLED_FIELD_NUMBER: _ClassVar[int]
+    HISTORY_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     tenant: str
     key_id: str
@@ -78,7 +79,52 @@ class GenerateRequest(_message.Message):
     assistant_prefix: str
     params: SamplingParams
     agent_killed: bool
-    def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., key_id: _Optional[str] = ..., kind: _Optional[str] = ..., messages_json: _Optional[str] = ..., prompt: _Optional[str] = ..., tools_json: _Optional[str] = ..., assistant_prefix: _Optional[str] = ..., params: _Optional[_Union[SamplingParams, _Mapping]] = ..., agent_killed: _Optional[bool] = ...) -> None: ...
+    history: _containers.RepeatedCompositeFieldContainer[StateBlob]
+    def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., key_id: _Optional[str] = ..., kind: _Optional[str] = ..., messages_json: _Optional[str] = ..., prompt: _Optional[str] = ..., tools_json: _Optional[str] = ..., assistant_prefix: _Optional[str] = ..., params: _Optional[_Union[SamplingParams, _Mapping]] = ..., agent_killed: _Optional[bool] = ..., history: _Optional[_Iterable[_Union[StateBlob, _Mapping]]] = ...) -> None: ...
+
+class StateBlob(_message.Message):
+    __slots__ = ("id", "blob")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    BLOB_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    blob: bytes
+    def __init__(self, id: _Optional[str] = ..., blob: _Optional[bytes] = ...) -> None: ...
+
+class SealStateRequest(_message.Message):
+    __slots__ = ("tenant", "key_id", "id", "document_json")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    KEY_ID_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    DOCUMENT_JSON_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    key_id: str
+    id: str
+    document_json: str
+    def __init__(self, tenant: _Optional[str] = ..., key_id: _Optional[str] = ..., id: _Optional[str] = ..., document_json: _Optional[str] = ...) -> None: ...
+
+class SealStateReply(_message.Message):
+    __slots__ = ("blob", "version")
+    BLOB_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    blob: bytes
+    version: str
+    def __init__(self, blob: _Optional[bytes] = ..., version: _Optional[str] = ...) -> None: ...
+
+class OpenStateRequest(_message.Message):
+    __slots__ = ("tenant", "key_id", "state")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    KEY_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    key_id: str
+    state: StateBlob
+    def __init__(self, tenant: _Optional[str] = ..., key_id: _Optional[str] = ..., state: _Optional[_Union[StateBlob, _Mapping]] = ...) -> None: ...
+
+class OpenStateReply(_message.Message):
+    __slots__ = ("document_json",)
+    DOCUMENT_JSON_FIELD_NUMBER: _ClassVar[int]
+    document_json: str
+    def __init__(self, document_json: _Optional[str] = ...) -> None: ...
 
 class TopLogprob(_message.Message):
     __slots__ = ("token", "logprob", "token_bytes")

@@ -59,6 +59,16 @@ class WorkerStub:
                 request_serializer=worker__pb2.SealedRequest.SerializeToString,
                 response_deserializer=worker__pb2.SealedChunk.FromString,
                 _registered_method=True)
+        self.SealState = channel.unary_unary(
+                '/sealed.worker.v1.Worker/SealState',
+                request_serializer=worker__pb2.SealStateRequest.SerializeToString,
+                response_deserializer=worker__pb2.SealStateReply.FromString,
+                _registered_method=True)
+        self.OpenState = channel.unary_unary(
+                '/sealed.worker.v1.Worker/OpenState',
+                request_serializer=worker__pb2.OpenStateRequest.SerializeToString,
+                response_deserializer=worker__pb2.OpenStateReply.FromString,
+                _registered_method=True)
 
 
 class WorkerServicer:
@@ -94,6 +104,18 @@ class WorkerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SealState(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def OpenState(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -121,6 +143,16 @@ def add_WorkerServicer_to_server(servicer, server):
                     servicer.SealedGenerate,
                     request_deserializer=worker__pb2.SealedRequest.FromString,
                     response_serializer=worker__pb2.SealedChunk.SerializeToString,
+            ),
+            'SealState': grpc.unary_unary_rpc_method_handler(
+                    servicer.SealState,
+                    request_deserializer=worker__pb2.SealStateRequest.FromString,
+                    response_serializer=worker__pb2.SealStateReply.SerializeToString,
+            ),
+            'OpenState': grpc.unary_unary_rpc_method_handler(
+                    servicer.OpenState,
+                    request_deserializer=worker__pb2.OpenStateRequest.FromString,
+                    response_serializer=worker__pb2.OpenStateReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -258,6 +290,60 @@ class Worker:
             '/sealed.worker.v1.Worker/SealedGenerate',
             worker__pb2.SealedRequest.SerializeToString,
             worker__pb2.SealedChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SealState(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sealed.worker.v1.Worker/SealState',
+            worker__pb2.SealStateRequest.SerializeToString,
+            worker__pb2.SealStateReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def OpenState(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sealed.worker.v1.Worker/OpenState',
+            worker__pb2.OpenStateRequest.SerializeToString,
+            worker__pb2.OpenStateReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -16,7 +17,9 @@ import grpc
 import uvicorn
 from fastapi import FastAPI
 
+from enclave_worker.engine import InvalidRequestError
 from enclave_worker.heartbeat import heartbeats
+from enclave_worker.response_state import StateCipher, check_document
 from enclave_worker.settings import WorkerSettings
 from enclave_worker.state import LiveState, WorkerState
 from protocol.asgi import freeze_startup_heap
@@ -46,6 +49,27 @@ class FakeServicer(worker_pb2_grpc.WorkerServicer):
         if any(t > 255 for t in request.tokens):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "token id out of range")
         return worker_pb2.DetokenizeReply(prompt=bytes(request.tokens).decode(errors="replace"))
+
+    def _state_cipher(self) -> StateCipher:
+        # The real worker derives it from its released data key; the stand-in has none, so a fixed one.
+        s = self.state.settings
+        return StateCipher.derive(b"stand-in data key", s.tenant, s.model, s.version)
+
+    async def SealState(self, request: worker_pb2.SealStateRequest, context: grpc.aio.ServicerContext
+                        ) -> worker_pb2.SealStateReply:
+        try:
+            blob = self._state_cipher().seal(request.id, check_document(request.document_json), time.time() + 3600)
+        except InvalidRequestError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        return worker_pb2.SealStateReply(blob=blob, version=self.state.settings.version)
+
+    async def OpenState(self, request: worker_pb2.OpenStateRequest, context: grpc.aio.ServicerContext
+                        ) -> worker_pb2.OpenStateReply:
+        try:
+            document = self._state_cipher().open(request.state.id, request.state.blob, time.time())
+        except InvalidRequestError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        return worker_pb2.OpenStateReply(document_json=json.dumps(document))
 
     async def Generate(self, request: worker_pb2.GenerateRequest, context: grpc.aio.ServicerContext
                        ) -> AsyncIterator[worker_pb2.GenerateChunk]:

@@ -13,7 +13,7 @@ import pytest
 
 from protocol.openai.errors import OpenAIError
 from protocol.openai.responses import responses_body, responses_events
-from protocol.openai.responses_request import ResponsesRequest, to_chat
+from protocol.openai.responses_request import ResponsesRequest, conversation_id, refuse_stored_state, to_chat
 from protocol.openai.runner import sse
 
 
@@ -41,8 +41,6 @@ def test_a_request_becomes_the_chat_request_it_means() -> None:
 
 
 @pytest.mark.parametrize(("fields", "param"), [
-    ({"store": True}, "store"),
-    ({"previous_response_id": "resp_1"}, "previous_response_id"),
     ({"reasoning": {"effort": "low"}}, "reasoning"),
     ({"include": ["message.output_text.logprobs"]}, "include"),
     ({"include": ["reasoning.encrypted_content", "file_search_call.results"]}, "include"),
@@ -62,6 +60,28 @@ def test_what_is_not_served_is_a_400_naming_it(fields: dict[str, Any], param: st
     with pytest.raises(OpenAIError) as err:
         to_chat(req(**fields))
     assert err.value.status == 400 and err.value.param == param
+
+
+@pytest.mark.parametrize(("fields", "param"), [({"store": True}, "store"),
+                                               ({"previous_response_id": "resp_1"}, "previous_response_id"),
+                                               ({"conversation": "conv_1"}, "conversation")])
+def test_where_nothing_is_kept_stored_state_is_a_400_naming_it(fields: dict[str, Any], param: str) -> None:
+    """Sealed mode keeps no responses yet (enclave_worker/local_openai.py); plaintext stores them."""
+    to_chat(req(**fields))  # the chat request it means is the same: the gateway keeps the state
+    with pytest.raises(OpenAIError) as err:
+        refuse_stored_state(req(**fields), "in sealed mode")
+    assert err.value.status == 400 and err.value.param == param
+    refuse_stored_state(req(store=False), "in sealed mode")
+    refuse_stored_state(req(), "in sealed mode")
+
+
+@pytest.mark.parametrize("fields", [{"conversation": 7}, {"conversation": {"id": "c", "x": 1}},
+                                    {"conversation": ""}, {"conversation": "c", "previous_response_id": "r"}])
+def test_a_conversation_parameter_of_another_shape_is_a_400(fields: dict[str, Any]) -> None:
+    with pytest.raises(OpenAIError) as err:
+        conversation_id(req(**fields))
+    assert err.value.param == "conversation"
+    assert conversation_id(req(conversation={"id": "conv_1"})) == conversation_id(req(conversation="conv_1"))
 
 
 def test_an_empty_include_asks_for_nothing_and_is_accepted() -> None:
