@@ -85,7 +85,8 @@ async def sealed_stack(tmp_path: Path, decision_key: X25519PrivateKey | None,
     store = Store(session_factory(db))
     _, key = store.create_key("acme", "k")
     released = SimpleNamespace(bundle=SimpleNamespace(to_json=dict, digest=lambda: "e" * 64),  # what a heartbeat
-                               token="t")  # shows, and the evidence a receipt names
+                               token="t",  # shows, and the evidence a receipt names
+                               data_key=bytes(range(32)))  # stored responses are sealed under a key from it
     booted = SimpleNamespace(engine=engine, model_digest="d" * 64, released=released, load_s=0.1, gpu_cc_off=False)
     state = WorkerState(WorkerSettings(broker_url="http://b", package_dir=Path("/nonexistent"), tenant="acme",
                                        model="m", version="v1"),
