@@ -32,7 +32,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 MAX_TOKENS = 8
 LOGPROB_ATOL = 1e-3  # float32 on both sides; what differs is summation order (fused projections, experts)
-MESSAGES = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "What is the capital of France?"}]
+MESSAGES = [{"role": "system", "content": "Answer briefly."},
+            {"role": "user", "content": "What is the capital of France?"}]
 
 
 def _reference(hf: Any, src: Path, chat: ChatFormat) -> tuple[list[int], list[int], list[float]]:

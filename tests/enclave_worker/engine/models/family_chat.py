@@ -9,9 +9,12 @@ its BOS first and its end-of-turn token (what the instruct model's generation st
 |---|---|---|
 | llama3 | `<|start_header_id|>user<|end_header_id|>\\n\\n...<|eot_id|>` | chat_templates/llama3_1.jinja |
 | mistral, mixtral | `[INST]...[/INST]` | chat_templates/mistral.jinja |
-| qwen2, qwen3, qwen3_moe | ChatML `<|im_start|>user\\n...<|im_end|>` | chat_templates/qwen2_5.jinja (Qwen3's template differs only in its thinking parts, which an empty history does not render) |
+| qwen2, qwen3, qwen3_moe | ChatML `<|im_start|>user\\n...<|im_end|>` | chat_templates/qwen2_5.jinja (1) |
 | gemma2, gemma3 | `<start_of_turn>user\\n...<end_of_turn>`, the assistant named `model` | GEMMA below |
 | phi3 | `<|user|>\\n...<|end|>` | PHI3 below |
+
+(1) Qwen3's own template differs from Qwen2.5's in its thinking parts only, which a history
+without assistant turns does not render.
 """
 
 from __future__ import annotations
