@@ -12,7 +12,7 @@ import pytest
 
 from enclave_worker.chat_format import chat_prompt_ids
 from enclave_worker.engine.structured import GrammarCompiler, unpack
-from enclave_worker.family_tool_calls import native_prefix, native_structured
+from enclave_worker.family_tool_calls import marker_token, native_prefix, native_structured, with_marker
 from enclave_worker.tool_syntax import (
     HERMES,
     LLAMA3_JSON,
@@ -251,6 +251,21 @@ def test_mistral_v11s_forced_calls_are_constrained_to_its_own_syntax() -> None:
     # A named opening whose name is not a function name is left in the gateway's form.
     odd = '<tool_call>\n{"name": "a\\"b", "arguments": '
     assert native_prefix(SYNTAXES[MISTRAL_V11], odd) == odd
+
+
+def test_every_marker_token_in_a_delta_is_put_back() -> None:
+    """The detokenizer drops `[TOOL_CALLS]` and `[ARGS]`; a delta of several tokens (two v11 calls)
+    gets each marker back where its token was, so the second call is never read as text."""
+    tok = V11_TOKENIZER
+    said = 'Hi[TOOL_CALLS]get_time[ARGS]{}[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}'
+    ids = tok.encode(said)
+    marker = marker_token(SYNTAXES[MISTRAL_V11], tok)
+    assert marker is not None and ids.count(marker) == 2
+    text = with_marker(tok.decode(ids), ids, "[TOOL_CALLS]", marker, tok)
+    assert text == 'Hi[TOOL_CALLS]get_time{}[TOOL_CALLS]get_weather{"city": "Paris"}'
+    calls = NativeToolCalls(SYNTAXES[MISTRAL_V11], TOOLS)
+    parsed = parse_tool_calls(calls.feed(text) + calls.finish())
+    assert [(c.name, c.arguments) for c in parsed.calls] == [("get_time", {}), PARIS]
 
 
 def test_a_worker_names_its_models_syntax_in_its_status() -> None:
