@@ -9,8 +9,8 @@ greedy generation gives the tokens. The chat answer must be those tokens, one fo
 text and log-probability from the answer's logprobs against HF's), stopped where HF's tokens reach
 the family's end-of-turn token; streamed, the same content.
 
-Cost: one stack per family, about 30 s each on an idle 2-core machine (the worker's boot and
-attestation dominate)."""
+Cost: one stack per family; 62-117 s a family, 701 s for the module, on a 2-core machine shared
+with other sessions (2026-12-06, docs/engine.md)."""
 
 from __future__ import annotations
 
