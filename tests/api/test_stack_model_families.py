@@ -7,13 +7,19 @@ through the gateway's OpenAI API with the official client.
 The reference is HF's own: transformers renders the chat template and tokenizes the prompt, and its
 greedy generation gives the tokens. The chat answer must be those tokens, one for one (each token's
 text and log-probability from the answer's logprobs against HF's), stopped where HF's tokens reach
-the family's end-of-turn token; streamed, the same content.
+the family's end-of-turn token; streamed, the same content. Then one call forced by name
+(`tool_choice`) through the real engine: the prompt ends with the family's own opening (Llama 3.1
+JSON, Mistral's `[TOOL_CALLS]`, Qwen's `<tool_call>`; the worker's own hermes instructions for
+Gemma and Phi, whose templates have no call syntax), the constraint holds the random model to the
+tool's arguments, and the answer is one OpenAI tool call. The checkpoints get a 1024-position
+context for it (byte-level tokens: a tool's definition and instructions are ~600 of them).
 
-Cost: one stack per family; 62-117 s a family, 701 s for the module, on a 2-core machine shared
-with other sessions (2026-12-06, docs/engine.md)."""
+Cost: one stack per family; 418 s for the module (24-75 s a family) on a 2-core machine shared
+with other sessions, 701 s under a heavier load (2026-12-06, docs/engine.md)."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -32,7 +38,15 @@ transformers = pytest.importorskip("transformers")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 MAX_TOKENS = 8
+CONTEXT = 1024  # byte-level tokens: a prompt with a tool's definition and instructions is ~600 of them
 LOGPROB_ATOL = 1e-3  # float32 on both sides; what differs is summation order (fused projections, experts)
+# A forced call through the real engine: the prompt ends with the family's own opening, the
+# constraint (the arguments of an enum schema: a few tokens whatever the random weights say) is
+# enforced, and the family's syntax is read back into OpenAI `tool_calls`.
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"enum": ["Paris", "Lyon"]}}, "required": ["city"],
+    # Closed: without it the schema allows more keys, which a random model writes until max_tokens.
+    "additionalProperties": False}}}
 MESSAGES = [{"role": "system", "content": "Answer briefly."},
             {"role": "user", "content": "What is the capital of France?"}]
 
@@ -59,7 +73,7 @@ def _reference(hf: Any, src: Path, chat: ChatFormat) -> tuple[list[int], list[in
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_a_family_is_served_through_the_openai_api(family: str, tmp_path: Path) -> None:
     src = tmp_path / "src"
-    hf = build(family, src)
+    hf = build(family, src, max_position_embeddings=CONTEXT)
     chat = write_chat_format(family, src)
     prompt, want_ids, want_logprobs = _reference(hf, src, chat)
     tok = Tokenizer.from_file(str(src / "tokenizer.json"))
@@ -76,6 +90,10 @@ def test_a_family_is_served_through_the_openai_api(family: str, tmp_path: Path) 
         streamed = client.chat.completions.create(model=DEMO_MODEL, messages=MESSAGES,  # type: ignore[arg-type]
                                                   max_tokens=MAX_TOKENS, temperature=0, stream=True)
         streamed_text = "".join(c.choices[0].delta.content or "" for c in streamed if c.choices)
+        forced = client.chat.completions.create(
+            model=DEMO_MODEL, messages=[{"role": "user", "content": "Weather in Paris?"}], max_tokens=64,
+            temperature=0, tools=[WEATHER],  # type: ignore[list-item]
+            tool_choice={"type": "function", "function": {"name": "get_weather"}})
     finally:
         running.stop()
     choice = done.choices[0]
@@ -93,3 +111,6 @@ def test_a_family_is_served_through_the_openai_api(family: str, tmp_path: Path) 
     assert choice.message.content is not None and text.startswith(choice.message.content)
     assert set(text[len(choice.message.content):]) <= {"\ufffd"}
     assert streamed_text == choice.message.content
+    (call,) = forced.choices[0].message.tool_calls or []
+    assert call.type == "function" and call.function.name == "get_weather"
+    assert json.loads(call.function.arguments) in ({"city": "Paris"}, {"city": "Lyon"})
