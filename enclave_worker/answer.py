@@ -25,13 +25,14 @@ from enclave_worker.engine import EngineError, InvalidRequestError, RequestOutpu
 from enclave_worker.engine.config import TokenLogprob
 from enclave_worker.engine_protocol import ServingEngine
 from enclave_worker.errors import AnswerError, RequestRefused
+from enclave_worker.family_tool_calls import canonical_outputs, native_structured
 from enclave_worker.guard import GuardNote, GuardRefusal
 from enclave_worker.lifecycle import serving
 from enclave_worker.render import prompt_ids
 from enclave_worker.stage_times import StageTimes
 from enclave_worker.state import WorkerState
 from enclave_worker.tool_stream import ToolCallRelease
-from enclave_worker.tool_syntax import ToolCallSyntaxError, canonical_outputs, native_structured, syntax_for_template
+from enclave_worker.tool_syntax import ToolCallSyntaxError, syntax_for_template
 from protocol.rpc import worker_pb2
 from protocol.rpc.sampling import from_wire
 from protocol.toolcalls import strip_tool_calls

@@ -12,8 +12,9 @@ import logging
 from enclave_worker.chat_format import chat_prompt_ids
 from enclave_worker.engine import InvalidRequestError
 from enclave_worker.engine_protocol import ServingEngine
+from enclave_worker.family_tool_calls import native_prefix
 from enclave_worker.guard import GuardNote, GuardRefusal, WorkerGuard
-from enclave_worker.tool_syntax import native_prefix, syntax_for_template
+from enclave_worker.tool_syntax import syntax_for_template
 from protocol.rpc import worker_pb2
 
 log = logging.getLogger(__name__)

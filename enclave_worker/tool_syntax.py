@@ -5,7 +5,11 @@ Families write calls differently (vLLM ships a parser for each):
 - `hermes` (Qwen 2.5/3, SmolLM2, Hermes): `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`;
 - `llama3_json` (Llama 3.1-3.3): the whole answer is the call, `{"name": ..., "parameters": {...}}`,
   optionally after `<|python_tag|>`, several separated by `;`;
-- `mistral`: `[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]`, after any text.
+- `mistral`: `[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]`, after any text (Mistral's
+  tokenizers before v11: Mistral 7B v0.3, Mixtral 8x22B, Nemo);
+- `mistral_v11`: `[TOOL_CALLS]name[ARGS]{...}`, one marker per call (v11 and later: Mistral Small
+  3.1+, Devstral, Magistral). `[ARGS]` is a special token the detokenizer drops, so, as vLLM's
+  parser does, the name ends at `[ARGS]` or at the `{` that opens the arguments.
 
 Which one a model uses is read from its own chat template (inside the tenant's signed package),
 never guessed from an answer. Everything after the engine (the guard's tool-use controls, the
@@ -19,25 +23,25 @@ before it closes) is a `ToolCallSyntaxError`: the answer fails with a clear erro
 passing the call on as text. A template that says nothing about calls (SmolLM2's) gets the worker's
 own hermes instructions and keeps the lenient reading of protocol/toolcalls.py (`WORKER_HERMES`).
 
-Forced calls: the gateway's assistant prefix (`protocol/openai/format.py::tool_prefix`) is in the
-hermes syntax; the prompt gets the family's own opening instead (`native_prefix`), and the
-constraint for `tool_choice: required` names the family's argument key (`native_structured`).
+Forced calls, and the converter meeting the engine's output stream: enclave_worker/family_tool_calls.py.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
-from dataclasses import dataclass, replace
-from typing import Any
+import re
+from dataclasses import dataclass
 
-from enclave_worker.engine.config import RequestOutput
-from protocol.sampling import StructuredOutput
 from protocol.toolcalls import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
 
-HERMES, LLAMA3_JSON, MISTRAL = "hermes", "llama3_json", "mistral"
-PYTHON_TAG, MISTRAL_MARKER = "<|python_tag|>", "[TOOL_CALLS]"
-_CANONICAL_OPENING = TOOL_CALL_OPEN + "\n"  # what tool_prefix starts a forced call with
+HERMES, LLAMA3_JSON, MISTRAL, MISTRAL_V11 = "hermes", "llama3_json", "mistral", "mistral_v11"
+PYTHON_TAG, MISTRAL_MARKER, MISTRAL_ARGS = "<|python_tag|>", "[TOOL_CALLS]", "[ARGS]"
+# A v11 call's name, before its arguments: OpenAI's function names (letters, digits, _ and -, at
+# most 64), plus the dots some agent frameworks use; the rewriting writes it into JSON.
+TOOL_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+_V11_HEAD = re.compile(r"\s*(" + TOOL_NAME.pattern + r")\s*(?:\[ARGS\]\s*)?")
+_V11_PARTIAL = re.compile(r"\s*[A-Za-z0-9_.-]{0,64}\s*(?:\[(?:A(?:R(?:G(?:S(?:\]\s*)?)?)?)?)?)?")
+_V11_HEAD_MAX = 128  # characters between the marker and the arguments: more is not a name
 
 
 class ToolCallSyntaxError(ValueError):
@@ -54,7 +58,8 @@ class ToolCallSyntax:
 
 SYNTAXES = {s.name: s for s in (ToolCallSyntax(HERMES, TOOL_CALL_OPEN, "arguments"),
                                 ToolCallSyntax(LLAMA3_JSON, PYTHON_TAG, "parameters"),
-                                ToolCallSyntax(MISTRAL, MISTRAL_MARKER, "arguments"))}
+                                ToolCallSyntax(MISTRAL, MISTRAL_MARKER, "arguments"),
+                                ToolCallSyntax(MISTRAL_V11, MISTRAL_MARKER, "arguments"))}
 # A template that says nothing about calls (SmolLM2's): the worker's own hermes instructions, and
 # the lenient reading protocol/toolcalls.py documents (a cut-off call repaired, unknown names dropped).
 WORKER_HERMES = ToolCallSyntax(HERMES, TOOL_CALL_OPEN, "arguments", checked=False)
@@ -64,8 +69,8 @@ def syntax_for_template(chat_template: str | None) -> ToolCallSyntax:
     """The family's syntax, from what its chat template teaches the model. A template that says
     nothing about calls gets the worker's own hermes instructions (enclave_worker/chat_format.py)."""
     text = chat_template or ""
-    if MISTRAL_MARKER in text:
-        return SYNTAXES[MISTRAL]
+    if MISTRAL_MARKER in text:  # a v11 template writes past calls as `[TOOL_CALLS]name[ARGS]{...}`
+        return SYNTAXES[MISTRAL_V11 if MISTRAL_ARGS in text else MISTRAL]
     if TOOL_CALL_OPEN in text:
         return SYNTAXES[HERMES]
     if PYTHON_TAG in text or ('"parameters"' in text and "ipython" in text):
@@ -73,37 +78,8 @@ def syntax_for_template(chat_template: str | None) -> ToolCallSyntax:
     return WORKER_HERMES
 
 
-def native_prefix(syntax: ToolCallSyntax, prefix: str) -> str:
-    """The family's own opening for the gateway's forced-call prefix (hermes), as the prompt ends."""
-    if syntax.name == HERMES or not prefix.startswith(_CANONICAL_OPENING):
-        return prefix
-    rest = prefix[len(_CANONICAL_OPENING):]  # "" (required) or '{"name": "<name>", "arguments": ' (named)
-    if syntax.name == MISTRAL:
-        return MISTRAL_MARKER + "[" + rest
-    if rest.endswith('"arguments": '):
-        rest = rest[:-len('"arguments": ')] + f'"{syntax.args_key}": '
-    return rest
-
-
-def native_structured(syntax: ToolCallSyntax, prefix: str, structured: StructuredOutput | None
-                      ) -> StructuredOutput | None:
-    """The constraint of a forced call in the family's syntax. Under `required` the constraint is
-    the call object (protocol/openai/constraints.py::tool_call_constraint): Llama names its
-    arguments "parameters". A named call's constraint (its arguments, then "}") is the same in each."""
-    if (structured is None or syntax.args_key == "arguments" or prefix != _CANONICAL_OPENING
-            or structured.kind != "json_schema"):
-        return structured
-    schema = json.loads(structured.spec)
-    for call in schema.get("anyOf", [schema]):
-        props = call.get("properties", {})
-        if "arguments" in props:
-            props[syntax.args_key] = props.pop("arguments")
-            call["required"] = [syntax.args_key if k == "arguments" else k for k in call.get("required", [])]
-    return replace(structured, spec=json.dumps(schema, ensure_ascii=False))
-
-
 # Converter states.
-_START, _CONTENT, _LIST, _BETWEEN, _OBJECT, _CLOSE = range(6)
+_START, _CONTENT, _LIST, _BETWEEN, _OBJECT, _CLOSE, _NAME = range(7)
 
 
 @dataclass
@@ -123,12 +99,17 @@ class NativeToolCalls:
     _esc: bool = False
     _calls: int = 0
     _open_written: bool = False  # the gateway's prefix already opened the next block
+    _named: bool = False  # ... and named its tool (mistral_v11: the rewriting's head is written)
+    _head: str = ""  # mistral_v11: what came between the marker and the arguments
 
     def prime(self, native: str, opened: bool) -> None:
         """Take the prompt's forced opening (`native_prefix`), whose hermes form the gateway
         already put in front of the answer; `opened`: that form opens a block."""
         self.feed(native)
-        self._open_written = opened and self._state in (_START, _LIST, _BETWEEN)
+        # A v11 opening that names the tool stops before the arguments: the gateway's form of it
+        # (`<tool_call>\n{"name": ..., "arguments": `) already wrote the block's opening and head.
+        self._named = self._state == _NAME
+        self._open_written = (opened and self._state in (_START, _LIST, _BETWEEN)) or self._named
 
     def feed(self, text: str) -> str:
         out: list[str] = []
@@ -138,7 +119,7 @@ class NativeToolCalls:
 
     def finish(self) -> str:
         """The end of the answer: held content is released; an open call is an error."""
-        if self._state == _OBJECT:
+        if self._state in (_OBJECT, _NAME):
             raise ToolCallSyntaxError("the model's tool call was cut off before it closed")
         if self._state == _CLOSE:  # ended after the object (`</tool_call>` may be a stop string): closed
             return ""
@@ -155,6 +136,8 @@ class NativeToolCalls:
             self._text(ch, out)
         elif state == _CLOSE:
             self._close(ch)
+        elif self.syntax.name == MISTRAL_V11:
+            self._name_step(ch, out)
         elif ch.isspace():
             pass
         elif ch == "{":
@@ -189,7 +172,7 @@ class NativeToolCalls:
             self._held = ""
             out.append(self._content(held))
             return
-        if self.syntax.name in (MISTRAL, HERMES):
+        if self.syntax.name in (MISTRAL, MISTRAL_V11, HERMES):
             at = held.find(marker)
             if at >= 0:
                 out.append(self._content(held[:at]))
@@ -211,12 +194,30 @@ class NativeToolCalls:
                                       f"({self.syntax.name}) does not use")
         return text
 
-    def _open(self, out: list[str]) -> None:
-        self._state, self._object, self._depth, self._in_str, self._esc = _OBJECT, "", 0, False, False
+    def _name_step(self, ch: str, out: list[str]) -> None:
+        """Mistral v11, after `[TOOL_CALLS]`: the call's name, up to `[ARGS]` or the arguments' `{`.
+        The rewriting writes the call object around the arguments: `{"name": <name>, "arguments": `,
+        the arguments as the model wrote them, then `}`."""
+        self._state = _NAME
+        if ch != "{":
+            self._head += ch
+            if len(self._head) > _V11_HEAD_MAX or not _V11_PARTIAL.fullmatch(self._head):
+                raise ToolCallSyntaxError(f"the model's tool call is malformed (unexpected {ch!r} in its name)")
+            return
+        head, self._head = _V11_HEAD.fullmatch(self._head), ""
+        if head is None:
+            raise ToolCallSyntaxError("the model's tool call has no function name")
+        self._open(out, '{"name": ' + json.dumps(head.group(1)) + ', "arguments": ')
+
+    def _open(self, out: list[str], head: str = "") -> None:
+        """A call object starts (`head`: the part of it the rewriting writes, before the model's `{`)."""
+        self._state, self._object, self._depth, self._in_str, self._esc = _OBJECT, head, 1 if head else 0, False, False
         self._tail = ""
         if not self._open_written:
             out.append(TOOL_CALL_OPEN)
-        self._open_written = False
+        if not self._named:
+            out.append(head)
+        self._open_written = self._named = False
         self._copy("{", out)
 
     def _copy(self, ch: str, out: list[str]) -> None:
@@ -234,13 +235,18 @@ class NativeToolCalls:
             self._depth += 1
         elif ch in "}]":
             self._depth -= 1
+            if self._depth == 1 and self.syntax.name == MISTRAL_V11:  # the arguments closed: so does the call
+                self._object += "}"
+                ch, self._depth = ch + "}", 0
         if self._object.endswith((TOOL_CALL_OPEN, TOOL_CALL_CLOSE)):  # the rewrite would end or open a block here
             raise ToolCallSyntaxError("the model's tool call holds a tool-call marker")
         out.append(ch)
         if self._depth == 0:
             self._check(self._object)
             self._calls += 1
-            self._state = _CLOSE if self.syntax.name == HERMES else _BETWEEN
+            # After a call: hermes closes its block; v11 text (or the next marker) may follow; the others
+            # separate their calls.
+            self._state = {HERMES: _CLOSE, MISTRAL_V11: _CONTENT}.get(self.syntax.name, _BETWEEN)
             out.append(TOOL_CALL_CLOSE)
 
     def _close(self, ch: str) -> None:
@@ -276,43 +282,3 @@ def _partial(text: str, marker: str) -> int:
         if text.endswith(marker[:k]):
             return k
     return 0
-
-
-def marker_token(syntax: ToolCallSyntax, tokenizer: Any) -> int | None:
-    """The id of the family's marker where it is one special token, which detokenizing drops from
-    the answer's text (vLLM's parsers ask for special tokens back; we put the marker back by id)."""
-    if syntax.marker is None:
-        return None
-    ids = tokenizer.encode(syntax.marker)
-    if len(ids) != 1 or tokenizer.decode(ids, skip_special_tokens=True):
-        return None
-    return int(ids[0])
-
-
-def with_marker(delta_text: str, delta_ids: Sequence[int], marker: str, marker_id: int | None, tokenizer: Any) -> str:
-    """A delta's text with the marker token's text back where the token was."""
-    if marker_id is None or marker_id not in delta_ids:
-        return delta_text
-    k = list(delta_ids).index(marker_id)
-    before = tokenizer.decode(list(delta_ids[:k])) if k else ""
-    at = len(before) if delta_text.startswith(before) else 0
-    return delta_text[:at] + marker + delta_text[at:]
-
-
-async def canonical_outputs(outputs: AsyncIterator[RequestOutput], syntax: ToolCallSyntax, tokenizer: Any,
-                            tool_names: frozenset[str], prefix: str) -> AsyncGenerator[RequestOutput, None]:
-    """The engine's outputs with their text rewritten into hermes (`NativeToolCalls`); `prefix` is
-    the gateway's (hermes) forced-call prefix, whose native form ends the prompt."""
-    calls = NativeToolCalls(syntax, tool_names)
-    calls.prime(native_prefix(syntax, prefix), opened=prefix.rstrip().endswith(TOOL_CALL_OPEN))
-    marker_id = marker_token(syntax, tokenizer)
-    try:
-        async for out in outputs:
-            text = calls.feed(with_marker(out.delta_text, out.delta_token_ids, syntax.marker or "", marker_id,
-                                          tokenizer))
-            if out.finished:
-                text += calls.finish()
-            yield replace(out, delta_text=text)
-    finally:
-        if isinstance(outputs, AsyncGenerator):
-            await outputs.aclose()

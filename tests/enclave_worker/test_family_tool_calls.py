@@ -48,6 +48,9 @@ ANSWERS = [
     ("mistral", 'Checking. [TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}, '
                 '{"name": "get_weather", "arguments": {"city": "Lyon"}}]</s>', "Checking.", [PARIS, LYON]),
     ("mistral", "Paris is sunny.</s>", "Paris is sunny.", []),
+    ("mistral_v11", 'Checking. [TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}[TOOL_CALLS]get_weather[ARGS]'
+                    '{"city": "Lyon"}</s>', "Checking.", [PARIS, LYON]),
+    ("mistral_v11", "Paris is sunny.</s>", "Paris is sunny.", []),
 ]
 MALFORMED = [
     ("hermes", '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Par', "length", "cut off"),
@@ -57,6 +60,11 @@ MALFORMED = [
     ("mistral", '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Par', "length", "cut off"),
     ("mistral", '[TOOL_CALLS][{"name": "get_weather", "arguments": {city: Paris}}]</s>', "stop", "not valid JSON"),
     ("mistral", '[TOOL_CALLS][{"name": "delete_files", "arguments": {}}]</s>', "stop", "not one of the request"),
+    ("mistral_v11", '[TOOL_CALLS]get_weather[ARGS]{"city": "Par', "length", "cut off"),
+    ("mistral_v11", "[TOOL_CALLS]get_wea", "length", "cut off"),
+    ("mistral_v11", '[TOOL_CALLS]get_weather[ARGS]{city: Paris}</s>', "stop", "not valid JSON"),
+    ("mistral_v11", '[TOOL_CALLS]delete_files[ARGS]{}</s>', "stop", "not one of the request"),
+    ("mistral_v11", '[TOOL_CALLS][{"name": "get_weather", "arguments": {}}]</s>', "stop", "no function name"),
     ("llama3_json", '{"name": "get_weather", "parameters": {"city": "Par', "length", "cut off"),
     ("llama3_json", '{"name": "get_weather", "parameters": {"city" "Paris"}}<|eot_id|>', "stop", "not valid JSON"),
     ("llama3_json", '<|python_tag|>{"name": "rm_rf", "parameters": {}}<|eom_id|>', "stop", "not one of the request"),
@@ -162,7 +170,7 @@ async def test_a_malformed_call_is_a_clear_error_not_text(tmp_path: Path, family
     assert "".join(texts).startswith("<tool_call>") or not "".join(texts)
 
 
-@pytest.mark.parametrize("family", ["hermes", "llama3_json", "mistral"])
+@pytest.mark.parametrize("family", ["hermes", "llama3_json", "mistral", "mistral_v11"])
 @pytest.mark.parametrize("choice", ["required", "named"])
 async def test_a_forced_call_opens_and_is_constrained_in_the_familys_syntax(tmp_path: Path, family: str,
                                                                              choice: str) -> None:
@@ -172,6 +180,8 @@ async def test_a_forced_call_opens_and_is_constrained_in_the_familys_syntax(tmp_
             ("mistral", "required"): '{"name": "get_weather", "arguments": {"city": "Paris"}}</s>',
             ("hermes", "required"): '{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>',
             ("hermes", "named"): '{"city": "Paris"}}',  # then the stop string </tool_call>
+            ("mistral_v11", "required"): 'get_weather{"city": "Paris"}</s>',
+            ("mistral_v11", "named"): '{"city": "Paris"}</s>',  # v11's arguments are not in an object
             }.get((family, choice), '{"city": "Paris"}}' + ("<|eot_id|>" if family == "llama3_json" else "</s>"))
     engine = _engine(family, rest)
     tool_choice: Any = "required" if choice == "required" else {"type": "function", "function": {"name": "get_weather"}}
@@ -185,11 +195,15 @@ async def test_a_forced_call_opens_and_is_constrained_in_the_familys_syntax(tmp_
                ("llama3_json", "required"): "<|end_header_id|>\n\n",
                ("llama3_json", "named"): '{"name": "get_weather", "parameters": ',
                ("mistral", "required"): "[/INST][TOOL_CALLS][",
-               ("mistral", "named"): '[/INST][TOOL_CALLS][{"name": "get_weather", "arguments": '}[(family, choice)]
+               ("mistral", "named"): '[/INST][TOOL_CALLS][{"name": "get_weather", "arguments": ',
+               ("mistral_v11", "required"): "[/INST][TOOL_CALLS]",
+               ("mistral_v11", "named"): "[/INST][TOOL_CALLS]get_weather[ARGS]"}[(family, choice)]
     assert prompt.endswith(opening)
     structured = engine.params[0].structured
     assert structured is not None
-    if choice == "required":
+    if family == "mistral_v11":  # a grammar of v11 calls (test_tool_syntax.py checks what it allows)
+        assert structured.kind == "lark" and ("get_weather" in structured.spec) == (choice == "required")
+    elif choice == "required":
         schema = json.loads(structured.spec)
         key = "parameters" if family == "llama3_json" else "arguments"
         assert set(schema["properties"]) == {"name", key} and key in schema["required"]
@@ -227,12 +241,14 @@ async def test_sealed_mode_reads_the_familys_calls_in_the_worker(tmp_path: Path)
     assert "not one of the request's tools" in error["message"]
 
 
-@pytest.mark.parametrize("family", ["llama3_json", "mistral"])
+@pytest.mark.parametrize("family", ["llama3_json", "mistral", "mistral_v11"])
 async def test_the_tenants_tool_controls_judge_the_familys_calls(tmp_path: Path, family: str) -> None:
     """The guard reads the rewritten answer: a tool the policy does not allow is refused (403, the
     signed decision in the trailers) before any byte of its call leaves, whatever the family's syntax."""
     said = {"llama3_json": '{"name": "get_weather", "parameters": {"city": "Paris"}}<|eot_id|>',
-            "mistral": '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}]</s>'}[family]
+            "mistral": '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}]</s>',
+            "mistral_v11": '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}</s>'}[family]
+
     def get_time_only(key_id: str) -> WorkerGuard:
         return WorkerGuard(PolicySet.from_dict({
             "policy_id": "p", "version": 1, "tenant": "acme", "data": {"pii_input": {"US_SSN": "block"}},

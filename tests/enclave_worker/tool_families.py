@@ -6,7 +6,8 @@ The templates follow what each family's own template does with `tools`: Qwen 2.5
 as JSON lines in `<tools></tools>` in the system message and asks for `<tool_call>` blocks; Llama 3.1
 sets `Environment: ipython` and puts the tools in the first user message, asking for
 `{"name": ..., "parameters": ...}`; Mistral puts `[AVAILABLE_TOOLS][...][/AVAILABLE_TOOLS]` before the
-last `[INST]`, and its model answers `[TOOL_CALLS][...]`.
+last `[INST]`, and its model answers `[TOOL_CALLS][...]`; Mistral's v11 tokenizers (Small 3.1 and later)
+add `[SYSTEM_PROMPT]` and `[ARGS]`, and the model answers `[TOOL_CALLS]name[ARGS]{...}` per call.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from enclave_worker.engine.tokenizer import Tokenizer
 TEMPLATE_DIR = Path(__file__).parent / "chat_templates"
 SPECIAL = ["<|im_start|>", "<|im_end|>", "<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>",
            "<|eot_id|>", "<|eom_id|>", "<|python_tag|>", "<s>", "</s>", "[INST]", "[/INST]", "[TOOL_CALLS]",
-           "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]", "[TOOL_RESULTS]", "[/TOOL_RESULTS]"]
+           "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]", "[TOOL_RESULTS]", "[/TOOL_RESULTS]", "[ARGS]", "[SYSTEM_PROMPT]",
+           "[/SYSTEM_PROMPT]"]
 # Qwen's <tool_call> tokens are added but not special: they stay in the decoded text.
 ADDED = ["<tool_call>", "</tool_call>"]
 
@@ -32,9 +34,12 @@ LLAMA31_TEMPLATE = (TEMPLATE_DIR / "llama3_1.jinja").read_text()
 
 MISTRAL_TEMPLATE = (TEMPLATE_DIR / "mistral.jinja").read_text()
 
-TEMPLATES = {"hermes": QWEN_TEMPLATE, "llama3_json": LLAMA31_TEMPLATE, "mistral": MISTRAL_TEMPLATE}
-BOS = {"hermes": None, "llama3_json": "<|begin_of_text|>", "mistral": "<s>"}
-EOS = {"hermes": "<|im_end|>", "llama3_json": "<|eot_id|>", "mistral": "</s>"}
+MISTRAL_V11_TEMPLATE = (TEMPLATE_DIR / "mistral_v11.jinja").read_text()
+
+TEMPLATES = {"hermes": QWEN_TEMPLATE, "llama3_json": LLAMA31_TEMPLATE, "mistral": MISTRAL_TEMPLATE,
+             "mistral_v11": MISTRAL_V11_TEMPLATE}
+BOS = {"hermes": None, "llama3_json": "<|begin_of_text|>", "mistral": "<s>", "mistral_v11": "<s>"}
+EOS = {"hermes": "<|im_end|>", "llama3_json": "<|eot_id|>", "mistral": "</s>", "mistral_v11": "</s>"}
 
 
 def tokenizer_json() -> str:

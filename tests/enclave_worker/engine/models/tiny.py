@@ -61,19 +61,20 @@ def tokenizer_json() -> str:
     return str(tok.to_str())
 
 
-def hf_config(family: str) -> Any:
+def hf_config(family: str, **changes: Any) -> Any:
     import transformers
 
     cls_name, overrides = FAMILIES[family]
-    return getattr(transformers, cls_name)(**{**_COMMON, **overrides})
+    return getattr(transformers, cls_name)(**{**_COMMON, **overrides, **changes})
 
 
-def build(family: str, out: Path, seed: int = 0) -> Any:
-    """Write the family's tiny checkpoint into ``out`` (an HF model directory); returns the HF model."""
+def build(family: str, out: Path, seed: int = 0, **changes: Any) -> Any:
+    """Write the family's tiny checkpoint into ``out`` (an HF model directory); returns the HF model.
+    `changes`: config values over the family's (a longer context for prompts with tools)."""
     import transformers
 
     torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(hf_config(family), dtype=torch.float32).eval()
+    model = transformers.AutoModelForCausalLM.from_config(hf_config(family, **changes), dtype=torch.float32).eval()
     with torch.no_grad():  # norms start at 1 (Gemma's at 0): give them spread, so a wrong norm shows
         for name, p in model.named_parameters():
             if "norm" in name:
