@@ -32,6 +32,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from enclave_worker.engine.config import RequestOutput
+from enclave_worker.engine.errors import InvalidRequestError
 from protocol.sampling import StructuredOutput
 from protocol.toolcalls import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
 
@@ -89,7 +90,13 @@ def native_structured(syntax: ToolCallSyntax, prefix: str, structured: Structure
                       ) -> StructuredOutput | None:
     """The constraint of a forced call in the family's syntax. Under `required` the constraint is
     the call object (protocol/openai/constraints.py::tool_call_constraint): Llama names its
-    arguments "parameters". A named call's constraint (its arguments, then "}") is the same in each."""
+    arguments "parameters". A named call's constraint (its arguments, then "}") is the same in each.
+    An auto answer's grammar (protocol/openai/tool_grammar.py: no prefix, a Lark grammar) switches on
+    at the hermes opener: another family's is refused rather than left unconstrained."""
+    if structured is not None and not prefix and structured.kind == "lark" and syntax.name != HERMES:
+        raise InvalidRequestError(f"strict tools, response_format beside tools and parallel_tool_calls false "
+                                  f"are enforced for models that write hermes tool calls; this model writes "
+                                  f"{syntax.name}")
     if (structured is None or syntax.args_key == "arguments" or prefix != _CANONICAL_OPENING
             or structured.kind != "json_schema"):
         return structured
