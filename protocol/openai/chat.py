@@ -27,8 +27,8 @@ from protocol.openai.runner import (
     usage_of,
 )
 from protocol.openai.schemas import ChatCompletionRequest, NamedToolChoice
-from protocol.openai.tool_grammar import auto_tools_constraint, needs_auto_grammar
 from protocol.openai.tool_deltas import ToolCallDeltas
+from protocol.openai.tool_grammar import auto_tools_constraint, needs_auto_grammar
 from protocol.rpc import worker_pb2
 from protocol.sampling import resolve_max_tokens
 

@@ -49,7 +49,8 @@ def run_suite(python: str, stack: RunningStack, suite: str, tmp_path: Path) -> d
     report = tmp_path / "report.xml"
     env = {**os.environ, "SEALED_TEST_URL": stack.url, "SEALED_TEST_API_KEY": stack.api_key,
            "SEALED_TEST_MODEL": DEMO_MODEL, "SEALED_TEST_CLIENT_POLICY": str(policy),
-           "PYTHONPATH": f"{ROOT}{os.pathsep}{SUITES}", "OPENAI_API_KEY": "unused", "OPENAI_AGENTS_DISABLE_TRACING": "1"}
+           "PYTHONPATH": f"{ROOT}{os.pathsep}{SUITES}", "OPENAI_API_KEY": "unused",
+           "OPENAI_AGENTS_DISABLE_TRACING": "1"}
     proc = subprocess.run([python, "-m", "pytest", suite, "-q", f"--junitxml={report}"], cwd=SUITES, env=env,
                           capture_output=True, text=True, timeout=5400, check=False)
     assert report.exists(), proc.stdout[-4000:] + proc.stderr[-4000:]
