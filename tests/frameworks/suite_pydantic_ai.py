@@ -6,11 +6,12 @@ from __future__ import annotations
 import pytest
 from conftest import MODES, openai_clients, stack
 from pydantic import BaseModel, Field
-from pydantic_ai import Agent, NativeOutput
+from pydantic_ai import Agent, NativeOutput, RunContext
 from pydantic_ai.messages import ToolReturnPart
 from pydantic_ai.models.openai import OpenAIChatModel
 from pydantic_ai.providers.openai import OpenAIProvider
 from pydantic_ai.settings import ModelSettings
+from pydantic_ai.tools import ToolDefinition
 
 SETTINGS = ModelSettings(temperature=0, max_tokens=64)
 
@@ -28,12 +29,16 @@ def model(request: pytest.FixtureRequest) -> OpenAIChatModel:
 
 async def test_a_tool_then_structured_output(model: OpenAIChatModel) -> None:
     """tool_choice names the tool and the output tool (pydantic-ai refuses a static choice that names no
-    output tool), so every step is a call: the tool's, then the final result's."""
+    output tool), so every step is a call; the tool is offered until it is called once, so the run is the
+    tool's call and then the final result's, or the final result's alone."""
     called: list[str] = []
     agent = Agent(model, output_type=Weather, model_settings=SETTINGS,
                   instructions="Call get_weather, then give the final result.")
 
-    @agent.tool_plain
+    async def until_called(ctx: RunContext[None], tool: ToolDefinition) -> ToolDefinition | None:
+        return None if called else tool  # offered until called once: a run of at most two steps
+
+    @agent.tool_plain(prepare=until_called)
     def get_weather(city: str) -> str:
         """Get the current weather in a city."""
         called.append(city)
