@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from protocol.openai import format as fmt
-from protocol.openai.combinations import check_chat_combinations
+from protocol.openai.combinations import allowed_tools, check_chat_combinations
 from protocol.openai.constraints import (
     guided_constraint,
     named_call_arguments_constraint,
@@ -59,7 +59,8 @@ def plan_chat(req: ChatCompletionRequest, *, rid: str, tenant: str, key_id: str,
     max_tokens = resolve_max_tokens(req.max_completion_tokens or req.max_tokens, "chat", default_max_tokens)
     messages = [m.model_dump(exclude_none=True) for m in req.messages]
     tools = [t.model_dump(exclude_none=True) for t in req.tools or []]
-    choice = req.tool_choice.model_dump() if isinstance(req.tool_choice, NamedToolChoice) else req.tool_choice
+    tools, choice = allowed_tools(tools, req.tool_choice)
+    choice = choice.model_dump() if isinstance(choice, NamedToolChoice) else choice
     use_tools = bool(tools) and choice != "none"
     prefix, extra_stop = (fmt.tool_prefix(choice) if use_tools else ""), []
     structured = guided_constraint(req)

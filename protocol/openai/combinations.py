@@ -5,9 +5,10 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from protocol.openai.errors import OpenAIError
-from protocol.openai.schemas import ChatCompletionRequest
+from protocol.openai.schemas import AllowedToolsChoice, ChatCompletionRequest
 
 _SCHEMA_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _JSON_SCHEMA_KEYS = frozenset({"name", "description", "schema", "strict"})
@@ -45,3 +46,17 @@ def check_chat_combinations(req: ChatCompletionRequest) -> None:
     if "strict" in body and not isinstance(body["strict"], bool | None):
         raise OpenAIError(400, "response_format.json_schema.strict must be a boolean",
                           param="response_format.json_schema.strict")
+
+
+def allowed_tools(tools: list[dict[str, Any]], choice: Any) -> tuple[list[dict[str, Any]], Any]:
+    """`tool_choice: {"type": "allowed_tools"}` as the tools it allows and its mode (`auto` or
+    `required`), which the rest honours as usual; any other choice passes unchanged. A name that is
+    not among `tools` is a 400, as for a named choice."""
+    if not isinstance(choice, AllowedToolsChoice):
+        return tools, choice
+    names = {t.function.get("name") for t in choice.allowed_tools.tools}
+    offered = {t["function"]["name"] for t in tools}
+    if not names <= offered:
+        raise OpenAIError(400, "tool_choice.allowed_tools names a function that is not in tools",
+                          param="tool_choice.allowed_tools.tools")
+    return [t for t in tools if t["function"]["name"] in names], choice.allowed_tools.mode

@@ -103,3 +103,20 @@ def test_valid_combinations_are_accepted() -> None:
     assert plan(tools=[LOOSE], parallel_tool_calls=True, tool_choice="required").requests
     assert plan(response_format={"type": "json_schema", "json_schema": {"name": "n-1_x", "strict": True,
                                                                          "schema": {}}}).requests
+
+
+def test_allowed_tools_narrow_the_tools_under_their_mode() -> None:
+    allowed = {"type": "allowed_tools", "allowed_tools": {"mode": "required", "tools": [
+        {"type": "function", "function": {"name": "g"}}]}}
+    p = plan(tools=[STRICT, LOOSE], tool_choice=allowed)
+    assert p.prefix == "<tool_call>\n" and p.tool_names == frozenset({"g"})  # required, over g alone
+    spec = json.loads(p.requests[0].params.structured.spec)
+    assert spec["properties"]["name"] == {"const": "g"}
+    auto = {"type": "allowed_tools", "allowed_tools": {"mode": "auto", "tools": [
+        {"type": "function", "function": {"name": "f"}}]}}
+    p = plan(tools=[STRICT, LOOSE], tool_choice=auto)
+    assert p.prefix == "" and p.tool_names == frozenset({"f"}) and grammar(p).startswith("start: text")
+    with pytest.raises(OpenAIError) as err:
+        plan(tools=[STRICT], tool_choice={"type": "allowed_tools", "allowed_tools": {"mode": "auto", "tools": [
+            {"type": "function", "function": {"name": "nope"}}]}})
+    assert err.value.param == "tool_choice.allowed_tools.tools"
