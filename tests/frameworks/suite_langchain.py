@@ -14,7 +14,25 @@ from langchain_openai import ChatOpenAI
 from langchain_tests.integration_tests import ChatModelIntegrationTests
 
 # Quality, not protocol: each names what the 135M model gets wrong.
-QUALITY: dict[str, str] = {}
+_EXTRA_KEYS = ("quality: the forced call's arguments follow the tool's schema, which does not forbid other "
+               "properties (no additionalProperties: false), and the 135M model adds one, copying the schema's "
+               "own keywords into it; the test expects exactly the declared arguments")
+_RAMBLES = ("quality: the answer follows the schema while decoding, but the 135M model never closes its "
+            "string values, so max_tokens cuts it (finish_reason length; the SDK's parse raises "
+            "LengthFinishReasonError, as it would against OpenAI for a cut answer)")
+QUALITY: dict[str, str] = {
+    "test_tool_calling": _EXTRA_KEYS,
+    "test_tool_calling_async": _EXTRA_KEYS,
+    "test_tool_calling_with_no_arguments": _EXTRA_KEYS,
+    "test_structured_output": _RAMBLES,
+    "test_structured_output_async": _RAMBLES,
+    "test_structured_output_optional_param": _RAMBLES,
+    "test_structured_output_pydantic_2_v1": _RAMBLES + "; here through a forced call, whose cut arguments "
+                                            "lack the required punchline",
+    "test_json_mode": _RAMBLES,
+    "test_agent_loop": "quality: under tool_choice auto the 135M model answers in prose instead of calling "
+                       "get_weather (the test cannot force the call)",
+}
 
 
 class _Standard(ChatModelIntegrationTests):
