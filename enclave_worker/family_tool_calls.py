@@ -16,6 +16,7 @@ from dataclasses import replace
 from typing import Any
 
 from enclave_worker.engine.config import RequestOutput
+from enclave_worker.engine.errors import InvalidRequestError
 from enclave_worker.tool_syntax import (
     HERMES,
     MISTRAL,
@@ -69,9 +70,15 @@ def native_structured(syntax: ToolCallSyntax, prefix: str, structured: Structure
     the call object (protocol/openai/constraints.py::tool_call_constraint): Llama names its
     arguments "parameters"; Mistral v11 writes `name{arguments}` (one of the request's tools). A
     named call's constraint is its arguments, then the `}` that closes the object; Mistral v11's
-    call has no object around its arguments, so its constraint ends with them."""
+    call has no object around its arguments, so its constraint ends with them. An auto answer's
+    grammar (protocol/openai/tool_grammar.py: no prefix, a Lark grammar) switches on at the hermes
+    opener: another family's is refused rather than left unconstrained."""
     if structured is None:
         return structured
+    if not prefix and structured.kind == "lark" and syntax.name != HERMES:
+        raise InvalidRequestError(f"strict tools, response_format beside tools and parallel_tool_calls false "
+                                  f"are enforced for models that write hermes tool calls; this model writes "
+                                  f"{syntax.name}")
     if syntax.name == MISTRAL_V11:
         if structured.kind == "lark" and structured.spec.startswith(_NAMED_GRAMMAR_START):
             return replace(structured, spec="start: arguments\n" + structured.spec[len(_NAMED_GRAMMAR_START):])

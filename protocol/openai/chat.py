@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from protocol.openai import format as fmt
+from protocol.openai.combinations import allowed_tools, check_chat_combinations
 from protocol.openai.constraints import (
     guided_constraint,
     named_call_arguments_constraint,
@@ -27,6 +28,7 @@ from protocol.openai.runner import (
 )
 from protocol.openai.schemas import ChatCompletionRequest, NamedToolChoice
 from protocol.openai.tool_deltas import ToolCallDeltas
+from protocol.openai.tool_grammar import auto_tools_constraint, needs_auto_grammar
 from protocol.rpc import worker_pb2
 from protocol.sampling import resolve_max_tokens
 
@@ -51,12 +53,14 @@ class ChatPlan:
 def plan_chat(req: ChatCompletionRequest, *, rid: str, tenant: str, key_id: str, agent_killed: bool,
               default_max_tokens: int) -> ChatPlan:
     check_stream_options(req)
+    check_chat_combinations(req)
     if req.store:
         raise OpenAIError(400, "this server keeps no chat completions: store must be false or absent", param="store")
     max_tokens = resolve_max_tokens(req.max_completion_tokens or req.max_tokens, "chat", default_max_tokens)
     messages = [m.model_dump(exclude_none=True) for m in req.messages]
     tools = [t.model_dump(exclude_none=True) for t in req.tools or []]
-    choice = req.tool_choice.model_dump() if isinstance(req.tool_choice, NamedToolChoice) else req.tool_choice
+    tools, choice = allowed_tools(tools, req.tool_choice)
+    choice = choice.model_dump() if isinstance(choice, NamedToolChoice) else choice
     use_tools = bool(tools) and choice != "none"
     prefix, extra_stop = (fmt.tool_prefix(choice) if use_tools else ""), []
     structured = guided_constraint(req)
@@ -66,10 +70,21 @@ def plan_chat(req: ChatCompletionRequest, *, rid: str, tenant: str, key_id: str,
             raise OpenAIError(400, "tool_choice names a function that is not in tools", param="tool_choice")
         extra_stop = ["</tool_call>"]
     forced = use_tools and (choice == "required" or isinstance(choice, dict))
-    json_mode = req.response_format is not None and req.response_format.type != "text" and not use_tools
+    wants_json = req.response_format is not None and req.response_format.type != "text"
+    json_mode = wants_json and not use_tools
     if structured is not None and (forced or json_mode):
         raise OpenAIError(400, "guided_* cannot be combined with response_format or a forced tool_choice",
                           param="response_format" if json_mode else "tool_choice")
+    message_schema = _message_schema(req) if wants_json and use_tools and not forced else None
+    if use_tools and not forced and needs_auto_grammar(tools, message_schema, req.parallel_tool_calls is not False):
+        if structured is not None:
+            raise OpenAIError(400, "guided_* cannot be combined with strict tools, response_format or "
+                              "parallel_tool_calls false", param="tools")
+        # A message or calls, chosen by the model; the grammar starts at the call opener (tool_grammar.py).
+        structured = auto_tools_constraint(tools, message_schema, req.parallel_tool_calls is not False)
+        if message_schema is not None:
+            messages = [{"role": "system", "content": fmt.JSON_OR_TOOL_SYSTEM + json.dumps(message_schema)},
+                        *messages]
     if forced and isinstance(choice, dict):  # the name is in the prefix; the arguments follow its schema
         structured = named_call_arguments_constraint(tools[0])
     elif forced:  # the whole call is constrained: the name is one of the tools, the arguments follow its schema
@@ -91,6 +106,17 @@ def plan_chat(req: ChatCompletionRequest, *, rid: str, tenant: str, key_id: str,
                     constrained=structured is not None,
                     tool_names=frozenset(t["function"]["name"] for t in tools),
                     affinity=json.dumps(messages[:2])[:4096], reserve_chars=len(requests[0].messages_json))
+
+
+def _message_schema(req: ChatCompletionRequest) -> dict[str, Any]:
+    """The schema a message must follow beside tools: `json_schema`'s, or any object (`json_object`)."""
+    fmt_ = req.response_format
+    if fmt_ is None or fmt_.type == "json_object":
+        return {"type": "object"}
+    schema = (fmt_.json_schema or {}).get("schema", {})
+    if not isinstance(schema, dict):
+        raise OpenAIError(400, "a JSON schema must be an object", param="response_format.json_schema.schema")
+    return schema
 
 
 async def chat_body(req: ChatCompletionRequest, plan: ChatPlan, run: ChoiceRunner, streams: Streams,

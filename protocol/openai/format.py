@@ -13,6 +13,9 @@ from protocol.toolcall_stream import outside_content
 from protocol.toolcalls import coerce_json, streamable_len
 
 JSON_SYSTEM = "Respond only with a single valid JSON object."
+# Beside tools (tool_choice auto): the answer is calls or this JSON, never prose (tool_grammar.py).
+JSON_OR_TOOL_SYSTEM = ("Either call tools, or respond only with a single valid JSON value following this "
+                       "JSON schema: ")
 
 
 def tool_prefix(tool_choice: str | dict[str, Any] | None) -> str:

@@ -71,6 +71,18 @@ class NamedToolChoice(Strict):
     function: dict[str, str]
 
 
+class AllowedTools(Strict):
+    mode: Literal["auto", "required"]
+    tools: list[NamedToolChoice] = Field(min_length=1, max_length=128)
+
+
+class AllowedToolsChoice(Strict):
+    """OpenAI's `{"type": "allowed_tools", ...}`: only these of `tools` may be called, under `mode`."""
+
+    type: Literal["allowed_tools"]
+    allowed_tools: AllowedTools
+
+
 class ResponseFormat(Strict):
     type: Literal["text", "json_object", "json_schema"]
     json_schema: dict[str, Any] | None = None
@@ -135,7 +147,7 @@ class ChatCompletionRequest(SamplingFields):
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     tools: list[Tool] | None = None
-    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | AllowedToolsChoice | None = None
     response_format: ResponseFormat | None = None
     parallel_tool_calls: bool | None = None
     metadata: dict[str, str] | None = None
