@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from enclave_worker.engine import InvalidRequestError
-from enclave_worker.tool_syntax import LLAMA3_JSON, MISTRAL, SYNTAXES, WORKER_HERMES, native_structured
+from enclave_worker.family_tool_calls import native_structured
+from enclave_worker.tool_syntax import LLAMA3_JSON, MISTRAL, SYNTAXES, WORKER_HERMES
 from protocol.openai.tool_grammar import auto_tools_constraint
 from protocol.sampling import StructuredOutput
 
