@@ -33,8 +33,7 @@ def test_chat_fields_this_server_does_not_serve_are_refused_naming_them(field: s
     ({"service_tier": "auto"}, "service_tier"), ({"stream_options": {}}, "stream_options"),
     ({"prompt_cache_key": "k"}, "prompt_cache_key"), ({"safety_identifier": "s"}, "safety_identifier"),
     ({"context_management": []}, "context_management"), ({"prompt": {"id": "p"}}, "prompt"),
-    ({"conversation": "c"}, "conversation"),
-])
+])  # `conversation` is served (stored conversations: tests/api/test_conversations.py)
 def test_responses_fields_this_server_does_not_serve_are_a_400_naming_them(fields: dict[str, Any], param: str) -> None:
     with pytest.raises(OpenAIError) as err:
         to_chat(ResponsesRequest.model_validate({"model": "m", "input": "hi", **fields}))
