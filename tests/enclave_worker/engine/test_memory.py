@@ -116,11 +116,12 @@ def test_the_engine_sizes_its_kv_pool_from_the_host_fraction(make_engine, checkp
     monkeypatch.setattr(llm_engine_module, "host_memory", lambda: view)
     engine = make_engine(cpu_memory_utilization=0.4, max_num_batched_tokens=256)
     pool = engine.runner.kv_cache.untyped_storage().data_ptr()  # the attention layers hold views of it now
-    held = held_bytes([t for t in model_tensors(engine.model) if t.is_mkldnn or t.untyped_storage().data_ptr() != pool])
-    assert held >= sum(t.nbytes for t in checkpoint.tensors.values()) // 4  # the weights, not nothing
+    weight_bytes = held_bytes([t for t in model_tensors(engine.model)
+                               if t.is_mkldnn or t.untyped_storage().data_ptr() != pool])
+    assert weight_bytes >= sum(t.nbytes for t in checkpoint.tensors.values()) // 4  # the weights, not nothing
     reserve = activation_reserve(256, engine.vocab_size, int(checkpoint.config["hidden_size"]))
     block = engine.runner.kv_cache[:, :, :16].nbytes  # one block of K and V, every layer
-    expected = (int((2 * GIB + held) * 0.4) - held - reserve) // block
+    expected = (int((2 * GIB + weight_bytes) * 0.4) - weight_bytes - reserve) // block
     assert engine.stats()["num_kv_blocks"] == expected > 0
     assert engine.runner.kv_cache.shape[2] == expected * 16
 
