@@ -8,7 +8,6 @@ import hashlib
 import secrets
 import socket
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,6 +25,7 @@ from enclave_worker.package import decrypt_package
 from enclave_worker.package.writer import write_package
 from protocol.package.format import UPLOAD_CHUNK_DIGEST_HEADER
 from sealed_bench.cutting_proxy import CuttingProxy
+from tests.policy.audit.stream.chaos import wait_until
 
 CHUNK = 128 << 10
 
@@ -44,10 +44,7 @@ def server(upload_app, tmp_path: Path) -> Iterator[tuple[int, Path]]:  # type: i
     srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=srv.run, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 60
-    while not srv.started:  # wait for uvicorn to listen
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
+    wait_until(lambda: srv.started, "uvicorn listening")  # a hang guard only: no duration is asserted
     yield port, store
     srv.should_exit = True
     thread.join(10)
@@ -112,10 +109,8 @@ def test_a_chunk_cut_short_is_not_kept(server: tuple[int, Path], tmp_path: Path)
                      f"authorization: Bearer tenant-t1\r\ncontent-length: {CHUNK}\r\n\r\n").encode()
                     + payload[:5000])
         staged = store / "uploads" / upload_id / "payload.bin"
-        deadline = time.monotonic() + 60
-        while not staged.exists() or staged.stat().st_size < 5000:  # the server holds the partial chunk
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
+        # the server holds the partial chunk
+        wait_until(lambda: staged.exists() and staged.stat().st_size >= 5000, "the partial chunk staged")
         raw.close()
         whole = client.put(f"/v1/packages/uploads/{upload_id}/payload.bin", params={"offset": 0},
                            content=payload[:CHUNK])
