@@ -14,9 +14,13 @@ from typing import Any
 import torch
 
 from enclave_worker.engine.checkpoint import Checkpoint, hf_dir_parts, load_gguf, load_hf_dir
+from enclave_worker.engine.embedder import pooling_of
+from enclave_worker.engine.encoder_checkpoint import load_encoder_dir
 from enclave_worker.engine.errors import CheckpointError
 from enclave_worker.engine.layers.quantized_weight import flatten as flatten_quantized
 from enclave_worker.engine.models import check_architecture
+from enclave_worker.engine.models.bert import encoder_spec, is_encoder
+from enclave_worker.engine.models.spec import UnsupportedArchitecture
 from enclave_worker.package.sources import TensorSource, open_safetensors
 from enclave_worker.package.writer import write_package
 from protocol.model_ref import ModelRef
@@ -43,11 +47,38 @@ class StreamedCheckpoint:
     chat_template: str | None
 
 
+def model_kind(cfg: dict[str, Any]) -> str:
+    """What the package serves (protocol.package.format.MODEL_KINDS): a BERT-family encoder serves
+    /v1/embeddings; anything else is a chat model. Checked, as `check_model` does, before any work."""
+    return "embedding" if is_encoder(cfg) else "chat"
+
+
+def check_model(cfg: dict[str, Any]) -> str:
+    """The model's kind, or UnsupportedArchitecture (one line) where the sealed engine cannot run it:
+    an encoder must have a shape the engine computes like the reference and a pooling it runs."""
+    if model_kind(cfg) == "chat":
+        check_architecture(cfg)
+        return "chat"
+    encoder_spec(cfg)
+    try:
+        pooling_of(cfg)
+    except CheckpointError as exc:
+        raise UnsupportedArchitecture(f"the engine cannot run this encoder: {exc}") from None
+    return "embedding"
+
+
+def _is_encoder_dir(src: Path) -> bool:
+    return src.is_dir() and is_encoder(hf_dir_parts(src).config)
+
+
 def load_source(src: Path, native_quant: bool = False) -> Checkpoint:
     """A GGUF file (``native_quant``: its quantized linears kept in the engine's kernel layouts, else
-    dequantized to float32) or an HF directory (AWQ, GPTQ, compressed-tensors always kept quantized).
+    dequantized to float32), an HF directory (AWQ, GPTQ, compressed-tensors always kept quantized), or
+    a sentence-transformers encoder directory (its pooling read from its modules, as ``_pooling``).
     What the engine would not load raises CheckpointError here, on the tenant's machine."""
-    return load_gguf(src, native=native_quant) if src.is_file() else load_hf_dir(src)
+    if src.is_file():
+        return load_gguf(src, native=native_quant)
+    return load_encoder_dir(src) if _is_encoder_dir(src) else load_hf_dir(src)
 
 
 def open_source(src: Path, stack: ExitStack, native_quant: bool = False) -> Checkpoint | StreamedCheckpoint:
@@ -58,7 +89,7 @@ def open_source(src: Path, stack: ExitStack, native_quant: bool = False) -> Chec
     if src.is_file():
         return load_source(src, native_quant)
     parts = hf_dir_parts(src)
-    if parts.config.get("quantization_config"):
+    if parts.config.get("quantization_config") or is_encoder(parts.config):  # encoders are small: in memory
         return load_source(src, native_quant)
     tensors: dict[str, TensorSource] = {}
     for shard in parts.weight_files:
@@ -77,8 +108,9 @@ def encrypt_checkpoint(checkpoint: Checkpoint | StreamedCheckpoint, out: Path, *
                        segment_size: int | None = None) -> EncryptedModel:
     """A fresh data key per model version; the package holds only ciphertext and public metadata.
     A model the sealed engine cannot run is refused first (UnsupportedArchitecture, one line naming
-    it and pointing to the vLLM backend), before anything is written."""
-    check_architecture(checkpoint.config)
+    it and pointing to the vLLM backend), before anything is written. An encoder is packed as kind
+    "embedding" (its pooling in the config's ``_pooling``)."""
+    kind = check_model(checkpoint.config)
     data_key = secrets.token_bytes(32)
     tensors: list[tuple[str, torch.Tensor | TensorSource]]
     quantization: dict[str, Any] = {}
@@ -87,7 +119,7 @@ def encrypt_checkpoint(checkpoint: Checkpoint | StreamedCheckpoint, out: Path, *
     else:
         plain, quantization = flatten_quantized(checkpoint.tensors)  # plain tensors + each one's scheme
         tensors = list(plain)
-    metadata = {"format": "hf-llama", "config": checkpoint.config,
+    metadata = {"format": "hf-bert" if kind == "embedding" else "hf-llama", "config": checkpoint.config,
                 "tokenizer_json": checkpoint.tokenizer_json, "chat_template": checkpoint.chat_template}
     if quantization:
         metadata["quantization"] = quantization
@@ -96,7 +128,7 @@ def encrypt_checkpoint(checkpoint: Checkpoint | StreamedCheckpoint, out: Path, *
         metadata=metadata,
         tensors=tensors,
         data_key=data_key, key_id=f"dek-{secrets.token_hex(8)}", tenant=tenant, model=model, version=version,
-        signing_key=signing_key, progress=progress, segment_size=segment_size or DEFAULT_SEGMENT_SIZE,
+        signing_key=signing_key, progress=progress, segment_size=segment_size or DEFAULT_SEGMENT_SIZE, kind=kind,
     )
     return EncryptedModel(manifest, data_key)
 

@@ -14,10 +14,9 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColu
 
 from api.cli.refs import model_ref
 from api.home import ed25519_key
-from api.tenant_tools import encrypt_checkpoint, open_source, seal_for_broker
+from api.tenant_tools import check_model, encrypt_checkpoint, open_source, seal_for_broker
 from enclave_worker.engine.errors import CheckpointError
 from enclave_worker.engine.layers.quantized_weight import QuantizedWeight
-from enclave_worker.engine.models import check_architecture
 from enclave_worker.engine.models.spec import UnsupportedArchitecture
 from enclave_worker.vllm_engine.weights import vllm_note
 from protocol.fsutil import atomic_write
@@ -58,7 +57,7 @@ def encrypt(
             typer.echo(f"error: the engine cannot load {src}: {exc}", err=True)
             raise typer.Exit(2) from None
         try:
-            check_architecture(checkpoint.config)  # before any work: one line, no package written
+            check_model(checkpoint.config)  # before any work: one line, no package written
         except UnsupportedArchitecture as exc:
             progress.stop()
             typer.echo(f"sealed encrypt: {exc}", err=True)
@@ -72,7 +71,7 @@ def encrypt(
     atomic_write(sealed_path, sealed.to_json().encode())
     typer.echo(f"package {out}: {result.manifest.num_segments} segments, "
                f"{result.manifest.plaintext_bytes} bytes, digest {result.manifest.plaintext_digest}")
-    typer.echo(f"signed by {result.manifest.signer}")
+    typer.echo(f"signed by {result.manifest.signer}; serves: {result.manifest.kind}")
     typer.echo(f"data key sealed to broker import key {sealed.import_key_id}: {sealed_path}")
     note = vllm_note({n: t.spec.to_json() for n, t in checkpoint.tensors.items() if isinstance(t, QuantizedWeight)})
     if note:  # the package serves on both engines; say what the vLLM backend does with its quantized weights

@@ -236,7 +236,8 @@ def complete(upload_id: str, tenant: str = Depends(caller_tenant),
     address = package_address(files)
     record = {"address": address, "tenant": tenant, "model": manifest.model, "version": manifest.version,
               "package_id": manifest.package_id, "signer": signer, "key_id": manifest.key_id,
-              "plaintext_digest": manifest.plaintext_digest, "payload_bytes": manifest.payload_bytes}
+              "plaintext_digest": manifest.plaintext_digest, "payload_bytes": manifest.payload_bytes,
+              "kind": manifest.kind}  # chat | embedding: signed in the manifest, checked again by the worker
     ref = store.refs / path_component(tenant, "tenant") / model / f"{version}.json"
     if ref.exists() and json.loads(ref.read_text())["address"] != address:
         raise HTTPException(409, "this model version already has another package; versions are immutable")

@@ -16,6 +16,7 @@ from protocol.package.errors import PackageFormatError
 from protocol.package.format import (
     DEFAULT_DIGEST_ALG,
     DEFAULT_SEGMENT_SIZE,
+    MODEL_KINDS,
     TAG_BYTES,
     Manifest,
     TensorEntry,
@@ -114,6 +115,7 @@ def write_package(
     segment_size: int = DEFAULT_SEGMENT_SIZE,
     progress: Callable[[int], None] | None = None,
     digest_alg: str = DEFAULT_DIGEST_ALG,
+    kind: str = "chat",
 ) -> Manifest:
     """Write manifest.json, its signature and payload.bin. Plaintext never touches the disk.
 
@@ -123,6 +125,8 @@ def write_package(
 
     `signing_key`: an Ed25519 private key, or a ModelSigningKey (OpenSSF model-signing, EC key).
     """
+    if kind not in MODEL_KINDS:  # refused before anything is written
+        raise PackageFormatError(f"unsupported model kind {kind!r} (one of {', '.join(MODEL_KINDS)})")
     meta = metadata_to_bytes(metadata)
     ordered = fusion_adjacent_order([(n, InMemoryTensor(t) if isinstance(t, torch.Tensor) else t)
                                      for n, t in tensors])
@@ -142,7 +146,7 @@ def write_package(
         plaintext_bytes=cursor, plaintext_digest=_digest(meta, sources, entries, cursor, digest_alg),
         metadata_bytes=len(meta),
         key_check=key_check_value(data_key, package_id), signer=signer_identity(signing_key.public_key()),
-        tensors=tuple(entries),
+        tensors=tuple(entries), kind=kind,
     )
     manifest_bytes = manifest.to_bytes()
     prefix = ad_prefix(package_id, manifest_bytes)

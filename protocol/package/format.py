@@ -40,6 +40,10 @@ DEFAULT_SEGMENT_SIZE = 4 << 20  # large segments: per-segment setup cost vanishe
 MAX_SEGMENT_SIZE = 1 << 26
 DTYPES = ("float32", "float16", "bfloat16", "int8", "uint8", "int32", "int64")
 DIGEST_ALGS = ("blake3", "sha256")
+# What a package serves: a chat (decoder) model, or a sentence-embedding (encoder) model for
+# /v1/embeddings. Public and signed, so the upload check and the catalog know it without the key; the
+# worker checks it against the decrypted config. "chat" is left out of manifest.json (older packages).
+MODEL_KINDS = ("chat", "embedding")
 DEFAULT_DIGEST_ALG = "blake3"  # collision resistant, keyless, ~4x faster than SHA-256 here
 _AD_LABEL = b"sealed-pkg-v2"
 
@@ -82,6 +86,7 @@ class Manifest:
     signer: str
     tensors: tuple[TensorEntry, ...] = field(default_factory=tuple)
     format_version: int = FORMAT_VERSION
+    kind: str = "chat"  # one of MODEL_KINDS
 
     @property
     def ref(self) -> ModelRef:
@@ -117,6 +122,8 @@ class Manifest:
                 for t in self.tensors
             ],
         }
+        if self.kind != "chat":
+            doc["kind"] = self.kind
         return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
 
     @classmethod
@@ -136,6 +143,7 @@ class Manifest:
                 num_segments=int(doc["num_segments"]), plaintext_bytes=int(doc["plaintext_bytes"]),
                 plaintext_digest=str(doc["plaintext_digest"]), metadata_bytes=int(doc["metadata_bytes"]),
                 key_check=str(doc["key_check"]), signer=str(doc["signer"]), tensors=tensors,
+                kind=str(doc.get("kind", "chat")),
             )
         except PackageFormatError:
             raise
@@ -150,6 +158,8 @@ class Manifest:
         """Every tensor lies inside the plaintext, aligned, without overlap, with a consistent size."""
         if not 0 < self.segment_size <= MAX_SEGMENT_SIZE:
             raise PackageFormatError("segment size out of range")
+        if self.kind not in MODEL_KINDS:
+            raise PackageFormatError(f"unsupported model kind {self.kind!r} (one of {', '.join(MODEL_KINDS)})")
         try:
             if len(bytes.fromhex(self.package_id)) != 16:
                 raise ValueError
