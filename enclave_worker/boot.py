@@ -18,6 +18,7 @@ from enclave_worker.broker_auth import authenticate_broker, check_release
 from enclave_worker.cold_start import ColdStart
 from enclave_worker.engine import EngineConfig, LLMEngine
 from enclave_worker.engine.checkpoint import Checkpoint
+from enclave_worker.engine.embedding_engine import EmbeddingEngine
 from enclave_worker.engine.errors import InvalidRequestError
 from enclave_worker.engine.layers.quantized_weight import unflatten as unflatten_quantized
 from enclave_worker.engine.structured import GrammarCompiler
@@ -90,7 +91,10 @@ def _release_unaliased(model: DecryptedModel, engine: ServingEngine) -> Decrypte
 
 
 def build_engine(settings: WorkerSettings, model: DecryptedModel) -> ServingEngine:
-    """The engine the measured configuration names, built from the decrypted package."""
+    """The engine the measured configuration names, built from the decrypted package; for a package of
+    kind "embedding" (signed in its manifest), the encoder (`EmbeddingEngine`) instead of a decoder."""
+    if model.manifest.kind == "embedding":
+        return build_embedding_engine(settings, model)
     if settings.engine == "vllm":
         # Imported here: vLLM is installed only where a worker serves with it.
         from enclave_worker.vllm_engine.build import build_vllm_engine
@@ -106,6 +110,15 @@ def build_engine(settings: WorkerSettings, model: DecryptedModel) -> ServingEngi
     engine = LLMEngine.from_checkpoint(checkpoint, engine_config(settings))
     warm_grammars_in_background(engine.grammars)
     return engine
+
+
+def build_embedding_engine(settings: WorkerSettings, model: DecryptedModel) -> EmbeddingEngine:
+    """The encoder, from the decrypted buffer (in memory: nothing of it reaches the disk)."""
+    if settings.engine != "sealed":
+        raise InvalidRequestError("an embedding model is served by the sealed engine only (not vLLM)")
+    checkpoint = Checkpoint(config=model.metadata["config"], tensors=dict(model.tensors),
+                            tokenizer_json=model.metadata["tokenizer_json"], chat_template=None)
+    return EmbeddingEngine.from_checkpoint(checkpoint, engine_config(settings))
 
 
 def warm_grammars_in_background(grammars: GrammarCompiler) -> threading.Thread:

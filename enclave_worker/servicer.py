@@ -19,6 +19,7 @@ import grpc
 
 from enclave_worker.answer import Answer
 from enclave_worker.delivery import Delivery
+from enclave_worker.embedding import EmbedCall, embedding_engine
 from enclave_worker.engine import InvalidRequestError
 from enclave_worker.engine_protocol import ServingEngine
 from enclave_worker.errors import AnswerError, RequestRefused, SealedRefusal
@@ -75,6 +76,9 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                        ) -> AsyncIterator[worker_pb2.GenerateChunk]:
         if sealed_only(self.state):
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, "this tenant requires sealed mode")
+        if self.state.live.embedder is not None:  # an encoder generates nothing: say so, not "no template"
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"model {self.state.settings.model} is an "
+                                "embedding model: it serves /v1/embeddings, not chat or completions")
         if request.history:  # a stored response it continues from, opened here only
             try:
                 request = with_history(self.state, request)
@@ -190,3 +194,23 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         except InvalidRequestError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         return worker_pb2.OpenStateReply(document_json=json.dumps(document, ensure_ascii=False))
+
+    async def Embed(self, request: worker_pb2.EmbedRequest, context: grpc.aio.ServicerContext
+                    ) -> worker_pb2.EmbedReply:
+        """/v1/embeddings on an encoder's worker (enclave_worker/embedding.py): unary, the signed usage
+        in the reply; a chat model's worker refuses it (INVALID_ARGUMENT)."""
+        if sealed_only(self.state):  # the inputs arrive in clear
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, "this tenant requires sealed mode")
+        await self._engine(context)  # serving: the data key is live
+        call = EmbedCall(self.state, request, [])
+        signer, clock = self.state.signer, self.state.clock
+        try:
+            reply = await call.reply(embedding_engine(self.state))
+        except InvalidRequestError as exc:  # NotAnEmbeddingModel too: the caller named a chat model
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except GuardRefusal as exc:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc), trailing_metadata=decision_metadata(
+                signer.decisions(request, call.notes, exc, clock.now())))
+        if call.notes:  # redactions: signed, for the gateway's audit trail
+            context.set_trailing_metadata(decision_metadata(signer.decisions(request, call.notes, None, clock.now())))
+        return reply

@@ -23,6 +23,8 @@ from attestation.bundle import channel_binding
 from enclave_worker.boot import BootedWorker
 from enclave_worker.clock import Clock
 from enclave_worker.cold_start import ColdStart
+from enclave_worker.engine.embedder import Embedder
+from enclave_worker.engine.embedding_engine import EmbeddingEngine
 from enclave_worker.guard import WorkerGuard
 from enclave_worker.keywatch import KeyLease
 from enclave_worker.outbox import Outbox
@@ -92,6 +94,13 @@ class LiveState:
         """Replace the model's attestation (a renewal) unless it was wiped or replaced meanwhile."""
         if self.booted is old:
             self.booted = new
+
+    @property
+    def embedder(self) -> Embedder | None:
+        """The encoder a worker of an embedding model serves with (retrieval hangs on it); None before
+        boot, once wiped, or on a chat model's worker."""
+        engine = self.booted.engine if self.booted is not None else None
+        return engine.embedder if isinstance(engine, EmbeddingEngine) else None
 
     def evidence_sha256(self) -> str:
         """`EvidenceBundle.digest()` of the evidence served now (renewals replace it), or ""."""

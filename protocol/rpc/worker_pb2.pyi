@@ -261,3 +261,37 @@ class DetokenizeReply(_message.Message):
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     prompt: str
     def __init__(self, prompt: _Optional[str] = ...) -> None: ...
+
+class EmbedInput(_message.Message):
+    __slots__ = ("text", "token_ids")
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    text: str
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class EmbedRequest(_message.Message):
+    __slots__ = ("request_id", "tenant", "key_id", "model", "inputs")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    KEY_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    INPUTS_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    tenant: str
+    key_id: str
+    model: str
+    inputs: _containers.RepeatedCompositeFieldContainer[EmbedInput]
+    def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., key_id: _Optional[str] = ..., model: _Optional[str] = ..., inputs: _Optional[_Iterable[_Union[EmbedInput, _Mapping]]] = ...) -> None: ...
+
+class EmbedReply(_message.Message):
+    __slots__ = ("vectors", "dimensions", "prompt_tokens", "usage")
+    VECTORS_FIELD_NUMBER: _ClassVar[int]
+    DIMENSIONS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    USAGE_FIELD_NUMBER: _ClassVar[int]
+    vectors: bytes
+    dimensions: int
+    prompt_tokens: int
+    usage: UsageRecord
+    def __init__(self, vectors: _Optional[bytes] = ..., dimensions: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., usage: _Optional[_Union[UsageRecord, _Mapping]] = ...) -> None: ...

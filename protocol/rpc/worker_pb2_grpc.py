@@ -69,6 +69,11 @@ class WorkerStub:
                 request_serializer=worker__pb2.OpenStateRequest.SerializeToString,
                 response_deserializer=worker__pb2.OpenStateReply.FromString,
                 _registered_method=True)
+        self.Embed = channel.unary_unary(
+                '/sealed.worker.v1.Worker/Embed',
+                request_serializer=worker__pb2.EmbedRequest.SerializeToString,
+                response_deserializer=worker__pb2.EmbedReply.FromString,
+                _registered_method=True)
 
 
 class WorkerServicer:
@@ -116,6 +121,12 @@ class WorkerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Embed(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -153,6 +164,11 @@ def add_WorkerServicer_to_server(servicer, server):
                     servicer.OpenState,
                     request_deserializer=worker__pb2.OpenStateRequest.FromString,
                     response_serializer=worker__pb2.OpenStateReply.SerializeToString,
+            ),
+            'Embed': grpc.unary_unary_rpc_method_handler(
+                    servicer.Embed,
+                    request_deserializer=worker__pb2.EmbedRequest.FromString,
+                    response_serializer=worker__pb2.EmbedReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -344,6 +360,33 @@ class Worker:
             '/sealed.worker.v1.Worker/OpenState',
             worker__pb2.OpenStateRequest.SerializeToString,
             worker__pb2.OpenStateReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Embed(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sealed.worker.v1.Worker/Embed',
+            worker__pb2.EmbedRequest.SerializeToString,
+            worker__pb2.EmbedReply.FromString,
             options,
             channel_credentials,
             insecure,

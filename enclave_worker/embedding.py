@@ -1,0 +1,72 @@
+"""One `Worker.Embed` call (protocol/rpc/worker.proto): the inputs through the tenant's data controls
+(the same input checks and admission limits a prompt gets), the encoder, and a signed usage record
+of the tokens it read. The gRPC mapping of its errors is in servicer.py.
+
+The vectors leave the worker only in the reply (float32 little-endian rows); nothing here logs an
+input or a vector."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from enclave_worker.engine.embedding_engine import EmbeddingEngine
+from enclave_worker.engine.errors import InvalidRequestError
+from enclave_worker.guard import GuardNote
+from enclave_worker.state import WorkerState
+from protocol.rpc import worker_pb2
+
+
+class NotAnEmbeddingModel(InvalidRequestError):
+    """The worker serves a chat model: it has no encoder to embed with."""
+
+
+@dataclass
+class EmbedCall:
+    """One request: its inputs checked, then embedded; `notes` and `decisions` for the audit trail."""
+
+    state: WorkerState
+    request: worker_pb2.EmbedRequest
+    notes: list[GuardNote]
+
+    def inputs(self) -> list[str | list[int]]:
+        """Texts (through the data controls: a blocked input refuses the call, a redacted one is
+        embedded as redacted) or token-id lists, in the order given."""
+        state, request = self.state, self.request
+        items: list[str | list[int]] = []
+        for i, item in enumerate(request.inputs):
+            if item.text and item.token_ids:
+                raise InvalidRequestError(f"input[{i}] has both text and token ids")
+            items.append(list(item.token_ids) if item.token_ids else item.text)
+        texts = [(i, t) for i, t in enumerate(items) if isinstance(t, str)]
+        if state.guard is not None and texts:
+            checked = state.guard.check_input(request.key_id, state.settings.model, [t for _, t in texts], self.notes)
+            for (i, _), text in zip(texts, checked, strict=True):
+                items[i] = text
+        return items
+
+    async def reply(self, engine: EmbeddingEngine) -> worker_pb2.EmbedReply:
+        state, request = self.state, self.request
+        if request.tenant != state.settings.tenant:
+            raise InvalidRequestError("this worker serves another tenant")
+        items = self.inputs()
+        ids = engine.check(items)
+        if state.guard is not None:
+            state.guard.check_admission(request.key_id, state.settings.model, sum(map(len, ids)), 0)
+        started = time.monotonic()
+        out = await engine.embed(ids)
+        vectors = np.ascontiguousarray(out.vectors.numpy(), dtype="<f4")
+        usage = state.signer.usage(request, out.prompt_tokens, 0, time.monotonic() - started, state.clock.now())
+        return worker_pb2.EmbedReply(vectors=vectors.tobytes(), dimensions=int(vectors.shape[1]),
+                                     prompt_tokens=out.prompt_tokens, usage=usage)
+
+
+def embedding_engine(state: WorkerState) -> EmbeddingEngine:
+    """The served encoder, or NotAnEmbeddingModel (a chat model's worker)."""
+    engine = state.booted.engine if state.booted is not None else None
+    if not isinstance(engine, EmbeddingEngine):
+        raise NotAnEmbeddingModel(f"model {state.settings.model} is not an embedding model: "
+                                  f"it serves chat and completions, not /v1/embeddings")
+    return engine
