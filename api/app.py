@@ -32,6 +32,7 @@ from api.gateway.conversations import router as conversations_router
 from api.gateway.delivery_probe import DeliveryProbe
 from api.gateway.demand import Demand
 from api.gateway.edge import EdgeGuard
+from api.gateway.embeddings_routes import router as embeddings_router
 from api.gateway.enrolment import Enrolment
 from api.gateway.errors import GatewayError, gateway_error_handler, http_error_handler, validation_error_handler
 from api.gateway.grpc_client import WorkerClients
@@ -165,7 +166,8 @@ def _gateway_app(settings: GatewaySettings, service: GatewayService) -> FastAPI:
     app = FastAPI(title="Sealed gateway", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None,
                   **without_native_telemetry())
     app.state.service = service
-    for router in (openai_router, sealed_router, responses_router, conversations_router, internal.router):
+    for router in (openai_router, sealed_router, responses_router, conversations_router, internal.router,
+                   embeddings_router):
         app.include_router(router)
     app.add_exception_handler(GatewayError, gateway_error_handler)
     app.add_exception_handler(RequestValidationError, validation_error_handler)

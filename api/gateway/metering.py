@@ -35,7 +35,8 @@ class Metering:
         self._keys_kept.add(worker.usage_public_key)
 
     async def record(self, record: worker_pb2.UsageRecord, worker: WorkerInfo,
-                     request: worker_pb2.GenerateRequest | worker_pb2.SealedRequest | None) -> None:
+                     request: worker_pb2.GenerateRequest | worker_pb2.SealedRequest | worker_pb2.EmbedRequest | None
+                     ) -> None:
         """Meter a signed record: the one on a call's final chunk (`request`: that call's), or one the
         worker owed by heartbeat (`request` None: a call that ended early). Stored once per worker
         and request id, so a record that came both ways counts once."""

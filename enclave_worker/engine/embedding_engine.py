@@ -112,7 +112,8 @@ class EmbeddingEngine:
         raise InvalidRequestError("this model is an embedding model: it serves /v1/embeddings, not generation")
 
     def stats(self) -> dict[str, Any]:
-        return {"kind": "embedding", "embedding_dim": self.embedder.dim, "inputs_embedded": self._served}
+        # Numbers only (WorkerStatus.stats): the gateway reads a nonzero embedding_dim as "an encoder".
+        return {"embedding_dim": self.embedder.dim, "inputs_embedded": self._served}
 
     def held_tensors(self) -> list[torch.Tensor]:
         return model_tensors(self.embedder.encoder)
