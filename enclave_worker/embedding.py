@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from enclave_worker.engine.embedding_engine import EmbeddingEngine
 from enclave_worker.engine.errors import InvalidRequestError
-from enclave_worker.guard import GuardNote
+from enclave_worker.guard import GuardNote, GuardRefusal
 from enclave_worker.state import WorkerState
+from protocol.openai.embeddings import EmbeddingsRequest, embeddings_body, rows
+from protocol.openai.errors import OpenAIError
 from protocol.rpc import worker_pb2
 
 
@@ -70,3 +73,28 @@ def embedding_engine(state: WorkerState) -> EmbeddingEngine:
         raise NotAnEmbeddingModel(f"model {state.settings.model} is not an embedding model: "
                                   f"it serves chat and completions, not /v1/embeddings")
     return engine
+
+
+async def embeddings_document(state: WorkerState, request: worker_pb2.SealedRequest, req: EmbeddingsRequest
+                              ) -> tuple[dict[str, Any], int]:
+    """A sealed /v1/embeddings request's answer, as the gateway gives it in plaintext mode, and the
+    prompt tokens it read (for the receipt and the usage record). Refusals are OpenAIError."""
+    try:
+        engine = embedding_engine(state)
+        if req.dimensions is not None and req.dimensions != engine.embedder.dim:
+            raise OpenAIError(400, f"dimensions {req.dimensions} is not this model's ({engine.embedder.dim})",
+                              code="invalid_value", param="dimensions")
+        call = EmbedCall(state, worker_pb2.EmbedRequest(
+            request_id=request.request_id, tenant=request.tenant, key_id=request.key_id, model=request.model,
+            inputs=[worker_pb2.EmbedInput(text=i) if isinstance(i, str) else worker_pb2.EmbedInput(token_ids=i)
+                    for i in req.inputs()]), [])
+        reply = await call.reply(engine)
+    except NotAnEmbeddingModel as exc:
+        raise OpenAIError(400, str(exc), code="invalid_value", param="model") from exc
+    except InvalidRequestError as exc:
+        raise OpenAIError(400, str(exc), code="invalid_value", param="input") from exc
+    except GuardRefusal as exc:
+        raise OpenAIError(403, str(exc), type_="permission_error", code="content_policy_violation") from exc
+    document = embeddings_body(req.model, rows(reply.vectors, reply.dimensions), req.encoding_format,
+                               reply.prompt_tokens)
+    return document, reply.prompt_tokens

@@ -16,10 +16,12 @@ from typing import Any, TypeVar
 from pydantic import ValidationError
 
 from enclave_worker.answer import Answer
+from enclave_worker.embedding import embeddings_document
 from enclave_worker.stage_times import StageTimes
 from enclave_worker.state import WorkerState
 from protocol.openai.chat import chat_body, chat_events, plan_chat
 from protocol.openai.completions import completion_body, completion_events, plan_completion
+from protocol.openai.embeddings import EmbeddingsRequest
 from protocol.openai.errors import OpenAIError
 from protocol.openai.responses import responses_body, responses_events
 from protocol.openai.responses_request import ResponsesRequest, refuse_stored_state, to_chat
@@ -29,7 +31,7 @@ from protocol.rpc import worker_pb2
 from protocol.sampling import DEFAULT_MAX_TOKENS
 from protocol.sealed.http import ResponseHead
 
-R = TypeVar("R", ChatCompletionRequest, CompletionRequest, ResponsesRequest)
+R = TypeVar("R", ChatCompletionRequest, CompletionRequest, ResponsesRequest, EmbeddingsRequest)
 
 
 class LocalRun:
@@ -103,6 +105,11 @@ async def inner_answer(state: WorkerState, request: worker_pb2.SealedRequest, bo
     tee = {"tee": s.tee, "insecure": s.insecure, "system_fingerprint": f"sealed-{s.tee}"}
     if request.endpoint == "/v1/responses":
         return await _responses(state, request, body, run, tee)
+    if request.endpoint == "/v1/embeddings":  # an encoder's worker (enclave_worker/embedding.py)
+        document, prompt_tokens = await embeddings_document(state, request, _parse(EmbeddingsRequest, body,
+                                                                                   request.model))
+        run.tokens[0] = (prompt_tokens, 0)  # what the receipt and the usage record count
+        return _whole(document)
     if chat:
         req = _parse(ChatCompletionRequest, body, request.model)
         plan = plan_chat(req, rid=rid, tenant=request.tenant, key_id=request.key_id,

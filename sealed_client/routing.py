@@ -32,5 +32,5 @@ def route_of(request: httpx2.Request, unsafe_allow_plaintext: bool) -> tuple[str
     if unsafe_allow_plaintext:
         return None
     raise UnsealedRequest(f"{request.method} {request.url.path} cannot be sealed (sealed endpoints: POST "
-                          "…/v1/chat/completions, …/v1/completions and …/v1/responses; is the base URL missing /v1?); "
-                          "refused before sending")
+                          "…/v1/chat/completions, …/v1/completions, …/v1/responses and …/v1/embeddings; is the "
+                          "base URL missing /v1?); refused before sending")

@@ -1,8 +1,8 @@
-"""httpx2 transports (the HTTP library the openai SDK uses) that seal chat, completion and Responses
-API requests (protocol/sealed/http.py::ENDPOINTS).
+"""httpx2 transports (the HTTP library the openai SDK uses) that seal chat, completion, Responses API
+and embeddings requests (protocol/sealed/http.py::ENDPOINTS).
 
 A request the client cannot seal is refused with `UnsealedRequest` before anything is sent (any
-other endpoint, e.g. `embeddings.create`; a base URL without `/v1`, whose paths do not end in a
+other endpoint, e.g. `moderations.create`; a base URL without `/v1`, whose paths do not end in a
 sealed endpoint), unless the transport was made with `unsafe_allow_plaintext` (logged). Only a
 `GET` of the model list passes through: it carries nothing of the caller's. A sealed request goes only to the
 pinned worker; on `409 reattest_required` the transport verifies the deployment again and retries

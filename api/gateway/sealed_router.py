@@ -90,3 +90,10 @@ async def sealed_completions(request: Request, key: KeyRecord = Depends(current_
 async def sealed_responses(request: Request, key: KeyRecord = Depends(current_key),
                            service: GatewayService = Depends(get_service)) -> CleanupStreamingResponse:
     return await _sealed("/v1/responses", request, key, service)
+
+
+@router.post("/v1/sealed/embeddings", response_model=None)
+async def sealed_embeddings(request: Request, key: KeyRecord = Depends(current_key),
+                            service: GatewayService = Depends(get_service)) -> CleanupStreamingResponse:
+    """/v1/embeddings sealed to an encoder's worker (enclave_worker/embedding.py answers it inside)."""
+    return await _sealed("/v1/embeddings", request, key, service)

@@ -1,6 +1,7 @@
 """How sealed messages travel over HTTP between client, gateway and worker.
 
-Request:  POST {base}/v1/sealed/chat/completions (or /v1/sealed/completions, /v1/sealed/responses)
+Request:  POST {base}/v1/sealed/chat/completions (or /v1/sealed/completions, /v1/sealed/responses,
+          /v1/sealed/embeddings)
           Authorization: Bearer <API key>; Sealed-Model: <model>; Sealed-Key-Id: <worker key id>
           Content-Type: application/sealed-request; body: hpke.seal_request(...).wire
 Response: 200, Content-Type: application/sealed-response; body: response nonce, then frames.
@@ -23,7 +24,7 @@ RESPONSE_CONTENT_TYPE = "application/sealed-response"
 HEADER_MODEL = "Sealed-Model"
 HEADER_KEY_ID = "Sealed-Key-Id"
 SEALED_PREFIX = "/v1/sealed"
-ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
+ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/embeddings")
 REATTEST_CODE = "reattest_required"
 MAX_REQUEST_BYTES = 8 << 20
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -25,6 +26,8 @@ from enclave_worker.boot import build_engine
 from enclave_worker.engine.embedding_engine import EmbeddingEngine
 from enclave_worker.package import decrypt_package
 from enclave_worker.settings import WorkerSettings
+from protocol.sealed import RequestContext, seal_request
+from protocol.sealed.http import HEADER_KEY_ID, HEADER_MODEL, REQUEST_CONTENT_TYPE, ResponseHead
 from tests.security.sealed_harness import Stack, sealed_stack
 
 GOLDEN = json.loads((Path(__file__).parents[1] / "enclave_worker" / "engine" / "golden"
@@ -47,15 +50,16 @@ def encoder(minilm_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
 
 
 @asynccontextmanager
-async def _gateway(tmp_path: Path, engine: object) -> AsyncIterator[tuple[Stack, httpx.AsyncClient, str]]:
+async def _gateway(tmp_path: Path, engine: object) -> AsyncIterator[tuple[Stack, httpx.AsyncClient, str, str]]:
+    """The gateway app in front of the worker; yields it with an HTTP client, the API key and its id."""
     tmp_path.mkdir(exist_ok=True)
     async with sealed_stack(tmp_path, None, engine=engine) as stack:  # type: ignore[arg-type]
         stack.worker.stats = stack.state.report().stats  # what the worker's heartbeats carry
-        secret, _ = stack.store.create_key("acme", "http")
+        secret, key = stack.store.create_key("acme", "http")
         app = create_app(stack.service.settings, stack.service)
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw", timeout=60,
                                      headers={"Authorization": f"Bearer {secret}"}) as client:
-            yield stack, client, secret
+            yield stack, client, secret, key.key_id
 
 
 def _sdk(client: httpx.AsyncClient, secret: str) -> openai.AsyncOpenAI:
@@ -63,7 +67,7 @@ def _sdk(client: httpx.AsyncClient, secret: str) -> openai.AsyncOpenAI:
 
 
 async def test_the_openai_sdk_gets_sentence_transformers_vectors(tmp_path: Path, encoder: EmbeddingEngine) -> None:
-    async with _gateway(tmp_path, encoder) as (stack, client, secret):
+    async with _gateway(tmp_path, encoder) as (stack, client, secret, _):
         sdk = _sdk(client, secret)
         floats = await sdk.embeddings.create(model="m", input=GOLDEN["texts"], encoding_format="float")
         got = np.array([d.embedding for d in floats.data], dtype=np.float32)
@@ -83,7 +87,7 @@ async def test_the_openai_sdk_gets_sentence_transformers_vectors(tmp_path: Path,
 
 async def test_base64_round_trip_and_token_ids(tmp_path: Path, encoder: EmbeddingEngine) -> None:
     ids = encoder.embedder.tokenize(["hello world"])[0]
-    async with _gateway(tmp_path, encoder) as (_, client, _secret):
+    async with _gateway(tmp_path, encoder) as (_, client, _secret, _):
         r = await client.post("/v1/embeddings", json={"model": "m", "input": ["hello world"],
                                                       "encoding_format": "base64"})
         assert r.status_code == 200, r.text
@@ -117,7 +121,7 @@ REFUSED = [  # (body change, what the 400 names)
 @pytest.mark.parametrize(("change", "named"), REFUSED, ids=[r[1] for r in REFUSED])
 async def test_bad_requests_are_a_400_and_meter_nothing(tmp_path: Path, encoder: EmbeddingEngine, change: dict,
                                                         named: str) -> None:
-    async with _gateway(tmp_path, encoder) as (stack, client, _):
+    async with _gateway(tmp_path, encoder) as (stack, client, _, _):
         r = await client.post("/v1/embeddings", json={"model": "m", "input": "hello", **change})
         assert r.status_code == 400, r.text
         assert named in json.dumps(r.json()), r.text
@@ -125,11 +129,11 @@ async def test_bad_requests_are_a_400_and_meter_nothing(tmp_path: Path, encoder:
 
 
 async def test_wrong_model_kinds_are_a_clear_400(tmp_path: Path, encoder: EmbeddingEngine) -> None:
-    async with _gateway(tmp_path / "chat", None) as (_, client, _secret):  # a chat model's worker
+    async with _gateway(tmp_path / "chat", None) as (_, client, _secret, _):  # a chat model's worker
         r = await client.post("/v1/embeddings", json={"model": "m", "input": "hello"})
         assert r.status_code == 400 and "chat model" in r.json()["error"]["message"]
         assert r.json()["error"]["param"] == "model"
-    async with _gateway(tmp_path / "embedding", encoder) as (_, client, _secret):
+    async with _gateway(tmp_path / "embedding", encoder) as (_, client, _secret, _):
         r = await client.post("/v1/chat/completions", json={"model": "m", "max_tokens": 4,
                                                             "messages": [{"role": "user", "content": "hi"}]})
         assert r.status_code == 400 and "embedding model" in r.json()["error"]["message"]
@@ -138,7 +142,36 @@ async def test_wrong_model_kinds_are_a_clear_400(tmp_path: Path, encoder: Embedd
 
 
 async def test_no_key_no_embeddings(tmp_path: Path, encoder: EmbeddingEngine) -> None:
-    async with _gateway(tmp_path, encoder) as (_, client, _secret):
+    async with _gateway(tmp_path, encoder) as (_, client, _secret, _):
         r = await client.post("/v1/embeddings", json={"model": "m", "input": "hello"},
                               headers={"Authorization": "Bearer nope"})
         assert r.status_code == 401
+
+
+async def _sealed_post(stack: Stack, client: httpx.AsyncClient, key_id: str, body: dict) -> tuple[list[bytes], bytes]:
+    serving, endpoint = stack.state.serving_key, "/v1/embeddings"
+    ctx = RequestContext("acme", "m", endpoint, serving.key_id, version="v1", api_key_id=key_id, policy_version=3)
+    sealed = seal_request(serving.public_bytes, ctx, json.dumps(body).encode(), time.time())
+    r = await client.post("/v1/sealed/embeddings", content=sealed.wire, headers={
+        "content-type": REQUEST_CONTENT_TYPE, HEADER_MODEL: "m", HEADER_KEY_ID: serving.key_id})
+    assert r.status_code == 200, r.text
+    return [part for part, _ in sealed.opener.feed(r.content)], r.content
+
+
+async def test_sealed_embeddings_answer_inside_the_worker(tmp_path: Path, encoder: EmbeddingEngine) -> None:
+    async with _gateway(tmp_path, encoder) as (stack, client, _, key_id):
+        texts = [f"quokka-5512 {t}" for t in GOLDEN["texts"][:2]]
+        parts, wire = await _sealed_post(stack, client, key_id, {"model": "m", "input": texts})
+        assert ResponseHead.decode(parts[0]).status == 200
+        answer = json.loads(parts[1])
+        got = np.array([d["embedding"] for d in answer["data"]], dtype=np.float32)
+        want = encoder.embedder.embed(texts).vectors.numpy()
+        assert got.shape == (2, 384) and np.abs(got - want).max() < FP32_TOLERANCE
+        assert b"quokka" not in wire  # the gateway relayed ciphertext only
+        rows = stack.store.usage_summary("acme")
+        assert sum(r["prompt_tokens"] for r in rows) == answer["usage"]["prompt_tokens"] > 0
+        # Refusals are sealed inner answers: a dimensions mismatch, an SSN under the tenant's policy.
+        for body, status in (({"model": "m", "input": "hi", "dimensions": 3}, 400),
+                             ({"model": "m", "input": "my SSN is 123-45-6789"}, 403)):
+            parts, _ = await _sealed_post(stack, client, key_id, body)
+            assert ResponseHead.decode(parts[0]).status == status, parts[1]

@@ -96,7 +96,7 @@ def test_sealed_request_refusals(case: str, code: grpc.StatusCode) -> None:
     elif case == "another model":
         request = _sealed(state, model="n")
     elif case == "unknown endpoint":
-        request = _sealed(state, endpoint="/v1/embeddings")
+        request = _sealed(state, endpoint="/v1/moderations")
     elif case == "replayed":
         open_sealed_request(state, request)
     elif case == "tampered":

@@ -454,12 +454,12 @@ def test_pin_expires_with_its_token_and_is_verified_again() -> None:
 def _plain(client: SealedOpenAI, how: str) -> Any:
     if how == "responses.create":
         return client.responses.create(model="m", input="the canary")
-    if how == "embeddings.create":
-        return client.embeddings.create(model="m", input="the canary")
+    if how == "moderations.create":  # an endpoint sealed mode does not serve
+        return client.moderations.create(model="m", input="the canary")
     return client.chat.completions.create(model="m", messages=[{"role": "user", "content": "the canary"}])
 
 
-@pytest.mark.parametrize(("how", "base_url"), [("embeddings.create", "http://gw/v1"),
+@pytest.mark.parametrize(("how", "base_url"), [("moderations.create", "http://gw/v1"),
                                                ("chat, base_url without /v1", "http://gw")])
 def test_requests_the_client_cannot_seal_are_refused_before_sending(how: str, base_url: str) -> None:
     world = World()
@@ -476,6 +476,14 @@ def test_responses_create_is_sealed_not_sent_in_the_clear() -> None:
     assert world.captured and all(b"the canary" not in body for body in world.captured)
 
 
+def test_embeddings_create_is_sealed_not_sent_in_the_clear() -> None:
+    world = World()
+    with pytest.raises(AssertionError):  # the mock gateway serves sealed chat only: it was sealed and sent
+        world.client().embeddings.create(model="m", input="the canary")
+    assert "/v1/sealed/embeddings" in world.requests and "/v1/embeddings" not in world.requests
+    assert world.captured and all(b"the canary" not in body for body in world.captured)
+
+
 def test_a_callers_own_http_client_is_refused() -> None:
     world = World()
     own = httpx2.Client(transport=httpx2.MockTransport(world.handle))
@@ -489,9 +497,9 @@ def test_plaintext_only_when_explicitly_asked_and_logged(caplog: pytest.LogCaptu
     client = SealedOpenAI(base_url="http://gw/v1", api_key="k", max_retries=0, policy=world.policy(),
                           inner_transport=httpx2.MockTransport(world.handle), unsafe_allow_plaintext=True)
     assert "UNSAFE" in caplog.text
-    with pytest.raises(Exception):  # noqa: B017 - the mock gateway knows no /v1/embeddings: it was sent
-        _plain(client, "embeddings.create")
-    assert world.requests[-1] == "/v1/embeddings"
+    with pytest.raises(Exception):  # noqa: B017 - the mock gateway knows no /v1/moderations: it was sent
+        _plain(client, "moderations.create")
+    assert world.requests[-1] == "/v1/moderations"
     assert world.client().models.list().data == []  # content-free: passes through
 
 

@@ -296,7 +296,7 @@ def test_responses_create_is_sealed(live: Live, proxy: OperatorProxy) -> None:
 
 
 def test_another_endpoint_is_refused(live: Live, proxy: OperatorProxy) -> None:
-    _refused_before_sending(proxy, lambda: sealed_client(live).embeddings.create(model=DEMO_MODEL, input=CANARY))
+    _refused_before_sending(proxy, lambda: sealed_client(live).moderations.create(model=DEMO_MODEL, input=CANARY))
 
 
 def test_async_client_refuses_too(live: Live, proxy: OperatorProxy) -> None:
@@ -305,7 +305,7 @@ def test_async_client_refuses_too(live: Live, proxy: OperatorProxy) -> None:
     async def go() -> Any:
         client = AsyncSealedOpenAI(base_url=f"{proxy.url}/v1", api_key=live.env.api_key, max_retries=0,
                                    policy=client_policy(live))
-        return await client.embeddings.create(model=DEMO_MODEL, input=CANARY)
+        return await client.moderations.create(model=DEMO_MODEL, input=CANARY)
 
     _refused_before_sending(proxy, lambda: asyncio.run(go()))
 
@@ -317,7 +317,7 @@ def test_a_callers_own_http_client_is_refused(live: Live, proxy: OperatorProxy) 
 def test_sealed_proxy_refuses_what_it_cannot_seal(live: Live, proxy: OperatorProxy) -> None:
     app = create_proxy_app(f"{proxy.url}/v1", ClientTrust.from_dict(client_policy(live)))
     with TestClient(app) as local:
-        answer = local.post("/v1/embeddings", json={"model": DEMO_MODEL, "input": CANARY},
+        answer = local.post("/v1/moderations", json={"model": DEMO_MODEL, "input": CANARY},
                             headers={"Authorization": f"Bearer {live.env.api_key}"})
     assert answer.status_code == 400 and answer.json()["error"]["code"] == "UnsealedRequest"
     assert not proxy.saw_canary()
