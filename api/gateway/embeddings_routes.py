@@ -99,10 +99,10 @@ async def embed(service: GatewayService, life: RequestLifecycle, split: dict[str
         worker = service._route(life.span, lambda: service.registry.pick(
             life.key.tenant, life.model, split, "", frozenset(tried)), attempts=len(tried) + 1)
         worker.inflight += 1
-        span, _ = worker_call_span(service.tracing, life.span, "Embed", worker.worker_id)
+        span, metadata = worker_call_span(service.tracing, life.span, "Embed", worker.worker_id)
         try:
-            reply: worker_pb2.EmbedReply = await service.clients.unary(
-                worker.grpc_address, worker.tls_cert, "Embed", call, service.settings.request_timeout_s)
+            reply, decisions = await service.clients.embed(worker.grpc_address, worker.tls_cert, call,
+                                                           service.settings.request_timeout_s, metadata)
         except WorkerUnavailable:
             span.end(error="model_unavailable")
             tried.add(worker.worker_id)
@@ -120,6 +120,9 @@ async def embed(service: GatewayService, life: RequestLifecycle, split: dict[str
         finally:
             worker.inflight -= 1
         span.end()
+        if decisions:  # redactions the worker's data controls made: signed, verified, then audited
+            audit_worker_decisions(service.audit, decisions, pinned_key_hex=worker.usage_public_key,
+                                   request_id=call.request_id, tenant=call.tenant, worker_id=worker.worker_id)
         await service.metering.record(reply.usage, worker, call)
         life.count(signed_prompt_tokens(reply.usage), 0)  # what the worker signed, not the reply's own count
         return reply

@@ -113,6 +113,16 @@ class WorkerClients:
         except grpc.aio.AioRpcError as exc:
             raise _translate(exc, started=False) from exc
 
+    async def embed(self, address: str, worker_cert: str, request: worker_pb2.EmbedRequest, timeout_s: float,
+                    metadata: Metadata | None = None) -> tuple[worker_pb2.EmbedReply, list[worker_pb2.UsageRecord]]:
+        """Worker.Embed, and the signed decisions its trailers carry (redactions, for the audit trail)."""
+        try:
+            call = self.stub(address, worker_cert).Embed(request, timeout=timeout_s, metadata=metadata)
+            reply: worker_pb2.EmbedReply = await call
+            return reply, _decision_records(await call.trailing_metadata())
+        except grpc.aio.AioRpcError as exc:
+            raise _translate(exc, started=False) from exc
+
     async def open(self, address: str, request: worker_pb2.GenerateRequest | worker_pb2.SealedRequest,
                    timeout_s: float, worker_cert: str = "", metadata: Metadata | None = None
                    ) -> tuple[Any, WorkerStream]:

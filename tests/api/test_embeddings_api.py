@@ -26,9 +26,11 @@ from enclave_worker.boot import build_engine
 from enclave_worker.engine.embedding_engine import EmbeddingEngine
 from enclave_worker.package import decrypt_package
 from enclave_worker.settings import WorkerSettings
+from policy.audit import read_entries
 from protocol.sealed import RequestContext, seal_request
 from protocol.sealed.http import HEADER_KEY_ID, HEADER_MODEL, REQUEST_CONTENT_TYPE, ResponseHead
-from tests.security.sealed_harness import Stack, sealed_stack
+from tests.security.sealed_harness import CARD_PROMPT, CLEAN_PROMPT, SSN_PROMPT, Stack, sealed_stack
+from tests.security.test_sealed_decisions_audited import OPAQUE_RUN
 
 GOLDEN = json.loads((Path(__file__).parents[1] / "enclave_worker" / "engine" / "golden"
                      / "minilm_sentence_transformers.json").read_text())
@@ -77,7 +79,7 @@ async def test_the_openai_sdk_gets_sentence_transformers_vectors(tmp_path: Path,
         # The SDK's default asks for base64 and decodes it itself: the same vectors, bit for bit.
         default = await sdk.embeddings.create(model="m", input=GOLDEN["texts"])
         assert np.array_equal(np.array([d.embedding for d in default.data], dtype=np.float32), got)
-        one = await sdk.embeddings.create(model="m", input="hello world", dimensions=384)
+        one = await sdk.embeddings.create(model="m", input="hello world", dimensions=384, user="u1")
         assert np.abs(np.array(one.data[0].embedding) - WANT[0]).max() < FP32_TOLERANCE
         # The signed usage was metered once per request.
         rows = stack.store.usage_summary("acme")
@@ -175,3 +177,16 @@ async def test_sealed_embeddings_answer_inside_the_worker(tmp_path: Path, encode
                              ({"model": "m", "input": "my SSN is 123-45-6789"}, 403)):
             parts, _ = await _sealed_post(stack, client, key_id, body)
             assert ResponseHead.decode(parts[0]).status == status, parts[1]
+
+
+async def test_redactions_and_refusals_are_audited_with_the_workers_signature(
+        tmp_path: Path, encoder: EmbeddingEngine) -> None:
+    async with _gateway(tmp_path, encoder) as (_, client, _secret, _):
+        card = await client.post("/v1/embeddings", json={"model": "m", "input": CARD_PROMPT})
+        ssn = await client.post("/v1/embeddings", json={"model": "m", "input": SSN_PROMPT})
+        clean = await client.post("/v1/embeddings", json={"model": "m", "input": CLEAN_PROMPT})
+    assert (card.status_code, ssn.status_code, clean.status_code) == (200, 403, 200)
+    rows = [r for r in read_entries(tmp_path / "audit") if r.reason != "management"]
+    assert sorted((r.action, r.decision) for r in rows) == [("worker-decision", "deny"), ("worker-decision", "redact")]
+    raw = "".join(p.read_text() for p in (tmp_path / "audit").glob("*.jsonl"))
+    assert "quokka" not in raw and "4111" not in OPAQUE_RUN.sub("", raw)  # decisions, never content
