@@ -32,6 +32,7 @@ from api.orchestrator.local import LocalRuntime
 from api.orchestrator.loop import ControlLoop
 from api.ports import free_port
 from api.stack_children import on_free_ports, wait_http, worker_health
+from api.stack_embedding import EMBEDDING_MODEL
 from api.supervisor import RunLock, Supervisor
 from api.tenant_audit import decision_key_public_hex
 from api.tenant_tools import default_model_path, encrypt_model, write_pin
@@ -73,11 +74,12 @@ class DemoInfo:
 
 
 def worker_settings(home: Home, broker_url: str, port: int, unsafe_sim_measurement: str | None = None,
-                    engine: str = "sealed") -> WorkerSettings:
-    """The demo worker; it pins the local key broker's simulated measurement (measured config)."""
+                    engine: str = "sealed", model: str = DEMO_MODEL) -> WorkerSettings:
+    """The demo worker (``model``: the demo's embedding model's, api/stack_embedding.py); it pins the
+    local key broker's simulated measurement (measured config)."""
     return WorkerSettings(
-        broker_url=broker_url, package_dir=home.package(DEMO_TENANT, DEMO_MODEL, DEMO_VERSION),
-        tenant=DEMO_TENANT, model=DEMO_MODEL, version=DEMO_VERSION, tee="sim", sim_platform_key=home.sim_key,
+        broker_url=broker_url, package_dir=home.package(DEMO_TENANT, model, DEMO_VERSION),
+        tenant=DEMO_TENANT, model=model, version=DEMO_VERSION, tee="sim", sim_platform_key=home.sim_key,
         unsafe_sim_measurement=unsafe_sim_measurement, port=port,
         policy_file=home.tenant_policy(DEMO_TENANT), policy_admin_key=home.tenant_policy_admin_public(DEMO_TENANT),
         engine=engine, broker_tee="sim", broker_measurements=(broker_measurement(home).hex(),),
@@ -87,7 +89,7 @@ def worker_settings(home: Home, broker_url: str, port: int, unsafe_sim_measureme
 
 
 def prepare_demo(home: Home, model_path: Path | None = None, log: Callable[[str], None] = print,
-                 engine: str = "sealed") -> DemoInfo:
+                 engine: str = "sealed", embedding_model: Path | None = None) -> DemoInfo:
     """Idempotent: keys, the encrypted demo model, its data key, release policy and API key."""
     home.create()
     write_public_key(ed25519_key(home.sim_key), home.sim_public_key)
@@ -120,6 +122,13 @@ def prepare_demo(home: Home, model_path: Path | None = None, log: Callable[[str]
     api_key = key_file.read_text().strip()
     _write_demo_policy(home, api_key)
     _ensure_release_policy(home, ledger, tenant_signer=signer_identity(tenant_key.public_key()), engine=engine)
+    if embedding_model is not None:  # `sealed up --embedding-model`: an encoder beside the chat model
+        from api.stack_embedding import prepare_embedding
+
+        prepare_embedding(home, ModelRef(DEMO_TENANT, EMBEDDING_MODEL, DEMO_VERSION), embedding_model, datakeys,
+                          tenant_key, log)
+        _ensure_release_policy(home, ledger, tenant_signer=signer_identity(tenant_key.public_key()),
+                               model=EMBEDDING_MODEL)
     return DemoInfo(api_key, DEMO_TENANT, DEMO_MODEL, DEMO_VERSION, pkg)
 
 
@@ -159,20 +168,22 @@ def _write_demo_policy(home: Home, api_key: str) -> None:
     write_bootstrap_policy(home.gateway / BOOTSTRAP_POLICIES, DEMO_TENANT, doc, public_pem(admin.public_key()))
 
 
-def _ensure_release_policy(home: Home, ledger: StateLedger, tenant_signer: str, engine: str = "sealed") -> None:
+def _ensure_release_policy(home: Home, ledger: StateLedger, tenant_signer: str, engine: str = "sealed",
+                           model: str = DEMO_MODEL) -> None:
     """Allow exactly this worker build's simulated measurement (with the engine `sealed up` runs);
     bump the version when it changes."""
-    measurement = simulated_measurement(worker_settings(home, "", 0, engine=engine).measured_config()).hex()
+    measurement = simulated_measurement(worker_settings(home, "", 0, engine=engine, model=model)
+                                        .measured_config()).hex()
     store = PolicyStore(home.broker, ledger)
     try:
-        current = store.get(ModelRef(DEMO_TENANT, DEMO_MODEL, DEMO_VERSION))  # the policy deciding its release
+        current = store.get(ModelRef(DEMO_TENANT, model, DEMO_VERSION))  # the policy deciding its release
     except KeyStoreError:
         current = None
     if current is not None and current.allowed_measurements == frozenset({measurement}):
         return
     store_demo_release_policy(home, ledger, ReleasePolicy(
         policy_id="demo-release", version=1, tenant=DEMO_TENANT,
-        model=DEMO_MODEL, allowed_tee=frozenset({"sim"}), allowed_measurements=frozenset({measurement}),
+        model=model, allowed_tee=frozenset({"sim"}), allowed_measurements=frozenset({measurement}),
         required_signer=tenant_signer, unsafe_allow_simulated_tee=True,
     ))
 
@@ -312,8 +323,9 @@ def gateway_client_cert(home: Home) -> Path:
 
 
 def worker_args(home: Home, broker_url: str, port: int, grpc_port: int, register_urls: list[str],
-                unsafe_sim_measurement: str | None = None, engine: str = "sealed") -> list[str]:
-    ws = worker_settings(home, broker_url, port, unsafe_sim_measurement, engine)
+                unsafe_sim_measurement: str | None = None, engine: str = "sealed",
+                model: str = DEMO_MODEL) -> list[str]:
+    ws = worker_settings(home, broker_url, port, unsafe_sim_measurement, engine, model)
     args = ["enclave_worker.grpc_server", "--broker-url", broker_url, "--package-dir", str(ws.package_dir),
             "--tenant", ws.tenant, "--model", ws.model, "--version", ws.version, "--tee", ws.tee,
             "--sim-platform-key", str(home.sim_key), "--port", str(port), "--grpc-port", str(grpc_port),
@@ -331,12 +343,15 @@ def worker_args(home: Home, broker_url: str, port: int, grpc_port: int, register
     return args
 
 
-def write_demo_client_policy(home: Home, engine: str = "sealed", broker_url: str | None = None) -> Path:
+def write_demo_client_policy(home: Home, engine: str = "sealed", broker_url: str | None = None,
+                             models: tuple[str, ...] = (DEMO_MODEL,)) -> Path:
     """`$SEALED_HOME/demo/client-policy.json`: what a sealed-mode client of the demo trusts (this
     build's simulated measurement and the broker's JWKS), for `SealedOpenAI(policy=...)`,
     `sealed verify --policy` and `sealed proxy --policy` (docs/sealed-mode.md)."""
     settings = worker_settings(home, "", 0, engine=engine)
-    measurement = simulated_measurement(settings.measured_config()).hex()
+    # Each served model's worker is measured with its model's name (the embedding model's engine is ours).
+    measurements = [simulated_measurement(worker_settings(home, "", 0, engine=engine if m == DEMO_MODEL else "sealed",
+                                                          model=m).measured_config()).hex() for m in models]
     # The operator publishes this build's measurement, signed; the client pins the publisher's key.
     (home.root / "publisher").mkdir(exist_ok=True, mode=0o700)
     publisher = ed25519_key(home.root / "publisher" / "reference-values.key")
@@ -344,7 +359,7 @@ def write_demo_client_policy(home: Home, engine: str = "sealed", broker_url: str
     # than the newest it has seen.
     now = dt.datetime.now(dt.UTC)
     home.reference_values.write_text(json.dumps(sign_reference_values(
-        publisher, [measurement], tee="sim", issued_at=now, valid_for=dt.timedelta(days=30),
+        publisher, measurements, tee="sim", issued_at=now, valid_for=dt.timedelta(days=30),
         serial=int(now.timestamp()), promises=settings.promises()), indent=2))
     path = home.root / "demo" / "client-policy.json"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -398,7 +413,7 @@ def launch(home: Home, *, host: str = "127.0.0.1", port: int = 8000,
            unsafe_sim_measurement: str | None = None, num_workers: int = 1,
            gateway_args: tuple[str, ...] = (), broker_args: tuple[str, ...] = (),
            worker_launcher: tuple[str, ...] = (), worker_extra_args: tuple[str, ...] = (),
-           lock: RunLock | None = None, engine: str = "sealed") -> Stack:
+           lock: RunLock | None = None, engine: str = "sealed", embedding_model: bool = False) -> Stack:
     """Start broker, gateway and workers under one supervisor; `lock` (the home's pid file) is
     taken here unless the caller holds it already.
 
@@ -425,9 +440,10 @@ def launch(home: Home, *, host: str = "127.0.0.1", port: int = 8000,
             return f"http://127.0.0.1:{broker_port}"
 
         stack.broker_url = broker_url = on_free_ports(stack.supervisor, "key-broker", start_broker)
-        write_demo_client_policy(home, engine, broker_url)
+        models = (DEMO_MODEL, EMBEDDING_MODEL) if embedding_model else (DEMO_MODEL,)
+        write_demo_client_policy(home, engine, broker_url, models)
         routes = home.gateway / "routes.json"
-        routes.write_text(json.dumps([{"tenant": DEMO_TENANT, "model": DEMO_MODEL, "version": DEMO_VERSION}]))
+        routes.write_text(json.dumps([{"tenant": DEMO_TENANT, "model": m, "version": DEMO_VERSION} for m in models]))
         gateway = stack.supervisor.start("gateway", [
             "api.gateway", "--data-dir", str(home.gateway), "--routes", str(routes), "--host", host,
             "--port", str(port), "--register-token-file", str(_secret_file(home.gateway / "register-token")),
@@ -439,15 +455,16 @@ def launch(home: Home, *, host: str = "127.0.0.1", port: int = 8000,
             *console_cookie_args(host), *gateway_args],
             on_restart=stack.write_pids)
         wait_http(f"{local_gateway}/healthz", gateway)
-        def start_worker(name: str) -> str:
+        def start_worker(name: str, model: str = DEMO_MODEL) -> str:
             http_port, grpc_port = free_port(), free_port()
+            encoder = model != DEMO_MODEL  # the embedding model: always our engine, from this virtualenv
             args = worker_args(home, broker_url, http_port, grpc_port, [local_gateway], unsafe_sim_measurement,
-                               engine)
+                               "sealed" if encoder else engine, model)
             if worker_launcher:
                 args = [*worker_launcher, *args[1:]]  # the launcher calls the worker's main itself
             args += worker_extra_args
             url = f"http://127.0.0.1:{http_port}"
-            child = stack.supervisor.start(name, args, on_restart=stack.write_pids, python=python,
+            child = stack.supervisor.start(name, args, on_restart=stack.write_pids, python=None if encoder else python,
                                            health=worker_health(url))
             wait_http(f"{url}/internal/status", child, timeout=120.0)
             return url
@@ -456,13 +473,16 @@ def launch(home: Home, *, host: str = "127.0.0.1", port: int = 8000,
             name = "worker" if i == 0 else f"worker-{i}"
             stack.worker_urls.append(on_free_ports(stack.supervisor, name, functools.partial(start_worker, name)))
         stack.worker_url = stack.worker_urls[0]
+        if embedding_model:
+            on_free_ports(stack.supervisor, "embedding-worker",
+                          functools.partial(start_worker, "embedding-worker", EMBEDDING_MODEL))
         stack.supervisor.watch()
         # Every other registered model version gets its workers from the control loop.
         runtime = LocalRuntime(home, stack.supervisor, broker_url, local_gateway,
                                _secret_file(home.gateway / "register-token"), gateway_client_cert(home))
         runtime.on_change = stack.write_pids
         stack.loop = ControlLoop(runtime, local_gateway, home.gateway / "jwt-secret", home.broker / "admin-token",
-                                 static=frozenset({ModelRef(DEMO_TENANT, DEMO_MODEL, DEMO_VERSION)}))
+                                 static=frozenset(ModelRef(DEMO_TENANT, m, DEMO_VERSION) for m in models))
         stack.loop.start()
         stack.write_pids()
     except BaseException:

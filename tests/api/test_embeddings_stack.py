@@ -1,0 +1,62 @@
+"""`sealed up --embedding-model minilm`: all-MiniLM-L6-v2 encrypted like the demo model, its own
+attested worker beside the chat model's; the official openai SDK's `embeddings.create` in plaintext
+and through `SealedOpenAI` (a verified receipt) gets sentence-transformers' vectors within the
+engine's stated tolerance. Its own stack (the session's `stack` serves no encoder)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any as RunningStack
+
+import httpx
+import numpy as np
+import openai
+import pytest
+
+from api.stack import DEMO_MODEL
+from api.stack_embedding import EMBEDDING_MODEL
+from sealed_client import SealedOpenAI
+from tests.api.conftest import start_sealed_up, stop_sealed_up
+from tests.api.sealed_helpers import demo_client_policy
+from tests.policy.audit.stream.chaos import wait_until
+
+GOLDEN = json.loads((Path(__file__).parents[1] / "enclave_worker" / "engine" / "golden"
+                     / "minilm_sentence_transformers.json").read_text())
+FP32_TOLERANCE = 1e-5  # the engine's stated tolerance against sentence-transformers (docs/retrieval.md)
+
+
+@pytest.fixture(scope="module")
+def embedding_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningStack]:
+    running = start_sealed_up(tmp_path_factory.mktemp("embedding-stack"), args=("--embedding-model", "minilm"))
+
+    def answers() -> bool:  # the encoder's worker attests and loads beside the chat model's
+        r = httpx.post(f"{running.url}/v1/embeddings", json={"model": EMBEDDING_MODEL, "input": "x"}, timeout=30,
+                       headers={"Authorization": f"Bearer {running.api_key}"})
+        return r.status_code == 200
+
+    wait_until(answers, "the embedding worker", lambda: running.proc.poll() is None)
+    yield running
+    if running.proc.poll() is None:
+        stop_sealed_up(running)
+
+
+def test_plaintext_and_sealed_embeddings_on_sealed_up(embedding_stack: RunningStack) -> None:
+    stack = embedding_stack
+    plain = openai.OpenAI(base_url=f"{stack.url}/v1", api_key=stack.api_key, max_retries=0)
+    want = np.array(GOLDEN["embeddings"], dtype=np.float32)
+    got = plain.embeddings.create(model=EMBEDDING_MODEL, input=GOLDEN["texts"])
+    assert np.abs(np.array([d.embedding for d in got.data], dtype=np.float32) - want).max() < FP32_TOLERANCE
+    sealed = SealedOpenAI(base_url=f"{stack.url}/v1", api_key=stack.api_key, max_retries=0,
+                          policy=demo_client_policy(stack.home))
+    answer = sealed.embeddings.create(model=EMBEDDING_MODEL, input=GOLDEN["texts"])
+    assert np.abs(np.array([d.embedding for d in answer.data], dtype=np.float32) - want).max() < FP32_TOLERANCE
+    assert answer.usage.prompt_tokens == got.usage.prompt_tokens
+    receipt = sealed.sealed.receipts[-1]
+    assert receipt.model == EMBEDDING_MODEL and receipt.prompt_tokens == got.usage.prompt_tokens
+    # The chat model still answers chat, and each model refuses the other kind with a 400.
+    with pytest.raises(openai.BadRequestError, match="chat model"):
+        plain.embeddings.create(model=DEMO_MODEL, input="x")
+    with pytest.raises(openai.BadRequestError, match="embedding model"):
+        plain.chat.completions.create(model=EMBEDDING_MODEL, messages=[{"role": "user", "content": "hi"}])
