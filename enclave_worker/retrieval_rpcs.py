@@ -10,6 +10,7 @@ SearchStore carry document text in clear, so a tenant that requires sealed mode 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import NoReturn
 
 import grpc
@@ -17,6 +18,7 @@ import grpc
 from enclave_worker.lifecycle import serving
 from enclave_worker.retrieval.errors import InvalidRetrievalRequest, SealedStoreError
 from enclave_worker.retrieval.service import FileUnreadable, RetrievalService, StoreEncoder, results_json, strategy_json
+from enclave_worker.retrieval.vector_store import StoredFile
 from enclave_worker.state import WorkerState
 from protocol.rpc import worker_pb2
 
@@ -44,6 +46,15 @@ class RetrievalRpcs:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "model unavailable")
         assert self.retrieval is not None
         return self.retrieval
+
+    def _rights(self, key_id: str) -> Callable[[StoredFile], bool]:
+        """The tenant's signed `file_access` for this caller (policy/file_access.py): checked on every
+        file inside the search (faiss's selector), so a file the caller may not read gives no passage."""
+        guard = self.state.guard
+        access = guard.policy_set.file_access if guard is not None and guard.policy_set is not None else None
+        if access is None:
+            return lambda _: True
+        return lambda f: access.readable(key_id, f.attributes)
 
     @staticmethod
     async def _refuse(context: grpc.aio.ServicerContext, exc: Exception) -> NoReturn:
@@ -86,7 +97,7 @@ class RetrievalRpcs:
             results = service.search(request.tenant, request.store_id, request.snapshot, request.query,
                                      request.max_num_results, _json(request.filters_json, "filters"),
                                      request.score_threshold if request.has_score_threshold else None,
-                                     request.rewrite_query)
+                                     request.rewrite_query, readable=self._rights(request.key_id))
         except (InvalidRetrievalRequest, SealedStoreError) as exc:
             await self._refuse(context, exc)
         return worker_pb2.SearchStoreReply(results_json=results_json(results),

@@ -4,11 +4,12 @@ Files and Vector Stores API through the official openai SDK (docs/retrieval.md).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import grpc
 import httpx
@@ -40,6 +41,7 @@ class RetrievalStack:
     service: GatewayService
     state: WorkerState
     tenant_key: str  # the tenant's own key, listed in its signed caller policy
+    reader_key: str  # another of its own keys, listed too (file_access may narrow what it reads)
     data_dir: Path
 
     def sdk(self, api_key: str | None = None) -> openai.AsyncOpenAI:
@@ -57,8 +59,10 @@ class RetrievalStack:
 
 
 @asynccontextmanager
-async def retrieval_stack(tmp: Path, encoder: Embedder | None, *, require_sealed: bool = False
+async def retrieval_stack(tmp: Path, encoder: Embedder | None, *,
+                          file_access: Callable[[str, str], dict[str, Any]] | None = None
                           ) -> AsyncIterator[RetrievalStack]:
+    """``file_access``: the signed policy's section, given the digests of (tenant_key, reader_key)."""
     data_dir = tmp / "gateway"
     data_dir.mkdir(exist_ok=True)
     settings = GatewaySettings(data_dir=data_dir, workers=(WorkerRoute(TENANT, MODEL, "v1"),),
@@ -67,8 +71,11 @@ async def retrieval_stack(tmp: Path, encoder: Embedder | None, *, require_sealed
     app = create_app(settings)
     service: GatewayService = app.state.service
     tenant_key, _ = service.store.create_key(TENANT, "tenant-own")
+    reader_key, _ = service.store.create_key(TENANT, "reader")
     admin = Ed25519PrivateKey.generate()
-    doc = {**policy_doc({"api_keys": [hash_secret(tenant_key)]}), "require_sealed": require_sealed}
+    doc = policy_doc({"api_keys": [hash_secret(tenant_key), hash_secret(reader_key)]})
+    if file_access is not None:
+        doc["file_access"] = file_access(hash_secret(tenant_key), hash_secret(reader_key))
     document = sign_policy_document(doc, admin, "tenant-admin")
     released = SimpleNamespace(bundle=SimpleNamespace(to_json=dict, digest=lambda: "e" * 64), token="t",
                                data_key=bytes(range(32)))
@@ -95,7 +102,7 @@ async def retrieval_stack(tmp: Path, encoder: Embedder | None, *, require_sealed
             assert beat.status_code == 200, beat.text
             for worker in service.registry.workers.values():
                 worker.attestation_doc = sim_document(state)
-            yield RetrievalStack(http, service, state, tenant_key, data_dir)
+            yield RetrievalStack(http, service, state, tenant_key, reader_key, data_dir)
     finally:
         await service.close()
         await server.stop(None)

@@ -167,3 +167,23 @@ async def test_bad_files_and_attachments_change_nothing(stack: RetrievalStack) -
     got = await c.vector_stores.retrieve(store_id)
     assert (got.file_counts.completed, got.file_counts.failed) == (2, 1)
     assert len((await c.vector_stores.search(store_id, query="contract")).data) == 2
+
+
+async def test_a_caller_without_rights_never_receives_a_files_passages(tmp_path: Path, encoder: Embedder) -> None:
+    def legal_only_for_the_tenant_key(tenant: str, reader: str) -> dict[str, Any]:
+        return {"default": "allow", "rules": [{"attribute": "team", "value": "legal", "api_keys": [tenant]}]}
+
+    async with retrieval_stack(tmp_path, encoder, file_access=legal_only_for_the_tenant_key) as stack:
+        c, reader = stack.sdk(), stack.sdk(stack.reader_key)
+        legal = await c.files.create(file=("contract.txt", CONTRACT.encode()), purpose="assistants")
+        hr = await c.files.create(file=("holidays.txt", HOLIDAYS.encode()), purpose="assistants")
+        store = await c.vector_stores.create(name="s")
+        await c.vector_stores.files.create(store.id, file_id=legal.id, attributes={"team": "legal"})
+        await c.vector_stores.files.create(store.id, file_id=hr.id, attributes={"team": "hr"})
+        question = "When does the supplier contract end?"
+        assert (await c.vector_stores.search(store.id, query=question, max_num_results=1)).data[0].file_id == legal.id
+        for kwargs in ({}, {"filters": {"type": "eq", "key": "team", "value": "legal"}}, {"max_num_results": 50}):
+            page = await reader.vector_stores.search(store.id, query=question, **kwargs)  # type: ignore[arg-type]
+            assert legal.id not in [r.file_id for r in page.data]
+            assert all(CANARY not in r.content[0].text for r in page.data)
+        assert [r.file_id for r in (await reader.vector_stores.search(store.id, query=question)).data] == [hr.id]

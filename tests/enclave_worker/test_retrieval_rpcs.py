@@ -21,6 +21,7 @@ from enclave_worker.guard import WorkerGuard
 from enclave_worker.servicer import WorkerServicer
 from enclave_worker.settings import WorkerSettings
 from enclave_worker.state import LiveState, WorkerState
+from policy.callers import api_key_digest
 from policy.policyset import PolicySet
 from protocol.rpc import worker_pb2
 
@@ -32,8 +33,11 @@ def encoder(minilm_dir: Path) -> Embedder:
     return Embedder(load_encoder_dir(minilm_dir), BuildOptions(LinearOptions(kernel="torch", in_place=True), 512))
 
 
-def _servicer(encoder: Embedder | None, *, require_sealed: bool = False) -> WorkerServicer:
-    doc = {"policy_id": "p", "version": 1, "tenant": "acme", "require_sealed": require_sealed}
+def _servicer(encoder: Embedder | None, *, require_sealed: bool = False,
+              file_access: dict[str, Any] | None = None) -> WorkerServicer:
+    doc: dict[str, Any] = {"policy_id": "p", "version": 1, "tenant": "acme", "require_sealed": require_sealed}
+    if file_access is not None:
+        doc["file_access"] = file_access
     booted = SimpleNamespace(engine=object(), released=SimpleNamespace(data_key=bytes(range(32))))
     state = WorkerState(WorkerSettings(broker_url="http://b", package_dir=Path("/nonexistent"), tenant="acme",
                                        model="m", version="v1"), guard=WorkerGuard(PolicySet.from_dict(doc)),
@@ -121,3 +125,15 @@ def test_a_file_that_is_not_text_is_reported_failed(encoder: Embedder) -> None:
     reply = _call(servicer, "IngestFile", worker_pb2.IngestFileRequest(
         tenant="acme", store_id="vs_2", file_id="file-b", filename="b.bin", file_blob=sealed.blob))
     assert (reply.error_code, reply.snapshot.blob) == ("unsupported_file", b"")
+
+
+def test_the_tenants_file_access_decides_which_caller_gets_passages(encoder: Embedder) -> None:
+    legal, other = api_key_digest("sk-legal"), api_key_digest("sk-other")
+    servicer = _servicer(encoder, file_access={"rules": [{"attribute": "site", "value": "hq", "api_keys": [legal]}]})
+    snapshot = _ingested(servicer).snapshot.blob  # file-a has {"site": "hq"}
+    for key_id, expected in (("key_" + legal[:16], ["file-a"]), ("key_" + other[:16], []), ("", [])):
+        found = _call(servicer, "SearchStore", worker_pb2.SearchStoreRequest(
+            tenant="acme", key_id=key_id, store_id="vs_1", snapshot=snapshot, query="canteen", max_num_results=50,
+            filters_json=json.dumps({"type": "eq", "key": "site", "value": "hq"})))
+        assert list(found.file_ids) == expected
+        assert ("CANARY" in found.results_json) is bool(expected)
