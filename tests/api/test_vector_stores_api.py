@@ -70,10 +70,11 @@ async def test_upload_search_and_delete_with_the_sdk(stack: RetrievalStack, capl
         await c.vector_stores.files.retrieve(file_id=ids["legal"], vector_store_id=store_id)
 
     # The canary is nowhere the gateway writes: its database and files, its logs.
+    question = b"supplier contract end"
     for path in stack.data_dir.rglob("*"):
         if path.is_file():
-            assert CANARY.encode() not in path.read_bytes(), path
-    assert CANARY not in caplog.text
+            assert CANARY.encode() not in path.read_bytes() and question not in path.read_bytes(), path
+    assert CANARY not in caplog.text and question.decode() not in caplog.text
     # Every search was audited with the ids of the files its passages came from.
     audit = stack.service.audit
     audit.flush()
