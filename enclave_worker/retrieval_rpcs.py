@@ -40,6 +40,10 @@ class RetrievalRpcs:
         guard = self.state.guard
         if content_in_clear and guard is not None and guard.policy_set is not None and guard.policy_set.require_sealed:
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, "this tenant requires sealed mode")
+        booted = booted_encoder(self.state)
+        if booted is not None and (self.retrieval is None or self.retrieval.encoder is not booted):
+            # The encoder this worker booted (again, after a wipe: a new one; what the old one saw is gone).
+            self.retrieval = retrieval_for(self.state, booted)
         if self.retrieval is None:
             await context.abort(grpc.StatusCode.UNIMPLEMENTED, "this worker has no embedding model")
         if not serving(self.state) or self.state.booted is None:
@@ -125,3 +129,10 @@ def retrieval_for(state: WorkerState, encoder: StoreEncoder | None) -> Retrieval
         return booted.released.data_key if booted is not None else b""
 
     return RetrievalService(encoder, data_key, settings.tenant, settings.model, settings.version)
+
+
+def booted_encoder(state: WorkerState) -> StoreEncoder | None:
+    """The encoder of a worker whose package is an embedding model (LiveState.embedder, issue #51's
+    embeddings work), once booted; None on a chat model's worker or before boot."""
+    embedder: StoreEncoder | None = getattr(state.live, "embedder", None)
+    return embedder

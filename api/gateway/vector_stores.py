@@ -6,9 +6,10 @@ ingestion or deletion (IngestFile, DeleteStoreFile) and searches (SearchStore). 
 keeps rows, serializes a store's changes (a lock per store, then compare-and-set on its snapshot
 version) and audits; it never holds a key, a document's text or a vector.
 
-Which model's key: a file and a store are bound to the model and version of the worker that sealed
-them, the first model (by name) the caller's key may use with a ready worker; a tenant's dedicated
-embedding model takes that place once workers serve one (issue #51, t51-embeddings)."""
+Which model's key: a file is sealed by a worker of the first model (by name) the caller's key may use
+whose workers hold an embedding model (the others answer 501), and bound to its model and version; a
+store is bound to the model and version of its first file (until then it holds nothing), and only
+files sealed under the same key join it."""
 
 from __future__ import annotations
 
@@ -52,12 +53,12 @@ class GatewayRetrieval:
         self.service.audit.append(tenant=key.tenant, action=action, decision="allow", reason="caller",
                                   metadata={"key_id": key.key_id, **metadata})
 
-    def model_for(self, key: KeyRecord) -> str:
+    def models_for(self, key: KeyRecord) -> list[str]:
         models = self.service.catalog.models_for(key)
         if not models:
             raise GatewayError(503, "no model of this tenant is served now: files and vector stores are sealed "
                                     "by its workers", type_="server_error", code="model_unavailable")
-        return models[0]
+        return models
 
     # Files
 
@@ -69,11 +70,20 @@ class GatewayRetrieval:
         if len(content) > MAX_FILE_BYTES:
             raise GatewayError(413, f"a file may have at most {MAX_FILE_BYTES} bytes", param="file",
                                code="file_too_large")
-        model = self.model_for(key)
         file_id = new_id("file")
-        reply: worker_pb2.SealedBlob = await self.service.call(
-            key, model, self.service.catalog.resolve(key, model), "SealFile",
-            worker_pb2.SealFileRequest(tenant=key.tenant, key_id=key.key_id, file_id=file_id, content=content))
+        request = worker_pb2.SealFileRequest(tenant=key.tenant, key_id=key.key_id, file_id=file_id, content=content)
+        for model in self.models_for(key):
+            try:
+                reply: worker_pb2.SealedBlob = await self.service.call(
+                    key, model, self.service.catalog.resolve(key, model), "SealFile", request)
+            except GatewayError as exc:
+                if exc.status != 501:  # 501: a model without an encoder; the next one may have one
+                    raise
+                continue
+            break
+        else:
+            raise GatewayError(503, "no embedding model of this tenant is served now: files are sealed and "
+                                    "indexed by its workers", type_="server_error", code="model_unavailable")
         stored = self.rows.put_file(file_id=file_id, tenant=key.tenant, purpose=purpose, filename=filename[:256],
                                     size=len(content), model=model, version=reply.key_version, blob=reply.blob)
         self._audit(key, "file.create", file_id=file_id, bytes=len(content))
@@ -95,20 +105,11 @@ class GatewayRetrieval:
     # Vector stores
 
     def create_store(self, key: KeyRecord, name: str | None, metadata: dict[str, Any]) -> StoredVectorStore:
-        model = self.model_for(key)
-        split = self.service.catalog.resolve(key, model)
-        version = max(split, key=lambda v: (split[v], v)) if split else self._any_version(key, model)
+        """An empty store, bound to no key until its first file."""
         store = self.rows.put_store(store_id=new_id("vs"), tenant=key.tenant, name=name, metadata=metadata,
-                                    model=model, version=version)
+                                    model="", version="")
         self._audit(key, "vector_store.create", vector_store_id=store.id)
         return store
-
-    def _any_version(self, key: KeyRecord, model: str) -> str:
-        workers = self.service.registry.for_model(key.tenant, model)
-        if not workers:
-            raise GatewayError(503, "no worker serves this tenant's model now", type_="server_error",
-                               code="model_unavailable")
-        return sorted(w.version for w in workers)[0]
 
     def store(self, key: KeyRecord, store_id: str) -> StoredVectorStore:
         found = self.rows.store(key.tenant, store_id)
@@ -136,6 +137,9 @@ class GatewayRetrieval:
         file = self.rows.file(key.tenant, file_id)
         if file is None:
             raise not_found("file", file_id, param="file_id")
+        if not store.model:  # its first file: the store is bound to that file's model version for good
+            self.rows.bind_store(key.tenant, store_id, file.model, file.version)
+            store = self.store(key, store_id)
         if (file.model, file.version) != (store.model, store.version):
             raise GatewayError(400, "the file was sealed under another model version than the vector store's",
                                param="file_id", code="invalid_value")
@@ -195,6 +199,9 @@ class GatewayRetrieval:
         """The worker's passages; audited with the ids of the files they came from."""
         self.service.check_plaintext_allowed(key)  # the passages come back in clear
         store = self.store(key, store_id)
+        if not store.model:  # no file yet: nothing to search, nothing to open
+            self._audit(key, "vector_store.search", vector_store_id=store_id, search_id=new_id("search"), files=0)
+            return []
         request = worker_pb2.SearchStoreRequest(
             tenant=key.tenant, key_id=key.key_id, store_id=store_id, snapshot=store.snapshot, query=query,
             max_num_results=max_num_results, filters_json=json.dumps(filters) if filters is not None else "",

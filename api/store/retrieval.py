@@ -132,6 +132,13 @@ class RetrievalStore:
                                                           VectorStoreRow.tenant == tenant))
             return bool(getattr(done, "rowcount", 0))
 
+    def bind_store(self, tenant: str, store_id: str, model: str, version: str) -> None:
+        """Bind an unbound store to the model version whose key seals it (a bound one is left as it is)."""
+        with self.sessions.begin() as s:
+            s.execute(update(VectorStoreRow).where(VectorStoreRow.id == store_id, VectorStoreRow.tenant == tenant,
+                                                   VectorStoreRow.model == "")
+                      .values(model=model, version=version))
+
     def replace_snapshot(self, tenant: str, store_id: str, expected_version: int, snapshot: bytes, version: int,
                          usage_delta: int, store_file: StoreFile | None = None, drop_file: str | None = None) -> bool:
         """The store's new snapshot, only if it is still at ``expected_version`` (False otherwise:

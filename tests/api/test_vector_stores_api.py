@@ -188,3 +188,14 @@ async def test_a_caller_without_rights_never_receives_a_files_passages(tmp_path:
             assert legal.id not in [r.file_id for r in page.data]
             assert all(CANARY not in r.content[0].text for r in page.data)
         assert [r.file_id for r in (await reader.vector_stores.search(store.id, query=question)).data] == [hr.id]
+
+
+async def test_an_empty_store_and_a_tenant_without_an_embedding_model(tmp_path: Path) -> None:
+    async with retrieval_stack(tmp_path, None) as stack:  # the worker serves a chat model only
+        c = stack.sdk()
+        store = await c.vector_stores.create(name="empty")
+        assert (await c.vector_stores.search(store.id, query="anything")).data == []
+        with pytest.raises(openai.InternalServerError) as refused:
+            await c.files.create(file=("a.txt", CONTRACT.encode()), purpose="assistants")
+        assert refused.value.status_code == 503 and CANARY not in str(refused.value.body)
+        assert (await c.files.list()).data == []  # nothing kept

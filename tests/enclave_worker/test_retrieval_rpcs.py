@@ -137,3 +137,13 @@ def test_the_tenants_file_access_decides_which_caller_gets_passages(encoder: Emb
             filters_json=json.dumps({"type": "eq", "key": "site", "value": "hq"})))
         assert list(found.file_ids) == expected
         assert ("CANARY" in found.results_json) is bool(expected)
+
+
+def test_a_worker_serves_retrieval_with_the_encoder_it_booted(encoder: Embedder,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    servicer = _servicer(None)  # nothing injected: the booted encoder (an embedding model's worker) is used
+    request = worker_pb2.SealFileRequest(tenant="acme", file_id="file-c", content=TEXT.encode())
+    assert _refused(servicer, "SealFile", request) == grpc.StatusCode.UNIMPLEMENTED  # a chat model's worker
+    monkeypatch.setattr(LiveState, "embedder", property(lambda _: encoder), raising=False)
+    assert _call(servicer, "SealFile", request).blob
+    assert servicer.retrieval is not None and servicer.retrieval.encoder is encoder
