@@ -1,13 +1,15 @@
 """/v1/files (OpenAI's Files API, purposes `assistants` and `user_data`): api/gateway/vector_stores.py.
 
-The content is sealed by a worker as it arrives and kept as ciphertext; GET .../content is refused
+The content is parsed in memory, sealed by a worker as it arrives and kept as ciphertext; GET .../content is refused
 (400, as OpenAI refuses downloading `assistants` files): a document is opened only inside a worker."""
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from fastapi import APIRouter, Depends, File, Form, Query, Request, UploadFile
+from fastapi import APIRouter, Depends, Query, Request
+from starlette.datastructures import UploadFile
+from starlette.formparsers import MultiPartException, MultiPartParser
 
 from api.gateway.dependencies import current_key, get_service
 from api.gateway.errors import GatewayError
@@ -44,13 +46,39 @@ def list_page(data: list[dict[str, Any]], *, order: str, after: str | None, limi
             "last_id": page[-1]["id"] if page else None, "has_more": len(ordered) > limit}
 
 
+class InMemoryMultiPartParser(MultiPartParser):
+    """Starlette's multipart parser, but a file part never rolls over to a temporary file on disk
+    (SpooledTemporaryFile with max_size 0 stays in memory): a document never touches the disk. The
+    body is bounded before it is read (the edge's max_body_bytes)."""
+
+    spool_max_size = 0
+
+
+async def _upload(request: Request) -> tuple[str, bytes, str]:
+    """(filename, content, purpose) of a multipart upload, parsed in memory."""
+    if request.headers.get("content-type", "").split(";")[0].strip().lower() != "multipart/form-data":
+        raise GatewayError(400, "upload a file as multipart/form-data with 'file' and 'purpose'", code="invalid_value")
+    try:
+        form = await InMemoryMultiPartParser(request.headers, request.stream(), max_files=1, max_fields=4).parse()
+    except MultiPartException as exc:
+        raise GatewayError(400, f"the multipart body does not parse: {exc.message}", code="invalid_value") from None
+    upload, purpose = form.get("file"), form.get("purpose")
+    if not isinstance(upload, UploadFile) or not isinstance(purpose, str):
+        raise GatewayError(400, "a file upload needs 'file' (a file) and 'purpose'", param="file",
+                           code="invalid_value")
+    try:
+        return upload.filename or "file", await upload.read(), purpose
+    finally:
+        await form.close()
+
+
 @router.post("/v1/files")
-async def create_file(file: UploadFile = File(...), purpose: str = Form(...), key: KeyRecord = Depends(current_key),
+async def create_file(request: Request, key: KeyRecord = Depends(current_key),
                       service: GatewayService = Depends(get_service),
                       retrieval: GatewayRetrieval = Depends(get_retrieval)) -> dict[str, Any]:
     service.admissions.ticket(key, 0)  # requests-per-minute limits apply here too
-    content = await file.read()
-    return file_object(await retrieval.create_file(key, file.filename or "file", purpose, content))
+    filename, content, purpose = await _upload(request)
+    return file_object(await retrieval.create_file(key, filename, purpose, content))
 
 
 @router.get("/v1/files")

@@ -199,3 +199,25 @@ async def test_an_empty_store_and_a_tenant_without_an_embedding_model(tmp_path: 
             await c.files.create(file=("a.txt", CONTRACT.encode()), purpose="assistants")
         assert refused.value.status_code == 503 and CANARY not in str(refused.value.body)
         assert (await c.files.list()).data == []  # nothing kept
+
+
+async def test_a_large_upload_never_touches_the_disk(stack: RetrievalStack, monkeypatch: pytest.MonkeyPatch) -> None:
+    import tempfile
+
+    spilled: list[object] = []
+    real = tempfile.TemporaryFile
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        spilled.append(args)
+        return real(*args, **kwargs)
+
+    # Starlette spools an upload over 1 MiB to a temporary file unless told not to.
+    monkeypatch.setattr(tempfile, "TemporaryFile", recording)
+    big = (CONTRACT + "\n") * (2 * 1024 * 1024 // len(CONTRACT))
+    created = await stack.sdk().files.create(file=("big.txt", big.encode()), purpose="assistants")
+    assert created.bytes == len(big) and spilled == []
+    for bad in ({"purpose": "assistants"}, {"file": ("a.txt", b"x")}):  # a part missing
+        answer = await stack.http.post("/v1/files", headers={"Authorization": f"Bearer {stack.tenant_key}"},
+                                       files={"file": bad["file"]} if "file" in bad else None,
+                                       data={"purpose": bad["purpose"]} if "purpose" in bad else None)
+        assert answer.status_code == 400, answer.text
