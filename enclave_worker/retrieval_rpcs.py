@@ -64,7 +64,8 @@ class RetrievalRpcs:
     async def _refuse(context: grpc.aio.ServicerContext, exc: Exception) -> NoReturn:
         if isinstance(exc, SealedStoreError):
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
-                                "the vector store or file cannot be opened by this worker")
+                                "this worker cannot open or seal the vector store or file "
+                                "(its key differs or was revoked)")
         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         raise AssertionError("context.abort raises")
 

@@ -221,3 +221,16 @@ async def test_a_large_upload_never_touches_the_disk(stack: RetrievalStack, monk
                                        files={"file": bad["file"]} if "file" in bad else None,
                                        data={"purpose": bad["purpose"]} if "purpose" in bad else None)
         assert answer.status_code == 400, answer.text
+
+
+async def test_a_revoked_key_makes_the_store_unreadable_at_once(stack: RetrievalStack) -> None:
+    store_id, _ = await _loaded(stack)
+    c = stack.sdk()
+    assert (await c.vector_stores.search(store_id, query="contract")).data  # opened once: in the worker's cache
+    stack.state.booted.released.data_key = b""  # type: ignore[union-attr]  # revoked: the worker wiped its key
+    with pytest.raises(openai.ConflictError) as refused:
+        await c.vector_stores.search(store_id, query="contract")
+    assert CANARY not in str(refused.value.body)
+    with pytest.raises(openai.ConflictError):
+        await c.files.create(file=("x.txt", b"new text"), purpose="assistants")  # nothing new is sealed
+    assert len((await c.files.list()).data) == 2
