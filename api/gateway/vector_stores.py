@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,7 +45,8 @@ def new_id(prefix: str) -> str:
 class GatewayRetrieval:
     service: GatewayService
     rows: RetrievalStore = field(init=False)
-    _locks: dict[str, asyncio.Lock] = field(default_factory=dict)
+    # One lock per store while someone holds it (weak: an idle store's lock is dropped).
+    _locks: weakref.WeakValueDictionary[str, asyncio.Lock] = field(default_factory=weakref.WeakValueDictionary)
 
     def __post_init__(self) -> None:
         self.rows = RetrievalStore(self.service.store.sessions)
@@ -123,7 +125,10 @@ class GatewayRetrieval:
         self._audit(key, "vector_store.delete", vector_store_id=store_id)
 
     def _lock(self, store_id: str) -> asyncio.Lock:
-        return self._locks.setdefault(store_id, asyncio.Lock())
+        lock = self._locks.get(store_id)
+        if lock is None:
+            lock = self._locks[store_id] = asyncio.Lock()
+        return lock
 
     async def _pinned(self, key: KeyRecord, store: StoredVectorStore, method: str, request: Any) -> Any:
         """A call to a worker of the store's model version: only its key opens the store."""

@@ -4,10 +4,10 @@ api/gateway/vector_stores.py. Ingestion runs while the request waits, so a file 
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Query
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from api.gateway.dependencies import current_key, get_service
 from api.gateway.errors import GatewayError
@@ -24,10 +24,14 @@ class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+Metadata = dict[Annotated[str, StringConstraints(min_length=1, max_length=64)],
+               Annotated[str, StringConstraints(max_length=512)]]  # OpenAI's limits
+
+
 class CreateStore(_Body):
     name: str | None = Field(default=None, max_length=256)
     file_ids: list[str] = Field(default_factory=list, max_length=MAX_FILES_PER_CALL)
-    metadata: dict[str, str] = Field(default_factory=dict, max_length=16)
+    metadata: Metadata = Field(default_factory=dict, max_length=16)
     chunking_strategy: dict[str, Any] | None = None
     expires_after: None = None  # stores do not expire here
     description: str | None = Field(default=None, max_length=512)

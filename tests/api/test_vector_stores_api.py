@@ -159,6 +159,12 @@ async def test_bad_files_and_attachments_change_nothing(stack: RetrievalStack) -
             "type": "static", "static": {"max_chunk_size_tokens": 4096, "chunk_overlap_tokens": 0}})
     with pytest.raises(openai.NotFoundError):
         await c.vector_stores.files.create(store_id, file_id="file-nonexistent")
+    with pytest.raises(openai.NotFoundError):  # every file is checked before the store exists
+        await c.vector_stores.create(name="new", file_ids=[fresh.id, "file-nonexistent"])
+    for metadata in ({"k" * 65: "v"}, {"k": "v" * 513}, {f"k{i}": "v" for i in range(17)}):
+        with pytest.raises((openai.BadRequestError, openai.UnprocessableEntityError)):
+            await c.vector_stores.create(name="new", metadata=metadata)
+    assert [s.id for s in (await c.vector_stores.list()).data] == [store_id]
     with pytest.raises(openai.NotFoundError):
         await c.vector_stores.files.retrieve(file_id=fresh.id, vector_store_id=store_id)  # the refusal kept nothing
     binary = await c.files.create(file=("x.bin", b"\xff\xfe\x00\x01"), purpose="assistants")
