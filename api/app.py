@@ -35,6 +35,7 @@ from api.gateway.edge import EdgeGuard
 from api.gateway.embeddings_routes import router as embeddings_router
 from api.gateway.enrolment import Enrolment
 from api.gateway.errors import GatewayError, gateway_error_handler, http_error_handler, validation_error_handler
+from api.gateway.files_routes import router as files_router
 from api.gateway.grpc_client import WorkerClients
 from api.gateway.limits import LocalQueueCounter, QueueCounter, RedisLimiterStore, RedisQueueCounter
 from api.gateway.metering import Metering
@@ -49,6 +50,8 @@ from api.gateway.settings import GatewaySettings
 from api.gateway.settlement import Settlement
 from api.gateway.tickets import Admission
 from api.gateway.usage_writer import UsageWriter
+from api.gateway.vector_stores import GatewayRetrieval
+from api.gateway.vector_stores_routes import router as vector_stores_router
 from api.gateway.worker_attestation import load_verifier
 from api.management import uploads
 from api.management.app import router as management_router
@@ -166,8 +169,9 @@ def _gateway_app(settings: GatewaySettings, service: GatewayService) -> FastAPI:
     app = FastAPI(title="Sealed gateway", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None,
                   **without_native_telemetry())
     app.state.service = service
-    for router in (openai_router, sealed_router, responses_router, conversations_router, internal.router,
-                   embeddings_router):
+    app.state.retrieval = GatewayRetrieval(service)  # files and vector stores (api/gateway/vector_stores.py)
+    for router in (openai_router, sealed_router, responses_router, conversations_router, files_router,
+                   vector_stores_router, embeddings_router, internal.router):
         app.include_router(router)
     app.add_exception_handler(GatewayError, gateway_error_handler)
     app.add_exception_handler(RequestValidationError, validation_error_handler)

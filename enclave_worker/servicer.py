@@ -27,6 +27,8 @@ from enclave_worker.guard import GuardRefusal
 from enclave_worker.lifecycle import serving
 from enclave_worker.render import prompt_ids
 from enclave_worker.response_state import open_state, seal_state, with_history
+from enclave_worker.retrieval.service import StoreEncoder
+from enclave_worker.retrieval_rpcs import RetrievalRpcs, retrieval_for
 from enclave_worker.sealed import SealedAnswer, open_sealed_request
 from enclave_worker.signing import decision_metadata
 from enclave_worker.stage_times import StageTimes, record_stages
@@ -57,9 +59,11 @@ def server_span(tracing: Tracing, context: grpc.aio.ServicerContext, method: str
         "sealed.request_id": request_id}), StageTimes()
 
 
-class WorkerServicer(worker_pb2_grpc.WorkerServicer):
-    def __init__(self, state: WorkerState) -> None:
+class WorkerServicer(RetrievalRpcs, worker_pb2_grpc.WorkerServicer):
+    def __init__(self, state: WorkerState, encoder: StoreEncoder | None = None) -> None:
         self.state = state
+        # Files and vector stores over `encoder`, the worker's embedding model (none: refused).
+        self.retrieval = retrieval_for(state, encoder)
 
     async def _engine(self, context: grpc.aio.ServicerContext) -> ServingEngine:
         if not serving(self.state) or self.state.booted is None:

@@ -11,12 +11,13 @@ from policy.callers import CallerPolicy
 from policy.compile import compile_policy_set
 from policy.engine import CedarPolicies, compile_cedar, validate_against_schema
 from policy.errors import PolicyInvalid
+from policy.file_access import FileAccessPolicy
 from policy.model import AgentPolicy, DataPolicy, Limits, _check_keys, _frozen, _name
 from policy.release import ReleasePolicy
 from policy.schema import CEDAR_SCHEMA
 
 _KEYS = {"policy_id", "version", "tenant", "admission", "key_overrides", "agents", "data", "release", "cedar",
-         "require_sealed", "decision_record_key", "callers", "response_retention_days"}
+         "require_sealed", "decision_record_key", "callers", "response_retention_days", "file_access"}
 DEFAULT_RESPONSE_RETENTION_DAYS = 30  # OpenAI's for stored responses
 MAX_RESPONSE_RETENTION_DAYS = 365
 
@@ -43,6 +44,8 @@ class PolicySet:
     # How long stored Responses state (`store: true`) may be opened, in days; 0: nothing is stored.
     # Workers stamp the expiry inside the sealed state and refuse it after (docs/security.md).
     response_retention_days: int = DEFAULT_RESPONSE_RETENTION_DAYS
+    # Which caller may retrieve which file of its vector stores (policy/file_access.py); None: all.
+    file_access: FileAccessPolicy | None = None
 
     def __post_init__(self) -> None:
         _name(self.policy_id, "policy_id")
@@ -105,6 +108,7 @@ class PolicySet:
             require_sealed=d.get("require_sealed", False), decision_record_key=d.get("decision_record_key"),
             callers=CallerPolicy.from_dict(d["callers"]) if d.get("callers") is not None else None,
             response_retention_days=d.get("response_retention_days", DEFAULT_RESPONSE_RETENTION_DAYS),
+            file_access=FileAccessPolicy.from_dict(d["file_access"]) if d.get("file_access") is not None else None,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -129,6 +133,8 @@ class PolicySet:
             out["callers"] = self.callers.to_dict()
         if self.response_retention_days != DEFAULT_RESPONSE_RETENTION_DAYS:
             out["response_retention_days"] = self.response_retention_days
+        if self.file_access is not None:
+            out["file_access"] = self.file_access.to_dict()
         return out
 
 

@@ -230,6 +230,10 @@ def _translate(exc: grpc.aio.AioRpcError, started: bool) -> GatewayError:
     if code == grpc.StatusCode.DATA_LOSS:  # the model's answer is unusable, e.g. a malformed tool call
         return GatewayError(500, exc.details() or "the model's output is malformed", type_="server_error",
                             code="invalid_tool_call")
+    if code == grpc.StatusCode.FAILED_PRECONDITION:  # sealed data this worker cannot open (retrieval_rpcs.py)
+        return GatewayError(409, exc.details() or "stored data cannot be opened", code="sealed_data_unreadable")
+    if code == grpc.StatusCode.UNIMPLEMENTED:
+        return GatewayError(501, exc.details() or "not supported by this worker", code="not_supported")
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
         return GatewayError(504, "the worker did not finish in time", type_="server_error", code="timeout")
     if started:

@@ -197,3 +197,52 @@ class ConversationItemRow(Base):
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
     seq: Mapped[int] = mapped_column(Integer)
     blob: Mapped[bytes] = mapped_column(LargeBinary)
+
+
+class FileRow(Base):
+    """An uploaded file (/v1/files): its content is ciphertext a worker sealed (SealFile) under a key
+    derived from its model version's data key; the clear columns are owner, name, size and routing."""
+
+    __tablename__ = "files"
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(64), index=True)
+    purpose: Mapped[str] = mapped_column(String(32))
+    filename: Mapped[str] = mapped_column(String(256))
+    size: Mapped[int] = mapped_column("bytes", BigInteger)
+    model: Mapped[str] = mapped_column(String(256))
+    version: Mapped[str] = mapped_column(String(128))
+    blob: Mapped[bytes] = mapped_column(LargeBinary)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class VectorStoreRow(Base):
+    """A vector store: its corpus and index are one sealed snapshot (versioned; a worker refuses an
+    older one than it has seen), replaced whole on every change, compare-and-set on the version."""
+
+    __tablename__ = "vector_stores"
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(64), index=True)
+    name: Mapped[str | None] = mapped_column(String(256), nullable=True)
+    metadata_: Mapped[dict] = mapped_column("metadata", JSON)
+    model: Mapped[str] = mapped_column(String(256))
+    version: Mapped[str] = mapped_column(String(128))
+    snapshot: Mapped[bytes] = mapped_column(LargeBinary)
+    snapshot_version: Mapped[int] = mapped_column(BigInteger)
+    usage_bytes: Mapped[int] = mapped_column(BigInteger)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class VectorStoreFileRow(Base):
+    __tablename__ = "vector_store_files"
+    store_id: Mapped[str] = mapped_column(String(64), ForeignKey("vector_stores.id", ondelete="CASCADE"),
+                                          primary_key=True)
+    file_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(64), index=True)
+    batch_id: Mapped[str | None] = mapped_column(String(64), nullable=True, index=True)
+    status: Mapped[str] = mapped_column(String(16))  # completed | failed
+    error_code: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    error_message: Mapped[str | None] = mapped_column(String(256), nullable=True)
+    usage_bytes: Mapped[int] = mapped_column(BigInteger)
+    attributes: Mapped[dict] = mapped_column(JSON)
+    chunking: Mapped[dict] = mapped_column(JSON)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

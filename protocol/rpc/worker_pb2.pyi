@@ -295,3 +295,109 @@ class EmbedReply(_message.Message):
     prompt_tokens: int
     usage: UsageRecord
     def __init__(self, vectors: _Optional[bytes] = ..., dimensions: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., usage: _Optional[_Union[UsageRecord, _Mapping]] = ...) -> None: ...
+
+class SealFileRequest(_message.Message):
+    __slots__ = ("tenant", "key_id", "file_id", "content")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    KEY_ID_FIELD_NUMBER: _ClassVar[int]
+    FILE_ID_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    key_id: str
+    file_id: str
+    content: bytes
+    def __init__(self, tenant: _Optional[str] = ..., key_id: _Optional[str] = ..., file_id: _Optional[str] = ..., content: _Optional[bytes] = ...) -> None: ...
+
+class SealedBlob(_message.Message):
+    __slots__ = ("blob", "version", "key_version")
+    BLOB_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    KEY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    blob: bytes
+    version: int
+    key_version: str
+    def __init__(self, blob: _Optional[bytes] = ..., version: _Optional[int] = ..., key_version: _Optional[str] = ...) -> None: ...
+
+class IngestFileRequest(_message.Message):
+    __slots__ = ("tenant", "key_id", "store_id", "snapshot", "file_id", "filename", "file_blob", "attributes_json", "chunking_json")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    KEY_ID_FIELD_NUMBER: _ClassVar[int]
+    STORE_ID_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
+    FILE_ID_FIELD_NUMBER: _ClassVar[int]
+    FILENAME_FIELD_NUMBER: _ClassVar[int]
+    FILE_BLOB_FIELD_NUMBER: _ClassVar[int]
+    ATTRIBUTES_JSON_FIELD_NUMBER: _ClassVar[int]
+    CHUNKING_JSON_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    key_id: str
+    store_id: str
+    snapshot: bytes
+    file_id: str
+    filename: str
+    file_blob: bytes
+    attributes_json: str
+    chunking_json: str
+    def __init__(self, tenant: _Optional[str] = ..., key_id: _Optional[str] = ..., store_id: _Optional[str] = ..., snapshot: _Optional[bytes] = ..., file_id: _Optional[str] = ..., filename: _Optional[str] = ..., file_blob: _Optional[bytes] = ..., attributes_json: _Optional[str] = ..., chunking_json: _Optional[str] = ...) -> None: ...
+
+class IngestFileReply(_message.Message):
+    __slots__ = ("snapshot", "usage_bytes", "chunking_json", "error_code", "error_message")
+    SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
+    USAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CHUNKING_JSON_FIELD_NUMBER: _ClassVar[int]
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    snapshot: SealedBlob
+    usage_bytes: int
+    chunking_json: str
+    error_code: str
+    error_message: str
+    def __init__(self, snapshot: _Optional[_Union[SealedBlob, _Mapping]] = ..., usage_bytes: _Optional[int] = ..., chunking_json: _Optional[str] = ..., error_code: _Optional[str] = ..., error_message: _Optional[str] = ...) -> None: ...
+
+class SearchStoreRequest(_message.Message):
+    __slots__ = ("tenant", "key_id", "store_id", "snapshot", "query", "max_num_results", "filters_json", "has_score_threshold", "score_threshold", "rewrite_query", "caller")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    KEY_ID_FIELD_NUMBER: _ClassVar[int]
+    STORE_ID_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
+    QUERY_FIELD_NUMBER: _ClassVar[int]
+    MAX_NUM_RESULTS_FIELD_NUMBER: _ClassVar[int]
+    FILTERS_JSON_FIELD_NUMBER: _ClassVar[int]
+    HAS_SCORE_THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    SCORE_THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    REWRITE_QUERY_FIELD_NUMBER: _ClassVar[int]
+    CALLER_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    key_id: str
+    store_id: str
+    snapshot: bytes
+    query: str
+    max_num_results: int
+    filters_json: str
+    has_score_threshold: bool
+    score_threshold: float
+    rewrite_query: bool
+    caller: str
+    def __init__(self, tenant: _Optional[str] = ..., key_id: _Optional[str] = ..., store_id: _Optional[str] = ..., snapshot: _Optional[bytes] = ..., query: _Optional[str] = ..., max_num_results: _Optional[int] = ..., filters_json: _Optional[str] = ..., has_score_threshold: _Optional[bool] = ..., score_threshold: _Optional[float] = ..., rewrite_query: _Optional[bool] = ..., caller: _Optional[str] = ...) -> None: ...
+
+class SearchStoreReply(_message.Message):
+    __slots__ = ("results_json", "file_ids")
+    RESULTS_JSON_FIELD_NUMBER: _ClassVar[int]
+    FILE_IDS_FIELD_NUMBER: _ClassVar[int]
+    results_json: str
+    file_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, results_json: _Optional[str] = ..., file_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class DeleteStoreFileRequest(_message.Message):
+    __slots__ = ("tenant", "key_id", "store_id", "snapshot", "file_id")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    KEY_ID_FIELD_NUMBER: _ClassVar[int]
+    STORE_ID_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
+    FILE_ID_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    key_id: str
+    store_id: str
+    snapshot: bytes
+    file_id: str
+    def __init__(self, tenant: _Optional[str] = ..., key_id: _Optional[str] = ..., store_id: _Optional[str] = ..., snapshot: _Optional[bytes] = ..., file_id: _Optional[str] = ...) -> None: ...

@@ -74,6 +74,26 @@ class WorkerStub:
                 request_serializer=worker__pb2.EmbedRequest.SerializeToString,
                 response_deserializer=worker__pb2.EmbedReply.FromString,
                 _registered_method=True)
+        self.SealFile = channel.unary_unary(
+                '/sealed.worker.v1.Worker/SealFile',
+                request_serializer=worker__pb2.SealFileRequest.SerializeToString,
+                response_deserializer=worker__pb2.SealedBlob.FromString,
+                _registered_method=True)
+        self.IngestFile = channel.unary_unary(
+                '/sealed.worker.v1.Worker/IngestFile',
+                request_serializer=worker__pb2.IngestFileRequest.SerializeToString,
+                response_deserializer=worker__pb2.IngestFileReply.FromString,
+                _registered_method=True)
+        self.SearchStore = channel.unary_unary(
+                '/sealed.worker.v1.Worker/SearchStore',
+                request_serializer=worker__pb2.SearchStoreRequest.SerializeToString,
+                response_deserializer=worker__pb2.SearchStoreReply.FromString,
+                _registered_method=True)
+        self.DeleteStoreFile = channel.unary_unary(
+                '/sealed.worker.v1.Worker/DeleteStoreFile',
+                request_serializer=worker__pb2.DeleteStoreFileRequest.SerializeToString,
+                response_deserializer=worker__pb2.SealedBlob.FromString,
+                _registered_method=True)
 
 
 class WorkerServicer:
@@ -127,6 +147,30 @@ class WorkerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SealFile(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def IngestFile(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SearchStore(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteStoreFile(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -169,6 +213,26 @@ def add_WorkerServicer_to_server(servicer, server):
                     servicer.Embed,
                     request_deserializer=worker__pb2.EmbedRequest.FromString,
                     response_serializer=worker__pb2.EmbedReply.SerializeToString,
+            ),
+            'SealFile': grpc.unary_unary_rpc_method_handler(
+                    servicer.SealFile,
+                    request_deserializer=worker__pb2.SealFileRequest.FromString,
+                    response_serializer=worker__pb2.SealedBlob.SerializeToString,
+            ),
+            'IngestFile': grpc.unary_unary_rpc_method_handler(
+                    servicer.IngestFile,
+                    request_deserializer=worker__pb2.IngestFileRequest.FromString,
+                    response_serializer=worker__pb2.IngestFileReply.SerializeToString,
+            ),
+            'SearchStore': grpc.unary_unary_rpc_method_handler(
+                    servicer.SearchStore,
+                    request_deserializer=worker__pb2.SearchStoreRequest.FromString,
+                    response_serializer=worker__pb2.SearchStoreReply.SerializeToString,
+            ),
+            'DeleteStoreFile': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteStoreFile,
+                    request_deserializer=worker__pb2.DeleteStoreFileRequest.FromString,
+                    response_serializer=worker__pb2.SealedBlob.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -387,6 +451,114 @@ class Worker:
             '/sealed.worker.v1.Worker/Embed',
             worker__pb2.EmbedRequest.SerializeToString,
             worker__pb2.EmbedReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SealFile(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sealed.worker.v1.Worker/SealFile',
+            worker__pb2.SealFileRequest.SerializeToString,
+            worker__pb2.SealedBlob.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def IngestFile(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sealed.worker.v1.Worker/IngestFile',
+            worker__pb2.IngestFileRequest.SerializeToString,
+            worker__pb2.IngestFileReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SearchStore(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sealed.worker.v1.Worker/SearchStore',
+            worker__pb2.SearchStoreRequest.SerializeToString,
+            worker__pb2.SearchStoreReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteStoreFile(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sealed.worker.v1.Worker/DeleteStoreFile',
+            worker__pb2.DeleteStoreFileRequest.SerializeToString,
+            worker__pb2.SealedBlob.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,206 @@
+"""A tenant's files and vector stores as the worker serves them (docs/retrieval.md).
+
+The worker keeps no store of its own: the gateway holds each file and each vector store as sealed
+blobs and passes the latest with every call; the worker opens it, works on it in memory and hands
+back a new sealed snapshot. The keys are derived (HKDF-SHA256) from the data key the broker
+released to this attested worker, bound to tenant, model and version as response_state.py does,
+then per file or store id (sealed_store.py). So the gateway and the operator's disks see only
+ciphertext and sizes, and a revoked (wiped) data key makes every file and store unreadable.
+
+Rollback: this worker refuses a store snapshot older than one it has been given (a replayed
+snapshot would bring a deleted file back). Opened stores are cached by the digest of their blob,
+so a search over an unchanged store does not re-open it, and a stale blob is never served from the
+cache of a newer one."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+from enclave_worker.engine.errors import InvalidRequestError
+
+from .chunking import ChunkingStrategy, chunking_strategy
+from .errors import InvalidRetrievalRequest, RetrievalError, SealedStoreError
+from .filters import Filter, parse_attributes, parse_filter
+from .index import IndexSettings
+from .sealed_store import open_snapshot, seal_snapshot
+from .vector_store import Encoder, SearchResult, StoredFile, VectorStore
+
+MAX_FILE_BYTES = 8 * 1024 * 1024  # one file's plaintext (OpenAI allows 512 MB; a gRPC message carries 32 MiB)
+MAX_QUERY_CHARS = 4096
+DEFAULT_RESULTS = 10
+CACHED_STORES = 8
+_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+class StoreEncoder(Encoder, Protocol):
+    dim: int
+
+    @property
+    def chunk_window(self) -> int: ...
+
+
+class FileUnreadable(RetrievalError):
+    """A file's content the worker cannot index (OpenAI's vector store file `last_error`); its code
+    is OpenAI's and its message fixed: never the document's text."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code, self.message = code, message
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    blob: bytes
+    version: int
+
+
+@dataclass(frozen=True)
+class Ingested:
+    snapshot: Snapshot
+    file: StoredFile
+
+
+def retrieval_key(data_key: bytes, tenant: str, model: str, version: str) -> bytes:
+    """The root of every file and store key of one (tenant, model, version); wiped data key: refused."""
+    if not data_key:
+        raise SealedStoreError("the data key is gone (revoked): no file or vector store opens")
+    info = b"sealed/retrieval/v1\0" + b"\0".join(s.encode() for s in (tenant, model, version))
+    return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=info).derive(data_key)
+
+
+def check_id(kind: str, value: str) -> str:
+    if not _ID.match(value):
+        raise InvalidRetrievalRequest(f"{kind} must be 1 to 64 letters, digits, '-' or '_'")
+    return value
+
+
+class RetrievalService:
+    """One tenant's retrieval in one worker. ``data_key`` is read on every call, so a key wiped on
+    revocation stops every later call at once."""
+
+    def __init__(self, encoder: StoreEncoder, data_key: Callable[[], bytes], tenant: str, model: str,
+                 version: str, settings: IndexSettings | None = None) -> None:
+        self.encoder, self._data_key, self.settings = encoder, data_key, settings
+        self.tenant, self.model, self.version = tenant, model, version
+        self._seen: dict[str, int] = {}  # store id -> newest snapshot version given to this worker
+        self._cache: OrderedDict[bytes, tuple[str, int, VectorStore]] = OrderedDict()
+
+    def _key(self, tenant: str) -> bytes:
+        if tenant != self.tenant:
+            raise InvalidRetrievalRequest("this worker serves another tenant")
+        return retrieval_key(self._data_key(), self.tenant, self.model, self.version)
+
+    # Files
+
+    def seal_file(self, tenant: str, file_id: str, content: bytes) -> bytes:
+        key = self._key(tenant)
+        if len(content) > MAX_FILE_BYTES:
+            raise InvalidRetrievalRequest(f"a file may have at most {MAX_FILE_BYTES} bytes")
+        return seal_snapshot(key, "file/" + check_id("file_id", file_id), 0, content)
+
+    def _file_text(self, key: bytes, file_id: str, blob: bytes) -> str:
+        _, content = open_snapshot(key, "file/" + file_id, blob)
+        try:
+            return content.decode("utf-8")
+        except UnicodeDecodeError:
+            raise FileUnreadable("unsupported_file", "only UTF-8 text files can be indexed") from None
+
+    # Stores
+
+    def _open(self, key: bytes, store_id: str, blob: bytes) -> tuple[int, VectorStore]:
+        check_id("vector_store_id", store_id)
+        seen = self._seen.get(store_id, 0)
+        if not blob:
+            if seen:
+                raise SealedStoreError(f"vector store {store_id} has a snapshot; an empty one is refused")
+            return 0, VectorStore(store_id, self.encoder.dim, self.settings)
+        digest = hashlib.sha256(blob).digest()
+        cached = self._cache.get(digest)
+        if cached is not None and cached[0] == store_id and cached[1] >= seen:
+            self._cache.move_to_end(digest)
+            return cached[1], cached[2]
+        version, plain = open_snapshot(key, "store/" + store_id, blob, min_version=seen)
+        store = VectorStore.from_bytes(plain, store_id, self.settings)
+        self._remember(digest, store_id, version, store)
+        return version, store
+
+    def _remember(self, digest: bytes, store_id: str, version: int, store: VectorStore) -> None:
+        self._seen[store_id] = max(self._seen.get(store_id, 0), version)
+        self._cache[digest] = (store_id, version, store)
+        while len(self._cache) > CACHED_STORES:
+            self._cache.popitem(last=False)
+
+    def _reseal(self, key: bytes, store_id: str, old_blob: bytes, version: int, store: VectorStore) -> Snapshot:
+        self._cache.pop(hashlib.sha256(old_blob).digest(), None)  # the old blob no longer matches this store
+        blob = seal_snapshot(key, "store/" + store_id, version + 1, store.to_bytes())
+        self._remember(hashlib.sha256(blob).digest(), store_id, version + 1, store)
+        return Snapshot(blob, version + 1)
+
+    def ingest(self, tenant: str, store_id: str, snapshot: bytes, file_id: str, filename: str, file_blob: bytes,
+               attributes: object, chunking: object) -> Ingested:
+        """Chunk, embed and index one sealed file into the store; the store's new sealed snapshot.
+        A bad request (attributes, strategy) raises InvalidRetrievalRequest, a file that cannot be
+        indexed FileUnreadable; either way the store is as it was."""
+        key = self._key(tenant)
+        check_id("file_id", file_id)
+        attrs = parse_attributes(attributes)
+        if chunking is not None and not isinstance(chunking, dict):
+            raise InvalidRetrievalRequest("chunking_strategy must be an object")
+        strategy = chunking_strategy(chunking, self.encoder.chunk_window)
+        version, store = self._open(key, store_id, snapshot)
+        text = self._file_text(key, file_id, file_blob)
+        try:
+            stored = store.add_file(file_id, filename[:256], text, attrs, strategy, self.encoder)
+        except InvalidRequestError:  # the encoder refused a chunk (e.g. characters it cannot read)
+            raise FileUnreadable("invalid_file", "the file's text could not be embedded") from None
+        return Ingested(self._reseal(key, store_id, snapshot, version, store), stored)
+
+    def delete_file(self, tenant: str, store_id: str, snapshot: bytes, file_id: str) -> Snapshot:
+        """The store without the file: gone from the index and the sealed snapshot at once."""
+        key = self._key(tenant)
+        version, store = self._open(key, store_id, snapshot)
+        if file_id not in store.files:
+            raise InvalidRetrievalRequest(f"vector store {store_id} has no file {file_id[:64]}")
+        store.remove_file(file_id)
+        return self._reseal(key, store_id, snapshot, version, store)
+
+    def search(self, tenant: str, store_id: str, snapshot: bytes, query: str, max_num_results: int = 0,
+               filters: object = None, score_threshold: float | None = None, rewrite_query: bool = False,
+               readable: Callable[[StoredFile], bool] | None = None) -> list[SearchResult]:
+        """The passages of the files ``readable`` admits (the tenant's policy; all when None) that
+        match ``filters``, best first, at least ``score_threshold`` (cosine)."""
+        key = self._key(tenant)
+        if rewrite_query:
+            raise InvalidRetrievalRequest("rewrite_query is not supported: the query is searched as given")
+        if not isinstance(query, str) or not query.strip() or len(query) > MAX_QUERY_CHARS:
+            raise InvalidRetrievalRequest(f"query must be a non-empty string of at most {MAX_QUERY_CHARS} characters")
+        if score_threshold is not None and not 0.0 <= score_threshold <= 1.0:
+            raise InvalidRetrievalRequest("ranking_options.score_threshold must be from 0 to 1")
+        parsed: Filter | None = None if filters is None else parse_filter(filters)
+        _, store = self._open(key, store_id, snapshot)
+        try:
+            vector = self.encoder.embed_texts([query])[0]
+        except InvalidRequestError as exc:
+            raise InvalidRetrievalRequest(f"query: {exc}") from None
+        return store.search(vector, max_num_results or DEFAULT_RESULTS, readable=readable or (lambda _: True),
+                            filter=parsed, min_score=score_threshold)
+
+
+def results_json(results: list[SearchResult]) -> str:
+    """OpenAI's vector store search results (the `data` of a search page)."""
+    return json.dumps([{"file_id": r.file_id, "filename": r.filename, "score": round(float(r.score), 6),
+                        "attributes": r.attributes, "content": [{"type": "text", "text": r.text}]}
+                       for r in results], ensure_ascii=False)
+
+
+def strategy_json(strategy: ChunkingStrategy) -> str:
+    return json.dumps(strategy.as_openai())
