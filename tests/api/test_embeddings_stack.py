@@ -60,3 +60,30 @@ def test_plaintext_and_sealed_embeddings_on_sealed_up(embedding_stack: RunningSt
         plain.embeddings.create(model=DEMO_MODEL, input="x")
     with pytest.raises(openai.BadRequestError, match="embedding model"):
         plain.chat.completions.create(model=EMBEDDING_MODEL, messages=[{"role": "user", "content": "hi"}])
+
+
+CONTRACT = ("The supplier contract with Quokka Freight ends on 31 March 2029 and renews for one year "
+            "unless either side gives ninety days' notice.")
+HOLIDAYS = "Staff take 25 days of paid holiday a year; unused days carry over until the end of March."
+
+
+def test_files_and_vector_stores_on_sealed_up(embedding_stack: RunningStack) -> None:
+    """The Files and Vector Stores APIs against `sealed up`: the encoder's worker seals, chunks, embeds
+    and indexes the documents; the stack's disk keeps no document text."""
+    stack = embedding_stack
+    plain = openai.OpenAI(base_url=f"{stack.url}/v1", api_key=stack.api_key, max_retries=0)
+    uploaded = plain.files.create(file=("holidays.txt", HOLIDAYS.encode()), purpose="assistants")
+    store = plain.vector_stores.create(name="handbook")
+    attached = plain.vector_stores.files.create_and_poll(vector_store_id=store.id, file_id=uploaded.id)
+    contract = plain.vector_stores.files.upload_and_poll(vector_store_id=store.id,
+                                                          file=("contract.txt", CONTRACT.encode()))
+    assert attached.status == "completed" and contract.status == "completed"
+    page = plain.vector_stores.search(store.id, query="When does the supplier contract end?", max_num_results=2)
+    assert page.data[0].file_id == contract.id and "31 March 2029" in page.data[0].content[0].text
+    plain.vector_stores.files.delete(file_id=contract.id, vector_store_id=store.id)
+    after = plain.vector_stores.search(store.id, query="When does the supplier contract end?")
+    assert [r.file_id for r in after.data] == [uploaded.id]  # the deleted file is gone at once
+    for path in [*Path(stack.home).rglob("*"), *Path(stack.tmpdir).rglob("*")]:
+        if path.is_file() and path.stat().st_size < 64 << 20:
+            data = path.read_bytes()
+            assert b"Quokka Freight" not in data and b"paid holiday" not in data, path
