@@ -17,13 +17,14 @@ from __future__ import annotations
 import ctypes
 import mmap
 import threading
+from collections.abc import Callable
 
 import torch
 
 _PAGE = mmap.PAGESIZE
 
 
-def _libc_madvise() -> ctypes._CFuncPtr | None:
+def _libc_madvise() -> Callable[[int, int, int], int] | None:
     try:
         fn = ctypes.CDLL(None, use_errno=True).madvise
     except (OSError, AttributeError):  # not a glibc/musl process: the pages are zeroed, not returned
