@@ -51,7 +51,8 @@ with ExitStack() as stack:
     result = encrypt_checkpoint(checkpoint, Path(sys.argv[2]), tenant="bench", model="m", version="v1",
                                 signing_key=Ed25519PrivateKey.generate(), threads=threads)
 wall, (c1, s1) = time.perf_counter() - wall, cpu()
-print(json.dumps({"wall_s": wall, "cpu_s": c1 - c0, "sys_s": s1 - s0, "rss_after_imports": baseline, "peak_rss": next(hwm()),
+print(json.dumps({"wall_s": wall, "cpu_s": c1 - c0, "sys_s": s1 - s0, "rss_after_imports": baseline,
+                  "peak_rss": next(hwm()),
                   "plaintext_bytes": result.manifest.plaintext_bytes, "segments": result.manifest.num_segments,
                   "checkpoint": streamed, "threads": threads, "data_key": result.data_key.hex()}))
 """
@@ -96,7 +97,8 @@ def main(argv: list[str] | None = None) -> int:
         pkg = work / "package"
         shutil.rmtree(pkg, ignore_errors=True)
         load_before = os.getloadavg()
-        proc = subprocess.run([sys.executable, "-c", _PROBE, str(model), str(pkg), str(args.threads)], capture_output=True, text=True)
+        proc = subprocess.run([sys.executable, "-c", _PROBE, str(model), str(pkg), str(args.threads)],
+                              capture_output=True, text=True)
         if proc.returncode != 0:
             print(proc.stderr[-3000:], file=sys.stderr)
             return 1
