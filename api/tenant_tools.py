@@ -105,7 +105,7 @@ def open_source(src: Path, stack: ExitStack, native_quant: bool = False) -> Chec
 
 def encrypt_checkpoint(checkpoint: Checkpoint | StreamedCheckpoint, out: Path, *, tenant: str, model: str, version: str,
                        signing_key: SigningKey, progress: Callable[[int], None] | None = None,
-                       segment_size: int | None = None) -> EncryptedModel:
+                       segment_size: int | None = None, threads: int | None = None) -> EncryptedModel:
     """A fresh data key per model version; the package holds only ciphertext and public metadata.
     A model the sealed engine cannot run is refused first (UnsupportedArchitecture, one line naming
     it and pointing to the vLLM backend), before anything is written. An encoder is packed as kind
@@ -129,6 +129,7 @@ def encrypt_checkpoint(checkpoint: Checkpoint | StreamedCheckpoint, out: Path, *
         tensors=tensors,
         data_key=data_key, key_id=f"dek-{secrets.token_hex(8)}", tenant=tenant, model=model, version=version,
         signing_key=signing_key, progress=progress, segment_size=segment_size or DEFAULT_SEGMENT_SIZE, kind=kind,
+        threads=threads,  # None: one per core (encrypt_segments.py)
     )
     return EncryptedModel(manifest, data_key)
 

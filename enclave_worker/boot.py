@@ -106,6 +106,7 @@ def build_engine(settings: WorkerSettings, model: DecryptedModel) -> ServingEngi
         tensors=unflatten_quantized(model.tensors, model.metadata.get("quantization")),
         tokenizer_json=model.metadata["tokenizer_json"],
         chat_template=model.metadata.get("chat_template"),
+        release=model.release,  # the buffer shrinks as the build converts its tensors (page_release.py)
     )
     engine = LLMEngine.from_checkpoint(checkpoint, engine_config(settings))
     warm_grammars_in_background(engine.grammars)

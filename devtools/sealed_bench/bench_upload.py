@@ -1,6 +1,7 @@
 """`sealed bench upload`: server memory while a large package streams in, with the connection cut.
 
     sealed bench upload --mib 512 --cuts 2 --json out.json
+    sealed bench upload --package PKG --cuts 2 --json out.json   (an existing package, e.g. an 8B model's)
 
 Writes a package of about MIB MiB (zero-valued tensors, streamed into the writer: the ciphertext is
 as random as any), serves the management API's upload router (api/management/uploads.py, the
@@ -88,14 +89,19 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="sealed bench upload", description=__doc__.split("\n")[0])
     parser.add_argument("--mib", type=int, default=512, help="package size in MiB")
     parser.add_argument("--cuts", type=int, default=2, help="connection cuts during the upload")
+    parser.add_argument("--package", type=Path, default=None,
+                        help="upload this package directory (left in place) instead of making one of --mib")
     parser.add_argument("--chunk-mib", type=int, default=4)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="sealed-bench-upload-"))
     server = None
     try:
-        _make_package(work / "pkg", args.mib)
-        total = sum(f["size"] for f in describe(work / "pkg").values())
+        pkg = args.package
+        if pkg is None:
+            pkg = work / "pkg"
+            _make_package(pkg, args.mib)
+        total = sum(f["size"] for f in describe(pkg).values())
         port = free_port()
         server = subprocess.Popen([sys.executable, "-c", _SERVER, str(work / "store"), str(port)])
         with httpx.Client(base_url=f"http://127.0.0.1:{port}") as probe:
@@ -120,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         start = time.perf_counter()
         with httpx.Client(base_url=f"http://127.0.0.1:{proxy.port}", headers={"authorization": "Bearer bench"},
                           timeout=300.0) as client:
-            record = upload_package(work / "pkg", client, chunk_bytes=args.chunk_mib << 20)
+            record = upload_package(pkg, client, chunk_bytes=args.chunk_mib << 20)
         wall = time.perf_counter() - start
         done.set()
         sampler.join()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,9 @@ class Checkpoint:
     tensors: dict[str, torch.Tensor]
     tokenizer_json: str
     chat_template: str | None
+    # Told each tensor the builder consumed that no layer holds, so its memory can be given back
+    # during the build (a decrypted package's buffer: enclave_worker/package/page_release.py).
+    release: Callable[[torch.Tensor], None] | None = None
 
 
 @dataclass(frozen=True)

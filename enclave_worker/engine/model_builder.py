@@ -83,7 +83,7 @@ def build_model(checkpoint: Checkpoint, config: EngineConfig) -> BuiltModel:
     )
     linear = LinearOptions(quant, dtype, config.device, kernel.linear, codes=config.panel_codes,
                            int4_group_size=config.int4_group_size)
-    opts = BuildOptions(linear, model_len)
+    opts = BuildOptions(linear, model_len, release=checkpoint.release)
     with torch.inference_mode():
         model = build_architecture(cfg, checkpoint.tensors, opts).eval()
     _release_freed_memory()  # conversion transients go back to the OS before the KV pool is touched

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from enclave_worker.package.page_release import PageRelease
 from enclave_worker.package.segments import check_digest, decrypt_segments, open_payload
 from protocol.package.errors import PackageFormatError, PackageIntegrityError
 from protocol.package.format import Manifest, new_hasher
@@ -43,9 +44,14 @@ class DecryptedModel:
     metadata: dict[str, Any]
     tensors: dict[str, torch.Tensor]
     buffer: torch.Tensor  # the single plaintext copy; the tensors are views into it
+    # CPU buffer: the engine's build gives back the pages of the tensors it converted (page_release.py)
+    release: PageRelease | None = None
 
     def wipe(self) -> None:
-        self.buffer.zero_()
+        if self.release is not None:
+            self.release.wipe()  # the released pages are zeros already; touching them would fault them in
+        else:
+            self.buffer.zero_()
 
 
 def _torch_allocate(nbytes: int) -> torch.Tensor:
@@ -89,7 +95,8 @@ def load_into(buffer: torch.Tensor, manifest: Manifest, signer: str, fill: Calla
         if isinstance(exc, ValueError) and not isinstance(exc, PackageIntegrityError):
             raise PackageFormatError(f"package metadata is not valid JSON: {exc}") from exc
         raise
-    return DecryptedModel(manifest, signer, metadata, tensors, buffer)
+    release = PageRelease(buffer) if buffer.device.type == "cpu" and buffer.is_contiguous() else None
+    return DecryptedModel(manifest, signer, metadata, tensors, buffer, release)
 
 
 def decrypt_stream(

@@ -9,24 +9,22 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
-from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+from cryptography.hazmat.primitives.ciphers import algorithms
 
+from enclave_worker.package.encrypt_segments import default_threads, encrypt_segments
 from enclave_worker.package.sources import InMemoryTensor, TensorSource
 from protocol.package.errors import PackageFormatError
 from protocol.package.format import (
     DEFAULT_DIGEST_ALG,
     DEFAULT_SEGMENT_SIZE,
     MODEL_KINDS,
-    TAG_BYTES,
     Manifest,
     TensorEntry,
     ad_prefix,
     aligned,
-    associated_data,
     key_check_value,
     metadata_to_bytes,
     new_hasher,
-    nonce_for,
     segment_key,
 )
 from protocol.package.signing import SIGNATURE_FILES, SigningKey, sign_manifest, signer_identity
@@ -62,9 +60,10 @@ def _pieces(meta: bytes, sources: Sequence[TensorSource], entries: Sequence[Tens
 
 
 def _digest(meta: bytes, sources: Sequence[TensorSource], entries: Sequence[TensorEntry], total: int,
-            alg: str) -> str:
-    """First pass: the plaintext digest, which the manifest signs and every segment's AD binds."""
-    hasher = new_hasher(alg)
+            alg: str, threads: int) -> str:
+    """First pass: the plaintext digest, which the manifest signs and every segment's AD binds
+    (BLAKE3 spreads each 64 MiB window over `threads` cores)."""
+    hasher = new_hasher(alg, threads)
     for view in _pieces(meta, sources, entries, 0, total):
         hasher.update(view)
     return f"{alg}:{hasher.hexdigest()}"
@@ -116,6 +115,7 @@ def write_package(
     progress: Callable[[int], None] | None = None,
     digest_alg: str = DEFAULT_DIGEST_ALG,
     kind: str = "chat",
+    threads: int | None = None,
 ) -> Manifest:
     """Write manifest.json, its signature and payload.bin. Plaintext never touches the disk.
 
@@ -123,11 +123,16 @@ def write_package(
     that memory stays at a few segment buffers whatever the model size. Two passes over the
     plaintext: the digest (signed in the manifest, which every segment's AD binds), then encryption.
 
+    `threads`: segments encrypted at once (encrypt_segments.py; default one per core, at most 4).
+
     `signing_key`: an Ed25519 private key, or a ModelSigningKey (OpenSSF model-signing, EC key).
     """
     if kind not in MODEL_KINDS:  # refused before anything is written
         raise PackageFormatError(f"unsupported model kind {kind!r} (one of {', '.join(MODEL_KINDS)})")
+    if threads is not None and threads < 1:  # before any work
+        raise ValueError(f"threads must be at least 1, not {threads}")
     meta = metadata_to_bytes(metadata)
+    threads = threads or default_threads()
     ordered = fusion_adjacent_order([(n, InMemoryTensor(t) if isinstance(t, torch.Tensor) else t)
                                      for n, t in tensors])
     sources = [source for _, source in ordered]
@@ -143,32 +148,20 @@ def write_package(
     manifest = Manifest(
         package_id=package_id, tenant=tenant, model=model, version=version, key_id=key_id,
         segment_size=segment_size, num_segments=max(1, -(-cursor // segment_size)),
-        plaintext_bytes=cursor, plaintext_digest=_digest(meta, sources, entries, cursor, digest_alg),
+        plaintext_bytes=cursor, plaintext_digest=_digest(meta, sources, entries, cursor, digest_alg, threads),
         metadata_bytes=len(meta),
         key_check=key_check_value(data_key, package_id), signer=signer_identity(signing_key.public_key()),
         tensors=tuple(entries), kind=kind,
     )
     manifest_bytes = manifest.to_bytes()
     prefix = ad_prefix(package_id, manifest_bytes)
-    cipher = algorithms.AES(segment_key(data_key, package_id))
-    out = memoryview(bytearray(segment_size + TAG_BYTES + 16))  # update_into wants a block's slack
     out_dir.mkdir(parents=True, exist_ok=True)
     tmp = out_dir / "payload.bin.partial"
     with open(tmp, "wb") as fh:
-        for i in range(manifest.num_segments):
-            final = i == manifest.num_segments - 1
-            # The cipher reads each piece where it lies (a mapped shard, a tensor) and writes into one
-            # reused buffer: no plaintext staging copy, no per-segment allocation.
-            encryptor = Cipher(cipher, modes.GCM(nonce_for(i, final))).encryptor()
-            encryptor.authenticate_additional_data(associated_data(prefix, i, final))
-            n = 0
-            for view in _pieces(meta, sources, entries, i * segment_size, min((i + 1) * segment_size, cursor)):
-                n += encryptor.update_into(view, out[n:])
-            encryptor.finalize()
-            out[n : n + TAG_BYTES] = encryptor.tag
-            fh.write(out[: n + TAG_BYTES])
-            if progress:
-                progress(n)
+        encrypt_segments(fh, lambda start, end: _pieces(meta, sources, entries, start, end),
+                         key=algorithms.AES(segment_key(data_key, package_id)), ad_prefix=prefix, total=cursor,
+                         segment_size=segment_size, num_segments=manifest.num_segments,
+                         threads=threads, progress=progress)
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, out_dir / "payload.bin")

@@ -25,21 +25,25 @@ from .weights import Weights
 class DecoderForCausalLM(torch.nn.Module):
     def __init__(self, spec: DecoderSpec, tensors: dict[str, torch.Tensor], opt: BuildOptions) -> None:
         super().__init__()
-        w = Weights(tensors)
+        w = Weights(tensors, opt.release)
         self.spec = spec
         self.cpu_kernels = False  # set by the engine; attention uses the C++ decode kernel where it can
         self.unpack_scratch = UnpackScratch()  # an attribute, so the wipe zeroes its buffer
         opt = opt.with_scratch(self.unpack_scratch)
         tied = spec.tied or not w.has("lm_head.weight")
         self.embed = Embedding(w.take("model.embed_tokens.weight"), opt.linear, tied=tied)
-        self.layers = torch.nn.ModuleList(
-            GenericDecoderLayer(spec, layer, w, f"model.layers.{i}.", opt) for i, layer in enumerate(spec.layers))
+        w.release_consumed(self.embed)
+        self.layers = torch.nn.ModuleList()
+        for i, layer in enumerate(spec.layers):  # each layer's converted sources given back as it is built
+            self.layers.append(GenericDecoderLayer(spec, layer, w, f"model.layers.{i}.", opt))
+            w.release_consumed(self.layers[-1])
         self.decoder_layers: list[GenericDecoderLayer] = cast(list[GenericDecoderLayer], list(self.layers))
         self.norm = make_norm(spec, w.take("model.norm.weight"), opt)
         lm_head = w.take_opt("lm_head.weight")
         self.lm_head = None if tied or lm_head is None else build_linear(
             opt.with_scratch(None), lm_head, None, head_quant(opt))
         del lm_head
+        w.release_consumed(self)
         self.num_kv_heads, self.head_dim = spec.kv_heads, spec.head_dim
         # One table per distinct rotary (Gemma 3: local and global layers), shared by the layers using it.
         ropes = list({repr(layer.rope): layer.rope for layer in spec.layers}.values())  # scaling: a dict

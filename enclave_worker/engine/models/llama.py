@@ -122,7 +122,7 @@ class DecoderLayer(torch.nn.Module):
 class LlamaForCausalLM(torch.nn.Module):
     def __init__(self, cfg: dict[str, Any], tensors: dict[str, torch.Tensor], opt: BuildOptions) -> None:
         super().__init__()
-        w = Weights(tensors)
+        w = Weights(tensors, opt.release)
         self.cpu_kernels = False  # set by the engine where kernels/cpu_ops.py builds
         # An attribute of the model, so its buffer is one of the held tensors the wipe zeroes.
         self.unpack_scratch = UnpackScratch()
@@ -132,9 +132,11 @@ class LlamaForCausalLM(torch.nn.Module):
         # A tied head takes the linears' kernel (a fifth of a decode step's matmul work): in panels the
         # table is held once; packed, a second copy of the table (docs/engine.md, "Kernel paths").
         self.embed = Embedding(w.take("model.embed_tokens.weight"), opt.linear, tied=tied)
-        self.layers = torch.nn.ModuleList(
-            DecoderLayer(cfg, w, f"model.layers.{i}.", opt) for i in range(cfg["num_hidden_layers"])
-        )
+        w.release_consumed(self.embed)
+        self.layers = torch.nn.ModuleList()
+        for i in range(cfg["num_hidden_layers"]):  # each layer's converted sources given back as it is built
+            self.layers.append(DecoderLayer(cfg, w, f"model.layers.{i}.", opt))
+            w.release_consumed(self.layers[-1])
         # The same layers, typed (a ModuleList's items are plain Modules to the type checker).
         self.decoder_layers: list[DecoderLayer] = cast(list[DecoderLayer], list(self.layers))
         self.norm = RMSNorm(w.take("model.norm.weight").to(opt.device, opt.dtype), cfg["rms_norm_eps"])
@@ -144,6 +146,7 @@ class LlamaForCausalLM(torch.nn.Module):
         else:
             self.lm_head = build_linear(opt.with_scratch(None), lm_head, None, head_quant(opt))
         del lm_head
+        w.release_consumed(self)
         layer0 = self.decoder_layers[0]
         self.num_kv_heads, self.head_dim = layer0.num_kv_heads, layer0.head_dim
         rope = rope_spec(cfg, layer0.head_dim)  # flat rope_theta / rope_scaling, or rope_parameters

@@ -5,6 +5,7 @@ each model builds its projections through ``build_linear``, so a change of the k
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -19,6 +20,8 @@ DENSE_KERNELS = ("panels", "onednn-packed", "torch")  # layers/linear.py dense_m
 class BuildOptions:
     linear: LinearOptions  # how every linear is built (make_linear), the kernel the engine's path names
     max_positions: int
+    # Told each consumed checkpoint tensor no built layer holds (Checkpoint.release; models/weights.py).
+    release: Callable[[torch.Tensor], None] | None = None
 
     @property
     def quant(self) -> str:  # "none" | "int8" | "int4" | "fp8"

@@ -1,30 +1,51 @@
 """The checkpoint's tensors as a model builder consumes them: popped as they are used, so each
-source is dropped at once, and fused parts taken as one matrix (a view where they lie adjacent)."""
+source is dropped at once, and fused parts taken as one matrix (a view where they lie adjacent).
+
+With a `release` (Checkpoint.release: a decrypted package's buffer), `release_consumed(layer)` after
+each layer hands over every tensor taken since that neither a built layer nor a tensor still to be
+taken overlaps: a converted tensor's source memory is given back while the build goes on, so the
+load's peak is the weights as held plus about one layer, not the weights plus the whole buffer."""
 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 
 import torch
+
+from ..layers.quantized_weight import QuantizedWeight
 
 
 class Weights:
     """Pops tensors from the checkpoint dict as they are consumed, so each source is dropped at once."""
 
-    def __init__(self, tensors: dict[str, torch.Tensor]) -> None:
+    def __init__(self, tensors: dict[str, torch.Tensor],
+                 release: Callable[[torch.Tensor], None] | None = None) -> None:
         self.tensors = tensors
+        self._release = release
+        self._taken: list[torch.Tensor] = []  # since the last release_consumed
+        self._held: list[tuple[int, int]] = []  # extents the built layers hold
+
+    def _took(self, tensor: torch.Tensor | None) -> torch.Tensor | None:
+        if self._release is not None and tensor is not None:
+            self._taken.append(tensor)
+        return tensor
 
     def has(self, name: str) -> bool:
         return name in self.tensors
 
     def take(self, name: str) -> torch.Tensor:
-        return self.tensors.pop(name)
+        tensor = self.tensors.pop(name)
+        self._took(tensor)
+        return tensor
 
     def take_opt(self, name: str) -> torch.Tensor | None:
-        return self.tensors.pop(name, None)
+        return self._took(self.tensors.pop(name, None))
 
     def take_cat(self, names: list[str]) -> torch.Tensor:
         parts = [self.tensors.pop(n) for n in names]
+        for part in parts:
+            self._took(part)
         if _adjacent(parts):  # e.g. a decrypted package laid out for fusion: a view, not a copy
             first = parts[0]
             rows = sum(p.shape[0] for p in parts)
@@ -36,6 +57,28 @@ class Weights:
     def take_cat_opt(self, names: list[str]) -> torch.Tensor | None:
         return self.take_cat(names) if all(n in self.tensors for n in names) else None
 
+    def release_consumed(self, *built: torch.nn.Module) -> None:
+        """`built`: the modules made since the last call. Every tensor taken since then that none of
+        the layers built so far holds, and that no tensor still in the checkpoint overlaps, is
+        handed to `release` (its memory is dead: converted, fused or quantized into a copy); one
+        that a tensor still to be taken overlaps waits for a later call."""
+        if self._release is None:
+            return
+        from . import model_tensors  # the one definition of what a model holds (the wipe's too)
+
+        self._held += [_extent(t) for module in built for t in model_tensors(module) if not t.is_mkldnn]
+        untaken = [_extent(t) for t in _plain(self.tensors.values())]
+        waiting: list[torch.Tensor] = []
+        for tensor in _plain(self._taken):
+            lo, hi = _extent(tensor)
+            if any(a < hi and lo < b for a, b in self._held):
+                continue  # a layer reads it: it stays as long as the model
+            if any(a < hi and lo < b for a, b in untaken):
+                waiting.append(tensor)  # shares bytes with a tensor still to be built: asked again later
+            else:
+                self._release(tensor)
+        self._taken = waiting
+
 
 def _adjacent(parts: list[torch.Tensor]) -> bool:
     """True when the parts are contiguous and follow each other in one storage (same dtype/columns)."""
@@ -45,3 +88,16 @@ def _adjacent(parts: list[torch.Tensor]) -> bool:
     if any(p.untyped_storage().data_ptr() != first.untyped_storage().data_ptr() for p in parts):
         return False
     return all(a.data_ptr() + a.nbytes == b.data_ptr() for a, b in itertools.pairwise(parts))
+
+
+def _plain(tensors: object) -> list[torch.Tensor]:
+    """The plain tensors among checkpoint values; a QuantizedWeight's parts are left alone."""
+    return [t for t in tensors if isinstance(t, torch.Tensor) and not isinstance(t, QuantizedWeight)]  # type: ignore[attr-defined]
+
+
+def _extent(tensor: torch.Tensor) -> tuple[int, int]:
+    start = tensor.data_ptr()
+    if tensor.numel() == 0:
+        return start, start
+    span = 1 + sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride(), strict=True))
+    return start, start + span * tensor.element_size()
