@@ -16,6 +16,9 @@ Continuing (`previous_response_id`): the gateway sends the chain of blobs with t
 worker opens them and puts their turns after the request's own leading system message (the new
 `instructions`: OpenAI does not carry instructions over) and before its new input, so the history
 passes the tenant's data controls with the rest of the prompt and never leaves the worker in clear.
+
+Sealed mode (sealed_state.py) seals its answers' state here too, marked `sealed_mode`: such a state
+is never opened for a plaintext answer, and a document the gateway asks to seal may not carry the mark.
 """
 
 from __future__ import annotations
