@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any, TypeVar
@@ -17,6 +18,7 @@ from pydantic import ValidationError
 
 from enclave_worker.answer import Answer
 from enclave_worker.embedding import embeddings_document
+from enclave_worker.sealed_state import SealedTurn, begin_sealed_turn
 from enclave_worker.stage_times import StageTimes
 from enclave_worker.state import WorkerState
 from protocol.openai.chat import chat_body, chat_events, plan_chat
@@ -24,7 +26,7 @@ from protocol.openai.completions import completion_body, completion_events, plan
 from protocol.openai.embeddings import EmbeddingsRequest
 from protocol.openai.errors import OpenAIError
 from protocol.openai.responses import responses_body, responses_events
-from protocol.openai.responses_request import ResponsesRequest, refuse_stored_state, to_chat
+from protocol.openai.responses_request import ResponsesRequest, to_chat
 from protocol.openai.runner import ChoiceResult, Streams, collect_choice, merge_streams, prepend
 from protocol.openai.schemas import ChatCompletionRequest, CompletionRequest
 from protocol.rpc import worker_pb2
@@ -44,6 +46,7 @@ class LocalRun:
         self._answers: list[Answer] = []
         self._streams: list[AsyncGenerator[worker_pb2.GenerateChunk, None]] = []
         self.tokens: dict[int, tuple[int, int]] = {}
+        self.turn: SealedTurn | None = None  # a sealed /v1/responses request's stored state
 
     @property
     def decisions(self) -> tuple[worker_pb2.UsageRecord, ...]:
@@ -132,18 +135,28 @@ async def inner_answer(state: WorkerState, request: worker_pb2.SealedRequest, bo
 
 async def _responses(state: WorkerState, request: worker_pb2.SealedRequest, body: bytes, run: LocalRun,
                      tee: dict[str, Any]) -> tuple[ResponseHead, AsyncIterator[bytes]]:
-    """The Responses API over the chat pipeline, as the gateway serves it in plaintext mode."""
+    """The Responses API over the chat pipeline, as the gateway serves it in plaintext mode; stored
+    state is sealed and opened here (sealed_state.py), and the head names what was continued and kept."""
     req = _parse(ResponsesRequest, body, request.model)
-    refuse_stored_state(req, "in sealed mode")
     chat = to_chat(req)
+    turn = begin_sealed_turn(state, request, req)
     plan = plan_chat(chat, rid=request.request_id, tenant=request.tenant, key_id=request.key_id,
                      agent_killed=request.agent_killed, default_max_tokens=DEFAULT_MAX_TOKENS)
-    base = {"id": f"chatcmpl-{request.request_id}", "created": int(state.clock.now()), "model": req.model, **tee}
-    streams = await run.start(plan.requests)
+    base = {"id": f"chatcmpl-{request.request_id}", "created": int(state.clock.now()), "model": req.model,
+            "response_id": turn.response_id, "store": turn.store, **tee}
+    streams = await run.start(turn.continued(plan.requests))
+    run.turn = turn
+
+    async def finished(doc: dict[str, Any]) -> None:
+        turn.keep(state, request.tenant, req, doc)
+
+    head = ResponseHead(200, "application/json", turn.history_ids, turn.response_id if turn.store else "")
     if req.stream:
-        return ResponseHead(200, "text/event-stream"), responses_events(req, chat_events(chat, plan, run, streams,
-                                                                                         base), base)
-    return _whole(responses_body(req, await chat_body(chat, plan, run, streams, base), base))
+        head = dataclasses.replace(head, content_type="text/event-stream")
+        return head, responses_events(req, chat_events(chat, plan, run, streams, base), base, finished=finished)
+    doc = responses_body(req, await chat_body(chat, plan, run, streams, base), base)
+    await finished(doc)  # kept before the client hears it is done, as in plaintext mode
+    return head, single(json.dumps(doc).encode())
 
 
 def _parse(schema: type[R], body: bytes, model: str) -> R:

@@ -16,12 +16,16 @@ Continuing (`previous_response_id`): the gateway sends the chain of blobs with t
 worker opens them and puts their turns after the request's own leading system message (the new
 `instructions`: OpenAI does not carry instructions over) and before its new input, so the history
 passes the tenant's data controls with the rest of the prompt and never leaves the worker in clear.
+
+Sealed mode (sealed_state.py) seals its answers' state here too, marked `sealed_mode`: such a state
+is never opened for a plaintext answer, and a document the gateway asks to seal may not carry the mark.
 """
 
 from __future__ import annotations
 
 import json
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +36,7 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from enclave_worker.engine import InvalidRequestError
 from policy.policyset import DEFAULT_RESPONSE_RETENTION_DAYS
+from protocol.openai.stored_state import SEALED_ONLY
 from protocol.rpc import worker_pb2
 
 if TYPE_CHECKING:
@@ -97,16 +102,40 @@ def retention_s(state: WorkerState) -> float:
     return days * 86400.0
 
 
-def seal_state(state: WorkerState, tenant: str, state_id: str, document_json: str) -> bytes:
+def seal_state(state: WorkerState, tenant: str, state_id: str, document_json: str, sealed_mode: bool = False) -> bytes:
     retention = retention_s(state)
     if retention <= 0:
         raise InvalidRequestError("the tenant's policy keeps no responses (response_retention_days is 0): "
                                   "store must be false")
-    return state_cipher(state, tenant).seal(state_id, check_document(document_json), state.clock.now() + retention)
+    document = check_document(document_json)
+    if SEALED_MARK in document and not sealed_mode:
+        # Only a sealed-mode answer marks its own state: a document the gateway sent (SealState) that
+        # claims the mark could otherwise be slipped into a sealed continuation as history.
+        raise InvalidRequestError(f"a state document to seal may not carry {SEALED_MARK!r}")
+    return state_cipher(state, tenant).seal(state_id, document, state.clock.now() + retention)
 
 
 def open_state(state: WorkerState, tenant: str, state_id: str, blob: bytes) -> dict[str, Any]:
-    return state_cipher(state, tenant).open(state_id, blob, state.clock.now())
+    """A state in clear, for a plaintext answer: one stored in sealed mode is refused (SealedOnlyState)."""
+    return _plaintext_only(state_id, state_cipher(state, tenant).open(state_id, blob, state.clock.now()))
+
+
+class SealedOnlyState(InvalidRequestError):
+    """A state stored in sealed mode, asked for in a plaintext answer (GET, or a plaintext continuation):
+    its content was never the gateway's, and is given only sealed to the client."""
+
+    def __init__(self, state_id: str) -> None:
+        super().__init__(f"stored response {state_id[:64]!r} {SEALED_ONLY}: it is served only sealed "
+                         "(continue it through /v1/sealed/responses)")
+
+
+SEALED_MARK = "sealed_mode"  # in a state document sealed by a sealed-mode answer (authenticated with it)
+
+
+def _plaintext_only(state_id: str, document: dict[str, Any]) -> dict[str, Any]:
+    if SEALED_MARK in document:
+        raise SealedOnlyState(state_id)
+    return document
 
 
 def state_cipher(state: WorkerState, tenant: str) -> StateCipher:
@@ -139,10 +168,22 @@ def with_history(state: WorkerState, request: worker_pb2.GenerateRequest) -> wor
         return request
     if request.kind != "chat" or len(request.history) > MAX_HISTORY:
         raise InvalidRequestError(f"history is for chat requests, at most {MAX_HISTORY} stored responses")
-    cipher, now = state_cipher(state, request.tenant), state.clock.now()
-    past: list[dict[str, Any]] = []
-    for stored in request.history:
-        past += check_document(json.dumps(cipher.open(stored.id, stored.blob, now)))["messages"]
+    past = [m for stored, document in zip(request.history, open_history(state, request.tenant, request.history),
+                                          strict=True)
+            for m in _plaintext_only(stored.id, document)["messages"]]
+    return prepend_history(request, past)
+
+
+def open_history(state: WorkerState, tenant: str, history: Sequence[worker_pb2.StateBlob]) -> list[dict[str, Any]]:
+    """Each stored state of a history, opened and checked (StateUnreadable for one that does not open)."""
+    if len(history) > MAX_HISTORY:
+        raise InvalidRequestError(f"history is at most {MAX_HISTORY} stored responses")
+    cipher, now = state_cipher(state, tenant), state.clock.now()
+    return [check_document(json.dumps(cipher.open(stored.id, stored.blob, now))) for stored in history]
+
+
+def prepend_history(request: worker_pb2.GenerateRequest, past: list[dict[str, Any]]) -> worker_pb2.GenerateRequest:
+    """The request with `past` messages after its leading system message and before its new input."""
     try:
         messages = json.loads(request.messages_json)
     except ValueError:

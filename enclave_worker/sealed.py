@@ -161,4 +161,8 @@ class SealedAnswer:
         self.final_usage = state.signer.usage(self.request, prompt, completion, clock.monotonic() - started,
                                               clock.now())
         final.usage.CopyFrom(self.final_usage)
+        turn = self._run.turn
+        if turn is not None and turn.stored is not None:  # ciphertext only: the gateway keeps it by id
+            final.stored_state.CopyFrom(turn.stored)
+            final.state_version = s.version
         return final

@@ -35,3 +35,8 @@ class WorkerRevoked(PolicyViolation):
 
 class ClientStateError(PolicyViolation):
     """The client's state file is missing, unreadable or malformed: nothing is accepted (fail closed)."""
+
+
+class HistoryMismatch(SealedError):
+    """A sealed /v1/responses answer does not state, in its sealed head, that it continued exactly the
+    stored response the request named (sealed_client/stored_state.py)."""

@@ -33,6 +33,7 @@ from protocol.sealed.http import (
     ENDPOINTS,
     HEADER_KEY_ID,
     HEADER_MODEL,
+    HEADER_PREVIOUS_RESPONSE,
     REATTEST_CODE,
     REQUEST_CONTENT_TYPE,
     RESPONSE_CONTENT_TYPE,
@@ -49,6 +50,7 @@ from sealed_client.deployment import (
     verify_sealed_document,
 )
 from sealed_client.errors import PinConflict
+from sealed_client.stored_state import check_history, previous_response_id
 from sealed_client.tenant_pin import newest_revocations
 
 RECEIPT_HEADER = "Sealed-Receipt"
@@ -84,6 +86,7 @@ class Exchange:
     pin: PinnedKey
     sealed: SealedRequest
     api_key_id: str  # of the API key the request is sent with (bound as associated data)
+    previous_response_id: str | None = None  # the stored response it continues (the gateway learns the id)
 
 
 class SealedSession:
@@ -230,7 +233,7 @@ class SealedSession:
         # signed caller policy): the API key this request is sent with, and the ID token if any.
         caller = CallerCredential(api_key=api_key, oidc_token=self.oidc_token).encode()
         return Exchange(pin, seal_request(pin.hpke_public_key, ctx, body, time.time(), padding=self.padding,
-                                          caller=caller), ctx.api_key_id)
+                                          caller=caller), ctx.api_key_id, previous_response_id(endpoint, body))
 
     @staticmethod
     def sealed_headers(exchange: Exchange, original: Mapping[str, str]) -> dict[str, str]:
@@ -238,6 +241,8 @@ class SealedSession:
                    or k.lower().startswith("x-stainless") or k.lower().startswith("openai-")}
         headers.update({"Content-Type": REQUEST_CONTENT_TYPE, HEADER_MODEL: exchange.pin.model,
                         HEADER_KEY_ID: exchange.pin.worker_key_id})
+        if exchange.previous_response_id is not None:  # routing data: the gateway fetches the chain by it
+            headers[HEADER_PREVIOUS_RESPONSE] = exchange.previous_response_id
         return headers
 
     @staticmethod
@@ -307,6 +312,7 @@ class AnswerReader:
                 self._session.receipts.append(self.receipt)
             elif self.head is None:
                 self.head = ResponseHead.decode(plaintext)
+                check_history(self.head, self._exchange.previous_response_id)
             else:
                 body.append(plaintext)
         return body

@@ -29,6 +29,7 @@ from api.gateway.service import GatewayService
 from api.store.repo import KeyRecord
 from api.store.states import StoredState
 from protocol.openai.responses_request import ResponsesRequest, input_messages
+from protocol.openai.stored_state import SEALED_ONLY
 from protocol.rpc import worker_pb2
 
 router = APIRouter()
@@ -68,6 +69,8 @@ async def open_state(service: GatewayService, key: KeyRecord, model: str, versio
     except GatewayError as exc:
         if exc.status != 400:
             raise
+        if SEALED_ONLY in exc.message:  # stored by a sealed-mode answer: never given in clear
+            raise GatewayError(400, exc.message[:300], code="sealed_only_state") from None
         raise GatewayError(404, f"'{state_id[:130]}' can no longer be opened: the key of the model version that "
                                 "stored it is not served, or the stored state was altered",
                            code="state_unreadable") from None

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import secrets
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -26,7 +25,9 @@ from api.store.repo import KeyRecord, Store
 from api.store.states import ResponseStates, StoredState
 from policy.audit import AuditLog
 from policy.policyset import DEFAULT_RESPONSE_RETENTION_DAYS
-from protocol.openai.responses_request import ResponsesRequest, conversation_id, input_messages
+from protocol.openai.responses_request import ResponsesRequest, conversation_id
+from protocol.openai.stored_state import input_items as input_items
+from protocol.openai.stored_state import state_document
 from protocol.rpc import worker_pb2
 
 MAX_CHAIN = 64  # stored responses one request may continue from
@@ -111,9 +112,8 @@ class Turn:
             request.history.extend(self.history)
 
     def document(self, response: dict[str, Any]) -> dict[str, Any]:
-        """The state to seal: the response, this turn's input items, and the turn as chat messages."""
-        return {"response": response, "input_items": input_items(self.req.input),
-                "messages": input_messages(self.req.input) + input_messages(response["output"])}
+        """The state to seal (protocol/openai/stored_state.py)."""
+        return state_document(self.req, response)
 
 
 def begin(stored: StoredResponses, key: KeyRecord, req: ResponsesRequest, policy_document: Any) -> Turn:
@@ -170,26 +170,6 @@ def conversation_not_found(conv_id: str, param: str | None = None) -> GatewayErr
 def item_state_id(conv_id: str, item_id: str) -> str:
     """The id a conversation item is sealed under: its conversation's too, so it cannot be moved."""
     return f"{conv_id}:{item_id}"
-
-
-def input_items(items: str | list[dict[str, Any]], fresh_ids: bool = False) -> list[dict[str, Any]]:
-    """The request's input as the Responses API lists it (`input_items`): typed items with ids (new
-    ones with `fresh_ids`: a conversation's item ids are this server's, never the caller's)."""
-    if isinstance(items, str):
-        items = [{"role": "user", "content": items}]
-    out = []
-    for item in items:
-        kind = item.get("type", "message")
-        prefix = {"message": "msg", "function_call": "fc", "function_call_output": "fco"}.get(kind, "item")
-        given = None if fresh_ids else item.get("id")
-        entry = {**item, "type": kind, "id": given or f"{prefix}_{secrets.token_hex(12)}"}
-        if kind == "message":
-            part = "output_text" if item.get("role") == "assistant" else "input_text"
-            content = item.get("content")
-            entry["content"] = [{"type": part, "text": content}] if isinstance(content, str) else content
-            entry.setdefault("status", "completed")
-        out.append(entry)
-    return out
 
 
 def page(items: list[dict[str, Any]], *, order: str, after: str | None, limit: int) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from api.gateway.dependencies import current_key, get_service
 from api.gateway.errors import GatewayError
 from api.gateway.generation import CleanupStreamingResponse, request_id
 from api.gateway.lifecycle import RequestLifecycle
+from api.gateway.sealed_state import keep_sealed_state, previous_response, sealed_history
 from api.gateway.service import GatewayService
 from api.store.repo import KeyRecord
 from protocol.rpc import worker_pb2
@@ -37,13 +38,15 @@ async def _sealed(endpoint: str, request: Request, key: KeyRecord, service: Gate
         raise GatewayError(400, f"sealed requests name the model ({HEADER_MODEL}) and the pinned worker key "
                            f"({HEADER_KEY_ID})", code="invalid_value")
     service.catalog.resolve(key, model)
+    previous = previous_response(endpoint, request.headers)  # stored state: ids in clear, ciphertext only
     body = await request.body()
     if len(body) > MAX_REQUEST_BYTES:
         raise GatewayError(413, "request body too large", code="invalid_value")
     rid = request_id()
     sealed = worker_pb2.SealedRequest(request_id=rid, tenant=key.tenant, key_id=key.key_id, model=model,
                                       endpoint=endpoint, worker_key_id=worker_key_id, body=body,
-                                      agent_killed=key.tools_killed)
+                                      agent_killed=key.tools_killed,
+                                      history=sealed_history(service, key, model, previous))
     # The gateway cannot read max_tokens: reserve the default and settle with the signed usage. Its span
     # has only what the gateway sees of a sealed request: ids, the ciphertext's size, the signed usage.
     life = RequestLifecycle.begin(service, request.headers, key, model, request_id=rid, sealed=True,
@@ -56,6 +59,7 @@ async def _sealed(endpoint: str, request: Request, key: KeyRecord, service: Gate
             async for chunk in stream:
                 if chunk.HasField("usage"):
                     life.count(*_signed_counts(chunk.usage.payload))
+                    keep_sealed_state(service, key, model, previous, chunk)  # before the client hears it is done
                 yield chunk.data
         except GatewayError:
             return  # the client sees a truncated sealed stream and reports it as such

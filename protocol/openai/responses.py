@@ -69,7 +69,7 @@ def responses_body(req: ResponsesRequest, chat: dict[str, Any], base: dict[str, 
     """A whole chat completion (stream=false) as a response object."""
     choice = chat["choices"][0]
     message = choice["message"]
-    doc = _echo(req, base, _id("resp"))
+    doc = _echo(req, base, base.get("response_id") or _id("resp"))
     if message.get("content"):
         doc["output"].append(_message(_id("msg"), message["content"]))
     for call in message.get("tool_calls") or []:
@@ -81,7 +81,7 @@ class _Events:
     """The Responses event stream of one answer, built from its chat completion chunks."""
 
     def __init__(self, req: ResponsesRequest, base: dict[str, Any]) -> None:
-        self.doc = _echo(req, base, _id("resp"))
+        self.doc = _echo(req, base, base.get("response_id") or _id("resp"))
         self.seq = 0
         self.text: dict[str, Any] | None = None  # the open message item: {"index", "id", "text"}
         self.calls: dict[int, dict[str, Any]] = {}  # chat tool-call index -> {"index", "item"}

@@ -3,9 +3,10 @@
 The Responses API is served by the chat pipeline (plan_chat → worker → guard → answer): a request
 becomes the `ChatCompletionRequest` it means (instructions as the system message, input items as
 messages, function tools, `text.format` as `response_format`, `max_output_tokens`), so sampling,
-constrained decoding and the tenant's tool-use controls apply to it unchanged. It is stateless:
-`store` must be false or absent, and `previous_response_id` / `conversation` are refused. Every
-parameter is honoured or refused with a 400 naming it, never ignored.
+constrained decoding and the tenant's tool-use controls apply to it unchanged. Stored state
+(`store`, `previous_response_id`, `conversation`) is kept sealed by workers: the gateway's side is
+api/gateway/responses_store.py, sealed mode's enclave_worker/sealed_state.py. Every parameter is
+honoured or refused with a 400 naming it, never ignored.
 """
 
 from __future__ import annotations
@@ -105,17 +106,6 @@ def conversation_id(req: ResponsesRequest) -> str | None:
         raise OpenAIError(400, "previous_response_id and conversation cannot be used together",
                           param="conversation")
     return conv
-
-
-def refuse_stored_state(req: ResponsesRequest, where: str) -> None:
-    """Where no response is kept (sealed mode, for now): `store: true`, `previous_response_id` and
-    `conversation` are a 400 naming them; `store` absent keeps nothing, and the response says `store: false`."""
-    if req.conversation is not None:
-        raise OpenAIError(400, f"conversation is not supported {where}", param="conversation")
-    if req.previous_response_id is not None:
-        raise OpenAIError(400, f"previous_response_id is not supported {where}", param="previous_response_id")
-    if req.store:
-        raise OpenAIError(400, f"no response is kept {where}: store must be false or absent", param="store")
 
 
 def _check_include(include: Any) -> None:

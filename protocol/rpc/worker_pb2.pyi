@@ -177,7 +177,7 @@ class GenerateChunk(_message.Message):
     def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ..., usage: _Optional[_Union[UsageRecord, _Mapping]] = ...) -> None: ...
 
 class SealedRequest(_message.Message):
-    __slots__ = ("request_id", "tenant", "key_id", "model", "endpoint", "worker_key_id", "body", "agent_killed")
+    __slots__ = ("request_id", "tenant", "key_id", "model", "endpoint", "worker_key_id", "body", "agent_killed", "history")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
     KEY_ID_FIELD_NUMBER: _ClassVar[int]
@@ -186,6 +186,7 @@ class SealedRequest(_message.Message):
     WORKER_KEY_ID_FIELD_NUMBER: _ClassVar[int]
     BODY_FIELD_NUMBER: _ClassVar[int]
     AGENT_KILLED_FIELD_NUMBER: _ClassVar[int]
+    HISTORY_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     tenant: str
     key_id: str
@@ -194,15 +195,20 @@ class SealedRequest(_message.Message):
     worker_key_id: str
     body: bytes
     agent_killed: bool
-    def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., key_id: _Optional[str] = ..., model: _Optional[str] = ..., endpoint: _Optional[str] = ..., worker_key_id: _Optional[str] = ..., body: _Optional[bytes] = ..., agent_killed: _Optional[bool] = ...) -> None: ...
+    history: _containers.RepeatedCompositeFieldContainer[StateBlob]
+    def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., key_id: _Optional[str] = ..., model: _Optional[str] = ..., endpoint: _Optional[str] = ..., worker_key_id: _Optional[str] = ..., body: _Optional[bytes] = ..., agent_killed: _Optional[bool] = ..., history: _Optional[_Iterable[_Union[StateBlob, _Mapping]]] = ...) -> None: ...
 
 class SealedChunk(_message.Message):
-    __slots__ = ("data", "usage")
+    __slots__ = ("data", "usage", "stored_state", "state_version")
     DATA_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
+    STORED_STATE_FIELD_NUMBER: _ClassVar[int]
+    STATE_VERSION_FIELD_NUMBER: _ClassVar[int]
     data: bytes
     usage: UsageRecord
-    def __init__(self, data: _Optional[bytes] = ..., usage: _Optional[_Union[UsageRecord, _Mapping]] = ...) -> None: ...
+    stored_state: StateBlob
+    state_version: str
+    def __init__(self, data: _Optional[bytes] = ..., usage: _Optional[_Union[UsageRecord, _Mapping]] = ..., stored_state: _Optional[_Union[StateBlob, _Mapping]] = ..., state_version: _Optional[str] = ...) -> None: ...
 
 class StatusRequest(_message.Message):
     __slots__ = ()

@@ -99,13 +99,3 @@ def test_unsupported_features_are_a_400_naming_them(stack: RunningStack, sealed:
         client(stack, sealed).responses.create(model=DEMO_MODEL, input="hi", max_output_tokens=4,
                                                **{param: value})
     assert (err.value.body or {}).get("param", "").startswith(param)
-
-
-@pytest.mark.parametrize(("param", "value"), [("store", True), ("previous_response_id", "resp_1"),
-                                              ("conversation", "conv_1")])
-def test_sealed_mode_keeps_no_responses_and_says_so(stack: RunningStack, param: str, value: Any) -> None:
-    """Plaintext mode stores responses (tests/api/test_stored_responses.py); sealed mode not yet."""
-    with pytest.raises(openai.BadRequestError) as err:
-        client(stack, True).responses.create(model=DEMO_MODEL, input="hi", max_output_tokens=4, **{param: value})
-    assert (err.value.body or {}).get("param") == param
-    assert client(stack, True).responses.create(model=DEMO_MODEL, input="hi", max_output_tokens=4).store is False

@@ -75,15 +75,8 @@ async def test_streaming(model: OpenAIResponsesModel) -> None:
     assert len(deltas) > 1 and "".join(deltas) == result.final_output
 
 
-async def test_a_two_turn_run_through_previous_response_id(model: OpenAIResponsesModel,
-                                                            request: pytest.FixtureRequest) -> None:
-    if request.node.callspec.params["model"] == "sealed":
-        # Not the model's quality: sealed mode keeps no stored state yet (issue #50 open; the gateway
-        # answers 400 naming previous_response_id). Strict: this fails the day sealed state lands.
-        import openai
-
-        request.applymarker(pytest.mark.xfail(raises=openai.BadRequestError, strict=True,
-                                              reason="sealed mode keeps no stored responses yet (issue #50)"))
+async def test_a_two_turn_run_through_previous_response_id(model: OpenAIResponsesModel) -> None:
+    # Sealed too: the worker seals the stored state and checks the chain it continues (docs/sealed-mode.md).
     agent = Agent(name="memory", instructions="Be brief.", model=model, model_settings=settings())
     first = await Runner.run(agent, "My name is Ada.")
     assert first.last_response_id

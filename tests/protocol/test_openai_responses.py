@@ -13,7 +13,7 @@ import pytest
 
 from protocol.openai.errors import OpenAIError
 from protocol.openai.responses import responses_body, responses_events
-from protocol.openai.responses_request import ResponsesRequest, conversation_id, refuse_stored_state, to_chat
+from protocol.openai.responses_request import ResponsesRequest, conversation_id, to_chat
 from protocol.openai.runner import sse
 
 
@@ -60,19 +60,6 @@ def test_what_is_not_served_is_a_400_naming_it(fields: dict[str, Any], param: st
     with pytest.raises(OpenAIError) as err:
         to_chat(req(**fields))
     assert err.value.status == 400 and err.value.param == param
-
-
-@pytest.mark.parametrize(("fields", "param"), [({"store": True}, "store"),
-                                               ({"previous_response_id": "resp_1"}, "previous_response_id"),
-                                               ({"conversation": "conv_1"}, "conversation")])
-def test_where_nothing_is_kept_stored_state_is_a_400_naming_it(fields: dict[str, Any], param: str) -> None:
-    """Sealed mode keeps no responses yet (enclave_worker/local_openai.py); plaintext stores them."""
-    to_chat(req(**fields))  # the chat request it means is the same: the gateway keeps the state
-    with pytest.raises(OpenAIError) as err:
-        refuse_stored_state(req(**fields), "in sealed mode")
-    assert err.value.status == 400 and err.value.param == param
-    refuse_stored_state(req(store=False), "in sealed mode")
-    refuse_stored_state(req(), "in sealed mode")
 
 
 @pytest.mark.parametrize("fields", [{"conversation": 7}, {"conversation": {"id": "c", "x": 1}},
