@@ -31,7 +31,7 @@ def listener() -> Iterator[tuple[str, queue.Queue[dict[str, Any]]]]:
     beats: queue.Queue[dict[str, Any]] = queue.Queue()
 
     class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+        def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers["Content-Length"]))
             if self.path == "/internal/workers/heartbeat" and self.headers["Authorization"] == f"Bearer {TOKEN}":
                 beats.put(json.loads(body))
