@@ -9,6 +9,7 @@ from "starting" to "ready" or "failed", and a revocation or a lease that runs ou
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import secrets
@@ -50,6 +51,10 @@ class LiveState:
     lease: KeyLease | None = None  # the data key's lease; serving stops when it is not valid
     # (the bundle, its digest): computed once per bundle, as every receipt names it
     _evidence_digest: tuple[object, str] = field(default=(None, ""), repr=False)
+    # Set by every status change below: the heartbeats (heartbeat.py) send at once rather than at their next
+    # tick, so a gateway hears "ready" (or "standby", "starting", "failed", "draining") as it happens.
+    # An asyncio.Event: set and waited on by the worker's event loop only (each status change runs there).
+    changed: asyncio.Event = field(default_factory=asyncio.Event, repr=False, compare=False)
 
     @classmethod
     def serving(cls, booted: BootedWorker) -> LiveState:
@@ -61,12 +66,14 @@ class LiveState:
         if self.status != "starting":
             return False
         self.status, self.booted = "ready", booted
+        self.changed.set()
         return True
 
     def fail(self, reason: str) -> BootedWorker | None:
         """Stop serving for `reason` (a fixed category); returns the model it held, for the caller to wipe."""
         booted, self.booted = self.booted, None
         self.status, self.reason = "failed", reason
+        self.changed.set()
         return booted
 
     def standby(self) -> bool:
@@ -74,6 +81,7 @@ class LiveState:
         if self.status != "starting":
             return False
         self.status = "standby"
+        self.changed.set()
         return True
 
     def assign(self) -> bool:
@@ -81,6 +89,7 @@ class LiveState:
         if self.status != "standby":
             return False
         self.status = "starting"
+        self.changed.set()
         return True
 
     def drain(self) -> bool:
@@ -88,12 +97,13 @@ class LiveState:
         if self.status != "ready":
             return False
         self.status = "draining"
+        self.changed.set()
         return True
 
     def renewed(self, old: BootedWorker, new: BootedWorker) -> None:
         """Replace the model's attestation (a renewal) unless it was wiped or replaced meanwhile."""
         if self.booted is old:
-            self.booted = new
+            self.booted = new  # no `changed`: a renewal runs on a thread; the next beat carries it
 
     @property
     def embedder(self) -> Embedder | None:
