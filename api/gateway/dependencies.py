@@ -53,3 +53,11 @@ async def charged_key(key: KeyRecord = Depends(current_key),
     that generate nothing: stored state, tokenizing)."""
     service.admissions.ticket(key, 0)
     return key
+
+
+async def plaintext_key(key: KeyRecord = Depends(charged_key),
+                        service: GatewayService = Depends(get_service)) -> KeyRecord:
+    """The charged key, of a caller that may send and read plaintext (the tenant's caller policy,
+    `require_sealed`)."""
+    service.check_plaintext_allowed(key)
+    return key

@@ -14,20 +14,19 @@ from typing import Any, Literal
 
 from fastapi import APIRouter, Depends, Query, Response
 
-from api.gateway.dependencies import current_key, get_service
+from api.gateway.dependencies import charged_key, get_service
 from api.gateway.errors import GatewayError
 from api.gateway.responses_store import (
     Turn,
     begin,
     conversation_not_found,
-    input_items,
     item_state_id,
-    page,
     sealed_state_request,
 )
 from api.gateway.service import GatewayService
 from api.store.repo import KeyRecord
 from api.store.states import StoredState
+from protocol.openai.items import input_items, page
 from protocol.openai.responses_request import ResponsesRequest, input_messages
 from protocol.rpc import worker_pb2
 
@@ -121,9 +120,8 @@ def _no_stream(stream: bool | None, include: list[str] | None) -> None:
 @router.get("/v1/responses/{response_id}")
 async def retrieve_response(response_id: str, stream: bool | None = None,
                             include: list[str] | None = Query(default=None, alias="include[]"),
-                            key: KeyRecord = Depends(current_key),
+                            key: KeyRecord = Depends(charged_key),
                             service: GatewayService = Depends(get_service)) -> dict[str, Any]:
-    service.admissions.ticket(key, 0)  # requests-per-minute limits apply here too
     _no_stream(stream, include)
     document = await _open(service, key, service.responses.find(key, response_id))
     response: dict[str, Any] = document["response"]
@@ -131,9 +129,8 @@ async def retrieve_response(response_id: str, stream: bool | None = None,
 
 
 @router.delete("/v1/responses/{response_id}")
-def delete_response(response_id: str, key: KeyRecord = Depends(current_key),
+def delete_response(response_id: str, key: KeyRecord = Depends(charged_key),
                     service: GatewayService = Depends(get_service)) -> Response:
-    service.admissions.ticket(key, 0)  # requests-per-minute limits apply here too
     service.responses.delete(key, response_id)
     return Response(content=json.dumps({"id": response_id, "object": "response.deleted", "deleted": True}),
                     media_type="application/json")
@@ -143,9 +140,8 @@ def delete_response(response_id: str, key: KeyRecord = Depends(current_key),
 async def list_input_items(response_id: str, after: str | None = None, limit: int = Query(default=20, ge=1, le=100),
                            order: Literal["asc", "desc"] = "desc",
                            include: list[str] | None = Query(default=None, alias="include[]"),
-                           key: KeyRecord = Depends(current_key),
+                           key: KeyRecord = Depends(charged_key),
                            service: GatewayService = Depends(get_service)) -> dict[str, Any]:
-    service.admissions.ticket(key, 0)  # requests-per-minute limits apply here too
     _no_stream(None, include)
     document = await _open(service, key, service.responses.find(key, response_id))
     return page(document["input_items"], order=order, after=after, limit=limit)

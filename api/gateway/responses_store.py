@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import secrets
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -26,6 +25,7 @@ from api.store.repo import KeyRecord, Store
 from api.store.states import ResponseStates, StoredState
 from policy.audit import AuditLog
 from policy.policyset import DEFAULT_RESPONSE_RETENTION_DAYS
+from protocol.openai.items import input_items
 from protocol.openai.responses_request import ResponsesRequest, conversation_id, input_messages
 from protocol.rpc import worker_pb2
 
@@ -170,40 +170,6 @@ def conversation_not_found(conv_id: str, param: str | None = None) -> GatewayErr
 def item_state_id(conv_id: str, item_id: str) -> str:
     """The id a conversation item is sealed under: its conversation's too, so it cannot be moved."""
     return f"{conv_id}:{item_id}"
-
-
-def input_items(items: str | list[dict[str, Any]], fresh_ids: bool = False) -> list[dict[str, Any]]:
-    """The request's input as the Responses API lists it (`input_items`): typed items with ids (new
-    ones with `fresh_ids`: a conversation's item ids are this server's, never the caller's)."""
-    if isinstance(items, str):
-        items = [{"role": "user", "content": items}]
-    out = []
-    for item in items:
-        kind = item.get("type", "message")
-        prefix = {"message": "msg", "function_call": "fc", "function_call_output": "fco"}.get(kind, "item")
-        given = None if fresh_ids else item.get("id")
-        entry = {**item, "type": kind, "id": given or f"{prefix}_{secrets.token_hex(12)}"}
-        if kind == "message":
-            part = "output_text" if item.get("role") == "assistant" else "input_text"
-            content = item.get("content")
-            entry["content"] = [{"type": part, "text": content}] if isinstance(content, str) else content
-            entry.setdefault("status", "completed")
-        out.append(entry)
-    return out
-
-
-def page(items: list[dict[str, Any]], *, order: str, after: str | None, limit: int) -> dict[str, Any]:
-    """A cursor page of items, as OpenAI's list endpoints answer (default order: newest first)."""
-    ordered = items[::-1] if order == "desc" else list(items)
-    if after is not None:
-        ids = [i.get("id") for i in ordered]
-        if after not in ids:
-            raise GatewayError(400, f"no item with id '{after[:64]}' in this list", param="after",
-                               code="invalid_value")
-        ordered = ordered[ids.index(after) + 1:]
-    data = ordered[:limit]
-    return {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
-            "last_id": data[-1]["id"] if data else None, "has_more": len(ordered) > limit}
 
 
 def sealed_state_request(key: KeyRecord, response_id: str, document: dict[str, Any]) -> worker_pb2.SealStateRequest:
