@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from fastapi import APIRouter, Depends, Request
 
@@ -74,19 +74,15 @@ def _signed_counts(payload: bytes) -> tuple[int, int]:
     return 0, 0
 
 
-@router.post("/v1/sealed/chat/completions", response_model=None)
-async def sealed_chat(request: Request, key: KeyRecord = Depends(current_key),
-                      service: GatewayService = Depends(get_service)) -> CleanupStreamingResponse:
-    return await _sealed("/v1/chat/completions", request, key, service)
+def _sealed_route(endpoint: str) -> Callable[..., Awaitable[CleanupStreamingResponse]]:
+    async def sealed(request: Request, key: KeyRecord = Depends(current_key),
+                     service: GatewayService = Depends(get_service)) -> CleanupStreamingResponse:
+        return await _sealed(endpoint, request, key, service)
+
+    return sealed
 
 
-@router.post("/v1/sealed/completions", response_model=None)
-async def sealed_completions(request: Request, key: KeyRecord = Depends(current_key),
-                             service: GatewayService = Depends(get_service)) -> CleanupStreamingResponse:
-    return await _sealed("/v1/completions", request, key, service)
-
-
-@router.post("/v1/sealed/responses", response_model=None)
-async def sealed_responses(request: Request, key: KeyRecord = Depends(current_key),
-                           service: GatewayService = Depends(get_service)) -> CleanupStreamingResponse:
-    return await _sealed("/v1/responses", request, key, service)
+# Each OpenAI surface's sealed form: the same relay, to the endpoint the worker serves it on.
+router.post("/v1/sealed/chat/completions", response_model=None)(_sealed_route("/v1/chat/completions"))
+router.post("/v1/sealed/completions", response_model=None)(_sealed_route("/v1/completions"))
+router.post("/v1/sealed/responses", response_model=None)(_sealed_route("/v1/responses"))
