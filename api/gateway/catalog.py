@@ -128,9 +128,13 @@ class Catalog:
         """The tenant's signed caller policy as the gateway enforces it for plaintext (api/gateway/callers.py)."""
         return self.cached(("callers", tenant), lambda: caller_policy(tenant, self.store.policy(tenant)))
 
+    def policy_document(self, tenant: str) -> Any:
+        """The tenant's stored policy set as stored (signed envelope), or None."""
+        row = self.cached(("policy", tenant), lambda: self.store.policy(tenant))
+        return row.document if row is not None else None
+
     def require_sealed(self, tenant: str) -> bool:
         """The tenant's policy says `require_sealed` (its worker enforces the signed original too)."""
-        row = self.cached(("policy", tenant), lambda: self.store.policy(tenant))
-        doc = row.document if row is not None else None
+        doc = self.policy_document(tenant)
         payload = doc.get("payload", doc) if isinstance(doc, dict) else None
         return isinstance(payload, dict) and payload.get("require_sealed") is True

@@ -7,6 +7,7 @@ They are `async` so that FastAPI runs them on the loop, not with a thread hop pe
 from __future__ import annotations
 
 import asyncio
+from typing import Annotated
 
 from fastapi import Depends, FastAPI, Request
 
@@ -61,3 +62,10 @@ async def plaintext_key(key: KeyRecord = Depends(charged_key),
     `require_sealed`)."""
     service.check_plaintext_allowed(key)
     return key
+
+
+# The parameters routes declare (FastAPI's Annotated dependencies).
+Service = Annotated[GatewayService, Depends(get_service)]
+ApiKey = Annotated[KeyRecord, Depends(current_key)]
+ChargedKey = Annotated[KeyRecord, Depends(charged_key)]
+PlaintextKey = Annotated[KeyRecord, Depends(plaintext_key)]

@@ -8,9 +8,9 @@ import contextlib
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request
 
-from api.gateway.dependencies import current_key, get_service
+from api.gateway.dependencies import ApiKey, Service
 from api.gateway.errors import GatewayError
 from api.gateway.generation import CleanupStreamingResponse, request_id
 from api.gateway.lifecycle import RequestLifecycle
@@ -28,8 +28,7 @@ from protocol.sealed.http import (
 router = APIRouter()
 
 
-async def _sealed(endpoint: str, request: Request, key: KeyRecord, service: GatewayService
-                  ) -> CleanupStreamingResponse:
+async def _sealed(endpoint: str, request: Request, key: KeyRecord, service: GatewayService) -> CleanupStreamingResponse:
     if request.headers.get("content-type", "").split(";")[0].strip() != REQUEST_CONTENT_TYPE:
         raise GatewayError(415, f"sealed requests are {REQUEST_CONTENT_TYPE}", code="invalid_value")
     model, worker_key_id = request.headers.get(HEADER_MODEL, ""), request.headers.get(HEADER_KEY_ID, "")
@@ -75,8 +74,7 @@ def _signed_counts(payload: bytes) -> tuple[int, int]:
 
 
 def _sealed_route(endpoint: str) -> Callable[..., Awaitable[CleanupStreamingResponse]]:
-    async def sealed(request: Request, key: KeyRecord = Depends(current_key),
-                     service: GatewayService = Depends(get_service)) -> CleanupStreamingResponse:
+    async def sealed(request: Request, key: ApiKey, service: Service) -> CleanupStreamingResponse:
         return await _sealed(endpoint, request, key, service)
 
     return sealed
