@@ -16,9 +16,7 @@ import logging
 from collections.abc import AsyncIterator
 
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api.console.router import install as install_console
 from api.errors import SealedApiError
@@ -31,10 +29,12 @@ from api.gateway.catalog import Catalog
 from api.gateway.conversations import router as conversations_router
 from api.gateway.delivery_probe import DeliveryProbe
 from api.gateway.demand import Demand
+from api.gateway.dependencies import bind_service
 from api.gateway.edge import EdgeGuard
 from api.gateway.embeddings_routes import router as embeddings_router
 from api.gateway.enrolment import Enrolment
-from api.gateway.errors import GatewayError, gateway_error_handler, http_error_handler, validation_error_handler
+from api.gateway.errors import error_handlers
+from api.gateway.files_routes import bind_retrieval
 from api.gateway.files_routes import router as files_router
 from api.gateway.grpc_client import WorkerClients
 from api.gateway.limits import LocalQueueCounter, QueueCounter, RedisLimiterStore, RedisQueueCounter
@@ -168,16 +168,15 @@ def _gateway_app(settings: GatewaySettings, service: GatewayService) -> FastAPI:
     # still builds it (the schema tests use that).
     app = FastAPI(title="Sealed gateway", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None,
                   **without_native_telemetry())
-    app.state.service = service
-    app.state.retrieval = GatewayRetrieval(service)  # files and vector stores (api/gateway/vector_stores.py)
+    bind_service(app, service)  # routes get the parts as a typed dependency (dependencies.py)
+    bind_retrieval(app, GatewayRetrieval(service))  # files and vector stores (api/gateway/vector_stores.py)
     for router in (openai_router, sealed_router, responses_router, conversations_router, files_router,
                    vector_stores_router, embeddings_router, internal.router):
         app.include_router(router)
-    app.add_exception_handler(GatewayError, gateway_error_handler)
-    app.add_exception_handler(RequestValidationError, validation_error_handler)
-    app.add_exception_handler(StarletteHTTPException, http_error_handler)
+    for error, handler in error_handlers(service.edge_audit).items():
+        app.add_exception_handler(error, handler)
     # Body limit (chunked bodies included) and undecodable JSON text, before any route runs.
-    app.add_middleware(EdgeGuard, max_body_bytes=settings.max_body_bytes)
+    app.add_middleware(EdgeGuard, max_body_bytes=settings.max_body_bytes, edge=service.edge_audit)
     # Outermost: a key over its own request rate or queue bound is refused before its body is read.
     app.add_middleware(AdmissionGate, service=service)
     return app

@@ -26,13 +26,13 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from api.broker_state import broker_measurement, demo_broker_instance, local_broker_keys
 from api.console_settings import loopback_host
-from api.gateway.keys import BOOTSTRAP_POLICIES, ApiKeyStore, write_bootstrap_policy
 from api.home import Home, ed25519_key, write_public_key, x25519_key
 from api.orchestrator.local import LocalRuntime
 from api.orchestrator.loop import ControlLoop
 from api.ports import free_port
 from api.stack_children import on_free_ports, wait_http, worker_health
 from api.stack_embedding import EMBEDDING_MODEL
+from api.store.bootstrap import BOOTSTRAP_POLICIES, KEYS_FILE, ApiKeyStore, write_bootstrap_policy
 from api.supervisor import RunLock, Supervisor
 from api.tenant_audit import decision_key_public_hex
 from api.tenant_tools import default_model_path, encrypt_model, write_pin
@@ -115,7 +115,7 @@ def prepare_demo(home: Home, model_path: Path | None = None, log: Callable[[str]
                           encrypted.manifest.signer, encrypted.manifest.plaintext_digest)
     key_file = home.api_key_file(DEMO_TENANT)
     if not key_file.exists():
-        secret = ApiKeyStore(home.gateway / "api-keys.json").create(DEMO_TENANT, "demo")
+        secret = ApiKeyStore(home.gateway / KEYS_FILE).create(DEMO_TENANT, "demo")
         key_file.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         key_file.write_text(secret + "\n")
         key_file.chmod(0o600)

@@ -52,7 +52,8 @@ from api.console.views import (
     worker_rows,
 )
 from api.console_settings import ConsoleSettings
-from api.gateway.dependencies import gateway_of
+from api.gateway.dependencies import get_service
+from api.gateway.service import GatewayService
 from api.home import ed25519_key, write_public_key
 from policy.audit import AuditLog, CheckpointAnchor, SqlAnchor, WitnessFile
 from policy.errors import PolicyError
@@ -108,10 +109,6 @@ def _state(request: Request) -> ConsoleState:
     return state
 
 
-def _service(request: Request) -> Any:
-    return gateway_of(request)
-
-
 def _render(request: Request, name: str, who: Viewer | None, **ctx: Any) -> HTMLResponse:
     state = _state(request)
     started = getattr(request.state, "console_started", None)
@@ -120,14 +117,14 @@ def _render(request: Request, name: str, who: Viewer | None, **ctx: Any) -> HTML
         **ctx})
 
 
-def _tenants(request: Request, who: Viewer) -> list[str]:
+def _tenants(service: GatewayService, who: Viewer) -> list[str]:
     if who.tenant is not None:
         return [who.tenant]
-    return [t.name for t in _service(request).store.tenants()]
+    return [t.name for t in service.store.tenants()]
 
 
-def _pick_tenant(request: Request, who: Viewer, tenant: str | None) -> str | None:
-    choices = _tenants(request, who)
+def _pick_tenant(service: GatewayService, who: Viewer, tenant: str | None) -> str | None:
+    choices = _tenants(service, who)
     if who.tenant is not None:
         return who.tenant  # never another tenant's, whatever the query says
     if tenant and tenant in choices:
@@ -144,13 +141,14 @@ def login_form(request: Request, error: str | None = None) -> HTMLResponse:
 
 
 @router.post("/login", dependencies=[Depends(same_origin)])
-def login(request: Request, token: str = Form("", max_length=4096)) -> Response:
-    secret = _service(request).settings.jwt_secret
+def login(request: Request, token: str = Form("", max_length=4096),
+          service: GatewayService = Depends(get_service)) -> Response:
+    secret = service.settings.jwt_secret
     state = _state(request)
     if not state.templates.env.globals.get("local_auth"):
         raise ConsoleForbidden("sign in with single sign-on; local management tokens are not accepted here")
     try:
-        session = exchange(secret, token, state.settings.session_ttl_s, _service(request).store.revocations)
+        session = exchange(secret, token, state.settings.session_ttl_s, service.store.revocations)
     except (ConsoleAuthError, ConsoleForbidden) as exc:
         # The same form again, with the reason; the token is never echoed back.
         response = _render(request, "login.html", None, error=str(exc))
@@ -163,9 +161,10 @@ def login(request: Request, token: str = Form("", max_length=4096)) -> Response:
 
 
 @router.post("/logout", dependencies=[Depends(same_origin)])
-def logout(request: Request, csrf: str = Form(""), who: Viewer = Depends(viewer)) -> Response:
+def logout(request: Request, csrf: str = Form(""), who: Viewer = Depends(viewer),
+           service: GatewayService = Depends(get_service)) -> Response:
     check_csrf(request, csrf, who)
-    _service(request).store.revocations.end_session(who.principal.token_id)  # ends it for every replica
+    service.store.revocations.end_session(who.principal.token_id)  # ends it for every replica
     # With single sign-on the IdP's session ends too (RP-initiated logout), where it supports that.
     response = RedirectResponse(end_session_url(request) or "/console/login", status_code=303)
     response.delete_cookie(COOKIE, path="/console")
@@ -265,8 +264,8 @@ async def _reference_values(request: Request, tenants: set[str]) -> dict[tuple[s
 
 
 @router.get("/workers", response_class=HTMLResponse)
-async def workers_page(request: Request, who: Viewer = Depends(viewer)) -> HTMLResponse:
-    service = _service(request)
+async def workers_page(request: Request, who: Viewer = Depends(viewer),
+                       service: GatewayService = Depends(get_service)) -> HTMLResponse:
     reg = service.registry
     # What each worker submitted in its signed heartbeats (nothing is fetched from a worker's address).
     attestations = [a for a in await service.enrolment.attestation_all() if who.sees(str(a.get("tenant")))]
@@ -284,10 +283,10 @@ def _pinned_receipt_key(state: ConsoleState):  # type: ignore[no-untyped-def]
 
 @router.get("/keys", response_class=HTMLResponse)
 async def keys_page(request: Request, who: Viewer = Depends(viewer), tenant: str | None = None,
-                    done: str | None = None) -> HTMLResponse:
+                    done: str | None = None, service: GatewayService = Depends(get_service)
+                    ) -> HTMLResponse:
     state = _state(request)
-    chosen = _pick_tenant(request, who, tenant)
-    service = _service(request)
+    chosen = _pick_tenant(service, who, tenant)
     status, receipts, error = None, [], None
     if chosen is not None:
         try:
@@ -311,7 +310,7 @@ async def keys_page(request: Request, who: Viewer = Depends(viewer), tenant: str
                  "data_key": data_keys.get((v.model, v.version)),
                  "serving": (v.model, v.version) in ready,
                  "servable": not revoked and (v.model, v.version) in data_keys} for v in versions]
-    return _render(request, "keys.html", who, tenant=chosen, tenants=_tenants(request, who), status=status,
+    return _render(request, "keys.html", who, tenant=chosen, tenants=_tenants(service, who), status=status,
                    receipts=receipts, error=error, history=history, servable=servable, done=done,
                    can_revoke=who.role in REVOKE_ROLES and status is not None and not revoked,
                    broker=state.broker.configured, connected=broker_token(request) is not None)
@@ -383,8 +382,8 @@ def _record(request: Request, who: Viewer, tenant: str, decision: str, reason: s
 
 @router.get("/usage", response_class=HTMLResponse)
 async def usage_page(request: Request, who: Viewer = Depends(viewer), tenant: str | None = None,
-                     hours: int = Query(24, ge=1, le=24 * 90)) -> HTMLResponse:
-    service = _service(request)
+                     hours: int = Query(24, ge=1, le=24 * 90),
+                     service: GatewayService = Depends(get_service)) -> HTMLResponse:
     until = dt.datetime.now(dt.UTC)
     since = until - dt.timedelta(hours=hours)
     scope = who.tenant or (tenant or None)
@@ -417,15 +416,16 @@ async def usage_page(request: Request, who: Viewer = Depends(viewer), tenant: st
     by_model = [(t, m, v, spark(agg["model_series"][(t, m)], f"{m}: tokens"))
                 for (t, m), v in sorted(agg["by_model"].items()) if who.sees(t)]
     return _render(request, "usage.html", who, charts=charts, by_key=by_key, by_model=by_model, hours=hours,
-                   tenant=scope, tenants=_tenants(request, who), since=since, until=until)
+                   tenant=scope, tenants=_tenants(service, who), since=since, until=until)
 
 
 @router.get("/policies", response_class=HTMLResponse)
 def policies_page(request: Request, who: Viewer = Depends(viewer), tenant: str | None = None,
-                  a: int | None = None, b: int | None = None) -> HTMLResponse:
-    chosen = _pick_tenant(request, who, tenant)
+                  a: int | None = None, b: int | None = None,
+                  service: GatewayService = Depends(get_service)) -> HTMLResponse:
+    chosen = _pick_tenant(service, who, tenant)
     state = _state(request)
-    versions = _service(request).store.policy_versions(chosen) if chosen else []
+    versions = service.store.policy_versions(chosen) if chosen else []
     rows = [{"version": v.version, "created_at": v.created_at,
              **policy_signature(chosen or "", v.document, state.settings.policy_keys_dir)} for v in versions]
     by_version = {v.version: v.document for v in versions}
@@ -434,7 +434,7 @@ def policies_page(request: Request, who: Viewer = Depends(viewer), tenant: str |
         new = b if b is not None and b in by_version else versions[0].version
         old = a if a is not None and a in by_version else versions[1].version
         diff, pair = policy_diff(by_version[old], by_version[new], old, new), (old, new)
-    return _render(request, "policies.html", who, tenant=chosen, tenants=_tenants(request, who), rows=rows,
+    return _render(request, "policies.html", who, tenant=chosen, tenants=_tenants(service, who), rows=rows,
                    diff=diff, pair=pair)
 
 

@@ -25,7 +25,8 @@ from fastapi import Depends, Request
 
 from api.console_settings import loopback_host
 from api.errors import SealedApiError
-from api.gateway.dependencies import gateway_of
+from api.gateway.dependencies import get_service
+from api.gateway.service import GatewayService
 from api.management.auth import ROLES, Principal, decode_token
 from api.store.revocation import ConsoleSession, Revocations, TokenClaims, TokenRevoked
 
@@ -42,8 +43,8 @@ class ConsoleForbidden(SealedApiError):
     """Logged in, but the role may not see or do this."""
 
 
-def _secret(request: Request) -> str:
-    secret: str = gateway_of(request).settings.jwt_secret
+def _secret(service: GatewayService) -> str:
+    secret: str = service.settings.jwt_secret
     if not secret:
         raise ConsoleForbidden("console disabled: no management JWT secret configured")
     return secret
@@ -129,12 +130,12 @@ class Viewer:
         return self.tenant is None or tenant == self.tenant
 
 
-def viewer(request: Request) -> Viewer:
-    secret = _secret(request)
+def viewer(request: Request, service: GatewayService = Depends(get_service)) -> Viewer:
+    secret = _secret(service)
     token = request.cookies.get(COOKIE)
     if not token:
         raise ConsoleAuthError("not logged in")
-    who, session_id = read_session(secret, token, gateway_of(request).store.revocations)
+    who, session_id = read_session(secret, token, service.store.revocations)
     return Viewer(who, csrf_token(secret, session_id))
 
 

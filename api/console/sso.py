@@ -23,7 +23,7 @@ import httpx
 import jwt
 from authlib.common.errors import AuthlibBaseError
 from authlib.integrations.httpx_client import OAuth2Client
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from api.console.session import (
@@ -33,7 +33,8 @@ from api.console.session import (
     open_session,
     set_session_cookie,
 )
-from api.gateway.dependencies import gateway_of
+from api.gateway.dependencies import get_service
+from api.gateway.service import GatewayService
 from api.management.auth import Principal
 from api.management.claims import identity
 from api.management.oidc import OidcVerifier, ProviderMetadata
@@ -62,7 +63,7 @@ def _client(verifier: OidcVerifier) -> OAuth2Client:
 
 
 @router.get("/start")
-def start(request: Request) -> Response:
+def start(request: Request, service: GatewayService = Depends(get_service)) -> Response:
     verifier = sso_verifier(request)
     meta = _metadata(verifier)
     state, nonce, code_verifier = secrets.token_urlsafe(24), secrets.token_urlsafe(24), secrets.token_urlsafe(48)
@@ -71,7 +72,7 @@ def start(request: Request) -> Response:
                                                  code_verifier=code_verifier)
     now = int(dt.datetime.now(dt.UTC).timestamp())
     pending = jwt.encode({"aud": STATE_AUDIENCE, "exp": now + STATE_TTL_S, "state": state, "nonce": nonce,
-                          "cv": code_verifier}, _secret(request), algorithm="HS256")
+                          "cv": code_verifier}, _secret(service), algorithm="HS256")
     response = RedirectResponse(url, status_code=303)
     response.set_cookie(STATE_COOKIE, pending, max_age=STATE_TTL_S, path="/console/oidc", httponly=True,
                         samesite="lax", secure=_secure(request))
@@ -79,17 +80,17 @@ def start(request: Request) -> Response:
 
 
 @router.get("/callback")
-def callback(request: Request, code: str = "", state: str = "", error: str = "", iss: str = "") -> Response:
+def callback(request: Request, code: str = "", state: str = "", error: str = "", iss: str = "",
+             service: GatewayService = Depends(get_service)) -> Response:
     verifier = sso_verifier(request)
     try:
-        who, expires = _sign_in(request, verifier, code, state, error, iss)
+        who, expires = _sign_in(request, service, verifier, code, state, error, iss)
     except OidcError as exc:
         _audit(request, None, "deny", f"{exc.code}: {exc}")
         return _refused(request, exc)
-    secret, console = _secret(request), request.app.state.console.settings
+    secret, console = _secret(service), request.app.state.console.settings
     now = dt.datetime.now(dt.UTC)
-    session = open_session(secret, who, expires, console.session_ttl_s, gateway_of(request).store.revocations,
-                           now)
+    session = open_session(secret, who, expires, console.session_ttl_s, service.store.revocations, now)
     _audit(request, who, "allow", "signed in through the IdP")
     # A page, not a redirect: after the IdP's cross-site redirect a browser would not send the
     # SameSite=Strict session cookie on a redirect chain; a navigation from this page does.
@@ -100,12 +101,12 @@ def callback(request: Request, code: str = "", state: str = "", error: str = "",
     return response
 
 
-def _sign_in(request: Request, verifier: OidcVerifier, code: str, state: str, error: str,
+def _sign_in(request: Request, service: GatewayService, verifier: OidcVerifier, code: str, state: str, error: str,
              iss: str) -> tuple[Principal, int]:
     if error:
         raise TokenRefused(f"the IdP refused the sign-in ({error[:64]})", code="idp_refused")
     try:
-        pending = jwt.decode(request.cookies.get(STATE_COOKIE, ""), _secret(request), algorithms=["HS256"],
+        pending = jwt.decode(request.cookies.get(STATE_COOKIE, ""), _secret(service), algorithms=["HS256"],
                              audience=STATE_AUDIENCE, options={"require": ["exp", "aud"]})
     except jwt.PyJWTError as exc:
         raise TokenRefused("sign-in expired or started elsewhere; sign in again", code="sso_state") from exc
@@ -157,8 +158,8 @@ def _metadata(verifier: OidcVerifier) -> ProviderMetadata:
         raise ConsoleForbidden("the identity provider is unreachable; try again later") from exc
 
 
-def _secret(request: Request) -> str:
-    secret: str = gateway_of(request).settings.jwt_secret
+def _secret(service: GatewayService) -> str:
+    secret: str = service.settings.jwt_secret
     if not secret:
         raise ConsoleForbidden("console disabled: no session key (--jwt-secret-file) configured")
     return secret

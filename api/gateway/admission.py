@@ -105,10 +105,7 @@ class AdmissionController:
         return max(1, min(60, len(self.queue) // max(1, self.max_inflight) + 1))
 
     def dispatch(self) -> None:
-        """Start the queued requests that fit the free slots now (after the slots grew, say)."""
-        self._dispatch()
-
-    def _dispatch(self) -> None:
+        """Start the queued requests that fit the free slots now (after a slot freed or the slots grew)."""
         while (got := self.scheduler.next()) is not None:
             tenant, (future, cost) = got
             if future.done():  # cancelled while queued
@@ -130,13 +127,13 @@ class AdmissionController:
             except QueueFull as exc:
                 raise rate_limited(f"Server queue is full ({exc.scope}); retry later.", self._retry_after(),
                                     code="queue_full") from exc
-            self._dispatch()
+            self.dispatch()
             try:
                 await future
             except asyncio.CancelledError:
                 if future.done() and not future.cancelled():
                     self.scheduler.done(t.tenant, t.streams)  # got the slot just as the client left
-                    self._dispatch()
+                    self.dispatch()
                 else:
                     self.queue.cancel(entry)
                 raise
@@ -144,6 +141,6 @@ class AdmissionController:
                 yield
             finally:
                 self.scheduler.done(t.tenant, t.streams)
-                self._dispatch()
+                self.dispatch()
         finally:
             self.counter.leave(t.tenant)

@@ -11,8 +11,6 @@ gateway; a tenant that distrusts the operator sets `require_sealed` and relies o
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 from cryptography.hazmat.primitives import serialization
@@ -56,20 +54,3 @@ def check_plaintext_caller(policy: CallerPolicy | _Unverified | None, key_id: st
         policy.check_key_id(key_id)
     except CallerRefused as exc:
         raise GatewayError(403, f"caller refused: {exc}", type_="permission_error", code="caller_not_allowed") from exc
-
-
-def import_bootstrap_policies(store: Any, path: Path) -> None:
-    """Signed policy sets `sealed up` wrote before the database existed (api/gateway/keys.py): stored
-    when the store has none for the tenant or another document (each must verify with its key)."""
-    if not path.exists():
-        return
-    for tenant, entry in json.loads(path.read_text()).items():
-        row = store.policy(tenant)
-        if row is not None and row.document == entry["document"]:
-            continue
-        key = serialization.load_pem_public_key(entry["admin_key_pem"].encode())
-        if not isinstance(key, Ed25519PublicKey):
-            continue
-        verify_policy_document(entry["document"], {tenant: {str(entry["document"].get("key_id")): key}})
-        store.ensure_tenant(tenant)
-        store.put_policy(tenant, entry["document"], entry["admin_key_pem"])

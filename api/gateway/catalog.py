@@ -4,16 +4,15 @@ a key may reach now; a short cache in front of the control-plane store."""
 from __future__ import annotations
 
 import datetime as dt
-import json
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from api.gateway.callers import caller_policy, import_bootstrap_policies
+from api.gateway.callers import caller_policy
 from api.gateway.errors import GatewayError
-from api.gateway.keys import BOOTSTRAP_POLICIES
 from api.gateway.registry import WorkerRegistry
 from api.gateway.settings import GatewaySettings
+from api.store.bootstrap import import_bootstrap
 from api.store.models import Tenant
 from api.store.repo import KeyRecord, Store, hash_secret
 
@@ -49,16 +48,8 @@ class Catalog:
         return value
 
     def bootstrap_keys(self) -> None:
-        """Import hashes from the bootstrap file (`api-keys.json`, written by `sealed up`'s preparation),
-        and the signed policy sets written beside it (their caller lists: api/gateway/callers.py)."""
-        import_bootstrap_policies(self.store, self.settings.data_dir / BOOTSTRAP_POLICIES)
-        path = self.settings.data_dir / "api-keys.json"
-        if not path.exists():
-            return
-        for key_hash, doc in json.loads(path.read_text()).items():
-            expires = dt.datetime.fromisoformat(doc["expires_at"]) if doc.get("expires_at") else None
-            self.store.import_key_hash(key_hash, doc["tenant"], doc["name"], tuple(doc.get("models", ())), expires)
-
+        """Import what `sealed up` wrote before the database existed (api/store/bootstrap.py)."""
+        import_bootstrap(self.store, self.settings.data_dir)
 
     def cached_key(self, secret: str) -> KeyRecord | None:
         """A key this gateway authenticated within SINGLE_GATEWAY_KEY_CACHE_S (no database, no thread
@@ -128,9 +119,13 @@ class Catalog:
         """The tenant's signed caller policy as the gateway enforces it for plaintext (api/gateway/callers.py)."""
         return self.cached(("callers", tenant), lambda: caller_policy(tenant, self.store.policy(tenant)))
 
+    def policy_document(self, tenant: str) -> Any:
+        """The tenant's stored policy set as stored (signed envelope), or None."""
+        row = self.cached(("policy", tenant), lambda: self.store.policy(tenant))
+        return row.document if row is not None else None
+
     def require_sealed(self, tenant: str) -> bool:
         """The tenant's policy says `require_sealed` (its worker enforces the signed original too)."""
-        row = self.cached(("policy", tenant), lambda: self.store.policy(tenant))
-        doc = row.document if row is not None else None
+        doc = self.policy_document(tenant)
         payload = doc.get("payload", doc) if isinstance(doc, dict) else None
         return isinstance(payload, dict) and payload.get("require_sealed") is True

@@ -12,18 +12,19 @@ unknown, deleted or expired one are the same 404.
 from __future__ import annotations
 
 import secrets
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Query
 from pydantic import Field
 
-from api.gateway.dependencies import current_key, get_service
+from api.gateway.dependencies import ChargedKey, PlaintextKey, Service
 from api.gateway.errors import GatewayError
-from api.gateway.responses_routes import add_items, open_state, retention_for, seal
-from api.gateway.responses_store import conversation_not_found, input_items, item_state_id, page
+from api.gateway.responses_routes import add_items, open_state, refuse_include, retention_for, seal
+from api.gateway.responses_store import conversation_not_found, item_state_id
 from api.gateway.service import GatewayService
 from api.store.conversations import StoredConversation
 from api.store.repo import KeyRecord
+from protocol.openai.items import input_items, page
 from protocol.openai.responses_request import input_messages
 from protocol.openai.schemas import Strict
 
@@ -114,11 +115,16 @@ async def _add(service: GatewayService, key: KeyRecord, conv: StoredConversation
     return normalized
 
 
+def _conversation(conv_id: str, key: ChargedKey, service: Service) -> StoredConversation:
+    """The caller's conversation `conv_id` (the route's path), after the key's request is charged."""
+    return _find(service, key, conv_id)
+
+
+Conversation = Annotated[StoredConversation, Depends(_conversation)]
+
+
 @router.post("/v1/conversations")
-async def create_conversation(body: ConversationCreate, key: KeyRecord = Depends(current_key),
-                              service: GatewayService = Depends(get_service)) -> dict[str, Any]:
-    service.admissions.ticket(key, 0)  # requests-per-minute limits apply here too
-    service.check_plaintext_allowed(key)
+async def create_conversation(body: ConversationCreate, key: PlaintextKey, service: Service) -> dict[str, Any]:
     _check_metadata(body.metadata)
     retention = retention_for(service, key)
     if retention.days == 0:
@@ -137,81 +143,57 @@ async def create_conversation(body: ConversationCreate, key: KeyRecord = Depends
 
 
 @router.get("/v1/conversations/{conv_id}")
-async def retrieve_conversation(conv_id: str, key: KeyRecord = Depends(current_key),
-                                service: GatewayService = Depends(get_service)) -> dict[str, Any]:
-    service.admissions.ticket(key, 0)  # requests-per-minute limits apply here too
-    return await _object(service, key, _find(service, key, conv_id))
-
-
-@router.post("/v1/conversations/{conv_id}")
-async def update_conversation(conv_id: str, body: Metadata, key: KeyRecord = Depends(current_key),
-                              service: GatewayService = Depends(get_service)) -> dict[str, Any]:
-    service.admissions.ticket(key, 0)  # requests-per-minute limits apply here too
-    service.check_plaintext_allowed(key)
-    _check_metadata(body.metadata)
-    conv = await _set_metadata(service, key, _find(service, key, conv_id), None, body.metadata)
+async def retrieve_conversation(key: ChargedKey, conv: Conversation, service: Service) -> dict[str, Any]:
     return await _object(service, key, conv)
 
 
+@router.post("/v1/conversations/{conv_id}")
+async def update_conversation(body: Metadata, key: PlaintextKey, conv: Conversation,
+                              service: Service) -> dict[str, Any]:
+    _check_metadata(body.metadata)
+    return await _object(service, key, await _set_metadata(service, key, conv, None, body.metadata))
+
+
 @router.delete("/v1/conversations/{conv_id}")
-def delete_conversation(conv_id: str, key: KeyRecord = Depends(current_key),
-                        service: GatewayService = Depends(get_service)) -> dict[str, Any]:
-    service.admissions.ticket(key, 0)  # requests-per-minute limits apply here too
-    _find(service, key, conv_id)
-    if not service.responses.conversations.delete(key.tenant, conv_id):
-        raise conversation_not_found(conv_id)
+def delete_conversation(key: ChargedKey, conv: Conversation, service: Service) -> dict[str, Any]:
+    if not service.responses.conversations.delete(key.tenant, conv.id):
+        raise conversation_not_found(conv.id)
     service.audit.append(tenant=key.tenant, action="conversation.delete", decision="allow", reason="caller",
-                         metadata={"conversation_id": conv_id, "key_id": key.key_id})
-    return {"id": conv_id, "object": "conversation.deleted", "deleted": True}
+                         metadata={"conversation_id": conv.id, "key_id": key.key_id})
+    return {"id": conv.id, "object": "conversation.deleted", "deleted": True}
 
 
-@router.get("/v1/conversations/{conv_id}/items")
-async def list_items(conv_id: str, after: str | None = None, limit: int = Query(default=20, ge=1, le=100),
-                     order: Literal["asc", "desc"] = "desc",
-                     include: list[str] | None = Query(default=None, alias="include[]"),
-                     key: KeyRecord = Depends(current_key),
-                     service: GatewayService = Depends(get_service)) -> dict[str, Any]:
-    service.admissions.ticket(key, 0)  # requests-per-minute limits apply here too
-    if include:
-        raise GatewayError(400, f"include value {include[0][:64]!r} is not supported by this server",
-                           param="include")
-    conv = _find(service, key, conv_id)
-    stored = service.responses.conversations.items(key.tenant, conv_id)
+@router.get("/v1/conversations/{conv_id}/items", dependencies=[Depends(refuse_include)])
+async def list_items(key: ChargedKey, conv: Conversation, service: Service, after: str | None = None,
+                     limit: int = Query(default=20, ge=1, le=100), order: Literal["asc", "desc"] = "desc"
+                     ) -> dict[str, Any]:
+    stored = service.responses.conversations.items(key.tenant, conv.id)
     listed = page([{"id": i.id, "blob": i.blob} for i in stored], order=order, after=after, limit=limit)
     listed["data"] = [await _open_item(service, key, conv, i["id"], i["blob"]) for i in listed["data"]]
     return listed
 
 
 @router.post("/v1/conversations/{conv_id}/items")
-async def create_items(conv_id: str, body: ItemsCreate, key: KeyRecord = Depends(current_key),
-                       service: GatewayService = Depends(get_service)) -> dict[str, Any]:
-    service.admissions.ticket(key, 0)  # requests-per-minute limits apply here too
-    service.check_plaintext_allowed(key)
-    items = await _add(service, key, _find(service, key, conv_id), body.model, body.items)
+async def create_items(body: ItemsCreate, key: PlaintextKey, conv: Conversation, service: Service) -> dict[str, Any]:
+    items = await _add(service, key, conv, body.model, body.items)
     return {"object": "list", "data": items, "first_id": items[0]["id"], "last_id": items[-1]["id"],
             "has_more": False}
 
 
 @router.get("/v1/conversations/{conv_id}/items/{item_id}")
-async def retrieve_item(conv_id: str, item_id: str, key: KeyRecord = Depends(current_key),
-                        service: GatewayService = Depends(get_service)) -> dict[str, Any]:
-    service.admissions.ticket(key, 0)  # requests-per-minute limits apply here too
-    conv = _find(service, key, conv_id)
-    for item in service.responses.conversations.items(key.tenant, conv_id):
+async def retrieve_item(item_id: str, key: ChargedKey, conv: Conversation, service: Service) -> dict[str, Any]:
+    for item in service.responses.conversations.items(key.tenant, conv.id):
         if item.id == item_id:
             return await _open_item(service, key, conv, item.id, item.blob)
     raise GatewayError(404, f"Item with id '{item_id[:64]}' not found.", code="not_found")
 
 
 @router.delete("/v1/conversations/{conv_id}/items/{item_id}")
-async def delete_item(conv_id: str, item_id: str, key: KeyRecord = Depends(current_key),
-                      service: GatewayService = Depends(get_service)) -> dict[str, Any]:
-    service.admissions.ticket(key, 0)  # requests-per-minute limits apply here too
-    conv = _find(service, key, conv_id)
-    if not service.responses.conversations.delete_item(key.tenant, conv_id, item_id):
+async def delete_item(item_id: str, key: ChargedKey, conv: Conversation, service: Service) -> dict[str, Any]:
+    if not service.responses.conversations.delete_item(key.tenant, conv.id, item_id):
         raise GatewayError(404, f"Item with id '{item_id[:64]}' not found.", code="not_found")
     service.audit.append(tenant=key.tenant, action="conversation.item.delete", decision="allow", reason="caller",
-                         metadata={"conversation_id": conv_id, "item_id": item_id[:64], "key_id": key.key_id})
+                         metadata={"conversation_id": conv.id, "item_id": item_id[:64], "key_id": key.key_id})
     return await _object(service, key, conv)
 
 

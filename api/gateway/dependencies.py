@@ -1,4 +1,5 @@
-"""Authorization as chained dependencies: bearer key -> API key record (-> tenant).
+"""Authorization as chained dependencies: bearer key -> API key record (-> tenant) -> its
+requests-per-minute charge; and the gateway's parts, bound by the composition root.
 
 They are `async` so that FastAPI runs them on the loop, not with a thread hop per request each.
 """
@@ -6,24 +7,26 @@ They are `async` so that FastAPI runs them on the loop, not with a thread hop pe
 from __future__ import annotations
 
 import asyncio
+from typing import Annotated
 
-from fastapi import Depends, Request
+from fastapi import Depends, FastAPI, Request
 
 from api.gateway.errors import GatewayError
 from api.gateway.service import GatewayService
 from api.store.repo import KeyRecord
 
 
-def gateway_of(request: Request) -> GatewayService:
-    """The gateway's parts as `create_app` bound them to its app: the one place that knows where they
-    are kept. Routes take them as a dependency (`get_service`); request helpers of the management API
-    and the console that are not dependencies call this."""
-    service: GatewayService = request.app.state.service
-    return service
+async def get_service() -> GatewayService:
+    """The gateway's parts: `bind_service` puts the ones `create_app` built in this one's place, so
+    routes get them as a typed dependency, never from a service locator on the app."""
+    raise RuntimeError("no gateway bound: build the app with api.app.create_app(settings)")
 
 
-async def get_service(request: Request) -> GatewayService:
-    return gateway_of(request)
+def bind_service(app: FastAPI, service: GatewayService) -> None:
+    async def bound() -> GatewayService:
+        return service
+
+    app.dependency_overrides[get_service] = bound
 
 
 async def bearer_secret(request: Request) -> str:
@@ -43,3 +46,26 @@ async def current_key(request: Request, secret: str = Depends(bearer_secret),
         key = await asyncio.to_thread(service.catalog.authenticate, secret)
     request.scope.setdefault("state", {})["audit_tenant"] = key.tenant  # a later refusal's audit entry names it
     return key
+
+
+async def charged_key(key: KeyRecord = Depends(current_key),
+                      service: GatewayService = Depends(get_service)) -> KeyRecord:
+    """The key, charged one request against its and its tenant's requests-per-minute limits (routes
+    that generate nothing: stored state, tokenizing)."""
+    service.admissions.ticket(key, 0)
+    return key
+
+
+async def plaintext_key(key: KeyRecord = Depends(charged_key),
+                        service: GatewayService = Depends(get_service)) -> KeyRecord:
+    """The charged key, of a caller that may send and read plaintext (the tenant's caller policy,
+    `require_sealed`)."""
+    service.check_plaintext_allowed(key)
+    return key
+
+
+# The parameters routes declare (FastAPI's Annotated dependencies).
+Service = Annotated[GatewayService, Depends(get_service)]
+ApiKey = Annotated[KeyRecord, Depends(current_key)]
+ChargedKey = Annotated[KeyRecord, Depends(charged_key)]
+PlaintextKey = Annotated[KeyRecord, Depends(plaintext_key)]

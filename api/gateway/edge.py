@@ -13,8 +13,8 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api.gateway.edge_audit import audit_edge
-from api.gateway.errors import error_body
+from api.gateway.errors import audit_edge, error_body
+from policy.audit.edge import EdgeRefusals
 from protocol.body_limit import BodyLimit, declared_too_large
 
 _JSON_TYPES = ("application/json", "application/merge-patch+json")
@@ -38,8 +38,8 @@ def lone_surrogate(doc: Any) -> bool:
     return False
 
 
-async def _reply(scope: Scope, send: Send, status: int, message: str, code: str) -> None:
-    audit_edge(scope, status, "body_too_large" if status == 413 else code)  # rate-protected (edge_audit.py)
+async def _reply(edge: EdgeRefusals, scope: Scope, send: Send, status: int, message: str, code: str) -> None:
+    audit_edge(edge, scope, status, "body_too_large" if status == 413 else code)
     body = json.dumps(error_body(message, "invalid_request_error", code)).encode()
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
@@ -47,21 +47,20 @@ async def _reply(scope: Scope, send: Send, status: int, message: str, code: str)
     await send({"type": "http.response.body", "body": body})
 
 
-async def _too_large(scope: Scope, send: Send) -> None:
-    await _reply(scope, send, 413, "request body too large", "request_too_large")
-
-
 class EdgeGuard:
-    def __init__(self, app: ASGIApp, max_body_bytes: int) -> None:
-        self.app, self.max_body_bytes = app, max_body_bytes
-        self.limited = BodyLimit(app, max_body_bytes, _too_large)
+    def __init__(self, app: ASGIApp, max_body_bytes: int, edge: EdgeRefusals) -> None:
+        self.app, self.max_body_bytes, self.edge = app, max_body_bytes, edge
+        self.limited = BodyLimit(app, max_body_bytes, self._too_large)
+
+    async def _too_large(self, scope: Scope, send: Send) -> None:
+        await _reply(self.edge, scope, send, 413, "request body too large", "request_too_large")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         if declared_too_large(scope, self.max_body_bytes):
-            await _too_large(scope, send)
+            await self._too_large(scope, send)
             return
         headers = dict(scope.get("headers") or ())
         content_type = headers.get(b"content-type", b"").decode("latin-1").split(";")[0].strip().lower()
@@ -80,7 +79,7 @@ class EdgeGuard:
             chunk = message.get("body", b"")
             seen += len(chunk)
             if seen > self.max_body_bytes:
-                await _too_large(scope, send)
+                await self._too_large(scope, send)
                 return
             parts.append(chunk)
             more = message.get("more_body", False)
@@ -91,8 +90,8 @@ class EdgeGuard:
             except (ValueError, RecursionError):
                 doc = None  # the route answers malformed JSON itself
             if lone_surrogate(doc):
-                await _reply(scope, send, 400, "the request contains text that is not valid Unicode (a lone UTF-16 "
-                             "surrogate)", "invalid_value")
+                await _reply(self.edge, scope, send, 400, "the request contains text that is not valid Unicode "
+                             "(a lone UTF-16 surrogate)", "invalid_value")
                 return
         delivered = False
 

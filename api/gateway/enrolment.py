@@ -11,10 +11,11 @@ from api.gateway.demand import Demand
 from api.gateway.errors import GatewayError
 from api.gateway.metrics import Metrics
 from api.gateway.registry import WorkerInfo, WorkerRegistry
-from api.gateway.worker_attestation import HeartbeatRefused, verify_heartbeat_signature, verify_worker_attestation
+from api.gateway.worker_attestation import verify_worker_attestation
 from api.store.repo import KeyRecord
 from attestation.errors import AttestationError
 from attestation.token import TokenVerifier
+from protocol.heartbeat import HeartbeatRefused, verify_heartbeat_signature
 
 log = logging.getLogger(__name__)
 

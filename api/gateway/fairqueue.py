@@ -42,12 +42,9 @@ Lane = tuple[str, int]  # (tenant, priority): one FIFO of entries
 class FairQueue:
     """Entries wait in one FIFO per (tenant, priority) lane; a heap holds only each lane's head.
 
-    Within a lane, start tags never decrease (a push starts at max(V, the tenant's last finish tag),
-    and both only grow), so the lane's head is its smallest tag and the heap of heads orders the
-    whole queue. Popping while whole tenants are ineligible then costs O(lanes log lanes), not
-    O(queued): a flooding tenant's hundreds of queued requests are one heap entry, not hundreds of
-    pops and re-pushes on every slot release (that scan was an eighth of the gateway's loop under
-    `sealed bench flood`).
+    Within a lane, start tags never decrease (both V and a tenant's finish tag only grow), so the
+    head is the lane's smallest tag and the heap of heads orders the whole queue: a pop that skips
+    ineligible tenants costs O(lanes log lanes), not O(queued).
     """
 
     def __init__(self, max_queued: int = 1024, max_queued_per_tenant: int = 256) -> None:
@@ -140,34 +137,16 @@ class FairQueue:
 
 
 class FairScheduler:
-    """Dispatch slots over a FairQueue, keeping `reserved` slots for tenants with nothing running.
+    """Dispatch slots over a FairQueue, keeping `reserved` slots for tenants with little in flight.
 
-    Slots are not preemptible, so fair order alone still makes a newcomer wait for a running request
-    to end. Holding back a few slots from tenants that already run something means a quiet tenant
-    finds a slot free at once, while a lone tenant still gets all but `reserved` of them.
-
-    A request takes as many slots as it opens streams (its cost: prompts x n), so a 64-choice
-    request weighs 64 single ones. A big tenant's request starts only when it fits whole in the
-    shared slots (free slots beyond the reserve); a request from a tenant with little in flight may
-    overshoot by at most `small` streams, and the admission controller keeps the reserve larger than
-    the per-request bound on choices.
-
-    The reserve serves tenants with little in flight (fewer than `small` slots running, default a
-    quarter of the reserve), not only those with nothing: a quiet tenant's second concurrent
-    request starts at once too, while a bulk or flooding tenant waits for the shared slots. What
-    counts is what the tenant would hold with the request started: a 64-choice request from a
-    tenant with nothing running is a big tenant's request and waits for shared slots too (from the
-    reserve it started even while the slots were cut, and its 64 streams filled the gateway that
-    the cut was shedding load from).
-
-    The reserve outlives a cut: `capacity` may drop below what is running (adaptive capacity,
-    capacity.py, cuts it while the loop lags, and running streams are never preempted), and then
-    no slot is free until enough streams end, up to a 64-token flood request's whole stream.
-    Tenants with little in flight still start then, as long as the slots they hold together are
-    fewer than `reserved`, so a quiet tenant never waits for the flood to drain. Each such start is
-    one request of a tenant below `small`, so the excess over `capacity` stays bounded: at most
-    `reserved` slots among tenants still below `small`, and one request's streams per tenant the
-    start took past it.
+    Slots are not preemptible, so fair order alone would make a newcomer wait for a running request
+    to end. A request takes as many slots as it opens streams (prompts x n). A tenant that would hold
+    fewer than `small` slots with the request started (default: a quarter of the reserve) may start
+    from the reserve, overshooting the shared slots by at most `small` streams; any other request
+    starts only when it fits whole in the shared slots (free slots beyond the reserve). The reserve
+    outlives a cut: when adaptive capacity (capacity.py) drops `capacity` below what is running,
+    tenants with little in flight still start while what they hold together is below `reserved`, so
+    the excess over `capacity` stays bounded and a quiet tenant never waits for a flood to drain.
     """
 
     def __init__(self, capacity: int, reserved: int, queue: FairQueue, small: int | None = None) -> None:

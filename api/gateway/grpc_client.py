@@ -71,8 +71,7 @@ class WorkerClients:
                 await asyncio.wait_for(channel.channel_ready(), self.connect_timeout_s)
             except TimeoutError as exc:
                 await self.forget(address, worker_cert)
-                raise GatewayError(503, "model unavailable: worker unreachable", type_="model_unavailable",
-                                   code="model_unavailable", headers={"Retry-After": "2"}) from exc
+                raise WorkerUnavailable() from exc  # another worker may take the call
         return stub
 
     def stub(self, address: str, worker_cert: str = "") -> worker_pb2_grpc.WorkerStub:

@@ -10,7 +10,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
-from api.gateway.dependencies import bearer_secret, get_service
+from api.gateway.dependencies import Service, bearer_secret
 from api.gateway.errors import GatewayError
 from api.gateway.registry import WorkerInfo, WorkerRegistry
 from api.gateway.service import GatewayService
@@ -20,14 +20,14 @@ from protocol.worker_status import Heartbeat
 router = APIRouter()
 
 
-def worker_token(secret: str = Depends(bearer_secret), service: GatewayService = Depends(get_service)) -> None:
+def worker_token(service: Service, secret: str = Depends(bearer_secret)) -> None:
     expected = service.settings.register_token
     if not expected or not hmac.compare_digest(secret.encode(), expected.encode()):
         raise GatewayError(401, "bad worker registration token", code="invalid_api_key")
 
 
 @router.post("/internal/workers/heartbeat", dependencies=[Depends(worker_token)])
-async def heartbeat(body: Heartbeat, request: Request, service: GatewayService = Depends(get_service)) -> dict:
+async def heartbeat(body: Heartbeat, request: Request, service: Service) -> dict:
     # Stamped on arrival (on the loop-lag-adjusted clock) and checked on the registry's own thread,
     # never behind usage writes or key look-ups: a busy gateway never ages a live worker's heartbeat.
     seen_at = service.registry.clock.now()
@@ -85,7 +85,7 @@ def version_state(service: GatewayService, v: Any) -> dict[str, Any]:
 
 
 @router.get("/readyz", response_model=None)
-def readyz(service: GatewayService = Depends(get_service)) -> JSONResponse:
+def readyz(service: Service) -> JSONResponse:
     """Ready when the gateway can serve: some version has a warm worker, or no version needs one
     (all scaled to zero). One failing version never makes it unready for the others.
 

@@ -14,20 +14,19 @@ from typing import Any, Literal
 
 from fastapi import APIRouter, Depends, Query, Response
 
-from api.gateway.dependencies import current_key, get_service
+from api.gateway.dependencies import ChargedKey, Service
 from api.gateway.errors import GatewayError
 from api.gateway.responses_store import (
     Turn,
     begin,
     conversation_not_found,
-    input_items,
     item_state_id,
-    page,
     sealed_state_request,
 )
 from api.gateway.service import GatewayService
 from api.store.repo import KeyRecord
 from api.store.states import StoredState
+from protocol.openai.items import input_items, page
 from protocol.openai.responses_request import ResponsesRequest, input_messages
 from protocol.openai.stored_state import SEALED_ONLY
 from protocol.rpc import worker_pb2
@@ -35,19 +34,14 @@ from protocol.rpc import worker_pb2
 router = APIRouter()
 
 
-def _policy_document(service: GatewayService, key: KeyRecord) -> Any:
-    row = service.catalog.cached(("policy", key.tenant), lambda: service.store.policy(key.tenant))
-    return row.document if row is not None else None
-
-
 def start_turn(service: GatewayService, key: KeyRecord, req: ResponsesRequest) -> Turn:
     """The request's stored-state turn (the history it continues, whether it is stored)."""
-    return begin(service.responses, key, req, _policy_document(service, key))
+    return begin(service.responses, key, req, service.catalog.policy_document(key.tenant))
 
 
 def retention_for(service: GatewayService, key: KeyRecord) -> dt.timedelta:
     """How long the tenant's policy keeps stored state (response_retention_days)."""
-    return dt.timedelta(days=service.responses.retention_days(_policy_document(service, key)))
+    return dt.timedelta(days=service.responses.retention_days(service.catalog.policy_document(key.tenant)))
 
 
 async def seal(service: GatewayService, key: KeyRecord, model: str, split: dict[str, float], state_id: str,
@@ -113,42 +107,34 @@ async def _open(service: GatewayService, key: KeyRecord, state: StoredState) -> 
     return await open_state(service, key, state.model, state.version, state.id, state.blob)
 
 
-def _no_stream(stream: bool | None, include: list[str] | None) -> None:
-    if stream:
-        raise GatewayError(400, "streaming a stored response is not supported by this server", param="stream")
+def refuse_include(_: ChargedKey, include: list[str] | None = Query(default=None, alias="include[]")) -> None:
+    """`include[]` asks for extra fields this server does not keep: refused, whatever it names (after
+    the key is checked and its request charged, as before any other refusal of these routes)."""
     if include:
         raise GatewayError(400, f"include value {include[0][:64]!r} is not supported by this server",
                            param="include")
 
 
-@router.get("/v1/responses/{response_id}")
-async def retrieve_response(response_id: str, stream: bool | None = None,
-                            include: list[str] | None = Query(default=None, alias="include[]"),
-                            key: KeyRecord = Depends(current_key),
-                            service: GatewayService = Depends(get_service)) -> dict[str, Any]:
-    service.admissions.ticket(key, 0)  # requests-per-minute limits apply here too
-    _no_stream(stream, include)
+@router.get("/v1/responses/{response_id}", dependencies=[Depends(refuse_include)])
+async def retrieve_response(response_id: str, key: ChargedKey, service: Service,
+                            stream: bool | None = None) -> dict[str, Any]:
+    if stream:
+        raise GatewayError(400, "streaming a stored response is not supported by this server", param="stream")
     document = await _open(service, key, service.responses.find(key, response_id))
     response: dict[str, Any] = document["response"]
     return response
 
 
 @router.delete("/v1/responses/{response_id}")
-def delete_response(response_id: str, key: KeyRecord = Depends(current_key),
-                    service: GatewayService = Depends(get_service)) -> Response:
-    service.admissions.ticket(key, 0)  # requests-per-minute limits apply here too
+def delete_response(response_id: str, key: ChargedKey, service: Service) -> Response:
     service.responses.delete(key, response_id)
     return Response(content=json.dumps({"id": response_id, "object": "response.deleted", "deleted": True}),
                     media_type="application/json")
 
 
-@router.get("/v1/responses/{response_id}/input_items")
-async def list_input_items(response_id: str, after: str | None = None, limit: int = Query(default=20, ge=1, le=100),
-                           order: Literal["asc", "desc"] = "desc",
-                           include: list[str] | None = Query(default=None, alias="include[]"),
-                           key: KeyRecord = Depends(current_key),
-                           service: GatewayService = Depends(get_service)) -> dict[str, Any]:
-    service.admissions.ticket(key, 0)  # requests-per-minute limits apply here too
-    _no_stream(None, include)
+@router.get("/v1/responses/{response_id}/input_items", dependencies=[Depends(refuse_include)])
+async def list_input_items(response_id: str, key: ChargedKey, service: Service, after: str | None = None,
+                           limit: int = Query(default=20, ge=1, le=100),
+                           order: Literal["asc", "desc"] = "desc") -> dict[str, Any]:
     document = await _open(service, key, service.responses.find(key, response_id))
     return page(document["input_items"], order=order, after=after, limit=limit)

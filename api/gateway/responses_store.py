@@ -25,8 +25,8 @@ from api.store.repo import KeyRecord, Store
 from api.store.states import ResponseStates, StoredState
 from policy.audit import AuditLog
 from policy.policyset import DEFAULT_RESPONSE_RETENTION_DAYS
+from protocol.openai.items import input_items as input_items
 from protocol.openai.responses_request import ResponsesRequest, conversation_id
-from protocol.openai.stored_state import input_items as input_items
 from protocol.openai.stored_state import state_document
 from protocol.rpc import worker_pb2
 
@@ -170,20 +170,6 @@ def conversation_not_found(conv_id: str, param: str | None = None) -> GatewayErr
 def item_state_id(conv_id: str, item_id: str) -> str:
     """The id a conversation item is sealed under: its conversation's too, so it cannot be moved."""
     return f"{conv_id}:{item_id}"
-
-
-def page(items: list[dict[str, Any]], *, order: str, after: str | None, limit: int) -> dict[str, Any]:
-    """A cursor page of items, as OpenAI's list endpoints answer (default order: newest first)."""
-    ordered = items[::-1] if order == "desc" else list(items)
-    if after is not None:
-        ids = [i.get("id") for i in ordered]
-        if after not in ids:
-            raise GatewayError(400, f"no item with id '{after[:64]}' in this list", param="after",
-                               code="invalid_value")
-        ordered = ordered[ids.index(after) + 1:]
-    data = ordered[:limit]
-    return {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
-            "last_id": data[-1]["id"] if data else None, "has_more": len(ordered) > limit}
 
 
 def sealed_state_request(key: KeyRecord, response_id: str, document: dict[str, Any]) -> worker_pb2.SealStateRequest:

@@ -8,11 +8,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from api.gateway.catalog import not_found
-from api.gateway.dependencies import current_key, get_service
+from api.gateway.dependencies import ApiKey, PlaintextKey, Service
 from api.gateway.errors import GatewayError
 from api.gateway.generation import CleanupStreamingResponse, request_id, unless_disconnected
 from api.gateway.lifecycle import RequestLifecycle
@@ -47,13 +47,12 @@ def _model_card(model: str, key: KeyRecord) -> dict[str, Any]:
 
 
 @router.get("/v1/models")
-def list_models(key: KeyRecord = Depends(current_key), service: GatewayService = Depends(get_service)) -> dict:
+def list_models(key: ApiKey, service: Service) -> dict:
     return {"object": "list", "data": [_model_card(m, key) for m in service.catalog.models_for(key)]}
 
 
 @router.get("/v1/models/{model:path}")
-def retrieve_model(model: str, key: KeyRecord = Depends(current_key),
-                   service: GatewayService = Depends(get_service)) -> dict:
+def retrieve_model(model: str, key: ApiKey, service: Service) -> dict:
     """One model as /v1/models lists it; a model the key may not see, or that no ready worker holds,
     is OpenAI's 404 (the same answer whether it belongs to another tenant or does not exist)."""
     if model not in service.catalog.models_for(key):
@@ -90,8 +89,8 @@ async def _answer(request: Request, service: GatewayService, life: RequestLifecy
 
 
 @router.post("/v1/chat/completions", response_model=None, responses=_STREAMABLE)
-async def chat_completions(req: ChatCompletionRequest, request: Request, key: KeyRecord = Depends(current_key),
-                           service: GatewayService = Depends(get_service)) -> JSONResponse | CleanupStreamingResponse:
+async def chat_completions(req: ChatCompletionRequest, request: Request, key: ApiKey,
+                           service: Service) -> JSONResponse | CleanupStreamingResponse:
     split, rid = _plaintext(service, key, req.model), request_id()
     plan = plan_chat(req, rid=rid, tenant=key.tenant, key_id=key.key_id, agent_killed=key.tools_killed,
                      default_max_tokens=service.settings.default_max_tokens)
@@ -104,8 +103,8 @@ async def chat_completions(req: ChatCompletionRequest, request: Request, key: Ke
 
 
 @router.post("/v1/responses", response_model=None, responses=_STREAMABLE)
-async def responses(req: ResponsesRequest, request: Request, key: KeyRecord = Depends(current_key),
-                    service: GatewayService = Depends(get_service)) -> JSONResponse | CleanupStreamingResponse:
+async def responses(req: ResponsesRequest, request: Request, key: ApiKey,
+                    service: Service) -> JSONResponse | CleanupStreamingResponse:
     """OpenAI's Responses API over the chat pipeline (protocol/openai/responses*.py); stored
     responses and previous_response_id: api/gateway/responses_routes.py."""
     chat = to_chat(req)
@@ -132,8 +131,8 @@ async def responses(req: ResponsesRequest, request: Request, key: KeyRecord = De
 
 
 @router.post("/v1/completions", response_model=None, responses=_STREAMABLE)
-async def completions(req: CompletionRequest, request: Request, key: KeyRecord = Depends(current_key),
-                      service: GatewayService = Depends(get_service)) -> JSONResponse | CleanupStreamingResponse:
+async def completions(req: CompletionRequest, request: Request, key: ApiKey,
+                      service: Service) -> JSONResponse | CleanupStreamingResponse:
     split = _plaintext(service, key, req.model)
     prompts = [req.prompt] if isinstance(req.prompt, str) else list(req.prompt)
     if not prompts or any(not p for p in prompts):
@@ -155,11 +154,9 @@ async def completions(req: CompletionRequest, request: Request, key: KeyRecord =
 
 
 @router.post("/tokenize")
-async def tokenize(req: TokenizeRequest, key: KeyRecord = Depends(current_key),
-                   service: GatewayService = Depends(get_service)) -> dict:
+async def tokenize(req: TokenizeRequest, key: PlaintextKey, service: Service) -> dict:
     """vLLM's /tokenize: the ids the model would see (tokenized in the worker, which holds the tokenizer)."""
-    split = _plaintext(service, key, req.model)
-    service.admissions.ticket(key, 0)  # requests-per-minute limits apply; no tokens are generated
+    split = service.catalog.resolve(key, req.model)
     if req.messages is not None:
         tools = [t.model_dump(exclude_none=True) for t in req.tools or []]
         call = worker_pb2.TokenizeRequest(
@@ -175,18 +172,16 @@ async def tokenize(req: TokenizeRequest, key: KeyRecord = Depends(current_key),
 
 
 @router.post("/detokenize")
-async def detokenize(req: DetokenizeRequest, key: KeyRecord = Depends(current_key),
-                     service: GatewayService = Depends(get_service)) -> dict:
+async def detokenize(req: DetokenizeRequest, key: PlaintextKey, service: Service) -> dict:
     """vLLM's /detokenize: the text of token ids (out-of-vocabulary ids are a 400)."""
-    split = _plaintext(service, key, req.model)
-    service.admissions.ticket(key, 0)
+    split = service.catalog.resolve(key, req.model)
     reply = await service.call(key, req.model, split, "Detokenize", worker_pb2.DetokenizeRequest(
         tenant=key.tenant, key_id=key.key_id, tokens=req.tokens))
     return {"prompt": reply.prompt}
 
 
 @router.get("/v1/usage")
-def usage(key: KeyRecord = Depends(current_key), service: GatewayService = Depends(get_service)) -> dict:
+def usage(key: ApiKey, service: Service) -> dict:
     rows = service.store.usage_summary(key.tenant)
     totals = {f: sum(r[f] for r in rows) for f in ("requests", "prompt_tokens", "completion_tokens",
                                                    "worker_seconds")}
@@ -200,22 +195,21 @@ def _published(path: Path | None, missing: str) -> JSONResponse:
 
 
 @router.get("/.well-known/jwks.json")
-def broker_jwks(service: GatewayService = Depends(get_service)) -> JSONResponse:
+def broker_jwks(service: Service) -> JSONResponse:
     """The key broker's token keys, so a client can check `/.well-known/attestation` from the gateway
     alone. Serving them adds no trust: a client pins the broker's issuer and reference values."""
     return _published(service.settings.broker_jwks, "this gateway has no key broker JWKS configured")
 
 
 @router.get("/.well-known/reference-values")
-def reference_values(service: GatewayService = Depends(get_service)) -> JSONResponse:
+def reference_values(service: Service) -> JSONResponse:
     """The operator's signed in-toto statement of the measurements a worker may have (served as is;
     a client checks it against the publisher key it pins)."""
     return _published(service.settings.reference_values, "this gateway publishes no reference values")
 
 
 @router.get("/.well-known/attestation")
-async def well_known_attestation(key: KeyRecord = Depends(current_key),
-                                 service: GatewayService = Depends(get_service)) -> dict:
+async def well_known_attestation(key: ApiKey, service: Service) -> dict:
     """The evidence of the workers serving the caller's models: an API key is needed, so that an
     anonymous caller cannot list which tenants and models this deployment serves."""
     return {"workers": await service.enrolment.attestation(key)}

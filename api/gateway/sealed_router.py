@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request
 
-from api.gateway.dependencies import current_key, get_service
+from api.gateway.dependencies import ApiKey, Service
 from api.gateway.errors import GatewayError
 from api.gateway.generation import CleanupStreamingResponse, request_id
 from api.gateway.lifecycle import RequestLifecycle
@@ -29,8 +29,7 @@ from protocol.sealed.http import (
 router = APIRouter()
 
 
-async def _sealed(endpoint: str, request: Request, key: KeyRecord, service: GatewayService
-                  ) -> CleanupStreamingResponse:
+async def _sealed(endpoint: str, request: Request, key: KeyRecord, service: GatewayService) -> CleanupStreamingResponse:
     if request.headers.get("content-type", "").split(";")[0].strip() != REQUEST_CONTENT_TYPE:
         raise GatewayError(415, f"sealed requests are {REQUEST_CONTENT_TYPE}", code="invalid_value")
     model, worker_key_id = request.headers.get(HEADER_MODEL, ""), request.headers.get(HEADER_KEY_ID, "")
@@ -78,26 +77,15 @@ def _signed_counts(payload: bytes) -> tuple[int, int]:
     return 0, 0
 
 
-@router.post("/v1/sealed/chat/completions", response_model=None)
-async def sealed_chat(request: Request, key: KeyRecord = Depends(current_key),
-                      service: GatewayService = Depends(get_service)) -> CleanupStreamingResponse:
-    return await _sealed("/v1/chat/completions", request, key, service)
+def _sealed_route(endpoint: str) -> Callable[..., Awaitable[CleanupStreamingResponse]]:
+    async def sealed(request: Request, key: ApiKey, service: Service) -> CleanupStreamingResponse:
+        return await _sealed(endpoint, request, key, service)
+
+    return sealed
 
 
-@router.post("/v1/sealed/completions", response_model=None)
-async def sealed_completions(request: Request, key: KeyRecord = Depends(current_key),
-                             service: GatewayService = Depends(get_service)) -> CleanupStreamingResponse:
-    return await _sealed("/v1/completions", request, key, service)
-
-
-@router.post("/v1/sealed/responses", response_model=None)
-async def sealed_responses(request: Request, key: KeyRecord = Depends(current_key),
-                           service: GatewayService = Depends(get_service)) -> CleanupStreamingResponse:
-    return await _sealed("/v1/responses", request, key, service)
-
-
-@router.post("/v1/sealed/embeddings", response_model=None)
-async def sealed_embeddings(request: Request, key: KeyRecord = Depends(current_key),
-                            service: GatewayService = Depends(get_service)) -> CleanupStreamingResponse:
-    """/v1/embeddings sealed to an encoder's worker (enclave_worker/embedding.py answers it inside)."""
-    return await _sealed("/v1/embeddings", request, key, service)
+# Each OpenAI surface's sealed form: the same relay, to the endpoint the worker serves it on.
+router.post("/v1/sealed/chat/completions", response_model=None)(_sealed_route("/v1/chat/completions"))
+router.post("/v1/sealed/completions", response_model=None)(_sealed_route("/v1/completions"))
+router.post("/v1/sealed/responses", response_model=None)(_sealed_route("/v1/responses"))
+router.post("/v1/sealed/embeddings", response_model=None)(_sealed_route("/v1/embeddings"))  # an encoder's worker

@@ -1,9 +1,8 @@
 """Signed usage rows stored by group commit: one transaction per batch, on one thread of its own.
 
-Every finished stream's usage row is durable before that stream ends (its caller awaits the commit),
-as before; but rows that finish while a commit is running are written together in the next one,
-so 500 streams ending each second cost a few transactions, not 500, and the writes never queue in
-the default executor that key look-ups and other work share.
+Every finished stream's usage row is durable before that stream ends (its caller awaits the commit);
+rows that finish while a commit is running are written together in the next one, and the writes
+never queue in the default executor that key look-ups and other work share.
 """
 
 from __future__ import annotations

@@ -1,42 +1,26 @@
-"""What the gateway checks about a worker, from what the worker itself submitted (the gateway never
-fetches a URL a worker names):
-
-- every heartbeat is signed by the worker's identity key, under the id derived from that key, with
-  a fresh time and a growing sequence number (`verify_heartbeat_signature`; the sequence is checked
-  by the registry), so one worker cannot speak for another;
-- before routing: the broker-signed attestation token the worker submitted is ours, for this model,
-  binds its mTLS key and identity key (REPORT_DATA covers them), and describes exactly the evidence
-  submitted beside it (`verify_worker_attestation`). That document is what /.well-known/attestation
-  serves.
+"""What the gateway checks about a worker before routing to it, from what the worker itself
+submitted (the gateway never fetches a URL a worker names): the broker-signed attestation token is
+ours, for this model, binds its mTLS key and identity key (REPORT_DATA covers them), and describes
+exactly the evidence submitted beside it. That document is what /.well-known/attestation serves.
+Its heartbeats' signatures: protocol/heartbeat.py `verify_heartbeat_signature`.
 """
 
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from cryptography import x509
-from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from api.errors import SealedApiError
 from attestation.bundle import EvidenceBundle, channel_binding
 from attestation.errors import FreshnessError, ParseError, TokenError
 from attestation.token import TokenVerifier
 from attestation.x509chain import BAD_DER
-from protocol.heartbeat import heartbeat_signing_input, worker_id_for
 from protocol.model_ref import ModelRef
 from protocol.sealed import SealedError, key_id
-
-MAX_CLOCK_SKEW_S = 60
-
-
-class HeartbeatRefused(SealedApiError):
-    """A heartbeat that is not signed by the identity it names, or stale."""
 
 
 def load_verifier(jwks_file: Path, issuer: str) -> TokenVerifier:
@@ -52,20 +36,6 @@ def expected_binding(tls_cert_pem: str, usage_public_key_hex: str) -> bytes:
         return channel_binding(spki, bytes.fromhex(usage_public_key_hex))
     except BAD_DER as exc:  # cryptography reads some fields only when asked (a bad version: InvalidVersion)
         raise FreshnessError(f"worker's TLS certificate or usage key cannot be read ({type(exc).__name__})") from None
-
-
-def verify_heartbeat_signature(body: Mapping[str, Any], now: float | None = None) -> None:
-    """Raise HeartbeatRefused unless the heartbeat is signed by the key its worker id derives from."""
-    try:
-        public = bytes.fromhex(str(body["usage_public_key"]))
-        if body["worker_id"] != worker_id_for(public):
-            raise HeartbeatRefused("worker id is not the one its identity key derives")
-        Ed25519PublicKey.from_public_bytes(public).verify(bytes.fromhex(str(body["signature"])),
-                                                          heartbeat_signing_input(dict(body)))
-    except (InvalidSignature, KeyError, TypeError, ValueError) as exc:
-        raise HeartbeatRefused("heartbeat is not signed by the worker's identity key") from exc
-    if abs((time.time() if now is None else now) - int(body["at"])) > MAX_CLOCK_SKEW_S:
-        raise HeartbeatRefused("heartbeat time is too far from the gateway's")
 
 
 def verify_worker_attestation(doc: Mapping[str, Any] | None, ref: ModelRef, *, tls_cert: str,

@@ -19,8 +19,9 @@ from dataclasses import dataclass
 import jwt
 from fastapi import Depends, Request
 
-from api.gateway.dependencies import bearer_secret, gateway_of
+from api.gateway.dependencies import bearer_secret, get_service
 from api.gateway.errors import GatewayError
+from api.gateway.service import GatewayService
 from api.management.claims import identity
 from api.management.oidc import OidcVerifier
 from api.management.oidc_errors import OidcError
@@ -58,23 +59,24 @@ def decode_token(secret: str, token: str) -> dict:
                       options={"require": ["exp", "iat", "sub", "aud", "jti"]})
 
 
-def check_not_revoked(request: Request, claims: dict, who: Principal) -> None:
+def check_not_revoked(service: GatewayService, claims: dict, who: Principal) -> None:
     """Refuse a token the store has revoked (checked on every request; every replica shares it)."""
     try:
-        gateway_of(request).store.revocations.check_token(
+        service.store.revocations.check_token(
             TokenClaims(who.token_id, who.subject, who.tenant, float(claims["iat"])))
     except TokenRevoked as exc:
         raise GatewayError(401, "management token revoked", code="invalid_token") from exc
 
 
-def principal(request: Request, token: str = Depends(bearer_secret)) -> Principal:
+def principal(request: Request, token: str = Depends(bearer_secret),
+              service: GatewayService = Depends(get_service)) -> Principal:
     verifier: OidcVerifier | None = getattr(request.app.state, "oidc", None)
     if verifier is not None and not (verifier.settings.accept_local_tokens and _is_local(token)):
         idp = idp_principal(verifier, token)
-        check_not_revoked(request, {"iat": idp.issued_at}, idp.principal)
+        check_not_revoked(service, {"iat": idp.issued_at}, idp.principal)
         request.scope.setdefault("state", {})["audit_tenant"] = idp.principal.tenant
         return idp.principal
-    secret = gateway_of(request).settings.jwt_secret
+    secret = service.settings.jwt_secret
     if not secret:
         raise GatewayError(503, "management API disabled: no JWT secret configured", type_="server_error")
     try:
@@ -82,7 +84,7 @@ def principal(request: Request, token: str = Depends(bearer_secret)) -> Principa
     except jwt.PyJWTError as exc:
         raise GatewayError(401, "invalid management token", code="invalid_token") from exc
     who = _typed_principal(claims)
-    check_not_revoked(request, claims, who)
+    check_not_revoked(service, claims, who)
     # A refusal after this (403, 404, a schema error) is audited under the principal's tenant.
     request.scope.setdefault("state", {})["audit_tenant"] = who.tenant
     return who

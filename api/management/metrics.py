@@ -7,20 +7,19 @@ Metrics name tenants and models, so reading them takes a management token (Prome
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from api.gateway.dependencies import bearer_secret, get_service
+from api.gateway.dependencies import get_service
 from api.gateway.errors import GatewayError
 from api.gateway.service import GatewayService
-from api.management.auth import principal
+from api.management.auth import Principal, principal
 
 router = APIRouter()
 
 
-def metrics_reader(request: Request, secret: str = Depends(bearer_secret)) -> None:
-    who = principal(request, secret)
+def metrics_reader(who: Principal = Depends(principal)) -> None:
     if who.role not in ("operator", "auditor"):
         raise GatewayError(403, f"role {who.role} may not read metrics", type_="permission_error", code="forbidden")
 

@@ -25,7 +25,7 @@ import uvicorn
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from api.app import create_app
+from api.app import build_gateway, create_app
 from api.console_settings import ConsoleSettings
 from api.gateway.settings import GatewaySettings
 from api.management.auth import issue_token
@@ -86,9 +86,10 @@ def main(argv: list[str] | None = None) -> int:
         console = ConsoleSettings(audit_dir=root / "audit", unsafe_plain_http_loopback=True)
         settings = GatewaySettings(data_dir=root / "gateway", dev=True, jwt_secret=secret, console=console)
         (root / "gateway").mkdir()
-        app = create_app(settings)
+        service = build_gateway(settings)
+        app = create_app(settings, service)
         for n in range(args.tenants):
-            app.state.service.store.ensure_tenant(f"tenant-{n:02d}", token_budget=10**6)
+            service.store.ensure_tenant(f"tenant-{n:02d}", token_budget=10**6)
         port = free_port()
         server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
         threading.Thread(target=server.run, daemon=True).start()

@@ -16,7 +16,7 @@ import httpx
 import openai
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from api.app import create_app
+from api.app import build_gateway, create_app
 from api.gateway.service import GatewayService
 from api.gateway.settings import GatewaySettings, WorkerRoute
 from api.management.auth import issue_token
@@ -68,8 +68,8 @@ async def retrieval_stack(tmp: Path, encoder: Embedder | None, *,
     settings = GatewaySettings(data_dir=data_dir, workers=(WorkerRoute(TENANT, MODEL, "v1"),),
                                register_token=REGISTER_TOKEN, jwt_secret=JWT_SECRET,
                                heartbeat_timeout_s=3600.0)  # one heartbeat: embedding on a busy CPU is slow
-    app = create_app(settings)
-    service: GatewayService = app.state.service
+    service = build_gateway(settings)
+    app = create_app(settings, service)
     tenant_key, _ = service.store.create_key(TENANT, "tenant-own")
     reader_key, _ = service.store.create_key(TENANT, "reader")
     admin = Ed25519PrivateKey.generate()

@@ -26,10 +26,10 @@ from hypothesis import strategies as st
 from api.app import create_app
 from api.gateway.audit import audit_worker_decisions
 from api.gateway.grpc_client import _decision_records, _sealed_record
+from api.gateway.metering import UsageRejected, verify_usage
 from api.gateway.registry import WorkerInfo
 from api.gateway.settings import GatewaySettings, WorkerRoute
 from api.gateway.settlement import Settlement
-from api.gateway.usage import UsageRejected, verify_usage
 from api.gateway.worker_attestation import expected_binding
 from api.tenant_audit import decision_key_public_hex
 from attestation.errors import FreshnessError

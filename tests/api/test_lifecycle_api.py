@@ -8,41 +8,40 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from fastapi.testclient import TestClient
 
-from api.app import create_app
 from api.gateway.settings import GatewaySettings, WorkerRoute
 from api.management.auth import issue_token
 from policy.documents import sign_policy_document
+from tests.api.gateway_client import GatewayClient
 
 SECRET = "j" * 40
 
 
 @pytest.fixture()
-def gw(tmp_path: Path) -> TestClient:
+def gw(tmp_path: Path) -> GatewayClient:
     settings = GatewaySettings(data_dir=tmp_path, dev=True, jwt_secret=SECRET, register_token="r" * 40,
                                workers=(WorkerRoute("demo", "m", "v1"),))
-    return TestClient(create_app(settings))
+    return GatewayClient(settings)
 
 
 def auth(role: str = "operator", tenant: str | None = None) -> dict[str, str]:
     return {"Authorization": f"Bearer {issue_token(SECRET, 'test', role, tenant)}"}
 
 
-def detail(gw: TestClient) -> dict:
+def detail(gw: GatewayClient) -> dict:
     """/readyz says only ready or not; the per-version detail is for operators."""
     return gw.get("/admin/v1/readiness", headers=auth()).json()
 
 
-def beat(gw: TestClient, tenant: str, model: str, version: str, status: str, reason: str = "",
+def beat(gw: GatewayClient, tenant: str, model: str, version: str, status: str, reason: str = "",
          wid: str = "w1") -> None:
-    gw.app.state.service.registry.heartbeat({
+    gw.service.registry.heartbeat({
         "worker_id": wid, "grpc_address": f"127.0.0.1:{abs(hash(wid)) % 50000 + 1000}", "http_url": "http://x",
         "tenant": tenant, "model": model, "version": version, "status": status, "tee": "sim", "insecure": True,
         "usage_public_key": "00" * 32, "reason": reason})
 
 
-def test_one_failing_version_leaves_the_gateway_ready_and_readyz_says_which_and_why(gw: TestClient) -> None:
+def test_one_failing_version_leaves_the_gateway_ready_and_readyz_says_which_and_why(gw: GatewayClient) -> None:
     assert gw.get("/readyz").status_code == 503  # the only version has no worker yet
     beat(gw, "demo", "m", "v1", "ready")
     assert gw.post("/admin/v1/tenants/acme/models", json={"model": "bad", "version": "v1"},
@@ -56,19 +55,19 @@ def test_one_failing_version_leaves_the_gateway_ready_and_readyz_says_which_and_
     assert doc["failing"] == {"acme/bad/v1": "key release refused by the key broker"}
 
 
-def test_readyz_is_unready_only_when_nothing_can_serve(gw: TestClient) -> None:
+def test_readyz_is_unready_only_when_nothing_can_serve(gw: GatewayClient) -> None:
     beat(gw, "demo", "m", "v1", "failed", "package rejected (PackageIntegrityError)")
     assert gw.get("/readyz").status_code == 503
     assert detail(gw)["failing"]["demo/m/v1"] == "package rejected (PackageIntegrityError)"
     # A version allowed to scale to zero needs no warm worker: it is "cold", not a reason to be unready.
     gw.post("/admin/v1/tenants/demo/models", json={"model": "m", "version": "v1", "min_warm": 0}, headers=auth())
-    gw.app.state.service.registry.workers.clear()
+    gw.service.registry.workers.clear()
     doc = detail(gw)
     assert doc["models"]["demo/m/v1"]["state"] == "cold" and doc["ready"] is True
     assert gw.get("/readyz").status_code == 200
 
 
-def test_the_control_loop_status_shows_in_readyz_and_bad_values_are_refused(gw: TestClient) -> None:
+def test_the_control_loop_status_shows_in_readyz_and_bad_values_are_refused(gw: GatewayClient) -> None:
     beat(gw, "demo", "m", "v1", "ready")
     gw.post("/admin/v1/tenants/acme/models", json={"model": "x", "version": "v1"}, headers=auth())
     url = "/admin/v1/deployments/acme/x/v1/status"
@@ -83,7 +82,7 @@ def test_the_control_loop_status_shows_in_readyz_and_bad_values_are_refused(gw: 
                   headers=auth()).status_code == 404
 
 
-def test_retire_moves_traffic_hides_the_version_and_rollback_restores(gw: TestClient) -> None:
+def test_retire_moves_traffic_hides_the_version_and_rollback_restores(gw: GatewayClient) -> None:
     h = auth("tenant-admin", "acme")
     gw.post("/admin/v1/tenants/acme/models", json={"model": "x", "version": "v1"}, headers=h)
     gw.post("/admin/v1/tenants/acme/models", json={"model": "x", "version": "v2"}, headers=h)
@@ -101,7 +100,7 @@ def test_retire_moves_traffic_hides_the_version_and_rollback_restores(gw: TestCl
     assert {v["version"]: v["traffic_percent"] for v in rows} == {"v1": 60.0, "v2": 40.0}
 
 
-def test_version_bounds_are_checked(gw: TestClient) -> None:
+def test_version_bounds_are_checked(gw: GatewayClient) -> None:
     for body in ({"model": "x", "version": "v1", "min_warm": 3, "max_replicas": 2},
                  {"model": "x/../y", "version": "v1"}, {"model": "x..y", "version": "v1"},
                  {"model": "x", "version": "v..1"}, {"model": "x", "version": "v1", "min_warm": -1},
@@ -110,10 +109,10 @@ def test_version_bounds_are_checked(gw: TestClient) -> None:
     assert gw.get("/admin/v1/tenants/acme/models", headers=auth()).json()["data"] == []
 
 
-def test_names_that_form_no_model_ref_are_refused_at_the_route_and_change_nothing(gw: TestClient) -> None:
+def test_names_that_form_no_model_ref_are_refused_at_the_route_and_change_nothing(gw: GatewayClient) -> None:
     h = auth()
     assert gw.post("/admin/v1/tenants/a..b/models", json={"model": "x", "version": "v1"}, headers=h).status_code == 400
-    assert gw.app.state.service.store.tenant("a..b") is None  # type: ignore[attr-defined]
+    assert gw.service.store.tenant("a..b") is None
     assert gw.post("/admin/v1/tenants/acme/models", json={"model": "x", "version": "v1"}, headers=h).status_code == 201
     assert gw.post("/admin/v1/tenants/acme/models/x..y/versions/v1/retire", headers=h).status_code == 404
     assert gw.post("/admin/v1/tenants/acme/models/x/rollout", json={"version": "v..1", "percent": 50},
@@ -124,7 +123,7 @@ def test_names_that_form_no_model_ref_are_refused_at_the_route_and_change_nothin
     assert [(r["version"], r["traffic_percent"], r["retired"]) for r in rows] == [("v1", 100.0, False)]
 
 
-def test_tokens_are_minted_by_operators_only_and_work(gw: TestClient) -> None:
+def test_tokens_are_minted_by_operators_only_and_work(gw: GatewayClient) -> None:
     gw.post("/admin/v1/tenants", json={"name": "acme"}, headers=auth())
     body = {"role": "tenant-admin", "tenant": "acme", "subject": "alice", "ttl_s": 600}
     assert gw.post("/admin/v1/tokens", json=body, headers=auth("tenant-admin", "acme")).status_code == 403
@@ -137,7 +136,7 @@ def test_tokens_are_minted_by_operators_only_and_work(gw: TestClient) -> None:
     assert who == {"subject": "alice", "role": "tenant-admin", "tenant": "acme"}
 
 
-def test_deployments_show_bounds_package_and_load_to_operators_only(gw: TestClient, tmp_path: Path) -> None:
+def test_deployments_show_bounds_package_and_load_to_operators_only(gw: GatewayClient, tmp_path: Path) -> None:
     gw.post("/admin/v1/tenants/acme/models", json={"model": "x", "version": "v1", "min_warm": 0,
                                                    "max_replicas": 3, "ttft_slo_ms": 500}, headers=auth())
     ref = tmp_path / "package-store" / "refs" / "acme" / "x" / "v1.json"
@@ -152,8 +151,8 @@ def test_deployments_show_bounds_package_and_load_to_operators_only(gw: TestClie
     assert rows["demo/m/v1"]["package"] is None
 
 
-def test_a_request_for_a_cold_model_is_a_retryable_503_and_counts_as_demand(gw: TestClient) -> None:
-    secret, _ = gw.app.state.service.store.create_key("acme", "k")
+def test_a_request_for_a_cold_model_is_a_retryable_503_and_counts_as_demand(gw: GatewayClient) -> None:
+    secret, _ = gw.service.store.create_key("acme", "k")
     gw.post("/admin/v1/tenants/acme/models", json={"model": "x", "version": "v1", "min_warm": 0}, headers=auth())
     r = gw.post("/v1/chat/completions", headers={"Authorization": f"Bearer {secret}"},
                 json={"model": "x", "messages": [{"role": "user", "content": "hi"}]})
@@ -172,7 +171,7 @@ def _signed_policy(tenant: str) -> tuple[dict, str, Ed25519PrivateKey]:
     return doc, pem, key
 
 
-def test_a_policy_with_its_admin_key_is_checked_before_it_is_stored(gw: TestClient) -> None:
+def test_a_policy_with_its_admin_key_is_checked_before_it_is_stored(gw: GatewayClient) -> None:
     doc, pem, _ = _signed_policy("acme")
     _, other_pem, _ = _signed_policy("acme")
     h = auth("tenant-admin", "acme")

@@ -16,9 +16,7 @@ from typing import Any
 import jwt
 import pytest
 from cryptography.hazmat.primitives.asymmetric import rsa
-from fastapi.testclient import TestClient
 
-from api.app import create_app
 from api.console_settings import ConsoleSettings
 from api.gateway.settings import GatewaySettings
 from api.management.auth import issue_token
@@ -26,6 +24,7 @@ from api.management.oidc import OidcVerifier
 from api.management.oidc_errors import IdpUnavailable
 from api.oidc_settings import OidcSettings, RoleRule
 from api.stack import free_port
+from tests.api.gateway_client import GatewayClient
 from tests.api.oidc_idp import AUDIENCE, CONSOLE_CLIENT, CONSOLE_SECRET, POST_LOGOUT_URI, REDIRECT_URI, Idp, running_idp
 
 SECRET = "s" * 40
@@ -48,16 +47,16 @@ def sso_settings(idp: Idp, **overrides: Any) -> OidcSettings:
     return OidcSettings(**fields)
 
 
-def gateway(root: Path, oidc: OidcSettings) -> TestClient:
+def gateway(root: Path, oidc: OidcSettings) -> GatewayClient:
     (root / "gateway").mkdir(exist_ok=True)
     settings = GatewaySettings(data_dir=root / "gateway", dev=True, jwt_secret=SECRET, register_token="r" * 40,
                                audit_dir=root / "audit", oidc=oidc,
                                console=ConsoleSettings(audit_dir=root / "audit"))
-    return TestClient(create_app(settings), base_url="https://testserver")
+    return GatewayClient(settings, base_url="https://testserver")
 
 
 @pytest.fixture()
-def gw(tmp_path: Path, idp: Idp) -> Iterator[TestClient]:
+def gw(tmp_path: Path, idp: Idp) -> Iterator[GatewayClient]:
     with gateway(tmp_path, sso_settings(idp)) as client:
         op = bearer(idp.client_credentials("automation"))
         for tenant in ("acme", "globex"):
@@ -69,25 +68,25 @@ def bearer(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 
 
-def tenants(gw: TestClient, idp: Idp) -> list[str]:
+def tenants(gw: GatewayClient, idp: Idp) -> list[str]:
     r = gw.get("/admin/v1/tenants", headers=bearer(idp.client_credentials("automation")))
     assert r.status_code == 200, r.text
     return sorted(t["name"] for t in r.json()["data"])
 
 
-def audit_entries(gw: TestClient) -> list[dict[str, Any]]:
-    gw.app.state.service.audit.flush()  # type: ignore[attr-defined]
-    path = Path(gw.app.state.service.audit.path)  # type: ignore[attr-defined]
+def audit_entries(gw: GatewayClient) -> list[dict[str, Any]]:
+    gw.service.audit.flush()
+    path = Path(gw.service.audit.path)
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def test_client_credentials_token_of_an_operator_manages_every_tenant(gw: TestClient, idp: Idp) -> None:
+def test_client_credentials_token_of_an_operator_manages_every_tenant(gw: GatewayClient, idp: Idp) -> None:
     assert tenants(gw, idp) == ["acme", "globex"]
     r = gw.get("/admin/v1/whoami", headers=bearer(idp.client_credentials("automation")))
     assert r.status_code == 200 and r.json()["role"] == "operator" and r.json()["subject"] == "automation"
 
 
-def test_a_tenant_admin_sees_only_its_tenant(gw: TestClient, idp: Idp) -> None:
+def test_a_tenant_admin_sees_only_its_tenant(gw: GatewayClient, idp: Idp) -> None:
     acme = bearer(idp.client_credentials("acme-bot"))
     assert gw.get("/admin/v1/whoami", headers=acme).json()["tenant"] == "acme"
     assert gw.get("/admin/v1/tenants/acme/keys", headers=acme).status_code == 200
@@ -101,14 +100,14 @@ def test_a_tenant_admin_sees_only_its_tenant(gw: TestClient, idp: Idp) -> None:
     assert gw.get("/admin/v1/tenants/acme/keys", headers=globex).status_code == 404
 
 
-def test_an_auditor_reads_but_changes_nothing(gw: TestClient, idp: Idp) -> None:
+def test_an_auditor_reads_but_changes_nothing(gw: GatewayClient, idp: Idp) -> None:
     auditor = bearer(idp.client_credentials("auditor-bot"))
     assert gw.get("/admin/v1/tenants", headers=auditor).status_code == 200
     assert gw.post("/admin/v1/tenants", json={"name": "initech"}, headers=auditor).status_code == 403
     assert tenants(gw, idp) == ["acme", "globex"]
 
 
-def test_removing_the_group_at_the_idp_ends_access_at_the_next_token(gw: TestClient, idp: Idp) -> None:
+def test_removing_the_group_at_the_idp_ends_access_at_the_next_token(gw: GatewayClient, idp: Idp) -> None:
     before = idp.client_credentials("acme-bot")
     assert gw.get("/admin/v1/tenants/acme/keys", headers=bearer(before)).status_code == 200
     idp.set_claims("acme-bot", {"groups": ["staff"], "tenant": "acme"})
@@ -119,7 +118,7 @@ def test_removing_the_group_at_the_idp_ends_access_at_the_next_token(gw: TestCli
         idp.set_claims("acme-bot", {"groups": ["tenant-admins"], "tenant": "acme"})
 
 
-def test_an_idp_token_is_revocable_like_a_local_one(gw: TestClient, idp: Idp) -> None:
+def test_an_idp_token_is_revocable_like_a_local_one(gw: GatewayClient, idp: Idp) -> None:
     token = idp.client_credentials("acme-bot")
     assert gw.post("/admin/v1/logout", headers=bearer(token)).status_code == 200
     r = gw.get("/admin/v1/tenants/acme/keys", headers=bearer(token))
@@ -182,7 +181,7 @@ NEGATIVE = {
 
 
 @pytest.mark.parametrize("case", NEGATIVE)
-def test_bad_tokens_are_refused_with_a_reason_audited_and_change_nothing(gw: TestClient, idp: Idp,
+def test_bad_tokens_are_refused_with_a_reason_audited_and_change_nothing(gw: GatewayClient, idp: Idp,
                                                                           case: str) -> None:
     make, status, code = NEGATIVE[case]
     token = make(idp)
@@ -195,7 +194,7 @@ def test_bad_tokens_are_refused_with_a_reason_audited_and_change_nothing(gw: Tes
     assert any(e["reason"] == f"{status} {code}" and e["metadata"]["route"] == "/admin/v1/tenants" for e in refusals)
 
 
-def test_a_good_minted_token_passes_so_the_table_tests_one_thing_each(gw: TestClient, idp: Idp) -> None:
+def test_a_good_minted_token_passes_so_the_table_tests_one_thing_each(gw: GatewayClient, idp: Idp) -> None:
     assert gw.get("/admin/v1/whoami", headers=bearer(idp.mint())).status_code == 200
     # within the clock skew: expired 30 s ago, allowed 60 s
     now = int(time.time())
@@ -231,7 +230,7 @@ def test_a_down_idp_is_not_asked_again_on_every_request(idp: Idp) -> None:
         verifier.metadata()
 
 
-def test_with_sso_the_api_mints_no_local_tokens(gw: TestClient, idp: Idp) -> None:
+def test_with_sso_the_api_mints_no_local_tokens(gw: GatewayClient, idp: Idp) -> None:
     r = gw.post("/admin/v1/tokens", json={"subject": "bob", "role": "operator"},
                 headers=bearer(idp.client_credentials("automation")))
     assert r.status_code == 409 and r.json()["error"]["code"] == "sso_tokens_only", r.text

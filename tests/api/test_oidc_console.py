@@ -19,6 +19,7 @@ from fastapi.testclient import TestClient
 from api.console.session import COOKIE
 from api.console.sso import STATE_AUDIENCE, STATE_COOKIE
 from api.management.auth import issue_token
+from tests.api.gateway_client import GatewayClient
 from tests.api.oidc_idp import CONSOLE_CLIENT, Idp, idp_login, running_idp
 from tests.api.test_oidc import SECRET, bearer, gateway, sso_settings
 
@@ -30,7 +31,7 @@ def idp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Idp]:
 
 
 @pytest.fixture()
-def gw(tmp_path: Path, idp: Idp) -> Iterator[TestClient]:
+def gw(tmp_path: Path, idp: Idp) -> Iterator[GatewayClient]:
     with gateway(tmp_path, sso_settings(idp)) as client:
         op = bearer(idp.client_credentials("automation"))
         for tenant in ("acme", "globex"):
@@ -38,7 +39,7 @@ def gw(tmp_path: Path, idp: Idp) -> Iterator[TestClient]:
         yield client
 
 
-def start(gw: TestClient) -> tuple[TestClient, str]:
+def start(gw: GatewayClient) -> tuple[TestClient, str]:
     """A fresh browser at the console's SSO button: its cookie jar and the IdP URL it is sent to."""
     browser = TestClient(gw.app, base_url="https://testserver")
     r = browser.get("/console/oidc/start", follow_redirects=False)
@@ -51,18 +52,18 @@ def back(browser: TestClient, url: str) -> httpx.Response:
     return browser.get(f"{parts.path}?{parts.query}", follow_redirects=False)
 
 
-def sign_in(gw: TestClient, account: str) -> tuple[TestClient, httpx.Response]:
+def sign_in(gw: GatewayClient, account: str) -> tuple[TestClient, httpx.Response]:
     browser, authorize = start(gw)
     with httpx.Client(timeout=10) as idp_browser:
         return browser, back(browser, idp_login(idp_browser, authorize, account))
 
 
-def console_audit(gw: TestClient) -> list[dict[str, Any]]:
+def console_audit(gw: GatewayClient) -> list[dict[str, Any]]:
     path = gw.app.state.console.settings.audit_dir / "console.audit.jsonl"  # type: ignore[attr-defined]
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def test_the_authorization_request_uses_pkce_s256_state_and_nonce(gw: TestClient) -> None:
+def test_the_authorization_request_uses_pkce_s256_state_and_nonce(gw: GatewayClient) -> None:
     _, authorize = start(gw)
     query = parse_qs(urlsplit(authorize).query)
     assert query["code_challenge_method"] == ["S256"] and len(query["code_challenge"][0]) == 43
@@ -71,7 +72,7 @@ def test_the_authorization_request_uses_pkce_s256_state_and_nonce(gw: TestClient
     assert "code_verifier" not in query  # the verifier stays with the console
 
 
-def test_a_tenant_admin_signs_in_with_pkce_and_sees_only_its_tenant(gw: TestClient, idp: Idp) -> None:
+def test_a_tenant_admin_signs_in_with_pkce_and_sees_only_its_tenant(gw: GatewayClient, idp: Idp) -> None:
     browser, r = sign_in(gw, "tam")
     assert r.status_code == 200, r.text
     assert COOKIE in browser.cookies
@@ -83,7 +84,7 @@ def test_a_tenant_admin_signs_in_with_pkce_and_sees_only_its_tenant(gw: TestClie
     sessions = gw.get("/admin/v1/sessions", headers=bearer(idp.client_credentials("automation"))).json()["data"]
     mine = [s for s in sessions if s["subject"] == "tam"]
     assert len(mine) == 1 and mine[0]["tenant"] == "acme" and mine[0]["role"] == "tenant-admin"
-    recorded = gw.app.state.service.store.revocations.live_sessions()  # type: ignore[attr-defined]
+    recorded = gw.service.store.revocations.live_sessions()
     session = next(s for s in recorded if s.subject == "tam")
     lifetime = session.expires_at.timestamp() - session.issued_at  # recorded values, not a clock reading
     assert lifetime <= 600
@@ -91,14 +92,14 @@ def test_a_tenant_admin_signs_in_with_pkce_and_sees_only_its_tenant(gw: TestClie
                for e in console_audit(gw))
 
 
-def test_an_operator_signs_in_and_sees_every_tenant(gw: TestClient) -> None:
+def test_an_operator_signs_in_and_sees_every_tenant(gw: GatewayClient) -> None:
     browser, r = sign_in(gw, "alice")
     assert r.status_code == 200, r.text
     page = browser.get("/console/usage", follow_redirects=False)
     assert "alice · operator" in page.text and "all tenants" in page.text and "globex" in page.text
 
 
-def test_a_user_without_a_mapped_group_is_refused_and_audited(gw: TestClient) -> None:
+def test_a_user_without_a_mapped_group_is_refused_and_audited(gw: GatewayClient) -> None:
     browser, r = sign_in(gw, "nobody")
     assert r.status_code == 403 and "no role" in r.text
     assert COOKIE not in browser.cookies
@@ -107,7 +108,7 @@ def test_a_user_without_a_mapped_group_is_refused_and_audited(gw: TestClient) ->
                for e in console_audit(gw))
 
 
-def test_removing_the_group_at_the_idp_refuses_the_next_sign_in(gw: TestClient, idp: Idp) -> None:
+def test_removing_the_group_at_the_idp_refuses_the_next_sign_in(gw: GatewayClient, idp: Idp) -> None:
     assert sign_in(gw, "tam")[1].status_code == 200
     idp.set_claims("tam", {"groups": ["staff"], "tenant": "acme"})
     try:
@@ -117,7 +118,7 @@ def test_removing_the_group_at_the_idp_refuses_the_next_sign_in(gw: TestClient, 
         idp.set_claims("tam", {"groups": ["tenant-admins", "staff"], "tenant": "acme"})
 
 
-def test_a_callback_with_another_state_is_refused(gw: TestClient) -> None:
+def test_a_callback_with_another_state_is_refused(gw: GatewayClient) -> None:
     browser, authorize = start(gw)
     with httpx.Client(timeout=10) as idp_browser:
         url = idp_login(idp_browser, authorize, "alice")
@@ -126,7 +127,7 @@ def test_a_callback_with_another_state_is_refused(gw: TestClient) -> None:
     assert any(e["decision"] == "deny" and e["reason"].startswith("sso_state") for e in console_audit(gw))
 
 
-def test_the_code_is_bound_to_the_pkce_verifier(gw: TestClient) -> None:
+def test_the_code_is_bound_to_the_pkce_verifier(gw: GatewayClient) -> None:
     """Another verifier than the one the challenge was made from: the IdP does not redeem the code."""
     browser, authorize = start(gw)
     pending = jwt.decode(browser.cookies[STATE_COOKIE], SECRET, algorithms=["HS256"], audience=STATE_AUDIENCE)
@@ -140,7 +141,7 @@ def test_the_code_is_bound_to_the_pkce_verifier(gw: TestClient) -> None:
     assert COOKIE not in browser.cookies
 
 
-def test_logout_ends_the_session_and_the_idps(gw: TestClient, idp: Idp) -> None:
+def test_logout_ends_the_session_and_the_idps(gw: GatewayClient, idp: Idp) -> None:
     browser, _ = sign_in(gw, "alice")
     page = browser.get("/console/audit")
     csrf = page.text.split('name="csrf" value="', 1)[1].split('"', 1)[0]
@@ -150,7 +151,7 @@ def test_logout_ends_the_session_and_the_idps(gw: TestClient, idp: Idp) -> None:
     assert browser.get("/console/audit", follow_redirects=False).status_code == 303
 
 
-def test_a_revocation_still_ends_a_signed_in_session(gw: TestClient, idp: Idp) -> None:
+def test_a_revocation_still_ends_a_signed_in_session(gw: GatewayClient, idp: Idp) -> None:
     browser, _ = sign_in(gw, "tam")
     assert browser.get("/console/audit", follow_redirects=False).status_code == 200
     op = bearer(idp.client_credentials("automation"))
@@ -159,7 +160,7 @@ def test_a_revocation_still_ends_a_signed_in_session(gw: TestClient, idp: Idp) -
     assert r.status_code == 303 and r.headers["location"] == "/console/login"
 
 
-def test_with_sso_the_pasted_local_token_is_refused(gw: TestClient) -> None:
+def test_with_sso_the_pasted_local_token_is_refused(gw: GatewayClient) -> None:
     browser = TestClient(gw.app, base_url="https://testserver")
     page = browser.get("/console/login")
     assert 'href="/console/oidc/start"' in page.text and "textarea" not in page.text

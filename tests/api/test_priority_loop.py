@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextvars
+import inspect
+import re
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -154,6 +156,17 @@ def test_a_python_without_the_ready_deque_falls_back_to_fifo_and_still_serves(
         loop.close()
     monkeypatch.undo()
     assert _step_order(_fifo_fallback_loop, {"n0": False, "U": True}, 2) == ["n0", "U", "n0", "U"]
+
+
+def test_this_pythons_loop_uses_only_what_the_two_level_queue_has() -> None:
+    """The canary for a new Python (run the suite on each one the project supports): the base loop
+    may use its ready queue only as the replacement supports (append, popleft, clear, len, bool),
+    and the selector loop still starts serving through `_start_serving`. Where this fails, the
+    priority loop must learn the new use or fall back to FIFO on that version."""
+    used = set(re.findall(r"self\._ready\.(\w+)", inspect.getsource(asyncio.base_events)))
+    assert used and used <= {"append", "popleft", "clear"}, used
+    assert all(hasattr(TwoLevelReadyQueue, op) for op in used | {"__len__", "__bool__"})
+    assert callable(getattr(asyncio.SelectorEventLoop, "_start_serving", None))
 
 
 def _fifo_fallback_loop() -> asyncio.AbstractEventLoop:

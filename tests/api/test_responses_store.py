@@ -15,11 +15,12 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from api.gateway.errors import GatewayError
-from api.gateway.responses_store import StoredResponses, begin, input_items, page
+from api.gateway.responses_store import StoredResponses, begin
 from api.store.db import make_engine, session_factory, sqlite_url, upgrade
 from api.store.repo import KeyRecord, Store
 from api.store.states import ResponseStates
 from policy.audit import AuditLog
+from protocol.openai.items import input_items, page
 from protocol.openai.responses_request import ResponsesRequest
 from tests.api.fleet import postgres_database
 

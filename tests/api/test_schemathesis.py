@@ -29,7 +29,7 @@ from schemathesis.specs.openapi.checks import (
     response_schema_conformance,
 )
 
-from api.app import create_app
+from api.app import build_gateway, create_app
 from api.gateway.settings import GatewaySettings, WorkerRoute
 from api.management.auth import AUDIENCE
 from api.stack import free_port
@@ -75,9 +75,9 @@ def gateway_app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     from tests.security.harness import heartbeat_doc
 
     tmp = tmp_path_factory.mktemp("schemathesis")
-    app = create_app(GatewaySettings(data_dir=tmp, workers=(WorkerRoute("acme", "m", "v1"),),
-                                     register_token=REGISTER, jwt_secret=SECRET))
-    service = app.state.service
+    service = build_gateway(GatewaySettings(data_dir=tmp, workers=(WorkerRoute("acme", "m", "v1"),),
+                                            register_token=REGISTER, jwt_secret=SECRET))
+    app = create_app(service.settings, service)
     api_key, _ = service.store.create_key("acme", "schemathesis")
     port = free_port()
     state = WorkerState(WorkerSettings(broker_url="", package_dir=Path("."), tenant="acme", model="m",

@@ -9,12 +9,12 @@ from types import SimpleNamespace
 
 from fastapi.testclient import TestClient
 
-from api.gateway.worker_attestation import verify_heartbeat_signature
 from enclave_worker.heartbeat import heartbeat_body
 from enclave_worker.server import create_app
 from enclave_worker.servicer import WorkerServicer
 from enclave_worker.settings import WorkerSettings
 from enclave_worker.state import LiveState, WorkerState
+from protocol.heartbeat import verify_heartbeat_signature
 from protocol.rpc import worker_pb2
 from protocol.worker_status import Heartbeat, WorkerStatus
 

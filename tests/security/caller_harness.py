@@ -20,7 +20,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from api.app import create_app
+from api.app import build_gateway, create_app
 from api.gateway.service import GatewayService
 from api.gateway.settings import GatewaySettings, WorkerRoute
 from api.management.auth import issue_token
@@ -108,8 +108,8 @@ async def deployment(tmp: Path, callers: dict[str, Any] | None = None, *,
     (tmp / "gateway").mkdir(exist_ok=True)  # the data directory `sealed usage --home tmp` reads
     settings = GatewaySettings(data_dir=tmp / "gateway", workers=(WorkerRoute(TENANT, MODEL, "v1"),),
                                register_token=REGISTER_TOKEN, jwt_secret=JWT_SECRET)
-    app = create_app(settings)
-    service: GatewayService = app.state.service
+    service = build_gateway(settings)
+    app = create_app(settings, service)
     tenant_key, _ = service.store.create_key(TENANT, "tenant-own")
     section = dict(callers or {})
     if list_tenant_key:

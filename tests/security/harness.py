@@ -13,7 +13,7 @@ import grpc
 import httpx
 from cryptography.hazmat.primitives import serialization
 
-from api.app import create_app
+from api.app import build_gateway, create_app
 from api.gateway.service import GatewayService
 from api.gateway.settings import GatewaySettings, WorkerRoute
 from api.stack import free_port
@@ -60,8 +60,8 @@ async def gateway(tmp: Path, servicers: list, *, tenant: str = "acme", model: st
     """`servicers`: callables state -> WorkerServicer; one worker each, all for (tenant, model, v1)."""
     gw_settings = GatewaySettings(data_dir=tmp, workers=(WorkerRoute(tenant, model, "v1"),),
                                   register_token=REGISTER_TOKEN, jwt_secret=JWT_SECRET, **settings)  # type: ignore[arg-type]
-    app = create_app(gw_settings)
-    service: GatewayService = app.state.service
+    service = build_gateway(gw_settings)
+    app = create_app(gw_settings, service)
     secret, _ = service.store.create_key(tenant, "test")
     servers, states, ids = [], [], []
     for make in servicers:

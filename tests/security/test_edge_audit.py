@@ -11,8 +11,9 @@ from pathlib import Path
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from fastapi.testclient import TestClient
 
-from api.app import create_app
+from api.app import build_gateway, create_app
 from api.cli.audit import load_component_keys
+from api.gateway.service import GatewayService
 from api.gateway.settings import GatewaySettings
 from api.management.auth import issue_token
 from policy.audit import AuditLog, read_entries, verify_dir
@@ -22,14 +23,15 @@ JWT_SECRET = "x" * 40
 CANARY = "CANARY-7f3a9c-do-not-log"
 
 
-def _app(tmp_path: Path):  # type: ignore[no-untyped-def]
+def _gateway(tmp_path: Path) -> GatewayService:
     (tmp_path / "gw").mkdir()
-    return create_app(GatewaySettings(data_dir=tmp_path / "gw", dev=True, jwt_secret=JWT_SECRET, max_body_bytes=4096))
+    return build_gateway(GatewaySettings(data_dir=tmp_path / "gw", dev=True, jwt_secret=JWT_SECRET,
+                                         max_body_bytes=4096))
 
 
 def test_edge_refusals_are_audited_with_reason_and_without_content(tmp_path: Path) -> None:
-    app = _app(tmp_path)
-    service = app.state.service
+    service = _gateway(tmp_path)
+    app = create_app(service.settings, service)
     service.store.ensure_tenant("acme")
     api_key, _ = service.store.create_key("acme", "k")
     bad_key = f"sk-{CANARY}"
@@ -79,8 +81,8 @@ def test_edge_refusals_are_audited_with_reason_and_without_content(tmp_path: Pat
 
 
 def test_a_401_flood_is_aggregated_and_every_refusal_counted(tmp_path: Path) -> None:
-    app = _app(tmp_path)
-    with TestClient(app) as c:
+    service = _gateway(tmp_path)
+    with TestClient(create_app(service.settings, service)) as c:
         for i in range(300):
             assert c.get("/v1/models", headers={"Authorization": f"Bearer sk-guess-{i}"}).status_code == 401
     rows = read_entries(tmp_path / "audit")

@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from api.app import create_app
+from api.app import build_gateway, create_app
 from api.gateway.errors import GatewayError
 from api.gateway.settings import GatewaySettings
 from policy.audit import read_entries
@@ -48,8 +48,8 @@ async def _post(app: Any, path: str, secret: str, body: bytes = BODY) -> tuple[i
 
 def _gateway(tmp_path: Path, **tenant: Any) -> tuple[Any, Any, str, Any]:
     (tmp_path / "gw").mkdir()
-    app = create_app(GatewaySettings(data_dir=tmp_path / "gw", dev=True))
-    service = app.state.service
+    service = build_gateway(GatewaySettings(data_dir=tmp_path / "gw", dev=True))
+    app = create_app(service.settings, service)
     service.store.ensure_tenant("flood", **tenant)
     secret, _ = service.store.create_key("flood", "k")
     key = service.catalog.authenticate(secret)  # what a first, admitted request does: the key is now known

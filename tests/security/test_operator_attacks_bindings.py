@@ -22,9 +22,9 @@ import torch
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from api.gateway.keys import ApiKeyStore
 from api.home import Home, ed25519_key
 from api.stack import DEMO_MODEL, DEMO_TENANT, DEMO_VERSION, prepare_demo
+from api.store.bootstrap import ApiKeyStore
 from attestation.bundle import EvidenceBundle, RuntimeData, channel_binding, expected_report_data
 from attestation.errors import FreshnessError, UnboundClaim
 from attestation.refvalues import StaleReferenceValues, sign_reference_values

@@ -13,9 +13,7 @@ import json
 from pathlib import Path
 
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
-from fastapi.testclient import TestClient
 
-from api.app import create_app
 from api.gateway.settings import GatewaySettings, WorkerRoute
 from api.tenant_audit import read_sealed_decisions
 from enclave_worker.guard import WorkerGuard
@@ -26,6 +24,7 @@ from enclave_worker.state import LiveState, WorkerState
 from policy.audit import read_entries
 from protocol.rpc import worker_pb2
 from protocol.worker_status import Heartbeat
+from tests.api.gateway_client import GatewayClient
 from tests.security.sealed_harness import CLEAN_PROMPT, Stack, sealed_stack, tenant_policy
 from tests.security.stand_in_engine import StandInEngine
 
@@ -121,7 +120,7 @@ def test_the_heartbeat_route_settles_a_batch_once(tmp_path: Path) -> None:
     settings = GatewaySettings(data_dir=tmp_path / "gw", dev=True, register_token=REGISTER_TOKEN,
                                jwt_secret="j" * 40, workers=(WorkerRoute(tenant="acme", model="m", version="v1"),))
     (tmp_path / "gw").mkdir()
-    with TestClient(create_app(settings)) as client:
+    with GatewayClient(settings) as client:
         for seq in (1, 2):  # the same batch twice (the first answer lost on the way back)
             body = heartbeat_body(state, "127.0.0.1:5001", "", seq, state.outbox.batch())
             reply = client.post("/internal/workers/heartbeat", json=body,
@@ -131,7 +130,7 @@ def test_the_heartbeat_route_settles_a_batch_once(tmp_path: Path) -> None:
         tampered["settle"]["usage"][0]["signature"] = "00" * 64  # the beat's own signature no longer covers it
         assert client.post("/internal/workers/heartbeat", json=tampered,
                            headers={"Authorization": f"Bearer {REGISTER_TOKEN}"}).status_code == 401
-        store = client.app.state.service.store  # type: ignore[attr-defined]
+        store = client.service.store
     assert [(u["requests"], u["prompt_tokens"], u["completion_tokens"]) for u in store.usage_summary("acme")] == [
         (1, 7, 3)]
     actions = [r.action for r in read_entries(tmp_path / "audit")]

@@ -25,7 +25,6 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric import ec
 from fastapi.testclient import TestClient
 
-from api.app import create_app
 from api.gateway.settings import GatewaySettings, WorkerRoute
 from api.gateway.worker_attestation import expected_binding
 from attestation.bundle import EvidenceBundle, RuntimeData
@@ -35,6 +34,7 @@ from enclave_worker.settings import WorkerSettings
 from enclave_worker.state import LiveState, WorkerState
 from protocol.broker.client import ReleasedKey
 from protocol.heartbeat import heartbeat_signing_input
+from tests.api.gateway_client import GatewayClient
 
 REGISTER_TOKEN = "r" * 40
 SCOPE = {"tenant": "acme", "model": "m", "version": "v1"}
@@ -74,31 +74,31 @@ def post(client: TestClient, body: dict[str, Any]) -> int:
 
 
 @pytest.fixture()
-def gateway(tmp_path: Path) -> Iterator[TestClient]:
+def gateway(tmp_path: Path) -> Iterator[GatewayClient]:
     jwks = tmp_path / "jwks.json"
     jwks.write_text(json.dumps(ISSUER.jwks()))
     settings = GatewaySettings(data_dir=tmp_path / "gw", dev=True, register_token=REGISTER_TOKEN,
                                jwt_secret="j" * 40, broker_jwks=jwks,
                                workers=(WorkerRoute(**SCOPE),))
     (tmp_path / "gw").mkdir()
-    with TestClient(create_app(settings)) as client:
+    with GatewayClient(settings) as client:
         yield client
 
 
-def public_workers(client: TestClient) -> list[dict[str, Any]]:
+def public_workers(client: GatewayClient) -> list[dict[str, Any]]:
     """/.well-known/attestation as tenant acme sees it (it lists only the caller's tenant's workers)."""
-    secret, _ = client.app.state.service.store.create_key("acme", "reader")  # type: ignore[attr-defined]
+    secret, _ = client.service.store.create_key("acme", "reader")
     answer = client.get("/.well-known/attestation", headers={"Authorization": f"Bearer {secret}"})
     assert answer.status_code == 200, answer.text
     return answer.json()["workers"]
 
 
-def ready(client: TestClient) -> list[str]:
-    registry = client.app.state.service.registry  # type: ignore[attr-defined]
+def ready(client: GatewayClient) -> list[str]:
+    registry = client.service.registry
     return [w.worker_id for w in registry.ready("acme", "m")]
 
 
-def test_one_worker_cannot_heartbeat_as_another(gateway: TestClient, tmp_path: Path) -> None:
+def test_one_worker_cannot_heartbeat_as_another(gateway: GatewayClient, tmp_path: Path) -> None:
     victim, attacker = Worker(tmp_path, 5001), Worker(tmp_path, 5002)
     assert post(gateway, victim.beat()) == 200 and post(gateway, attacker.beat()) == 200
     assert set(ready(gateway)) == {victim.beat()["worker_id"], attacker.beat()["worker_id"]}
@@ -143,12 +143,12 @@ def _resigned(worker: Worker, **change: Any) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize(("name", "make", "status"), NEGATIVES, ids=[n[0] for n in NEGATIVES])
-def test_unsigned_or_stale_heartbeats_change_nothing(gateway: TestClient, tmp_path: Path, name: str, make: Any,
+def test_unsigned_or_stale_heartbeats_change_nothing(gateway: GatewayClient, tmp_path: Path, name: str, make: Any,
                                                      status: int) -> None:
     worker = Worker(tmp_path, 5001)
     assert post(gateway, make(worker)) == status
     assert ready(gateway) == []
-    assert gateway.app.state.service.registry.workers == {}  # type: ignore[attr-defined]
+    assert gateway.service.registry.workers == {}
 
 
 class InternalService:
@@ -179,7 +179,7 @@ class InternalService:
         self.server.server_close()
 
 
-def test_the_gateway_never_fetches_or_reflects_a_url_a_worker_supplies(gateway: TestClient, tmp_path: Path) -> None:
+def test_the_gateway_never_fetches_or_reflects_a_url_a_worker_supplies(gateway: GatewayClient, tmp_path: Path) -> None:
     internal = InternalService()
     try:
         worker = Worker(tmp_path, 5001)
@@ -194,7 +194,7 @@ def test_the_gateway_never_fetches_or_reflects_a_url_a_worker_supplies(gateway: 
 
 
 def test_well_known_attestation_serves_only_what_the_worker_submitted_and_the_gateway_verified(
-        gateway: TestClient, tmp_path: Path) -> None:
+        gateway: GatewayClient, tmp_path: Path) -> None:
     good, unbound = Worker(tmp_path, 5001), Worker(tmp_path, 5002, bind=False)
     beat = good.beat()
     assert post(gateway, beat) == 200 and post(gateway, unbound.beat()) == 200

@@ -22,7 +22,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from fastapi import FastAPI
 
-from api.app import create_app
+from api.app import build_gateway, create_app
 from api.console_settings import ConsoleSettings
 from api.gateway.settings import GatewaySettings
 from api.management.auth import issue_token
@@ -161,8 +161,8 @@ def build_site(root: Path) -> Site:
                                 # browser send no Secure cookie over plain HTTP.
                                 unsafe_plain_http_loopback=True))
     (root / "gateway").mkdir(parents=True, exist_ok=True)
-    app = create_app(settings)
-    service = app.state.service
+    service = build_gateway(settings)
+    app = create_app(settings, service)
     store = service.store
     now = dt.datetime.now(dt.UTC)
     for n, tenant in enumerate(TENANTS):
