@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from api.gateway.worker_attestation import verify_heartbeat_signature
 from enclave_worker.heartbeat import heartbeats
 from enclave_worker.settings import WorkerSettings
 from enclave_worker.state import LiveState, WorkerState
+from protocol.heartbeat import verify_heartbeat_signature
 
 TOKEN = "t" * 40
 HANG_GUARD_S = 120.0  # only against a hang: without the push the next beat is an hour away
