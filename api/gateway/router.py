@@ -8,19 +8,23 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
 from api.gateway.catalog import not_found
 from api.gateway.dependencies import ApiKey, PlaintextKey, Service
 from api.gateway.errors import GatewayError
+from api.gateway.file_search import search
+from api.gateway.files_routes import get_retrieval
 from api.gateway.generation import CleanupStreamingResponse, request_id, unless_disconnected
 from api.gateway.lifecycle import RequestLifecycle
 from api.gateway.responses_routes import remember, start_turn
 from api.gateway.service import GatewayService
+from api.gateway.vector_stores import GatewayRetrieval
 from api.store.repo import KeyRecord
 from protocol.openai.chat import chat_body, chat_events, plan_chat
 from protocol.openai.completions import completion_body, completion_events, plan_completion
+from protocol.openai.file_search import file_search_tool, search_query
 from protocol.openai.responses import responses_body, responses_events
 from protocol.openai.responses_request import ResponsesRequest, to_chat
 from protocol.openai.runner import Streams
@@ -103,14 +107,20 @@ async def chat_completions(req: ChatCompletionRequest, request: Request, key: Ap
 
 
 @router.post("/v1/responses", response_model=None, responses=_STREAMABLE)
-async def responses(req: ResponsesRequest, request: Request, key: ApiKey,
-                    service: Service) -> JSONResponse | CleanupStreamingResponse:
+async def responses(req: ResponsesRequest, request: Request, key: ApiKey, service: Service,
+                    retrieval: GatewayRetrieval = Depends(get_retrieval)) -> JSONResponse | CleanupStreamingResponse:
     """OpenAI's Responses API over the chat pipeline (protocol/openai/responses*.py); stored
-    responses and previous_response_id: api/gateway/responses_routes.py."""
-    chat = to_chat(req)
+    responses and previous_response_id: api/gateway/responses_routes.py; the file_search tool:
+    api/gateway/file_search.py (the passages join the chat request before the worker sees it)."""
+    tool = file_search_tool(req.tools)
+    chat = to_chat(req, file_search=tool is not None)
     split, rid = _plaintext(service, key, req.model), request_id()
     turn = start_turn(service, key, req)  # the stored history it continues, and whether it is stored
     split = turn.pinned_split(split)
+    grounding = None
+    if tool is not None:
+        grounding = await search(retrieval, key, tool, search_query(chat.messages), req.include)
+        chat = grounding.ground(chat, after_instructions=bool(req.instructions))
     plan = plan_chat(chat, rid=rid, tenant=key.tenant, key_id=key.key_id, agent_killed=key.tools_killed,
                      default_max_tokens=service.settings.default_max_tokens)
     turn.attach(plan.requests)
@@ -119,7 +129,7 @@ async def responses(req: ResponsesRequest, request: Request, key: ApiKey,
         reserved_tokens=_reserve(plan.reserve_chars, plan.requests[0].params.max_tokens, 1))
 
     async def body(streams: Streams, base: dict[str, Any]) -> dict[str, Any]:
-        doc = responses_body(req, await chat_body(chat, plan, life, streams, base), base)
+        doc = responses_body(req, await chat_body(chat, plan, life, streams, base), base, grounding)
         await remember(service, turn, split, doc)
         return doc
 
@@ -127,7 +137,8 @@ async def responses(req: ResponsesRequest, request: Request, key: ApiKey,
             "conversation": turn.conversation.id if turn.conversation else None}
     return await _answer(request, service, life, split, plan.requests, plan.affinity, base, bool(req.stream), body,
                          lambda s, b: responses_events(req, chat_events(chat, plan, life, s, b), b,
-                                                       finished=lambda doc: remember(service, turn, split, doc)))
+                                                       finished=lambda doc: remember(service, turn, split, doc),
+                                                       grounding=grounding))
 
 
 @router.post("/v1/completions", response_model=None, responses=_STREAMABLE)

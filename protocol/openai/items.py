@@ -8,7 +8,7 @@ from typing import Any
 
 from protocol.openai.errors import OpenAIError
 
-ID_PREFIXES = {"message": "msg", "function_call": "fc", "function_call_output": "fco"}
+ID_PREFIXES = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "file_search_call": "fs"}
 
 
 def input_items(items: str | list[dict[str, Any]], fresh_ids: bool = False) -> list[dict[str, Any]]:

@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from protocol.openai.errors import OpenAIError
+from protocol.openai.file_search import Grounding
 from protocol.openai.responses_request import ResponsesRequest
 
 
@@ -51,13 +52,14 @@ def _finish(doc: dict[str, Any], reason: str | None, usage: dict[str, int] | Non
     return doc
 
 
-def _message(item_id: str, text: str, status: str = "completed") -> dict[str, Any]:
+def _message(item_id: str, text: str, status: str = "completed",
+             annotations: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     return {"type": "message", "id": item_id, "status": status, "role": "assistant",
-            "content": [_text_part(text)] if status == "completed" else []}
+            "content": [_text_part(text, annotations)] if status == "completed" else []}
 
 
-def _text_part(text: str) -> dict[str, Any]:
-    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+def _text_part(text: str, annotations: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": annotations or [], "logprobs": []}
 
 
 def _call(item_id: str, call_id: str, name: str, arguments: str, status: str = "completed") -> dict[str, Any]:
@@ -65,13 +67,17 @@ def _call(item_id: str, call_id: str, name: str, arguments: str, status: str = "
             "status": status}
 
 
-def responses_body(req: ResponsesRequest, chat: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
-    """A whole chat completion (stream=false) as a response object."""
+def responses_body(req: ResponsesRequest, chat: dict[str, Any], base: dict[str, Any],
+                   grounding: Grounding | None = None) -> dict[str, Any]:
+    """A whole chat completion (stream=false) as a response object (after its file search's item)."""
     choice = chat["choices"][0]
     message = choice["message"]
     doc = _echo(req, base, base.get("response_id") or _id("resp"))
+    if grounding is not None:
+        doc["output"].append(grounding.item())
     if message.get("content"):
-        doc["output"].append(_message(_id("msg"), message["content"]))
+        text = message["content"]
+        doc["output"].append(_message(_id("msg"), text, annotations=grounding.citations(text) if grounding else None))
     for call in message.get("tool_calls") or []:
         doc["output"].append(_call(_id("fc"), call["id"], call["function"]["name"], call["function"]["arguments"]))
     return _finish(doc, choice["finish_reason"], chat.get("usage"))
@@ -80,8 +86,9 @@ def responses_body(req: ResponsesRequest, chat: dict[str, Any], base: dict[str, 
 class _Events:
     """The Responses event stream of one answer, built from its chat completion chunks."""
 
-    def __init__(self, req: ResponsesRequest, base: dict[str, Any]) -> None:
+    def __init__(self, req: ResponsesRequest, base: dict[str, Any], grounding: Grounding | None) -> None:
         self.doc = _echo(req, base, base.get("response_id") or _id("resp"))
+        self.grounding = grounding
         self.seq = 0
         self.text: dict[str, Any] | None = None  # the open message item: {"index", "id", "text"}
         self.calls: dict[int, dict[str, Any]] = {}  # chat tool-call index -> {"index", "item"}
@@ -93,8 +100,17 @@ class _Events:
         return f"event: {kind}\ndata: {json.dumps(doc)}\n\n".encode()
 
     def start(self) -> list[bytes]:
-        return [self.event("response.created", response=self.doc), self.event("response.in_progress",
-                                                                                response=self.doc)]
+        out = [self.event("response.created", response=self.doc),
+               self.event("response.in_progress", response=self.doc)]
+        if self.grounding is None:
+            return out
+        # The search ran before the answer started: its item's events come first, already done.
+        g, index = self.grounding, len(self.doc["output"])
+        out.append(self.event("response.output_item.added", output_index=index, item=g.item("in_progress")))
+        for stage in ("in_progress", "searching", "completed"):
+            out.append(self.event(f"response.file_search_call.{stage}", item_id=g.id, output_index=index))
+        self.doc["output"].append(g.item())
+        return [*out, self.event("response.output_item.done", output_index=index, item=g.item())]
 
     def content(self, delta: str) -> list[bytes]:
         out = []
@@ -114,12 +130,16 @@ class _Events:
         if self.text is None:
             return []
         t, self.text = self.text, None
-        item = _message(t["id"], t["text"])
+        citations = self.grounding.citations(t["text"]) if self.grounding else []
+        item = _message(t["id"], t["text"], annotations=citations)
         self.doc["output"][t["index"]] = item
-        return [self.event("response.output_text.done", item_id=t["id"], output_index=t["index"], content_index=0,
+        added = [self.event("response.output_text.annotation.added", item_id=t["id"], output_index=t["index"],
+                            content_index=0, annotation_index=n, annotation=a) for n, a in enumerate(citations)]
+        return [*added,
+                self.event("response.output_text.done", item_id=t["id"], output_index=t["index"], content_index=0,
                            text=t["text"], logprobs=[]),
                 self.event("response.content_part.done", item_id=t["id"], output_index=t["index"], content_index=0,
-                           part=_text_part(t["text"])),
+                           part=_text_part(t["text"], citations)),
                 self.event("response.output_item.done", output_index=t["index"], item=item)]
 
     def tool_call(self, delta: dict[str, Any]) -> list[bytes]:
@@ -174,12 +194,12 @@ class _Events:
 
 
 async def responses_events(req: ResponsesRequest, chat: AsyncIterator[bytes], base: dict[str, Any],
-                           finished: Callable[[dict[str, Any]], Awaitable[None]] | None = None
-                           ) -> AsyncIterator[bytes]:
+                           finished: Callable[[dict[str, Any]], Awaitable[None]] | None = None,
+                           grounding: Grounding | None = None) -> AsyncIterator[bytes]:
     """The chat completion's server-sent events (with usage) as the Responses API's events.
     `finished` gets the final response object before its terminal event is sent (a stored
     response is kept before the client hears it is done); an error it raises becomes an `error` event."""
-    events = _Events(req, base)
+    events = _Events(req, base, grounding)
     for part in events.start():
         yield part
     async for raw in chat:

@@ -16,6 +16,7 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError
 
 from protocol.openai.errors import OpenAIError
+from protocol.openai.file_search import RESULTS_INCLUDE, has_file_search
 from protocol.openai.schemas import MAX_TOKENS, ChatCompletionRequest, Strict
 
 # Responses parameters this server does not serve: refused by name (unknown ones are refused too).
@@ -62,12 +63,14 @@ class ResponsesRequest(Strict):
     context_management: Any = None
 
 
-def to_chat(req: ResponsesRequest) -> ChatCompletionRequest:
-    """The chat completion request a Responses request means; OpenAIError 400 naming what is refused."""
+def to_chat(req: ResponsesRequest, file_search: bool = False) -> ChatCompletionRequest:
+    """The chat completion request a Responses request means; OpenAIError 400 naming what is refused.
+    `file_search`: the caller serves that tool (the gateway in plaintext mode, protocol/openai/file_search.py),
+    so it is left out of the chat request's tools; otherwise it is refused by name."""
     for name in UNSUPPORTED:
         if getattr(req, name) is not None:
             raise OpenAIError(400, f"{name} is not supported by this server", param=name)
-    _check_include(req.include)
+    _check_include(req.include, {RESULTS_INCLUDE} if has_file_search(req.tools) else set())
     messages = ([{"role": "system", "content": req.instructions}] if req.instructions else [])
     messages += _messages(req.input)
     body: dict[str, Any] = {
@@ -78,8 +81,9 @@ def to_chat(req: ResponsesRequest) -> ChatCompletionRequest:
         "parallel_tool_calls": req.parallel_tool_calls, "metadata": req.metadata}
     if req.stream:
         body["stream_options"] = {"include_usage": True}  # the final event carries the usage
-    if req.tools:
-        body["tools"] = [_tool(t, i) for i, t in enumerate(req.tools)]
+    tools = [_tool(t, i) for i, t in enumerate(req.tools or []) if not (file_search and t.get("type") == "file_search")]
+    if tools:
+        body["tools"] = tools
     if req.tool_choice is not None:
         body["tool_choice"] = _tool_choice(req.tool_choice)
     if req.text is not None:
@@ -108,17 +112,18 @@ def conversation_id(req: ResponsesRequest) -> str | None:
     return conv
 
 
-def _check_include(include: Any) -> None:
+def _check_include(include: Any, allowed: set[str]) -> None:
     """`include` asks for extra output data. An empty list (the OpenAI Agents SDK always sends one)
-    asks for nothing and is accepted; every value named is one this server does not produce, and is
-    refused by name rather than ignored."""
+    asks for nothing and is accepted; `file_search_call.results` is produced beside a file_search tool;
+    every other value is one this server does not produce, and is refused by name rather than ignored."""
     if include is None:
         return
     if not isinstance(include, list) or not all(isinstance(v, str) for v in include):
         raise OpenAIError(400, "include must be a list of strings", param="include")
-    if include:
-        raise OpenAIError(400, f"include value {include[0][:64]!r} is not supported by this server",
-                          param="include")
+    for value in include:
+        if value not in allowed:
+            raise OpenAIError(400, f"include value {value[:64]!r} is not supported by this server",
+                              param="include")
 
 
 def _param(chat_loc: str) -> str:
@@ -152,6 +157,8 @@ def _messages(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
                 out[-1]["tool_calls"].append(call)  # parallel calls: one assistant turn
             else:
                 out.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        elif kind == "file_search_call":
+            continue  # a past search: its passages were that turn's context, not a message of the conversation
         elif kind == "function_call_output":
             output = item.get("output")
             out.append({"role": "tool", "tool_call_id": _str(item, "call_id", i),
@@ -187,6 +194,9 @@ def _text(content: Any, i: int) -> str:
 
 
 def _tool(tool: dict[str, Any], i: int) -> dict[str, Any]:
+    if tool.get("type") == "file_search":
+        raise OpenAIError(400, "the file_search tool is served in plaintext mode only (POST /v1/responses); "
+                               "sealed mode does not search vector stores yet", param=f"tools[{i}].type")
     if tool.get("type") != "function":
         raise OpenAIError(400, f"tools of type {str(tool.get('type'))[:64]!r} are not supported (function tools only)",
                           param=f"tools[{i}].type")

@@ -60,9 +60,10 @@ class RetrievalStack:
 
 @asynccontextmanager
 async def retrieval_stack(tmp: Path, encoder: Embedder | None, *,
-                          file_access: Callable[[str, str], dict[str, Any]] | None = None
-                          ) -> AsyncIterator[RetrievalStack]:
-    """``file_access``: the signed policy's section, given the digests of (tenant_key, reader_key)."""
+                          file_access: Callable[[str, str], dict[str, Any]] | None = None,
+                          chat_engine: StandInEngine | None = None) -> AsyncIterator[RetrievalStack]:
+    """``file_access``: the signed policy's section, given the digests of (tenant_key, reader_key);
+    ``chat_engine``: the worker's stand-in chat model (a test may record the prompts it is given)."""
     data_dir = tmp / "gateway"
     data_dir.mkdir(exist_ok=True)
     settings = GatewaySettings(data_dir=data_dir, workers=(WorkerRoute(TENANT, MODEL, "v1"),),
@@ -79,8 +80,8 @@ async def retrieval_stack(tmp: Path, encoder: Embedder | None, *,
     document = sign_policy_document(doc, admin, "tenant-admin")
     released = SimpleNamespace(bundle=SimpleNamespace(to_json=dict, digest=lambda: "e" * 64), token="t",
                                data_key=bytes(range(32)))
-    booted = SimpleNamespace(engine=StandInEngine(), model_digest="d" * 64, released=released, load_s=0.1,
-                             gpu_cc_off=False)
+    booted = SimpleNamespace(engine=chat_engine or StandInEngine(), model_digest="d" * 64, released=released,
+                             load_s=0.1, gpu_cc_off=False)
     state = WorkerState(WorkerSettings(broker_url="http://b", package_dir=Path("/nonexistent"), tenant=TENANT,
                                        model=MODEL, version="v1", host="127.0.0.1"),
                         guard=WorkerGuard(PolicySet.from_dict(document["payload"])),

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 from typing import Any as RunningStack
 
 import httpx
@@ -87,3 +88,31 @@ def test_files_and_vector_stores_on_sealed_up(embedding_stack: RunningStack) -> 
         if path.is_file() and path.stat().st_size < 64 << 20:
             data = path.read_bytes()
             assert b"Quokka Freight" not in data and b"paid holiday" not in data, path
+
+
+def test_file_search_on_sealed_up(embedding_stack: RunningStack) -> None:
+    """`responses.create` with the file_search tool: the gateway searches the encoder's worker, the
+    chat model answers from the passages, and the answer cites the file they came from. Sealed mode
+    refuses the tool by name (the chat model's worker holds no encoder: docs/retrieval.md)."""
+    stack = embedding_stack
+    plain = openai.OpenAI(base_url=f"{stack.url}/v1", api_key=stack.api_key, max_retries=0)
+    store = plain.vector_stores.create(name="grounding")
+    contract = plain.vector_stores.files.upload_and_poll(vector_store_id=store.id,
+                                                          file=("contract.txt", CONTRACT.encode()))
+    holidays = plain.vector_stores.files.upload_and_poll(vector_store_id=store.id,
+                                                          file=("holidays.txt", HOLIDAYS.encode()))
+    assert contract.status == "completed" and holidays.status == "completed"
+    tools: Any = [{"type": "file_search", "vector_store_ids": [store.id], "max_num_results": 1}]
+    answer = plain.responses.create(model=DEMO_MODEL, input="When does the supplier contract end?", tools=tools,
+                                    max_output_tokens=16, include=["file_search_call.results"])
+    call, message = answer.output
+    assert call.type == "file_search_call" and call.queries == ["When does the supplier contract end?"]
+    assert call.results is not None and [r.file_id for r in call.results] == [contract.id]
+    assert message.type == "message" and message.content[0].type == "output_text"
+    assert [(a.type, a.file_id, a.filename) for a in message.content[0].annotations] == [  # type: ignore[union-attr]
+        ("file_citation", contract.id, "contract.txt")]
+    sealed = SealedOpenAI(base_url=f"{stack.url}/v1", api_key=stack.api_key, max_retries=0,
+                          policy=demo_client_policy(stack.home))
+    with pytest.raises(openai.BadRequestError, match="file_search") as refused:
+        sealed.responses.create(model=DEMO_MODEL, input="When does the supplier contract end?", tools=tools)
+    assert refused.value.param == "tools[0].type"
