@@ -1,14 +1,22 @@
 """Retrieval benchmark (issue #51): a corpus of real documentation chunked, embedded by our engine
-and indexed by the worker's vector store, against the same library (faiss) used directly.
+and indexed by the worker's vector store, in plain Python and (``--stack-url``) through a running
+stack's API, against exact search.
 
 The corpus: the docstrings of an installed PyPI package (default: transformers), read with `ast`
-(nothing imported), in file order, cut by the vector store's own chunking in the embedding model's
-tokens. Reported: ingestion (chunks/s and tokens/s of the encoder; index build), recall@10 of the
-store's search against exact search, and search latency p50/p99: the store (the worker's path:
-rights bitmap, filters, chunk lookup) and a bare faiss HNSW with the same parameters over the same
-vectors. No assertions: docs/benchmarks.md records the numbers with the machine.
+(nothing imported), in file order, modules joined into files of at least ``--file-chunks`` chunks,
+cut by the vector store's own chunking in the embedding model's tokens. Plain side: the library
+(chunk, embed, faiss index, search) in this process, no stack. Stack side: each file uploaded and
+attached to one vector store with the openai SDK (the worker seals it, chunks, embeds, indexes and
+reseals the store's whole snapshot), searched at `/v1/vector_stores/{id}/search`. The two sides
+alternate file by file and query by query (the first one alternating), so the machine's other load
+hits both. Reported: ingestion (chunks/s, tokens/s), recall@10 of each side against exact search
+over the plain side's vectors (a stack passage is matched by file and text), search p50/p99 (plain:
+embed the query and search the store, as the worker does), the ratios stack / plain, and the store
+and a bare faiss HNSW with the same parameters over given vectors. No assertions: docs/benchmarks.md
+records the numbers with the machine.
 
-Run: ``sealed bench retrieval --chunks 10000 --json out.json``.
+Run: ``sealed up --embedding-model minilm``, then ``sealed bench retrieval --chunks 10000
+--stack-url http://127.0.0.1:8000 --api-key "$(cat ~/.sealed/demo/api-key)" --json out.json``.
 """
 
 from __future__ import annotations
