@@ -64,7 +64,7 @@ class StackSide:
         return seconds, hits
 
     def usage_bytes(self) -> int:
-        """The sealed snapshot's size as the operator sees it (the store's `usage_bytes`)."""
+        """The store's `usage_bytes`: its files' text bytes, as the gateway counts them."""
         return self.client.vector_stores.retrieve(self.store_id).usage_bytes
 
     def close(self) -> None:

@@ -104,7 +104,7 @@ def test_bench_retrieval_through_sealed_up(embedding_stack: RunningStack) -> Non
     report = json.loads(out.read_text())
     assert report["corpus"]["chunks"] >= 40 and report["corpus"]["files"] >= 2
     assert report["search"]["stack"]["n"] == report["search"]["plain"]["n"] == 8
-    assert report["ingestion"]["stack"]["chunks_per_s"] > 0 and report["ingestion"]["stack"]["snapshot_bytes"] > 0
+    assert report["ingestion"]["stack"]["chunks_per_s"] > 0 and report["ingestion"]["stack"]["store_usage_bytes"] > 0
     # A passage's opening is the query: its own chunk is among the exact top 10, so a recall of 0
     # would mean the stack's passages do not match the plain side's chunks.
     assert report["recall_at_10"]["stack"] > 0.5 and report["recall_at_10"]["plain"] > 0.5

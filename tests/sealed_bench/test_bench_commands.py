@@ -119,6 +119,7 @@ def test_retrieval(tmp_path: Path) -> None:
     assert report["search"]["store_vector_given"]["n"] == 20 and report["corpus"]["files"] >= 2
     assert 0.0 < report["recall_at_10"]["plain"] <= 1.0 and report["ingestion"]["plain"]["chunks_per_s"] > 0
     assert "stack" not in report["ingestion"]  # no --stack-url: the plain side only
+    assert report["snapshot_at_full_size"]["bytes"] > report["corpus"]["chunks"] * 384 * 4  # the vectors at least
 
 
 def test_retrieval_stack_side_needs_an_api_key(monkeypatch: pytest.MonkeyPatch,
