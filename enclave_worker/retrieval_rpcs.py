@@ -5,13 +5,18 @@ Errors: a request that breaks the API's rules is INVALID_ARGUMENT; a snapshot or
 open (another key, tampered, replayed, a revoked key) is FAILED_PRECONDITION with one message; a
 worker without an encoder is UNIMPLEMENTED. A file the worker cannot index is not an error of the
 call: the reply says so (OpenAI's vector store file `failed` with `last_error`). SealFile and
-SearchStore carry document text in clear, so a tenant that requires sealed mode refuses them."""
+SearchStore carry document text in clear, so a tenant that requires sealed mode refuses them.
+
+The work (open, embed, index, reseal) runs on a thread, one call at a time per service, never on the
+event loop: an ingest takes seconds, and a loop held that long misses the worker's heartbeats (the
+gateway then drops the worker) and stalls its other RPCs."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable
-from typing import NoReturn
+from typing import NoReturn, TypeVar
 
 import grpc
 
@@ -21,6 +26,18 @@ from enclave_worker.retrieval.service import FileUnreadable, RetrievalService, S
 from enclave_worker.retrieval.vector_store import StoredFile
 from enclave_worker.state import WorkerState
 from protocol.rpc import worker_pb2
+
+T = TypeVar("T")
+
+
+async def off_loop(service: RetrievalService, work: Callable[[], T]) -> T:
+    """``work`` on a thread under the service's lock (the calls keep the order they had on the loop)."""
+
+    def locked() -> T:
+        with service.calls:
+            return work()
+
+    return await asyncio.to_thread(locked)
 
 
 def _json(raw: str, field: str) -> object:
@@ -73,7 +90,8 @@ class RetrievalRpcs:
                        ) -> worker_pb2.SealedBlob:
         service = await self._service(context, content_in_clear=True)
         try:
-            blob = service.seal_file(request.tenant, request.file_id, request.content)
+            blob = await off_loop(service, lambda: service.seal_file(request.tenant, request.file_id,
+                                                                     request.content))
         except (InvalidRetrievalRequest, SealedStoreError) as exc:
             await self._refuse(context, exc)
         return worker_pb2.SealedBlob(blob=blob, version=0, key_version=service.version)
@@ -82,10 +100,11 @@ class RetrievalRpcs:
                          ) -> worker_pb2.IngestFileReply:
         service = await self._service(context, content_in_clear=False)
         try:
-            done = service.ingest(request.tenant, request.store_id, request.snapshot, request.file_id,
-                                  request.filename, request.file_blob,
-                                  _json(request.attributes_json, "attributes"),
-                                  _json(request.chunking_json, "chunking_strategy"))
+            attributes = _json(request.attributes_json, "attributes")
+            chunking = _json(request.chunking_json, "chunking_strategy")
+            done = await off_loop(service, lambda: service.ingest(
+                request.tenant, request.store_id, request.snapshot, request.file_id, request.filename,
+                request.file_blob, attributes, chunking))
         except FileUnreadable as exc:
             return worker_pb2.IngestFileReply(error_code=exc.code, error_message=exc.message)
         except (InvalidRetrievalRequest, SealedStoreError) as exc:
@@ -99,10 +118,11 @@ class RetrievalRpcs:
                           ) -> worker_pb2.SearchStoreReply:
         service = await self._service(context, content_in_clear=True)
         try:
-            results = service.search(request.tenant, request.store_id, request.snapshot, request.query,
-                                     request.max_num_results, _json(request.filters_json, "filters"),
-                                     request.score_threshold if request.has_score_threshold else None,
-                                     request.rewrite_query, readable=self._rights(request.key_id))
+            filters, readable = _json(request.filters_json, "filters"), self._rights(request.key_id)
+            threshold = request.score_threshold if request.has_score_threshold else None
+            results = await off_loop(service, lambda: service.search(
+                request.tenant, request.store_id, request.snapshot, request.query, request.max_num_results,
+                filters, threshold, request.rewrite_query, readable=readable))
         except (InvalidRetrievalRequest, SealedStoreError) as exc:
             await self._refuse(context, exc)
         return worker_pb2.SearchStoreReply(results_json=results_json(results),
@@ -112,7 +132,8 @@ class RetrievalRpcs:
                               ) -> worker_pb2.SealedBlob:
         service = await self._service(context, content_in_clear=False)
         try:
-            snapshot = service.delete_file(request.tenant, request.store_id, request.snapshot, request.file_id)
+            snapshot = await off_loop(service, lambda: service.delete_file(request.tenant, request.store_id,
+                                                                           request.snapshot, request.file_id))
         except (InvalidRetrievalRequest, SealedStoreError) as exc:
             await self._refuse(context, exc)
         return worker_pb2.SealedBlob(blob=snapshot.blob, version=snapshot.version, key_version=service.version)

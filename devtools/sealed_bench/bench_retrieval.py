@@ -1,14 +1,22 @@
 """Retrieval benchmark (issue #51): a corpus of real documentation chunked, embedded by our engine
-and indexed by the worker's vector store, against the same library (faiss) used directly.
+and indexed by the worker's vector store, in plain Python and (``--stack-url``) through a running
+stack's API, against exact search.
 
 The corpus: the docstrings of an installed PyPI package (default: transformers), read with `ast`
-(nothing imported), in file order, cut by the vector store's own chunking in the embedding model's
-tokens. Reported: ingestion (chunks/s and tokens/s of the encoder; index build), recall@10 of the
-store's search against exact search, and search latency p50/p99: the store (the worker's path:
-rights bitmap, filters, chunk lookup) and a bare faiss HNSW with the same parameters over the same
-vectors. No assertions: docs/benchmarks.md records the numbers with the machine.
+(nothing imported), in file order, modules joined into files of at least ``--file-chunks`` chunks,
+cut by the vector store's own chunking in the embedding model's tokens. Plain side: the library
+(chunk, embed, faiss index, search) in this process, no stack. Stack side: each file uploaded and
+attached to one vector store with the openai SDK (the worker seals it, chunks, embeds, indexes and
+reseals the store's whole snapshot), searched at `/v1/vector_stores/{id}/search`. The two sides
+alternate file by file and query by query (the first one alternating), so the machine's other load
+hits both. Reported: ingestion (chunks/s, tokens/s), recall@10 of each side against exact search
+over the plain side's vectors (a stack passage is matched by file and text), search p50/p99 (plain:
+embed the query and search the store, as the worker does), the ratios stack / plain, and the store
+and a bare faiss HNSW with the same parameters over given vectors. No assertions: docs/benchmarks.md
+records the numbers with the machine.
 
-Run: ``sealed bench retrieval --chunks 10000 --json out.json``.
+Run: ``sealed up --embedding-model minilm``, then ``sealed bench retrieval --chunks 10000
+--stack-url http://127.0.0.1:8000 --api-key "$(cat ~/.sealed/demo/api-key)" --json out.json``.
 """
 
 from __future__ import annotations
@@ -36,9 +44,13 @@ from enclave_worker.engine.encoder_checkpoint import default_encoder_zip, load_e
 from enclave_worker.engine.kernel_path import choose_kernel_path, detect_cpu_class
 from enclave_worker.engine.layers.linear import LinearOptions
 from enclave_worker.engine.models.options import BuildOptions
-from enclave_worker.retrieval.chunking import ChunkingStrategy
+from enclave_worker.engine.threads import available_cpus
+from enclave_worker.retrieval.chunking import ChunkingStrategy, chunk_text
+from enclave_worker.retrieval.filters import Scalar
 from enclave_worker.retrieval.index import IndexSettings
+from enclave_worker.retrieval.sealed_store import seal_snapshot
 from enclave_worker.retrieval.vector_store import VectorStore, only_files, readable_by_all
+from sealed_bench.retrieval_stack_side import StackSide
 
 
 def docstrings(package: str) -> Iterator[tuple[str, str]]:
@@ -60,18 +72,21 @@ def docstrings(package: str) -> Iterator[tuple[str, str]]:
 
 
 class _Corpus:
-    """Files of the corpus as the vector store would get them, chunked up to ``target`` chunks."""
+    """Files of the corpus as the vector store would get them: modules' docstrings joined until a file
+    holds at least ``file_chunks`` chunks, files added until the corpus holds ``target`` chunks."""
 
-    def __init__(self, encoder: Embedder, package: str, strategy: ChunkingStrategy, target: int) -> None:
-        from enclave_worker.retrieval.chunking import chunk_text
-
+    def __init__(self, encoder: Embedder, package: str, strategy: ChunkingStrategy, target: int,
+                 file_chunks: int) -> None:
         self.files: list[tuple[str, str, int]] = []  # (file id, text, chunks)
-        count = 0
+        count, pending = 0, []
         for _file, docs in itertools.groupby(docstrings(package), key=lambda item: item[0]):
-            text = "\n\n".join(doc for _, doc in docs)
+            pending.append("\n\n".join(doc for _, doc in docs))
+            text = "\n\n".join(pending)
             n = len(chunk_text(text, encoder.token_offsets(text), strategy))
+            if n < file_chunks and count + n < target:
+                continue
             self.files.append((f"file-{len(self.files):05d}", text, n))
-            count += n
+            count, pending = count + n, []
             if count >= target:
                 break
         self.chunks = count
@@ -83,9 +98,9 @@ def _percentiles(samples: list[float]) -> dict[str, float]:
             "n": len(samples)}
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
-    torch.set_num_threads(args.threads)
-    faiss.omp_set_num_threads(args.threads)
+def _encoder(threads: int) -> tuple[Embedder, str, str]:
+    torch.set_num_threads(threads)
+    faiss.omp_set_num_threads(threads)
     cpu_class = detect_cpu_class()
     path = choose_kernel_path("cpu", "float32", "cpp", cpu_class)
     with tempfile.TemporaryDirectory() as tmp:
@@ -93,17 +108,56 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             archive.extractall(tmp)  # a public model: the tenant's machine, before `sealed encrypt`
         encoder = Embedder(load_encoder_dir(Path(tmp)),
                            BuildOptions(LinearOptions(kernel=path.linear, in_place=True), 512))
+    return encoder, cpu_class, path.linear
+
+
+def _recall(hits: list[tuple[str, str]], want: set[int], key_of: dict[tuple[str, str], set[int]]) -> float:
+    """Share of the exact top 10 among the hits; a hit is named by (file id, passage text)."""
+    found: set[int] = set()
+    for hit in hits:
+        found |= key_of.get(hit, set()) & want
+    return len(found) / len(want)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    encoder, cpu_class, linear = _encoder(args.threads)
     strategy = ChunkingStrategy(args.chunk_tokens, args.overlap_tokens)
-    corpus = _Corpus(encoder, args.package, strategy, args.chunks)
+    corpus = _Corpus(encoder, args.package, strategy, args.chunks, args.file_chunks)
     settings = IndexSettings()
     store = VectorStore("vs_bench", encoder.dim, settings)
-    t0 = time.perf_counter()
-    for file_id, text, _ in corpus.files:
-        store.add_file(file_id, f"{file_id}.txt", text, {"part": int(file_id[-1]) % 2}, strategy, encoder)
-    ingest_s = time.perf_counter() - t0
+    stack = (StackSide.connect(args.stack_url, args.api_key, args.chunk_tokens, args.overlap_tokens)
+             if args.stack_url else None)
+    try:
+        return _measure(args, encoder, corpus, strategy, settings, store, stack) | {
+            "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+                        "cpu_class": cpu_class, "threads": args.threads, "load_average": os.getloadavg()},
+            "model": f"all-MiniLM-L6-v2 (fp32, kernel path {linear})"}
+    finally:
+        if stack is not None:
+            stack.close()
+
+
+def _measure(args: argparse.Namespace, encoder: Embedder, corpus: _Corpus, strategy: ChunkingStrategy,
+             settings: IndexSettings, store: VectorStore, stack: StackSide | None) -> dict[str, Any]:
+    plain_s = stack_s = 0.0
+    for i, (file_id, text, _) in enumerate(corpus.files):  # interleaved, the first side alternating,
+        attributes: dict[str, Scalar] = {"part": i % 2}    # so the machine's other load hits both
+        for side in ("plain", "stack") if i % 2 == 0 else ("stack", "plain"):
+            if side == "plain":
+                t0 = time.perf_counter()
+                store.add_file(file_id, f"{file_id}.txt", text, attributes, strategy, encoder)
+                plain_s += time.perf_counter() - t0
+            elif stack is not None:
+                stack_s += stack.add_file(file_id, text, attributes)
     tokens = sum(len(encoder.tokenize([c.text])[0]) for c in store.chunks.values())
+    t0 = time.perf_counter()  # what the worker pays on every ingest at this size: serialize and seal it all
+    snapshot = seal_snapshot(os.urandom(32), "store/vs_bench", 1, store.to_bytes())
+    seal_s = time.perf_counter() - t0
     keys = np.array(sorted(store.chunks), dtype=np.int64)
     vectors = store.index._rows[[store.index._row_of[int(k)] for k in keys]]
+    key_of: dict[tuple[str, str], set[int]] = {}
+    for key, chunk in store.chunks.items():
+        key_of.setdefault((chunk.file_id, chunk.text), set()).add(key)
 
     t0 = time.perf_counter()
     bare = faiss.IndexHNSWFlat(encoder.dim, settings.connectivity, faiss.METRIC_INNER_PRODUCT)
@@ -117,36 +171,72 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     questions = [store.chunks[int(keys[i])].text[:200] for i in picks]  # a passage's opening as the query
     queries = encoder.embed_texts(questions)
     exact = np.argsort(-(queries @ vectors.T), axis=1)[:, :10]
-    store_lat, bare_lat, restricted_lat, recalls = [], [], [], []
+    lat: dict[str, list[float]] = {"plain": [], "stack": [], "store": [], "restricted": [], "bare": []}
+    recalls: dict[str, list[float]] = {"index": [], "plain": [], "stack": []}
     half = only_files([f for f, _, _ in corpus.files[::2]])
-    for q, want in zip(queries, exact, strict=True):
+    for n, (question, q, top) in enumerate(zip(questions, queries, exact, strict=True)):
+        want = {int(keys[w]) for w in top}
+        for side in ("plain", "stack") if n % 2 == 0 else ("stack", "plain"):
+            if side == "plain":  # as the worker answers a search: embed the query, then search the store
+                t = time.perf_counter()
+                hits = store.search(encoder.embed_texts([question])[0], 10, readable=readable_by_all)
+                lat["plain"].append(time.perf_counter() - t)
+                recalls["plain"].append(_recall([(h.file_id, h.text) for h in hits], want, key_of))
+            elif stack is not None:
+                seconds, found = stack.search(question, 10)
+                lat["stack"].append(seconds)
+                recalls["stack"].append(_recall(found, want, key_of))
+        recalls["index"].append(len({h.key for h in store.index.search(q, 10)} & want) / 10)
         t = time.perf_counter()
-        hits = store.search(q, 10, readable=readable_by_all)
-        store_lat.append(time.perf_counter() - t)
-        recalls.append(len({h.key for h in store.index.search(q, 10)} & {int(keys[w]) for w in want}) / 10)
+        if len(store.search(q, 10, readable=readable_by_all)) != 10:
+            raise SystemExit("the store returned fewer than 10 hits for k=10")
+        lat["store"].append(time.perf_counter() - t)
         t = time.perf_counter()
         bare.search(q[None], 10)
-        bare_lat.append(time.perf_counter() - t)
+        lat["bare"].append(time.perf_counter() - t)
         t = time.perf_counter()
         store.search(q, 10, readable=half)
-        restricted_lat.append(time.perf_counter() - t)
-        if len(hits) != 10:
-            raise SystemExit(f"the store returned {len(hits)} hits for k=10")
-    return {
-        "benchmark": "retrieval", "machine": {"cpu": platform.processor() or platform.machine(),
-                                              "cores": os.cpu_count(), "cpu_class": cpu_class,
-                                              "threads": args.threads},
-        "model": "all-MiniLM-L6-v2 (fp32, kernel path " + path.linear + ")", "index": "faiss " + faiss.__version__
+        lat["restricted"].append(time.perf_counter() - t)
+    chunks = len(store.chunks)
+    report: dict[str, Any] = {
+        "benchmark": "retrieval", "index": "faiss " + faiss.__version__
         + f" HNSW M={settings.connectivity} efConstruction={settings.ef_construction} efSearch={settings.ef_search}",
-        "corpus": {"package": args.package, "files": len(corpus.files), "chunks": len(store.chunks), "tokens": tokens,
+        "corpus": {"package": args.package, "files": len(corpus.files), "chunks": chunks, "tokens": tokens,
                    "chunking": strategy.as_openai()},
-        "ingestion": {"seconds": round(ingest_s, 2), "chunks_per_s": round(len(store.chunks) / ingest_s, 1),
-                      "tokens_per_s": round(tokens / ingest_s, 1)},
+        "ingestion": {"plain": {"seconds": round(plain_s, 2), "chunks_per_s": round(chunks / plain_s, 1),
+                                "tokens_per_s": round(tokens / plain_s, 1)}},
         "index_build_s": {"bare_faiss": round(bare_build_s, 3)},
-        "recall_at_10": round(float(np.mean(recalls)), 4),
-        "search": {"store": _percentiles(store_lat), "store_half_the_files_readable": _percentiles(restricted_lat),
-                   "bare_faiss": _percentiles(bare_lat)},
+        "snapshot_at_full_size": {"bytes": len(snapshot), "bytes_per_chunk": round(len(snapshot) / chunks),
+                                  "serialize_and_seal_s": round(seal_s, 3)},
+        "recall_at_10": {"index": round(float(np.mean(recalls["index"])), 4),
+                         "plain": round(float(np.mean(recalls["plain"])), 4)},
+        "search": {"plain": _percentiles(lat["plain"]), "store_vector_given": _percentiles(lat["store"]),
+                   "store_half_the_files_readable": _percentiles(lat["restricted"]),
+                   "bare_faiss": _percentiles(lat["bare"])},
     }
+    if stack is not None:
+        report |= _stack_report(report, stack, stack_s, chunks, tokens, recalls["stack"], lat["stack"])
+    return report
+
+
+def _stack_report(report: dict[str, Any], stack: StackSide, stack_s: float, chunks: int, tokens: int,
+                  recalls: list[float], lat: list[float]) -> dict[str, Any]:
+    """The stack's figures beside the plain side's, and the ratios stack / plain (the boundary's cost)."""
+    quarter = max(1, len(stack.attach_s) // 4)
+    report["ingestion"]["stack"] = {
+        "seconds": round(stack_s, 2), "chunks_per_s": round(chunks / stack_s, 1),
+        "tokens_per_s": round(tokens / stack_s, 1), "upload_s": round(sum(stack.upload_s), 2),
+        "attach_s": round(sum(stack.attach_s), 2),
+        "attach_mean_s_first_quarter_of_files": round(float(np.mean(stack.attach_s[:quarter])), 3),
+        "attach_mean_s_last_quarter_of_files": round(float(np.mean(stack.attach_s[-quarter:])), 3),
+        "store_usage_bytes": stack.usage_bytes()}
+    report["recall_at_10"]["stack"] = round(float(np.mean(recalls)), 4)
+    report["search"]["stack"] = _percentiles(lat)
+    plain = report["search"]["plain"]
+    return {"stack_over_plain": {
+        "ingestion_seconds": round(stack_s / report["ingestion"]["plain"]["seconds"], 3),
+        "search_p50": round(report["search"]["stack"]["p50_ms"] / plain["p50_ms"], 3),
+        "search_p99": round(report["search"]["stack"]["p99_ms"] / plain["p99_ms"], 3)}}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -156,9 +246,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chunk-tokens", type=int, default=128)
     parser.add_argument("--overlap-tokens", type=int, default=32)
     parser.add_argument("--queries", type=int, default=200)
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--file-chunks", type=int, default=50,
+                        help="join modules' docstrings into files of at least this many chunks")
+    parser.add_argument("--threads", type=int, default=available_cpus(),
+                        help="the encoder's and faiss' threads (default: as the worker's encoder runs)")
+    parser.add_argument("--stack-url", help="also run the same corpus through this stack's HTTP API "
+                        "(`sealed up --embedding-model minilm`), interleaved with the plain side")
+    parser.add_argument("--api-key", default=os.environ.get("SEALED_API_KEY", ""),
+                        help="the stack's tenant API key (default: $SEALED_API_KEY)")
     parser.add_argument("--json", type=Path, help="write the report here")
     args = parser.parse_args(argv)
+    if args.stack_url and not args.api_key:
+        parser.error("--stack-url needs --api-key (or $SEALED_API_KEY)")
     report = run(args)
     text = json.dumps(report, indent=2)
     print(text)

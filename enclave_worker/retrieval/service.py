@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -93,6 +94,9 @@ class RetrievalService:
         self.tenant, self.model, self.version = tenant, model, version
         self._seen: dict[str, int] = {}  # store id -> newest snapshot version given to this worker
         self._cache: OrderedDict[bytes, tuple[str, int, VectorStore]] = OrderedDict()
+        # Held by a call's thread (retrieval_rpcs.off_loop): one call at a time, as on the event loop,
+        # so the rollback check and the cache of opened stores never see two calls interleaved.
+        self.calls = threading.Lock()
 
     def _key(self, tenant: str) -> bytes:
         if tenant != self.tenant:

@@ -116,3 +116,26 @@ def test_file_search_on_sealed_up(embedding_stack: RunningStack) -> None:
     with pytest.raises(openai.BadRequestError, match="file_search") as refused:
         sealed.responses.create(model=DEMO_MODEL, input="When does the supplier contract end?", tools=tools)
     assert refused.value.param == "tools[0].type"
+
+
+def test_bench_retrieval_through_sealed_up(embedding_stack: RunningStack) -> None:
+    """`sealed bench retrieval --stack-url` (smoke, a few dozen chunks): the same corpus ingested and
+    searched by the library in plain Python and through this stack's API, interleaved; both sides
+    find the exact search's passages, and the bench removes its store and files afterwards."""
+    from sealed_bench.bench_retrieval import main
+
+    stack = embedding_stack
+    plain = openai.OpenAI(base_url=f"{stack.url}/v1", api_key=stack.api_key, max_retries=0)
+    stores_before = {s.id for s in plain.vector_stores.list()}
+    out = Path(stack.tmpdir) / "bench-retrieval.json"
+    assert main(["--chunks", "40", "--queries", "8", "--file-chunks", "10", "--threads", "1",
+                 "--stack-url", stack.url, "--api-key", stack.api_key, "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["corpus"]["chunks"] >= 40 and report["corpus"]["files"] >= 2
+    assert report["search"]["stack"]["n"] == report["search"]["plain"]["n"] == 8
+    assert report["ingestion"]["stack"]["chunks_per_s"] > 0 and report["ingestion"]["stack"]["store_usage_bytes"] > 0
+    # A passage's opening is the query: its own chunk is among the exact top 10, so a recall of 0
+    # would mean the stack's passages do not match the plain side's chunks.
+    assert report["recall_at_10"]["stack"] > 0.5 and report["recall_at_10"]["plain"] > 0.5
+    assert set(report["stack_over_plain"]) == {"ingestion_seconds", "search_p50", "search_p99"}
+    assert {s.id for s in plain.vector_stores.list()} == stores_before

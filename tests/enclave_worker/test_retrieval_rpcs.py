@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -147,3 +148,39 @@ def test_a_worker_serves_retrieval_with_the_encoder_it_booted(encoder: Embedder,
     monkeypatch.setattr(LiveState, "embedder", property(lambda _: encoder), raising=False)
     assert _call(servicer, "SealFile", request).blob
     assert servicer.retrieval is not None and servicer.retrieval.encoder is encoder
+
+
+class GatedEncoder:
+    """The real encoder, whose embedding waits until the event loop opens the gate: an RPC that ran
+    its work on the loop would wait for a loop it holds (the gate gives up after a minute, closed)."""
+
+    def __init__(self, encoder: Embedder) -> None:
+        self.encoder, self.gate, self.opened = encoder, threading.Event(), False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.encoder, name)
+
+    def embed_texts(self, texts: list[str]) -> Any:
+        self.opened = self.gate.wait(60)
+        return self.encoder.embed_texts(texts)
+
+
+def test_the_work_runs_off_the_event_loop(encoder: Embedder) -> None:
+    """An ingest or a search takes seconds on a large file or store; on the loop it would stall the
+    worker's heartbeats (the gateway drops the worker) and every other RPC meanwhile."""
+    gated = GatedEncoder(encoder)
+    servicer = _servicer(gated)  # type: ignore[arg-type]
+
+    async def ingest_while_the_loop_runs() -> worker_pb2.IngestFileReply:
+        sealed = await servicer.SealFile(worker_pb2.SealFileRequest(tenant="acme", file_id="file-a",
+                                                                    content=TEXT.encode()), Context())
+        call = asyncio.ensure_future(servicer.IngestFile(worker_pb2.IngestFileRequest(
+            tenant="acme", store_id="vs_1", file_id="file-a", filename="canteen.txt", file_blob=sealed.blob),
+            Context()))
+        await asyncio.sleep(0)  # the RPC starts, and must hand the loop back while it embeds
+        gated.gate.set()
+        reply: worker_pb2.IngestFileReply = await call
+        return reply
+
+    reply = asyncio.run(ingest_while_the_loop_runs())
+    assert gated.opened and reply.error_code == "" and reply.snapshot.version == 1

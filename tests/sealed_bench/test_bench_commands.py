@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 import sealed_bench
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,7 +29,7 @@ SMALL: dict[str, list[str]] = {
               "--unauthorized", "2", "--token-delay", "0.001"],
     "keyrelease": ["--iterations", "3", "--warmup", "1", "--concurrency", "3"],
     "policy": ["--decisions", "20", "--events", "200"],
-    "retrieval": ["--chunks", "120", "--queries", "20"],
+    "retrieval": ["--chunks", "120", "--queries", "20", "--file-chunks", "40"],
     "revocation": ["--rounds", "1", "--workers", "2", "--flood-rps", "5", "--flood-threads", "1", "--settle-s", "0.2"],
     "sealed": ["--iterations", "5"],
     "upload": ["--mib", "8", "--cuts", "2", "--chunk-mib", "1"],
@@ -113,8 +115,22 @@ def test_sealed(tmp_path: Path) -> None:
 
 def test_retrieval(tmp_path: Path) -> None:
     report = run_bench("retrieval", SMALL["retrieval"], tmp_path)
-    assert report["corpus"]["chunks"] >= 120 and report["search"]["store"]["n"] == 20
-    assert 0.0 <= report["recall_at_10"] <= 1.0 and report["ingestion"]["chunks_per_s"] > 0
+    assert report["corpus"]["chunks"] >= 120 and report["search"]["plain"]["n"] == 20
+    assert report["search"]["store_vector_given"]["n"] == 20 and report["corpus"]["files"] >= 2
+    assert 0.0 < report["recall_at_10"]["plain"] <= 1.0 and report["ingestion"]["plain"]["chunks_per_s"] > 0
+    assert "stack" not in report["ingestion"]  # no --stack-url: the plain side only
+    assert report["snapshot_at_full_size"]["bytes"] > report["corpus"]["chunks"] * 384 * 4  # the vectors at least
+
+
+def test_retrieval_stack_side_needs_an_api_key(monkeypatch: pytest.MonkeyPatch,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """Refused before any work (the stack's side runs in tests/api/test_embeddings_stack.py)."""
+    from sealed_bench.bench_retrieval import main
+
+    monkeypatch.delenv("SEALED_API_KEY", raising=False)
+    with pytest.raises(SystemExit) as exc:
+        main(["--stack-url", "http://127.0.0.1:1"])
+    assert exc.value.code == 2 and "--api-key" in capsys.readouterr().err
 
 
 def test_upload(tmp_path: Path) -> None:
