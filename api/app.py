@@ -44,6 +44,7 @@ from api.gateway.registry import WorkerRegistry
 from api.gateway.responses_routes import router as responses_router
 from api.gateway.responses_store import StoredResponses
 from api.gateway.router import router as openai_router
+from api.gateway.sealed_retrieval_routes import router as sealed_retrieval_router
 from api.gateway.sealed_router import router as sealed_router
 from api.gateway.service import GatewayService
 from api.gateway.settings import GatewaySettings
@@ -57,7 +58,7 @@ from api.management import uploads
 from api.management.app import router as management_router
 from api.management.lifecycle import router as lifecycle_router
 from api.management.metrics import router as metrics_router
-from api.management.oidc import OidcVerifier
+from api.management.oidc import OidcVerifier, bind_oidc_verifier
 from api.management.sessions import router as sessions_router
 from api.store.db import make_engine, session_factory, upgrade
 from api.store.repo import Store
@@ -131,9 +132,9 @@ def create_app(settings: GatewaySettings, service: GatewayService | None = None)
     app.include_router(sessions_router, prefix="/admin/v1")  # logout, revocation, tenant removal
     app.include_router(metrics_router)  # /metrics: management tokens (operator, auditor)
     app.include_router(uploads.router)  # package uploads, for tenant admins
-    app.state.package_store = uploads.PackageStore(settings.data_dir / "package-store")
+    uploads.bind_package_store(app, uploads.PackageStore(settings.data_dir / "package-store"))
     oidc = settings.oidc
-    app.state.oidc = OidcVerifier(oidc) if oidc is not None else None
+    bind_oidc_verifier(app, OidcVerifier(oidc) if oidc is not None else None)
     if oidc is None:
         logging.getLogger("api.app").warning(
             "auth: LOCAL DEVELOPMENT MODE - management API and console accept shared-secret HS256 tokens, "
@@ -170,8 +171,8 @@ def _gateway_app(settings: GatewaySettings, service: GatewayService) -> FastAPI:
                   **without_native_telemetry())
     bind_service(app, service)  # routes get the parts as a typed dependency (dependencies.py)
     bind_retrieval(app, GatewayRetrieval(service))  # files and vector stores (api/gateway/vector_stores.py)
-    for router in (openai_router, sealed_router, responses_router, conversations_router, files_router,
-                   vector_stores_router, embeddings_router, internal.router):
+    for router in (openai_router, sealed_router, sealed_retrieval_router, responses_router, conversations_router,
+                   files_router, vector_stores_router, embeddings_router, internal.router):
         app.include_router(router)
     for error, handler in error_handlers(service.edge_audit).items():
         app.add_exception_handler(error, handler)

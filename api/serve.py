@@ -12,8 +12,8 @@ import uvicorn
 
 from api.app import create_app
 from api.console_settings import ConsoleSettings, loopback_host
-from api.gateway.http_server import ConnectionLimits, server_config, shorten_gil_switch_interval
 from api.gateway.settings import GatewaySettings, WorkerRoute
+from api.http_server import ConnectionLimits, server_config, shorten_gil_switch_interval
 from api.oidc_settings import OidcSettings
 from protocol.asgi import freeze_startup_heap, schedule_full_collections
 

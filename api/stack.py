@@ -89,8 +89,10 @@ def worker_settings(home: Home, broker_url: str, port: int, unsafe_sim_measureme
 
 
 def prepare_demo(home: Home, model_path: Path | None = None, log: Callable[[str], None] = print,
-                 engine: str = "sealed", embedding_model: Path | None = None) -> DemoInfo:
-    """Idempotent: keys, the encrypted demo model, its data key, release policy and API key."""
+                 engine: str = "sealed", embedding_model: Path | None = None, native_quant: bool = False) -> DemoInfo:
+    """Idempotent: keys, the encrypted demo model, its data key, release policy and API key.
+    ``native_quant``: a GGUF model's quantized linears kept in the engine's kernel layouts (as `sealed
+    encrypt --gguf-quant native`), else dequantized to float32; a home's existing package is kept as is."""
     home.create()
     write_public_key(ed25519_key(home.sim_key), home.sim_public_key)
     tenant_key = ed25519_key(home.tenant_signing_key(DEMO_TENANT))
@@ -110,7 +112,7 @@ def prepare_demo(home: Home, model_path: Path | None = None, log: Callable[[str]
     except (KeyStoreError, Exception):
         log(f"encrypting the demo model as tenant '{DEMO_TENANT}' into {pkg} ...")
         encrypted = encrypt_model(model_path or default_model_path(), pkg, tenant=DEMO_TENANT, model=DEMO_MODEL,
-                                  version=DEMO_VERSION, signing_key=tenant_key)
+                                  version=DEMO_VERSION, signing_key=tenant_key, native_quant=native_quant)
         datakeys.register(demo, encrypted.data_key, encrypted.manifest.key_id,
                           encrypted.manifest.signer, encrypted.manifest.plaintext_digest)
     key_file = home.api_key_file(DEMO_TENANT)

@@ -135,9 +135,9 @@ def encrypt_checkpoint(checkpoint: Checkpoint | StreamedCheckpoint, out: Path, *
 
 
 def encrypt_model(src: Path, out: Path, *, tenant: str, model: str, version: str,
-                  signing_key: SigningKey, progress: Callable[[int], None] | None = None
-                  ) -> EncryptedModel:
-    return encrypt_checkpoint(load_source(src), out, tenant=tenant, model=model, version=version,
+                  signing_key: SigningKey, progress: Callable[[int], None] | None = None,
+                  native_quant: bool = False) -> EncryptedModel:
+    return encrypt_checkpoint(load_source(src, native_quant), out, tenant=tenant, model=model, version=version,
                               signing_key=signing_key, progress=progress)
 
 

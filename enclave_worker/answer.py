@@ -97,6 +97,7 @@ class Answer:
 
     async def _start(self, engine: ServingEngine) -> tuple[Outputs, RequestOutput]:
         state, request = self.state, self.request
+        state.cold_start.first_request()
         try:
             prompt = prompt_ids(engine, state.guard, state.settings.model, request, self.notes)
             if state.guard is not None and request.tools_json:  # a call forced by name: judged before any byte

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
-import threading
 import time
 from dataclasses import dataclass
 
@@ -13,6 +10,8 @@ import httpx
 import torch
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
+from attestation.attesters import Attester
+from attestation.bundle import EvidenceBundle, RuntimeData
 from attestation.workload import WorkloadClaims
 from enclave_worker.broker_auth import authenticate_broker, check_release
 from enclave_worker.cold_start import ColdStart
@@ -21,7 +20,6 @@ from enclave_worker.engine.checkpoint import Checkpoint
 from enclave_worker.engine.embedding_engine import EmbeddingEngine
 from enclave_worker.engine.errors import InvalidRequestError
 from enclave_worker.engine.layers.quantized_weight import unflatten as unflatten_quantized
-from enclave_worker.engine.structured import GrammarCompiler
 from enclave_worker.engine_protocol import ServingEngine
 from enclave_worker.gpu import check_gpu_confidentiality
 from enclave_worker.memory_fit import check_package_fits
@@ -51,6 +49,10 @@ class BootedWorker:
     # The tenant-signed release policy the key came under, as this worker checked it (None: the worker
     # pins no policy-admin key); stated to clients with the receipt key (release_statement.py).
     release_policy: ReleasePolicy | None = None
+    # The attester the key was released to: renewals (freshness.py) make their evidence with it. Made
+    # once per process: on the simulated TEE it hashes the worker's whole import closure (seconds on a
+    # loaded machine), which a second attester would redo while the first requests are served.
+    attester: Attester | None = None
 
     def wipe(self) -> None:
         """Zero every weight the engine holds (on a GPU: in GPU memory), the KV pool and the
@@ -108,9 +110,7 @@ def build_engine(settings: WorkerSettings, model: DecryptedModel) -> ServingEngi
         chat_template=model.metadata.get("chat_template"),
         release=model.release,  # the buffer shrinks as the build converts its tensors (page_release.py)
     )
-    engine = LLMEngine.from_checkpoint(checkpoint, engine_config(settings))
-    warm_grammars_in_background(engine.grammars)
-    return engine
+    return LLMEngine.from_checkpoint(checkpoint, engine_config(settings))
 
 
 def build_embedding_engine(settings: WorkerSettings, model: DecryptedModel) -> EmbeddingEngine:
@@ -120,24 +120,6 @@ def build_embedding_engine(settings: WorkerSettings, model: DecryptedModel) -> E
     checkpoint = Checkpoint(config=model.metadata["config"], tensors=dict(model.tensors),
                             tokenizer_json=model.metadata["tokenizer_json"], chat_template=None)
     return EmbeddingEngine.from_checkpoint(checkpoint, engine_config(settings))
-
-
-def warm_grammars_in_background(grammars: GrammarCompiler) -> threading.Thread:
-    """llguidance's view of the vocabulary and its token tables cost seconds once per engine: built on
-    a thread at the lowest CPU priority (idle cycles only; boot and serving do not wait for it), so the
-    first request that asks for structured output normally finds them built (else it waits on them)."""
-
-    def warm() -> None:
-        with contextlib.suppress(OSError):  # Linux: a thread's own nice value; elsewhere, normal priority
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-        try:
-            grammars.warm()
-        except InvalidRequestError as exc:  # no llguidance in this build: constrained requests refuse anyway
-            log.warning("structured output unavailable: %s", exc)
-
-    thread = threading.Thread(target=warm, name="grammar-warm", daemon=True)
-    thread.start()
-    return thread
 
 
 def broker_unauthenticated(settings: WorkerSettings) -> bool:
@@ -151,30 +133,38 @@ def broker_unauthenticated(settings: WorkerSettings) -> bool:
 
 def boot(settings: WorkerSettings, channel_binding: bytes = b"", hpke_key: X25519PrivateKey | None = None,
          policy_set: PolicySet | None = None, tracing: Tracing | None = None,
-         cold: ColdStart | None = None) -> BootedWorker:
+         cold: ColdStart | None = None, attester: Attester | None = None) -> BootedWorker:
     """Attest, obtain the data key, decrypt and build the engine; ``cold``: the phases so far (a warm
-    worker's boot), else they start at this process's start."""
+    worker's boot), else they start at this process's start; ``attester``: this process's (a warm
+    worker made it while it waited), else made here."""
     cold = cold or ColdStart()
     cold.trace(tracing or NoTracing())
     try:
-        return _boot(settings, channel_binding, hpke_key, policy_set, tracing, cold)
+        return _boot(settings, channel_binding, hpke_key, policy_set, tracing, cold, attester)
     except BaseException as exc:
         cold.end(error=type(exc).__name__)
         raise
 
 
 def _boot(settings: WorkerSettings, channel_binding: bytes, hpke_key: X25519PrivateKey | None,
-          policy_set: PolicySet | None, tracing: Tracing | None, cold: ColdStart) -> BootedWorker:
+          policy_set: PolicySet | None, tracing: Tracing | None, cold: ColdStart,
+          attester: Attester | None) -> BootedWorker:
     started = time.monotonic()
     # Before any key is asked for: a worker that may not serve on its device never gets one.
     gpu_cc_off = check_gpu_confidentiality(settings, policy_set)
-    attester = make_attester(settings, policy_set.version if policy_set else 0)
+    # The attester binds the package's digest as the disk had it when it was made; a package swapped
+    # since is refused below (its digest differs from the one the evidence binds).
+    attester = attester or make_attester(settings, policy_set.version if policy_set else 0)
     hpke_key = hpke_key or X25519PrivateKey.generate()
     tracing = tracing or NoTracing()
     # A model that cannot fit is refused from its signed manifest before a key is asked for (the signer
     # the key names is checked again when the package is decrypted).
     check_package_fits(settings, None)
-    release_started = cold.mark("boot", cold.started)
+    release_started = cold.checks_done()
+
+    def make_bundle(data: RuntimeData) -> EvidenceBundle:
+        cold.mark("broker", release_started)  # the broker authenticated itself and sent its nonce
+        return cold.timed("attest", lambda: attester.bundle(data))
     span = tracing.start("worker.key_release", kind="client", attributes={
         "sealed.tenant": settings.tenant, "gen_ai.request.model": settings.model}) if tracing.enabled else NULL_SPAN
     try:
@@ -182,8 +172,7 @@ def _boot(settings: WorkerSettings, channel_binding: bytes, hpke_key: X25519Priv
         with httpx.Client(base_url=settings.broker_url, timeout=30.0, headers=tracing.headers(span)) as client:
             # Before anything is sent or taken: the broker proves it is the attested broker this worker pins.
             broker = None if broker_unauthenticated(settings) else authenticate_broker(settings, client)
-            released = obtain_data_key(client, settings.ref,
-                                       make_bundle=lambda data: cold.timed("attest", lambda: attester.bundle(data)),
+            released = obtain_data_key(client, settings.ref, make_bundle=make_bundle,
                                        channel_binding=channel_binding, hpke_key=hpke_key)
     except BaseException as exc:
         span.end(error=type(exc).__name__)
@@ -232,4 +221,5 @@ def _boot(settings: WorkerSettings, channel_binding: bytes, hpke_key: X25519Priv
     log.info("model %s/%s loaded on %s as %s (%d tensors) in %.1f s; serving", settings.model, settings.version,
              settings.device, settings.dtype, len(model.manifest.tensors), load_s)
     return BootedWorker(engine=engine, released=released, model_digest=model.manifest.plaintext_digest,
-                        decrypted=model, gpu_cc_off=gpu_cc_off, load_s=load_s, release_policy=release_policy)
+                        decrypted=model, gpu_cc_off=gpu_cc_off, load_s=load_s, release_policy=release_policy,
+                        attester=attester)

@@ -1,18 +1,26 @@
 """The phases of one worker's start, from its process to its first token (docs/tracing.md, docs/deploy.md).
 
-boot         the process started -> ready to ask for a key (imports, the tenant's policy, the GPU check;
-             a warm worker: until it has attested once and waits for an assignment)
-attest       the TEE's evidence for the key request (and the GPU's), made with the broker's nonce
-release      the rest of the key-release exchange: the broker verifies, appraises and seals the key
-decrypt      the package, segment by segment, into memory (or GPU memory)
-load         the engine built from the plaintext (layouts, kernels, the KV pool)
-first_token  serving -> the first token of the first answer leaves the engine
+boot           the process started -> ready to ask for a key (imports, the tenant's policy, the GPU check,
+               the attester; a warm worker: until it has attested once and waits for an assignment)
+assign         a warm worker only: its assignment arrived -> ready to ask for a key (the boot's own checks,
+               run again: the GPU, the package's fit)
+broker         the key broker's own evidence checked under a fresh nonce, and the key request's nonce
+attest         the TEE's evidence for the key request (and the GPU's), made with the broker's nonce
+release        the rest of the key-release exchange: the broker verifies, appraises and seals the key
+decrypt        the package, segment by segment, into memory (or GPU memory)
+load           the engine built from the plaintext (layouts, kernels, the KV pool)
+announce       loaded -> a gateway answered the heartbeat that says "ready" (it checks the attestation
+               that beat carries before it answers: from then on it routes here)
+first_request  the end of the phases before -> the first request reached the worker
+first_token    the first request reached the worker -> its first token left the engine
 
-Each phase is a (start, end) pair of ``time.monotonic()`` readings. They are exported as gauges in the
-worker's status (``sealed:cold_start_<phase>_seconds``, which the gateway's /metrics serves per worker)
-and, with tracing on, as ``worker.<phase>`` spans under one ``worker.cold_start`` span, opened when the
-boot starts (a standby worker's: at its assignment) and ended at its first token (or its failure);
-``worker.boot`` starts at the process's start, before its parent opens. No phase carries an attribute.
+Each phase is a (start, end) pair of ``time.monotonic()`` readings; from ``assign`` (a cold worker: from
+``boot``) to ``first_token`` they follow one another, so their sum is the start's whole time. They are
+exported as gauges in the worker's status (``sealed:cold_start_<phase>_seconds``, which the gateway's
+/metrics serves per worker) and, with tracing on, as ``worker.<phase>`` spans under one
+``worker.cold_start`` span, opened when the boot starts (a standby worker's: at its assignment) and
+ended at its first token (or its failure); ``worker.boot`` starts at the process's start, before its
+parent opens. No phase carries an attribute.
 """
 
 from __future__ import annotations
@@ -26,7 +34,8 @@ from typing import TypeVar
 
 from protocol.tracing import NULL_SPAN, Span, Tracing
 
-PHASES = ("boot", "attest", "release", "decrypt", "load", "first_token")
+PHASES = ("boot", "assign", "broker", "attest", "release", "decrypt", "load", "announce", "first_request",
+          "first_token")
 STAT_PREFIX = "sealed:cold_start_"
 T = TypeVar("T")
 
@@ -50,6 +59,7 @@ class ColdStart:
 
     started: float = field(default_factory=process_started)
     spans: dict[str, tuple[float, float]] = field(default_factory=dict)
+    assigned_at: float | None = None  # a warm worker's assignment (standby.py); None: a cold start
     _tracing: Tracing | None = None
     _root: Span = NULL_SPAN
 
@@ -80,10 +90,40 @@ class ColdStart:
             self._root.end(error=error)
             self._tracing = None
 
-    def first_token(self) -> None:
-        """The first answer's first token left the engine: ``first_token`` from the end of ``load``."""
-        if PHASES[-1] not in self.spans and "load" in self.spans:
-            self.mark(PHASES[-1], self.spans["load"][1])
+    def assigned(self) -> None:
+        """A warm worker was assigned now (its first assignment only: a second one is refused anyway)."""
+        if self.assigned_at is None:
+            self.assigned_at = time.monotonic()
+
+    def checks_done(self) -> float:
+        """The boot's checks before the key request are done: ``boot`` (a cold start) or ``assign`` (a warm
+        worker, from its assignment) ends now; returns now."""
+        if self.assigned_at is None:
+            return self.mark("boot", self.started)
+        return self.mark("assign", self.assigned_at)
+
+    def last_end(self) -> float:
+        """Where the next phase starts: the latest end marked so far (the process's start if none)."""
+        return max((end for _, end in self.spans.values()), default=self.started)
+
+    def announced(self) -> None:
+        """A gateway answered the heartbeat that says "ready": ``announce`` from the end of ``load``."""
+        if "load" in self.spans:
+            self.mark("announce", self.spans["load"][1])
+
+    def first_request(self) -> None:
+        """The first request reached the worker (once loaded): ``first_request`` from the latest phase's end."""
+        if "load" in self.spans and "first_request" not in self.spans:
+            self.mark("first_request", min(self.last_end(), time.monotonic()))
+
+    def first_token(self) -> bool:
+        """The first answer's first token left the engine: ``first_token`` from its request's arrival.
+        True the one time it is marked."""
+        if PHASES[-1] in self.spans or "load" not in self.spans:
+            return False
+        self.first_request()
+        self.mark(PHASES[-1], self.spans["first_request"][1])
+        return True
 
     def timed(self, phase: str, fn: Callable[[], T]) -> T:
         """Run ``fn`` as ``phase``."""

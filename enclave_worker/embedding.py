@@ -75,10 +75,14 @@ def embedding_engine(state: WorkerState) -> EmbeddingEngine:
     return engine
 
 
-async def embeddings_document(state: WorkerState, request: worker_pb2.SealedRequest, req: EmbeddingsRequest
-                              ) -> tuple[dict[str, Any], int]:
+async def embeddings_document(state: WorkerState, request: worker_pb2.SealedRequest, req: EmbeddingsRequest,
+                              decisions: list[worker_pb2.UsageRecord]) -> tuple[dict[str, Any], int]:
     """A sealed /v1/embeddings request's answer, as the gateway gives it in plaintext mode, and the
-    prompt tokens it read (for the receipt and the usage record). Refusals are OpenAIError."""
+    prompt tokens it read (for the receipt and the usage record). Refusals are OpenAIError. The data
+    controls' signed decisions (a refusal, redactions) are added to `decisions`: the tenant's sealed
+    decision record, as a sealed chat's are (the plaintext RPC sends them to the gateway instead)."""
+    signer, clock = state.signer, state.clock
+    call: EmbedCall | None = None
     try:
         engine = embedding_engine(state)
         if req.dimensions is not None and req.dimensions != engine.embedder.dim:
@@ -94,7 +98,11 @@ async def embeddings_document(state: WorkerState, request: worker_pb2.SealedRequ
     except InvalidRequestError as exc:
         raise OpenAIError(400, str(exc), code="invalid_value", param="input") from exc
     except GuardRefusal as exc:
+        if call is not None:
+            decisions += signer.decisions(request, call.notes, exc, clock.now())
         raise OpenAIError(403, str(exc), type_="permission_error", code="content_policy_violation") from exc
+    if call is not None and call.notes:  # redactions
+        decisions += signer.decisions(request, call.notes, None, clock.now())
     document = embeddings_body(req.model, rows(reply.vectors, reply.dimensions), req.encoding_format,
                                reply.prompt_tokens)
     return document, reply.prompt_tokens

@@ -55,10 +55,14 @@ class AttestationRenewal:
             booted.released, token=token, bundle=bundle)))
 
     async def run(self) -> None:
-        guard = self.state.guard  # the policy version the boot evidence bound, bound again
-        policy_version = guard.policy_set.version if guard and guard.policy_set else 0
-        # Once: it measures the code.
-        make_bundle = await asyncio.to_thread(bundle_maker, self.state.settings, policy_version)
+        booted = self.state.booted
+        if booted is not None and booted.attester is not None:
+            make_bundle = booted.attester.bundle  # the boot's: made once per process (boot.py)
+        else:
+            guard = self.state.guard  # the policy version the boot evidence bound, bound again
+            policy_version = guard.policy_set.version if guard and guard.policy_set else 0
+            # Once: it measures the code.
+            make_bundle = await asyncio.to_thread(bundle_maker, self.state.settings, policy_version)
         while True:
             booted = self.state.booted
             if booted is None:

@@ -69,6 +69,8 @@ async def heartbeats(state: WorkerState, urls: list[str], token: str, grpc_addre
                     reply = await client.post(f"{url}/internal/workers/heartbeat", json=body,
                                               headers={"Authorization": f"Bearer {token}"})
                     settled = settled or (reply.status_code == 200 and reply.json().get("settled") is True)
+                    if reply.status_code == 200 and body["status"] == "ready":
+                        state.cold_start.announced()  # the gateway checked this beat's attestation
             if settled:
                 state.outbox.settled(batch)
             with contextlib.suppress(TimeoutError):

@@ -15,6 +15,7 @@ import time
 
 import httpx
 
+from attestation.attesters import Attester
 from attestation.errors import AttestationError
 from enclave_worker.boot import boot
 from enclave_worker.engine.compute_thread import on_a_passing_thread
@@ -49,8 +50,9 @@ def startup_guard(settings: WorkerSettings) -> tuple[WorkerGuard | None, str]:
         return None, reason
 
 
-async def boot_and_serve(state: WorkerState) -> None:
-    """Boot, then hold the key's lease for as long as the worker serves (returns when it stops)."""
+async def boot_and_serve(state: WorkerState, attester: Attester | None = None) -> None:
+    """Boot, then hold the key's lease for as long as the worker serves (returns when it stops);
+    ``attester``: the one a warm worker made while it waited (standby.py), else the boot makes it."""
     s, live = state.settings, state.live
     if live.status != "starting":  # the startup checks failed: nothing to boot
         return
@@ -62,7 +64,7 @@ async def boot_and_serve(state: WorkerState) -> None:
     try:
         booted = await on_a_passing_thread(
             lambda: boot(s, state.channel_binding, state.serving_key.private_key, policy_set, state.tracing,
-                         state.cold_start), "boot")
+                         state.cold_start, attester), "boot")
     except Exception as exc:
         boot_failed(state, exc)
         return

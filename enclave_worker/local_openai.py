@@ -18,6 +18,10 @@ from pydantic import ValidationError
 
 from enclave_worker.answer import Answer
 from enclave_worker.embedding import embeddings_document
+from enclave_worker.retrieval.service import RetrievalService
+from enclave_worker.sealed_conversation import conversation_call
+from enclave_worker.sealed_read import read_stored
+from enclave_worker.sealed_retrieval import RetrievalAnswer, retrieval_answer
 from enclave_worker.sealed_state import SealedTurn, begin_sealed_turn
 from enclave_worker.stage_times import StageTimes
 from enclave_worker.state import WorkerState
@@ -31,7 +35,7 @@ from protocol.openai.runner import ChoiceResult, Streams, collect_choice, merge_
 from protocol.openai.schemas import ChatCompletionRequest, CompletionRequest
 from protocol.rpc import worker_pb2
 from protocol.sampling import DEFAULT_MAX_TOKENS
-from protocol.sealed.http import ResponseHead
+from protocol.sealed.http import CONVERSATIONS, RETRIEVAL_ENDPOINTS, STORED_READ, ResponseHead
 
 R = TypeVar("R", ChatCompletionRequest, CompletionRequest, ResponsesRequest, EmbeddingsRequest)
 
@@ -40,22 +44,27 @@ class LocalRun:
     """The OpenAI layer's choice runner over this worker's pipeline (the gateway's is
     api/gateway/generation.Run, over workers)."""
 
-    def __init__(self, state: WorkerState, timed: bool = False) -> None:
+    def __init__(self, state: WorkerState, timed: bool = False, retrieval: RetrievalService | None = None) -> None:
         self.state = state
+        self.retrieval = retrieval  # an encoder's worker: its files and vector stores (sealed_retrieval.py)
+        self.retrieved: RetrievalAnswer | None = None  # a sealed upload's or search's answer
+        # Signed decisions not of a choice (a sealed embeddings call's data controls, a search's retrievals).
+        self.recorded: list[worker_pb2.UsageRecord] = []
         self.timed = timed  # stamp each choice's stages for traces (stage_times.py)
         self._answers: list[Answer] = []
         self._streams: list[AsyncGenerator[worker_pb2.GenerateChunk, None]] = []
         self.tokens: dict[int, tuple[int, int]] = {}
         self.turn: SealedTurn | None = None  # a sealed /v1/responses request's stored state
+        self.conversation_call: worker_pb2.StateBlob | None = None  # a conversation call's new state
 
     @property
     def decisions(self) -> tuple[worker_pb2.UsageRecord, ...]:
         """What the pipeline signed for every choice that ended (answered or refused)."""
-        return tuple(d for a in self._answers for d in a.decisions)
+        return (*(d for a in self._answers for d in a.decisions), *self.recorded)
 
     def decisions_so_far(self) -> tuple[worker_pb2.UsageRecord, ...]:
         """Every choice's signed decisions, also of choices cut short (the client left)."""
-        return tuple(d for a in self._answers for d in a.decisions_so_far())
+        return (*(d for a in self._answers for d in a.decisions_so_far()), *self.recorded)
 
     def timings(self) -> list[StageTimes]:
         return [a.timing for a in self._answers if a.timing is not None]
@@ -108,11 +117,21 @@ async def inner_answer(state: WorkerState, request: worker_pb2.SealedRequest, bo
     tee = {"tee": s.tee, "insecure": s.insecure, "system_fingerprint": f"sealed-{s.tee}"}
     if request.endpoint == "/v1/responses":
         return await _responses(state, request, body, run, tee)
+    if request.endpoint == STORED_READ:  # a stored response read back, opened here only
+        head, read = read_stored(state, request, body)
+        return head, single(read)
+    if request.endpoint == CONVERSATIONS:  # a sealed-mode conversation, opened and sealed here only
+        head, answer, run.conversation_call = conversation_call(state, request, body)
+        return head, single(answer)
     if request.endpoint == "/v1/embeddings":  # an encoder's worker (enclave_worker/embedding.py)
         document, prompt_tokens = await embeddings_document(state, request, _parse(EmbeddingsRequest, body,
-                                                                                   request.model))
+                                                                                   request.model), run.recorded)
         run.tokens[0] = (prompt_tokens, 0)  # what the receipt and the usage record count
         return _whole(document)
+    if request.endpoint in RETRIEVAL_ENDPOINTS:  # an encoder's worker (sealed_retrieval.py)
+        run.retrieved = await retrieval_answer(state, request, body, run.retrieval, _parse)
+        run.recorded += run.retrieved.decisions
+        return _whole(run.retrieved.document)
     if chat:
         req = _parse(ChatCompletionRequest, body, request.model)
         plan = plan_chat(req, rid=rid, tenant=request.tenant, key_id=request.key_id,
@@ -144,13 +163,16 @@ async def _responses(state: WorkerState, request: worker_pb2.SealedRequest, body
                      agent_killed=request.agent_killed, default_max_tokens=DEFAULT_MAX_TOKENS)
     base = {"id": f"chatcmpl-{request.request_id}", "created": int(state.clock.now()), "model": req.model,
             "response_id": turn.response_id, "store": turn.store, **tee}
+    if turn.conversation is not None:
+        base["conversation"] = turn.conversation.id
     streams = await run.start(turn.continued(plan.requests))
     run.turn = turn
 
     async def finished(doc: dict[str, Any]) -> None:
         turn.keep(state, request.tenant, req, doc)
 
-    head = ResponseHead(200, "application/json", turn.history_ids, turn.response_id if turn.store else "")
+    head = ResponseHead(200, "application/json", turn.history_ids, turn.response_id if turn.store else "",
+                        turn.conversation_head())
     if req.stream:
         head = dataclasses.replace(head, content_type="text/event-stream")
         return head, responses_events(req, chat_events(chat, plan, run, streams, base), base, finished=finished)

@@ -1,9 +1,16 @@
-"""The worker's retrieval RPCs (SealFile, IngestFile, SearchStore, DeleteStoreFile): gRPC around
+"""The worker's retrieval RPCs (SealFile, IngestFile, SearchStore, DeleteStoreFile, and the store
+snapshots in segments: WriteStoreSnapshot, ReadStoreSnapshot): gRPC around
 enclave_worker/retrieval/service.py, mixed into WorkerServicer.
 
-Errors: a request that breaks the API's rules is INVALID_ARGUMENT; a snapshot or file that does not
-open (another key, tampered, replayed, a revoked key) is FAILED_PRECONDITION with one message; a
-worker without an encoder is UNIMPLEMENTED. A file the worker cannot index is not an error of the
+A call that names its store's snapshot (``base``) is served from the worker's open stores; when the
+worker lacks that snapshot it answers NOT_FOUND and the gateway sends it (WriteStoreSnapshot) and
+asks again. A new snapshot made by such a call is read back with ReadStoreSnapshot.
+
+Errors: a request that breaks the API's rules, or a segment list that is not one whole snapshot, is
+INVALID_ARGUMENT; a snapshot or file that does not open (another key, tampered, a revoked key) is
+FAILED_PRECONDITION with one message, an older snapshot than this worker has seen (a replay) is
+FAILED_PRECONDITION saying so; a snapshot not held is NOT_FOUND; a worker without an encoder is
+UNIMPLEMENTED. A file the worker cannot index is not an error of the
 call: the reply says so (OpenAI's vector store file `failed` with `last_error`). SealFile and
 SearchStore carry document text in clear, so a tenant that requires sealed mode refuses them.
 
@@ -15,17 +22,19 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import NoReturn, TypeVar
 
 import grpc
 
 from enclave_worker.lifecycle import serving
-from enclave_worker.retrieval.errors import InvalidRetrievalRequest, SealedStoreError
+from enclave_worker.retrieval.errors import InvalidRetrievalRequest, SealedStoreError, SnapshotNeeded, StaleSnapshot
 from enclave_worker.retrieval.service import FileUnreadable, RetrievalService, StoreEncoder, results_json, strategy_json
+from enclave_worker.retrieval.store_cache import StoreCacheSettings
 from enclave_worker.retrieval.vector_store import StoredFile
 from enclave_worker.state import WorkerState
 from protocol.rpc import worker_pb2
+from protocol.rpc.snapshot_segments import SegmentAssembler, SnapshotName, SnapshotTransferError, segments
 
 T = TypeVar("T")
 
@@ -53,32 +62,33 @@ class RetrievalRpcs:
     state: WorkerState
     retrieval: RetrievalService | None
 
-    async def _service(self, context: grpc.aio.ServicerContext, *, content_in_clear: bool) -> RetrievalService:
-        guard = self.state.guard
-        if content_in_clear and guard is not None and guard.policy_set is not None and guard.policy_set.require_sealed:
-            await context.abort(grpc.StatusCode.PERMISSION_DENIED, "this tenant requires sealed mode")
+    def current_retrieval(self) -> RetrievalService | None:
+        """This worker's retrieval (None: no embedding model), shared by the RPCs and sealed requests
+        (sealed_retrieval.py), so the rollback check sees every snapshot either was given."""
         booted = booted_encoder(self.state)
         if booted is not None and (self.retrieval is None or self.retrieval.encoder is not booted):
             # The encoder this worker booted (again, after a wipe: a new one; what the old one saw is gone).
             self.retrieval = retrieval_for(self.state, booted)
-        if self.retrieval is None:
+        return self.retrieval
+
+    async def _service(self, context: grpc.aio.ServicerContext, *, content_in_clear: bool) -> RetrievalService:
+        guard = self.state.guard
+        if content_in_clear and guard is not None and guard.policy_set is not None and guard.policy_set.require_sealed:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, "this tenant requires sealed mode")
+        if self.current_retrieval() is None:
             await context.abort(grpc.StatusCode.UNIMPLEMENTED, "this worker has no embedding model")
         if not serving(self.state) or self.state.booted is None:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "model unavailable")
         assert self.retrieval is not None
         return self.retrieval
 
-    def _rights(self, key_id: str) -> Callable[[StoredFile], bool]:
-        """The tenant's signed `file_access` for this caller (policy/file_access.py): checked on every
-        file inside the search (faiss's selector), so a file the caller may not read gives no passage."""
-        guard = self.state.guard
-        access = guard.policy_set.file_access if guard is not None and guard.policy_set is not None else None
-        if access is None:
-            return lambda _: True
-        return lambda f: access.readable(key_id, f.attributes)
-
     @staticmethod
     async def _refuse(context: grpc.aio.ServicerContext, exc: Exception) -> NoReturn:
+        if isinstance(exc, SnapshotNeeded):
+            await context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
+        if isinstance(exc, StaleSnapshot):
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                                "the vector store snapshot is older than one this worker has seen (a replay)")
         if isinstance(exc, SealedStoreError):
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                                 "this worker cannot open or seal the vector store or file "
@@ -99,31 +109,34 @@ class RetrievalRpcs:
     async def IngestFile(self, request: worker_pb2.IngestFileRequest, context: grpc.aio.ServicerContext
                          ) -> worker_pb2.IngestFileReply:
         service = await self._service(context, content_in_clear=False)
+        base = _base(request)
         try:
             attributes = _json(request.attributes_json, "attributes")
             chunking = _json(request.chunking_json, "chunking_strategy")
             done = await off_loop(service, lambda: service.ingest(
                 request.tenant, request.store_id, request.snapshot, request.file_id, request.filename,
-                request.file_blob, attributes, chunking))
+                request.file_blob, attributes, chunking, base))
         except FileUnreadable as exc:
             return worker_pb2.IngestFileReply(error_code=exc.code, error_message=exc.message)
-        except (InvalidRetrievalRequest, SealedStoreError) as exc:
+        except (InvalidRetrievalRequest, SealedStoreError, SnapshotNeeded) as exc:
             await self._refuse(context, exc)
+        blob = b"" if base is not None else done.snapshot.blob  # by name: read with ReadStoreSnapshot
         return worker_pb2.IngestFileReply(
-            snapshot=worker_pb2.SealedBlob(blob=done.snapshot.blob, version=done.snapshot.version,
-                                        key_version=service.version),
-            usage_bytes=done.file.usage_bytes, chunking_json=strategy_json(done.file.strategy))
+            snapshot=worker_pb2.SealedBlob(blob=blob, version=done.snapshot.version, key_version=service.version),
+            usage_bytes=done.file.usage_bytes, chunking_json=strategy_json(done.file.strategy),
+            made=_made(request.store_id, done.snapshot.version, done.snapshot.sha256))
 
     async def SearchStore(self, request: worker_pb2.SearchStoreRequest, context: grpc.aio.ServicerContext
                           ) -> worker_pb2.SearchStoreReply:
         service = await self._service(context, content_in_clear=True)
+        base = _base(request)
         try:
-            filters, readable = _json(request.filters_json, "filters"), self._rights(request.key_id)
+            filters, readable = _json(request.filters_json, "filters"), file_rights(self.state, request.key_id)
             threshold = request.score_threshold if request.has_score_threshold else None
             results = await off_loop(service, lambda: service.search(
                 request.tenant, request.store_id, request.snapshot, request.query, request.max_num_results,
-                filters, threshold, request.rewrite_query, readable=readable))
-        except (InvalidRetrievalRequest, SealedStoreError) as exc:
+                filters, threshold, request.rewrite_query, readable=readable, base=base))
+        except (InvalidRetrievalRequest, SealedStoreError, SnapshotNeeded) as exc:
             await self._refuse(context, exc)
         return worker_pb2.SearchStoreReply(results_json=results_json(results),
                                            file_ids=sorted({r.file_id for r in results}))
@@ -131,12 +144,63 @@ class RetrievalRpcs:
     async def DeleteStoreFile(self, request: worker_pb2.DeleteStoreFileRequest, context: grpc.aio.ServicerContext
                               ) -> worker_pb2.SealedBlob:
         service = await self._service(context, content_in_clear=False)
+        base = _base(request)
         try:
             snapshot = await off_loop(service, lambda: service.delete_file(request.tenant, request.store_id,
-                                                                           request.snapshot, request.file_id))
-        except (InvalidRetrievalRequest, SealedStoreError) as exc:
+                                                                           request.snapshot, request.file_id, base))
+        except (InvalidRetrievalRequest, SealedStoreError, SnapshotNeeded) as exc:
             await self._refuse(context, exc)
-        return worker_pb2.SealedBlob(blob=snapshot.blob, version=snapshot.version, key_version=service.version)
+        return worker_pb2.SealedBlob(blob=b"" if base is not None else snapshot.blob, version=snapshot.version,
+                                     key_version=service.version,
+                                     made=_made(request.store_id, snapshot.version, snapshot.sha256))
+
+    async def WriteStoreSnapshot(self, request_iterator: AsyncIterator[worker_pb2.StoreSnapshotSegment],
+                                 context: grpc.aio.ServicerContext) -> worker_pb2.StoreSnapshotAck:
+        """A store's sealed snapshot, in segments, after this worker said it lacks it: checked whole
+        (segments, digest, then the AEAD and the version as it opens) and held open."""
+        service = await self._service(context, content_in_clear=False)
+        assembler = SegmentAssembler()
+        try:
+            async for segment in request_iterator:
+                assembler.add(segment)
+            tenant, name, blob = assembler.finish()
+            await off_loop(service, lambda: service.load(tenant, name, blob))
+        except (SnapshotTransferError, InvalidRetrievalRequest, SealedStoreError) as exc:
+            await self._refuse(context, exc)
+        return worker_pb2.StoreSnapshotAck(ref=name.ref())
+
+    async def ReadStoreSnapshot(self, request: worker_pb2.ReadStoreSnapshotRequest,
+                                context: grpc.aio.ServicerContext) -> AsyncIterator[worker_pb2.StoreSnapshotSegment]:
+        """The snapshot an IngestFile or DeleteStoreFile by name just made, in segments."""
+        service = await self._service(context, content_in_clear=False)
+        name = SnapshotName.of(request.ref)
+        try:
+            blob = await off_loop(service, lambda: service.made(request.tenant, name))
+        except (InvalidRetrievalRequest, SealedStoreError, SnapshotNeeded) as exc:
+            await self._refuse(context, exc)
+        for segment in segments(request.tenant, name, blob):
+            yield segment
+        await off_loop(service, lambda: service.read(name))
+
+
+def _base(request: worker_pb2.IngestFileRequest | worker_pb2.SearchStoreRequest
+          | worker_pb2.DeleteStoreFileRequest) -> SnapshotName | None:
+    """The snapshot the gateway names (None: it sent the snapshot itself, the first protocol)."""
+    return SnapshotName.of(request.base) if request.HasField("base") else None
+
+
+def _made(store_id: str, version: int, sha256: bytes) -> worker_pb2.StoreSnapshotRef:
+    return SnapshotName(store_id, version, sha256).ref()
+
+
+def file_rights(state: WorkerState, key_id: str) -> Callable[[StoredFile], bool]:
+    """The tenant's signed `file_access` for this caller (policy/file_access.py): checked on every file
+    inside the search, so a file the caller may not read gives no passage. No section: every file."""
+    guard = state.guard
+    access = guard.policy_set.file_access if guard is not None and guard.policy_set is not None else None
+    if access is None:
+        return lambda _: True
+    return lambda f: access.readable(key_id, f.attributes)
 
 
 def retrieval_for(state: WorkerState, encoder: StoreEncoder | None) -> RetrievalService | None:
@@ -150,7 +214,10 @@ def retrieval_for(state: WorkerState, encoder: StoreEncoder | None) -> Retrieval
         booted = state.booted
         return booted.released.data_key if booted is not None else b""
 
-    return RetrievalService(encoder, data_key, settings.tenant, settings.model, settings.version)
+    service = RetrievalService(encoder, data_key, settings.tenant, settings.model, settings.version,
+                               cache=StoreCacheSettings(settings.store_cache_bytes))
+    state.live.on_wipe(service.evict)  # revocation: no opened store outlives the key
+    return service
 
 
 def booted_encoder(state: WorkerState) -> StoreEncoder | None:

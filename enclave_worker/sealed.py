@@ -18,6 +18,7 @@ import grpc
 from enclave_worker.errors import SealedRefusal
 from enclave_worker.lifecycle import serving
 from enclave_worker.local_openai import LocalRun, inner_answer, single
+from enclave_worker.retrieval.service import RetrievalService
 from enclave_worker.stage_times import StageTimes
 from enclave_worker.state import WorkerState
 from policy.callers import CallerRefused
@@ -34,7 +35,7 @@ from protocol.sealed import (
     sign_receipt,
 )
 from protocol.sealed.caller import read_caller
-from protocol.sealed.http import ENDPOINTS, ResponseHead
+from protocol.sealed.http import ENDPOINTS, RETRIEVAL_ENDPOINTS, ResponseHead
 
 __all__ = ["SealedAnswer", "SealedRefusal", "open_sealed_request"]
 log = logging.getLogger(__name__)
@@ -44,7 +45,7 @@ def open_sealed_request(state: WorkerState, request: worker_pb2.SealedRequest) -
     s = state.settings
     if not serving(state):
         raise SealedRefusal(grpc.StatusCode.UNAVAILABLE, "model unavailable")
-    if request.endpoint not in ENDPOINTS:
+    if request.endpoint not in ENDPOINTS and request.endpoint not in RETRIEVAL_ENDPOINTS:
         raise SealedRefusal(grpc.StatusCode.INVALID_ARGUMENT, "sealed request for an unknown endpoint")
     if (request.tenant, request.model) != (s.tenant, s.model):
         raise SealedRefusal(grpc.StatusCode.INVALID_ARGUMENT, "sealed request for another tenant or model")
@@ -99,11 +100,13 @@ def policy_version(state: WorkerState) -> int:
 class SealedAnswer:
     """One opened sealed request's answer. Iterate `chunks()` (ciphertext, the last one with the
     sealed receipt and the signed usage record); `decisions_so_far()` is what the pipeline signed
-    for its choices (for the tenant's sealed record, never the gateway)."""
+    for its choices (for the tenant's sealed record, never the gateway). `retrieval`: an encoder's
+    worker's files and vector stores, for a sealed upload or search (sealed_retrieval.py)."""
 
-    def __init__(self, state: WorkerState, request: worker_pb2.SealedRequest, opened: OpenedRequest) -> None:
+    def __init__(self, state: WorkerState, request: worker_pb2.SealedRequest, opened: OpenedRequest,
+                 retrieval: RetrievalService | None = None) -> None:
         self.state, self.request, self.opened = state, request, opened
-        self._run = LocalRun(state, timed=state.tracing.enabled)
+        self._run = LocalRun(state, timed=state.tracing.enabled, retrieval=retrieval)
         self._started = state.clock.monotonic()
         self.final_usage: worker_pb2.UsageRecord | None = None  # set with the final chunk
 
@@ -148,6 +151,7 @@ class SealedAnswer:
         prompt = sum(p for p, _ in self._run.tokens.values())
         completion = sum(c for _, c in self._run.tokens.values())
         booted = state.booted
+        retrieved = self._run.retrieved
         receipt = Receipt(
             request_sha256=self.opened.request_sha256, response_sha256=self.opened.sealer.hash.hexdigest(),
             worker_key_id=state.serving_key.key_id, tenant=s.tenant, model=s.model, model_version=s.version,
@@ -155,14 +159,20 @@ class SealedAnswer:
             prompt_tokens=prompt, completion_tokens=completion, tee=s.tee, insecure=s.insecure,
             issued_at=clock.now(), api_key_id=self.request.key_id, signing_key=state.usage_public_hex,
             channel_spki=state.tls_spki.hex(),
-            evidence_sha256=state.evidence_sha256())
+            evidence_sha256=state.evidence_sha256(), file_ids=retrieved.file_ids if retrieved else ())
         final = worker_pb2.SealedChunk(data=self.opened.sealer.seal(sign_receipt(receipt, state.usage_key),
                                                                     final=True))
         self.final_usage = state.signer.usage(self.request, prompt, completion, clock.monotonic() - started,
                                               clock.now())
         final.usage.CopyFrom(self.final_usage)
+        if retrieved is not None and retrieved.sealed_file is not None:  # ciphertext and metadata: the gateway keeps it
+            final.sealed_file.CopyFrom(retrieved.sealed_file)
         turn = self._run.turn
         if turn is not None and turn.stored is not None:  # ciphertext only: the gateway keeps it by id
             final.stored_state.CopyFrom(turn.stored)
+            final.state_version = s.version
+        conversation = self._run.conversation_call or (turn.conversation_stored if turn is not None else None)
+        if conversation is not None:  # the whole conversation, sealed: kept in place of the one it opened
+            final.conversation_state.CopyFrom(conversation)
             final.state_version = s.version
         return final

@@ -12,6 +12,10 @@ which sends the chain of ciphertext it keeps under that id. The worker checks th
 the id sealed inside the request, that each state continued the one before it (nothing dropped,
 nothing spliced in), and that every state was stored in sealed mode; the answer's sealed head names
 the ids it opened, which the client checks against what it asked (sealed_client/stored_state.py).
+
+A turn with `conversation` continues a conversation made in sealed mode instead: the gateway sends its
+one blob, the worker checks and opens it (sealed_conversation.py) and, once the answer is whole, seals
+it again with the turn's items, one version higher.
 """
 
 from __future__ import annotations
@@ -30,11 +34,14 @@ from enclave_worker.response_state import (
     retention_s,
     seal_state,
 )
+from enclave_worker.sealed_conversation import SealedConversation, open_conversation, seal_conversation
 from enclave_worker.state import WorkerState
 from protocol.openai.errors import OpenAIError
-from protocol.openai.responses_request import ResponsesRequest
+from protocol.openai.items import input_items
+from protocol.openai.responses_request import ResponsesRequest, conversation_id
 from protocol.openai.stored_state import state_document
 from protocol.rpc import worker_pb2
+from protocol.sealed.http import ConversationHead
 
 PARAM = "previous_response_id"
 
@@ -48,6 +55,16 @@ class SealedTurn:
     history_ids: tuple[str, ...] = ()  # the stored responses it continued, oldest first
     past: list[dict[str, Any]] = field(default_factory=list)  # their turns as chat messages
     stored: worker_pb2.StateBlob | None = None  # the sealed state, once the answer is whole
+    conversation: SealedConversation | None = None  # the sealed-mode conversation it continues
+    opened: tuple[int, str] = (0, "")  # that conversation's version and digest as opened
+    conversation_stored: worker_pb2.StateBlob | None = None  # it, with this turn's items, once whole
+
+    def conversation_head(self) -> ConversationHead | None:
+        """The conversation as opened, and the version the answer leaves it at (its digest is not known
+        before the answer is whole, and the head goes first: "")."""
+        if self.conversation is None:
+            return None
+        return ConversationHead(self.conversation.id, *self.opened, self.opened[0] + 1, "")
 
     def continued(self, requests: list[worker_pb2.GenerateRequest]) -> list[worker_pb2.GenerateRequest]:
         """The requests with the history's turns before their new input (no-op without history)."""
@@ -59,7 +76,13 @@ class SealedTurn:
             raise OpenAIError(400, str(exc), param="input") from None
 
     def keep(self, state: WorkerState, tenant: str, req: ResponsesRequest, response: dict[str, Any]) -> None:
-        """Seal the whole answer's state (when stored) for the gateway to keep."""
+        """Seal the whole answer's state (when stored), and its conversation with the turn's items, for
+        the gateway to keep."""
+        if self.conversation is not None:
+            conv = self.conversation
+            conv.items = conv.items + input_items(req.input, fresh_ids=True) + input_items(response["output"])
+            conv.version = self.opened[0] + 1
+            self.conversation_stored = seal_conversation(state, tenant, conv)
         if not self.store:
             return
         document = {**state_document(req, response), SEALED_MARK: True}
@@ -73,13 +96,21 @@ class SealedTurn:
 
 def begin_sealed_turn(state: WorkerState, request: worker_pb2.SealedRequest, req: ResponsesRequest) -> SealedTurn:
     """The request's turn: OpenAIError (sealed to the client) for a history that is not the one it asked for."""
-    if req.conversation is not None:
-        raise OpenAIError(400, "conversation is not supported in sealed mode", param="conversation")
+    conv_id = conversation_id(req)  # 400 for another shape, or with previous_response_id
     retention = retention_s(state)
     if req.store and retention <= 0:
         raise OpenAIError(400, "the tenant's policy keeps no responses (response_retention_days is 0): store must "
                                "be false", param="store")
     turn = SealedTurn(response_id=f"resp_{secrets.token_hex(24)}", store=req.store is not False and retention > 0)
+    if conv_id is not None:  # the conversation's items before the new input, its new items kept after
+        turn.conversation = open_conversation(state, request, conv_id)
+        turn.opened = (turn.conversation.version, turn.conversation.digest())
+        try:
+            turn.past = turn.conversation.messages()
+        except OpenAIError as exc:
+            raise OpenAIError(400, f"the conversation's items cannot be continued: {exc.message}",
+                              param="conversation") from None
+        return turn
     history = list(request.history)
     if req.previous_response_id is None:
         if history:

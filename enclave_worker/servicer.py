@@ -34,6 +34,7 @@ from enclave_worker.signing import decision_metadata
 from enclave_worker.stage_times import StageTimes, record_stages
 from enclave_worker.state import WorkerState
 from protocol.rpc import worker_pb2, worker_pb2_grpc
+from protocol.sealed.http import RETRIEVAL_ENDPOINTS
 from protocol.tracing import NULL_SPAN, Span, Tracing
 
 _GRPC_CODES = {400: grpc.StatusCode.INVALID_ARGUMENT, 403: grpc.StatusCode.PERMISSION_DENIED,
@@ -125,7 +126,8 @@ class WorkerServicer(RetrievalRpcs, worker_pb2_grpc.WorkerServicer):
             await context.abort(exc.grpc_code, exc.message)
         tracing = self.state.tracing
         span, _ = server_span(tracing, context, "SealedGenerate", request.request_id)
-        answer = SealedAnswer(self.state, request, opened)
+        answer = SealedAnswer(self.state, request, opened,
+                              self.current_retrieval() if request.endpoint in RETRIEVAL_ENDPOINTS else None)
         # The decisions on a sealed request go only into the tenant's sealed record: one for every
         # opened request, decisions or none, so its presence says nothing (docs/sealed-mode.md).
         delivery = Delivery(self.state, answer.usage_so_far, (request, answer.decisions_so_far))

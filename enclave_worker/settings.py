@@ -53,6 +53,10 @@ class WorkerSettings:
     # stops; below the control loop's stop timeout (25 s) and the pod's terminationGracePeriodSeconds (60 s).
     drain_s: float = 20.0
     kv_cache_memory_bytes: int = 256 << 20  # CPU; on a GPU the pool is sized by gpu_memory_utilization
+    # The vector stores an embedding model's worker keeps open (enclave_worker/retrieval/store_cache.py),
+    # by their sealed snapshots' bytes. Not measured: it changes how often a snapshot is sent, not
+    # what any answer can be (a store is served only at the exact snapshot the gateway names).
+    store_cache_bytes: int = 1 << 30
     device: str = "cpu"  # cpu | cuda (resolved from `auto` before settings are built)
     engine: str = "sealed"  # sealed (ours) | vllm (docs/vllm-backend.md); measured
     # CPU, engine vllm: the CPUs vLLM computes on (enclave_worker/vllm_cpu_binding.py): "all" (every
@@ -137,6 +141,8 @@ class WorkerSettings:
                 raise ValueError(f"cpu_class must be one of {CPU_CLASSES}, not {self.cpu_class!r}")
         if self.num_threads is not None and (type(self.num_threads) is not int or self.num_threads < 1):
             raise ValueError(f"num_threads must be a positive int or None, not {self.num_threads!r}")
+        if type(self.store_cache_bytes) is not int or self.store_cache_bytes < 1:
+            raise ValueError(f"store_cache_bytes must be a positive int, not {self.store_cache_bytes!r}")
         if self.decode_kernels not in ("auto", "torch"):
             raise ValueError(f"decode_kernels must be 'auto' or 'torch', not {self.decode_kernels!r}")
 

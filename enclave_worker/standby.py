@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -25,6 +24,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
+from attestation.attesters import Attester
 from enclave_worker.boot import broker_unauthenticated
 from enclave_worker.broker_auth import authenticate_broker
 from enclave_worker.engine.compute_thread import on_a_passing_thread
@@ -41,8 +41,9 @@ log = logging.getLogger(__name__)
 
 
 def attest_without_key(settings: WorkerSettings, channel_binding: bytes, hpke_key: X25519PrivateKey,
-                       policy_set: PolicySet | None) -> None:
-    """Every check of a start that needs no key; raises what boot() would raise for the same fault."""
+                       policy_set: PolicySet | None) -> Attester:
+    """Every check of a start that needs no key; raises what boot() would raise for the same fault.
+    Returns the attester, which the boot at assignment makes its fresh evidence with."""
     check_gpu_confidentiality(settings, policy_set)
     attester = make_attester(settings, policy_set.version if policy_set else 0)
     with httpx.Client(base_url=settings.broker_url, timeout=30.0) as client:
@@ -51,6 +52,7 @@ def attest_without_key(settings: WorkerSettings, channel_binding: bytes, hpke_ke
         renew_attestation(client, settings.ref, make_bundle=attester.bundle,
                           hpke_public_key=raw_public_key(hpke_key), channel_binding=channel_binding)
     check_package_fits(settings, None)
+    return attester
 
 
 @dataclass
@@ -58,19 +60,18 @@ class Standby:
     """The gate between a standby worker's attested wait and its boot."""
 
     assigned: asyncio.Event = field(default_factory=asyncio.Event)
-    assigned_at: float | None = None
 
-    async def run(self, state: WorkerState, boot: Callable[[WorkerState], Awaitable[None]],
+    async def run(self, state: WorkerState, boot: Callable[[WorkerState, Attester], Awaitable[None]],
                   failed: Callable[[WorkerState, Exception], None]) -> None:
-        """Attest without a key and wait; on assignment, ``boot`` (lifecycle.boot_and_serve); ``failed``
-        reports a fault. The tenant's policy was checked at startup (state.guard); a worker whose
-        startup checks failed waits for nothing."""
+        """Attest without a key and wait; on assignment, ``boot`` (lifecycle.boot_and_serve) with the
+        attester made here; ``failed`` reports a fault. The tenant's policy was checked at startup
+        (state.guard); a worker whose startup checks failed waits for nothing."""
         s = state.settings
         if state.live.status != "starting":
             return
         try:
             policy_set = state.guard.policy_set if state.guard else None
-            await on_a_passing_thread(lambda: attest_without_key(
+            attester = await on_a_passing_thread(lambda: attest_without_key(
                 s, state.channel_binding, state.serving_key.private_key, policy_set), "standby")
         except Exception as exc:
             failed(state, exc)
@@ -82,18 +83,20 @@ class Standby:
         log.info("standby: attested, waiting for an assignment (no key asked for)")
         await self.assigned.wait()
         if state.live.assign():
-            await boot(state)
+            await boot(state, attester)
 
     def router(self, state: WorkerState) -> APIRouter:
         router = APIRouter()
 
         @router.post("/internal/assign")
-        def assign() -> JSONResponse:
-            """Start the boot of a standby worker; 409 for any other (a second assignment included)."""
+        async def assign() -> JSONResponse:
+            """Start the boot of a standby worker; 409 for any other (a second assignment included).
+            On the worker's event loop, where ``run`` waits: an asyncio.Event set from a pool thread
+            (a plain ``def`` route) would wake it only at the loop's next unrelated wake-up."""
             if state.live.status != "standby" or self.assigned.is_set():
                 return JSONResponse(status_code=409, content={"error": {
                     "message": f"this worker is {state.live.status}, not standby", "type": "conflict"}})
-            self.assigned_at = time.monotonic()
+            state.cold_start.assigned()
             self.assigned.set()
             return JSONResponse(status_code=202, content={"status": "starting"})
 

@@ -13,6 +13,7 @@ import asyncio
 import hashlib
 import hmac
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -55,6 +56,9 @@ class LiveState:
     # tick, so a gateway hears "ready" (or "standby", "starting", "failed", "draining") as it happens.
     # An asyncio.Event: set and waited on by the worker's event loop only (each status change runs there).
     changed: asyncio.Event = field(default_factory=asyncio.Event, repr=False, compare=False)
+    # Run when the key is lost (lifecycle.revoke): what holds plaintext opened under the key drops it
+    # (the retrieval service's open vector stores).
+    _wipers: list[Callable[[], None]] = field(default_factory=list, repr=False, compare=False)
 
     @classmethod
     def serving(cls, booted: BootedWorker) -> LiveState:
@@ -73,8 +77,14 @@ class LiveState:
         """Stop serving for `reason` (a fixed category); returns the model it held, for the caller to wipe."""
         booted, self.booted = self.booted, None
         self.status, self.reason = "failed", reason
+        for wipe in self._wipers:
+            wipe()
         self.changed.set()
         return booted
+
+    def on_wipe(self, wipe: Callable[[], None]) -> None:
+        """``wipe`` runs when the worker stops serving (`fail`: the key revoked or its lease run out)."""
+        self._wipers.append(wipe)
 
     def standby(self) -> bool:
         """A warm worker attested without a key and waits (enclave_worker/standby.py); only from "starting"."""

@@ -40,3 +40,9 @@ class ClientStateError(PolicyViolation):
 class HistoryMismatch(SealedError):
     """A sealed /v1/responses answer does not state, in its sealed head, that it continued exactly the
     stored response the request named (sealed_client/stored_state.py)."""
+
+
+class ConversationMismatch(HistoryMismatch):
+    """A sealed answer on a conversation does not state, in its sealed head, that it opened the
+    conversation the request named, or states a state older than (or other than) one this client saw
+    (rolled back, or changed under the same version; sealed_client/conversation_state.py)."""

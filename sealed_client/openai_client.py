@@ -46,27 +46,30 @@ def _gateway_url(base_url: str) -> str:
 
 def _sealed_session(kwargs: dict[str, Any], own_transports: tuple[type, ...], policy: Any,
                     unsafe_allow_simulated: bool, clock: Callable[[], dt.datetime] | None,
-                    padding: PaddingPolicy) -> tuple[SealedSession, bool]:
+                    padding: PaddingPolicy, retrieval_model: str | None) -> tuple[SealedSession, bool]:
     """The session both clients seal with, and the plaintext opt-in (taken from kwargs, where the
     openai client's own options pass through); a caller's http_client that bypasses sealing is refused."""
     unsafe_allow_plaintext = bool(kwargs.pop("unsafe_allow_plaintext", False))
     _own_http_client(kwargs, own_transports, unsafe_allow_plaintext)
-    return SealedSession(_trust(policy, unsafe_allow_simulated), clock=clock, padding=padding), unsafe_allow_plaintext
+    return SealedSession(_trust(policy, unsafe_allow_simulated), clock=clock, padding=padding,
+                         retrieval_model=retrieval_model), unsafe_allow_plaintext
 
 
 class SealedOpenAI(openai.OpenAI):
     """`openai.OpenAI` whose chat and completion requests are sealed to the attested worker.
 
     The deployment is verified on first use and whenever the worker key changes; every answer's
-    receipt is checked (kept in `client.sealed.receipts`).
+    receipt is checked (kept in `client.sealed.receipts`). `retrieval_model`: the embedding model
+    whose worker seals `files.create` and `vector_stores.search` (docs/retrieval.md "Sealed mode").
     """
 
     def __init__(self, *, base_url: str, api_key: str, policy: ClientTrust | str | Path | dict[str, Any] | None = None,
                  unsafe_allow_simulated: bool = False, clock: Callable[[], dt.datetime] | None = None,
                  inner_transport: httpx2.BaseTransport | None = None, padding: PaddingPolicy = DEFAULT_PADDING,
-                 **kwargs: Any) -> None:
+                 retrieval_model: str | None = None, **kwargs: Any) -> None:
         self.sealed, unsafe_allow_plaintext = _sealed_session(kwargs, (SealedTransport,), policy,
-                                                              unsafe_allow_simulated, clock, padding)
+                                                              unsafe_allow_simulated, clock, padding,
+                                                              retrieval_model)
         transport = SealedTransport(self.sealed, _gateway_url(base_url), inner_transport,
                                     unsafe_allow_plaintext=unsafe_allow_plaintext)
         kwargs.setdefault("http_client", httpx2.Client(transport=transport, timeout=kwargs.pop("timeout", 600.0)))
@@ -79,9 +82,10 @@ class AsyncSealedOpenAI(openai.AsyncOpenAI):
     def __init__(self, *, base_url: str, api_key: str, policy: ClientTrust | str | Path | dict[str, Any] | None = None,
                  unsafe_allow_simulated: bool = False, clock: Callable[[], dt.datetime] | None = None,
                  inner_transport: httpx2.AsyncBaseTransport | None = None, padding: PaddingPolicy = DEFAULT_PADDING,
-                 **kwargs: Any) -> None:
+                 retrieval_model: str | None = None, **kwargs: Any) -> None:
         self.sealed, unsafe_allow_plaintext = _sealed_session(kwargs, (AsyncSealedTransport,), policy,
-                                                              unsafe_allow_simulated, clock, padding)
+                                                              unsafe_allow_simulated, clock, padding,
+                                                              retrieval_model)
         transport = AsyncSealedTransport(self.sealed, _gateway_url(base_url), inner_transport,
                                          unsafe_allow_plaintext=unsafe_allow_plaintext)
         kwargs.setdefault("http_client", httpx2.AsyncClient(transport=transport,

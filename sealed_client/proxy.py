@@ -30,8 +30,9 @@ _HOP = {"host", "content-length", "connection", "transfer-encoding", "accept-enc
 
 
 def create_proxy_app(upstream: str, trust: ClientTrust, inner: httpx2.AsyncBaseTransport | None = None,
-                     *, unsafe_allow_plaintext: bool = False) -> Starlette:
-    session = SealedSession(trust)
+                     *, unsafe_allow_plaintext: bool = False, retrieval_model: str | None = None) -> Starlette:
+    """`retrieval_model`: the embedding model whose worker seals file uploads and vector store searches."""
+    session = SealedSession(trust, retrieval_model=retrieval_model)
     upstream = upstream.rstrip("/")
     gateway = upstream[: -len("/v1")] if upstream.endswith("/v1") else upstream
     client = httpx2.AsyncClient(transport=AsyncSealedTransport(session, gateway, inner,

@@ -31,17 +31,20 @@ from protocol.sealed import (
 from protocol.sealed.caller import CallerCredential
 from protocol.sealed.http import (
     ENDPOINTS,
+    HEADER_CONVERSATION,
     HEADER_KEY_ID,
     HEADER_MODEL,
     HEADER_PREVIOUS_RESPONSE,
     REATTEST_CODE,
     REQUEST_CONTENT_TYPE,
     RESPONSE_CONTENT_TYPE,
+    SEARCH_ENDPOINT,
     ResponseHead,
     sealed_path,
 )
 from protocol.sealed.padding import DEFAULT_PADDING, PaddingPolicy
 from sealed_client.broker_pin import attested_broker_jwks
+from sealed_client.conversation_state import ConversationMemory, named_conversation
 from sealed_client.deployment import (
     ClientTrust,
     PinnedKey,
@@ -50,6 +53,7 @@ from sealed_client.deployment import (
     verify_sealed_document,
 )
 from sealed_client.errors import PinConflict
+from sealed_client.retrieval import check_retrieved
 from sealed_client.stored_state import check_history, previous_response_id
 from sealed_client.tenant_pin import newest_revocations
 
@@ -87,6 +91,8 @@ class Exchange:
     sealed: SealedRequest
     api_key_id: str  # of the API key the request is sent with (bound as associated data)
     previous_response_id: str | None = None  # the stored response it continues (the gateway learns the id)
+    conversation_id: str | None = None  # the sealed-mode conversation it works on (the gateway learns the id)
+    endpoint: str = ""  # the endpoint the request is bound to (a search's receipt is checked against its answer)
 
 
 class SealedSession:
@@ -105,8 +111,11 @@ class SealedSession:
     """
 
     def __init__(self, trust: ClientTrust, *, clock: Callable[[], dt.datetime] | None = None,
-                 keep_receipts: int = 1000, padding: PaddingPolicy = DEFAULT_PADDING, oidc_token: str = "") -> None:
+                 keep_receipts: int = 1000, padding: PaddingPolicy = DEFAULT_PADDING, oidc_token: str = "",
+                 retrieval_model: str | None = None) -> None:
         self.trust = trust
+        # The embedding model whose worker seals files and searches vector stores (sealed_client/retrieval.py).
+        self.retrieval_model = retrieval_model
         self.padding = padding
         # The caller's ID token from the tenant's identity provider, for a caller policy that lists
         # principals (policy/callers.py): sent only inside the sealed envelope, never to the gateway.
@@ -121,6 +130,7 @@ class SealedSession:
         self._jwks_until = float("inf")  # an attested broker's keys are asked for again after BROKER_TTL_S
         self._lock = threading.Lock()
         self.receipts: collections.deque[Receipt] = collections.deque(maxlen=keep_receipts)
+        self.conversations = ConversationMemory()  # the newest state seen of each sealed-mode conversation
 
     # -- verification
     def needs_jwks(self) -> bool:
@@ -233,7 +243,8 @@ class SealedSession:
         # signed caller policy): the API key this request is sent with, and the ID token if any.
         caller = CallerCredential(api_key=api_key, oidc_token=self.oidc_token).encode()
         return Exchange(pin, seal_request(pin.hpke_public_key, ctx, body, time.time(), padding=self.padding,
-                                          caller=caller), ctx.api_key_id, previous_response_id(endpoint, body))
+                                          caller=caller), ctx.api_key_id, previous_response_id(endpoint, body),
+                        named_conversation(endpoint, body), endpoint)
 
     @staticmethod
     def sealed_headers(exchange: Exchange, original: Mapping[str, str]) -> dict[str, str]:
@@ -243,6 +254,8 @@ class SealedSession:
                         HEADER_KEY_ID: exchange.pin.worker_key_id})
         if exchange.previous_response_id is not None:  # routing data: the gateway fetches the chain by it
             headers[HEADER_PREVIOUS_RESPONSE] = exchange.previous_response_id
+        if exchange.conversation_id is not None:  # routing data: the gateway fetches the conversation by it
+            headers[HEADER_CONVERSATION] = exchange.conversation_id
         return headers
 
     @staticmethod
@@ -297,6 +310,8 @@ class AnswerReader:
         self.head: ResponseHead | None = None
         self.receipt: Receipt | None = None
         self.signed_receipt = b""  # the final chunk as signed: what a third party verifies
+        # A search's answer, kept to check that its receipt names the files the passages came from.
+        self._search: list[bytes] | None = [] if exchange.endpoint == SEARCH_ENDPOINT else None
 
     def feed(self, data: bytes) -> list[bytes]:
         body: list[bytes] = []
@@ -308,13 +323,19 @@ class AnswerReader:
                     model=self._exchange.pin.model, **expected_receipt(self._exchange))
                 if not self.receipt.evidence_sha256:
                     raise ReceiptInvalid("the receipt names no evidence (a third party could not verify it)")
+                if self._search is not None and self.head is not None:
+                    check_retrieved(self.receipt, self.head.status, b"".join(self._search))
                 self.signed_receipt = plaintext
                 self._session.receipts.append(self.receipt)
             elif self.head is None:
                 self.head = ResponseHead.decode(plaintext)
                 check_history(self.head, self._exchange.previous_response_id)
+                self._session.conversations.check(self.head, self._exchange.endpoint,
+                                                  self._exchange.conversation_id)
             else:
                 body.append(plaintext)
+                if self._search is not None:
+                    self._search.append(plaintext)
         return body
 
     def finish(self) -> Receipt:

@@ -1,17 +1,25 @@
 """httpx2 transports (the HTTP library the openai SDK uses) that seal chat, completion, Responses API
-and embeddings requests (protocol/sealed/http.py::ENDPOINTS).
+and embeddings requests (protocol/sealed/http.py::ENDPOINTS), and file uploads and vector store
+searches (RETRIEVAL_ENDPOINTS, in the sealed forms of sealed_client/retrieval.py); a Responses
+request with the file_search tool becomes a sealed search, then a sealed response
+(sealed_client/file_search.py).
 
 A request the client cannot seal is refused with `UnsealedRequest` before anything is sent (any
 other endpoint, e.g. `moderations.create`; a base URL without `/v1`, whose paths do not end in a
 sealed endpoint), unless the transport was made with `unsafe_allow_plaintext` (logged). Only a
-`GET` of the model list passes through: it carries nothing of the caller's. A sealed request goes only to the
-pinned worker; on `409 reattest_required` the transport verifies the deployment again and retries
-once with the newly verified key. Plaintext successes, unverifiable answers and bad receipts raise
-typed errors (protocol.sealed / attestation), which the openai SDK passes through unwrapped.
+`GET` of the model list, a `DELETE` of a stored response or a conversation, and the file and vector
+store calls that carry only ids, names, metadata, attributes and status pass through: they carry nothing
+the gateway does not keep in clear anyway. Reading a stored response back and every other Conversations
+API call are sealed too, as calls on stored state (stored_calls.py: the gateway names the model to pin). A
+sealed request goes only to the pinned worker; on `409 reattest_required` the transport verifies the
+deployment again and retries once with the newly verified key. Plaintext successes, unverifiable
+answers and bad receipts raise typed errors (protocol.sealed / attestation), which the openai SDK
+passes through unwrapped.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -19,6 +27,9 @@ import httpx2
 
 from attestation.errors import BrokerIdentityError
 from protocol.sealed import ReattestRequired
+from protocol.sealed.http import RETRIEVAL_ENDPOINTS
+from sealed_client.file_search import file_search, serve, serve_async
+from sealed_client.retrieval import SealedCall, sealed_call
 from sealed_client.routing import route_of as _route
 from sealed_client.routing import warn_plaintext
 from sealed_client.session import (
@@ -28,11 +39,10 @@ from sealed_client.session import (
     NoAttestedWorker,
     SealedSession,
 )
+from sealed_client.stored_calls import body_to_seal, routed_model, routing_lookup
 
 
 def _model_of(body: bytes) -> str:
-    import json
-
     try:
         model = json.loads(body).get("model")
     except (ValueError, AttributeError):
@@ -110,10 +120,17 @@ def _api_key(request: httpx2.Request) -> str:
     return key.strip()
 
 
-def _sealed_request(session: SealedSession, request: httpx2.Request, prefix: str, endpoint: str, pin: object,
-                    body: bytes) -> tuple[Exchange, httpx2.Request]:
-    exchange = session.seal(pin, endpoint, body, _api_key(request))  # type: ignore[arg-type]
-    out = httpx2.Request("POST", request.url.copy_with(path=session.sealed_url_path(prefix, endpoint)),
+def _call(session: SealedSession, request: httpx2.Request, body: bytes, prefix: str, endpoint: str) -> SealedCall:
+    """What to seal, to which model's worker, posted where (retrieval's forms: sealed_client/retrieval.py)."""
+    if endpoint in RETRIEVAL_ENDPOINTS:
+        return sealed_call(request, body, endpoint, session.retrieval_model)
+    return SealedCall(endpoint, body, _model_of(body), session.sealed_url_path(prefix, endpoint))
+
+
+def _sealed_request(session: SealedSession, request: httpx2.Request, call: SealedCall, pin: object
+                    ) -> tuple[Exchange, httpx2.Request]:
+    exchange = session.seal(pin, call.endpoint, call.body, _api_key(request))  # type: ignore[arg-type]
+    out = httpx2.Request("POST", request.url.copy_with(path=call.path, query=None),
                          headers=session.sealed_headers(exchange, request.headers),
                          content=exchange.sealed.wire, extensions=request.extensions)
     return exchange, out
@@ -201,14 +218,33 @@ class SealedTransport(httpx2.BaseTransport):
         if route is None:
             return self._inner.handle_request(request)
         prefix, endpoint = route
-        body = request.read()
-        model = _model_of(body)
+        plan = file_search(request, request.read(), endpoint)
+        if isinstance(plan, httpx2.Response):
+            return plan
+        if plan is not None:
+            return serve(request, plan, self.handle_request)
+        routed: str | None = None
+        lookup = routing_lookup(request, prefix, endpoint)
+        if lookup is not None:  # a call on stored state: which model's worker holds its key
+            looked = self._inner.handle_request(lookup)
+            try:
+                found = routed_model(request, looked, looked.read())
+            finally:
+                looked.close()
+            if isinstance(found, httpx2.Response):
+                return found
+            routed = found
+        body = body_to_seal(request, endpoint, request.read(), routed)
+        if isinstance(body, httpx2.Response):
+            return body
+        call = _call(self.session, request, body, prefix, endpoint)
+        model = call.model
         for attempt in range(2):
             try:
                 pin = self.pin(model, request.headers.get("authorization"))
             except (_GatewayRefused, NoAttestedWorker) as exc:
                 return _unpinned(exc, request)
-            exchange, out = _sealed_request(self.session, request, prefix, endpoint, pin, body)
+            exchange, out = _sealed_request(self.session, request, call, pin)
             response = self._inner.handle_request(out)
             if self.session.is_sealed(response.headers.get("content-type", "")) and response.status_code == 200:
                 return self._open(response, exchange)
@@ -310,14 +346,33 @@ class AsyncSealedTransport(httpx2.AsyncBaseTransport):
         if route is None:
             return await self._inner.handle_async_request(request)
         prefix, endpoint = route
-        body = await request.aread()
-        model = _model_of(body)
+        plan = file_search(request, await request.aread(), endpoint)
+        if isinstance(plan, httpx2.Response):
+            return plan
+        if plan is not None:
+            return await serve_async(request, plan, self.handle_async_request)
+        routed: str | None = None
+        lookup = routing_lookup(request, prefix, endpoint)
+        if lookup is not None:
+            looked = await self._inner.handle_async_request(lookup)
+            try:
+                found = routed_model(request, looked, await looked.aread())
+            finally:
+                await looked.aclose()
+            if isinstance(found, httpx2.Response):
+                return found
+            routed = found
+        body = body_to_seal(request, endpoint, await request.aread(), routed)
+        if isinstance(body, httpx2.Response):
+            return body
+        call = _call(self.session, request, body, prefix, endpoint)
+        model = call.model
         for attempt in range(2):
             try:
                 pin = await self.pin(model, request.headers.get("authorization"))
             except (_GatewayRefused, NoAttestedWorker) as exc:
                 return _unpinned(exc, request)
-            exchange, out = _sealed_request(self.session, request, prefix, endpoint, pin, body)
+            exchange, out = _sealed_request(self.session, request, call, pin)
             response = await self._inner.handle_async_request(out)
             if self.session.is_sealed(response.headers.get("content-type", "")) and response.status_code == 200:
                 return await self._open(response, exchange)

@@ -81,7 +81,7 @@ def upload_app():  # type: ignore[no-untyped-def]
     def make(store: Path, caller, **kw: int) -> FastAPI:  # type: ignore[no-untyped-def]
         app = FastAPI()
         app.include_router(uploads.router)
-        app.state.package_store = uploads.PackageStore(store, **kw)
+        uploads.bind_package_store(app, uploads.PackageStore(store, **kw))
         app.dependency_overrides[uploads.uploader] = caller
         return app
 

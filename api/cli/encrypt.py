@@ -38,10 +38,14 @@ def encrypt(
     sealed_key_out: Path = typer.Option(None, help="sealed data key file (default: PKG.datakey.json)"),
     gguf_quant: str = typer.Option("fp32", help="GGUF quantized linears: 'fp32' (dequantized, the default) or "
                                                "'native' (kept in the engine's int4/int8 kernel layouts)"),
+    threads: int = typer.Option(None, help="segments encrypted at once, one thread each (default: one per core "
+                                           "this process may run on, at most 4); at least 1"),
 ) -> None:
     """Encrypt and sign SRC into a package; plaintext never touches the disk."""
     if gguf_quant not in ("fp32", "native"):
         raise typer.BadParameter("--gguf-quant is 'fp32' or 'native'")
+    if threads is not None and threads < 1:  # before any work: nothing is read or written
+        raise typer.BadParameter(f"--threads must be at least 1, not {threads}")
     if (signing_key is None) == (model_signing_key is None):
         raise typer.BadParameter("give exactly one of --signing-key (Ed25519) or --model-signing-key (EC)")
     signer = ModelSigningKey(model_signing_key) if model_signing_key else ed25519_key(signing_key)
@@ -65,7 +69,7 @@ def encrypt(
         total = sum(t.nbytes for t in checkpoint.tensors.values())
         progress.update(task, description="encrypting", total=total)
         result = encrypt_checkpoint(checkpoint, out, tenant=ref.tenant, model=ref.model, version=ref.version,
-                                    signing_key=signer,
+                                    signing_key=signer, threads=threads,
                                     progress=lambda n: progress.advance(task, n))
     sealed = seal_for_broker(result, broker_import_key)
     atomic_write(sealed_path, sealed.to_json().encode())

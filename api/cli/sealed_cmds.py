@@ -191,6 +191,8 @@ def proxy(
     unsafe_trust_gateway_jwks: bool = typer.Option(False, "--unsafe-trust-gateway-jwks"),
     unsafe_allow_plaintext: bool = typer.Option(False, "--unsafe-allow-plaintext",
                                                 help="pass requests it cannot seal through in PLAINTEXT"),
+    retrieval_model: str = typer.Option(None, help="the embedding model whose worker seals file uploads and "
+                                                   "vector store searches (docs/retrieval.md)"),
 ) -> None:
     """A local OpenAI-compatible endpoint that seals every request to the attested worker and refuses
     (400) any it cannot seal."""
@@ -199,6 +201,6 @@ def proxy(
     from sealed_client.proxy import create_proxy_app
 
     app = create_proxy_app(upstream, _trust(policy, unsafe_allow_simulated, unsafe_trust_gateway_jwks),
-                           unsafe_allow_plaintext=unsafe_allow_plaintext)
+                           unsafe_allow_plaintext=unsafe_allow_plaintext, retrieval_model=retrieval_model)
     typer.echo(f"sealed proxy on http://{host}:{port}/v1 -> {upstream}")
     uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)

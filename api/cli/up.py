@@ -42,6 +42,9 @@ def up(
                                          help="serve /v1/embeddings beside the chat model: 'minilm' "
                                               "(all-MiniLM-L6-v2 from its wheel) or a sentence-transformers "
                                               "directory; clients name it all-minilm-l6-v2"),
+    gguf_quant: str = typer.Option("fp32", help="a GGUF --model's quantized linears: 'fp32' (dequantized, the "
+                                                "default) or 'native' (kept in the engine's int4/int8 kernel "
+                                                "layouts, as `sealed encrypt --gguf-quant native`)"),
     oidc_config: Path = typer.Option(None, "--oidc-config",
                                      help="single sign-on: the enterprise OpenID Provider's settings (JSON, "
                                           "docs/sso.md); without it, the local development mode"),
@@ -52,6 +55,9 @@ def up(
     terminal closed) stops them all. A second `sealed up` on the same home is refused."""
     if engine not in ("sealed", "vllm"):
         typer.echo(f"sealed up: --engine must be sealed or vllm, not {engine!r}", err=True)
+        raise typer.Exit(2)
+    if gguf_quant not in ("fp32", "native"):
+        typer.echo(f"sealed up: --gguf-quant must be fp32 or native, not {gguf_quant!r}", err=True)
         raise typer.Exit(2)
     sign_in = ("local development mode (shared-secret HS256 management tokens, no single sign-on): "
                "`sealed login --local-operator`; in production, single sign-on with --oidc-config (docs/sso.md)")
@@ -84,7 +90,8 @@ def up(
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _stop)
     try:
-        info = prepare_demo(layout, model, log=typer.echo, engine=engine, embedding_model=embedding_model)
+        info = prepare_demo(layout, model, log=typer.echo, engine=engine, embedding_model=embedding_model,
+                            native_quant=gguf_quant == "native")
         stack = launch(layout, host=host, port=port, lock=lock, engine=engine, gateway_args=gateway_args,
                        embedding_model=embedding_model is not None)
     except KeyboardInterrupt:

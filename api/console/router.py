@@ -9,10 +9,8 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
-import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +38,7 @@ from api.console.session import (
 )
 from api.console.sso import end_session_url
 from api.console.sso import router as sso_router
+from api.console.state import Console, ConsoleState, bind_console
 from api.console.views import (
     AuditFilter,
     Facets,
@@ -54,9 +53,8 @@ from api.console.views import (
 from api.console_settings import ConsoleSettings
 from api.gateway.dependencies import get_service
 from api.gateway.service import GatewayService
-from api.home import ed25519_key, write_public_key
-from policy.audit import AuditLog, CheckpointAnchor, SqlAnchor, WitnessFile
-from policy.errors import PolicyError
+from api.management.oidc import OidcVerifier, get_oidc_verifier
+from policy.audit import CheckpointAnchor, SqlAnchor, WitnessFile
 
 log = logging.getLogger(__name__)
 HERE = Path(__file__).parent
@@ -65,52 +63,7 @@ REVOKE_ROLES = ("operator", "tenant-admin")  # the auditor is read-only
 EXPORT_MEDIA = {"jsonl": "application/x-ndjson", "csv": "text/csv", "ocsf": "application/x-ndjson"}
 
 
-AUDIT_COMPONENT = "console"
-
-
-@dataclass
-class ConsoleState:
-    settings: ConsoleSettings
-    index: AuditIndex | None
-    facets: Facets
-    broker: BrokerView
-    templates: Jinja2Templates
-    audit_key_file: Path | None = None
-    _audit: AuditLog | None = None
-    _audit_lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def audit_log(self) -> AuditLog | None:
-        """The console's own audit log (``console.audit.jsonl`` in the audit directory, its key
-        beside the gateway's data), opened at the first action; None without an audit directory."""
-        directory = self.settings.audit_dir
-        if directory is None or self.audit_key_file is None:
-            return None
-        with self._audit_lock:
-            if self._audit is None:
-                key = ed25519_key(self.audit_key_file)
-                (directory / "keys").mkdir(parents=True, exist_ok=True)
-                write_public_key(key, directory / "keys" / f"{AUDIT_COMPONENT}.pem")
-                try:
-                    self._audit = AuditLog(directory / f"{AUDIT_COMPONENT}.audit.jsonl", key, AUDIT_COMPONENT)
-                except (OSError, PolicyError) as exc:
-                    # Another replica holds it (one writer per file): its process log still has the action.
-                    log.error("console audit log unavailable (%s)", type(exc).__name__)
-                    return None
-            return self._audit
-
-    def close(self) -> None:
-        self.broker.close()
-        if self._audit is not None:
-            self._audit.close()
-
-
-def _state(request: Request) -> ConsoleState:
-    state: ConsoleState = request.app.state.console
-    return state
-
-
-def _render(request: Request, name: str, who: Viewer | None, **ctx: Any) -> HTMLResponse:
-    state = _state(request)
+def _render(state: ConsoleState, request: Request, name: str, who: Viewer | None, **ctx: Any) -> HTMLResponse:
     started = getattr(request.state, "console_started", None)
     return state.templates.TemplateResponse(request, name, {
         "who": who, "nav": name.removesuffix(".html"), "started": started, "perf_counter": time.perf_counter,
@@ -136,22 +89,21 @@ router = APIRouter(prefix="/console", include_in_schema=False)
 
 
 @router.get("/login", response_class=HTMLResponse)
-def login_form(request: Request, error: str | None = None) -> HTMLResponse:
-    return _render(request, "login.html", None, error=error)
+def login_form(request: Request, console: Console, error: str | None = None) -> HTMLResponse:
+    return _render(console, request, "login.html", None, error=error)
 
 
 @router.post("/login", dependencies=[Depends(same_origin)])
-def login(request: Request, token: str = Form("", max_length=4096),
+def login(request: Request, state: Console, token: str = Form("", max_length=4096),
           service: GatewayService = Depends(get_service)) -> Response:
     secret = service.settings.jwt_secret
-    state = _state(request)
     if not state.templates.env.globals.get("local_auth"):
         raise ConsoleForbidden("sign in with single sign-on; local management tokens are not accepted here")
     try:
         session = exchange(secret, token, state.settings.session_ttl_s, service.store.revocations)
     except (ConsoleAuthError, ConsoleForbidden) as exc:
         # The same form again, with the reason; the token is never echoed back.
-        response = _render(request, "login.html", None, error=str(exc))
+        response = _render(state, request, "login.html", None, error=str(exc))
         response.status_code = 401 if isinstance(exc, ConsoleAuthError) else 403
         return response
     redirect = RedirectResponse("/console/audit", status_code=303)
@@ -162,11 +114,12 @@ def login(request: Request, token: str = Form("", max_length=4096),
 
 @router.post("/logout", dependencies=[Depends(same_origin)])
 def logout(request: Request, csrf: str = Form(""), who: Viewer = Depends(viewer),
-           service: GatewayService = Depends(get_service)) -> Response:
+           service: GatewayService = Depends(get_service),
+           oidc: OidcVerifier | None = Depends(get_oidc_verifier)) -> Response:
     check_csrf(request, csrf, who)
     service.store.revocations.end_session(who.principal.token_id)  # ends it for every replica
     # With single sign-on the IdP's session ends too (RP-initiated logout), where it supports that.
-    response = RedirectResponse(end_session_url(request) or "/console/login", status_code=303)
+    response = RedirectResponse(end_session_url(oidc) or "/console/login", status_code=303)
     response.delete_cookie(COOKIE, path="/console")
     delete_broker_cookie(response)  # the person's own broker token goes with the session
     return response
@@ -188,24 +141,23 @@ def _audit_query(who: Viewer, tenant: str | None, component: str | None, rule: s
                              until=None), str(exc)
 
 
-async def _index(request: Request) -> AuditIndex | None:
-    index = _state(request).index
+async def _index(state: ConsoleState) -> AuditIndex | None:
+    index = state.index
     if index is not None:
         await asyncio.to_thread(index.refresh)
     return index
 
 
 @router.get("/audit", response_class=HTMLResponse)
-async def audit_page(request: Request, who: Viewer = Depends(viewer), tenant: str | None = None,
+async def audit_page(request: Request, state: Console, who: Viewer = Depends(viewer), tenant: str | None = None,
                      component: str | None = None, rule: str | None = None, decision: str | None = None,
                      since: str | None = None, until: str | None = None,
                      page: int = Query(1, ge=1, le=1_000_000)) -> HTMLResponse:
-    state = _state(request)
-    index = await _index(request)
+    index = await _index(state)
     flt, error = _audit_query(who, tenant, component, rule, decision, since, until)
     size = state.settings.page_size
     if index is None:
-        return _render(request, "audit.html", who, configured=False, flt=flt, error=error)
+        return _render(state, request, "audit.html", who, configured=False, flt=flt, error=error)
     rows = select_rows(index, flt)
     pages = max(1, (len(rows) + size - 1) // size)
     page = min(page, pages)
@@ -219,19 +171,19 @@ async def audit_page(request: Request, who: Viewer = Depends(viewer), tenant: st
     query = {k: v for k, v in {"tenant": flt.tenant if who.tenant is None else None, "component": flt.component,
                                "rule": flt.rule, "decision": flt.decision, "since": since, "until": until}.items()
              if v}
-    return _render(request, "audit.html", who, configured=True, rows=shown, total=len(rows), page=page,
+    return _render(state, request, "audit.html", who, configured=True, rows=shown, total=len(rows), page=page,
                    pages=pages, flt=flt, error=error, statuses=statuses, breaks=breaks, after=after,
                    tenants=tenants, components=components, rules=rules, query=query, since=since or "",
                    until=until or "")
 
 
 @router.get("/audit/export.{fmt}")
-async def audit_export(request: Request, fmt: str, who: Viewer = Depends(viewer), tenant: str | None = None,
-                       component: str | None = None, rule: str | None = None, decision: str | None = None,
-                       since: str | None = None, until: str | None = None) -> Response:
+async def audit_export(request: Request, fmt: str, state: Console, who: Viewer = Depends(viewer),
+                       tenant: str | None = None, component: str | None = None, rule: str | None = None,
+                       decision: str | None = None, since: str | None = None, until: str | None = None) -> Response:
     if fmt not in EXPORT_MEDIA:
         raise ConsoleForbidden("export formats: jsonl, csv, ocsf")
-    index = await _index(request)
+    index = await _index(state)
     flt, error = _audit_query(who, tenant, component, rule, decision, since, until)
     if error:
         raise ConsoleForbidden(error)
@@ -245,8 +197,8 @@ async def audit_export(request: Request, fmt: str, who: Viewer = Depends(viewer)
                              headers={"Content-Disposition": f'attachment; filename="{name}"'})
 
 
-async def _reference_values(request: Request, tenants: set[str]) -> dict[tuple[str, str], set[str]]:
-    broker = _state(request).broker
+async def _reference_values(broker: BrokerView, request: Request, tenants: set[str]
+                            ) -> dict[tuple[str, str], set[str]]:
     out: dict[tuple[str, str], set[str]] = {}
     if not broker.configured:
         return out
@@ -264,16 +216,16 @@ async def _reference_values(request: Request, tenants: set[str]) -> dict[tuple[s
 
 
 @router.get("/workers", response_class=HTMLResponse)
-async def workers_page(request: Request, who: Viewer = Depends(viewer),
+async def workers_page(request: Request, state: Console, who: Viewer = Depends(viewer),
                        service: GatewayService = Depends(get_service)) -> HTMLResponse:
     reg = service.registry
     # What each worker submitted in its signed heartbeats (nothing is fetched from a worker's address).
     attestations = [a for a in await service.enrolment.attestation_all() if who.sees(str(a.get("tenant")))]
     tenants = {w.tenant for w in reg.workers.values() if who.sees(w.tenant)}
-    reference = await _reference_values(request, tenants)
+    reference = await _reference_values(state.broker, request, tenants)
     rows = worker_rows(service, attestations, reference, who, time.time())
-    return _render(request, "workers.html", who, rows=rows, now=dt.datetime.now(dt.UTC),
-                   broker=_state(request).broker.configured)
+    return _render(state, request, "workers.html", who, rows=rows, now=dt.datetime.now(dt.UTC),
+                   broker=state.broker.configured)
 
 
 def _pinned_receipt_key(state: ConsoleState):  # type: ignore[no-untyped-def]
@@ -282,10 +234,9 @@ def _pinned_receipt_key(state: ConsoleState):  # type: ignore[no-untyped-def]
 
 
 @router.get("/keys", response_class=HTMLResponse)
-async def keys_page(request: Request, who: Viewer = Depends(viewer), tenant: str | None = None,
+async def keys_page(request: Request, state: Console, who: Viewer = Depends(viewer), tenant: str | None = None,
                     done: str | None = None, service: GatewayService = Depends(get_service)
                     ) -> HTMLResponse:
-    state = _state(request)
     chosen = _pick_tenant(service, who, tenant)
     status, receipts, error = None, [], None
     if chosen is not None:
@@ -297,7 +248,7 @@ async def keys_page(request: Request, who: Viewer = Depends(viewer), tenant: str
             error = str(exc)
     receipts = sorted(receipts, key=lambda r: str(r.get("time", "")), reverse=True)[:200]
     history = []
-    index = await _index(request)
+    index = await _index(state)
     if index is not None and chosen is not None:
         history = [r for r in reversed(index.by_tenant.get(chosen, ()))
                    if any(w in r.entry.action for w in ("revoke", "rotate", "tenant-key"))][:50]
@@ -310,14 +261,14 @@ async def keys_page(request: Request, who: Viewer = Depends(viewer), tenant: str
                  "data_key": data_keys.get((v.model, v.version)),
                  "serving": (v.model, v.version) in ready,
                  "servable": not revoked and (v.model, v.version) in data_keys} for v in versions]
-    return _render(request, "keys.html", who, tenant=chosen, tenants=_tenants(service, who), status=status,
+    return _render(state, request, "keys.html", who, tenant=chosen, tenants=_tenants(service, who), status=status,
                    receipts=receipts, error=error, history=history, servable=servable, done=done,
                    can_revoke=who.role in REVOKE_ROLES and status is not None and not revoked,
                    broker=state.broker.configured, connected=broker_token(request) is not None)
 
 
 @router.post("/keys/broker", dependencies=[Depends(same_origin)])
-def connect_broker(request: Request, token: str = Form("", max_length=4096), csrf: str = Form(""),
+def connect_broker(request: Request, state: Console, token: str = Form("", max_length=4096), csrf: str = Form(""),
                    disconnect: str = Form(""), who: Viewer = Depends(viewer)) -> Response:
     """Keep the person's own broker token in this browser (api/console/broker_token.py); the console
     stores nothing. ``disconnect`` forgets it."""
@@ -329,23 +280,22 @@ def connect_broker(request: Request, token: str = Form("", max_length=4096), csr
     token = token.strip()
     if not token or len(token) > 256 or not token.isascii() or not token.isprintable():
         raise ConsoleForbidden("give your key-broker tenant-admin token")
-    state = _state(request)
     set_broker_cookie(response, token, secure=cookie_secure(request, state.settings.unsafe_plain_http_loopback),
                       max_age=state.settings.session_ttl_s)
     return response
 
 
 @router.get("/keys/revoke", response_class=HTMLResponse)
-def revoke_confirm(request: Request, tenant: str, who: Viewer = Depends(viewer)) -> HTMLResponse:
+def revoke_confirm(request: Request, tenant: str, state: Console, who: Viewer = Depends(viewer)) -> HTMLResponse:
     if who.role not in REVOKE_ROLES:
         raise ConsoleForbidden("the auditor role is read-only")
     if not who.sees(tenant):
         raise ConsoleForbidden("no such tenant")
-    return _render(request, "revoke.html", who, tenant=tenant, error=None)
+    return _render(state, request, "revoke.html", who, tenant=tenant, error=None)
 
 
 @router.post("/keys/revoke", dependencies=[Depends(same_origin)])
-async def revoke(request: Request, tenant: str = Form(..., max_length=64), confirm: str = Form(""),
+async def revoke(request: Request, state: Console, tenant: str = Form(..., max_length=64), confirm: str = Form(""),
                  csrf: str = Form(""), who: Viewer = Depends(viewer)) -> Response:
     check_csrf(request, csrf, who)
     if who.role not in REVOKE_ROLES:
@@ -353,35 +303,34 @@ async def revoke(request: Request, tenant: str = Form(..., max_length=64), confi
     if not who.sees(tenant):
         raise ConsoleForbidden("no such tenant")
     if confirm != tenant:
-        response = _render(request, "revoke.html", who, tenant=tenant,
+        response = _render(state, request, "revoke.html", who, tenant=tenant,
                            error="type the tenant's name exactly to confirm")
         response.status_code = 400
         return response
-    state = _state(request)
     try:
         await asyncio.to_thread(state.broker.revoke, tenant, broker_token(request))
     except BrokerUnavailable as exc:
-        _record(request, who, tenant, "deny", str(exc))
-        response = _render(request, "revoke.html", who, tenant=tenant, error=f"not revoked: {exc}")
+        _record(state, who, tenant, "deny", str(exc))
+        response = _render(state, request, "revoke.html", who, tenant=tenant, error=f"not revoked: {exc}")
         response.status_code = 502
         return response
-    _record(request, who, tenant, "allow", "revoked from the console")
+    _record(state, who, tenant, "allow", "revoked from the console")
     return RedirectResponse(f"/console/keys?tenant={tenant}&done=revoked", status_code=303)
 
 
-def _record(request: Request, who: Viewer, tenant: str, decision: str, reason: str) -> None:
+def _record(state: ConsoleState, who: Viewer, tenant: str, decision: str, reason: str) -> None:
     """Audit a console action with the person who did it (the broker's own entry names the broker
     token the person gave, not who they are): in the console's signed log, and in the process log."""
     meta = {"actor": who.principal.subject[:128], "role": who.role, "via": "console"}
     log.warning("console: %s (%s) revoke tenant key of %s: %s", who.principal.subject, who.role, tenant, decision)
-    audit = _state(request).audit_log()
+    audit = state.audit_log()
     if audit is not None:
         audit.append(tenant=tenant, action="tenant-key-revoke", decision=decision, reason=reason, metadata=meta)
         audit.flush()
 
 
 @router.get("/usage", response_class=HTMLResponse)
-async def usage_page(request: Request, who: Viewer = Depends(viewer), tenant: str | None = None,
+async def usage_page(request: Request, state: Console, who: Viewer = Depends(viewer), tenant: str | None = None,
                      hours: int = Query(24, ge=1, le=24 * 90),
                      service: GatewayService = Depends(get_service)) -> HTMLResponse:
     until = dt.datetime.now(dt.UTC)
@@ -415,16 +364,15 @@ async def usage_page(request: Request, who: Viewer = Depends(viewer), tenant: st
               for (t, k), v in sorted(agg["by_key"].items()) if who.sees(t)]
     by_model = [(t, m, v, spark(agg["model_series"][(t, m)], f"{m}: tokens"))
                 for (t, m), v in sorted(agg["by_model"].items()) if who.sees(t)]
-    return _render(request, "usage.html", who, charts=charts, by_key=by_key, by_model=by_model, hours=hours,
+    return _render(state, request, "usage.html", who, charts=charts, by_key=by_key, by_model=by_model, hours=hours,
                    tenant=scope, tenants=_tenants(service, who), since=since, until=until)
 
 
 @router.get("/policies", response_class=HTMLResponse)
-def policies_page(request: Request, who: Viewer = Depends(viewer), tenant: str | None = None,
+def policies_page(request: Request, state: Console, who: Viewer = Depends(viewer), tenant: str | None = None,
                   a: int | None = None, b: int | None = None,
                   service: GatewayService = Depends(get_service)) -> HTMLResponse:
     chosen = _pick_tenant(service, who, tenant)
-    state = _state(request)
     versions = service.store.policy_versions(chosen) if chosen else []
     rows = [{"version": v.version, "created_at": v.created_at,
              **policy_signature(chosen or "", v.document, state.settings.policy_keys_dir)} for v in versions]
@@ -434,7 +382,7 @@ def policies_page(request: Request, who: Viewer = Depends(viewer), tenant: str |
         new = b if b is not None and b in by_version else versions[0].version
         old = a if a is not None and a in by_version else versions[1].version
         diff, pair = policy_diff(by_version[old], by_version[new], old, new), (old, new)
-    return _render(request, "policies.html", who, tenant=chosen, tenants=_tenants(service, who), rows=rows,
+    return _render(state, request, "policies.html", who, tenant=chosen, tenants=_tenants(service, who), rows=rows,
                    diff=diff, pair=pair)
 
 
@@ -453,9 +401,9 @@ def install(app: FastAPI, settings: ConsoleSettings, data_dir: Path, *, sso: boo
         anchors.append(SqlAnchor(settings.audit_anchor_url))
     index = (AuditIndex(settings.audit_dir, settings.keys_dir, anchors) if settings.audit_dir is not None
              else None)
-    app.state.console = ConsoleState(settings, index, Facets(),
-                                     BrokerView(settings.broker_url), templates,
-                                     audit_key_file=data_dir / "console-audit.pem")
+    state = ConsoleState(settings, index, Facets(), BrokerView(settings.broker_url), templates,
+                         audit_key_file=data_dir / "console-audit.pem")
+    bind_console(app, state)
     app.include_router(router)
     app.include_router(sso_router)
     app.mount("/console/static", StaticFiles(directory=str(HERE / "static")), name="console-static")
@@ -464,7 +412,7 @@ def install(app: FastAPI, settings: ConsoleSettings, data_dir: Path, *, sso: boo
         return RedirectResponse("/console/login", status_code=303)
 
     async def forbidden(request: Request, exc: Exception) -> Response:
-        response = _render(request, "error.html", None, message=str(exc))
+        response = _render(state, request, "error.html", None, message=str(exc))
         response.status_code = 403
         return response
 

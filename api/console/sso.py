@@ -33,11 +33,12 @@ from api.console.session import (
     open_session,
     set_session_cookie,
 )
+from api.console.state import Console, ConsoleState
 from api.gateway.dependencies import get_service
 from api.gateway.service import GatewayService
 from api.management.auth import Principal
 from api.management.claims import identity
-from api.management.oidc import OidcVerifier, ProviderMetadata
+from api.management.oidc import OidcVerifier, ProviderMetadata, get_oidc_verifier
 from api.management.oidc_errors import IdpUnavailable, OidcError, RoleRefused, TokenRefused
 
 log = logging.getLogger(__name__)
@@ -48,8 +49,7 @@ STATE_TTL_S = 600
 router = APIRouter(prefix="/console/oidc", include_in_schema=False)
 
 
-def sso_verifier(request: Request) -> OidcVerifier:
-    verifier: OidcVerifier | None = getattr(request.app.state, "oidc", None)
+async def sso_verifier(verifier: OidcVerifier | None = Depends(get_oidc_verifier)) -> OidcVerifier:
     if verifier is None or not verifier.settings.console_enabled:
         raise ConsoleForbidden("single sign-on is not configured for the console")
     return verifier
@@ -63,8 +63,8 @@ def _client(verifier: OidcVerifier) -> OAuth2Client:
 
 
 @router.get("/start")
-def start(request: Request, service: GatewayService = Depends(get_service)) -> Response:
-    verifier = sso_verifier(request)
+def start(request: Request, console: Console, service: GatewayService = Depends(get_service),
+          verifier: OidcVerifier = Depends(sso_verifier)) -> Response:
     meta = _metadata(verifier)
     state, nonce, code_verifier = secrets.token_urlsafe(24), secrets.token_urlsafe(24), secrets.token_urlsafe(48)
     with _client(verifier) as client:
@@ -75,28 +75,27 @@ def start(request: Request, service: GatewayService = Depends(get_service)) -> R
                           "cv": code_verifier}, _secret(service), algorithm="HS256")
     response = RedirectResponse(url, status_code=303)
     response.set_cookie(STATE_COOKIE, pending, max_age=STATE_TTL_S, path="/console/oidc", httponly=True,
-                        samesite="lax", secure=_secure(request))
+                        samesite="lax", secure=_secure(console, request))
     return response
 
 
 @router.get("/callback")
-def callback(request: Request, code: str = "", state: str = "", error: str = "", iss: str = "",
-             service: GatewayService = Depends(get_service)) -> Response:
-    verifier = sso_verifier(request)
+def callback(request: Request, console: Console, code: str = "", state: str = "", error: str = "", iss: str = "",
+             service: GatewayService = Depends(get_service),
+             verifier: OidcVerifier = Depends(sso_verifier)) -> Response:
     try:
         who, expires = _sign_in(request, service, verifier, code, state, error, iss)
     except OidcError as exc:
-        _audit(request, None, "deny", f"{exc.code}: {exc}")
-        return _refused(request, exc)
-    secret, console = _secret(service), request.app.state.console.settings
+        _audit(console, None, "deny", f"{exc.code}: {exc}")
+        return _refused(console, request, exc)
+    secret, settings = _secret(service), console.settings
     now = dt.datetime.now(dt.UTC)
-    session = open_session(secret, who, expires, console.session_ttl_s, service.store.revocations, now)
-    _audit(request, who, "allow", "signed in through the IdP")
+    session = open_session(secret, who, expires, settings.session_ttl_s, service.store.revocations, now)
+    _audit(console, who, "allow", "signed in through the IdP")
     # A page, not a redirect: after the IdP's cross-site redirect a browser would not send the
     # SameSite=Strict session cookie on a redirect chain; a navigation from this page does.
-    response: Response = request.app.state.console.templates.TemplateResponse(request, "signed_in.html",
-                                                                              {"who": None})
-    set_session_cookie(response, session, secure=_secure(request), max_age=console.session_ttl_s)
+    response: Response = console.templates.TemplateResponse(request, "signed_in.html", {"who": None})
+    set_session_cookie(response, session, secure=_secure(console, request), max_age=settings.session_ttl_s)
     response.delete_cookie(STATE_COOKIE, path="/console/oidc")
     return response
 
@@ -133,10 +132,9 @@ def _sign_in(request: Request, service: GatewayService, verifier: OidcVerifier, 
     return Principal(who.subject, who.role, who.tenant, who.token_id), int(claims["exp"])
 
 
-def end_session_url(request: Request) -> str | None:
+def end_session_url(verifier: OidcVerifier | None) -> str | None:
     """Where to send the browser after logout so that the IdP ends its session too (RP-initiated
     logout), or None (no SSO, or the IdP publishes no end_session_endpoint)."""
-    verifier: OidcVerifier | None = getattr(request.app.state, "oidc", None)
     if verifier is None or not verifier.settings.console_enabled:
         return None
     try:
@@ -165,23 +163,23 @@ def _secret(service: GatewayService) -> str:
     return secret
 
 
-def _secure(request: Request) -> bool:
-    return cookie_secure(request, request.app.state.console.settings.unsafe_plain_http_loopback)
+def _secure(console: ConsoleState, request: Request) -> bool:
+    return cookie_secure(request, console.settings.unsafe_plain_http_loopback)
 
 
-def _refused(request: Request, exc: OidcError) -> HTMLResponse:
-    response: HTMLResponse = request.app.state.console.templates.TemplateResponse(
+def _refused(console: ConsoleState, request: Request, exc: OidcError) -> HTMLResponse:
+    response: HTMLResponse = console.templates.TemplateResponse(
         request, "login.html", {"who": None, "sso": True, "error": f"Sign-in refused: {exc}"})
     response.status_code = 503 if isinstance(exc, IdpUnavailable) else exc.status
     response.delete_cookie(STATE_COOKIE, path="/console/oidc")
     return response
 
 
-def _audit(request: Request, who: Principal | None, decision: str, reason: str) -> None:
+def _audit(console: ConsoleState, who: Principal | None, decision: str, reason: str) -> None:
     """The sign-in in the console's signed audit log (and the process log); never the tokens."""
     subject = who.subject[:128] if who is not None else "-"
     log.warning("console sign-in via IdP: %s %s (%s)", subject, decision, reason)
-    audit = request.app.state.console.audit_log()
+    audit = console.audit_log()
     if audit is None:
         return
     meta = {"actor": subject, "role": who.role if who else "-", "via": "oidc"}

@@ -1,6 +1,6 @@
-"""The gateway's audit log: admission refusals, management actions, and the workers' signed
-in-enclave decisions, in the shared audit directory beside the key broker's (one trail, one format:
-docs/policy.md "Audit log"). Decisions and identifiers only, never prompts, completions or keys."""
+"""The gateway's audit log: admission refusals, management actions (api/management/audit.py), and
+the workers' signed in-enclave decisions, in the shared audit directory beside the key broker's (one
+trail, one format: docs/policy.md "Audit log"). Decisions and identifiers only, never prompts, completions or keys."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import hashlib
 import logging
 import os
 import secrets
-from typing import Any
 
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -84,7 +83,3 @@ def audit_worker_decisions(audit: AuditLog, records: list[worker_pb2.UsageRecord
         appended += 1
     return appended
 
-
-def admin_meta(**meta: Any) -> dict[str, Any]:
-    """Management metadata: scalars only (names, ids, numbers), never secrets."""
-    return {k: v for k, v in meta.items() if v is None or isinstance(v, str | int | float | bool)}

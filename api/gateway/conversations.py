@@ -20,7 +20,7 @@ from pydantic import Field
 from api.gateway.dependencies import ChargedKey, PlaintextKey, Service
 from api.gateway.errors import GatewayError
 from api.gateway.responses_routes import add_items, open_state, refuse_include, retention_for, seal
-from api.gateway.responses_store import conversation_not_found, item_state_id
+from api.gateway.responses_store import conversation_not_found, item_state_id, sealed_only_conversation
 from api.gateway.service import GatewayService
 from api.store.conversations import StoredConversation
 from api.store.repo import KeyRecord
@@ -54,11 +54,15 @@ def _check_metadata(metadata: dict[str, str] | None) -> None:
                                param="metadata", code="invalid_value")
 
 
-def _find(service: GatewayService, key: KeyRecord, conv_id: str) -> StoredConversation:
+def _find(service: GatewayService, key: KeyRecord, conv_id: str, sealed_too: bool = False) -> StoredConversation:
+    """The caller's conversation; one made in sealed mode is only deleted here (`sealed_too`), never read
+    or written in clear (400 sealed_only_state)."""
     service.responses.purge_expired()
     conv = service.responses.conversations.get(key.tenant, conv_id)
     if conv is None or (conv.model is not None and key.models and conv.model not in key.models):
         raise conversation_not_found(conv_id)
+    if conv.sealed_state is not None and not sealed_too:
+        raise sealed_only_conversation(conv_id)
     return conv
 
 
@@ -155,7 +159,8 @@ async def update_conversation(body: Metadata, key: PlaintextKey, conv: Conversat
 
 
 @router.delete("/v1/conversations/{conv_id}")
-def delete_conversation(key: ChargedKey, conv: Conversation, service: Service) -> dict[str, Any]:
+def delete_conversation(conv_id: str, key: ChargedKey, service: Service) -> dict[str, Any]:
+    conv = _find(service, key, conv_id, sealed_too=True)  # deleting needs nothing of its content
     if not service.responses.conversations.delete(key.tenant, conv.id):
         raise conversation_not_found(conv.id)
     service.audit.append(tenant=key.tenant, action="conversation.delete", decision="allow", reason="caller",

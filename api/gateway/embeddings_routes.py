@@ -15,12 +15,12 @@ import json
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
-from api.gateway.audit import audit_worker_decisions
 from api.gateway.dependencies import current_key, get_service
 from api.gateway.errors import GatewayError
 from api.gateway.generation import request_id, unless_disconnected
-from api.gateway.grpc_client import WorkerRefusal, WorkerUnavailable
+from api.gateway.grpc_client import WorkerRefusal
 from api.gateway.lifecycle import RequestLifecycle
+from api.gateway.registry import WorkerInfo
 from api.gateway.service import GatewayService
 from api.gateway.spans import worker_call_span
 from api.store.repo import KeyRecord
@@ -94,35 +94,26 @@ async def embed(service: GatewayService, life: RequestLifecycle, split: dict[str
                 call: worker_pb2.EmbedRequest) -> worker_pb2.EmbedReply:
     """Route and call: a worker that cannot take the call is skipped (and probed); the signed usage is
     metered, and counted against the request's reserve, before the answer is returned."""
-    tried: set[str] = set()
-    while True:
-        worker = service._route(life.span, lambda: service.registry.pick(
-            life.key.tenant, life.model, split, "", frozenset(tried)), attempts=len(tried) + 1)
+
+    async def attempt(worker: WorkerInfo) -> worker_pb2.EmbedReply:
         worker.inflight += 1
         span, metadata = worker_call_span(service.tracing, life.span, "Embed", worker.worker_id)
         try:
             reply, decisions = await service.clients.embed(worker.grpc_address, worker.tls_cert, call,
                                                            service.settings.request_timeout_s, metadata)
-        except WorkerUnavailable:
-            span.end(error="model_unavailable")
-            tried.add(worker.worker_id)
-            service._probe_soon(worker)
-            continue
-        except WorkerRefusal as exc:
-            span.end(error=exc.code or "refused")
-            if exc.worker_decisions:  # signed: verified, then audited
-                audit_worker_decisions(service.audit, exc.worker_decisions, pinned_key_hex=worker.usage_public_key,
-                                       request_id=call.request_id, tenant=call.tenant, worker_id=worker.worker_id)
-            raise
         except BaseException as exc:
             span.end(error=exc.code or "worker_error" if isinstance(exc, GatewayError) else "cancelled")
+            if isinstance(exc, WorkerRefusal):  # its signed decision: verified, then audited
+                service.audit_decisions(worker, exc.worker_decisions, call)
             raise
         finally:
             worker.inflight -= 1
         span.end()
-        if decisions:  # redactions the worker's data controls made: signed, verified, then audited
-            audit_worker_decisions(service.audit, decisions, pinned_key_hex=worker.usage_public_key,
-                                   request_id=call.request_id, tenant=call.tenant, worker_id=worker.worker_id)
+        service.audit_decisions(worker, decisions, call)  # redactions the worker's data controls made
         await service.metering.record(reply.usage, worker, call)
         life.count(signed_prompt_tokens(reply.usage), 0)  # what the worker signed, not the reply's own count
         return reply
+
+    _, reply = await service.reachable(lambda tried: service._route(life.span, lambda: service.registry.pick(
+        life.key.tenant, life.model, split, "", tried), attempts=len(tried) + 1), attempt)
+    return reply

@@ -91,11 +91,6 @@ class FairQueue:
             self._per_tenant[entry.tenant] -= 1
             self._size -= 1
 
-    def pop(self, eligible: Callable[[str], bool] = lambda _: True) -> tuple[str, Any] | None:
-        """The first (tenant, item) in fair order whose tenant is eligible; others keep their place."""
-        entry = self.pop_entry(lambda tenant, _cost: eligible(tenant))
-        return None if entry is None else (entry.tenant, entry.item)
-
     def _live_head(self, lane: Lane) -> _Entry | None:
         """The lane's first entry not cancelled; drops the cancelled ones and empty lanes."""
         fifo = self._lanes[lane]
@@ -107,7 +102,8 @@ class FairQueue:
         return fifo[0]
 
     def pop_entry(self, eligible: Callable[[str, int], bool] = lambda _t, _c: True) -> _Entry | None:
-        """The first entry in fair order for which `eligible(tenant, cost)` holds (its lane's head)."""
+        """The first entry in fair order for which `eligible(tenant, cost)` holds (its lane's head); the
+        others keep their place."""
         skipped: list[tuple[tuple[int, float, int], Lane]] = []
         found = None
         while self._heads:

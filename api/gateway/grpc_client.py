@@ -16,6 +16,7 @@ from google.protobuf.message import DecodeError
 from api.gateway.errors import GatewayError
 from policy.audit.worker_record import DECISION_METADATA_KEY
 from protocol.rpc import worker_pb2, worker_pb2_grpc
+from protocol.rpc.snapshot_segments import SegmentAssembler, SnapshotName, SnapshotTransferError
 from protocol.sealed.decision_record import RECORD_METADATA_KEY
 from protocol.tls import TARGET_NAME, TlsIdentity
 
@@ -33,6 +34,15 @@ class WorkerRefusal(GatewayError):
     def __init__(self, message: str, worker_decisions: list[worker_pb2.UsageRecord]) -> None:
         super().__init__(403, message, code="content_policy_violation")
         self.worker_decisions = worker_decisions
+
+
+class SnapshotNeeded(GatewayError):
+    """The worker does not hold the vector store snapshot a call named (NOT_FOUND, retrieval_rpcs.py):
+    the gateway sends it (write_snapshot) and calls again; never an answer to the caller as such."""
+
+    def __init__(self) -> None:
+        super().__init__(503, "the vector store could not be loaded by its worker; retry", type_="server_error",
+                         code="model_unavailable", headers={"Retry-After": "1"})
 
 
 class WorkerUnavailable(GatewayError):
@@ -111,6 +121,32 @@ class WorkerClients:
             return await getattr(self.stub(address, worker_cert), method)(request, timeout=timeout_s)
         except grpc.aio.AioRpcError as exc:
             raise _translate(exc, started=False) from exc
+
+    async def write_snapshot(self, address: str, worker_cert: str, segments: Iterable[worker_pb2.StoreSnapshotSegment],
+                             timeout_s: float) -> None:
+        """A vector store's sealed snapshot to a worker that lacks it, in segments (WriteStoreSnapshot)."""
+        try:
+            await self.stub(address, worker_cert).WriteStoreSnapshot(iter(segments), timeout=timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            raise _translate(exc, started=False) from exc
+
+    async def read_snapshot(self, address: str, worker_cert: str, request: worker_pb2.ReadStoreSnapshotRequest,
+                            timeout_s: float) -> bytes:
+        """The snapshot a worker just made (ReadStoreSnapshot): whole, in order, of the digest it named."""
+        assembler = SegmentAssembler()
+        try:
+            async for segment in self.stub(address, worker_cert).ReadStoreSnapshot(request, timeout=timeout_s):
+                assembler.add(segment)
+            tenant, name, blob = assembler.finish()
+        except grpc.aio.AioRpcError as exc:
+            raise _translate(exc, started=False) from exc
+        except SnapshotTransferError as exc:
+            raise GatewayError(502, f"the worker's vector store snapshot is malformed: {exc}", type_="server_error",
+                               code="worker_error") from None
+        if (tenant, name) != (request.tenant, SnapshotName.of(request.ref)):
+            raise GatewayError(502, "the worker sent another vector store snapshot than the one asked for",
+                               type_="server_error", code="worker_error")
+        return blob
 
     async def embed(self, address: str, worker_cert: str, request: worker_pb2.EmbedRequest, timeout_s: float,
                     metadata: Metadata | None = None) -> tuple[worker_pb2.EmbedReply, list[worker_pb2.UsageRecord]]:
@@ -231,6 +267,8 @@ def _translate(exc: grpc.aio.AioRpcError, started: bool) -> GatewayError:
                             code="invalid_tool_call")
     if code == grpc.StatusCode.FAILED_PRECONDITION:  # sealed data this worker cannot open (retrieval_rpcs.py)
         return GatewayError(409, exc.details() or "stored data cannot be opened", code="sealed_data_unreadable")
+    if code == grpc.StatusCode.NOT_FOUND:  # a vector store snapshot the worker does not hold (retrieval_rpcs.py)
+        return SnapshotNeeded()
     if code == grpc.StatusCode.UNIMPLEMENTED:
         return GatewayError(501, exc.details() or "not supported by this worker", code="not_supported")
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:

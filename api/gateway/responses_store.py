@@ -146,6 +146,8 @@ def _continue_conversation(stored: StoredResponses, turn: Turn, conv_id: str) ->
     conv = stored.conversations.get(key.tenant, conv_id)
     if conv is None or (conv.model is not None and key.models and conv.model not in key.models):
         raise conversation_not_found(conv_id, param="conversation")
+    if conv.sealed_state is not None:
+        raise sealed_only_conversation(conv_id, param="conversation")
     if conv.model is not None:
         _same_model(conv.model, turn.req.model, "conversation")
     items = stored.conversations.items(key.tenant, conv_id)
@@ -165,6 +167,13 @@ def _same_model(stored_model: str, model: str, param: str) -> None:
 def conversation_not_found(conv_id: str, param: str | None = None) -> GatewayError:
     return GatewayError(404, f"Conversation with id '{conv_id[:64]}' not found.", param=param,
                         code="conversation_not_found")
+
+
+def sealed_only_conversation(conv_id: str, param: str | None = None) -> GatewayError:
+    """A conversation made in sealed mode, asked for in clear: its content is the client's, never given in
+    clear (the worker would refuse to open it too: it carries the sealed-mode mark)."""
+    return GatewayError(400, f"conversation '{conv_id[:64]}' was made in sealed mode: it is served only sealed "
+                             "(through SealedOpenAI: /v1/sealed/conversations)", param=param, code="sealed_only_state")
 
 
 def item_state_id(conv_id: str, item_id: str) -> str:

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from api.gateway.admission import AdmissionController
-from api.gateway.audit import admin_meta, audit_worker_decisions
+from api.gateway.audit import audit_worker_decisions
 from api.gateway.callers import check_plaintext_caller
 from api.gateway.catalog import Catalog
 from api.gateway.delivery_probe import DeliveryProbe
@@ -40,6 +40,7 @@ from protocol.worker_status import Settle
 
 log = logging.getLogger(__name__)
 Chunk = TypeVar("Chunk", worker_pb2.GenerateChunk, worker_pb2.SealedChunk)
+T = TypeVar("T")
 
 
 @dataclass(eq=False)
@@ -82,41 +83,28 @@ class GatewayService:
         self.audit.close()
         self.tracing.shutdown()
 
-    def audit_admin(self, who: Any, tenant: str, action: str, **meta: Any) -> None:
-        """A management action (tenants, keys, models, policies, kill switch) by a principal."""
-        self.audit.append(tenant=tenant or "-", action=action, decision="allow", reason="management",
-                          metadata=admin_meta(principal=getattr(who, "subject", None) or getattr(who, "sub", None),
-                                              role=getattr(who, "role", None), **meta))
-
     # -- routing and streaming: the route and relay steps of a request's lifecycle (lifecycle.py)
     async def stream(self, key: KeyRecord, model: str, split: dict[str, float],
                      request: worker_pb2.GenerateRequest, affinity: str, span: Span = NULL_SPAN
                      ) -> AsyncGenerator[worker_pb2.GenerateChunk, None]:
-        """One choice: pick a worker (another one if it cannot take the call), relay, meter.
+        """One choice: pick a worker (another one if it cannot take the call, `reachable`), relay, meter."""
 
-        No request's error takes a worker out of rotation: an unreachable one is only skipped for this
-        request and probed (its Status RPC); heartbeats and that probe decide whether it is dead.
-        """
-        tried: set[str] = set()
-        while True:
+        def pick(tried: frozenset[str]) -> WorkerInfo:
             try:
-                worker = self._route(span, lambda: self.registry.pick(key.tenant, model, split, affinity,
-                                                                      frozenset(tried)), attempts=len(tried) + 1)
+                return self._route(span, lambda: self.registry.pick(key.tenant, model, split, affinity, tried),
+                                   attempts=len(tried) + 1)
             except GatewayError:
                 self.demand.unserved(key.tenant, model)  # wakes a version scaled to zero
                 raise
+
+        async def open_on(worker: WorkerInfo) -> tuple[Any, Any, Span]:
             try:
-                first, rest, call = await self._open(worker, "Generate", request, span)
-                break
-            except WorkerUnavailable:
-                tried.add(worker.worker_id)
-                self._probe_soon(worker)
+                return await self._open(worker, "Generate", request, span)
             except WorkerRefusal as exc:
-                if exc.worker_decisions:  # signed: verified, then audited
-                    audit_worker_decisions(self.audit, exc.worker_decisions, pinned_key_hex=worker.usage_public_key,
-                                           request_id=request.request_id, tenant=request.tenant,
-                                           worker_id=worker.worker_id)
+                self.audit_decisions(worker, exc.worker_decisions, request)
                 raise
+
+        worker, (first, rest, call) = await self.reachable(pick, open_on)
         # aclosing: a client that goes away closes this generator, and the relay with it, at once.
         async with aclosing(self._relay(worker, request, first, rest, sealed=False, call=call)) as relay:
             async for chunk in relay:
@@ -129,7 +117,7 @@ class GatewayService:
         try:
             first, rest, call = await self._open(worker, "SealedGenerate", request, span)
         except WorkerUnavailable as exc:
-            self._probe_soon(worker)  # health checks, not one request, take a worker out of rotation
+            self.probe_soon(worker)  # health checks, not one request, take a worker out of rotation
             raise reattest_required() from exc
         async with aclosing(self._relay(worker, request, first, rest, sealed=True, call=call)) as relay:
             async for chunk in relay:
@@ -166,16 +154,28 @@ class GatewayService:
 
     async def call(self, key: KeyRecord, model: str, split: dict[str, float], method: str, request: Any) -> Any:
         """A unary worker call for (tenant, model) on a ready worker; an unreachable one is skipped."""
+        _, reply = await self.reachable(
+            lambda tried: self.registry.pick(key.tenant, model, split, "", tried),
+            lambda worker: self.clients.unary(worker.grpc_address, worker.tls_cert, method, request, 30.0))
+        return reply
+
+    async def reachable(self, pick: Callable[[frozenset[str]], WorkerInfo],
+                         attempt: Callable[[WorkerInfo], Awaitable[T]]) -> tuple[WorkerInfo, T]:
+        """`attempt` on the worker `pick` chooses, else on another one while none could take the call.
+
+        No request's error takes a worker out of rotation: an unreachable one is only skipped for this
+        request and probed (its Status RPC); heartbeats and that probe decide whether it is dead.
+        """
         tried: set[str] = set()
         while True:
-            worker = self.registry.pick(key.tenant, model, split, "", frozenset(tried))
+            worker = pick(frozenset(tried))
             try:
-                return await self.clients.unary(worker.grpc_address, worker.tls_cert, method, request, 30.0)
+                return worker, await attempt(worker)
             except WorkerUnavailable:
                 tried.add(worker.worker_id)
-                self._probe_soon(worker)
+                self.probe_soon(worker)
 
-    def _probe_soon(self, worker: WorkerInfo) -> None:
+    def probe_soon(self, worker: WorkerInfo) -> None:
         """A health check (the worker's Status RPC), at most one at a time per worker."""
         if worker.worker_id in self._probing:
             return
@@ -206,7 +206,10 @@ class GatewayService:
             if record is not None:
                 self.settlement.sealed_record(worker, record, request.request_id)
             return
-        decisions = getattr(rest, "decisions", ())
+        self.audit_decisions(worker, getattr(rest, "decisions", ()), request)
+
+    def audit_decisions(self, worker: WorkerInfo, decisions: Sequence[worker_pb2.UsageRecord], request: Any) -> None:
+        """A worker's signed in-enclave decisions (a refusal's, or a call's trailers): verified, then audited."""
         if decisions:
             audit_worker_decisions(self.audit, list(decisions), pinned_key_hex=worker.usage_public_key,
                                    request_id=request.request_id, tenant=request.tenant, worker_id=worker.worker_id)
@@ -253,7 +256,7 @@ class GatewayService:
         except WorkerLost:
             error = "worker_lost"
             log.warning("worker %s lost mid-stream", worker.worker_id)
-            self._probe_soon(worker)
+            self.probe_soon(worker)
             raise
         finally:
             call.end(error=error)

@@ -2,7 +2,9 @@
 
 A file is sealed by a worker as it arrives (SealFile) and kept as ciphertext; a vector store is one
 sealed snapshot that a worker of the store's model version opens, changes and seals again on every
-ingestion or deletion (IngestFile, DeleteStoreFile) and searches (SearchStore). The gateway routes,
+ingestion or deletion (IngestFile, DeleteStoreFile) and searches (SearchStore). Workers keep the
+stores they opened, so the calls name the snapshot and carry it only to a worker that lacks it
+(store_snapshots.py). The gateway routes,
 keeps rows, serializes a store's changes (a lock per store, then compare-and-set on its snapshot
 version) and audits; it never holds a key, a document's text or a vector.
 
@@ -18,14 +20,17 @@ import json
 import secrets
 import weakref
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from api.gateway.errors import GatewayError
 from api.gateway.service import GatewayService
+from api.gateway.store_snapshots import SnapshotCalls, StoreChanged
 from api.store.models import utcnow
 from api.store.repo import KeyRecord
 from api.store.retrieval import RetrievalStore, StoredFile, StoredVectorStore, StoreFile
 from protocol.rpc import worker_pb2
+from protocol.rpc.snapshot_segments import SnapshotName
 
 MAX_FILE_BYTES = 8 * 1024 * 1024  # the worker's bound too (enclave_worker/retrieval/service.py)
 MAX_FILES_PER_CALL = 500  # OpenAI's bound on a batch's file_ids
@@ -45,11 +50,13 @@ def new_id(prefix: str) -> str:
 class GatewayRetrieval:
     service: GatewayService
     rows: RetrievalStore = field(init=False)
+    snapshots: SnapshotCalls = field(init=False)
     # One lock per store while someone holds it (weak: an idle store's lock is dropped).
     _locks: weakref.WeakValueDictionary[str, asyncio.Lock] = field(default_factory=weakref.WeakValueDictionary)
 
     def __post_init__(self) -> None:
         self.rows = RetrievalStore(self.service.store.sessions)
+        self.snapshots = SnapshotCalls(self.service, self.rows)
 
     def _audit(self, key: KeyRecord, action: str, **metadata: Any) -> None:
         self.service.audit.append(tenant=key.tenant, action=action, decision="allow", reason="caller",
@@ -114,7 +121,9 @@ class GatewayRetrieval:
         return store
 
     def store(self, key: KeyRecord, store_id: str) -> StoredVectorStore:
-        found = self.rows.store(key.tenant, store_id)
+        """The store's row without its snapshot's bytes (a worker that lacks them gets them from the
+        database when it says so: store_snapshots.py)."""
+        found = self.rows.store_head(key.tenant, store_id)
         if found is None:
             raise not_found("vector store", store_id)
         return found
@@ -154,12 +163,15 @@ class GatewayRetrieval:
                 return existing
             for _ in range(CAS_TRIES):
                 store = self.store(key, store_id)
-                reply: worker_pb2.IngestFileReply = await self._pinned(key, store, "IngestFile",
-                    worker_pb2.IngestFileRequest(
-                        tenant=key.tenant, key_id=key.key_id, store_id=store_id, snapshot=store.snapshot,
-                        file_id=file_id, filename=file.filename, file_blob=file.blob,
-                        attributes_json=json.dumps(attributes if attributes is not None else {}),
-                        chunking_json=json.dumps(chunking) if chunking is not None else ""))
+                request = worker_pb2.IngestFileRequest(
+                    tenant=key.tenant, key_id=key.key_id, store_id=store_id, file_id=file_id, filename=file.filename,
+                    file_blob=file.blob, attributes_json=json.dumps(attributes if attributes is not None else {}),
+                    chunking_json=json.dumps(chunking) if chunking is not None else "")
+                try:
+                    reply, worker = await self.snapshots.call(key, store, "IngestFile",
+                                                              partial(_with_base, request))
+                except StoreChanged:
+                    continue
                 row = StoreFile(store_id, file_id, batch_id, "completed" if not reply.error_code else "failed",
                                 reply.error_code or None, reply.error_message or None, reply.usage_bytes,
                                 attributes or {}, json.loads(reply.chunking_json) if reply.chunking_json else {},
@@ -168,8 +180,10 @@ class GatewayRetrieval:
                     self.rows.put_store_file(key.tenant, row)
                     self._audit(key, "vector_store.file.failed", vector_store_id=store_id, file_id=file_id)
                     return row
-                if self.rows.replace_snapshot(key.tenant, store_id, store.snapshot_version, reply.snapshot.blob,
-                                              reply.snapshot.version, reply.usage_bytes, store_file=row):
+                blob = await self.snapshots.read_made(worker, key.tenant, reply.made)
+                if self.rows.replace_snapshot(key.tenant, store_id, store.snapshot_version, blob,
+                                              reply.made.version, reply.usage_bytes, store_file=row):
+                    self.snapshots.remember(SnapshotName.of(reply.made))
                     self._audit(key, "vector_store.file.add", vector_store_id=store_id, file_id=file_id)
                     return row
         raise GatewayError(409, "the vector store changed meanwhile; retry", code="conflict")
@@ -190,11 +204,17 @@ class GatewayRetrieval:
                 return
             for _ in range(CAS_TRIES):
                 store = self.store(key, store_id)
-                reply: worker_pb2.SealedBlob = await self._pinned(key, store, "DeleteStoreFile",
-                    worker_pb2.DeleteStoreFileRequest(tenant=key.tenant, key_id=key.key_id, store_id=store_id,
-                                                      snapshot=store.snapshot, file_id=file_id))
-                if self.rows.replace_snapshot(key.tenant, store_id, store.snapshot_version, reply.blob, reply.version,
+                request = worker_pb2.DeleteStoreFileRequest(tenant=key.tenant, key_id=key.key_id, store_id=store_id,
+                                                            file_id=file_id)
+                try:
+                    reply, worker = await self.snapshots.call(key, store, "DeleteStoreFile",
+                                                              partial(_with_base, request))
+                except StoreChanged:
+                    continue
+                blob = await self.snapshots.read_made(worker, key.tenant, reply.made)
+                if self.rows.replace_snapshot(key.tenant, store_id, store.snapshot_version, blob, reply.made.version,
                                               -found.usage_bytes, drop_file=file_id):
+                    self.snapshots.remember(SnapshotName.of(reply.made))
                     self._audit(key, "vector_store.file.delete", vector_store_id=store_id, file_id=file_id)
                     return
         raise GatewayError(409, "the vector store changed meanwhile; retry", code="conflict")
@@ -208,11 +228,20 @@ class GatewayRetrieval:
             self._audit(key, "vector_store.search", vector_store_id=store_id, search_id=new_id("search"), files=0)
             return []
         request = worker_pb2.SearchStoreRequest(
-            tenant=key.tenant, key_id=key.key_id, store_id=store_id, snapshot=store.snapshot, query=query,
+            tenant=key.tenant, key_id=key.key_id, store_id=store_id, query=query,
             max_num_results=max_num_results, filters_json=json.dumps(filters) if filters is not None else "",
             has_score_threshold=score_threshold is not None, score_threshold=score_threshold or 0.0,
             rewrite_query=rewrite_query, caller=key.key_id)
-        reply: worker_pb2.SearchStoreReply = await self._pinned(key, store, "SearchStore", request)
+        reply: worker_pb2.SearchStoreReply | None = None
+        for _ in range(CAS_TRIES):  # a change that lands between reading the row and the worker's load: again
+            try:
+                reply, _worker = await self.snapshots.call(key, store, "SearchStore",
+                                                           partial(_with_base, request))
+                break
+            except StoreChanged:
+                store = self.store(key, store_id)
+        if reply is None:
+            raise StoreChanged()
         # One entry per file that gave passages (an entry holds scalars of bounded length), tied by the search id.
         search_id = new_id("search")
         self._audit(key, "vector_store.search", vector_store_id=store_id, search_id=search_id,
@@ -221,3 +250,9 @@ class GatewayRetrieval:
             self._audit(key, "vector_store.retrieve", vector_store_id=store_id, search_id=search_id, file_id=file_id)
         results: list[dict[str, Any]] = json.loads(reply.results_json)
         return results
+
+
+def _with_base(request: Any, base: worker_pb2.StoreSnapshotRef) -> Any:
+    """``request`` naming the snapshot ``base`` (its ``snapshot`` bytes left empty)."""
+    request.base.CopyFrom(base)
+    return request

@@ -11,6 +11,7 @@ from fastapi import APIRouter, Depends
 from api.gateway.dependencies import get_service
 from api.gateway.errors import GatewayError
 from api.gateway.service import GatewayService
+from api.management.audit import audit_admin
 from api.management.auth import Principal, require, tenant_scope
 from api.management.schemas import (
     KeyIn,
@@ -46,7 +47,7 @@ def check_policy_document(tenant: str, document: dict[str, Any], admin_key_pem: 
 
 
 # Every change below invalidates this replica's caches at once (service.catalog.forget(); other replicas
-# refresh within a second) and is in the audit trail with who made it (service.audit_admin, never
+# refresh within a second) and is in the audit trail with who made it (management/audit.py, never
 # a secret).
 router = APIRouter()
 
@@ -57,7 +58,7 @@ def create_tenant(body: TenantIn, who: Principal = Depends(require(OP)),
     store = service.store
     service.catalog.forget()
     t = store.ensure_tenant(body.name, **body.model_dump(exclude={"name"}))
-    service.audit_admin(who, t.name, "tenant-upsert", weight=t.weight, rpm=t.rpm, tpm=t.tpm,
+    audit_admin(service.audit, who, t.name, "tenant-upsert", weight=t.weight, rpm=t.rpm, tpm=t.tpm,
                         token_budget=t.token_budget)
     return {"name": t.name, "weight": t.weight, "rpm": t.rpm, "tpm": t.tpm, "token_budget": t.token_budget}
 
@@ -76,7 +77,7 @@ def create_key(tenant: str, body: KeyIn, who: Principal = Depends(tenant_scope(O
     store = service.store
     secret, rec = store.create_key(tenant, body.name, tuple(body.models), body.expires_at, body.rpm, body.tpm,
                                    body.priority, token_budget=body.token_budget)
-    service.audit_admin(who, tenant, "api-key-create", key_id=rec.key_id, models=",".join(rec.models)[:256])
+    audit_admin(service.audit, who, tenant, "api-key-create", key_id=rec.key_id, models=",".join(rec.models)[:256])
     # The secret is shown once; only its hash is stored.
     return {"key_id": rec.key_id, "secret": secret, "tenant": tenant, "models": list(rec.models),
             "expires_at": body.expires_at.isoformat() if body.expires_at else None}
@@ -99,7 +100,7 @@ def revoke_key(tenant: str, key_id: str, who: Principal = Depends(tenant_scope(O
     if not store.revoke_key(tenant, key_id):
         raise GatewayError(404, "no such key", code="not_found")
     service.catalog.forget()  # again after the write: a look-up in between must not keep the key cached
-    service.audit_admin(who, tenant, "api-key-revoke", key_id=key_id)
+    audit_admin(service.audit, who, tenant, "api-key-revoke", key_id=key_id)
     return {"revoked": key_id}
 
 
@@ -115,7 +116,7 @@ def kill_switch(tenant: str, key_id: str, body: KillSwitchIn,
     if not store.set_tools_killed(tenant, key_id, body.killed):
         raise GatewayError(404, "no such key", code="not_found")
     service.catalog.forget()
-    service.audit_admin(who, tenant, "kill-switch", key_id=key_id, killed=body.killed)
+    audit_admin(service.audit, who, tenant, "kill-switch", key_id=key_id, killed=body.killed)
     return {"key_id": key_id, "tools_killed": body.killed}
 
 
@@ -134,7 +135,7 @@ def add_version(tenant: str, body: ModelVersionIn, who: Principal = Depends(tena
     row = _version(store.upsert_version(new_version_ref(tenant, body.model, body.version), min_warm=body.min_warm,
                                         max_replicas=body.max_replicas or max(1, body.min_warm),
                                         ttft_slo_ms=body.ttft_slo_ms))
-    service.audit_admin(who, tenant, "model-version-upsert", model=body.model, version=body.version,
+    audit_admin(service.audit, who, tenant, "model-version-upsert", model=body.model, version=body.version,
                         min_warm=body.min_warm)
     return row
 
@@ -150,7 +151,7 @@ def rollout(tenant: str, model: str, body: RolloutIn, who: Principal = Depends(t
         rows = store.set_rollout(stored_version_ref(tenant, model, body.version), body.percent)
     except KeyError as exc:
         raise GatewayError(404, "no such model version", code="not_found") from exc
-    service.audit_admin(who, tenant, "model-rollout", model=model, version=body.version, percent=body.percent)
+    audit_admin(service.audit, who, tenant, "model-rollout", model=model, version=body.version, percent=body.percent)
     return {"data": [_version(v) for v in rows]}
 
 
@@ -160,7 +161,7 @@ def rollback(tenant: str, model: str, who: Principal = Depends(tenant_scope(OP, 
     store = service.store
     service.catalog.forget()
     rows = [_version(v) for v in store.rollback(tenant, model)]
-    service.audit_admin(who, tenant, "model-rollback", model=model)
+    audit_admin(service.audit, who, tenant, "model-rollback", model=model)
     return {"data": rows}
 
 
@@ -191,7 +192,7 @@ def put_policy(tenant: str, body: PolicyIn, who: Principal = Depends(tenant_scop
     if body.admin_key_pem is not None:
         check_policy_document(tenant, body.document, body.admin_key_pem)
     version = store.put_policy(tenant, body.document, body.admin_key_pem)
-    service.audit_admin(who, tenant, "policy-put", policy_version=version)
+    audit_admin(service.audit, who, tenant, "policy-put", policy_version=version)
     return {"tenant": tenant, "version": version}
 
 

@@ -23,7 +23,7 @@ from api.gateway.dependencies import bearer_secret, get_service
 from api.gateway.errors import GatewayError
 from api.gateway.service import GatewayService
 from api.management.claims import identity
-from api.management.oidc import OidcVerifier
+from api.management.oidc import OidcVerifier, get_oidc_verifier
 from api.management.oidc_errors import OidcError
 from api.store.revocation import TokenClaims, TokenRevoked
 
@@ -69,8 +69,8 @@ def check_not_revoked(service: GatewayService, claims: dict, who: Principal) -> 
 
 
 def principal(request: Request, token: str = Depends(bearer_secret),
-              service: GatewayService = Depends(get_service)) -> Principal:
-    verifier: OidcVerifier | None = getattr(request.app.state, "oidc", None)
+              service: GatewayService = Depends(get_service),
+              verifier: OidcVerifier | None = Depends(get_oidc_verifier)) -> Principal:
     if verifier is not None and not (verifier.settings.accept_local_tokens and _is_local(token)):
         idp = idp_principal(verifier, token)
         check_not_revoked(service, {"iat": idp.issued_at}, idp.principal)

@@ -22,6 +22,7 @@ from api.gateway.errors import GatewayError
 from api.gateway.internal import version_state, version_workers
 from api.gateway.service import GatewayService
 from api.management.auth import ROLES, Principal, issue_token, require, tenant_scope
+from api.management.oidc import OidcVerifier, get_oidc_verifier
 from api.management.schemas import Strict, stored_version_ref
 
 OP, ADMIN, AUDITOR = "operator", "tenant-admin", "auditor"
@@ -62,10 +63,10 @@ def whoami(who: Principal = Depends(require(*ROLES))) -> dict:
 
 @router.post("/tokens", status_code=201)
 def mint_token(request: Request, body: TokenIn, _: Principal = Depends(require(OP)),
-               service: GatewayService = Depends(get_service)) -> dict:
+               service: GatewayService = Depends(get_service),
+               oidc: OidcVerifier | None = Depends(get_oidc_verifier)) -> dict:
     """Shown once; tokens are not stored (they are signed, and expire). Local tokens only: with single
     sign-on, tokens come from the IdP, unless the local ones are accepted too (accept_local_tokens)."""
-    oidc = getattr(request.app.state, "oidc", None)
     if oidc is not None and not oidc.settings.accept_local_tokens:
         raise GatewayError(409, "single sign-on is on: management tokens come from the identity provider",
                            code="sso_tokens_only")

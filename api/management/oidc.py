@@ -20,6 +20,7 @@ from typing import Any
 
 import httpx
 import jwt
+from fastapi import FastAPI
 
 from api.management.oidc_errors import IdpUnavailable, TokenRefused
 from api.oidc_settings import OidcConfigError, OidcSettings, check_url
@@ -142,3 +143,17 @@ class OidcVerifier:
         except jwt.PyJWTError as exc:
             raise TokenRefused(f"invalid token ({type(exc).__name__})", code="invalid_token") from exc
         return claims
+
+
+async def get_oidc_verifier() -> OidcVerifier | None:
+    """The control plane's single sign-on verifier, None without single sign-on (the local-development
+    mode): `bind_oidc_verifier` puts the one `create_app` built in this one's place, a typed dependency
+    of the routes, never a service locator on the app."""
+    return None
+
+
+def bind_oidc_verifier(app: FastAPI, verifier: OidcVerifier | None) -> None:
+    async def bound() -> OidcVerifier | None:
+        return verifier
+
+    app.dependency_overrides[get_oidc_verifier] = bound

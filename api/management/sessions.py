@@ -19,6 +19,7 @@ from pydantic import Field
 from api.gateway.dependencies import get_service
 from api.gateway.errors import GatewayError
 from api.gateway.service import GatewayService
+from api.management.audit import audit_admin
 from api.management.auth import ROLES, Principal, require
 from api.management.schemas import Strict
 
@@ -35,7 +36,7 @@ class RevocationIn(Strict):
 @router.post("/logout")
 def logout(who: Principal = Depends(require(*ROLES)), service: GatewayService = Depends(get_service)) -> dict:
     service.store.revocations.revoke("jti", who.token_id)
-    service.audit_admin(who, who.tenant or "-", "token-logout", token_id=who.token_id)
+    audit_admin(service.audit, who, who.tenant or "-", "token-logout", token_id=who.token_id)
     return {"revoked": who.token_id}
 
 
@@ -46,7 +47,7 @@ def revoke(body: RevocationIn, who: Principal = Depends(require(OP)),
         ended = service.store.revocations.revoke(body.kind, body.value)
     except ValueError as exc:
         raise GatewayError(422, str(exc), code="invalid_revocation") from exc
-    service.audit_admin(who, body.value if body.kind == "tenant" else "-", "token-revoke", kind=body.kind,
+    audit_admin(service.audit, who, body.value if body.kind == "tenant" else "-", "token-revoke", kind=body.kind,
                         value=body.value, sessions_ended=ended)
     return {"kind": body.kind, "value": body.value, "sessions_ended": ended}
 
@@ -63,5 +64,5 @@ def remove_tenant(tenant: str, who: Principal = Depends(require(OP)),
     service.catalog.forget()
     if not service.store.remove_tenant(tenant):
         raise GatewayError(404, "no such tenant", code="not_found")
-    service.audit_admin(who, tenant, "tenant-remove")
+    audit_admin(service.audit, who, tenant, "tenant-remove")
     return {"removed": tenant}

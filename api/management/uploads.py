@@ -5,7 +5,7 @@ and checks what it can without a key (sizes, SHA-256 of each file, the manifest'
 signature, that the manifest's tenant is the caller). Workers re-check everything themselves.
 
     app.include_router(router)                          # a plain router, as the gateway mounts it
-    app.state.package_store = PackageStore(store_dir)   # where uploads and packages go
+    bind_package_store(app, PackageStore(store_dir))    # where uploads and packages go
 
 The caller is a tenant admin (`uploader`, the management API's role check); an app without the
 management API overrides `uploader` with its own dependency returning the caller's tenant (a
@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fastapi import APIRouter, Depends, Header, HTTPException, Request
+from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException, Request
 from pydantic import BaseModel, Field
 from starlette.requests import ClientDisconnect
 
@@ -143,11 +143,17 @@ def caller_tenant(principal: Any = Depends(uploader)) -> str:
     return _tenant_of(principal)
 
 
-def package_store(request: Request) -> PackageStore:
-    store: PackageStore | None = getattr(request.app.state, "package_store", None)
-    if store is None:
-        raise HTTPException(404, "package uploads are not enabled here")
-    return store
+async def package_store() -> PackageStore:
+    """Where uploads and packages go: `bind_package_store` puts the app's in this one's place (a typed
+    dependency, never a service locator on the app); an app that binds none serves no uploads."""
+    raise HTTPException(404, "package uploads are not enabled here")
+
+
+def bind_package_store(app: FastAPI, store: PackageStore) -> None:
+    async def bound() -> PackageStore:
+        return store
+
+    app.dependency_overrides[package_store] = bound
 
 
 router = APIRouter(prefix="/v1/packages", tags=["packages"])

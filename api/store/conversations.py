@@ -2,7 +2,9 @@
 
 A conversation row holds what routing needs in clear (owner, the model and version whose key
 sealed its items, bound at the first one, the expiry) and its sealed metadata; each item is a
-blob of its own, in order (`seq`). Every read is scoped to the tenant: another tenant's id reads
+blob of its own, in order (`seq`). A conversation made in sealed mode is one blob instead
+(`sealed_state`: its items and metadata, sealed by a worker as a whole), replaced as a whole only
+in place of the one the change was made from. Every read is scoped to the tenant: another tenant's id reads
 as absent, as an unknown, deleted or expired one does.
 """
 
@@ -25,6 +27,7 @@ class StoredConversation:
     version: str | None
     metadata_blob: bytes | None
     created_at: dt.datetime
+    sealed_state: bytes | None = None  # made in sealed mode: the whole conversation, worker-sealed
 
 
 @dataclass(frozen=True)
@@ -36,7 +39,8 @@ class StoredItem:
 
 def _conversation(row: ConversationRow) -> StoredConversation:
     created = row.created_at if row.created_at.tzinfo else row.created_at.replace(tzinfo=dt.UTC)
-    return StoredConversation(row.id, row.tenant, row.model, row.version, row.metadata_blob, created)
+    return StoredConversation(row.id, row.tenant, row.model, row.version, row.metadata_blob, created,
+                              row.sealed_state)
 
 
 class Conversations:
@@ -49,6 +53,26 @@ class Conversations:
         with self.sessions.begin() as s:
             s.add(row)
         return _conversation(row)
+
+    def create_sealed(self, conversation_id: str, tenant: str, model: str, version: str, blob: bytes,
+                      retention: dt.timedelta) -> StoredConversation:
+        """A conversation made in sealed mode, bound at once to the version whose worker sealed it."""
+        now = utcnow()
+        row = ConversationRow(id=conversation_id, tenant=tenant, model=model, version=version, sealed_state=blob,
+                              created_at=now, expires_at=now + retention)
+        with self.sessions.begin() as s:
+            s.add(row)
+        return _conversation(row)
+
+    def replace_sealed(self, tenant: str, conversation_id: str, opened: bytes, blob: bytes) -> bool:
+        """Keep `blob` in place of `opened`, the state the change was made from; False if the conversation
+        is gone or changed meanwhile (a concurrent call: its change is not lost under this one)."""
+        with self.sessions.begin() as s:
+            row = s.get(ConversationRow, conversation_id, with_for_update=True)
+            if row is None or row.tenant != tenant or row.sealed_state != opened:
+                return False
+            row.sealed_state = blob
+            return True
 
     def get(self, tenant: str, conversation_id: str, now: dt.datetime | None = None) -> StoredConversation | None:
         with self.sessions() as s:

@@ -186,6 +186,8 @@ class ConversationRow(Base):
     model: Mapped[str | None] = mapped_column(String(256), nullable=True)
     version: Mapped[str | None] = mapped_column(String(128), nullable=True)
     metadata_blob: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)  # sealed like its items
+    # Made in sealed mode: the whole conversation, one blob a worker sealed (no item rows, no metadata_blob).
+    sealed_state: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
     created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     expires_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), index=True)
 

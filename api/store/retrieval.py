@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import delete, select, update
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session, defer, sessionmaker
 
 from api.store.models import FileRow, VectorStoreFileRow, VectorStoreRow, utcnow
 
@@ -117,6 +117,22 @@ class RetrievalStore:
         with self.sessions() as s:
             row = s.get(VectorStoreRow, store_id)
             return _store(row) if row is not None and row.tenant == tenant else None
+
+    def store_head(self, tenant: str, store_id: str) -> StoredVectorStore | None:
+        """The store without its snapshot's bytes (``snapshot`` is b""): what a search by name needs."""
+        with self.sessions() as s:
+            row = s.get(VectorStoreRow, store_id, options=[defer(VectorStoreRow.snapshot)])
+            if row is None or row.tenant != tenant:
+                return None
+            return StoredVectorStore(row.id, row.tenant, row.name, dict(row.metadata_), row.model, row.version, b"",
+                                     row.snapshot_version, row.usage_bytes, row.created_at)
+
+    def snapshot(self, tenant: str, store_id: str, version: int) -> bytes | None:
+        """The store's snapshot if it is still at ``version`` (None: it changed or is gone)."""
+        with self.sessions() as s:
+            return s.scalar(select(VectorStoreRow.snapshot).where(
+                VectorStoreRow.id == store_id, VectorStoreRow.tenant == tenant,
+                VectorStoreRow.snapshot_version == version))
 
     def stores(self, tenant: str) -> list[StoredVectorStore]:
         with self.sessions() as s:

@@ -282,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
                          "usage_exact": result["usage_exact"], "tokens_exact": result["tokens_exact"],
                          "audit_exact": result["audit_exact"]}
     result["parameters"] = vars(args) | {"json": str(args.json) if args.json else None}
-    from api.gateway.http_server import event_loop
+    from api.http_server import event_loop
 
     result["gateway_loop"] = event_loop(args.loop)  # what `auto` resolved to in this environment
     result["machine"] = {"cores": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),

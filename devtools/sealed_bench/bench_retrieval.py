@@ -7,7 +7,8 @@ The corpus: the docstrings of an installed PyPI package (default: transformers),
 cut by the vector store's own chunking in the embedding model's tokens. Plain side: the library
 (chunk, embed, faiss index, search) in this process, no stack. Stack side: each file uploaded and
 attached to one vector store with the openai SDK (the worker seals it, chunks, embeds, indexes and
-reseals the store's whole snapshot), searched at `/v1/vector_stores/{id}/search`. The two sides
+reseals the store's whole snapshot, which the gateway reads back), searched at
+`/v1/vector_stores/{id}/search` (the store named to the worker, which holds it open). The two sides
 alternate file by file and query by query (the first one alternating), so the machine's other load
 hits both. Reported: ingestion (chunks/s, tokens/s), recall@10 of each side against exact search
 over the plain side's vectors (a stack passage is matched by file and text), search p50/p99 (plain:

@@ -35,7 +35,7 @@ from fastapi import FastAPI, Header, HTTPException
 from api.management import uploads
 app = FastAPI()
 app.include_router(uploads.router)
-app.state.package_store = uploads.PackageStore(Path(sys.argv[1]))
+uploads.bind_package_store(app, uploads.PackageStore(Path(sys.argv[1])))
 def caller(authorization: str = Header("")) -> str:
     if authorization != "Bearer bench":
         raise HTTPException(401, "bad token")

@@ -1,7 +1,8 @@
 """The stack's side of `sealed bench retrieval --stack-url`: the same files uploaded, attached to a
 vector store and searched through a running stack's HTTP API with the official openai SDK, so the
 figures include everything the boundary adds (the gateway, gRPC, the worker's sealing of each file,
-and the store snapshot the worker opens and reseals whole on every ingest)."""
+the store snapshot the worker reseals whole on every ingest and the gateway reads back and stores,
+and on every search the gateway's row read and the store named to the worker, which holds it open)."""
 
 from __future__ import annotations
 

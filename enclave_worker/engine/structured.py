@@ -42,9 +42,9 @@ def _llguidance() -> Any:
 
 
 class GrammarCompiler:
-    """Per engine: the tokenizer as llguidance sees it (~1 s: it reads every token's bytes; the worker
-    builds it at boot, a bare engine at its first constrained request), and grammars from our
-    StructuredOutput specs."""
+    """Per engine: the tokenizer as llguidance sees it (~1 s: it reads every token's bytes, holding the
+    GIL throughout; built at the engine's first constrained request, docs/engine.md says why not at
+    boot), and grammars from our StructuredOutput specs."""
 
     def __init__(self, tokenizer_json: str, vocab_size: int, eos_token_ids: tuple[int, ...]) -> None:
         self._json, self.vocab_size, self.eos_token_ids = tokenizer_json, vocab_size, eos_token_ids
@@ -62,11 +62,6 @@ class GrammarCompiler:
                 self._tokenizer = llg.LLTokenizer(self._json, n_vocab=self.vocab_size,
                                                   eos_token=list(self.eos_token_ids) or None)
             return self._tokenizer
-
-    def warm(self) -> None:
-        """Build the tokenizer and the token tables a first matcher builds (seconds once; later
-        matchers take about a millisecond), so no request waits for them."""
-        self.matcher(StructuredOutput("json_schema", '{"type": "object"}'))
 
     def grammar(self, spec: StructuredOutput) -> str:
         llg = _llguidance()

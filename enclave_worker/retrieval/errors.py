@@ -15,3 +15,13 @@ class InvalidRetrievalRequest(RetrievalError):
 class SealedStoreError(RetrievalError):
     """A sealed snapshot that does not open: another key, another store, tampered, truncated or
     reordered segments, or an older version than the one asked for."""
+
+
+class StaleSnapshot(SealedStoreError):
+    """A store snapshot older than one this worker has already seen for that store: a replay (it
+    would bring a deleted file back), refused whatever the gateway sends with it."""
+
+
+class SnapshotNeeded(RetrievalError):
+    """The worker does not hold the store snapshot the gateway named (never seen, evicted, or one
+    of another digest): the gateway sends it (WriteStoreSnapshot) and asks again."""

@@ -48,6 +48,13 @@ def seal_snapshot(store_key: bytes, store_id: str, version: int, plaintext: byte
     return b"".join(out)
 
 
+def snapshot_version(blob: bytes) -> int:
+    """The version a snapshot's (clear) header claims; opening it checks the claim."""
+    if len(blob) < _HEADER.size:
+        raise SealedStoreError("the snapshot is truncated")
+    return int(_HEADER.unpack(blob[:_HEADER.size])[1])
+
+
 def open_snapshot(store_key: bytes, store_id: str, blob: bytes, min_version: int = 0) -> tuple[int, bytes]:
     """(version, plaintext) of a sealed snapshot of ``store_id``; an older version than ``min_version``
     (one this worker has already seen: a replayed snapshot) is refused, as is anything tampered."""

@@ -29,7 +29,8 @@ _DOMAIN = b"sealed-worker-decision-v1\x00"
 # Exactly these fields, all scalars: decisions and identifiers, never prompt or completion text.
 FIELDS = ("request_id", "tenant", "key_id", "model", "version", "action", "decision", "rule",
           "policy_id", "policy_version", "at")
-ACTIONS = frozenset({"admission", "content-input", "content-output", "tool-call"})
+# "retrieval": a file whose passages a search gave the caller (rule: the file id, policy_id: the store id).
+ACTIONS = frozenset({"admission", "content-input", "content-output", "tool-call", "retrieval"})
 MAX_FIELD = 128
 DECISION_METADATA_KEY = "sealed-decision-bin"  # gRPC trailing metadata (binary: "-bin" suffix)
 

@@ -8,7 +8,8 @@ in the prompt, in the order of its best passage, each at the end of the answer's
 the text's length). A small model does not mark where it used a passage, so the answer cites what it
 was given, never a file it was not given.
 
-In plaintext mode the gateway searches (api/gateway/file_search.py); sealed mode refuses the tool.
+In plaintext mode the gateway searches (api/gateway/file_search.py); in sealed mode SealedOpenAI
+does, in two sealed exchanges (sealed_client/file_search.py); the chat model's worker refuses it.
 """
 
 from __future__ import annotations

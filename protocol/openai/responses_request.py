@@ -195,8 +195,9 @@ def _text(content: Any, i: int) -> str:
 
 def _tool(tool: dict[str, Any], i: int) -> dict[str, Any]:
     if tool.get("type") == "file_search":
-        raise OpenAIError(400, "the file_search tool is served in plaintext mode only (POST /v1/responses); "
-                               "sealed mode does not search vector stores yet", param=f"tools[{i}].type")
+        raise OpenAIError(400, "the file_search tool is served by the gateway in plaintext mode and by "
+                               "SealedOpenAI itself in sealed mode, never inside the chat model's worker",
+                          param=f"tools[{i}].type")
     if tool.get("type") != "function":
         raise OpenAIError(400, f"tools of type {str(tool.get('type'))[:64]!r} are not supported (function tools only)",
                           param=f"tools[{i}].type")

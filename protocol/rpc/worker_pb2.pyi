@@ -177,7 +177,7 @@ class GenerateChunk(_message.Message):
     def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ..., usage: _Optional[_Union[UsageRecord, _Mapping]] = ...) -> None: ...
 
 class SealedRequest(_message.Message):
-    __slots__ = ("request_id", "tenant", "key_id", "model", "endpoint", "worker_key_id", "body", "agent_killed", "history")
+    __slots__ = ("request_id", "tenant", "key_id", "model", "endpoint", "worker_key_id", "body", "agent_killed", "history", "store_id", "store_snapshot", "file_id")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
     KEY_ID_FIELD_NUMBER: _ClassVar[int]
@@ -187,6 +187,9 @@ class SealedRequest(_message.Message):
     BODY_FIELD_NUMBER: _ClassVar[int]
     AGENT_KILLED_FIELD_NUMBER: _ClassVar[int]
     HISTORY_FIELD_NUMBER: _ClassVar[int]
+    STORE_ID_FIELD_NUMBER: _ClassVar[int]
+    STORE_SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
+    FILE_ID_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     tenant: str
     key_id: str
@@ -196,19 +199,42 @@ class SealedRequest(_message.Message):
     body: bytes
     agent_killed: bool
     history: _containers.RepeatedCompositeFieldContainer[StateBlob]
-    def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., key_id: _Optional[str] = ..., model: _Optional[str] = ..., endpoint: _Optional[str] = ..., worker_key_id: _Optional[str] = ..., body: _Optional[bytes] = ..., agent_killed: _Optional[bool] = ..., history: _Optional[_Iterable[_Union[StateBlob, _Mapping]]] = ...) -> None: ...
+    store_id: str
+    store_snapshot: bytes
+    file_id: str
+    def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., key_id: _Optional[str] = ..., model: _Optional[str] = ..., endpoint: _Optional[str] = ..., worker_key_id: _Optional[str] = ..., body: _Optional[bytes] = ..., agent_killed: _Optional[bool] = ..., history: _Optional[_Iterable[_Union[StateBlob, _Mapping]]] = ..., store_id: _Optional[str] = ..., store_snapshot: _Optional[bytes] = ..., file_id: _Optional[str] = ...) -> None: ...
 
 class SealedChunk(_message.Message):
-    __slots__ = ("data", "usage", "stored_state", "state_version")
+    __slots__ = ("data", "usage", "stored_state", "state_version", "conversation_state", "sealed_file")
     DATA_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
     STORED_STATE_FIELD_NUMBER: _ClassVar[int]
     STATE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    CONVERSATION_STATE_FIELD_NUMBER: _ClassVar[int]
+    SEALED_FILE_FIELD_NUMBER: _ClassVar[int]
     data: bytes
     usage: UsageRecord
     stored_state: StateBlob
     state_version: str
-    def __init__(self, data: _Optional[bytes] = ..., usage: _Optional[_Union[UsageRecord, _Mapping]] = ..., stored_state: _Optional[_Union[StateBlob, _Mapping]] = ..., state_version: _Optional[str] = ...) -> None: ...
+    conversation_state: StateBlob
+    sealed_file: SealedFile
+    def __init__(self, data: _Optional[bytes] = ..., usage: _Optional[_Union[UsageRecord, _Mapping]] = ..., stored_state: _Optional[_Union[StateBlob, _Mapping]] = ..., state_version: _Optional[str] = ..., conversation_state: _Optional[_Union[StateBlob, _Mapping]] = ..., sealed_file: _Optional[_Union[SealedFile, _Mapping]] = ...) -> None: ...
+
+class SealedFile(_message.Message):
+    __slots__ = ("file_id", "blob", "key_version", "filename", "purpose", "bytes")
+    FILE_ID_FIELD_NUMBER: _ClassVar[int]
+    BLOB_FIELD_NUMBER: _ClassVar[int]
+    KEY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    FILENAME_FIELD_NUMBER: _ClassVar[int]
+    PURPOSE_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    file_id: str
+    blob: bytes
+    key_version: str
+    filename: str
+    purpose: str
+    bytes: int
+    def __init__(self, file_id: _Optional[str] = ..., blob: _Optional[bytes] = ..., key_version: _Optional[str] = ..., filename: _Optional[str] = ..., purpose: _Optional[str] = ..., bytes: _Optional[int] = ...) -> None: ...
 
 class StatusRequest(_message.Message):
     __slots__ = ()
@@ -315,17 +341,19 @@ class SealFileRequest(_message.Message):
     def __init__(self, tenant: _Optional[str] = ..., key_id: _Optional[str] = ..., file_id: _Optional[str] = ..., content: _Optional[bytes] = ...) -> None: ...
 
 class SealedBlob(_message.Message):
-    __slots__ = ("blob", "version", "key_version")
+    __slots__ = ("blob", "version", "key_version", "made")
     BLOB_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     KEY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    MADE_FIELD_NUMBER: _ClassVar[int]
     blob: bytes
     version: int
     key_version: str
-    def __init__(self, blob: _Optional[bytes] = ..., version: _Optional[int] = ..., key_version: _Optional[str] = ...) -> None: ...
+    made: StoreSnapshotRef
+    def __init__(self, blob: _Optional[bytes] = ..., version: _Optional[int] = ..., key_version: _Optional[str] = ..., made: _Optional[_Union[StoreSnapshotRef, _Mapping]] = ...) -> None: ...
 
 class IngestFileRequest(_message.Message):
-    __slots__ = ("tenant", "key_id", "store_id", "snapshot", "file_id", "filename", "file_blob", "attributes_json", "chunking_json")
+    __slots__ = ("tenant", "key_id", "store_id", "snapshot", "file_id", "filename", "file_blob", "attributes_json", "chunking_json", "base")
     TENANT_FIELD_NUMBER: _ClassVar[int]
     KEY_ID_FIELD_NUMBER: _ClassVar[int]
     STORE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -335,6 +363,7 @@ class IngestFileRequest(_message.Message):
     FILE_BLOB_FIELD_NUMBER: _ClassVar[int]
     ATTRIBUTES_JSON_FIELD_NUMBER: _ClassVar[int]
     CHUNKING_JSON_FIELD_NUMBER: _ClassVar[int]
+    BASE_FIELD_NUMBER: _ClassVar[int]
     tenant: str
     key_id: str
     store_id: str
@@ -344,24 +373,27 @@ class IngestFileRequest(_message.Message):
     file_blob: bytes
     attributes_json: str
     chunking_json: str
-    def __init__(self, tenant: _Optional[str] = ..., key_id: _Optional[str] = ..., store_id: _Optional[str] = ..., snapshot: _Optional[bytes] = ..., file_id: _Optional[str] = ..., filename: _Optional[str] = ..., file_blob: _Optional[bytes] = ..., attributes_json: _Optional[str] = ..., chunking_json: _Optional[str] = ...) -> None: ...
+    base: StoreSnapshotRef
+    def __init__(self, tenant: _Optional[str] = ..., key_id: _Optional[str] = ..., store_id: _Optional[str] = ..., snapshot: _Optional[bytes] = ..., file_id: _Optional[str] = ..., filename: _Optional[str] = ..., file_blob: _Optional[bytes] = ..., attributes_json: _Optional[str] = ..., chunking_json: _Optional[str] = ..., base: _Optional[_Union[StoreSnapshotRef, _Mapping]] = ...) -> None: ...
 
 class IngestFileReply(_message.Message):
-    __slots__ = ("snapshot", "usage_bytes", "chunking_json", "error_code", "error_message")
+    __slots__ = ("snapshot", "usage_bytes", "chunking_json", "error_code", "error_message", "made")
     SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
     USAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
     CHUNKING_JSON_FIELD_NUMBER: _ClassVar[int]
     ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
     ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    MADE_FIELD_NUMBER: _ClassVar[int]
     snapshot: SealedBlob
     usage_bytes: int
     chunking_json: str
     error_code: str
     error_message: str
-    def __init__(self, snapshot: _Optional[_Union[SealedBlob, _Mapping]] = ..., usage_bytes: _Optional[int] = ..., chunking_json: _Optional[str] = ..., error_code: _Optional[str] = ..., error_message: _Optional[str] = ...) -> None: ...
+    made: StoreSnapshotRef
+    def __init__(self, snapshot: _Optional[_Union[SealedBlob, _Mapping]] = ..., usage_bytes: _Optional[int] = ..., chunking_json: _Optional[str] = ..., error_code: _Optional[str] = ..., error_message: _Optional[str] = ..., made: _Optional[_Union[StoreSnapshotRef, _Mapping]] = ...) -> None: ...
 
 class SearchStoreRequest(_message.Message):
-    __slots__ = ("tenant", "key_id", "store_id", "snapshot", "query", "max_num_results", "filters_json", "has_score_threshold", "score_threshold", "rewrite_query", "caller")
+    __slots__ = ("tenant", "key_id", "store_id", "snapshot", "query", "max_num_results", "filters_json", "has_score_threshold", "score_threshold", "rewrite_query", "caller", "base")
     TENANT_FIELD_NUMBER: _ClassVar[int]
     KEY_ID_FIELD_NUMBER: _ClassVar[int]
     STORE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -373,6 +405,7 @@ class SearchStoreRequest(_message.Message):
     SCORE_THRESHOLD_FIELD_NUMBER: _ClassVar[int]
     REWRITE_QUERY_FIELD_NUMBER: _ClassVar[int]
     CALLER_FIELD_NUMBER: _ClassVar[int]
+    BASE_FIELD_NUMBER: _ClassVar[int]
     tenant: str
     key_id: str
     store_id: str
@@ -384,7 +417,8 @@ class SearchStoreRequest(_message.Message):
     score_threshold: float
     rewrite_query: bool
     caller: str
-    def __init__(self, tenant: _Optional[str] = ..., key_id: _Optional[str] = ..., store_id: _Optional[str] = ..., snapshot: _Optional[bytes] = ..., query: _Optional[str] = ..., max_num_results: _Optional[int] = ..., filters_json: _Optional[str] = ..., has_score_threshold: _Optional[bool] = ..., score_threshold: _Optional[float] = ..., rewrite_query: _Optional[bool] = ..., caller: _Optional[str] = ...) -> None: ...
+    base: StoreSnapshotRef
+    def __init__(self, tenant: _Optional[str] = ..., key_id: _Optional[str] = ..., store_id: _Optional[str] = ..., snapshot: _Optional[bytes] = ..., query: _Optional[str] = ..., max_num_results: _Optional[int] = ..., filters_json: _Optional[str] = ..., has_score_threshold: _Optional[bool] = ..., score_threshold: _Optional[float] = ..., rewrite_query: _Optional[bool] = ..., caller: _Optional[str] = ..., base: _Optional[_Union[StoreSnapshotRef, _Mapping]] = ...) -> None: ...
 
 class SearchStoreReply(_message.Message):
     __slots__ = ("results_json", "file_ids")
@@ -395,15 +429,57 @@ class SearchStoreReply(_message.Message):
     def __init__(self, results_json: _Optional[str] = ..., file_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class DeleteStoreFileRequest(_message.Message):
-    __slots__ = ("tenant", "key_id", "store_id", "snapshot", "file_id")
+    __slots__ = ("tenant", "key_id", "store_id", "snapshot", "file_id", "base")
     TENANT_FIELD_NUMBER: _ClassVar[int]
     KEY_ID_FIELD_NUMBER: _ClassVar[int]
     STORE_ID_FIELD_NUMBER: _ClassVar[int]
     SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
     FILE_ID_FIELD_NUMBER: _ClassVar[int]
+    BASE_FIELD_NUMBER: _ClassVar[int]
     tenant: str
     key_id: str
     store_id: str
     snapshot: bytes
     file_id: str
-    def __init__(self, tenant: _Optional[str] = ..., key_id: _Optional[str] = ..., store_id: _Optional[str] = ..., snapshot: _Optional[bytes] = ..., file_id: _Optional[str] = ...) -> None: ...
+    base: StoreSnapshotRef
+    def __init__(self, tenant: _Optional[str] = ..., key_id: _Optional[str] = ..., store_id: _Optional[str] = ..., snapshot: _Optional[bytes] = ..., file_id: _Optional[str] = ..., base: _Optional[_Union[StoreSnapshotRef, _Mapping]] = ...) -> None: ...
+
+class StoreSnapshotRef(_message.Message):
+    __slots__ = ("store_id", "version", "sha256")
+    STORE_ID_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    store_id: str
+    version: int
+    sha256: bytes
+    def __init__(self, store_id: _Optional[str] = ..., version: _Optional[int] = ..., sha256: _Optional[bytes] = ...) -> None: ...
+
+class StoreSnapshotSegment(_message.Message):
+    __slots__ = ("tenant", "ref", "index", "count", "total_bytes", "data")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    REF_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    ref: StoreSnapshotRef
+    index: int
+    count: int
+    total_bytes: int
+    data: bytes
+    def __init__(self, tenant: _Optional[str] = ..., ref: _Optional[_Union[StoreSnapshotRef, _Mapping]] = ..., index: _Optional[int] = ..., count: _Optional[int] = ..., total_bytes: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class StoreSnapshotAck(_message.Message):
+    __slots__ = ("ref",)
+    REF_FIELD_NUMBER: _ClassVar[int]
+    ref: StoreSnapshotRef
+    def __init__(self, ref: _Optional[_Union[StoreSnapshotRef, _Mapping]] = ...) -> None: ...
+
+class ReadStoreSnapshotRequest(_message.Message):
+    __slots__ = ("tenant", "ref")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    REF_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    ref: StoreSnapshotRef
+    def __init__(self, tenant: _Optional[str] = ..., ref: _Optional[_Union[StoreSnapshotRef, _Mapping]] = ...) -> None: ...

@@ -94,6 +94,16 @@ class WorkerStub:
                 request_serializer=worker__pb2.DeleteStoreFileRequest.SerializeToString,
                 response_deserializer=worker__pb2.SealedBlob.FromString,
                 _registered_method=True)
+        self.WriteStoreSnapshot = channel.stream_unary(
+                '/sealed.worker.v1.Worker/WriteStoreSnapshot',
+                request_serializer=worker__pb2.StoreSnapshotSegment.SerializeToString,
+                response_deserializer=worker__pb2.StoreSnapshotAck.FromString,
+                _registered_method=True)
+        self.ReadStoreSnapshot = channel.unary_stream(
+                '/sealed.worker.v1.Worker/ReadStoreSnapshot',
+                request_serializer=worker__pb2.ReadStoreSnapshotRequest.SerializeToString,
+                response_deserializer=worker__pb2.StoreSnapshotSegment.FromString,
+                _registered_method=True)
 
 
 class WorkerServicer:
@@ -171,6 +181,18 @@ class WorkerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WriteStoreSnapshot(self, request_iterator, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReadStoreSnapshot(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -233,6 +255,16 @@ def add_WorkerServicer_to_server(servicer, server):
                     servicer.DeleteStoreFile,
                     request_deserializer=worker__pb2.DeleteStoreFileRequest.FromString,
                     response_serializer=worker__pb2.SealedBlob.SerializeToString,
+            ),
+            'WriteStoreSnapshot': grpc.stream_unary_rpc_method_handler(
+                    servicer.WriteStoreSnapshot,
+                    request_deserializer=worker__pb2.StoreSnapshotSegment.FromString,
+                    response_serializer=worker__pb2.StoreSnapshotAck.SerializeToString,
+            ),
+            'ReadStoreSnapshot': grpc.unary_stream_rpc_method_handler(
+                    servicer.ReadStoreSnapshot,
+                    request_deserializer=worker__pb2.ReadStoreSnapshotRequest.FromString,
+                    response_serializer=worker__pb2.StoreSnapshotSegment.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -559,6 +591,60 @@ class Worker:
             '/sealed.worker.v1.Worker/DeleteStoreFile',
             worker__pb2.DeleteStoreFileRequest.SerializeToString,
             worker__pb2.SealedBlob.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WriteStoreSnapshot(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/sealed.worker.v1.Worker/WriteStoreSnapshot',
+            worker__pb2.StoreSnapshotSegment.SerializeToString,
+            worker__pb2.StoreSnapshotAck.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReadStoreSnapshot(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/sealed.worker.v1.Worker/ReadStoreSnapshot',
+            worker__pb2.ReadStoreSnapshotRequest.SerializeToString,
+            worker__pb2.StoreSnapshotSegment.FromString,
             options,
             channel_credentials,
             insecure,

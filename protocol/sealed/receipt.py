@@ -49,11 +49,19 @@ class Receipt:
     channel_spki: str  # hex DER of the worker's TLS public key ("" without mTLS): the channel binding's other half
     evidence_sha256: str  # EvidenceBundle.digest() of the evidence the worker served when it signed
     version: int = RECEIPT_VERSION
+    # The files a retrieval's passages came from (a sealed vector store search), sorted; empty, and then
+    # absent from the signed fields, for every other answer (their receipts sign as they always did).
+    file_ids: tuple[str, ...] = ()
 
     def fields(self) -> dict[str, Any]:
-        # Every field is a str, int, float or bool: a shallow copy (dataclasses.asdict deep-copies each
-        # field, which was most of the Python time of signing and checking a receipt).
-        return dict(vars(self))
+        # Every field is a str, int, float or bool (file_ids: a tuple of str): a shallow copy
+        # (dataclasses.asdict deep-copies each field, most of the Python time of signing and checking).
+        fields = dict(vars(self))
+        if not self.file_ids:
+            del fields["file_ids"]
+        else:
+            fields["file_ids"] = list(self.file_ids)
+        return fields
 
     def canonical(self) -> bytes:
         return json.dumps(self.fields(), sort_keys=True, separators=(",", ":")).encode()
@@ -73,7 +81,10 @@ def read_signed_receipt(signed: bytes) -> Receipt:
         fields = doc["receipt"]
         if not isinstance(fields, dict) or fields.get("version") != RECEIPT_VERSION:
             raise ReceiptInvalid(f"not a version-{RECEIPT_VERSION} receipt")
-        receipt = Receipt(**fields)
+        file_ids = fields.get("file_ids", [])
+        if not isinstance(file_ids, list) or not all(isinstance(i, str) for i in file_ids):
+            raise ReceiptInvalid("the receipt's file_ids is not a list of ids")
+        receipt = Receipt(**{**fields, "file_ids": tuple(file_ids)})
         signature = bytes.fromhex(doc["signature"])
         key = Ed25519PublicKey.from_public_bytes(bytes.fromhex(receipt.signing_key))
     except ReceiptInvalid:

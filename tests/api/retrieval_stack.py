@@ -43,6 +43,7 @@ class RetrievalStack:
     tenant_key: str  # the tenant's own key, listed in its signed caller policy
     reader_key: str  # another of its own keys, listed too (file_access may narrow what it reads)
     data_dir: Path
+    servicer: WorkerServicer | None = None  # the worker's (its open stores: enclave_worker/retrieval/store_cache.py)
 
     def sdk(self, api_key: str | None = None) -> openai.AsyncOpenAI:
         return openai.AsyncOpenAI(base_url="http://gw/v1", api_key=api_key or self.tenant_key, max_retries=0,
@@ -87,7 +88,8 @@ async def retrieval_stack(tmp: Path, encoder: Embedder | None, *,
                         guard=WorkerGuard(PolicySet.from_dict(document["payload"])),
                         live=LiveState.serving(booted))  # type: ignore[arg-type]
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", 32 << 20)])
-    worker_pb2_grpc.add_WorkerServicer_to_server(WorkerServicer(state, encoder), server)
+    servicer = WorkerServicer(state, encoder)
+    worker_pb2_grpc.add_WorkerServicer_to_server(servicer, server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     try:
@@ -103,7 +105,7 @@ async def retrieval_stack(tmp: Path, encoder: Embedder | None, *,
             assert beat.status_code == 200, beat.text
             for worker in service.registry.workers.values():
                 worker.attestation_doc = sim_document(state)
-            yield RetrievalStack(http, service, state, tenant_key, reader_key, data_dir)
+            yield RetrievalStack(http, service, state, tenant_key, reader_key, data_dir, servicer)
     finally:
         await service.close()
         await server.stop(None)

@@ -13,6 +13,7 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -59,6 +60,9 @@ async def _gateway(tmp_path: Path, engine: object) -> AsyncIterator[tuple[Stack,
         stack.worker.stats = stack.state.report().stats  # what the worker's heartbeats carry
         secret, key = stack.store.create_key("acme", "http")
         app = create_app(stack.service.settings, stack.service)
+        # Building the app can outlast the heartbeat timeout on a loaded machine when its modules are
+        # imported for the first time (this test run alone): the stand-in worker has just been seen.
+        stack.worker.last_seen = stack.service.registry.clock.now()
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw", timeout=60,
                                      headers={"Authorization": f"Bearer {secret}"}) as client:
             yield stack, client, secret, key.key_id
@@ -190,3 +194,24 @@ async def test_redactions_and_refusals_are_audited_with_the_workers_signature(
     assert sorted((r.action, r.decision) for r in rows) == [("worker-decision", "deny"), ("worker-decision", "redact")]
     raw = "".join(p.read_text() for p in (tmp_path / "audit").glob("*.jsonl"))
     assert "quokka" not in raw and "4111" not in OPAQUE_RUN.sub("", raw)  # decisions, never content
+
+
+async def test_sealed_redactions_and_refusals_go_to_the_tenants_sealed_record(
+        tmp_path: Path, encoder: EmbeddingEngine, monkeypatch: pytest.MonkeyPatch) -> None:
+    """As a sealed chat's: the worker's signed decisions go into the tenant's sealed record, none of
+    them to the gateway's audit (it learns that a sealed request happened, not what was decided)."""
+    async with _gateway(tmp_path, encoder) as (stack, client, _, key_id):
+        recorded: dict[str, list[str]] = {}
+        seal_record = stack.state.records.seal
+
+        def keep(request: Any, decisions: Any, at: float) -> Any:
+            recorded[request.request_id] = [json.loads(d.payload)["decision"] for d in decisions]
+            return seal_record(request, decisions, at)
+
+        monkeypatch.setattr(stack.state.records, "seal", keep)
+        for prompt, status in ((CARD_PROMPT, 200), (SSN_PROMPT, 403), (CLEAN_PROMPT, 200)):
+            parts, _ = await _sealed_post(stack, client, key_id, {"model": "m", "input": prompt})
+            assert ResponseHead.decode(parts[0]).status == status, parts[1]
+    assert sorted(map(tuple, recorded.values())) == [(), ("deny",), ("redact",)]
+    rows = [r for r in read_entries(tmp_path / "audit") if r.reason != "management"]
+    assert not [r for r in rows if r.action == "worker-decision"]

@@ -12,13 +12,16 @@ from typing import Any
 from typing import Any as RunningStack
 
 import httpx
+import httpx2
 import numpy as np
 import openai
 import pytest
 
 from api.stack import DEMO_MODEL
 from api.stack_embedding import EMBEDDING_MODEL
+from protocol.sealed import ReceiptInvalid, ResponseCorrupted
 from sealed_client import SealedOpenAI
+from sealed_client.errors import UnsealedRequest
 from tests.api.conftest import start_sealed_up, stop_sealed_up
 from tests.api.sealed_helpers import demo_client_policy
 from tests.policy.audit.stream.chaos import wait_until
@@ -90,10 +93,37 @@ def test_files_and_vector_stores_on_sealed_up(embedding_stack: RunningStack) -> 
             assert b"Quokka Freight" not in data and b"paid holiday" not in data, path
 
 
+def test_sealed_files_and_vector_stores_on_sealed_up(embedding_stack: RunningStack) -> None:
+    """The official SDK's files.create, vector_stores.create, files.upload_and_poll and search through
+    SealedOpenAI: the upload and the search are sealed to the attested encoder's worker, the receipt
+    names the file the passage came from, and a canary in the document and the query is in no file
+    of the stack (its database, logs, audit)."""
+    stack = embedding_stack
+    sealed = SealedOpenAI(base_url=f"{stack.url}/v1", api_key=stack.api_key, max_retries=0,
+                          policy=demo_client_policy(stack.home), retrieval_model=EMBEDDING_MODEL)
+    canary = "Wombat-Lantern-7f3c21"
+    vault = f"The vault under the Wombat Lantern opens with the code {canary} on Tuesdays only."
+    uploaded = sealed.files.create(file=("vault.txt", vault.encode()), purpose="assistants")
+    assert (uploaded.filename, uploaded.bytes, uploaded.purpose) == ("vault.txt", len(vault), "assistants")
+    assert sealed.sealed.receipts[-1].model == EMBEDDING_MODEL
+    store = sealed.vector_stores.create(name="sealed-handbook")
+    attached = sealed.vector_stores.files.create_and_poll(vector_store_id=store.id, file_id=uploaded.id)
+    contract = sealed.vector_stores.files.upload_and_poll(vector_store_id=store.id,
+                                                           file=("contract.txt", CONTRACT.encode()))
+    assert attached.status == "completed" and contract.status == "completed"
+    page = sealed.vector_stores.search(store.id, query=f"Which code opens the vault? {canary}", max_num_results=1)
+    assert [r.file_id for r in page.data] == [uploaded.id] and canary in page.data[0].content[0].text
+    assert sealed.sealed.receipts[-1].file_ids == (uploaded.id,)  # the receipt covers the retrieved files
+    logs = [Path(stack.home).parent / "up.log"]
+    for path in [*Path(stack.home).rglob("*"), *Path(stack.tmpdir).rglob("*"), *logs]:
+        if path.is_file() and path.stat().st_size < 64 << 20:
+            assert canary.encode() not in path.read_bytes(), path
+
+
 def test_file_search_on_sealed_up(embedding_stack: RunningStack) -> None:
     """`responses.create` with the file_search tool: the gateway searches the encoder's worker, the
-    chat model answers from the passages, and the answer cites the file they came from. Sealed mode
-    refuses the tool by name (the chat model's worker holds no encoder: docs/retrieval.md)."""
+    chat model answers from the passages, and the answer cites the file they came from. Through
+    SealedOpenAI without a `retrieval_model` the tool is refused before anything is sent."""
     stack = embedding_stack
     plain = openai.OpenAI(base_url=f"{stack.url}/v1", api_key=stack.api_key, max_retries=0)
     store = plain.vector_stores.create(name="grounding")
@@ -113,9 +143,71 @@ def test_file_search_on_sealed_up(embedding_stack: RunningStack) -> None:
         ("file_citation", contract.id, "contract.txt")]
     sealed = SealedOpenAI(base_url=f"{stack.url}/v1", api_key=stack.api_key, max_retries=0,
                           policy=demo_client_policy(stack.home))
-    with pytest.raises(openai.BadRequestError, match="file_search") as refused:
+    with pytest.raises(UnsealedRequest, match="retrieval_model"):
         sealed.responses.create(model=DEMO_MODEL, input="When does the supplier contract end?", tools=tools)
-    assert refused.value.param == "tools[0].type"
+
+
+class _Tampering(httpx2.HTTPTransport):
+    """The operator's relay: flips one byte of the sealed search answer's end (its receipt record),
+    and keeps the path of every request it relays."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.paths: list[str] = []
+
+    def handle_request(self, request: httpx2.Request) -> httpx2.Response:
+        self.paths.append(request.url.path)
+        response = super().handle_request(request)
+        if not request.url.path.endswith("/search") or response.status_code != 200:
+            return response
+        raw = bytearray(response.read())
+        raw[-5] ^= 0x01
+        return httpx2.Response(200, headers=response.headers, content=bytes(raw), request=request)
+
+
+def test_sealed_file_search_on_sealed_up(embedding_stack: RunningStack) -> None:
+    """`responses.create(tools=[file_search])` through SealedOpenAI: a sealed search on the encoder's
+    worker (its receipt names the file), then a sealed response on the chat model's worker with the
+    passage; the answer cites the file; the document's and the query's canaries are in no file or
+    log of the stack. A relay that tampers with the search's sealed answer gets the search refused
+    by the client, and no prompt is sent."""
+    stack = embedding_stack
+    kwargs: Any = {"base_url": f"{stack.url}/v1", "api_key": stack.api_key, "max_retries": 0,
+                   "policy": demo_client_policy(stack.home), "retrieval_model": EMBEDDING_MODEL}
+    sealed = SealedOpenAI(**kwargs)
+    canary = "Numbat-Quill-5e81d0"
+    harbour = f"The harbour gate code is {canary}; the gate closes at nine in the evening."
+    store = sealed.vector_stores.create(name="sealed-grounding")
+    gate = sealed.vector_stores.files.upload_and_poll(vector_store_id=store.id, file=("gate.txt", harbour.encode()))
+    other = sealed.vector_stores.files.upload_and_poll(vector_store_id=store.id, file=("holidays.txt",
+                                                                                        HOLIDAYS.encode()))
+    assert gate.status == other.status == "completed"
+    question = f"What is the harbour gate code? Numbat-Query-{canary[-6:]}"
+    tools: Any = [{"type": "file_search", "vector_store_ids": [store.id], "max_num_results": 1}]
+    answer = sealed.responses.create(model=DEMO_MODEL, input=question, tools=tools, max_output_tokens=16,
+                                     include=["file_search_call.results"])
+    call, message = answer.output
+    assert call.type == "file_search_call" and call.queries == [question]
+    assert call.results is not None and [r.file_id for r in call.results] == [gate.id]
+    assert canary in (call.results[0].text or "")
+    assert message.type == "message" and message.content[0].type == "output_text"
+    assert [(a.type, a.file_id, a.filename) for a in message.content[0].annotations] == [  # type: ignore[union-attr]
+        ("file_citation", gate.id, "gate.txt")]
+    search_receipt, answer_receipt = list(sealed.sealed.receipts)[-2:]
+    assert (search_receipt.model, search_receipt.file_ids) == (EMBEDDING_MODEL, (gate.id,))
+    assert (answer_receipt.model, answer_receipt.file_ids) == (DEMO_MODEL, ())
+    logs = [Path(stack.home).parent / "up.log"]
+    for path in [*Path(stack.home).rglob("*"), *Path(stack.tmpdir).rglob("*"), *logs]:
+        if path.is_file() and path.stat().st_size < 64 << 20:
+            data = path.read_bytes()
+            assert canary.encode() not in data and b"Numbat-Query" not in data, path
+
+    relay = _Tampering()
+    tampered = SealedOpenAI(**kwargs, inner_transport=relay)
+    with pytest.raises((ResponseCorrupted, ReceiptInvalid)):
+        tampered.responses.create(model=DEMO_MODEL, input=question, tools=tools, max_output_tokens=16)
+    assert any(p.endswith(f"/v1/sealed/vector_stores/{store.id}/search") for p in relay.paths)
+    assert not [p for p in relay.paths if p.endswith("/responses")]  # no prompt left the client
 
 
 def test_bench_retrieval_through_sealed_up(embedding_stack: RunningStack) -> None:

@@ -12,10 +12,10 @@ from collections.abc import AsyncIterator, Callable
 import grpc
 import pytest
 
-from api.gateway import http_server
+from api import http_server
 from api.gateway.grpc_client import WorkerClients
-from api.gateway.http_server import LOOP_FACTORIES, event_loop, server_config, shorten_gil_switch_interval
 from api.gateway.priority_loop import PriorityEventLoop
+from api.http_server import LOOP_FACTORIES, event_loop, server_config, shorten_gil_switch_interval
 from api.serve import main as gateway_main
 from api.stack import free_port
 from protocol.rpc import worker_pb2, worker_pb2_grpc

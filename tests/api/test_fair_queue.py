@@ -64,7 +64,7 @@ def test_weights_share_slots_in_proportion() -> None:
     for i in range(300):
         q.push("a", i, weight=2.0)
         q.push("b", i, weight=1.0)
-    served = [q.pop()[0] for _ in range(300)]  # type: ignore[index]
+    served = [q.pop_entry().tenant for _ in range(300)]  # type: ignore[union-attr]
     assert abs(served.count("a") - 200) <= 2
 
 
@@ -75,7 +75,8 @@ def test_priority_classes_go_first_and_bounds_refuse() -> None:
     with pytest.raises(QueueFull):
         q.push("a", "x")
         q.push("a", "y")
-    assert q.pop() == ("b", "high")
+    first = q.pop_entry()
+    assert first is not None and (first.tenant, first.item) == ("b", "high")
 
 
 def _ticket(tenant: str, max_queued: int = 2) -> Ticket:
@@ -179,14 +180,15 @@ def test_a_pop_looks_at_each_tenant_once_not_at_each_queued_request() -> None:
     queue.push("quiet", "q")
     asked: list[str] = []
 
-    def eligible(tenant: str) -> bool:
+    def eligible(tenant: str, _cost: int) -> bool:
         asked.append(tenant)
         return tenant == "quiet"
 
-    assert queue.pop(eligible) == ("quiet", "q")
+    got = queue.pop_entry(eligible)
+    assert got is not None and (got.tenant, got.item) == ("quiet", "q")
     assert len(asked) <= 2
     asked.clear()
-    assert queue.pop(eligible) is None
+    assert queue.pop_entry(eligible) is None
     assert asked == ["flood"] and len(queue) == 1000
 
 

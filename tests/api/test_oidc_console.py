@@ -18,6 +18,7 @@ from fastapi.testclient import TestClient
 
 from api.console.session import COOKIE
 from api.console.sso import STATE_AUDIENCE, STATE_COOKIE
+from api.console.state import bound_console
 from api.management.auth import issue_token
 from tests.api.gateway_client import GatewayClient
 from tests.api.oidc_idp import CONSOLE_CLIENT, Idp, idp_login, running_idp
@@ -59,7 +60,7 @@ def sign_in(gw: GatewayClient, account: str) -> tuple[TestClient, httpx.Response
 
 
 def console_audit(gw: GatewayClient) -> list[dict[str, Any]]:
-    path = gw.app.state.console.settings.audit_dir / "console.audit.jsonl"  # type: ignore[attr-defined]
+    path = bound_console(gw.app).settings.audit_dir / "console.audit.jsonl"  # type: ignore[arg-type, operator]
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 

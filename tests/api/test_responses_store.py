@@ -161,3 +161,68 @@ def test_expired_conversations_go_with_their_items_audited(stored: StoredRespons
     stored.audit.flush()
     entries = [json.loads(line) for line in stored.audit.path.read_text().splitlines()]
     assert [e["metadata"]["conversation_id"] for e in entries if e["action"] == "conversation.expire"] == ["conv_old"]
+
+
+def test_a_sealed_mode_conversation_is_one_blob_replaced_only_in_place_of_the_one_opened(
+        stored: StoredResponses) -> None:
+    conversations = stored.conversations
+    conv = conversations.create_sealed("conv_s", "acme", "m", "v1", b"state-1", DAY)
+    assert (conv.model, conv.version, conv.sealed_state) == ("m", "v1", b"state-1")
+    assert conversations.items("acme", "conv_s") == []  # no item rows: the blob is the whole conversation
+    assert conversations.replace_sealed("acme", "conv_s", b"state-1", b"state-2")
+    assert not conversations.replace_sealed("acme", "conv_s", b"state-1", b"state-2b")  # a concurrent change
+    assert not conversations.replace_sealed("globex", "conv_s", b"state-2", b"theirs")  # another tenant's
+    found = conversations.get("acme", "conv_s")
+    assert found is not None and found.sealed_state == b"state-2"
+    assert conversations.get("globex", "conv_s") is None
+    plain = conversations.create("conv_p", "acme", DAY)
+    assert plain.sealed_state is None
+    with pytest.raises(GatewayError) as refused:  # a plaintext continuation of a sealed-mode conversation
+        begin(stored, _key(), ResponsesRequest.model_validate({"model": "m", "input": "hi", "conversation": "conv_s"}),
+              {})
+    assert (refused.value.status, refused.value.code) == (400, "sealed_only_state")
+    assert conversations.delete("acme", "conv_s") and conversations.get("acme", "conv_s") is None
+
+
+def test_the_gateway_keeps_only_what_the_worker_returns_for_the_conversation_it_sent(stored: StoredResponses) -> None:
+    from types import SimpleNamespace
+
+    from starlette.datastructures import Headers
+
+    from api.gateway.sealed_conversations import keep_conversation, named_conversation
+    from protocol.rpc import worker_pb2
+    from protocol.sealed.http import CONVERSATIONS, HEADER_CONVERSATION
+
+    service: Any = SimpleNamespace(responses=stored, catalog=SimpleNamespace(policy_document=lambda tenant: {}))
+    key = _key()
+
+    def chunk(conv_id: str, blob: bytes = b"sealed", version: str = "v1") -> worker_pb2.SealedChunk:
+        return worker_pb2.SealedChunk(conversation_state=worker_pb2.StateBlob(id=conv_id, blob=blob),
+                                      state_version=version)
+
+    keep_conversation(service, key, "m", CONVERSATIONS, None, [], chunk("conv_new"))  # a create
+    made = stored.conversations.get("acme", "conv_new")
+    assert made is not None and (made.model, made.version, made.sealed_state) == ("m", "v1", b"sealed")
+    sent = [worker_pb2.StateBlob(id="conv_new", blob=b"sealed")]
+    keep_conversation(service, key, "m", CONVERSATIONS, "conv_new", sent, chunk("conv_new", b"sealed-2"))
+    assert stored.conversations.get("acme", "conv_new").sealed_state == b"sealed-2"  # type: ignore[union-attr]
+    refused = [
+        (CONVERSATIONS, "conv_new", sent, chunk("conv_new", b"x"), 409),  # not the state kept now: a concurrent change
+        (CONVERSATIONS, "conv_new", sent, chunk("conv_other", b"x"), 502),  # another conversation than it was sent
+        ("/v1/responses", None, [], chunk("conv_made"), 502),  # a conversation the request did not ask to make
+        (CONVERSATIONS, None, [], chunk("resp_1"), 502),  # not a conversation id
+        (CONVERSATIONS, None, [], chunk("conv_x", b""), 502),  # no blob
+        (CONVERSATIONS, None, [], chunk("conv_x", b"x", ""), 502),  # no version
+    ]
+    for endpoint, conv_id, history, answer, status in refused:
+        with pytest.raises(GatewayError) as err:
+            keep_conversation(service, key, "m", endpoint, conv_id, history, answer)
+        assert err.value.status == status
+    assert stored.conversations.get("acme", "conv_new").sealed_state == b"sealed-2"  # type: ignore[union-attr]
+    assert stored.conversations.get("acme", "conv_made") is None
+    assert named_conversation(CONVERSATIONS, Headers({HEADER_CONVERSATION: "conv_a"})) == "conv_a"
+    for endpoint, value in (("/v1/chat/completions", "conv_a"), (CONVERSATIONS, "c" * 65),
+                            (CONVERSATIONS, "conv_\u00e9")):
+        with pytest.raises(GatewayError) as bad:
+            named_conversation(endpoint, Headers({HEADER_CONVERSATION: value}))
+        assert (bad.value.status, bad.value.param) == (400, "conversation")

@@ -1,8 +1,8 @@
 """The canary: a unique string sent in sealed mode through the full stack in fleet mode (gateway,
-worker, key broker, PostgreSQL, Redis), in stored responses too, is found in no log, file, database
-row, Redis value or audit entry, not in a capture of the gateway's traffic, and not in the gateway
-process's memory. The same test in plaintext mode finds it where it must be (traffic, gateway
-memory), so the test can fail."""
+worker, key broker, PostgreSQL, Redis), in stored responses and a sealed-mode conversation too, is
+found in no log, file, database row, Redis value or audit entry, not in a capture of the gateway's
+traffic, and not in the gateway process's memory. The same test in plaintext mode finds it where it
+must be (traffic, gateway memory), so the test can fail."""
 
 from __future__ import annotations
 
@@ -163,9 +163,18 @@ def test_sealed_canary_is_nowhere_outside_the_worker_and_plaintext_is_where_expe
                                      input=f"Remember this: {sealed_canary}")
     client.responses.create(model=DEMO_MODEL, max_output_tokens=8, temperature=0, previous_response_id=stored.id,
                             input=f"And this: {sealed_canary}")
+    # A conversation made in sealed mode, and a turn in it: the gateway keeps one worker-sealed blob.
+    conv = client.conversations.create(items=[{"role": "user", "content": f"Remember: {sealed_canary}"}],
+                                       extra_body={"model": DEMO_MODEL})
+    client.responses.create(model=DEMO_MODEL, max_output_tokens=8, temperature=0, conversation=conv.id,
+                            input=f"And this: {sealed_canary}")
+    items = client.conversations.items.list(conv.id, order="asc")
+    assert json.dumps(items.model_dump()).count(sealed_canary) == 2  # the client reads it back, sealed
     with create_engine(pg_url).connect() as conn:
         assert conn.execute(text("SELECT count(*) FROM response_states WHERE id = :i"), {"i": stored.id}).scalar() == 1
-    assert len(client.sealed.receipts) == 6
+        assert conn.execute(text("SELECT count(*) FROM conversations WHERE id = :i AND sealed_state IS NOT NULL"),
+                            {"i": conv.id}).scalar() == 1
+    assert len(client.sealed.receipts) == 9
     time.sleep(1.5)  # usage rows and logs are written after the answer
     assert not _everywhere_at_rest(home, redis, pg_url, sealed_canary)
     assert sealed_canary.encode() not in recorder.captured

@@ -2,8 +2,8 @@
 and a two-turn run through `previous_response_id`; the gateway keeps ciphertext and ids only, so a
 stored response's text is in no file under the stack's home (its database, logs, audit) and not in
 the gateway's memory, while a plaintext one is there (the scan can fail); an operator who rewires the
-chain in the gateway's database is refused; a sealed-mode state is never read back in clear; DELETE
-removes it."""
+chain in the gateway's database is refused; a sealed-mode state is read back only sealed (the worker
+opens it), never in clear; another tenant's id is a 404; DELETE removes it (audited)."""
 
 from __future__ import annotations
 
@@ -20,9 +20,9 @@ from sqlalchemy import text
 
 from api.home import Home
 from api.stack import DEMO_MODEL
-from api.store.db import make_engine, sqlite_url
+from api.store.db import make_engine, session_factory, sqlite_url
+from api.store.repo import Store
 from sealed_client import SealedOpenAI
-from sealed_client.errors import UnsealedRequest
 from tests.api.plaintext_scan import memory_with_needles
 from tests.api.sealed_helpers import demo_client_policy
 
@@ -68,12 +68,12 @@ def test_two_sealed_turns_are_stored_as_ciphertext_with_routing_fields(stack: Ru
     assert rows(stack, "SELECT previous_id FROM response_states WHERE id = :i", i=final.id) == [(second.id,)]
 
 
-def test_an_unknown_previous_response_is_404_and_a_conversation_is_refused(stack: RunningStack) -> None:
+def test_an_unknown_previous_response_or_conversation_is_404(stack: RunningStack) -> None:
     c = sealed(stack)
     with pytest.raises(openai.NotFoundError) as unknown:
         c.responses.create(input="Go on.", previous_response_id="resp_unknown", **ARGS)
     assert (unknown.value.body or {}).get("param") == "previous_response_id"  # type: ignore[union-attr]
-    with pytest.raises(openai.BadRequestError) as conv:
+    with pytest.raises(openai.NotFoundError) as conv:  # sealed conversations: tests/api/test_sealed_conversations.py
         c.responses.create(input="Go on.", conversation="conv_1", **ARGS)
     assert (conv.value.body or {}).get("param") == "conversation"  # type: ignore[union-attr]
 
@@ -104,19 +104,50 @@ def test_an_operator_rewiring_the_chain_is_refused(stack: RunningStack, attack: 
     assert (refused.value.body or {}).get("code") in ("state_mismatch", "state_unreadable")  # type: ignore[union-attr]
 
 
-def test_a_sealed_state_is_not_read_back_in_clear_and_delete_removes_it(stack: RunningStack) -> None:
+def test_a_sealed_state_is_read_back_sealed_only_and_delete_removes_it(stack: RunningStack) -> None:
     c = sealed(stack)
     stored = c.responses.create(input="Keep this.", **ARGS)
-    with pytest.raises(UnsealedRequest, match="not read back"):
-        c.responses.retrieve(stored.id)  # refused by the client, before sending
+    read = c.responses.retrieve(stored.id)  # opened by the worker, sealed to the client
+    assert (read.id, read.output_text, read.store) == (stored.id, stored.output_text, True)
+    receipt = c.sealed.receipts[-1]
+    assert (receipt.prompt_tokens, receipt.completion_tokens) == (0, 0)  # a read runs no tokens, and is receipted
+    items = c.responses.input_items.list(stored.id)
+    assert [i.content[0].text for i in items.data] == ["Keep this."]  # type: ignore[union-attr]
+    with pytest.raises(openai.BadRequestError) as include:
+        c.responses.retrieve(stored.id, include=["message.input_image.image_url"])
+    assert (include.value.body or {}).get("param") == "include"  # type: ignore[union-attr]
     for call in (lambda: plain(stack).responses.retrieve(stored.id),
+                 lambda: plain(stack).responses.input_items.list(stored.id),
                  lambda: plain(stack).responses.create(input="Go on.", previous_response_id=stored.id, **ARGS)):
         with pytest.raises(openai.BadRequestError, match="stored in sealed mode"):
             call()  # the worker opens a sealed-mode state for no plaintext answer
+    plain_stored = plain(stack).responses.create(input="In clear.", **ARGS)
+    with pytest.raises(openai.BadRequestError, match="stored in plaintext mode"):
+        c.responses.retrieve(plain_stored.id)  # the gateway could have sealed such a state under any id
+    with pytest.raises(openai.NotFoundError):
+        c.responses.retrieve("resp_unknown")
     c.responses.delete(stored.id)
     assert rows(stack, "SELECT id FROM response_states WHERE id = :i", i=stored.id) == []
-    with pytest.raises(openai.NotFoundError):
-        c.responses.create(input="Go on.", previous_response_id=stored.id, **ARGS)
+    audit = Home(stack.home).audit / "gateway.audit.jsonl"
+    assert any('"response.delete"' in line and stored.id in line
+               for line in audit.read_text().splitlines())  # the deletion is audited
+    for call in (lambda: c.responses.create(input="Go on.", previous_response_id=stored.id, **ARGS),
+                 lambda: c.responses.retrieve(stored.id), lambda: c.responses.delete(stored.id)):
+        with pytest.raises(openai.NotFoundError):
+            call()
+
+
+def test_another_tenants_stored_response_is_a_404_sealed(stack: RunningStack) -> None:
+    stored = sealed(stack).responses.create(input="Mine.", **ARGS)
+    store = Store(session_factory(make_engine(sqlite_url(Home(stack.home).gateway))))
+    other_secret, _ = store.create_key(f"globex-{secrets.token_hex(4)}", "sealed-read-test")
+    other = SealedOpenAI(base_url=f"{stack.url}/v1", api_key=other_secret, max_retries=0,
+                         policy=demo_client_policy(stack.home))
+    for call in (lambda: other.responses.retrieve(stored.id), lambda: other.responses.input_items.list(stored.id),
+                 lambda: other.responses.delete(stored.id)):
+        with pytest.raises(openai.NotFoundError):
+            call()
+    assert sealed(stack).responses.retrieve(stored.id).id == stored.id
 
 
 def test_canary_a_sealed_stored_response_is_in_no_file_and_not_in_the_gateways_memory(stack: RunningStack) -> None:

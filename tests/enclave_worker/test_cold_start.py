@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -42,21 +43,60 @@ def test_phases_are_marked_once_in_order_and_exported_as_gauges() -> None:
     cold = ColdStart(started=10.0)
     assert cold.mark("boot", 10.0, 12.0) == 12.0
     cold.mark("boot", 10.0, 99.0)  # a second boot (a renewal) changes nothing
-    cold.mark("attest", 12.0, 12.5)
+    cold.mark("broker", 12.0, 12.2)
+    cold.mark("attest", 12.2, 12.5)
     cold.mark("release", 12.5, 13.0)
     cold.mark("decrypt", 13.0, 15.0)
     cold.mark("load", 15.0, 16.0)
-    cold.first_token()
-    first = cold.spans["first_token"]
-    assert first[0] == 16.0 and first[1] >= first[0]
+    cold.mark("announce", 16.0, 16.5)
+    assert cold.first_token()
+    first_request, first = cold.spans["first_request"], cold.spans["first_token"]
+    assert first_request[0] == 16.5 and first[0] == first_request[1] and first[1] >= first[0]
+    assert not cold.first_token()  # once
     stats = cold.stats()
     assert stats["sealed:cold_start_boot_seconds"] == 2.0 and stats["sealed:cold_start_decrypt_seconds"] == 2.0
-    assert list(cold.spans) == list(PHASES)
+    assert list(cold.spans) == [p for p in PHASES if p != "assign"]  # a cold start has no assignment
+
+
+def test_a_warm_start_is_covered_from_its_assignment_to_its_first_token() -> None:
+    """Each phase from the assignment on starts where the one before ended: their sum is the whole time."""
+    cold = ColdStart(started=0.0)
+    cold.mark("boot", 0.0, 1.0)  # attested, then waiting: not part of the warm start
+    cold.assigned()
+    assigned = cold.assigned_at
+    assert assigned is not None
+    cold.assigned()  # a second assignment does not move the first
+    assert cold.assigned_at == assigned
+    checks_done = cold.checks_done()
+    assert cold.spans["assign"] == (assigned, checks_done) and cold.spans["boot"] == (0.0, 1.0)
+    for phase in ("broker", "attest", "release", "decrypt", "load"):
+        cold.mark(phase, cold.last_end())
+    cold.announced()
+    cold.announced()  # every later ready beat changes nothing
+    cold.first_request()
+    assert cold.first_token()
+    after = [cold.spans[p] for p in PHASES[1:]]
+    assert all(prev[1] == nxt[0] for prev, nxt in itertools.pairwise(after))
+    assert sum(cold.seconds()[p] for p in PHASES[1:]) == pytest.approx(cold.spans["first_token"][1] - assigned)
+
+
+def test_a_cold_start_checks_end_its_boot_not_an_assignment() -> None:
+    cold = ColdStart(started=0.0)
+    assert cold.checks_done() == cold.spans["boot"][1]
+    assert "assign" not in cold.spans
+
+
+def test_nothing_is_announced_or_requested_before_the_model_is_loaded() -> None:
+    cold = ColdStart(started=0.0)
+    cold.mark("boot", 0.0, 1.0)
+    cold.announced()  # a beat of "ready" cannot precede the load; a stray call records nothing
+    cold.first_request()
+    assert list(cold.spans) == ["boot"]
 
 
 def test_no_first_token_before_the_model_is_loaded() -> None:
     cold = ColdStart(started=0.0)
-    cold.first_token()
+    assert not cold.first_token()
     assert cold.spans == {}
 
 
@@ -78,7 +118,7 @@ def test_spans_go_under_one_root_that_ends_at_the_first_token() -> None:
     for i, phase in enumerate(PHASES[:-1]):
         cold.mark(phase, 1.0 + i, 2.0 + i)
     assert tracing.ended == []
-    cold.first_token()
+    assert cold.first_token()
     assert [name for name, *_ in tracing.spans] == [f"worker.{p}" for p in PHASES]
     assert len({id(parent) for _, parent, *_ in tracing.spans}) == 1
     assert tracing.ended == ["worker.cold_start:"]

@@ -190,11 +190,13 @@ async def test_a_refused_request_is_refused_alike_sealed_or_not(
 async def test_the_first_answer_marks_the_first_token_phase_once(
         worker: tuple[worker_pb2_grpc.WorkerStub, WorkerState]) -> None:
     stub, state = worker
-    state.cold_start.mark("load", 1.0, 2.0)  # loaded at t=2 (monotonic): the phase runs from there
+    state.cold_start.mark("load", 1.0, 2.0)  # loaded at t=2 (monotonic): the next phase runs from there
     assert "first_token" not in state.cold_start.spans
     assert (await _plaintext(stub, _body("Hello"))).status == 200
+    # first_request: from the end of load to the request's arrival; first_token: from there to the token.
+    arrived_from, arrived = state.cold_start.spans["first_request"]
     start, end = state.cold_start.spans["first_token"]
-    assert start == 2.0 < end
+    assert arrived_from == 2.0 < arrived == start < end
     assert (await _sealed(stub, state, _body("Hello again"))).status == 200
     assert state.cold_start.spans["first_token"] == (start, end)  # the first answer only
     assert state.cold_start.stats()["sealed:cold_start_first_token_seconds"] == round(end - start, 4)

@@ -76,8 +76,9 @@ def test_the_tool_is_read_with_openais_defaults() -> None:
 
 
 def test_where_nothing_serves_the_tool_it_is_refused_by_name() -> None:
-    """Sealed mode's worker calls to_chat(req): the tool is a 400 naming it, never silently dropped."""
-    with pytest.raises(OpenAIError, match="plaintext mode only") as err:
+    """Sealed mode's worker calls to_chat(req): the tool is a 400 naming it, never silently dropped
+    (SealedOpenAI serves it and sends the worker a request without it: sealed_client/file_search.py)."""
+    with pytest.raises(OpenAIError, match="SealedOpenAI itself in sealed mode") as err:
         to_chat(req())
     assert err.value.param == "tools[0].type"
 

@@ -43,6 +43,7 @@ COVERED: dict[str, str] = {
     "engine": "tests/test_sealed_bench.py",
     "gpu": "tests/test_sealed_bench.py",
     "linear": "tests/test_sealed_bench.py",
+    "llamaserve": "tests/sealed_bench/test_bench_llamaserve_smoke.py",  # llama-server (.llamacpp-venv) and vLLM's
     "load": "tests/enclave_worker/package/test_bench_load_smoke.py",
     "make_model": "tests/sealed_bench/test_make_model.py",
     "sealed_path": "tests/sealed_bench/test_sealed_path.py",

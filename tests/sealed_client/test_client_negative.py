@@ -655,7 +655,9 @@ def test_the_proxy_answers_its_own_health_check_and_still_refuses_other_unsealed
         health = proxy.get("/healthz")
         assert health.status_code == 200 and health.json() == {"status": "ok", "proxy": "sealed"}
         assert seen == []
-        refused = proxy.get("/v1/files")
+        refused = proxy.get("/v1/files/file-1/content")  # a file read back would come in clear
         assert refused.status_code == 400 and refused.json()["error"]["code"] == "UnsealedRequest"
+        refused = proxy.post("/v1/vector_stores/vs-1/search", json={"query": "q"})  # no --retrieval-model
+        assert refused.status_code == 400 and "retrieval_model" in refused.json()["error"]["message"]
         assert proxy.post("/healthz").status_code == 400  # only the GET is the proxy's own
         assert seen == []

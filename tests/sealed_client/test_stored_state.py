@@ -5,14 +5,16 @@ refused as a corrupted response."""
 
 from __future__ import annotations
 
+import json
+
 import httpx2
 import pytest
 
 from protocol.sealed.errors import ResponseCorrupted
-from protocol.sealed.http import ResponseHead
+from protocol.sealed.http import STORED_READ, ResponseHead
 from sealed_client.errors import HistoryMismatch, UnsealedRequest
 from sealed_client.routing import route_of
-from sealed_client.stored_state import check_history, previous_response_id
+from sealed_client.stored_state import check_history, previous_response_id, read_body
 
 OK = ResponseHead(200, "application/json", ("resp_a", "resp_b"), "resp_c")
 
@@ -59,16 +61,36 @@ def test_the_id_named_to_the_gateway_is_the_sealed_one(endpoint: str, body: byte
     assert previous_response_id(endpoint, body) == expected
 
 
-@pytest.mark.parametrize(("method", "path", "passes"), [
-    ("DELETE", "/v1/responses/resp_1", True),
-    ("GET", "/v1/responses/resp_1", False),
-    ("GET", "/v1/responses/resp_1/input_items", False),
-    ("DELETE", "/v1/responses/resp_1/input_items", False),
+@pytest.mark.parametrize(("method", "path", "route"), [
+    ("DELETE", "/v1/responses/resp_1", None),  # names an id, answers "deleted": nothing to seal
+    ("GET", "/v1/responses/resp_1", ("", STORED_READ)),
+    ("GET", "/proxy/v1/responses/resp_1/input_items", ("/proxy", STORED_READ)),
 ])
-def test_stored_responses_are_deleted_in_the_clear_and_not_read_back(method: str, path: str, passes: bool) -> None:
-    request = httpx2.Request(method, f"https://gw.example{path}")
-    if passes:
-        assert route_of(request, unsafe_allow_plaintext=False) is None
-        return
-    with pytest.raises(UnsealedRequest, match="not read back"):
-        route_of(request, unsafe_allow_plaintext=False)
+def test_stored_responses_are_deleted_in_the_clear_and_read_back_sealed(method: str, path: str,
+                                                                        route: tuple[str, str] | None) -> None:
+    for unsafe in (False, True):  # a read is sealed even where the client may send plaintext
+        assert route_of(httpx2.Request(method, f"https://gw.example{path}"), unsafe_allow_plaintext=unsafe) == route
+
+
+@pytest.mark.parametrize(("method", "path"), [("DELETE", "/v1/responses/resp_1/input_items"),
+                                              ("PUT", "/v1/responses/resp_1")])
+def test_anything_else_on_a_stored_response_is_refused_before_sending(method: str, path: str) -> None:
+    with pytest.raises(UnsealedRequest, match="nothing else"):
+        route_of(httpx2.Request(method, f"https://gw.example{path}"), unsafe_allow_plaintext=False)
+
+
+@pytest.mark.parametrize(("path", "query", "expected"), [
+    ("/v1/responses/resp_1", [], {"response_id": "resp_1", "part": "response"}),
+    ("/v1/responses/input_items", [], {"response_id": "input_items", "part": "response"}),
+    ("/v1/responses/resp_1/input_items", [("limit", "5"), ("order", "asc"), ("after", "msg_1")],
+     {"response_id": "resp_1", "part": "input_items", "limit": 5, "order": "asc", "after": "msg_1"}),
+    ("/v1/responses/resp_1", [("include[]", "a"), ("include[]", "b"), ("stream", "true")],
+     {"response_id": "resp_1", "part": "response", "include": ["a", "b"], "stream": True}),
+    ("/v1/responses/resp_1/input_items", [("limit", "x")],  # sent as it is: the worker refuses it by name
+     {"response_id": "resp_1", "part": "input_items", "limit": "x"}),
+])
+def test_a_stored_response_get_becomes_the_sealed_read_body(path: str, query: list[tuple[str, str]],
+                                                            expected: dict[str, object]) -> None:
+    body = read_body(path, query, "m")
+    assert json.loads(body) == {"model": "m", **expected}
+    assert previous_response_id(STORED_READ, body) == expected["response_id"]  # the id named in clear

@@ -97,7 +97,7 @@ async def http_server(app: object, http: str = "auto", **limits: object) -> Asyn
 
     import uvicorn
 
-    from api.gateway.http_server import ConnectionLimits, server_config
+    from api.http_server import ConnectionLimits, server_config
 
     port = free_port()
     server = uvicorn.Server(server_config(app, "127.0.0.1", port, ConnectionLimits(**limits),  # type: ignore[arg-type]

@@ -16,8 +16,8 @@ import pytest
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from api.app import create_app
-from api.gateway.http_server import ConnectionLimits, server_config
 from api.gateway.settings import GatewaySettings
+from api.http_server import ConnectionLimits, server_config
 from tests.security.harness import http_server
 
 HALF_OPEN = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"  # no end

@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from api.console.session import COOKIE
+from api.console.state import bound_console
 from policy.audit.entry import entry_hash, parse_entry
 from tests.api.console.site import TENANTS, Site, connect_broker, login
 
@@ -148,7 +149,7 @@ def test_audit_pagination(site: Site) -> None:
     with _client(site, "operator") as client:
         first = client.get(f"{site.url}/console/audit").text
         total = int(re.search(r"(\d+) entries\. Export", first).group(1))
-        size = site.app.state.console.settings.page_size
+        size = bound_console(site.app).settings.page_size
         pages = -(-total // size)
         assert f"page 1 of {pages}" in first
         seen = []
@@ -244,8 +245,8 @@ def test_usage_charts_per_tenant_key_and_model_against_budgets(site: Site) -> No
 def test_the_console_holds_no_broker_credential_and_forwards_the_persons_own(site: Site) -> None:
     """The gateway is given no broker token (issue #32): without the person's own, the Keys page shows
     no key state and offers no revocation, and a revocation is refused before the broker is reached."""
-    assert not hasattr(site.app.state.console.settings, "broker_admin_token")
-    assert site.broker.admin_token not in repr(vars(site.app.state.console.broker))
+    assert not hasattr(bound_console(site.app).settings, "broker_admin_token")
+    assert site.broker.admin_token not in repr(vars(bound_console(site.app).broker))
     with _client(site, "tenant-admin", "acme", broker=False) as admin:
         html = admin.get(f"{site.url}/console/keys").text
         assert "Connect the key broker" in html and 'id="key-state"' not in html and "button danger" not in html

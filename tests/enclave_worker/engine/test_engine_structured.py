@@ -88,13 +88,14 @@ def test_regex_and_a_grammar_that_cannot_be_built(wide, h):
     assert not wide.has_unfinished_requests()
 
 
-def test_warming_builds_the_tokenizer_and_token_tables_before_any_request(make_engine):
-    """The worker warms its engine's grammars at boot, on a low-priority thread (enclave_worker/boot.py):
-    afterwards the tokenizer exists and one matcher is built, so no request pays for llguidance's tables."""
-    from enclave_worker.boot import warm_grammars_in_background
-
+def test_the_tokenizer_and_token_tables_are_built_at_the_first_constrained_request(make_engine):
+    """Not at boot (llguidance's tokenizer build holds the GIL for seconds: docs/engine.md): an engine
+    has neither until a request asks for structured output; an unconstrained one builds nothing."""
     engine = make_engine(max_num_seqs=2, kv_cache_memory_bytes=32 << 20)
     compiler = engine.grammars
     assert compiler._tokenizer is None and not compiler._built
-    warm_grammars_in_background(compiler).join()
+    engine.add_request("plain", [1, 2], SamplingParams(max_tokens=1), lambda _: None)
+    assert compiler._tokenizer is None and not compiler._built
+    engine.add_request("json", [1, 2], SamplingParams(max_tokens=1, structured=StructuredOutput(
+        "json_schema", '{"type": "object"}')), lambda _: None)
     assert compiler._tokenizer is not None and len(compiler._built) == 1

@@ -90,3 +90,50 @@ def test_encrypt_seal_import_decrypt(tmp_path: Path, sharded: bool, method: str,
         if path.is_file():
             blob = path.read_bytes()
             assert data_key not in blob and data_key.hex().encode() not in blob, path
+
+
+def _encrypt_args(tmp_path: Path, *extra: str) -> list[str]:
+    res = CliRunner().invoke(build(), ["keys", "import-pubkey", "--home", str(tmp_path / "home")])
+    assert res.exit_code == 0, res.output
+    (tmp_path / "broker.pub").write_text(res.stdout)
+    return ["encrypt", str(tmp_path / "src"), "--tenant", "acme", "--out", str(tmp_path / "pkg"), "--model", "tiny",
+            "--signing-key", str(tmp_path / "signing.pem"), "--broker-import-key", str(tmp_path / "broker.pub"),
+            *extra]
+
+
+def test_threads_option_reaches_the_segment_loop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--threads 3` encrypts on three threads (the count the segment loop gets), and the package decrypts."""
+    import enclave_worker.package.writer as writer
+
+    tensors = _hf_dir(tmp_path / "src", sharded=True)
+    seen: list[int] = []
+    real = writer.encrypt_segments
+
+    def spy(*args: object, threads: int, **kwargs: object) -> None:
+        seen.append(threads)
+        real(*args, threads=threads, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(writer, "encrypt_segments", spy)
+    res = CliRunner().invoke(build(), _encrypt_args(tmp_path, "--threads", "3"))
+    assert res.exit_code == 0, res.output
+    assert seen == [3]
+    home = Home(tmp_path / "home")
+    res = CliRunner().invoke(build(), ["keys", "import", "--tenant", "acme", "--model", "tiny", "--version", "v1",
+                                       "--sealed-key", str(tmp_path / "pkg.datakey.json"),
+                                       "--package", str(tmp_path / "pkg"), "--home", str(home.root)])
+    assert res.exit_code == 0, res.output
+    keystore = LocalKeyStore(home.broker / "keystore", local_broker_keys(home).master_key)
+    data_key, _ = DataKeyRegistry(home.broker / "keystore", keystore).data_key(ModelRef("acme", "tiny", "v1"))
+    model = decrypt_package(tmp_path / "pkg", data_key)
+    for name, t in tensors.items():
+        assert torch.equal(model.tensors[name], t)
+
+
+@pytest.mark.parametrize("threads", ["0", "-2"])
+def test_threads_below_one_is_refused_before_any_work(tmp_path: Path, threads: str) -> None:
+    _hf_dir(tmp_path / "src", sharded=False)
+    res = CliRunner().invoke(build(), _encrypt_args(tmp_path, "--threads", threads))
+    assert res.exit_code == 2
+    assert f"--threads must be at least 1, not {threads}" in res.output
+    assert not (tmp_path / "pkg").exists() and not (tmp_path / "pkg.datakey.json").exists()
+    assert not (tmp_path / "signing.pem").exists()

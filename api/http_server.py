@@ -1,4 +1,5 @@
-"""The gateway's HTTP server: uvicorn with limits on how long and how many connections a client holds.
+"""The control plane's HTTP server (gateway, management API and console in one process, api/serve.py):
+uvicorn with limits on how long and how many connections a client holds.
 
 HTTP/1.1 is parsed by httptools (llhttp) when installed, else h11. Neither of uvicorn's protocols
 times out a request's headers: the guard below closes a connection whose headers are not complete
