@@ -15,157 +15,34 @@ sealed request goes only to the pinned worker; on `409 reattest_required` the tr
 deployment again and retries once with the newly verified key. Plaintext successes, unverifiable
 answers and bad receipts raise typed errors (protocol.sealed / attestation), which the openai SDK
 passes through unwrapped.
+
+This module does the I/O, routing, pinning and the one retry; what is decided about a request and
+an answer is in sealed_client/sealing.py, opening the sealed answer in sealed_client/opening.py.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import httpx2
 
-from attestation.errors import BrokerIdentityError
 from protocol.sealed import ReattestRequired
-from protocol.sealed.http import RETRIEVAL_ENDPOINTS
+from sealed_client.deployment import PinnedKey
 from sealed_client.file_search import file_search, serve, serve_async
-from sealed_client.retrieval import SealedCall, sealed_call
+from sealed_client.opening import open_answer, open_answer_async
 from sealed_client.routing import route_of as _route
 from sealed_client.routing import warn_plaintext
-from sealed_client.session import (
-    RECEIPT_HEADER,
-    AnswerReader,
-    Exchange,
-    NoAttestedWorker,
-    SealedSession,
+from sealed_client.sealing import (
+    GatewayRefused,
+    broker_answer,
+    call_of,
+    json_answer,
+    plain_answer,
+    sealed_request,
+    unpinned,
 )
+from sealed_client.session import NoAttestedWorker, SealedSession
 from sealed_client.stored_calls import body_to_seal, routed_model, routing_lookup
-
-
-def _model_of(body: bytes) -> str:
-    try:
-        model = json.loads(body).get("model")
-    except (ValueError, AttributeError):
-        model = None
-    if not isinstance(model, str) or not model:
-        raise ValueError("a sealed request names its model")
-    return model
-
-
-_SSE_DONE = b"data: [DONE]\n\n"
-
-
-def _release(part: bytes, held: list[bytes]) -> list[bytes]:
-    """The stream's end marker is held back until the receipt has been checked: an SDK that stops
-    reading at [DONE] would otherwise never see (or check) the receipt."""
-    if part == _SSE_DONE:
-        held.append(part)
-        return []
-    return [part]
-
-
-class _GatewayRefused(Exception):
-    """The gateway refused the caller itself (a bad API key): its answer goes to the SDK unchanged, so
-    the caller sees the same AuthenticationError it would in plaintext mode."""
-
-    def __init__(self, status: int, headers: httpx2.Headers, content: bytes) -> None:
-        super().__init__(status)
-        self.status, self.headers, self.content = status, headers, content
-
-    def response(self, request: httpx2.Request) -> httpx2.Response:
-        return httpx2.Response(self.status, headers=self.headers, content=self.content, request=request)
-
-
-# The sync and async transports differ only in how they wait; what they decide is here, once.
-
-def _json_answer(path: str, response: httpx2.Response) -> dict[str, Any]:
-    """A well-known document (already read): the caller's refusal passes through, anything but 200
-    means "verify again"."""
-    if response.status_code in (401, 403):
-        raise _GatewayRefused(response.status_code, response.headers, response.content)
-    if response.status_code != 200:
-        raise ReattestRequired(f"{path} answered {response.status_code}")
-    doc = response.json()
-    if not isinstance(doc, dict):
-        raise ReattestRequired(f"{path} answered with something other than a JSON object")
-    return doc
-
-
-def _broker_answer(response: httpx2.Response) -> dict[str, Any]:
-    """The broker's attestation answer (already read); any other answer refuses: nothing is sent."""
-    if response.status_code != 200:
-        raise BrokerIdentityError(f"the key broker did not attest itself (HTTP {response.status_code})")
-    try:
-        doc = response.json()
-    except ValueError as exc:
-        raise BrokerIdentityError("the key broker's attestation answer is not JSON") from exc
-    if not isinstance(doc, dict):
-        raise BrokerIdentityError("the key broker's attestation answer is not a JSON object")
-    return doc
-
-
-def _unpinned(exc: Exception, request: httpx2.Request) -> httpx2.Response:
-    """The answer when no worker could be pinned: the gateway's refusal as is, or a 404."""
-    if isinstance(exc, _GatewayRefused):
-        return exc.response(request)
-    assert isinstance(exc, NoAttestedWorker)
-    return httpx2.Response(404, json=exc.as_response_body(), request=request)
-
-
-def _api_key(request: httpx2.Request) -> str:
-    """The API key the request is sent with (its id is bound into the sealed request)."""
-    scheme, _, key = request.headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not key.strip():
-        raise ValueError("a sealed request carries its API key (Authorization: Bearer ...)")
-    return key.strip()
-
-
-def _call(session: SealedSession, request: httpx2.Request, body: bytes, prefix: str, endpoint: str) -> SealedCall:
-    """What to seal, to which model's worker, posted where (retrieval's forms: sealed_client/retrieval.py)."""
-    if endpoint in RETRIEVAL_ENDPOINTS:
-        return sealed_call(request, body, endpoint, session.retrieval_model)
-    return SealedCall(endpoint, body, _model_of(body), session.sealed_url_path(prefix, endpoint))
-
-
-def _sealed_request(session: SealedSession, request: httpx2.Request, call: SealedCall, pin: object
-                    ) -> tuple[Exchange, httpx2.Request]:
-    exchange = session.seal(pin, call.endpoint, call.body, _api_key(request))  # type: ignore[arg-type]
-    out = httpx2.Request("POST", request.url.copy_with(path=call.path, query=None),
-                         headers=session.sealed_headers(exchange, request.headers),
-                         content=exchange.sealed.wire, extensions=request.extensions)
-    return exchange, out
-
-
-def _plain_answer(session: SealedSession, request: httpx2.Request, response: httpx2.Response, raw: bytes,
-                  model: str, attempt: int) -> httpx2.Response | None:
-    """A plaintext answer to a sealed request: an error to raise, None to verify again and retry
-    (once), or the gateway's own answer (a refusal) to hand back."""
-    error = session.plain_error(response.status_code, response.headers.get("content-type", ""), raw)
-    if isinstance(error, ReattestRequired) and attempt == 0:
-        session.forget(model)  # the key changed or its worker left: verify again
-        return None
-    if error is not None:
-        raise error
-    return httpx2.Response(response.status_code, headers=response.headers, content=raw, request=request)
-
-
-def _whole_answer(reader: AnswerReader, pending: list[bytes]) -> httpx2.Response:
-    reader.finish()
-    head = reader.head
-    assert head is not None
-    return httpx2.Response(head.status, headers={"content-type": head.content_type,
-                                                 RECEIPT_HEADER: reader.receipt_header()},
-                           content=b"".join(pending))
-
-
-def _is_stream(reader: AnswerReader) -> bool:
-    assert reader.head is not None
-    return reader.head.content_type.startswith("text/event-stream")
-
-
-def _stream_head(reader: AnswerReader) -> tuple[int, dict[str, str]]:
-    assert reader.head is not None
-    return reader.head.status, {"content-type": reader.head.content_type}
 
 
 class SealedTransport(httpx2.BaseTransport):
@@ -180,7 +57,7 @@ class SealedTransport(httpx2.BaseTransport):
         response = self._inner.handle_request(httpx2.Request("GET", self.gateway_url + path, headers=headers))
         try:
             response.read()
-            return _json_answer(path, response)
+            return json_answer(path, response)
         finally:
             response.close()
 
@@ -195,11 +72,11 @@ class SealedTransport(httpx2.BaseTransport):
         response = self._inner.handle_request(httpx2.Request("POST", url, json={"nonce": nonce.hex()}))
         try:
             response.read()
-            return _broker_answer(response)
+            return broker_answer(response)
         finally:
             response.close()
 
-    def pin(self, model: str, auth: str | None = None) -> object:
+    def pin(self, model: str, auth: str | None = None) -> PinnedKey:
         """The verified worker for `model`; the attestation document is fetched with the request's own
         API key (the gateway shows each tenant only its own workers)."""
         pin = self.session.pinned(model)
@@ -237,63 +114,26 @@ class SealedTransport(httpx2.BaseTransport):
         body = body_to_seal(request, endpoint, request.read(), routed)
         if isinstance(body, httpx2.Response):
             return body
-        call = _call(self.session, request, body, prefix, endpoint)
+        call = call_of(self.session, request, body, prefix, endpoint)
         model = call.model
         for attempt in range(2):
             try:
                 pin = self.pin(model, request.headers.get("authorization"))
-            except (_GatewayRefused, NoAttestedWorker) as exc:
-                return _unpinned(exc, request)
-            exchange, out = _sealed_request(self.session, request, call, pin)
+            except (GatewayRefused, NoAttestedWorker) as exc:
+                return unpinned(exc, request)
+            exchange, out = sealed_request(self.session, request, call, pin)
             response = self._inner.handle_request(out)
             if self.session.is_sealed(response.headers.get("content-type", "")) and response.status_code == 200:
-                return self._open(response, exchange)
+                return open_answer(self.session, response, exchange)
             raw = response.read()
             response.close()
-            answer = _plain_answer(self.session, request, response, raw, model, attempt)
+            answer = plain_answer(self.session, request, response, raw, model, attempt)
             if answer is not None:
                 return answer
         raise ReattestRequired("the pinned worker is gone")  # pragma: no cover - loop always returns
 
-    def _open(self, response: httpx2.Response, exchange: Exchange) -> httpx2.Response:
-        reader = self.session.reader(exchange)
-        chunks = iter(response.stream)  # type: ignore[arg-type]  # the transport's raw bytes
-        pending: list[bytes] = []
-        try:
-            while reader.head is None:
-                pending += reader.feed(next(chunks))
-        except StopIteration:
-            response.close()
-            reader.finish()  # raises: truncated before the head
-        if _is_stream(reader):
-            status, headers = _stream_head(reader)
-            return httpx2.Response(status, headers=headers, stream=_SyncBody(reader, pending, chunks, response))
-        for data in chunks:
-            pending += reader.feed(data)
-        response.close()
-        return _whole_answer(reader, pending)
-
     def close(self) -> None:
         self._inner.close()
-
-
-class _SyncBody(httpx2.SyncByteStream):
-    def __init__(self, reader: AnswerReader, pending: list[bytes], chunks: Iterator[bytes],
-                 response: httpx2.Response) -> None:
-        self._reader, self._pending, self._chunks, self._response = reader, pending, chunks, response
-
-    def __iter__(self) -> Iterator[bytes]:
-        held: list[bytes] = []
-        for part in self._pending:
-            yield from _release(part, held)
-        for data in self._chunks:
-            for part in self._reader.feed(data):
-                yield from _release(part, held)
-        self._reader.finish()  # raises on truncation: the caller never takes a cut answer as whole
-        yield from held
-
-    def close(self) -> None:
-        self._response.close()
 
 
 class AsyncSealedTransport(httpx2.AsyncBaseTransport):
@@ -309,7 +149,7 @@ class AsyncSealedTransport(httpx2.AsyncBaseTransport):
                                                                           headers=headers))
         try:
             await response.aread()
-            return _json_answer(path, response)
+            return json_answer(path, response)
         finally:
             await response.aclose()
 
@@ -323,11 +163,11 @@ class AsyncSealedTransport(httpx2.AsyncBaseTransport):
         response = await self._inner.handle_async_request(httpx2.Request("POST", url, json={"nonce": nonce.hex()}))
         try:
             await response.aread()
-            return _broker_answer(response)
+            return broker_answer(response)
         finally:
             await response.aclose()
 
-    async def pin(self, model: str, auth: str | None = None) -> object:
+    async def pin(self, model: str, auth: str | None = None) -> PinnedKey:
         pin = self.session.pinned(model)
         if pin is None:
             if self.session.needs_jwks():
@@ -365,63 +205,23 @@ class AsyncSealedTransport(httpx2.AsyncBaseTransport):
         body = body_to_seal(request, endpoint, await request.aread(), routed)
         if isinstance(body, httpx2.Response):
             return body
-        call = _call(self.session, request, body, prefix, endpoint)
+        call = call_of(self.session, request, body, prefix, endpoint)
         model = call.model
         for attempt in range(2):
             try:
                 pin = await self.pin(model, request.headers.get("authorization"))
-            except (_GatewayRefused, NoAttestedWorker) as exc:
-                return _unpinned(exc, request)
-            exchange, out = _sealed_request(self.session, request, call, pin)
+            except (GatewayRefused, NoAttestedWorker) as exc:
+                return unpinned(exc, request)
+            exchange, out = sealed_request(self.session, request, call, pin)
             response = await self._inner.handle_async_request(out)
             if self.session.is_sealed(response.headers.get("content-type", "")) and response.status_code == 200:
-                return await self._open(response, exchange)
+                return await open_answer_async(self.session, response, exchange)
             raw = await response.aread()
             await response.aclose()
-            answer = _plain_answer(self.session, request, response, raw, model, attempt)
+            answer = plain_answer(self.session, request, response, raw, model, attempt)
             if answer is not None:
                 return answer
         raise ReattestRequired("the pinned worker is gone")  # pragma: no cover
 
-    async def _open(self, response: httpx2.Response, exchange: Exchange) -> httpx2.Response:
-        reader = self.session.reader(exchange)
-        chunks = response.stream.__aiter__()  # type: ignore[union-attr]
-        pending: list[bytes] = []
-        try:
-            while reader.head is None:
-                pending += reader.feed(await anext(chunks))
-        except StopAsyncIteration:
-            await response.aclose()
-            reader.finish()
-        if _is_stream(reader):
-            status, headers = _stream_head(reader)
-            return httpx2.Response(status, headers=headers, stream=_AsyncBody(reader, pending, chunks, response))
-        async for data in chunks:
-            pending += reader.feed(data)
-        await response.aclose()
-        return _whole_answer(reader, pending)
-
     async def aclose(self) -> None:
         await self._inner.aclose()
-
-
-class _AsyncBody(httpx2.AsyncByteStream):
-    def __init__(self, reader: AnswerReader, pending: list[bytes], chunks: AsyncIterator[bytes],
-                 response: httpx2.Response) -> None:
-        self._reader, self._pending, self._chunks, self._response = reader, pending, chunks, response
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        held: list[bytes] = []
-        for part in self._pending:
-            for p in _release(part, held):
-                yield p
-        async for data in self._chunks:
-            for part in self._reader.feed(data):
-                for p in _release(part, held):
-                    yield p
-        self._reader.finish()
-        for p in held:
-            yield p
-
-    async def aclose(self) -> None:
-        await self._response.aclose()
