@@ -29,7 +29,8 @@ from attestation.bundle import EvidenceBundle, channel_binding
 from attestation.client import verify_worker_evidence
 from attestation.errors import AttestationError
 from protocol.usage_record import LEDGER_FORMAT, UsageRecordInvalid, check_usage_record
-from sealed_client.deployment import ClientTrust, _spki
+from sealed_client.deployment import _spki
+from sealed_client.trust import ClientTrust
 
 _COMPARED = ("request_id", "tenant", "key_id", "model", "version", "prompt_tokens", "completion_tokens")
 

@@ -11,10 +11,10 @@ import httpx2
 import openai
 
 from protocol.sealed.padding import DEFAULT_PADDING, PaddingPolicy
-from sealed_client.deployment import ClientTrust
 from sealed_client.errors import UnsealedRequest
 from sealed_client.session import SealedSession
 from sealed_client.transport import AsyncSealedTransport, SealedTransport
+from sealed_client.trust import ClientTrust
 
 
 def _trust(policy: ClientTrust | str | Path | dict[str, Any] | None, unsafe_allow_simulated: bool) -> ClientTrust:

@@ -8,7 +8,8 @@ from collections.abc import AsyncIterator, Iterator
 
 import httpx2
 
-from sealed_client.session import RECEIPT_HEADER, AnswerReader, Exchange, SealedSession
+from sealed_client.answer import AnswerReader, Exchange
+from sealed_client.session import RECEIPT_HEADER, SealedSession
 
 _SSE_DONE = b"data: [DONE]\n\n"
 

@@ -21,10 +21,10 @@ from starlette.routing import Route
 
 from attestation.errors import AttestationError
 from protocol.sealed import SealedError
-from sealed_client.deployment import ClientTrust
 from sealed_client.errors import UnsealedRequest
 from sealed_client.session import SealedSession
 from sealed_client.transport import AsyncSealedTransport
+from sealed_client.trust import ClientTrust
 
 _HOP = {"host", "content-length", "connection", "transfer-encoding", "accept-encoding"}
 

@@ -28,7 +28,7 @@ from attestation.bundle import EvidenceBundle, channel_binding
 from attestation.client import verify_worker_evidence
 from protocol.sealed import Receipt, ReceiptInvalid, key_id
 from protocol.sealed.receipt import check_receipt_fields, read_signed_receipt
-from sealed_client.deployment import ClientTrust
+from sealed_client.trust import ClientTrust
 
 
 def verify_receipt_with_evidence(signed: bytes, evidence: Mapping[str, Any], trust: ClientTrust, now: dt.datetime,

@@ -16,9 +16,10 @@ import httpx2
 from attestation.errors import BrokerIdentityError
 from protocol.sealed import ReattestRequired
 from protocol.sealed.http import RETRIEVAL_ENDPOINTS
+from sealed_client.answer import Exchange
 from sealed_client.deployment import PinnedKey
 from sealed_client.retrieval import SealedCall, sealed_call
-from sealed_client.session import Exchange, NoAttestedWorker, SealedSession
+from sealed_client.session import NoAttestedWorker, SealedSession
 
 
 class GatewayRefused(Exception):
