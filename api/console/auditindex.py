@@ -4,27 +4,25 @@ Each log file is read once; later refreshes read only what was appended (a SHA-2
 already-indexed prefix proves nothing before it changed; otherwise the file is re-indexed from
 scratch). Verification is the same as ``policy.audit.verify_log`` (sequence, ``prev`` link,
 entry hash, signature, checkpoint roots, signatures and truncation), done once per entry, and a
-test keeps the two in agreement on where a log breaks.
+test keeps the two in agreement on where a log breaks. What it holds (rows, per-log state and
+status) is api/console/auditrows.py.
 """
 
 from __future__ import annotations
 
 import bisect
-import collections
 import dataclasses
 import hashlib
 import os
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 
-from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from policy.audit import AuditEntry, Checkpoint, CheckpointAnchor, log_files, read_checkpoints
+from api.console.auditrows import Break, LogState, LogStatus, Row, load_component_keys
+from policy.audit import Checkpoint, CheckpointAnchor, log_files, read_checkpoints
 from policy.audit.entry import GENESIS, check_signature, entry_hash, parse_entry
 from policy.audit.merkle import CompactRange
 from policy.errors import AuditIntegrityError
@@ -32,89 +30,6 @@ from policy.errors import AuditIntegrityError
 SYNC_SIGNATURES = 5000  # more pending signatures than this are verified in the background
 _SIGNATURE_CHUNK = 200
 _RECENT_ROOTS = 8192  # chain sizes whose Merkle root is kept for checkpoints published late
-
-
-@dataclass(frozen=True)
-class Row:
-    """One entry as the console shows it."""
-
-    entry: AuditEntry
-    log: str  # file name
-    index: int  # position in its file
-    rule: str  # the deciding rule (metadata "rule"), else the reason
-
-    @property
-    def key(self) -> tuple[datetime, str, int]:
-        return (self.entry.ts, self.entry.component, self.entry.seq)
-
-
-@dataclass(frozen=True)
-class Break:
-    log: str
-    index: int
-    reason: str
-
-
-@dataclass(frozen=True)
-class LogStatus:
-    log: str
-    component: str | None
-    entries: int
-    verified: int  # entries verified before the break (== entries when intact)
-    signatures_pending: int  # entries whose signature is still being verified (in the background)
-    last_checkpoint: Checkpoint | None
-    broken: Break | None
-    last_anchored: Checkpoint | None = None  # the newest of this log's checkpoints an anchor holds
-    anchors: int = 0  # anchors configured
-    anchor_error: str | None = None
-
-
-def load_component_keys(keys_dir: Path | None) -> dict[str, Ed25519PublicKey]:
-    keys: dict[str, Ed25519PublicKey] = {}
-    if keys_dir is None or not keys_dir.is_dir():
-        return keys
-    for path in sorted(keys_dir.glob("*.pem")):
-        try:
-            key = serialization.load_pem_public_key(path.read_bytes())
-        except ValueError:
-            continue
-        if isinstance(key, Ed25519PublicKey):
-            keys[path.stem] = key
-    return keys
-
-
-@dataclass
-class _LogState:
-    path: Path
-    stat: tuple[int, int, int] = (-1, -1, -1)
-    size: int = 0  # bytes indexed (whole lines only)
-    lines: int = 0  # lines indexed
-    ckpt_stat: tuple[int, int] | None = None
-    prefix_digest: bytes = b""
-    rows: list[Row] = field(default_factory=list)
-    prev: str = GENESIS
-    component: str | None = None
-    crange: CompactRange = field(default_factory=CompactRange)
-    recent: collections.OrderedDict[int, list[tuple[int, bytes]]] = field(default_factory=collections.OrderedDict)
-    leaves: list[bytes] = field(default_factory=list)
-    checked: set[tuple[int, str, str]] = field(default_factory=set)  # checkpoints verified (size, root, sig)
-    checkpoints: list[Checkpoint] = field(default_factory=list)
-    anchored: list[Checkpoint] = field(default_factory=list)  # this log's checkpoints held by the anchors
-    anchor_key: tuple = ()
-    anchor_error: str | None = None
-    broken: Break | None = None
-    unsigned: list[tuple[int, bytes]] = field(default_factory=list)  # (index, digest) not yet vouched for
-
-    def fail(self, index: int, reason: str) -> None:
-        if self.broken is None:
-            self.broken = Break(self.path.name, index, reason)
-
-    def status(self) -> LogStatus:
-        verified = self.broken.index if self.broken else self.lines
-        last = self.checkpoints[-1] if self.checkpoints else None
-        anchored = max(self.anchored, key=lambda c: c.tree_size) if self.anchored else None
-        return LogStatus(self.path.name, self.component, self.lines, verified, len(self.unsigned), last,
-                         self.broken, anchored, 0, self.anchor_error)
 
 
 def _root_of(stack: Sequence[tuple[int, bytes]]) -> bytes:
@@ -132,7 +47,7 @@ class AuditIndex:
         self.keys_dir = keys_dir
         self.anchors = tuple(anchors)
         self._lock = threading.Lock()
-        self._logs: dict[str, _LogState] = {}
+        self._logs: dict[str, LogState] = {}
         self._keys: Mapping[str, Ed25519PublicKey] = {}
         self._keys_stat: tuple = ()
         self.rows: list[Row] = []  # all entries of all logs, in time order
@@ -153,7 +68,7 @@ class AuditIndex:
                     del self._logs[name]
                     changed = True
             for name, path in present.items():
-                state = self._logs.setdefault(name, _LogState(path))
+                state = self._logs.setdefault(name, LogState(path))
                 changed |= self._refresh_log(state)
             if changed:
                 merged = [row for st in self._logs.values() for row in st.rows]
@@ -187,9 +102,9 @@ class AuditIndex:
         if stat != self._keys_stat:
             self._keys, self._keys_stat = load_component_keys(keys_dir), stat
             # Other keys: verify everything again.
-            self._logs = {name: _LogState(st.path) for name, st in self._logs.items()}
+            self._logs = {name: LogState(st.path) for name, st in self._logs.items()}
 
-    def _refresh_log(self, st: _LogState) -> bool:
+    def _refresh_log(self, st: LogState) -> bool:
         try:
             info = os.stat(st.path)
         except FileNotFoundError:
@@ -211,7 +126,7 @@ class AuditIndex:
         end = data.rfind(b"\n") + 1  # a torn last line (crash mid-write) is not an entry yet
         if st.size and (end < st.size or hashlib.sha256(data[:st.size]).digest() != st.prefix_digest):
             # Not an append: something before what was indexed changed. Start over.
-            fresh = _LogState(st.path)
+            fresh = LogState(st.path)
             st.__dict__.update(fresh.__dict__)
         lines = data[st.size:end].splitlines()
         start = st.lines
@@ -255,7 +170,7 @@ class AuditIndex:
         st.ckpt_stat = ckpt_stat
         return True
 
-    def _root_at(self, st: _LogState, size: int) -> bytes | None:
+    def _root_at(self, st: LogState, size: int) -> bytes | None:
         snap = st.recent.get(size)
         if snap is not None:
             return _root_of(snap)
@@ -281,7 +196,7 @@ class AuditIndex:
                     self._check_signatures(st, st.unsigned[min(_SIGNATURE_CHUNK, len(st.unsigned)) - 1][0] + 1)
             time.sleep(0)  # let page requests take the lock between chunks
 
-    def _check_signatures(self, st: _LogState, below: int) -> None:
+    def _check_signatures(self, st: LogState, below: int) -> None:
         """Verify the pending entry signatures below ``below``; the first bad one breaks the chain."""
         pending, keep = st.unsigned, []
         for index, digest in pending:
@@ -294,20 +209,20 @@ class AuditIndex:
                 st.broken = Break(st.path.name, index, "bad signature (not signed by the component's key)")
         st.unsigned = keep if st.broken is None else []
 
-    def _fail(self, st: _LogState, index: int, reason: str) -> None:
+    def _fail(self, st: LogState, index: int, reason: str) -> None:
         # verify_log names the first bad entry in file order: a bad signature deferred to a later
         # checkpoint may come before this failure, so those are checked first.
         self._check_signatures(st, index)
         st.fail(index, reason)
 
-    def _check_checkpoint(self, st: _LogState, ck: Checkpoint, root: bytes | None, index: int) -> None:
+    def _check_checkpoint(self, st: LogState, ck: Checkpoint, root: bytes | None, index: int) -> None:
         if st.broken is not None and st.broken.index <= index:
             return
         head = st.leaves[index].hex() if 0 <= index < len(st.leaves) else GENESIS
         if root is None or ck.root != root.hex() or ck.last_hash != head:
             self._fail(st, index, f"entries 0..{index} differ from the signed checkpoint at size {ck.tree_size}")
 
-    def _feed(self, st: _LogState, index: int, raw: bytes, by_size: dict[int, list[Checkpoint]]) -> None:
+    def _feed(self, st: LogState, index: int, raw: bytes, by_size: dict[int, list[Checkpoint]]) -> None:
         # Step numbers follow policy.audit.verify.verify_log.
         try:
             entry, body = parse_entry(raw, index)

@@ -1,36 +1,22 @@
-"""What each page shows, computed from the gateway's state, the audit index and the key broker.
+"""What the audit page shows (api/console/pages/audit.py), computed from the audit index: the
+filter, the matching rows newest first, the filter choices, and whether each log's chain holds.
 
 Every function takes the viewer and applies its scope itself: a tenant admin's rows are filtered
-to its tenant here, and the templates never see another tenant's data.
+to its tenant here, and the templates never see another tenant's data. (What the other pages show
+is computed beside their routes, in api/console/pages/.)
 """
 
 from __future__ import annotations
 
 import bisect
 import datetime as dt
-import difflib
-import hashlib
-import json
-from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, overload
-
-import jwt
-from cryptography import x509
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from api.console.auditindex import AuditIndex, Row
 from api.console.session import Viewer
-from attestation.errors import AttestationError
-from attestation.x509chain import BAD_DER
 from policy.audit.entry import parse_ts
-from policy.documents import verify_policy_document
-from policy.errors import PolicyError
-
-MANAGEMENT_ACTIONS = ("tenant-key", "admin", "management", "console")
 
 
 @dataclass(frozen=True)
@@ -182,141 +168,4 @@ def chain_status(index: AuditIndex, page_size: int) -> list[dict[str, Any]]:
             if pos is not None:
                 item["page"] = (len(index.rows) - 1 - pos) // page_size + 1
         out.append(item)
-    return out
-
-
-# -- workers
-def _cert_fingerprint(pem: str) -> str:
-    if not pem:
-        return ""
-    try:
-        cert = x509.load_pem_x509_certificate(pem.encode())
-    except BAD_DER:  # what a worker registered is unchecked here (InvalidVersion is no ValueError)
-        return "unreadable"
-    return hashlib.sha256(cert.public_bytes(serialization.Encoding.DER)).hexdigest()[:16]
-
-
-def token_claims(token: str, verifier: Any) -> tuple[dict[str, Any], str]:
-    """The worker's attestation token claims and whether the broker's signature checks out."""
-    if not token:
-        return {}, "no token"
-    try:
-        claims = jwt.decode(token, options={"verify_signature": False})
-    except jwt.PyJWTError:
-        return {}, "malformed token"
-    if verifier is None:
-        return claims, "signature not checked (gateway has no broker JWKS)"
-    try:
-        verifier.verify(token, dt.datetime.fromtimestamp(int(claims.get("iat", 0)), dt.UTC))
-    except (AttestationError, jwt.PyJWTError, ValueError, KeyError) as exc:
-        return claims, f"signature INVALID ({type(exc).__name__})"
-    return claims, "signed by the key broker"
-
-
-def worker_rows(service: Any, attestations: list[dict[str, Any]], reference: dict[tuple[str, str], set[str]],
-                who: Viewer, now: float) -> list[dict[str, Any]]:
-
-    by_id = {a.get("worker_id"): a for a in attestations}
-    reg = service.registry
-    rows = []
-    for w in sorted(reg.workers.values(), key=lambda w: (w.tenant, w.model, w.version, w.worker_id)):
-        if not who.sees(w.tenant):
-            continue
-        doc = by_id.get(w.worker_id) or {}
-        claims, token_state = token_claims(str(doc.get("token", "")), service.enrolment.verifier)
-        measurement = str(claims.get("measurement", ""))
-        allowed = reference.get((w.tenant, w.model))
-        if not measurement:
-            ref_state = "unknown"
-        elif allowed is None:
-            ref_state = "no reference values available"
-        else:
-            ref_state = "matches reference" if measurement in allowed else "NOT in the reference values"
-        gpus = claims.get("gpus") or []
-        exp = claims.get("exp")
-        alive = reg.alive(w)
-        rows.append({
-            "worker_id": w.worker_id, "tenant": w.tenant, "model": w.model, "version": w.version,
-            "status": w.status if alive else "unreachable", "routed": alive and w.status == "ready"
-            and (w.attested or not reg.require_attestation),
-            "tee": claims.get("tee") or w.tee, "insecure": bool(w.insecure or claims.get("insecure")),
-            "tcb_status": claims.get("tcb_status", "unknown"), "tcb": claims.get("tcb") or {},
-            "debug": claims.get("debug"), "measurement": measurement, "reference": ref_state,
-            "gpu_cc": ("no GPU" if not gpus else
-                       "on" if all(g.get("cc_enabled") for g in gpus) else "OFF"),
-            "gpus": len(gpus), "token_state": token_state,
-            "token_expires": (dt.datetime.fromtimestamp(int(exp), dt.UTC) if exp else None),
-            "heartbeat_age_s": reg.heartbeat_age(w) if w.last_seen else None,
-            "inflight": w.inflight, "tls": _cert_fingerprint(w.tls_cert),
-            "attested": w.attested, "now": now,
-        })
-    return rows
-
-
-# -- usage
-def bucket_usage(rows: list[Any], since: dt.datetime, until: dt.datetime, buckets: int = 24
-                 ) -> dict[str, Any]:
-    span = max(1.0, (until - since).total_seconds() / buckets)
-    labels = [(since + dt.timedelta(seconds=span * i)).strftime("%m-%d %H:%M") for i in range(buckets)]
-
-    def zero() -> list[float]:
-        return [0.0] * buckets
-
-    tenants: dict[str, dict[str, list[float]]] = defaultdict(lambda: {"tokens": zero(), "requests": zero(),
-                                                                      "worker_seconds": zero()})
-    by_key: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0, 0, 0.0])
-    by_model: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0, 0, 0.0])
-    key_series: dict[tuple[str, str], list[float]] = defaultdict(zero)  # tokens per bucket
-    model_series: dict[tuple[str, str], list[float]] = defaultdict(zero)
-    for r in rows:
-        at = r.created_at if r.created_at.tzinfo else r.created_at.replace(tzinfo=dt.UTC)
-        i = min(buckets - 1, max(0, int((at - since).total_seconds() // span)))
-        tokens = r.prompt_tokens + r.completion_tokens
-        t = tenants[r.tenant]
-        t["tokens"][i] += tokens
-        t["requests"][i] += 1
-        t["worker_seconds"][i] += r.worker_seconds
-        for agg in (by_key[(r.tenant, r.key_id)], by_model[(r.tenant, f"{r.model}/{r.version}")]):
-            agg[0] += 1
-            agg[1] += tokens
-            agg[2] += r.worker_seconds
-        key_series[(r.tenant, r.key_id)][i] += tokens
-        model_series[(r.tenant, f"{r.model}/{r.version}")][i] += tokens
-    return {"labels": labels, "tenants": dict(tenants), "by_key": dict(by_key), "by_model": dict(by_model),
-            "key_series": dict(key_series), "model_series": dict(model_series)}
-
-
-# -- policies
-def policy_signature(tenant: str, document: dict[str, Any], keys_dir: Path | None) -> dict[str, Any]:
-    """Who signed a policy document and whether the signature verifies with the tenant's key."""
-    if not {"payload", "sig", "key_id"} <= set(document):
-        return {"signed": False, "key_id": None, "state": "unsigned document"}
-    key_id = str(document.get("key_id"))
-    info = {"signed": True, "key_id": key_id, "alg": document.get("alg"), "state": "signer key not available"}
-    if keys_dir is None:
-        return info
-    path = keys_dir / tenant / f"{key_id}.pub"
-    if "/" in key_id or ".." in key_id or not path.is_file():
-        return info
-    try:
-        key = serialization.load_pem_public_key(path.read_bytes())
-        if not isinstance(key, Ed25519PublicKey):
-            raise ValueError("not Ed25519")
-        verify_policy_document(document, {tenant: {key_id: key}})
-        info["state"] = "signature verified"
-    except (PolicyError, ValueError, TypeError, KeyError) as exc:
-        info["state"] = f"signature INVALID ({type(exc).__name__})"
-    return info
-
-
-def policy_diff(old: dict[str, Any], new: dict[str, Any], a: int, b: int) -> list[tuple[str, str]]:
-    """Unified diff of two documents' canonical JSON, as (kind, line) for the template."""
-    def lines(doc: dict[str, Any]) -> list[str]:
-        return json.dumps(doc.get("payload", doc), indent=2, sort_keys=True).splitlines()
-
-    out = []
-    for line in difflib.unified_diff(lines(old), lines(new), f"version {a}", f"version {b}", lineterm="", n=3):
-        kind = ("meta" if line.startswith(("---", "+++", "@@")) else "add" if line.startswith("+")
-                else "del" if line.startswith("-") else "ctx")
-        out.append((kind, line))
     return out

@@ -147,7 +147,7 @@ def test_a_certificate_with_an_invalid_version_is_a_typed_refusal_everywhere_it_
     """cryptography raises InvalidVersion, which is no ValueError, for a version outside v1-v3: the
     fuzz test's find (2026-12-05). The gateway's binding check, the console's fingerprint and the
     client's pinning each turn it into their own answer."""
-    from api.console.views import _cert_fingerprint
+    from api.console.pages.workers import _cert_fingerprint
     from sealed_client.deployment import _spki
 
     v3 = b"\xa0\x03\x02\x01\x02"

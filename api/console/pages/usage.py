@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+from collections import defaultdict
 from typing import Any
 
 from fastapi import APIRouter, Depends, Query, Request
@@ -14,11 +15,42 @@ from api.console.charts import bar_chart
 from api.console.pages.render import render, tenants_of
 from api.console.session import Viewer, viewer
 from api.console.state import Console
-from api.console.views import bucket_usage
 from api.gateway.dependencies import get_service
 from api.gateway.service import GatewayService
 
 router = APIRouter(prefix="/console", include_in_schema=False)
+
+
+def bucket_usage(rows: list[Any], since: dt.datetime, until: dt.datetime, buckets: int = 24
+                 ) -> dict[str, Any]:
+    span = max(1.0, (until - since).total_seconds() / buckets)
+    labels = [(since + dt.timedelta(seconds=span * i)).strftime("%m-%d %H:%M") for i in range(buckets)]
+
+    def zero() -> list[float]:
+        return [0.0] * buckets
+
+    tenants: dict[str, dict[str, list[float]]] = defaultdict(lambda: {"tokens": zero(), "requests": zero(),
+                                                                      "worker_seconds": zero()})
+    by_key: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0, 0, 0.0])
+    by_model: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0, 0, 0.0])
+    key_series: dict[tuple[str, str], list[float]] = defaultdict(zero)  # tokens per bucket
+    model_series: dict[tuple[str, str], list[float]] = defaultdict(zero)
+    for r in rows:
+        at = r.created_at if r.created_at.tzinfo else r.created_at.replace(tzinfo=dt.UTC)
+        i = min(buckets - 1, max(0, int((at - since).total_seconds() // span)))
+        tokens = r.prompt_tokens + r.completion_tokens
+        t = tenants[r.tenant]
+        t["tokens"][i] += tokens
+        t["requests"][i] += 1
+        t["worker_seconds"][i] += r.worker_seconds
+        for agg in (by_key[(r.tenant, r.key_id)], by_model[(r.tenant, f"{r.model}/{r.version}")]):
+            agg[0] += 1
+            agg[1] += tokens
+            agg[2] += r.worker_seconds
+        key_series[(r.tenant, r.key_id)][i] += tokens
+        model_series[(r.tenant, f"{r.model}/{r.version}")][i] += tokens
+    return {"labels": labels, "tenants": dict(tenants), "by_key": dict(by_key), "by_model": dict(by_model),
+            "key_series": dict(key_series), "model_series": dict(model_series)}
 
 
 @router.get("/usage", response_class=HTMLResponse)
