@@ -19,7 +19,7 @@ from protocol.rpc import worker_pb2
 
 SEGMENT_BYTES = 4 << 20  # well under the 32 MiB message limit of both ends
 MIN_SEGMENT_BYTES = 1024  # bounds the count a sender may announce: no flood of empty segments
-MAX_SNAPSHOT_BYTES = 1 << 30  # a store's whole sealed snapshot (about 300,000 chunks of 100 tokens)
+MAX_SNAPSHOT_BYTES = 1 << 30  # a store's whole sealed snapshot (about 470,000 chunks of 100 tokens)
 
 
 class SnapshotTransferError(ValueError):

@@ -3,6 +3,8 @@ round trip through bytes, refusals."""
 
 from __future__ import annotations
 
+import io
+
 import numpy as np
 import pytest
 
@@ -18,7 +20,8 @@ def _clustered(n: int, seed: int) -> np.ndarray:
     rng = np.random.default_rng(seed)
     centers = rng.standard_normal((50, DIM)).astype(np.float32)
     x = centers[rng.integers(0, 50, n)] + 0.7 * rng.standard_normal((n, DIM)).astype(np.float32)
-    return x / np.linalg.norm(x, axis=1, keepdims=True)
+    normalized: np.ndarray = x / np.linalg.norm(x, axis=1, keepdims=True)
+    return normalized
 
 
 @pytest.fixture(scope="module")
@@ -73,6 +76,50 @@ def test_round_trip_through_bytes(index: VectorIndex, data: tuple[np.ndarray, np
     assert len(copy) == len(index)
     for q in data[1][:10]:
         assert copy.search(q, 10) == index.search(q, 10)
+
+
+def _npz(blob: bytes) -> dict[str, np.ndarray]:
+    with np.load(io.BytesIO(blob), allow_pickle=False) as parts:
+        return {name: parts[name] for name in parts.files}
+
+
+def _with_rows(blob: bytes, rows: np.ndarray) -> bytes:
+    """``blob`` as the index wrote it before it left the rows out: the rows beside the graph."""
+    parts, out = _npz(blob), io.BytesIO()
+    np.savez(out, rows=rows, keys=parts["keys"], live=parts["live"], graph=parts["graph"], dim=parts["dim"])
+    return out.getvalue()
+
+
+def test_bytes_carry_the_rows_once_and_give_them_back_exactly(data: tuple[np.ndarray, np.ndarray]) -> None:
+    """The rows are the graph's own vectors on load (not written twice), the same bits, removals and
+    a compaction included, so the exact scan and a later compaction see what was added."""
+    vectors, queries = data
+    idx = VectorIndex(DIM, IndexSettings(compact_fraction=0.5))
+    idx.add(range(600), vectors[:600])
+    idx.remove(range(0, 600, 3))  # a third gone: kept as removed rows
+    blob = idx.to_bytes()
+    assert "rows" not in _npz(blob)
+    copy = VectorIndex.from_bytes(blob)
+    assert copy._rows.dtype == np.float32 and np.array_equal(copy._rows, idx._rows)
+    assert np.array_equal(copy._rows[copy._row_of[1]], vectors[1])
+    for q in queries[:5]:  # exact scan (600 rows): over the reconstructed rows
+        assert copy.search(q, 10) == idx.search(q, 10)
+    copy.remove(range(1, 600, 3))  # past half: the graph is rebuilt from the reconstructed rows
+    assert np.array_equal(copy._rows, vectors[2:600:3])
+    assert len(_with_rows(blob, idx._rows)) - len(blob) >= idx._rows.nbytes  # the rows' bytes, not written
+
+
+def test_bytes_written_with_the_rows_still_load(index: VectorIndex, data: tuple[np.ndarray, np.ndarray]) -> None:
+    """A snapshot sealed before the rows were left out (rows beside the graph) opens the same."""
+    copy = VectorIndex.from_bytes(_with_rows(index.to_bytes(), index._rows), GRAPH_ONLY)
+    assert np.array_equal(copy._rows, index._rows)
+    for q in data[1][:10]:
+        assert copy.search(q, 10) == index.search(q, 10)
+
+
+def test_rows_that_disagree_with_the_graph_are_refused(index: VectorIndex) -> None:
+    with pytest.raises(SealedStoreError, match="disagree"):
+        VectorIndex.from_bytes(_with_rows(index.to_bytes(), index._rows[:-1]))
 
 
 def test_bad_additions_and_queries_are_refused() -> None:
