@@ -5,6 +5,7 @@ tenant-scoped reads, binding a store once, the snapshot replaced compare-and-set
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -63,3 +64,18 @@ def test_the_snapshot_is_replaced_compare_and_set(rows: RetrievalStore) -> None:
     rows.put_store_file("acme", _row("file-4"))
     assert not rows.delete_store("globex", "vs-1") and rows.delete_store("acme", "vs-1")
     assert rows.store("acme", "vs-1") is None and rows.store_files("acme", "vs-1") == []
+
+
+def test_the_store_head_is_the_row_without_its_snapshot_and_scoped_to_its_tenant(rows: RetrievalStore) -> None:
+    made = rows.put_store(store_id="vs-1", tenant="acme", name="s", metadata={"k": "v"}, model="", version="")
+    rows.bind_store("acme", "vs-1", "m", "v1")
+    assert rows.replace_snapshot("acme", "vs-1", 0, b"snap1", 1, 10, store_file=_row("file-1"))
+    head, whole = rows.store_head("acme", "vs-1"), rows.store("acme", "vs-1")
+    assert head is not None and whole is not None and whole.snapshot == b"snap1" and head.snapshot == b""
+    assert head == replace(whole, snapshot=b"")  # every other field as stored
+    assert (head.name, head.metadata, head.model, head.version, head.snapshot_version, head.usage_bytes) == (
+        "s", {"k": "v"}, "m", "v1", 1, 10)
+    assert head.created_at == whole.created_at and made.id == head.id
+    assert rows.store_head("globex", "vs-1") is None  # another tenant's id reads as absent
+    assert rows.store_head("acme", "vs-2") is None
+    assert rows.delete_store("acme", "vs-1") and rows.store_head("acme", "vs-1") is None
