@@ -165,9 +165,9 @@ def apply_grammar_masks(logits: torch.Tensor, states: list[GrammarState | None])
     unconstrained row takes an all-ones mask, so its bias is -0.0 throughout). x + -0.0 is x for every
     x and x + -inf is -inf for every finite x (the model's logits are), so the result is the masked
     fill's. Unpacking the bits to a boolean [B, V] with shifts, then a masked fill on a clone, was
-    ~10 torch ops over [B, V] per step, each a parallel region the step's threads meet at: 2.2 ms of
-    CPU at batch 16 on the 2-vCPU VM, and at p50 15-30 ms once the VM was loaded (2026-12-07);
-    this is an index_select and an add, 0.2-0.4 ms (docs/engine.md, "Constrained decoding")."""
+    ~10 torch ops over [B, V] per step, each a parallel region the step's threads meet at: 1.72 ms
+    median at batch 16 on the 2-vCPU VM against 0.55 ms for this index_select and add, and far worse
+    once the VM is loaded (docs/engine.md, "Constrained decoding")."""
     masks = [None if s is None else s.mask for s in states]
     shape = next((m.shape for m in masks if m is not None), None)
     if shape is None:
