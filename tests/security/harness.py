@@ -65,12 +65,14 @@ async def gateway(tmp: Path, servicers: list, *, tenant: str = "acme", model: st
     secret, _ = service.store.create_key(tenant, "test")
     servers, states, ids = [], [], []
     for make in servicers:
-        port = free_port()
+        # Port 0, and no SO_REUSEPORT: the kernel's own free port, never shared with a listener some
+        # earlier test left behind (a free_port() probe can be taken before the bind, and gRPC's default
+        # SO_REUSEPORT would then split connections between the two servers silently).
+        server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+        port = server.add_insecure_port("127.0.0.1:0")
         state = WorkerState(WorkerSettings(broker_url="", package_dir=Path("."), tenant=tenant, model=model,
                                            version="v1", host="127.0.0.1", port=port), live=LiveState(status="ready"))
-        server = grpc.aio.server()
         worker_pb2_grpc.add_WorkerServicer_to_server(make(state), server)
-        server.add_insecure_port(f"127.0.0.1:{port}")
         await server.start()
         servers.append(server)
         states.append(state)
