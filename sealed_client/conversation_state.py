@@ -19,8 +19,8 @@ from typing import Any
 
 from protocol.sealed.http import CONVERSATIONS, ResponseHead
 from sealed_client.errors import ConversationMismatch, UnsealedRequest
+from sealed_client.stored_state import RESPONSES, json_object
 
-RESPONSES = "/v1/responses"
 CONVERSATION_PATH = re.compile(r"/v1/conversations(?:/(?P<id>[^/]+)(?:/(?P<items>items)(?:/(?P<item>[^/]+))?)?)?$")
 _OPS = {("POST", False, False, False): "create", ("GET", True, False, False): "retrieve",
         ("POST", True, False, False): "update", ("GET", True, True, False): "list_items",
@@ -60,24 +60,15 @@ def call_body(op: str, conv_id: str | None, item_id: str | None, query: list[tup
 
 def model_in(body: bytes) -> str | None:
     """The `model` a conversation create names (this server's extension: the model whose key seals it)."""
-    try:
-        doc = json.loads(body) if body else {}
-    except ValueError:
-        return None
-    model = doc.get("model") if isinstance(doc, dict) else None
+    doc = json_object(body) if body else {}
+    model = doc.get("model") if doc is not None else None
     return model if isinstance(model, str) and model else None
 
 
 def named_conversation(endpoint: str, body: bytes) -> str | None:
-    """The conversation a sealed request works on (None if it names none, or the body is not an object:
-    the worker refuses such a request by itself)."""
-    if endpoint not in (RESPONSES, CONVERSATIONS):
-        return None
-    try:
-        doc: Any = json.loads(body)
-    except (ValueError, RecursionError):
-        return None
-    if not isinstance(doc, dict):
+    """The conversation a sealed request works on (None if it names none, or the body is not an object)."""
+    doc = json_object(body) if endpoint in (RESPONSES, CONVERSATIONS) else None
+    if doc is None:
         return None
     conv = doc.get("conversation" if endpoint == RESPONSES else "conversation_id")
     if isinstance(conv, dict) and set(conv) == {"id"}:

@@ -25,17 +25,22 @@ RESPONSES = "/v1/responses"
 STORED_RESPONSE = re.compile(r"/v1/responses/(?P<id>[^/]+)(?P<items>/input_items)?$")  # GET, DELETE of one
 
 
-def previous_response_id(endpoint: str, body: bytes) -> str | None:
-    """The `previous_response_id` of a /v1/responses body (None if absent, or the body is not an object:
-    the worker refuses such a request by itself)."""
-    if endpoint not in (RESPONSES, STORED_READ):
-        return None
+def json_object(body: bytes) -> dict[str, Any] | None:
+    """A request body as a JSON object, or None when it is not one (the worker refuses such a request
+    by itself; the client only reads the ids it must check)."""
     try:
         doc: Any = json.loads(body)
     except (ValueError, RecursionError):
         return None
-    field = "previous_response_id" if endpoint == RESPONSES else "response_id"
-    previous = doc.get(field) if isinstance(doc, dict) else None
+    return doc if isinstance(doc, dict) else None
+
+
+def previous_response_id(endpoint: str, body: bytes) -> str | None:
+    """The `previous_response_id` of a /v1/responses body (None if absent, or the body is not an object)."""
+    doc = json_object(body) if endpoint in (RESPONSES, STORED_READ) else None
+    if doc is None:
+        return None
+    previous = doc.get("previous_response_id" if endpoint == RESPONSES else "response_id")
     return previous if isinstance(previous, str) else None
 
 
