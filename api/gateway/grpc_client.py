@@ -7,6 +7,7 @@ the request in its engine. A worker that vanishes mid-stream surfaces as WorkerL
 from __future__ import annotations
 
 import asyncio
+import enum
 from collections.abc import AsyncGenerator, Iterable
 from typing import Any
 
@@ -59,6 +60,15 @@ Metadata = Iterable[tuple[str, str | bytes]]
 MAX_MESSAGE_BYTES = 32 << 20
 
 
+class Health(enum.Enum):
+    """What a worker's Status RPC said."""
+
+    READY = "ready"
+    NOT_READY = "not_ready"  # it answered, and is not ready (draining, loading)
+    UNREACHABLE = "unreachable"  # refused, reset, or an error status: the worker or its host said so
+    SILENT = "silent"  # no answer before the deadline: the worker hung, or the gateway's own loop did
+
+
 class WorkerClients:
     def __init__(self, identity: TlsIdentity | None = None, connect_timeout_s: float = 5.0) -> None:
         self._identity = identity
@@ -106,14 +116,14 @@ class WorkerClients:
             await channel.close()
         self._channels.clear()
 
-    async def status_ok(self, address: str, worker_cert: str = "", timeout_s: float = 2.0) -> bool:
-        """The health check: does the worker answer its Status RPC, and say it is ready?"""
+    async def health(self, address: str, worker_cert: str = "", timeout_s: float = 2.0) -> Health:
+        """The health check: the worker's Status RPC, and what its answer (or silence) says."""
         try:
             reply: worker_pb2.StatusReply = await self.stub(address, worker_cert).Status(worker_pb2.StatusRequest(),
                                                                                          timeout=timeout_s)
-        except grpc.aio.AioRpcError:
-            return False
-        return reply.status == "ready"
+        except grpc.aio.AioRpcError as exc:
+            return Health.SILENT if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED else Health.UNREACHABLE
+        return Health.READY if reply.status == "ready" else Health.NOT_READY
 
     async def unary(self, address: str, worker_cert: str, method: str, request: Any, timeout_s: float) -> Any:
         """A unary RPC (Tokenize, Detokenize); errors come back as that request's answer."""

@@ -20,7 +20,7 @@ from api.gateway.delivery_probe import DeliveryProbe
 from api.gateway.demand import Demand
 from api.gateway.enrolment import Enrolment
 from api.gateway.errors import GatewayError
-from api.gateway.grpc_client import WorkerClients, WorkerLost, WorkerRefusal, WorkerUnavailable
+from api.gateway.grpc_client import Health, WorkerClients, WorkerLost, WorkerRefusal, WorkerUnavailable
 from api.gateway.metering import Metering
 from api.gateway.metrics import Metrics
 from api.gateway.registry import WorkerInfo, WorkerRegistry, reattest_required
@@ -68,6 +68,7 @@ class GatewayService:
     tracing: Tracing  # NoTracing unless OTEL_* asks (docs/tracing.md)
     audit_forwarding: EmbeddedForwarding | None  # to the SIEM when SEALED_AUDIT_FORWARD names a config (docs/siem.md)
     responses: StoredResponses  # stored responses and conversations: ciphertext rows by id
+    probe_timeout_s: float = 2.0  # a health check's deadline
     _probing: set[str] = field(default_factory=set)
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
@@ -186,15 +187,19 @@ class GatewayService:
 
     async def _probe(self, worker: WorkerInfo) -> None:
         try:
-            lag_before = self.registry.clock.stalled_s
-            healthy = await self.clients.status_ok(worker.grpc_address, worker.tls_cert, timeout_s=2.0)
-            if not healthy and self.registry.clock.stalled_s - lag_before > 0.5:
-                # The gateway's own loop lagged through the probe: that says nothing about the worker.
-                log.warning("health check of worker %s inconclusive (gateway loop lagging); heartbeats decide",
-                            worker.worker_id)
-            elif not healthy:
-                log.warning("worker %s failed its health check; out of rotation until its next heartbeat",
-                            worker.worker_id)
+            clock = self.registry.clock
+            lag_before = clock.stalled_s
+            health = await self.clients.health(worker.grpc_address, worker.tls_cert, timeout_s=self.probe_timeout_s)
+            if health is Health.READY:
+                return
+            if clock.stalled_s - lag_before > 0.5 or (health is Health.SILENT and not clock.running):
+                # The gateway's own loop lagged through the probe, or a silence it cannot tell from its
+                # own stall (no ticker measures the loop): that says nothing about the worker.
+                log.warning("health check of worker %s inconclusive (%s, gateway loop lagging or unmeasured); "
+                            "heartbeats decide", worker.worker_id, health.value)
+            else:
+                log.warning("worker %s failed its health check (%s); out of rotation until its next heartbeat",
+                            worker.worker_id, health.value)
                 self.registry.mark_dead(worker.worker_id)
         finally:
             self._probing.discard(worker.worker_id)

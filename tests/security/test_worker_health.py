@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import grpc
 import pytest
 
+from api.gateway.liveness import LoopClock
 from protocol.rpc import worker_pb2, worker_pb2_grpc
 from tests.security.harness import gateway
 
@@ -54,8 +56,6 @@ class Gone(Erring):
 
 
 async def test_a_worker_that_fails_its_health_check_leaves_rotation(tmp_path: Path) -> None:
-    import asyncio
-
     async with gateway(tmp_path, [Gone]) as gw:
         r = await gw.client.post("/v1/completions", headers=gw.headers(),
                                  json={"model": "m", "prompt": "UNAVAILABLE", "max_tokens": 1})
@@ -65,3 +65,42 @@ async def test_a_worker_that_fails_its_health_check_leaves_rotation(tmp_path: Pa
                 return
             await asyncio.sleep(0.05)
         raise AssertionError("the probe did not take the unhealthy worker out of rotation")
+
+
+class Hung(Erring):
+    async def Status(self, request: worker_pb2.StatusRequest, context: grpc.aio.ServicerContext
+                     ) -> worker_pb2.StatusReply:
+        await asyncio.sleep(5.0)  # past any probe's deadline
+        return worker_pb2.StatusReply(status="ready")
+
+
+class Loading(Erring):
+    async def Status(self, request: worker_pb2.StatusRequest, context: grpc.aio.ServicerContext
+                     ) -> worker_pb2.StatusReply:
+        return worker_pb2.StatusReply(status="loading")
+
+
+@pytest.mark.parametrize("servicer,clock_running,leaves", [
+    (Hung, False, False),  # silence, and nothing measured the gateway's own loop: inconclusive
+    (Hung, True, True),  # silence while the gateway's loop kept time: the worker hung
+    (Loading, False, True),  # an answer, not ready: no loop stall makes that up
+    (Gone, False, True),  # refused: the same
+])
+async def test_what_a_failed_health_check_proves(tmp_path: Path, servicer: type, clock_running: bool,
+                                                 leaves: bool) -> None:
+    async with gateway(tmp_path, [servicer]) as gw:
+        service = gw.service
+        service.probe_timeout_s = 0.2
+        if clock_running:
+            service.registry.clock = LoopClock(tick_s=0.02)
+            service.registry.clock.start()
+        r = await gw.client.post("/v1/completions", headers=gw.headers(),
+                                 json={"model": "m", "prompt": "UNAVAILABLE", "max_tokens": 1})
+        assert r.status_code == 503
+        for _ in range(100):  # the probe runs as its own task
+            if not service._probing:
+                break
+            await asyncio.sleep(0.02)
+        assert not service._probing, "the probe never finished"
+        assert (service.registry.ready("acme", "m") == []) is leaves
+        await service.registry.clock.stop()
