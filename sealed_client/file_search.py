@@ -14,7 +14,7 @@ The answer is given whole (`stream=true` with the tool is a 400 naming `stream`)
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,10 +24,9 @@ from pydantic import ValidationError
 from protocol.openai.errors import OpenAIError, error_body
 from protocol.openai.file_search import RESULTS_INCLUDE, FileSearchTool, Grounding, file_search_tool, search_query
 from protocol.openai.responses_request import ResponsesRequest, to_chat
+from sealed_client.steps import Flow, read
 
 RESPONSES_ENDPOINT = "/v1/responses"
-Send = Callable[[httpx2.Request], httpx2.Response]
-AsyncSend = Callable[[httpx2.Request], Awaitable[httpx2.Response]]
 
 
 @dataclass(frozen=True)
@@ -177,33 +176,20 @@ def _done(
     return httpx2.Response(200, headers=headers, json=doc, request=request)
 
 
-def serve(request: httpx2.Request, plan: FileSearchPlan, send: Send) -> httpx2.Response:
-    """Search every store (sealed, verified), then ask the chat model (sealed, verified)."""
+def serve(
+    request: httpx2.Request, plan: FileSearchPlan, handle: Callable[[httpx2.Request], Flow[httpx2.Response]]
+) -> Flow[httpx2.Response]:
+    """Search every store (sealed, verified), then ask the chat model (sealed, verified): a flow
+    (sealed_client/steps.py) that sends each exchange through `handle` (the transport's own flow)."""
     pages = []
     for store_id, body in plan.search_bodies():
-        page = send(_search_request(request, store_id, body))
-        page.read()
+        page = yield from handle(_search_request(request, store_id, body))
+        yield from read(page)
         failed = _whole(page, request)
         if failed is not None:
             return failed
         pages.append(page.json())
     grounding = plan.grounding(pages)
-    answer = send(_chat_request(request, plan.grounded_body(grounding)))
-    answer.read()
-    return _done(request, plan, grounding, answer)
-
-
-async def serve_async(request: httpx2.Request, plan: FileSearchPlan, send: AsyncSend) -> httpx2.Response:
-    """serve, awaited."""
-    pages = []
-    for store_id, body in plan.search_bodies():
-        page = await send(_search_request(request, store_id, body))
-        await page.aread()
-        failed = _whole(page, request)
-        if failed is not None:
-            return failed
-        pages.append(page.json())
-    grounding = plan.grounding(pages)
-    answer = await send(_chat_request(request, plan.grounded_body(grounding)))
-    await answer.aread()
+    answer = yield from handle(_chat_request(request, plan.grounded_body(grounding)))
+    yield from read(answer)
     return _done(request, plan, grounding, answer)

@@ -1,4 +1,5 @@
-"""Opening a sealed answer into the response the SDK reads, once for sync and async: a whole answer
+"""Opening a sealed answer into the response the SDK reads (the I/O half: the two drivers of
+sealed_client/steps.py call it), once for sync and async: a whole answer
 is read and its receipt checked before it is handed over; a stream (server-sent events) is handed
 over as it opens, and ends with an error if it was cut or its receipt does not check."""
 
@@ -8,8 +9,8 @@ from collections.abc import AsyncIterator, Iterator
 
 import httpx2
 
-from sealed_client.answer import AnswerReader, Exchange
-from sealed_client.session import RECEIPT_HEADER, SealedSession
+from sealed_client.answer import AnswerReader
+from sealed_client.session import RECEIPT_HEADER
 
 _SSE_DONE = b"data: [DONE]\n\n"
 
@@ -40,8 +41,7 @@ def _stream_head(reader: AnswerReader) -> tuple[int, dict[str, str]] | None:
     return reader.head.status, {"content-type": reader.head.content_type}
 
 
-def open_answer(session: SealedSession, response: httpx2.Response, exchange: Exchange) -> httpx2.Response:
-    reader = session.reader(exchange)
+def open_answer(response: httpx2.Response, reader: AnswerReader) -> httpx2.Response:
     chunks = iter(response.stream)  # type: ignore[arg-type]  # the transport's raw bytes
     pending: list[bytes] = []
     try:
@@ -59,9 +59,7 @@ def open_answer(session: SealedSession, response: httpx2.Response, exchange: Exc
     return _whole_answer(reader, pending)
 
 
-async def open_answer_async(session: SealedSession, response: httpx2.Response, exchange: Exchange
-                            ) -> httpx2.Response:
-    reader = session.reader(exchange)
+async def open_answer_async(response: httpx2.Response, reader: AnswerReader) -> httpx2.Response:
     chunks = response.stream.__aiter__()  # type: ignore[union-attr]
     pending: list[bytes] = []
     try:

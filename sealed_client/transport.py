@@ -16,33 +16,20 @@ deployment again and retries once with the newly verified key. Plaintext success
 answers and bad receipts raise typed errors (protocol.sealed / attestation), which the openai SDK
 passes through unwrapped.
 
-This module does the I/O, routing, pinning and the one retry; what is decided about a request and
-an answer is in sealed_client/sealing.py, opening the sealed answer in sealed_client/opening.py.
+Both transports drive one sans-IO flow (sealed_client/flow.py: routing, pinning, sealing, the one
+retry, opening), one blocking and one awaited (sealed_client/steps.py); they add only the inner
+transport that does the I/O.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 import httpx2
 
-from protocol.sealed import ReattestRequired
 from sealed_client.deployment import PinnedKey
-from sealed_client.file_search import file_search, serve, serve_async
-from sealed_client.opening import open_answer, open_answer_async
-from sealed_client.routing import route_of as _route
+from sealed_client.flow import RequestFlow
 from sealed_client.routing import warn_plaintext
-from sealed_client.sealing import (
-    GatewayRefused,
-    broker_answer,
-    call_of,
-    json_answer,
-    plain_answer,
-    sealed_request,
-    unpinned,
-)
-from sealed_client.session import NoAttestedWorker, SealedSession
-from sealed_client.stored_calls import body_to_seal, routed_model, routing_lookup
+from sealed_client.session import SealedSession
+from sealed_client.steps import drive, drive_async
 
 
 class SealedTransport(httpx2.BaseTransport):
@@ -52,85 +39,15 @@ class SealedTransport(httpx2.BaseTransport):
         self._inner = inner or httpx2.HTTPTransport()
         self.unsafe_allow_plaintext = warn_plaintext(unsafe_allow_plaintext)
 
-    def _get_json(self, path: str, auth: str | None = None) -> dict[str, Any]:
-        headers = {"Authorization": auth} if auth else {}
-        response = self._inner.handle_request(httpx2.Request("GET", self.gateway_url + path, headers=headers))
-        try:
-            response.read()
-            return json_answer(path, response)
-        finally:
-            response.close()
-
-    def _optional(self, path: str) -> dict[str, Any] | None:
-        try:
-            return self._get_json(path)
-        except ReattestRequired:
-            return None  # absent: the session refuses if it needs it
-
-    def _post_broker(self, url: str, nonce: bytes) -> dict[str, Any]:
-        """The pinned key broker's attestation for `nonce` (straight to the broker, not the gateway)."""
-        response = self._inner.handle_request(httpx2.Request("POST", url, json={"nonce": nonce.hex()}))
-        try:
-            response.read()
-            return broker_answer(response)
-        finally:
-            response.close()
+    def _flow(self) -> RequestFlow:
+        return RequestFlow(self.session, self.gateway_url, self.unsafe_allow_plaintext)
 
     def pin(self, model: str, auth: str | None = None) -> PinnedKey:
-        """The verified worker for `model`; the attestation document is fetched with the request's own
-        API key (the gateway shows each tenant only its own workers)."""
-        pin = self.session.pinned(model)
-        if pin is None:
-            if self.session.needs_jwks():
-                self.session.set_gateway_jwks(self._get_json("/.well-known/jwks.json"))
-            challenge = self.session.broker_challenge()
-            if challenge is not None:
-                self.session.set_broker_attestation(self._post_broker(challenge[0], challenge[1]), challenge[1])
-            refvals = self._optional("/.well-known/reference-values") if self.session.wants_reference_values() else None
-            pin = self.session.pin_from(model, self._get_json("/.well-known/attestation", auth), refvals)
-        return pin
+        """The verified worker for `model` (RequestFlow.pin)."""
+        return drive(self._flow().pin(model, auth), self._inner.handle_request)
 
     def handle_request(self, request: httpx2.Request) -> httpx2.Response:
-        route = _route(request, self.unsafe_allow_plaintext)
-        if route is None:
-            return self._inner.handle_request(request)
-        prefix, endpoint = route
-        plan = file_search(request, request.read(), endpoint)
-        if isinstance(plan, httpx2.Response):
-            return plan
-        if plan is not None:
-            return serve(request, plan, self.handle_request)
-        routed: str | None = None
-        lookup = routing_lookup(request, prefix, endpoint)
-        if lookup is not None:  # a call on stored state: which model's worker holds its key
-            looked = self._inner.handle_request(lookup)
-            try:
-                found = routed_model(request, looked, looked.read())
-            finally:
-                looked.close()
-            if isinstance(found, httpx2.Response):
-                return found
-            routed = found
-        body = body_to_seal(request, endpoint, request.read(), routed)
-        if isinstance(body, httpx2.Response):
-            return body
-        call = call_of(self.session, request, body, prefix, endpoint)
-        model = call.model
-        for attempt in range(2):
-            try:
-                pin = self.pin(model, request.headers.get("authorization"))
-            except (GatewayRefused, NoAttestedWorker) as exc:
-                return unpinned(exc, request)
-            exchange, out = sealed_request(self.session, request, call, pin)
-            response = self._inner.handle_request(out)
-            if self.session.is_sealed(response.headers.get("content-type", "")) and response.status_code == 200:
-                return open_answer(self.session, response, exchange)
-            raw = response.read()
-            response.close()
-            answer = plain_answer(self.session, request, response, raw, model, attempt)
-            if answer is not None:
-                return answer
-        raise ReattestRequired("the pinned worker is gone")  # pragma: no cover - loop always returns
+        return drive(self._flow().handle(request), self._inner.handle_request)
 
     def close(self) -> None:
         self._inner.close()
@@ -143,85 +60,15 @@ class AsyncSealedTransport(httpx2.AsyncBaseTransport):
         self._inner = inner or httpx2.AsyncHTTPTransport()
         self.unsafe_allow_plaintext = warn_plaintext(unsafe_allow_plaintext)
 
-    async def _get_json(self, path: str, auth: str | None = None) -> dict[str, Any]:
-        headers = {"Authorization": auth} if auth else {}
-        response = await self._inner.handle_async_request(httpx2.Request("GET", self.gateway_url + path,
-                                                                          headers=headers))
-        try:
-            await response.aread()
-            return json_answer(path, response)
-        finally:
-            await response.aclose()
-
-    async def _optional(self, path: str) -> dict[str, Any] | None:
-        try:
-            return await self._get_json(path)
-        except ReattestRequired:
-            return None
-
-    async def _post_broker(self, url: str, nonce: bytes) -> dict[str, Any]:
-        response = await self._inner.handle_async_request(httpx2.Request("POST", url, json={"nonce": nonce.hex()}))
-        try:
-            await response.aread()
-            return broker_answer(response)
-        finally:
-            await response.aclose()
+    def _flow(self) -> RequestFlow:
+        return RequestFlow(self.session, self.gateway_url, self.unsafe_allow_plaintext)
 
     async def pin(self, model: str, auth: str | None = None) -> PinnedKey:
-        pin = self.session.pinned(model)
-        if pin is None:
-            if self.session.needs_jwks():
-                self.session.set_gateway_jwks(await self._get_json("/.well-known/jwks.json"))
-            challenge = self.session.broker_challenge()
-            if challenge is not None:
-                answer = await self._post_broker(challenge[0], challenge[1])
-                self.session.set_broker_attestation(answer, challenge[1])
-            refvals = (await self._optional("/.well-known/reference-values")
-                       if self.session.wants_reference_values() else None)
-            pin = self.session.pin_from(model, await self._get_json("/.well-known/attestation", auth), refvals)
-        return pin
+        """The verified worker for `model` (RequestFlow.pin)."""
+        return await drive_async(self._flow().pin(model, auth), self._inner.handle_async_request)
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
-        route = _route(request, self.unsafe_allow_plaintext)
-        if route is None:
-            return await self._inner.handle_async_request(request)
-        prefix, endpoint = route
-        plan = file_search(request, await request.aread(), endpoint)
-        if isinstance(plan, httpx2.Response):
-            return plan
-        if plan is not None:
-            return await serve_async(request, plan, self.handle_async_request)
-        routed: str | None = None
-        lookup = routing_lookup(request, prefix, endpoint)
-        if lookup is not None:
-            looked = await self._inner.handle_async_request(lookup)
-            try:
-                found = routed_model(request, looked, await looked.aread())
-            finally:
-                await looked.aclose()
-            if isinstance(found, httpx2.Response):
-                return found
-            routed = found
-        body = body_to_seal(request, endpoint, await request.aread(), routed)
-        if isinstance(body, httpx2.Response):
-            return body
-        call = call_of(self.session, request, body, prefix, endpoint)
-        model = call.model
-        for attempt in range(2):
-            try:
-                pin = await self.pin(model, request.headers.get("authorization"))
-            except (GatewayRefused, NoAttestedWorker) as exc:
-                return unpinned(exc, request)
-            exchange, out = sealed_request(self.session, request, call, pin)
-            response = await self._inner.handle_async_request(out)
-            if self.session.is_sealed(response.headers.get("content-type", "")) and response.status_code == 200:
-                return await open_answer_async(self.session, response, exchange)
-            raw = await response.aread()
-            await response.aclose()
-            answer = plain_answer(self.session, request, response, raw, model, attempt)
-            if answer is not None:
-                return answer
-        raise ReattestRequired("the pinned worker is gone")  # pragma: no cover
+        return await drive_async(self._flow().handle(request), self._inner.handle_async_request)
 
     async def aclose(self) -> None:
         await self._inner.aclose()

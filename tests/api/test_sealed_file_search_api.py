@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,8 @@ from protocol.sealed import Receipt, RequestContext, api_key_id, seal_request
 from protocol.sealed.caller import CallerCredential
 from protocol.sealed.http import HEADER_KEY_ID, HEADER_MODEL, REQUEST_CONTENT_TYPE, ResponseHead
 from protocol.sealed.receipt import read_signed_receipt
-from sealed_client.file_search import AsyncSend, file_search, serve_async
+from sealed_client import steps
+from sealed_client.file_search import file_search, serve
 from sealed_client.retrieval import check_retrieved, retrieval_route, sealed_call
 from tests.api.retrieval_stack import RetrievalStack, retrieval_stack
 from tests.api.test_file_search_api import RecordingEngine
@@ -42,7 +44,9 @@ def encoder(minilm_dir: Path) -> Embedder:
     return Embedder(load_encoder_dir(minilm_dir), BuildOptions(LinearOptions(kernel="torch", in_place=True), 512))
 
 
-def sealing(stack: RetrievalStack, api_key: str, receipts: list[Receipt], sent: list[str]) -> AsyncSend:
+def sealing(
+    stack: RetrievalStack, api_key: str, receipts: list[Receipt], sent: list[str]
+) -> Callable[[httpx2.Request], Awaitable[httpx2.Response]]:
     """What SealedTransport does with each request the plan sends: seal it to the worker's key, post
     it to the sealed route, open the answer and check its receipt (a search's: its file ids)."""
     key, guard = stack.state.serving_key, stack.state.guard
@@ -119,7 +123,7 @@ async def responses(
     assert plan is not None and not isinstance(plan, httpx2.Response)
     receipts: list[Receipt] = []
     sent: list[str] = []
-    answer = await serve_async(request, plan, sealing(stack, api_key, receipts, sent))
+    answer = await steps.drive_async(serve(request, plan, steps.send), sealing(stack, api_key, receipts, sent))
     return answer, receipts, sent
 
 

@@ -15,6 +15,7 @@ import pytest
 from protocol.openai.file_search import Grounding
 from protocol.sealed import ReceiptInvalid
 from sealed_client.file_search import FileSearchPlan, file_search, serve
+from sealed_client.steps import drive, send
 
 URL = "http://gw/v1/responses"
 
@@ -103,7 +104,7 @@ def test_the_tool_becomes_two_sealed_exchanges_and_the_plaintext_output() -> Non
     )
     plan = file_search(request, request.read(), "/v1/responses")
     assert isinstance(plan, FileSearchPlan)
-    answer = serve(request, plan, gateway)
+    answer = drive(serve(request, plan, send), gateway)
     (s1, b1), (s2, b2), (chat_path, chat) = gateway.sent
     assert (s1, s2, chat_path) == ("/v1/vector_stores/vs-a/search", "/v1/vector_stores/vs-b/search", "/v1/responses")
     assert (
@@ -138,7 +139,7 @@ def test_the_tool_becomes_two_sealed_exchanges_and_the_plaintext_output() -> Non
 def test_a_string_input_and_no_include() -> None:
     gateway = Gateway()
     plan = _plan({"input": "When?", "tools": TOOLS[:1]})
-    serve(_request({}), plan, gateway)
+    drive(serve(_request({}), plan, send), gateway)
     chat = gateway.sent[-1][1]
     assert "tools" not in chat and "include" not in chat
     assert chat["input"][1] == {"type": "message", "role": "user", "content": "When?"}
@@ -147,11 +148,11 @@ def test_a_string_input_and_no_include() -> None:
 
 def test_a_refused_search_sends_no_prompt() -> None:
     gateway = Gateway(search_status=404)
-    answer = serve(_request({}), _plan({"input": "When?", "tools": TOOLS}), gateway)
+    answer = drive(serve(_request({}), _plan({"input": "When?", "tools": TOOLS}), send), gateway)
     assert answer.status_code == 404 and [p for p, _ in gateway.sent] == ["/v1/vector_stores/vs-a/search"]
     gateway = Gateway(raises=ReceiptInvalid("the receipt's file ids are not the files"))
     with pytest.raises(ReceiptInvalid):
-        serve(_request({}), _plan({"input": "When?", "tools": TOOLS}), gateway)
+        drive(serve(_request({}), _plan({"input": "When?", "tools": TOOLS}), send), gateway)
     assert not [p for p, _ in gateway.sent if p.endswith("/responses")]
 
 
