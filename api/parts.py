@@ -5,7 +5,8 @@ api/gateway/dependencies.py); the placeholder alone fails closed ("no gateway bo
 adds a router's routes to one app with each placeholder, wherever it sits in a route's dependency
 graph, replaced by that app's part. FastAPI builds each route's graph once, here; nothing is kept on
 `app.state` and `app.dependency_overrides` stays empty: FastAPI rebuilds every route's whole graph
-on every request while any override is set (about 0.3 ms a request, docs/benchmarks.md "Gateway").
+on every request while any override is set (0.2 to 0.7 ms a request, docs/benchmarks.md
+"Gateway's fixed cost").
 
 How: a dependency (or endpoint) whose graph reaches a placeholder is copied, per app, with its
 signature's `Depends` pointing at the copies; the copy runs the same code object (so a generator or
