@@ -5,8 +5,9 @@ and one HTTP app with the gateway (OpenAI, sealed and internal routes), the mana
 
 The parts do not know each other: the gateway imports neither management nor the console (an
 import contract, pyproject.toml); routes of all three get the gateway's parts as typed FastAPI
-dependencies (api/gateway/dependencies.py); the console talks to the key broker only through the
-broker's admin HTTP API and the contracts in `protocol.broker`. Nothing is built at import time.
+dependencies (api/gateway/dependencies.py), bound into each route once here (api/parts.py); the
+console talks to the key broker only through the broker's admin HTTP API and the contracts in
+`protocol.broker`. Nothing is built at import time.
 """
 
 from __future__ import annotations
@@ -29,12 +30,12 @@ from api.gateway.catalog import Catalog
 from api.gateway.conversations import router as conversations_router
 from api.gateway.delivery_probe import DeliveryProbe
 from api.gateway.demand import Demand
-from api.gateway.dependencies import bind_service
+from api.gateway.dependencies import get_service
 from api.gateway.edge import EdgeGuard
 from api.gateway.embeddings_routes import router as embeddings_router
 from api.gateway.enrolment import Enrolment
 from api.gateway.errors import error_handlers
-from api.gateway.files_routes import bind_retrieval
+from api.gateway.files_routes import get_retrieval
 from api.gateway.files_routes import router as files_router
 from api.gateway.grpc_client import WorkerClients
 from api.gateway.limits import LocalQueueCounter, QueueCounter, RedisLimiterStore, RedisQueueCounter
@@ -58,8 +59,9 @@ from api.management import uploads
 from api.management.app import router as management_router
 from api.management.lifecycle import router as lifecycle_router
 from api.management.metrics import router as metrics_router
-from api.management.oidc import OidcVerifier, bind_oidc_verifier
+from api.management.oidc import OidcVerifier, get_oidc_verifier
 from api.management.sessions import router as sessions_router
+from api.parts import RouteBinder
 from api.store.db import make_engine, session_factory, upgrade
 from api.store.repo import Store
 from policy.audit.edge import EdgeRefusals
@@ -126,15 +128,21 @@ def build_gateway(settings: GatewaySettings, store: Store | None = None) -> Gate
 def create_app(settings: GatewaySettings, service: GatewayService | None = None) -> FastAPI:
     """The control plane's app over the gateway's parts (`service`: built from `settings` if None)."""
     service = service or build_gateway(settings)
-    app = _gateway_app(settings, service)
-    app.include_router(management_router, prefix="/admin/v1")
-    app.include_router(lifecycle_router, prefix="/admin/v1")
-    app.include_router(sessions_router, prefix="/admin/v1")  # logout, revocation, tenant removal
-    app.include_router(metrics_router)  # /metrics: management tokens (operator, auditor)
-    app.include_router(uploads.router)  # package uploads, for tenant admins
-    uploads.bind_package_store(app, uploads.PackageStore(settings.data_dir / "package-store"))
     oidc = settings.oidc
-    bind_oidc_verifier(app, OidcVerifier(oidc) if oidc is not None else None)
+    app = _gateway_app(settings, service)
+    # The parts, bound into every route once (api/parts.py): routes get them as typed dependencies.
+    binder = RouteBinder(app)
+    binder.bind(get_service, service)
+    binder.bind(get_retrieval, GatewayRetrieval(service))  # files and vector stores (api/gateway/vector_stores.py)
+    binder.bind(uploads.package_store, uploads.PackageStore(settings.data_dir / "package-store"))
+    binder.bind(get_oidc_verifier, OidcVerifier(oidc) if oidc is not None else None)
+    for router in (openai_router, sealed_router, sealed_retrieval_router, responses_router, conversations_router,
+                   files_router, vector_stores_router, embeddings_router, internal.router):
+        binder.include(router)
+    for router in (management_router, lifecycle_router, sessions_router):  # sessions: logout, revocation, removal
+        binder.include(router, prefix="/admin/v1")
+    binder.include(metrics_router)  # /metrics: management tokens (operator, auditor)
+    binder.include(uploads.router)  # package uploads, for tenant admins
     if oidc is None:
         logging.getLogger("api.app").warning(
             "auth: LOCAL DEVELOPMENT MODE - management API and console accept shared-secret HS256 tokens, "
@@ -142,7 +150,7 @@ def create_app(settings: GatewaySettings, service: GatewayService | None = None)
     elif oidc.accept_local_tokens:
         logging.getLogger("api.app").warning(
             "auth: single sign-on, and local HS256 management tokens accepted too (accept_local_tokens)")
-    install_console(app, settings.console, settings.data_dir, sso=oidc is not None and oidc.console_enabled,
+    install_console(binder, settings.console, settings.data_dir, sso=oidc is not None and oidc.console_enabled,
                     local_auth=oidc is None or oidc.accept_local_tokens)
     app.add_exception_handler(SealedApiError, opaque_error)  # the more specific handlers above win
     return app
@@ -169,11 +177,6 @@ def _gateway_app(settings: GatewaySettings, service: GatewayService) -> FastAPI:
     # still builds it (the schema tests use that).
     app = FastAPI(title="Sealed gateway", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None,
                   **without_native_telemetry())
-    bind_service(app, service)  # routes get the parts as a typed dependency (dependencies.py)
-    bind_retrieval(app, GatewayRetrieval(service))  # files and vector stores (api/gateway/vector_stores.py)
-    for router in (openai_router, sealed_router, sealed_retrieval_router, responses_router, conversations_router,
-                   files_router, vector_stores_router, embeddings_router, internal.router):
-        app.include_router(router)
     for error, handler in error_handlers(service.edge_audit).items():
         app.add_exception_handler(error, handler)
     # Body limit (chunked bodies included) and undecodable JSON text, before any route runs.

@@ -77,12 +77,14 @@ def upload_app():  # type: ignore[no-untyped-def]
     from fastapi import FastAPI
 
     from api.management import uploads
+    from api.parts import RouteBinder
 
     def make(store: Path, caller, **kw: int) -> FastAPI:  # type: ignore[no-untyped-def]
         app = FastAPI()
-        app.include_router(uploads.router)
-        uploads.bind_package_store(app, uploads.PackageStore(store, **kw))
-        app.dependency_overrides[uploads.uploader] = caller
+        binder = RouteBinder(app)
+        binder.bind(uploads.package_store, uploads.PackageStore(store, **kw))
+        binder.replace(uploads.uploader, caller)
+        binder.include(uploads.router)
         return app
 
     return make

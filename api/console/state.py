@@ -17,6 +17,7 @@ from api.console.broker import BrokerView
 from api.console.views import Facets
 from api.console_settings import ConsoleSettings
 from api.home import ed25519_key, write_public_key
+from api.parts import bound_part
 from policy.audit import AuditLog
 from policy.errors import PolicyError
 
@@ -63,28 +64,17 @@ class ConsoleState:
 
 
 async def get_console() -> ConsoleState:
-    """The console's state: `bind_console` puts the one `install` built in this one's place."""
+    """The console's state: `install` binds the one it built in this one's place (api/parts.py)."""
     raise RuntimeError("no console bound: serve it with api.console.router.install")
 
 
-class _Bound:
-    def __init__(self, state: ConsoleState) -> None:
-        self.state = state
-
-    async def __call__(self) -> ConsoleState:
-        return self.state
-
-
-def bind_console(app: FastAPI, state: ConsoleState) -> None:
-    app.dependency_overrides[get_console] = _Bound(state)
-
-
 def bound_console(app: FastAPI) -> ConsoleState:
-    """The state bound to `app` (for tools that hold the app, e.g. the console benchmark)."""
-    bound = app.dependency_overrides.get(get_console)
-    if not isinstance(bound, _Bound):
-        raise RuntimeError("no console bound to this app")
-    return bound.state
+    """The state bound in `app`'s routes (for tools that hold the app, e.g. the console benchmark)."""
+    try:
+        state: ConsoleState = bound_part(app, get_console)
+    except LookupError:
+        raise RuntimeError("no console bound to this app") from None
+    return state
 
 
 Console = Annotated[ConsoleState, Depends(get_console)]

@@ -1,5 +1,5 @@
 """Authorization as chained dependencies: bearer key -> API key record (-> tenant) -> its
-requests-per-minute charge; and the gateway's parts, bound by the composition root.
+requests-per-minute charge; and the gateway's parts, bound by the composition root (api/parts.py).
 
 They are `async` so that FastAPI runs them on the loop, not with a thread hop per request each.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 from typing import Annotated
 
-from fastapi import Depends, FastAPI, Request
+from fastapi import Depends, Request
 
 from api.gateway.errors import GatewayError
 from api.gateway.service import GatewayService
@@ -17,16 +17,9 @@ from api.store.repo import KeyRecord
 
 
 async def get_service() -> GatewayService:
-    """The gateway's parts: `bind_service` puts the ones `create_app` built in this one's place, so
-    routes get them as a typed dependency, never from a service locator on the app."""
+    """The gateway's parts: `create_app` binds the ones it built in this one's place in every route
+    (api/parts.py), so routes get them as a typed dependency, never from a service locator on the app."""
     raise RuntimeError("no gateway bound: build the app with api.app.create_app(settings)")
-
-
-def bind_service(app: FastAPI, service: GatewayService) -> None:
-    async def bound() -> GatewayService:
-        return service
-
-    app.dependency_overrides[get_service] = bound
 
 
 async def bearer_secret(request: Request) -> str:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from fastapi import APIRouter, Depends, FastAPI, Query, Request
+from fastapi import APIRouter, Depends, Query, Request
 from starlette.datastructures import UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
 
@@ -22,16 +22,9 @@ router = APIRouter()
 
 
 async def get_retrieval() -> GatewayRetrieval:
-    """Files and vector stores: `bind_retrieval` puts the one `create_app` built in this one's place
-    (a typed dependency, as the gateway's parts are: dependencies.py)."""
+    """Files and vector stores: `create_app` binds the one it built in this one's place (a typed
+    dependency, as the gateway's parts are: dependencies.py, api/parts.py)."""
     raise RuntimeError("no retrieval bound: build the app with api.app.create_app(settings)")
-
-
-def bind_retrieval(app: FastAPI, retrieval: GatewayRetrieval) -> None:
-    async def bound() -> GatewayRetrieval:
-        return retrieval
-
-    app.dependency_overrides[get_retrieval] = bound
 
 
 def file_object(f: StoredFile) -> dict[str, Any]:

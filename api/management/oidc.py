@@ -20,7 +20,6 @@ from typing import Any
 
 import httpx
 import jwt
-from fastapi import FastAPI
 
 from api.management.oidc_errors import IdpUnavailable, TokenRefused
 from api.oidc_settings import OidcConfigError, OidcSettings, check_url
@@ -147,13 +146,6 @@ class OidcVerifier:
 
 async def get_oidc_verifier() -> OidcVerifier | None:
     """The control plane's single sign-on verifier, None without single sign-on (the local-development
-    mode): `bind_oidc_verifier` puts the one `create_app` built in this one's place, a typed dependency
+    mode): `create_app` binds the one it built in this one's place (api/parts.py), a typed dependency
     of the routes, never a service locator on the app."""
     return None
-
-
-def bind_oidc_verifier(app: FastAPI, verifier: OidcVerifier | None) -> None:
-    async def bound() -> OidcVerifier | None:
-        return verifier
-
-    app.dependency_overrides[get_oidc_verifier] = bound

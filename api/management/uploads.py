@@ -4,12 +4,12 @@ The control plane is outside the trust boundary: it receives ciphertext and publ
 and checks what it can without a key (sizes, SHA-256 of each file, the manifest's format and
 signature, that the manifest's tenant is the caller). Workers re-check everything themselves.
 
-    app.include_router(router)                          # a plain router, as the gateway mounts it
-    bind_package_store(app, PackageStore(store_dir))    # where uploads and packages go
+    binder.bind(package_store, PackageStore(store_dir))  # where uploads and packages go (api/parts.py)
+    binder.include(router)                              # a plain router, as the gateway serves it
 
 The caller is a tenant admin (`uploader`, the management API's role check); an app without the
-management API overrides `uploader` with its own dependency returning the caller's tenant (a
-`str`, or an object with a `.tenant` attribute). Routes, all under /v1/packages:
+management API replaces `uploader` (`binder.replace`) with its own dependency returning the
+caller's tenant (a `str`, or an object with a `.tenant` attribute). Routes, all under /v1/packages:
 
     POST /uploads                      {"files": {name: {"size", "sha256"}}} -> upload_id, offsets
                                        (files: manifest.json, payload.bin and either manifest.sig
@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException, Request
+from fastapi import APIRouter, Depends, Header, HTTPException, Request
 from pydantic import BaseModel, Field
 from starlette.requests import ClientDisconnect
 
@@ -144,16 +144,9 @@ def caller_tenant(principal: Any = Depends(uploader)) -> str:
 
 
 async def package_store() -> PackageStore:
-    """Where uploads and packages go: `bind_package_store` puts the app's in this one's place (a typed
-    dependency, never a service locator on the app); an app that binds none serves no uploads."""
+    """Where uploads and packages go: `create_app` binds the app's in this one's place (api/parts.py; a
+    typed dependency, never a service locator on the app); an app that binds none serves no uploads."""
     raise HTTPException(404, "package uploads are not enabled here")
-
-
-def bind_package_store(app: FastAPI, store: PackageStore) -> None:
-    async def bound() -> PackageStore:
-        return store
-
-    app.dependency_overrides[package_store] = bound
 
 
 router = APIRouter(prefix="/v1/packages", tags=["packages"])

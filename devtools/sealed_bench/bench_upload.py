@@ -33,14 +33,16 @@ from pathlib import Path
 import uvicorn
 from fastapi import FastAPI, Header, HTTPException
 from api.management import uploads
-app = FastAPI()
-app.include_router(uploads.router)
-uploads.bind_package_store(app, uploads.PackageStore(Path(sys.argv[1])))
+from api.parts import RouteBinder
 def caller(authorization: str = Header("")) -> str:
     if authorization != "Bearer bench":
         raise HTTPException(401, "bad token")
     return "bench"
-app.dependency_overrides[uploads.uploader] = caller
+app = FastAPI()
+binder = RouteBinder(app)
+binder.bind(uploads.package_store, uploads.PackageStore(Path(sys.argv[1])))
+binder.replace(uploads.uploader, caller)
+binder.include(uploads.router)
 @app.get("/healthz")
 def healthz() -> dict: return {"ok": True}
 uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[2]), log_level="warning")

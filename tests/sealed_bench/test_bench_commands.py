@@ -27,6 +27,7 @@ SMALL: dict[str, list[str]] = {
     "flood": ["--streams", "4", "--stream-tokens", "2", "--flood-concurrency", "1", "--flood-max-tokens", "2",
               "--quiet-requests", "2", "--quiet-concurrency", "1", "--quiet-tokens", "2", "--warmup-s", "0.5",
               "--unauthorized", "2", "--token-delay", "0.001"],
+    "gateway": ["--requests", "20", "--warmup", "2"],
     "keyrelease": ["--iterations", "3", "--warmup", "1", "--concurrency", "3"],
     "policy": ["--decisions", "20", "--events", "200"],
     "retrieval": ["--chunks", "120", "--queries", "20", "--file-chunks", "40"],
@@ -96,6 +97,13 @@ def test_keyrelease(tmp_path: Path) -> None:
     assert report["sequential_ms"]["n"] == 3
     assert report["concurrent"]["succeeded"] == 3 and report["concurrent"]["all_keys_correct"]
     assert report["receipts"]["total"] == report["receipts"]["distinct"] == report["receipts"]["expected"] == 7
+
+
+def test_gateway(tmp_path: Path) -> None:
+    """Every endpoint answered 200 through the composed app (the benchmark stops on any other answer)."""
+    report = run_bench("gateway", SMALL["gateway"], tmp_path)
+    assert sorted(k for k in report if k != "load_average") == ["models", "search", "store"]
+    assert all(report[k]["requests"] == 20 and report[k]["p50_ms"] > 0 for k in ("models", "search", "store"))
 
 
 def test_policy(tmp_path: Path) -> None:
