@@ -14,9 +14,9 @@ UNIMPLEMENTED. A file the worker cannot index is not an error of the
 call: the reply says so (OpenAI's vector store file `failed` with `last_error`). SealFile and
 SearchStore carry document text in clear, so a tenant that requires sealed mode refuses them.
 
-The work (open, embed, index, reseal) runs on a thread, one call at a time per service, never on the
-event loop: an ingest takes seconds, and a loop held that long misses the worker's heartbeats (the
-gateway then drops the worker) and stalls its other RPCs."""
+The work (open, embed, index, reseal) runs on a thread (the engine's compute thread: off_loop), one
+call at a time per service, never on the event loop: an ingest takes seconds, and a loop held that
+long misses the worker's heartbeats (the gateway then drops the worker) and stalls its other RPCs."""
 
 from __future__ import annotations
 
@@ -40,13 +40,19 @@ T = TypeVar("T")
 
 
 async def off_loop(service: RetrievalService, work: Callable[[], T]) -> T:
-    """``work`` on a thread under the service's lock (the calls keep the order they had on the loop)."""
+    """``work`` on a thread under the service's lock (the calls keep the order they had on the loop):
+    the engine's compute thread when the encoder offers it (ComputeEncoder.submit: the embedding and
+    faiss then run in the one OpenMP team the model was built in, with no second hop), else a
+    thread of asyncio's pool (an encoder that computes on its caller's thread, as the tests' do)."""
 
     def locked() -> T:
         with service.calls:
             return work()
 
-    return await asyncio.to_thread(locked)
+    submit = getattr(service.encoder, "submit", None)
+    if submit is None:
+        return await asyncio.to_thread(locked)
+    return await asyncio.wrap_future(submit(locked))
 
 
 def _json(raw: str, field: str) -> object:

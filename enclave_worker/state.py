@@ -25,8 +25,7 @@ from attestation.bundle import channel_binding
 from enclave_worker.boot import BootedWorker
 from enclave_worker.clock import Clock
 from enclave_worker.cold_start import ColdStart
-from enclave_worker.engine.embedder import Embedder
-from enclave_worker.engine.embedding_engine import EmbeddingEngine
+from enclave_worker.engine.embedding_engine import ComputeEncoder, EmbeddingEngine
 from enclave_worker.guard import WorkerGuard
 from enclave_worker.keywatch import KeyLease
 from enclave_worker.outbox import Outbox
@@ -116,11 +115,11 @@ class LiveState:
             self.booted = new  # no `changed`: a renewal runs on a thread; the next beat carries it
 
     @property
-    def embedder(self) -> Embedder | None:
-        """The encoder a worker of an embedding model serves with (retrieval hangs on it); None before
-        boot, once wiped, or on a chat model's worker."""
+    def embedder(self) -> ComputeEncoder | None:
+        """The encoder a worker of an embedding model serves with (retrieval hangs on it), embedding on
+        the engine's compute thread; None before boot, once wiped, or on a chat model's worker."""
         engine = self.booted.engine if self.booted is not None else None
-        return engine.embedder if isinstance(engine, EmbeddingEngine) else None
+        return engine.retrieval_encoder if isinstance(engine, EmbeddingEngine) else None
 
     def evidence_sha256(self) -> str:
         """`EvidenceBundle.digest()` of the evidence served now (renewals replace it), or ""."""

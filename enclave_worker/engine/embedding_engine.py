@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
+import numpy as np
 import torch
 
 from .checkpoint import Checkpoint
@@ -27,7 +29,7 @@ from .model_builder import kernel_path_for
 from .models import model_tensors
 from .models.bert import is_encoder
 from .models.options import BuildOptions
-from .threads import available_cpus
+from .threads import default_threads
 from .tokenizer import Tokenizer
 
 # OpenAI's own bounds on one /v1/embeddings request: 2,048 inputs, 300,000 tokens in all.
@@ -35,6 +37,7 @@ MAX_INPUTS = 2048
 MAX_REQUEST_TOKENS = 300_000
 _TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _QUANTIZED = ("int8", "int4", "fp8")
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -62,6 +65,7 @@ class EmbeddingEngine:
         self.max_model_len = embedder.pooling.max_tokens
         self._lock = threading.Lock()  # one batch at a time; the wipe waits for the batch running
         self._served = 0
+        self.retrieval_encoder = ComputeEncoder(self)  # one for the engine's life: retrieval keys on it
 
     @classmethod
     def from_checkpoint(cls, checkpoint: Checkpoint, config: EngineConfig,
@@ -72,7 +76,7 @@ class EmbeddingEngine:
 
         def build() -> Embedder:
             if config.device == "cpu":
-                torch.set_num_threads(config.num_threads or available_cpus())
+                torch.set_num_threads(config.num_threads or default_threads())
             return Embedder(checkpoint, encoder_build_options(config))
 
         try:
@@ -100,12 +104,22 @@ class EmbeddingEngine:
         ids = self.check(inputs)
 
         def run() -> Embeddings:
-            with self._lock:
-                out = self.embedder.embed(ids)
-                self._served += len(ids)
-                return out
+            out = self._batch(ids)
+            self._served += len(ids)
+            return out
 
         return await asyncio.wrap_future(self._thread.start(run))
+
+    def embed_waiting(self, inputs: Sequence[str | Sequence[int]]) -> Embeddings:
+        """The inputs' vectors, computed on the compute thread: at once when called there, else while
+        the calling thread (never the event loop) waits; no request bounds (a file's chunks)."""
+        if threading.current_thread() is self._thread.thread:
+            return self._batch(inputs)
+        return self._thread.call(lambda: self._batch(inputs))
+
+    def _batch(self, inputs: Sequence[str | Sequence[int]]) -> Embeddings:
+        with self._lock:
+            return self.embedder.embed(inputs)
 
     def generate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                  cache_salt: bytes = b"") -> AsyncGenerator[RequestOutput, None]:
@@ -125,3 +139,32 @@ class EmbeddingEngine:
 
     async def shutdown(self) -> None:
         self._thread.close()
+
+
+class ComputeEncoder:
+    """The engine's encoder as a worker's retrieval uses it (retrieval/service.py's StoreEncoder):
+    chunks and queries are embedded on the engine's compute thread, under its lock, like a
+    /v1/embeddings batch, and the retrieval calls themselves run there (``submit``: one hop from the
+    event loop, not two). Run on asyncio's pool threads (until 2026-12-07), torch and faiss started
+    OpenMP teams beside the compute thread's, which makes libgomp stop spinning between parallel
+    regions once it counts more threads than CPUs (compute_thread.py), and the wipe did not wait
+    for a retrieval batch; a hop from a pool thread to the compute thread and back cost about 1 ms
+    a query on a loaded 2-vCPU VM (docs/retrieval.md, "The cost of the boundary")."""
+
+    def __init__(self, engine: EmbeddingEngine) -> None:
+        self._engine = engine
+        self.dim = engine.embedder.dim
+
+    def submit(self, fn: Callable[[], T]) -> Future[T]:
+        """``fn`` queued on the engine's compute thread (a retrieval call: open, embed, search, seal)."""
+        return self._engine._thread.start(fn)
+
+    @property
+    def chunk_window(self) -> int:
+        return self._engine.embedder.chunk_window
+
+    def token_offsets(self, text: str) -> list[tuple[int, int]]:
+        return self._engine.embedder.token_offsets(text)
+
+    def embed_texts(self, texts: list[str]) -> np.ndarray:
+        return self._engine.embed_waiting(texts).vectors.numpy()

@@ -20,7 +20,7 @@ from .kernel_path import KernelPath, choose_kernel_path, detect_cpu_class
 from .layers.linear import LinearOptions
 from .models import CausalLM, build_architecture, check_architecture
 from .models.options import BuildOptions
-from .threads import available_cpus
+from .threads import default_threads
 from .tokenizer import Tokenizer
 
 _TORCH_DTYPES = {
@@ -69,7 +69,7 @@ def kernel_path_for(config: EngineConfig) -> KernelPath:
 def build_model(checkpoint: Checkpoint, config: EngineConfig) -> BuiltModel:
     cfg = checkpoint.config
     check_architecture(cfg)  # one line naming what is unsupported (models/__init__.py)
-    threads = config.num_threads or available_cpus()
+    threads = config.num_threads or default_threads()
     if config.device == "cpu":
         torch.set_num_threads(threads)  # on the thread that will step the engine (compute_thread.py)
     kernel = kernel_path_for(config)

@@ -1,8 +1,8 @@
 """CPU threads: an engine computes on a fixed count (EngineConfig.num_threads, default every CPU this
-process may use), set once on its compute thread (compute_thread.py) and never tuned while serving:
-the count is part of what decides a step's numerics (torch's GEMM splits its work by it), so two
-engines with the same configuration on the same machine compute alike, whatever the machine's load
-(docs/engine.md, "Kernel paths")."""
+process may use, or OMP_NUM_THREADS when the operator set it lower), set once on its compute thread
+(compute_thread.py) and never tuned while serving: the count is part of what decides a step's
+numerics (torch's GEMM splits its work by it), so two engines with the same configuration on the
+same machine compute alike, whatever the machine's load (docs/engine.md, "Kernel paths")."""
 
 from __future__ import annotations
 
@@ -15,6 +15,21 @@ def available_cpus() -> int:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return os.cpu_count() or 1
+
+
+def default_threads() -> int:
+    """The engine's thread count when its configuration names none: every CPU this process may use, or
+    OMP_NUM_THREADS when set lower. torch.set_num_threads overrides that variable, so without this a
+    stack started with OMP_NUM_THREADS=1 (as docs/benchmarks.md's retrieval runs were, to match the
+    plain side's one thread) computed on every CPU: on a loaded 2-vCPU VM the encoder then took 10-20
+    ms a query at the median against about 4 at one thread (docs/benchmarks.md, "The worker's side
+    of a search")."""
+    cpus = available_cpus()
+    try:  # OpenMP allows one count per nesting level ("4,2"): the first is the engine's
+        asked = int(os.environ.get("OMP_NUM_THREADS", "").split(",")[0])
+    except ValueError:
+        return cpus
+    return min(cpus, asked) if asked >= 1 else cpus
 
 
 def single_threaded_caller() -> None:

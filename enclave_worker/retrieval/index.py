@@ -43,6 +43,9 @@ class VectorIndex:
         self._keys = np.zeros(0, dtype=np.int64)
         self._live = np.zeros(0, dtype=bool)
         self._row_of: dict[int, int] = {}
+        # The keys sorted and their rows, made at the first search after a change: a search maps the
+        # keys it may read to rows in numpy (searchsorted), not key by key in Python (2 ms at 10k).
+        self._by_key: tuple[np.ndarray, np.ndarray] | None = None
         self._graph = self._new_graph()
 
     def _new_graph(self) -> faiss.IndexHNSWFlat:
@@ -71,6 +74,7 @@ class VectorIndex:
         self._keys = np.concatenate([self._keys, key_arr])
         self._live = np.concatenate([self._live, np.ones(len(key_arr), dtype=bool)])
         self._row_of.update((int(k), first + i) for i, k in enumerate(key_arr))
+        self._by_key = None
         self._graph.add(vecs)
 
     def remove(self, keys: Iterable[int]) -> int:
@@ -91,11 +95,23 @@ class VectorIndex:
         self._rows, self._keys = np.ascontiguousarray(self._rows[live]), self._keys[live]
         self._live = np.ones(len(self._keys), dtype=bool)
         self._row_of = {int(k): i for i, k in enumerate(self._keys)}
+        self._by_key = None
         self._graph = self._new_graph()
         if len(self._rows):
             self._graph.add(self._rows)
 
-    def search(self, query: np.ndarray, k: int, allowed: Iterable[int] | None = None) -> list[Hit]:
+    def _rows_of(self, keys: np.ndarray) -> np.ndarray:
+        """The rows of those ``keys`` the index holds (a key never added or compacted away: none)."""
+        if self._by_key is None:
+            order = np.argsort(self._keys, kind="stable")
+            self._by_key = self._keys[order], order
+        ordered, rows = self._by_key
+        at = np.searchsorted(ordered, keys)
+        held = at < len(ordered)
+        held[held] = ordered[at[held]] == keys[held]
+        return rows[at[held]]
+
+    def search(self, query: np.ndarray, k: int, allowed: Iterable[int] | np.ndarray | None = None) -> list[Hit]:
         """The ``k`` nearest live chunks among ``allowed`` keys (None: every key), best first."""
         q = np.ascontiguousarray(query, dtype=np.float32).reshape(1, -1)
         if q.shape[1] != self.dim or not np.isfinite(q).all():
@@ -104,8 +120,9 @@ class VectorIndex:
             raise InvalidRetrievalRequest("k must be positive")
         mask = self._live.copy()
         if allowed is not None:
+            keys = allowed if isinstance(allowed, np.ndarray) else np.fromiter((int(k) for k in allowed), np.int64)
             permitted = np.zeros_like(mask)
-            permitted[[self._row_of[int(key)] for key in allowed if int(key) in self._row_of]] = True
+            permitted[self._rows_of(keys.astype(np.int64, copy=False))] = True
             mask &= permitted
         count = int(mask.sum())
         if count == 0:

@@ -7,6 +7,7 @@ snapshot holds (sealed_store.py); nothing here touches the disk."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
@@ -95,8 +96,10 @@ class VectorStore:
         that match ``filter``; a file outside either never contributes a passage."""
         if not 0 < k <= MAX_RESULTS:
             raise InvalidRetrievalRequest(f"max_num_results must be from 1 to {MAX_RESULTS}")
-        allowed = [key for f in self.files.values()
-                   if readable(f) and (filter is None or filter.matches(f.attributes)) for key in f.chunk_keys]
+        admitted = [f for f in self.files.values() if readable(f) and (filter is None or filter.matches(f.attributes))]
+        # Every file admitted: no key list to build (the index's live rows are exactly these files' chunks).
+        allowed = None if len(admitted) == len(self.files) else np.fromiter(
+            itertools.chain.from_iterable(f.chunk_keys for f in admitted), np.int64)
         results = []
         for hit in self.index.search(query, k, allowed):
             if min_score is not None and hit.score < min_score:
@@ -135,7 +138,9 @@ class VectorStore:
             raise SealedStoreError("the snapshot is of another vector store")
         store.index = index
         listed = {k for f in store.files.values() for k in f.chunk_keys}
-        if set(store.chunks) != listed or len(index) != len(store.chunks):
+        # The index's live keys are exactly the chunks' (equal counts, each chunk's key held): a search
+        # that admits every file passes no key list, so a key no file lists would otherwise be served.
+        if set(store.chunks) != listed or len(index) != len(store.chunks) or not all(k in index for k in listed):
             raise SealedStoreError("the snapshot's files, chunks and index disagree")
         return store
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,10 +23,10 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from api.tenant_tools import encrypt_model
 from enclave_worker.boot import build_engine
 from enclave_worker.clock import Clock
-from enclave_worker.engine.embedder import Embedder
 from enclave_worker.engine.embedding_engine import EmbeddingEngine, EmbeddingLimits
 from enclave_worker.guard import WorkerGuard
 from enclave_worker.package import decrypt_package
+from enclave_worker.retrieval_rpcs import off_loop
 from enclave_worker.servicer import WorkerServicer
 from enclave_worker.settings import WorkerSettings
 from enclave_worker.state import LiveState, WorkerState
@@ -101,7 +102,7 @@ async def test_embed_equals_sentence_transformers(worker: tuple[worker_pb2_grpc.
     Ed25519PublicKey.from_public_bytes(reply.usage.public_key).verify(reply.usage.signature, reply.usage.payload)
     assert usage["prompt_tokens"] == reply.prompt_tokens > len(GOLDEN["texts"]) * 2
     assert (usage["request_id"], usage["tenant"], usage["completion_tokens"]) == ("rq1", "acme", 0)
-    assert isinstance(state.live.embedder, Embedder)  # what the retrieval service is built on
+    assert state.booted is not None and state.live.embedder is state.booted.engine.retrieval_encoder  # retrieval's
 
 
 async def test_token_ids_embed_as_their_text(worker: tuple[worker_pb2_grpc.WorkerStub, WorkerState],
@@ -202,3 +203,37 @@ def test_wipe_zeroes_the_encoder(minilm_dir: Path, tmp_path: Path) -> None:
     built.wipe()
     assert not any(bool(t.any()) for t in held if t.dtype != torch.bool)
     asyncio.run(built.shutdown())
+
+
+def test_retrieval_embeds_on_the_compute_thread_as_embed_does(engine: EmbeddingEngine) -> None:
+    # Chunks and queries of the vector stores are embedded where /v1/embeddings batches are (one
+    # OpenMP team, under the engine's lock), not on the calling thread; the vectors are the same.
+    texts = list(GOLDEN["texts"][:3])
+    seen: list[threading.Thread] = []
+    original = engine.embedder.embed
+
+    def spy(inputs):  # type: ignore[no-untyped-def]
+        seen.append(threading.current_thread())
+        return original(inputs)
+
+    engine.embedder.embed = spy  # type: ignore[method-assign]
+    try:
+        got = engine.retrieval_encoder.embed_texts(texts)
+    finally:
+        del engine.embedder.embed
+    assert seen == [engine._thread.thread] and seen[0] is not threading.current_thread()
+    assert np.abs(got - np.array(GOLDEN["embeddings"][:3], dtype=np.float32)).max() < FP32_TOLERANCE
+    assert engine.retrieval_encoder.dim == engine.embedder.dim
+    assert engine.retrieval_encoder.chunk_window == engine.embedder.chunk_window
+    on_thread = engine._thread.call(lambda: engine.embed_waiting(texts))  # there already: no hop to wait on
+    assert np.array_equal(on_thread.vectors.numpy(), got)
+
+
+async def test_retrieval_calls_run_on_the_compute_thread(engine: EmbeddingEngine) -> None:
+    # The whole call (open, embed, faiss) on the engine's compute thread: one hop from the loop, one
+    # OpenMP team. An encoder without ``submit`` (one that computes on its caller's thread) keeps asyncio's pool.
+    on_engine = SimpleNamespace(encoder=engine.retrieval_encoder, calls=threading.Lock())
+    assert await off_loop(on_engine, threading.current_thread) is engine._thread.thread  # type: ignore[arg-type]
+    elsewhere = SimpleNamespace(encoder=engine.embedder, calls=threading.Lock())
+    ran_on = await off_loop(elsewhere, threading.current_thread)  # type: ignore[arg-type]
+    assert ran_on is not engine._thread.thread and ran_on is not threading.current_thread()

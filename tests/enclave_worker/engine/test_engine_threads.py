@@ -9,11 +9,22 @@ import pytest
 import torch
 
 from enclave_worker.engine import EngineConfig, SamplingParams
-from enclave_worker.engine.threads import available_cpus, single_threaded_caller
+from enclave_worker.engine.threads import available_cpus, default_threads, single_threaded_caller
 
 
 def test_available_cpus_counts_this_process_mask() -> None:
     assert 1 <= available_cpus() <= (torch.get_num_threads() + 64)
+
+
+@pytest.mark.parametrize(("value", "want"), [(None, "cpus"), ("1", 1), ("1,1", 1), ("1000", "cpus"),
+                                             ("0", "cpus"), ("-2", "cpus"), ("many", "cpus"), ("", "cpus")])
+def test_the_default_count_honours_omp_num_threads_below_the_cpus(monkeypatch: pytest.MonkeyPatch,
+                                                                  value: str | None, want: object) -> None:
+    if value is None:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("OMP_NUM_THREADS", value)
+    assert default_threads() == (available_cpus() if want == "cpus" else want)
 
 
 def test_the_step_thread_count_is_the_configured_one_and_stays(make_engine, h) -> None:

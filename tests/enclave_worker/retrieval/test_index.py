@@ -145,3 +145,27 @@ def test_bad_additions_and_queries_are_refused() -> None:
 def test_unloadable_bytes_are_refused(blob: bytes) -> None:
     with pytest.raises(SealedStoreError):
         VectorIndex.from_bytes(blob)
+
+
+@pytest.mark.parametrize("settings", [GRAPH_ONLY, IndexSettings()])
+def test_allowed_keys_in_any_order_map_to_their_rows(settings: IndexSettings) -> None:
+    # Keys added out of order, some removed, the allowed list holding unknown and removed keys: the
+    # search (keys mapped to rows in numpy) answers exactly what exact search over the allowed live rows does.
+    vectors = _clustered(600, 3)
+    keys = np.random.default_rng(4).permutation(np.arange(10_000, 10_600)) * 7
+    idx = VectorIndex(DIM, settings)
+    idx.add(keys.tolist(), vectors)
+    removed = set(keys[:50].tolist())
+    idx.remove(removed)
+    allowed = [int(k) for k in keys[::2]] + [1, 3, 5]  # every other key, some removed, three never added
+    live = [i for i, k in enumerate(keys.tolist()) if k in set(allowed) and k not in removed]
+    query = _clustered(1, 5)[0]
+    want = sorted(live, key=lambda i: -float(vectors[i] @ query))[:5]
+    for given in (allowed, np.array(allowed, dtype=np.int64)):
+        hits = idx.search(query, 5, given)
+        assert {h.key for h in hits} <= {int(keys[i]) for i in live}  # never a key outside the allowed live ones
+        if settings.exact_below:
+            assert [h.key for h in hits] == [int(keys[i]) for i in want]
+    idx.add([10, 3], _clustered(2, 6))  # a change after a search: the key map is made again
+    assert any(h.key == 3 for h in idx.search(_clustered(2, 6)[1], 600, [3]))
+    assert idx.search(query, 5, [10_000_000]) == []

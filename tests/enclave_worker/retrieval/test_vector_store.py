@@ -13,8 +13,9 @@ from enclave_worker.engine.encoder_checkpoint import load_encoder_dir
 from enclave_worker.engine.layers.linear import LinearOptions
 from enclave_worker.engine.models.options import BuildOptions
 from enclave_worker.retrieval.chunking import ChunkingStrategy, chunking_strategy
-from enclave_worker.retrieval.errors import InvalidRetrievalRequest
+from enclave_worker.retrieval.errors import InvalidRetrievalRequest, SealedStoreError
 from enclave_worker.retrieval.filters import parse_filter
+from enclave_worker.retrieval.index import VectorIndex
 from enclave_worker.retrieval.sealed_store import open_snapshot, seal_snapshot
 from enclave_worker.retrieval.vector_store import VectorStore, only_files, readable_by_all
 
@@ -107,3 +108,15 @@ def test_a_long_document_is_chunked_within_the_models_window(encoder: Embedder) 
 def test_result_count_bounds(encoder: Embedder, store: VectorStore, k: int) -> None:
     with pytest.raises(InvalidRetrievalRequest, match="from 1 to 50"):
         store.search(encoder.embed_texts(["x"])[0], k, readable=readable_by_all)
+
+
+def test_a_snapshot_whose_index_keys_are_not_its_chunks_is_refused(store: VectorStore) -> None:
+    # A search that admits every file passes the index no key list, so the snapshot must hold no key
+    # that no file lists, even when the counts agree.
+    keys = sorted(store.chunks)
+    other = VectorIndex(store.dim)
+    other.add([k + 1000 for k in keys], store.index._rows[[store.index._row_of[k] for k in keys]])
+    assert VectorStore.from_bytes(store.to_bytes(), store.store_id).files.keys() == store.files.keys()
+    store.index = other
+    with pytest.raises(SealedStoreError, match="disagree"):
+        VectorStore.from_bytes(store.to_bytes(), store.store_id)
