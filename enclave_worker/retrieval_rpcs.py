@@ -4,7 +4,9 @@ enclave_worker/retrieval/service.py, mixed into WorkerServicer.
 
 A call that names its store's snapshot (``base``) is served from the worker's open stores; when the
 worker lacks that snapshot it answers NOT_FOUND and the gateway sends it (WriteStoreSnapshot) and
-asks again. A new snapshot made by such a call is read back with ReadStoreSnapshot.
+asks again. A new snapshot made by such a call is read back with ReadStoreSnapshot. A sealed search
+names its snapshot the same way (SealedRequest.store_base), checked before its envelope opens
+(``sealed_store_held``).
 
 Errors: a request that breaks the API's rules, or a segment list that is not one whole snapshot, is
 INVALID_ARGUMENT; a snapshot or file that does not open (another key, tampered, a revoked key) is
@@ -35,6 +37,7 @@ from enclave_worker.retrieval.vector_store import StoredFile
 from enclave_worker.state import WorkerState
 from protocol.rpc import worker_pb2
 from protocol.rpc.snapshot_segments import SegmentAssembler, SnapshotName, SnapshotTransferError, segments
+from protocol.sealed.http import SEARCH_ENDPOINT
 
 T = TypeVar("T")
 
@@ -87,6 +90,25 @@ class RetrievalRpcs:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "model unavailable")
         assert self.retrieval is not None
         return self.retrieval
+
+    async def sealed_store_held(self, request: worker_pb2.SealedRequest,
+                                context: grpc.aio.ServicerContext) -> Callable[[], None]:
+        """Before a sealed search's envelope opens: the snapshot it names is held here (pinned until the
+        returned release), else NOT_FOUND, and the gateway sends it and relays the same request again
+        (an envelope opens once: a replay is refused, so this cannot wait until it is open). A worker
+        without an encoder, or not serving, lets the request open and be refused as such."""
+        service = self.current_retrieval()
+        if request.endpoint != SEARCH_ENDPOINT or service is None or not serving(self.state):
+            return _nothing
+        if not request.HasField("store_base") or request.store_base.store_id != request.store_id:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                "a sealed search names its vector store's snapshot (store_base, of store_id)")
+        name = SnapshotName.of(request.store_base)
+        try:
+            await off_loop(service, lambda: service.hold(request.tenant, name))
+        except (InvalidRetrievalRequest, SealedStoreError, SnapshotNeeded) as exc:
+            await self._refuse(context, exc)
+        return lambda: service.cache.unpin(name.store_id)
 
     @staticmethod
     async def _refuse(context: grpc.aio.ServicerContext, exc: Exception) -> NoReturn:
@@ -193,6 +215,10 @@ def _base(request: worker_pb2.IngestFileRequest | worker_pb2.SearchStoreRequest
           | worker_pb2.DeleteStoreFileRequest) -> SnapshotName | None:
     """The snapshot the gateway names (None: it sent the snapshot itself, the first protocol)."""
     return SnapshotName.of(request.base) if request.HasField("base") else None
+
+
+def _nothing() -> None:
+    return None
 
 
 def _made(store_id: str, version: int, sha256: bytes) -> worker_pb2.StoreSnapshotRef:

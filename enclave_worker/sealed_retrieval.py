@@ -3,7 +3,10 @@ store search, opened and answered inside the encoder's worker, so the gateway re
 
 The bodies are the JSON forms the client seals (sealed_client/retrieval.py), each naming the model
 and, for a search, the store id the URL carries: the worker checks it against the store whose snapshot
-the gateway sent (a gateway that swaps stores gets a 400, not another store's passages). The work is
+the gateway names (a gateway that swaps stores gets a 400, not another store's passages). The
+snapshot is named, not carried (SealedRequest.store_base): it is served from the stores this worker
+holds open, checked (held, pinned) before the envelope opened (retrieval_rpcs.sealed_store_held), and
+its name (id, version, digest) checked again here, so an older or other snapshot is never searched. The work is
 the plaintext RPCs' own (retrieval/service.py, on a thread: retrieval_rpcs.off_loop), under the
 tenant's signed `file_access` for the API key bound into the request. What the gateway keeps of an
 upload (the file's ciphertext, id, name, purpose, size) rides on the final chunk; a search's file ids
@@ -22,13 +25,14 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from enclave_worker.guard import GuardNote
-from enclave_worker.retrieval.errors import InvalidRetrievalRequest, SealedStoreError
+from enclave_worker.retrieval.errors import InvalidRetrievalRequest, SealedStoreError, SnapshotNeeded
 from enclave_worker.retrieval.service import MAX_FILE_BYTES, RetrievalService, check_id, results_json
 from enclave_worker.retrieval_rpcs import file_rights, off_loop
 from enclave_worker.state import WorkerState
 from policy.decision import Decision
 from protocol.openai.errors import OpenAIError
 from protocol.rpc import worker_pb2
+from protocol.rpc.snapshot_segments import SnapshotName
 from protocol.sealed.http import FILES_ENDPOINT
 
 RETRIEVE_ACTION = "retrieval"  # policy/audit/worker_record.py ACTIONS
@@ -88,6 +92,8 @@ async def retrieval_answer(state: WorkerState, request: worker_pb2.SealedRequest
         return await _search(state, request, parse(SealedSearch, body, request.model), service)
     except InvalidRetrievalRequest as exc:
         raise OpenAIError(400, str(exc), code="invalid_value") from exc
+    except SnapshotNeeded as exc:  # a change replaced it after the check before opening: the client asks again
+        raise OpenAIError(409, "the vector store changed meanwhile; retry", code="conflict") from exc
     except SealedStoreError as exc:
         raise OpenAIError(409, "this worker cannot open or seal the vector store or file (its key differs, was "
                                "revoked, or the snapshot is older than one it was given)", code="conflict") from exc
@@ -117,17 +123,17 @@ async def _upload(state: WorkerState, request: worker_pb2.SealedRequest, upload:
 async def _search(state: WorkerState, request: worker_pb2.SealedRequest, search: SealedSearch,
                   service: RetrievalService) -> RetrievalAnswer:
     if search.vector_store_id != request.store_id:
-        # The gateway sent another store's snapshot than the one the client sealed its query for.
+        # The gateway named another store than the one the client sealed its query for.
         raise OpenAIError(400, "the vector store searched is not the one the request names",
                           param="vector_store_id", code="invalid_value")
     queries = [search.query] if isinstance(search.query, str) else search.query
     if len(queries) != 1:
         raise OpenAIError(400, "query must be one string (or a list of one)", param="query", code="invalid_value")
     threshold = search.ranking_options.score_threshold if search.ranking_options else None
-    readable = file_rights(state, request.key_id)
+    readable, base = file_rights(state, request.key_id), SnapshotName.of(request.store_base)
     results = await off_loop(service, lambda: service.search(
-        request.tenant, request.store_id, request.store_snapshot, queries[0], search.max_num_results,
-        search.filters, threshold, search.rewrite_query, readable=readable))
+        request.tenant, request.store_id, b"", queries[0], search.max_num_results,
+        search.filters, threshold, search.rewrite_query, readable=readable, base=base))
     file_ids = tuple(sorted({r.file_id for r in results}))
     document = {"object": "vector_store.search_results.page", "search_query": queries,
                 "data": json.loads(results_json(results)), "has_more": False, "next_page": None}

@@ -120,6 +120,15 @@ class WorkerServicer(RetrievalRpcs, worker_pb2_grpc.WorkerServicer):
 
     async def SealedGenerate(self, request: worker_pb2.SealedRequest, context: grpc.aio.ServicerContext
                              ) -> AsyncIterator[worker_pb2.SealedChunk]:
+        release = await self.sealed_store_held(request, context)  # a sealed search's store: before it opens
+        try:
+            async for chunk in self._sealed(request, context):
+                yield chunk
+        finally:
+            release()
+
+    async def _sealed(self, request: worker_pb2.SealedRequest, context: grpc.aio.ServicerContext
+                      ) -> AsyncIterator[worker_pb2.SealedChunk]:
         try:
             opened = open_sealed_request(self.state, request)
         except SealedRefusal as exc:

@@ -14,6 +14,7 @@ from api.gateway.dependencies import ApiKey, ChargedKey, Service
 from api.gateway.errors import GatewayError
 from api.gateway.generation import CleanupStreamingResponse, request_id
 from api.gateway.lifecycle import RequestLifecycle
+from api.gateway.registry import WorkerInfo
 from api.gateway.sealed_conversations import (
     conversation_history,
     conversation_route,
@@ -40,11 +41,13 @@ router = APIRouter()
 async def sealed_relay(endpoint: str, request: Request, key: KeyRecord, service: GatewayService, *,
                        routed: Callable[[worker_pb2.SealedRequest], None] | None = None,
                        final: Callable[[worker_pb2.SealedChunk], None] | None = None,
-                       reserved_tokens: int | None = None) -> CleanupStreamingResponse:
+                       reserved_tokens: int | None = None,
+                       missing: Callable[[WorkerInfo], Awaitable[None]] | None = None) -> CleanupStreamingResponse:
     """Relay one sealed request to its pinned worker. `routed` adds what the gateway routes by besides
-    the envelope (a retrieval's ids and ciphertext: sealed_retrieval_routes.py); `final` keeps what
+    the envelope (a retrieval's ids and snapshot name: sealed_retrieval_routes.py); `final` keeps what
     the worker's final chunk leaves for the gateway, before the client hears the answer is done;
-    `reserved_tokens`: what admission charges up front (default: a generation's worst case)."""
+    `reserved_tokens`: what admission charges up front (default: a generation's worst case);
+    `missing`: sends the worker the store snapshot a sealed search names when it lacks it."""
     if request.headers.get("content-type", "").split(";")[0].strip() != REQUEST_CONTENT_TYPE:
         raise GatewayError(415, f"sealed requests are {REQUEST_CONTENT_TYPE}", code="invalid_value")
     model, worker_key_id = request.headers.get(HEADER_MODEL, ""), request.headers.get(HEADER_KEY_ID, "")
@@ -75,7 +78,7 @@ async def sealed_relay(endpoint: str, request: Request, key: KeyRecord, service:
                                   reserved_tokens=(len(body) // 3 + service.settings.default_max_tokens
                                                    if reserved_tokens is None else reserved_tokens),
                                   body_bytes=len(body))
-    [stream] = await life.start([service.sealed_stream(key, model, sealed, life.span)])
+    [stream] = await life.start([service.sealed_stream(key, model, sealed, life.span, missing)])
 
     async def relay() -> AsyncIterator[bytes]:
         try:

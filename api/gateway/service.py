@@ -20,7 +20,14 @@ from api.gateway.delivery_probe import DeliveryProbe
 from api.gateway.demand import Demand
 from api.gateway.enrolment import Enrolment
 from api.gateway.errors import GatewayError
-from api.gateway.grpc_client import Health, WorkerClients, WorkerLost, WorkerRefusal, WorkerUnavailable
+from api.gateway.grpc_client import (
+    Health,
+    SnapshotNeeded,
+    WorkerClients,
+    WorkerLost,
+    WorkerRefusal,
+    WorkerUnavailable,
+)
 from api.gateway.metering import Metering
 from api.gateway.metrics import Metrics
 from api.gateway.registry import WorkerInfo, WorkerRegistry, reattest_required
@@ -112,11 +119,20 @@ class GatewayService:
                 yield chunk
 
     async def sealed_stream(self, key: KeyRecord, model: str, request: worker_pb2.SealedRequest,
-                            span: Span = NULL_SPAN) -> AsyncGenerator[worker_pb2.SealedChunk, None]:
-        """Relay one sealed exchange with the pinned worker; never another one."""
+                            span: Span = NULL_SPAN, missing: Callable[[WorkerInfo], Awaitable[None]] | None = None
+                            ) -> AsyncGenerator[worker_pb2.SealedChunk, None]:
+        """Relay one sealed exchange with the pinned worker; never another one. `missing`: what sends
+        that worker the vector store snapshot a sealed search names when it answers that it lacks it
+        (before the envelope opened), after which the same request is relayed once more."""
         worker = self._route(span, lambda: self.registry.pinned(key.tenant, model, request.worker_key_id))
         try:
-            first, rest, call = await self._open(worker, "SealedGenerate", request, span)
+            try:
+                first, rest, call = await self._open(worker, "SealedGenerate", request, span)
+            except SnapshotNeeded:
+                if missing is None:
+                    raise
+                await missing(worker)
+                first, rest, call = await self._open(worker, "SealedGenerate", request, span)
         except WorkerUnavailable as exc:
             self.probe_soon(worker)  # health checks, not one request, take a worker out of rotation
             raise reattest_required() from exc

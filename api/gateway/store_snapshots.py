@@ -3,8 +3,10 @@
 A worker keeps the stores it opened in memory (enclave_worker/retrieval/store_cache.py). So the
 gateway names the snapshot it holds (store id, version, SHA-256) and sends the bytes only when the
 worker answers that it lacks them (SnapshotNeeded), in segments (protocol/rpc/snapshot_segments.py),
-then asks again, on the same worker. A change (ingest, delete) made by name leaves the new snapshot
-in the worker, and the gateway reads it back from that worker in segments before it stores it.
+then asks again, on the same worker (a sealed search likewise: the worker checks the name before
+its envelope opens, and the gateway relays the same envelope again). A change (ingest, delete) made
+by name leaves the new snapshot in the worker, and the gateway reads it back from that worker in
+segments before it stores it.
 
 The digest of a stored snapshot is computed once per (store, version): a version, once stored, never
 changes (compare-and-set on the version), and store ids are never reused. The gateway still holds
@@ -88,14 +90,19 @@ class SnapshotCalls:
         try:
             return await clients.unary(worker.grpc_address, worker.tls_cert, method, request, timeout_s)
         except SnapshotNeeded:
-            blob = self.rows.snapshot(tenant, store.id, name.version)
-            if blob is None:
-                raise StoreChanged() from None
-            await clients.write_snapshot(
-                worker.grpc_address, worker.tls_cert, segments(tenant, name, blob), TRANSFER_TIMEOUT_S
-            )
+            await self.send(worker, tenant, name)
         # Once more: a worker that lacks it again (evicted at once under memory pressure) is an error.
         return await clients.unary(worker.grpc_address, worker.tls_cert, method, request, timeout_s)
+
+    async def send(self, worker: WorkerInfo, tenant: str, name: SnapshotName) -> None:
+        """The stored snapshot ``name`` to a worker that said it lacks it, in segments (a sealed search's
+        too: sealed_retrieval_routes.py); StoreChanged when that version is no longer the stored one."""
+        blob = self.rows.snapshot(tenant, name.store_id, name.version)
+        if blob is None:
+            raise StoreChanged()
+        await self.service.clients.write_snapshot(
+            worker.grpc_address, worker.tls_cert, segments(tenant, name, blob), TRANSFER_TIMEOUT_S
+        )
 
     async def read_made(self, worker: WorkerInfo, tenant: str, made: worker_pb2.StoreSnapshotRef) -> bytes:
         """The snapshot a change by name made, from the worker that made it (digest checked); the

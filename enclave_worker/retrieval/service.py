@@ -189,6 +189,16 @@ class RetrievalService:
         if self.cache.get(name) is None:
             self._load(key, name, blob)
 
+    def hold(self, tenant: str, name: SnapshotName) -> None:
+        """A sealed search's snapshot, checked before its envelope opens (the envelope opens once: a
+        replay is refused), so that SnapshotNeeded can still send the gateway for it; pinned until
+        ``cache.unpin``. The search itself checks the name again (a change may have replaced it)."""
+        self._key(tenant)
+        check_id("vector_store_id", name.store_id)
+        if (name.version or name.sha256) and self.cache.get(name) is None:
+            raise SnapshotNeeded(f"this worker does not hold vector store {name.store_id} at version {name.version}")
+        self.cache.pin(name.store_id)
+
     def made(self, tenant: str, name: SnapshotName) -> bytes:
         """A snapshot this worker made that the gateway has not read yet (ReadStoreSnapshot). From the
         moment it is asked for, its version counts as seen: the gateway may hold it from then on, so

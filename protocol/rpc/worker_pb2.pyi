@@ -177,7 +177,7 @@ class GenerateChunk(_message.Message):
     def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ..., usage: _Optional[_Union[UsageRecord, _Mapping]] = ...) -> None: ...
 
 class SealedRequest(_message.Message):
-    __slots__ = ("request_id", "tenant", "key_id", "model", "endpoint", "worker_key_id", "body", "agent_killed", "history", "store_id", "store_snapshot", "file_id")
+    __slots__ = ("request_id", "tenant", "key_id", "model", "endpoint", "worker_key_id", "body", "agent_killed", "history", "store_id", "file_id", "store_base")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
     KEY_ID_FIELD_NUMBER: _ClassVar[int]
@@ -188,8 +188,8 @@ class SealedRequest(_message.Message):
     AGENT_KILLED_FIELD_NUMBER: _ClassVar[int]
     HISTORY_FIELD_NUMBER: _ClassVar[int]
     STORE_ID_FIELD_NUMBER: _ClassVar[int]
-    STORE_SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
     FILE_ID_FIELD_NUMBER: _ClassVar[int]
+    STORE_BASE_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     tenant: str
     key_id: str
@@ -200,9 +200,9 @@ class SealedRequest(_message.Message):
     agent_killed: bool
     history: _containers.RepeatedCompositeFieldContainer[StateBlob]
     store_id: str
-    store_snapshot: bytes
     file_id: str
-    def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., key_id: _Optional[str] = ..., model: _Optional[str] = ..., endpoint: _Optional[str] = ..., worker_key_id: _Optional[str] = ..., body: _Optional[bytes] = ..., agent_killed: _Optional[bool] = ..., history: _Optional[_Iterable[_Union[StateBlob, _Mapping]]] = ..., store_id: _Optional[str] = ..., store_snapshot: _Optional[bytes] = ..., file_id: _Optional[str] = ...) -> None: ...
+    store_base: StoreSnapshotRef
+    def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., key_id: _Optional[str] = ..., model: _Optional[str] = ..., endpoint: _Optional[str] = ..., worker_key_id: _Optional[str] = ..., body: _Optional[bytes] = ..., agent_killed: _Optional[bool] = ..., history: _Optional[_Iterable[_Union[StateBlob, _Mapping]]] = ..., store_id: _Optional[str] = ..., file_id: _Optional[str] = ..., store_base: _Optional[_Union[StoreSnapshotRef, _Mapping]] = ...) -> None: ...
 
 class SealedChunk(_message.Message):
     __slots__ = ("data", "usage", "stored_state", "state_version", "conversation_state", "sealed_file")

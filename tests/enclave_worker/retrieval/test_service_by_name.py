@@ -15,7 +15,7 @@ from enclave_worker.engine.embedder import Embedder
 from enclave_worker.engine.encoder_checkpoint import load_encoder_dir
 from enclave_worker.engine.layers.linear import LinearOptions
 from enclave_worker.engine.models.options import BuildOptions
-from enclave_worker.retrieval.errors import SealedStoreError, SnapshotNeeded, StaleSnapshot
+from enclave_worker.retrieval.errors import InvalidRetrievalRequest, SealedStoreError, SnapshotNeeded, StaleSnapshot
 from enclave_worker.retrieval.service import FileUnreadable, RetrievalService, Snapshot
 from protocol.rpc.snapshot_segments import SnapshotName
 
@@ -170,3 +170,21 @@ def test_a_wiped_or_rotated_key_empties_the_cache(encoder: Embedder) -> None:
     with pytest.raises(SnapshotNeeded):
         _files(warm, _name(made))
     assert len(warm.cache) == 0
+
+
+def test_hold_checks_the_name_before_a_sealed_search_opens_and_pins_it(encoder: Embedder) -> None:
+    service = RetrievalService(encoder, Keys(), "acme", "m", "v1")
+    first, second = _two_files(service)
+    service.hold("acme", EMPTY)  # no file yet: nothing to hold
+    service.hold("acme", _name(second))
+    assert service.cache.pinned("vs_1") == 2
+    for other in (_name(first), SnapshotName("vs_1", second.version, bytes(32)),
+                  SnapshotName("vs_1", second.version + 1, second.sha256)):
+        with pytest.raises(SnapshotNeeded):  # not the one held: the gateway is sent for it
+            service.hold("acme", other)
+    assert service.cache.pinned("vs_1") == 2  # a refused hold pins nothing
+    cold = RetrievalService(encoder, Keys(), "acme", "m", "v1")
+    with pytest.raises(SnapshotNeeded):
+        cold.hold("acme", _name(second))
+    with pytest.raises(InvalidRetrievalRequest, match="another tenant"):
+        service.hold("other", _name(second))

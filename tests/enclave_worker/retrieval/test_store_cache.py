@@ -56,3 +56,29 @@ def test_a_made_snapshot_is_held_until_read_and_counts_against_the_bound() -> No
     assert cache.unread(name) == b"" and cache.held_bytes == 300 and cache.get(name) is not None
     cache.clear()
     assert cache.get(name) is None and cache.held_bytes == 0
+
+
+def test_a_pinned_store_is_not_evicted_for_space_but_a_change_or_a_wipe_still_replaces_it() -> None:
+    cache = StoreCache(StoreCacheSettings(max_bytes=250))
+    names = [SnapshotName(f"vs_{i}", 1, bytes([i]) * 32) for i in range(3)]
+    cache.put(names[0], _store("vs_0"), 100)
+    cache.pin("vs_0")  # a sealed search between its check and its search
+    cache.pin("vs_0")
+    cache.put(names[1], _store("vs_1"), 100)
+    cache.put(names[2], _store("vs_2"), 100)  # vs_0 is the least recently used, but pinned: vs_1 goes
+    assert cache.get(names[0]) is not None and cache.get(names[1]) is None
+    cache.unpin("vs_0")
+    assert cache.pinned("vs_0") == 1
+    cache.put(names[1], _store("vs_1"), 100)  # still pinned once: vs_2 goes
+    assert cache.get(names[0]) is not None and cache.get(names[2]) is None
+    cache.unpin("vs_0")
+    assert cache.pinned("vs_0") == 0
+    cache.get(names[1])
+    cache.put(names[2], _store("vs_2"), 100)  # unpinned: evicted as any other
+    assert cache.get(names[0]) is None
+    cache.pin("vs_1")
+    newer = SnapshotName("vs_1", 2, b"n" * 32)
+    cache.put(newer, _store("vs_1"), 100)  # a change replaces the pinned snapshot: the old name is not served
+    assert cache.get(names[1]) is None and cache.get(newer) is not None
+    cache.clear()  # a wipe drops pinned stores too
+    assert len(cache) == 0
