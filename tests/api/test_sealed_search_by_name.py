@@ -3,7 +3,8 @@
 search moves no snapshot byte (what crosses WorkerClients is counted); a cold worker says so before
 the envelope opens, is sent the snapshot in segments and answers the same envelope relayed again; a
 snapshot named with another digest, another version, another store's id or no name at all is refused
-and nothing is searched; the operator's rolled-back snapshot brings no deleted file back, warm or cold."""
+and nothing is searched; the operator's rolled-back snapshot brings no deleted file back, warm or cold;
+a store replaced between the check and the search is a sealed 409, not another snapshot's answer."""
 
 from __future__ import annotations
 
@@ -205,3 +206,21 @@ async def test_a_rolled_back_snapshot_brings_no_deleted_file_back_in_sealed_mode
         status, error, _ = await search(stack, store_id, max_num_results=50)
         assert status == 409, (cold, error)
         assert ids["legal"] not in str(error) and CANARY not in str(error)
+
+
+async def test_a_store_replaced_between_the_check_and_the_search_is_a_sealed_conflict(
+        stack: RetrievalStack, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A change that lands after the check before opening (it replaces the pinned entry): the search
+    checks the name again and answers a sealed 409, never the snapshot it was not named."""
+    store_id, _ = await _loaded(stack)
+    service = _retrieval(stack)
+    hold = service.hold
+
+    def then_replaced(tenant: str, name: SnapshotName) -> None:
+        hold(tenant, name)
+        service.cache.drop(name.store_id)  # as a change by name replaces the entry
+
+    monkeypatch.setattr(service, "hold", then_replaced)
+    status, error, receipt = await search(stack, store_id)
+    assert status == 409 and error["error"]["code"] == "conflict" and receipt is not None, error
+    assert service.cache.pinned(store_id) == 0
