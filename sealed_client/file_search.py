@@ -9,7 +9,8 @@ as the plaintext path builds it (protocol/openai/file_search.py: the same query,
 citations). The gateway relays ciphertext and sees the store ids only. Nothing of the second
 exchange starts before the first verified: a refused search sends no prompt.
 
-The answer is given whole (`stream=true` with the tool is a 400 naming `stream`)."""
+Streamed (`stream=true`), the searches are the same and the response is the worker's sealed stream,
+turned into the plaintext path's events as it opens (sealed_client/file_search_stream.py)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from pydantic import ValidationError
 from protocol.openai.errors import OpenAIError, error_body
 from protocol.openai.file_search import RESULTS_INCLUDE, FileSearchTool, Grounding, file_search_tool, search_query
 from protocol.openai.responses_request import ResponsesRequest, to_chat
+from sealed_client.file_search_stream import GroundedEvents, GroundedStream
 from sealed_client.steps import Flow, read
 
 RESPONSES_ENDPOINT = "/v1/responses"
@@ -116,10 +118,6 @@ def file_search_plan(body: bytes) -> FileSearchPlan | None:
     except ValidationError as exc:
         loc = ".".join(str(p) for p in exc.errors()[0].get("loc", ()))
         raise OpenAIError(400, f"invalid request: {loc}", param=loc or None) from None
-    if req.stream:
-        raise OpenAIError(
-            400, "file_search through SealedOpenAI is answered whole: stream must be false", param="stream"
-        )
     tool = file_search_tool(req.tools)
     assert tool is not None
     return FileSearchPlan(doc, tool, search_query(to_chat(req, file_search=True).messages))
@@ -191,5 +189,12 @@ def serve(
         pages.append(page.json())
     grounding = plan.grounding(pages)
     answer = yield from handle(_chat_request(request, plan.grounded_body(grounding)))
+    if answer.status_code == 200 and answer.headers.get("content-type", "").startswith("text/event-stream"):
+        # Opened as it comes (sealed_client/opening.py): a cut or a bad receipt raises while it is read.
+        stream = answer.stream
+        assert isinstance(stream, (httpx2.SyncByteStream, httpx2.AsyncByteStream))
+        headers = {k: v for k, v in answer.headers.items() if k.lower() != "content-length"}
+        return httpx2.Response(200, headers=headers, stream=GroundedStream(stream, GroundedEvents(plan, grounding)),
+                               request=request)
     yield from read(answer)
     return _done(request, plan, grounding, answer)

@@ -215,3 +215,41 @@ async def test_a_refused_search_sends_no_prompt(tmp_path: Path, encoder: Embedde
         answer, _, sent = await responses(stack, {"input": QUESTION, "tools": [tool("vs-unknown")]})
         assert answer.status_code == 404 and sent == ["/v1/sealed/vector_stores/vs-unknown/search"]
         assert chat.prompts == []
+
+
+def _events(body: bytes) -> list[dict[str, Any]]:
+    data = [line[len("data: "):] for raw in body.decode().split("\n\n") for line in raw.splitlines()
+            if line.startswith("data: ") and line != "data: [DONE]"]
+    return [json.loads(d) for d in data]
+
+
+async def test_a_streamed_sealed_answer_is_the_plaintext_paths_event_sequence(
+    tmp_path: Path, encoder: Embedder
+) -> None:
+    chat = RecordingEngine()
+    async with retrieval_stack(tmp_path, encoder, chat_engine=chat) as stack:
+        store = await stack.sdk().vector_stores.create(name="sealed")
+        contract = await upload(stack, "contract.txt", CONTRACT, "legal", store.id)
+        await upload(stack, "holidays.txt", HOLIDAYS, "hr", store.id)
+        plain = [e.model_dump() async for e in await stack.sdk().responses.create(
+            model=MODEL, input=QUESTION, stream=True, tools=[tool(store.id, max_num_results=1)])]  # type: ignore[list-item]
+        answer, receipts, sent = await responses(
+            stack, {"input": QUESTION, "stream": True, "tools": [tool(store.id, max_num_results=1)]})
+        assert answer.status_code == 200 and answer.headers["content-type"].startswith("text/event-stream")
+        sealed = _events(await answer.aread())
+        # The same events in the same order, at the same output indexes: the search's item first, each
+        # citation before output_text.done.
+        assert [(e["type"], e.get("output_index")) for e in sealed] == [
+            (e["type"], e.get("output_index")) for e in plain]
+        kinds = [e["type"] for e in sealed]
+        assert kinds.index("response.file_search_call.completed") < kinds.index("response.output_text.delta")
+        assert kinds.index("response.output_text.annotation.added") < kinds.index("response.output_text.done")
+        final = sealed[-1]["response"]
+        call, message = final["output"]
+        assert call["type"] == "file_search_call" and call["results"] is None
+        assert [a["file_id"] for a in message["content"][0]["annotations"]] == [contract]
+        assert final["tools"] == [tool(store.id, max_num_results=1)]
+        # Two sealed exchanges, both receipts kept (the search's first, naming the file).
+        assert sent == [f"/v1/sealed/vector_stores/{store.id}/search", "/v1/sealed/responses"]
+        assert receipts[0].file_ids == (contract,) and len(receipts) == 2
+        assert CONTRACT in chat.prompts[-1]

@@ -1,8 +1,9 @@
 """SealedOpenAI's file_search (sealed_client/file_search.py): a Responses request with the tool
 becomes a search of each store (the plaintext path's search, per store), then a response request
 without the tool whose input starts with the passages; the answer gets the file_search_call item and
-file_citation annotations. A refused or failed search sends no prompt; a bad tool, a streamed
-request or a request the SDK could not have meant is answered 400 naming the field, nothing sent."""
+file_citation annotations. A refused or failed search sends no prompt; a bad tool or a request the
+SDK could not have meant is answered 400 naming the field, nothing sent (streamed:
+test_sealed_file_search_stream.py)."""
 
 from __future__ import annotations
 
@@ -159,7 +160,7 @@ def test_a_refused_search_sends_no_prompt() -> None:
 @pytest.mark.parametrize(
     ("doc", "param"),
     [
-        ({"input": "q", "stream": True, "tools": TOOLS}, "stream"),
+        ({"input": "q", "stream": "maybe", "tools": TOOLS}, "stream"),
         ({"input": "q", "tools": [{**TOOLS[0], "vector_store_ids": []}]}, "tools[0].vector_store_ids"),
         ({"input": "q", "tools": [{**TOOLS[0], "max_num_results": 51}]}, "tools[0].max_num_results"),
         ({"input": "q", "tools": [TOOLS[0], TOOLS[0]]}, "tools[1].type"),
