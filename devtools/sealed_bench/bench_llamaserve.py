@@ -38,6 +38,9 @@ from sealed_bench.vllm_side import add_vllm_options, machine, vllm_interpreter
 
 OURS = {"Q8_0": "int8 per output channel (Q8_0 dequantized and requantized at sealed encrypt)",
         "Q4_0": "int4, Q4_0's codes and per-32 scales kept (bf16-rounded scales)"}
+# `--gguf-quant fp32`: the file's values exactly, dequantized at encryption and held by the engine as
+# their block codes (coded panels: int8 codes, an fp32 scale and offset per 32; fp32 multiply-adds).
+EXACT = "the GGUF's exact values as block codes (int8 codes, fp32 scale and offset per 32; fp32 compute)"
 PROBE = "Name three rivers of Europe and say which sea each flows into."
 
 
@@ -88,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pairs", type=int, default=3, help="alternating runs per server")
     parser.add_argument("--parallel", type=int, default=16, help="llama-server's slots")
     parser.add_argument("--threads", type=int, default=None, help="llama-server's threads (default: one per CPU)")
+    parser.add_argument("--gguf-quant", choices=("native", "fp32"), default="native",
+                        help="ours: `sealed up --gguf-quant` (native: the int8/int4 kernels; fp32: exact block codes)")
     add_vllm_options(parser)
     args = parser.parse_args(argv)
     args.goodput = []  # bench_command's option, not offered here
@@ -109,8 +114,9 @@ def main(argv: list[str] | None = None) -> int:
     # A slot holds the chat template's tokens besides the prompt and the answer: twice what they need.
     llama = LlamaServerConfig(binary, gguf.resolve(), SERVED, llama_port, peer.threads or 1, args.parallel,
                               2 * (args.input_len + args.output_len))
-    configs = {"sealed": {"engine": "sealed", "threads": len(allowed_cpus()), "precision": OURS[args.quant],
-                          "command": ["sealed", "up", "--model", gguf.name, "--gguf-quant", "native"]},
+    precision = OURS[args.quant] if args.gguf_quant == "native" else EXACT
+    configs = {"sealed": {"engine": "sealed", "threads": len(allowed_cpus()), "precision": precision,
+                          "command": ["sealed", "up", "--model", gguf.name, "--gguf-quant", args.gguf_quant]},
                "llama": llama.record(peer)}
     root = Path(tempfile.mkdtemp(prefix="sealed-bench-llamaserve-"))
     procs: list[subprocess.Popen] = []
@@ -118,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         env = {**os.environ, "SEALED_HOME": str(root / "home"), "PYTHONPATH": source_pythonpath()}
         procs.append(subprocess.Popen([sys.executable, "-m", "api.cli.main", "up", "--model", str(gguf.resolve()),
-                                       "--gguf-quant", "native", "--port", str(sealed_port)], env=env, cwd=REPO,
+                                       "--gguf-quant", args.gguf_quant, "--port", str(sealed_port)], env=env, cwd=REPO,
                                       start_new_session=True, stdout=open(root / "up.log", "wb"),  # noqa: SIM115
                                       stderr=subprocess.STDOUT))
         _wait(f"http://127.0.0.1:{sealed_port}/readyz", procs[-1], 1800)
@@ -163,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
               "configs": configs, "machine": machine() | {"cpu": cpu()}}
     for name, row in summary.items():
         print(name, json.dumps(row))
-    print(f"attested stack ({OURS[args.quant]}) {med['sealed']:.1f} tok/s vs llama-server {args.quant} "
+    print(f"attested stack ({precision}) {med['sealed']:.1f} tok/s vs llama-server {args.quant} "
           f"{med['llama']:.1f} tok/s: {result['ratio']:.2f}x (target >= 1.0x); "
           + ", ".join(f"{k} {'met' if v else 'NOT met'}" for k, v in checks.items()))
     if args.json:

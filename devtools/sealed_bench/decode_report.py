@@ -62,8 +62,9 @@ def bound_line(row: dict[str, Any]) -> str:
             f"{b['matmul_gflops']:.1f} GFLOP/s = {b['compute_bound_ms']:.1f} ms); {measured}")
     if "held_bound" in row:
         h = row["held_bound"]
+        step = ("no step timed" if h["ratio_to_bound"] is None else f"the step {h['ratio_to_bound']:.2f}x that")
         line += (f"\n  weights as held {h['weight_bytes'] / 1e6:.0f} MB: bound {h['bound_ms']:.1f} ms "
-                 f"({h['limited_by']}), the step {h['ratio_to_bound']:.2f}x that")
+                 f"({h['limited_by']}), {step}")
     for op in row.get("decode_profile", {}).get("ops", []):
         if op["op"] == "other":
             line += f"\n  {'other':<13} {op['ms_per_step']:8.2f} ms"
