@@ -90,3 +90,16 @@ def test_a_negative_profile_step_count_is_a_usage_error() -> None:
     with pytest.raises(SystemExit) as exc:
         bench_engine.main(["--profile-decode", "-1"])
     assert exc.value.code == 2
+
+
+def test_a_run_that_timed_no_full_batch_step_says_so_in_both_bounds() -> None:
+    """A short run can end before a full-batch decode step is timed: the report line says so (it
+    raised a TypeError on the held bound's missing ratio, 2026-12-07)."""
+    from sealed_bench.decode_report import bound_line
+
+    bound = {"weight_bytes": 4.9e9, "kv_bytes": 1.4e8, "gflop": 39.8, "memory_bound_ms": 132.8,
+             "compute_bound_ms": 191.0, "bound_ms": 191.0, "limited_by": "compute", "measured_step_ms": None,
+             "ratio_to_bound": None, "copy_gbs": 38.3, "matmul_gflops": 208.6}
+    held = bound | {"weight_bytes": 1.5e9, "memory_bound_ms": 42.7}
+    line = bound_line({"system": "sealed", "dtype": "fp32", "batch": 16, "decode_bound": bound, "held_bound": held})
+    assert "no full-batch decode step timed" in line and "no step timed" in line.splitlines()[1]
