@@ -9,11 +9,10 @@ from dataclasses import dataclass
 import torch
 
 from .coded_panel import try_codes
+from .int8_dequant import DEQUANT_MIN_ROWS, dequantized_matmul
 from .packed import PackedMatmul, try_pack
 from .panel import PanelMatmul, UnpackScratch, try_panel
 from .quantized_weight import QuantizedWeight
-
-_DEQUANT_MIN_ROWS = 16  # from this many rows, dequantize the weight per call and use a dense GEMM
 
 
 @dataclass(frozen=True)
@@ -104,8 +103,8 @@ class Int8Linear(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
-        if x2.shape[0] >= _DEQUANT_MIN_ROWS:  # prefill: the kernel loops over rows; a dense GEMM wins
-            y = torch.nn.functional.linear(x2, self.qweight.to(x.dtype) * self.scale_full[:, None])
+        if x2.shape[0] >= DEQUANT_MIN_ROWS:  # the kernel loops over rows: a dense GEMM on float slices wins
+            y = dequantized_matmul(x2, self.qweight, self.scale_full)
         elif self.fused:
             y = torch.ops.aten._weight_int8pack_mm(x2.to(self.act_dtype), self.qweight, self.scale)
         else:

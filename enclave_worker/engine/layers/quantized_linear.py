@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import torch
 
+from .int8_dequant import DEQUANT_MIN_ROWS, dequantized_matmul
 from .quantized_weight import QuantizedWeight
-
-_DEQUANT_MIN_ROWS = 16  # as layers/linear.py: from this many rows the int8 weight is dequantized per call
 
 _PACK_ROWS = 1024  # rows converted per call: the int32 transient stays small (torch packs 64-row tiles)
 
@@ -87,8 +86,8 @@ class PrequantizedInt8Linear(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
-        if x2.shape[0] >= _DEQUANT_MIN_ROWS:
-            y = torch.nn.functional.linear(x2, self.qweight.to(x.dtype) * self.scale_full[:, None])
+        if x2.shape[0] >= DEQUANT_MIN_ROWS:
+            y = dequantized_matmul(x2, self.qweight, self.scale_full)
         elif self.fused:
             y = torch.ops.aten._weight_int8pack_mm(x2.to(self.act_dtype), self.qweight, self.scale)
         else:
