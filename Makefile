@@ -7,7 +7,7 @@ PYTHON ?= python3
 
 # The engine's C++ CPU kernels are compiled here, by the package's build (setup.py), and never in a
 # worker: a change to their source or build reinstalls (docs/engine.md, "Where the CPU kernels are compiled").
-KERNEL_BUILD := setup.py enclave_worker/engine/kernels/cpu_ops.cpp enclave_worker/engine/kernels/cpu_linear.cpp \
+KERNEL_BUILD := setup.py enclave_worker/engine/kernels/cpu_ops.cpp enclave_worker/engine/kernels/cpu_linear.cpp enclave_worker/engine/kernels/cpu_q8.cpp \
 	enclave_worker/engine/kernels/cpu_build.py
 
 $(VENV)/.installed: pyproject.toml devtools/pyproject.toml $(KERNEL_BUILD)

@@ -1,4 +1,4 @@
-"""What a build of the CPU kernels (cpu_ops.cpp, cpu_linear.cpp) is made from, shared by the build and the worker.
+"""What a build of the CPU kernels (cpu_ops.cpp, cpu_linear.cpp, cpu_q8.cpp) is made from, shared by the build and the worker.
 
 The kernels are compiled when the project is installed (setup.py, a torch CppExtension), never at
 run time. The build writes the finished module's digest beside it (`DIGEST_NAME`), and embeds a
@@ -18,7 +18,7 @@ import platform
 from pathlib import Path
 
 SOURCE_NAME = "cpu_ops.cpp"  # the module's own file (its bindings); SOURCE_NAMES: every file compiled into it
-SOURCE_NAMES = (SOURCE_NAME, "cpu_linear.cpp")
+SOURCE_NAMES = (SOURCE_NAME, "cpu_linear.cpp", "cpu_q8.cpp")
 MODULE_NAME = "_cpu_ops"  # enclave_worker.engine.kernels._cpu_ops
 # Written beside the module once it is complete (setup.py): the module's SHA-256 and file name. A build
 # killed before or while the module was written leaves none, or one that does not match: the worker

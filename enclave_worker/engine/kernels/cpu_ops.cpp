@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -370,6 +371,12 @@ torch::Tensor coded_linear(torch::Tensor x, torch::Tensor codes, torch::Tensor s
 void coded_unpack(torch::Tensor codes, torch::Tensor scales, torch::Tensor offsets, torch::Tensor out);
 bool grid_encode(torch::Tensor w, torch::Tensor codes, torch::Tensor scales, torch::Tensor offsets);
 
+// cpu_q8.cpp (the same module, its own translation unit).
+int64_t q8_panel_width();
+int64_t q8_block();
+std::tuple<torch::Tensor, torch::Tensor> q8_quantize(torch::Tensor x, int64_t kp);
+torch::Tensor q8_linear(torch::Tensor x, torch::Tensor codes, torch::Tensor scales, int64_t n);
+
 #define SEALED_STR2(x) #x
 #define SEALED_STR(x) SEALED_STR2(x)
 
@@ -385,6 +392,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("coded_linear", &coded_linear, "coded_linear");
   m.def("coded_unpack", &coded_unpack, "coded_unpack");
   m.def("grid_encode", &grid_encode, "grid_encode");
+  m.def("q8_panel_width", &q8_panel_width, "q8_panel_width");
+  m.def("q8_block", &q8_block, "q8_block");
+  m.def("q8_quantize", &q8_quantize, "q8_quantize");
+  m.def("q8_linear", &q8_linear, "q8_linear");
   // Hex of the build's JSON record (hex: no quoting through the compiler's command line).
   m.def("build_info", []() { return std::string(SEALED_STR(SEALED_BUILD_INFO)); }, "build_info");
 }
