@@ -2,8 +2,9 @@
 
 Q4_0, Q4_1 and Q4_K are int4 with a scale and an offset per 32 weights: their 4-bit codes are copied
 as they are and their block scales become the int4 kernel's scale and zero, so the only change is the
-kernel's bf16 rounding of the scales. Q8_0, Q5_K and Q6_K have no kernel of their own: each tensor is
-dequantized a few rows at a time (gguf's reference code) and requantized to int8 per output channel.
+kernel's bf16 rounding of the scales. Q8_0 is the int8 kernel's own layout (layers/q8_blocks.py): codes
+and block scales are kept exactly. Q5_K and Q6_K have no kernel of their own: each tensor is dequantized
+a few rows at a time (gguf's reference code) and requantized to int8 per block of 32.
 docs/engine.md states both losses; tests/enclave_worker/engine/test_checkpoint_gguf_quant.py measures them.
 """
 
@@ -15,7 +16,8 @@ import numpy as np
 import torch
 
 from .errors import CheckpointError
-from .layers.quantized_weight import QuantizedWeight, QuantSpec
+from .layers.q8_blocks import quantize_blocks
+from .layers.quantized_weight import INT8_BLOCK, QuantizedWeight, QuantSpec
 
 INT4_TYPES = ("Q4_0", "Q4_1", "Q4_K")
 INT8_TYPES = ("Q8_0", "Q5_K", "Q6_K")
@@ -72,34 +74,33 @@ def gguf_int4(data: Any, qtype: str, shape: tuple[int, int], name: str) -> Quant
                            torch.from_numpy(np.ascontiguousarray(zeros, np.float32)))
 
 
-def int8_per_channel(w: torch.Tensor, source: str) -> QuantizedWeight:
-    """Symmetric int8 per output channel (the int8 kernel's layout) from one float32 tensor."""
-    scale = (w.abs().amax(dim=1) / 127.0).clamp(min=1e-12)
-    codes = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)
-    return QuantizedWeight(codes, QuantSpec("int8", (w.shape[0], w.shape[1]), 0, source), scale.float())
-
-
 _ROWS_PER_CHUNK = 256  # rows dequantized at a time: the float32 transient stays a few MB
 
 
 def gguf_int8(data: Any, qtype: str, shape: tuple[int, int], name: str) -> QuantizedWeight:
-    """A Q8_0 / Q5_K / Q6_K tensor requantized to int8 per output channel, a few rows at a time (gguf's
-    reference dequantization of those rows, then their own scale): no float copy of the tensor."""
+    """A Q8_0 / Q5_K / Q6_K tensor as int8 codes with a scale per block of 32 along K. Q8_0 is that
+    layout: its codes and (half-precision) scales are taken as they are. Q5_K and Q6_K are dequantized a
+    few rows at a time (gguf's reference code) and requantized per block of 32: no float copy of the tensor."""
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
 
     n, k = shape
-    b = _blocks(data, qtype, shape, name).reshape(n, -1)
+    b = _blocks(data, qtype, shape, name)
+    spec = QuantSpec("int8", shape, INT8_BLOCK, f"gguf:{qtype}")
+    if qtype == "Q8_0":  # block: d (fp16), then 32 int8 codes
+        codes = torch.from_numpy(np.ascontiguousarray(b[..., 2:]).view(np.int8).reshape(n, k))
+        return QuantizedWeight(codes, spec, torch.from_numpy(np.ascontiguousarray(_f16(b[..., 0:2]))))
+    flat = b.reshape(n, -1)
     codes = torch.empty((n, k), dtype=torch.int8)
-    scales = torch.empty(n, dtype=torch.float32)
+    scales = torch.empty((n, k // INT8_BLOCK), dtype=torch.float32)
     for i in range(0, n, _ROWS_PER_CHUNK):
-        w = torch.from_numpy(np.asarray(dequantize(b[i : i + _ROWS_PER_CHUNK], GGMLQuantizationType[qtype]),
+        w = torch.from_numpy(np.asarray(dequantize(flat[i : i + _ROWS_PER_CHUNK], GGMLQuantizationType[qtype]),
                                         dtype=np.float32).reshape(-1, k))
         if not bool(torch.isfinite(w).all()):
             raise CheckpointError(f"GGUF tensor {name}: non-finite {qtype} block scales")
-        part = int8_per_channel(w, "")
-        codes[i : i + w.shape[0]], scales[i : i + w.shape[0]] = part.codes(), part.scales
-    return QuantizedWeight(codes, QuantSpec("int8", shape, 0, f"gguf:{qtype}"), scales)
+        codes[i : i + w.shape[0]], scales[i : i + w.shape[0]] = quantize_blocks(w)
+        w.zero_()  # the float rows: plaintext
+    return QuantizedWeight(codes, spec, scales)
 
 
 def gguf_native(data: Any, qtype: str, shape: tuple[int, ...], name: str) -> QuantizedWeight:

@@ -33,8 +33,10 @@ class KernelPath:
 
     ``linear``: how dense layers multiply: "panels" (fp32 in column panels for the C++ kernel, held as
     exact block codes where a layer lies on a GGUF block grid: the same floats, layers/panel.py and
-    layers/coded_panel.py), "onednn-packed" (layers/packed.py), "torch" (``F.linear``), or the
-    quantized kernel ("int8", "int4", "fp8"). ``cpu_kernels``: CPU steps through kernels/cpu_ops.py.
+    layers/coded_panel.py), "onednn-packed" (layers/packed.py), "torch" (``F.linear``), "q8-blocks"
+    (int8 on the CPU: int8 weights in blocks of 32 times activations quantized per block, one C++
+    kernel, layers/q8_blocks.py), or torch's quantized kernel ("int8" on a GPU, "int4", "fp8").
+    ``cpu_kernels``: CPU steps through kernels/cpu_ops.py.
     """
 
     device: str  # "cpu" | "cuda"
@@ -54,7 +56,9 @@ def choose_kernel_path(device: str, dtype: str, decode_kernels: str, cpu_class: 
     """The rule (docs/engine.md, "Kernel paths", has the measurements it rests on):
 
     - a GPU: torch's kernels, or the quantized dtype's kernel;
-    - quantized weights on the CPU: their kernel (torch's int8 / int4 / FP8 ops);
+    - int8 on the CPU: the int8 x int8 block kernel ("q8-blocks", kernels/cpu_q8.cpp; its vector
+      code is the build's -march tier: AVX-512 VNNI, AVX2 or scalar);
+    - int4 / FP8 on the CPU: torch's int4 / FP8 ops;
     - ``decode_kernels="torch"``: torch's ops throughout (the reference path, no C++ kernels);
     - fp32 on the CPU: column panels for the C++ kernel, exact block codes where a layer allows;
     - bf16 on a CPU where oneDNN runs bf16 (class x86-avx512-bf16): oneDNN's packed layout;
@@ -65,6 +69,8 @@ def choose_kernel_path(device: str, dtype: str, decode_kernels: str, cpu_class: 
         return KernelPath(kind, None, dtype, dtype if dtype in QUANTIZED else "torch", False)
     if cpu_class not in CPU_CLASSES:
         raise ValueError(f"cpu_class must be one of {CPU_CLASSES}, not {cpu_class!r}")
+    if dtype == "int8":
+        return KernelPath("cpu", cpu_class, dtype, "q8-blocks", False)
     if dtype in QUANTIZED:
         return KernelPath("cpu", cpu_class, dtype, dtype, False)
     if decode_kernels == "torch":

@@ -38,6 +38,10 @@ def dequantize(w: QuantizedWeight) -> torch.Tensor:
     plaintext copy left is the one returned (the caller zeroes it once vLLM has copied it)."""
     n, k = w.spec.shape
     codes = w.codes()
+    if w.spec.scheme == "int8" and w.spec.group_size:  # a scale per block of 32 (GGUF Q8_0's own)
+        out = codes.float()
+        out.view(n, k // w.spec.group_size, w.spec.group_size).mul_(w.scales[..., None])
+        return out
     if w.spec.scheme in ("int8", "fp8"):
         return codes.float().mul_(w.scales[:, None])
     if w.spec.scheme != "int4" or w.zeros is None:  # unflatten's validate() refused anything else

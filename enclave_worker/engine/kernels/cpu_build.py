@@ -1,4 +1,5 @@
-"""What a build of the CPU kernels (cpu_ops.cpp, cpu_linear.cpp, cpu_q8.cpp) is made from, shared by the build and the worker.
+"""What a build of the CPU kernels (cpu_ops.cpp, cpu_linear.cpp, cpu_q8.cpp) is made from, shared by the build
+and the worker.
 
 The kernels are compiled when the project is installed (setup.py, a torch CppExtension), never at
 run time. The build writes the finished module's digest beside it (`DIGEST_NAME`), and embeds a

@@ -1,6 +1,7 @@
-"""Token embedding and (optionally tied) LM head; int8 row-quantized when weights are quantized,
-oneDNN-packed for the head when the model's linears are, in column panels when they are (the table
-held once, as the head's panels; a lookup gathers from them)."""
+"""Token embedding and (optionally tied) LM head; int8 when weights are quantized (in blocks of 32 on
+the CPU, layers/q8_blocks.py; per row elsewhere), oneDNN-packed for the head when the model's linears
+are, in column panels when they are (the table held once, as the head's panels; a lookup gathers from
+them)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,11 @@ import dataclasses
 
 import torch
 
-from .linear import DenseMatmul, LinearOptions, _int8_op_works, dense_matmul
+from .int8_torch import TorchInt8Matmul, per_channel
+from .linear import DenseMatmul, LinearOptions, dense_matmul
 from .packed import PackedMatmul
 from .panel import PanelMatmul
+from .q8_blocks import Q8BlockMatmul, quantize_blocks
 
 
 class Embedding(torch.nn.Module):
@@ -23,14 +26,13 @@ class Embedding(torch.nn.Module):
         self.quantized = quant in ("int8", "int4")
         self.head: DenseMatmul | PackedMatmul | PanelMatmul
         self.in_panels = False  # the quantized table has no `head` module: test this, not it
-        if self.quantized:
-            w = weight.float()
-            scale = (w.abs().amax(dim=1) / 127.0).clamp(min=1e-12)
-            self.weight = torch.round(w / scale[:, None]).clamp(-128, 127).to(torch.int8).to(device)
-            self.scale = scale.to(device=device, dtype=dtype)
-            self.head_dtype = torch.bfloat16 if _int8_op_works(device, torch.bfloat16) else dtype
-            self.head_scale = scale.to(device=device, dtype=self.head_dtype)
-            self.fused = _int8_op_works(device, self.head_dtype)
+        if self.quantized:  # int8: q8 blocks on the CPU (layers/q8_blocks.py), torch's per-channel kernels elsewhere
+            self.table: Q8BlockMatmul | TorchInt8Matmul
+            if torch.device(device).type == "cpu":
+                self.table = Q8BlockMatmul(*quantize_blocks(weight), consume=True)
+            else:
+                self.table = TorchInt8Matmul(*per_channel(weight), dtype, device, dense_from=None)
+            self.weight = self.table.codes if isinstance(self.table, Q8BlockMatmul) else self.table.qweight
         elif tied and options.kernel == "onednn-packed":
             w = weight.to(device=device, dtype=dtype)
             self.weight = w if w is not weight or in_place else w.clone()
@@ -50,17 +52,12 @@ class Embedding(torch.nn.Module):
         if self.in_panels:
             assert isinstance(self.head, PanelMatmul)
             return self.head.rows(ids)
-        rows = self.weight[ids]
         if self.quantized:
-            return rows.to(self.dtype) * self.scale[ids][:, None]
-        return rows
+            return self.table.rows(ids).to(self.dtype)
+        return self.weight[ids]
 
     def as_lm_head(self, x: torch.Tensor) -> torch.Tensor:
         """Tied LM head: logits = x E^T."""
         if not self.quantized:
             return self.head(x)
-        xh = x.to(self.head_dtype)  # bf16 activations: the int8 kernel's fast path (see Int8Linear)
-        if self.fused:
-            out: torch.Tensor = torch.ops.aten._weight_int8pack_mm(xh, self.weight, self.head_scale)
-            return out.to(x.dtype)
-        return ((xh @ self.weight.to(xh.dtype).T) * self.head_scale).to(x.dtype)
+        return self.table(x).to(x.dtype)

@@ -1,5 +1,6 @@
-"""Linear layers: dense (fp32/bf16/fp16) and weight-only int8 / int4 / FP8 quantized matmuls, built
-through ``make_linear(weight, bias, options)`` with the kernel the engine's path names (kernel_path.py)."""
+"""Linear layers: dense (fp32/bf16/fp16) and int8 (layers/q8_blocks.py on the CPU) / int4 / FP8 quantized
+matmuls, built through ``make_linear(weight, bias, options)`` with the kernel the engine's path names
+(kernel_path.py)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ from dataclasses import dataclass
 import torch
 
 from .coded_panel import try_codes
-from .int8_dequant import DEQUANT_MIN_ROWS, dequantized_matmul
+from .int8_torch import TorchInt8Matmul, per_channel
 from .packed import PackedMatmul, try_pack
 from .panel import PanelMatmul, UnpackScratch, try_panel
+from .q8_blocks import Q8BlockMatmul, quantize_blocks
 from .quantized_weight import QuantizedWeight
 
 
@@ -83,33 +85,23 @@ class Linear(torch.nn.Module):
 
 
 class Int8Linear(torch.nn.Module):
-    """Per-output-channel symmetric int8 weights, aten `_weight_int8pack_mm` (weight-only).
-
-    On CPU the kernel runs with bf16 activations (its fast path with AVX512-BF16 / AMX; the fp32-activation
-    path is several times slower than a dense fp32 GEMM); the output is returned in the input dtype.
-    """
+    """Symmetric int8 weights. On the CPU in blocks of 32 along K, a scale each, times activations
+    quantized per row and block (layers/q8_blocks.py: one C++ kernel); elsewhere per output channel in
+    torch's int8 kernels (layers/int8_torch.py). The output is in the input's dtype."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype, device: str) -> None:
         super().__init__()
-        w = weight.float()
-        scale = (w.abs().amax(dim=1) / 127.0).clamp(min=1e-12)
-        self.qweight = torch.round(w / scale[:, None]).clamp(-128, 127).to(torch.int8).to(device)
-        self.act_dtype = torch.bfloat16 if _int8_op_works(device, torch.bfloat16) else dtype
-        self.scale = scale.to(device=device, dtype=self.act_dtype)
-        self.scale_full = scale.to(device=device, dtype=dtype)
-        self.fused = _int8_op_works(device, self.act_dtype)
+        self.matmul: Q8BlockMatmul | TorchInt8Matmul
+        if torch.device(device).type == "cpu":
+            codes, scales = quantize_blocks(weight)
+            self.matmul = Q8BlockMatmul(codes, scales, consume=True)
+        else:
+            self.matmul = TorchInt8Matmul(*per_channel(weight), dtype, device)
         self.bias = None if bias is None else bias.to(device=device, dtype=dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
-        x2 = x.reshape(-1, shape[-1])
-        if x2.shape[0] >= DEQUANT_MIN_ROWS:  # the kernel loops over rows: a dense GEMM on float slices wins
-            y = dequantized_matmul(x2, self.qweight, self.scale_full)
-        elif self.fused:
-            y = torch.ops.aten._weight_int8pack_mm(x2.to(self.act_dtype), self.qweight, self.scale)
-        else:
-            y = (x2 @ self.qweight.to(x2.dtype).T) * self.scale_full
-        y = y.to(x.dtype)
+        y = self.matmul(x.reshape(-1, shape[-1])).to(x.dtype)
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(*shape[:-1], y.shape[-1])
@@ -193,17 +185,6 @@ class Fp8Linear(torch.nn.Module):
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(*shape[:-1], self.out_features)
-
-
-def _int8_op_works(device: str, dtype: torch.dtype) -> bool:
-    try:
-        x = torch.ones(1, 8, device=device, dtype=dtype)
-        w = torch.ones(8, 8, device=device, dtype=torch.int8)
-        s = torch.ones(8, device=device, dtype=dtype)
-        torch.ops.aten._weight_int8pack_mm(x, w, s)
-        return True
-    except (RuntimeError, NotImplementedError):
-        return False
 
 
 def make_linear(weight: torch.Tensor, bias: torch.Tensor | None, options: LinearOptions) -> torch.nn.Module:

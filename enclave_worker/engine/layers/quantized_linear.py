@@ -1,26 +1,18 @@
 """Linear layers built straight from a checkpoint's quantized weight (layers/quantized_weight.py): the
-codes go into the same aten int4 / int8 / FP8 kernels as layers/linear.py's Int4Linear, Int8Linear and
-Fp8Linear (same calls, same activation dtypes) without a float copy. Not subclasses of those: linear.py's
-make_linear dispatches here, and import-linter forbids the circle."""
+codes go into the same kernels as layers/linear.py's Int4Linear, Int8Linear and Fp8Linear (aten's
+int4 / FP8 ops, the CPU's int8 block kernel of layers/q8_blocks.py; same activation dtypes) without a
+float copy. Not subclasses of those: linear.py's make_linear dispatches here, and import-linter forbids
+the circle."""
 
 from __future__ import annotations
 
 import torch
 
-from .int8_dequant import DEQUANT_MIN_ROWS, dequantized_matmul
-from .quantized_weight import QuantizedWeight
+from .int8_torch import TorchInt8Matmul, per_channel
+from .q8_blocks import Q8BlockMatmul, channel_scales_to_blocks
+from .quantized_weight import QuantizedWeight, dequantize
 
 _PACK_ROWS = 1024  # rows converted per call: the int32 transient stays small (torch packs 64-row tiles)
-
-
-def _int8_op_works(device: str, dtype: torch.dtype) -> bool:
-    try:
-        x = torch.ones(1, 8, device=device, dtype=dtype)
-        torch.ops.aten._weight_int8pack_mm(x, torch.ones(8, 8, device=device, dtype=torch.int8),
-                                           torch.ones(8, device=device, dtype=dtype))
-        return True
-    except (RuntimeError, NotImplementedError):
-        return False
 
 
 def _out(y: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None, shape: torch.Size, n: int) -> torch.Tensor:
@@ -70,29 +62,27 @@ class PrequantizedInt4Linear(torch.nn.Module):
 
 
 class PrequantizedInt8Linear(torch.nn.Module):
-    """Per-channel int8 codes and scales, `_weight_int8pack_mm` with bf16 activations where it runs
-    (a dense GEMM over the weight dequantized per call from 16 rows, as Int8Linear)."""
+    """A checkpoint's int8 codes. On the CPU: layers/q8_blocks.py's kernel, the codes as they are with
+    their block scales (GGUF Q8_0's, exactly) or their channel scale repeated for every block. Elsewhere:
+    torch's per-channel int8 kernels, block-scaled codes requantized per channel at load."""
 
     def __init__(self, w: QuantizedWeight, bias: torch.Tensor | None, dtype: torch.dtype, device: str) -> None:
         super().__init__()
-        self.qweight = w.codes().to(device)
-        self.act_dtype = torch.bfloat16 if _int8_op_works(device, torch.bfloat16) else dtype
-        self.scale = w.scales.to(device=device, dtype=self.act_dtype)
-        self.scale_full = w.scales.to(device=device, dtype=dtype)
-        self.fused = _int8_op_works(device, self.act_dtype)
+        n, k = w.spec.shape
+        self.matmul: Q8BlockMatmul | TorchInt8Matmul
+        if torch.device(device).type == "cpu":
+            blocks = w.scales if w.scales.dim() == 2 else channel_scales_to_blocks(w.scales, k)
+            self.matmul = Q8BlockMatmul(w.codes(), blocks, consume=False)
+        elif w.scales.dim() == 2:
+            self.matmul = TorchInt8Matmul(*per_channel(dequantize(w)), dtype, device)
+        else:
+            self.matmul = TorchInt8Matmul(w.codes(), w.scales, dtype, device)
         self.bias = None if bias is None else bias.to(device=device, dtype=dtype)
-        self.out_features = w.spec.shape[0]
+        self.out_features = n
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
-        x2 = x.reshape(-1, shape[-1])
-        if x2.shape[0] >= DEQUANT_MIN_ROWS:
-            y = dequantized_matmul(x2, self.qweight, self.scale_full)
-        elif self.fused:
-            y = torch.ops.aten._weight_int8pack_mm(x2.to(self.act_dtype), self.qweight, self.scale)
-        else:
-            y = (x2 @ self.qweight.to(x2.dtype).T) * self.scale_full
-        return _out(y, x, self.bias, shape, self.out_features)
+        return _out(self.matmul(x.reshape(-1, shape[-1])), x, self.bias, shape, self.out_features)
 
 
 class PrequantizedFp8Linear(torch.nn.Module):

@@ -6,7 +6,8 @@ Three schemes, each the layout of one kernel (layers/quantized_linear.py):
   ``zeros`` float32 [N, K/g]; w[n, k] = (q - 8) * scale[n, k // g] + zero[n, k // g] (the formula of
   torch's int4pack kernels). ``perm`` (int64 [K], optional): the codes' column k holds the checkpoint's
   input column perm[k] (GPTQ act-order), so the layer reads x[:, perm].
-- ``int8``: codes int8 [N, K], ``scales`` float32 [N]; w = q * scale[n].
+- ``int8``: codes int8 [N, K]; ``scales`` float32 [N] (group_size 0: a scale per output channel) or
+  [N, K/32] (group_size 32: a scale per block of 32 along K, GGUF Q8_0's own); w = q * scale[n(, k // 32)].
 - ``fp8``: codes float8_e4m3fn [N, K], ``scales`` float32 [N]; w = float(q) * scale[n].
 
 A ``QuantizedWeight`` is a torch.Tensor subclass whose data are the codes, so it travels through the
@@ -26,13 +27,14 @@ from ..errors import CheckpointError
 
 SCHEMES = ("int4", "int8", "fp8")
 INT4_GROUP_SIZES = (32, 64, 128, 256)  # what torch's CPU int4pack kernel accepts
+INT8_BLOCK = 32  # an int8 weight's block scales: per 32 along K (layers/q8_blocks.py)
 
 
 @dataclass(frozen=True)
 class QuantSpec:
     scheme: str  # "int4" | "int8" | "fp8" | "rows" (row blocks of other specs, after a mixed concat)
     shape: tuple[int, int]  # the logical weight [out_features, in_features]
-    group_size: int = 0  # int4 only
+    group_size: int = 0  # int4; int8: 32 for block scales, 0 for a scale per channel
     source: str = ""  # what the checkpoint held, e.g. "gguf:Q4_K", "awq", "gptq", "compressed-tensors:fp8"
 
     def to_json(self) -> dict[str, Any]:
@@ -110,6 +112,9 @@ def dequantize(w: QuantizedWeight) -> torch.Tensor:
     if w.spec.scheme == "rows":
         return torch.cat([dequantize(p) for p in w.parts])
     codes = w.codes()
+    if w.spec.scheme == "int8" and w.spec.group_size:
+        g = w.spec.group_size
+        return (codes.float().reshape(n, k // g, g) * w.scales[..., None]).reshape(n, k)
     if w.spec.scheme == "int8":
         return codes.float() * w.scales[:, None]
     if w.spec.scheme == "fp8":
@@ -139,6 +144,11 @@ def validate(w: QuantizedWeight, name: str) -> None:
     want: dict[str, tuple[tuple[int, ...], torch.dtype] | None] = {"scales": ((n,), torch.float32), "zeros": None,
                                                                      "perm": None}
     code_shape: tuple[int, ...] = (n, k)
+    if s.scheme == "int8" and s.group_size:
+        if s.group_size != INT8_BLOCK or k % s.group_size:
+            raise CheckpointError(f"{name}: int8 block size {s.group_size} does not fit in_features {k} "
+                                  f"(the kernel takes {INT8_BLOCK})")
+        want["scales"] = ((n, k // s.group_size), torch.float32)
     if s.scheme == "int4":
         if s.group_size not in INT4_GROUP_SIZES or k % s.group_size:
             raise CheckpointError(f"{name}: int4 group size {s.group_size} does not fit in_features {k} "

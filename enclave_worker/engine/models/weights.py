@@ -91,8 +91,17 @@ def _adjacent(parts: list[torch.Tensor]) -> bool:
 
 
 def _plain(tensors: object) -> list[torch.Tensor]:
-    """The plain tensors among checkpoint values; a QuantizedWeight's parts are left alone."""
-    return [t for t in tensors if isinstance(t, torch.Tensor) and not isinstance(t, QuantizedWeight)]  # type: ignore[attr-defined]
+    """The plain tensors among checkpoint values, a QuantizedWeight as its components (codes, scales,
+    zeros, perm; a row-block weight's parts'): the CPU's int8 layers hold a repacked copy of them
+    (layers/q8_blocks.py), so their source is released like a converted float's; the others hold
+    some component itself, which the held extents keep."""
+    out: list[torch.Tensor] = []
+    for t in tensors:  # type: ignore[attr-defined]
+        if isinstance(t, QuantizedWeight):
+            out += _plain(t.parts) if t.parts else [c for c in (t.codes(), t.scales, t.zeros, t.perm) if c is not None]
+        elif isinstance(t, torch.Tensor):
+            out.append(t)
+    return out
 
 
 def _extent(tensor: torch.Tensor) -> tuple[int, int]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from tests.enclave_worker.engine.perplexity import perplexity
 
@@ -48,18 +47,3 @@ def test_quantized_generation_runs(make_engine, h):
 
     outs = h.run_sync(q, [("q", prompt, SamplingParams(max_tokens=6, temperature=0))])["q"]
     assert outs[-1].finished and "Paris" in "".join(o.delta_text for o in outs)
-
-
-@pytest.mark.parametrize("n,k,rows", [(48, 64, 16), (4096, 1024, 17), (1000, 520, 40)])
-def test_int8_dequantized_in_slices_gives_the_whole_dequantizations_result(n: int, k: int, rows: int) -> None:
-    """From 16 rows an int8 layer multiplies by float slices of its weight (layers/int8_dequant.py, a
-    1B model's batch-16 step took 2.6 s dequantizing whole matrices): the same values as the whole
-    weight dequantized, several slices (4096 x 1024 fp32 is 16 MiB) and a ragged last one included."""
-    from enclave_worker.engine.layers.int8_dequant import dequantized_matmul
-
-    g = torch.Generator().manual_seed(n)
-    q = torch.randint(-127, 128, (n, k), generator=g, dtype=torch.int8)
-    scale = torch.rand(n, generator=g) * 1e-2
-    x = torch.randn(rows, k, generator=g)
-    whole = torch.nn.functional.linear(x, q.to(torch.float32) * scale[:, None])
-    torch.testing.assert_close(dequantized_matmul(x, q, scale), whole, rtol=0, atol=1e-5)

@@ -16,7 +16,7 @@ def test_wipe_zeroes_every_weight_copy_and_the_kv_pool(make_engine, dtype: str, 
     eng = make_engine(dtype=dtype, decode_kernels=kernels, kv_cache_memory_bytes=8 << 20)
     packed = eng.kernel_path.linear == "onednn-packed"
     layer = eng.model.layers[0]
-    fused = layer.qkv_proj.qweight if dtype == "int8" else layer.qkv_proj.weight  # a copy (fused)
+    fused = layer.qkv_proj.matmul.codes if dtype == "int8" else layer.qkv_proj.weight  # a copy (fused)
     assert fused.is_mkldnn == packed
     held = eng.held_tensors()
     assert any(t is fused for t in held)
@@ -29,6 +29,9 @@ def test_wipe_zeroes_every_weight_copy_and_the_kv_pool(make_engine, dtype: str, 
     eng.wipe()
     assert all(is_zero(t) for t in eng.held_tensors())
     assert not torch.any(eng.model.embed.weight)
+    if dtype == "int8":  # the int8 layers' block scales and the table's codes and scales too
+        assert any(t is layer.qkv_proj.matmul.scales for t in held) and is_zero(layer.qkv_proj.matmul.scales)
+        assert any(t is eng.model.embed.table.scales for t in held) and is_zero(eng.model.embed.table.scales)
     if dtype == "bfloat16":  # the tied head's packed copy too
         assert any(t is eng.model.embed.head.packed for t in held) and is_zero(eng.model.embed.head.packed)
 
