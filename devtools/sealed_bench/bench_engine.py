@@ -119,7 +119,7 @@ def worker_sealed(spec: dict) -> dict:
     from enclave_worker.engine.threads import single_threaded_caller
 
     single_threaded_caller()  # as the worker does: only the engine's thread computes in parallel
-    ckpt = load_gguf(Path(spec["model"]))
+    ckpt = load_gguf(Path(spec["model"]), native=spec.get("gguf_quant", "fp32") == "native")
     dims = ModelDims.from_config(ckpt.config)
     weight_bytes = sum(t.numel() * 4 for t in ckpt.tensors.values())
     total = spec["input_len"] + spec["output_len"]
@@ -182,6 +182,7 @@ def worker_sealed(spec: dict) -> dict:
         weight_bytes_fp32=weight_bytes,
         kernel_path=engine.kernel_path.name,
         panel_codes=spec.get("panel_codes", "on"),
+        gguf_quant=spec.get("gguf_quant", "fp32"),
         held_matmul_bytes=held,
         **decode,
     )
@@ -416,6 +417,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--panel-codes", default="on", type=_codes_choices,
                     help="Sealed's panels exactly on a block grid held as int8 codes (EngineConfig.panel_codes): on "
                          "(the default), off, or both in turn each round (on,off) for an A/B in one run")
+    ap.add_argument("--gguf-quant", choices=("fp32", "native"), default="fp32",
+                    help="Sealed's GGUF linears: fp32 (dequantized at load, the default) or native (kept in the "
+                         "engine's int8 / int4 kernel layouts, as `sealed up --gguf-quant native`)")
     ap.add_argument("--profile-decode", type=int, default=0, metavar="STEPS",
                     help="time this many full-batch decode steps per op (bytes, FLOPs, GB/s, GFLOP/s per op; "
                          "decode_steps.py) and write the profile into each Sealed row")
@@ -469,7 +473,8 @@ def _one_round(args: argparse.Namespace, rates: tuple[float, float], hf_dir: lis
             spec = {"model": str(args.model), "dtype": dtype, "batch": batch, "input_len": args.input_len,
                     "output_len": args.output_len, "threads": args.threads, "kernels": args.kernels,
                     "temperature": args.temperature, "top_p": args.top_p, "structured": structured,
-                    "copy_gbs": bw, "matmul_gflops": gflops, "profile_decode": args.profile_decode}
+                    "copy_gbs": bw, "matmul_gflops": gflops, "profile_decode": args.profile_decode,
+                    "gguf_quant": args.gguf_quant}
             codes = args.panel_codes if dtype == "fp32" else ["on"]  # codes are a layout of fp32 panels
             runs = [("sealed", c) for c in codes] + [(p, "on") for p in (peers if structured == "off" else [])]
             for system, panel_codes in runs:

@@ -13,14 +13,15 @@ from sealed_bench.decode_steps import StepClock, op_rows
 
 
 def held_matmul_bytes(model: Any) -> int:
-    """The bytes a decode step's matmuls read as the engine holds them: every dense layer's and the
-    LM head's held tensors (fp32 panels 4 bytes a weight, exact block codes 1.25, layers/coded_panel.py)."""
+    """The bytes a decode step's matmuls read as the engine holds them: every dense and int8 layer's and
+    the LM head's held tensors (fp32 panels 4 bytes a weight, exact block codes 1.25, layers/coded_panel.py;
+    int8 blocks 1.125, layers/q8_blocks.py)."""
     import torch
 
-    from enclave_worker.engine.layers.linear import Linear
-
-    helpers: list[Any] = [m.matmul for m in model.modules() if isinstance(m, Linear)]
-    helpers.append(getattr(getattr(model, "embed", None), "head", None))
+    helpers: list[Any] = [m.matmul for m in model.modules()  # Linear's, Int8Linear's, PrequantizedInt8Linear's
+                          if not isinstance(getattr(m, "matmul", None), type(None) | torch.nn.Module)]
+    embed = getattr(model, "embed", None)
+    helpers += [getattr(embed, "head", None), getattr(embed, "table", None)]
     held = {id(v): v.nbytes for h in helpers if h is not None for v in vars(h).values() if isinstance(v, torch.Tensor)}
     return sum(held.values())
 
