@@ -68,9 +68,11 @@ class Q8BlockMatmul:
                              f"{codes.dtype} {tuple(codes.shape)} and {scales.dtype} {tuple(scales.shape)}")
         self._ops = load_cpu_ops()
         self.out_features, self.in_features = n, k
-        padded = (kp, np_) != (k, n)
+        # Zero codes past K and zero rows past N add nothing, and no output is written for them; a
+        # non-contiguous source is copied the same way (a copy this code zeroes, not reshape's own).
+        padded = (kp, np_) != (k, n) or not codes.is_contiguous() or not scales.is_contiguous()
         src_c, src_s = codes, scales
-        if padded:  # zero codes past K and zero rows past N: they add nothing, and no output is written for them
+        if padded:
             src_c = torch.zeros(np_, kp, dtype=torch.int8)
             src_c[:n, :k] = codes
             src_s = torch.zeros(np_, kp // BLOCK, dtype=torch.float32)

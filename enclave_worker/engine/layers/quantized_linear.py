@@ -73,6 +73,8 @@ class PrequantizedInt8Linear(torch.nn.Module):
         if torch.device(device).type == "cpu":
             blocks = w.scales if w.scales.dim() == 2 else channel_scales_to_blocks(w.scales, k)
             self.matmul = Q8BlockMatmul(w.codes(), blocks, consume=False)
+            if blocks is not w.scales:
+                blocks.zero_()  # our expansion of the channel scales; the checkpoint's own stay its to release
         elif w.scales.dim() == 2:
             self.matmul = TorchInt8Matmul(*per_channel(dequantize(w)), dtype, device)
         else:

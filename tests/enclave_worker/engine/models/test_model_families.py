@@ -70,10 +70,11 @@ def test_family_matches_transformers(family: str, tmp_path) -> None:
 @pytest.mark.parametrize("family", ["gemma2", "mixtral", "phi3"])
 @pytest.mark.parametrize("quant", ["int8", "int4"])
 def test_family_runs_on_the_quantized_kernels(family: str, quant: str, tmp_path) -> None:
-    """Every projection (experts included) goes through build_linear, so the weight-only int8 / int4
-    kernels serve these families too: first-step logits near HF's fp32 ones. The bounds are the
-    quantization's loss on random weights (int4 at group 32: ~0.3-0.45); a broken layout gives
-    unrelated logits (relative error ~1.4)."""
+    """Every projection (experts included) goes through build_linear, so the int8 / int4 kernels serve
+    these families too: first-step logits near HF's fp32 ones. The bounds are the quantization's loss
+    on random weights (int4 at group 32: ~0.3-0.45; int8 on the CPU quantizes activations per block of
+    32 too, layers/q8_blocks.py: 0.057 on mixtral, 0.063 on phi3, where weight-only int8 stayed under
+    0.05); a broken layout gives unrelated logits (relative error ~1.4)."""
     hf = build(family, tmp_path)
     engine = LLMEngine.from_checkpoint(load_hf_dir(tmp_path), EngineConfig(
         dtype=quant, max_num_seqs=8, kv_cache_memory_bytes=16 << 20, num_threads=1, block_size=8))
@@ -99,4 +100,4 @@ def test_family_runs_on_the_quantized_kernels(family: str, quant: str, tmp_path)
         ref = hf(torch.tensor([prompts[0]])).logits[0, -1].float()
     rel = ((first[-1] - ref).norm() / ref.norm()).item()
     assert all(len(t) == NEW_TOKENS for t in tokens)
-    assert rel < (0.05 if quant == "int8" else 0.6), (family, quant, rel)
+    assert rel < (0.1 if quant == "int8" else 0.6), (family, quant, rel)
