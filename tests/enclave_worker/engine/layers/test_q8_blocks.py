@@ -141,3 +141,20 @@ def test_a_channel_scale_is_every_block_s_scale() -> None:
     assert tuple(blocks.shape) == (16, 3) and torch.equal(blocks, channel[:, None].expand(16, 3))
     layer = Q8BlockMatmul(codes, blocks, consume=False)
     assert torch.equal(layer.rows(torch.arange(16)), codes.float() * channel[:, None])
+
+
+@pytest.mark.parametrize("group_size", [0, 32])
+def test_checkpoint_int8_layers_run_the_kernel_on_the_cpu(group_size: int) -> None:
+    """A checkpoint's int8 weight, per channel (group_size 0) or per block (32), runs the block kernel
+    on the CPU: the same output as the kernel over its weight's codes and block scales."""
+    from enclave_worker.engine.layers.quantized_linear import PrequantizedInt8Linear
+
+    codes, blocks = weights(32, 64, seed=group_size)
+    scales = blocks if group_size else blocks[:, 0].contiguous()
+    w = QuantizedWeight(codes, QuantSpec("int8", (32, 64), group_size, "test"), scales)
+    layer = PrequantizedInt8Linear(w, None, torch.float32, "cpu")
+    assert isinstance(layer.matmul, Q8BlockMatmul)
+    assert torch.equal(layer.matmul.rows(torch.arange(32)), dequantize(w))
+    x = torch.randn(3, 64, generator=torch.Generator().manual_seed(1))
+    want = Q8BlockMatmul(codes, scales if group_size else channel_scales_to_blocks(scales, 64), consume=False)(x)
+    assert torch.equal(layer(x), want)
