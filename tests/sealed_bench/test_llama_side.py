@@ -82,3 +82,22 @@ def test_up_refuses_an_unknown_gguf_quant_before_touching_its_home(tmp_path: Pat
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "--gguf-quant must be fp32 or native" in proc.stderr
     assert not home.exists()
+
+
+def _side(throughput: float, tpot: float, completed: bool) -> dict[str, float | None]:
+    return {"median_output_throughput": throughput, "median_median_tpot_ms": tpot, "all_completed": completed}
+
+
+@pytest.mark.parametrize(("sealed", "llama", "failed"), [
+    (_side(40.0, 200.0, True), _side(37.0, 230.0, True), set()),
+    (_side(30.0, 200.0, True), _side(37.0, 230.0, True), {"throughput_1_0x"}),
+    (_side(40.0, 240.0, True), _side(37.0, 230.0, True), {"tpot_p50_no_higher"}),
+    # llama-server dropped requests (slots too small): its throughput counts less work, nothing compares.
+    (_side(40.0, 200.0, True), _side(37.0, 230.0, False), {"every_request_completed"}),
+    (_side(40.0, 200.0, False), _side(37.0, 230.0, True), {"every_request_completed"}),
+])
+def test_targets_need_every_request_completed_on_both_sides(sealed: dict, llama: dict, failed: set[str]) -> None:
+    from sealed_bench.bench_llamaserve import _targets
+
+    checks = _targets({"sealed": sealed, "llama": llama})
+    assert {name for name, ok in checks.items() if not ok} == failed
