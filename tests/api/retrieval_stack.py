@@ -14,6 +14,7 @@ from typing import Any
 import grpc
 import httpx
 import openai
+import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from api.app import build_gateway, create_app
@@ -22,6 +23,9 @@ from api.gateway.settings import GatewaySettings, WorkerRoute
 from api.management.auth import issue_token
 from api.store.repo import hash_secret
 from enclave_worker.engine.embedder import Embedder
+from enclave_worker.engine.encoder_checkpoint import load_encoder_dir
+from enclave_worker.engine.layers.linear import LinearOptions
+from enclave_worker.engine.models.options import BuildOptions
 from enclave_worker.guard import WorkerGuard
 from enclave_worker.servicer import WorkerServicer
 from enclave_worker.settings import WorkerSettings
@@ -109,3 +113,17 @@ async def retrieval_stack(tmp: Path, encoder: Embedder | None, *,
     finally:
         await service.close()
         await server.stop(None)
+
+
+# The retrieval tests' shared fixtures, defined once: a module imports them (its pytest then offers
+# them as "encoder" and "stack"; the imported names differ so that a test's parameter does not
+# shadow an import).
+@pytest.fixture(scope="module", name="encoder")
+def encoder_fixture(minilm_dir: Path) -> Embedder:
+    return Embedder(load_encoder_dir(minilm_dir), BuildOptions(LinearOptions(kernel="torch", in_place=True), 512))
+
+
+@pytest.fixture(name="stack")
+async def stack_fixture(tmp_path: Path, encoder: Embedder) -> AsyncIterator[RetrievalStack]:
+    async with retrieval_stack(tmp_path, encoder) as running:
+        yield running

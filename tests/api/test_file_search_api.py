@@ -18,10 +18,11 @@ import pytest
 
 from enclave_worker.engine.config import RequestOutput, SamplingParams
 from enclave_worker.engine.embedder import Embedder
-from enclave_worker.engine.encoder_checkpoint import load_encoder_dir
-from enclave_worker.engine.layers.linear import LinearOptions
-from enclave_worker.engine.models.options import BuildOptions
-from tests.api.retrieval_stack import RetrievalStack, retrieval_stack
+from tests.api.retrieval_stack import (
+    RetrievalStack,
+    encoder_fixture,  # noqa: F401 (the fixture "encoder")
+    retrieval_stack,
+)
 from tests.security.caller_harness import MODEL
 from tests.security.stand_in_engine import StandInEngine
 
@@ -41,11 +42,6 @@ class RecordingEngine(StandInEngine):
         self.prompts.append("".join(chr(i) for i in prompt_token_ids))
         async for out in super().generate(request_id, prompt_token_ids, params, cache_salt):
             yield out
-
-
-@pytest.fixture(scope="module")
-def encoder(minilm_dir: Path) -> Embedder:
-    return Embedder(load_encoder_dir(minilm_dir), BuildOptions(LinearOptions(kernel="torch", in_place=True), 512))
 
 
 async def _loaded(stack: RetrievalStack) -> tuple[str, dict[str, str]]:

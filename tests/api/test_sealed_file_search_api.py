@@ -19,9 +19,6 @@ import httpx2
 import pytest
 
 from enclave_worker.engine.embedder import Embedder
-from enclave_worker.engine.encoder_checkpoint import load_encoder_dir
-from enclave_worker.engine.layers.linear import LinearOptions
-from enclave_worker.engine.models.options import BuildOptions
 from protocol.sealed import Receipt, RequestContext, api_key_id, seal_request
 from protocol.sealed.caller import CallerCredential
 from protocol.sealed.http import HEADER_KEY_ID, HEADER_MODEL, REQUEST_CONTENT_TYPE, ResponseHead
@@ -29,7 +26,11 @@ from protocol.sealed.receipt import read_signed_receipt
 from sealed_client import steps
 from sealed_client.file_search import file_search, serve
 from sealed_client.retrieval import check_retrieved, retrieval_route, sealed_call
-from tests.api.retrieval_stack import RetrievalStack, retrieval_stack
+from tests.api.retrieval_stack import (
+    RetrievalStack,
+    encoder_fixture,  # noqa: F401 (the fixture "encoder")
+    retrieval_stack,
+)
 from tests.api.test_file_search_api import RecordingEngine
 from tests.security.caller_harness import MODEL, TENANT
 
@@ -37,11 +38,6 @@ CANARY = "CANARY-sealed-fs-7d41a9"
 CONTRACT = f"The supplier contract ends on 31 March. Termination needs 90 days notice. {CANARY}"
 HOLIDAYS = "Employees get 28 days of paid holiday a year, plus public holidays."
 QUESTION = f"When does the supplier contract end? {CANARY}-query"
-
-
-@pytest.fixture(scope="module")
-def encoder(minilm_dir: Path) -> Embedder:
-    return Embedder(load_encoder_dir(minilm_dir), BuildOptions(LinearOptions(kernel="torch", in_place=True), 512))
 
 
 def sealing(

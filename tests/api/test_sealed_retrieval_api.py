@@ -12,16 +12,12 @@ import base64
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from enclave_worker.engine.embedder import Embedder
-from enclave_worker.engine.encoder_checkpoint import load_encoder_dir
-from enclave_worker.engine.layers.linear import LinearOptions
-from enclave_worker.engine.models.options import BuildOptions
 from protocol.rpc import worker_pb2
 from protocol.sealed import Receipt, RequestContext, api_key_id, seal_request
 from protocol.sealed.caller import CallerCredential
@@ -34,18 +30,18 @@ from protocol.sealed.http import (
     ResponseHead,
 )
 from protocol.sealed.receipt import read_signed_receipt
-from tests.api.retrieval_stack import RetrievalStack, retrieval_stack
+from tests.api.retrieval_stack import (
+    RetrievalStack,
+    encoder_fixture,  # noqa: F401 (the fixture "encoder")
+    retrieval_stack,
+    stack_fixture,  # noqa: F401 (the fixture "stack")
+)
 from tests.security.caller_harness import MODEL, TENANT
 
 CANARY = "CANARY-sealed-vs-51e2b8"
 QUESTION = f"When does the supplier contract end? {CANARY}-query"
 CONTRACT = f"The supplier contract ends on 31 March. Termination needs 90 days notice. {CANARY}"
 HOLIDAYS = "Employees get 28 days of paid holiday a year, plus public holidays."
-
-
-@pytest.fixture(scope="module")
-def encoder(minilm_dir: Path) -> Embedder:
-    return Embedder(load_encoder_dir(minilm_dir), BuildOptions(LinearOptions(kernel="torch", in_place=True), 512))
 
 
 Answer = tuple[int, dict[str, Any], Receipt | None]
@@ -88,12 +84,6 @@ async def attach(stack: RetrievalStack, store_id: str, file_id: str, attributes:
     """In clear: ids and attributes (the gateway's rows hold them anyway)."""
     done = await stack.sdk().vector_stores.files.create(store_id, file_id=file_id, attributes=attributes)
     assert done.status == "completed", done
-
-
-@pytest.fixture()
-async def stack(tmp_path: Path, encoder: Embedder) -> AsyncIterator[RetrievalStack]:
-    async with retrieval_stack(tmp_path, encoder) as running:
-        yield running
 
 
 async def test_sealed_upload_and_search_keep_the_text_from_the_gateway(

@@ -9,9 +9,7 @@ a store replaced between the check and the search is a sealed 409, not another s
 from __future__ import annotations
 
 import hashlib
-from collections.abc import AsyncIterator
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,26 +18,15 @@ from sqlalchemy import update
 from api.gateway.store_snapshots import SnapshotCalls
 from api.store.models import VectorStoreRow
 from api.store.retrieval import RetrievalStore, StoredVectorStore
-from enclave_worker.engine.embedder import Embedder
-from enclave_worker.engine.encoder_checkpoint import load_encoder_dir
-from enclave_worker.engine.layers.linear import LinearOptions
-from enclave_worker.engine.models.options import BuildOptions
 from enclave_worker.retrieval.service import RetrievalService
 from protocol.rpc import snapshot_segments, worker_pb2
 from protocol.rpc.snapshot_segments import SnapshotName
-from tests.api.retrieval_stack import RetrievalStack, retrieval_stack
+from tests.api.retrieval_stack import (
+    RetrievalStack,
+    encoder_fixture,  # noqa: F401 (the fixture "encoder")
+    stack_fixture,  # noqa: F401 (the fixture "stack")
+)
 from tests.api.test_sealed_retrieval_api import CANARY, CONTRACT, HOLIDAYS, attach, search, upload
-
-
-@pytest.fixture(scope="module")
-def encoder(minilm_dir: Path) -> Embedder:
-    return Embedder(load_encoder_dir(minilm_dir), BuildOptions(LinearOptions(kernel="torch", in_place=True), 512))
-
-
-@pytest.fixture()
-async def stack(tmp_path: Path, encoder: Embedder) -> AsyncIterator[RetrievalStack]:
-    async with retrieval_stack(tmp_path, encoder) as running:
-        yield running
 
 
 class Wire:

@@ -6,8 +6,6 @@ loses its key holds no open store."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import openai
@@ -15,28 +13,17 @@ import pytest
 from sqlalchemy import update
 
 from api.store.models import VectorStoreRow
-from enclave_worker.engine.embedder import Embedder
-from enclave_worker.engine.encoder_checkpoint import load_encoder_dir
-from enclave_worker.engine.layers.linear import LinearOptions
-from enclave_worker.engine.models.options import BuildOptions
 from enclave_worker.retrieval.service import RetrievalService
 from protocol.rpc import snapshot_segments, worker_pb2
-from tests.api.retrieval_stack import RetrievalStack, retrieval_stack
+from tests.api.retrieval_stack import (
+    RetrievalStack,
+    encoder_fixture,  # noqa: F401 (the fixture "encoder")
+    stack_fixture,  # noqa: F401 (the fixture "stack")
+)
 
 CONTRACT = "The supplier contract ends on 31 March. Termination needs 90 days notice. CANARY-cache-51"
 HOLIDAYS = "Employees get 28 days of paid holiday a year, plus public holidays."
 QUERY = "When does the supplier contract end?"
-
-
-@pytest.fixture(scope="module")
-def encoder(minilm_dir: Path) -> Embedder:
-    return Embedder(load_encoder_dir(minilm_dir), BuildOptions(LinearOptions(kernel="torch", in_place=True), 512))
-
-
-@pytest.fixture()
-async def stack(tmp_path: Path, encoder: Embedder) -> AsyncIterator[RetrievalStack]:
-    async with retrieval_stack(tmp_path, encoder) as running:
-        yield running
 
 
 class Wire:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -16,25 +15,16 @@ import openai
 import pytest
 
 from enclave_worker.engine.embedder import Embedder
-from enclave_worker.engine.encoder_checkpoint import load_encoder_dir
-from enclave_worker.engine.layers.linear import LinearOptions
-from enclave_worker.engine.models.options import BuildOptions
-from tests.api.retrieval_stack import RetrievalStack, retrieval_stack
+from tests.api.retrieval_stack import (
+    RetrievalStack,
+    encoder_fixture,  # noqa: F401 (the fixture "encoder")
+    retrieval_stack,
+    stack_fixture,  # noqa: F401 (the fixture "stack")
+)
 
 CANARY = "CANARY-vs-9d41e7"
 CONTRACT = f"The supplier contract ends on 31 March. Termination needs 90 days notice. {CANARY}"
 HOLIDAYS = "Employees get 28 days of paid holiday a year, plus public holidays."
-
-
-@pytest.fixture(scope="module")
-def encoder(minilm_dir: Path) -> Embedder:
-    return Embedder(load_encoder_dir(minilm_dir), BuildOptions(LinearOptions(kernel="torch", in_place=True), 512))
-
-
-@pytest.fixture()
-async def stack(tmp_path: Path, encoder: Embedder) -> AsyncIterator[RetrievalStack]:
-    async with retrieval_stack(tmp_path, encoder) as running:
-        yield running
 
 
 async def _loaded(stack: RetrievalStack) -> tuple[str, dict[str, str]]:
