@@ -37,10 +37,6 @@ class AdaptiveCapacity:
         self._logged_at, self._logged_slots = 0.0, scheduler.capacity
         self._delivery_late_at = float("-inf")
 
-    @property
-    def slots(self) -> int:
-        return self.scheduler.capacity
-
     def observe(self, lag_s: float) -> None:
         """One ticker turn's lag: cut the slots when the loop is behind while they are in use, else grow
         (unless a delivery probe was late within the hold)."""

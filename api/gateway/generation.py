@@ -82,11 +82,6 @@ class CleanupStreamingResponse(StreamingResponse):
 T = TypeVar("T")
 
 
-class ClientGone(GatewayError):
-    def __init__(self) -> None:
-        super().__init__(499, "the client closed the request", code="client_closed_request")
-
-
 async def unless_disconnected(receive: Receive, work: Awaitable[T]) -> T:
     """Run `work` (waiting for a slot, a non-streamed answer) but cancel it, and so the worker's
     generation, as soon as the client disconnects. Streamed answers get this from the response."""
@@ -108,7 +103,7 @@ async def unless_disconnected(receive: Receive, work: Awaitable[T]) -> T:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await task
-        raise ClientGone()
+        raise GatewayError(499, "the client closed the request", code="client_closed_request")
     return task.result()
 
 

@@ -239,14 +239,14 @@ class WorkerStream:
     def __aiter__(self) -> WorkerStream:
         return self
 
-    async def __anext__(self) -> worker_pb2.GenerateChunk:
+    async def __anext__(self) -> Any:  # a GenerateChunk, or a SealedChunk
         return await self._it.__anext__()
 
     async def aclose(self) -> None:
         await self._it.aclose()
         self._call.cancel()  # also when the stream was never read (its generator's cleanup never ran)
 
-    async def _chunks(self) -> AsyncGenerator[worker_pb2.GenerateChunk, None]:
+    async def _chunks(self) -> AsyncGenerator[Any, None]:
         try:
             while True:
                 chunk = await self._call.read()

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -26,6 +26,7 @@ from api.gateway.grpc_client import (
     WorkerClients,
     WorkerLost,
     WorkerRefusal,
+    WorkerStream,
     WorkerUnavailable,
 )
 from api.gateway.metering import Metering
@@ -221,13 +222,13 @@ class GatewayService:
             self._probing.discard(worker.worker_id)
 
     def _audit_trailers(self, worker: WorkerInfo, request: worker_pb2.GenerateRequest | worker_pb2.SealedRequest,
-                        rest: AsyncIterator[Any], sealed: bool) -> None:
-        if sealed:  # never decisions in clear, whatever the worker sent: only the tenant's record
-            record = getattr(rest, "sealed_record", None)
-            if record is not None:
-                self.settlement.sealed_record(worker, record, request.request_id)
-            return
-        self.audit_decisions(worker, getattr(rest, "decisions", ()), request)
+                        rest: WorkerStream, sealed: bool) -> None:
+        """The audit step: what the call's trailers carry (plaintext: the worker's signed decisions,
+        verified; sealed: never decisions in clear, whatever the worker sent, only the tenant's record)."""
+        if not sealed:
+            self.audit_decisions(worker, rest.decisions, request)
+        elif rest.sealed_record is not None:
+            self.settlement.sealed_record(worker, rest.sealed_record, request.request_id)
 
     def audit_decisions(self, worker: WorkerInfo, decisions: Sequence[worker_pb2.UsageRecord], request: Any) -> None:
         """A worker's signed in-enclave decisions (a refusal's, or a call's trailers): verified, then audited."""
@@ -252,7 +253,7 @@ class GatewayService:
                                "(docs/sealed-mode.md)", code="sealed_required")
 
     async def _relay(self, worker: WorkerInfo, request: worker_pb2.GenerateRequest | worker_pb2.SealedRequest,
-                     first: Chunk, rest: AsyncIterator[Chunk], *, sealed: bool, call: Span = NULL_SPAN
+                     first: Chunk, rest: WorkerStream, *, sealed: bool, call: Span = NULL_SPAN
                      ) -> AsyncGenerator[Chunk, None]:
         """Relay an opened stream (plain or sealed, the same way): chunks to the caller; the final
         chunk's usage to metering and what the trailers carry to the audit log (plaintext: the
@@ -282,6 +283,4 @@ class GatewayService:
         finally:
             call.end(error=error)
             worker.inflight -= 1
-            closing = getattr(rest, "aclose", None)
-            if closing is not None:  # the client left: cancel the call now, not when it is collected
-                await closing()
+            await rest.aclose()  # the client left: cancel the call now, not when it is collected
