@@ -6,10 +6,11 @@
 Both servers load the one file DIR/model-<QUANT>.gguf, so both tokenize with its tokenizer (checked:
 one request's prompt_tokens must be equal on both sides before anything is measured). Ours:
 `sealed up --model GGUF --gguf-quant native` (gateway, key broker, attested worker decrypting the
-package): Q4_0 keeps its codes and block scales as the int4 kernel's, Q8_0 becomes int8 per output
-channel (docs/engine.md). The peer: `llama-server` (llama_side.py) at the GGUF's own type, one thread per
-CPU this process may use, `--parallel` slots, continuous batching. Both under `vllm bench serve` (random
-input, --ignore-eos, the DIR's tokenizer), in alternating pairs, every pair on fresh prompts. The
+package): Q4_0 keeps its codes and block scales as the int4 kernel's, Q8_0 its codes and block scales as
+the int8 block kernel's, which quantizes activations per block of 32 as llama.cpp does (docs/engine.md).
+The peer: `llama-server` (llama_side.py) at the GGUF's own type, one thread per CPU this process may use,
+`--parallel` slots, continuous batching. Both under `vllm bench serve` (random input,
+--ignore-eos, the DIR's tokenizer), in alternating pairs, every pair on fresh prompts. The
 figures: output throughput, TTFT and TPOT p50 per run with the load average around it; the ratio of
 medians; issue 49's targets (ours >= 1.0x llama-server, TPOT p50 no higher).
 """
@@ -36,7 +37,7 @@ from sealed_bench.peers import llama_cpp_peer
 from sealed_bench.processes import REPO, source_pythonpath
 from sealed_bench.vllm_side import add_vllm_options, machine, vllm_interpreter
 
-OURS = {"Q8_0": "int8 per output channel (Q8_0 dequantized and requantized at sealed encrypt)",
+OURS = {"Q8_0": "int8 blocks of 32: Q8_0's codes and scales kept, activations quantized per row and block of 32",
         "Q4_0": "int4, Q4_0's codes and per-32 scales kept (bf16-rounded scales)"}
 # `--gguf-quant fp32`: the file's values exactly, dequantized at encryption and held by the engine as
 # their block codes (coded panels: int8 codes, an fp32 scale and offset per 32; fp32 multiply-adds).
