@@ -52,5 +52,6 @@ def test_bench_llamaserve_small(llama_server: Path, vllm_python: str, tmp_path: 
     assert probe["sealed"] == probe["llama"] > 0
     llama = report["configs"]["llama"]
     assert llama["peer"] == "llama.cpp" and llama["dtype"] == "Q8_0" and llama["parallel"] == 2
-    assert report["ratio"] > 0 and set(report["checks"]) == {"throughput_1_0x", "tpot_p50_no_higher"}
+    assert report["ratio"] > 0 and set(report["checks"]) == {"throughput_1_0x", "tpot_p50_no_higher",
+                                                      "every_request_completed"}
     assert report["machine"]["cpu"]["model_name"] and report["quant"] == "Q8_0"
