@@ -118,6 +118,7 @@ def build_gateway(settings: GatewaySettings, store: Store | None = None) -> Gate
                                     CapacityPolicy(target_lag_s=settings.adaptive_lag_s))
         registry.clock.on_tick(capacity.observe)  # the loop clock's ticker measures the lag
         service.delivery_probe.on_delay(capacity.observe_delivery)  # and the probe gRPC's delivery
+        service.delivery_probe.busy_when(capacity.sheddable)  # at full rate only while a cut could shed
         metrics.dispatch_slots.set_function(lambda: float(admission.scheduler.capacity))
     for route in settings.workers:
         store.upsert_version(ModelRef(route.tenant, route.model, route.version))

@@ -53,9 +53,13 @@ class AdaptiveCapacity:
             self._delivery_late_at = time.monotonic()
             self._cut(f"worker answers queued {delay_s * 1000:.0f} ms")
 
+    def sheddable(self) -> bool:
+        """Whether more than the floor's slots are in use: only then does a late signal cut anything."""
+        return self.scheduler.total_running > self.floor
+
     def _cut(self, why: str) -> None:
         sched = self.scheduler
-        if sched.total_running > self.floor:  # relaying is what could be shed
+        if self.sheddable():  # relaying is what could be shed
             cut = max(self.floor, int(sched.capacity * self.policy.decrease))
             if cut < sched.capacity:
                 sched.capacity = cut

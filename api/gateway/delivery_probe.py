@@ -6,7 +6,10 @@ chunk (gRPC's core, its completion-queue thread, the loop). As LEDBAT (RFC 6817)
 smallest round trip in the last `base_window_s` is its base, and what lies above it is queueing in the
 gateway, reported to the observers (capacity.py). An error status is an answer too; a timeout reports
 the timeout. The probe never judges a worker; it closes its channel to a worker that refused the
-connection or left the registry. Why: docs/gateway.md "Adaptive slots".
+connection or left the registry. While its owner says nothing is in flight that a late probe could
+shed (`busy_when`), it probes only every `idle_interval_s`, enough to keep each worker's base fresh:
+20 round trips a second on an idle gateway cost it and the workers CPU that every request then
+competed with on a small machine (docs/retrieval.md "Hop by hop"). Why: docs/gateway.md "Adaptive slots".
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class ProbePolicy:
     interval_s: float = 0.05
+    idle_interval_s: float = 1.0  # while not busy (DeliveryProbe.busy_when): a sample keeps the base fresh
     timeout_s: float = 1.0
     base_window_s: float = 30.0  # the base round trip is the minimum over this long
     base_bucket_s: float = 2.0  # kept as per-bucket minima (LEDBAT's base-delay history)
@@ -55,6 +59,10 @@ class BaseDelay:
         return min(low for _, low in self._buckets)
 
 
+def _always() -> bool:
+    return True
+
+
 class DeliveryProbe:
     def __init__(self, registry: WorkerRegistry, clients: WorkerClients, policy: ProbePolicy = ProbePolicy()) -> None:
         self.registry, self.clients, self.policy = registry, clients, policy
@@ -63,10 +71,16 @@ class DeliveryProbe:
         self._observers: list[Callable[[float], None]] = []
         self._next = 0
         self._task: asyncio.Task[None] | None = None
+        self._busy: Callable[[], bool] = _always
 
     def on_delay(self, observer: Callable[[float], None]) -> None:
         """Call `observer(queueing_delay_s)` after every probe."""
         self._observers.append(observer)
+
+    def busy_when(self, busy: Callable[[], bool]) -> None:
+        """Probe every `interval_s` only while `busy()` (a late probe then has something to shed),
+        otherwise every `idle_interval_s`; without it, always every `interval_s`."""
+        self._busy = busy
 
     def start(self) -> None:
         if self._task is None or self._task.done():
@@ -83,8 +97,14 @@ class DeliveryProbe:
                 await self.clients.close()
 
     async def _run(self) -> None:
+        last = float("-inf")
         while True:
+            # Ticking costs a timer a turn; what the idle gateway saves is the round trip (both ends' CPU).
             await asyncio.sleep(self.policy.interval_s)
+            now = time.monotonic()
+            if now - last < self.policy.idle_interval_s and not self._busy():
+                continue
+            last = now
             try:
                 await self.probe_once()
             except Exception:  # the probe must never stop: log and go on

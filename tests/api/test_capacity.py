@@ -50,6 +50,15 @@ def test_a_late_turn_with_little_running_cuts_nothing() -> None:
     assert sched.capacity == 256 and capacity.cuts == 0
 
 
+def test_the_probe_runs_at_full_rate_only_while_a_cut_could_shed() -> None:
+    sched = _scheduler()
+    capacity = AdaptiveCapacity(sched, lambda: None, 256)
+    _fill(sched, "quiet", 3)
+    assert not capacity.sheddable()  # within the floor: a late probe would cut nothing
+    _fill(sched, "bulk", 500)
+    assert capacity.sheddable()
+
+
 def test_at_the_floor_a_quiet_tenant_still_starts_at_once_and_the_bulk_tenant_still_runs() -> None:
     sched = _scheduler()
     capacity = AdaptiveCapacity(sched, lambda: None, 256)

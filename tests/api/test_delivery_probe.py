@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import grpc
 import pytest
@@ -19,9 +19,11 @@ from protocol.rpc import worker_pb2, worker_pb2_grpc
 class SlowStatus(worker_pb2_grpc.WorkerServicer):
     def __init__(self) -> None:
         self.delay_s = 0.0
+        self.calls = 0
 
     async def Status(self, request: worker_pb2.StatusRequest, context: grpc.aio.ServicerContext
                      ) -> worker_pb2.StatusReply:
+        self.calls += 1
         await asyncio.sleep(self.delay_s)
         return worker_pb2.StatusReply(status="ready")
 
@@ -138,4 +140,34 @@ async def test_a_worker_that_left_the_registry_loses_its_base_and_channel(server
         await probe.probe_once()  # w2's channel opens; w1's, no longer anyone's, is closed
         assert set(probe._bases) == {"w2"} and [k[1] for k in clients._channels] == ["another"]
     finally:
+        await clients.close()
+
+
+async def _until(condition: Callable[[], bool]) -> None:
+    for _ in range(1000):  # a bound on the wait, not a timing being tested
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the condition never held")
+
+
+async def test_an_idle_gateway_probes_only_to_keep_the_base_and_a_busy_one_at_full_rate(
+        server: tuple[str, SlowStatus]) -> None:
+    """Idle, the probe made 20 round trips a second that every request competed with for CPU."""
+    address, servicer = server
+    clients = WorkerClients()
+    busy = [False]
+    probe = DeliveryProbe(_registry(address), clients, ProbePolicy(interval_s=0.01, idle_interval_s=3600.0))
+    probe.busy_when(lambda: busy[0])
+    seen: list[float] = []
+    probe.on_delay(seen.append)
+    probe.start()
+    try:
+        await _until(lambda: len(seen) == 1)  # the first tick probes: the base
+        await asyncio.sleep(0.3)  # thirty ticks, none of them due a probe while idle
+        assert len(seen) == 1 and servicer.calls == 1
+        busy[0] = True
+        await _until(lambda: len(seen) >= 5)  # in flight: every tick probes
+    finally:
+        await probe.stop()
         await clients.close()
