@@ -24,6 +24,7 @@ from functools import partial
 from typing import Any
 
 from api.gateway.errors import GatewayError
+from api.gateway.retrieval_audit import file_id_fields
 from api.gateway.service import GatewayService
 from api.gateway.store_snapshots import SnapshotCalls, StoreChanged
 from api.store.models import utcnow
@@ -242,12 +243,9 @@ class GatewayRetrieval:
                 store = self.store(key, store_id)
         if reply is None:
             raise StoreChanged()
-        # One entry per file that gave passages (an entry holds scalars of bounded length), tied by the search id.
-        search_id = new_id("search")
-        self._audit(key, "vector_store.search", vector_store_id=store_id, search_id=search_id,
-                    files=len(reply.file_ids))
-        for file_id in reply.file_ids:
-            self._audit(key, "vector_store.retrieve", vector_store_id=store_id, search_id=search_id, file_id=file_id)
+        # One signed entry naming every file that gave passages (retrieval_audit.py: why one, and how packed).
+        self._audit(key, "vector_store.search", vector_store_id=store_id, search_id=new_id("search"),
+                    files=len(reply.file_ids), **file_id_fields(reply.file_ids))
         results: list[dict[str, Any]] = json.loads(reply.results_json)
         return results
 

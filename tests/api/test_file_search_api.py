@@ -16,6 +16,7 @@ from typing import Any
 import openai
 import pytest
 
+from api.gateway.retrieval_audit import file_ids_of
 from enclave_worker.engine.config import RequestOutput, SamplingParams
 from enclave_worker.engine.embedder import Embedder
 from tests.api.retrieval_stack import (
@@ -100,8 +101,9 @@ async def test_an_answer_grounded_in_the_store_cites_the_file(tmp_path: Path, en
         assert final.output[1].content[0].annotations[0].file_id == ids["legal"]  # type: ignore[union-attr]
         # Each retrieval is audited as a vector store search is, with the file ids it gave.
         entries = _audit(stack)
-        assert len([e for e in entries if e["action"] == "vector_store.search"]) == 3
-        retrieved = [e["metadata"]["file_id"] for e in entries if e["action"] == "vector_store.retrieve"]
+        searches = [e["metadata"] for e in entries if e["action"] == "vector_store.search"]
+        assert len(searches) == 3
+        retrieved = [file_id for m in searches for file_id in file_ids_of(m)]
         assert retrieved.count(ids["legal"]) == 3 and CANARY not in json.dumps(entries)
 
 
