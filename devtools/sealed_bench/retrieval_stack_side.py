@@ -2,13 +2,19 @@
 vector store and searched through a running stack's HTTP API with the official openai SDK, so the
 figures include everything the boundary adds (the gateway, gRPC, the worker's sealing of each file,
 the store snapshot the worker reseals whole on every ingest and the gateway reads back and stores,
-and on every search the gateway's row read and the store named to the worker, which holds it open)."""
+and on every search the gateway's row read and the store named to the worker, which holds it open).
+
+Searches are timed two ways: with the SDK, and as bare HTTP (`search_http`: one kept-alive httpx
+connection, the SDK's JSON body, the reply's JSON parsed). The cost of the boundary (issue 51) is
+the HTTP figure: the SDK's own request building and response models are the caller's library, not
+the stack, and the plain side has no client at all (docs/retrieval.md "The cost of the boundary")."""
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
 
+import httpx
 import openai
 
 from enclave_worker.retrieval.filters import Scalar
@@ -24,6 +30,7 @@ class StackSide:
     (its file id and text) to the plain side's chunk keys, so recall is computed on the same chunks."""
 
     client: openai.OpenAI
+    http: httpx.Client
     chunk_tokens: int
     overlap_tokens: int
     store_id: str = ""
@@ -33,8 +40,10 @@ class StackSide:
 
     @classmethod
     def connect(cls, url: str, api_key: str, chunk_tokens: int, overlap_tokens: int) -> StackSide:
-        client = openai.OpenAI(base_url=url.rstrip("/") + "/v1", api_key=api_key, max_retries=0, timeout=600)
-        side = cls(client, chunk_tokens, overlap_tokens)
+        base = url.rstrip("/") + "/v1"
+        client = openai.OpenAI(base_url=base, api_key=api_key, max_retries=0, timeout=600)
+        http = httpx.Client(base_url=base, headers={"Authorization": f"Bearer {api_key}"}, timeout=600)
+        side = cls(client, http, chunk_tokens, overlap_tokens)
         side.store_id = client.vector_stores.create(name="sealed-bench-retrieval").id
         return side
 
@@ -64,6 +73,18 @@ class StackSide:
                 for hit in page.data]
         return seconds, hits
 
+    def search_http(self, query: str, k: int) -> tuple[float, list[tuple[str, str]]]:
+        """As `search`, the same request as bare HTTP: what the stack adds, without the SDK's client side."""
+        t0 = time.perf_counter()
+        reply = self.http.post(f"vector_stores/{self.store_id}/search", json={"query": query, "max_num_results": k})
+        page = reply.json()
+        seconds = time.perf_counter() - t0
+        if reply.status_code != 200:
+            raise StackSideError(f"search answered {reply.status_code}")
+        hits = [(self.local_of.get(hit["file_id"], hit["file_id"]), "".join(c["text"] for c in hit["content"]))
+                for hit in page["data"]]
+        return seconds, hits
+
     def usage_bytes(self) -> int:
         """The store's `usage_bytes`: its files' text bytes, as the gateway counts them."""
         return self.client.vector_stores.retrieve(self.store_id).usage_bytes
@@ -74,3 +95,4 @@ class StackSide:
         for stack_id in self.local_of:
             self.client.files.delete(stack_id)
         self.client.close()
+        self.http.close()
