@@ -203,8 +203,8 @@ async def search(store_id: str, body: Search, key: KeyRecord = Depends(current_k
     threshold = body.ranking_options.score_threshold if body.ranking_options else None
     data = await retrieval.search_json(key, store_id, queries[0], body.max_num_results, body.filters, threshold,
                                        body.rewrite_query)
-    # The worker's passages relayed as it encoded them (the gateway reads no passage, and parsing and
-    # encoding them again was a tenth of its time on a search); the page around them as OpenAI's.
+    # The worker's passages relayed as it encoded them (the gateway reads no passage: parsing and encoding
+    # them again cost it CPU on every search, docs/retrieval.md "Hop by hop"); the page around them as OpenAI's.
     page = ('{"object":"vector_store.search_results.page","search_query":' + json.dumps(queries)
             + ',"data":' + data + ',"has_more":false,"next_page":null}')
     return Response(page, media_type="application/json")

@@ -11,7 +11,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from api.gateway.retrieval_audit import file_id_fields, file_ids_of
 from api.gateway.vector_stores import new_id
 from policy.audit import AuditLog
-from policy.audit.entry import MAX_META_KEYS, MAX_META_STR, WITHHELD_PREFIX
+from policy.audit.entry import MAX_META_KEYS, MAX_META_STR, WITHHELD_PREFIX, MetaValue
 from policy.audit.verify import verify_log
 
 
@@ -21,8 +21,13 @@ def test_a_searchs_file_ids_fit_one_signed_entry_and_read_back(tmp_path: Path, c
     key = Ed25519PrivateKey.generate()
     log = AuditLog(tmp_path / "gateway.audit.jsonl", key, "gateway")
     fields = file_id_fields(ids)
-    metadata = {"key_id": "key-1", "vector_store_id": new_id("vs"), "search_id": new_id("search"),
-                "files": count, **fields}
+    metadata: dict[str, MetaValue] = {
+        "key_id": "key-1",
+        "vector_store_id": new_id("vs"),
+        "search_id": new_id("search"),
+        "files": count,
+        **fields,
+    }
     assert len(metadata) <= MAX_META_KEYS and all(len(v) <= MAX_META_STR for v in fields.values())
     log.append(tenant="t", action="vector_store.search", decision="allow", reason="caller", metadata=metadata)
     log.close()
