@@ -223,19 +223,11 @@ class GatewayRetrieval:
     async def search(self, key: KeyRecord, store_id: str, query: str, max_num_results: int, filters: Any,
                      score_threshold: float | None, rewrite_query: bool) -> list[dict[str, Any]]:
         """The worker's passages; audited with the ids of the files they came from."""
-        results: list[dict[str, Any]] = json.loads(await self.search_json(
-            key, store_id, query, max_num_results, filters, score_threshold, rewrite_query))
-        return results
-
-    async def search_json(self, key: KeyRecord, store_id: str, query: str, max_num_results: int, filters: Any,
-                          score_threshold: float | None, rewrite_query: bool) -> str:
-        """As `search`, the passages as the worker's JSON array, for a route that relays them as they are
-        (parsing and encoding them again is CPU the gateway spends on every search for nothing)."""
         self.service.check_plaintext_allowed(key)  # the passages come back in clear
         store = self.store(key, store_id)
         if not store.model:  # no file yet: nothing to search, nothing to open
             self._audit(key, "vector_store.search", vector_store_id=store_id, search_id=new_id("search"), files=0)
-            return "[]"
+            return []
         request = worker_pb2.SearchStoreRequest(
             tenant=key.tenant, key_id=key.key_id, store_id=store_id, query=query,
             max_num_results=max_num_results, filters_json=json.dumps(filters) if filters is not None else "",
@@ -254,7 +246,7 @@ class GatewayRetrieval:
         # One signed entry naming every file that gave passages (retrieval_audit.py: why one, and how packed).
         self._audit(key, "vector_store.search", vector_store_id=store_id, search_id=new_id("search"),
                     files=len(reply.file_ids), **file_id_fields(reply.file_ids))
-        results: str = reply.results_json
+        results: list[dict[str, Any]] = json.loads(reply.results_json)
         return results
 
 

@@ -4,10 +4,9 @@ api/gateway/vector_stores.py. Ingestion runs while the request waits, so a file 
 
 from __future__ import annotations
 
-import json
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, Query, Response
+from fastapi import APIRouter, Depends, Query
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from api.gateway.dependencies import current_key, get_service
@@ -195,16 +194,13 @@ def retrieve_batch(store_id: str, batch_id: str, key: KeyRecord = Depends(curren
 @router.post("/v1/vector_stores/{store_id}/search")
 async def search(store_id: str, body: Search, key: KeyRecord = Depends(current_key),
                  service: GatewayService = Depends(get_service),
-                 retrieval: GatewayRetrieval = Depends(get_retrieval)) -> Response:
+                 retrieval: GatewayRetrieval = Depends(get_retrieval)) -> dict[str, Any]:
     service.admissions.ticket(key, 0)
     queries = [body.query] if isinstance(body.query, str) else body.query
     if len(queries) != 1:
         raise GatewayError(400, "query must be one string (or a list of one)", param="query", code="invalid_value")
     threshold = body.ranking_options.score_threshold if body.ranking_options else None
-    data = await retrieval.search_json(key, store_id, queries[0], body.max_num_results, body.filters, threshold,
-                                       body.rewrite_query)
-    # The worker's passages relayed as it encoded them (the gateway reads no passage: parsing and encoding
-    # them again cost it CPU on every search, docs/retrieval.md "Hop by hop"); the page around them as OpenAI's.
-    page = ('{"object":"vector_store.search_results.page","search_query":' + json.dumps(queries)
-            + ',"data":' + data + ',"has_more":false,"next_page":null}')
-    return Response(page, media_type="application/json")
+    data = await retrieval.search(key, store_id, queries[0], body.max_num_results, body.filters, threshold,
+                                  body.rewrite_query)
+    return {"object": "vector_store.search_results.page", "search_query": queries, "data": data,
+            "has_more": False, "next_page": None}
