@@ -97,3 +97,29 @@ def test_the_tenant_hint_outlives_the_early_refusal_view_in_any_mode_and_a_chang
     catalog.authenticate(secret)
     catalog.forget()
     assert catalog.tenant_hint(secret) is None
+
+
+def test_the_caller_policy_is_checked_and_compiled_again_only_when_its_row_changes(
+        tmp_path: Path, clock: Clock, monkeypatch: pytest.MonkeyPatch) -> None:
+    catalog, store = _catalog(tmp_path, shared_db=False)
+    made: list[object] = []
+    real = catalog_module.caller_policy
+
+    def counted(tenant: str, row: object) -> object:
+        made.append(row)
+        return real(tenant, row)
+
+    monkeypatch.setattr(catalog_module, "caller_policy", counted)
+    assert catalog.caller_policy("acme") is None and len(made) == 1  # no row: no policy
+    store.put_policy("acme", {"payload": {"callers": {"allow": []}}, "key_id": "k1"}, admin_key_pem="not a key")
+    clock.now += CACHE_S + 0.1
+    first = catalog.caller_policy("acme")
+    assert len(made) == 2 and type(first).__name__ == "_Unverified"  # a bad admin key: refused, not skipped
+    for _ in range(3):  # the row re-read every CACHE_S, unchanged: not made again
+        clock.now += CACHE_S + 0.1
+        assert catalog.caller_policy("acme") is first
+    catalog.forget()
+    assert catalog.caller_policy("acme") is first and len(made) == 2
+    store.put_policy("acme", {"payload": {"callers": None}, "key_id": "k1"})  # the document changed
+    clock.now += CACHE_S + 0.1
+    assert catalog.caller_policy("acme") is None and len(made) == 3
