@@ -60,7 +60,9 @@ def choose_kernel_path(device: str, dtype: str, decode_kernels: str, cpu_class: 
       code is the build's -march tier: AVX-512 VNNI, AVX2 or scalar);
     - int4 / FP8 on the CPU: torch's int4 / FP8 ops;
     - ``decode_kernels="torch"``: torch's ops throughout (the reference path, no C++ kernels);
-    - fp32 on the CPU: column panels for the C++ kernel, exact block codes where a layer allows;
+    - fp32 on the CPU: column panels for the C++ kernel, exact block codes where a layer allows; a
+      prefill-sized call through the kernel on the AVX-512 classes, through torch's GEMM on the
+      layer unpacked for the call elsewhere (layers/panel.py, ``gemm_min_rows``: the build's width);
     - bf16 on a CPU where oneDNN runs bf16 (class x86-avx512-bf16): oneDNN's packed layout;
     - anything else (bf16 without it, fp16): torch's ``F.linear``.
     """

@@ -21,20 +21,22 @@ from __future__ import annotations
 import torch
 
 from ..kernels.cpu_ops import load_cpu_ops
-from .panel import PanelMatmul, UnpackScratch
+from .panel import PanelMatmul, UnpackScratch, gemm_min_rows
 
 
 class CodedPanelMatmul(PanelMatmul):
     """y = x W^T for an fp32 W [out, in] held as exact block codes (module doc); built by ``try_codes``."""
 
-    def __init__(self, codes: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor,
-                 scratch: UnpackScratch | None) -> None:
+    def __init__(
+        self, codes: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor, scratch: UnpackScratch | None
+    ) -> None:
         ops = load_cpu_ops()
         self._ops, self.scratch = ops, scratch
         self.width, self.block = int(ops.panel_width()), int(ops.code_block())
         self.codes, self.scales, self.offsets = codes, scales, offsets
         self.panels = codes  # the layer's held weight (Linear.weight), as for the fp32 panels
         self.out_features, self.in_features = codes.shape[0] * self.width, codes.shape[1]
+        self.gemm_min_rows = gemm_min_rows(self.width)
 
     def _kernel(self, x2: torch.Tensor) -> torch.Tensor:
         y: torch.Tensor = self._ops.coded_linear(x2, self.codes, self.scales, self.offsets)

@@ -18,12 +18,20 @@ import torch
 
 from ..kernels.cpu_ops import load_cpu_ops
 
-# From this many rows (a prefill chunk) the layer is unpacked into W^T's plain [in, out] layout for
-# the call and multiplied by torch's GEMM: the panel kernel streams the weights once per step, which
-# is what a decode step needs, but a prefill is compute-bound and torch's blocked GEMM (packing x,
-# K-blocking for the caches) outruns it there; the unpack is one pass over the layer, under 1/rows
-# of the GEMM's work. Below it, the panel kernel (docs/engine.md, "fp32 weights in column panels").
+# With the AVX2 / portable kernel (NR = 8), from this many rows (a prefill chunk) the layer is unpacked
+# into W^T's plain [in, out] layout for the call and multiplied by torch's GEMM: a prefill is
+# compute-bound, and that kernel's two-panel tile (6 rows x 16 outputs) ran it below torch's blocked
+# GEMM on a Zen 3 (docs/engine.md, "fp32 weights in column panels"). The AVX-512 kernel (NR = 16)
+# takes every call: its 12 x 32 tile ran prefill-sized calls faster than the unpack and the GEMM
+# together on a Zen 4 (1.15-1.35x at 128-512 rows, same docs), and one kernel for every row count
+# keeps a row's result independent of the rows beside it, a prefill's included.
 GEMM_MIN_ROWS = 128
+
+
+def gemm_min_rows(width: int) -> int | None:
+    """From how many rows a panel layer of this kernel width goes through the unpacked GEMM; None: never.
+    The width is the build's (-march, so the CPU class's): the same class, the same rule."""
+    return None if width >= 16 else GEMM_MIN_ROWS
 
 
 class UnpackScratch:
@@ -63,6 +71,7 @@ class PanelMatmul:
         nr = int(ops.panel_width())
         n, k = weight.shape
         self.out_features, self.in_features, self.width = n, k, nr
+        self.gemm_min_rows = gemm_min_rows(nr)  # the build's rule (module doc); tests may set another
         self._ops = ops
         with torch.inference_mode():
             if consume and weight.is_contiguous():
@@ -78,7 +87,8 @@ class PanelMatmul:
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, self.in_features)
-        y = self._unpacked_gemm(x2) if x2.shape[0] >= GEMM_MIN_ROWS else self._kernel(x2.contiguous())
+        gemm = self.gemm_min_rows is not None and x2.shape[0] >= self.gemm_min_rows
+        y = self._unpacked_gemm(x2) if gemm else self._kernel(x2.contiguous())
         if bias is not None:
             y.add_(bias)
         return y.reshape(*shape[:-1], self.out_features)
@@ -100,7 +110,7 @@ class PanelMatmul:
                 w_t.zero_()
 
     def _kernel(self, x2: torch.Tensor) -> torch.Tensor:
-        """x W^T for fewer than GEMM_MIN_ROWS rows (x2 contiguous)."""
+        """x W^T through the panel kernel (x2 contiguous): every call below ``gemm_min_rows``."""
         y: torch.Tensor = self._ops.panel_linear(x2, self.panels)
         return y
 

@@ -33,13 +33,17 @@ def _gguf_weight(qtype: GGMLQuantizationType, n: int, k: int, seed: int = 0) -> 
 
 @pytest.mark.parametrize("qtype", [GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q8_0])
 @pytest.mark.parametrize("rows", [1, 2, 7, 16, 17, 40, GEMM_MIN_ROWS - 1, GEMM_MIN_ROWS, 300])
-def test_codes_give_the_fp32_panels_result_to_the_bit(qtype: GGMLQuantizationType, rows: int) -> None:
+@pytest.mark.parametrize("unpack", [False, True])
+def test_codes_give_the_fp32_panels_result_to_the_bit(qtype: GGMLQuantizationType, rows: int, unpack: bool) -> None:
     """The same weights, rebuilt exactly, through the same FMAs: equal, not close (every micro-kernel
-    height, several row blocks, and the unpacked GEMM of a prefill-sized call)."""
+    height, several row blocks, and prefill-sized calls through the kernel and, ``unpack``, through the
+    unpacked GEMM, the rule of the AVX2 / portable kernel, set here on any build)."""
     w = _gguf_weight(qtype, 6 * _width(), 576)
     coded = try_codes(w.clone(), consume=True)
     assert isinstance(coded, CodedPanelMatmul)
     fp32 = PanelMatmul(w.clone(), consume=True)
+    if unpack:
+        coded.gemm_min_rows = fp32.gemm_min_rows = GEMM_MIN_ROWS
     x = torch.randn(rows, 576, generator=torch.Generator().manual_seed(rows))
     assert torch.equal(coded(x), fp32(x))
     torch.testing.assert_close(coded(x), x @ w.T, rtol=1e-5, atol=1e-4)
@@ -141,8 +145,9 @@ def test_the_default_model_is_coded_throughout_with_the_fp32_panels_greedy_token
     decoding (batched and alone) matches the fp32 panels' tokens."""
     fp32 = make_engine(panel_codes=False, kv_cache_memory_bytes=16 << 20)
     coded = make_engine(kv_cache_memory_bytes=16 << 20)
-    layers = [m for layer in coded.model.layers
-              for m in (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj)]
+    layers = [
+        m for layer in coded.model.layers for m in (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj)
+    ]
     assert all(isinstance(m.matmul, CodedPanelMatmul) for m in layers)
     assert isinstance(coded.model.embed.head, CodedPanelMatmul)
     assert not any(isinstance(layer.down_proj.matmul, CodedPanelMatmul) for layer in fp32.model.layers)

@@ -13,7 +13,7 @@ from enclave_worker.engine.kernels.cpu_ops import load_cpu_ops
 from enclave_worker.engine.layers.embedding import Embedding
 from enclave_worker.engine.layers.linear import DenseMatmul, Linear, LinearOptions
 from enclave_worker.engine.layers.packed import is_zero
-from enclave_worker.engine.layers.panel import GEMM_MIN_ROWS, PanelMatmul, UnpackScratch, try_panel
+from enclave_worker.engine.layers.panel import GEMM_MIN_ROWS, PanelMatmul, UnpackScratch, gemm_min_rows, try_panel
 
 PANELS = LinearOptions(kernel="panels")
 
@@ -50,11 +50,12 @@ def test_panels_take_an_owned_weights_memory_and_leave_a_borrowed_one() -> None:
 
 
 def test_a_prefill_unpacks_the_layer_for_the_call_and_zeroes_that_copy(monkeypatch: pytest.MonkeyPatch) -> None:
-    """From GEMM_MIN_ROWS rows the layer goes through torch's GEMM on W^T unpacked for the call; the
-    unpacked copy is plaintext weights, so it is zeroed before the allocator gets it back, also when
-    the GEMM fails."""
+    """Where the rule unpacks (the AVX2 / portable kernel, set here on any build), from GEMM_MIN_ROWS rows
+    the layer goes through torch's GEMM on W^T unpacked for the call; the unpacked copy is plaintext
+    weights, so it is zeroed before the allocator gets it back, also when the GEMM fails."""
     w = torch.randn(3 * _width(), 48)
     pm = PanelMatmul(w.clone(), consume=False)
+    pm.gemm_min_rows = GEMM_MIN_ROWS
     seen: list[torch.Tensor] = []
     real_mm = torch.mm
 
@@ -80,6 +81,29 @@ def test_a_prefill_unpacks_the_layer_for_the_call_and_zeroes_that_copy(monkeypat
     assert not seen[-1].any()
 
 
+def test_the_rule_for_prefill_sized_calls_follows_the_kernels_width() -> None:
+    """The AVX-512 kernel (16 outputs a panel) takes every call; the AVX2 / portable one (8) hands calls
+    of GEMM_MIN_ROWS+ rows to the unpacked GEMM. A layer carries its build's rule."""
+    assert gemm_min_rows(16) is None
+    assert gemm_min_rows(8) == GEMM_MIN_ROWS
+    assert PanelMatmul(torch.randn(2 * _width(), 32), consume=False).gemm_min_rows == gemm_min_rows(_width())
+
+
+@pytest.mark.parametrize("rows", [GEMM_MIN_ROWS, 300])
+def test_where_the_kernel_takes_a_prefill_each_rows_result_is_the_rows_own(rows: int) -> None:
+    """Over the AVX-512 kernel a prefill-sized call computes each row as a call of that row alone would,
+    to the bit: a prompt's logits do not depend on the prompts or decodes in its step."""
+    if gemm_min_rows(_width()) is not None:
+        pytest.skip("this build's kernel hands prefill-sized calls to torch's GEMM (AVX2 / portable)")
+    g = torch.Generator().manual_seed(rows)
+    pm = PanelMatmul(torch.randn(6 * _width(), 576, generator=g), consume=False)
+    x = torch.randn(rows, 576, generator=g)
+    together = pm(x)
+    for i in (0, 1, 13, rows // 2, rows - 1):
+        assert torch.equal(together[i], pm(x[i : i + 1])[0])
+    assert torch.equal(together[rows - 20 :], pm(x[rows - 20 :]))  # a decode-sized call of the last rows
+
+
 @pytest.mark.parametrize(("panels", "k"), [(1, 1), (3, 37), (5, 16), (2, 200)])
 def test_the_unpack_kernel_writes_w_transposed_exactly(panels: int, k: int) -> None:
     """Row counts around the kernel's blocks of 16 (1, 37, 16, 200), one panel and several."""
@@ -92,14 +116,19 @@ def test_the_unpack_kernel_writes_w_transposed_exactly(panels: int, k: int) -> N
 def test_the_unpack_kernel_refuses_an_output_of_another_shape_or_type() -> None:
     # K = 40: no multiple of a panel width (8 or 16), so a transposed shape is never the right one by chance
     pm = PanelMatmul(torch.randn(2 * _width(), 40), consume=False)
-    for bad in (torch.empty(40, _width()), torch.empty(2 * _width(), 40), torch.empty(40, 2 * _width()).double(),
-                torch.empty(2 * _width(), 40).T):
+    for bad in (
+        torch.empty(40, _width()),
+        torch.empty(2 * _width(), 40),
+        torch.empty(40, 2 * _width()).double(),
+        torch.empty(2 * _width(), 40).T,
+    ):
         with pytest.raises(RuntimeError, match=r"out \[K, N\]"):
             load_cpu_ops().panel_unpack(pm.panels, bad)
 
 
 def test_a_prefill_with_the_models_scratch_unpacks_there_and_keeps_no_transient_copy(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """With the model's UnpackScratch the layer is unpacked into that one buffer (a held tensor the
     wipe zeroes), reused by every layer and grown for a larger one; the smaller buffer it replaces is
     zeroed first. A layer above the scratch's size takes a transient buffer, zeroed after the call."""
@@ -107,6 +136,7 @@ def test_a_prefill_with_the_models_scratch_unpacks_there_and_keeps_no_transient_
     small = PanelMatmul(torch.randn(2 * _width(), 48), consume=False, scratch=scratch)
     w = torch.randn(3 * _width(), 48)
     large = PanelMatmul(w.clone(), consume=False, scratch=scratch)
+    small.gemm_min_rows = large.gemm_min_rows = GEMM_MIN_ROWS  # the unpacking rule, on any build
     x = torch.randn(GEMM_MIN_ROWS, 48)
     small(x)
     first = scratch.buffer
@@ -118,16 +148,22 @@ def test_a_prefill_with_the_models_scratch_unpacks_there_and_keeps_no_transient_
     real_mm = torch.mm
     monkeypatch.setattr(torch, "mm", lambda a, b: seen.append(b) or real_mm(a, b))
     too_big = PanelMatmul(torch.randn(4 * _width(), 48), consume=False, scratch=scratch)
+    too_big.gemm_min_rows = GEMM_MIN_ROWS
     too_big(x)
     assert seen[-1].data_ptr() != scratch.buffer.data_ptr() and not seen[-1].any()  # its own, zeroed
 
 
 def test_the_engines_unpack_scratch_is_held_and_wiped(make_engine, h) -> None:
+    """Where the build's rule unpacks, a prefill leaves the last layer's W^T in the scratch until the wipe;
+    where it never does (the AVX-512 kernel), no plaintext copy is ever made there."""
     eng = make_engine(kv_cache_memory_bytes=16 << 20)
     prompt = eng.tokenizer.encode(" ".join(h.prompts) * 3)
     assert len(prompt) >= GEMM_MIN_ROWS  # one prefill-sized step through every layer
     h.run_sync(eng, [("r", prompt, SamplingParams(max_tokens=2, temperature=0, ignore_eos=True))])
     scratch = eng.model.unpack_scratch.buffer
+    if gemm_min_rows(_width()) is None:
+        assert scratch.numel() == 0
+        return
     assert scratch.numel() > 0 and scratch.any()
     assert any(t is scratch for t in eng.held_tensors())
     eng.wipe()
@@ -142,6 +178,26 @@ def test_a_long_prefill_over_panels_gives_the_reference_engines_greedy_tokens(ma
     greedy = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
     want = h.tokens_of(h.run_sync(plain, [("r", prompt, greedy)])["r"])
     assert h.tokens_of(h.run_sync(panel, [("r", prompt, greedy)])["r"]) == want
+
+
+def test_a_long_prompts_logprobs_are_the_same_alone_and_prefilled_beside_another(make_engine, h) -> None:
+    """Over the AVX-512 kernel a prefill step's rows are computed each on its own: a 128+ token prompt
+    gives the same logprobs, to the bit, alone and sharing its prefill step with another long prompt."""
+    if gemm_min_rows(_width()) is not None:
+        pytest.skip("this build's kernel hands prefill-sized calls to torch's GEMM (AVX2 / portable)")
+    eng = make_engine(num_threads=2, kv_cache_memory_bytes=64 << 20, enable_prefix_caching=False)
+    prompt = eng.tokenizer.encode(" ".join(h.prompts) * 3)
+    other = eng.tokenizer.encode(" ".join(reversed(h.prompts)) * 3)
+    assert len(prompt) >= GEMM_MIN_ROWS and len(other) >= GEMM_MIN_ROWS
+    params = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True, logprobs=3)
+
+    def logprobs(outs: list) -> list:
+        return [(t.token_id, t.logprob, t.top) for o in outs for t in o.logprobs]
+
+    alone = logprobs(h.run_sync(eng, [("a", prompt, params)])["a"])
+    together = h.run_sync(eng, [("o", other, params), ("b", prompt, params)])
+    assert logprobs(together["b"]) == alone
+    assert logprobs(together["o"]) != alone  # real, distinct rows
 
 
 def test_weights_that_do_not_fit_a_panel_keep_the_checkpoint_layout() -> None:
