@@ -145,7 +145,11 @@ def ours(home: Home, api_key: str, root: Path, run: int, timeout: float) -> dict
     worker = TreeRssSampler([proc.pid], only=_is_worker).start()
     stack = TreeRssSampler([proc.pid]).start()
     try:
-        t = first_content(f"http://127.0.0.1:{port}", {"Authorization": f"Bearer {api_key}"}, start + timeout, proc)
+        try:
+            t = first_content(f"http://127.0.0.1:{port}", {"Authorization": f"Bearer {api_key}"}, start + timeout, proc)
+        except (TimeoutError, RuntimeError) as exc:
+            tail = (home.logs / "worker.log").read_text(errors="replace")[-1500:]
+            raise RuntimeError(f"sealed up: {exc}; the worker's log ends: {tail}") from exc
         rss, stack_rss = worker.stop(), stack.stop()
         stats = _worker_status(home).get("stats", {})
     finally:
@@ -232,6 +236,8 @@ def vllm(python: str, model: Path, peer: PeerConfig, root: Path, run: int, timeo
     try:
         t = first_content(f"http://127.0.0.1:{port}", {}, start + timeout, proc)
         rss = sampler.stop()
+    except (TimeoutError, RuntimeError) as exc:
+        raise RuntimeError(f"vllm serve: {exc}; its log ends: {log.read_text(errors='replace')[-1500:]}") from exc
     finally:
         sampler.stop()
         _stop(proc)
