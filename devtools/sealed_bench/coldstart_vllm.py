@@ -148,8 +148,9 @@ def ours(home: Home, api_key: str, root: Path, run: int, timeout: float) -> dict
         try:
             t = first_content(f"http://127.0.0.1:{port}", {"Authorization": f"Bearer {api_key}"}, start + timeout, proc)
         except (TimeoutError, RuntimeError) as exc:
-            tail = (home.logs / "worker.log").read_text(errors="replace")[-1500:]
-            raise RuntimeError(f"sealed up: {exc}; the worker's log ends: {tail}") from exc
+            logs = [root / f"up-{run}.log", home.logs / "worker.log"]
+            tails = "; ".join(f"{p.name} ends: {p.read_text(errors='replace')[-1500:]}" for p in logs if p.exists())
+            raise RuntimeError(f"sealed up: {exc}; {tails}") from exc
         rss, stack_rss = worker.stop(), stack.stop()
         stats = _worker_status(home).get("stats", {})
     finally:

@@ -10,7 +10,10 @@ import time
 from sealed_bench.tree_rss import TreeRssSampler, tree_pids
 
 # A parent that starts a child holding 200 MiB it has written to (resident), then both wait for stdin to close.
-_CHILD = "import sys; b = bytearray(200 << 20); b[::4096] = b'x' * len(b[::4096]); print('ready', flush=True); sys.stdin.read()"
+_CHILD = (
+    "import sys; b = bytearray(200 << 20); b[::4096] = b'x' * len(b[::4096]); print('ready', flush=True); "
+    "sys.stdin.read()"
+)
 _PARENT = (
     "import subprocess, sys; c = subprocess.Popen([sys.executable, '-c', sys.argv[1], 'resident' + '-child'], "
     "stdin=subprocess.PIPE, stdout=subprocess.PIPE); print(c.stdout.readline().decode().strip(), flush=True); "
