@@ -12,6 +12,9 @@ phases from its assignment on (assign, broker, attest, release, decrypt, load, a
 first_token) follow one another: ``standby_unaccounted_s`` is what of the first token after assignment
 they do not cover (the assignment's HTTP call, the first chunk's way back to this client). No assertion:
 the figures are reported with the machine and its load average.
+
+`--compare-vllm` runs instead `--pairs` alternating cold starts of `sealed up` and of `vllm serve` on the
+same HF directory (`--model`), each to its first token, with peak RSS (coldstart_vllm.py).
 """
 
 from __future__ import annotations
@@ -31,7 +34,11 @@ import httpx
 
 from api.home import Home
 from api.stack import DEMO_MODEL, free_port, launch, prepare_demo, worker_args
+from enclave_worker.vllm_cpu_binding import allowed_cpus
+from sealed_bench.coldstart_vllm import DTYPE, compare
+from sealed_bench.peers import add_peer_options, vllm_binding, vllm_peer
 from sealed_bench.processes import source_pythonpath
+from sealed_bench.vllm_side import machine, vllm_interpreter
 
 PREFIX = "sealed:cold_start_"
 
@@ -129,14 +136,29 @@ def run(root: Path, model: Path | None, timeout: float) -> dict[str, Any]:
             "target_ratio": 1.2}
 
 
+def compare_vllm(args: argparse.Namespace, parser: argparse.ArgumentParser, root: Path) -> dict[str, Any]:
+    peer = vllm_peer(vllm_binding(args, parser), allowed_cpus(), DTYPE, peer="vllm serve")
+    report = compare(args.model.resolve(), vllm_interpreter(args), peer, args.pairs, root, args.timeout)
+    return {"benchmark": "coldstart-vs-vllm", "model": str(args.model), "dtype": DTYPE, "pairs": args.pairs,
+            "page_cache": "warm: each side's input files read once, untimed, just before its run",
+            "vllm_config": peer.record(), "machine": machine(), **report}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="sealed bench coldstart", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", type=Path, default=None, help="GGUF file or HF dir (default: the demo model)")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds for each start")
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--compare-vllm", action="store_true",
+                    help="cold start to the first token against `vllm serve` on --model (an HF directory)")
+    ap.add_argument("--pairs", type=int, default=2, help="--compare-vllm: alternating runs per side")
+    ap.add_argument("--vllm-python", default=None, help="vLLM's interpreter (default: api/vllm_python.py)")
+    add_peer_options(ap)
     args = ap.parse_args(argv)
+    if args.compare_vllm and (args.model is None or not args.model.is_dir()):
+        ap.error("--compare-vllm needs --model, a directory of safetensors (vLLM serves the same files)")
     with tempfile.TemporaryDirectory(prefix="sealed-coldstart-") as tmp:
-        report = run(Path(tmp), args.model, args.timeout)
+        report = compare_vllm(args, ap, Path(tmp)) if args.compare_vllm else run(Path(tmp), args.model, args.timeout)
     text = json.dumps(report, indent=1)
     print(text)
     if args.json:

@@ -102,6 +102,9 @@ class LLMEngine(ThreadedEngine[_Request]):
             raise ModelDoesNotFit(f"the KV memory budget of {config.kv_cache_memory_bytes} bytes is smaller than one "
                                   f"KV block ({spec.bytes_per_block} bytes)")
         self.max_model_len = min(built.model_len, num_blocks * config.block_size)
+        # What the worker's status reports against its process's RSS (`sealed bench coldstart`).
+        self.weights_held_bytes = held_bytes(model_tensors(self.model))
+        self.kv_pool_bytes = num_blocks * spec.bytes_per_block
         self.blocks = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.blocks, config.max_num_seqs, config.max_num_batched_tokens)
         self.kernel_path = built.kernel  # which kernels run (kernel_path.py); named in the measured config
@@ -241,6 +244,8 @@ class LLMEngine(ThreadedEngine[_Request]):
                 "prefix_cache_hits": b.prefix_hits,
                 "prefix_cache_queries": b.prefix_queries,
                 "num_preemptions": self.scheduler.num_preemptions,
+                "weights_held_bytes": self.weights_held_bytes,
+                "kv_pool_bytes": self.kv_pool_bytes,
             }
 
     # ------------------------------------------------------------ the stepping thread's hooks

@@ -36,3 +36,23 @@ def test_bench_vllmserve(vllm_python: str, tmp_path: Path) -> None:
                                   "--concurrency", "1", "--pairs", "1"], vllm_python, tmp_path / "vllmserve.json")
     assert {name: len(runs) for name, runs in report["runs"].items()} == {"sealed": 1, "plain": 1}
     assert all(run["completed"] == 2 for runs in report["runs"].values() for run in runs)
+
+
+def test_bench_coldstart_against_vllm_serve(vllm_python: str, tmp_path: Path) -> None:
+    # One pair on a one-layer model of a real architecture's family, bf16 as checkpoints come: both sides
+    # cold to a first token, and peak RSS of each side's processes (vLLM's API server and the engine
+    # core it forks: more than one process).
+    from sealed_bench.make_model import model_config, write_checkpoint
+
+    model = write_checkpoint(tmp_path / "model", model_config("test-llama", "bf16", layers=1)).out
+    report = _bench("coldstart", ["--compare-vllm", "--model", str(model), "--pairs", "1"], vllm_python,
+                    tmp_path / "coldstart.json")
+    assert {side: len(runs) for side, runs in report["runs"].items()} == {"sealed": 1, "vllm": 1}
+    ours, theirs = report["runs"]["sealed"][0], report["runs"]["vllm"][0]
+    assert {"boot", "broker", "attest", "release", "decrypt", "load", "first_token"} <= set(ours["worker_phases_s"])
+    assert ours["first_token_s"] >= ours["answered_request_sent_s"] > 0
+    assert theirs["first_token_s"] >= theirs["answered_request_sent_s"] > 0
+    assert "server_listening" in theirs["milestones_s"] and "load_weights" in theirs["took_s"]
+    assert ours["peak_rss_worker"]["processes"] == 1 and theirs["peak_rss"]["processes"] >= 2
+    assert ours["weights_held_bytes"] > 0 and ours["kv_pool_bytes"] > 0
+    assert report["dtype"] == "float32" and report["ratio_first_token"] > 0

@@ -126,6 +126,18 @@ def test_the_engine_sizes_its_kv_pool_from_the_host_fraction(make_engine, checkp
     assert engine.runner.kv_cache.shape[2] == expected * 16
 
 
+def test_the_engine_reports_its_weights_as_held_and_its_kv_pool(engine) -> None:  # type: ignore[no-untyped-def]
+    # What `sealed bench coldstart --compare-vllm` sets the worker's peak RSS against (issue 49).
+    pool = engine.runner.kv_cache.untyped_storage().data_ptr()
+    weights = held_bytes([t for t in model_tensors(engine.model)
+                          if t.is_mkldnn or t.untyped_storage().data_ptr() != pool])
+    stats = engine.stats()
+    assert stats["weights_held_bytes"] == weights > 0
+    block = engine.runner.kv_cache[:, :, :16].nbytes
+    assert stats["kv_pool_bytes"] == stats["num_kv_blocks"] * block == engine.runner.kv_cache.nbytes
+    assert 96 * MIB - block < stats["kv_pool_bytes"] <= 96 * MIB  # the session engine's fixed 96 MiB pool
+
+
 def test_the_engine_refuses_a_model_larger_than_its_host_budget(make_engine, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.setattr(llm_engine_module, "host_memory", lambda: MemoryView(64 * MIB, "cgroup v1 limit"))
     with pytest.raises(ModelDoesNotFit, match=r"^model does not fit: weights as held 0\.\d\d GiB .*cgroup v1 limit\)$"):
