@@ -446,6 +446,7 @@ def launch(home: Home, *, host: str = "127.0.0.1", port: int = 8000,
         write_demo_client_policy(home, engine, broker_url, models)
         routes = home.gateway / "routes.json"
         routes.write_text(json.dumps([{"tenant": DEMO_TENANT, "model": m, "version": DEMO_VERSION} for m in models]))
+        gateway_client_cert(home)  # made before the gateway and the workers start: no two processes race to make it
         gateway = stack.supervisor.start("gateway", [
             "api.gateway", "--data-dir", str(home.gateway), "--routes", str(routes), "--host", host,
             "--port", str(port), "--register-token-file", str(_secret_file(home.gateway / "register-token")),
@@ -456,7 +457,10 @@ def launch(home: Home, *, host: str = "127.0.0.1", port: int = 8000,
             "--audit-dir", str(home.audit), "--audit-witness", str(home.audit_witness), "--broker-url", broker_url,
             *console_cookie_args(host), *gateway_args],
             on_restart=stack.write_pids)
-        wait_http(f"{local_gateway}/healthz", gateway)
+        # The workers start while the gateway does (it is waited for once they answer): a worker beats
+        # until a gateway takes its heartbeat (enclave_worker/heartbeat.py), and its boot (imports,
+        # attestation, key release, decryption, load) is most of a cold start.
+
         def start_worker(name: str, model: str = DEMO_MODEL) -> str:
             http_port, grpc_port = free_port(), free_port()
             encoder = model != DEMO_MODEL  # the embedding model: always our engine, from this virtualenv
@@ -478,6 +482,7 @@ def launch(home: Home, *, host: str = "127.0.0.1", port: int = 8000,
         if embedding_model:
             on_free_ports(stack.supervisor, "embedding-worker",
                           functools.partial(start_worker, "embedding-worker", EMBEDDING_MODEL))
+        wait_http(f"{local_gateway}/healthz", gateway)
         stack.supervisor.watch()
         # Every other registered model version gets its workers from the control loop.
         runtime = LocalRuntime(home, stack.supervisor, broker_url, local_gateway,
