@@ -46,8 +46,9 @@ def bound(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.T
     return (mags * xs.double()[:, None, :] * scales.double()[None]).sum(-1) * 1e-6 + 1e-9
 
 
-# (rows, K, N): a decode step (1, 3, 16), one past the row block of 16, a prefill chunk; 1B-shaped K
-SHAPES = [(1, 64, 32), (3, 2048, 48), (16, 256, 64), (17, 512, 16), (130, 96, 80)]
+# (rows, K, N): a decode step (1, 3, 13, 16: the VNNI pass takes 16 rows, 8 at a time), one past the row
+# block of 16, a prefill chunk; 1B-shaped K
+SHAPES = [(1, 64, 32), (3, 2048, 48), (13, 160, 32), (16, 256, 64), (17, 512, 16), (130, 96, 80)]
 
 
 @pytest.mark.parametrize(("m", "k", "n"), SHAPES)
@@ -105,11 +106,14 @@ def test_shapes_off_the_grid_are_padded_not_refused(k: int, n: int) -> None:
     assert torch.equal(layer.rows(ids), want)
 
 
-@pytest.mark.parametrize(("codes", "scales"), [
-    (torch.zeros(16, 64, dtype=torch.int8), torch.zeros(16, 3)),  # scales for another K
-    (torch.zeros(16, 64, dtype=torch.int8), torch.zeros(16, 2, dtype=torch.float64)),  # not float32
-    (torch.zeros(16, 64, dtype=torch.uint8), torch.zeros(16, 2)),  # not int8 codes
-])
+@pytest.mark.parametrize(
+    ("codes", "scales"),
+    [
+        (torch.zeros(16, 64, dtype=torch.int8), torch.zeros(16, 3)),  # scales for another K
+        (torch.zeros(16, 64, dtype=torch.int8), torch.zeros(16, 2, dtype=torch.float64)),  # not float32
+        (torch.zeros(16, 64, dtype=torch.uint8), torch.zeros(16, 2)),  # not int8 codes
+    ],
+)
 def test_mismatched_components_are_a_typed_error(codes: torch.Tensor, scales: torch.Tensor) -> None:
     with pytest.raises(ValueError, match="q8 blocks"):
         Q8BlockMatmul(codes, scales, consume=False)
