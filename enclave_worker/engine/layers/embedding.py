@@ -14,7 +14,7 @@ from .int8_torch import TorchInt8Matmul, per_channel
 from .linear import DenseMatmul, LinearOptions, dense_matmul
 from .packed import PackedMatmul
 from .panel import PanelMatmul
-from .q8_blocks import Q8BlockMatmul, quantize_blocks
+from .q8_blocks import Q8BlockMatmul
 from .quantized_weight import INT8_BLOCK, QuantizedWeight, dequantize
 
 
@@ -25,8 +25,9 @@ class Embedding(torch.nn.Module):
         head is a second copy of the table, held and wiped like every weight (layers/packed.py)."""
         super().__init__()
         quant, dtype, device, in_place = options.quant, options.dtype, options.device, options.in_place
-        if isinstance(weight, QuantizedWeight) and not (_q8_blocks(weight) and quant in ("int8", "int4")
-                                                        and torch.device(device).type == "cpu"):
+        if isinstance(weight, QuantizedWeight) and not (
+            _q8_blocks(weight) and quant in ("int8", "int4") and torch.device(device).type == "cpu"
+        ):
             weight = dequantize(weight)  # a GGUF Q8_0 table for another layout: its float32 values, as before
         self.quantized = quant in ("int8", "int4")
         self.head: DenseMatmul | PackedMatmul | PanelMatmul
@@ -36,7 +37,7 @@ class Embedding(torch.nn.Module):
             if isinstance(weight, QuantizedWeight):  # Q8_0's codes and scales are this layout's
                 self.table = Q8BlockMatmul(weight.codes(), weight.scales, consume=True)
             elif torch.device(device).type == "cpu":
-                self.table = Q8BlockMatmul(*quantize_blocks(weight), consume=True)
+                self.table = Q8BlockMatmul.from_float(weight)
             else:
                 self.table = TorchInt8Matmul(*per_channel(weight), dtype, device, dense_from=None)
             self.weight = self.table.codes if isinstance(self.table, Q8BlockMatmul) else self.table.qweight

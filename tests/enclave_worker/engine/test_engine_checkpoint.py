@@ -75,6 +75,7 @@ def test_streamed_hf_dir_reads_each_tensor_when_the_build_takes_it(checkpoint, t
         def reader():
             reads[name] = reads.get(name, 0) + 1
             return read()
+
         return reader
 
     files = sorted(tmp_path.glob("*.safetensors"))
@@ -98,6 +99,7 @@ def test_lazy_tensors_read_on_access():
         def read():
             reads.append(value)
             return torch.full((2,), float(value))
+
         return read
 
     lazy = LazyTensors({"a": reader(1), "b": reader(2)})
