@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import gc
+import io
 import json
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -16,12 +19,14 @@ from .checkpoint_hf_quant import convert as convert_quantized
 from .errors import CheckpointError
 from .gguf_tokenizer import gguf_tokenizer_json
 from .layers.quantized_weight import QuantizedWeight
+from .lazy_tensors import LazyTensors, Reader
+from .safetensors_reader import safetensors_readers
 
 
 @dataclass(frozen=True)
 class Checkpoint:
     config: dict[str, Any]
-    tensors: dict[str, torch.Tensor]
+    tensors: MutableMapping[str, torch.Tensor]  # a dict, or read as taken (LazyTensors)
     tokenizer_json: str
     chat_template: str | None
     # Told each tensor the builder consumed that no layer holds, so its memory can be given back
@@ -165,7 +170,6 @@ def load_gguf(path: Path, native: bool = False) -> Checkpoint:
     ``native``: each quantized linear weight is kept in the engine's kernel layout instead, tensor by
     tensor (checkpoint_gguf_quant.py); a type the engine has no path for raises CheckpointError."""
     import gguf
-    from gguf.quants import dequantize
 
     path = Path(path)
     if not path.is_file():
@@ -176,33 +180,63 @@ def load_gguf(path: Path, native: bool = False) -> Checkpoint:
         raise CheckpointError(f"cannot read GGUF {path}: {exc}") from exc
     config, arch = _gguf_config(reader)
     tensors: dict[str, torch.Tensor] = {}
-    for t in reader.tensors:
-        if t.name in _GGUF_GLOBAL_NAMES:
-            name = _GGUF_GLOBAL_NAMES[t.name]
-        elif t.name.startswith("blk."):
-            _, idx, rest = t.name.split(".", 2)
-            if rest not in _GGUF_LAYER_NAMES:
-                continue
-            name = f"model.layers.{idx}.{_GGUF_LAYER_NAMES[rest]}"
-        else:
-            continue  # rope_freqs etc.: derived from config
-        shape = tuple(int(d) for d in reversed(t.shape.tolist()))
-        qtype = t.tensor_type.name
-        if native and qtype not in _GGUF_FLOAT_TYPES and qtype not in NATIVE_TYPES:
-            raise CheckpointError(f"GGUF tensor {t.name} is {qtype}: the engine loads {', '.join(NATIVE_TYPES)}, "
-                                  f"{', '.join(_GGUF_FLOAT_TYPES)}")
-        w: torch.Tensor
-        if native and qtype in NATIVE_TYPES and (name == "lm_head.weight" or name.endswith("proj.weight")):
-            w = gguf_native(t.data, qtype, shape, t.name)
-        else:
-            w = _dequantize_into(t.data, t.tensor_type, shape, dequantize)
-        for suffix, heads in (("attn_q", "num_attention_heads"), ("attn_k", "num_key_value_heads")):
-            if arch == "llama" and rest_of(t.name).startswith(suffix + "."):
-                w = _unpermute_any(w, config[heads])
-        tensors[name] = w
-    tok_json = gguf_tokenizer_json(lambda k, d=None: _field(reader, k, d))
+    with path.open("rb") as f:
+        for t in reader.tensors:
+            _load_gguf_tensor(f, t, arch, config, native, tensors)
+    tok_json = gguf_tokenizer_json(partial(_field, reader))
     template = _field(reader, "tokenizer.chat_template")
+    # The reader's parsed fields are ~10^6 small objects in cycles (300+ MB for a 128k vocabulary):
+    # collected now, not at some later collection while the model is being built beside them.
+    del reader
+    gc.collect()
     return Checkpoint(config=config, tensors=tensors, tokenizer_json=tok_json, chat_template=template)
+
+
+def _gguf_bytes(f: io.BufferedReader, t: Any) -> np.ndarray:
+    """One tensor's data read into its own buffer (the reader's memmap view's shape and dtype). Read,
+    not paged in through the reader's map: every page of the file a map touches stays in this process's
+    RSS until the map closes, so reading through it held the whole file beside the converted tensors."""
+    out = np.empty(t.data.shape, dtype=t.data.dtype)  # shape and dtype only: no page of the map is touched
+    f.seek(t.data_offset)
+    if f.readinto(out.reshape(-1).view(np.uint8).data) != out.nbytes:
+        raise CheckpointError(f"GGUF tensor {t.name} is truncated")
+    return out
+
+
+def _load_gguf_tensor(f: io.BufferedReader, t: Any, arch: str, config: dict[str, Any], native: bool,
+                      tensors: dict[str, torch.Tensor]) -> None:
+    """Convert one GGUF tensor into ``tensors`` under its HF name (skipped: rope_freqs etc.)."""
+    from gguf.quants import dequantize
+
+    if t.name in _GGUF_GLOBAL_NAMES:
+        name = _GGUF_GLOBAL_NAMES[t.name]
+    elif t.name.startswith("blk."):
+        _, idx, rest = t.name.split(".", 2)
+        if rest not in _GGUF_LAYER_NAMES:
+            return
+        name = f"model.layers.{idx}.{_GGUF_LAYER_NAMES[rest]}"
+    else:
+        return  # rope_freqs etc.: derived from config
+    shape = tuple(int(d) for d in reversed(t.shape.tolist()))
+    qtype = t.tensor_type.name
+    if native and qtype not in _GGUF_FLOAT_TYPES and qtype not in NATIVE_TYPES:
+        raise CheckpointError(f"GGUF tensor {t.name} is {qtype}: the engine loads {', '.join(NATIVE_TYPES)}, "
+                              f"{', '.join(_GGUF_FLOAT_TYPES)}")
+    w: torch.Tensor
+    data = _gguf_bytes(f, t)
+    if native and qtype in NATIVE_TYPES and (name == "lm_head.weight" or name.endswith("proj.weight")):
+        w = gguf_native(data, qtype, shape, t.name)
+    elif native and qtype == "Q8_0" and name == "model.embed_tokens.weight":
+        # The table as Q8_0's codes and scales: the int8 embedding's own layout (layers/embedding.py),
+        # where a float32 copy of it was the load's largest transient (4 bytes a weight).
+        w = gguf_native(data, qtype, shape, t.name)
+    else:
+        w = _dequantize_into(data, t.tensor_type, shape, dequantize)
+    del data
+    for suffix, heads in (("attn_q", "num_attention_heads"), ("attn_k", "num_key_value_heads")):
+        if arch == "llama" and rest_of(t.name).startswith(suffix + "."):
+            w = _unpermute_any(w, config[heads])
+    tensors[name] = w
 
 
 def _dequantize_into(data: Any, qtype: Any, shape: tuple[int, ...], dequantize: Any) -> torch.Tensor:
@@ -223,54 +257,10 @@ def rest_of(gguf_name: str) -> str:
 
 # ---------------------------------------------------------------- HF directory
 
-_ST_DTYPES = {
-    "F32": torch.float32,
-    "F16": torch.float16,
-    "BF16": torch.bfloat16,
-    "F64": torch.float64,
-    "I64": torch.int64,
-    "I32": torch.int32,
-    "I16": torch.int16,
-    "I8": torch.int8,
-    "U8": torch.uint8,
-    "BOOL": torch.bool,
-    "F8_E4M3": torch.float8_e4m3fn,
-}
-
-
-def _read_safetensors(file: Path, out: dict[str, torch.Tensor]) -> None:
-    """Minimal safetensors reader (format: u64 header length, JSON header, raw little-endian data).
-
-    Each tensor is read straight into its own buffer in the file's dtype (bf16 stays bf16): the shard
-    is never held whole beside its tensors, and nothing goes through float32."""
-    with file.open("rb") as f:
-        try:
-            n = int.from_bytes(f.read(8), "little")
-            header = json.loads(f.read(n))
-            size = file.stat().st_size
-        except (ValueError, OSError) as exc:
-            raise CheckpointError(f"cannot read safetensors header of {file}: {exc}") from exc
-        base = 8 + n
-        for name, info in header.items():
-            if name == "__metadata__":
-                continue
-            start, end = info["data_offsets"]
-            dtype = _ST_DTYPES.get(info["dtype"])
-            if dtype is None:
-                raise CheckpointError(f"unsupported safetensors dtype {info['dtype']} for {name}")
-            shape = [int(d) for d in info["shape"]]
-            count = 1
-            for d in shape:
-                count *= d
-            if not 0 <= start <= end <= size - base or end - start != count * dtype.itemsize:
-                raise CheckpointError(f"safetensors tensor {name} in {file}: bytes [{start}, {end}) do not hold "
-                                      f"{info['dtype']} {shape}")
-            t = torch.empty(shape, dtype=dtype)
-            if end > start:
-                f.seek(base + start)
-                if f.readinto(t.view(-1).view(torch.uint8).numpy().data) != end - start:
-                    raise CheckpointError(f"safetensors file {file} is truncated at {name}")
-            out[name] = t
+def _read_safetensors(file: Path, out: MutableMapping[str, torch.Tensor]) -> None:
+    """Every tensor of one shard into ``out``, each read into its own buffer (safetensors_reader.py)."""
+    for name, read in safetensors_readers(file).items():
+        out[name] = read()
 
 
 @dataclass(frozen=True)
@@ -319,12 +309,23 @@ def hf_dir_parts(path: Path) -> HFDirParts:
     return HFDirParts(config, tok_json, template, tok_cfg, tuple(path / f for f in files))
 
 
-def load_hf_dir(path: Path) -> Checkpoint:
-    """Load an HF model dir: config.json, (sharded) safetensors, tokenizer.json, tokenizer_config.json."""
+def load_hf_dir(path: Path, stream: bool = False) -> Checkpoint:
+    """Load an HF model dir: config.json, (sharded) safetensors, tokenizer.json, tokenizer_config.json.
+
+    ``stream``: the tensors are read when the model builder takes them (lazy_tensors.py), so the load
+    never holds the checkpoint beside the weights it is converted into (bf16 quantized to int8 at
+    load); take each once. Otherwise all are read here (a plain dict)."""
     parts = hf_dir_parts(path)
-    tensors: dict[str, torch.Tensor] = {}
-    for f in parts.weight_files:
-        _read_safetensors(f, tensors)
+    tensors: MutableMapping[str, torch.Tensor]
+    if stream:
+        readers: dict[str, Reader] = {}
+        for f in parts.weight_files:
+            readers.update(safetensors_readers(f))
+        tensors = LazyTensors(readers)
+    else:
+        tensors = {}
+        for f in parts.weight_files:
+            _read_safetensors(f, tensors)
     convert_quantized(parts.config, tensors)  # AWQ, GPTQ, compressed-tensors: into the kernels' layouts
     return Checkpoint(config=parts.finish_config(tensors), tensors=tensors, tokenizer_json=parts.tokenizer_json,
                       chat_template=parts.chat_template)

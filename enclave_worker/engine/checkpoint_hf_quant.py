@@ -20,6 +20,7 @@ per-tensor scale is broadcast to every channel. Layouts, from the formats' own c
 from __future__ import annotations
 
 import sys
+from collections.abc import MutableMapping
 from typing import Any
 
 import torch
@@ -71,7 +72,7 @@ def _int4(q_nk: torch.Tensor, s_ng: torch.Tensor, z_ng: torch.Tensor, g: int, ke
     return w
 
 
-def _take(tensors: dict[str, torch.Tensor], name: str) -> torch.Tensor:
+def _take(tensors: MutableMapping[str, torch.Tensor], name: str) -> torch.Tensor:
     try:
         return tensors.pop(name)
     except KeyError:
@@ -83,7 +84,7 @@ def _shape_check(t: torch.Tensor, shape: tuple[int, ...], name: str) -> None:
         raise CheckpointError(f"{name}: shape {tuple(t.shape)}, expected {shape}")
 
 
-def awq(tensors: dict[str, torch.Tensor], p: str, g: int) -> QuantizedWeight:
+def awq(tensors: MutableMapping[str, torch.Tensor], p: str, g: int) -> QuantizedWeight:
     qweight, qzeros, scales = _take(tensors, p + "qweight"), _take(tensors, p + "qzeros"), _take(tensors, p + "scales")
     if qweight.dim() != 2:
         raise CheckpointError(f"{p}qweight: must be 2-D, not {tuple(qweight.shape)}")
@@ -97,7 +98,7 @@ def awq(tensors: dict[str, torch.Tensor], p: str, g: int) -> QuantizedWeight:
     return _int4(q.contiguous(), scales.T, z, g, kg, "awq", None, p + "qweight")
 
 
-def gptq(tensors: dict[str, torch.Tensor], p: str, g: int, v2: bool) -> QuantizedWeight:
+def gptq(tensors: MutableMapping[str, torch.Tensor], p: str, g: int, v2: bool) -> QuantizedWeight:
     qweight, qzeros, scales = _take(tensors, p + "qweight"), _take(tensors, p + "qzeros"), _take(tensors, p + "scales")
     g_idx = tensors.pop(p + "g_idx", None)
     if qweight.dim() != 2:
@@ -121,7 +122,7 @@ def gptq(tensors: dict[str, torch.Tensor], p: str, g: int, v2: bool) -> Quantize
     return _int4(q, scales.T, z, g, kg, "gptq_v2" if v2 else "gptq", perm, p + "qweight")
 
 
-def ct_int4(tensors: dict[str, torch.Tensor], p: str, args: dict[str, Any]) -> QuantizedWeight:
+def ct_int4(tensors: MutableMapping[str, torch.Tensor], p: str, args: dict[str, Any]) -> QuantizedWeight:
     packed, scale = _take(tensors, p + "weight_packed"), _take(tensors, p + "weight_scale")
     shape_t = tensors.pop(p + "weight_shape", None)
     if packed.dim() != 2:
@@ -144,7 +145,7 @@ def ct_int4(tensors: dict[str, torch.Tensor], p: str, args: dict[str, Any]) -> Q
     return _int4(q, scale, z, g, kg, "compressed-tensors:w4a16", None, p + "weight_packed")
 
 
-def ct_fp8(tensors: dict[str, torch.Tensor], p: str) -> QuantizedWeight:
+def ct_fp8(tensors: MutableMapping[str, torch.Tensor], p: str) -> QuantizedWeight:
     w, scale = _take(tensors, p + "weight"), _take(tensors, p + "weight_scale")
     tensors.pop(p + "input_scale", None)  # activations are scaled per token at run time (docs/engine.md)
     if w.dtype != torch.float8_e4m3fn or w.dim() != 2:
@@ -181,7 +182,7 @@ def _ct_args(qc: dict[str, Any]) -> tuple[str, dict[str, Any]]:
                           "and float-quantized FP8 (tensor, channel)")
 
 
-def convert(config: dict[str, Any], tensors: dict[str, torch.Tensor]) -> None:
+def convert(config: dict[str, Any], tensors: MutableMapping[str, torch.Tensor]) -> None:
     """Replace each quantized layer's tensors in ``tensors`` by one QuantizedWeight at ``<layer>.weight``."""
     qc = config.get("quantization_config")
     if not qc:

@@ -13,7 +13,7 @@ from .coded_panel import try_codes
 from .int8_torch import TorchInt8Matmul, per_channel
 from .packed import PackedMatmul, try_pack
 from .panel import PanelMatmul, UnpackScratch, try_panel
-from .q8_blocks import Q8BlockMatmul, quantize_blocks
+from .q8_blocks import Q8BlockMatmul
 from .quantized_weight import QuantizedWeight
 
 
@@ -93,8 +93,7 @@ class Int8Linear(torch.nn.Module):
         super().__init__()
         self.matmul: Q8BlockMatmul | TorchInt8Matmul
         if torch.device(device).type == "cpu":
-            codes, scales = quantize_blocks(weight)
-            self.matmul = Q8BlockMatmul(codes, scales, consume=True)
+            self.matmul = Q8BlockMatmul.from_float(weight)
         else:
             self.matmul = TorchInt8Matmul(*per_channel(weight), dtype, device)
         self.bias = None if bias is None else bias.to(device=device, dtype=dtype)

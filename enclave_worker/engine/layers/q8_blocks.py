@@ -21,7 +21,7 @@ from ..kernels.cpu_ops import load_cpu_ops
 
 BLOCK = 32  # weights per block along K (Q8_0's); kernels/cpu_q8.cpp's QK
 LANES = 16  # output rows per panel; kernels/cpu_q8.cpp's NR
-_CHUNK_ROWS = 256  # rows quantized at a time: the float transient stays a few MB
+_CHUNK_ROWS = 256  # rows quantized at a time: the float transient stays a few MB (a multiple of LANES)
 
 
 def _up(v: int, m: int) -> int:
@@ -86,6 +86,33 @@ class Q8BlockMatmul:
                 src_c.zero_(), src_s.zero_()
             if consume:
                 codes.zero_(), scales.zero_()
+
+    @classmethod
+    def from_float(cls, w: torch.Tensor) -> Q8BlockMatmul:
+        """A float weight [N, K] quantized by ``quantize_blocks``' rule straight into the packed layout, a
+        chunk of rows (a whole number of 16-row panels) at a time: the same codes and scales as
+        ``Q8BlockMatmul(*quantize_blocks(w), consume=True)`` without its [N, K] int8 copy beside them (at
+        8B the 128k x 4096 table's 0.53 GB, on top of its source and the packed layout)."""
+        n, k = w.shape
+        kp, np_ = _up(k, BLOCK), _up(n, LANES)
+        self = cls.__new__(cls)
+        self._ops = load_cpu_ops()
+        self.out_features, self.in_features = n, k
+        self.codes = torch.empty(np_ // LANES, kp // 4, LANES, 4, dtype=torch.int8)
+        self.scales = torch.empty(np_ // LANES, kp // BLOCK, LANES, dtype=torch.float32)
+        for i in range(0, n, _CHUNK_ROWS):  # _CHUNK_ROWS is a multiple of LANES: chunks are whole panels
+            codes, scales = quantize_blocks(w[i : i + _CHUNK_ROWS])
+            rows = _up(codes.shape[0], LANES)
+            src_c = torch.zeros(rows, kp, dtype=torch.int8)
+            src_c[: codes.shape[0], :k] = codes
+            src_s = torch.zeros(rows, kp // BLOCK, dtype=torch.float32)
+            src_s[: codes.shape[0]] = scales
+            p = slice(i // LANES, i // LANES + rows // LANES)
+            self.codes[p].permute(0, 2, 1, 3).copy_(src_c.reshape(rows // LANES, LANES, kp // 4, 4))
+            self.scales[p].permute(0, 2, 1).copy_(src_s.reshape(rows // LANES, LANES, kp // BLOCK))
+            with torch.inference_mode():
+                codes.zero_(), scales.zero_(), src_c.zero_(), src_s.zero_()  # the chunk's plaintext copies
+        return self
 
     def __call__(self, x2: torch.Tensor) -> torch.Tensor:
         """x2 [M, K] (any float dtype) -> [M, N] float32."""

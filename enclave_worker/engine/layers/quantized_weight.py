@@ -18,6 +18,7 @@ keeps V in Q6_K), keeps them as row blocks the layer runs one after the other.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -178,7 +179,7 @@ def validate(w: QuantizedWeight, name: str) -> None:
 # ---------------------------------------------------------------- package (de)serialisation
 
 
-def flatten(tensors: dict[str, torch.Tensor]) -> tuple[list[tuple[str, torch.Tensor]], dict[str, Any]]:
+def flatten(tensors: Mapping[str, torch.Tensor]) -> tuple[list[tuple[str, torch.Tensor]], dict[str, Any]]:
     """Plain tensors for the package (name -> codes, name.scales, name.zeros, name.perm; fp8 codes as
     uint8 bytes) and the quantization metadata the package's metadata JSON carries."""
     out: list[tuple[str, torch.Tensor]] = []

@@ -8,6 +8,7 @@ before it packs a model), pointing to the vLLM backend."""
 
 from __future__ import annotations
 
+from collections.abc import MutableMapping
 from typing import Any
 
 import torch
@@ -62,7 +63,7 @@ def check_architecture(cfg: dict[str, Any]) -> DecoderSpec:
                                       f"({type(exc).__name__}: {exc})") from None
 
 
-def build_architecture(cfg: dict[str, Any], tensors: dict[str, torch.Tensor], opt: BuildOptions) -> CausalLM:
+def build_architecture(cfg: dict[str, Any], tensors: MutableMapping[str, torch.Tensor], opt: BuildOptions) -> CausalLM:
     """The model for this config, consuming ``tensors``."""
     spec = check_architecture(cfg)
     if spec.plain_llama:

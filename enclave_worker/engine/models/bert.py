@@ -5,6 +5,7 @@ apply. Projections go through ``build_linear`` like every decoder's, so the kern
 
 from __future__ import annotations
 
+from collections.abc import MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,7 +69,7 @@ def encoder_spec(cfg: dict[str, Any]) -> EncoderSpec:
 class _Weights:
     """Pops the checkpoint's tensors by name (with or without the "bert." prefix of *ForX heads)."""
 
-    def __init__(self, tensors: dict[str, torch.Tensor], dtype: torch.dtype) -> None:
+    def __init__(self, tensors: MutableMapping[str, torch.Tensor], dtype: torch.dtype) -> None:
         self.tensors, self.dtype = tensors, dtype
         self.prefix = "bert." if "bert.embeddings.word_embeddings.weight" in tensors else ""
 
@@ -110,7 +111,7 @@ class EncoderLayer(torch.nn.Module):
 class BertEncoder(torch.nn.Module):
     """Token ids [batch, tokens] and their attention mask -> last hidden states [batch, tokens, hidden]."""
 
-    def __init__(self, cfg: dict[str, Any], tensors: dict[str, torch.Tensor], opt: BuildOptions) -> None:
+    def __init__(self, cfg: dict[str, Any], tensors: MutableMapping[str, torch.Tensor], opt: BuildOptions) -> None:
         super().__init__()
         self.spec = spec = encoder_spec(cfg)
         w = _Weights(tensors, opt.dtype)

@@ -8,6 +8,7 @@ window or soft-cap reads K/V in place through the C++ kernel when the engine run
 
 from __future__ import annotations
 
+from collections.abc import MutableMapping
 from typing import cast
 
 import torch
@@ -23,7 +24,7 @@ from .weights import Weights
 
 
 class DecoderForCausalLM(torch.nn.Module):
-    def __init__(self, spec: DecoderSpec, tensors: dict[str, torch.Tensor], opt: BuildOptions) -> None:
+    def __init__(self, spec: DecoderSpec, tensors: MutableMapping[str, torch.Tensor], opt: BuildOptions) -> None:
         super().__init__()
         w = Weights(tensors, opt.release)
         self.spec = spec

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import MutableMapping
 from typing import Any, cast
 
 import torch
@@ -120,7 +121,7 @@ class DecoderLayer(torch.nn.Module):
 
 
 class LlamaForCausalLM(torch.nn.Module):
-    def __init__(self, cfg: dict[str, Any], tensors: dict[str, torch.Tensor], opt: BuildOptions) -> None:
+    def __init__(self, cfg: dict[str, Any], tensors: MutableMapping[str, torch.Tensor], opt: BuildOptions) -> None:
         super().__init__()
         w = Weights(tensors, opt.release)
         self.cpu_kernels = False  # set by the engine where kernels/cpu_ops.py builds

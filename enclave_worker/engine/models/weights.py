@@ -9,17 +9,18 @@ load's peak is the weights as held plus about one layer, not the weights plus th
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 
 import torch
 
+from ..heap import trim_heap
 from ..layers.quantized_weight import QuantizedWeight
 
 
 class Weights:
     """Pops tensors from the checkpoint dict as they are consumed, so each source is dropped at once."""
 
-    def __init__(self, tensors: dict[str, torch.Tensor],
+    def __init__(self, tensors: MutableMapping[str, torch.Tensor],
                  release: Callable[[torch.Tensor], None] | None = None) -> None:
         self.tensors = tensors
         self._release = release
@@ -61,8 +62,10 @@ class Weights:
         """`built`: the modules made since the last call. Every tensor taken since then that none of
         the layers built so far holds, and that no tensor still in the checkpoint overlaps, is
         handed to `release` (its memory is dead: converted, fused or quantized into a copy); one
-        that a tensor still to be taken overlaps waits for a later call."""
+        that a tensor still to be taken overlaps waits for a later call. Either way the heap pages the
+        layer's sources and transients freed go back to the OS (heap.py), not at the build's end."""
         if self._release is None:
+            trim_heap()
             return
         from . import model_tensors  # the one definition of what a model holds (the wipe's too)
 
@@ -78,6 +81,7 @@ class Weights:
             else:
                 self._release(tensor)
         self._taken = waiting
+        trim_heap()
 
 
 def _adjacent(parts: list[torch.Tensor]) -> bool:

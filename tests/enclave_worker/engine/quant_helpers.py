@@ -25,6 +25,9 @@ import ctypes, torch, numpy, gguf  # imported before the baseline
 libc = ctypes.CDLL("libc.so.6")
 from enclave_worker.engine import checkpoint
 from enclave_worker.engine.layers.quantized_weight import QuantizedWeight
+def components(t):
+    parts = [p for q in t.parts for p in components(q)] if t.parts else [t.codes(), t.scales, t.zeros, t.perm]
+    return [p for p in parts if p is not None]
 def fp32_bytes(t):
     return 4 * (t.spec.shape[0] * t.spec.shape[1] if isinstance(t, QuantizedWeight) else t.numel())
 for call in {warm_up!r}:  # one-time costs of a reader (imports, caches) out of the measured calls
@@ -39,7 +42,10 @@ for call in {calls!r}:
     ck = eval(call)
     peak = status('VmHWM:') - base
     quantized = sum(fp32_bytes(t) for t in ck.tensors.values() if isinstance(t, QuantizedWeight))
-    rows.append({{"peak": peak, "quantized_fp32": quantized, "fp32": sum(map(fp32_bytes, ck.tensors.values()))}})
+    held = sum(c.nbytes for t in ck.tensors.values()
+               for c in (components(t) if isinstance(t, QuantizedWeight) else [t]))
+    rows.append({{"peak": peak, "quantized_fp32": quantized, "fp32": sum(map(fp32_bytes, ck.tensors.values())),
+                 "held": held}})
     del ck
     gc.collect()
     libc.malloc_trim(0)  # freed heap back to the system: the next call's baseline is what is live
@@ -53,7 +59,8 @@ def peak_loads(*calls: str, warm_up: tuple[str, ...] = ()) -> list[dict[str, int
     (the mark is reset before each call, so each peak is its own and counts every transient copy and
     every page of a mapped file the load touched; ``warm_up`` calls run first, unmeasured); ``fp32``,
     the float32 size of every tensor loaded (quantized weights at their logical shape);
-    ``quantized_fp32``, that of the quantized weights only."""
+    ``quantized_fp32``, that of the quantized weights only; ``held``, the bytes the loaded tensors hold
+    (a quantized weight's codes, scales, zeros and permutation)."""
     # A fixed mmap threshold: glibc otherwise raises it as large blocks are freed, keeps the next ones on its
     # heap, and a later call's baseline would count memory an earlier one freed.
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "MALLOC_MMAP_THRESHOLD_": str(1 << 20)}
@@ -70,7 +77,8 @@ def peak_load_bytes(*calls: str) -> tuple[list[int], int]:
 
 
 def write_mixed_gguf(path, hidden: int = 1024, inter: int = 4096, layers: int = 4, vocab: int = 256,
-                     d_range: tuple[float, float] = (0.0002, 0.0008), qtype: str | None = None) -> None:
+                     d_range: tuple[float, float] = (0.0002, 0.0008), qtype: str | None = None,
+                     embedding: str = "F32") -> None:
     """A Llama GGUF mixing every native type the way llama.cpp's k-quant mixes do (Q: Q4_0, K: Q4_K,
     V: Q6_K, O: Q4_1, gate / up: Q4_K, down: Q8_0), blocks written to the spec; 232 MB of linears as fp32.
     Block scales ``d_range``: small enough that a random 4-layer stack is not chaotic (at 0.001-0.004 a
@@ -79,8 +87,10 @@ def write_mixed_gguf(path, hidden: int = 1024, inter: int = 4096, layers: int = 
 
     ``qtype``: every linear of that one type instead; Q4_0, Q4_1 and Q8_0 are then made by gguf's own
     quantizer from float weights of the same scale (gguf 0.19 has no k-quant quantizer: k-quant blocks
-    are always written to the spec)."""
+    are always written to the spec). ``embedding``: the token table's type, F32 or Q8_0 (gguf's quantizer,
+    as llama.cpp's converter writes it with ``--outtype q8_0``)."""
     import gguf
+    from gguf.quants import quantize as gguf_quantize
 
     rng = np.random.default_rng(0)
     w = gguf.GGUFWriter(str(path), "llama")
@@ -95,7 +105,12 @@ def write_mixed_gguf(path, hidden: int = 1024, inter: int = 4096, layers: int = 
     w.add_token_list([f"<{i}>" for i in range(vocab)])
     w.add_token_merges([])
     w.add_eos_token_id(0)
-    w.add_tensor("token_embd.weight", (rng.standard_normal((vocab, hidden)) * 0.5).astype(np.float32))
+    table = (rng.standard_normal((vocab, hidden)) * 0.5).astype(np.float32)
+    if embedding == "Q8_0":
+        q8 = gguf.GGMLQuantizationType.Q8_0
+        w.add_tensor("token_embd.weight", np.asarray(gguf_quantize(table, q8)), raw_dtype=q8)
+    else:
+        w.add_tensor("token_embd.weight", table)
     w.add_tensor("output_norm.weight", np.ones(hidden, np.float32))
     kv = hidden // 4
     types = {"attn_q": ("Q4_0", hidden, hidden), "attn_k": ("Q4_K", kv, hidden), "attn_v": ("Q6_K", kv, hidden),

@@ -6,6 +6,8 @@ super-block scales). The reference is gguf's dequantize."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -209,3 +211,52 @@ def test_default_gguf_native_engine_matches_the_dequantized_one(gguf_path, engin
     prompt = native.tokenizer.encode("The capital of France is")
     outs = h.run_sync(native, [("q", prompt, SamplingParams(max_tokens=6, temperature=0))])["q"]
     assert "Paris" in "".join(o.delta_text for o in outs)
+
+
+# ---------------------------------------------------------------- memory at load (issue 49)
+
+
+@pytest.fixture(scope="module")
+def q8_gguf(tmp_path_factory):
+    """Every linear and the token table in Q8_0 (as `make-model --gguf Q8_0` and llama.cpp's converter)."""
+    path = tmp_path_factory.mktemp("gguf") / "q8.gguf"
+    write_mixed_gguf(path, layers=2, inter=2048, vocab=4096, qtype="Q8_0", embedding="Q8_0")
+    return path
+
+
+def test_q8_0_load_peaks_near_the_codes_it_holds(q8_gguf):
+    """The native load reads each tensor into its own buffer and keeps codes and scales: its peak is the
+    bytes it holds plus per-tensor transients. Read through the reader's map, every page of the file
+    stayed resident beside the codes (~2x); with the table dequantized to float32, the table's 4 bytes a
+    weight came on top."""
+    from tests.enclave_worker.engine.quant_helpers import peak_loads
+
+    (row,) = peak_loads(f"checkpoint.load_gguf({str(q8_gguf)!r}, native=True)",
+                        warm_up=(f"checkpoint.load_gguf({str(q8_gguf)!r}, native=True)",))
+    file_bytes = q8_gguf.stat().st_size
+    assert row["held"] > file_bytes * 0.95, (row, file_bytes)  # the codes are the file's size, near enough
+    assert row["peak"] < row["held"] * 1.4, (row, file_bytes)
+
+
+def test_q8_0_table_is_kept_as_its_codes(q8_gguf):
+    """The Q8_0 token table loads as its own codes and scales; the CPU's int8 engine takes them as they
+    are (the same table as requantizing gguf's float32 dequantization, so the same logits), and an fp32
+    engine dequantizes it, as before."""
+    from enclave_worker.engine import EngineConfig, LLMEngine
+    from enclave_worker.engine.checkpoint import load_gguf
+    from enclave_worker.engine.layers.quantized_weight import QuantizedWeight
+
+    ck = load_gguf(q8_gguf, native=True)
+    table = ck.tensors["model.embed_tokens.weight"]
+    assert isinstance(table, QuantizedWeight) and table.spec.source == "gguf:Q8_0"
+    ref_table = dequantize_weight(table)
+    assert torch.equal(ref_table, load_gguf(q8_gguf).tensors["model.embed_tokens.weight"])
+    cfg = EngineConfig(dtype="int8", max_num_seqs=2, kv_cache_memory_bytes=16 << 20, num_threads=1, max_model_len=128)
+    native = LLMEngine.from_checkpoint(ck, cfg)
+    ids = torch.randint(0, 4096, (24,), generator=torch.Generator().manual_seed(0)).tolist()
+    assert torch.equal(native.model.embed(torch.tensor(ids)), ref_table[ids])
+    got = _logits(native, ids)
+    ref = _logits(LLMEngine.from_checkpoint(load_gguf(q8_gguf), cfg), ids)  # the table from float32, requantized
+    assert float((got - ref).norm() / ref.norm()) < 1e-5
+    fp32 = LLMEngine.from_checkpoint(load_gguf(q8_gguf, native=True), dataclasses.replace(cfg, dtype="float32"))
+    assert torch.equal(fp32.model.embed(torch.tensor(ids)), ref_table[ids])

@@ -162,3 +162,18 @@ def test_checkpoint_int8_layers_run_the_kernel_on_the_cpu(group_size: int) -> No
     x = torch.randn(3, 64, generator=torch.Generator().manual_seed(1))
     want = Q8BlockMatmul(codes, scales if group_size else channel_scales_to_blocks(scales, 64), consume=False)(x)
     assert torch.equal(layer(x), want)
+
+
+@pytest.mark.parametrize("n,k", [(600, 100), (256, 64), (17, 32), (513, 2048)])
+def test_from_float_packs_the_same_codes_chunk_by_chunk(n, k):
+    """Quantized straight into the packed layout, a chunk of panels at a time (no [N, K] int8 copy):
+    the same codes and scales, bit for bit, as quantizing the whole weight and packing it, padding
+    included; the source is left as it was (the caller owns it)."""
+    w = torch.randn(n, k, generator=torch.Generator().manual_seed(n + k)) * 0.02
+    before = w.clone()
+    got = Q8BlockMatmul.from_float(w)
+    ref = Q8BlockMatmul(*quantize_blocks(w), consume=True)
+    assert torch.equal(got.codes, ref.codes) and torch.equal(got.scales, ref.scales)
+    assert (got.out_features, got.in_features) == (n, k) and torch.equal(w, before)
+    x = torch.randn(3, k, generator=torch.Generator().manual_seed(1))
+    assert torch.equal(got(x), ref(x))
