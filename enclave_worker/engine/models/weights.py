@@ -15,6 +15,7 @@ import torch
 
 from ..heap import trim_heap
 from ..layers.quantized_weight import QuantizedWeight
+from ..lazy_tensors import LazyTensors
 
 
 class Weights:
@@ -70,7 +71,7 @@ class Weights:
         from . import model_tensors  # the one definition of what a model holds (the wipe's too)
 
         self._held += [_extent(t) for module in built for t in model_tensors(module) if not t.is_mkldnn]
-        untaken = [_extent(t) for t in _plain(self.tensors.values())]
+        untaken = _untaken(self.tensors)
         waiting: list[torch.Tensor] = []
         for tensor in _plain(self._taken):
             lo, hi = _extent(tensor)
@@ -82,6 +83,15 @@ class Weights:
                 self._release(tensor)
         self._taken = waiting
         trim_heap()
+
+
+def _untaken(tensors: MutableMapping[str, torch.Tensor]) -> list[tuple[int, int]]:
+    """The extents of the tensors still to be taken; a LazyTensors' (a streamed package) from what
+    it knows of them, without reading (decrypting) them."""
+    if isinstance(tensors, LazyTensors):
+        values, spans = tensors.unread()
+        return [_extent(t) for t in _plain(values)] + spans
+    return [_extent(t) for t in _plain(tensors.values())]
 
 
 def _adjacent(parts: list[torch.Tensor]) -> bool:
