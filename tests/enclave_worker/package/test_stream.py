@@ -234,3 +234,21 @@ def test_the_page_release_reads_no_tensor_still_to_be_taken() -> None:
     weights.release_consumed()
     assert reads == ["a"]
     assert [t.data_ptr() for t in released] == [base]
+
+
+def test_a_source_that_fails_mid_build_wipes_the_layers_built_so_far() -> None:
+    """The converted layers are plaintext copies that the abandoned build would leave in freed memory."""
+    from enclave_worker.engine.lazy_tensors import LazyTensors
+    from enclave_worker.engine.models.weights import Weights
+
+    def refused() -> torch.Tensor:
+        raise PackageIntegrityError("segment 9 failed authentication")
+
+    lazy = LazyTensors({"a": partial(torch.ones, 8), "b": refused})
+    weights = Weights(lazy, release=lambda _t: None)
+    layer = torch.nn.Module()
+    layer.codes = weights.take("a") * 3  # a converted copy, as a quantized layer holds
+    weights.release_consumed(layer)
+    with pytest.raises(PackageIntegrityError):
+        weights.take("b")
+    assert not layer.codes.any()
