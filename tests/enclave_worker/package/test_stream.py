@@ -252,3 +252,26 @@ def test_a_source_that_fails_mid_build_wipes_the_layers_built_so_far() -> None:
     with pytest.raises(PackageIntegrityError):
         weights.take("b")
     assert not layer.codes.any()
+
+
+def test_the_worker_streams_only_when_asked() -> None:
+    from enclave_worker.cli import parse
+
+    argv = [
+        "--broker-url",
+        "https://broker.example",
+        "--package-dir",
+        "/pkg",
+        "--tenant",
+        "acme",
+        "--model",
+        "m",
+        "--version",
+        "v1",
+        "--grpc-port",
+        "50051",
+        "--tee",
+        "sim",
+    ]
+    assert parse(argv)[1].stream_package is False
+    assert parse([*argv, "--stream-package"])[1].stream_package is True
