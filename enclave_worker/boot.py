@@ -200,7 +200,9 @@ def _boot(settings: WorkerSettings, channel_binding: bytes, hpke_key: X25519Priv
         model = decrypt_package_to_device(settings.package_dir, released.data_key, settings.device,
                                           required_signer=signer)
     else:
-        model = decrypt_package(settings.package_dir, released.data_key, required_signer=signer)
+        # Streamed: tensor by tensor as the build takes them, after the whole payload is authenticated.
+        model = decrypt_package(settings.package_dir, released.data_key, required_signer=signer,
+                                stream=settings.stream_package and settings.engine == "sealed")
     load_started = cold.mark("decrypt", decrypt_started)
     try:
         manifest = model.manifest
@@ -211,7 +213,10 @@ def _boot(settings: WorkerSettings, channel_binding: bytes, hpke_key: X25519Priv
         if WorkloadClaims.decode(attester.workload).model_digest != manifest.plaintext_digest:
             # The evidence told clients this digest: serve nothing else (a package swapped on disk).
             raise ValueError("decrypted model digest differs from the digest the evidence binds")
-        engine = build_engine(settings, model)
+        try:
+            engine = build_engine(settings, model)
+        finally:
+            model.end_stream()  # a streamed package decrypts nothing after its build
         model = _release_unaliased(model, engine)
     except BaseException:
         model.wipe()

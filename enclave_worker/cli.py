@@ -90,6 +90,9 @@ def _parser() -> argparse.ArgumentParser:
                              "kernels; measured). The worker must run on a CPU of the class it names")
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9,
                         help="share of GPU memory for weights, KV pool and activations")
+    parser.add_argument("--stream-package", action="store_true",
+                        help="CPU, sealed engine: authenticate the whole package, then decrypt each tensor when "
+                             "the build takes it (lower peak memory, a second pass over the payload)")
     parser.add_argument("--standby", action="store_true",
                         help="a warm worker: boot and attest without a key, then wait for POST /internal/assign")
     parser.add_argument("--cpu-memory-utilization", type=float, default=None,
@@ -185,6 +188,7 @@ def _settings(args: argparse.Namespace, tee: str, gpu_tee: str | None, device: s
         version=args.version, tee=tee, gpu_tee=gpu_tee, device=device, engine_dtype=args.dtype, cpu_class=cpu_class,
         gpu_memory_utilization=args.gpu_memory_utilization, cpu_memory_utilization=args.cpu_memory_utilization,
         standby=args.standby,
+        stream_package=args.stream_package,
         tsm_dir=args.tsm_dir, tsm_entry=args.tsm_entry,
         sev_guest_device=args.sev_guest_device, ccel_table=args.ccel_table, ccel_data=args.ccel_data,
         sim_platform_key=args.sim_platform_key,

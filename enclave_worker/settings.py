@@ -80,6 +80,11 @@ class WorkerSettings:
     # A warm worker: boot and attest without a key, then wait for POST /internal/assign (standby.py).
     # Not measured: it changes when the key is asked for, not what runs or what the evidence binds.
     standby: bool = False
+    # CPU, sealed engine: the package is authenticated whole, then each tensor decrypted when the build
+    # takes it (package/stream.py): the load's peak is the weights as built plus about a layer. Not in
+    # measured_config (the same code and weights, checked the same; only when they are decrypted); the
+    # flag is in the argv the init-data binds, as every option not in WORKER_UNMEASURED_OPTIONS.
+    stream_package: bool = False
     policy_file: Path | None = None  # the tenant's signed policy set (data and tool-use controls)
     policy_admin_key: Path | None = None  # Ed25519 public key that must have signed it (measured)
     unsafe_no_tenant_policy: bool = False

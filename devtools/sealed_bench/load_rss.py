@@ -81,6 +81,24 @@ def _mb(n: int) -> float:
     return round(n / 1e6, 1)
 
 
+def _package(path: Path, key: bytes, stream: bool) -> tuple[Any, Any]:
+    """(DecryptedModel, Checkpoint) of an encrypted package, as enclave_worker/boot.py builds them;
+    ``stream``: decrypted tensor by tensor as the build takes them (package/stream.py)."""
+    from enclave_worker.engine.checkpoint import Checkpoint
+    from enclave_worker.package import decrypt_package
+
+    model = decrypt_package(path, key, stream=stream)
+    meta = model.metadata
+    ckpt = Checkpoint(
+        config=meta["config"],
+        tensors=model.tensors,
+        tokenizer_json=meta["tokenizer_json"],
+        chat_template=meta.get("chat_template"),
+        release=model.release,
+    )
+    return model, ckpt
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     timeline = Timeline()
     import torch
@@ -92,7 +110,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     timeline.mark("read checkpoint")
     path = Path(args.model)
-    ckpt = load_gguf(path, native=True) if path.is_file() else load_hf_dir(path, stream=args.stream)
+    if args.key_file:  # an encrypted package, loaded as the worker's boot does
+        decrypted, ckpt = _package(path, bytes.fromhex(Path(args.key_file).read_text().strip()), args.stream)
+    else:
+        decrypted = None
+        ckpt = load_gguf(path, native=True) if path.is_file() else load_hf_dir(path, stream=args.stream)
     timeline.mark("build engine")
     config = EngineConfig(
         dtype=args.dtype,
@@ -103,6 +125,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     )
     engine = LLMEngine.from_checkpoint(ckpt, config)
     del ckpt
+    if decrypted is not None:
+        decrypted.end_stream()
+        decrypted.wipe()  # int8 at load: the engine holds none of the buffer (boot._release_unaliased)
+        del decrypted
     timeline.mark("first request")
     out: list[int] = []
     params = SamplingParams(max_tokens=args.tokens, temperature=0.0, ignore_eos=True)
@@ -126,6 +152,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "model": str(path),
         "dtype": args.dtype,
         "stream": args.stream if path.is_dir() else None,
+        "package": bool(args.key_file),
         "kernel_path": str(engine.kernel_path),
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
@@ -150,6 +177,11 @@ def main(argv: list[str] | None = None) -> int:
         dest="stream",
         action="store_false",
         help="an HF directory read whole before the build (checkpoint.load_hf_dir's default)",
+    )
+    ap.add_argument(
+        "--key-file",
+        help="--model is an encrypted package; this file holds its data key in hex "
+        "(a bench package of random weights); --no-stream: decrypted whole before the build",
     )
     ap.add_argument("--json", help="write the report here")
     args = ap.parse_args(argv)

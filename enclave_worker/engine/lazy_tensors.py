@@ -19,8 +19,20 @@ Reader = Callable[[], torch.Tensor]
 class LazyTensors(MutableMapping[str, torch.Tensor]):
     """name -> tensor, each read by its reader when taken (``pop``, ``[]``); insertion order kept."""
 
-    def __init__(self, readers: dict[str, Reader]) -> None:
+    def __init__(self, readers: dict[str, Reader], extents: dict[str, tuple[int, int]] | None = None) -> None:
         self._entries: dict[str, torch.Tensor | Reader] = dict(readers)
+        # [first byte, past last byte) of the memory each reader fills, where it is known beforehand (a
+        # streamed package's buffer): the build's page release asks which memory is still to be taken
+        # (models/weights.py), and reading every remaining tensor to learn it would undo the streaming.
+        self._extents = dict(extents or {})
+
+    def unread(self) -> tuple[list[torch.Tensor], list[tuple[int, int]]]:
+        """(the values set, the known extents of the entries not read yet), reading nothing."""
+        values = [e for e in self._entries.values() if isinstance(e, torch.Tensor)]
+        spans = [
+            self._extents[n] for n, e in self._entries.items() if not isinstance(e, torch.Tensor) and n in self._extents
+        ]
+        return values, spans
 
     def __getitem__(self, name: str) -> torch.Tensor:
         entry = self._entries[name]

@@ -17,7 +17,7 @@ from __future__ import annotations
 import ctypes
 import mmap
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -79,13 +79,24 @@ class PageRelease:
                 self._madvise(lo, hi - lo, mmap.MADV_DONTNEED)  # private anonymous: reads as zeros after
             self._released.append((lo, hi))
 
-    def wipe(self) -> None:
-        """Zero every byte of the buffer that was not released (the released ones already are)."""
+    def wipe(self, within: Sequence[tuple[int, int]] | None = None) -> None:
+        """Zero every byte of the buffer that was not released (the released ones already are);
+        `within`: only those [start, end) byte ranges of the buffer (a streamed load's decrypted
+        segments: the pages it never decrypted into were never touched, and stay so)."""
+        spans = (
+            [(self._base, self._end)]
+            if within is None
+            else [(self._base + max(lo, 0), self._base + min(hi, self._end - self._base)) for lo, hi in within]
+        )
         with self._lock:
-            cursor = self._base
-            for lo, hi in sorted(self._released):
-                if lo > cursor:
-                    ctypes.memset(cursor, 0, lo - cursor)
-                cursor = max(cursor, hi)
-            if self._end > cursor:
-                ctypes.memset(cursor, 0, self._end - cursor)
+            released = sorted(self._released)
+            for start, end in spans:
+                cursor = start
+                for lo, hi in released:
+                    if hi <= cursor or lo >= end:
+                        continue
+                    if lo > cursor:
+                        ctypes.memset(cursor, 0, lo - cursor)
+                    cursor = max(cursor, hi)
+                if end > cursor:
+                    ctypes.memset(cursor, 0, end - cursor)

@@ -14,7 +14,7 @@ Peak memory is the model plus two ciphertext segments.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from io import RawIOBase
@@ -23,8 +23,10 @@ from typing import Any
 
 import torch
 
+from enclave_worker.engine.lazy_tensors import LazyTensors
 from enclave_worker.package.page_release import PageRelease
 from enclave_worker.package.segments import check_digest, decrypt_segments, open_payload
+from enclave_worker.package.stream import PackageStream, verify
 from protocol.package.errors import PackageFormatError, PackageIntegrityError
 from protocol.package.format import Manifest, new_hasher
 
@@ -42,13 +44,23 @@ class DecryptedModel:
     manifest: Manifest
     signer: str
     metadata: dict[str, Any]
-    tensors: dict[str, torch.Tensor]
+    # a dict of views; streamed (decrypt_package(stream=True)): a LazyTensors whose tensors are
+    # decrypted when taken, each a view too
+    tensors: MutableMapping[str, torch.Tensor]
     buffer: torch.Tensor  # the single plaintext copy; the tensors are views into it
     # CPU buffer: the engine's build gives back the pages of the tensors it converted (page_release.py)
     release: PageRelease | None = None
+    stream: PackageStream | None = None  # a streamed load: the segments decrypted so far (stream.py)
+
+    def end_stream(self) -> None:
+        """The build is done: a streamed package decrypts nothing more (its segment key is dropped)."""
+        if self.stream is not None:
+            self.stream.close()
 
     def wipe(self) -> None:
-        if self.release is not None:
+        if self.stream is not None:
+            self.stream.wipe()  # only what was decrypted: the rest of the buffer was never touched
+        elif self.release is not None:
             self.release.wipe()  # the released pages are zeros already; touching them would fault them in
         else:
             self.buffer.zero_()
@@ -68,13 +80,18 @@ def decrypt_package(
     required_signer: str | None = None,
     progress: Callable[[int], None] | None = None,
     allocate: Allocator | None = None,
+    stream: bool = False,
 ) -> DecryptedModel:
     """Verify, decrypt and digest-check a package into memory; raises a PackageError on any doubt.
 
     `allocate(nbytes)` returns the uint8 CPU tensor that will hold the plaintext (default:
-    torch.empty); it is zeroed if anything fails after allocation.
+    torch.zeros); it is zeroed if anything fails after allocation. `stream`: the whole payload is
+    authenticated first, then each tensor is decrypted into its place when the build takes it
+    (stream.py; `allocate` is not used: the buffer is reserved untouched).
     """
     with open_payload(pkg_dir, data_key, required_signer) as (manifest, raw, signer, fh):
+        if stream:
+            return _streamed(pkg_dir, manifest, raw, signer, data_key, verify(fh, manifest, raw, data_key))
         buffer = (allocate or _torch_allocate)(manifest.plaintext_bytes + _SLACK)
         return load_into(buffer, manifest, signer,
                          lambda: decrypt_stream(fh, manifest, raw, data_key, buffer, progress))
@@ -127,3 +144,20 @@ def decrypt_stream(
             hashing.shutdown(wait=True, cancel_futures=True)
             raise
     check_digest(hasher, manifest)
+
+
+def _streamed(pkg_dir: Path, manifest: Manifest, raw: bytes, signer: str, data_key: bytes,
+              digests: list[bytes]) -> DecryptedModel:
+    # torch.empty: a large block is a fresh mapping, so no page of it is resident until decrypted into
+    buffer = torch.empty(manifest.plaintext_bytes + _SLACK, dtype=torch.uint8)
+    source = PackageStream(pkg_dir, manifest, raw, data_key, digests, buffer)
+    try:
+        source.ensure(0, manifest.metadata_bytes)
+        metadata = json.loads(bytes(buffer[: manifest.metadata_bytes].numpy()))
+    except BaseException as exc:
+        source.wipe()
+        if isinstance(exc, ValueError) and not isinstance(exc, PackageIntegrityError):
+            raise PackageFormatError(f"package metadata is not valid JSON: {exc}") from exc
+        raise
+    tensors = LazyTensors(source.readers(TORCH_DTYPES), source.extents())
+    return DecryptedModel(manifest, signer, metadata, tensors, buffer, source.release, source)

@@ -90,16 +90,25 @@ def decrypt_segments(fh: RawIOBase, manifest: Manifest, manifest_bytes: bytes, d
                 pending = read(i + 1)  # the other buffer: its segment is already decrypted
             ct, out = memoryview(bufs[i % 2]), into(i)
             t0 = time.perf_counter()
-            decryptor = Cipher(algorithm, modes.GCM(nonce_for(i, i == last), bytes(ct[n : n + TAG_BYTES]))).decryptor()
-            decryptor.authenticate_additional_data(associated_data(prefix, i, i == last))
-            decryptor.update_into(ct[:n], out)
-            try:
-                decryptor.finalize()
-            except InvalidTag as exc:
-                raise PackageIntegrityError(f"segment {i} failed authentication") from exc
+            decrypt_segment(algorithm, prefix, i, i == last, ct[: n + TAG_BYTES], out)
             if timings is not None:
                 timings["decrypt_s"] = timings.get("decrypt_s", 0.0) + time.perf_counter() - t0
             yield i, out[:n]
+
+
+def decrypt_segment(algorithm: algorithms.AES, prefix: bytes, index: int, final: bool,
+                    ciphertext: memoryview, out: memoryview) -> None:
+    """Decrypt one segment (its ciphertext, then its 16-byte tag) into `out` and authenticate it:
+    its position and the final flag are in the nonce and the AD. On a bad tag `out` holds
+    unauthenticated plaintext: the caller zeroes it (every caller wipes its buffer on error)."""
+    n = len(ciphertext) - TAG_BYTES
+    decryptor = Cipher(algorithm, modes.GCM(nonce_for(index, final), bytes(ciphertext[n:]))).decryptor()
+    decryptor.authenticate_additional_data(associated_data(prefix, index, final))
+    decryptor.update_into(ciphertext[:n], out)
+    try:
+        decryptor.finalize()
+    except InvalidTag as exc:
+        raise PackageIntegrityError(f"segment {index} failed authentication") from exc
 
 
 def check_digest(hasher: Any, manifest: Manifest) -> None:

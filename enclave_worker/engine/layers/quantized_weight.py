@@ -18,7 +18,7 @@ keeps V in Q6_K), keeps them as row blocks the layer runs one after the other.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -198,8 +198,9 @@ def flatten(tensors: Mapping[str, torch.Tensor]) -> tuple[list[tuple[str, torch.
     return out, meta
 
 
-def unflatten(tensors: dict[str, torch.Tensor], meta: Any) -> dict[str, torch.Tensor]:
-    """The inverse of ``flatten`` on a decrypted package's tensors (views, no copies), each checked."""
+def unflatten(tensors: MutableMapping[str, torch.Tensor], meta: Any) -> MutableMapping[str, torch.Tensor]:
+    """The inverse of ``flatten`` on a decrypted package's tensors (views, no copies), each checked;
+    without quantized weights, the mapping itself (a streamed package's stays lazy)."""
     if not meta:
         return tensors
     if not isinstance(meta, dict):

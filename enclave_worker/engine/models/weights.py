@@ -15,6 +15,7 @@ import torch
 
 from ..heap import trim_heap
 from ..layers.quantized_weight import QuantizedWeight
+from ..lazy_tensors import LazyTensors
 
 
 class Weights:
@@ -26,6 +27,30 @@ class Weights:
         self._release = release
         self._taken: list[torch.Tensor] = []  # since the last release_consumed
         self._held: list[tuple[int, int]] = []  # extents the built layers hold
+        self._built: list[torch.nn.Module] = []  # the modules handed to release_consumed
+
+    def _pop(self, name: str, default: torch.Tensor | None = None, *, required: bool = True) -> torch.Tensor | None:
+        """Take one tensor; a source that fails while it is read (a streamed package's segment refused
+        mid-build, package/stream.py) first zeroes what the build made so far: the converted layers
+        are copies of plaintext that nothing else would wipe once the build is abandoned."""
+        try:
+            return self.tensors.pop(name) if required else self.tensors.pop(name, default)
+        except KeyError:
+            raise
+        except BaseException:
+            self.wipe_built()
+            raise
+
+    def wipe_built(self) -> None:
+        """Zero every tensor of the modules built so far (those handed to release_consumed); a layer
+        being built when the source failed is not reachable from here (its parts are locals)."""
+        from ..layers.packed import zero_every_byte
+        from . import model_tensors
+
+        with torch.inference_mode():
+            for module in self._built:
+                for tensor in model_tensors(module):
+                    zero_every_byte(tensor)
 
     def _took(self, tensor: torch.Tensor | None) -> torch.Tensor | None:
         if self._release is not None and tensor is not None:
@@ -36,15 +61,16 @@ class Weights:
         return name in self.tensors
 
     def take(self, name: str) -> torch.Tensor:
-        tensor = self.tensors.pop(name)
+        tensor = self._pop(name)
+        assert tensor is not None
         self._took(tensor)
         return tensor
 
     def take_opt(self, name: str) -> torch.Tensor | None:
-        return self._took(self.tensors.pop(name, None))
+        return self._took(self._pop(name, None, required=False))
 
     def take_cat(self, names: list[str]) -> torch.Tensor:
-        parts = [self.tensors.pop(n) for n in names]
+        parts = [t for t in (self._pop(n) for n in names) if t is not None]
         for part in parts:
             self._took(part)
         if _adjacent(parts):  # e.g. a decrypted package laid out for fusion: a view, not a copy
@@ -64,13 +90,14 @@ class Weights:
         handed to `release` (its memory is dead: converted, fused or quantized into a copy); one
         that a tensor still to be taken overlaps waits for a later call. Either way the heap pages the
         layer's sources and transients freed go back to the OS (heap.py), not at the build's end."""
+        self._built += built
         if self._release is None:
             trim_heap()
             return
         from . import model_tensors  # the one definition of what a model holds (the wipe's too)
 
         self._held += [_extent(t) for module in built for t in model_tensors(module) if not t.is_mkldnn]
-        untaken = [_extent(t) for t in _plain(self.tensors.values())]
+        untaken = _untaken(self.tensors)
         waiting: list[torch.Tensor] = []
         for tensor in _plain(self._taken):
             lo, hi = _extent(tensor)
@@ -82,6 +109,15 @@ class Weights:
                 self._release(tensor)
         self._taken = waiting
         trim_heap()
+
+
+def _untaken(tensors: MutableMapping[str, torch.Tensor]) -> list[tuple[int, int]]:
+    """The extents of the tensors still to be taken; a LazyTensors' (a streamed package) from what
+    it knows of them, without reading (decrypting) them."""
+    if isinstance(tensors, LazyTensors):
+        values, spans = tensors.unread()
+        return [_extent(t) for t in _plain(values)] + spans
+    return [_extent(t) for t in _plain(tensors.values())]
 
 
 def _adjacent(parts: list[torch.Tensor]) -> bool:

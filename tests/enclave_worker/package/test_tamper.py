@@ -148,9 +148,12 @@ CASES: list[tuple[str, Tamper, type[PackageError]]] = [
 ]
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
 @pytest.mark.parametrize(("tamper", "error"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 def test_tamper_class_is_refused(pkg: Pkg, make_pkg: Callable[..., Pkg], tamper: Tamper,
-                                 error: type[PackageError]) -> None:
+                                 error: type[PackageError], stream: bool) -> None:
+    """The same refusal, with the same error, whether the package is decrypted whole or streamed into
+    the build (stream.py: its first pass authenticates everything before any tensor is made)."""
     key = tamper(pkg, make_pkg) or pkg.data_key
     buffers: list[torch.Tensor] = []
 
@@ -159,7 +162,7 @@ def test_tamper_class_is_refused(pkg: Pkg, make_pkg: Callable[..., Pkg], tamper:
         return buffers[-1]
 
     with pytest.raises(error):
-        decrypt_package(pkg.path, key, allocate=allocate)
+        decrypt_package(pkg.path, key, allocate=allocate, stream=stream)
     for buf in buffers:  # whatever was decrypted before the failure is gone
         assert not buf.any()
 
