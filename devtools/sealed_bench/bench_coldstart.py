@@ -35,7 +35,7 @@ import httpx
 from api.home import Home
 from api.stack import DEMO_MODEL, free_port, launch, prepare_demo, worker_args
 from enclave_worker.vllm_cpu_binding import allowed_cpus
-from sealed_bench.coldstart_vllm import DTYPE, compare
+from sealed_bench.coldstart_vllm import DTYPE, compare, has_content_chunk
 from sealed_bench.peers import add_peer_options, vllm_binding, vllm_peer
 from sealed_bench.processes import source_pythonpath
 from sealed_bench.vllm_side import machine, vllm_interpreter
@@ -82,13 +82,8 @@ def _first_token(gateway: str, api_key: str, timeout: float) -> float:
             if reply.status_code >= 500:  # not routable yet (attestation checked), or the stopped worker's last
                 time.sleep(0.02)
                 continue
-            reply.raise_for_status()
-            for line in reply.iter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                choices = json.loads(line[6:]).get("choices") or [{}]
-                if (choices[0].get("delta") or {}).get("content"):
-                    return time.monotonic() - sent
+            if has_content_chunk(reply):
+                return time.monotonic() - sent
         raise RuntimeError("the answer had no content")
     raise TimeoutError("no worker answered")
 

@@ -75,6 +75,19 @@ def read_once(path: Path) -> int:
     return total
 
 
+
+def has_content_chunk(reply: httpx.Response) -> bool:
+    """Read a streamed chat reply (raising on an error status) until its first chunk with content:
+    True when one came, False when the stream ended without any."""
+    reply.raise_for_status()
+    for line in reply.iter_lines():
+        if not line.startswith("data: ") or line == "data: [DONE]":
+            continue
+        choices = json.loads(line[6:]).get("choices") or [{}]
+        if (choices[0].get("delta") or {}).get("content"):
+            return True
+    return False
+
 def first_content(
     url: str, headers: dict[str, str], deadline: float, alive: subprocess.Popen[bytes]
 ) -> dict[str, float]:
@@ -96,13 +109,8 @@ def first_content(
                 if reply.status_code == 404 or reply.status_code >= 500:
                     time.sleep(0.05)
                     continue
-                reply.raise_for_status()
-                for line in reply.iter_lines():
-                    if not line.startswith("data: ") or line == "data: [DONE]":
-                        continue
-                    choices = json.loads(line[6:]).get("choices") or [{}]
-                    if (choices[0].get("delta") or {}).get("content"):
-                        return {"sent": sent, "first": time.monotonic()}
+                if has_content_chunk(reply):
+                    return {"sent": sent, "first": time.monotonic()}
             raise RuntimeError("the answer had no content")
         except httpx.TransportError:
             time.sleep(0.05)
